@@ -1,0 +1,57 @@
+#include "kernels/arena.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <stdexcept>
+
+#include "kernels/error.h"
+
+namespace rlf {
+
+Arena::Arena(std::string name, size_t capacity_bytes)
+    : name_(std::move(name)), capacity_((capacity_bytes + kAlignment - 1) / kAlignment * kAlignment) {
+  if (capacity_ == 0) return;
+  // Untouched pages cost nothing on Linux, so reserving the whole capacity up front is cheap and
+  // keeps every pointer stable for the arena's lifetime.
+  base_ = static_cast<std::byte*>(std::aligned_alloc(kAlignment, capacity_));
+  if (!base_) {
+    throw OutOfDeviceMemory("cannot reserve " + format_bytes(capacity_) + " for arena '" + name_ +
+                            "'");
+  }
+}
+
+Arena::~Arena() { std::free(base_); }
+
+void* Arena::allocate_bytes(size_t bytes, const char* what) {
+  const size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
+  if (rounded > capacity_ - used_) {
+    throw OutOfDeviceMemory("arena '" + name_ + "' is too small: allocating " +
+                            format_bytes(rounded) + " for " + what + " with " +
+                            format_bytes(used_) + " of " + format_bytes(capacity_) +
+                            " in use (raise --device-memory)");
+  }
+  void* p = base_ + used_;
+  used_ += rounded;
+  if (used_ > peak_) peak_ = used_;
+  return p;
+}
+
+void Arena::release(Mark mark) {
+  if (mark > used_) throw std::logic_error("Arena::release: mark beyond current use");
+  used_ = mark;
+}
+
+std::string format_bytes(size_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double value = double(bytes);
+  int unit = 0;
+  while (value >= 1024.0 && unit < 4) {
+    value /= 1024.0;
+    ++unit;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, unit == 0 ? "%.0f %s" : "%.2f %s", value, units[unit]);
+  return buf;
+}
+
+}  // namespace rlf

@@ -1,0 +1,62 @@
+// A device's memory: a bump arena with a fixed capacity, so that "device memory" has real
+// limits, real peaks and real offload on a CPU-only machine. Allocation is a pointer bump;
+// scoped work buffers are released by rewinding to a mark (stack discipline).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace rlf {
+
+class Arena {
+ public:
+  static constexpr size_t kAlignment = 64;
+
+  Arena(std::string name, size_t capacity_bytes);
+  ~Arena();
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
+
+  // Throws OutOfDeviceMemory naming the arena, the request `what`, and the capacity.
+  void* allocate_bytes(size_t bytes, const char* what);
+  template <typename T>
+  T* allocate(size_t count, const char* what) {
+    return static_cast<T*>(allocate_bytes(count * sizeof(T), what));
+  }
+
+  using Mark = size_t;
+  Mark mark() const { return used_; }
+  void release(Mark mark);  // frees everything allocated after `mark`
+
+  const std::string& name() const { return name_; }
+  size_t capacity() const { return capacity_; }
+  size_t used() const { return used_; }
+  size_t peak() const { return peak_; }
+  void reset_peak() { peak_ = used_; }
+
+ private:
+  std::string name_;
+  size_t capacity_;
+  std::byte* base_ = nullptr;
+  size_t used_ = 0;
+  size_t peak_ = 0;
+};
+
+// Releases every allocation made in its lifetime: work buffers of one kernel or one phase.
+class ArenaScope {
+ public:
+  explicit ArenaScope(Arena& arena) : arena_(arena), mark_(arena.mark()) {}
+  ~ArenaScope() { arena_.release(mark_); }
+  ArenaScope(const ArenaScope&) = delete;
+  ArenaScope& operator=(const ArenaScope&) = delete;
+
+ private:
+  Arena& arena_;
+  Arena::Mark mark_;
+};
+
+// "1.50 GiB", "12.0 MiB": for messages and tables.
+std::string format_bytes(size_t bytes);
+
+}  // namespace rlf
