@@ -1,7 +1,72 @@
-// rlfusion: one SPMD program; every rank runs this main.
+// rlfusion: one SPMD program; every rank runs this main. Bad input (ConfigError) is reported once
+// and every rank exits with code 2 before any work.
+#include <mpi.h>
+
 #include <cstdio>
+#include <cstring>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "kernels/error.h"
+#include "src/app/build_info.h"
+#include "src/app/commands.h"
+
+namespace {
+
+const char* kUsage =
+    "usage: rlfusion <command> [--config FILE.ini] [--option value ...]\n"
+    "\n"
+    "commands:\n"
+    "  lm              supervised MoE language-model training on a synthetic corpus (one rank)\n"
+    "  bench kernels   kernel and model throughput table (GFLOP/s, GB/s, tokens/s)\n"
+    "  --version       what this binary was built with\n"
+    "\n"
+    "`rlfusion <command> --help` lists a command's options.\n";
+
+int dispatch(const std::vector<std::string>& words) {
+  if (words.empty() || words[0] == "--help" || words[0] == "-h" || words[0] == "help") {
+    std::fputs(kUsage, stdout);
+    return words.empty() ? rlf::kExitConfigError : 0;
+  }
+  if (words[0] == "--version") {
+    std::printf("%s\n", rlf::build_info().c_str());
+    return 0;
+  }
+  const std::vector<std::string> rest(words.begin() + 1, words.end());
+  if (words[0] == "lm") return rlf::run_lm_command(rest);
+  if (words[0] == "bench") {
+    if (!rest.empty() && rest[0] == "kernels") {
+      return rlf::run_bench_kernels_command({rest.begin() + 1, rest.end()});
+    }
+    throw rlf::ConfigError("bench: unknown benchmark '" + (rest.empty() ? "" : rest[0]) +
+                           "' (available: kernels)");
+  }
+  throw rlf::ConfigError("unknown command '" + words[0] + "' (see rlfusion --help)");
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
-  std::puts("rlfusion: skeleton");
-  return 0;
+  int provided = 0;
+  // Funneled: only the main thread calls MPI; oneTBB workers do numerics only.
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  int code = 0;
+  try {
+    code = dispatch(std::vector<std::string>(argv + 1, argv + argc));
+  } catch (const rlf::ConfigError& e) {
+    if (rank == 0) std::fprintf(stderr, "rlfusion: error: %s\n", e.what());
+    code = rlf::kExitConfigError;
+  } catch (const rlf::OutOfDeviceMemory& e) {
+    // The configured device memory cannot hold what the run needs: a configuration error.
+    if (rank == 0) std::fprintf(stderr, "rlfusion: error: %s\n", e.what());
+    code = rlf::kExitConfigError;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rlfusion: rank %d: fatal: %s\n", rank, e.what());
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  MPI_Finalize();
+  return code;
 }

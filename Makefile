@@ -1,0 +1,59 @@
+# rlfusion top-level driver. `make run` and `make test` each work alone on a fresh Debian/Ubuntu
+# machine: they install missing packages (make deps), configure, build, then run.
+BUILD      ?= build
+BUILD_TYPE ?= Release
+JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
+CMAKE_ARGS ?=
+
+ifeq ($(NATIVE),1)
+  ARCH_FLAGS := -march=native
+else ifeq ($(PORTABLE),1)
+  ARCH_FLAGS :=
+else
+  ARCH_FLAGS := -march=x86-64-v3
+endif
+
+# Open MPI refuses root without these (containers, CI); harmless otherwise.
+export OMPI_ALLOW_RUN_AS_ROOT := 1
+export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
+
+RLFUSION := $(BUILD)/src/rlfusion
+
+.PHONY: all deps configure build run test test-asan bench clean format
+
+all: build
+
+deps:
+	@jobs/setup/install-deps.sh
+
+$(BUILD)/build.ninja:
+	@cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) \
+	  "-DRLFUSION_ARCH_FLAGS=$(ARCH_FLAGS)" $(CMAKE_ARGS)
+
+configure: $(BUILD)/build.ninja
+
+build: deps configure
+	@cmake --build $(BUILD) -j $(JOBS)
+
+# The main job at its default: trains the small MoE policy on one rank (about a minute here).
+run: build
+	$(RLFUSION) lm --config inputs/runs/default.ini
+
+test: build
+	@cd $(BUILD) && ctest -j $(JOBS) --output-on-failure --timeout 600
+
+# Unit tests under AddressSanitizer + UndefinedBehaviorSanitizer (a separate build tree).
+test-asan: deps
+	@cmake -S . -B $(BUILD)-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DRLFUSION_SANITIZE=ON "-DRLFUSION_ARCH_FLAGS=$(ARCH_FLAGS)" $(CMAKE_ARGS) >/dev/null
+	@cmake --build $(BUILD)-asan -j $(JOBS)
+	@cd $(BUILD)-asan && ctest -j $(JOBS) -L unit --output-on-failure --timeout 900
+
+bench: build
+	$(RLFUSION) bench kernels
+
+format:
+	@clang-format -i $$(git ls-files '*.cpp' '*.h')
+
+clean:
+	rm -rf $(BUILD) $(BUILD)-asan

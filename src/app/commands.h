@@ -1,0 +1,13 @@
+// The rlfusion commands. Each takes the words after its name and returns the process exit code;
+// bad input throws ConfigError (exit code 2, handled by main).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace rlf {
+
+int run_lm_command(const std::vector<std::string>& args);
+int run_bench_kernels_command(const std::vector<std::string>& args);
+
+}  // namespace rlf

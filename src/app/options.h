@@ -1,0 +1,46 @@
+// Command-line and INI options (Boost.Program_options). Every command shares the run options;
+// each adds its own. Values from the command line override the --config file; everything is
+// validated before any work starts, and a bad value is a ConfigError naming the option.
+#pragma once
+
+#include <boost/program_options.hpp>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/ops.h"
+
+namespace rlf {
+
+struct RunOptions {
+  std::string config_file;
+  std::string model = "small";
+  std::string backend = "cpu";
+  std::string run_dir;  // default runs/<command>
+  uint64_t seed = 1;
+  int threads = 0;      // 0: all cores this rank may use
+  std::string device_memory = "4GiB";
+  bool json = false;
+
+  size_t device_memory_bytes() const;
+  Backend backend_kind() const;
+};
+
+namespace po = boost::program_options;
+
+// The options every command accepts.
+po::options_description run_options_description(RunOptions& options);
+
+// Parses argv (after the command words) and the --config file into `vm`. Unknown options,
+// malformed values and unreadable or malformed config files are ConfigErrors. Returns false
+// when --help was given (the help text has been printed).
+bool parse_options(const std::string& command, const std::vector<std::string>& args,
+                   po::options_description& description, RunOptions& run);
+
+// "4GiB", "512MiB", "1.5G", "1000000" -> bytes; ConfigError naming `option` otherwise.
+size_t parse_bytes(const std::string& text, const std::string& option);
+
+// Threads this rank may use: --threads if set, else the CPUs in its affinity mask.
+int resolve_threads(int requested);
+
+}  // namespace rlf

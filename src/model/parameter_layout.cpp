@@ -1,0 +1,81 @@
+#include "src/model/parameter_layout.h"
+
+#include <cmath>
+
+#include "kernels/rng.h"
+
+namespace rlf {
+
+ParameterLayout::ParameterLayout(const ModelConfig& config) {
+  const int64_t C = config.d_model, V = config.vocab_size, E = config.n_experts, F = config.d_ff;
+  const int64_t S = config.shared_expert_d_ff;
+  embedding_ = add("embedding", {V, C});
+  for (int l = 0; l < config.n_layers; ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    LayerOffsets o{};
+    o.attn_norm = add(p + "attn_norm", {C}, true);
+    o.wq = add(p + "attn.wq", {C, C});
+    o.wk = add(p + "attn.wk", {C, C});
+    o.wv = add(p + "attn.wv", {C, C});
+    o.wo = add(p + "attn.wo", {C, C});
+    o.ffn_norm = add(p + "ffn_norm", {C}, true);
+    o.router = add(p + "router", {E, C});
+    o.w1 = add(p + "experts.w1", {E, F, C});
+    o.w3 = add(p + "experts.w3", {E, F, C});
+    o.w2 = add(p + "experts.w2", {E, C, F});
+    if (S > 0) {
+      o.shared_w1 = add(p + "shared.w1", {S, C});
+      o.shared_w3 = add(p + "shared.w3", {S, C});
+      o.shared_w2 = add(p + "shared.w2", {C, S});
+    }
+    layers_.push_back(o);
+  }
+  final_norm_ = add("final_norm", {C}, true);
+  lm_head_ = add("lm_head", {V, C});
+}
+
+int64_t ParameterLayout::add(const std::string& name, std::vector<int64_t> shape,
+                             bool is_norm_weight) {
+  int64_t numel = 1;
+  for (int64_t d : shape) numel *= d;
+  // Align each tensor to 16 floats (64 bytes) so every tensor starts on a cache line.
+  const int64_t offset = (total_ + 15) / 16 * 16;
+  tensors_.push_back({name, std::move(shape), offset, numel, is_norm_weight});
+  total_ = offset + numel;
+  return offset;
+}
+
+const ParameterTensor* ParameterLayout::find(const std::string& name) const {
+  for (const auto& t : tensors_) {
+    if (t.name == name) return &t;
+  }
+  return nullptr;
+}
+
+template <typename T>
+void initialize_parameters(T* params, const ParameterLayout& layout, const ModelConfig& config,
+                           uint64_t seed) {
+  const double residual_scale = 1.0 / std::sqrt(2.0 * config.n_layers);
+  for (int64_t i = 0; i < layout.total(); ++i) params[i] = T(0);
+  const auto& tensors = layout.tensors();
+  for (size_t index = 0; index < tensors.size(); ++index) {
+    const ParameterTensor& t = tensors[index];
+    T* data = params + t.offset;
+    if (t.is_norm_weight) {
+      for (int64_t i = 0; i < t.numel; ++i) data[i] = T(1);
+      continue;
+    }
+    const bool residual_output = t.name.ends_with("attn.wo") || t.name.ends_with(".w2");
+    const double std = config.init_std * (residual_output ? residual_scale : 1.0);
+    for (int64_t i = 0; i < t.numel; ++i) {
+      data[i] = T(std * philox_normal(seed, index, uint64_t(i)));
+    }
+  }
+}
+
+template void initialize_parameters<float>(float*, const ParameterLayout&, const ModelConfig&,
+                                           uint64_t);
+template void initialize_parameters<double>(double*, const ParameterLayout&, const ModelConfig&,
+                                            uint64_t);
+
+}  // namespace rlf

@@ -1,0 +1,56 @@
+// Where every named parameter tensor lives inside one flat buffer. The same layout indexes the
+// parameters, their gradients and the optimizer moments, so a flat buffer can be moved, reduced,
+// offloaded or checkpointed as one piece (and later, in buckets).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "src/model/model_config.h"
+
+namespace rlf {
+
+struct ParameterTensor {
+  std::string name;             // e.g. "layers.0.experts.w1"
+  std::vector<int64_t> shape;   // row-major
+  int64_t offset = 0;           // in elements from the start of the flat buffer
+  int64_t numel = 0;
+  bool is_norm_weight = false;  // initialized to 1, not random
+};
+
+// Offsets of one transformer layer's tensors (element offsets into the flat buffer).
+struct LayerOffsets {
+  int64_t attn_norm, wq, wk, wv, wo, ffn_norm, router, w1, w3, w2;
+  int64_t shared_w1 = -1, shared_w3 = -1, shared_w2 = -1;  // -1: no shared expert
+};
+
+class ParameterLayout {
+ public:
+  explicit ParameterLayout(const ModelConfig& config);
+
+  const std::vector<ParameterTensor>& tensors() const { return tensors_; }
+  int64_t total() const { return total_; }
+  int64_t embedding() const { return embedding_; }
+  int64_t final_norm() const { return final_norm_; }
+  int64_t lm_head() const { return lm_head_; }
+  const LayerOffsets& layer(int index) const { return layers_[size_t(index)]; }
+  const ParameterTensor* find(const std::string& name) const;
+
+ private:
+  int64_t add(const std::string& name, std::vector<int64_t> shape, bool is_norm_weight = false);
+
+  std::vector<ParameterTensor> tensors_;
+  std::vector<LayerOffsets> layers_;
+  int64_t total_ = 0;
+  int64_t embedding_ = 0, final_norm_ = 0, lm_head_ = 0;
+};
+
+// Deterministic init from a seed: N(0, init_std) per element drawn from Philox keyed by
+// (seed, tensor index, element), so it does not depend on how the buffer is sharded; residual
+// output projections (wo, w2) are scaled by 1/sqrt(2 * n_layers) as in GPT-2; norms are 1.
+template <typename T>
+void initialize_parameters(T* params, const ParameterLayout& layout, const ModelConfig& config,
+                           uint64_t seed);
+
+}  // namespace rlf

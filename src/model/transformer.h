@@ -1,0 +1,98 @@
+// The decoder-only MoE transformer on one device: pre-norm blocks of causal attention (RoPE) and a
+// top-k routed SwiGLU mixture of experts (plus an optional shared expert), a final RMSNorm and an
+// untied LM head. All math goes through an Ops table (reference or fast backend); all memory comes
+// from the device arena, so its peak is the model's true footprint.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/ops.h"
+#include "src/model/kv_cache.h"
+#include "src/model/model_config.h"
+#include "src/model/parameter_layout.h"
+
+namespace rlf {
+
+class Arena;
+
+template <typename T>
+class Transformer {
+ public:
+  // Allocates parameters (and gradients when with_gradients) in `device`.
+  Transformer(const ModelConfig& config, const Ops<T>& ops, Arena& device, bool with_gradients);
+  ~Transformer();
+  Transformer(const Transformer&) = delete;
+  Transformer& operator=(const Transformer&) = delete;
+
+  const ModelConfig& config() const { return config_; }
+  const ParameterLayout& layout() const { return layout_; }
+  const Ops<T>& ops() const { return ops_; }
+  Arena& device() const { return device_; }
+  T* parameters() const { return params_; }
+  T* gradients() const { return grads_; }
+  int64_t parameter_count() const { return layout_.total(); }
+
+  void initialize(uint64_t seed);
+  void zero_gradients();
+
+  // Training forward over S packed sequences (tokens[N], N = seq_offsets[S]); keeps activations
+  // for backward(). Returns logits [N, V], valid until backward() or release_activations().
+  const T* forward(const int* tokens, const int* seq_offsets, int S);
+  // Sum over layers of the router load-balancing loss of the last forward (unscaled).
+  T aux_loss() const { return aux_loss_; }
+  // Adds the gradient of sum(dlogits . logits) + aux_weight * aux_loss() into gradients(), then
+  // releases the activations.
+  void backward(const T* dlogits, T aux_weight);
+  void release_activations();
+
+  // Generation. The cache lives in device memory until the arena is rewound past it.
+  KVCache<T> allocate_kv_cache(int slots, int max_len);
+  // Runs S prompts (packed) and fills their cache slots from position 0. Returns logits of each
+  // prompt's last token [S, V], valid until the caller rewinds the arena.
+  const T* prefill(KVCache<T>& cache, const int* tokens, const int* seq_offsets, int S,
+                   const int* slots);
+  // One token for each of B sequences: tokens[b] at positions[b] in cache slot slots[b]; returns
+  // logits [B, V], valid until the caller rewinds the arena.
+  const T* decode(KVCache<T>& cache, const int* tokens, const int* slots, const int* positions,
+                  int B);
+
+ private:
+  struct Layer;          // one layer's saved activations
+  struct AttentionMode;  // packed training attention, prefill, or cached decode
+
+  const T* run(const int* tokens, int N, const int* positions, const AttentionMode& mode,
+               bool keep_activations);
+  void layer_forward(int l, Layer& a, const T* x_in, T* x_out, int N, const int* positions,
+                     const AttentionMode& mode);
+  void attention_core(int l, Layer& a, int N, const int* positions, const AttentionMode& mode);
+  void moe_forward(int l, Layer& a, int N);
+  void layer_backward(int l, const Layer& a, T* dx, int N, const int* positions, T aux_weight);
+  void moe_backward(int l, const Layer& a, const T* dout, T* dxn2, int N, T aux_weight);
+  Layer allocate_layer(int N);
+  // Final RMSNorm and LM head over N hidden rows.
+  const T* head(const T* x, int N, bool keep_activations);
+
+  ModelConfig config_;
+  ParameterLayout layout_;
+  const Ops<T>& ops_;
+  Arena& device_;
+  T* params_ = nullptr;
+  T* grads_ = nullptr;
+
+  // State of the last training forward.
+  bool has_activations_ = false;
+  size_t activation_mark_ = 0;
+  int N_ = 0, S_ = 0;
+  const int* seq_offsets_ = nullptr;
+  int* positions_ = nullptr;
+  int* tokens_ = nullptr;
+  std::vector<Layer> layers_;
+  const T* final_in_ = nullptr;
+  T* final_out_ = nullptr;
+  T* final_rstd_ = nullptr;
+  T* logits_ = nullptr;
+  T aux_loss_ = T(0);
+};
+
+}  // namespace rlf

@@ -1,0 +1,134 @@
+// End-to-end: the rlfusion binary on bad input (one clear message, exit code 2, nothing written)
+// and on a short real run.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "kernels/error.h"
+#include "src/app/options.h"
+#include "src/model/model_config.h"
+
+namespace rlf {
+namespace {
+
+struct Result {
+  int exit_code;
+  std::string output;  // stdout and stderr together
+};
+
+Result run_rlfusion(const std::string& args) {
+  const std::string command = "cd " RLFUSION_SOURCE_DIR " && OMPI_ALLOW_RUN_AS_ROOT=1 "
+                              "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " RLFUSION_BINARY " " + args +
+                              " 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  std::string output;
+  std::array<char, 4096> buffer;
+  while (size_t n = fread(buffer.data(), 1, buffer.size(), pipe)) output.append(buffer.data(), n);
+  const int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+}
+
+std::string temp_dir(const std::string& name) {
+  const auto dir = std::filesystem::temp_directory_path() / ("rlfusion-test-" + name);
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir.string();
+}
+
+void expect_config_error(const Result& r, const std::string& expected_text) {
+  EXPECT_EQ(r.exit_code, kExitConfigError) << r.output;
+  EXPECT_NE(r.output.find("rlfusion: error:"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(expected_text), std::string::npos) << r.output;
+}
+
+TEST(CommandLine, UnknownOptionIsRejectedWithExitCode2) {
+  expect_config_error(run_rlfusion("lm --model tiny --no-such-option 3"), "no-such-option");
+}
+
+TEST(CommandLine, UnknownCommandIsRejected) {
+  expect_config_error(run_rlfusion("frobnicate"), "unknown command 'frobnicate'");
+}
+
+TEST(CommandLine, MalformedValueNamesTheOption) {
+  expect_config_error(run_rlfusion("lm --model tiny --steps many"), "steps");
+  expect_config_error(run_rlfusion("lm --model tiny --device-memory lots"), "--device-memory");
+}
+
+TEST(CommandLine, MalformedIniFileIsRejected) {
+  const std::string dir = temp_dir("ini");
+  std::ofstream(dir + "/bad.ini") << "steps = 3\nthis line is not a key value pair\n";
+  expect_config_error(run_rlfusion("lm --config " + dir + "/bad.ini"), "bad.ini");
+  std::ofstream(dir + "/unknown.ini") << "stepz = 3\n";
+  expect_config_error(run_rlfusion("lm --config " + dir + "/unknown.ini"), "stepz");
+}
+
+TEST(CommandLine, ModelThatDoesNotFitIsRejected) {
+  const std::string dir = temp_dir("model");
+  std::ofstream(dir + "/heads.ini") << "[model]\nvocab_size = 32\nd_model = 30\nn_layers = 1\n"
+                                       "n_heads = 4\nn_experts = 4\ntop_k = 2\nd_ff = 8\n"
+                                       "max_seq_len = 32\n";
+  expect_config_error(run_rlfusion("lm --model " + dir + "/heads.ini"), "n_heads = 4 must divide");
+  std::ofstream(dir + "/topk.ini") << "[model]\nvocab_size = 32\nd_model = 32\nn_layers = 1\n"
+                                      "n_heads = 4\nn_experts = 4\ntop_k = 5\nd_ff = 8\n"
+                                      "max_seq_len = 32\n";
+  expect_config_error(run_rlfusion("lm --model " + dir + "/topk.ini"), "top_k = 5");
+  expect_config_error(run_rlfusion("lm --model no-such-model"), "no-such-model");
+}
+
+TEST(CommandLine, ArenaTooSmallForTheModelIsRejectedBeforeWriting) {
+  const std::string dir = temp_dir("arena");
+  const Result r = run_rlfusion("lm --model small --device-memory 1MiB --run-dir " + dir + "/run");
+  expect_config_error(r, "--device-memory");
+  EXPECT_FALSE(std::filesystem::exists(dir + "/run/model.h5"));
+}
+
+TEST(LmCommand, ShortRunLearnsAndWritesParameters) {
+  const std::string dir = temp_dir("lm");
+  const Result r = run_rlfusion("lm --model tiny --steps 60 --batch 16 --log-every 20 "
+                                "--eval-prompts 16 --threads 1 --json --run-dir " + dir);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(std::filesystem::exists(dir + "/model.h5"));
+  // First and last progress lines: the loss must fall.
+  const auto first = r.output.find("\n      20 ");
+  const auto last = r.output.find("\n      60 ");
+  ASSERT_NE(first, std::string::npos) << r.output;
+  ASSERT_NE(last, std::string::npos) << r.output;
+  const double loss20 = std::stod(r.output.substr(first + 10, 12));
+  const double loss60 = std::stod(r.output.substr(last + 10, 12));
+  EXPECT_LT(loss60, loss20) << r.output;
+  EXPECT_NE(r.output.find("\"command\":\"lm\""), std::string::npos);
+}
+
+TEST(Options, ParseBytesAcceptsUnitsAndRejectsGarbage) {
+  EXPECT_EQ(parse_bytes("4GiB", "--x"), size_t(4) << 30);
+  EXPECT_EQ(parse_bytes("512MiB", "--x"), size_t(512) << 20);
+  EXPECT_EQ(parse_bytes("1000", "--x"), 1000u);
+  EXPECT_EQ(parse_bytes("1.5K", "--x"), 1536u);
+  EXPECT_THROW(parse_bytes("-1G", "--x"), ConfigError);
+  EXPECT_THROW(parse_bytes("4 parsecs", "--x"), ConfigError);
+  EXPECT_THROW(parse_bytes("", "--x"), ConfigError);
+}
+
+TEST(ModelConfigFiles, ShippedModelsLoadAndValidate) {
+  for (const char* name : {"tiny", "small", "pangu-ultra-moe-718b"}) {
+    const ModelConfig c = load_model_config(std::string(RLFUSION_SOURCE_DIR) + "/inputs/models/" +
+                                            name + ".ini");
+    EXPECT_EQ(c.name, name);
+    EXPECT_GT(c.parameter_count(), 0);
+  }
+  const ModelConfig small =
+      load_model_config(std::string(RLFUSION_SOURCE_DIR) + "/inputs/models/small.ini");
+  EXPECT_GE(small.parameter_count(), 10'000'000);
+  EXPECT_LE(small.parameter_count(), 30'000'000);
+  const ModelConfig big = load_model_config(std::string(RLFUSION_SOURCE_DIR) +
+                                            "/inputs/models/pangu-ultra-moe-718b.ini");
+  EXPECT_GT(big.parameter_count(), 600'000'000'000);
+}
+
+}  // namespace
+}  // namespace rlf
