@@ -16,7 +16,9 @@ namespace rlf {
 class Device {
  public:
   Device(Backend backend, size_t memory_bytes, int threads)
-      : backend_(backend), threads_(threads), memory_("device", memory_bytes) {}
+      : backend_(backend), threads_(threads), memory_("device", memory_bytes) {
+    flush_denormals_to_zero();
+  }
 
   Backend backend() const { return backend_; }
   const Ops<float>& ops() const { return ops_for(backend_); }

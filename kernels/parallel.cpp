@@ -7,6 +7,10 @@
 
 #include <algorithm>
 
+#if defined(__SSE__)
+#include <xmmintrin.h>
+#endif
+
 namespace rlf {
 
 ThreadLimit::ThreadLimit(int threads)
@@ -15,6 +19,13 @@ ThreadLimit::ThreadLimit(int threads)
                                                      size_t(std::max(1, threads)))) {}
 
 ThreadLimit::~ThreadLimit() = default;
+
+void flush_denormals_to_zero() {
+#if defined(__SSE__)
+  constexpr unsigned kFlushToZero = 0x8000, kDenormalsAreZero = 0x0040;
+  _mm_setcsr(_mm_getcsr() | kFlushToZero | kDenormalsAreZero);
+#endif
+}
 
 void parallel_chunks(int64_t n, int64_t grain, const void* context,
                      void (*body)(const void* context, int64_t begin, int64_t end)) {

@@ -15,6 +15,7 @@
 #include "src/app/reversal_corpus.h"
 #include "src/io/parameter_file.h"
 #include "src/model/generation.h"
+#include "src/model/lr_schedule.h"
 #include "src/model/optimizer.h"
 #include "src/model/sequence_loss.h"
 #include "src/model/transformer.h"
@@ -27,6 +28,8 @@ struct LmOptions {
   int steps = 300;
   int batch = 32;
   float learning_rate = 3e-3f;
+  int warmup_steps = 20;
+  float final_lr_fraction = 0.1f;
   float weight_decay = 0.0f;
   float max_grad_norm = 1.0f;
   int min_digits = 3;
@@ -74,6 +77,9 @@ void validate(const LmOptions& o, const ModelConfig& model) {
   require(o.steps >= 0, "--steps must be >= 0, got " + std::to_string(o.steps));
   require(o.batch > 0, "--batch must be > 0, got " + std::to_string(o.batch));
   require(o.learning_rate > 0, "--learning-rate must be > 0");
+  require(o.warmup_steps >= 0, "--warmup-steps must be >= 0");
+  require(o.final_lr_fraction >= 0 && o.final_lr_fraction <= 1,
+          "--final-lr-fraction must be in [0, 1]");
   require(o.min_digits >= 1 && o.max_digits >= o.min_digits,
           "--min-digits and --max-digits must satisfy 1 <= min <= max");
   require(o.eval_prompts >= 0, "--eval-prompts must be >= 0");
@@ -99,7 +105,12 @@ int run_lm_command(const std::vector<std::string>& args) {
   lm.add_options()
       ("steps", po::value(&o.steps)->default_value(o.steps), "optimizer steps")
       ("batch", po::value(&o.batch)->default_value(o.batch), "sequences per step")
-      ("learning-rate", po::value(&o.learning_rate)->default_value(o.learning_rate), "AdamW")
+      ("learning-rate", po::value(&o.learning_rate)->default_value(o.learning_rate),
+       "peak AdamW learning rate")
+      ("warmup-steps", po::value(&o.warmup_steps)->default_value(o.warmup_steps),
+       "linear warm-up steps")
+      ("final-lr-fraction", po::value(&o.final_lr_fraction)->default_value(o.final_lr_fraction),
+       "cosine decay ends at this fraction of the peak")
       ("weight-decay", po::value(&o.weight_decay)->default_value(o.weight_decay), "AdamW")
       ("max-grad-norm", po::value(&o.max_grad_norm)->default_value(o.max_grad_norm),
        "global-norm clipping (0 disables)")
@@ -150,6 +161,8 @@ int run_lm_command(const std::vector<std::string>& args) {
                         V, dlogits);
     const float aux = model.aux_loss() / float(config.n_layers);
     model.backward(dlogits, config.aux_loss_coef);
+    optimizer.hyper().learning_rate =
+        cosine_learning_rate(o.learning_rate, step, o.warmup_steps, o.steps, o.final_lr_fraction);
     const double grad_norm = optimizer.step();
     window_tokens += N;
     total_tokens += N;
