@@ -71,8 +71,12 @@ struct TensorView {
   }
   std::string shape_string() const {
     std::string s = "[";
-    for (int i = 0; i < rank; ++i) s += (i ? "," : "") + std::to_string(shape[i]);
-    return s + "]";
+    for (int i = 0; i < rank; ++i) {
+      if (i) s += ',';
+      s += std::to_string(shape[i]);
+    }
+    s += ']';
+    return s;
   }
 };
 

@@ -18,7 +18,7 @@
 #include "kernels/linear.h"
 #include "kernels/logprob.h"
 #include "kernels/moe.h"
-#include "kernels/parallel.h"
+#include "kernels/device.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
 #include "kernels/router.h"
@@ -27,6 +27,7 @@
 #include "src/app/build_info.h"
 #include "src/app/commands.h"
 #include "src/app/options.h"
+#include "src/model/moe_block.h"
 #include "src/model/transformer.h"
 
 namespace rlf {
@@ -278,7 +279,7 @@ double expert_check(Arena& scratch) {
 }
 
 void bench_moe(Bench& b) {
-  const int N = 4096, E = 16, K = 2, V = 64;
+  const int N = 4096, E = 16, K = 2;
   auto logits = random_floats(size_t(N) * E, 40);
   std::vector<int> idx(size_t(N) * K), ref_idx(idx.size());
   std::vector<float> w(idx.size()), probs(size_t(N) * E), ref_w(idx.size()), ref_probs(probs.size());
@@ -287,16 +288,10 @@ void bench_moe(Bench& b) {
   b.add("router top-k fwd", "4096x16 k2", double(N) * E * 4 * 2, false,
         [&] { cpu::router_forward(idx.data(), w.data(), probs.data(), logits.data(), N, E, K, true, b.scratch); },
         idx == ref_idx ? nmse(w, ref_w) : 1.0);
-  (void)V;
   ExpertCase expert(N, 256, 512, E, K);
   const double check = expert_check(b.scratch);
   b.add("expert ffn fwd+bwd", "4096 tok C256 F512 E16 k2", expert.flops(), true,
         [&] { expert.run_fast(b.scratch); }, check);
-}
-
-ModelConfig bench_model_config() {
-  ModelConfig c = load_model_config("small");
-  return c;
 }
 
 struct ModelRow {
@@ -305,9 +300,9 @@ struct ModelRow {
   std::string unit;
 };
 
-std::vector<ModelRow> bench_model(Arena& device, int repeats, double& decode_speedup) {
+std::vector<ModelRow> bench_model(const ModelConfig& config, Arena& device, int repeats,
+                                  double& decode_speedup) {
   std::vector<ModelRow> rows;
-  const ModelConfig config = bench_model_config();
   ArenaScope scope(device);
   Transformer<float> model(config, cpu_ops(), device, /*with_gradients=*/true);
   model.initialize(1);
@@ -322,7 +317,29 @@ std::vector<ModelRow> bench_model(Arena& device, int repeats, double& decode_spe
                                            model.backward(dlogits.data(), 0.01f);
                                          }},
                                         repeats)[0];
-  rows.push_back({"small model fwd+bwd (16x128 tokens)", N / train, "tokens/s"});
+  rows.push_back({"model fwd+bwd (16x128 tokens)", N / train, "tokens/s"});
+
+  // One MoE block (router, experts, combine, shared expert) forward + backward on 4096 tokens.
+  {
+    ArenaScope moe_scope(device);
+    const int tokens_moe = 4096, C = config.d_model;
+    const MoeBlock<float> block(config, cpu_ops(), device);
+    const MoeWeights<float> weights = moe_weights(model.layout(), model.parameters(), 0);
+    const MoeWeights<float> grads = moe_weights(model.layout(), model.gradients(), 0);
+    const auto x = random_floats(size_t(tokens_moe) * C, 50);
+    const auto dout = random_floats(size_t(tokens_moe) * C, 51);
+    std::vector<float> out(x.size()), dx(x.size());
+    const Arena::Mark before = device.mark();
+    const double moe = time_interleaved({[&] {
+                                           MoeActivations<float> acts = block.allocate(tokens_moe);
+                                           block.forward(weights, x.data(), out.data(), tokens_moe, acts);
+                                           block.backward(weights, grads, x.data(), acts, dout.data(),
+                                                          dx.data(), tokens_moe, 0.01f);
+                                           device.release(before);
+                                         }},
+                                        repeats)[0];
+    rows.push_back({"MoE block fwd+bwd (4096 tokens)", tokens_moe / moe, "tokens/s"});
+  }
 
   // Per-step cost of one new token at context 256: cached decode vs recomputing the prefix.
   const int B = 8, context = 256;
@@ -373,13 +390,19 @@ int run_bench_kernels_command(const std::vector<std::string>& args) {
   description.add(bench);
   if (!parse_options("bench kernels", args, description, run)) return 0;
   if (repeats < 3) throw ConfigError("--repeats must be >= 3, got " + std::to_string(repeats));
+  const ModelConfig model = load_model_config(run.model);
+  if (model.max_seq_len < 256) {
+    throw ConfigError("bench kernels decodes at context 256; model '" + model.name +
+                      "' has max_seq_len " + std::to_string(model.max_seq_len));
+  }
 
-  ThreadLimit threads(resolve_threads(run.threads));
-  Arena device("device", run.device_memory_bytes());
+  // The benchmark measures the fast CPU kernels against the reference whatever --backend says.
+  Device accelerator(Backend::Cpu, run.device_memory_bytes(), resolve_threads(run.threads));
+  Arena& device = accelerator.memory();
   std::printf("# rlfusion bench kernels: %s\n", build_info().c_str());
   std::printf("# 1 process, %d threads, median of %d repeats, fast (cpu) kernels checked against "
               "the reference (nmse <= %.0e)\n",
-              threads.threads(), repeats, kCheckTolerance);
+              accelerator.threads(), repeats, kCheckTolerance);
   Bench b{device, repeats, {}};
   bench_matmul(b);
   bench_elementwise(b, 64);
@@ -399,8 +422,8 @@ int run_bench_kernels_command(const std::vector<std::string>& args) {
                 100.0 * r.rate() / matmul_rate, r.check, r.ok ? "OK" : "WRONG");
   }
   double decode_speedup = 0;
-  const auto model_rows = bench_model(device, repeats, decode_speedup);
-  std::printf("#\n# %-40s %14s %-9s\n", "model (small)", "rate", "unit");
+  const auto model_rows = bench_model(model, device, repeats, decode_speedup);
+  std::printf("#\n# %-40s %14s %-9s\n", ("model (" + model.name + ")").c_str(), "rate", "unit");
   for (const auto& r : model_rows) {
     std::printf("  %-40s %14.0f %-9s\n", r.what.c_str(), r.value, r.unit.c_str());
   }
@@ -418,7 +441,7 @@ int run_bench_kernels_command(const std::vector<std::string>& args) {
   std::printf("# Device memory peak                  : %s\n", format_bytes(device.peak()).c_str());
   if (run.json) {
     std::printf("{\"bench\":\"kernels\",\"threads\":%d,\"matmul_gflops\":%.3f,\"rows\":[",
-                threads.threads(), matmul_rate);
+                accelerator.threads(), matmul_rate);
     for (size_t i = 0; i < b.rows.size(); ++i) {
       const Row& r = b.rows[i];
       std::printf("%s{\"op\":\"%s\",\"shape\":\"%s\",\"seconds\":%.6e,\"rate\":%.4f,\"unit\":\"%s\","

@@ -6,7 +6,6 @@
 #include <string>
 
 #include "kernels/arena.h"
-#include "kernels/moe.h"
 
 namespace rlf {
 
@@ -14,12 +13,8 @@ namespace rlf {
 template <typename T>
 struct Transformer<T>::Layer {
   const T* x_in = nullptr;  // residual stream entering the layer
-  T *xn1, *rstd1, *q, *k, *v, *att, *lse, *x_mid, *xn2, *rstd2;
-  T *router_logits, *probs, *expert_weight, *xg, *ffn_a, *ffn_b, *y, *moe_out;
-  T *shared_a = nullptr, *shared_b = nullptr, *shared_y = nullptr;
-  int *expert_idx, *expert_offsets, *row_of_assignment, *token_of_row;
-  int* shared_offsets = nullptr;
-  T aux = T(0);
+  T *xn1, *rstd1, *q, *k, *v, *att, *lse, *x_mid, *xn2, *rstd2, *moe_out;
+  MoeActivations<T> moe;
 };
 
 template <typename T>
@@ -43,7 +38,7 @@ T* zeros(Arena& arena, int64_t n, const char* what) {
 template <typename T>
 Transformer<T>::Transformer(const ModelConfig& config, const Ops<T>& ops, Arena& device,
                             bool with_gradients)
-    : config_(config), layout_(config), ops_(ops), device_(device) {
+    : config_(config), layout_(config), ops_(ops), device_(device), moe_(config_, ops, device) {
   params_ = device_.allocate<T>(size_t(layout_.total()), "model parameters");
   if (with_gradients) grads_ = zeros<T>(device_, layout_.total(), "parameter gradients");
 }
@@ -64,8 +59,7 @@ void Transformer<T>::zero_gradients() {
 
 template <typename T>
 typename Transformer<T>::Layer Transformer<T>::allocate_layer(int N) {
-  const int64_t C = config_.d_model, E = config_.n_experts, K = config_.top_k;
-  const int64_t F = config_.d_ff, M = int64_t(N) * K, H = config_.n_heads;
+  const int64_t C = config_.d_model, H = config_.n_heads;
   Arena& d = device_;
   Layer a;
   a.xn1 = d.allocate<T>(N * C, "activations");
@@ -78,27 +72,8 @@ typename Transformer<T>::Layer Transformer<T>::allocate_layer(int N) {
   a.x_mid = d.allocate<T>(N * C, "activations");
   a.xn2 = d.allocate<T>(N * C, "activations");
   a.rstd2 = d.allocate<T>(N, "activations");
-  a.router_logits = d.allocate<T>(N * E, "activations");
-  a.probs = d.allocate<T>(N * E, "activations");
-  a.expert_weight = d.allocate<T>(M, "activations");
-  a.expert_idx = d.allocate<int>(M, "activations");
-  a.expert_offsets = d.allocate<int>(E + 1, "activations");
-  a.row_of_assignment = d.allocate<int>(M, "activations");
-  a.token_of_row = d.allocate<int>(M, "activations");
-  a.xg = d.allocate<T>(M * C, "activations");
-  a.ffn_a = d.allocate<T>(M * F, "activations");
-  a.ffn_b = d.allocate<T>(M * F, "activations");
-  a.y = d.allocate<T>(M * C, "activations");
   a.moe_out = d.allocate<T>(N * C, "activations");
-  if (config_.shared_expert_d_ff > 0) {
-    const int64_t S = config_.shared_expert_d_ff;
-    a.shared_a = d.allocate<T>(N * S, "activations");
-    a.shared_b = d.allocate<T>(N * S, "activations");
-    a.shared_y = d.allocate<T>(N * C, "activations");
-    a.shared_offsets = d.allocate<int>(2, "activations");
-    a.shared_offsets[0] = 0;
-    a.shared_offsets[1] = N;
-  }
+  a.moe = moe_.allocate(N);
   return a;
 }
 
@@ -115,9 +90,10 @@ void Transformer<T>::attention_core(int l, Layer& a, int N, const int* positions
         throw std::out_of_range("KV cache: position " + std::to_string(positions[n]) +
                                 " is beyond its max_len " + std::to_string(cache.max_len));
       }
-      const int64_t at = (int64_t(mode.token_slots[n]) * cache.max_len + positions[n]) * row;
-      std::memcpy(cache.keys[l] + at, a.k + n * row, size_t(row) * sizeof(T));
-      std::memcpy(cache.values[l] + at, a.v + n * row, size_t(row) * sizeof(T));
+      std::memcpy(&cache.keys[l].at(mode.token_slots[n], positions[n], 0), a.k + n * row,
+                  size_t(row) * sizeof(T));
+      std::memcpy(&cache.values[l].at(mode.token_slots[n], positions[n], 0), a.v + n * row,
+                  size_t(row) * sizeof(T));
     }
   }
   if (mode.kind == AttentionMode::Packed) {
@@ -127,30 +103,8 @@ void Transformer<T>::attention_core(int l, Layer& a, int N, const int* positions
   ArenaScope scope(device_);
   int* lens = device_.allocate<int>(size_t(N), "decode lengths");
   for (int n = 0; n < N; ++n) lens[n] = positions[n] + 1;
-  ops_.attention_decode(a.att, a.q, mode.cache->keys[l], mode.cache->values[l], mode.token_slots,
-                        lens, N, H, D, mode.cache->max_len, device_);
-}
-
-template <typename T>
-void Transformer<T>::moe_forward(int l, Layer& a, int N) {
-  const LayerOffsets& o = layout_.layer(l);
-  const int C = config_.d_model, E = config_.n_experts, K = config_.top_k, F = config_.d_ff;
-  const int M = N * K;
-  ops_.matmul_forward(a.router_logits, a.xn2, params_ + o.router, N, C, E, device_);
-  ops_.router_forward(a.expert_idx, a.expert_weight, a.probs, a.router_logits, N, E, K,
-                      config_.normalize_topk, device_);
-  a.aux = ops_.router_aux_loss_forward(a.probs, a.expert_idx, N, E, K, device_);
-  moe_build_routing(a.expert_offsets, a.row_of_assignment, a.token_of_row, a.expert_idx, N, E, K);
-  ops_.moe_gather(a.xg, a.xn2, a.token_of_row, M, C, device_);
-  ops_.expert_ffn_forward(a.y, a.ffn_a, a.ffn_b, a.xg, params_ + o.w1, params_ + o.w3,
-                          params_ + o.w2, a.expert_offsets, E, C, F, device_);
-  ops_.moe_combine(a.moe_out, a.y, a.expert_weight, a.row_of_assignment, N, K, C, device_);
-  if (a.shared_y) {
-    ops_.expert_ffn_forward(a.shared_y, a.shared_a, a.shared_b, a.xn2, params_ + o.shared_w1,
-                            params_ + o.shared_w3, params_ + o.shared_w2, a.shared_offsets, 1, C,
-                            config_.shared_expert_d_ff, device_);
-    for (int64_t i = 0; i < int64_t(N) * C; ++i) a.moe_out[i] += a.shared_y[i];
-  }
+  ops_.attention_decode(a.att, a.q, mode.cache->keys[l].data, mode.cache->values[l].data,
+                        mode.token_slots, lens, N, H, D, mode.cache->max_len, device_);
 }
 
 template <typename T>
@@ -172,7 +126,7 @@ void Transformer<T>::layer_forward(int l, Layer& a, const T* x_in, T* x_out, int
   for (int64_t i = 0; i < NC; ++i) a.x_mid[i] += x_in[i];
   ops_.rmsnorm_forward(a.xn2, a.rstd2, a.x_mid, params_ + o.ffn_norm, N, C, T(config_.norm_eps),
                        device_);
-  moe_forward(l, a, N);
+  moe_.forward(moe_weights(layout_, params_, l), a.xn2, a.moe_out, N, a.moe);
   for (int64_t i = 0; i < NC; ++i) x_out[i] = a.x_mid[i] + a.moe_out[i];
 }
 
@@ -190,7 +144,7 @@ const T* Transformer<T>::run(const int* tokens, int N, const int* positions,
       layers_.push_back(allocate_layer(N));
       T* x_out = device_.allocate<T>(size_t(NC), "residual stream");
       layer_forward(l, layers_.back(), x, x_out, N, positions, mode);
-      aux_loss_ += layers_.back().aux;
+      aux_loss_ += layers_.back().moe.aux;
       x = x_out;
     }
     return x;
@@ -201,7 +155,7 @@ const T* Transformer<T>::run(const int* tokens, int N, const int* positions,
     ArenaScope scope(device_);
     Layer a = allocate_layer(N);
     layer_forward(l, a, x, x_next, N, positions, mode);
-    aux_loss_ += a.aux;
+    aux_loss_ += a.moe.aux;
     std::swap(x, x_next);
   }
   return x;
@@ -278,41 +232,6 @@ void Transformer<T>::backward(const T* dlogits, T aux_weight) {
 }
 
 template <typename T>
-void Transformer<T>::moe_backward(int l, const Layer& a, const T* dout, T* dxn2, int N,
-                                  T aux_weight) {
-  const LayerOffsets& o = layout_.layer(l);
-  const int C = config_.d_model, E = config_.n_experts, K = config_.top_k, F = config_.d_ff;
-  const int64_t M = int64_t(N) * K;
-  ArenaScope scope(device_);
-  if (a.shared_y) {
-    // moe_out = routed + shared: the shared expert sees dout directly.
-    ops_.expert_ffn_backward(dxn2, grads_ + o.shared_w1, grads_ + o.shared_w3,
-                             grads_ + o.shared_w2, dout, a.xn2, a.shared_a, a.shared_b,
-                             params_ + o.shared_w1, params_ + o.shared_w3, params_ + o.shared_w2,
-                             a.shared_offsets, 1, C, config_.shared_expert_d_ff, device_);
-  }
-  T* dy = zeros<T>(device_, M * C, "backward work");
-  T* dweight = zeros<T>(device_, M, "backward work");
-  ops_.moe_combine_backward(dy, dweight, dout, a.y, a.expert_weight, a.row_of_assignment, N, K, C,
-                            device_);
-  T* dxg = zeros<T>(device_, M * C, "backward work");
-  ops_.expert_ffn_backward(dxg, grads_ + o.w1, grads_ + o.w3, grads_ + o.w2, dy, a.xg, a.ffn_a,
-                           a.ffn_b, params_ + o.w1, params_ + o.w3, params_ + o.w2,
-                           a.expert_offsets, E, C, F, device_);
-  ops_.moe_gather_backward(dxn2, dxg, a.row_of_assignment, N, K, C, device_);
-  T* dprobs = nullptr;
-  if (aux_weight != T(0)) {
-    dprobs = zeros<T>(device_, int64_t(N) * E, "backward work");
-    ops_.router_aux_loss_backward(dprobs, aux_weight, a.expert_idx, N, E, K, device_);
-  }
-  T* drouter = zeros<T>(device_, int64_t(N) * E, "backward work");
-  ops_.router_backward(drouter, dweight, dprobs, a.probs, a.expert_idx, a.expert_weight, N, E, K,
-                       config_.normalize_topk, device_);
-  ops_.matmul_backward(dxn2, grads_ + o.router, drouter, a.xn2, params_ + o.router, N, C, E,
-                       device_);
-}
-
-template <typename T>
 void Transformer<T>::layer_backward(int l, const Layer& a, T* dx, int N, const int* positions,
                                     T aux_weight) {
   const LayerOffsets& o = layout_.layer(l);
@@ -323,7 +242,8 @@ void Transformer<T>::layer_backward(int l, const Layer& a, T* dx, int N, const i
   T* dx_mid = device_.allocate<T>(size_t(NC), "backward work");
   std::memcpy(dx_mid, dx, size_t(NC) * sizeof(T));
   T* dxn2 = zeros<T>(device_, NC, "backward work");
-  moe_backward(l, a, dx, dxn2, N, aux_weight);
+  moe_.backward(moe_weights(layout_, params_, l), moe_weights(layout_, grads_, l), a.xn2, a.moe, dx, dxn2, N,
+                aux_weight);
   ops_.rmsnorm_backward(dx_mid, grads_ + o.ffn_norm, dxn2, a.x_mid, params_ + o.ffn_norm, a.rstd2,
                         N, C, device_);
   // x_mid = x_in + att @ wo^T.
@@ -360,8 +280,10 @@ KVCache<T> Transformer<T>::allocate_kv_cache(int slots, int max_len) {
   cache.max_len = max_len;
   const size_t per_layer = size_t(slots) * size_t(max_len) * size_t(config_.d_model);
   for (int l = 0; l < config_.n_layers; ++l) {
-    cache.keys.push_back(device_.allocate<T>(per_layer, "KV cache"));
-    cache.values.push_back(device_.allocate<T>(per_layer, "KV cache"));
+    cache.keys.emplace_back(device_.allocate<T>(per_layer, "KV cache"),
+                            std::initializer_list<int64_t>{slots, max_len, config_.d_model});
+    cache.values.emplace_back(device_.allocate<T>(per_layer, "KV cache"),
+                              std::initializer_list<int64_t>{slots, max_len, config_.d_model});
   }
   return cache;
 }

@@ -10,6 +10,7 @@
 #include "kernels/ops.h"
 #include "src/model/kv_cache.h"
 #include "src/model/model_config.h"
+#include "src/model/moe_block.h"
 #include "src/model/parameter_layout.h"
 
 namespace rlf {
@@ -66,9 +67,7 @@ class Transformer {
   void layer_forward(int l, Layer& a, const T* x_in, T* x_out, int N, const int* positions,
                      const AttentionMode& mode);
   void attention_core(int l, Layer& a, int N, const int* positions, const AttentionMode& mode);
-  void moe_forward(int l, Layer& a, int N);
   void layer_backward(int l, const Layer& a, T* dx, int N, const int* positions, T aux_weight);
-  void moe_backward(int l, const Layer& a, const T* dout, T* dxn2, int N, T aux_weight);
   Layer allocate_layer(int N);
   // Final RMSNorm and LM head over N hidden rows.
   const T* head(const T* x, int N, bool keep_activations);
@@ -77,6 +76,7 @@ class Transformer {
   ParameterLayout layout_;
   const Ops<T>& ops_;
   Arena& device_;
+  MoeBlock<T> moe_;
   T* params_ = nullptr;
   T* grads_ = nullptr;
 

@@ -4,6 +4,7 @@
 #include "kernels/bf16.h"
 #include "kernels/error.h"
 #include "kernels/rng.h"
+#include "kernels/tensor.h"
 #include "tests/test_util.h"
 
 namespace rlf {
@@ -74,6 +75,33 @@ TEST(Philox, UniformAndNormalHaveTheRightMoments) {
   EXPECT_NEAR(sum_sq / n - 0.25, 1.0 / 12, 0.005);
   EXPECT_NEAR(nsum / n, 0.0, 0.01);
   EXPECT_NEAR(nsum_sq / n, 1.0, 0.02);
+}
+
+}  // namespace rlf
+
+namespace rlf {
+
+TEST(TensorView, RowMajorStridesRowsAndSlices) {
+  std::vector<float> data(2 * 3 * 4);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = float(i);
+  TensorView<float> t(data.data(), {2, 3, 4});
+  EXPECT_EQ(t.numel(), 24);
+  EXPECT_TRUE(t.contiguous());
+  EXPECT_EQ(t.strides[0], 12);
+  EXPECT_EQ(t.strides[1], 4);
+  EXPECT_EQ(t.at(1, 2, 3), 23.0f);
+  const TensorView<float> row = t.row(1);
+  EXPECT_EQ(row.rank, 2);
+  EXPECT_EQ(row.at(0, 1), 13.0f);
+  const TensorView<float> slice = t.slice_rows(1, 2);
+  EXPECT_EQ(slice.shape[0], 1);
+  EXPECT_EQ(slice.at(0, 0, 0), 12.0f);
+  EXPECT_EQ(t.shape_string(), "[2,3,4]");
+  TensorView<float> transposed = t;
+  std::swap(transposed.strides[1], transposed.strides[2]);
+  std::swap(transposed.shape[1], transposed.shape[2]);
+  EXPECT_FALSE(transposed.contiguous());
+  EXPECT_EQ(transposed.at(0, 3, 2), t.at(0, 2, 3));
 }
 
 }  // namespace rlf

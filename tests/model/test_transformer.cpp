@@ -109,7 +109,6 @@ TEST(TransformerBackends, CpuMatchesReferenceInLogitsAndGradients) {
   ref_model.initialize(11);
   cpu_model.initialize(11);
   const Batch batch = micro_batch(config.vocab_size);
-  const int N = batch.offsets.back(), V = config.vocab_size;
 
   std::vector<float> ref_dlogits, cpu_dlogits;
   ref_model.zero_gradients();
@@ -117,8 +116,6 @@ TEST(TransformerBackends, CpuMatchesReferenceInLogitsAndGradients) {
   const float ref_loss = model_loss(ref_model, batch, &ref_dlogits);
   const float cpu_loss = model_loss(cpu_model, batch, &cpu_dlogits);
   EXPECT_NEAR(cpu_loss, ref_loss, 1e-5 * std::fabs(ref_loss));
-  (void)N;
-  (void)V;
   ref_model.backward(ref_dlogits.data(), config.aux_loss_coef);
   cpu_model.backward(cpu_dlogits.data(), config.aux_loss_coef);
   test::expect_close(cpu_model.gradients(), ref_model.gradients(), size_t(ref_model.parameter_count()),

@@ -1,0 +1,119 @@
+#include "src/model/moe_block.h"
+
+#include <cstring>
+
+#include "kernels/arena.h"
+#include "kernels/moe.h"
+
+namespace rlf {
+
+namespace {
+template <typename T>
+T* zeros(Arena& arena, int64_t n, const char* what) {
+  T* p = arena.allocate<T>(size_t(n), what);
+  std::memset(static_cast<void*>(p), 0, size_t(n) * sizeof(T));
+  return p;
+}
+}  // namespace
+
+template <typename T>
+MoeWeights<T> moe_weights(const ParameterLayout& layout, T* base, int layer) {
+  const LayerOffsets& o = layout.layer(layer);
+  MoeWeights<T> w{base + o.router, base + o.w1, base + o.w3, base + o.w2};
+  if (o.shared_w1 >= 0) {
+    w.shared_w1 = base + o.shared_w1;
+    w.shared_w3 = base + o.shared_w3;
+    w.shared_w2 = base + o.shared_w2;
+  }
+  return w;
+}
+
+template MoeWeights<float> moe_weights<float>(const ParameterLayout&, float*, int);
+template MoeWeights<double> moe_weights<double>(const ParameterLayout&, double*, int);
+
+template <typename T>
+MoeActivations<T> MoeBlock<T>::allocate(int N) const {
+  const int64_t C = config_.d_model, E = config_.n_experts, K = config_.top_k, F = config_.d_ff;
+  const int64_t M = int64_t(N) * K;
+  Arena& d = device_;
+  MoeActivations<T> a;
+  a.router_logits = d.allocate<T>(N * E, "activations");
+  a.probs = d.allocate<T>(N * E, "activations");
+  a.expert_weight = d.allocate<T>(M, "activations");
+  a.expert_idx = d.allocate<int>(M, "activations");
+  a.expert_offsets = d.allocate<int>(E + 1, "activations");
+  a.row_of_assignment = d.allocate<int>(M, "activations");
+  a.token_of_row = d.allocate<int>(M, "activations");
+  a.xg = d.allocate<T>(M * C, "activations");
+  a.ffn_a = d.allocate<T>(M * F, "activations");
+  a.ffn_b = d.allocate<T>(M * F, "activations");
+  a.y = d.allocate<T>(M * C, "activations");
+  if (config_.shared_expert_d_ff > 0) {
+    const int64_t S = config_.shared_expert_d_ff;
+    a.shared_a = d.allocate<T>(N * S, "activations");
+    a.shared_b = d.allocate<T>(N * S, "activations");
+    a.shared_y = d.allocate<T>(N * C, "activations");
+    a.shared_offsets = d.allocate<int>(2, "activations");
+    a.shared_offsets[0] = 0;
+    a.shared_offsets[1] = N;
+  }
+  return a;
+}
+
+template <typename T>
+void MoeBlock<T>::forward(const MoeWeights<T>& w, const T* x, T* out, int N,
+                          MoeActivations<T>& a) const {
+  const int C = config_.d_model, E = config_.n_experts, K = config_.top_k, F = config_.d_ff;
+  ops_.matmul_forward(a.router_logits, x, w.router, N, C, E, device_);
+  ops_.router_forward(a.expert_idx, a.expert_weight, a.probs, a.router_logits, N, E, K,
+                      config_.normalize_topk, device_);
+  a.aux = ops_.router_aux_loss_forward(a.probs, a.expert_idx, N, E, K, device_);
+  moe_build_routing(a.expert_offsets, a.row_of_assignment, a.token_of_row, a.expert_idx, N, E, K);
+  ops_.moe_gather(a.xg, x, a.token_of_row, N * K, C, device_);
+  ops_.expert_ffn_forward(a.y, a.ffn_a, a.ffn_b, a.xg, w.w1, w.w3, w.w2, a.expert_offsets, E, C, F,
+                          device_);
+  ops_.moe_combine(out, a.y, a.expert_weight, a.row_of_assignment, N, K, C, device_);
+  if (a.shared_y) {
+    // The shared expert is a dense SwiGLU: one "expert" owning all N rows.
+    ops_.expert_ffn_forward(a.shared_y, a.shared_a, a.shared_b, x, w.shared_w1, w.shared_w3,
+                            w.shared_w2, a.shared_offsets, 1, C, config_.shared_expert_d_ff,
+                            device_);
+    for (int64_t i = 0; i < int64_t(N) * C; ++i) out[i] += a.shared_y[i];
+  }
+}
+
+template <typename T>
+void MoeBlock<T>::backward(const MoeWeights<T>& w, const MoeWeights<T>& g, const T* x,
+                           const MoeActivations<T>& a, const T* dout, T* dx, int N,
+                           T aux_weight) const {
+  const int C = config_.d_model, E = config_.n_experts, K = config_.top_k, F = config_.d_ff;
+  const int64_t M = int64_t(N) * K;
+  ArenaScope scope(device_);
+  if (a.shared_y) {
+    ops_.expert_ffn_backward(dx, g.shared_w1, g.shared_w3, g.shared_w2, dout, x, a.shared_a,
+                             a.shared_b, w.shared_w1, w.shared_w3, w.shared_w2, a.shared_offsets,
+                             1, C, config_.shared_expert_d_ff, device_);
+  }
+  T* dy = zeros<T>(device_, M * C, "backward work");
+  T* dweight = zeros<T>(device_, M, "backward work");
+  ops_.moe_combine_backward(dy, dweight, dout, a.y, a.expert_weight, a.row_of_assignment, N, K, C,
+                            device_);
+  T* dxg = zeros<T>(device_, M * C, "backward work");
+  ops_.expert_ffn_backward(dxg, g.w1, g.w3, g.w2, dy, a.xg, a.ffn_a, a.ffn_b, w.w1, w.w3, w.w2,
+                           a.expert_offsets, E, C, F, device_);
+  ops_.moe_gather_backward(dx, dxg, a.row_of_assignment, N, K, C, device_);
+  T* dprobs = nullptr;
+  if (aux_weight != T(0)) {
+    dprobs = zeros<T>(device_, int64_t(N) * E, "backward work");
+    ops_.router_aux_loss_backward(dprobs, aux_weight, a.expert_idx, N, E, K, device_);
+  }
+  T* drouter = zeros<T>(device_, int64_t(N) * E, "backward work");
+  ops_.router_backward(drouter, dweight, dprobs, a.probs, a.expert_idx, a.expert_weight, N, E, K,
+                       config_.normalize_topk, device_);
+  ops_.matmul_backward(dx, g.router, drouter, x, w.router, N, C, E, device_);
+}
+
+template class MoeBlock<float>;
+template class MoeBlock<double>;
+
+}  // namespace rlf
