@@ -29,8 +29,8 @@ double grad_norm_squared(const T* grad, int64_t n);
 //   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;  mhat = m/(1-b1^step);  vhat = v/(1-b2^step);
 //   param -= lr * (mhat / (sqrt(vhat) + eps) + weight_decay * param).
 template <typename T>
-void adamw_update(T* param, const T* grad, T* m, T* v, int64_t n, const AdamWHyper& hyper,
-                  int step, float grad_scale);
+void adamw_update(T* param, const T* grad, T* m, T* v, int64_t n, const AdamWHyper& hyper, int step,
+                  float grad_scale);
 }  // namespace ref
 
 namespace cpu {

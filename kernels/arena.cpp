@@ -9,7 +9,8 @@
 namespace rlf {
 
 Arena::Arena(std::string name, size_t capacity_bytes)
-    : name_(std::move(name)), capacity_((capacity_bytes + kAlignment - 1) / kAlignment * kAlignment) {
+    : name_(std::move(name)),
+      capacity_((capacity_bytes + kAlignment - 1) / kAlignment * kAlignment) {
   if (capacity_ == 0) return;
   // Untouched pages cost nothing on Linux, so reserving the whole capacity up front is cheap and
   // keeps every pointer stable for the arena's lifetime.
@@ -20,7 +21,9 @@ Arena::Arena(std::string name, size_t capacity_bytes)
   }
 }
 
-Arena::~Arena() { std::free(base_); }
+Arena::~Arena() {
+  std::free(base_);
+}
 
 void* Arena::allocate_bytes(size_t bytes, const char* what) {
   const size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;

@@ -10,13 +10,12 @@ class Arena;
 namespace ref {
 // lse[N, H] saves the log-sum-exp of each query's scaled scores for the backward pass.
 template <typename T>
-void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v,
-                       const int* seq_offsets, int S, int H, int D);
+void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const int* seq_offsets,
+                       int S, int H, int D);
 // Recomputes probabilities from q, k and lse; adds into dq, dk, dv.
 template <typename T>
-void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const T* lse,
-                        const T* q, const T* k, const T* v, const int* seq_offsets, int S, int H,
-                        int D);
+void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const T* lse, const T* q,
+                        const T* k, const T* v, const int* seq_offsets, int S, int H, int D);
 // One new query per batch row b: q[B, H, D]. Row b reads cache slot cache_slots[b] of
 // k_cache/v_cache [slots, max_len, H, D] at positions [0, cache_lens[b]) (the new token's k and v
 // are already written at position cache_lens[b] - 1). out[B, H, D].

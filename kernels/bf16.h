@@ -16,7 +16,8 @@ struct bf16 {
 inline bf16 to_bf16(float value) {
   uint32_t u;
   std::memcpy(&u, &value, sizeof u);
-  if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu)) return bf16{uint16_t((u >> 16) | 0x40)};
+  if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu))
+    return bf16{uint16_t((u >> 16) | 0x40)};
   const uint32_t rounding = 0x7fffu + ((u >> 16) & 1u);
   return bf16{uint16_t((u + rounding) >> 16)};
 }

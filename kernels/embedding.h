@@ -12,7 +12,9 @@ template <typename T>
 void embedding_backward(T* dtable, const T* dout, const int* tokens, int N, int C, int V);
 }  // namespace ref
 namespace cpu {
-void embedding_forward(float* out, const int* tokens, const float* table, int N, int C, int V, Arena& scratch);
-void embedding_backward(float* dtable, const float* dout, const int* tokens, int N, int C, int V, Arena& scratch);
+void embedding_forward(float* out, const int* tokens, const float* table, int N, int C, int V,
+                       Arena& scratch);
+void embedding_backward(float* dtable, const float* dout, const int* tokens, int N, int C, int V,
+                        Arena& scratch);
 }  // namespace cpu
 }  // namespace rlf

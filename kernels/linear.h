@@ -15,7 +15,8 @@ void matmul_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* 
                      int C, int OC);
 }  // namespace ref
 namespace cpu {
-void matmul_forward(float* out, const float* inp, const float* weight, int N, int C, int OC, Arena& scratch);
+void matmul_forward(float* out, const float* inp, const float* weight, int N, int C, int OC,
+                    Arena& scratch);
 void matmul_backward(float* dinp, float* dweight, const float* dout, const float* inp,
                      const float* weight, int N, int C, int OC, Arena& scratch);
 }  // namespace cpu

@@ -15,14 +15,14 @@ template <typename T>
 void logprob_forward(T* logp, T* lse, const T* logits, const int* targets, int N, int V);
 // dlogits[n, v] += dlogp[n] * (1[v == targets[n]] - softmax(logits[n])[v]).
 template <typename T>
-void logprob_backward(T* dlogits, const T* dlogp, const T* logits, const T* lse,
-                      const int* targets, int N, int V);
+void logprob_backward(T* dlogits, const T* dlogp, const T* logits, const T* lse, const int* targets,
+                      int N, int V);
 }  // namespace ref
 
 namespace cpu {
 void log_softmax_forward(float* out, const float* logits, int N, int V, Arena& scratch);
-void logprob_forward(float* logp, float* lse, const float* logits, const int* targets, int N,
-                     int V, Arena& scratch);
+void logprob_forward(float* logp, float* lse, const float* logits, const int* targets, int N, int V,
+                     Arena& scratch);
 void logprob_backward(float* dlogits, const float* dlogp, const float* logits, const float* lse,
                       const int* targets, int N, int V, Arena& scratch);
 }  // namespace cpu

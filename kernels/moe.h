@@ -60,7 +60,7 @@ void expert_ffn_forward(float* y, float* a, float* b, const float* xg, const flo
                         int F, Arena& scratch);
 void expert_ffn_backward(float* dxg, float* dw1, float* dw3, float* dw2, const float* dy,
                          const float* xg, const float* a, const float* b, const float* w1,
-                         const float* w3, const float* w2, const int* expert_offsets, int E,
-                         int C, int F, Arena& scratch);
+                         const float* w3, const float* w2, const int* expert_offsets, int E, int C,
+                         int F, Arena& scratch);
 }  // namespace cpu
 }  // namespace rlf

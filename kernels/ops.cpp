@@ -58,16 +58,14 @@ const Ops<T>& reference_ops() {
         ref::attention_backward(dq, dk, dv, dout, out, lse, q, k, v, offsets, S, H, D);
       },
       [](T* out, const T* q, const T* kc, const T* vc, const int* slots, const int* lens, int B,
-         int H, int D, int max_len, Arena&) {
-        ref::attention_decode(out, q, kc, vc, slots, lens, B, H, D, max_len);
-      },
+         int H, int D, int max_len,
+         Arena&) { ref::attention_decode(out, q, kc, vc, slots, lens, B, H, D, max_len); },
       [](int* idx, T* w, T* probs, const T* logits, int N, int E, int K, bool norm, Arena&) {
         ref::router_forward(idx, w, probs, logits, N, E, K, norm);
       },
       [](T* dlogits, const T* dw, const T* dprobs, const T* probs, const int* idx, const T* w,
-         int N, int E, int K, bool norm, Arena&) {
-        ref::router_backward(dlogits, dw, dprobs, probs, idx, w, N, E, K, norm);
-      },
+         int N, int E, int K, bool norm,
+         Arena&) { ref::router_backward(dlogits, dw, dprobs, probs, idx, w, N, E, K, norm); },
       [](const T* probs, const int* idx, int N, int E, int K, Arena&) {
         return ref::router_aux_loss_forward(probs, idx, N, E, K);
       },
@@ -85,10 +83,9 @@ const Ops<T>& reference_ops() {
       },
       [](T* dy, T* dw, const T* dout, const T* y, const T* w, const int* rows, int N, int K, int C,
          Arena&) { ref::moe_combine_backward(dy, dw, dout, y, w, rows, N, K, C); },
-      [](T* y, T* a, T* b, const T* xg, const T* w1, const T* w3, const T* w2,
-         const int* offsets, int E, int C, int F, Arena&) {
-        ref::expert_ffn_forward(y, a, b, xg, w1, w3, w2, offsets, E, C, F);
-      },
+      [](T* y, T* a, T* b, const T* xg, const T* w1, const T* w3, const T* w2, const int* offsets,
+         int E, int C, int F,
+         Arena&) { ref::expert_ffn_forward(y, a, b, xg, w1, w3, w2, offsets, E, C, F); },
       [](T* dxg, T* dw1, T* dw3, T* dw2, const T* dy, const T* xg, const T* a, const T* b,
          const T* w1, const T* w3, const T* w2, const int* offsets, int E, int C, int F, Arena&) {
         ref::expert_ffn_backward(dxg, dw1, dw3, dw2, dy, xg, a, b, w1, w3, w2, offsets, E, C, F);

@@ -38,6 +38,8 @@ void parallel_for_chunks(int64_t n, int64_t grain, const Body& body) {
 
 // Number of fixed blocks of `block` elements covering n; reductions write one partial per block
 // and then sum the partials serially in block order.
-inline int64_t num_blocks(int64_t n, int64_t block) { return (n + block - 1) / block; }
+inline int64_t num_blocks(int64_t n, int64_t block) {
+  return (n + block - 1) / block;
+}
 
 }  // namespace rlf

@@ -25,9 +25,9 @@ inline std::array<uint32_t, 4> philox4x32(std::array<uint32_t, 4> counter,
 // Four independent 32-bit words for (seed, stream, position); `stream` is a sample id or any
 // other 64-bit name of a random stream.
 inline std::array<uint32_t, 4> random_words(uint64_t seed, uint64_t stream, uint64_t position) {
-  return philox4x32({uint32_t(position), uint32_t(position >> 32), uint32_t(stream),
-                     uint32_t(stream >> 32)},
-                    {uint32_t(seed), uint32_t(seed >> 32)});
+  return philox4x32(
+      {uint32_t(position), uint32_t(position >> 32), uint32_t(stream), uint32_t(stream >> 32)},
+      {uint32_t(seed), uint32_t(seed >> 32)});
 }
 
 // Uniform in [0, 1) with 24 random bits (exactly representable in float).

@@ -11,8 +11,7 @@ template <typename T>
 void rope_forward(T* out, const T* inp, const int* positions, int N, int H, int D, float theta);
 // dinp += rotation of dout by the negative angle (the transpose of the forward rotation).
 template <typename T>
-void rope_backward(T* dinp, const T* dout, const int* positions, int N, int H, int D,
-                   float theta);
+void rope_backward(T* dinp, const T* dout, const int* positions, int N, int H, int D, float theta);
 }  // namespace ref
 namespace cpu {
 void rope_forward(float* out, const float* inp, const int* positions, int N, int H, int D,

@@ -27,8 +27,8 @@ void router_aux_loss_backward(T* dprobs, T dloss, const int* expert_idx, int N, 
 }  // namespace ref
 
 namespace cpu {
-void router_forward(int* expert_idx, float* expert_weight, float* probs, const float* logits,
-                    int N, int E, int K, bool normalize_topk, Arena& scratch);
+void router_forward(int* expert_idx, float* expert_weight, float* probs, const float* logits, int N,
+                    int E, int K, bool normalize_topk, Arena& scratch);
 void router_backward(float* dlogits, const float* dexpert_weight, const float* dprobs,
                      const float* probs, const int* expert_idx, const float* expert_weight, int N,
                      int E, int K, bool normalize_topk, Arena& scratch);

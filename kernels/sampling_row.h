@@ -67,8 +67,8 @@ inline SampledToken sample_row(const float* logits, int V, uint64_t seed, int64_
   }
 
   // Inverse CDF over the kept tokens with u uniform in [0, kept mass).
-  const double u = double(philox_uniform(seed, uint64_t(sample_id), uint64_t(int64_t(position)))) *
-                   kept_mass;
+  const double u =
+      double(philox_uniform(seed, uint64_t(sample_id), uint64_t(int64_t(position)))) * kept_mass;
   int token = order[kept - 1];  // if rounding leaves u at or above the running total
   double running = 0.0;
   for (int k = 0; k < kept; ++k) {

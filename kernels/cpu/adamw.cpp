@@ -2,17 +2,18 @@
 // grad_norm_squared: fixed blocks of kBlock elements, one double partial per block (written by
 // whichever thread runs the block), summed serially in block order: thread-count independent.
 // adamw_update: elementwise, the same float operations as ref::adamw_update<float>.
+#include "kernels/adamw.h"
+
 #include <Eigen/Core>
 #include <cmath>
 #include <cstdint>
 
-#include "kernels/adamw.h"
 #include "kernels/arena.h"
 #include "kernels/parallel.h"
 
 namespace rlf::cpu {
 namespace {
-constexpr int64_t kBlock = int64_t(1) << 16;   // elements per norm partial
+constexpr int64_t kBlock = int64_t(1) << 16;        // elements per norm partial
 constexpr int64_t kUpdateGrain = int64_t(1) << 15;  // elements per update chunk
 }  // namespace
 

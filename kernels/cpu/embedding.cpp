@@ -2,6 +2,8 @@
 // channels into fixed ranges: each chunk walks all tokens in order n = 0..N-1 and adds its
 // channel range of dout into dtable, so every element of dtable is accumulated in token order
 // by exactly one chunk (bit-identical to ref:: and to any thread count).
+#include "kernels/embedding.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -9,7 +11,6 @@
 #include <string>
 
 #include "kernels/arena.h"
-#include "kernels/embedding.h"
 #include "kernels/parallel.h"
 
 namespace rlf::cpu {
@@ -18,17 +19,17 @@ namespace {
 void check_tokens(const int* tokens, int N, int V) {
   for (int64_t n = 0; n < N; ++n) {
     if (tokens[n] < 0 || tokens[n] >= V) {
-      throw std::out_of_range("embedding: token " + std::to_string(tokens[n]) +
-                              " at position " + std::to_string(n) +
-                              " is outside the vocabulary [0, " + std::to_string(V) + ")");
+      throw std::out_of_range("embedding: token " + std::to_string(tokens[n]) + " at position " +
+                              std::to_string(n) + " is outside the vocabulary [0, " +
+                              std::to_string(V) + ")");
     }
   }
 }
 
 constexpr int64_t kForwardChunkFloats = 1 << 16;  // ~256 KiB copied per chunk
 constexpr int64_t kMaxChannelChunks = 4;
-constexpr int64_t kMinChannelChunk = 64;          // floats: whole cache lines per token row
-constexpr int64_t kMinBackwardFloats = 1 << 15;   // below this one chunk does everything
+constexpr int64_t kMinChannelChunk = 64;         // floats: whole cache lines per token row
+constexpr int64_t kMinBackwardFloats = 1 << 15;  // below this one chunk does everything
 
 }  // namespace
 

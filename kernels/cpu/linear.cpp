@@ -1,12 +1,13 @@
 // Fast float matmul: one Eigen GEMM per fixed chunk. Chunks split an output axis (rows of out,
 // dinp or dweight, or columns when there are too few rows), so every output element is written
 // by exactly one chunk and the result never depends on the thread count.
+#include "kernels/linear.h"
+
 #include <Eigen/Core>
 #include <algorithm>
 #include <cstdint>
 
 #include "kernels/arena.h"
-#include "kernels/linear.h"
 #include "kernels/parallel.h"
 
 namespace rlf::cpu {
@@ -16,10 +17,10 @@ using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMa
 using MatMap = Eigen::Map<RowMat>;
 using ConstMatMap = Eigen::Map<const RowMat>;
 
-constexpr int64_t kMaxChunks = 4;            // 2-4 way parallelism, chunks stay big GEMMs
-constexpr double kMinChunkFlops = 1 << 22;   // below this a split costs more than it saves
-constexpr int64_t kMinChunkExtent = 32;      // rows (or columns) per chunk
-constexpr int64_t kExtentMultiple = 16;      // keeps chunk edges on Eigen's register blocks
+constexpr int64_t kMaxChunks = 4;           // 2-4 way parallelism, chunks stay big GEMMs
+constexpr double kMinChunkFlops = 1 << 22;  // below this a split costs more than it saves
+constexpr int64_t kMinChunkExtent = 32;     // rows (or columns) per chunk
+constexpr int64_t kExtentMultiple = 16;     // keeps chunk edges on Eigen's register blocks
 
 // Chunk size along a split axis of length `extent` for a GEMM of `flops`: a pure function of
 // the shapes (never of the thread count).
@@ -33,7 +34,9 @@ int64_t gemm_grain(int64_t extent, double flops) {
 }
 
 // Splitting rows is preferred; with too few rows (decode) the columns are split instead.
-bool split_rows(int64_t rows) { return rows >= kMaxChunks * kMinChunkExtent; }
+bool split_rows(int64_t rows) {
+  return rows >= kMaxChunks * kMinChunkExtent;
+}
 
 }  // namespace
 

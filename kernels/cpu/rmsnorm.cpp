@@ -2,6 +2,8 @@
 // chunks. dweight is a reduction over N: each fixed row block writes its own partial[C] (from
 // scratch) and the partials are summed in block order, so results never depend on scheduling.
 // Row sums use 16 float lanes (Eigen fixed-size packets) combined in a fixed order.
+#include "kernels/rmsnorm.h"
+
 #include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
@@ -9,7 +11,6 @@
 
 #include "kernels/arena.h"
 #include "kernels/parallel.h"
-#include "kernels/rmsnorm.h"
 
 namespace rlf::cpu {
 namespace {

@@ -3,6 +3,8 @@
 // (packed sequences and decode batches repeat positions), else one row per token. Angles are
 // computed in double and cast to float exactly as in ref::. There is no reduction, so the
 // result is bit-identical whatever the thread count.
+#include "kernels/rope.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -10,7 +12,6 @@
 
 #include "kernels/arena.h"
 #include "kernels/parallel.h"
-#include "kernels/rope.h"
 
 namespace rlf::cpu {
 namespace {
@@ -20,7 +21,7 @@ constexpr int64_t kMinChunkFloats = 1 << 14;
 struct RopeTable {
   const float* cos = nullptr;  // [rows, D/2]
   const float* sin = nullptr;
-  int64_t base = 0;            // row of token n: positions[n] - base, or n when by_token
+  int64_t base = 0;  // row of token n: positions[n] - base, or n when by_token
   bool by_token = false;
   int64_t row(const int* positions, int64_t n) const {
     return by_token ? n : int64_t(positions[n]) - base;

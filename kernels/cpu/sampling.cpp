@@ -1,12 +1,13 @@
 // Fast token sampling: rows in parallel, each through the shared per-row routine (so tokens and
 // log-probs are identical to ref:: and independent of the thread count). Scratch for the
 // probabilities and the sort order comes from the arena, one pair of rows per fixed chunk.
+#include "kernels/sampling.h"
+
 #include <algorithm>
 #include <cstdint>
 
 #include "kernels/arena.h"
 #include "kernels/parallel.h"
-#include "kernels/sampling.h"
 #include "kernels/sampling_row.h"
 
 namespace rlf::cpu {

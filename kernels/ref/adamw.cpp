@@ -1,8 +1,8 @@
 // Reference AdamW and global gradient norm: plain loops in index order.
+#include "kernels/adamw.h"
+
 #include <cmath>
 #include <cstdint>
-
-#include "kernels/adamw.h"
 
 namespace rlf::ref {
 
@@ -14,8 +14,8 @@ double grad_norm_squared(const T* grad, int64_t n) {
 }
 
 template <typename T>
-void adamw_update(T* param, const T* grad, T* m, T* v, int64_t n, const AdamWHyper& hyper,
-                  int step, float grad_scale) {
+void adamw_update(T* param, const T* grad, T* m, T* v, int64_t n, const AdamWHyper& hyper, int step,
+                  float grad_scale) {
   const T b1 = T(hyper.beta1), b2 = T(hyper.beta2);
   const T lr = T(hyper.learning_rate), eps = T(hyper.eps), wd = T(hyper.weight_decay);
   const T scale = T(grad_scale);
@@ -35,8 +35,8 @@ void adamw_update(T* param, const T* grad, T* m, T* v, int64_t n, const AdamWHyp
 
 template double grad_norm_squared<float>(const float*, int64_t);
 template double grad_norm_squared<double>(const double*, int64_t);
-template void adamw_update<float>(float*, const float*, float*, float*, int64_t,
-                                  const AdamWHyper&, int, float);
+template void adamw_update<float>(float*, const float*, float*, float*, int64_t, const AdamWHyper&,
+                                  int, float);
 template void adamw_update<double>(double*, const double*, double*, double*, int64_t,
                                    const AdamWHyper&, int, float);
 

@@ -45,9 +45,9 @@ void matmul_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* 
 
 template void matmul_forward<float>(float*, const float*, const float*, int, int, int);
 template void matmul_forward<double>(double*, const double*, const double*, int, int, int);
-template void matmul_backward<float>(float*, float*, const float*, const float*, const float*,
-                                     int, int, int);
-template void matmul_backward<double>(double*, double*, const double*, const double*,
-                                      const double*, int, int, int);
+template void matmul_backward<float>(float*, float*, const float*, const float*, const float*, int,
+                                     int, int);
+template void matmul_backward<double>(double*, double*, const double*, const double*, const double*,
+                                      int, int, int);
 
 }  // namespace rlf::ref

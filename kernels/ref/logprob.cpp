@@ -1,8 +1,8 @@
 // Reference log-softmax / per-token log-prob: plain loops, numerically stable (row max first).
+#include "kernels/logprob.h"
+
 #include <cmath>
 #include <cstdint>
-
-#include "kernels/logprob.h"
 
 namespace rlf::ref {
 namespace {
@@ -40,8 +40,8 @@ void logprob_forward(T* logp, T* lse, const T* logits, const int* targets, int N
 }
 
 template <typename T>
-void logprob_backward(T* dlogits, const T* dlogp, const T* logits, const T* lse,
-                      const int* targets, int N, int V) {
+void logprob_backward(T* dlogits, const T* dlogp, const T* logits, const T* lse, const int* targets,
+                      int N, int V) {
   if (!dlogits || V <= 0) return;
   for (int64_t n = 0; n < N; ++n) {
     const T* x = logits + n * V;
@@ -58,8 +58,8 @@ template void log_softmax_forward<float>(float*, const float*, int, int);
 template void log_softmax_forward<double>(double*, const double*, int, int);
 template void logprob_forward<float>(float*, float*, const float*, const int*, int, int);
 template void logprob_forward<double>(double*, double*, const double*, const int*, int, int);
-template void logprob_backward<float>(float*, const float*, const float*, const float*,
-                                      const int*, int, int);
+template void logprob_backward<float>(float*, const float*, const float*, const float*, const int*,
+                                      int, int);
 template void logprob_backward<double>(double*, const double*, const double*, const double*,
                                        const int*, int, int);
 

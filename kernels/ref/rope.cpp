@@ -35,8 +35,7 @@ void rope_forward(T* out, const T* inp, const int* positions, int N, int H, int 
 }
 
 template <typename T>
-void rope_backward(T* dinp, const T* dout, const int* positions, int N, int H, int D,
-                   float theta) {
+void rope_backward(T* dinp, const T* dout, const int* positions, int N, int H, int D, float theta) {
   if (!dinp) return;
   check_head_dim(D);
   for (int64_t n = 0; n < N; ++n) {

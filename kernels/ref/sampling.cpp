@@ -1,8 +1,9 @@
 // Reference token sampling: rows one after another through the shared per-row routine.
+#include "kernels/sampling.h"
+
 #include <cstdint>
 #include <vector>
 
-#include "kernels/sampling.h"
 #include "kernels/sampling_row.h"
 
 namespace rlf::ref {

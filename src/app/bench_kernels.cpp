@@ -13,17 +13,17 @@
 #include "kernels/adamw.h"
 #include "kernels/arena.h"
 #include "kernels/attention.h"
+#include "kernels/device.h"
 #include "kernels/embedding.h"
 #include "kernels/error.h"
 #include "kernels/linear.h"
 #include "kernels/logprob.h"
 #include "kernels/moe.h"
-#include "kernels/device.h"
 #include "kernels/rmsnorm.h"
+#include "kernels/rng.h"
 #include "kernels/rope.h"
 #include "kernels/router.h"
 #include "kernels/sampling.h"
-#include "kernels/rng.h"
 #include "src/app/build_info.h"
 #include "src/app/commands.h"
 #include "src/app/options.h"
@@ -79,9 +79,9 @@ double nmse(const std::vector<float>& got, const std::vector<float>& want) {
 struct Row {
   std::string op, shape;
   double seconds = 0;
-  double work = 0;      // FLOPs or bytes
-  bool flops = true;    // work is FLOPs (GFLOP/s) or bytes (GB/s)
-  double check = -1;    // normalized error of the fast kernel against the reference (-1: n/a)
+  double work = 0;    // FLOPs or bytes
+  bool flops = true;  // work is FLOPs (GFLOP/s) or bytes (GB/s)
+  double check = -1;  // normalized error of the fast kernel against the reference (-1: n/a)
   bool ok = true;
   double rate() const { return work / seconds / 1e9; }
 };
@@ -95,8 +95,8 @@ struct Bench {
 
   void add(const std::string& op, const std::string& shape, double work, bool flops,
            const std::function<void()>& fast, double check) {
-    Row r{op, shape, time_interleaved({fast}, repeats)[0], work, flops, check,
-          check < 0 || check <= kCheckTolerance};
+    Row r{op,    shape, time_interleaved({fast}, repeats)[0], work,
+          flops, check, check < 0 || check <= kCheckTolerance};
     rows.push_back(r);
   }
 };
@@ -112,21 +112,23 @@ void bench_matmul(Bench& b) {
   std::vector<float> ref_out(size_t(n_check) * OC), fast_out(size_t(n_check) * OC);
   ref::matmul_forward(ref_out.data(), inp.data(), w.data(), n_check, C, OC);
   cpu::matmul_forward(fast_out.data(), inp.data(), w.data(), n_check, C, OC, b.scratch);
-  b.add("matmul fwd", "1024x1024x1024", 2.0 * N * C * OC, true,
-        [&] { cpu::matmul_forward(out.data(), inp.data(), w.data(), N, C, OC, b.scratch); },
-        nmse(fast_out, ref_out));
+  b.add(
+      "matmul fwd", "1024x1024x1024", 2.0 * N * C * OC, true,
+      [&] { cpu::matmul_forward(out.data(), inp.data(), w.data(), N, C, OC, b.scratch); },
+      nmse(fast_out, ref_out));
   std::vector<float> ref_dinp(size_t(n_check) * C, 0), fast_dinp(size_t(n_check) * C, 0);
   std::vector<float> ref_dw(size_t(OC) * C, 0), fast_dw(size_t(OC) * C, 0);
   ref::matmul_backward(ref_dinp.data(), ref_dw.data(), dout.data(), inp.data(), w.data(), n_check,
                        C, OC);
-  cpu::matmul_backward(fast_dinp.data(), fast_dw.data(), dout.data(), inp.data(), w.data(),
-                       n_check, C, OC, b.scratch);
-  b.add("matmul bwd", "1024x1024x1024", 4.0 * N * C * OC, true,
-        [&] {
-          cpu::matmul_backward(dinp.data(), dw.data(), dout.data(), inp.data(), w.data(), N, C,
-                               OC, b.scratch);
-        },
-        std::max(nmse(fast_dinp, ref_dinp), nmse(fast_dw, ref_dw)));
+  cpu::matmul_backward(fast_dinp.data(), fast_dw.data(), dout.data(), inp.data(), w.data(), n_check,
+                       C, OC, b.scratch);
+  b.add(
+      "matmul bwd", "1024x1024x1024", 4.0 * N * C * OC, true,
+      [&] {
+        cpu::matmul_backward(dinp.data(), dw.data(), dout.data(), inp.data(), w.data(), N, C, OC,
+                             b.scratch);
+      },
+      std::max(nmse(fast_dinp, ref_dinp), nmse(fast_dw, ref_dw)));
 }
 
 void bench_elementwise(Bench& b, int vocab) {
@@ -135,34 +137,47 @@ void bench_elementwise(Bench& b, int vocab) {
   std::vector<float> out(size_t(N) * C), rstd(N), ref_out(size_t(N) * C), ref_rstd(N);
   ref::rmsnorm_forward(ref_out.data(), ref_rstd.data(), x.data(), w.data(), N, C, 1e-5f);
   cpu::rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f, b.scratch);
-  b.add("rmsnorm fwd", "4096x256", 2.0 * N * C * 4, false,
-        [&] { cpu::rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f, b.scratch); },
-        nmse(out, ref_out));
+  b.add(
+      "rmsnorm fwd", "4096x256", 2.0 * N * C * 4, false,
+      [&] {
+        cpu::rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f, b.scratch);
+      },
+      nmse(out, ref_out));
 
   std::vector<int> positions(N);
   for (int n = 0; n < N; ++n) positions[n] = n % 256;
   ref::rope_forward(ref_out.data(), x.data(), positions.data(), N, H, D, 10000.0f);
   cpu::rope_forward(out.data(), x.data(), positions.data(), N, H, D, 10000.0f, b.scratch);
-  b.add("rope fwd", "4096x8x32", 2.0 * N * C * 4, false,
-        [&] { cpu::rope_forward(out.data(), x.data(), positions.data(), N, H, D, 10000.0f, b.scratch); },
-        nmse(out, ref_out));
+  b.add(
+      "rope fwd", "4096x8x32", 2.0 * N * C * 4, false,
+      [&] {
+        cpu::rope_forward(out.data(), x.data(), positions.data(), N, H, D, 10000.0f, b.scratch);
+      },
+      nmse(out, ref_out));
 
   auto table = random_floats(size_t(vocab) * C, 12);
   std::vector<int> tokens(N);
   for (int n = 0; n < N; ++n) tokens[n] = int(random_words(7, 0, uint64_t(n))[0] % uint32_t(vocab));
   ref::embedding_forward(ref_out.data(), tokens.data(), table.data(), N, C, vocab);
   cpu::embedding_forward(out.data(), tokens.data(), table.data(), N, C, vocab, b.scratch);
-  b.add("embedding fwd", "4096x256", 2.0 * N * C * 4, false,
-        [&] { cpu::embedding_forward(out.data(), tokens.data(), table.data(), N, C, vocab, b.scratch); },
-        nmse(out, ref_out));
+  b.add(
+      "embedding fwd", "4096x256", 2.0 * N * C * 4, false,
+      [&] {
+        cpu::embedding_forward(out.data(), tokens.data(), table.data(), N, C, vocab, b.scratch);
+      },
+      nmse(out, ref_out));
 
   auto logits = random_floats(size_t(N) * vocab, 13, 3.0f);
   std::vector<float> logp(N), lse(N), ref_logp(N), ref_lse(N);
   ref::logprob_forward(ref_logp.data(), ref_lse.data(), logits.data(), tokens.data(), N, vocab);
   cpu::logprob_forward(logp.data(), lse.data(), logits.data(), tokens.data(), N, vocab, b.scratch);
-  b.add("logprob fwd", "4096x" + std::to_string(vocab), 4.0 * N * vocab, false,
-        [&] { cpu::logprob_forward(logp.data(), lse.data(), logits.data(), tokens.data(), N, vocab, b.scratch); },
-        nmse(logp, ref_logp));
+  b.add(
+      "logprob fwd", "4096x" + std::to_string(vocab), 4.0 * N * vocab, false,
+      [&] {
+        cpu::logprob_forward(logp.data(), lse.data(), logits.data(), tokens.data(), N, vocab,
+                             b.scratch);
+      },
+      nmse(logp, ref_logp));
 
   const int64_t P = 4 << 20;
   auto param = random_floats(size_t(P), 14), grad = random_floats(size_t(P), 15);
@@ -170,12 +185,17 @@ void bench_elementwise(Bench& b, int vocab) {
   std::vector<float> ref_param = param, ref_m = m, ref_v = v, fast_param = param;
   AdamWHyper hyper;
   ref::adamw_update(ref_param.data(), grad.data(), ref_m.data(), ref_v.data(), P, hyper, 1, 1.0f);
-  cpu::adamw_update(fast_param.data(), grad.data(), m.data(), v.data(), P, hyper, 1, 1.0f, b.scratch);
+  cpu::adamw_update(fast_param.data(), grad.data(), m.data(), v.data(), P, hyper, 1, 1.0f,
+                    b.scratch);
   const double adam_check = nmse(fast_param, ref_param);
   int step = 1;
-  b.add("adamw update", "4M params", double(P) * 4 * 7, false,
-        [&] { cpu::adamw_update(param.data(), grad.data(), m.data(), v.data(), P, hyper, ++step, 1.0f, b.scratch); },
-        adam_check);
+  b.add(
+      "adamw update", "4M params", double(P) * 4 * 7, false,
+      [&] {
+        cpu::adamw_update(param.data(), grad.data(), m.data(), v.data(), P, hyper, ++step, 1.0f,
+                          b.scratch);
+      },
+      adam_check);
 
   const int B = 256;
   std::vector<int> sampled(B), ref_sampled(B), sample_pos(B, 10);
@@ -186,9 +206,13 @@ void bench_elementwise(Bench& b, int vocab) {
                      sample_pos.data(), B, vocab, 1, 1.0f, 0.9f);
   cpu::sample_tokens(sampled.data(), slogp.data(), logits.data(), ids.data(), sample_pos.data(), B,
                      vocab, 1, 1.0f, 0.9f, b.scratch);
-  b.add("sample top-p", "256x" + std::to_string(vocab), 4.0 * B * vocab, false,
-        [&] { cpu::sample_tokens(sampled.data(), slogp.data(), logits.data(), ids.data(), sample_pos.data(), B, vocab, 1, 1.0f, 0.9f, b.scratch); },
-        sampled == ref_sampled ? nmse(slogp, ref_slogp) : 1.0);
+  b.add(
+      "sample top-p", "256x" + std::to_string(vocab), 4.0 * B * vocab, false,
+      [&] {
+        cpu::sample_tokens(sampled.data(), slogp.data(), logits.data(), ids.data(),
+                           sample_pos.data(), B, vocab, 1, 1.0f, 0.9f, b.scratch);
+      },
+      sampled == ref_sampled ? nmse(slogp, ref_slogp) : 1.0);
 }
 
 void bench_attention(Bench& b) {
@@ -200,12 +224,16 @@ void bench_attention(Bench& b) {
   std::vector<float> out(q.size()), lse(size_t(N) * H), ref_out(q.size()), ref_lse(lse.size());
   ref::attention_forward(ref_out.data(), ref_lse.data(), q.data(), k.data(), v.data(),
                          offsets.data(), S, H, D);
-  cpu::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), offsets.data(), S,
-                         H, D, b.scratch);
+  cpu::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), offsets.data(), S, H,
+                         D, b.scratch);
   const double pairs = double(S) * T * (T + 1) / 2;  // causal (query, key) pairs per head
-  b.add("attention fwd", "8x256 H8 D32", 4.0 * pairs * H * D, true,
-        [&] { cpu::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), offsets.data(), S, H, D, b.scratch); },
-        nmse(out, ref_out));
+  b.add(
+      "attention fwd", "8x256 H8 D32", 4.0 * pairs * H * D, true,
+      [&] {
+        cpu::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), offsets.data(),
+                               S, H, D, b.scratch);
+      },
+      nmse(out, ref_out));
   std::vector<float> dq(q.size(), 0), dk(q.size(), 0), dv(q.size(), 0);
   std::vector<float> rdq(q.size(), 0), rdk(q.size(), 0), rdv(q.size(), 0);
   ref::attention_backward(rdq.data(), rdk.data(), rdv.data(), dout.data(), ref_out.data(),
@@ -213,9 +241,14 @@ void bench_attention(Bench& b) {
   cpu::attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), out.data(), lse.data(),
                           q.data(), k.data(), v.data(), offsets.data(), S, H, D, b.scratch);
   const double check = std::max({nmse(dq, rdq), nmse(dk, rdk), nmse(dv, rdv)});
-  b.add("attention bwd", "8x256 H8 D32", 10.0 * pairs * H * D, true,
-        [&] { cpu::attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), out.data(), lse.data(), q.data(), k.data(), v.data(), offsets.data(), S, H, D, b.scratch); },
-        check);
+  b.add(
+      "attention bwd", "8x256 H8 D32", 10.0 * pairs * H * D, true,
+      [&] {
+        cpu::attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), out.data(),
+                                lse.data(), q.data(), k.data(), v.data(), offsets.data(), S, H, D,
+                                b.scratch);
+      },
+      check);
 }
 
 // Grouped expert SwiGLU forward + backward, the acceptance case.
@@ -282,16 +315,22 @@ void bench_moe(Bench& b) {
   const int N = 4096, E = 16, K = 2;
   auto logits = random_floats(size_t(N) * E, 40);
   std::vector<int> idx(size_t(N) * K), ref_idx(idx.size());
-  std::vector<float> w(idx.size()), probs(size_t(N) * E), ref_w(idx.size()), ref_probs(probs.size());
+  std::vector<float> w(idx.size()), probs(size_t(N) * E), ref_w(idx.size()),
+      ref_probs(probs.size());
   ref::router_forward(ref_idx.data(), ref_w.data(), ref_probs.data(), logits.data(), N, E, K, true);
   cpu::router_forward(idx.data(), w.data(), probs.data(), logits.data(), N, E, K, true, b.scratch);
-  b.add("router top-k fwd", "4096x16 k2", double(N) * E * 4 * 2, false,
-        [&] { cpu::router_forward(idx.data(), w.data(), probs.data(), logits.data(), N, E, K, true, b.scratch); },
-        idx == ref_idx ? nmse(w, ref_w) : 1.0);
+  b.add(
+      "router top-k fwd", "4096x16 k2", double(N) * E * 4 * 2, false,
+      [&] {
+        cpu::router_forward(idx.data(), w.data(), probs.data(), logits.data(), N, E, K, true,
+                            b.scratch);
+      },
+      idx == ref_idx ? nmse(w, ref_w) : 1.0);
   ExpertCase expert(N, 256, 512, E, K);
   const double check = expert_check(b.scratch);
-  b.add("expert ffn fwd+bwd", "4096 tok C256 F512 E16 k2", expert.flops(), true,
-        [&] { expert.run_fast(b.scratch); }, check);
+  b.add(
+      "expert ffn fwd+bwd", "4096 tok C256 F512 E16 k2", expert.flops(), true,
+      [&] { expert.run_fast(b.scratch); }, check);
 }
 
 struct ModelRow {
@@ -313,9 +352,9 @@ std::vector<ModelRow> bench_model(const ModelConfig& config, Arena& device, int 
   std::vector<float> dlogits(size_t(N) * V);
   for (size_t i = 0; i < dlogits.size(); ++i) dlogits[i] = 1e-3f * float(philox_normal(4, 0, i));
   const double train = time_interleaved({[&] {
-                                           model.forward(tokens.data(), offsets.data(), S);
-                                           model.backward(dlogits.data(), 0.01f);
-                                         }},
+                                          model.forward(tokens.data(), offsets.data(), S);
+                                          model.backward(dlogits.data(), 0.01f);
+                                        }},
                                         repeats)[0];
   rows.push_back({"model fwd+bwd (16x128 tokens)", N / train, "tokens/s"});
 
@@ -330,14 +369,14 @@ std::vector<ModelRow> bench_model(const ModelConfig& config, Arena& device, int 
     const auto dout = random_floats(size_t(tokens_moe) * C, 51);
     std::vector<float> out(x.size()), dx(x.size());
     const Arena::Mark before = device.mark();
-    const double moe = time_interleaved({[&] {
-                                           MoeActivations<float> acts = block.allocate(tokens_moe);
-                                           block.forward(weights, x.data(), out.data(), tokens_moe, acts);
-                                           block.backward(weights, grads, x.data(), acts, dout.data(),
-                                                          dx.data(), tokens_moe, 0.01f);
-                                           device.release(before);
-                                         }},
-                                        repeats)[0];
+    const double moe = time_interleaved(
+        {[&] {
+          MoeActivations<float> acts = block.allocate(tokens_moe);
+          block.forward(weights, x.data(), out.data(), tokens_moe, acts);
+          block.backward(weights, grads, x.data(), acts, dout.data(), dx.data(), tokens_moe, 0.01f);
+          device.release(before);
+        }},
+        repeats)[0];
     rows.push_back({"MoE block fwd+bwd (4096 tokens)", tokens_moe / moe, "tokens/s"});
   }
 
@@ -356,7 +395,8 @@ std::vector<ModelRow> bench_model(const ModelConfig& config, Arena& device, int 
   std::vector<int> step_tokens(B, 5), positions(B, context - 1);
   std::vector<int> full_tokens(size_t(B) * context), full_offsets(B + 1);
   for (int s = 0; s < B; ++s) {
-    std::copy_n(&prompt_tokens[size_t(s) * (context - 1)], context - 1, &full_tokens[size_t(s) * context]);
+    std::copy_n(&prompt_tokens[size_t(s) * (context - 1)], context - 1,
+                &full_tokens[size_t(s) * context]);
     full_tokens[size_t(s) * context + context - 1] = 5;
   }
   for (int s = 0; s <= B; ++s) full_offsets[s] = s * context;
@@ -400,9 +440,10 @@ int run_bench_kernels_command(const std::vector<std::string>& args) {
   Device accelerator(Backend::Cpu, run.device_memory_bytes(), resolve_threads(run.threads));
   Arena& device = accelerator.memory();
   std::printf("# rlfusion bench kernels: %s\n", build_info().c_str());
-  std::printf("# 1 process, %d threads, median of %d repeats, fast (cpu) kernels checked against "
-              "the reference (nmse <= %.0e)\n",
-              accelerator.threads(), repeats, kCheckTolerance);
+  std::printf(
+      "# 1 process, %d threads, median of %d repeats, fast (cpu) kernels checked against "
+      "the reference (nmse <= %.0e)\n",
+      accelerator.threads(), repeats, kCheckTolerance);
   Bench b{device, repeats, {}};
   bench_matmul(b);
   bench_elementwise(b, 64);
@@ -432,8 +473,8 @@ int run_bench_kernels_command(const std::vector<std::string>& args) {
     if (r.op == "expert ffn fwd+bwd") expert = &r;
   }
   const double expert_fraction = expert->rate() / matmul_rate;
-  std::printf("#\n# Kernels checked against reference : %d wrong of %zu %s\n", wrong,
-              b.rows.size(), wrong ? "FAIL" : "OK");
+  std::printf("#\n# Kernels checked against reference : %d wrong of %zu %s\n", wrong, b.rows.size(),
+              wrong ? "FAIL" : "OK");
   std::printf("# Expert FFN fwd+bwd vs dense matmul : %.1f%% (target >= 50%%) %s\n",
               100 * expert_fraction, expert_fraction >= 0.5 ? "OK" : "BELOW TARGET");
   std::printf("# KV-cache decode speed-up @256      : %.1fx (target >= 10x) %s\n", decode_speedup,
@@ -444,20 +485,21 @@ int run_bench_kernels_command(const std::vector<std::string>& args) {
                 accelerator.threads(), matmul_rate);
     for (size_t i = 0; i < b.rows.size(); ++i) {
       const Row& r = b.rows[i];
-      std::printf("%s{\"op\":\"%s\",\"shape\":\"%s\",\"seconds\":%.6e,\"rate\":%.4f,\"unit\":\"%s\","
-                  "\"fraction_of_matmul\":%.4f,\"nmse\":%.3e,\"ok\":%s}",
-                  i ? "," : "", r.op.c_str(), r.shape.c_str(), r.seconds, r.rate(),
-                  r.flops ? "GFLOP/s" : "GB/s", r.rate() / matmul_rate, r.check,
-                  r.ok ? "true" : "false");
+      std::printf(
+          "%s{\"op\":\"%s\",\"shape\":\"%s\",\"seconds\":%.6e,\"rate\":%.4f,\"unit\":\"%s\","
+          "\"fraction_of_matmul\":%.4f,\"nmse\":%.3e,\"ok\":%s}",
+          i ? "," : "", r.op.c_str(), r.shape.c_str(), r.seconds, r.rate(),
+          r.flops ? "GFLOP/s" : "GB/s", r.rate() / matmul_rate, r.check, r.ok ? "true" : "false");
     }
     std::printf("],\"model\":[");
     for (size_t i = 0; i < model_rows.size(); ++i) {
       std::printf("%s{\"what\":\"%s\",\"value\":%.3f,\"unit\":\"%s\"}", i ? "," : "",
                   model_rows[i].what.c_str(), model_rows[i].value, model_rows[i].unit.c_str());
     }
-    std::printf("],\"expert_ffn_fraction_of_matmul\":%.4f,\"kv_decode_speedup\":%.3f,"
-                "\"wrong\":%d}\n",
-                expert_fraction, decode_speedup, wrong);
+    std::printf(
+        "],\"expert_ffn_fraction_of_matmul\":%.4f,\"kv_decode_speedup\":%.3f,"
+        "\"wrong\":%d}\n",
+        expert_fraction, decode_speedup, wrong);
   }
   return wrong ? 1 : 0;
 }

@@ -91,8 +91,8 @@ void validate(const LmOptions& o, const ModelConfig& model) {
   const int longest = 2 * o.max_digits + 3;
   require(model.max_seq_len >= longest,
           "--max-digits " + std::to_string(o.max_digits) + " needs sequences of " +
-              std::to_string(longest) + " tokens but model '" + model.name +
-              "' has max_seq_len " + std::to_string(model.max_seq_len));
+              std::to_string(longest) + " tokens but model '" + model.name + "' has max_seq_len " +
+              std::to_string(model.max_seq_len));
 }
 
 }  // namespace
@@ -102,23 +102,22 @@ int run_lm_command(const std::vector<std::string>& args) {
   LmOptions o;
   po::options_description description = run_options_description(run);
   po::options_description lm("lm options");
-  lm.add_options()
-      ("steps", po::value(&o.steps)->default_value(o.steps), "optimizer steps")
-      ("batch", po::value(&o.batch)->default_value(o.batch), "sequences per step")
-      ("learning-rate", po::value(&o.learning_rate)->default_value(o.learning_rate),
-       "peak AdamW learning rate")
-      ("warmup-steps", po::value(&o.warmup_steps)->default_value(o.warmup_steps),
-       "linear warm-up steps")
-      ("final-lr-fraction", po::value(&o.final_lr_fraction)->default_value(o.final_lr_fraction),
-       "cosine decay ends at this fraction of the peak")
-      ("weight-decay", po::value(&o.weight_decay)->default_value(o.weight_decay), "AdamW")
-      ("max-grad-norm", po::value(&o.max_grad_norm)->default_value(o.max_grad_norm),
-       "global-norm clipping (0 disables)")
-      ("min-digits", po::value(&o.min_digits)->default_value(o.min_digits), "shortest string")
-      ("max-digits", po::value(&o.max_digits)->default_value(o.max_digits), "longest string")
-      ("eval-prompts", po::value(&o.eval_prompts)->default_value(o.eval_prompts),
-       "held-out prompts for the final accuracy")
-      ("log-every", po::value(&o.log_every)->default_value(o.log_every), "steps per progress line");
+  lm.add_options()("steps", po::value(&o.steps)->default_value(o.steps), "optimizer steps")(
+      "batch", po::value(&o.batch)->default_value(o.batch), "sequences per step")(
+      "learning-rate", po::value(&o.learning_rate)->default_value(o.learning_rate),
+      "peak AdamW learning rate")("warmup-steps",
+                                  po::value(&o.warmup_steps)->default_value(o.warmup_steps),
+                                  "linear warm-up steps")(
+      "final-lr-fraction", po::value(&o.final_lr_fraction)->default_value(o.final_lr_fraction),
+      "cosine decay ends at this fraction of the peak")(
+      "weight-decay", po::value(&o.weight_decay)->default_value(o.weight_decay), "AdamW")(
+      "max-grad-norm", po::value(&o.max_grad_norm)->default_value(o.max_grad_norm),
+      "global-norm clipping (0 disables)")(
+      "min-digits", po::value(&o.min_digits)->default_value(o.min_digits), "shortest string")(
+      "max-digits", po::value(&o.max_digits)->default_value(o.max_digits), "longest string")(
+      "eval-prompts", po::value(&o.eval_prompts)->default_value(o.eval_prompts),
+      "held-out prompts for the final accuracy")(
+      "log-every", po::value(&o.log_every)->default_value(o.log_every), "steps per progress line");
   description.add(lm);
   if (!parse_options("lm", args, description, run)) return 0;
   const ModelConfig config = load_model_config(run.model);
@@ -136,10 +135,10 @@ int run_lm_command(const std::vector<std::string>& args) {
   std::filesystem::create_directories(run.run_dir);
 
   std::printf("# rlfusion lm: %s\n", build_info().c_str());
-  std::printf("# model %s: %.2fM parameters (%.2fM active per token), %d layers, %d experts top-%d\n",
-              config.name.c_str(), config.parameter_count() / 1e6,
-              config.active_parameter_count() / 1e6, config.n_layers, config.n_experts,
-              config.top_k);
+  std::printf(
+      "# model %s: %.2fM parameters (%.2fM active per token), %d layers, %d experts top-%d\n",
+      config.name.c_str(), config.parameter_count() / 1e6, config.active_parameter_count() / 1e6,
+      config.n_layers, config.n_experts, config.top_k);
   std::printf("# %s, seed %llu, run dir %s\n", accelerator.describe().c_str(),
               (unsigned long long)run.seed, run.run_dir.c_str());
   std::printf("# %6s %10s %8s %10s %12s %12s\n", "step", "loss", "aux", "grad-norm", "tokens/s",
@@ -212,11 +211,12 @@ int run_lm_command(const std::vector<std::string>& args) {
   std::printf("  %-34s %16s\n", "device memory peak", format_bytes(device.peak()).c_str());
   std::printf("# parameters written to %s\n", parameter_path.c_str());
   if (run.json) {
-    std::printf("{\"command\":\"lm\",\"model\":\"%s\",\"steps\":%d,\"final_loss\":%.6f,"
-                "\"train_seconds\":%.3f,\"train_tokens_per_s\":%.1f,\"heldout_exact_match\":%.4f,"
-                "\"device_peak_bytes\":%zu}\n",
-                config.name.c_str(), o.steps, loss, train_seconds,
-                train_seconds > 0 ? total_tokens / train_seconds : 0.0, accuracy, device.peak());
+    std::printf(
+        "{\"command\":\"lm\",\"model\":\"%s\",\"steps\":%d,\"final_loss\":%.6f,"
+        "\"train_seconds\":%.3f,\"train_tokens_per_s\":%.1f,\"heldout_exact_match\":%.4f,"
+        "\"device_peak_bytes\":%zu}\n",
+        config.name.c_str(), o.steps, loss, train_seconds,
+        train_seconds > 0 ? total_tokens / train_seconds : 0.0, accuracy, device.peak());
   }
   return 0;
 }

@@ -14,23 +14,24 @@ size_t RunOptions::device_memory_bytes() const {
   return parse_bytes(device_memory, "--device-memory");
 }
 
-Backend RunOptions::backend_kind() const { return parse_backend(backend); }
+Backend RunOptions::backend_kind() const {
+  return parse_backend(backend);
+}
 
 po::options_description run_options_description(RunOptions& o) {
   po::options_description d("Run options");
-  d.add_options()
-      ("help,h", "print this help and exit")
-      ("config", po::value(&o.config_file), "INI file with any of these options (key = value)")
-      ("model", po::value(&o.model)->default_value(o.model),
-       "model: a name in inputs/models/ (tiny, small, ...) or a path to an INI file")
-      ("backend", po::value(&o.backend)->default_value(o.backend), "kernels: cpu | ref")
-      ("run-dir", po::value(&o.run_dir), "where outputs go (default runs/<command>)")
-      ("seed", po::value(&o.seed)->default_value(o.seed), "seed of every random choice")
-      ("threads", po::value(&o.threads)->default_value(o.threads),
-       "threads of this rank (0: the cores it is bound to)")
-      ("device-memory", po::value(&o.device_memory)->default_value(o.device_memory),
-       "capacity of the device memory arena, e.g. 4GiB")
-      ("json", po::bool_switch(&o.json), "also print results as JSON");
+  d.add_options()("help,h", "print this help and exit")(
+      "config", po::value(&o.config_file), "INI file with any of these options (key = value)")(
+      "model", po::value(&o.model)->default_value(o.model),
+      "model: a name in inputs/models/ (tiny, small, ...) or a path to an INI file")(
+      "backend", po::value(&o.backend)->default_value(o.backend), "kernels: cpu | ref")(
+      "run-dir", po::value(&o.run_dir), "where outputs go (default runs/<command>)")(
+      "seed", po::value(&o.seed)->default_value(o.seed), "seed of every random choice")(
+      "threads", po::value(&o.threads)->default_value(o.threads),
+      "threads of this rank (0: the cores it is bound to)")(
+      "device-memory", po::value(&o.device_memory)->default_value(o.device_memory),
+      "capacity of the device memory arena, e.g. 4GiB")("json", po::bool_switch(&o.json),
+                                                        "also print results as JSON");
   return d;
 }
 
@@ -57,7 +58,8 @@ bool parse_options(const std::string& command, const std::vector<std::string>& a
   } catch (const po::error& e) {
     throw ConfigError(std::string(e.what()) + " (see rlfusion " + command + " --help)");
   }
-  if (run.threads < 0) throw ConfigError("--threads must be >= 0, got " + std::to_string(run.threads));
+  if (run.threads < 0)
+    throw ConfigError("--threads must be >= 0, got " + std::to_string(run.threads));
   run.device_memory_bytes();
   run.backend_kind();
   if (run.run_dir.empty()) run.run_dir = "runs/" + command;
@@ -73,12 +75,20 @@ size_t parse_bytes(const std::string& text, const std::string& option) {
     used = 0;
   }
   std::string unit = text.substr(used);
-  const std::pair<const char*, double> units[] = {
-      {"", 1.0},          {"B", 1.0},
-      {"K", 1024.0},      {"KiB", 1024.0},     {"KB", 1e3},
-      {"M", 1048576.0},   {"MiB", 1048576.0},  {"MB", 1e6},
-      {"G", 1073741824.0}, {"GiB", 1073741824.0}, {"GB", 1e9},
-      {"T", 1099511627776.0}, {"TiB", 1099511627776.0}, {"TB", 1e12}};
+  const std::pair<const char*, double> units[] = {{"", 1.0},
+                                                  {"B", 1.0},
+                                                  {"K", 1024.0},
+                                                  {"KiB", 1024.0},
+                                                  {"KB", 1e3},
+                                                  {"M", 1048576.0},
+                                                  {"MiB", 1048576.0},
+                                                  {"MB", 1e6},
+                                                  {"G", 1073741824.0},
+                                                  {"GiB", 1073741824.0},
+                                                  {"GB", 1e9},
+                                                  {"T", 1099511627776.0},
+                                                  {"TiB", 1099511627776.0},
+                                                  {"TB", 1e12}};
   if (used > 0 && value > 0 && std::isfinite(value)) {
     for (const auto& [name, scale] : units) {
       if (unit == name) return size_t(value * scale);

@@ -18,7 +18,7 @@ struct RunOptions {
   std::string backend = "cpu";
   std::string run_dir;  // default runs/<command>
   uint64_t seed = 1;
-  int threads = 0;      // 0: all cores this rank may use
+  int threads = 0;  // 0: all cores this rank may use
   std::string device_memory = "4GiB";
   bool json = false;
 

@@ -79,7 +79,8 @@ std::vector<GeneratedSample> generate(Transformer<float>& model,
     }
     logits = model.prefill(cache, tokens.data(), offsets.data(), B, active.data());
   }
-  std::vector<int> next(static_cast<size_t>(B)), positions(static_cast<size_t>(B)), step_tokens(static_cast<size_t>(B));
+  std::vector<int> next(static_cast<size_t>(B)), positions(static_cast<size_t>(B)),
+      step_tokens(static_cast<size_t>(B));
   std::vector<int64_t> ids(static_cast<size_t>(B));
   std::vector<float> logp(static_cast<size_t>(B));
   for (int step = 0;; ++step) {

@@ -14,26 +14,25 @@ namespace rlf {
 
 int64_t ModelConfig::parameter_count() const {
   const int64_t C = d_model, V = vocab_size, E = n_experts, F = d_ff, S = shared_expert_d_ff;
-  const int64_t per_layer = 2 * C          // two RMSNorm weights
-                            + 4 * C * C    // wq, wk, wv, wo
-                            + E * C        // router
+  const int64_t per_layer = 2 * C        // two RMSNorm weights
+                            + 4 * C * C  // wq, wk, wv, wo
+                            + E * C      // router
                             + E * 3 * C * F + 3 * C * S;
   return 2 * V * C + C + n_layers * per_layer;  // embedding, lm head, final norm
 }
 
 int64_t ModelConfig::active_parameter_count() const {
   const int64_t C = d_model, V = vocab_size, F = d_ff, S = shared_expert_d_ff;
-  const int64_t per_layer = 2 * C + 4 * C * C + int64_t(n_experts) * C + top_k * 3 * C * F +
-                            3 * C * S;
+  const int64_t per_layer =
+      2 * C + 4 * C * C + int64_t(n_experts) * C + top_k * 3 * C * F + 3 * C * S;
   return 2 * V * C + C + n_layers * per_layer;
 }
 
 void ModelConfig::validate(const std::string& source) const {
-  auto fail = [&](const std::string& what) {
-    throw ConfigError(source + ": model." + what);
-  };
+  auto fail = [&](const std::string& what) { throw ConfigError(source + ": model." + what); };
   auto positive = [&](int value, const char* key) {
-    if (value <= 0) fail(std::string(key) + " must be a positive integer, got " + std::to_string(value));
+    if (value <= 0)
+      fail(std::string(key) + " must be a positive integer, got " + std::to_string(value));
   };
   positive(vocab_size, "vocab_size");
   positive(d_model, "d_model");
@@ -44,16 +43,16 @@ void ModelConfig::validate(const std::string& source) const {
   positive(d_ff, "d_ff");
   positive(max_seq_len, "max_seq_len");
   if (d_model % n_heads != 0) {
-    fail("n_heads = " + std::to_string(n_heads) + " must divide d_model = " +
-         std::to_string(d_model));
+    fail("n_heads = " + std::to_string(n_heads) +
+         " must divide d_model = " + std::to_string(d_model));
   }
   if (head_dim() % 2 != 0) {
     fail("head dimension d_model / n_heads = " + std::to_string(head_dim()) +
          " must be even (RoPE rotates pairs)");
   }
   if (top_k > n_experts) {
-    fail("top_k = " + std::to_string(top_k) + " must be at most n_experts = " +
-         std::to_string(n_experts));
+    fail("top_k = " + std::to_string(top_k) +
+         " must be at most n_experts = " + std::to_string(n_experts));
   }
   if (shared_expert_d_ff < 0) fail("shared_expert_d_ff must be >= 0 (0 disables it)");
   if (!(rope_theta > 0)) fail("rope_theta must be > 0");
@@ -81,26 +80,25 @@ std::string resolve_model_path(const std::string& name_or_path) {
 ModelConfig load_model_config(const std::string& name_or_path) {
   const std::string path = resolve_model_path(name_or_path);
   std::ifstream file(path);
-  if (!file) throw ConfigError("model file '" + path + "' cannot be read (give a path or a name in inputs/models/)");
+  if (!file)
+    throw ConfigError("model file '" + path +
+                      "' cannot be read (give a path or a name in inputs/models/)");
 
   ModelConfig c;
   po::options_description desc("model");
-  desc.add_options()
-      ("model.name", po::value(&c.name))
-      ("model.vocab_size", po::value(&c.vocab_size)->required())
-      ("model.d_model", po::value(&c.d_model)->required())
-      ("model.n_layers", po::value(&c.n_layers)->required())
-      ("model.n_heads", po::value(&c.n_heads)->required())
-      ("model.n_experts", po::value(&c.n_experts)->required())
-      ("model.top_k", po::value(&c.top_k)->required())
-      ("model.d_ff", po::value(&c.d_ff)->required())
-      ("model.shared_expert_d_ff", po::value(&c.shared_expert_d_ff))
-      ("model.max_seq_len", po::value(&c.max_seq_len)->required())
-      ("model.rope_theta", po::value(&c.rope_theta))
-      ("model.norm_eps", po::value(&c.norm_eps))
-      ("model.init_std", po::value(&c.init_std))
-      ("model.normalize_topk", po::value(&c.normalize_topk))
-      ("model.aux_loss_coef", po::value(&c.aux_loss_coef));
+  desc.add_options()("model.name", po::value(&c.name))("model.vocab_size",
+                                                       po::value(&c.vocab_size)->required())(
+      "model.d_model", po::value(&c.d_model)->required())("model.n_layers",
+                                                          po::value(&c.n_layers)->required())(
+      "model.n_heads", po::value(&c.n_heads)->required())("model.n_experts",
+                                                          po::value(&c.n_experts)->required())(
+      "model.top_k", po::value(&c.top_k)->required())("model.d_ff", po::value(&c.d_ff)->required())(
+      "model.shared_expert_d_ff", po::value(&c.shared_expert_d_ff))(
+      "model.max_seq_len", po::value(&c.max_seq_len)->required())(
+      "model.rope_theta", po::value(&c.rope_theta))("model.norm_eps", po::value(&c.norm_eps))(
+      "model.init_std", po::value(&c.init_std))(
+      "model.normalize_topk", po::value(&c.normalize_topk))("model.aux_loss_coef",
+                                                            po::value(&c.aux_loss_coef));
   try {
     po::variables_map vm;
     po::store(po::parse_config_file(file, desc, /*allow_unregistered=*/false), vm);

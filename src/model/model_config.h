@@ -14,7 +14,7 @@ struct ModelConfig {
   int n_heads = 0;
   int n_experts = 0;
   int top_k = 0;
-  int d_ff = 0;             // hidden width of each routed expert
+  int d_ff = 0;                // hidden width of each routed expert
   int shared_expert_d_ff = 0;  // 0: no shared expert
   int max_seq_len = 0;
   float rope_theta = 10000.0f;

@@ -91,8 +91,8 @@ void MoeBlock<T>::backward(const MoeWeights<T>& w, const MoeWeights<T>& g, const
   ArenaScope scope(device_);
   if (a.shared_y) {
     ops_.expert_ffn_backward(dx, g.shared_w1, g.shared_w3, g.shared_w2, dout, x, a.shared_a,
-                             a.shared_b, w.shared_w1, w.shared_w3, w.shared_w2, a.shared_offsets,
-                             1, C, config_.shared_expert_d_ff, device_);
+                             a.shared_b, w.shared_w1, w.shared_w3, w.shared_w2, a.shared_offsets, 1,
+                             C, config_.shared_expert_d_ff, device_);
   }
   T* dy = zeros<T>(device_, M * C, "backward work");
   T* dweight = zeros<T>(device_, M, "backward work");

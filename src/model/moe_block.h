@@ -14,10 +14,10 @@ class Arena;
 
 template <typename T>
 struct MoeWeights {
-  T* router;  // [E, C]
-  T* w1;      // [E, F, C]
-  T* w3;      // [E, F, C]
-  T* w2;      // [E, C, F]
+  T* router;               // [E, C]
+  T* w1;                   // [E, F, C]
+  T* w3;                   // [E, F, C]
+  T* w2;                   // [E, C, F]
   T* shared_w1 = nullptr;  // [S, C]; null without a shared expert
   T* shared_w3 = nullptr;  // [S, C]
   T* shared_w2 = nullptr;  // [C, S]

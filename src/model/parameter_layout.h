@@ -12,9 +12,9 @@
 namespace rlf {
 
 struct ParameterTensor {
-  std::string name;             // e.g. "layers.0.experts.w1"
-  std::vector<int64_t> shape;   // row-major
-  int64_t offset = 0;           // in elements from the start of the flat buffer
+  std::string name;            // e.g. "layers.0.experts.w1"
+  std::vector<int64_t> shape;  // row-major
+  int64_t offset = 0;          // in elements from the start of the flat buffer
   int64_t numel = 0;
   bool is_norm_weight = false;  // initialized to 1, not random
 };

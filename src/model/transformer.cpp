@@ -242,8 +242,8 @@ void Transformer<T>::layer_backward(int l, const Layer& a, T* dx, int N, const i
   T* dx_mid = device_.allocate<T>(size_t(NC), "backward work");
   std::memcpy(dx_mid, dx, size_t(NC) * sizeof(T));
   T* dxn2 = zeros<T>(device_, NC, "backward work");
-  moe_.backward(moe_weights(layout_, params_, l), moe_weights(layout_, grads_, l), a.xn2, a.moe, dx, dxn2, N,
-                aux_weight);
+  moe_.backward(moe_weights(layout_, params_, l), moe_weights(layout_, grads_, l), a.xn2, a.moe, dx,
+                dxn2, N, aux_weight);
   ops_.rmsnorm_backward(dx_mid, grads_ + o.ffn_norm, dxn2, a.x_mid, params_ + o.ffn_norm, a.rstd2,
                         N, C, device_);
   // x_mid = x_in + att @ wo^T.

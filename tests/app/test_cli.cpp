@@ -22,9 +22,10 @@ struct Result {
 };
 
 Result run_rlfusion(const std::string& args) {
-  const std::string command = "cd " RLFUSION_SOURCE_DIR " && OMPI_ALLOW_RUN_AS_ROOT=1 "
-                              "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " RLFUSION_BINARY " " + args +
-                              " 2>&1";
+  const std::string command = "cd " RLFUSION_SOURCE_DIR
+                              " && OMPI_ALLOW_RUN_AS_ROOT=1 "
+                              "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " RLFUSION_BINARY " " +
+                              args + " 2>&1";
   FILE* pipe = popen(command.c_str(), "r");
   std::string output;
   std::array<char, 4096> buffer;
@@ -89,8 +90,10 @@ TEST(CommandLine, ArenaTooSmallForTheModelIsRejectedBeforeWriting) {
 
 TEST(LmCommand, ShortRunLearnsAndWritesParameters) {
   const std::string dir = temp_dir("lm");
-  const Result r = run_rlfusion("lm --model tiny --steps 60 --batch 16 --log-every 20 "
-                                "--eval-prompts 16 --threads 1 --json --run-dir " + dir);
+  const Result r = run_rlfusion(
+      "lm --model tiny --steps 60 --batch 16 --log-every 20 "
+      "--eval-prompts 16 --threads 1 --json --run-dir " +
+      dir);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(std::filesystem::exists(dir + "/model.h5"));
   // First and last progress lines: the loss must fall.
@@ -116,8 +119,8 @@ TEST(Options, ParseBytesAcceptsUnitsAndRejectsGarbage) {
 
 TEST(ModelConfigFiles, ShippedModelsLoadAndValidate) {
   for (const char* name : {"tiny", "small", "pangu-ultra-moe-718b"}) {
-    const ModelConfig c = load_model_config(std::string(RLFUSION_SOURCE_DIR) + "/inputs/models/" +
-                                            name + ".ini");
+    const ModelConfig c =
+        load_model_config(std::string(RLFUSION_SOURCE_DIR) + "/inputs/models/" + name + ".ini");
     EXPECT_EQ(c.name, name);
     EXPECT_GT(c.parameter_count(), 0);
   }

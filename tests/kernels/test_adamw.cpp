@@ -16,8 +16,8 @@ TEST(AdamW, GradNormSquaredCpuMatchesRef) {
   const std::vector<int64_t> sizes = {1, 7, 1000, 65536, 65537, 300001};
   for (size_t i = 0; i < sizes.size(); ++i) {
     const int64_t n = sizes[i];
-    const auto g = test::random_vector<float>(size_t(n), test::seed_for("AdamW.GradNorm", int(i)),
-                                              -3, 3);
+    const auto g =
+        test::random_vector<float>(size_t(n), test::seed_for("AdamW.GradNorm", int(i)), -3, 3);
     const double want = ref::grad_norm_squared(g.data(), n);
     const double got = cpu::grad_norm_squared(g.data(), n, test::scratch_arena());
     EXPECT_NEAR(got, want, 1e-12 * want) << "n=" << n;
@@ -32,15 +32,15 @@ TEST(AdamW, GradNormSquaredCpuMatchesRef) {
 }
 
 TEST(AdamW, ClipScale) {
-  EXPECT_EQ(clip_scale(0.5, 1.0f), 1.0f);   // under the limit
-  EXPECT_EQ(clip_scale(1.0, 1.0f), 1.0f);   // at the limit
+  EXPECT_EQ(clip_scale(0.5, 1.0f), 1.0f);    // under the limit
+  EXPECT_EQ(clip_scale(1.0, 1.0f), 1.0f);    // at the limit
   EXPECT_EQ(clip_scale(100.0, 0.0f), 1.0f);  // clipping disabled
   EXPECT_EQ(clip_scale(100.0, -1.0f), 1.0f);
   EXPECT_NEAR(clip_scale(10.0, 1.0f), 0.1f, 1e-7);
   // Clipped gradients have global norm at most max_norm (just under, by the 1e-6).
   const auto g = test::random_vector<float>(5000, 11, -2, 2);
-  const double norm = std::sqrt(cpu::grad_norm_squared(g.data(), int64_t(g.size()),
-                                                       test::scratch_arena()));
+  const double norm =
+      std::sqrt(cpu::grad_norm_squared(g.data(), int64_t(g.size()), test::scratch_arena()));
   const float scale = clip_scale(norm, 1.0f);
   EXPECT_LT(scale, 1.0f);
   std::vector<float> clipped(g.size());
@@ -88,8 +88,8 @@ TEST(AdamW, SecondStepFollowsFormula) {
     me = b1 * me + (1 - b1) * g;
     ve = b2 * ve + (1 - b2) * g * g;
     const double mhat = me / (1 - std::pow(b1, step)), vhat = ve / (1 - std::pow(b2, step));
-    pe -= double(h.learning_rate) * (mhat / (std::sqrt(vhat) + double(h.eps)) +
-                                     double(h.weight_decay) * pe);
+    pe -= double(h.learning_rate) *
+          (mhat / (std::sqrt(vhat) + double(h.eps)) + double(h.weight_decay) * pe);
   }
   EXPECT_NEAR(m, me, 1e-12);
   EXPECT_NEAR(v, ve, 1e-12);

@@ -50,8 +50,8 @@ TEST(Bf16, RoundsToNearestEvenAndRoundTripsExactValues) {
 
 TEST(Philox, MatchesPublishedKnownAnswer) {
   // Random123 kat_vectors: philox4x32_10 with counter and key all ones (0xffffffff).
-  const auto out = philox4x32({0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu},
-                              {0xffffffffu, 0xffffffffu});
+  const auto out =
+      philox4x32({0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu}, {0xffffffffu, 0xffffffffu});
   EXPECT_EQ(out[0], 0x408f276du);
   EXPECT_EQ(out[1], 0x41c83b0eu);
   EXPECT_EQ(out[2], 0xa20bc7c6u);

@@ -21,11 +21,13 @@ struct MatmulShape {
 // Odd sizes, size-1 edges, row-split shapes (N >= 128, several chunks) and decode-like shapes
 // with few rows (column split).
 const std::vector<MatmulShape> kShapes = {
-    {1, 1, 1},     {1, 7, 5},      {3, 17, 9},    {37, 64, 33},  {8, 1, 24},
+    {1, 1, 1},      {1, 7, 5},      {3, 17, 9},     {37, 64, 33},    {8, 1, 24},
     {130, 70, 150}, {256, 96, 200}, {300, 45, 257}, {3, 1024, 2000}, {2, 2100, 1000},
 };
 
-double tol(int K) { return 2e-6 * K + 1e-6; }
+double tol(int K) {
+  return 2e-6 * K + 1e-6;
+}
 
 }  // namespace
 
@@ -65,8 +67,8 @@ TEST(Matmul, CpuBackwardMatchesRefAndAccumulates) {
     auto dinp_only = dinp0, dweight_only = dweight0;
     cpu::matmul_backward(dinp_only.data(), nullptr, dout.data(), inp.data(), weight.data(), s.N,
                          s.C, s.OC, test::scratch_arena());
-    cpu::matmul_backward(nullptr, dweight_only.data(), dout.data(), inp.data(), weight.data(),
-                         s.N, s.C, s.OC, test::scratch_arena());
+    cpu::matmul_backward(nullptr, dweight_only.data(), dout.data(), inp.data(), weight.data(), s.N,
+                         s.C, s.OC, test::scratch_arena());
     EXPECT_EQ(0, std::memcmp(dinp_only.data(), dinp_got.data(), dinp_got.size() * 4)) << s.name();
     EXPECT_EQ(0, std::memcmp(dweight_only.data(), dweight_got.data(), dweight_got.size() * 4))
         << s.name();

@@ -62,15 +62,16 @@ TEST(Logprob, CpuMatchesRefBackward) {
     std::vector<float> logp(N), lse(N);
     ref::logprob_forward(logp.data(), lse.data(), logits.data(), targets.data(), N, V);
     auto d_ref = initial, d_cpu = initial;
-    ref::logprob_backward(d_ref.data(), dlogp.data(), logits.data(), lse.data(), targets.data(),
-                          N, V);
-    cpu::logprob_backward(d_cpu.data(), dlogp.data(), logits.data(), lse.data(), targets.data(),
-                          N, V, test::scratch_arena());
+    ref::logprob_backward(d_ref.data(), dlogp.data(), logits.data(), lse.data(), targets.data(), N,
+                          V);
+    cpu::logprob_backward(d_cpu.data(), dlogp.data(), logits.data(), lse.data(), targets.data(), N,
+                          V, test::scratch_arena());
     test::expect_close(d_cpu, d_ref, "dlogits " + shape_name(kShapes[i]), 1e-6, 1e-5);
     // The gradient row sums to zero (before the initial value is added).
     for (int n = 0; n < N; ++n) {
       double row = 0;
-      for (int v = 0; v < V; ++v) row += double(d_cpu[size_t(n) * V + v]) - initial[size_t(n) * V + v];
+      for (int v = 0; v < V; ++v)
+        row += double(d_cpu[size_t(n) * V + v]) - initial[size_t(n) * V + v];
       EXPECT_NEAR(row, 0.0, 1e-4) << shape_name(kShapes[i]) << " row " << n;
     }
   }
@@ -79,8 +80,8 @@ TEST(Logprob, CpuMatchesRefBackward) {
   const std::vector<int> targets = {1};
   cpu::logprob_backward(nullptr, dlogp.data(), logits.data(), lse.data(), targets.data(), 1, 2,
                         test::scratch_arena());
-  ref::logprob_backward<float>(nullptr, dlogp.data(), logits.data(), lse.data(), targets.data(),
-                               1, 2);
+  ref::logprob_backward<float>(nullptr, dlogp.data(), logits.data(), lse.data(), targets.data(), 1,
+                               2);
 }
 
 TEST(Logprob, StableForLargeLogitsAndKnownValues) {
@@ -143,11 +144,10 @@ TEST(Logprob, RefBackwardMatchesFiniteDifferences) {
       std::vector<int> all_t(N, t);
       std::vector<double> ct(N);
       for (int n = 0; n < N; ++n) ct[n] = c[size_t(n) * V + t];
-      ref::logprob_backward(analytic2.data(), ct.data(), logits.data(), lse.data(), all_t.data(),
-                            N, V);
+      ref::logprob_backward(analytic2.data(), ct.data(), logits.data(), lse.data(), all_t.data(), N,
+                            V);
     }
-    test::expect_gradient_matches(logits, analytic2, loss2,
-                                  "log_softmax " + shape_name(shapes[i]));
+    test::expect_gradient_matches(logits, analytic2, loss2, "log_softmax " + shape_name(shapes[i]));
   }
 }
 

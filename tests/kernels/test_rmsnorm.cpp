@@ -21,7 +21,7 @@ struct RmsNormShape {
 };
 
 const std::vector<RmsNormShape> kShapes = {
-    {1, 1, 1e-5f},   {1, 16, 1e-5f},   {3, 17, 1e-6f},  {7, 100, 0.5f},
+    {1, 1, 1e-5f},   {1, 16, 1e-5f},    {3, 17, 1e-6f},    {7, 100, 0.5f},
     {64, 33, 1e-5f}, {300, 257, 1e-5f}, {1000, 64, 1e-5f}, {40, 1500, 1e-5f},
 };
 
@@ -34,18 +34,16 @@ TEST(RmsNorm, CpuForwardMatchesRef) {
     const auto inp = test::random_vector<float>(size_t(s.N) * s.C, seed);
     const auto weight = test::random_vector<float>(size_t(s.C), seed + 1, 0.5, 1.5);
     std::vector<float> want(inp.size()), got(inp.size()), rstd_want(s.N), rstd_got(s.N);
-    ref::rmsnorm_forward(want.data(), rstd_want.data(), inp.data(), weight.data(), s.N, s.C,
-                         s.eps);
+    ref::rmsnorm_forward(want.data(), rstd_want.data(), inp.data(), weight.data(), s.N, s.C, s.eps);
     cpu::rmsnorm_forward(got.data(), rstd_got.data(), inp.data(), weight.data(), s.N, s.C, s.eps,
                          test::scratch_arena());
     test::expect_close(got, want, "rmsnorm out " + s.name(), 1e-5, 1e-5);
     test::expect_close(rstd_got, rstd_want, "rmsnorm rstd " + s.name(), 1e-6, 1e-5);
     // rstd of the last row, independently in double: eps really enters.
     double sum_sq = 0;
-    for (int c = 0; c < s.C; ++c) sum_sq += double(inp[size_t(s.N - 1) * s.C + c]) *
-                                            inp[size_t(s.N - 1) * s.C + c];
-    EXPECT_NEAR(rstd_got[s.N - 1], 1.0 / std::sqrt(sum_sq / s.C + s.eps),
-                1e-5 * rstd_got[s.N - 1])
+    for (int c = 0; c < s.C; ++c)
+      sum_sq += double(inp[size_t(s.N - 1) * s.C + c]) * inp[size_t(s.N - 1) * s.C + c];
+    EXPECT_NEAR(rstd_got[s.N - 1], 1.0 / std::sqrt(sum_sq / s.C + s.eps), 1e-5 * rstd_got[s.N - 1])
         << s.name();
   }
 }
@@ -67,8 +65,7 @@ TEST(RmsNorm, CpuBackwardMatchesRefAndAccumulates) {
     cpu::rmsnorm_backward(dinp_got.data(), dweight_got.data(), dout.data(), inp.data(),
                           weight.data(), rstd.data(), s.N, s.C, test::scratch_arena());
     test::expect_close(dinp_got, dinp_want, "rmsnorm dinp " + s.name(), 1e-5, 1e-4);
-    test::expect_close(dweight_got, dweight_want, "rmsnorm dweight " + s.name(), 2e-6 * s.N,
-                       1e-4);
+    test::expect_close(dweight_got, dweight_want, "rmsnorm dweight " + s.name(), 2e-6 * s.N, 1e-4);
 
     auto dinp_only = dinp0, dweight_only = dweight0;
     cpu::rmsnorm_backward(dinp_only.data(), nullptr, dout.data(), inp.data(), weight.data(),
@@ -82,8 +79,8 @@ TEST(RmsNorm, CpuBackwardMatchesRefAndAccumulates) {
 }
 
 TEST(RmsNorm, RefGradientsMatchFiniteDifferences) {
-  for (const auto& s : {RmsNormShape{1, 1, 1e-5f}, RmsNormShape{3, 5, 1e-5f},
-                        RmsNormShape{4, 7, 0.25f}}) {
+  for (const auto& s :
+       {RmsNormShape{1, 1, 1e-5f}, RmsNormShape{3, 5, 1e-5f}, RmsNormShape{4, 7, 0.25f}}) {
     const auto seed = test::seed_for("RmsNorm.Gradients", s.N * 10 + s.C);
     auto inp = test::random_vector<double>(size_t(s.N) * s.C, seed);
     auto weight = test::random_vector<double>(size_t(s.C), seed + 1, 0.5, 1.5);
@@ -120,8 +117,8 @@ TEST(RmsNorm, CpuIsBitIdenticalAcrossThreadCounts) {
     dweight[t].assign(size_t(C), 0.25f);
     cpu::rmsnorm_forward(out[t].data(), rstd[t].data(), inp.data(), weight.data(), N, C, 1e-5f,
                          test::scratch_arena());
-    cpu::rmsnorm_backward(dinp[t].data(), dweight[t].data(), dout.data(), inp.data(),
-                          weight.data(), rstd[t].data(), N, C, test::scratch_arena());
+    cpu::rmsnorm_backward(dinp[t].data(), dweight[t].data(), dout.data(), inp.data(), weight.data(),
+                          rstd[t].data(), N, C, test::scratch_arena());
   }
   EXPECT_EQ(0, std::memcmp(out[0].data(), out[1].data(), out[0].size() * 4));
   EXPECT_EQ(0, std::memcmp(rstd[0].data(), rstd[1].data(), rstd[0].size() * 4));

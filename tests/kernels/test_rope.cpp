@@ -22,7 +22,7 @@ struct RopeShape {
 };
 
 const std::vector<RopeShape> kShapes = {
-    {1, 1, 2, 0},    {1, 1, 2, 5000},  {3, 2, 6, 2},     {17, 3, 10, 9},
+    {1, 1, 2, 0},    {1, 1, 2, 5000},     {3, 2, 6, 2},       {17, 3, 10, 9},
     {64, 4, 64, 40}, {50, 5, 34, 100000}, {257, 2, 128, 300},
 };
 constexpr float kTheta = 10000.0f;
@@ -138,8 +138,7 @@ TEST(Rope, CpuIsBitIdenticalAcrossThreadCounts) {
                          test::scratch_arena());
     }
     EXPECT_EQ(0, std::memcmp(out[0].data(), out[1].data(), out[0].size() * 4)) << max_position;
-    EXPECT_EQ(0, std::memcmp(dinp[0].data(), dinp[1].data(), dinp[0].size() * 4))
-        << max_position;
+    EXPECT_EQ(0, std::memcmp(dinp[0].data(), dinp[1].data(), dinp[0].size() * 4)) << max_position;
   }
 }
 

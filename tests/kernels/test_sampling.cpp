@@ -50,8 +50,7 @@ struct Draws {
 Draws sample_cpu(const Batch& b, uint64_t seed, float temperature, float top_p) {
   Draws d{std::vector<int>(b.B, -1), std::vector<float>(b.B, -99.f)};
   cpu::sample_tokens(d.tokens.data(), d.logp.data(), b.logits.data(), b.sample_ids.data(),
-                     b.positions.data(), b.B, b.V, seed, temperature, top_p,
-                     test::scratch_arena());
+                     b.positions.data(), b.B, b.V, seed, temperature, top_p, test::scratch_arena());
   return d;
 }
 
@@ -73,7 +72,9 @@ std::vector<double> softmax(const float* row, int V, double temperature) {
   return p;
 }
 
-int argmax(const float* row, int V) { return int(std::max_element(row, row + V) - row); }
+int argmax(const float* row, int V) {
+  return int(std::max_element(row, row + V) - row);
+}
 
 // Pearson chi-square of counts against probabilities p (cells with p > 0).
 double chi_square(const std::vector<int>& tokens, const std::vector<double>& p) {
@@ -96,7 +97,7 @@ TEST(Sampling, CpuMatchesRefExactly) {
   const struct {
     int B, V;
     float temperature, top_p;
-  } cases[] = {{1, 1, 1.0f, 1.0f},  {1, 64, 1.0f, 1.0f},  {7, 13, 0.7f, 0.9f},
+  } cases[] = {{1, 1, 1.0f, 1.0f},   {1, 64, 1.0f, 1.0f},    {7, 13, 0.7f, 0.9f},
                {33, 64, 1.3f, 0.5f}, {5, 1000, 1.0f, 0.95f}, {3, 32000, 0.8f, 1.0f},
                {9, 31, 0.0f, 1.0f},  {130, 17, 1.0f, 0.3f}};
   for (size_t i = 0; i < std::size(cases); ++i) {
@@ -117,8 +118,8 @@ TEST(Sampling, CpuMatchesRefExactly) {
 TEST(Sampling, GreedyWhenTemperatureIsZeroOrNegative) {
   const auto batch = random_batch(20, 37, test::seed_for("Sampling.Greedy", 0));
   for (float temperature : {0.0f, -1.0f}) {
-    for (const auto& d : {sample_cpu(batch, 5, temperature, 0.9f),
-                          sample_ref(batch, 5, temperature, 0.9f)}) {
+    for (const auto& d :
+         {sample_cpu(batch, 5, temperature, 0.9f), sample_ref(batch, 5, temperature, 0.9f)}) {
       for (int b = 0; b < batch.B; ++b) {
         EXPECT_EQ(d.tokens[b], argmax(batch.logits.data() + int64_t(b) * batch.V, batch.V));
         EXPECT_EQ(d.logp[b], 0.0f);
@@ -167,8 +168,11 @@ TEST(Sampling, DependsOnlyOnSeedSampleIdPositionAndLogits) {
     EXPECT_EQ(moved_ref.tokens[i], base.tokens[perm[i]]) << i;
   }
   // A single row sampled alone also agrees.
-  Batch one{1, V, std::vector<float>(batch.logits.begin() + 5 * V, batch.logits.begin() + 6 * V),
-            {batch.sample_ids[5]}, {batch.positions[5]}};
+  Batch one{1,
+            V,
+            std::vector<float>(batch.logits.begin() + 5 * V, batch.logits.begin() + 6 * V),
+            {batch.sample_ids[5]},
+            {batch.positions[5]}};
   EXPECT_EQ(sample_cpu(one, 77, 1.0f, 0.9f).tokens[0], base.tokens[5]);
   // The stream does depend on the seed, the sample id and the position: over flat logits the
   // draws are not all the same when any one of them changes.
@@ -214,7 +218,8 @@ TEST(Sampling, TopPKeepsOnlyTheNucleus) {
         cumulative += p[order[k]];
         nucleus[order[k]] = p[order[k]];
       }
-      const std::string what = "T=" + std::to_string(temperature) + " top_p=" + std::to_string(top_p);
+      const std::string what =
+          "T=" + std::to_string(temperature) + " top_p=" + std::to_string(top_p);
       for (auto& x : nucleus) x /= cumulative;
       const auto d = sample_cpu(batch, 31, temperature, top_p);
       int kept = 0;

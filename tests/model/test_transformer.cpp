@@ -118,8 +118,8 @@ TEST(TransformerBackends, CpuMatchesReferenceInLogitsAndGradients) {
   EXPECT_NEAR(cpu_loss, ref_loss, 1e-5 * std::fabs(ref_loss));
   ref_model.backward(ref_dlogits.data(), config.aux_loss_coef);
   cpu_model.backward(cpu_dlogits.data(), config.aux_loss_coef);
-  test::expect_close(cpu_model.gradients(), ref_model.gradients(), size_t(ref_model.parameter_count()),
-                     "parameter gradients", 1e-5, 1e-3);
+  test::expect_close(cpu_model.gradients(), ref_model.gradients(),
+                     size_t(ref_model.parameter_count()), "parameter gradients", 1e-5, 1e-3);
 }
 
 // Logits of every decode step equal the last row of a full forward over the same prefix.
@@ -150,8 +150,8 @@ void check_decode_matches_forward(const Ops<float>& ops) {
       const int offsets1[2] = {0, int(seq.size())};
       const float* all = full.forward(seq.data(), offsets1, 1);
       test::expect_close(&cached[size_t(b) * V], all + (seq.size() - 1) * size_t(V), size_t(V),
-                         "decode step " + std::to_string(step) + " row " + std::to_string(b),
-                         1e-5, 1e-4);
+                         "decode step " + std::to_string(step) + " row " + std::to_string(b), 1e-5,
+                         1e-4);
     }
     std::vector<int> next(static_cast<size_t>(B)), positions(static_cast<size_t>(B));
     for (int b = 0; b < B; ++b) {
@@ -168,7 +168,9 @@ TEST(TransformerDecode, KvCacheLogitsEqualFullForwardReference) {
   check_decode_matches_forward(reference_ops<float>());
 }
 
-TEST(TransformerDecode, KvCacheLogitsEqualFullForwardCpu) { check_decode_matches_forward(cpu_ops()); }
+TEST(TransformerDecode, KvCacheLogitsEqualFullForwardCpu) {
+  check_decode_matches_forward(cpu_ops());
+}
 
 std::vector<float> train_three_steps(int threads, uint64_t seed) {
   ThreadLimit limit(threads);
