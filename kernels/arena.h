@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 namespace rlf {
@@ -23,6 +24,13 @@ class Arena {
   template <typename T>
   T* allocate(size_t count, const char* what) {
     return static_cast<T*>(allocate_bytes(count * sizeof(T), what));
+  }
+
+  template <typename T>
+  T* allocate_zeroed(size_t count, const char* what) {
+    T* p = allocate<T>(count, what);
+    std::memset(static_cast<void*>(p), 0, count * sizeof(T));
+    return p;
   }
 
   using Mark = size_t;

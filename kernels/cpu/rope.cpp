@@ -60,11 +60,12 @@ RopeTable build_table(const int* positions, int N, int D, float theta, Arena& sc
   return table;
 }
 
-}  // namespace
-
-void rope_forward(float* out, const float* inp, const int* positions, int N, int H, int D,
-                  float theta, Arena& scratch) {
-  if (N <= 0 || H <= 0 || D <= 0) return;
+// Rotates every head of every token by its position's angle. Forward writes the rotation
+// (out may be inp: each pair is read before it is written); the backward pass adds the
+// transposed rotation (angle negated) into its output, as every backward does.
+template <bool kBackward>
+void rotate(float* out, const float* inp, const int* positions, int N, int H, int D, float theta,
+            Arena& scratch) {
   ArenaScope scope(scratch);
   const RopeTable table = build_table(positions, N, D, theta, scratch);
   const int64_t half = D / 2;
@@ -75,42 +76,35 @@ void rope_forward(float* out, const float* inp, const int* positions, int N, int
       const float* __restrict__ cs = table.cos + row * half;
       const float* __restrict__ sn = table.sin + row * half;
       for (int64_t h = 0; h < H; ++h) {
-        // in place is allowed: each pair is read before it is written
         const float* x = inp + (n * H + h) * D;
         float* y = out + (n * H + h) * D;
         for (int64_t i = 0; i < half; ++i) {
           const float x0 = x[2 * i], x1 = x[2 * i + 1];
-          y[2 * i] = x0 * cs[i] - x1 * sn[i];
-          y[2 * i + 1] = x0 * sn[i] + x1 * cs[i];
+          if constexpr (kBackward) {
+            y[2 * i] += x0 * cs[i] + x1 * sn[i];
+            y[2 * i + 1] += x1 * cs[i] - x0 * sn[i];
+          } else {
+            y[2 * i] = x0 * cs[i] - x1 * sn[i];
+            y[2 * i + 1] = x0 * sn[i] + x1 * cs[i];
+          }
         }
       }
     }
   });
 }
 
+}  // namespace
+
+void rope_forward(float* out, const float* inp, const int* positions, int N, int H, int D,
+                  float theta, Arena& scratch) {
+  if (N <= 0 || H <= 0 || D <= 0) return;
+  rotate<false>(out, inp, positions, N, H, D, theta, scratch);
+}
+
 void rope_backward(float* dinp, const float* dout, const int* positions, int N, int H, int D,
                    float theta, Arena& scratch) {
   if (!dinp || N <= 0 || H <= 0 || D <= 0) return;
-  ArenaScope scope(scratch);
-  const RopeTable table = build_table(positions, N, D, theta, scratch);
-  const int64_t half = D / 2;
-  const int64_t grain = std::max<int64_t>(1, kMinChunkFloats / (int64_t(H) * D));
-  parallel_for_chunks(N, grain, [&](int64_t b, int64_t e) {
-    for (int64_t n = b; n < e; ++n) {
-      const int64_t row = table.row(positions, n);
-      const float* __restrict__ cs = table.cos + row * half;
-      const float* __restrict__ sn = table.sin + row * half;
-      for (int64_t h = 0; h < H; ++h) {
-        const float* __restrict__ g = dout + (n * H + h) * D;
-        float* __restrict__ dx = dinp + (n * H + h) * D;
-        for (int64_t i = 0; i < half; ++i) {
-          const float g0 = g[2 * i], g1 = g[2 * i + 1];
-          dx[2 * i] += g0 * cs[i] + g1 * sn[i];
-          dx[2 * i + 1] += g1 * cs[i] - g0 * sn[i];
-        }
-      }
-    }
-  });
+  rotate<true>(dinp, dout, positions, N, H, D, theta, scratch);
 }
 
 }  // namespace rlf::cpu

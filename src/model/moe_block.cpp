@@ -7,15 +7,6 @@
 
 namespace rlf {
 
-namespace {
-template <typename T>
-T* zeros(Arena& arena, int64_t n, const char* what) {
-  T* p = arena.allocate<T>(size_t(n), what);
-  std::memset(static_cast<void*>(p), 0, size_t(n) * sizeof(T));
-  return p;
-}
-}  // namespace
-
 template <typename T>
 MoeWeights<T> moe_weights(const ParameterLayout& layout, T* base, int layer) {
   const LayerOffsets& o = layout.layer(layer);
@@ -94,20 +85,20 @@ void MoeBlock<T>::backward(const MoeWeights<T>& w, const MoeWeights<T>& g, const
                              a.shared_b, w.shared_w1, w.shared_w3, w.shared_w2, a.shared_offsets, 1,
                              C, config_.shared_expert_d_ff, device_);
   }
-  T* dy = zeros<T>(device_, M * C, "backward work");
-  T* dweight = zeros<T>(device_, M, "backward work");
+  T* dy = device_.allocate_zeroed<T>(M * C, "backward work");
+  T* dweight = device_.allocate_zeroed<T>(M, "backward work");
   ops_.moe_combine_backward(dy, dweight, dout, a.y, a.expert_weight, a.row_of_assignment, N, K, C,
                             device_);
-  T* dxg = zeros<T>(device_, M * C, "backward work");
+  T* dxg = device_.allocate_zeroed<T>(M * C, "backward work");
   ops_.expert_ffn_backward(dxg, g.w1, g.w3, g.w2, dy, a.xg, a.ffn_a, a.ffn_b, w.w1, w.w3, w.w2,
                            a.expert_offsets, E, C, F, device_);
   ops_.moe_gather_backward(dx, dxg, a.row_of_assignment, N, K, C, device_);
   T* dprobs = nullptr;
   if (aux_weight != T(0)) {
-    dprobs = zeros<T>(device_, int64_t(N) * E, "backward work");
+    dprobs = device_.allocate_zeroed<T>(int64_t(N) * E, "backward work");
     ops_.router_aux_loss_backward(dprobs, aux_weight, a.expert_idx, N, E, K, device_);
   }
-  T* drouter = zeros<T>(device_, int64_t(N) * E, "backward work");
+  T* drouter = device_.allocate_zeroed<T>(int64_t(N) * E, "backward work");
   ops_.router_backward(drouter, dweight, dprobs, a.probs, a.expert_idx, a.expert_weight, N, E, K,
                        config_.normalize_topk, device_);
   ops_.matmul_backward(dx, g.router, drouter, x, w.router, N, C, E, device_);

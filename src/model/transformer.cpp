@@ -26,21 +26,12 @@ struct Transformer<T>::AttentionMode {
   const int* token_slots = nullptr;  // cache slot of every token (with a cache)
 };
 
-namespace {
-template <typename T>
-T* zeros(Arena& arena, int64_t n, const char* what) {
-  T* p = arena.allocate<T>(size_t(n), what);
-  std::memset(static_cast<void*>(p), 0, size_t(n) * sizeof(T));
-  return p;
-}
-}  // namespace
-
 template <typename T>
 Transformer<T>::Transformer(const ModelConfig& config, const Ops<T>& ops, Arena& device,
                             bool with_gradients)
     : config_(config), layout_(config), ops_(ops), device_(device), moe_(config_, ops, device) {
   params_ = device_.allocate<T>(size_t(layout_.total()), "model parameters");
-  if (with_gradients) grads_ = zeros<T>(device_, layout_.total(), "parameter gradients");
+  if (with_gradients) grads_ = device_.allocate_zeroed<T>(layout_.total(), "parameter gradients");
 }
 
 template <typename T>
@@ -217,10 +208,10 @@ void Transformer<T>::backward(const T* dlogits, T aux_weight) {
   const int C = config_.d_model, V = config_.vocab_size, N = N_;
   const int64_t NC = int64_t(N) * C;
   {
-    T* dnormed = zeros<T>(device_, NC, "backward work");
+    T* dnormed = device_.allocate_zeroed<T>(NC, "backward work");
     ops_.matmul_backward(dnormed, grads_ + layout_.lm_head(), dlogits, final_out_,
                          params_ + layout_.lm_head(), N, C, V, device_);
-    T* dx = zeros<T>(device_, NC, "backward work");
+    T* dx = device_.allocate_zeroed<T>(NC, "backward work");
     ops_.rmsnorm_backward(dx, grads_ + layout_.final_norm(), dnormed, final_in_,
                           params_ + layout_.final_norm(), final_rstd_, N, C, device_);
     for (int l = config_.n_layers - 1; l >= 0; --l) {
@@ -241,24 +232,24 @@ void Transformer<T>::layer_backward(int l, const Layer& a, T* dx, int N, const i
   // x_out = x_mid + moe_out: both receive dx.
   T* dx_mid = device_.allocate<T>(size_t(NC), "backward work");
   std::memcpy(dx_mid, dx, size_t(NC) * sizeof(T));
-  T* dxn2 = zeros<T>(device_, NC, "backward work");
+  T* dxn2 = device_.allocate_zeroed<T>(NC, "backward work");
   moe_.backward(moe_weights(layout_, params_, l), moe_weights(layout_, grads_, l), a.xn2, a.moe, dx,
                 dxn2, N, aux_weight);
   ops_.rmsnorm_backward(dx_mid, grads_ + o.ffn_norm, dxn2, a.x_mid, params_ + o.ffn_norm, a.rstd2,
                         N, C, device_);
   // x_mid = x_in + att @ wo^T.
-  T* datt = zeros<T>(device_, NC, "backward work");
+  T* datt = device_.allocate_zeroed<T>(NC, "backward work");
   ops_.matmul_backward(datt, grads_ + o.wo, dx_mid, a.att, params_ + o.wo, N, C, C, device_);
-  T* dq = zeros<T>(device_, NC, "backward work");
-  T* dk = zeros<T>(device_, NC, "backward work");
-  T* dv = zeros<T>(device_, NC, "backward work");
+  T* dq = device_.allocate_zeroed<T>(NC, "backward work");
+  T* dk = device_.allocate_zeroed<T>(NC, "backward work");
+  T* dv = device_.allocate_zeroed<T>(NC, "backward work");
   ops_.attention_backward(dq, dk, dv, datt, a.att, a.lse, a.q, a.k, a.v, seq_offsets_, S_, H, D,
                           device_);
-  T* dq_pre = zeros<T>(device_, NC, "backward work");
-  T* dk_pre = zeros<T>(device_, NC, "backward work");
+  T* dq_pre = device_.allocate_zeroed<T>(NC, "backward work");
+  T* dk_pre = device_.allocate_zeroed<T>(NC, "backward work");
   ops_.rope_backward(dq_pre, dq, positions, N, H, D, config_.rope_theta, device_);
   ops_.rope_backward(dk_pre, dk, positions, N, H, D, config_.rope_theta, device_);
-  T* dxn1 = zeros<T>(device_, NC, "backward work");
+  T* dxn1 = device_.allocate_zeroed<T>(NC, "backward work");
   ops_.matmul_backward(dxn1, grads_ + o.wq, dq_pre, a.xn1, params_ + o.wq, N, C, C, device_);
   ops_.matmul_backward(dxn1, grads_ + o.wk, dk_pre, a.xn1, params_ + o.wk, N, C, C, device_);
   ops_.matmul_backward(dxn1, grads_ + o.wv, dv, a.xn1, params_ + o.wv, N, C, C, device_);
