@@ -1,0 +1,44 @@
+// The RL math of one step, independent of the model: group-relative advantages and the PPO-clip
+// objective with an optional KL penalty to a reference policy.
+#pragma once
+
+#include <string>
+
+namespace rlf {
+
+enum class AdvantageEstimator { Grpo, Rloo };
+AdvantageEstimator parse_advantage_estimator(const std::string& name);  // "grpo" | "rloo"
+
+// rewards[groups * group_size], the samples of a prompt consecutive. Writes advantages:
+//   GRPO: (r_i - mean(group)) / (std(group) + eps), std the population standard deviation;
+//   RLOO: r_i - mean of the other group_size - 1 rewards (leave-one-out baseline).
+// group_size must be >= 2.
+void compute_advantages(const double* rewards, int groups, int group_size,
+                        AdvantageEstimator estimator, double eps, double* advantages);
+
+struct PpoSettings {
+  double clip_epsilon = 0.2;  // ratio clipped to [1 - eps, 1 + eps]
+  double kl_coef = 0.0;       // weight of the k3 KL estimator; 0 disables the reference model
+};
+
+struct PpoStats {
+  double loss = 0;           // total objective (already divided by the normalizer)
+  double clipped_tokens = 0;  // tokens whose clipped term was the active one with zero gradient
+  double kl_sum = 0;         // sum over tokens of the k3 estimate (not normalized)
+  double ratio_sum = 0;      // sum over tokens of the importance ratio
+};
+
+// Over T response tokens with per-token advantage A_t, behaviour log-prob old_t, current log-prob
+// new_t and (when kl_coef > 0) reference log-prob ref_t:
+//   r_t = exp(new_t - old_t)
+//   loss = (1 / normalizer) * sum_t [ -min(r_t A_t, clip(r_t, 1-eps, 1+eps) A_t)
+//                                      + kl_coef * (exp(ref_t - new_t) - (ref_t - new_t) - 1) ]
+// The k3 estimator (Schulman, "Approximating KL divergence") is unbiased for KL(new || ref), and
+// always >= 0. normalizer is the global count of response tokens of the step, so splitting the
+// tokens across calls (or ranks) and adding the results gives the same loss and gradient.
+// Adds d(loss)/d(new_t) into dnew_logp (when not null). ref_logp may be null when kl_coef == 0.
+PpoStats ppo_clip_loss(const float* new_logp, const float* old_logp, const float* ref_logp,
+                       const float* advantages, int T, double normalizer,
+                       const PpoSettings& settings, float* dnew_logp);
+
+}  // namespace rlf
