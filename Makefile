@@ -35,9 +35,9 @@ configure: $(BUILD)/build.ninja
 build: deps configure
 	@cmake --build $(BUILD) -j $(JOBS)
 
-# The main job at its default: trains the small MoE policy on one rank (about a minute here).
+# The main job at its default: SFT warm start then RL of the tiny MoE policy on one rank.
 run: build
-	$(RLFUSION) lm --config inputs/runs/default.ini
+	$(RLFUSION) train --config inputs/runs/default.ini
 
 test: build
 	@cd $(BUILD) && ctest -j $(JOBS) --output-on-failure --timeout 600

@@ -7,7 +7,9 @@
 
 namespace rlf {
 
-int run_lm_command(const std::vector<std::string>& args);
+int run_sft_command(const std::vector<std::string>& args);
+int run_train_command(const std::vector<std::string>& args);
+int run_eval_command(const std::vector<std::string>& args);
 int run_bench_kernels_command(const std::vector<std::string>& args);
 
 }  // namespace rlf

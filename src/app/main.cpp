@@ -18,7 +18,9 @@ const char* kUsage =
     "usage: rlfusion <command> [--config FILE.ini] [--option value ...]\n"
     "\n"
     "commands:\n"
-    "  lm              supervised MoE language-model training on a synthetic corpus (one rank)\n"
+    "  sft             supervised warm start of the MoE policy on a task's demonstrations\n"
+    "  train           RL post-training (GRPO/RLOO, PPO-clip, KL) with an optional SFT warm start\n"
+    "  eval            held-out accuracy of a parameter file on a task\n"
     "  bench kernels   kernel and model throughput table (GFLOP/s, GB/s, tokens/s)\n"
     "  --version       what this binary was built with\n"
     "\n"
@@ -34,7 +36,9 @@ int dispatch(const std::vector<std::string>& words) {
     return 0;
   }
   const std::vector<std::string> rest(words.begin() + 1, words.end());
-  if (words[0] == "lm") return rlf::run_lm_command(rest);
+  if (words[0] == "sft") return rlf::run_sft_command(rest);
+  if (words[0] == "train") return rlf::run_train_command(rest);
+  if (words[0] == "eval") return rlf::run_eval_command(rest);
   if (words[0] == "bench") {
     if (!rest.empty() && rest[0] == "kernels") {
       return rlf::run_bench_kernels_command({rest.begin() + 1, rest.end()});

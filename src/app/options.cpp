@@ -4,6 +4,9 @@
 
 #include <cmath>
 #include <fstream>
+#include <iomanip>
+#include <limits>
+#include <sstream>
 #include <iostream>
 
 #include "kernels/error.h"
@@ -36,7 +39,8 @@ po::options_description run_options_description(RunOptions& o) {
 }
 
 bool parse_options(const std::string& command, const std::vector<std::string>& args,
-                   po::options_description& description, RunOptions& run) {
+                   po::options_description& description, RunOptions& run,
+                   po::variables_map* parsed) {
   po::variables_map vm;
   try {
     po::store(po::command_line_parser(args).options(description).run(), vm);
@@ -63,7 +67,36 @@ bool parse_options(const std::string& command, const std::vector<std::string>& a
   run.device_memory_bytes();
   run.backend_kind();
   if (run.run_dir.empty()) run.run_dir = "runs/" + command;
+  if (parsed) *parsed = vm;
   return true;
+}
+
+namespace {
+// Shortest text that reads back as the same number (9 / 17 significant digits).
+template <typename T>
+std::string exact_decimal(T value) {
+  std::ostringstream out;
+  out << std::setprecision(std::numeric_limits<T>::max_digits10) << value;
+  return out.str();
+}
+}  // namespace
+
+std::string format_options(const po::variables_map& parsed) {
+  std::string out = "# resolved options of this run: rerun with --config <this file>\n";
+  for (const auto& [key, entry] : parsed) {
+    if (key == "config" || key == "help") continue;
+    const boost::any& value = entry.value();
+    std::string text;
+    if (const auto* v = boost::any_cast<std::string>(&value)) text = *v;
+    else if (const auto* v = boost::any_cast<int>(&value)) text = std::to_string(*v);
+    else if (const auto* v = boost::any_cast<uint64_t>(&value)) text = std::to_string(*v);
+    else if (const auto* v = boost::any_cast<float>(&value)) text = exact_decimal(*v);
+    else if (const auto* v = boost::any_cast<double>(&value)) text = exact_decimal(*v);
+    else if (const auto* v = boost::any_cast<bool>(&value)) text = *v ? "true" : "false";
+    else continue;
+    out += key + " = " + text + "\n";
+  }
+  return out;
 }
 
 size_t parse_bytes(const std::string& text, const std::string& option) {

@@ -35,7 +35,12 @@ po::options_description run_options_description(RunOptions& options);
 // malformed values and unreadable or malformed config files are ConfigErrors. Returns false
 // when --help was given (the help text has been printed).
 bool parse_options(const std::string& command, const std::vector<std::string>& args,
-                   po::options_description& description, RunOptions& run);
+                   po::options_description& description, RunOptions& run,
+                   po::variables_map* parsed = nullptr);
+
+// The resolved options as an INI file (`key = value`, one per line, sorted): written to every
+// run directory so the run can be repeated with --config.
+std::string format_options(const po::variables_map& parsed);
 
 // "4GiB", "512MiB", "1.5G", "1000000" -> bytes; ConfigError naming `option` otherwise.
 size_t parse_bytes(const std::string& text, const std::string& option);

@@ -48,7 +48,7 @@ void expect_config_error(const Result& r, const std::string& expected_text) {
 }
 
 TEST(CommandLine, UnknownOptionIsRejectedWithExitCode2) {
-  expect_config_error(run_rlfusion("lm --model tiny --no-such-option 3"), "no-such-option");
+  expect_config_error(run_rlfusion("sft --model tiny --no-such-option 3"), "no-such-option");
 }
 
 TEST(CommandLine, UnknownCommandIsRejected) {
@@ -56,16 +56,16 @@ TEST(CommandLine, UnknownCommandIsRejected) {
 }
 
 TEST(CommandLine, MalformedValueNamesTheOption) {
-  expect_config_error(run_rlfusion("lm --model tiny --steps many"), "steps");
-  expect_config_error(run_rlfusion("lm --model tiny --device-memory lots"), "--device-memory");
+  expect_config_error(run_rlfusion("sft --model tiny --steps many"), "steps");
+  expect_config_error(run_rlfusion("sft --model tiny --device-memory lots"), "--device-memory");
 }
 
 TEST(CommandLine, MalformedIniFileIsRejected) {
   const std::string dir = temp_dir("ini");
   std::ofstream(dir + "/bad.ini") << "steps = 3\nthis line is not a key value pair\n";
-  expect_config_error(run_rlfusion("lm --config " + dir + "/bad.ini"), "bad.ini");
+  expect_config_error(run_rlfusion("sft --config " + dir + "/bad.ini"), "bad.ini");
   std::ofstream(dir + "/unknown.ini") << "stepz = 3\n";
-  expect_config_error(run_rlfusion("lm --config " + dir + "/unknown.ini"), "stepz");
+  expect_config_error(run_rlfusion("sft --config " + dir + "/unknown.ini"), "stepz");
 }
 
 TEST(CommandLine, ModelThatDoesNotFitIsRejected) {
@@ -73,38 +73,67 @@ TEST(CommandLine, ModelThatDoesNotFitIsRejected) {
   std::ofstream(dir + "/heads.ini") << "[model]\nvocab_size = 32\nd_model = 30\nn_layers = 1\n"
                                        "n_heads = 4\nn_experts = 4\ntop_k = 2\nd_ff = 8\n"
                                        "max_seq_len = 32\n";
-  expect_config_error(run_rlfusion("lm --model " + dir + "/heads.ini"), "n_heads = 4 must divide");
+  expect_config_error(run_rlfusion("sft --model " + dir + "/heads.ini"), "n_heads = 4 must divide");
   std::ofstream(dir + "/topk.ini") << "[model]\nvocab_size = 32\nd_model = 32\nn_layers = 1\n"
                                       "n_heads = 4\nn_experts = 4\ntop_k = 5\nd_ff = 8\n"
                                       "max_seq_len = 32\n";
-  expect_config_error(run_rlfusion("lm --model " + dir + "/topk.ini"), "top_k = 5");
-  expect_config_error(run_rlfusion("lm --model no-such-model"), "no-such-model");
+  expect_config_error(run_rlfusion("sft --model " + dir + "/topk.ini"), "top_k = 5");
+  expect_config_error(run_rlfusion("sft --model no-such-model"), "no-such-model");
 }
 
 TEST(CommandLine, ArenaTooSmallForTheModelIsRejectedBeforeWriting) {
   const std::string dir = temp_dir("arena");
-  const Result r = run_rlfusion("lm --model small --device-memory 1MiB --run-dir " + dir + "/run");
+  const Result r = run_rlfusion("sft --model small --device-memory 1MiB --run-dir " + dir + "/run");
   expect_config_error(r, "--device-memory");
   EXPECT_FALSE(std::filesystem::exists(dir + "/run/model.h5"));
 }
 
-TEST(LmCommand, ShortRunLearnsAndWritesParameters) {
-  const std::string dir = temp_dir("lm");
-  const Result r = run_rlfusion(
-      "lm --model tiny --steps 60 --batch 16 --log-every 20 "
-      "--eval-prompts 16 --threads 1 --json --run-dir " +
-      dir);
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_TRUE(std::filesystem::exists(dir + "/model.h5"));
-  // First and last progress lines: the loss must fall.
-  const auto first = r.output.find("\n      20 ");
-  const auto last = r.output.find("\n      60 ");
-  ASSERT_NE(first, std::string::npos) << r.output;
-  ASSERT_NE(last, std::string::npos) << r.output;
-  const double loss20 = std::stod(r.output.substr(first + 10, 12));
-  const double loss60 = std::stod(r.output.substr(last + 10, 12));
-  EXPECT_LT(loss60, loss20) << r.output;
-  EXPECT_NE(r.output.find("\"command\":\"lm\""), std::string::npos);
+TEST(PolicyCommands, BadRlInputIsRejectedBeforeAnyOutput) {
+  const std::string dir = temp_dir("rl-bad");
+  expect_config_error(run_rlfusion("train --model tiny --task no-such-task --run-dir " + dir + "/a"),
+                      "no-such-task");
+  expect_config_error(run_rlfusion("train --model tiny --group-size 1 --run-dir " + dir + "/a"),
+                      "--group-size");
+  expect_config_error(run_rlfusion("train --model tiny --prompts 0 --run-dir " + dir + "/a"),
+                      "--prompts");
+  expect_config_error(run_rlfusion("eval --model tiny --task add"), "--init");
+  EXPECT_FALSE(std::filesystem::exists(dir + "/a"));
+}
+
+TEST(PolicyCommands, SftTrainEvalWriteTheirRunDirectoriesAndGuardFinishedRuns) {
+  const std::string dir = temp_dir("rl-flow");
+  const std::string common = " --model tiny --task add --threads 1 --eval-prompts 16 ";
+  const Result sft = run_rlfusion("sft" + common + "--steps 20 --run-dir " + dir + "/sft");
+  ASSERT_EQ(sft.exit_code, 0) << sft.output;
+  for (const char* file : {"model.h5", "config.ini", "log.txt", "summary.json"}) {
+    EXPECT_TRUE(std::filesystem::exists(dir + "/sft/" + file)) << file;
+  }
+  // The resolved config reproduces the run.
+  std::ifstream config(dir + "/sft/config.ini");
+  const std::string text((std::istreambuf_iterator<char>(config)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("steps = 20"), std::string::npos) << text;
+
+  // A finished run is not overwritten by accident; its files stay as they were.
+  const auto before = std::filesystem::last_write_time(dir + "/sft/model.h5");
+  expect_config_error(run_rlfusion("sft" + common + "--steps 20 --run-dir " + dir + "/sft"),
+                      "--overwrite");
+  EXPECT_EQ(std::filesystem::last_write_time(dir + "/sft/model.h5"), before);
+
+  const Result train = run_rlfusion("train" + common + "--steps 2 --prompts 4 --group-size 2 "
+                                    "--kl-coef 0.01 --init " + dir + "/sft/model.h5 --run-dir " +
+                                    dir + "/train");
+  ASSERT_EQ(train.exit_code, 0) << train.output;
+  EXPECT_NE(train.output.find("held-out accuracy after RL"), std::string::npos) << train.output;
+  EXPECT_TRUE(std::filesystem::exists(dir + "/train/model.h5"));
+
+  const Result eval = run_rlfusion("eval" + common + "--init " + dir + "/train/model.h5 --json");
+  ASSERT_EQ(eval.exit_code, 0) << eval.output;
+  EXPECT_NE(eval.output.find("\"command\":\"eval\""), std::string::npos) << eval.output;
+
+  // A parameter file of another model is rejected, naming the file.
+  expect_config_error(run_rlfusion("eval --model small --task add --init " + dir +
+                                   "/train/model.h5"),
+                      "model.h5");
 }
 
 TEST(Options, ParseBytesAcceptsUnitsAndRejectsGarbage) {

@@ -1,0 +1,55 @@
+#include "src/app/policy_setup.h"
+
+#include "kernels/error.h"
+#include "src/io/parameter_file.h"
+#include "src/io/run_directory.h"
+#include "src/rl/tokenizer.h"
+
+namespace rlf {
+
+po::options_description policy_options_description(PolicyOptions& o) {
+  po::options_description d("Task and policy options");
+  d.add_options()
+      ("task", po::value(&o.task)->default_value(o.task),
+       "task: a name in inputs/tasks/ (add, sort, long-add, sort-heavytail) or an INI path")
+      ("init", po::value(&o.init), "parameter file (model.h5 of an earlier run) to start from")
+      ("overwrite", po::bool_switch(&o.overwrite), "reuse a run directory that holds a finished run")
+      ("eval-prompts", po::value(&o.eval_prompts)->default_value(o.eval_prompts),
+       "held-out prompts for accuracy")
+      ("eval-batch", po::value(&o.eval_batch)->default_value(o.eval_batch),
+       "sequences per generation batch during evaluation");
+  return d;
+}
+
+Policy make_policy(const RunOptions& run, const PolicyOptions& options, bool with_gradients) {
+  if (options.eval_prompts < 0) throw ConfigError("--eval-prompts must be >= 0");
+  if (options.eval_batch < 1) throw ConfigError("--eval-batch must be >= 1");
+  Policy policy;
+  policy.config = load_model_config(run.model);
+  policy.task = make_task(load_task_config(options.task, run.seed));
+  const ModelConfig& c = policy.config;
+  if (c.vocab_size < Tokenizer::vocab_size()) {
+    throw ConfigError("model '" + c.name + "' has vocab_size " + std::to_string(c.vocab_size) +
+                      "; the task tokenizer needs " + std::to_string(Tokenizer::vocab_size()));
+  }
+  // <bos> + prompt + response + <eos>.
+  const int longest = 2 + policy.task->max_prompt_chars() + policy.task->max_response_chars();
+  if (longest > c.max_seq_len) {
+    throw ConfigError("task '" + options.task + "' needs sequences of up to " +
+                      std::to_string(longest) + " tokens but model '" + c.name +
+                      "' has max_seq_len " + std::to_string(c.max_seq_len));
+  }
+  RunDirectory::check_writable(run.run_dir, options.overwrite);
+  policy.device = std::make_unique<Device>(run.backend_kind(), run.device_memory_bytes(),
+                                           resolve_threads(run.threads));
+  policy.model = std::make_unique<Transformer<float>>(c, policy.device->ops(),
+                                                      policy.device->memory(), with_gradients);
+  if (options.init.empty()) {
+    policy.model->initialize(run.seed);
+  } else {
+    load_parameters(options.init, policy.model->layout(), policy.model->parameters());
+  }
+  return policy;
+}
+
+}  // namespace rlf

@@ -1,0 +1,38 @@
+// What the policy commands (sft, train, eval) share: the task and model options, and building
+// the device, the task and the policy (optionally from a parameter file) with every check done
+// before any output is written.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "kernels/device.h"
+#include "src/app/options.h"
+#include "src/model/transformer.h"
+#include "src/rl/task.h"
+
+namespace rlf {
+
+struct PolicyOptions {
+  std::string task = "add";
+  std::string init;  // parameter file to start from (empty: seeded initialization)
+  bool overwrite = false;
+  int eval_prompts = 200;
+  int eval_batch = 64;
+};
+
+po::options_description policy_options_description(PolicyOptions& options);
+
+struct Policy {
+  ModelConfig config;
+  std::unique_ptr<Task> task;
+  std::unique_ptr<Device> device;
+  std::unique_ptr<Transformer<float>> model;
+};
+
+// Loads the task and model configs, checks they fit together (vocabulary, sequence length),
+// builds the device and the model (seeded, or loaded from options.init), and checks that the
+// run directory may be written. Throws ConfigError on any bad input.
+Policy make_policy(const RunOptions& run, const PolicyOptions& options, bool with_gradients);
+
+}  // namespace rlf

@@ -1,0 +1,279 @@
+// `rlfusion train`: RL post-training on one rank. Optional SFT warm start, then per step: G
+// samples per prompt from the current policy (behaviour log-probs and version recorded),
+// rewards, group-relative advantages (GRPO or RLOO), PPO-clip with an optional k3 KL penalty to
+// the frozen starting policy, AdamW. Held-out accuracy before and after, a progress line per
+// step, everything written into the run directory.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+
+#include "kernels/error.h"
+#include "src/app/build_info.h"
+#include "src/app/commands.h"
+#include "src/app/policy_setup.h"
+#include "src/app/sft_phase.h"
+#include "src/io/parameter_file.h"
+#include "src/model/lr_schedule.h"
+#include "src/model/optimizer.h"
+#include "src/rl/evaluation.h"
+#include "src/rl/policy_loss.h"
+#include "src/rl/rollout.h"
+#include "src/rl/tokenizer.h"
+
+namespace rlf {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct RlOptions {
+  int steps = 40;
+  int prompts = 16;
+  int group_size = 8;
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  std::string advantage = "grpo";
+  float clip_epsilon = 0.2f;
+  float kl_coef = 0.0f;
+  float learning_rate = 1e-3f;
+  int warmup_steps = 0;
+  float max_grad_norm = 1.0f;
+  int minibatches = 1;
+  int micro_batch = 64;
+  int eval_every = 0;
+};
+
+po::options_description rl_options_description(RlOptions& o) {
+  po::options_description d("RL options");
+  d.add_options()
+      ("steps", po::value(&o.steps)->default_value(o.steps), "RL steps (policy versions)")
+      ("prompts", po::value(&o.prompts)->default_value(o.prompts), "prompts per step")
+      ("group-size", po::value(&o.group_size)->default_value(o.group_size),
+       "samples per prompt (G >= 2)")
+      ("temperature", po::value(&o.temperature)->default_value(o.temperature),
+       "sampling temperature (> 0)")
+      ("top-p", po::value(&o.top_p)->default_value(o.top_p), "nucleus sampling mass (0, 1]")
+      ("advantage", po::value(&o.advantage)->default_value(o.advantage), "grpo | rloo")
+      ("clip-epsilon", po::value(&o.clip_epsilon)->default_value(o.clip_epsilon),
+       "PPO ratio clip")
+      ("kl-coef", po::value(&o.kl_coef)->default_value(o.kl_coef),
+       "k3 KL penalty to the frozen starting policy (0: off, no reference model)")
+      ("learning-rate", po::value(&o.learning_rate)->default_value(o.learning_rate),
+       "RL AdamW learning rate")
+      ("warmup-steps", po::value(&o.warmup_steps)->default_value(o.warmup_steps),
+       "RL linear warm-up steps")
+      ("max-grad-norm", po::value(&o.max_grad_norm)->default_value(o.max_grad_norm),
+       "global-norm clipping (0 disables)")
+      ("minibatches", po::value(&o.minibatches)->default_value(o.minibatches),
+       "optimizer steps per RL step (the rollouts split by prompt group)")
+      ("micro-batch", po::value(&o.micro_batch)->default_value(o.micro_batch),
+       "sequences per forward/backward (gradient accumulation; memory only)")
+      ("eval-every", po::value(&o.eval_every)->default_value(o.eval_every),
+       "held-out evaluation every N RL steps (0: before and after only)");
+  return d;
+}
+
+void validate(const RlOptions& o) {
+  auto require = [](bool ok, const std::string& message) {
+    if (!ok) throw ConfigError(message);
+  };
+  require(o.steps >= 0, "--steps must be >= 0");
+  require(o.prompts > 0, "--prompts must be > 0");
+  require(o.group_size >= 2, "--group-size must be at least 2 (advantages compare samples of a "
+                             "prompt), got " + std::to_string(o.group_size));
+  require(o.temperature > 0, "--temperature must be > 0 for RL sampling");
+  require(o.top_p > 0 && o.top_p <= 1, "--top-p must be in (0, 1]");
+  parse_advantage_estimator(o.advantage);
+  require(o.clip_epsilon > 0 && o.clip_epsilon < 1, "--clip-epsilon must be in (0, 1)");
+  require(o.kl_coef >= 0, "--kl-coef must be >= 0");
+  require(o.learning_rate > 0, "--learning-rate must be > 0");
+  require(o.warmup_steps >= 0, "--warmup-steps must be >= 0");
+  require(o.minibatches >= 1 && o.minibatches <= o.prompts,
+          "--minibatches must be in [1, --prompts]");
+  require(o.micro_batch >= 1, "--micro-batch must be >= 1");
+  require(o.eval_every >= 0, "--eval-every must be >= 0");
+}
+
+struct StepStats {
+  double mean_reward = 0, accuracy = 0, mean_response = 0, kl = 0, clip_fraction = 0;
+  int64_t tokens = 0;
+};
+
+// One optimizer step per minibatch of prompt groups; micro-batches accumulate gradients.
+StepStats optimize(Transformer<float>& policy, AdamW<float>& optimizer,
+                   const std::vector<Rollout>& rollouts, const RlOptions& o,
+                   const PpoSettings& settings) {
+  StepStats stats;
+  int64_t response_tokens = 0;
+  for (const Rollout& r : rollouts) {
+    stats.mean_reward += r.reward;
+    stats.accuracy += r.reward >= 1.0;
+    response_tokens += int64_t(r.response.size());
+    stats.tokens += int64_t(r.prompt.size() + r.response.size());
+  }
+  const size_t groups = rollouts.size() / size_t(o.group_size);
+  for (int mb = 0; mb < o.minibatches; ++mb) {
+    const size_t first = groups * size_t(mb) / size_t(o.minibatches) * size_t(o.group_size);
+    const size_t last = groups * size_t(mb + 1) / size_t(o.minibatches) * size_t(o.group_size);
+    double normalizer = 0;
+    for (size_t i = first; i < last; ++i) normalizer += double(rollouts[i].response.size());
+    policy.zero_gradients();
+    for (size_t begin = first; begin < last; begin += size_t(o.micro_batch)) {
+      const size_t end = std::min(last, begin + size_t(o.micro_batch));
+      std::vector<const Rollout*> micro;
+      for (size_t i = begin; i < end; ++i) micro.push_back(&rollouts[i]);
+      const float aux = policy.config().aux_loss_coef * float(end - begin) / float(last - first);
+      const PpoStats s =
+          accumulate_policy_gradient(policy, micro, normalizer, o.temperature, settings, aux);
+      stats.kl += s.kl_sum;
+      stats.clip_fraction += s.clipped_tokens;
+    }
+    optimizer.step();
+  }
+  const double n = double(rollouts.size());
+  stats.mean_reward /= n;
+  stats.accuracy /= n;
+  stats.mean_response = double(response_tokens) / n;
+  stats.kl /= double(response_tokens);
+  stats.clip_fraction /= double(response_tokens);
+  return stats;
+}
+
+std::string format_duration(double seconds) {
+  char buf[32];
+  const int s = int(seconds + 0.5);
+  std::snprintf(buf, sizeof buf, "%d:%02d:%02d", s / 3600, s / 60 % 60, s % 60);
+  return buf;
+}
+
+}  // namespace
+
+int run_train_command(const std::vector<std::string>& args) {
+  RunOptions run;
+  PolicyOptions policy_options;
+  SftSchedule sft;
+  RlOptions o;
+  po::options_description description = run_options_description(run);
+  description.add(policy_options_description(policy_options));
+  description.add(sft_options_description(sft, "sft-", 0));
+  description.add(rl_options_description(o));
+  po::variables_map parsed;
+  if (!parse_options("train", args, description, run, &parsed)) return 0;
+  validate(sft, "sft-");
+  validate(o);
+  const AdvantageEstimator estimator = parse_advantage_estimator(o.advantage);
+  Policy policy = make_policy(run, policy_options, /*with_gradients=*/true);
+  Transformer<float>& model = *policy.model;
+  const Task& task = *policy.task;
+
+  RunDirectory dir(run.run_dir, format_options(parsed));
+  dir.log("# rlfusion train: %s\n", build_info().c_str());
+  dir.log("# model %s (%.2fM parameters), task %s, %s, seed %llu, run dir %s\n",
+          policy.config.name.c_str(), policy.config.parameter_count() / 1e6, task.name().c_str(),
+          policy.device->describe().c_str(), (unsigned long long)run.seed, dir.path().c_str());
+  const auto run_start = Clock::now();
+  const Evaluation initial =
+      evaluate(model, task, policy_options.eval_prompts, policy_options.eval_batch);
+  dir.log("# held-out accuracy at start: %.3f\n", initial.accuracy());
+  run_sft_phase(model, task, sft, dir);
+  const Evaluation before_rl =
+      sft.steps > 0 ? evaluate(model, task, policy_options.eval_prompts, policy_options.eval_batch)
+                    : initial;
+  if (sft.steps > 0) dir.log("# held-out accuracy after SFT: %.3f\n", before_rl.accuracy());
+
+  Arena& device = policy.device->memory();
+  // The frozen reference policy (the starting point of RL) for the KL penalty.
+  std::unique_ptr<Transformer<float>> reference;
+  if (o.kl_coef > 0) {
+    reference = std::make_unique<Transformer<float>>(policy.config, policy.device->ops(), device,
+                                                     /*with_gradients=*/false);
+    std::memcpy(reference->parameters(), model.parameters(),
+                size_t(model.parameter_count()) * sizeof(float));
+  }
+  AdamWHyper hyper;
+  hyper.learning_rate = o.learning_rate;
+  AdamW<float> optimizer(model, hyper, o.max_grad_norm);
+  PpoSettings settings;
+  settings.clip_epsilon = o.clip_epsilon;
+  settings.kl_coef = o.kl_coef;
+  GenerationSettings sampling;
+  sampling.temperature = o.temperature;
+  sampling.top_p = o.top_p;
+  sampling.eos_token = Tokenizer::kEos;
+  sampling.max_new_tokens = task.max_response_chars() + 1;
+  sampling.seed = run.seed;
+
+  dir.log("# RL: %d steps x %d prompts x %d samples, %s advantages, clip %.2f, kl %.3g\n",
+          o.steps, o.prompts, o.group_size, o.advantage.c_str(), o.clip_epsilon, o.kl_coef);
+  dir.log("# %6s %8s %8s %8s %8s %7s %10s %12s %9s\n", "step", "reward", "acc", "resp-len",
+          "kl", "clip", "tokens/s", "device-peak", "eta");
+  const auto rl_start = Clock::now();
+  int64_t rl_tokens = 0;
+  double first_reward = 0, last_reward = 0;
+  for (int step = 1; step <= o.steps; ++step) {
+    const auto step_start = Clock::now();
+    optimizer.hyper().learning_rate =
+        cosine_learning_rate(o.learning_rate, step, o.warmup_steps, o.steps, 1.0f);
+    std::vector<Rollout> rollouts =
+        generate_rollouts(model, task, int64_t(step - 1) * o.prompts, o.prompts, o.group_size,
+                          sampling, /*version=*/step - 1, estimator);
+    if (reference) {
+      std::vector<const Rollout*> all;
+      for (const Rollout& r : rollouts) all.push_back(&r);
+      for (size_t begin = 0; begin < all.size(); begin += size_t(o.micro_batch)) {
+        const std::vector<const Rollout*> micro(
+            all.begin() + long(begin), all.begin() + long(std::min(all.size(), begin + size_t(o.micro_batch))));
+        const auto logp = response_logprobs(*reference, micro, o.temperature);
+        for (size_t i = 0; i < micro.size(); ++i) rollouts[begin + i].reference_logp = logp[i];
+      }
+    }
+    const StepStats s = optimize(model, optimizer, rollouts, o, settings);
+    rl_tokens += s.tokens;
+    if (step == 1) first_reward = s.mean_reward;
+    last_reward = s.mean_reward;
+    const double step_seconds = std::chrono::duration<double>(Clock::now() - step_start).count();
+    const double elapsed = std::chrono::duration<double>(Clock::now() - rl_start).count();
+    dir.log("  %6d %8.3f %8.3f %8.2f %8.4f %7.3f %10.0f %12s %9s\n", step, s.mean_reward,
+            s.accuracy, s.mean_response, s.kl, s.clip_fraction, s.tokens / step_seconds,
+            format_bytes(device.peak()).c_str(),
+            format_duration(elapsed / step * (o.steps - step)).c_str());
+    if (o.eval_every > 0 && step % o.eval_every == 0 && step != o.steps) {
+      const Evaluation e =
+          evaluate(model, task, policy_options.eval_prompts, policy_options.eval_batch);
+      dir.log("# held-out accuracy after RL step %d: %.3f\n", step, e.accuracy());
+    }
+  }
+  const double rl_seconds = std::chrono::duration<double>(Clock::now() - rl_start).count();
+  const Evaluation after =
+      evaluate(model, task, policy_options.eval_prompts, policy_options.eval_batch);
+  save_parameters(dir.file("model.h5"), policy.config, model.layout(), model.parameters());
+  const double total_seconds = std::chrono::duration<double>(Clock::now() - run_start).count();
+
+  dir.log("#\n# %-40s %14s\n", "summary", "value");
+  if (sft.steps > 0) dir.log("  %-40s %14.3f\n", "held-out accuracy at start", initial.accuracy());
+  dir.log("  %-40s %14.3f\n", "held-out accuracy before RL", before_rl.accuracy());
+  dir.log("  %-40s %14.3f\n", "held-out accuracy after RL", after.accuracy());
+  dir.log("  %-40s %14.3f\n", "mean reward, first RL step", first_reward);
+  dir.log("  %-40s %14.3f\n", "mean reward, last RL step", last_reward);
+  dir.log("  %-40s %14.0f\n", "RL throughput (tokens/s)", rl_seconds > 0 ? rl_tokens / rl_seconds : 0);
+  dir.log("  %-40s %14.1f\n", "RL time (s)", rl_seconds);
+  dir.log("  %-40s %14.1f\n", "total time (s)", total_seconds);
+  dir.log("  %-40s %14s\n", "device memory peak", format_bytes(device.peak()).c_str());
+  dir.log("# held-out prompts: %d; parameters written to %s\n", after.prompts,
+          dir.file("model.h5").c_str());
+  char json[768];
+  std::snprintf(json, sizeof json,
+                "{\"command\":\"train\",\"task\":\"%s\",\"model\":\"%s\",\"seed\":%llu,"
+                "\"sft_steps\":%d,\"rl_steps\":%d,\"heldout_accuracy_start\":%.4f,"
+                "\"heldout_accuracy_before_rl\":%.4f,\"heldout_accuracy_after_rl\":%.4f,"
+                "\"rl_tokens_per_s\":%.1f,\"total_seconds\":%.3f}",
+                task.name().c_str(), policy.config.name.c_str(), (unsigned long long)run.seed,
+                sft.steps, o.steps, initial.accuracy(), before_rl.accuracy(), after.accuracy(),
+                rl_seconds > 0 ? rl_tokens / rl_seconds : 0.0, total_seconds);
+  if (run.json) dir.log("%s\n", json);
+  dir.finish(json);
+  return 0;
+}
+
+}  // namespace rlf

@@ -1,0 +1,28 @@
+// The policy-gradient pass over rollouts: pack prompt + response back to back (no padding),
+// forward the policy, take each response token's log-prob (at the sampling temperature), apply
+// the PPO-clip objective, and backpropagate into the model's gradients.
+#pragma once
+
+#include <vector>
+
+#include "src/model/transformer.h"
+#include "src/rl/ppo.h"
+#include "src/rl/rollout.h"
+
+namespace rlf {
+
+// Log-probs of every rollout's response tokens under `model` (forward only), per rollout.
+std::vector<std::vector<float>> response_logprobs(Transformer<float>& model,
+                                                  const std::vector<const Rollout*>& rollouts,
+                                                  float temperature);
+
+// Adds the gradient of the PPO-clip loss of `rollouts` into policy.gradients(). The loss is
+// divided by `normalizer` (the response-token count of the whole optimizer step, so that
+// micro-batches and data-parallel shards add up to the same gradient); aux_weight scales the
+// routers' load-balancing loss of this micro-batch (0: none).
+PpoStats accumulate_policy_gradient(Transformer<float>& policy,
+                                    const std::vector<const Rollout*>& rollouts,
+                                    double normalizer, float temperature,
+                                    const PpoSettings& settings, float aux_weight);
+
+}  // namespace rlf
