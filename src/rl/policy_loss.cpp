@@ -45,7 +45,7 @@ std::vector<std::vector<float>> response_logprobs(Transformer<float>& model,
   const int N = int(p.inputs.size()), V = model.config().vocab_size;
   Arena& device = model.device();
   const float* logits = model.forward(p.inputs.data(), p.offsets.data(), int(rollouts.size()));
-  ArenaScope scope(device);
+  // Work buffers sit above the activations and go with them.
   float* scaled = device.allocate<float>(size_t(N) * V, "log-prob work");
   std::copy_n(logits, int64_t(N) * V, scaled);
   apply_temperature(scaled, int64_t(N) * V, temperature);
