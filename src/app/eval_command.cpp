@@ -21,8 +21,8 @@ int run_eval_command(const std::vector<std::string>& args) {
   // eval writes nothing, so a finished run directory is no obstacle.
   policy_options.overwrite = true;
   Policy policy = make_policy(run, policy_options, /*with_gradients=*/false);
-  const Evaluation e = evaluate(*policy.model, *policy.task, policy_options.eval_prompts,
-                                policy_options.eval_batch);
+  const Evaluation e =
+      evaluate(*policy.model, *policy.task, policy_options.eval_prompts, policy_options.eval_batch);
   std::printf("# rlfusion eval: %s\n", build_info().c_str());
   std::printf("# %s on task %s, %d held-out prompts, greedy\n", policy_options.init.c_str(),
               policy.task->name().c_str(), e.prompts);
@@ -31,9 +31,10 @@ int run_eval_command(const std::vector<std::string>& args) {
   std::printf("  %-28s %12.0f\n", "generation (tokens/s)",
               e.seconds > 0 ? e.generated_tokens / e.seconds : 0.0);
   if (run.json) {
-    std::printf("{\"command\":\"eval\",\"task\":\"%s\",\"prompts\":%d,\"accuracy\":%.4f,"
-                "\"mean_reward\":%.4f}\n",
-                policy.task->name().c_str(), e.prompts, e.accuracy(), e.mean_reward);
+    std::printf(
+        "{\"command\":\"eval\",\"task\":\"%s\",\"prompts\":%d,\"accuracy\":%.4f,"
+        "\"mean_reward\":%.4f}\n",
+        policy.task->name().c_str(), e.prompts, e.accuracy(), e.mean_reward);
   }
   return 0;
 }

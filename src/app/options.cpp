@@ -5,9 +5,9 @@
 #include <cmath>
 #include <fstream>
 #include <iomanip>
+#include <iostream>
 #include <limits>
 #include <sstream>
-#include <iostream>
 
 #include "kernels/error.h"
 
@@ -87,13 +87,20 @@ std::string format_options(const po::variables_map& parsed) {
     if (key == "config" || key == "help") continue;
     const boost::any& value = entry.value();
     std::string text;
-    if (const auto* v = boost::any_cast<std::string>(&value)) text = *v;
-    else if (const auto* v = boost::any_cast<int>(&value)) text = std::to_string(*v);
-    else if (const auto* v = boost::any_cast<uint64_t>(&value)) text = std::to_string(*v);
-    else if (const auto* v = boost::any_cast<float>(&value)) text = exact_decimal(*v);
-    else if (const auto* v = boost::any_cast<double>(&value)) text = exact_decimal(*v);
-    else if (const auto* v = boost::any_cast<bool>(&value)) text = *v ? "true" : "false";
-    else continue;
+    if (const auto* v = boost::any_cast<std::string>(&value))
+      text = *v;
+    else if (const auto* v = boost::any_cast<int>(&value))
+      text = std::to_string(*v);
+    else if (const auto* v = boost::any_cast<uint64_t>(&value))
+      text = std::to_string(*v);
+    else if (const auto* v = boost::any_cast<float>(&value))
+      text = exact_decimal(*v);
+    else if (const auto* v = boost::any_cast<double>(&value))
+      text = exact_decimal(*v);
+    else if (const auto* v = boost::any_cast<bool>(&value))
+      text = *v ? "true" : "false";
+    else
+      continue;
     out += key + " = " + text + "\n";
   }
   return out;

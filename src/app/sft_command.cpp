@@ -29,11 +29,11 @@ int run_sft_command(const std::vector<std::string>& args) {
   dir.log("# model %s (%.2fM parameters), task %s, %s, run dir %s\n", policy.config.name.c_str(),
           policy.config.parameter_count() / 1e6, policy.task->name().c_str(),
           policy.device->describe().c_str(), dir.path().c_str());
-  const Evaluation before = evaluate(model, *policy.task, policy_options.eval_prompts,
-                                     policy_options.eval_batch);
+  const Evaluation before =
+      evaluate(model, *policy.task, policy_options.eval_prompts, policy_options.eval_batch);
   const SftSummary sft = run_sft_phase(model, *policy.task, schedule, dir);
-  const Evaluation after = evaluate(model, *policy.task, policy_options.eval_prompts,
-                                    policy_options.eval_batch);
+  const Evaluation after =
+      evaluate(model, *policy.task, policy_options.eval_prompts, policy_options.eval_batch);
   save_parameters(dir.file("model.h5"), policy.config, model.layout(), model.parameters());
 
   dir.log("#\n# %-36s %14s\n", "summary", "value");

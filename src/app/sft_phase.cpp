@@ -15,21 +15,20 @@ po::options_description sft_options_description(SftSchedule& s, const std::strin
   s.steps = default_steps;
   po::options_description d(prefix.empty() ? "SFT options" : "SFT warm-start options");
   auto name = [&](const char* key) { return (prefix + key); };
-  d.add_options()
-      (name("steps").c_str(), po::value(&s.steps)->default_value(s.steps), "SFT optimizer steps")
-      (name("batch").c_str(), po::value(&s.batch)->default_value(s.batch),
-       "demonstrations per SFT step")
-      (name("learning-rate").c_str(), po::value(&s.learning_rate)->default_value(s.learning_rate),
-       "peak SFT learning rate (warm-up, then cosine decay)")
-      (name("warmup-steps").c_str(), po::value(&s.warmup_steps)->default_value(s.warmup_steps),
-       "linear warm-up steps")
-      (name("final-lr-fraction").c_str(),
-       po::value(&s.final_lr_fraction)->default_value(s.final_lr_fraction),
-       "cosine decay ends at this fraction of the peak")
-      (name("max-grad-norm").c_str(), po::value(&s.max_grad_norm)->default_value(s.max_grad_norm),
-       "global-norm clipping (0 disables)")
-      (name("log-every").c_str(), po::value(&s.log_every)->default_value(s.log_every),
-       "SFT steps per progress line");
+  d.add_options()(name("steps").c_str(), po::value(&s.steps)->default_value(s.steps),
+                  "SFT optimizer steps")(name("batch").c_str(),
+                                         po::value(&s.batch)->default_value(s.batch),
+                                         "demonstrations per SFT step")(
+      name("learning-rate").c_str(), po::value(&s.learning_rate)->default_value(s.learning_rate),
+      "peak SFT learning rate (warm-up, then cosine decay)")(
+      name("warmup-steps").c_str(), po::value(&s.warmup_steps)->default_value(s.warmup_steps),
+      "linear warm-up steps")(name("final-lr-fraction").c_str(),
+                              po::value(&s.final_lr_fraction)->default_value(s.final_lr_fraction),
+                              "cosine decay ends at this fraction of the peak")(
+      name("max-grad-norm").c_str(), po::value(&s.max_grad_norm)->default_value(s.max_grad_norm),
+      "global-norm clipping (0 disables)")(name("log-every").c_str(),
+                                           po::value(&s.log_every)->default_value(s.log_every),
+                                           "SFT steps per progress line");
   return d;
 }
 
@@ -46,8 +45,8 @@ void validate(const SftSchedule& s, const std::string& prefix) {
   require(s.log_every > 0, "log-every must be > 0");
 }
 
-SftSummary run_sft_phase(Transformer<float>& model, const Task& task,
-                         const SftSchedule& schedule, RunDirectory& run) {
+SftSummary run_sft_phase(Transformer<float>& model, const Task& task, const SftSchedule& schedule,
+                         RunDirectory& run) {
   using Clock = std::chrono::steady_clock;
   SftSummary summary;
   if (schedule.steps == 0) return summary;
@@ -68,8 +67,8 @@ SftSummary run_sft_phase(Transformer<float>& model, const Task& task,
     optimizer.hyper().learning_rate =
         cosine_learning_rate(schedule.learning_rate, step, schedule.warmup_steps, schedule.steps,
                              schedule.final_lr_fraction);
-    const SftStep s = sft_step(model, optimizer, task, int64_t(step - 1) * schedule.batch,
-                               schedule.batch);
+    const SftStep s =
+        sft_step(model, optimizer, task, int64_t(step - 1) * schedule.batch, schedule.batch);
     summary.final_loss = s.loss;
     summary.tokens += s.tokens;
     window_tokens += s.tokens;

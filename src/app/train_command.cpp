@@ -42,35 +42,37 @@ struct RlOptions {
   int minibatches = 1;
   int micro_batch = 64;
   int eval_every = 0;
+  int log_every = 1;
 };
 
 po::options_description rl_options_description(RlOptions& o) {
   po::options_description d("RL options");
-  d.add_options()
-      ("steps", po::value(&o.steps)->default_value(o.steps), "RL steps (policy versions)")
-      ("prompts", po::value(&o.prompts)->default_value(o.prompts), "prompts per step")
-      ("group-size", po::value(&o.group_size)->default_value(o.group_size),
-       "samples per prompt (G >= 2)")
-      ("temperature", po::value(&o.temperature)->default_value(o.temperature),
-       "sampling temperature (> 0)")
-      ("top-p", po::value(&o.top_p)->default_value(o.top_p), "nucleus sampling mass (0, 1]")
-      ("advantage", po::value(&o.advantage)->default_value(o.advantage), "grpo | rloo")
-      ("clip-epsilon", po::value(&o.clip_epsilon)->default_value(o.clip_epsilon),
-       "PPO ratio clip")
-      ("kl-coef", po::value(&o.kl_coef)->default_value(o.kl_coef),
-       "k3 KL penalty to the frozen starting policy (0: off, no reference model)")
-      ("learning-rate", po::value(&o.learning_rate)->default_value(o.learning_rate),
-       "RL AdamW learning rate")
-      ("warmup-steps", po::value(&o.warmup_steps)->default_value(o.warmup_steps),
-       "RL linear warm-up steps")
-      ("max-grad-norm", po::value(&o.max_grad_norm)->default_value(o.max_grad_norm),
-       "global-norm clipping (0 disables)")
-      ("minibatches", po::value(&o.minibatches)->default_value(o.minibatches),
-       "optimizer steps per RL step (the rollouts split by prompt group)")
-      ("micro-batch", po::value(&o.micro_batch)->default_value(o.micro_batch),
-       "sequences per forward/backward (gradient accumulation; memory only)")
-      ("eval-every", po::value(&o.eval_every)->default_value(o.eval_every),
-       "held-out evaluation every N RL steps (0: before and after only)");
+  d.add_options()("steps", po::value(&o.steps)->default_value(o.steps),
+                  "RL steps (policy versions)")(
+      "prompts", po::value(&o.prompts)->default_value(o.prompts), "prompts per step")(
+      "group-size", po::value(&o.group_size)->default_value(o.group_size),
+      "samples per prompt (G >= 2)")("temperature",
+                                     po::value(&o.temperature)->default_value(o.temperature),
+                                     "sampling temperature (> 0)")(
+      "top-p", po::value(&o.top_p)->default_value(o.top_p), "nucleus sampling mass (0, 1]")(
+      "advantage", po::value(&o.advantage)->default_value(o.advantage), "grpo | rloo")(
+      "clip-epsilon", po::value(&o.clip_epsilon)->default_value(o.clip_epsilon), "PPO ratio clip")(
+      "kl-coef", po::value(&o.kl_coef)->default_value(o.kl_coef),
+      "k3 KL penalty to the frozen starting policy (0: off, no reference model)")(
+      "learning-rate", po::value(&o.learning_rate)->default_value(o.learning_rate),
+      "RL AdamW learning rate")("warmup-steps",
+                                po::value(&o.warmup_steps)->default_value(o.warmup_steps),
+                                "RL linear warm-up steps")(
+      "max-grad-norm", po::value(&o.max_grad_norm)->default_value(o.max_grad_norm),
+      "global-norm clipping (0 disables)")(
+      "minibatches", po::value(&o.minibatches)->default_value(o.minibatches),
+      "optimizer steps per RL step (the rollouts split by prompt group)")(
+      "micro-batch", po::value(&o.micro_batch)->default_value(o.micro_batch),
+      "sequences per forward/backward (gradient accumulation; memory only)")(
+      "eval-every", po::value(&o.eval_every)->default_value(o.eval_every),
+      "held-out evaluation every N RL steps (0: before and after only)")(
+      "log-every", po::value(&o.log_every)->default_value(o.log_every),
+      "RL steps per progress line (each line averages the steps since the last)");
   return d;
 }
 
@@ -80,8 +82,10 @@ void validate(const RlOptions& o) {
   };
   require(o.steps >= 0, "--steps must be >= 0");
   require(o.prompts > 0, "--prompts must be > 0");
-  require(o.group_size >= 2, "--group-size must be at least 2 (advantages compare samples of a "
-                             "prompt), got " + std::to_string(o.group_size));
+  require(o.group_size >= 2,
+          "--group-size must be at least 2 (advantages compare samples of a "
+          "prompt), got " +
+              std::to_string(o.group_size));
   require(o.temperature > 0, "--temperature must be > 0 for RL sampling");
   require(o.top_p > 0 && o.top_p <= 1, "--top-p must be in (0, 1]");
   parse_advantage_estimator(o.advantage);
@@ -93,12 +97,40 @@ void validate(const RlOptions& o) {
           "--minibatches must be in [1, --prompts]");
   require(o.micro_batch >= 1, "--micro-batch must be >= 1");
   require(o.eval_every >= 0, "--eval-every must be >= 0");
+  require(o.log_every >= 1, "--log-every must be >= 1");
 }
 
 struct StepStats {
   double mean_reward = 0, accuracy = 0, mean_response = 0, kl = 0, clip_fraction = 0;
   int64_t tokens = 0;
+
+  void add(const StepStats& o) {
+    mean_reward += o.mean_reward;
+    accuracy += o.accuracy;
+    mean_response += o.mean_response;
+    kl += o.kl;
+    clip_fraction += o.clip_fraction;
+    tokens += o.tokens;
+  }
 };
+
+// Reference-policy log-probs of every rollout's response, in micro-batches.
+void attach_reference_logprobs(Transformer<float>& reference, std::vector<Rollout>& rollouts,
+                               int micro_batch, float temperature) {
+  for (size_t begin = 0; begin < rollouts.size(); begin += size_t(micro_batch)) {
+    const size_t end = std::min(rollouts.size(), begin + size_t(micro_batch));
+    std::vector<const Rollout*> micro;
+    for (size_t i = begin; i < end; ++i) micro.push_back(&rollouts[i]);
+    const auto logp = response_logprobs(reference, micro, temperature);
+    for (size_t i = begin; i < end; ++i) rollouts[i].reference_logp = logp[i - begin];
+  }
+}
+
+double mean(const std::vector<double>& v, size_t begin, size_t end) {
+  double sum = 0;
+  for (size_t i = begin; i < end; ++i) sum += v[i];
+  return end > begin ? sum / double(end - begin) : 0.0;
+}
 
 // One optimizer step per minibatch of prompt groups; micro-batches accumulate gradients.
 StepStats optimize(Transformer<float>& policy, AdamW<float>& optimizer,
@@ -204,40 +236,42 @@ int run_train_command(const std::vector<std::string>& args) {
   sampling.max_new_tokens = task.max_response_chars() + 1;
   sampling.seed = run.seed;
 
-  dir.log("# RL: %d steps x %d prompts x %d samples, %s advantages, clip %.2f, kl %.3g\n",
-          o.steps, o.prompts, o.group_size, o.advantage.c_str(), o.clip_epsilon, o.kl_coef);
-  dir.log("# %6s %8s %8s %8s %8s %7s %10s %12s %9s\n", "step", "reward", "acc", "resp-len",
-          "kl", "clip", "tokens/s", "device-peak", "eta");
+  dir.log("# RL: %d steps x %d prompts x %d samples, %s advantages, clip %.2f, kl %.3g\n", o.steps,
+          o.prompts, o.group_size, o.advantage.c_str(), o.clip_epsilon, o.kl_coef);
+  dir.log("# %6s %8s %8s %8s %8s %7s %10s %12s %9s\n", "step", "reward", "acc", "resp-len", "kl",
+          "clip", "tokens/s", "device-peak", "eta");
   const auto rl_start = Clock::now();
   int64_t rl_tokens = 0;
-  double first_reward = 0, last_reward = 0;
+  std::vector<double> step_rewards;
+  StepStats window;
+  int window_steps = 0;
+  auto window_start = rl_start;
   for (int step = 1; step <= o.steps; ++step) {
-    const auto step_start = Clock::now();
     optimizer.hyper().learning_rate =
         cosine_learning_rate(o.learning_rate, step, o.warmup_steps, o.steps, 1.0f);
     std::vector<Rollout> rollouts =
         generate_rollouts(model, task, int64_t(step - 1) * o.prompts, o.prompts, o.group_size,
                           sampling, /*version=*/step - 1, estimator);
-    if (reference) {
-      std::vector<const Rollout*> all;
-      for (const Rollout& r : rollouts) all.push_back(&r);
-      for (size_t begin = 0; begin < all.size(); begin += size_t(o.micro_batch)) {
-        const std::vector<const Rollout*> micro(
-            all.begin() + long(begin), all.begin() + long(std::min(all.size(), begin + size_t(o.micro_batch))));
-        const auto logp = response_logprobs(*reference, micro, o.temperature);
-        for (size_t i = 0; i < micro.size(); ++i) rollouts[begin + i].reference_logp = logp[i];
-      }
-    }
+    if (reference) attach_reference_logprobs(*reference, rollouts, o.micro_batch, o.temperature);
     const StepStats s = optimize(model, optimizer, rollouts, o, settings);
     rl_tokens += s.tokens;
-    if (step == 1) first_reward = s.mean_reward;
-    last_reward = s.mean_reward;
-    const double step_seconds = std::chrono::duration<double>(Clock::now() - step_start).count();
-    const double elapsed = std::chrono::duration<double>(Clock::now() - rl_start).count();
-    dir.log("  %6d %8.3f %8.3f %8.2f %8.4f %7.3f %10.0f %12s %9s\n", step, s.mean_reward,
-            s.accuracy, s.mean_response, s.kl, s.clip_fraction, s.tokens / step_seconds,
-            format_bytes(device.peak()).c_str(),
-            format_duration(elapsed / step * (o.steps - step)).c_str());
+    step_rewards.push_back(s.mean_reward);
+    window.add(s);
+    ++window_steps;
+    if (step % o.log_every == 0 || step == o.steps) {
+      const auto now = Clock::now();
+      const double seconds = std::chrono::duration<double>(now - window_start).count();
+      const double elapsed = std::chrono::duration<double>(now - rl_start).count();
+      const double n = window_steps;
+      dir.log("  %6d %8.3f %8.3f %8.2f %8.4f %7.3f %10.0f %12s %9s\n", step, window.mean_reward / n,
+              window.accuracy / n, window.mean_response / n, window.kl / n,
+              window.clip_fraction / n, window.tokens / seconds,
+              format_bytes(device.peak()).c_str(),
+              format_duration(elapsed / step * (o.steps - step)).c_str());
+      window = StepStats{};
+      window_steps = 0;
+      window_start = now;
+    }
     if (o.eval_every > 0 && step % o.eval_every == 0 && step != o.steps) {
       const Evaluation e =
           evaluate(model, task, policy_options.eval_prompts, policy_options.eval_batch);
@@ -254,9 +288,15 @@ int run_train_command(const std::vector<std::string>& args) {
   if (sft.steps > 0) dir.log("  %-40s %14.3f\n", "held-out accuracy at start", initial.accuracy());
   dir.log("  %-40s %14.3f\n", "held-out accuracy before RL", before_rl.accuracy());
   dir.log("  %-40s %14.3f\n", "held-out accuracy after RL", after.accuracy());
-  dir.log("  %-40s %14.3f\n", "mean reward, first RL step", first_reward);
-  dir.log("  %-40s %14.3f\n", "mean reward, last RL step", last_reward);
-  dir.log("  %-40s %14.0f\n", "RL throughput (tokens/s)", rl_seconds > 0 ? rl_tokens / rl_seconds : 0);
+  // Rewards of single steps are noisy: compare the first and last tenth of the run.
+  const size_t tenth = std::max<size_t>(1, step_rewards.size() / 10);
+  dir.log("  %-40s %14.3f\n", "mean reward, first 10% of RL steps",
+          mean(step_rewards, 0, std::min(tenth, step_rewards.size())));
+  dir.log("  %-40s %14.3f\n", "mean reward, last 10% of RL steps",
+          mean(step_rewards, step_rewards.size() - std::min(tenth, step_rewards.size()),
+               step_rewards.size()));
+  dir.log("  %-40s %14.0f\n", "RL throughput (tokens/s)",
+          rl_seconds > 0 ? rl_tokens / rl_seconds : 0);
   dir.log("  %-40s %14.1f\n", "RL time (s)", rl_seconds);
   dir.log("  %-40s %14.1f\n", "total time (s)", total_seconds);
   dir.log("  %-40s %14s\n", "device memory peak", format_bytes(device.peak()).c_str());

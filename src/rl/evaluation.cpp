@@ -31,7 +31,8 @@ Evaluation evaluate(Transformer<float>& model, const Task& task, int prompts, in
     }
     const auto generated = generate(model, tokens, ids, greedy);
     for (int i = 0; i < count; ++i) {
-      const double reward = task.reward(samples[size_t(i)], Tokenizer::decode(generated[size_t(i)].tokens));
+      const double reward =
+          task.reward(samples[size_t(i)], Tokenizer::decode(generated[size_t(i)].tokens));
       reward_sum += reward;
       result.correct += reward >= 1.0;
       result.generated_tokens += int64_t(generated[size_t(i)].tokens.size());

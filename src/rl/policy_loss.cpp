@@ -62,9 +62,9 @@ std::vector<std::vector<float>> response_logprobs(Transformer<float>& model,
 }
 
 PpoStats accumulate_policy_gradient(Transformer<float>& policy,
-                                    const std::vector<const Rollout*>& rollouts,
-                                    double normalizer, float temperature,
-                                    const PpoSettings& settings, float aux_weight) {
+                                    const std::vector<const Rollout*>& rollouts, double normalizer,
+                                    float temperature, const PpoSettings& settings,
+                                    float aux_weight) {
   const PackedRollouts p = pack(rollouts);
   const int N = int(p.inputs.size()), V = policy.config().vocab_size;
   Arena& device = policy.device();
@@ -84,10 +84,9 @@ PpoStats accumulate_policy_gradient(Transformer<float>& policy,
     const int T = int(rollout.response.size());
     const std::vector<float> advantage(size_t(T), float(rollout.advantage));
     const int row = p.response_rows[r];
-    const PpoStats s = ppo_clip_loss(
-        logp + row, rollout.behaviour_logp.data(),
-        settings.kl_coef > 0 ? rollout.reference_logp.data() : nullptr, advantage.data(), T,
-        normalizer, settings, dlogp + row);
+    const PpoStats s = ppo_clip_loss(logp + row, rollout.behaviour_logp.data(),
+                                     settings.kl_coef > 0 ? rollout.reference_logp.data() : nullptr,
+                                     advantage.data(), T, normalizer, settings, dlogp + row);
     total.loss += s.loss;
     total.clipped_tokens += s.clipped_tokens;
     total.kl_sum += s.kl_sum;

@@ -21,8 +21,8 @@ std::vector<std::vector<float>> response_logprobs(Transformer<float>& model,
 // micro-batches and data-parallel shards add up to the same gradient); aux_weight scales the
 // routers' load-balancing loss of this micro-batch (0: none).
 PpoStats accumulate_policy_gradient(Transformer<float>& policy,
-                                    const std::vector<const Rollout*>& rollouts,
-                                    double normalizer, float temperature,
-                                    const PpoSettings& settings, float aux_weight);
+                                    const std::vector<const Rollout*>& rollouts, double normalizer,
+                                    float temperature, const PpoSettings& settings,
+                                    float aux_weight);
 
 }  // namespace rlf

@@ -22,10 +22,10 @@ struct PpoSettings {
 };
 
 struct PpoStats {
-  double loss = 0;           // total objective (already divided by the normalizer)
+  double loss = 0;            // total objective (already divided by the normalizer)
   double clipped_tokens = 0;  // tokens whose clipped term was the active one with zero gradient
-  double kl_sum = 0;         // sum over tokens of the k3 estimate (not normalized)
-  double ratio_sum = 0;      // sum over tokens of the importance ratio
+  double kl_sum = 0;          // sum over tokens of the k3 estimate (not normalized)
+  double ratio_sum = 0;       // sum over tokens of the importance ratio
 };
 
 // Over T response tokens with per-token advantage A_t, behaviour log-prob old_t, current log-prob

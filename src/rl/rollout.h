@@ -12,13 +12,13 @@
 namespace rlf {
 
 struct Rollout {
-  int64_t sample_id = 0;      // keys the sampler's random stream
+  int64_t sample_id = 0;  // keys the sampler's random stream
   TaskSample task_sample;
-  std::vector<int> prompt;    // <bos> + prompt characters
-  std::vector<int> response;  // response tokens (with <eos> when the policy ended)
+  std::vector<int> prompt;            // <bos> + prompt characters
+  std::vector<int> response;          // response tokens (with <eos> when the policy ended)
   std::vector<float> behaviour_logp;  // per response token, at generation time
   std::vector<float> reference_logp;  // per response token, frozen reference (when KL is on)
-  int version = 0;            // policy version that generated every token
+  int version = 0;                    // policy version that generated every token
   double reward = 0;
   double advantage = 0;
 };

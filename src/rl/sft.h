@@ -11,9 +11,9 @@
 namespace rlf {
 
 struct SftStep {
-  float loss = 0;         // mean cross-entropy per answer token (nats)
-  double grad_norm = 0;   // before clipping
-  int64_t tokens = 0;     // all positions trained on (prompt + answer)
+  float loss = 0;        // mean cross-entropy per answer token (nats)
+  double grad_norm = 0;  // before clipping
+  int64_t tokens = 0;    // all positions trained on (prompt + answer)
 };
 
 // One optimizer step on demonstrations of training prompts [first_prompt, first_prompt + batch).

@@ -20,7 +20,7 @@ struct TaskSample {
 
 // Task settings: the `[task]` section of an INI file in inputs/tasks/ plus the seed.
 struct TaskConfig {
-  std::string name;                           // add | sort | long-add | ...
+  std::string name;  // add | sort | long-add | ...
   uint64_t seed = 1;
   std::map<std::string, std::string> params;  // task-specific keys (min_digits, ...)
 };

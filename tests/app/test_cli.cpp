@@ -5,13 +5,16 @@
 
 #include <array>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
 
 #include "kernels/error.h"
 #include "src/app/options.h"
+#include "src/io/parameter_file.h"
 #include "src/model/model_config.h"
+#include "src/model/parameter_layout.h"
 
 namespace rlf {
 namespace {
@@ -90,8 +93,9 @@ TEST(CommandLine, ArenaTooSmallForTheModelIsRejectedBeforeWriting) {
 
 TEST(PolicyCommands, BadRlInputIsRejectedBeforeAnyOutput) {
   const std::string dir = temp_dir("rl-bad");
-  expect_config_error(run_rlfusion("train --model tiny --task no-such-task --run-dir " + dir + "/a"),
-                      "no-such-task");
+  expect_config_error(
+      run_rlfusion("train --model tiny --task no-such-task --run-dir " + dir + "/a"),
+      "no-such-task");
   expect_config_error(run_rlfusion("train --model tiny --group-size 1 --run-dir " + dir + "/a"),
                       "--group-size");
   expect_config_error(run_rlfusion("train --model tiny --prompts 0 --run-dir " + dir + "/a"),
@@ -110,7 +114,8 @@ TEST(PolicyCommands, SftTrainEvalWriteTheirRunDirectoriesAndGuardFinishedRuns) {
   }
   // The resolved config reproduces the run.
   std::ifstream config(dir + "/sft/config.ini");
-  const std::string text((std::istreambuf_iterator<char>(config)), std::istreambuf_iterator<char>());
+  const std::string text((std::istreambuf_iterator<char>(config)),
+                         std::istreambuf_iterator<char>());
   EXPECT_NE(text.find("steps = 20"), std::string::npos) << text;
 
   // A finished run is not overwritten by accident; its files stay as they were.
@@ -119,9 +124,10 @@ TEST(PolicyCommands, SftTrainEvalWriteTheirRunDirectoriesAndGuardFinishedRuns) {
                       "--overwrite");
   EXPECT_EQ(std::filesystem::last_write_time(dir + "/sft/model.h5"), before);
 
-  const Result train = run_rlfusion("train" + common + "--steps 2 --prompts 4 --group-size 2 "
-                                    "--kl-coef 0.01 --init " + dir + "/sft/model.h5 --run-dir " +
-                                    dir + "/train");
+  const Result train = run_rlfusion("train" + common +
+                                    "--steps 2 --prompts 4 --group-size 2 "
+                                    "--kl-coef 0.01 --init " +
+                                    dir + "/sft/model.h5 --run-dir " + dir + "/train");
   ASSERT_EQ(train.exit_code, 0) << train.output;
   EXPECT_NE(train.output.find("held-out accuracy after RL"), std::string::npos) << train.output;
   EXPECT_TRUE(std::filesystem::exists(dir + "/train/model.h5"));
@@ -131,9 +137,8 @@ TEST(PolicyCommands, SftTrainEvalWriteTheirRunDirectoriesAndGuardFinishedRuns) {
   EXPECT_NE(eval.output.find("\"command\":\"eval\""), std::string::npos) << eval.output;
 
   // A parameter file of another model is rejected, naming the file.
-  expect_config_error(run_rlfusion("eval --model small --task add --init " + dir +
-                                   "/train/model.h5"),
-                      "model.h5");
+  expect_config_error(
+      run_rlfusion("eval --model small --task add --init " + dir + "/train/model.h5"), "model.h5");
 }
 
 TEST(Options, ParseBytesAcceptsUnitsAndRejectsGarbage) {
@@ -173,10 +178,11 @@ namespace {
 TEST(RlEndToEnd, RlRaisesHeldOutAccuracyAfterSftOnTwoSeeds) {
   for (int seed : {1, 2}) {
     const std::string dir = temp_dir("rl-e2e-" + std::to_string(seed));
-    const Result r = run_rlfusion(
-        "train --model tiny --task sort --threads 1 --seed " + std::to_string(seed) +
-        " --sft-steps 150 --sft-learning-rate 0.01 --steps 800 --warmup-steps 10"
-        " --learning-rate 0.0003 --eval-prompts 200 --json --run-dir " + dir);
+    const Result r =
+        run_rlfusion("train --model tiny --task sort --threads 1 --seed " + std::to_string(seed) +
+                     " --sft-steps 150 --sft-learning-rate 0.01 --steps 800 --warmup-steps 10"
+                     " --learning-rate 0.0003 --eval-prompts 200 --json --run-dir " +
+                     dir);
     ASSERT_EQ(r.exit_code, 0) << r.output;
     auto value = [&](const std::string& key) {
       const auto at = r.output.find("\"" + key + "\":");
@@ -187,9 +193,37 @@ TEST(RlEndToEnd, RlRaisesHeldOutAccuracyAfterSftOnTwoSeeds) {
     const double after = value("heldout_accuracy_after_rl");
     EXPECT_GT(before, 0.2) << "SFT should reach partial accuracy (seed " << seed << ")";
     EXPECT_LT(before, 0.9) << "SFT should leave room for RL (seed " << seed << ")";
-    EXPECT_GE(after - before, 0.05) << "RL gain on seed " << seed << ": " << before << " -> "
-                                    << after;
+    EXPECT_GE(after - before, 0.05)
+        << "RL gain on seed " << seed << ": " << before << " -> " << after;
   }
+}
+
+}  // namespace
+}  // namespace rlf
+
+namespace rlf {
+namespace {
+
+std::vector<float> read_parameters(const std::string& path) {
+  const ModelConfig config =
+      load_model_config(std::string(RLFUSION_SOURCE_DIR) + "/inputs/models/tiny.ini");
+  const ParameterLayout layout(config);
+  std::vector<float> params(size_t(layout.total()));
+  load_parameters(path, layout, params.data());
+  return params;
+}
+
+TEST(RlEndToEnd, SameSeedSameRunBitForBit) {
+  const std::string dir = temp_dir("rl-repeat");
+  const std::string args =
+      "train --model tiny --task long-add --threads 2 --seed 4 --sft-steps 20"
+      " --steps 5 --prompts 4 --group-size 4 --kl-coef 0.05"
+      " --eval-prompts 8 --run-dir ";
+  ASSERT_EQ(run_rlfusion(args + dir + "/a").exit_code, 0);
+  ASSERT_EQ(run_rlfusion(args + dir + "/b").exit_code, 0);
+  const auto a = read_parameters(dir + "/a/model.h5"), b = read_parameters(dir + "/b/model.h5");
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
 }
 
 }  // namespace

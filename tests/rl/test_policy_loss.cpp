@@ -68,13 +68,13 @@ TEST(PolicyLoss, RecomputedLogProbsEqualGenerationLogProbs) {
     Transformer<float> model(test_model(), cpu_ops(), device, false);
     model.initialize(3);
     SwapTask task;
-    const auto rollouts = generate_rollouts(model, task, 0, 4, 3, sampling(temperature), 0,
-                                            AdvantageEstimator::Grpo);
+    const auto rollouts =
+        generate_rollouts(model, task, 0, 4, 3, sampling(temperature), 0, AdvantageEstimator::Grpo);
     const auto recomputed = response_logprobs(model, pointers(rollouts), temperature);
     for (size_t r = 0; r < rollouts.size(); ++r) {
       ASSERT_EQ(recomputed[r].size(), rollouts[r].behaviour_logp.size());
-      test::expect_close(recomputed[r], rollouts[r].behaviour_logp,
-                         "rollout " + std::to_string(r), 1e-5, 1e-4);
+      test::expect_close(recomputed[r], rollouts[r].behaviour_logp, "rollout " + std::to_string(r),
+                         1e-5, 1e-4);
     }
   }
 }
@@ -84,8 +84,8 @@ TEST(PolicyLoss, MicroBatchesSumToTheWholeBatchGradient) {
   Transformer<float> model(test_model(), cpu_ops(), device, true);
   model.initialize(4);
   SwapTask task;
-  auto rollouts = generate_rollouts(model, task, 0, 4, 4, sampling(1.0f), 0,
-                                    AdvantageEstimator::Rloo);
+  auto rollouts =
+      generate_rollouts(model, task, 0, 4, 4, sampling(1.0f), 0, AdvantageEstimator::Rloo);
   // Advantages from a fixed pattern so every sample contributes.
   for (size_t i = 0; i < rollouts.size(); ++i) rollouts[i].advantage = double(int(i % 5) - 2);
   const auto all = pointers(rollouts);
@@ -97,7 +97,8 @@ TEST(PolicyLoss, MicroBatchesSumToTheWholeBatchGradient) {
   const std::vector<float> whole_grad(model.gradients(),
                                       model.gradients() + model.parameter_count());
   model.zero_gradients();
-  const std::vector<const Rollout*> first(all.begin(), all.begin() + 7), second(all.begin() + 7, all.end());
+  const std::vector<const Rollout*> first(all.begin(), all.begin() + 7),
+      second(all.begin() + 7, all.end());
   const PpoStats a = accumulate_policy_gradient(model, first, normalizer, 1.0f, PpoSettings{}, 0);
   const PpoStats b = accumulate_policy_gradient(model, second, normalizer, 1.0f, PpoSettings{}, 0);
   EXPECT_NEAR(a.loss + b.loss, whole.loss, 1e-6);
@@ -113,10 +114,10 @@ TEST(Rollouts, SameSeedSameRolloutsAndGroupedAdvantages) {
   Transformer<float> model(test_model(), cpu_ops(), device, false);
   model.initialize(6);
   SwapTask task;
-  const auto a = generate_rollouts(model, task, 10, 3, 4, sampling(1.0f), 7,
-                                   AdvantageEstimator::Grpo);
-  const auto b = generate_rollouts(model, task, 10, 3, 4, sampling(1.0f), 7,
-                                   AdvantageEstimator::Grpo);
+  const auto a =
+      generate_rollouts(model, task, 10, 3, 4, sampling(1.0f), 7, AdvantageEstimator::Grpo);
+  const auto b =
+      generate_rollouts(model, task, 10, 3, 4, sampling(1.0f), 7, AdvantageEstimator::Grpo);
   ASSERT_EQ(a.size(), 12u);
   for (size_t i = 0; i < a.size(); ++i) {
     EXPECT_EQ(a[i].response, b[i].response);
@@ -141,8 +142,8 @@ TEST(PolicyLoss, AGradientStepRaisesTheLikelihoodOfPositiveAdvantageSamples) {
   Transformer<float> model(test_model(), cpu_ops(), device, true);
   model.initialize(8);
   SwapTask task;
-  auto rollouts = generate_rollouts(model, task, 0, 4, 4, sampling(1.0f), 0,
-                                    AdvantageEstimator::Grpo);
+  auto rollouts =
+      generate_rollouts(model, task, 0, 4, 4, sampling(1.0f), 0, AdvantageEstimator::Grpo);
   for (size_t i = 0; i < rollouts.size(); ++i) rollouts[i].advantage = i % 2 ? 1.0 : -1.0;
   const auto all = pointers(rollouts);
   double normalizer = 0;
@@ -178,8 +179,8 @@ TEST(PolicyLoss, ModelGradientMatchesFiniteDifferencesOfThePpoLoss) {
   Transformer<float> model(config, cpu_ops(), device, true);
   model.initialize(9);
   SwapTask task;
-  auto rollouts = generate_rollouts(model, task, 0, 3, 3, sampling(0.8f), 0,
-                                    AdvantageEstimator::Grpo);
+  auto rollouts =
+      generate_rollouts(model, task, 0, 3, 3, sampling(0.8f), 0, AdvantageEstimator::Grpo);
   for (size_t i = 0; i < rollouts.size(); ++i) {
     rollouts[i].advantage = double(int(i % 3) - 1);
     // Behaviour log-probs off the current policy, so ratios differ from 1 (clip inactive).

@@ -59,7 +59,8 @@ TEST(PpoClip, ClippedTokensHaveNoGradient) {
   // ratio = e^0.5 ~ 1.65 > 1.2 with a positive advantage: clipped, constant.
   const float new_logp = -0.5f, old_logp = -1.0f, adv = 2.0f;
   float grad = 0;
-  const PpoStats s = ppo_clip_loss(&new_logp, &old_logp, nullptr, &adv, 1, 1.0, PpoSettings{}, &grad);
+  const PpoStats s =
+      ppo_clip_loss(&new_logp, &old_logp, nullptr, &adv, 1, 1.0, PpoSettings{}, &grad);
   EXPECT_EQ(grad, 0.0f);
   EXPECT_EQ(s.clipped_tokens, 1);
   EXPECT_NEAR(s.loss, -1.2 * 2.0, 1e-6);
@@ -101,12 +102,15 @@ TEST(PpoClip, GradientMatchesFiniteDifferences) {
     if (std::fabs(ratio - 0.7) < 0.02 || std::fabs(ratio - 1.3) < 0.02) continue;  // at a kink
     const float step = 1.0f / 1024;
     new_logp[size_t(t)] = saved + step;
-    const double up = ppo_clip_loss(&new_logp[size_t(t)], &old_logp[size_t(t)], &ref_logp[size_t(t)],
-                                    &adv[size_t(t)], 1, 17.0, settings, nullptr).loss;
+    const double up =
+        ppo_clip_loss(&new_logp[size_t(t)], &old_logp[size_t(t)], &ref_logp[size_t(t)],
+                      &adv[size_t(t)], 1, 17.0, settings, nullptr)
+            .loss;
     new_logp[size_t(t)] = saved - step;
-    const double down = ppo_clip_loss(&new_logp[size_t(t)], &old_logp[size_t(t)],
-                                      &ref_logp[size_t(t)], &adv[size_t(t)], 1, 17.0, settings,
-                                      nullptr).loss;
+    const double down =
+        ppo_clip_loss(&new_logp[size_t(t)], &old_logp[size_t(t)], &ref_logp[size_t(t)],
+                      &adv[size_t(t)], 1, 17.0, settings, nullptr)
+            .loss;
     new_logp[size_t(t)] = saved;
     EXPECT_NEAR(grad[size_t(t)], (up - down) / (2 * step), 2e-4) << "token " << t;
   }
@@ -119,11 +123,14 @@ TEST(PpoClip, SplittingTheTokensGivesTheSameLossAndGradient) {
   const auto adv = test::random_vector<float>(T, 23, -2.0, 2.0);
   std::vector<float> whole(T, 0.0f), split(T, 0.0f);
   const double loss = ppo_clip_loss(new_logp.data(), old_logp.data(), nullptr, adv.data(), T, T,
-                                    PpoSettings{}, whole.data()).loss;
+                                    PpoSettings{}, whole.data())
+                          .loss;
   const double first = ppo_clip_loss(new_logp.data(), old_logp.data(), nullptr, adv.data(), 11, T,
-                                     PpoSettings{}, split.data()).loss;
+                                     PpoSettings{}, split.data())
+                           .loss;
   const double second = ppo_clip_loss(&new_logp[11], &old_logp[11], nullptr, &adv[11], T - 11, T,
-                                      PpoSettings{}, &split[11]).loss;
+                                      PpoSettings{}, &split[11])
+                            .loss;
   EXPECT_NEAR(first + second, loss, 1e-12);
   EXPECT_EQ(split, whole);
 }
