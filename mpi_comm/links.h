@@ -1,0 +1,75 @@
+// Link classes, exact byte/message counters, and link emulation. Every transfer between two
+// world ranks is classified as intra-node or inter-node (real nodes, or virtual nodes of
+// --ranks-per-node), counted exactly at the call site, and — when emulation is on — delayed by
+// latency + bytes / bandwidth for inter-node links, by sleeping (never spinning), so that
+// hierarchical algorithms show their time effect on one machine.
+#pragma once
+
+#include <mpi.h>
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace rlf {
+
+enum class LinkClass { IntraNode = 0, InterNode = 1 };
+const char* link_class_name(LinkClass link);
+
+struct LinkCounters {
+  std::array<uint64_t, 2> bytes{};     // indexed by LinkClass
+  std::array<uint64_t, 2> messages{};  // indexed by LinkClass
+  void add(LinkClass link, uint64_t byte_count) {
+    bytes[size_t(link)] += byte_count;
+    messages[size_t(link)] += 1;
+  }
+  LinkCounters& operator+=(const LinkCounters& other);
+};
+
+struct LinkEmulation {
+  double inter_node_bandwidth = 0;  // bytes per second; 0: no bandwidth delay
+  double inter_node_latency = 0;    // seconds per message; 0: no latency delay
+  bool enabled() const { return inter_node_bandwidth > 0 || inter_node_latency > 0; }
+  // Seconds an inter-node message of `bytes` takes under emulation (0 when disabled).
+  double delay_seconds(uint64_t bytes) const;
+  // ConfigError naming --inter-node-bandwidth / --inter-node-latency when out of range.
+  void validate() const;
+};
+
+// The node of every world rank plus counters and emulation; one per process.
+class Links {
+ public:
+  Links(std::vector<int> node_of_world_rank, LinkEmulation emulation);
+
+  LinkClass classify(int world_rank_a, int world_rank_b) const;
+  int node_of(int world_rank) const { return node_of_[size_t(world_rank)]; }
+  const LinkEmulation& emulation() const { return emulation_; }
+
+  // Counts a message this rank sends to `dest_world_rank` (counters are per sender).
+  void count_send(int dest_world_rank, uint64_t bytes);
+  // Sleeps for the emulated duration of a message between this rank and `peer_world_rank`.
+  void emulate(int peer_world_rank, uint64_t bytes) const;
+
+  // Point-to-point on `comm` with counting and emulation; the wait polls with back-off sleeps
+  // (Open MPI busy-polls inside blocking calls, which would steal the peer's core).
+  void send(const void* data, uint64_t bytes, int dest, int tag, MPI_Comm comm);
+  void recv(void* data, uint64_t bytes, int source, int tag, MPI_Comm comm);
+
+  const LinkCounters& counters() const { return counters_; }
+  void reset_counters() { counters_ = LinkCounters{}; }
+
+ private:
+  int world_rank_of(int rank, MPI_Comm comm) const;
+
+  std::vector<int> node_of_;
+  LinkEmulation emulation_;
+  LinkCounters counters_;
+  int my_world_rank_ = 0;
+};
+
+// Waits for `request` without spinning a core: MPI_Test, then sleeps that grow from 1 us to
+// 1 ms.
+void wait_with_backoff(MPI_Request* request, MPI_Status* status);
+
+}  // namespace rlf

@@ -1,0 +1,82 @@
+// The SPMD layout: which world ranks are actors, learners and queue servers; which node (real
+// or virtual) each rank is on; the role communicators, node communicators and the data-parallel
+// groups built from them. Every rank computes the same layout from the same configuration, so a
+// layout that does not fit the world size fails on every rank with the same message.
+#pragma once
+
+#include <mpi.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "mpi_comm/links.h"
+
+namespace rlf {
+
+enum class Role { Learner = 0, Actor = 1, Queue = 2 };
+const char* role_name(Role role);
+
+struct LayoutConfig {
+  int learners = 0;        // 0: derived (the world minus actors and queue ranks)
+  int actors = 0;          // 0: derived from actor_fraction
+  double actor_fraction = 0.5;  // used when actors == 0 and learners == 0
+  int queue_ranks = 0;     // dedicated queue servers; 0: queue shards served inside learner ranks
+  int queue_shards = 2;    // shards of the DistQueue (at least 1)
+  int ranks_per_node = 0;  // virtual nodes of this many consecutive ranks; 0: real nodes
+  LinkEmulation links;
+};
+
+// Communicator with its node structure: the ranks of `comm` on this rank's node (`intra`), and
+// one leader per node (local rank 0) in `leaders` (MPI_COMM_NULL on non-leaders).
+struct HierarchicalComm {
+  MPI_Comm comm = MPI_COMM_NULL;
+  MPI_Comm intra = MPI_COMM_NULL;
+  MPI_Comm leaders = MPI_COMM_NULL;
+  std::vector<int> world_ranks;  // world rank of every rank of `comm`, in comm order
+};
+
+class Topology {
+ public:
+  // Collective over `world`. Throws ConfigError (same text on every rank) when the layout does
+  // not fit world size (role counts that exceed or do not add up to it, no queue shard, virtual
+  // nodes that do not divide it, ...).
+  Topology(MPI_Comm world, const LayoutConfig& config);
+  ~Topology();
+  Topology(const Topology&) = delete;
+  Topology& operator=(const Topology&) = delete;
+
+  int world_rank() const { return world_rank_; }
+  int world_size() const { return world_size_; }
+  Role role() const { return roles_[size_t(world_rank_)]; }
+  Role role_of(int world_rank) const { return roles_[size_t(world_rank)]; }
+  int node() const { return links_->node_of(world_rank_); }
+  int node_count() const { return node_count_; }
+  // World ranks of a role, ascending.
+  const std::vector<int>& ranks_of(Role role) const { return role_ranks_[size_t(role)]; }
+  // This rank's role communicator (actors, learners or queue servers), with node structure.
+  const HierarchicalComm& role_comm() const { return role_comm_; }
+  // World ranks serving queue shard s (a dedicated queue rank, or a learner hosting it).
+  int queue_server_of_shard(int shard) const { return shard_server_[size_t(shard)]; }
+  int queue_shards() const { return int(shard_server_.size()); }
+  Links& links() { return *links_; }
+  const LayoutConfig& config() const { return config_; }
+
+  // "rank node role local-rank groups" table, one line per world rank (printed by rank 0).
+  std::string layout_table() const;
+
+ private:
+  LayoutConfig config_;
+  int world_rank_ = 0, world_size_ = 0, node_count_ = 0;
+  std::vector<Role> roles_;
+  std::vector<std::vector<int>> role_ranks_{3};
+  std::vector<int> shard_server_;
+  HierarchicalComm role_comm_;
+  std::unique_ptr<Links> links_;
+};
+
+// Builds the node structure of any communicator whose ranks' nodes `links` knows.
+HierarchicalComm make_hierarchical(MPI_Comm comm, const Links& links);
+void free_hierarchical(HierarchicalComm& h);
+
+}  // namespace rlf
