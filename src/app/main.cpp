@@ -22,6 +22,7 @@ const char* kUsage =
     "  train           RL post-training (GRPO/RLOO, PPO-clip, KL) with an optional SFT warm start\n"
     "  eval            held-out accuracy of a parameter file on a task\n"
     "  bench kernels   kernel and model throughput table (GFLOP/s, GB/s, tokens/s)\n"
+    "  report RUN_DIR  throughput, per-rank time breakdown and bytes from a run's trace.h5\n"
     "  --version       what this binary was built with\n"
     "\n"
     "`rlfusion <command> --help` lists a command's options.\n";
@@ -39,6 +40,7 @@ int dispatch(const std::vector<std::string>& words) {
   if (words[0] == "sft") return rlf::run_sft_command(rest);
   if (words[0] == "train") return rlf::run_train_command(rest);
   if (words[0] == "eval") return rlf::run_eval_command(rest);
+  if (words[0] == "report") return rlf::run_report_command(rest);
   if (words[0] == "bench") {
     if (!rest.empty() && rest[0] == "kernels") {
       return rlf::run_bench_kernels_command({rest.begin() + 1, rest.end()});

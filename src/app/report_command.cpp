@@ -1,0 +1,257 @@
+// `rlfusion report RUN_DIR`: reads RUN_DIR/trace.h5 and prints throughput per step, each rank's
+// time breakdown with a verdict, and bytes per phase (definitions: docs/METRICS.md); `--json`
+// prints the same as JSON, `--csv` the breakdown as CSV. Every rank reads (so bad input is a
+// ConfigError on every rank); rank 0 prints.
+#include <mpi.h>
+
+#include <boost/program_options.hpp>
+#include <cstdarg>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <string>
+
+#include "kernels/error.h"
+#include "src/app/commands.h"
+#include "src/io/trace_reader.h"
+#include "src/io/trace_summary.h"
+
+namespace rlf {
+
+namespace {
+
+namespace po = boost::program_options;
+
+std::string format(const char* pattern, ...) __attribute__((format(printf, 1, 2)));
+std::string format(const char* pattern, ...) {
+  char buffer[512];
+  va_list args;
+  va_start(args, pattern);
+  std::vsnprintf(buffer, sizeof buffer, pattern, args);
+  va_end(args);
+  return buffer;
+}
+
+double percent(double part, double whole) {
+  return whole > 0 ? 100.0 * part / whole : 0.0;
+}
+
+// Mean and worst idle fraction, and the category with the most rank-time.
+std::string verdict(const TraceSummary& s) {
+  if (s.ranks.empty() || !(s.wall() > 0)) return "no events recorded";
+  double idle_sum = 0, idle_max = -1;
+  int idle_max_rank = 0;
+  std::array<double, kTimeCategoryCount> totals{};
+  for (const RankBreakdown& r : s.ranks) {
+    const double idle = r.seconds[size_t(TimeCategory::Idle)];
+    idle_sum += idle;
+    if (idle > idle_max) {
+      idle_max = idle;
+      idle_max_rank = r.rank;
+    }
+    for (int c = 0; c < kTimeCategoryCount; ++c) totals[size_t(c)] += r.seconds[size_t(c)];
+  }
+  int largest = 0;
+  for (int c = 1; c < kTimeCategoryCount; ++c) {
+    if (totals[size_t(c)] > totals[size_t(largest)]) largest = c;
+  }
+  const double rank_time = s.wall() * double(s.ranks.size());
+  return format(
+      "idle (bubble) fraction mean %.1f%%, max %.1f%% on rank %d; most rank-time in %s "
+      "(%.1f%%)",
+      percent(idle_sum, rank_time), percent(idle_max, s.wall()), idle_max_rank,
+      time_category_name(TimeCategory(largest)), percent(totals[size_t(largest)], rank_time));
+}
+
+void print_text(const std::string& path, const TraceData& trace, const TraceSummary& s) {
+  std::printf("# rlfusion report: %s\n", path.c_str());
+  std::printf("# %d ranks, %zu events, wall %.6f s (first event to last event, all ranks)\n",
+              trace.world_size, trace.event_count(), s.wall());
+  if (!trace.metadata.empty()) {
+    std::printf("# run:");
+    for (const auto& [key, value] : trace.metadata)
+      std::printf(" %s=%s", key.c_str(), value.c_str());
+    std::printf("\n");
+  }
+
+  std::printf("#\n# throughput per step: tokens trained / step wall time\n");
+  std::printf("# %9s %12s %14s %14s\n", "step", "wall", "tokens", "tokens/s");
+  std::printf("# %9s %12s %14s %14s\n", "(version)", "(s)", "(trained)", "(tokens/s)");
+  for (const StepThroughput& step : s.steps) {
+    std::printf("  %9d %12.6f %14lld %14.1f\n", step.version, step.wall(), (long long)step.tokens,
+                step.tokens_per_second());
+  }
+  if (s.steps.empty()) {
+    std::printf("  (no training steps recorded)\n");
+  } else {
+    std::printf("  %9s %12.6f %14lld %14.1f\n", "total", s.total.wall(), (long long)s.total.tokens,
+                s.total.tokens_per_second());
+  }
+
+  std::printf("#\n# time per rank: seconds and %% of the wall time (%.6f s)\n", s.wall());
+  std::printf("# %5s", "rank");
+  for (int c = 0; c < kTimeCategoryCount; ++c) {
+    std::printf(" %14s", time_category_name(TimeCategory(c)));
+  }
+  std::printf(" %10s\n# %5s", "mem-peak", "");
+  for (int c = 0; c < kTimeCategoryCount; ++c) std::printf(" %8s %5s", "(s)", "(%)");
+  std::printf(" %10s\n", "(MiB)");
+  for (const RankBreakdown& r : s.ranks) {
+    std::printf("  %5d", r.rank);
+    for (double seconds : r.seconds)
+      std::printf(" %8.3f %5.1f", seconds, percent(seconds, s.wall()));
+    std::printf(" %10.1f\n", double(r.memory_peak_bytes) / 1048576.0);
+  }
+  std::printf("# verdict: %s\n", verdict(s).c_str());
+
+  std::printf("#\n# bytes per phase, all ranks (time: sum of event durations)\n");
+  std::printf("# %-15s %8s %12s %14s %16s %10s\n", "phase", "events", "time", "tokens", "bytes",
+              "rate");
+  std::printf("# %-15s %8s %12s %14s %16s %10s\n", "", "", "(s)", "", "(B)", "(GB/s)");
+  for (const PhaseTotal& p : s.phases) {
+    std::printf("  %-15s %8lld %12.6f %14lld %16lld %10.3f\n", phase_name(p.phase),
+                (long long)p.events, p.seconds, (long long)p.tokens, (long long)p.bytes,
+                p.seconds > 0 ? double(p.bytes) / p.seconds / 1e9 : 0.0);
+  }
+}
+
+std::string json_string(const std::string& text) {
+  std::string out = "\"";
+  for (const char c : text) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      out += format("\\u%04x", c);
+    } else {
+      out += c;
+    }
+  }
+  out += '"';
+  return out;
+}
+
+// {"version":v,"wall_s":...}; the total has no version.
+std::string json_step(const StepThroughput& step, bool with_version = true) {
+  return (with_version ? format("{\"version\":%d,", step.version) : std::string("{")) +
+         format("\"wall_s\":%.9g,\"tokens\":%lld,\"tokens_per_s\":%.9g}", step.wall(),
+                (long long)step.tokens, step.tokens_per_second());
+}
+
+// Comma-separated items of a JSON array or object.
+class JsonList {
+ public:
+  explicit JsonList(std::string& out) : out_(out) {}
+  std::string& next() {
+    if (!first_) out_ += ',';
+    first_ = false;
+    return out_;
+  }
+
+ private:
+  std::string& out_;
+  bool first_ = true;
+};
+
+void print_json(const std::string& path, const TraceData& trace, const TraceSummary& s) {
+  std::string out = "{\"command\":\"report\",\"trace\":";
+  out += json_string(path);
+  out += format(",\"world_size\":%d,\"events\":%zu,\"wall_s\":%.9g", trace.world_size,
+                trace.event_count(), s.wall());
+  out += ",\"metadata\":{";
+  JsonList metadata(out);
+  for (const auto& [key, value] : trace.metadata) {
+    metadata.next() += json_string(key);
+    out += ':';
+    out += json_string(value);
+  }
+  out += "},\"steps\":[";
+  JsonList steps(out);
+  for (const StepThroughput& step : s.steps) steps.next() += json_step(step);
+  out += "],\"total\":";
+  out += s.steps.empty() ? std::string("null") : json_step(s.total, /*with_version=*/false);
+  out += ",\"ranks\":[";
+  JsonList ranks(out);
+  for (const RankBreakdown& r : s.ranks) {
+    ranks.next() += format("{\"rank\":%d", r.rank);
+    for (int c = 0; c < kTimeCategoryCount; ++c) {
+      out += format(",\"%s_s\":%.9g,\"%s_pct\":%.9g", time_category_name(TimeCategory(c)),
+                    r.seconds[size_t(c)], time_category_name(TimeCategory(c)),
+                    percent(r.seconds[size_t(c)], s.wall()));
+    }
+    out += format(",\"memory_peak_bytes\":%lld}", (long long)r.memory_peak_bytes);
+  }
+  out += "],\"verdict\":";
+  out += json_string(verdict(s));
+  out += ",\"phases\":[";
+  JsonList phases(out);
+  for (const PhaseTotal& p : s.phases) {
+    phases.next() +=
+        format("{\"phase\":\"%s\",\"events\":%lld,\"seconds\":%.9g,\"tokens\":%lld,\"bytes\":%lld}",
+               phase_name(p.phase), (long long)p.events, p.seconds, (long long)p.tokens,
+               (long long)p.bytes);
+  }
+  out += "]}\n";
+  std::fputs(out.c_str(), stdout);
+}
+
+void print_csv(const TraceSummary& s) {
+  std::printf("rank,wall_s");
+  for (int c = 0; c < kTimeCategoryCount; ++c) {
+    std::printf(",%s_s,%s_pct", time_category_name(TimeCategory(c)),
+                time_category_name(TimeCategory(c)));
+  }
+  std::printf(",memory_peak_bytes\n");
+  for (const RankBreakdown& r : s.ranks) {
+    std::printf("%d,%.9g", r.rank, s.wall());
+    for (double seconds : r.seconds) std::printf(",%.9g,%.9g", seconds, percent(seconds, s.wall()));
+    std::printf(",%lld\n", (long long)r.memory_peak_bytes);
+  }
+}
+
+}  // namespace
+
+int run_report_command(const std::vector<std::string>& args) {
+  std::string run_dir;
+  bool json = false, csv = false;
+  po::options_description description("Report options");
+  description.add_options()("help,h", "print this help and exit")(
+      "run-dir", po::value(&run_dir), "the run directory holding trace.h5 (or a trace file)")(
+      "json", po::bool_switch(&json), "print the report as JSON instead of tables")(
+      "csv", po::bool_switch(&csv), "print the per-rank time breakdown as CSV instead");
+  po::positional_options_description positional;
+  positional.add("run-dir", 1);
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(args).options(description).positional(positional).run(), vm);
+    if (vm.count("help")) {
+      std::cout << "usage: rlfusion report RUN_DIR [--json | --csv]\n\n" << description << "\n";
+      return 0;
+    }
+    po::notify(vm);
+  } catch (const po::error& e) {
+    throw ConfigError(std::string(e.what()) + " (see rlfusion report --help)");
+  }
+  if (run_dir.empty()) throw ConfigError("report needs RUN_DIR (see rlfusion report --help)");
+  if (json && csv) throw ConfigError("report: --json and --csv exclude each other");
+  if (!std::filesystem::exists(run_dir)) {
+    throw ConfigError("report: run directory '" + run_dir + "' does not exist");
+  }
+  const std::string path = std::filesystem::is_directory(run_dir) ? run_dir + "/trace.h5" : run_dir;
+  const TraceData trace = read_trace(path);
+  const TraceSummary summary = summarize(trace);
+
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank != 0) return 0;
+  if (json) {
+    print_json(path, trace, summary);
+  } else if (csv) {
+    print_csv(summary);
+  } else {
+    print_text(path, trace, summary);
+  }
+  return 0;
+}
+
+}  // namespace rlf

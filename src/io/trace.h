@@ -1,0 +1,125 @@
+// Per-rank trace events: what each rank did when (phase, begin, end) and how much (tokens, bytes,
+// policy version, device memory). Recording appends to a preallocated vector, so instrumenting a
+// phase costs two clock reads and a store; a disabled recorder costs one branch per scope.
+// Events land in trace.h5 (trace_writer.h) and feed `rlfusion report` (trace_summary.h).
+#pragma once
+
+#include <mpi.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace rlf {
+
+class Arena;
+
+// The phases a rank's time goes to. The numeric values are stored in trace.h5 (as an HDF5 enum
+// type that also carries the names), so append new phases before kCount, never reorder.
+enum class Phase : int32_t {
+  Generate,
+  Score,
+  Reference,
+  Train,
+  Optimizer,
+  QueuePut,
+  QueueGet,
+  WeightSync,
+  GradientReduce,
+  Evaluate,
+  Idle,
+  Other,
+};
+inline constexpr int kPhaseCount = int(Phase::Other) + 1;
+
+// "generate", "queue_put", ...: the names in trace.h5, report tables and JSON.
+const char* phase_name(Phase phase);
+
+inline constexpr int32_t kNoVersion = -1;
+
+struct TraceEvent {
+  Phase phase = Phase::Other;
+  double begin = 0;  // seconds since the recorder's epoch
+  double end = 0;
+  int64_t tokens = 0;            // tokens processed (generated, scored, trained) in the event
+  int64_t bytes = 0;             // bytes moved (sent + received, or put/taken from the queue)
+  int32_t version = kNoVersion;  // policy version the event worked on
+  int64_t memory_bytes = 0;      // device arena bytes in use when the event ended (0: unknown)
+};
+
+class TraceRecorder {
+ public:
+  // A disabled recorder: record() and scopes do nothing; no MPI call is made.
+  TraceRecorder() = default;
+
+  // An enabled recorder. Collective over `comm`: the epoch (t = 0) is MPI_Wtime right after an
+  // MPI_Barrier, so every rank of `comm` shares t = 0 up to the barrier's exit skew (micro-
+  // seconds within a node, tens of microseconds across nodes) and each rank's clock drift over
+  // the run (ppm), which are both far below the phase lengths traced here. MPI_Wtime need not be
+  // globally synchronized (MPI_WTIME_IS_GLOBAL) for this to hold.
+  explicit TraceRecorder(MPI_Comm comm, size_t reserve_events = 1 << 14);
+
+  bool enabled() const { return enabled_; }
+  // Seconds since the epoch.
+  double now() const { return MPI_Wtime() - epoch_; }
+
+  // When set, events whose memory is not given explicitly record `arena->used()` at their end.
+  void set_memory_source(const Arena* arena) { memory_source_ = arena; }
+  int64_t current_memory_bytes() const;
+
+  void record(const TraceEvent& event) {
+    if (enabled_) events_.push_back(event);
+  }
+  void record(Phase phase, double begin, double end, int64_t tokens = 0, int64_t bytes = 0,
+              int32_t version = kNoVersion) {
+    if (enabled_) {
+      events_.push_back({phase, begin, end, tokens, bytes, version, current_memory_bytes()});
+    }
+  }
+
+  const std::vector<TraceEvent>& events() const { return events_; }
+  void clear() { events_.clear(); }
+
+ private:
+  bool enabled_ = false;
+  double epoch_ = 0;
+  const Arena* memory_source_ = nullptr;
+  std::vector<TraceEvent> events_;
+};
+
+// Times one phase: begins at construction, records at destruction. Instrumenting a phase is one
+// line, `TraceScope scope(recorder, Phase::Train);`, plus setters for what the phase processed.
+class TraceScope {
+ public:
+  TraceScope(TraceRecorder& recorder, Phase phase) : recorder_(recorder) {
+    if (recorder_.enabled()) {
+      event_.phase = phase;
+      event_.begin = recorder_.now();
+    }
+  }
+  ~TraceScope() {
+    if (recorder_.enabled()) {
+      event_.end = recorder_.now();
+      event_.memory_bytes = memory_bytes_ ? *memory_bytes_ : recorder_.current_memory_bytes();
+      recorder_.record(event_);
+    }
+  }
+  TraceScope(const TraceScope&) = delete;
+  TraceScope& operator=(const TraceScope&) = delete;
+
+  void set_tokens(int64_t tokens) { event_.tokens = tokens; }
+  void add_tokens(int64_t tokens) { event_.tokens += tokens; }
+  void set_bytes(int64_t bytes) { event_.bytes = bytes; }
+  void add_bytes(int64_t bytes) { event_.bytes += bytes; }
+  void set_version(int32_t version) { event_.version = version; }
+  void set_memory_bytes(int64_t bytes) { memory_bytes_ = bytes; }
+
+ private:
+  TraceRecorder& recorder_;
+  TraceEvent event_;
+  std::optional<int64_t> memory_bytes_;
+};
+
+}  // namespace rlf

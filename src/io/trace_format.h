@@ -1,0 +1,43 @@
+// The layout of trace.h5, shared by the writer and the reader:
+//   /                      attributes: format = "rlfusion-trace-1", world_size (int64), and one
+//                          string attribute per run-metadata key (command, mode, model, ...)
+//   /rank_NNNNN/events     1-D compound dataset, one element per TraceEvent of rank NNNNN:
+//                          phase (HDF5 enum over int32 carrying the phase names), begin, end
+//                          (float64 seconds since the shared epoch), tokens, bytes (int64),
+//                          version (int32, -1: none), memory_bytes (int64)
+// Internal to src/io.
+#pragma once
+
+#include <hdf5.h>
+
+#include <string>
+
+namespace rlf::trace_format {
+
+inline constexpr const char* kFormat = "rlfusion-trace-1";
+inline constexpr const char* kFormatAttribute = "format";
+inline constexpr const char* kWorldSizeAttribute = "world_size";
+
+// "/rank_00003/events" and its group "/rank_00003".
+std::string rank_group(int rank);
+std::string rank_events(int rank);
+
+// Closes an HDF5 handle on scope exit.
+struct Handle {
+  hid_t id;
+  herr_t (*close)(hid_t);
+  Handle(hid_t id_, herr_t (*close_)(hid_t)) : id(id_), close(close_) {}
+  ~Handle() {
+    if (id >= 0) close(id);
+  }
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
+};
+
+// The TraceEvent compound (its phase member an HDF5 enum over int32 carrying the phase names): in
+// memory (native layout of the struct) and in the file (packed, little-endian), so files read the
+// same on every machine.
+hid_t create_event_memory_type();
+hid_t create_event_file_type();
+
+}  // namespace rlf::trace_format
