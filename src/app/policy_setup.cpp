@@ -54,3 +54,22 @@ Policy make_policy(const RunOptions& run, const PolicyOptions& options, bool wit
 }
 
 }  // namespace rlf
+
+namespace rlf {
+
+Evaluation evaluate_traced(Transformer<float>& model, const Task& task,
+                           const PolicyOptions& options, TraceRecorder& trace) {
+  TraceScope traced(trace, Phase::Evaluate);
+  const Evaluation e = evaluate(model, task, options.eval_prompts, options.eval_batch);
+  traced.set_tokens(e.generated_tokens);
+  return e;
+}
+
+std::map<std::string, std::string> run_metadata(const std::string& command, const RunOptions& run,
+                                                const Policy& policy) {
+  return {{"command", command},          {"model", policy.config.name},
+          {"task", policy.task->name()}, {"seed", std::to_string(run.seed)},
+          {"backend", run.backend},      {"device", policy.device->describe()}};
+}
+
+}  // namespace rlf

@@ -3,12 +3,15 @@
 // before any output is written.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 
 #include "kernels/device.h"
 #include "src/app/options.h"
+#include "src/io/trace.h"
 #include "src/model/transformer.h"
+#include "src/rl/evaluation.h"
 #include "src/rl/task.h"
 
 namespace rlf {
@@ -29,6 +32,14 @@ struct Policy {
   std::unique_ptr<Device> device;
   std::unique_ptr<Transformer<float>> model;
 };
+
+// Held-out evaluation recorded as an Evaluate event.
+Evaluation evaluate_traced(Transformer<float>& model, const Task& task,
+                           const PolicyOptions& options, TraceRecorder& trace);
+
+// Metadata written into trace.h5: command, model, task, seed, backend.
+std::map<std::string, std::string> run_metadata(const std::string& command, const RunOptions& run,
+                                                const Policy& policy);
 
 // Loads the task and model configs, checks they fit together (vocabulary, sequence length),
 // builds the device and the model (seeded, or loaded from options.init), and checks that the

@@ -7,6 +7,7 @@
 #include "src/app/policy_setup.h"
 #include "src/app/sft_phase.h"
 #include "src/io/parameter_file.h"
+#include "src/io/trace_writer.h"
 #include "src/rl/evaluation.h"
 
 namespace rlf {
@@ -25,15 +26,15 @@ int run_sft_command(const std::vector<std::string>& args) {
   Transformer<float>& model = *policy.model;
 
   RunDirectory dir(run.run_dir, format_options(parsed));
+  TraceRecorder trace(MPI_COMM_WORLD);
+  trace.set_memory_source(&policy.device->memory());
   dir.log("# rlfusion sft: %s\n", build_info().c_str());
   dir.log("# model %s (%.2fM parameters), task %s, %s, run dir %s\n", policy.config.name.c_str(),
           policy.config.parameter_count() / 1e6, policy.task->name().c_str(),
           policy.device->describe().c_str(), dir.path().c_str());
-  const Evaluation before =
-      evaluate(model, *policy.task, policy_options.eval_prompts, policy_options.eval_batch);
-  const SftSummary sft = run_sft_phase(model, *policy.task, schedule, dir);
-  const Evaluation after =
-      evaluate(model, *policy.task, policy_options.eval_prompts, policy_options.eval_batch);
+  const Evaluation before = evaluate_traced(model, *policy.task, policy_options, trace);
+  const SftSummary sft = run_sft_phase(model, *policy.task, schedule, dir, trace);
+  const Evaluation after = evaluate_traced(model, *policy.task, policy_options, trace);
   save_parameters(dir.file("model.h5"), policy.config, model.layout(), model.parameters());
 
   dir.log("#\n# %-36s %14s\n", "summary", "value");
@@ -45,7 +46,9 @@ int run_sft_command(const std::vector<std::string>& args) {
           sft.seconds > 0 ? sft.tokens / sft.seconds : 0.0);
   dir.log("  %-36s %14s\n", "device memory peak",
           format_bytes(policy.device->memory().peak()).c_str());
-  dir.log("# parameters written to %s\n", dir.file("model.h5").c_str());
+  write_trace(dir.file("trace.h5"), trace, MPI_COMM_WORLD, run_metadata("sft", run, policy));
+  dir.log("# parameters written to %s; trace in %s (rlfusion report %s)\n",
+          dir.file("model.h5").c_str(), dir.file("trace.h5").c_str(), dir.path().c_str());
   char json[512];
   std::snprintf(json, sizeof json,
                 "{\"command\":\"sft\",\"task\":\"%s\",\"model\":\"%s\",\"steps\":%d,"

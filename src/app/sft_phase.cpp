@@ -46,7 +46,7 @@ void validate(const SftSchedule& s, const std::string& prefix) {
 }
 
 SftSummary run_sft_phase(Transformer<float>& model, const Task& task, const SftSchedule& schedule,
-                         RunDirectory& run) {
+                         RunDirectory& run, TraceRecorder& trace) {
   using Clock = std::chrono::steady_clock;
   SftSummary summary;
   if (schedule.steps == 0) return summary;
@@ -67,8 +67,12 @@ SftSummary run_sft_phase(Transformer<float>& model, const Task& task, const SftS
     optimizer.hyper().learning_rate =
         cosine_learning_rate(schedule.learning_rate, step, schedule.warmup_steps, schedule.steps,
                              schedule.final_lr_fraction);
-    const SftStep s =
-        sft_step(model, optimizer, task, int64_t(step - 1) * schedule.batch, schedule.batch);
+    SftStep s;
+    {
+      TraceScope traced(trace, Phase::Train);
+      s = sft_step(model, optimizer, task, int64_t(step - 1) * schedule.batch, schedule.batch);
+      traced.set_tokens(s.tokens);
+    }
     summary.final_loss = s.loss;
     summary.tokens += s.tokens;
     window_tokens += s.tokens;

@@ -6,6 +6,7 @@
 
 #include "src/app/options.h"
 #include "src/io/run_directory.h"
+#include "src/io/trace.h"
 #include "src/model/transformer.h"
 #include "src/rl/task.h"
 
@@ -32,7 +33,8 @@ struct SftSummary {
   int64_t tokens = 0;
 };
 
-SftSummary run_sft_phase(Transformer<float>& model, const Task& task,
-                         const SftSchedule& schedule, RunDirectory& run);
+// Each step is recorded in `trace` as a Train event (no policy version: not an RL step).
+SftSummary run_sft_phase(Transformer<float>& model, const Task& task, const SftSchedule& schedule,
+                         RunDirectory& run, TraceRecorder& trace);
 
 }  // namespace rlf

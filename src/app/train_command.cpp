@@ -14,6 +14,7 @@
 #include "src/app/policy_setup.h"
 #include "src/app/sft_phase.h"
 #include "src/io/parameter_file.h"
+#include "src/io/trace_writer.h"
 #include "src/model/lr_schedule.h"
 #include "src/model/optimizer.h"
 #include "src/rl/evaluation.h"
@@ -200,18 +201,18 @@ int run_train_command(const std::vector<std::string>& args) {
   const Task& task = *policy.task;
 
   RunDirectory dir(run.run_dir, format_options(parsed));
+  TraceRecorder trace(MPI_COMM_WORLD);
+  trace.set_memory_source(&policy.device->memory());
   dir.log("# rlfusion train: %s\n", build_info().c_str());
   dir.log("# model %s (%.2fM parameters), task %s, %s, seed %llu, run dir %s\n",
           policy.config.name.c_str(), policy.config.parameter_count() / 1e6, task.name().c_str(),
           policy.device->describe().c_str(), (unsigned long long)run.seed, dir.path().c_str());
   const auto run_start = Clock::now();
-  const Evaluation initial =
-      evaluate(model, task, policy_options.eval_prompts, policy_options.eval_batch);
+  const Evaluation initial = evaluate_traced(model, task, policy_options, trace);
   dir.log("# held-out accuracy at start: %.3f\n", initial.accuracy());
-  run_sft_phase(model, task, sft, dir);
+  run_sft_phase(model, task, sft, dir, trace);
   const Evaluation before_rl =
-      sft.steps > 0 ? evaluate(model, task, policy_options.eval_prompts, policy_options.eval_batch)
-                    : initial;
+      sft.steps > 0 ? evaluate_traced(model, task, policy_options, trace) : initial;
   if (sft.steps > 0) dir.log("# held-out accuracy after SFT: %.3f\n", before_rl.accuracy());
 
   Arena& device = policy.device->memory();
@@ -249,11 +250,27 @@ int run_train_command(const std::vector<std::string>& args) {
   for (int step = 1; step <= o.steps; ++step) {
     optimizer.hyper().learning_rate =
         cosine_learning_rate(o.learning_rate, step, o.warmup_steps, o.steps, 1.0f);
-    std::vector<Rollout> rollouts =
-        generate_rollouts(model, task, int64_t(step - 1) * o.prompts, o.prompts, o.group_size,
-                          sampling, /*version=*/step - 1, estimator);
-    if (reference) attach_reference_logprobs(*reference, rollouts, o.micro_batch, o.temperature);
-    const StepStats s = optimize(model, optimizer, rollouts, o, settings);
+    const int version = step - 1;
+    std::vector<Rollout> rollouts;
+    {
+      TraceScope traced(trace, Phase::Generate);
+      traced.set_version(version);
+      rollouts = generate_rollouts(model, task, int64_t(version) * o.prompts, o.prompts,
+                                   o.group_size, sampling, version, estimator);
+      for (const Rollout& r : rollouts) traced.add_tokens(int64_t(r.response.size()));
+    }
+    if (reference) {
+      TraceScope traced(trace, Phase::Reference);
+      traced.set_version(version);
+      attach_reference_logprobs(*reference, rollouts, o.micro_batch, o.temperature);
+    }
+    StepStats s;
+    {
+      TraceScope traced(trace, Phase::Train);
+      traced.set_version(version);
+      s = optimize(model, optimizer, rollouts, o, settings);
+      traced.set_tokens(s.tokens);
+    }
     rl_tokens += s.tokens;
     step_rewards.push_back(s.mean_reward);
     window.add(s);
@@ -273,14 +290,12 @@ int run_train_command(const std::vector<std::string>& args) {
       window_start = now;
     }
     if (o.eval_every > 0 && step % o.eval_every == 0 && step != o.steps) {
-      const Evaluation e =
-          evaluate(model, task, policy_options.eval_prompts, policy_options.eval_batch);
+      const Evaluation e = evaluate_traced(model, task, policy_options, trace);
       dir.log("# held-out accuracy after RL step %d: %.3f\n", step, e.accuracy());
     }
   }
   const double rl_seconds = std::chrono::duration<double>(Clock::now() - rl_start).count();
-  const Evaluation after =
-      evaluate(model, task, policy_options.eval_prompts, policy_options.eval_batch);
+  const Evaluation after = evaluate_traced(model, task, policy_options, trace);
   save_parameters(dir.file("model.h5"), policy.config, model.layout(), model.parameters());
   const double total_seconds = std::chrono::duration<double>(Clock::now() - run_start).count();
 
@@ -300,8 +315,10 @@ int run_train_command(const std::vector<std::string>& args) {
   dir.log("  %-40s %14.1f\n", "RL time (s)", rl_seconds);
   dir.log("  %-40s %14.1f\n", "total time (s)", total_seconds);
   dir.log("  %-40s %14s\n", "device memory peak", format_bytes(device.peak()).c_str());
-  dir.log("# held-out prompts: %d; parameters written to %s\n", after.prompts,
-          dir.file("model.h5").c_str());
+  write_trace(dir.file("trace.h5"), trace, MPI_COMM_WORLD, run_metadata("train", run, policy));
+  dir.log("# held-out prompts: %d; parameters in %s; trace in %s (rlfusion report %s)\n",
+          after.prompts, dir.file("model.h5").c_str(), dir.file("trace.h5").c_str(),
+          dir.path().c_str());
   char json[768];
   std::snprintf(json, sizeof json,
                 "{\"command\":\"train\",\"task\":\"%s\",\"model\":\"%s\",\"seed\":%llu,"
