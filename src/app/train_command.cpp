@@ -19,6 +19,7 @@
 #include "src/model/optimizer.h"
 #include "src/rl/evaluation.h"
 #include "src/rl/policy_loss.h"
+#include "src/rl/rl_step.h"
 #include "src/rl/rollout.h"
 #include "src/rl/tokenizer.h"
 
@@ -101,76 +102,10 @@ void validate(const RlOptions& o) {
   require(o.log_every >= 1, "--log-every must be >= 1");
 }
 
-struct StepStats {
-  double mean_reward = 0, accuracy = 0, mean_response = 0, kl = 0, clip_fraction = 0;
-  int64_t tokens = 0;
-
-  void add(const StepStats& o) {
-    mean_reward += o.mean_reward;
-    accuracy += o.accuracy;
-    mean_response += o.mean_response;
-    kl += o.kl;
-    clip_fraction += o.clip_fraction;
-    tokens += o.tokens;
-  }
-};
-
-// Reference-policy log-probs of every rollout's response, in micro-batches.
-void attach_reference_logprobs(Transformer<float>& reference, std::vector<Rollout>& rollouts,
-                               int micro_batch, float temperature) {
-  for (size_t begin = 0; begin < rollouts.size(); begin += size_t(micro_batch)) {
-    const size_t end = std::min(rollouts.size(), begin + size_t(micro_batch));
-    std::vector<const Rollout*> micro;
-    for (size_t i = begin; i < end; ++i) micro.push_back(&rollouts[i]);
-    const auto logp = response_logprobs(reference, micro, temperature);
-    for (size_t i = begin; i < end; ++i) rollouts[i].reference_logp = logp[i - begin];
-  }
-}
-
 double mean(const std::vector<double>& v, size_t begin, size_t end) {
   double sum = 0;
   for (size_t i = begin; i < end; ++i) sum += v[i];
   return end > begin ? sum / double(end - begin) : 0.0;
-}
-
-// One optimizer step per minibatch of prompt groups; micro-batches accumulate gradients.
-StepStats optimize(Transformer<float>& policy, AdamW<float>& optimizer,
-                   const std::vector<Rollout>& rollouts, const RlOptions& o,
-                   const PpoSettings& settings) {
-  StepStats stats;
-  int64_t response_tokens = 0;
-  for (const Rollout& r : rollouts) {
-    stats.mean_reward += r.reward;
-    stats.accuracy += r.reward >= 1.0;
-    response_tokens += int64_t(r.response.size());
-    stats.tokens += int64_t(r.prompt.size() + r.response.size());
-  }
-  const size_t groups = rollouts.size() / size_t(o.group_size);
-  for (int mb = 0; mb < o.minibatches; ++mb) {
-    const size_t first = groups * size_t(mb) / size_t(o.minibatches) * size_t(o.group_size);
-    const size_t last = groups * size_t(mb + 1) / size_t(o.minibatches) * size_t(o.group_size);
-    double normalizer = 0;
-    for (size_t i = first; i < last; ++i) normalizer += double(rollouts[i].response.size());
-    policy.zero_gradients();
-    for (size_t begin = first; begin < last; begin += size_t(o.micro_batch)) {
-      const size_t end = std::min(last, begin + size_t(o.micro_batch));
-      std::vector<const Rollout*> micro;
-      for (size_t i = begin; i < end; ++i) micro.push_back(&rollouts[i]);
-      const float aux = policy.config().aux_loss_coef * float(end - begin) / float(last - first);
-      const PpoStats s =
-          accumulate_policy_gradient(policy, micro, normalizer, o.temperature, settings, aux);
-      stats.kl += s.kl_sum;
-      stats.clip_fraction += s.clipped_tokens;
-    }
-    optimizer.step();
-  }
-  const double n = double(rollouts.size());
-  stats.mean_reward /= n;
-  stats.accuracy /= n;
-  stats.mean_response = double(response_tokens) / n;
-  stats.kl /= double(response_tokens);
-  stats.clip_fraction /= double(response_tokens);
-  return stats;
 }
 
 std::string format_duration(double seconds) {
@@ -227,9 +162,13 @@ int run_train_command(const std::vector<std::string>& args) {
   AdamWHyper hyper;
   hyper.learning_rate = o.learning_rate;
   AdamW<float> optimizer(model, hyper, o.max_grad_norm);
-  PpoSettings settings;
-  settings.clip_epsilon = o.clip_epsilon;
-  settings.kl_coef = o.kl_coef;
+  RlStepSettings step_settings;
+  step_settings.group_size = o.group_size;
+  step_settings.minibatches = o.minibatches;
+  step_settings.micro_batch = o.micro_batch;
+  step_settings.temperature = o.temperature;
+  step_settings.ppo.clip_epsilon = o.clip_epsilon;
+  step_settings.ppo.kl_coef = o.kl_coef;
   GenerationSettings sampling;
   sampling.temperature = o.temperature;
   sampling.top_p = o.top_p;
@@ -245,7 +184,6 @@ int run_train_command(const std::vector<std::string>& args) {
   int64_t rl_tokens = 0;
   std::vector<double> step_rewards;
   StepStats window;
-  int window_steps = 0;
   auto window_start = rl_start;
   for (int step = 1; step <= o.steps; ++step) {
     optimizer.hyper().learning_rate =
@@ -268,25 +206,22 @@ int run_train_command(const std::vector<std::string>& args) {
     {
       TraceScope traced(trace, Phase::Train);
       traced.set_version(version);
-      s = optimize(model, optimizer, rollouts, o, settings);
-      traced.set_tokens(s.tokens);
+      s = optimize_on_rollouts(model, optimizer, rollouts, step_settings);
+      traced.set_tokens(int64_t(s.tokens));
     }
-    rl_tokens += s.tokens;
-    step_rewards.push_back(s.mean_reward);
+    rl_tokens += int64_t(s.tokens);
+    step_rewards.push_back(s.mean_reward());
     window.add(s);
-    ++window_steps;
     if (step % o.log_every == 0 || step == o.steps) {
       const auto now = Clock::now();
       const double seconds = std::chrono::duration<double>(now - window_start).count();
       const double elapsed = std::chrono::duration<double>(now - rl_start).count();
-      const double n = window_steps;
-      dir.log("  %6d %8.3f %8.3f %8.2f %8.4f %7.3f %10.0f %12s %9s\n", step, window.mean_reward / n,
-              window.accuracy / n, window.mean_response / n, window.kl / n,
-              window.clip_fraction / n, window.tokens / seconds,
+      dir.log("  %6d %8.3f %8.3f %8.2f %8.4f %7.3f %10.0f %12s %9s\n", step,
+              window.mean_reward(), window.accuracy(), window.mean_response(),
+              window.kl_per_token(), window.clip_fraction(), window.tokens / seconds,
               format_bytes(device.peak()).c_str(),
               format_duration(elapsed / step * (o.steps - step)).c_str());
       window = StepStats{};
-      window_steps = 0;
       window_start = now;
     }
     if (o.eval_every > 0 && step % o.eval_every == 0 && step != o.steps) {

@@ -1,0 +1,72 @@
+#include "src/rl/rl_step.h"
+
+#include <algorithm>
+
+#include "src/rl/policy_loss.h"
+
+namespace rlf {
+
+void StepStats::add(const StepStats& o) {
+  samples += o.samples;
+  reward += o.reward;
+  correct += o.correct;
+  response_tokens += o.response_tokens;
+  tokens += o.tokens;
+  kl += o.kl;
+  clipped_tokens += o.clipped_tokens;
+}
+
+void attach_reference_logprobs(Transformer<float>& reference, std::vector<Rollout>& rollouts,
+                               int micro_batch, float temperature) {
+  for (size_t begin = 0; begin < rollouts.size(); begin += size_t(micro_batch)) {
+    const size_t end = std::min(rollouts.size(), begin + size_t(micro_batch));
+    std::vector<const Rollout*> micro;
+    for (size_t i = begin; i < end; ++i) micro.push_back(&rollouts[i]);
+    const auto logp = response_logprobs(reference, micro, temperature);
+    for (size_t i = begin; i < end; ++i) rollouts[i].reference_logp = logp[i - begin];
+  }
+}
+
+StepStats optimize_on_rollouts(Transformer<float>& policy, AdamW<float>& optimizer,
+                               const std::vector<Rollout>& rollouts,
+                               const RlStepSettings& settings,
+                               const DataParallelHooks& parallel) {
+  StepStats stats;
+  for (const Rollout& r : rollouts) {
+    stats.samples += 1;
+    stats.reward += r.reward;
+    stats.correct += r.reward >= 1.0;
+    stats.response_tokens += double(r.response.size());
+    stats.tokens += double(r.prompt.size() + r.response.size());
+  }
+  const size_t groups = rollouts.size() / size_t(settings.group_size);
+  for (int mb = 0; mb < settings.minibatches; ++mb) {
+    const size_t first =
+        groups * size_t(mb) / size_t(settings.minibatches) * size_t(settings.group_size);
+    const size_t last =
+        groups * size_t(mb + 1) / size_t(settings.minibatches) * size_t(settings.group_size);
+    double local_tokens = 0;
+    for (size_t i = first; i < last; ++i) local_tokens += double(rollouts[i].response.size());
+    // The normalizer counts the response tokens of the minibatch on every learner, so that the
+    // summed gradient equals the gradient of the whole minibatch on one rank.
+    const double normalizer = parallel.sum(local_tokens);
+    const double all_samples = parallel.sum(double(last - first));
+    policy.zero_gradients();
+    for (size_t begin = first; begin < last; begin += size_t(settings.micro_batch)) {
+      const size_t end = std::min(last, begin + size_t(settings.micro_batch));
+      std::vector<const Rollout*> micro;
+      for (size_t i = begin; i < end; ++i) micro.push_back(&rollouts[i]);
+      const float aux = policy.config().aux_loss_coef * float(double(end - begin) / all_samples);
+      const PpoStats s = accumulate_policy_gradient(policy, micro, normalizer,
+                                                    settings.temperature, settings.ppo, aux);
+      stats.kl += s.kl_sum;
+      stats.clipped_tokens += s.clipped_tokens;
+    }
+    parallel.reduce_gradients();
+    optimizer.step();
+  }
+  parallel.reduce_stats(stats);
+  return stats;
+}
+
+}  // namespace rlf

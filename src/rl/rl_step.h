@@ -1,0 +1,55 @@
+// The training half of one RL step on rollouts that are already scored: optional reference
+// log-probs, then one optimizer step per minibatch of prompt groups, micro-batches accumulating
+// gradients. Data parallelism plugs in through two hooks, so one rank and N learner ranks run the
+// same code: the loss normalizer and the gradients are summed over the learners before AdamW.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "src/model/optimizer.h"
+#include "src/rl/ppo.h"
+#include "src/rl/rollout.h"
+
+namespace rlf {
+
+struct RlStepSettings {
+  int group_size = 8;
+  int minibatches = 1;
+  int micro_batch = 64;
+  float temperature = 1.0f;
+  PpoSettings ppo;
+};
+
+// Sums over a step's samples (of this rank, or of all learners after reduce()).
+struct StepStats {
+  double samples = 0, reward = 0, correct = 0, response_tokens = 0, tokens = 0;
+  double kl = 0, clipped_tokens = 0;
+
+  void add(const StepStats& other);
+  double mean_reward() const { return samples ? reward / samples : 0; }
+  double accuracy() const { return samples ? correct / samples : 0; }
+  double mean_response() const { return samples ? response_tokens / samples : 0; }
+  double kl_per_token() const { return response_tokens ? kl / response_tokens : 0; }
+  double clip_fraction() const { return response_tokens ? clipped_tokens / response_tokens : 0; }
+};
+
+// How learners cooperate; the defaults are a single rank.
+struct DataParallelHooks {
+  std::function<double(double)> sum = [](double x) { return x; };  // sum over learners
+  std::function<void()> reduce_gradients = [] {};                    // sum of gradients
+  std::function<void(StepStats&)> reduce_stats = [](StepStats&) {};  // sums over learners
+};
+
+// Reference-policy log-probs of every rollout's response, in micro-batches.
+void attach_reference_logprobs(Transformer<float>& reference, std::vector<Rollout>& rollouts,
+                               int micro_batch, float temperature);
+
+// Trains on `rollouts` (whole prompt groups, consecutive) and returns the step's statistics.
+StepStats optimize_on_rollouts(Transformer<float>& policy, AdamW<float>& optimizer,
+                               const std::vector<Rollout>& rollouts,
+                               const RlStepSettings& settings,
+                               const DataParallelHooks& parallel = {});
+
+}  // namespace rlf
