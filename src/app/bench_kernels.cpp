@@ -425,8 +425,9 @@ int run_bench_kernels_command(const std::vector<std::string>& args) {
   int repeats = 5;
   po::options_description description = run_options_description(run);
   po::options_description bench("bench kernels options");
-  bench.add_options()("repeats", po::value(&repeats)->default_value(repeats),
-                      "timed repeats per case (median reported, >= 3)");
+  auto add = bench.add_options();
+  add("repeats", po::value(&repeats)->default_value(repeats),
+      "timed repeats per case (median reported, >= 3)");
   description.add(bench);
   if (!parse_options("bench kernels", args, description, run)) return 0;
   if (repeats < 3) throw ConfigError("--repeats must be >= 3, got " + std::to_string(repeats));

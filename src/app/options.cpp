@@ -23,18 +23,19 @@ Backend RunOptions::backend_kind() const {
 
 po::options_description run_options_description(RunOptions& o) {
   po::options_description d("Run options");
-  d.add_options()("help,h", "print this help and exit")(
-      "config", po::value(&o.config_file), "INI file with any of these options (key = value)")(
-      "model", po::value(&o.model)->default_value(o.model),
-      "model: a name in inputs/models/ (tiny, small, ...) or a path to an INI file")(
-      "backend", po::value(&o.backend)->default_value(o.backend), "kernels: cpu | ref")(
-      "run-dir", po::value(&o.run_dir), "where outputs go (default runs/<command>)")(
-      "seed", po::value(&o.seed)->default_value(o.seed), "seed of every random choice")(
-      "threads", po::value(&o.threads)->default_value(o.threads),
-      "threads of this rank (0: the cores it is bound to)")(
-      "device-memory", po::value(&o.device_memory)->default_value(o.device_memory),
-      "capacity of the device memory arena, e.g. 4GiB")("json", po::bool_switch(&o.json),
-                                                        "also print results as JSON");
+  auto add = d.add_options();
+  add("help,h", "print this help and exit");
+  add("config", po::value(&o.config_file), "INI file with any of these options (key = value)");
+  add("model", po::value(&o.model)->default_value(o.model),
+      "model: a name in inputs/models/ (tiny, small, ...) or a path to an INI file");
+  add("backend", po::value(&o.backend)->default_value(o.backend), "kernels: cpu | ref");
+  add("run-dir", po::value(&o.run_dir), "where outputs go (default runs/<command>)");
+  add("seed", po::value(&o.seed)->default_value(o.seed), "seed of every random choice");
+  add("threads", po::value(&o.threads)->default_value(o.threads),
+      "threads of this rank (0: the cores it is bound to)");
+  add("device-memory", po::value(&o.device_memory)->default_value(o.device_memory),
+      "capacity of the device memory arena, e.g. 4GiB");
+  add("json", po::bool_switch(&o.json), "also print results as JSON");
   return d;
 }
 

@@ -9,16 +9,16 @@ namespace rlf {
 
 po::options_description policy_options_description(PolicyOptions& o) {
   po::options_description d("Task and policy options");
-  d.add_options()(
-      "task", po::value(&o.task)->default_value(o.task),
-      "task: a name in inputs/tasks/ (add, sort, long-add, sort-heavytail) or an INI path")(
-      "init", po::value(&o.init), "parameter file (model.h5 of an earlier run) to start from")(
-      "overwrite", po::bool_switch(&o.overwrite),
-      "reuse a run directory that holds a finished run")(
-      "eval-prompts", po::value(&o.eval_prompts)->default_value(o.eval_prompts),
-      "held-out prompts for accuracy")("eval-batch",
-                                       po::value(&o.eval_batch)->default_value(o.eval_batch),
-                                       "sequences per generation batch during evaluation");
+  auto add = d.add_options();
+  add("task", po::value(&o.task)->default_value(o.task),
+      "task: a name in inputs/tasks/ (add, sort, long-add, sort-heavytail) or an INI path");
+  add("init", po::value(&o.init), "parameter file (model.h5 of an earlier run) to start from");
+  add("overwrite", po::bool_switch(&o.overwrite),
+      "reuse a run directory that holds a finished run");
+  add("eval-prompts", po::value(&o.eval_prompts)->default_value(o.eval_prompts),
+      "held-out prompts for accuracy");
+  add("eval-batch", po::value(&o.eval_batch)->default_value(o.eval_batch),
+      "sequences per generation batch during evaluation");
   return d;
 }
 

@@ -215,10 +215,11 @@ int run_report_command(const std::vector<std::string>& args) {
   std::string run_dir;
   bool json = false, csv = false;
   po::options_description description("Report options");
-  description.add_options()("help,h", "print this help and exit")(
-      "run-dir", po::value(&run_dir), "the run directory holding trace.h5 (or a trace file)")(
-      "json", po::bool_switch(&json), "print the report as JSON instead of tables")(
-      "csv", po::bool_switch(&csv), "print the per-rank time breakdown as CSV instead");
+  auto add = description.add_options();
+  add("help,h", "print this help and exit");
+  add("run-dir", po::value(&run_dir), "the run directory holding trace.h5 (or a trace file)");
+  add("json", po::bool_switch(&json), "print the report as JSON instead of tables");
+  add("csv", po::bool_switch(&csv), "print the per-rank time breakdown as CSV instead");
   po::positional_options_description positional;
   positional.add("run-dir", 1);
   po::variables_map vm;

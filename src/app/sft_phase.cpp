@@ -15,20 +15,21 @@ po::options_description sft_options_description(SftSchedule& s, const std::strin
   s.steps = default_steps;
   po::options_description d(prefix.empty() ? "SFT options" : "SFT warm-start options");
   auto name = [&](const char* key) { return (prefix + key); };
-  d.add_options()(name("steps").c_str(), po::value(&s.steps)->default_value(s.steps),
-                  "SFT optimizer steps")(name("batch").c_str(),
-                                         po::value(&s.batch)->default_value(s.batch),
-                                         "demonstrations per SFT step")(
-      name("learning-rate").c_str(), po::value(&s.learning_rate)->default_value(s.learning_rate),
-      "peak SFT learning rate (warm-up, then cosine decay)")(
-      name("warmup-steps").c_str(), po::value(&s.warmup_steps)->default_value(s.warmup_steps),
-      "linear warm-up steps")(name("final-lr-fraction").c_str(),
-                              po::value(&s.final_lr_fraction)->default_value(s.final_lr_fraction),
-                              "cosine decay ends at this fraction of the peak")(
-      name("max-grad-norm").c_str(), po::value(&s.max_grad_norm)->default_value(s.max_grad_norm),
-      "global-norm clipping (0 disables)")(name("log-every").c_str(),
-                                           po::value(&s.log_every)->default_value(s.log_every),
-                                           "SFT steps per progress line");
+  auto add = d.add_options();
+  add(name("steps").c_str(), po::value(&s.steps)->default_value(s.steps), "SFT optimizer steps");
+  add(name("batch").c_str(), po::value(&s.batch)->default_value(s.batch),
+      "demonstrations per SFT step");
+  add(name("learning-rate").c_str(), po::value(&s.learning_rate)->default_value(s.learning_rate),
+      "peak SFT learning rate (warm-up, then cosine decay)");
+  add(name("warmup-steps").c_str(), po::value(&s.warmup_steps)->default_value(s.warmup_steps),
+      "linear warm-up steps");
+  add(name("final-lr-fraction").c_str(),
+      po::value(&s.final_lr_fraction)->default_value(s.final_lr_fraction),
+      "cosine decay ends at this fraction of the peak");
+  add(name("max-grad-norm").c_str(), po::value(&s.max_grad_norm)->default_value(s.max_grad_norm),
+      "global-norm clipping (0 disables)");
+  add(name("log-every").c_str(), po::value(&s.log_every)->default_value(s.log_every),
+      "SFT steps per progress line");
   return d;
 }
 

@@ -49,31 +49,31 @@ struct RlOptions {
 
 po::options_description rl_options_description(RlOptions& o) {
   po::options_description d("RL options");
-  d.add_options()("steps", po::value(&o.steps)->default_value(o.steps),
-                  "RL steps (policy versions)")(
-      "prompts", po::value(&o.prompts)->default_value(o.prompts), "prompts per step")(
-      "group-size", po::value(&o.group_size)->default_value(o.group_size),
-      "samples per prompt (G >= 2)")("temperature",
-                                     po::value(&o.temperature)->default_value(o.temperature),
-                                     "sampling temperature (> 0)")(
-      "top-p", po::value(&o.top_p)->default_value(o.top_p), "nucleus sampling mass (0, 1]")(
-      "advantage", po::value(&o.advantage)->default_value(o.advantage), "grpo | rloo")(
-      "clip-epsilon", po::value(&o.clip_epsilon)->default_value(o.clip_epsilon), "PPO ratio clip")(
-      "kl-coef", po::value(&o.kl_coef)->default_value(o.kl_coef),
-      "k3 KL penalty to the frozen starting policy (0: off, no reference model)")(
-      "learning-rate", po::value(&o.learning_rate)->default_value(o.learning_rate),
-      "RL AdamW learning rate")("warmup-steps",
-                                po::value(&o.warmup_steps)->default_value(o.warmup_steps),
-                                "RL linear warm-up steps")(
-      "max-grad-norm", po::value(&o.max_grad_norm)->default_value(o.max_grad_norm),
-      "global-norm clipping (0 disables)")(
-      "minibatches", po::value(&o.minibatches)->default_value(o.minibatches),
-      "optimizer steps per RL step (the rollouts split by prompt group)")(
-      "micro-batch", po::value(&o.micro_batch)->default_value(o.micro_batch),
-      "sequences per forward/backward (gradient accumulation; memory only)")(
-      "eval-every", po::value(&o.eval_every)->default_value(o.eval_every),
-      "held-out evaluation every N RL steps (0: before and after only)")(
-      "log-every", po::value(&o.log_every)->default_value(o.log_every),
+  auto add = d.add_options();
+  add("steps", po::value(&o.steps)->default_value(o.steps), "RL steps (policy versions)");
+  add("prompts", po::value(&o.prompts)->default_value(o.prompts), "prompts per step");
+  add("group-size", po::value(&o.group_size)->default_value(o.group_size),
+      "samples per prompt (G >= 2)");
+  add("temperature", po::value(&o.temperature)->default_value(o.temperature),
+      "sampling temperature (> 0)");
+  add("top-p", po::value(&o.top_p)->default_value(o.top_p), "nucleus sampling mass (0, 1]");
+  add("advantage", po::value(&o.advantage)->default_value(o.advantage), "grpo | rloo");
+  add("clip-epsilon", po::value(&o.clip_epsilon)->default_value(o.clip_epsilon), "PPO ratio clip");
+  add("kl-coef", po::value(&o.kl_coef)->default_value(o.kl_coef),
+      "k3 KL penalty to the frozen starting policy (0: off, no reference model)");
+  add("learning-rate", po::value(&o.learning_rate)->default_value(o.learning_rate),
+      "RL AdamW learning rate");
+  add("warmup-steps", po::value(&o.warmup_steps)->default_value(o.warmup_steps),
+      "RL linear warm-up steps");
+  add("max-grad-norm", po::value(&o.max_grad_norm)->default_value(o.max_grad_norm),
+      "global-norm clipping (0 disables)");
+  add("minibatches", po::value(&o.minibatches)->default_value(o.minibatches),
+      "optimizer steps per RL step (the rollouts split by prompt group)");
+  add("micro-batch", po::value(&o.micro_batch)->default_value(o.micro_batch),
+      "sequences per forward/backward (gradient accumulation; memory only)");
+  add("eval-every", po::value(&o.eval_every)->default_value(o.eval_every),
+      "held-out evaluation every N RL steps (0: before and after only)");
+  add("log-every", po::value(&o.log_every)->default_value(o.log_every),
       "RL steps per progress line (each line averages the steps since the last)");
   return d;
 }
@@ -216,10 +216,9 @@ int run_train_command(const std::vector<std::string>& args) {
       const auto now = Clock::now();
       const double seconds = std::chrono::duration<double>(now - window_start).count();
       const double elapsed = std::chrono::duration<double>(now - rl_start).count();
-      dir.log("  %6d %8.3f %8.3f %8.2f %8.4f %7.3f %10.0f %12s %9s\n", step,
-              window.mean_reward(), window.accuracy(), window.mean_response(),
-              window.kl_per_token(), window.clip_fraction(), window.tokens / seconds,
-              format_bytes(device.peak()).c_str(),
+      dir.log("  %6d %8.3f %8.3f %8.2f %8.4f %7.3f %10.0f %12s %9s\n", step, window.mean_reward(),
+              window.accuracy(), window.mean_response(), window.kl_per_token(),
+              window.clip_fraction(), window.tokens / seconds, format_bytes(device.peak()).c_str(),
               format_duration(elapsed / step * (o.steps - step)).c_str());
       window = StepStats{};
       window_start = now;

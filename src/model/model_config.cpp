@@ -86,19 +86,22 @@ ModelConfig load_model_config(const std::string& name_or_path) {
 
   ModelConfig c;
   po::options_description desc("model");
-  desc.add_options()("model.name", po::value(&c.name))("model.vocab_size",
-                                                       po::value(&c.vocab_size)->required())(
-      "model.d_model", po::value(&c.d_model)->required())("model.n_layers",
-                                                          po::value(&c.n_layers)->required())(
-      "model.n_heads", po::value(&c.n_heads)->required())("model.n_experts",
-                                                          po::value(&c.n_experts)->required())(
-      "model.top_k", po::value(&c.top_k)->required())("model.d_ff", po::value(&c.d_ff)->required())(
-      "model.shared_expert_d_ff", po::value(&c.shared_expert_d_ff))(
-      "model.max_seq_len", po::value(&c.max_seq_len)->required())(
-      "model.rope_theta", po::value(&c.rope_theta))("model.norm_eps", po::value(&c.norm_eps))(
-      "model.init_std", po::value(&c.init_std))(
-      "model.normalize_topk", po::value(&c.normalize_topk))("model.aux_loss_coef",
-                                                            po::value(&c.aux_loss_coef));
+  auto add = desc.add_options();
+  add("model.name", po::value(&c.name));
+  add("model.vocab_size", po::value(&c.vocab_size)->required());
+  add("model.d_model", po::value(&c.d_model)->required());
+  add("model.n_layers", po::value(&c.n_layers)->required());
+  add("model.n_heads", po::value(&c.n_heads)->required());
+  add("model.n_experts", po::value(&c.n_experts)->required());
+  add("model.top_k", po::value(&c.top_k)->required());
+  add("model.d_ff", po::value(&c.d_ff)->required());
+  add("model.shared_expert_d_ff", po::value(&c.shared_expert_d_ff));
+  add("model.max_seq_len", po::value(&c.max_seq_len)->required());
+  add("model.rope_theta", po::value(&c.rope_theta));
+  add("model.norm_eps", po::value(&c.norm_eps));
+  add("model.init_std", po::value(&c.init_std));
+  add("model.normalize_topk", po::value(&c.normalize_topk));
+  add("model.aux_loss_coef", po::value(&c.aux_loss_coef));
   try {
     po::variables_map vm;
     po::store(po::parse_config_file(file, desc, /*allow_unregistered=*/false), vm);
