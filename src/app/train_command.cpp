@@ -11,7 +11,10 @@
 #include "kernels/error.h"
 #include "src/app/build_info.h"
 #include "src/app/commands.h"
+#include "src/app/disaggregated_train.h"
+#include "src/app/layout_options.h"
 #include "src/app/policy_setup.h"
+#include "src/app/rl_options.h"
 #include "src/app/sft_phase.h"
 #include "src/io/parameter_file.h"
 #include "src/io/trace_writer.h"
@@ -28,79 +31,6 @@ namespace rlf {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-struct RlOptions {
-  int steps = 40;
-  int prompts = 16;
-  int group_size = 8;
-  float temperature = 1.0f;
-  float top_p = 1.0f;
-  std::string advantage = "grpo";
-  float clip_epsilon = 0.2f;
-  float kl_coef = 0.0f;
-  float learning_rate = 1e-3f;
-  int warmup_steps = 0;
-  float max_grad_norm = 1.0f;
-  int minibatches = 1;
-  int micro_batch = 64;
-  int eval_every = 0;
-  int log_every = 1;
-};
-
-po::options_description rl_options_description(RlOptions& o) {
-  po::options_description d("RL options");
-  auto add = d.add_options();
-  add("steps", po::value(&o.steps)->default_value(o.steps), "RL steps (policy versions)");
-  add("prompts", po::value(&o.prompts)->default_value(o.prompts), "prompts per step");
-  add("group-size", po::value(&o.group_size)->default_value(o.group_size),
-      "samples per prompt (G >= 2)");
-  add("temperature", po::value(&o.temperature)->default_value(o.temperature),
-      "sampling temperature (> 0)");
-  add("top-p", po::value(&o.top_p)->default_value(o.top_p), "nucleus sampling mass (0, 1]");
-  add("advantage", po::value(&o.advantage)->default_value(o.advantage), "grpo | rloo");
-  add("clip-epsilon", po::value(&o.clip_epsilon)->default_value(o.clip_epsilon), "PPO ratio clip");
-  add("kl-coef", po::value(&o.kl_coef)->default_value(o.kl_coef),
-      "k3 KL penalty to the frozen starting policy (0: off, no reference model)");
-  add("learning-rate", po::value(&o.learning_rate)->default_value(o.learning_rate),
-      "RL AdamW learning rate");
-  add("warmup-steps", po::value(&o.warmup_steps)->default_value(o.warmup_steps),
-      "RL linear warm-up steps");
-  add("max-grad-norm", po::value(&o.max_grad_norm)->default_value(o.max_grad_norm),
-      "global-norm clipping (0 disables)");
-  add("minibatches", po::value(&o.minibatches)->default_value(o.minibatches),
-      "optimizer steps per RL step (the rollouts split by prompt group)");
-  add("micro-batch", po::value(&o.micro_batch)->default_value(o.micro_batch),
-      "sequences per forward/backward (gradient accumulation; memory only)");
-  add("eval-every", po::value(&o.eval_every)->default_value(o.eval_every),
-      "held-out evaluation every N RL steps (0: before and after only)");
-  add("log-every", po::value(&o.log_every)->default_value(o.log_every),
-      "RL steps per progress line (each line averages the steps since the last)");
-  return d;
-}
-
-void validate(const RlOptions& o) {
-  auto require = [](bool ok, const std::string& message) {
-    if (!ok) throw ConfigError(message);
-  };
-  require(o.steps >= 0, "--steps must be >= 0");
-  require(o.prompts > 0, "--prompts must be > 0");
-  require(o.group_size >= 2,
-          "--group-size must be at least 2 (advantages compare samples of a "
-          "prompt), got " +
-              std::to_string(o.group_size));
-  require(o.temperature > 0, "--temperature must be > 0 for RL sampling");
-  require(o.top_p > 0 && o.top_p <= 1, "--top-p must be in (0, 1]");
-  parse_advantage_estimator(o.advantage);
-  require(o.clip_epsilon > 0 && o.clip_epsilon < 1, "--clip-epsilon must be in (0, 1)");
-  require(o.kl_coef >= 0, "--kl-coef must be >= 0");
-  require(o.learning_rate > 0, "--learning-rate must be > 0");
-  require(o.warmup_steps >= 0, "--warmup-steps must be >= 0");
-  require(o.minibatches >= 1 && o.minibatches <= o.prompts,
-          "--minibatches must be in [1, --prompts]");
-  require(o.micro_batch >= 1, "--micro-batch must be >= 1");
-  require(o.eval_every >= 0, "--eval-every must be >= 0");
-  require(o.log_every >= 1, "--log-every must be >= 1");
-}
 
 double mean(const std::vector<double>& v, size_t begin, size_t end) {
   double sum = 0;
@@ -126,10 +56,37 @@ int run_train_command(const std::vector<std::string>& args) {
   description.add(policy_options_description(policy_options));
   description.add(sft_options_description(sft, "sft-", 0));
   description.add(rl_options_description(o));
+  LayoutConfig layout;
+  description.add(layout_options_description(layout));
+  DisaggregatedOptions multi_rank;
+  std::string queue_transfer = "hierarchical";
+  {
+    po::options_description d("Multi-rank options");
+    auto add = d.add_options();
+    add("queue-transfer", po::value(&queue_transfer)->default_value(queue_transfer),
+        "how learners take batches from DistQueue: hierarchical (one request per node) | flat");
+    add("queue-capacity",
+        po::value(&multi_rank.shard_capacity)->default_value(multi_rank.shard_capacity),
+        "samples each DistQueue shard holds before producers wait");
+    description.add(d);
+  }
   po::variables_map parsed;
   if (!parse_options("train", args, description, run, &parsed)) return 0;
   validate(sft, "sft-");
   validate(o);
+  if (queue_transfer != "hierarchical" && queue_transfer != "flat") {
+    throw ConfigError("--queue-transfer must be 'hierarchical' or 'flat', got '" + queue_transfer +
+                      "'");
+  }
+  if (multi_rank.shard_capacity < 1) throw ConfigError("--queue-capacity must be >= 1");
+  layout.links.validate();
+  multi_rank.hierarchical_queue = queue_transfer == "hierarchical";
+  int world_size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  if (world_size > 1) {
+    return run_disaggregated_train(run, policy_options, sft, o, layout, multi_rank,
+                                   format_options(parsed));
+  }
   const AdvantageEstimator estimator = parse_advantage_estimator(o.advantage);
   Policy policy = make_policy(run, policy_options, /*with_gradients=*/true);
   Transformer<float>& model = *policy.model;
@@ -162,13 +119,7 @@ int run_train_command(const std::vector<std::string>& args) {
   AdamWHyper hyper;
   hyper.learning_rate = o.learning_rate;
   AdamW<float> optimizer(model, hyper, o.max_grad_norm);
-  RlStepSettings step_settings;
-  step_settings.group_size = o.group_size;
-  step_settings.minibatches = o.minibatches;
-  step_settings.micro_batch = o.micro_batch;
-  step_settings.temperature = o.temperature;
-  step_settings.ppo.clip_epsilon = o.clip_epsilon;
-  step_settings.ppo.kl_coef = o.kl_coef;
+  const RlStepSettings settings = step_settings(o);
   GenerationSettings sampling;
   sampling.temperature = o.temperature;
   sampling.top_p = o.top_p;
@@ -206,7 +157,7 @@ int run_train_command(const std::vector<std::string>& args) {
     {
       TraceScope traced(trace, Phase::Train);
       traced.set_version(version);
-      s = optimize_on_rollouts(model, optimizer, rollouts, step_settings);
+      s = optimize_on_rollouts(model, optimizer, rollouts, settings);
       traced.set_tokens(int64_t(s.tokens));
     }
     rl_tokens += int64_t(s.tokens);

@@ -20,8 +20,10 @@ void RunDirectory::check_writable(const std::string& path, bool overwrite) {
   }
 }
 
-RunDirectory::RunDirectory(const std::string& path, const std::string& resolved_config)
+RunDirectory::RunDirectory(const std::string& path, const std::string& resolved_config,
+                           bool writer)
     : path_(path) {
+  if (!writer) return;
   std::filesystem::create_directories(path_);
   std::filesystem::remove(file("summary.json"));  // an overwritten run is unfinished until done
   std::ofstream(file("config.ini")) << resolved_config;
@@ -34,6 +36,7 @@ RunDirectory::~RunDirectory() {
 }
 
 void RunDirectory::log(const char* format, ...) {
+  if (!log_) return;
   std::va_list args;
   va_start(args, format);
   std::va_list copy;
@@ -47,6 +50,7 @@ void RunDirectory::log(const char* format, ...) {
 }
 
 void RunDirectory::finish(const std::string& summary_json) {
+  if (!log_) return;
   const std::string temporary = file("summary.json.tmp");
   std::ofstream(temporary) << summary_json << "\n";
   std::filesystem::rename(temporary, file("summary.json"));

@@ -14,13 +14,16 @@ class RunDirectory {
   // before any work, then open() once the run is known to be valid.
   static void check_writable(const std::string& path, bool overwrite);
 
-  // Creates the directory, writes config.ini (the resolved options) and opens log.txt.
-  RunDirectory(const std::string& path, const std::string& resolved_config);
+  // Creates the directory, writes config.ini (the resolved options) and opens log.txt. In a
+  // multi-rank run only one rank is the writer; the others get a silent RunDirectory whose log()
+  // and finish() do nothing, so code that logs runs unchanged on every rank.
+  RunDirectory(const std::string& path, const std::string& resolved_config, bool writer = true);
   ~RunDirectory();
   RunDirectory(const RunDirectory&) = delete;
   RunDirectory& operator=(const RunDirectory&) = delete;
 
   const std::string& path() const { return path_; }
+  bool writer() const { return log_ != nullptr; }
   std::string file(const std::string& name) const { return path_ + "/" + name; }
 
   // printf to stdout and to log.txt, flushed (progress lines survive a killed job).

@@ -43,8 +43,11 @@ StepStats optimize_on_rollouts(Transformer<float>& policy, AdamW<float>& optimiz
   for (int mb = 0; mb < settings.minibatches; ++mb) {
     const size_t first =
         groups * size_t(mb) / size_t(settings.minibatches) * size_t(settings.group_size);
+    // The last minibatch takes everything left (a learner's share may end in a partial group).
     const size_t last =
-        groups * size_t(mb + 1) / size_t(settings.minibatches) * size_t(settings.group_size);
+        mb + 1 == settings.minibatches
+            ? rollouts.size()
+            : groups * size_t(mb + 1) / size_t(settings.minibatches) * size_t(settings.group_size);
     double local_tokens = 0;
     for (size_t i = first; i < last; ++i) local_tokens += double(rollouts[i].response.size());
     // The normalizer counts the response tokens of the minibatch on every learner, so that the

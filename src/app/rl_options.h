@@ -1,0 +1,34 @@
+// Options of the RL phase of `rlfusion train` (shared by the one-rank and multi-rank paths).
+#pragma once
+
+#include <string>
+
+#include "src/app/options.h"
+#include "src/rl/ppo.h"
+#include "src/rl/rl_step.h"
+
+namespace rlf {
+
+struct RlOptions {
+  int steps = 40;
+  int prompts = 16;
+  int group_size = 8;
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  std::string advantage = "grpo";
+  float clip_epsilon = 0.2f;
+  float kl_coef = 0.0f;
+  float learning_rate = 1e-3f;
+  int warmup_steps = 0;
+  float max_grad_norm = 1.0f;
+  int minibatches = 1;
+  int micro_batch = 64;
+  int eval_every = 0;
+  int log_every = 1;
+};
+
+po::options_description rl_options_description(RlOptions& options);
+void validate(const RlOptions& options);
+RlStepSettings step_settings(const RlOptions& options);
+
+}  // namespace rlf
