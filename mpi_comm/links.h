@@ -37,13 +37,17 @@ struct LinkEmulation {
   void validate() const;
 };
 
-// The node of every world rank plus counters and emulation; one per process.
+// The node of every world rank plus counters and emulation; one per process. "World" is the
+// communicator the node list describes (the Topology's world); ranks of any other communicator
+// passed to send/recv are translated to it.
 class Links {
  public:
-  Links(std::vector<int> node_of_world_rank, LinkEmulation emulation);
+  Links(std::vector<int> node_of_world_rank, LinkEmulation emulation,
+        MPI_Comm world = MPI_COMM_WORLD);
 
   LinkClass classify(int world_rank_a, int world_rank_b) const;
   int node_of(int world_rank) const { return node_of_[size_t(world_rank)]; }
+  int world_rank() const { return my_world_rank_; }
   const LinkEmulation& emulation() const { return emulation_; }
 
   // Counts a message this rank sends to `dest_world_rank` (counters are per sender).
@@ -54,7 +58,12 @@ class Links {
   // Point-to-point on `comm` with counting and emulation; the wait polls with back-off sleeps
   // (Open MPI busy-polls inside blocking calls, which would steal the peer's core).
   void send(const void* data, uint64_t bytes, int dest, int tag, MPI_Comm comm);
-  void recv(void* data, uint64_t bytes, int source, int tag, MPI_Comm comm);
+  // Receives at most `bytes`; returns the bytes received. `source` may be MPI_ANY_SOURCE.
+  uint64_t recv(void* data, uint64_t bytes, int source, int tag, MPI_Comm comm);
+  // Both at once, for exchanges where every rank sends and receives (a ring step): sending
+  // first with blocking sends would deadlock once messages exceed the eager limit.
+  void sendrecv(const void* send_data, uint64_t send_bytes, int dest, void* recv_data,
+                uint64_t recv_bytes, int source, int tag, MPI_Comm comm);
 
   const LinkCounters& counters() const { return counters_; }
   void reset_counters() { counters_ = LinkCounters{}; }
@@ -63,6 +72,7 @@ class Links {
   int world_rank_of(int rank, MPI_Comm comm) const;
 
   std::vector<int> node_of_;
+  MPI_Comm world_;
   LinkEmulation emulation_;
   LinkCounters counters_;
   int my_world_rank_ = 0;

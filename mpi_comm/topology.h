@@ -2,6 +2,24 @@
 // or virtual) each rank is on; the role communicators, node communicators and the data-parallel
 // groups built from them. Every rank computes the same layout from the same configuration, so a
 // layout that does not fit the world size fails on every rank with the same message.
+//
+// Layout rules (W = world size, Q = --queue-ranks):
+// - World ranks go to learners first, then actors, then dedicated queue ranks, so each role's
+//   ranks are contiguous (and, with virtual nodes, node-contiguous).
+// - Role counts: with --learners and --actors both 0, actors = round(actor_fraction * (W - Q))
+//   clamped to [1, W - Q - 1] and learners take the rest; with one of them 0, it takes what the
+//   other and Q leave; with both given, learners + actors + Q must equal W. Learners and actors
+//   must each end up >= 1.
+// - A world of 1 rank is a single learner (actors == 0, no queue rank): single-rank runs take
+//   the one-rank path, where that rank does everything.
+// - Queue shards (>= 1): shard s is served by queue rank s % Q when Q > 0, else by learner
+//   s % learners (a service loop inside compute ranks).
+// - Nodes: --ranks-per-node R > 0 makes virtual nodes, node = world rank / R, and R must divide
+//   W; R == 0 uses the real nodes (MPI_COMM_TYPE_SHARED), numbered in order of their lowest
+//   world rank (with real nodes, a role is node-contiguous only if the launcher places ranks
+//   by node).
+// - Every check is arithmetic on the configuration and W and runs before the first collective,
+//   so a bad layout throws the same ConfigError on every rank instead of hanging.
 #pragma once
 
 #include <mpi.h>
@@ -18,8 +36,8 @@ enum class Role { Learner = 0, Actor = 1, Queue = 2 };
 const char* role_name(Role role);
 
 struct LayoutConfig {
-  int learners = 0;        // 0: derived (the world minus actors and queue ranks)
-  int actors = 0;          // 0: derived from actor_fraction
+  int learners = 0;             // 0: derived (the world minus actors and queue ranks)
+  int actors = 0;               // 0: derived from actor_fraction
   double actor_fraction = 0.5;  // used when actors == 0 and learners == 0
   int queue_ranks = 0;     // dedicated queue servers; 0: queue shards served inside learner ranks
   int queue_shards = 2;    // shards of the DistQueue (at least 1)
@@ -27,13 +45,22 @@ struct LayoutConfig {
   LinkEmulation links;
 };
 
-// Communicator with its node structure: the ranks of `comm` on this rank's node (`intra`), and
-// one leader per node (local rank 0) in `leaders` (MPI_COMM_NULL on non-leaders).
+// Communicator with its node structure: the ranks of `comm` on this rank's node (`intra`, in
+// comm order), and one leader per node (local rank 0) in `leaders` (MPI_COMM_NULL on
+// non-leaders; leaders in comm order of their leader). `comm` is a duplicate of the communicator
+// it was made from, so collectives on it never match the caller's own messages; the struct
+// owns all three communicators (free_hierarchical).
 struct HierarchicalComm {
   MPI_Comm comm = MPI_COMM_NULL;
   MPI_Comm intra = MPI_COMM_NULL;
   MPI_Comm leaders = MPI_COMM_NULL;
   std::vector<int> world_ranks;  // world rank of every rank of `comm`, in comm order
+  // For every rank of `comm`: its rank in `intra`, and the `leaders` rank of its node's leader.
+  std::vector<int> local_rank_of;
+  std::vector<int> leader_index_of;
+  int rank() const;  // this rank in `comm`
+  int size() const { return int(world_ranks.size()); }
+  int node_count() const;  // size of `leaders`
 };
 
 class Topology {
@@ -60,9 +87,11 @@ class Topology {
   int queue_server_of_shard(int shard) const { return shard_server_[size_t(shard)]; }
   int queue_shards() const { return int(shard_server_.size()); }
   Links& links() { return *links_; }
+  const Links& links() const { return *links_; }
   const LayoutConfig& config() const { return config_; }
 
-  // "rank node role local-rank groups" table, one line per world rank (printed by rank 0).
+  // Fixed-width table, one line per world rank under a '#' header: world rank, node, role, rank
+  // in role, local rank on the node, queue shards served (printed by rank 0).
   std::string layout_table() const;
 
  private:
@@ -75,8 +104,10 @@ class Topology {
   std::unique_ptr<Links> links_;
 };
 
-// Builds the node structure of any communicator whose ranks' nodes `links` knows.
+// Builds the node structure of any communicator whose ranks' nodes `links` knows (collective
+// over `comm`).
 HierarchicalComm make_hierarchical(MPI_Comm comm, const Links& links);
+// Frees the communicators of `h` (collective over h.comm) and leaves it empty.
 void free_hierarchical(HierarchicalComm& h);
 
 }  // namespace rlf

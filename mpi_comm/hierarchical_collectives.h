@@ -1,0 +1,63 @@
+// Hierarchical collectives (intra-node step, inter-node step among node leaders, intra-node step)
+// and their flat counterparts, built from Links point-to-point messages so that the counters
+// hold exactly the bytes each algorithm moves and link emulation delays exactly its inter-node
+// messages. Every call is collective over the HierarchicalComm; buffers are processed in buckets
+// (at most `bucket_bytes` per step) so large transfers pipeline and stay within MPI's int counts.
+//
+// Byte model, per bucket of b bytes; P = ranks of the comm, N = nodes, n = ranks on a node:
+// - binomial tree (reduce to / broadcast from one rank, m ranks): m - 1 messages of b bytes.
+// - ring allreduce (m ranks, m >= 2): the bucket is cut into m chunks (chunk i holds
+//   floor(c / m) floats, one more for i < c % m; c = floats in the bucket); rank r sends
+//   m - 1 reduce-scatter chunks then m - 1 allgather chunks to rank r + 1 (mod m), 2(m - 1)
+//   messages, empty chunks included, in all 2(m - 1) b bytes. Rank r's messages skip chunks
+//   r + 1 and r + 2 (mod m), so with m dividing c every rank sends 2 b (m - 1) / m bytes.
+// - flat_allreduce_sum: ring over the comm: 2(P - 1) b bytes; those crossing nodes are the ring
+//   edges r -> r + 1 between different nodes (N edges when nodes are contiguous and N >= 2).
+// - allreduce_sum: binomial reduce inside each node, ring among the N leaders, binomial
+//   broadcast inside each node: intra 2(P - N) b, inter 2(N - 1) b bytes. With contiguous nodes
+//   of R ranks (P = N R, c divisible by P and N): flat inter 2 b (P - 1) / R > hierarchical
+//   inter 2 b (N - 1) whenever R >= 2.
+// - flat_broadcast: binomial tree over the comm rooted at `root`: P - 1 messages of b.
+// - broadcast: binomial tree inside the root's node rooted at the root, binomial tree among the
+//   leaders rooted at the root's node leader, binomial tree inside every other node from its
+//   leader: P - 1 messages of b, N - 1 of them inter-node.
+// - gather_bytes / scatter_bytes (inside each node, to/from its leader): per non-leader member,
+//   one 8-byte size message, then its payload as one message when it is not empty; all
+//   intra-node. Not bucketed.
+// Reductions run in a fixed order for a given layout (tree order inside nodes, ring order
+// among leaders), so results are deterministic and identical on every rank.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "mpi_comm/links.h"
+#include "mpi_comm/topology.h"
+
+namespace rlf {
+
+inline constexpr uint64_t kDefaultBucketBytes = uint64_t(4) << 20;
+
+// Sum of `data` over all ranks of `h`, in place on every rank.
+void allreduce_sum(float* data, int64_t count, const HierarchicalComm& h, Links& links,
+                   uint64_t bucket_bytes = kDefaultBucketBytes);
+// The same result (up to float reassociation) with a ring over the whole comm, ignoring nodes.
+void flat_allreduce_sum(float* data, int64_t count, const HierarchicalComm& h, Links& links,
+                        uint64_t bucket_bytes = kDefaultBucketBytes);
+
+// Copies `bytes` bytes at `data` on rank `root` of h.comm into `data` on every rank.
+void broadcast(void* data, uint64_t bytes, int root, const HierarchicalComm& h, Links& links,
+               uint64_t bucket_bytes = kDefaultBucketBytes);
+void flat_broadcast(void* data, uint64_t bytes, int root, const HierarchicalComm& h, Links& links,
+                    uint64_t bucket_bytes = kDefaultBucketBytes);
+
+// Every rank's `mine` to its node leader (local rank 0 of h.intra), which gets one buffer per
+// rank of h.intra in local-rank order (its own first); other ranks get an empty vector.
+std::vector<std::vector<uint8_t>> gather_bytes(const std::vector<uint8_t>& mine,
+                                               const HierarchicalComm& h, Links& links);
+// The leader's per_member[i] to local rank i of h.intra (per_member must hold one buffer per
+// rank of h.intra on the leader; it is ignored elsewhere); returns this rank's buffer.
+std::vector<uint8_t> scatter_bytes(const std::vector<std::vector<uint8_t>>& per_member,
+                                   const HierarchicalComm& h, Links& links);
+
+}  // namespace rlf
