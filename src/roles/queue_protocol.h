@@ -1,0 +1,59 @@
+// DistQueue's wire protocol and the pure rules both sides share: message tags, the fixed message
+// header, which shard a sample belongs to, how a get spreads its demand over shards, and the
+// canonical order of an assembled batch. No MPI here, so every rule has a unit test.
+//
+// Every message is a 32-byte header, followed for Put, GetReply and Scatter by one
+// pack_samples() buffer (packed layout):
+//   Put       client -> server   {shard, count = samples, request_id} + packed samples
+//   PutAck    server -> client   {shard, count, request_id, accepted = 1 stored | 0 shard full}
+//   Get       client -> server   {shard, v_min, count = most samples wanted, request_id}
+//   GetReply  server -> client   {shard, count = samples returned, request_id} + packed samples
+//   Close     any rank -> server {} (the sender will send no more requests)
+//   Scatter   leader -> member   {count} + packed samples (hierarchical get)
+// So a put of batch B costs 32 + packed_bytes(B) bytes one way and 32 back; a get that returns B
+// costs 32 + 32 + packed_bytes(B).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "src/roles/queue_sample.h"
+
+namespace rlf::queue_protocol {
+
+// Tags on DistQueue's private communicator (a duplicate of the world, so no other traffic
+// matches them).
+enum Tag : int { kPut = 1, kPutAck = 2, kGet = 3, kGetReply = 4, kClose = 5, kScatter = 6 };
+const char* tag_name(int tag);
+
+struct Header {
+  int32_t shard = -1;
+  int32_t v_min = 0;
+  int64_t count = 0;
+  uint64_t request_id = 0;
+  uint32_t accepted = 0;
+  uint32_t reserved = 0;
+};
+inline constexpr uint64_t kHeaderBytes = 32;
+
+// Header followed by `payload`, in one buffer ready to send.
+std::vector<std::byte> encode(const Header& header, std::span<const std::byte> payload = {});
+// The header of a received message (PackingError when shorter than a header).
+Header decode_header(std::span<const std::byte> message);
+// What follows the header.
+std::span<const std::byte> payload_of(std::span<const std::byte> message);
+
+// The shard of a sample: sample_id mod shards, non-negative for negative ids too.
+int shard_of(int64_t sample_id, int shards);
+
+// How many samples to ask each of `ask` shards for when `need` are wanted: need / k each, and the
+// remainder one each starting at ask[rotation % k], so that repeated gets spread their
+// remainders. Returns one quota per entry of `ask` (zeros allowed; the caller skips them).
+std::vector<int64_t> split_demand(int64_t need, int ask_count, uint64_t rotation);
+
+// Sorts by (prompt_id, sample_id): the order a learner sees, whatever order samples arrived in.
+void canonical_sort(std::vector<QueueSample>& samples);
+
+}  // namespace rlf::queue_protocol
