@@ -1,0 +1,437 @@
+#include "src/roles/dist_queue.h"
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <map>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <thread>
+
+#include "kernels/error.h"
+#include "src/roles/queue_protocol.h"
+#include "src/roles/sample_packing.h"
+
+namespace rlf {
+
+namespace qp = queue_protocol;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::microseconds;
+
+// Idle waits sleep 1 us, 2 us, ... up to 1 ms (like wait_with_backoff): short waits stay short,
+// long ones cost a core almost nothing. Reset whenever the loop made progress.
+class Backoff {
+ public:
+  void reset() { sleep_ = microseconds(1); }
+  void wait() {
+    std::this_thread::sleep_for(sleep_);
+    sleep_ = std::min(sleep_ * 2, microseconds(1000));
+  }
+  void step(bool worked) { worked ? reset() : wait(); }
+
+ private:
+  microseconds sleep_{1};
+};
+
+// A put refused for lack of room waits 20 us, 40 us, ... up to 2 ms before it is sent again,
+// so a full queue sees a trickle of retries, not a storm.
+microseconds retry_delay(int refusals) {
+  return microseconds(std::min<int64_t>(int64_t(20) << std::min(refusals - 1, 20), 2000));
+}
+
+bool is_server_tag(int tag) {
+  return tag == qp::kPut || tag == qp::kGet || tag == qp::kClose;
+}
+
+std::shared_ptr<const std::vector<std::byte>> share(std::vector<std::byte> bytes) {
+  return std::make_shared<const std::vector<std::byte>>(std::move(bytes));
+}
+
+// The ranks in `to` of ranks `from_ranks` of `from` (same processes, two communicators).
+std::vector<int> translate_ranks(MPI_Comm from, const std::vector<int>& from_ranks, MPI_Comm to) {
+  MPI_Group from_group, to_group;
+  MPI_Comm_group(from, &from_group);
+  MPI_Comm_group(to, &to_group);
+  std::vector<int> out(from_ranks.size(), MPI_UNDEFINED);
+  MPI_Group_translate_ranks(from_group, int(from_ranks.size()), from_ranks.data(), to_group,
+                            out.data());
+  MPI_Group_free(&from_group);
+  MPI_Group_free(&to_group);
+  for (int r : out)
+    if (r == MPI_UNDEFINED)
+      throw std::logic_error("DistQueue: a group member is not in the queue's world");
+  return out;
+}
+
+}  // namespace
+
+DistQueue::DistQueue(MPI_Comm world, Topology& topology, DistQueueConfig config)
+    : config_(config), topology_(topology) {
+  if (config.shard_capacity < 1)
+    throw ConfigError("the DistQueue shard capacity must be at least 1 sample, got " +
+                      std::to_string(config.shard_capacity));
+  MPI_Comm_dup(world, &comm_);
+  MPI_Comm_rank(comm_, &rank_);
+  MPI_Comm_size(comm_, &size_);
+  if (size_ != topology.world_size() || rank_ != topology.world_rank())
+    throw std::logic_error("DistQueue: `world` is not the communicator the Topology was built on");
+  shard_count_ = topology.queue_shards();
+  shards_.resize(size_t(shard_count_));
+  for (int s = 0; s < shard_count_; ++s) {
+    if (topology.queue_server_of_shard(s) != rank_) continue;
+    hosted_.push_back(s);
+    shards_[size_t(s)] = std::make_unique<QueueShard>(config.shard_capacity);
+  }
+}
+
+DistQueue::~DistQueue() {
+  // Without close() some sends may still be in flight: MPI lets them finish in the background,
+  // so their requests are released and their buffers deliberately outlive this object.
+  if (!pending_.empty()) {
+    static auto* orphans = new std::vector<std::shared_ptr<const std::vector<std::byte>>>;
+    for (auto& p : pending_) {
+      MPI_Request_free(&p.request);
+      orphans->push_back(std::move(p.bytes));
+    }
+  }
+  if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+}
+
+const QueueShard& DistQueue::shard(int s) const {
+  if (s < 0 || s >= shard_count_ || !shards_[size_t(s)])
+    throw std::out_of_range("DistQueue: shard " + std::to_string(s) + " is not hosted here");
+  return *shards_[size_t(s)];
+}
+
+QueueShard& DistQueue::hosted_shard(int s) {
+  return const_cast<QueueShard&>(static_cast<const DistQueue*>(this)->shard(s));
+}
+
+// --- messages ---------------------------------------------------------------------------------
+
+void DistQueue::post(int dest, int tag, std::shared_ptr<const std::vector<std::byte>> message) {
+  const uint64_t bytes = message->size();
+  if (bytes > uint64_t(INT_MAX))
+    throw std::length_error("DistQueue: a " + std::string(qp::tag_name(tag)) + " message of " +
+                            std::to_string(bytes) +
+                            " bytes exceeds MPI's int count; get or put fewer samples at once");
+  Traffic& traffic = is_server_tag(tag) ? counters_.client_sent : counters_.server_sent;
+  traffic.messages += 1;
+  traffic.bytes += bytes;
+  if (dest == rank_) {
+    counters_.self.messages += 1;
+    counters_.self.bytes += bytes;
+  } else {
+    topology_.links().count_send(dest, bytes);
+  }
+  PendingSend pending{MPI_REQUEST_NULL, std::move(message)};
+  MPI_Isend(pending.bytes->data(), int(bytes), MPI_BYTE, dest, tag, comm_, &pending.request);
+  pending_.push_back(std::move(pending));
+}
+
+std::optional<DistQueue::Message> DistQueue::try_receive(int tag, int source) {
+  int found = 0;
+  MPI_Message handle;
+  MPI_Status status;
+  MPI_Improbe(source, tag, comm_, &found, &handle, &status);
+  if (!found) return std::nullopt;
+  int bytes = 0;
+  MPI_Get_count(&status, MPI_BYTE, &bytes);
+  Message message{status.MPI_SOURCE, std::vector<std::byte>(size_t(bytes))};
+  MPI_Mrecv(message.bytes.data(), bytes, MPI_BYTE, &handle, MPI_STATUS_IGNORE);
+  Traffic& traffic = is_server_tag(tag) ? counters_.server_received : counters_.client_received;
+  traffic.messages += 1;
+  traffic.bytes += uint64_t(bytes);
+  // The receiver pays the emulated link delay, as Links::recv does: each message once.
+  if (message.source != rank_) topology_.links().emulate(message.source, uint64_t(bytes));
+  return message;
+}
+
+void DistQueue::progress_sends() {
+  for (size_t i = 0; i < pending_.size();) {
+    int done = 0;
+    MPI_Test(&pending_[i].request, &done, MPI_STATUS_IGNORE);
+    if (done) {
+      pending_[i] = std::move(pending_.back());
+      pending_.pop_back();
+    } else {
+      ++i;
+    }
+  }
+}
+
+// --- server side ------------------------------------------------------------------------------
+
+void DistQueue::handle_put(const Message& message) {
+  const qp::Header h = qp::decode_header(message.bytes);
+  QueueShard& shard = hosted_shard(h.shard);
+  counters_.put_requests += 1;
+  counters_.put_bytes += message.bytes.size();
+  auto samples = unpack_samples(qp::payload_of(message.bytes));
+  if (int64_t(samples.size()) != h.count)
+    throw PackingError("DistQueue: a put announced " + std::to_string(h.count) +
+                       " samples and carried " + std::to_string(samples.size()));
+  const bool accepted = shard.put(samples);
+  if (accepted) {
+    counters_.samples_stored += uint64_t(h.count);
+  } else {
+    counters_.rejected_puts += 1;
+  }
+  qp::Header ack = h;
+  ack.accepted = accepted ? 1 : 0;
+  post(message.source, qp::kPutAck, share(qp::encode(ack)));
+}
+
+void DistQueue::handle_get(const Message& message) {
+  const qp::Header h = qp::decode_header(message.bytes);
+  QueueShard& shard = hosted_shard(h.shard);
+  counters_.get_requests += 1;
+  const auto samples = shard.take(h.count, h.v_min);
+  counters_.samples_served += samples.size();
+  qp::Header reply = h;
+  reply.count = int64_t(samples.size());
+  auto bytes = qp::encode(reply, pack_samples(samples));
+  counters_.reply_bytes += bytes.size();
+  post(message.source, qp::kGetReply, share(std::move(bytes)));
+}
+
+int DistQueue::serve_once() {
+  progress_sends();
+  int handled = 0;
+  // Round robin over the request kinds, so a stream of puts cannot starve gets or closes.
+  for (;;) {
+    int round = 0;
+    if (auto m = try_receive(qp::kPut)) {
+      handle_put(*m);
+      ++round;
+    }
+    if (auto m = try_receive(qp::kGet)) {
+      handle_get(*m);
+      ++round;
+    }
+    if (try_receive(qp::kClose)) {
+      ++counters_.closes;
+      ++closes_received_;
+      ++round;
+    }
+    if (round == 0) break;
+    handled += round;
+  }
+  return handled;
+}
+
+void DistQueue::serve_until(const std::function<bool()>& done) {
+  Backoff idle;
+  for (;;) {
+    const bool worked = serve_once() > 0;
+    if (done()) return;
+    idle.step(worked);
+  }
+}
+
+// --- client side ------------------------------------------------------------------------------
+
+void DistQueue::await_replies(int tag, int wanted, const std::function<void(Message&)>& on_reply) {
+  Backoff idle;
+  while (wanted > 0) {
+    bool worked = serve_once() > 0;
+    while (wanted > 0) {
+      auto reply = try_receive(tag);
+      if (!reply) break;
+      on_reply(*reply);
+      --wanted;
+      worked = true;
+    }
+    if (wanted > 0) idle.step(worked);
+  }
+}
+
+void DistQueue::put(std::vector<QueueSample> batch) {
+  if (closed_) throw std::logic_error("DistQueue::put after close()");
+  std::vector<std::vector<QueueSample>> by_shard(static_cast<size_t>(shard_count_));
+  for (auto& x : batch)
+    by_shard[size_t(qp::shard_of(x.sample_id, shard_count_))].push_back(std::move(x));
+
+  // One message per run of at most `capacity` samples of a shard: a larger one could never fit.
+  struct Chunk {
+    int server = 0;
+    std::shared_ptr<const std::vector<std::byte>> message;
+    int refusals = 0;
+    Clock::time_point retry_at{};
+    bool in_flight = false, stored = false;
+  };
+  std::vector<Chunk> chunks;
+  std::map<uint64_t, size_t> chunk_of_request;
+  for (int s = 0; s < shard_count_; ++s) {
+    const auto& samples = by_shard[size_t(s)];
+    for (size_t first = 0; first < samples.size(); first += size_t(config_.shard_capacity)) {
+      const size_t n = std::min(samples.size() - first, size_t(config_.shard_capacity));
+      qp::Header h;
+      h.shard = s;
+      h.count = int64_t(n);
+      h.request_id = next_request_id_++;  // kept across retries: one reply per message in flight
+      chunk_of_request[h.request_id] = chunks.size();
+      Chunk chunk;
+      chunk.server = topology_.queue_server_of_shard(s);
+      chunk.message = share(qp::encode(h, pack_samples(std::span(samples).subspan(first, n))));
+      chunks.push_back(std::move(chunk));
+    }
+  }
+
+  size_t unstored = chunks.size();
+  Backoff idle;
+  while (unstored > 0) {
+    bool worked = false;
+    const auto now = Clock::now();
+    for (auto& c : chunks) {
+      if (c.stored || c.in_flight || now < c.retry_at) continue;
+      post(c.server, qp::kPut, c.message);
+      c.in_flight = true;
+      worked = true;
+    }
+    worked |= serve_once() > 0;
+    while (auto reply = try_receive(qp::kPutAck)) {
+      const qp::Header h = qp::decode_header(reply->bytes);
+      Chunk& c = chunks.at(chunk_of_request.at(h.request_id));
+      c.in_flight = false;
+      if (h.accepted) {
+        c.stored = true;
+        --unstored;
+      } else {
+        c.retry_at = Clock::now() + retry_delay(++c.refusals);
+      }
+      worked = true;
+    }
+    if (unstored > 0) idle.step(worked);
+  }
+}
+
+std::vector<QueueSample> DistQueue::get(int64_t count, int32_t v_min) {
+  if (closed_) throw std::logic_error("DistQueue::get after close()");
+  std::vector<QueueSample> result;
+  if (count <= 0) return result;
+  result.reserve(size_t(count));
+  // Clients start their rotations at different shards, so remainders spread over the shards.
+  uint64_t rotation = uint64_t(rank_) + get_calls_++;
+  std::vector<bool> dry(size_t(shard_count_), false);
+  Backoff empty;
+  int64_t need = count;
+  while (need > 0) {
+    std::vector<int> ask;
+    for (int s = 0; s < shard_count_; ++s)
+      if (!dry[size_t(s)]) ask.push_back(s);
+    const auto quota = qp::split_demand(need, int(ask.size()), rotation++);
+    std::map<uint64_t, std::pair<int, int64_t>> asked;  // request id -> (shard, quota)
+    for (size_t i = 0; i < ask.size(); ++i) {
+      if (quota[i] == 0) continue;
+      qp::Header h;
+      h.shard = ask[i];
+      h.v_min = v_min;
+      h.count = quota[i];
+      h.request_id = next_request_id_++;
+      asked[h.request_id] = {ask[i], quota[i]};
+      post(topology_.queue_server_of_shard(ask[i]), qp::kGet, share(qp::encode(h)));
+    }
+    counters_.get_rounds += 1;
+    int64_t got = 0;
+    await_replies(qp::kGetReply, int(asked.size()), [&](Message& reply) {
+      const qp::Header h = qp::decode_header(reply.bytes);
+      const auto [shard, wanted] = asked.at(h.request_id);
+      const size_t before = result.size();
+      unpack_samples_into(qp::payload_of(reply.bytes), result);
+      const int64_t n = int64_t(result.size() - before);
+      if (n != h.count || n > wanted)
+        throw PackingError("DistQueue: a get reply announced " + std::to_string(h.count) +
+                           " samples for " + std::to_string(wanted) + " wanted and carried " +
+                           std::to_string(n));
+      dry[size_t(shard)] = n < wanted;
+      got += n;
+    });
+    need -= got;
+    if (need > 0 && std::all_of(dry.begin(), dry.end(), [](bool d) { return d; })) {
+      std::fill(dry.begin(), dry.end(), false);
+      if (got == 0) {
+        // Nothing anywhere yet: wait (serving) before asking every shard again.
+        empty.step(serve_once() > 0);
+        continue;
+      }
+    }
+    if (got > 0) empty.reset();
+  }
+  qp::canonical_sort(result);
+  return result;
+}
+
+std::vector<QueueSample> DistQueue::get_hierarchical(int64_t count_per_member, int32_t v_min,
+                                                     const HierarchicalComm& group) {
+  if (closed_) throw std::logic_error("DistQueue::get_hierarchical after close()");
+  if (count_per_member <= 0) return {};
+  int local = 0, members = 0;
+  MPI_Comm_rank(group.intra, &local);
+  MPI_Comm_size(group.intra, &members);
+  if (local == 0) {
+    auto all = get(count_per_member * members, v_min);
+    std::vector<int> member_ranks(static_cast<size_t>(members));
+    for (int i = 0; i < members; ++i) member_ranks[size_t(i)] = i;
+    const auto dest = translate_ranks(group.intra, member_ranks, comm_);
+    const auto share_of = [&](int i) {
+      return std::span(all).subspan(size_t(i) * size_t(count_per_member), size_t(count_per_member));
+    };
+    for (int i = 1; i < members; ++i) {
+      qp::Header h;
+      h.count = count_per_member;
+      post(dest[size_t(i)], qp::kScatter, share(qp::encode(h, pack_samples(share_of(i)))));
+    }
+    const auto mine = share_of(0);
+    return std::vector<QueueSample>(mine.begin(), mine.end());
+  }
+  const int leader = translate_ranks(group.intra, {0}, comm_)[0];
+  std::vector<QueueSample> mine;
+  // The leader may need shards this member hosts before it can scatter: serve while waiting.
+  await_replies(qp::kScatter, 1, [&](Message& m) {
+    if (m.source != leader) throw std::logic_error("DistQueue: a scatter from a non-leader");
+    mine = unpack_samples(qp::payload_of(m.bytes));
+    if (int64_t(mine.size()) != count_per_member)
+      throw PackingError("DistQueue: a scatter carried " + std::to_string(mine.size()) +
+                         " samples, expected " + std::to_string(count_per_member));
+  });
+  return mine;
+}
+
+// --- collective -------------------------------------------------------------------------------
+
+void DistQueue::barrier() {
+  MPI_Request request;
+  MPI_Ibarrier(comm_, &request);
+  Backoff idle;
+  for (;;) {
+    const bool worked = serve_once() > 0;
+    int done = 0;
+    MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+    if (done) return;
+    idle.step(worked);
+  }
+}
+
+void DistQueue::close() {
+  if (closed_) return;
+  closed_ = true;
+  std::set<int> servers;
+  for (int s = 0; s < shard_count_; ++s) servers.insert(topology_.queue_server_of_shard(s));
+  for (int server : servers) post(server, qp::kClose, share(qp::encode(qp::Header{})));
+  // A server's last request arrives before its sender's Close: every rank closes only after all
+  // its own requests were answered.
+  const uint64_t expected = is_server() ? uint64_t(size_) : 0;
+  Backoff idle;
+  for (;;) {
+    const bool worked = serve_once() > 0;
+    if (closes_received_ >= expected && pending_.empty()) return;
+    idle.step(worked);
+  }
+}
+
+}  // namespace rlf

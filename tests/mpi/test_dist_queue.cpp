@@ -1,0 +1,437 @@
+// DistQueue over MPI: actors put seeded samples with random delays while learners get them
+// concurrently; every sample arrives exactly once with identical contents, in canonical order,
+// under back-pressure and version policies too; server-side counters equal the byte formulas;
+// hierarchical gets cost the queue 1/group-size of the requests of flat ones. Layouts cover
+// learner-hosted shards and dedicated queue ranks at every world size that can express them.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "mpi_comm/topology.h"
+#include "src/roles/dist_queue.h"
+#include "src/roles/queue_protocol.h"
+#include "src/roles/sample_packing.h"
+#include "tests/mpi/mpi_test_util.h"
+#include "tests/queue_samples.h"
+
+namespace rlf {
+namespace {
+
+using test::world_rank;
+using test::world_size;
+
+constexpr uint64_t kSeed = 20251129;
+
+struct QueueLayout {
+  std::string name;
+  LayoutConfig config;
+};
+
+LayoutConfig layout(int learners, int actors, int queue_ranks, int shards, int ranks_per_node = 0) {
+  LayoutConfig c;
+  c.learners = learners;
+  c.actors = actors;
+  c.queue_ranks = queue_ranks;
+  c.queue_shards = shards;
+  c.ranks_per_node = ranks_per_node;
+  return c;
+}
+
+// Producer/consumer layouts (at least one actor and one learner): shards hosted by learners, one
+// dedicated queue rank, and two queue ranks, wherever the world size holds them.
+std::vector<QueueLayout> producer_consumer_layouts() {
+  const int w = world_size();
+  std::vector<QueueLayout> layouts;
+  if (w < 2) return layouts;
+  layouts.push_back({"learner-hosted shards", layout(w / 2, w - w / 2, 0, 3)});
+  if (w >= 3) layouts.push_back({"one queue rank", layout((w - 1) / 2, w - 1 - (w - 1) / 2, 1, 2)});
+  if (w >= 6) layouts.push_back({"two queue ranks", layout(2, w - 4, 2, 3)});
+  return layouts;
+}
+
+// The bytes one sample adds to a packed buffer (its metadata, tokens and log-probs).
+uint64_t sample_bytes(const QueueSample& s) {
+  return packed_bytes(std::span(&s, 1)) - kPackHeaderBytes;
+}
+
+uint64_t sum_over_world(uint64_t mine) {
+  uint64_t total = 0;
+  MPI_Allreduce(&mine, &total, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+  return total;
+}
+
+std::vector<int64_t> gather_ids(const std::vector<int64_t>& mine) {
+  const int n = int(mine.size());
+  const size_t ranks = static_cast<size_t>(world_size());
+  std::vector<int> counts(ranks), offsets(ranks);
+  MPI_Allgather(&n, 1, MPI_INT, counts.data(), 1, MPI_INT, MPI_COMM_WORLD);
+  std::exclusive_scan(counts.begin(), counts.end(), offsets.begin(), 0);
+  std::vector<int64_t> all(static_cast<size_t>(offsets.back() + counts.back()));
+  MPI_Allgatherv(mine.data(), n, MPI_INT64_T, all.data(), counts.data(), offsets.data(),
+                 MPI_INT64_T, MPI_COMM_WORLD);
+  std::sort(all.begin(), all.end());
+  return all;
+}
+
+int index_in(const std::vector<int>& ranks, int rank) {
+  return int(std::find(ranks.begin(), ranks.end(), rank) - ranks.begin());
+}
+
+// The i-th of `parts` near-equal shares of `total`.
+int64_t share(int64_t total, int parts, int i) {
+  return total / parts + (i < total % parts);
+}
+
+bool canonical(const std::vector<QueueSample>& batch) {
+  for (size_t i = 1; i < batch.size(); ++i) {
+    const auto& a = batch[i - 1];
+    const auto& b = batch[i];
+    if (!(a.prompt_id < b.prompt_id || (a.prompt_id == b.prompt_id && a.sample_id < b.sample_id)))
+      return false;
+  }
+  return true;
+}
+
+// Checks a batch a consumer got: canonical order and every sample identical to what its producer
+// built from (seed, sample id); appends the ids.
+void check_batch(const std::vector<QueueSample>& batch, uint64_t seed,
+                 const test::SampleShape& shape, std::vector<int64_t>& ids) {
+  EXPECT_TRUE(canonical(batch)) << "a get returned samples out of canonical order";
+  for (const auto& s : batch) {
+    EXPECT_EQ(s, test::random_sample(seed, s.sample_id, shape)) << "sample " << s.sample_id;
+    ids.push_back(s.sample_id);
+  }
+}
+
+// Sleeps up to `max_us` (seeded), serving any shards this rank hosts meanwhile.
+void random_delay(DistQueue& queue, std::mt19937_64& gen, int max_us) {
+  const auto until = std::chrono::steady_clock::now() +
+                     std::chrono::microseconds(std::uniform_int_distribution<int>(0, max_us)(gen));
+  queue.serve_until([&] { return std::chrono::steady_clock::now() >= until; });
+}
+
+// The world totals of the queue's counters that the tests compare with formulas.
+struct WorldCounters {
+  uint64_t put_requests, get_requests, rejected, put_bytes, reply_bytes, stored, served;
+  uint64_t client_sent_msgs, client_sent_bytes, server_recv_msgs, server_recv_bytes;
+  uint64_t server_sent_msgs, server_sent_bytes, client_recv_msgs, client_recv_bytes;
+  uint64_t self_msgs, self_bytes, link_msgs, link_bytes;
+};
+
+WorldCounters world_counters(const DistQueue& q, const Links& links) {
+  const auto& c = q.counters();
+  const auto l = test::world_total(links.counters());
+  return {sum_over_world(c.put_requests),
+          sum_over_world(c.get_requests),
+          sum_over_world(c.rejected_puts),
+          sum_over_world(c.put_bytes),
+          sum_over_world(c.reply_bytes),
+          sum_over_world(c.samples_stored),
+          sum_over_world(c.samples_served),
+          sum_over_world(c.client_sent.messages),
+          sum_over_world(c.client_sent.bytes),
+          sum_over_world(c.server_received.messages),
+          sum_over_world(c.server_received.bytes),
+          sum_over_world(c.server_sent.messages),
+          sum_over_world(c.server_sent.bytes),
+          sum_over_world(c.client_received.messages),
+          sum_over_world(c.client_received.bytes),
+          sum_over_world(c.self.messages),
+          sum_over_world(c.self.bytes),
+          l.messages[0] + l.messages[1],
+          l.bytes[0] + l.bytes[1]};
+}
+
+// Every message is seen by both ends, and exactly the ones between different ranks are in Links.
+void expect_traffic_consistent(const WorldCounters& w) {
+  EXPECT_EQ(w.client_sent_msgs, w.server_recv_msgs);
+  EXPECT_EQ(w.client_sent_bytes, w.server_recv_bytes);
+  EXPECT_EQ(w.server_sent_msgs, w.client_recv_msgs);
+  EXPECT_EQ(w.server_sent_bytes, w.client_recv_bytes);
+  EXPECT_EQ(w.link_msgs, w.client_sent_msgs + w.server_sent_msgs - w.self_msgs);
+  EXPECT_EQ(w.link_bytes, w.client_sent_bytes + w.server_sent_bytes - w.self_bytes);
+}
+
+// Actors put `per_actor` samples each in random batches with random delays while learners get
+// their share in random pieces; dedicated queue ranks only serve.
+struct StreamResult {
+  std::vector<int64_t> ids;     // every id any learner got, sorted, over the world
+  uint64_t expected_put_bytes;  // sum over put messages of 32 + packed_bytes(message samples)
+  uint64_t all_sample_bytes;    // sum over all samples of their packed bytes
+  int64_t total;                // samples put
+};
+
+StreamResult run_stream(DistQueue& q, Topology& topology, int per_actor, int max_batch,
+                        const test::SampleShape& shape, uint64_t seed,
+                        int consumer_start_delay_us = 0) {
+  const auto& actors = topology.ranks_of(Role::Actor);
+  const auto& learners = topology.ranks_of(Role::Learner);
+  const int64_t total = int64_t(actors.size()) * per_actor;
+  std::mt19937_64 gen(seed ^ uint64_t(world_rank()));
+  std::vector<int64_t> got;
+  uint64_t put_bytes = 0, sample_bytes_sum = 0;
+  if (topology.role() == Role::Actor) {
+    const int a = index_in(actors, world_rank());
+    // Interleaved ids (actor a owns a, a + A, ...), so every actor feeds every shard.
+    int64_t next = 0;
+    while (next < per_actor) {
+      const int n = std::min<int>(per_actor - int(next),
+                                  std::uniform_int_distribution<int>(1, max_batch)(gen));
+      std::vector<QueueSample> batch;
+      for (int i = 0; i < n; ++i)
+        batch.push_back(test::random_sample(seed, (next + i) * int64_t(actors.size()) + a, shape));
+      next += n;
+      // What the client sends: per shard, runs of at most `capacity` samples, one message each.
+      std::vector<std::vector<QueueSample>> by_shard(static_cast<size_t>(q.shards()));
+      for (const auto& s : batch) {
+        by_shard[size_t(queue_protocol::shard_of(s.sample_id, q.shards()))].push_back(s);
+        sample_bytes_sum += sample_bytes(s);
+      }
+      for (const auto& samples : by_shard)
+        for (size_t first = 0; first < samples.size(); first += size_t(q.shard_capacity()))
+          put_bytes += queue_protocol::kHeaderBytes +
+                       packed_bytes(std::span(samples).subspan(
+                           first, std::min(samples.size() - first, size_t(q.shard_capacity()))));
+      random_delay(q, gen, 2000);
+      q.put(std::move(batch));
+    }
+  } else if (topology.role() == Role::Learner) {
+    if (consumer_start_delay_us > 0) {
+      const auto until =
+          std::chrono::steady_clock::now() + std::chrono::microseconds(consumer_start_delay_us);
+      q.serve_until([&] { return std::chrono::steady_clock::now() >= until; });
+    }
+    int64_t left = share(total, int(learners.size()), index_in(learners, world_rank()));
+    while (left > 0) {
+      const int64_t n = std::min<int64_t>(left, std::uniform_int_distribution<int>(1, 9)(gen));
+      random_delay(q, gen, 1500);
+      const auto batch = q.get(n);
+      EXPECT_EQ(int64_t(batch.size()), n);
+      check_batch(batch, seed, shape, got);
+      left -= n;
+    }
+  }
+  q.close();
+  return {gather_ids(got), sum_over_world(put_bytes), sum_over_world(sample_bytes_sum), total};
+}
+
+std::vector<int64_t> all_ids(int64_t total) {
+  std::vector<int64_t> ids(static_cast<size_t>(total));
+  std::iota(ids.begin(), ids.end(), 0);
+  return ids;
+}
+
+TEST(DistQueue, ConcurrentProducersAndConsumersDeliverEverySampleExactlyOnce) {
+  if (world_size() < 2) GTEST_SKIP() << "needs an actor and a learner";
+  for (const auto& [name, config] : producer_consumer_layouts()) {
+    SCOPED_TRACE(name);
+    Topology topology(MPI_COMM_WORLD, config);
+    DistQueue q(MPI_COMM_WORLD, topology, {.shard_capacity = 1024});
+    topology.links().reset_counters();
+    const test::SampleShape shape;
+    const auto result = run_stream(q, topology, 48, 8, shape, kSeed);
+    EXPECT_EQ(result.ids, all_ids(result.total));
+
+    const auto w = world_counters(q, topology.links());
+    expect_traffic_consistent(w);
+    EXPECT_EQ(w.rejected, 0u);  // 1024 per shard never fills here
+    EXPECT_EQ(w.stored, uint64_t(result.total));
+    EXPECT_EQ(w.served, uint64_t(result.total));
+    // Puts: one message per shard a batch touches, each 32 + packed_bytes(its samples).
+    EXPECT_EQ(w.put_bytes, result.expected_put_bytes);
+    // Replies: each one 32 + a 32-byte pack header + its samples; every sample went out once.
+    EXPECT_EQ(w.reply_bytes, 64 * w.get_requests + result.all_sample_bytes);
+  }
+}
+
+TEST(DistQueue, BackPressureWithATinyCapacityStillDeliversEverything) {
+  if (world_size() < 2) GTEST_SKIP() << "needs an actor and a learner";
+  for (const auto& [name, config] : producer_consumer_layouts()) {
+    SCOPED_TRACE(name);
+    Topology topology(MPI_COMM_WORLD, config);
+    DistQueue q(MPI_COMM_WORLD, topology, {.shard_capacity = 1});
+    q.barrier();
+    const test::SampleShape shape;
+    // Batches of up to 6 samples over <= 3 shards of capacity 1, consumers starting late: the
+    // second message to a shard finds it full.
+    const auto result = run_stream(q, topology, 30, 6, shape, kSeed + 1, 200000);
+    EXPECT_EQ(result.ids, all_ids(result.total));
+
+    const auto w = world_counters(q, topology.links());
+    expect_traffic_consistent(w);
+    EXPECT_GT(w.rejected, 0u) << "the queue never pushed back";
+    // Capacity 1: every stored message holds one sample; refused ones were sent again.
+    EXPECT_EQ(w.put_requests - w.rejected, uint64_t(result.total));
+    EXPECT_EQ(w.stored, uint64_t(result.total));
+    EXPECT_EQ(w.served, uint64_t(result.total));
+  }
+}
+
+TEST(DistQueue, VersionPolicyNeverReturnsTooOldSamples) {
+  if (world_size() < 2) GTEST_SKIP() << "needs an actor and a learner";
+  constexpr int32_t kVMin = 3;
+  for (const auto& [name, config] : producer_consumer_layouts()) {
+    SCOPED_TRACE(name);
+    Topology topology(MPI_COMM_WORLD, config);
+    DistQueue q(MPI_COMM_WORLD, topology, {.shard_capacity = 64});
+    const auto& actors = topology.ranks_of(Role::Actor);
+    const auto& learners = topology.ranks_of(Role::Learner);
+    const int per_actor = 40;
+    const int64_t total = int64_t(actors.size()) * per_actor;
+    test::SampleShape shape;
+    shape.max_version = 5;
+    int64_t fresh = 0;
+    for (int64_t id = 0; id < total; ++id)
+      fresh += test::random_sample(kSeed + 2, id, shape).version_min >= kVMin;
+    std::mt19937_64 gen(kSeed ^ uint64_t(world_rank()));
+    std::vector<int64_t> got;
+
+    if (topology.role() == Role::Actor) {
+      const int a = index_in(actors, world_rank());
+      for (int first = 0; first < per_actor; first += 5) {
+        std::vector<QueueSample> batch;
+        for (int i = first; i < first + 5; ++i)
+          batch.push_back(
+              test::random_sample(kSeed + 2, int64_t(i) * int64_t(actors.size()) + a, shape));
+        random_delay(q, gen, 1000);
+        q.put(std::move(batch));
+      }
+    } else if (topology.role() == Role::Learner) {
+      // Concurrently with the puts: only fresh samples, blocking until they exist.
+      const auto batch =
+          q.get(share(fresh, int(learners.size()), index_in(learners, world_rank())), kVMin);
+      for (const auto& s : batch) EXPECT_GE(s.version_min, kVMin) << "sample " << s.sample_id;
+      check_batch(batch, kSeed + 2, shape, got);
+    }
+    q.barrier();
+    // Every fresh sample is gone, so what is left is exactly the old ones.
+    if (topology.role() == Role::Learner) {
+      const auto batch =
+          q.get(share(total - fresh, int(learners.size()), index_in(learners, world_rank())));
+      for (const auto& s : batch) EXPECT_LT(s.version_min, kVMin) << "sample " << s.sample_id;
+      check_batch(batch, kSeed + 2, shape, got);
+    }
+    q.close();
+    EXPECT_EQ(gather_ids(got), all_ids(total));
+  }
+}
+
+TEST(DistQueue, OneGetAssemblesEverySampleInCanonicalOrder) {
+  // Any world size, one rank included (a single learner serving every shard to itself).
+  LayoutConfig config;
+  config.queue_shards = 3;
+  Topology topology(MPI_COMM_WORLD, config);
+  DistQueue q(MPI_COMM_WORLD, topology, {.shard_capacity = 256});
+  const int per_rank = 25;
+  const int w = world_size();
+  test::SampleShape shape;
+  // Ids interleaved over ranks and prompts shuffled so that arrival order is far from canonical.
+  std::vector<QueueSample> mine;
+  for (int i = 0; i < per_rank; ++i) {
+    auto s = test::random_sample(kSeed + 3, int64_t(i) * w + world_rank(), shape);
+    s.prompt_id = (s.sample_id * 7919) % 13;
+    mine.push_back(std::move(s));
+  }
+  std::reverse(mine.begin(), mine.end());
+  q.put(mine);
+  q.barrier();
+  if (world_rank() == 0) {
+    std::vector<QueueSample> want;
+    for (int64_t id = 0; id < int64_t(per_rank) * w; ++id) {
+      auto s = test::random_sample(kSeed + 3, id, shape);
+      s.prompt_id = (s.sample_id * 7919) % 13;
+      want.push_back(std::move(s));
+    }
+    queue_protocol::canonical_sort(want);
+    EXPECT_EQ(q.get(int64_t(per_rank) * w), want);
+  }
+  q.close();
+  const auto w_counters = world_counters(q, topology.links());
+  expect_traffic_consistent(w_counters);
+  EXPECT_EQ(w_counters.served, uint64_t(per_rank) * uint64_t(w));
+}
+
+// Learners on virtual nodes of `g` ranks: the layouts where a hierarchical get means something.
+std::vector<QueueLayout> hierarchical_layouts() {
+  std::vector<QueueLayout> layouts;
+  if (world_size() == 4) {
+    layouts.push_back({"2 learners per node, learner-hosted shards", layout(2, 2, 0, 2, 2)});
+    layouts.push_back({"2 learners per node, one queue rank", layout(2, 1, 1, 2, 2)});
+  } else if (world_size() == 6) {
+    layouts.push_back({"3 learners per node, learner-hosted shards", layout(3, 3, 0, 3, 3)});
+    layouts.push_back({"2 nodes of 2 learners, one queue rank", layout(4, 1, 1, 2, 2)});
+  }
+  return layouts;
+}
+
+TEST(DistQueue, HierarchicalGetCutsQueueRequestsByTheGroupSize) {
+  if (hierarchical_layouts().empty()) GTEST_SKIP() << "needs learner nodes of >= 2 ranks (4, 6)";
+  for (const auto& [name, config] : hierarchical_layouts()) {
+    SCOPED_TRACE(name);
+    Topology topology(MPI_COMM_WORLD, config);
+    DistQueue q(MPI_COMM_WORLD, topology, {.shard_capacity = 1024});
+    const auto& actors = topology.ranks_of(Role::Actor);
+    const int learners = int(topology.ranks_of(Role::Learner).size());
+    const int shards = q.shards();
+    const int g = config.ranks_per_node;    // learners fill whole nodes in these layouts
+    const int64_t per_member = 4 * shards;  // divisible by the shard count: one round per get
+    const int64_t phase_total = per_member * learners;
+    const test::SampleShape shape;
+
+    // Each phase: actors put ids [base, base + phase_total) (so every shard holds exactly its
+    // share), everyone waits, then learners get: flat or hierarchical.
+    auto run_phase = [&](int64_t base, bool hierarchical) {
+      if (topology.role() == Role::Actor) {
+        const int a = index_in(actors, world_rank());
+        std::vector<QueueSample> batch;
+        for (int64_t id = base + a; id < base + phase_total; id += int64_t(actors.size()))
+          batch.push_back(test::random_sample(kSeed + 4, id, shape));
+        q.put(std::move(batch));
+      }
+      // Reset before the barrier: a rank that leaves it first may ask a server still inside it.
+      q.reset_counters();
+      q.barrier();
+      std::vector<int64_t> got;
+      if (topology.role() == Role::Learner) {
+        const auto batch = hierarchical ? q.get_hierarchical(per_member, DistQueue::kAnyVersion,
+                                                             topology.role_comm())
+                                        : q.get(per_member);
+        EXPECT_EQ(int64_t(batch.size()), per_member);
+        check_batch(batch, kSeed + 4, shape, got);
+      }
+      q.barrier();
+      std::vector<int64_t> want(static_cast<size_t>(phase_total));
+      std::iota(want.begin(), want.end(), base);
+      EXPECT_EQ(gather_ids(got), want);
+      return world_counters(q, topology.links());
+    };
+    constexpr int64_t kHierBase = 1000000;
+    const auto flat = run_phase(0, false);
+    const auto hier = run_phase(kHierBase, true);
+    q.close();
+
+    EXPECT_EQ(flat.get_requests, uint64_t(learners * shards));
+    EXPECT_EQ(hier.get_requests, uint64_t(learners / g * shards));
+    EXPECT_EQ(hier.get_requests * uint64_t(g), flat.get_requests);
+    EXPECT_EQ(flat.served, uint64_t(phase_total));
+    EXPECT_EQ(hier.served, uint64_t(phase_total));
+    // Each reply is 32 + a 32-byte pack header + its samples, every sample served once: the
+    // hierarchical phase saves exactly the headers of the replies it does not need.
+    auto phase_sample_bytes = [&](int64_t base) {
+      uint64_t bytes = 0;
+      for (int64_t id = base; id < base + phase_total; ++id)
+        bytes += sample_bytes(test::random_sample(kSeed + 4, id, shape));
+      return bytes;
+    };
+    EXPECT_EQ(flat.reply_bytes, 64 * flat.get_requests + phase_sample_bytes(0));
+    EXPECT_EQ(hier.reply_bytes, 64 * hier.get_requests + phase_sample_bytes(kHierBase));
+  }
+}
+
+}  // namespace
+}  // namespace rlf
