@@ -1,0 +1,100 @@
+// Data-parallel learners: N ranks, each training on its share of the same global batch (in
+// whatever order the samples arrived, put back in canonical order) with the summed normalizer and
+// a hierarchical gradient allreduce, end with the weights one rank gets on the whole batch.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstring>
+#include <random>
+
+#include "kernels/arena.h"
+#include "mpi_comm/hierarchical_collectives.h"
+#include "mpi_comm/topology.h"
+#include "src/rl/rl_step.h"
+#include "src/rl/task.h"
+#include "src/rl/tokenizer.h"
+#include "tests/mpi/mpi_test_util.h"
+#include "tests/test_util.h"
+
+namespace rlf {
+namespace {
+
+ModelConfig learner_model() {
+  ModelConfig c;
+  c.vocab_size = Tokenizer::vocab_size();
+  c.d_model = 16;
+  c.n_layers = 2;
+  c.n_heads = 2;
+  c.n_experts = 4;
+  c.top_k = 2;
+  c.d_ff = 16;
+  c.shared_expert_d_ff = 8;
+  c.max_seq_len = 32;
+  c.init_std = 0.2f;
+  // The router load-balancing loss is a function of each micro-batch's routing statistics, so it
+  // is not additive across shards; the equivalence below is about the policy-gradient loss.
+  c.aux_loss_coef = 0.0f;
+  c.validate("test");
+  return c;
+}
+
+bool canonical_less(const Rollout& a, const Rollout& b) {
+  return a.task_sample.id != b.task_sample.id ? a.task_sample.id < b.task_sample.id
+                                              : a.sample_id < b.sample_id;
+}
+
+TEST(DataParallelLearners, NRanksGiveTheWeightsOfOneRankOnTheSameGlobalBatch) {
+  const int rank = test::world_rank(), size = test::world_size();
+  const std::unique_ptr<Task> task = make_task({"sort", 1, {}});
+  Links links(test::virtual_node_list(size, 2), LinkEmulation{});
+  HierarchicalComm learners = make_hierarchical(MPI_COMM_WORLD, links);
+
+  Arena single_device("single", 64 << 20), parallel_device("parallel", 64 << 20);
+  Transformer<float> single(learner_model(), cpu_ops(), single_device, true);
+  Transformer<float> parallel(learner_model(), cpu_ops(), parallel_device, true);
+  single.initialize(5);
+  parallel.initialize(5);
+  AdamW<float> single_opt(single, AdamWHyper{}, 1.0f), parallel_opt(parallel, AdamWHyper{}, 1.0f);
+  DataParallelHooks hooks;
+  hooks.sum = [&](double x) {
+    MPI_Allreduce(MPI_IN_PLACE, &x, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    return x;
+  };
+  hooks.reduce_gradients = [&] {
+    allreduce_sum(parallel.gradients(), parallel.parameter_count(), learners, links);
+  };
+  RlStepSettings settings;
+  settings.group_size = 4;
+  settings.micro_batch = 5;
+
+  GenerationSettings sampling;
+  sampling.eos_token = Tokenizer::kEos;
+  sampling.max_new_tokens = task->max_response_chars() + 1;
+  sampling.seed = 3;
+  for (int step = 0; step < 2; ++step) {
+    // Every rank generates the whole global batch with the (identical) single-rank weights.
+    const std::vector<Rollout> batch =
+        generate_rollouts(single, *task, step * 6, 6, 4, sampling, step, AdvantageEstimator::Grpo);
+    // This rank's share arrives in a scrambled order and is put back in canonical order.
+    std::vector<Rollout> share;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      if (int(i % size_t(size)) == rank) share.push_back(batch[i]);
+    }
+    std::shuffle(share.begin(), share.end(), std::mt19937(unsigned(rank * 7 + step)));
+    std::sort(share.begin(), share.end(), canonical_less);
+    optimize_on_rollouts(single, single_opt, batch, settings);
+    optimize_on_rollouts(parallel, parallel_opt, share, settings, hooks);
+  }
+  test::expect_close(parallel.parameters(), single.parameters(), size_t(single.parameter_count()),
+                     "parameters after 2 steps", 1e-5, 1e-3);
+  // Every learner holds bit-identical weights (the allreduce hands every rank the same sum).
+  std::vector<float> root(parallel.parameters(),
+                          parallel.parameters() + parallel.parameter_count());
+  MPI_Bcast(root.data(), int(root.size()), MPI_FLOAT, 0, MPI_COMM_WORLD);
+  EXPECT_EQ(std::memcmp(root.data(), parallel.parameters(), root.size() * sizeof(float)), 0);
+  free_hierarchical(learners);
+}
+
+}  // namespace
+}  // namespace rlf
