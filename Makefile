@@ -18,6 +18,9 @@ export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 
 RLFUSION := $(BUILD)/src/rlfusion
+MPIEXEC  ?= mpiexec
+# Ranks of the default job: an actor and a learner, each on its own core, where there are two.
+RANKS    ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -ge 2 ] && echo 2 || echo 1)
 
 .PHONY: all deps configure build run test test-asan bench clean format
 
@@ -35,9 +38,10 @@ configure: $(BUILD)/build.ninja
 build: deps configure
 	@cmake --build $(BUILD) -j $(JOBS)
 
-# The main job at its default: SFT warm start then RL of the tiny MoE policy on one rank.
+# The main job at its default: SFT warm start then synchronous disaggregated RL of the tiny MoE
+# policy (actor and learner ranks on two virtual nodes, DistQueue shards inside the learner).
 run: build
-	$(RLFUSION) train --config inputs/runs/default.ini
+	$(MPIEXEC) -n $(RANKS) --bind-to core $(RLFUSION) train --config inputs/runs/default.ini
 
 test: build
 	@cd $(BUILD) && ctest -j $(JOBS) --output-on-failure --timeout 600

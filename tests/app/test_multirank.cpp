@@ -1,0 +1,102 @@
+// The rlfusion binary under mpiexec: synchronous disaggregated RL end to end at a few layouts,
+// and layouts that do not fit the world rejected with exit code 2 before any output.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+namespace rlf {
+namespace {
+
+struct Result {
+  int exit_code;
+  std::string output;
+};
+
+Result mpirun(int ranks, const std::string& args) {
+  const std::string command = "cd " RLFUSION_SOURCE_DIR
+                              " && OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+                              "mpiexec -n " +
+                              std::to_string(ranks) + " --oversubscribe " RLFUSION_BINARY " " +
+                              args + " 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  std::string output;
+  std::array<char, 4096> buffer;
+  while (size_t n = fread(buffer.data(), 1, buffer.size(), pipe)) output.append(buffer.data(), n);
+  const int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+}
+
+std::string temp_dir(const std::string& name) {
+  const auto dir = std::filesystem::temp_directory_path() / ("rlfusion-mpi-" + name);
+  std::filesystem::remove_all(dir);
+  return dir.string();
+}
+
+double json_value(const std::string& output, const std::string& key) {
+  const auto at = output.find("\"" + key + "\":");
+  if (at == std::string::npos) return -1;
+  return std::stod(output.substr(at + key.size() + 3));
+}
+
+const std::string kShortRun =
+    "train --model tiny --task sort --sft-steps 100 --sft-learning-rate 0.01 --steps 6 "
+    "--prompts 8 --group-size 4 --eval-prompts 32 --log-every 3 --json ";
+
+TEST(MultiRankTrain, TwoRanksActorAndLearnerWithShardsInsideTheLearner) {
+  const std::string dir = temp_dir("two");
+  const Result r = mpirun(2, kShortRun + "--ranks-per-node 1 --run-dir " + dir);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("\"mode\":\"disaggregated\""), std::string::npos) << r.output;
+  EXPECT_EQ(json_value(r.output, "ranks"), 2);
+  for (const char* file : {"model.h5", "trace.h5", "config.ini", "log.txt", "summary.json"}) {
+    EXPECT_TRUE(std::filesystem::exists(dir + "/" + file)) << file;
+  }
+  // The layout table names both roles; weights cross the (virtual) inter-node link.
+  EXPECT_NE(r.output.find("learner"), std::string::npos);
+  EXPECT_NE(r.output.find("actor"), std::string::npos);
+  const auto inter = r.output.find("inter-node bytes (all ranks)");
+  ASSERT_NE(inter, std::string::npos);
+  EXPECT_GT(std::stod(r.output.substr(inter + 40, 16)), 0.0);
+}
+
+TEST(MultiRankTrain, DedicatedQueueRanksTwoLearnersAndKlOnVirtualNodes) {
+  const std::string dir = temp_dir("six");
+  const Result r = mpirun(6, kShortRun +
+                                 "--learners 2 --actors 2 --queue-ranks 2 --ranks-per-node 2 "
+                                 "--kl-coef 0.01 --queue-transfer hierarchical --run-dir " +
+                                 dir);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_GE(json_value(r.output, "heldout_accuracy_after_rl"), 0.0);
+  // report reads the collective trace of all six ranks.
+  const Result report = mpirun(1, "report " + dir);
+  ASSERT_EQ(report.exit_code, 0) << report.output;
+  EXPECT_NE(report.output.find("6 ranks"), std::string::npos) << report.output;
+}
+
+TEST(MultiRankTrain, LayoutsThatDoNotFitAreRejectedOnEveryRankBeforeOutput) {
+  const std::string dir = temp_dir("bad");
+  const Result too_many = mpirun(2, kShortRun + "--learners 2 --actors 2 --run-dir " + dir);
+  EXPECT_EQ(too_many.exit_code, 2) << too_many.output;
+  EXPECT_NE(too_many.output.find("--learners"), std::string::npos) << too_many.output;
+  const Result uneven = mpirun(3,
+                               "train --model tiny --task sort --steps 6 --learners 2 "
+                               "--actors 1 --prompts 3 --group-size 3 --run-dir " +
+                                   dir);
+  EXPECT_EQ(uneven.exit_code, 2) << uneven.output;
+  EXPECT_NE(uneven.output.find("divide evenly"), std::string::npos) << uneven.output;
+  const Result nodes = mpirun(3, kShortRun + "--ranks-per-node 2 --run-dir " + dir);
+  EXPECT_EQ(nodes.exit_code, 2) << nodes.output;
+  EXPECT_NE(nodes.output.find("--ranks-per-node"), std::string::npos) << nodes.output;
+  const Result link = mpirun(2, kShortRun + "--inter-node-latency -1 --run-dir " + dir);
+  EXPECT_EQ(link.exit_code, 2) << link.output;
+  EXPECT_NE(link.output.find("--inter-node-latency"), std::string::npos) << link.output;
+  EXPECT_FALSE(std::filesystem::exists(dir));
+}
+
+}  // namespace
+}  // namespace rlf
