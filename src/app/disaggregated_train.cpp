@@ -19,6 +19,7 @@
 #include "src/rl/tokenizer.h"
 #include "src/roles/dist_queue.h"
 #include "src/roles/rollout_samples.h"
+#include "src/roles/sample_packing.h"
 #include "src/runtime/weight_sync.h"
 
 namespace rlf {
@@ -193,7 +194,9 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
         {
           TraceScope traced(trace, Phase::QueuePut);
           traced.set_version(version);
-          queue.put(to_queue_samples(rollouts, rl.group_size));
+          std::vector<QueueSample> samples = to_queue_samples(rollouts, rl.group_size);
+          traced.set_bytes(int64_t(packed_bytes(samples)));
+          queue.put(std::move(samples));
         }
         sync_weights(version + 1);
         continue;
@@ -205,9 +208,11 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
       {
         TraceScope traced(trace, Phase::QueueGet);
         traced.set_version(version);
-        rollouts = to_rollouts(options.hierarchical_queue
-                                   ? queue.get_hierarchical(share, version, role_comm)
-                                   : queue.get(share, version));
+        const std::vector<QueueSample> samples =
+            options.hierarchical_queue ? queue.get_hierarchical(share, version, role_comm)
+                                       : queue.get(share, version);
+        traced.set_bytes(int64_t(packed_bytes(samples)));
+        rollouts = to_rollouts(samples);
       }
       serving_barrier(role_comm.comm, queue);
       if (reference) {
