@@ -43,8 +43,13 @@ microseconds retry_delay(int refusals) {
   return microseconds(std::min<int64_t>(int64_t(20) << std::min(refusals - 1, 20), 2000));
 }
 
-bool is_server_tag(int tag) {
+// Requests a client sends to a server; servers answer with acks and replies.
+bool is_request(int tag) {
   return tag == qp::kPut || tag == qp::kGet || tag == qp::kClose;
+}
+// A leader's scatter to its group is client traffic on both ends, like requests on the way out.
+bool sent_by_client(int tag) {
+  return is_request(tag) || tag == qp::kScatter;
 }
 
 std::shared_ptr<const std::vector<std::byte>> share(std::vector<std::byte> bytes) {
@@ -119,7 +124,7 @@ void DistQueue::post(int dest, int tag, std::shared_ptr<const std::vector<std::b
     throw std::length_error("DistQueue: a " + std::string(qp::tag_name(tag)) + " message of " +
                             std::to_string(bytes) +
                             " bytes exceeds MPI's int count; get or put fewer samples at once");
-  Traffic& traffic = is_server_tag(tag) ? counters_.client_sent : counters_.server_sent;
+  Traffic& traffic = sent_by_client(tag) ? counters_.client_sent : counters_.server_sent;
   traffic.messages += 1;
   traffic.bytes += bytes;
   if (dest == rank_) {
@@ -143,7 +148,7 @@ std::optional<DistQueue::Message> DistQueue::try_receive(int tag, int source) {
   MPI_Get_count(&status, MPI_BYTE, &bytes);
   Message message{status.MPI_SOURCE, std::vector<std::byte>(size_t(bytes))};
   MPI_Mrecv(message.bytes.data(), bytes, MPI_BYTE, &handle, MPI_STATUS_IGNORE);
-  Traffic& traffic = is_server_tag(tag) ? counters_.server_received : counters_.client_received;
+  Traffic& traffic = is_request(tag) ? counters_.server_received : counters_.client_received;
   traffic.messages += 1;
   traffic.bytes += uint64_t(bytes);
   // The receiver pays the emulated link delay, as Links::recv does: each message once.
