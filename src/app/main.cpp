@@ -22,6 +22,7 @@ const char* kUsage =
     "  train           RL post-training (GRPO/RLOO, PPO-clip, KL) with an optional SFT warm start\n"
     "  eval            held-out accuracy of a parameter file on a task\n"
     "  bench kernels   kernel and model throughput table (GFLOP/s, GB/s, tokens/s)\n"
+    "  bench a2a       expert-parallel dispatch/combine, flat vs hierarchical (time, bytes)\n"
     "  report RUN_DIR  throughput, per-rank time breakdown and bytes from a run's trace.h5\n"
     "  --version       what this binary was built with\n"
     "\n"
@@ -45,8 +46,11 @@ int dispatch(const std::vector<std::string>& words) {
     if (!rest.empty() && rest[0] == "kernels") {
       return rlf::run_bench_kernels_command({rest.begin() + 1, rest.end()});
     }
+    if (!rest.empty() && rest[0] == "a2a") {
+      return rlf::run_bench_a2a_command({rest.begin() + 1, rest.end()});
+    }
     throw rlf::ConfigError("bench: unknown benchmark '" + (rest.empty() ? "" : rest[0]) +
-                           "' (available: kernels)");
+                           "' (available: kernels, a2a)");
   }
   throw rlf::ConfigError("unknown command '" + words[0] + "' (see rlfusion --help)");
 }
