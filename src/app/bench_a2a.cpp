@@ -33,7 +33,7 @@ namespace {
 
 struct A2aOptions {
   int tokens = 4096, hidden = 256, top_k = 8, experts = 64, ep = 0, ranks_per_node = 0;
-  double skew = 0, inter_bandwidth = 250e6, inter_latency = 0, intra_bandwidth = 2e9;
+  double skew = 0, inter_bandwidth = 25e6, inter_latency = 0, intra_bandwidth = 200e6;
   int repeats = 5;
 };
 
