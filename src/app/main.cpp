@@ -23,6 +23,7 @@ const char* kUsage =
     "  eval            held-out accuracy of a parameter file on a task\n"
     "  bench kernels   kernel and model throughput table (GFLOP/s, GB/s, tokens/s)\n"
     "  bench queue     DistQueue: packed vs padded samples, flat vs hierarchical gets\n"
+    "  bench a2a       expert-parallel dispatch/combine, flat vs hierarchical (time, bytes)\n"
     "  report RUN_DIR  throughput, per-rank time breakdown and bytes from a run's trace.h5\n"
     "  --version       what this binary was built with\n"
     "\n"
@@ -49,8 +50,11 @@ int dispatch(const std::vector<std::string>& words) {
     if (!rest.empty() && rest[0] == "queue") {
       return rlf::run_bench_queue_command({rest.begin() + 1, rest.end()});
     }
+    if (!rest.empty() && rest[0] == "a2a") {
+      return rlf::run_bench_a2a_command({rest.begin() + 1, rest.end()});
+    }
     throw rlf::ConfigError("bench: unknown benchmark '" + (rest.empty() ? "" : rest[0]) +
-                           "' (available: kernels, queue)");
+                           "' (available: kernels, queue, a2a)");
   }
   throw rlf::ConfigError("unknown command '" + words[0] + "' (see rlfusion --help)");
 }

@@ -1,0 +1,145 @@
+// Expert-parallel (EP) token dispatch and combine over an EP group, built from Links
+// point-to-point messages so that the counters hold exactly the bytes each algorithm moves and
+// link emulation delays exactly its inter-node messages.
+//
+// Sharding: E experts over P = ep.size() ranks, E % P == 0; EP rank r owns experts
+// [r E / P, (r + 1) E / P). Every rank brings N tokens of C floats, each routed to K experts.
+//
+// Canonical order: the rows a rank receives are grouped by local expert, and inside an expert by
+// (source EP rank, token, slot) — exactly the order moe_build_routing gives on one rank holding
+// the rank-major concatenation of every rank's tokens. Combine and dispatch_backward return one
+// row per (token, slot) and sum over k = 0..K-1 in slot order on the token's rank, with the
+// arithmetic of ref::moe_combine / moe_gather_backward, so every mode and the single-rank path
+// agree bit for bit.
+//
+// Modes (how a dispatch row travels from a token's rank to an expert's owner):
+// - Flat: one row per (token, slot) to the owner of the slot's expert (MPI_Alltoallv-like).
+// - FlatDedup: one row per (token, owner rank); a token routed to two experts of one rank is
+//   sent once.
+// - Hierarchical: step 1 (inter-node): one row per (token, node) to the rank with the same local
+//   index on that node (rows for the own node go to this rank itself, no message); step 2
+//   (intra-node): that rank forwards one row per (token, owner rank) to the owners on its node.
+//   Needs the same number of EP ranks on every node.
+// Combine, dispatch_backward (rows back) and the dexpert_weight scalars of combine_backward go
+// the exact reverse route, one row per (token, slot): a partial sum on the way would change the
+// slot-order summation. combine_backward's dout rows go the dispatch route (de-duplicated).
+//
+// Byte model (inter-node payload bytes; B = C * 4 bytes per row; "remote" = on another node):
+// - dispatch, Flat:         (token, slot) pairs with a remote expert owner      x B
+// - dispatch, FlatDedup:    distinct (token, remote owner rank) pairs           x B
+// - dispatch, Hierarchical: distinct (token, remote node) pairs                 x B
+// - combine / dispatch_backward, every mode: (token, slot) pairs with a remote owner x B
+// Metadata (counted separately in traffic().metadata, also in the Links counters): per stage,
+// an 8-byte count message to every peer; a meta message of 4 (3 + 2 a) bytes per packet with
+// a assignments; dexpert_weight and expert_weight scalars (4 bytes per assignment).
+// Messages: per stage, one count, one meta and one row message per peer (empty ones skipped).
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "mpi_comm/links.h"
+#include "mpi_comm/topology.h"
+
+namespace rlf {
+
+enum class DispatchMode { Flat = 0, FlatDedup = 1, Hierarchical = 2 };
+const char* dispatch_mode_name(DispatchMode mode);
+
+// ConfigError (same text on every rank) unless ep_size >= 1 divides both experts and the world.
+void validate_expert_parallel(int experts, int ep_size, int world_size);
+
+// What the dispatcher moved, split into row payload and metadata (per sender, like Links).
+struct DispatchTraffic {
+  LinkCounters payload;
+  LinkCounters metadata;
+  double emulated_seconds = 0;  // sleeps of link emulation on this rank
+};
+
+class ExpertDispatcher {
+ public:
+  // Collective over ep.comm. `intra_node_bandwidth` (bytes/s, 0: off) emulates intra-node links
+  // the way Links emulates inter-node ones. Throws ConfigError (on every rank, before any
+  // collective) when the experts do not divide over the group, or in Hierarchical mode when
+  // nodes hold different numbers of EP ranks.
+  ExpertDispatcher(const HierarchicalComm& ep, Links& links, int experts, DispatchMode mode,
+                   double intra_node_bandwidth = 0);
+  ~ExpertDispatcher();
+  ExpertDispatcher(const ExpertDispatcher&) = delete;
+  ExpertDispatcher& operator=(const ExpertDispatcher&) = delete;
+
+  int ep_size() const { return int(world_ranks_.size()); }
+  int ep_rank() const { return rank_; }
+  int experts() const { return experts_; }
+  int local_experts() const { return experts_ / ep_size(); }
+  int owner_of(int expert) const { return expert / local_experts(); }
+  DispatchMode mode() const { return mode_; }
+
+  // Collective. x[N, C], expert_idx[N, K] (N may be 0 on any rank; K and C equal everywhere).
+  // Returns this rank's rows [local_rows(), C] in canonical order and keeps the plan for the
+  // calls below.
+  std::vector<float> dispatch(const float* x, const int* expert_idx, int N, int K, int C);
+  // Rows of local expert e are [local_expert_offsets()[e], [e + 1]).
+  const std::vector<int>& local_expert_offsets() const { return local_offsets_; }
+  int local_rows() const { return local_offsets_.empty() ? 0 : local_offsets_.back(); }
+
+  // Collective. out[N, C]: out[n] = sum over k in slot order of expert_weight[n, k] * y(n, k).
+  std::vector<float> combine(const float* y_local, const float* expert_weight);
+  // Collective. The transpose of combine: dy_local[local_rows(), C] and dexpert_weight[N, K]
+  // (written, not accumulated).
+  void combine_backward(const float* dout, const float* y_local, const float* expert_weight,
+                        std::vector<float>& dy_local, std::vector<float>& dexpert_weight);
+  // Collective. The transpose of dispatch: dx[N, C], dx[n] = sum over k in slot order.
+  std::vector<float> dispatch_backward(const float* dxg_local);
+
+  const DispatchTraffic& traffic() const { return traffic_; }
+  void reset_traffic() { traffic_ = DispatchTraffic{}; }
+
+  // One exchange step among `peers` (EP ranks, this rank included when it sends to itself).
+  // Public only so the implementation's helpers can name it.
+  struct Stage {
+    std::vector<int> peers;
+    int self = -1;  // index of this rank in peers, -1 if absent
+    // Per peer: input-buffer row of each packet sent, and sender handle of each assignment sent.
+    std::vector<std::vector<int>> send_rows, send_handles;
+    // Per peer: packets and assignments received; prefix offsets (peers + 1 entries).
+    std::vector<int64_t> recv_row_offset, recv_assign_offset;
+    // Per received assignment (flattened in peer order): its row in the stage's output buffer
+    // and its identity.
+    std::vector<int> row_of_assign, origin, token, slot, expert;
+  };
+
+ private:
+  void exchange(const Stage& stage, int tag, const std::vector<std::vector<uint8_t>>& send,
+                std::vector<std::vector<uint8_t>>& recv, bool payload);
+  void build_stage(Stage& stage, int tag, const std::vector<std::vector<int>>& send_meta);
+  // Rows (and optional per-assignment scalars) along the stage's forward route.
+  void forward_rows(const Stage& stage, int tag, const std::vector<float>& in, int width,
+                    const std::vector<float>* extras_by_handle, std::vector<float>& out,
+                    std::vector<float>* extras_out);
+  // Per-assignment rows of `width` floats backwards: by received assignment -> by send handle.
+  void reverse_rows(const Stage& stage, int tag, const std::vector<float>& by_assign, int width,
+                    bool payload, std::vector<float>& by_handle, int64_t handles);
+  // Rows by (n, k) of this rank's tokens from per-canonical-row values of width `width`.
+  std::vector<float> gather_back(const float* local_rows, int width, bool payload);
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  Links& links_;
+  std::vector<int> world_ranks_;
+  int rank_ = 0, experts_ = 0;
+  DispatchMode mode_;
+  double intra_node_bandwidth_ = 0;
+  std::vector<int> node_of_, local_of_;    // per EP rank
+  std::vector<std::vector<int>> rank_at_;  // [node][local index] -> EP rank
+  DispatchTraffic traffic_;
+
+  // Plan of the last dispatch.
+  int N_ = 0, K_ = 0, C_ = 0;
+  std::vector<Stage> stages_;
+  std::vector<int> canonical_of_assign_;  // last stage's received assignment -> local row
+  std::vector<int> local_offsets_;
+};
+
+}  // namespace rlf
