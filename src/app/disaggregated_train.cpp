@@ -8,6 +8,7 @@
 #include "kernels/error.h"
 #include "mpi_comm/hierarchical_collectives.h"
 #include "src/app/build_info.h"
+#include "src/app/rl_progress.h"
 #include "src/io/parameter_file.h"
 #include "src/io/run_directory.h"
 #include "src/io/trace.h"
@@ -62,13 +63,6 @@ void serving_barrier(MPI_Comm comm, DistQueue& queue) {
     MPI_Test(&request, &done, MPI_STATUS_IGNORE);
     return done != 0;
   });
-}
-
-std::string format_duration(double seconds) {
-  char buf[32];
-  const int s = int(seconds + 0.5);
-  std::snprintf(buf, sizeof buf, "%d:%02d:%02d", s / 3600, s / 60 % 60, s % 60);
-  return buf;
 }
 
 }  // namespace
@@ -152,12 +146,7 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
       s = StepStats{v[0], v[1], v[2], v[3], v[4], v[5], v[6]};
     };
     const RlStepSettings settings = step_settings(rl);
-    GenerationSettings sampling;
-    sampling.temperature = rl.temperature;
-    sampling.top_p = rl.top_p;
-    sampling.eos_token = Tokenizer::kEos;
-    sampling.max_new_tokens = task.max_response_chars() + 1;
-    sampling.seed = run.seed;
+    const GenerationSettings sampling = sampling_settings(rl, task, run.seed);
     const AdvantageEstimator estimator = parse_advantage_estimator(rl.advantage);
     const int64_t share = int64_t(rl.prompts) * rl.group_size / int64_t(learners.size());
 
@@ -171,12 +160,9 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
         "transfer\n",
         rl.steps, rl.prompts, rl.group_size, actors.size(), learners.size(),
         options.hierarchical_queue ? "hierarchical" : "flat");
-    dir.log("# %6s %8s %8s %8s %8s %7s %10s %12s %9s\n", "step", "reward", "acc", "resp-len", "kl",
-            "clip", "tokens/s", "device-peak", "eta");
+    RlProgress progress(dir, rl.steps, rl.log_every, device);
     sync_weights(0);
-    const auto rl_start = Clock::now();
-    auto window_start = rl_start;
-    StepStats window;
+    progress.start();
     for (int step = 1; step <= rl.steps; ++step) {
       const int version = step - 1;
       if (role == Role::Actor) {
@@ -229,21 +215,9 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
       }
       if (root) sync_weights(version + 1);
       rl_tokens += int64_t(stats.tokens);
-      window.add(stats);
-      if (step % rl.log_every == 0 || step == rl.steps) {
-        const auto now = Clock::now();
-        const double seconds = std::chrono::duration<double>(now - window_start).count();
-        const double elapsed = std::chrono::duration<double>(now - rl_start).count();
-        dir.log("  %6d %8.3f %8.3f %8.2f %8.4f %7.3f %10.0f %12s %9s\n", step, window.mean_reward(),
-                window.accuracy(), window.mean_response(), window.kl_per_token(),
-                window.clip_fraction(), window.tokens / seconds,
-                format_bytes(device.peak()).c_str(),
-                format_duration(elapsed / step * (rl.steps - step)).c_str());
-        window = StepStats{};
-        window_start = now;
-      }
+      progress.step_done(step, stats);
     }
-    rl_seconds = std::chrono::duration<double>(Clock::now() - rl_start).count();
+    rl_seconds = progress.seconds_since_start();
   }
   queue.close();
   if (root) {

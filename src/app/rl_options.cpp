@@ -1,6 +1,7 @@
 #include "src/app/rl_options.h"
 
 #include "kernels/error.h"
+#include "src/rl/tokenizer.h"
 
 namespace rlf {
 
@@ -67,6 +68,16 @@ RlStepSettings step_settings(const RlOptions& o) {
   s.temperature = o.temperature;
   s.ppo.clip_epsilon = o.clip_epsilon;
   s.ppo.kl_coef = o.kl_coef;
+  return s;
+}
+
+GenerationSettings sampling_settings(const RlOptions& o, const Task& task, uint64_t seed) {
+  GenerationSettings s;
+  s.temperature = o.temperature;
+  s.top_p = o.top_p;
+  s.eos_token = Tokenizer::kEos;
+  s.max_new_tokens = task.max_response_chars() + 1;
+  s.seed = seed;
   return s;
 }
 

@@ -4,8 +4,10 @@
 #include <string>
 
 #include "src/app/options.h"
+#include "src/model/generation.h"
 #include "src/rl/ppo.h"
 #include "src/rl/rl_step.h"
+#include "src/rl/task.h"
 
 namespace rlf {
 
@@ -30,5 +32,7 @@ struct RlOptions {
 po::options_description rl_options_description(RlOptions& options);
 void validate(const RlOptions& options);
 RlStepSettings step_settings(const RlOptions& options);
+// How actors sample: temperature, top-p, <eos>, the task's longest answer, the run's seed.
+GenerationSettings sampling_settings(const RlOptions& options, const Task& task, uint64_t seed);
 
 }  // namespace rlf

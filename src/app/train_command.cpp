@@ -15,6 +15,7 @@
 #include "src/app/layout_options.h"
 #include "src/app/policy_setup.h"
 #include "src/app/rl_options.h"
+#include "src/app/rl_progress.h"
 #include "src/app/sft_phase.h"
 #include "src/io/parameter_file.h"
 #include "src/io/trace_writer.h"
@@ -36,13 +37,6 @@ double mean(const std::vector<double>& v, size_t begin, size_t end) {
   double sum = 0;
   for (size_t i = begin; i < end; ++i) sum += v[i];
   return end > begin ? sum / double(end - begin) : 0.0;
-}
-
-std::string format_duration(double seconds) {
-  char buf[32];
-  const int s = int(seconds + 0.5);
-  std::snprintf(buf, sizeof buf, "%d:%02d:%02d", s / 3600, s / 60 % 60, s % 60);
-  return buf;
 }
 
 }  // namespace
@@ -120,22 +114,14 @@ int run_train_command(const std::vector<std::string>& args) {
   hyper.learning_rate = o.learning_rate;
   AdamW<float> optimizer(model, hyper, o.max_grad_norm);
   const RlStepSettings settings = step_settings(o);
-  GenerationSettings sampling;
-  sampling.temperature = o.temperature;
-  sampling.top_p = o.top_p;
-  sampling.eos_token = Tokenizer::kEos;
-  sampling.max_new_tokens = task.max_response_chars() + 1;
-  sampling.seed = run.seed;
+  const GenerationSettings sampling = sampling_settings(o, task, run.seed);
 
   dir.log("# RL: %d steps x %d prompts x %d samples, %s advantages, clip %.2f, kl %.3g\n", o.steps,
           o.prompts, o.group_size, o.advantage.c_str(), o.clip_epsilon, o.kl_coef);
-  dir.log("# %6s %8s %8s %8s %8s %7s %10s %12s %9s\n", "step", "reward", "acc", "resp-len", "kl",
-          "clip", "tokens/s", "device-peak", "eta");
-  const auto rl_start = Clock::now();
+  RlProgress progress(dir, o.steps, o.log_every, device);
+  progress.start();
   int64_t rl_tokens = 0;
   std::vector<double> step_rewards;
-  StepStats window;
-  auto window_start = rl_start;
   for (int step = 1; step <= o.steps; ++step) {
     optimizer.hyper().learning_rate =
         cosine_learning_rate(o.learning_rate, step, o.warmup_steps, o.steps, 1.0f);
@@ -162,24 +148,13 @@ int run_train_command(const std::vector<std::string>& args) {
     }
     rl_tokens += int64_t(s.tokens);
     step_rewards.push_back(s.mean_reward());
-    window.add(s);
-    if (step % o.log_every == 0 || step == o.steps) {
-      const auto now = Clock::now();
-      const double seconds = std::chrono::duration<double>(now - window_start).count();
-      const double elapsed = std::chrono::duration<double>(now - rl_start).count();
-      dir.log("  %6d %8.3f %8.3f %8.2f %8.4f %7.3f %10.0f %12s %9s\n", step, window.mean_reward(),
-              window.accuracy(), window.mean_response(), window.kl_per_token(),
-              window.clip_fraction(), window.tokens / seconds, format_bytes(device.peak()).c_str(),
-              format_duration(elapsed / step * (o.steps - step)).c_str());
-      window = StepStats{};
-      window_start = now;
-    }
+    progress.step_done(step, s);
     if (o.eval_every > 0 && step % o.eval_every == 0 && step != o.steps) {
       const Evaluation e = evaluate_traced(model, task, policy_options, trace);
       dir.log("# held-out accuracy after RL step %d: %.3f\n", step, e.accuracy());
     }
   }
-  const double rl_seconds = std::chrono::duration<double>(Clock::now() - rl_start).count();
+  const double rl_seconds = progress.seconds_since_start();
   const Evaluation after = evaluate_traced(model, task, policy_options, trace);
   save_parameters(dir.file("model.h5"), policy.config, model.layout(), model.parameters());
   const double total_seconds = std::chrono::duration<double>(Clock::now() - run_start).count();
