@@ -235,5 +235,85 @@ TEST(ExpertParallelModel, RanksWhoseExpertsGetNoRows) {
   check_case({2, 0, true});
 }
 
+// Generation: prefill of each rank's prompts and one decode step, every layer dispatched over the
+// group (ranks with zero prompts still join every collective), against one rank generating for
+// all prompts without EP.
+void check_generation(int ranks_per_node, int empty_rank) {
+  const int P = test::world_size(), rank = test::world_rank();
+  SCOPED_TRACE("ranks_per_node=" + std::to_string(ranks_per_node) +
+               " empty_rank=" + std::to_string(empty_rank));
+  const ModelConfig config = ep_model();
+  const int V = config.vocab_size, max_len = config.max_seq_len;
+  const std::vector<Shard> shards = make_shards(P, empty_rank, V);
+  Shard global;
+  int first_seq = 0;
+  for (int r = 0; r < P; ++r) {
+    const Shard& s = shards[size_t(r)];
+    if (r == rank) first_seq = int(global.offsets.size()) - 1;
+    const int base = int(global.tokens.size());
+    for (size_t i = 1; i < s.offsets.size(); ++i) global.offsets.push_back(base + s.offsets[i]);
+    global.tokens.insert(global.tokens.end(), s.tokens.begin(), s.tokens.end());
+  }
+  const Shard& mine = shards[size_t(rank)];
+  const int S_global = int(global.offsets.size()) - 1, S = int(mine.offsets.size()) - 1;
+  // Decode inputs of every sequence: the next token at the position after its prompt.
+  auto decode_inputs = [&](const Shard& b, std::vector<int>& tokens, std::vector<int>& slots,
+                           std::vector<int>& positions) {
+    for (int s = 0; s + 1 < int(b.offsets.size()); ++s) {
+      tokens.push_back(int(mix(uint64_t(s), 77) % uint64_t(V)));
+      slots.push_back(s);
+      positions.push_back(b.offsets[size_t(s) + 1] - b.offsets[size_t(s)]);
+    }
+  };
+
+  Arena ref_device("reference", 32 << 20);
+  Transformer<float> reference(config, cpu_ops(), ref_device, false);
+  reference.initialize(11);
+  KVCache<float> ref_cache = reference.allocate_kv_cache(S_global, max_len);
+  std::vector<int> ref_slots;
+  for (int s = 0; s < S_global; ++s) ref_slots.push_back(s);
+  const float* ref_prefill = reference.prefill(ref_cache, global.tokens.data(),
+                                               global.offsets.data(), S_global, ref_slots.data());
+  const std::vector<float> want_prefill(ref_prefill + int64_t(first_seq) * V,
+                                        ref_prefill + int64_t(first_seq + S) * V);
+  std::vector<int> ref_tokens, ref_dslots, ref_positions, my_tokens, my_slots, my_positions;
+  decode_inputs(global, ref_tokens, ref_dslots, ref_positions);
+  decode_inputs(mine, my_tokens, my_slots, my_positions);
+  // The same next token as the reference's for each of this rank's sequences.
+  for (int s = 0; s < S; ++s) my_tokens[size_t(s)] = ref_tokens[size_t(first_seq + s)];
+  const float* ref_decode = reference.decode(ref_cache, ref_tokens.data(), ref_dslots.data(),
+                                             ref_positions.data(), S_global);
+  const std::vector<float> want_decode(ref_decode + int64_t(first_seq) * V,
+                                       ref_decode + int64_t(first_seq + S) * V);
+
+  Links links(test::virtual_node_list(P, ranks_per_node), {});
+  HierarchicalComm ep = make_hierarchical(MPI_COMM_WORLD, links);
+  std::vector<std::unique_ptr<ExpertDispatcher>> dispatchers;
+  std::vector<ExpertDispatcher*> per_layer;
+  for (int l = 0; l < config.n_layers; ++l) {
+    dispatchers.push_back(
+        std::make_unique<ExpertDispatcher>(ep, links, kExperts, DispatchMode::Hierarchical));
+    per_layer.push_back(dispatchers.back().get());
+  }
+  Arena device("ep", 32 << 20);
+  Transformer<float> model(config, cpu_ops(), device, false);
+  model.initialize(11);
+  model.set_expert_parallel(per_layer);
+  KVCache<float> cache = model.allocate_kv_cache(S, max_len);
+  const float* got_prefill =
+      model.prefill(cache, mine.tokens.data(), mine.offsets.data(), S, my_slots.data());
+  test::expect_close(got_prefill, want_prefill.data(), want_prefill.size(), "prefill logits");
+  const float* got_decode =
+      model.decode(cache, my_tokens.data(), my_slots.data(), my_positions.data(), S);
+  test::expect_close(got_decode, want_decode.data(), want_decode.size(), "decode logits");
+  free_hierarchical(ep);
+}
+
+TEST(ExpertParallelModel, PrefillAndDecodeMatchSingleRank) {
+  if (!ep_world()) GTEST_SKIP() << "EP degree 2 or 4 only";
+  check_generation(1, -1);
+  check_generation(2, 1);
+}
+
 }  // namespace
 }  // namespace rlf
