@@ -1,9 +1,13 @@
 #include "src/model/moe_block.h"
 
 #include <cstring>
+#include <stdexcept>
+#include <type_traits>
+#include <vector>
 
 #include "kernels/arena.h"
 #include "kernels/moe.h"
+#include "mpi_comm/expert_dispatch.h"
 
 namespace rlf {
 
@@ -23,7 +27,7 @@ template MoeWeights<float> moe_weights<float>(const ParameterLayout&, float*, in
 template MoeWeights<double> moe_weights<double>(const ParameterLayout&, double*, int);
 
 template <typename T>
-MoeActivations<T> MoeBlock<T>::allocate(int N) const {
+MoeActivations<T> MoeBlock<T>::allocate(int N, bool expert_parallel) const {
   const int64_t C = config_.d_model, E = config_.n_experts, K = config_.top_k, F = config_.d_ff;
   const int64_t M = int64_t(N) * K;
   Arena& d = device_;
@@ -32,13 +36,15 @@ MoeActivations<T> MoeBlock<T>::allocate(int N) const {
   a.probs = d.allocate<T>(N * E, "activations");
   a.expert_weight = d.allocate<T>(M, "activations");
   a.expert_idx = d.allocate<int>(M, "activations");
-  a.expert_offsets = d.allocate<int>(E + 1, "activations");
-  a.row_of_assignment = d.allocate<int>(M, "activations");
-  a.token_of_row = d.allocate<int>(M, "activations");
-  a.xg = d.allocate<T>(M * C, "activations");
-  a.ffn_a = d.allocate<T>(M * F, "activations");
-  a.ffn_b = d.allocate<T>(M * F, "activations");
-  a.y = d.allocate<T>(M * C, "activations");
+  if (!expert_parallel) {
+    a.expert_offsets = d.allocate<int>(E + 1, "activations");
+    a.row_of_assignment = d.allocate<int>(M, "activations");
+    a.token_of_row = d.allocate<int>(M, "activations");
+    a.xg = d.allocate<T>(M * C, "activations");
+    a.ffn_a = d.allocate<T>(M * F, "activations");
+    a.ffn_b = d.allocate<T>(M * F, "activations");
+    a.y = d.allocate<T>(M * C, "activations");
+  }
   if (config_.shared_expert_d_ff > 0) {
     const int64_t S = config_.shared_expert_d_ff;
     a.shared_a = d.allocate<T>(N * S, "activations");
@@ -52,18 +58,24 @@ MoeActivations<T> MoeBlock<T>::allocate(int N) const {
 }
 
 template <typename T>
-void MoeBlock<T>::forward(const MoeWeights<T>& w, const T* x, T* out, int N,
-                          MoeActivations<T>& a) const {
+void MoeBlock<T>::forward(const MoeWeights<T>& w, const T* x, T* out, int N, MoeActivations<T>& a,
+                          ExpertDispatcher* ep) const {
   const int C = config_.d_model, E = config_.n_experts, K = config_.top_k, F = config_.d_ff;
   ops_.matmul_forward(a.router_logits, x, w.router, N, C, E, device_);
   ops_.router_forward(a.expert_idx, a.expert_weight, a.probs, a.router_logits, N, E, K,
                       config_.normalize_topk, device_);
+  // With EP this is the loss of this rank's tokens only: routing statistics are not additive
+  // over ranks, so the EP model equals the single-rank one only when the coefficient is 0.
   a.aux = ops_.router_aux_loss_forward(a.probs, a.expert_idx, N, E, K, device_);
-  moe_build_routing(a.expert_offsets, a.row_of_assignment, a.token_of_row, a.expert_idx, N, E, K);
-  ops_.moe_gather(a.xg, x, a.token_of_row, N * K, C, device_);
-  ops_.expert_ffn_forward(a.y, a.ffn_a, a.ffn_b, a.xg, w.w1, w.w3, w.w2, a.expert_offsets, E, C, F,
-                          device_);
-  ops_.moe_combine(out, a.y, a.expert_weight, a.row_of_assignment, N, K, C, device_);
+  if (ep) {
+    routed_forward_ep(w, x, out, N, a, *ep);
+  } else {
+    moe_build_routing(a.expert_offsets, a.row_of_assignment, a.token_of_row, a.expert_idx, N, E, K);
+    ops_.moe_gather(a.xg, x, a.token_of_row, N * K, C, device_);
+    ops_.expert_ffn_forward(a.y, a.ffn_a, a.ffn_b, a.xg, w.w1, w.w3, w.w2, a.expert_offsets, E, C,
+                            F, device_);
+    ops_.moe_combine(out, a.y, a.expert_weight, a.row_of_assignment, N, K, C, device_);
+  }
   if (a.shared_y) {
     // The shared expert is a dense SwiGLU: one "expert" owning all N rows.
     ops_.expert_ffn_forward(a.shared_y, a.shared_a, a.shared_b, x, w.shared_w1, w.shared_w3,
@@ -75,8 +87,8 @@ void MoeBlock<T>::forward(const MoeWeights<T>& w, const T* x, T* out, int N,
 
 template <typename T>
 void MoeBlock<T>::backward(const MoeWeights<T>& w, const MoeWeights<T>& g, const T* x,
-                           const MoeActivations<T>& a, const T* dout, T* dx, int N,
-                           T aux_weight) const {
+                           const MoeActivations<T>& a, const T* dout, T* dx, int N, T aux_weight,
+                           ExpertDispatcher* ep) const {
   const int C = config_.d_model, E = config_.n_experts, K = config_.top_k, F = config_.d_ff;
   const int64_t M = int64_t(N) * K;
   ArenaScope scope(device_);
@@ -85,14 +97,18 @@ void MoeBlock<T>::backward(const MoeWeights<T>& w, const MoeWeights<T>& g, const
                              a.shared_b, w.shared_w1, w.shared_w3, w.shared_w2, a.shared_offsets, 1,
                              C, config_.shared_expert_d_ff, device_);
   }
-  T* dy = device_.allocate_zeroed<T>(M * C, "backward work");
   T* dweight = device_.allocate_zeroed<T>(M, "backward work");
-  ops_.moe_combine_backward(dy, dweight, dout, a.y, a.expert_weight, a.row_of_assignment, N, K, C,
-                            device_);
-  T* dxg = device_.allocate_zeroed<T>(M * C, "backward work");
-  ops_.expert_ffn_backward(dxg, g.w1, g.w3, g.w2, dy, a.xg, a.ffn_a, a.ffn_b, w.w1, w.w3, w.w2,
-                           a.expert_offsets, E, C, F, device_);
-  ops_.moe_gather_backward(dx, dxg, a.row_of_assignment, N, K, C, device_);
+  if (ep) {
+    routed_backward_ep(w, g, a, dout, dx, dweight, *ep);
+  } else {
+    T* dy = device_.allocate_zeroed<T>(M * C, "backward work");
+    ops_.moe_combine_backward(dy, dweight, dout, a.y, a.expert_weight, a.row_of_assignment, N, K, C,
+                              device_);
+    T* dxg = device_.allocate_zeroed<T>(M * C, "backward work");
+    ops_.expert_ffn_backward(dxg, g.w1, g.w3, g.w2, dy, a.xg, a.ffn_a, a.ffn_b, w.w1, w.w3, w.w2,
+                             a.expert_offsets, E, C, F, device_);
+    ops_.moe_gather_backward(dx, dxg, a.row_of_assignment, N, K, C, device_);
+  }
   T* dprobs = nullptr;
   if (aux_weight != T(0)) {
     dprobs = device_.allocate_zeroed<T>(int64_t(N) * E, "backward work");
@@ -102,6 +118,62 @@ void MoeBlock<T>::backward(const MoeWeights<T>& w, const MoeWeights<T>& g, const
   ops_.router_backward(drouter, dweight, dprobs, a.probs, a.expert_idx, a.expert_weight, N, E, K,
                        config_.normalize_topk, device_);
   ops_.matmul_backward(dx, g.router, drouter, x, w.router, N, C, E, device_);
+}
+
+template <typename T>
+void MoeBlock<T>::routed_forward_ep(const MoeWeights<T>& w, const T* x, T* out, int N,
+                                    MoeActivations<T>& a, ExpertDispatcher& ep) const {
+  if constexpr (!std::is_same_v<T, float>) {
+    (void)w, (void)x, (void)out, (void)N, (void)a, (void)ep;
+    throw std::logic_error("MoeBlock: expert parallelism needs float parameters");
+  } else {
+    const int C = config_.d_model, K = config_.top_k, F = config_.d_ff;
+    if (ep.experts() != config_.n_experts) {
+      throw std::logic_error("MoeBlock: the dispatcher's expert count differs from the model's");
+    }
+    const std::vector<float> rows = ep.dispatch(x, a.expert_idx, N, K, C);
+    const int E_local = ep.local_experts(), R = ep.local_rows();
+    const int64_t first = int64_t(ep.ep_rank()) * E_local;
+    Arena& d = device_;
+    a.expert_offsets = d.allocate<int>(size_t(E_local) + 1, "activations");
+    std::memcpy(a.expert_offsets, ep.local_expert_offsets().data(),
+                (size_t(E_local) + 1) * sizeof(int));
+    a.xg = d.allocate<float>(size_t(R) * C, "activations");
+    if (R > 0) std::memcpy(a.xg, rows.data(), rows.size() * sizeof(float));
+    a.ffn_a = d.allocate<float>(size_t(R) * F, "activations");
+    a.ffn_b = d.allocate<float>(size_t(R) * F, "activations");
+    a.y = d.allocate<float>(size_t(R) * C, "activations");
+    const int64_t up = first * F * C, down = first * C * F;  // this rank's expert slices
+    ops_.expert_ffn_forward(a.y, a.ffn_a, a.ffn_b, a.xg, w.w1 + up, w.w3 + up, w.w2 + down,
+                            a.expert_offsets, E_local, C, F, device_);
+    const std::vector<float> combined = ep.combine(a.y, a.expert_weight);
+    if (N > 0) std::memcpy(out, combined.data(), size_t(N) * C * sizeof(float));
+  }
+}
+
+template <typename T>
+void MoeBlock<T>::routed_backward_ep(const MoeWeights<T>& w, const MoeWeights<T>& g,
+                                     const MoeActivations<T>& a, const T* dout, T* dx, T* dweight,
+                                     ExpertDispatcher& ep) const {
+  if constexpr (!std::is_same_v<T, float>) {
+    (void)w, (void)g, (void)a, (void)dout, (void)dx, (void)dweight, (void)ep;
+    throw std::logic_error("MoeBlock: expert parallelism needs float parameters");
+  } else {
+    const int C = config_.d_model, F = config_.d_ff;
+    const int E_local = ep.local_experts(), R = a.expert_offsets[E_local];
+    std::vector<float> dy_local, dweight_v;
+    ep.combine_backward(dout, a.y, a.expert_weight, dy_local, dweight_v);
+    std::memcpy(dweight, dweight_v.data(), dweight_v.size() * sizeof(float));
+    const int64_t first = int64_t(ep.ep_rank()) * E_local;
+    const int64_t up = first * F * C, down = first * C * F;
+    float* dxg = device_.allocate_zeroed<float>(size_t(R) * C, "backward work");
+    ops_.expert_ffn_backward(dxg, g.w1 + up, g.w3 + up, g.w2 + down, dy_local.data(), a.xg, a.ffn_a,
+                             a.ffn_b, w.w1 + up, w.w3 + up, w.w2 + down, a.expert_offsets, E_local,
+                             C, F, device_);
+    // dx[n] += (sum over k in slot order of the rows of (n, k)), as moe_gather_backward does.
+    const std::vector<float> dx_tokens = ep.dispatch_backward(dxg);
+    for (size_t i = 0; i < dx_tokens.size(); ++i) dx[i] += dx_tokens[i];
+  }
 }
 
 template class MoeBlock<float>;

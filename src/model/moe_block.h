@@ -1,7 +1,9 @@
 // The mixture-of-experts feed-forward block of one layer: top-k router (+ load-balancing loss),
 // tokens grouped by expert in canonical order, grouped SwiGLU experts, weighted combine, and an
-// optional shared expert every token passes through. Expert parallelism later replaces the
-// gather/combine in the middle with dispatch/combine All-to-All; the rest stays.
+// optional shared expert every token passes through. With expert parallelism (an
+// ExpertDispatcher for the layer) the gather/combine in the middle become the dispatcher's
+// All-to-All(v) dispatch/combine and only this rank's local experts run; router, load-balancing
+// loss and shared expert stay on the rank's own tokens.
 #pragma once
 
 #include "kernels/ops.h"
@@ -11,6 +13,7 @@
 namespace rlf {
 
 class Arena;
+class ExpertDispatcher;
 
 template <typename T>
 struct MoeWeights {
@@ -27,7 +30,10 @@ struct MoeWeights {
 template <typename T>
 MoeWeights<T> moe_weights(const ParameterLayout& layout, T* base, int layer);
 
-// What forward saves for backward (pointers into the device arena).
+// What forward saves for backward (pointers into the device arena). With expert parallelism the
+// routed-expert buffers (xg, ffn_a, ffn_b, y, expert_offsets) hold this rank's dispatched rows and
+// are allocated by forward once their count is known; row_of_assignment and token_of_row stay
+// null (the dispatcher keeps the routing plan).
 template <typename T>
 struct MoeActivations {
   T *router_logits, *probs, *expert_weight, *xg, *ffn_a, *ffn_b, *y;
@@ -43,15 +49,30 @@ class MoeBlock {
   MoeBlock(const ModelConfig& config, const Ops<T>& ops, Arena& device)
       : config_(config), ops_(ops), device_(device) {}
 
-  MoeActivations<T> allocate(int N) const;
-  // out[N, C] = routed experts (+ shared expert) applied to x[N, C].
-  void forward(const MoeWeights<T>& w, const T* x, T* out, int N, MoeActivations<T>& a) const;
+  // `expert_parallel`: whether forward will get a dispatcher (its routed buffers are then
+  // allocated by forward).
+  MoeActivations<T> allocate(int N, bool expert_parallel = false) const;
+  // out[N, C] = routed experts (+ shared expert) applied to x[N, C]. With `ep` (collective over
+  // its EP group; float only) the routed experts are the dispatcher's: w.w1/w3/w2 still point at
+  // all E experts and only the slices of ep->ep_rank()'s local experts are read. `ep` keeps the
+  // routing plan that backward needs, so every layer needs its own dispatcher.
+  void forward(const MoeWeights<T>& w, const T* x, T* out, int N, MoeActivations<T>& a,
+               ExpertDispatcher* ep = nullptr) const;
   // Adds into dx[N, C] and the gradients `g` (same layout as the weights) given dout[N, C];
-  // aux_weight scales the load-balancing loss's gradient.
+  // aux_weight scales the load-balancing loss's gradient. With `ep` (the one forward used, with
+  // no dispatch since) only the local experts' gradient slices are written.
   void backward(const MoeWeights<T>& w, const MoeWeights<T>& g, const T* x,
-                const MoeActivations<T>& a, const T* dout, T* dx, int N, T aux_weight) const;
+                const MoeActivations<T>& a, const T* dout, T* dx, int N, T aux_weight,
+                ExpertDispatcher* ep = nullptr) const;
 
  private:
+  // The routed experts of forward/backward through the dispatcher (T = float only).
+  void routed_forward_ep(const MoeWeights<T>& w, const T* x, T* out, int N, MoeActivations<T>& a,
+                         ExpertDispatcher& ep) const;
+  void routed_backward_ep(const MoeWeights<T>& w, const MoeWeights<T>& g,
+                          const MoeActivations<T>& a, const T* dout, T* dx, T* dweight,
+                          ExpertDispatcher& ep) const;
+
   const ModelConfig& config_;
   const Ops<T>& ops_;
   Arena& device_;

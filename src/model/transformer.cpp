@@ -4,6 +4,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "kernels/arena.h"
 
@@ -38,6 +39,19 @@ template <typename T>
 Transformer<T>::~Transformer() = default;
 
 template <typename T>
+void Transformer<T>::set_expert_parallel(std::vector<ExpertDispatcher*> per_layer) {
+  if (!per_layer.empty() && int(per_layer.size()) != config_.n_layers) {
+    throw std::invalid_argument("Transformer: expert parallelism needs one dispatcher per layer");
+  }
+  for (size_t l = 0; l < per_layer.size(); ++l) {
+    bool shared = per_layer[l] == nullptr;
+    for (size_t m = 0; m < l; ++m) shared = shared || per_layer[l] == per_layer[m];
+    if (shared) throw std::invalid_argument("Transformer: every layer needs its own dispatcher");
+  }
+  expert_parallel_ = std::move(per_layer);
+}
+
+template <typename T>
 void Transformer<T>::initialize(uint64_t seed) {
   initialize_parameters(params_, layout_, config_, seed);
 }
@@ -64,7 +78,7 @@ typename Transformer<T>::Layer Transformer<T>::allocate_layer(int N) {
   a.xn2 = d.allocate<T>(N * C, "activations");
   a.rstd2 = d.allocate<T>(N, "activations");
   a.moe_out = d.allocate<T>(N * C, "activations");
-  a.moe = moe_.allocate(N);
+  a.moe = moe_.allocate(N, expert_parallel());
   return a;
 }
 
@@ -117,7 +131,7 @@ void Transformer<T>::layer_forward(int l, Layer& a, const T* x_in, T* x_out, int
   for (int64_t i = 0; i < NC; ++i) a.x_mid[i] += x_in[i];
   ops_.rmsnorm_forward(a.xn2, a.rstd2, a.x_mid, params_ + o.ffn_norm, N, C, T(config_.norm_eps),
                        device_);
-  moe_.forward(moe_weights(layout_, params_, l), a.xn2, a.moe_out, N, a.moe);
+  moe_.forward(moe_weights(layout_, params_, l), a.xn2, a.moe_out, N, a.moe, dispatcher(l));
   for (int64_t i = 0; i < NC; ++i) x_out[i] = a.x_mid[i] + a.moe_out[i];
 }
 
@@ -234,7 +248,7 @@ void Transformer<T>::layer_backward(int l, const Layer& a, T* dx, int N, const i
   std::memcpy(dx_mid, dx, size_t(NC) * sizeof(T));
   T* dxn2 = device_.allocate_zeroed<T>(NC, "backward work");
   moe_.backward(moe_weights(layout_, params_, l), moe_weights(layout_, grads_, l), a.xn2, a.moe, dx,
-                dxn2, N, aux_weight);
+                dxn2, N, aux_weight, dispatcher(l));
   ops_.rmsnorm_backward(dx_mid, grads_ + o.ffn_norm, dxn2, a.x_mid, params_ + o.ffn_norm, a.rstd2,
                         N, C, device_);
   // x_mid = x_in + att @ wo^T.

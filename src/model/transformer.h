@@ -2,6 +2,12 @@
 // top-k routed SwiGLU mixture of experts (plus an optional shared expert), a final RMSNorm and an
 // untied LM head. All math goes through an Ops table (reference or fast backend); all memory comes
 // from the device arena, so its peak is the model's true footprint.
+//
+// Expert parallelism (set_expert_parallel): each rank of an EP group runs the model on its own
+// tokens and every layer's routed experts through that layer's ExpertDispatcher, which runs only
+// this rank's local experts. First step: every rank keeps the full parameter layout; non-expert
+// tensors are replicated and only the local experts' slices of w1/w3/w2 are read or get
+// gradients (zero-redundancy storage of the expert tensors can come later).
 #pragma once
 
 #include <cstdint>
@@ -16,6 +22,7 @@
 namespace rlf {
 
 class Arena;
+class ExpertDispatcher;
 
 template <typename T>
 class Transformer {
@@ -33,6 +40,14 @@ class Transformer {
   T* parameters() const { return params_; }
   T* gradients() const { return grads_; }
   int64_t parameter_count() const { return layout_.total(); }
+
+  // `per_layer[l]` (n_layers entries, each a distinct dispatcher over the same EP group with
+  // n_experts experts) runs layer l's routed experts; an empty vector turns EP off. Each layer
+  // needs its own dispatcher because a dispatcher keeps its last routing plan for backward.
+  // With EP every forward, backward, prefill and decode is collective over the EP group (ranks
+  // may bring zero tokens); float only. Not owned.
+  void set_expert_parallel(std::vector<ExpertDispatcher*> per_layer);
+  bool expert_parallel() const { return !expert_parallel_.empty(); }
 
   void initialize(uint64_t seed);
   void zero_gradients();
@@ -69,6 +84,9 @@ class Transformer {
   void attention_core(int l, Layer& a, int N, const int* positions, const AttentionMode& mode);
   void layer_backward(int l, const Layer& a, T* dx, int N, const int* positions, T aux_weight);
   Layer allocate_layer(int N);
+  ExpertDispatcher* dispatcher(int l) const {
+    return expert_parallel_.empty() ? nullptr : expert_parallel_[size_t(l)];
+  }
   // Final RMSNorm and LM head over N hidden rows.
   const T* head(const T* x, int N, bool keep_activations);
 
@@ -77,6 +95,7 @@ class Transformer {
   const Ops<T>& ops_;
   Arena& device_;
   MoeBlock<T> moe_;
+  std::vector<ExpertDispatcher*> expert_parallel_;  // per layer; empty: no EP
   T* params_ = nullptr;
   T* grads_ = nullptr;
 

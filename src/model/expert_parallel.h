@@ -1,0 +1,28 @@
+// Gradient reduction for the expert-parallel model (see Transformer::set_expert_parallel).
+//
+// Rule: a gradient is summed over the ranks that hold the same copy of its parameter and saw
+// different tokens. Non-expert tensors are replicated over the EP group (and over its DP
+// replicas), so their gradients are summed over all of them. A routed expert lives on one rank
+// of each EP group, so its gradient is summed only over its expert-data-parallel group: the
+// ranks holding that expert in the DP replicas of the EP group. With a single EP group (the
+// setting implemented here) that group is the rank alone and expert gradients need no reduction.
+#pragma once
+
+#include <cstdint>
+
+#include "mpi_comm/links.h"
+#include "mpi_comm/topology.h"
+#include "src/model/parameter_layout.h"
+
+namespace rlf {
+
+// True for the routed experts' tensors (w1, w3, w2 of every layer), which EP shards.
+bool is_expert_tensor(const ParameterTensor& tensor);
+
+// Sums the gradients of every non-expert tensor of `layout` in `grads` over `ep` (collective;
+// one packed allreduce, hierarchical or flat ring); expert tensors are left untouched.
+void allreduce_replicated_gradients(float* grads, const ParameterLayout& layout,
+                                    const HierarchicalComm& ep, Links& links,
+                                    bool hierarchical = true);
+
+}  // namespace rlf
