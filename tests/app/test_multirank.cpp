@@ -100,3 +100,28 @@ TEST(MultiRankTrain, LayoutsThatDoNotFitAreRejectedOnEveryRankBeforeOutput) {
 
 }  // namespace
 }  // namespace rlf
+
+namespace rlf {
+namespace {
+
+TEST(BenchA2a, FourRanksOnTwoNodesMatchTheReferenceAndTheRoutingCount) {
+  const Result r = mpirun(4,
+                          "bench a2a --ranks-per-node 2 --tokens 64 --hidden 16 --experts 8 "
+                          "--top-k 2 --repeats 3 --inter-node-bandwidth 1e9 "
+                          "--intra-node-bandwidth 8e9 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto json = r.output.substr(r.output.find("{\"bench\":\"a2a\""));
+  // Every mode: no wrong row, inter-node bytes exactly the independent routing count.
+  for (const char* mode :
+       {"\"mode\":\"flat\"", "\"mode\":\"flat-dedup\"", "\"mode\":\"hierarchical\""}) {
+    const auto at = json.find(mode);
+    ASSERT_NE(at, std::string::npos) << mode;
+    const std::string row = json.substr(at, json.find('}', at) - at);
+    EXPECT_EQ(json_value(row, "wrong"), 0) << row;
+    EXPECT_EQ(json_value(row, "inter_node_bytes"), json_value(row, "inter_node_bytes_expected"))
+        << row;
+  }
+}
+
+}  // namespace
+}  // namespace rlf
