@@ -10,28 +10,16 @@
 #include <string>
 
 #include "kernels/error.h"
+#include "tests/app/run_rlfusion.h"
 
 namespace rlf {
 namespace {
 
-struct Result {
-  int exit_code;
-  std::string output;  // stdout and stderr together
-};
+using Result = test::CommandResult;
 
 // ranks == 0: the binary alone (a singleton MPI world); otherwise under mpiexec.
 Result run_bench(int ranks, const std::string& args) {
-  const std::string launcher =
-      ranks > 0 ? "mpiexec -n " + std::to_string(ranks) + " --oversubscribe " : std::string();
-  const std::string command = "cd " RLFUSION_SOURCE_DIR
-                              " && OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " +
-                              launcher + RLFUSION_BINARY " bench queue " + args + " 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
-  std::string output;
-  std::array<char, 4096> buffer;
-  while (size_t n = fread(buffer.data(), 1, buffer.size(), pipe)) output.append(buffer.data(), n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+  return test::run_rlfusion("bench queue " + args, ranks);
 }
 
 // The JSON twin: the one line that starts with {"bench":"queue".

@@ -15,27 +15,13 @@
 #include "src/io/parameter_file.h"
 #include "src/model/model_config.h"
 #include "src/model/parameter_layout.h"
+#include "tests/app/run_rlfusion.h"
 
 namespace rlf {
 namespace {
 
-struct Result {
-  int exit_code;
-  std::string output;  // stdout and stderr together
-};
-
-Result run_rlfusion(const std::string& args) {
-  const std::string command = "cd " RLFUSION_SOURCE_DIR
-                              " && OMPI_ALLOW_RUN_AS_ROOT=1 "
-                              "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " RLFUSION_BINARY " " +
-                              args + " 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
-  std::string output;
-  std::array<char, 4096> buffer;
-  while (size_t n = fread(buffer.data(), 1, buffer.size(), pipe)) output.append(buffer.data(), n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
-}
+using Result = test::CommandResult;
+using test::run_rlfusion;
 
 std::string temp_dir(const std::string& name) {
   const auto dir = std::filesystem::temp_directory_path() / ("rlfusion-test-" + name);

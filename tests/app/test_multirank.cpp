@@ -9,26 +9,15 @@
 #include <fstream>
 #include <string>
 
+#include "tests/app/run_rlfusion.h"
+
 namespace rlf {
 namespace {
 
-struct Result {
-  int exit_code;
-  std::string output;
-};
+using Result = test::CommandResult;
 
 Result mpirun(int ranks, const std::string& args) {
-  const std::string command = "cd " RLFUSION_SOURCE_DIR
-                              " && OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
-                              "mpiexec -n " +
-                              std::to_string(ranks) + " --oversubscribe " RLFUSION_BINARY " " +
-                              args + " 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
-  std::string output;
-  std::array<char, 4096> buffer;
-  while (size_t n = fread(buffer.data(), 1, buffer.size(), pipe)) output.append(buffer.data(), n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+  return test::run_rlfusion(args, ranks);
 }
 
 std::string temp_dir(const std::string& name) {

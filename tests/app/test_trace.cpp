@@ -22,6 +22,7 @@
 #include "src/io/trace_reader.h"
 #include "src/io/trace_summary.h"
 #include "src/io/trace_writer.h"
+#include "tests/app/run_rlfusion.h"
 
 namespace rlf {
 namespace {
@@ -307,23 +308,8 @@ TEST(TraceFile, ATruncatedTraceIsAConfigError) {
 
 // --- rlfusion report, end to end -------------------------------------------------------------
 
-struct Result {
-  int exit_code;
-  std::string output;  // stdout and stderr together
-};
-
-Result run_rlfusion(const std::string& args) {
-  const std::string command = "cd " RLFUSION_SOURCE_DIR
-                              " && OMPI_ALLOW_RUN_AS_ROOT=1 "
-                              "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " RLFUSION_BINARY " " +
-                              args + " 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
-  std::string output;
-  std::array<char, 4096> buffer;
-  while (size_t n = fread(buffer.data(), 1, buffer.size(), pipe)) output.append(buffer.data(), n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
-}
+using Result = test::CommandResult;
+using test::run_rlfusion;
 
 // The report's tables: runs of data lines (not starting with '#'), split into words; a '#' line
 // ends a table.

@@ -1,0 +1,34 @@
+// Runs the rlfusion binary the way a user does, from the source tree (where inputs/ lives), and
+// captures its exit code and output (stdout and stderr together).
+#pragma once
+
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <string>
+
+namespace rlf::test {
+
+struct CommandResult {
+  int exit_code;
+  std::string output;
+};
+
+// ranks == 0: the binary alone (a singleton MPI world); otherwise under mpiexec with that many
+// ranks, oversubscribed (these tests check results and counts, never times).
+inline CommandResult run_rlfusion(const std::string& args, int ranks = 0) {
+  const std::string launcher =
+      ranks > 0 ? "mpiexec -n " + std::to_string(ranks) + " --oversubscribe " : std::string();
+  const std::string command = "cd " RLFUSION_SOURCE_DIR
+                              " && OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " +
+                              launcher + RLFUSION_BINARY " " + args + " 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  std::string output;
+  std::array<char, 4096> buffer;
+  while (size_t n = fread(buffer.data(), 1, buffer.size(), pipe)) output.append(buffer.data(), n);
+  const int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+}
+
+}  // namespace rlf::test
