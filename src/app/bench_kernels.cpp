@@ -24,6 +24,7 @@
 #include "kernels/rope.h"
 #include "kernels/router.h"
 #include "kernels/sampling.h"
+#include "src/app/bench_timing.h"
 #include "src/app/build_info.h"
 #include "src/app/commands.h"
 #include "src/app/options.h"
@@ -35,31 +36,6 @@ namespace rlf {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double time_once(const std::function<void()>& body) {
-  const auto start = Clock::now();
-  body();
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-// Times `bodies` interleaved (A B A B ...) after one warm-up each; returns each one's median.
-std::vector<double> time_interleaved(const std::vector<std::function<void()>>& bodies,
-                                     int repeats) {
-  std::vector<std::vector<double>> samples(bodies.size());
-  for (const auto& body : bodies) body();
-  for (int r = 0; r < repeats; ++r) {
-    for (size_t i = 0; i < bodies.size(); ++i) samples[i].push_back(time_once(bodies[i]));
-  }
-  std::vector<double> medians;
-  for (auto& s : samples) medians.push_back(median(s));
-  return medians;
-}
 
 std::vector<float> random_floats(size_t n, uint64_t stream, float scale = 1.0f) {
   std::vector<float> v(n);

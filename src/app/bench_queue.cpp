@@ -20,6 +20,7 @@
 
 #include "kernels/error.h"
 #include "mpi_comm/topology.h"
+#include "src/app/bench_timing.h"
 #include "src/app/build_info.h"
 #include "src/app/commands.h"
 #include "src/app/layout_options.h"
@@ -37,29 +38,6 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-// Times `bodies` interleaved (A B A B ...) after one warm-up each; returns each one's median.
-std::vector<double> time_interleaved(const std::vector<std::function<void()>>& bodies,
-                                     int repeats) {
-  std::vector<std::vector<double>> samples(bodies.size());
-  for (const auto& body : bodies) body();
-  for (int r = 0; r < repeats; ++r) {
-    for (size_t i = 0; i < bodies.size(); ++i) {
-      const auto start = Clock::now();
-      bodies[i]();
-      samples[i].push_back(seconds_since(start));
-    }
-  }
-  std::vector<double> medians;
-  for (auto& s : samples) medians.push_back(median(s));
-  return medians;
 }
 
 // Collectives that wait with back-off sleeps: Open MPI's blocking calls busy-poll, which would

@@ -20,8 +20,7 @@ void RunDirectory::check_writable(const std::string& path, bool overwrite) {
   }
 }
 
-RunDirectory::RunDirectory(const std::string& path, const std::string& resolved_config,
-                           bool writer)
+RunDirectory::RunDirectory(const std::string& path, const std::string& resolved_config, bool writer)
     : path_(path) {
   if (!writer) return;
   std::filesystem::create_directories(path_);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kernels/error.h"
+#include "src/io/input_files.h"
 
 namespace po = boost::program_options;
 
@@ -62,19 +63,7 @@ void ModelConfig::validate(const std::string& source) const {
 }
 
 std::string resolve_model_path(const std::string& name_or_path) {
-  if (name_or_path.find('/') != std::string::npos || name_or_path.ends_with(".ini")) {
-    return name_or_path;
-  }
-  // A bare name: ./inputs/models first (a run from a checkout), then $RLFUSION_INPUTS, then the
-  // inputs/ of the source tree this binary was built from.
-  const std::string file = "models/" + name_or_path + ".ini";
-  std::vector<std::string> roots{"inputs"};
-  if (const char* env = std::getenv("RLFUSION_INPUTS")) roots.emplace_back(env);
-  roots.emplace_back(RLFUSION_DEFAULT_INPUTS);
-  for (const std::string& root : roots) {
-    if (std::filesystem::exists(root + "/" + file)) return root + "/" + file;
-  }
-  return "inputs/" + file;
+  return resolve_input_file("models", name_or_path);
 }
 
 ModelConfig load_model_config(const std::string& name_or_path) {

@@ -28,8 +28,7 @@ void attach_reference_logprobs(Transformer<float>& reference, std::vector<Rollou
 }
 
 StepStats optimize_on_rollouts(Transformer<float>& policy, AdamW<float>& optimizer,
-                               const std::vector<Rollout>& rollouts,
-                               const RlStepSettings& settings,
+                               const std::vector<Rollout>& rollouts, const RlStepSettings& settings,
                                const DataParallelHooks& parallel) {
   StepStats stats;
   for (const Rollout& r : rollouts) {
@@ -60,8 +59,8 @@ StepStats optimize_on_rollouts(Transformer<float>& policy, AdamW<float>& optimiz
       std::vector<const Rollout*> micro;
       for (size_t i = begin; i < end; ++i) micro.push_back(&rollouts[i]);
       const float aux = policy.config().aux_loss_coef * float(double(end - begin) / all_samples);
-      const PpoStats s = accumulate_policy_gradient(policy, micro, normalizer,
-                                                    settings.temperature, settings.ppo, aux);
+      const PpoStats s = accumulate_policy_gradient(policy, micro, normalizer, settings.temperature,
+                                                    settings.ppo, aux);
       stats.kl += s.kl_sum;
       stats.clipped_tokens += s.clipped_tokens;
     }

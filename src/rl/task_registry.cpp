@@ -6,6 +6,7 @@
 #include <functional>
 
 #include "kernels/error.h"
+#include "src/io/input_files.h"
 #include "src/rl/addition_task.h"
 #include "src/rl/long_addition_task.h"
 #include "src/rl/sort_task.h"
@@ -40,23 +41,6 @@ std::string joined_task_names() {
   return out;
 }
 
-// A bare name is looked up as tasks/<name>.ini under ./inputs (a run from a checkout), then
-// $RLFUSION_INPUTS, then the inputs/ of the source tree this binary was built from; the same
-// order as model names.
-std::string resolve_task_path(const std::string& name_or_path) {
-  if (name_or_path.find('/') != std::string::npos || name_or_path.ends_with(".ini")) {
-    return name_or_path;
-  }
-  const std::string file = "tasks/" + name_or_path + ".ini";
-  std::vector<std::string> roots{"inputs"};
-  if (const char* env = std::getenv("RLFUSION_INPUTS")) roots.emplace_back(env);
-  roots.emplace_back(RLFUSION_DEFAULT_INPUTS);
-  for (const std::string& root : roots) {
-    if (std::filesystem::exists(root + "/" + file)) return root + "/" + file;
-  }
-  return "inputs/" + file;
-}
-
 }  // namespace
 
 std::vector<std::string> task_names() {
@@ -73,7 +57,7 @@ std::unique_ptr<Task> make_task(const TaskConfig& config) {
 }
 
 TaskConfig load_task_config(const std::string& name_or_path, uint64_t seed) {
-  const std::string path = resolve_task_path(name_or_path);
+  const std::string path = resolve_input_file("tasks", name_or_path);
   std::ifstream file(path);
   if (!file) {
     throw ConfigError("task file '" + path +
