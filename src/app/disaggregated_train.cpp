@@ -75,7 +75,9 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
   validate_layout_fit(rl, topology);
   const Role role = topology.role();
   const bool root = topology.world_rank() == topology.ranks_of(Role::Learner).front();
-  // Every rank checks the same inputs, so a bad value stops all of them before any work.
+  // Every rank checks the same inputs, so a bad value stops all of them before any work. Queue
+  // ranks build the model too: loading --init is what rejects another model's checkpoint, and
+  // a rank that skipped it would wait forever in the queue's collectives for the others.
   Policy policy = make_policy(run, policy_options, role == Role::Learner);
   RunDirectory dir(run.run_dir, resolved_config, /*writer=*/root);
   TraceRecorder trace(MPI_COMM_WORLD);

@@ -16,26 +16,16 @@
 #include "src/rl/tokenizer.h"
 #include "tests/mpi/mpi_test_util.h"
 #include "tests/test_util.h"
+#include "tests/tiny_policy.h"
 
 namespace rlf {
 namespace {
 
 ModelConfig learner_model() {
-  ModelConfig c;
-  c.vocab_size = Tokenizer::vocab_size();
-  c.d_model = 16;
-  c.n_layers = 2;
-  c.n_heads = 2;
-  c.n_experts = 4;
-  c.top_k = 2;
-  c.d_ff = 16;
-  c.shared_expert_d_ff = 8;
-  c.max_seq_len = 32;
-  c.init_std = 0.2f;
+  ModelConfig c = test::tiny_policy_config();
   // The router load-balancing loss is a function of each micro-batch's routing statistics, so it
   // is not additive across shards; the equivalence below is about the policy-gradient loss.
   c.aux_loss_coef = 0.0f;
-  c.validate("test");
   return c;
 }
 

@@ -11,6 +11,7 @@
 #include "src/rl/rollout.h"
 #include "src/rl/tokenizer.h"
 #include "tests/test_util.h"
+#include "tests/tiny_policy.h"
 
 namespace rlf {
 namespace {
@@ -31,22 +32,6 @@ class SwapTask : public Task {
   int max_response_chars() const override { return 2; }
 };
 
-ModelConfig test_model() {
-  ModelConfig c;
-  c.vocab_size = Tokenizer::vocab_size();
-  c.d_model = 16;
-  c.n_layers = 2;
-  c.n_heads = 2;
-  c.n_experts = 4;
-  c.top_k = 2;
-  c.d_ff = 16;
-  c.shared_expert_d_ff = 8;
-  c.max_seq_len = 32;
-  c.init_std = 0.2f;
-  c.validate("test");
-  return c;
-}
-
 GenerationSettings sampling(float temperature) {
   GenerationSettings s;
   s.temperature = temperature;
@@ -65,7 +50,7 @@ std::vector<const Rollout*> pointers(const std::vector<Rollout>& rollouts) {
 TEST(PolicyLoss, RecomputedLogProbsEqualGenerationLogProbs) {
   for (float temperature : {1.0f, 0.7f}) {
     Arena device("test", 64 << 20);
-    Transformer<float> model(test_model(), cpu_ops(), device, false);
+    Transformer<float> model(test::tiny_policy_config(), cpu_ops(), device, false);
     model.initialize(3);
     SwapTask task;
     const auto rollouts =
@@ -81,7 +66,7 @@ TEST(PolicyLoss, RecomputedLogProbsEqualGenerationLogProbs) {
 
 TEST(PolicyLoss, MicroBatchesSumToTheWholeBatchGradient) {
   Arena device("test", 128 << 20);
-  Transformer<float> model(test_model(), cpu_ops(), device, true);
+  Transformer<float> model(test::tiny_policy_config(), cpu_ops(), device, true);
   model.initialize(4);
   SwapTask task;
   auto rollouts =
@@ -111,7 +96,7 @@ TEST(PolicyLoss, MicroBatchesSumToTheWholeBatchGradient) {
 
 TEST(Rollouts, SameSeedSameRolloutsAndGroupedAdvantages) {
   Arena device("test", 64 << 20);
-  Transformer<float> model(test_model(), cpu_ops(), device, false);
+  Transformer<float> model(test::tiny_policy_config(), cpu_ops(), device, false);
   model.initialize(6);
   SwapTask task;
   const auto a =
@@ -139,7 +124,7 @@ namespace {
 
 TEST(PolicyLoss, AGradientStepRaisesTheLikelihoodOfPositiveAdvantageSamples) {
   Arena device("test", 128 << 20);
-  Transformer<float> model(test_model(), cpu_ops(), device, true);
+  Transformer<float> model(test::tiny_policy_config(), cpu_ops(), device, true);
   model.initialize(8);
   SwapTask task;
   auto rollouts =
@@ -175,7 +160,7 @@ namespace {
 // against central differences of its own loss, in float with a coarse step.
 TEST(PolicyLoss, ModelGradientMatchesFiniteDifferencesOfThePpoLoss) {
   Arena device("test", 128 << 20);
-  ModelConfig config = test_model();
+  ModelConfig config = test::tiny_policy_config();
   Transformer<float> model(config, cpu_ops(), device, true);
   model.initialize(9);
   SwapTask task;
