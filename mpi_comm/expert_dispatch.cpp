@@ -46,6 +46,15 @@ const char* dispatch_mode_name(DispatchMode mode) {
   return "?";
 }
 
+DispatchMode parse_dispatch_mode(const std::string& name, const char* option) {
+  for (DispatchMode mode :
+       {DispatchMode::Flat, DispatchMode::FlatDedup, DispatchMode::Hierarchical}) {
+    if (name == dispatch_mode_name(mode)) return mode;
+  }
+  throw ConfigError(std::string(option) + " must be flat, flat-dedup or hierarchical, got '" +
+                    name + "'");
+}
+
 void validate_expert_parallel(int experts, int ep_size, int world_size) {
   if (experts < 1) throw ConfigError("--experts must be >= 1, got " + std::to_string(experts));
   if (ep_size < 1 || world_size % ep_size != 0) {

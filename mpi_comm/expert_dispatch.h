@@ -38,6 +38,7 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "mpi_comm/links.h"
@@ -47,6 +48,8 @@ namespace rlf {
 
 enum class DispatchMode { Flat = 0, FlatDedup = 1, Hierarchical = 2 };
 const char* dispatch_mode_name(DispatchMode mode);
+// The mode named by dispatch_mode_name; ConfigError naming `option` otherwise.
+DispatchMode parse_dispatch_mode(const std::string& name, const char* option);
 
 // ConfigError (same text on every rank) unless ep_size >= 1 divides both experts and the world.
 void validate_expert_parallel(int experts, int ep_size, int world_size);
@@ -76,6 +79,7 @@ class ExpertDispatcher {
   int local_experts() const { return experts_ / ep_size(); }
   int owner_of(int expert) const { return expert / local_experts(); }
   DispatchMode mode() const { return mode_; }
+  MPI_Comm comm() const { return comm_; }  // the EP group (a duplicate owned by the dispatcher)
 
   // Collective. x[N, C], expert_idx[N, K] (N may be 0 on any rank; K and C equal everywhere).
   // Returns this rank's rows [local_rows(), C] in canonical order and keeps the plan for the

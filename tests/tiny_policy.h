@@ -23,4 +23,13 @@ inline ModelConfig tiny_policy_config() {
   return c;
 }
 
+// The tiny policy without the router load-balancing loss: that loss is a function of each
+// micro-batch's routing statistics, so it is not additive across shards, and the data- and
+// expert-parallel tests compare sharded training with one rank on the policy-gradient loss.
+inline ModelConfig tiny_policy_config_without_aux_loss() {
+  ModelConfig c = tiny_policy_config();
+  c.aux_loss_coef = 0.0f;
+  return c;
+}
+
 }  // namespace rlf::test

@@ -21,6 +21,7 @@
 #include "src/roles/dist_queue.h"
 #include "src/roles/rollout_samples.h"
 #include "src/roles/sample_packing.h"
+#include "src/runtime/role_expert_parallel.h"
 #include "src/runtime/weight_sync.h"
 
 namespace rlf {
@@ -79,6 +80,12 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
   // ranks build the model too: loading --init is what rejects another model's checkpoint, and
   // a rank that skipped it would wait forever in the queue's collectives for the others.
   Policy policy = make_policy(run, policy_options, role == Role::Learner);
+  validate_role_expert_parallel("--expert-parallel", options.expert_parallel,
+                                topology.ranks_of(Role::Learner), policy.config.n_experts,
+                                options.ep_dispatch, topology.links(), "learner");
+  validate_role_expert_parallel("--actor-expert-parallel", options.actor_expert_parallel,
+                                topology.ranks_of(Role::Actor), policy.config.n_experts,
+                                options.ep_dispatch, topology.links(), "actor");
   RunDirectory dir(run.run_dir, resolved_config, /*writer=*/root);
   TraceRecorder trace(MPI_COMM_WORLD);
   trace.set_memory_source(&policy.device->memory());
@@ -100,6 +107,7 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
   Evaluation initial, before_rl, after;
   double rl_seconds = 0;
   int64_t rl_tokens = 0;
+  std::unique_ptr<RoleExpertParallel> ep;  // EP groups of this rank's role, when degree > 1
 
   if (role != Role::Queue) {
     if (role == Role::Learner) {
@@ -115,6 +123,15 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
     const HierarchicalComm& role_comm = topology.role_comm();
     Links& links = topology.links();
     Arena& device = policy.device->memory();
+    // The SFT warm start above ran unsharded and identically on every learner; expert
+    // parallelism starts with RL.
+    const int ep_degree =
+        role == Role::Learner ? options.expert_parallel : options.actor_expert_parallel;
+    if (ep_degree > 1) {
+      ep = std::make_unique<RoleExpertParallel>(role_comm, links, policy.config.n_experts,
+                                                ep_degree, options.ep_dispatch);
+      ep->attach(model);
+    }
 
     std::unique_ptr<Transformer<float>> reference;
     std::unique_ptr<AdamW<float>> optimizer;
@@ -128,6 +145,10 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
       AdamWHyper hyper;
       hyper.learning_rate = rl.learning_rate;
       optimizer = std::make_unique<AdamW<float>>(model, hyper, rl.max_grad_norm);
+      if (ep) {
+        if (reference) ep->attach(*reference);
+        optimizer->set_shard(ep->optimizer_shard(model.layout()));
+      }
     }
     DataParallelHooks parallel;
     parallel.sum = [&](double x) {
@@ -136,6 +157,10 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
     };
     parallel.reduce_gradients = [&] {
       TraceScope traced(trace, Phase::GradientReduce);
+      if (ep) {
+        traced.set_bytes(int64_t(ep->reduce_gradients(model.gradients(), model.layout())));
+        return;
+      }
       const LinkCounters before = links.counters();
       allreduce_sum(model.gradients(), parameter_count, role_comm, links);
       const LinkCounters& now = links.counters();
@@ -162,6 +187,14 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
         "transfer\n",
         rl.steps, rl.prompts, rl.group_size, actors.size(), learners.size(),
         options.hierarchical_queue ? "hierarchical" : "flat");
+    if (options.expert_parallel > 1 || options.actor_expert_parallel > 1) {
+      dir.log(
+          "# expert parallelism: learners EP %d x %zu replicas, actors EP %d x %zu replicas, %s "
+          "dispatch\n",
+          options.expert_parallel, learners.size() / size_t(options.expert_parallel),
+          options.actor_expert_parallel, actors.size() / size_t(options.actor_expert_parallel),
+          dispatch_mode_name(options.ep_dispatch));
+    }
     RlProgress progress(dir, rl.steps, rl.log_every, device);
     sync_weights(0);
     progress.start();
@@ -215,6 +248,12 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
         stats = optimize_on_rollouts(model, *optimizer, rollouts, settings, parallel);
         traced.set_tokens(int64_t(stats.tokens / double(learners.size())));
       }
+      if (ep) {
+        // Learner 0 evaluates, saves and sends the weights: it needs every expert's update.
+        TraceScope traced(trace, Phase::WeightSync);
+        traced.set_version(version + 1);
+        traced.set_bytes(int64_t(ep->gather_experts(model.parameters(), model.layout())));
+      }
       if (root) sync_weights(version + 1);
       rl_tokens += int64_t(stats.tokens);
       progress.step_done(step, stats);
@@ -223,6 +262,8 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
   }
   queue.close();
   if (root) {
+    // Learner 0 holds every expert (gather_experts) and evaluates alone.
+    model.set_expert_parallel({});
     after = evaluate_traced(model, task, policy_options, trace);
     save_parameters(dir.file("model.h5"), policy.config, model.layout(), model.parameters());
   }
@@ -230,6 +271,9 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
   LinkCounters total = topology.links().counters();
   MPI_Allreduce(MPI_IN_PLACE, total.bytes.data(), 2, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
   MPI_Allreduce(MPI_IN_PLACE, total.messages.data(), 2, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+  DispatchTraffic dispatched = ep ? ep->traffic() : DispatchTraffic{};
+  MPI_Allreduce(MPI_IN_PLACE, dispatched.payload.bytes.data(), 2, MPI_UINT64_T, MPI_SUM,
+                MPI_COMM_WORLD);
   write_trace(dir.file("trace.h5"), trace, MPI_COMM_WORLD, run_metadata("train", run, policy));
   const double total_seconds = std::chrono::duration<double>(Clock::now() - run_start).count();
 
@@ -244,17 +288,25 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
           (unsigned long long)total.bytes[size_t(LinkClass::IntraNode)]);
   dir.log("  %-40s %14llu\n", "inter-node bytes (all ranks)",
           (unsigned long long)total.bytes[size_t(LinkClass::InterNode)]);
+  if (options.expert_parallel > 1 || options.actor_expert_parallel > 1) {
+    dir.log("  %-40s %14llu\n", "EP dispatch payload, intra-node bytes",
+            (unsigned long long)dispatched.payload.bytes[size_t(LinkClass::IntraNode)]);
+    dir.log("  %-40s %14llu\n", "EP dispatch payload, inter-node bytes",
+            (unsigned long long)dispatched.payload.bytes[size_t(LinkClass::InterNode)]);
+  }
   dir.log("# parameters in %s; trace in %s (rlfusion report %s)\n", dir.file("model.h5").c_str(),
           dir.file("trace.h5").c_str(), dir.path().c_str());
-  char json[768];
+  char json[1024];
   std::snprintf(
       json, sizeof json,
       "{\"command\":\"train\",\"mode\":\"disaggregated\",\"task\":\"%s\",\"model\":\"%s\","
-      "\"seed\":%llu,\"ranks\":%d,\"sft_steps\":%d,\"rl_steps\":%d,"
+      "\"seed\":%llu,\"ranks\":%d,\"expert_parallel\":%d,\"actor_expert_parallel\":%d,"
+      "\"sft_steps\":%d,\"rl_steps\":%d,"
       "\"heldout_accuracy_before_rl\":%.4f,\"heldout_accuracy_after_rl\":%.4f,"
       "\"rl_tokens_per_s\":%.1f,\"total_seconds\":%.3f}",
       policy.task->name().c_str(), policy.config.name.c_str(), (unsigned long long)run.seed,
-      topology.world_size(), sft.steps, rl.steps, before_rl.accuracy(), after.accuracy(),
+      topology.world_size(), options.expert_parallel, options.actor_expert_parallel, sft.steps,
+      rl.steps, before_rl.accuracy(), after.accuracy(),
       rl_seconds > 0 ? double(rl_tokens) / rl_seconds : 0.0, total_seconds);
   if (run.json) dir.log("%s\n", json);
   dir.finish(json);

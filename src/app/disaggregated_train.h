@@ -2,11 +2,14 @@
 // with policy version v and put the samples into DistQueue; learners take the step's batch
 // (hierarchically: one request per node), train data-parallel with a hierarchical gradient
 // allreduce, and learner 0 sends version v + 1 to the actors by a bucketed hierarchical
-// broadcast. Dedicated queue ranks only serve shards.
+// broadcast. Dedicated queue ranks only serve shards. With --expert-parallel the learners (and
+// with --actor-expert-parallel the actors) shard the routed experts over EP groups of
+// consecutive role ranks (src/runtime/role_expert_parallel.h).
 #pragma once
 
 #include <string>
 
+#include "mpi_comm/expert_dispatch.h"
 #include "mpi_comm/topology.h"
 #include "src/app/policy_setup.h"
 #include "src/app/rl_options.h"
@@ -17,6 +20,9 @@ namespace rlf {
 struct DisaggregatedOptions {
   bool hierarchical_queue = true;  // --queue-transfer hierarchical | flat
   int64_t shard_capacity = 4096;   // --queue-capacity, samples per shard
+  int expert_parallel = 1;         // --expert-parallel: EP degree of the learners
+  int actor_expert_parallel = 0;   // --actor-expert-parallel (0: the learners' degree)
+  DispatchMode ep_dispatch = DispatchMode::Hierarchical;  // --ep-dispatch
 };
 
 int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_options,

@@ -53,7 +53,7 @@ int run_train_command(const std::vector<std::string>& args) {
   LayoutConfig layout;
   description.add(layout_options_description(layout));
   DisaggregatedOptions multi_rank;
-  std::string queue_transfer = "hierarchical";
+  std::string queue_transfer = "hierarchical", ep_dispatch = "hierarchical";
   {
     po::options_description d("Multi-rank options");
     auto add = d.add_options();
@@ -62,6 +62,17 @@ int run_train_command(const std::vector<std::string>& args) {
     add("queue-capacity",
         po::value(&multi_rank.shard_capacity)->default_value(multi_rank.shard_capacity),
         "samples each DistQueue shard holds before producers wait");
+    add("expert-parallel",
+        po::value(&multi_rank.expert_parallel)->default_value(multi_rank.expert_parallel),
+        "expert-parallel degree of the learners: EP groups of this many consecutive learner "
+        "ranks share the routed experts");
+    add("actor-expert-parallel",
+        po::value(&multi_rank.actor_expert_parallel)
+            ->default_value(multi_rank.actor_expert_parallel),
+        "expert-parallel degree of the actors (0: the same as --expert-parallel)");
+    add("ep-dispatch", po::value(&ep_dispatch)->default_value(ep_dispatch),
+        "expert-parallel token dispatch: hierarchical (once per node, then inside the node) | "
+        "flat-dedup | flat");
     description.add(d);
   }
   po::variables_map parsed;
@@ -75,8 +86,19 @@ int run_train_command(const std::vector<std::string>& args) {
   if (multi_rank.shard_capacity < 1) throw ConfigError("--queue-capacity must be >= 1");
   layout.links.validate();
   multi_rank.hierarchical_queue = queue_transfer == "hierarchical";
+  multi_rank.ep_dispatch = parse_dispatch_mode(ep_dispatch, "--ep-dispatch");
+  if (multi_rank.actor_expert_parallel == 0)
+    multi_rank.actor_expert_parallel = multi_rank.expert_parallel;
   int world_size = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  if (world_size == 1 &&
+      (multi_rank.expert_parallel != 1 || multi_rank.actor_expert_parallel != 1)) {
+    throw ConfigError(
+        "--expert-parallel and --actor-expert-parallel need a multi-rank run (a single rank "
+        "holds every expert); got " +
+        std::to_string(multi_rank.expert_parallel) + " and " +
+        std::to_string(multi_rank.actor_expert_parallel) + " on 1 rank");
+  }
   if (world_size > 1) {
     return run_disaggregated_train(run, policy_options, sft, o, layout, multi_rank,
                                    format_options(parsed));

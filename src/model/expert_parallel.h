@@ -4,11 +4,12 @@
 // different tokens. Non-expert tensors are replicated over the EP group (and over its DP
 // replicas), so their gradients are summed over all of them. A routed expert lives on one rank
 // of each EP group, so its gradient is summed only over its expert-data-parallel group: the
-// ranks holding that expert in the DP replicas of the EP group. With a single EP group (the
-// setting implemented here) that group is the rank alone and expert gradients need no reduction.
+// ranks holding that expert in the DP replicas of the EP group (reduce_expert_gradients); with a
+// single EP group that group is the rank alone and expert gradients need no reduction.
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "mpi_comm/links.h"
 #include "mpi_comm/topology.h"
@@ -18,6 +19,18 @@ namespace rlf {
 
 // True for the routed experts' tensors (w1, w3, w2 of every layer), which EP shards.
 bool is_expert_tensor(const ParameterTensor& tensor);
+
+// The slices of experts [first, first + count) in every routed-expert tensor, one range per
+// tensor (a tensor of E experts stores expert e at offset + e * numel / E).
+std::vector<ParameterRange> expert_slices(const ParameterLayout& layout, int experts, int first,
+                                          int count);
+// Every non-expert tensor, adjacent tensors merged into one range.
+std::vector<ParameterRange> replicated_ranges(const ParameterLayout& layout);
+
+// Sums `ranges` of `grads` over `group` (collective; one packed hierarchical allreduce; nothing
+// to do on a group of one rank).
+void allreduce_ranges(float* grads, const std::vector<ParameterRange>& ranges,
+                      const HierarchicalComm& group, Links& links);
 
 // Sums the gradients of every non-expert tensor of `layout` in `grads` over `ep` (collective;
 // one packed allreduce, hierarchical or flat ring); expert tensors are left untouched.

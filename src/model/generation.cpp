@@ -48,7 +48,9 @@ std::vector<GeneratedSample> generate(Transformer<float>& model,
     throw std::invalid_argument("generate: one sample id per prompt is required");
   }
   std::vector<GeneratedSample> out(static_cast<size_t>(B));
-  if (B == 0) return out;
+  // With expert parallelism every prefill and decode step is collective over the EP group, so a
+  // rank with nothing to generate still takes part with zero rows.
+  if (B == 0 && !model.expert_parallel()) return out;
   int longest = 0;
   for (const auto& p : prompts) {
     if (p.empty()) throw std::invalid_argument("generate: empty prompt");
@@ -109,7 +111,7 @@ std::vector<GeneratedSample> generate(Transformer<float>& model,
       }
     }
     active.swap(still_active);
-    if (active.empty()) break;
+    if (!model.on_any_expert_parallel_rank(!active.empty())) break;
     // The previous step's logits are consumed: rewind to just after the cache.
     device.release(after_cache);
     const int A2 = int(active.size());

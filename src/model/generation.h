@@ -26,6 +26,8 @@ struct GeneratedSample {
   bool ended = false;           // stopped at eos_token rather than at max_new_tokens
 };
 
+// With expert parallelism (Transformer::set_expert_parallel) the call is collective over the EP
+// group: every rank steps until the last sequence of the group has finished.
 std::vector<GeneratedSample> generate(Transformer<float>& model,
                                       const std::vector<std::vector<int>>& prompts,
                                       const std::vector<int64_t>& sample_ids,

@@ -20,11 +20,33 @@ AdamW<T>::AdamW(Transformer<T>& model, const AdamWHyper& hyper, float max_grad_n
 template <typename T>
 double AdamW<T>::step() {
   const auto& ops = model_.ops();
-  const int64_t n = model_.parameter_count();
-  const double norm = std::sqrt(ops.grad_norm_squared(model_.gradients(), n, model_.device()));
+  T* params = model_.parameters();
+  T* grads = model_.gradients();
+  if (!shard_) {
+    const int64_t n = model_.parameter_count();
+    const double norm = std::sqrt(ops.grad_norm_squared(grads, n, model_.device()));
+    ++step_;
+    ops.adamw_update(params, grads, m_, v_, n, hyper_, step_, clip_scale(norm, max_grad_norm_),
+                     model_.device());
+    return norm;
+  }
+  auto squared = [&](const std::vector<ParameterRange>& ranges) {
+    double sum = 0;
+    for (const ParameterRange& r : ranges)
+      sum += ops.grad_norm_squared(grads + r.offset, r.count, model_.device());
+    return sum;
+  };
+  const double norm =
+      std::sqrt(squared(shard_->replicated) + shard_->sum_over_group(squared(shard_->owned)));
   ++step_;
-  ops.adamw_update(model_.parameters(), model_.gradients(), m_, v_, n, hyper_, step_,
-                   clip_scale(norm, max_grad_norm_), model_.device());
+  const float scale = clip_scale(norm, max_grad_norm_);
+  // AdamW is elementwise, so updating range by range equals one update of the whole buffer.
+  for (const auto* ranges : {&shard_->replicated, &shard_->owned}) {
+    for (const ParameterRange& r : *ranges) {
+      ops.adamw_update(params + r.offset, grads + r.offset, m_ + r.offset, v_ + r.offset, r.count,
+                       hyper_, step_, scale, model_.device());
+    }
+  }
   return norm;
 }
 

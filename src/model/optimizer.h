@@ -2,15 +2,32 @@
 // same device arena as the parameters (RL Fusion later offloads them to host memory).
 #pragma once
 
+#include <functional>
+#include <optional>
+#include <vector>
+
 #include "kernels/adamw.h"
 #include "src/model/transformer.h"
 
 namespace rlf {
 
+// Expert parallelism: a rank updates only the parameters it owns, its copy of the replicated
+// tensors and the slices of its own experts; the clipping norm counts every expert once, so the
+// owned experts' squared norm is summed over the EP group.
+struct OptimizerShard {
+  std::vector<ParameterRange> replicated;  // the same on every rank of the EP group
+  std::vector<ParameterRange> owned;       // this rank's experts, disjoint across the group
+  std::function<double(double)> sum_over_group;
+};
+
 template <typename T>
 class AdamW {
  public:
   AdamW(Transformer<T>& model, const AdamWHyper& hyper, float max_grad_norm);
+
+  // Restricts step() to the shard's ranges (parameters outside them are left untouched).
+  void set_shard(OptimizerShard shard) { shard_ = std::move(shard); }
+  void clear_shard() { shard_.reset(); }
 
   // Clips, updates the parameters, and returns the gradient norm before clipping.
   double step();
@@ -26,6 +43,7 @@ class AdamW {
   T* m_;
   T* v_;
   int step_ = 0;
+  std::optional<OptimizerShard> shard_;
 };
 
 }  // namespace rlf

@@ -19,6 +19,12 @@ struct ParameterTensor {
   bool is_norm_weight = false;  // initialized to 1, not random
 };
 
+// A contiguous piece of the flat buffer, in elements.
+struct ParameterRange {
+  int64_t offset = 0;
+  int64_t count = 0;
+};
+
 // Offsets of one transformer layer's tensors (element offsets into the flat buffer).
 struct LayerOffsets {
   int64_t attn_norm, wq, wk, wv, wo, ffn_norm, router, w1, w3, w2;

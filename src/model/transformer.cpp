@@ -1,5 +1,7 @@
 #include "src/model/transformer.h"
 
+#include <mpi.h>
+
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
@@ -7,6 +9,7 @@
 #include <utility>
 
 #include "kernels/arena.h"
+#include "mpi_comm/expert_dispatch.h"
 
 namespace rlf {
 
@@ -49,6 +52,14 @@ void Transformer<T>::set_expert_parallel(std::vector<ExpertDispatcher*> per_laye
     if (shared) throw std::invalid_argument("Transformer: every layer needs its own dispatcher");
   }
   expert_parallel_ = std::move(per_layer);
+}
+
+template <typename T>
+bool Transformer<T>::on_any_expert_parallel_rank(bool local) const {
+  if (expert_parallel_.empty()) return local;
+  int any = local ? 1 : 0;
+  MPI_Allreduce(MPI_IN_PLACE, &any, 1, MPI_INT, MPI_LOR, expert_parallel_.front()->comm());
+  return any != 0;
 }
 
 template <typename T>

@@ -48,6 +48,10 @@ class Transformer {
   // may bring zero tokens); float only. Not owned.
   void set_expert_parallel(std::vector<ExpertDispatcher*> per_layer);
   bool expert_parallel() const { return !expert_parallel_.empty(); }
+  // With expert parallelism: whether `local` holds on any rank of the EP group (collective);
+  // without: `local`. Generation asks it so a rank whose sequences are all done keeps stepping
+  // with zero rows until every rank of the group is done.
+  bool on_any_expert_parallel_rank(bool local) const;
 
   void initialize(uint64_t seed);
   void zero_gradients();

@@ -87,6 +87,49 @@ TEST(MultiRankTrain, LayoutsThatDoNotFitAreRejectedOnEveryRankBeforeOutput) {
   EXPECT_FALSE(std::filesystem::exists(dir));
 }
 
+TEST(MultiRankTrain, ExpertParallelLearnersAndActorsTrainLikeTheDataParallelRun) {
+  const std::string layout = "--learners 2 --actors 2 --ranks-per-node 1 ";
+  const Result dp = mpirun(4, kShortRun + layout + "--run-dir " + temp_dir("dp"));
+  const Result ep =
+      mpirun(4, kShortRun + layout + "--expert-parallel 2 --run-dir " + temp_dir("ep"));
+  ASSERT_EQ(dp.exit_code, 0) << dp.output;
+  ASSERT_EQ(ep.exit_code, 0) << ep.output;
+  EXPECT_EQ(json_value(ep.output, "expert_parallel"), 2);
+  EXPECT_EQ(json_value(ep.output, "actor_expert_parallel"), 2);
+  EXPECT_NE(ep.output.find("learners EP 2 x 1 replicas, actors EP 2 x 1 replicas"),
+            std::string::npos)
+      << ep.output;
+  // Tokens crossed the (virtual) inter-node link to their experts' owners.
+  const auto inter = ep.output.find("EP dispatch payload, inter-node bytes");
+  ASSERT_NE(inter, std::string::npos) << ep.output;
+  EXPECT_GT(std::stod(ep.output.substr(inter + 40, 16)), 0.0);
+  // The same math up to float rounding (tested exactly per step in mpi_tests): the same start,
+  // and an end that sampling noise may move by a sample or two.
+  EXPECT_EQ(json_value(ep.output, "heldout_accuracy_before_rl"),
+            json_value(dp.output, "heldout_accuracy_before_rl"));
+  EXPECT_NEAR(json_value(ep.output, "heldout_accuracy_after_rl"),
+              json_value(dp.output, "heldout_accuracy_after_rl"), 0.07);
+}
+
+TEST(MultiRankTrain, ExpertParallelDegreesThatDoNotFitAreRejectedOnEveryRank) {
+  const std::string dir = temp_dir("bad-ep");
+  const Result three = mpirun(4, kShortRun + "--learners 2 --expert-parallel 3 --run-dir " + dir);
+  EXPECT_EQ(three.exit_code, 2) << three.output;
+  EXPECT_NE(three.output.find("--expert-parallel must be >= 1 and divide"), std::string::npos)
+      << three.output;
+  const Result actors =
+      mpirun(4, kShortRun + "--learners 2 --actors 2 --actor-expert-parallel 4 --run-dir " + dir);
+  EXPECT_EQ(actors.exit_code, 2) << actors.output;
+  EXPECT_NE(actors.output.find("--actor-expert-parallel"), std::string::npos) << actors.output;
+  const Result mode = mpirun(2, kShortRun + "--ep-dispatch ring --run-dir " + dir);
+  EXPECT_EQ(mode.exit_code, 2) << mode.output;
+  EXPECT_NE(mode.output.find("--ep-dispatch"), std::string::npos) << mode.output;
+  const Result one = test::run_rlfusion(kShortRun + "--expert-parallel 2 --run-dir " + dir);
+  EXPECT_EQ(one.exit_code, 2) << one.output;
+  EXPECT_NE(one.output.find("multi-rank"), std::string::npos) << one.output;
+  EXPECT_FALSE(std::filesystem::exists(dir));
+}
+
 }  // namespace
 }  // namespace rlf
 

@@ -15,19 +15,12 @@
 #include "src/rl/task.h"
 #include "src/rl/tokenizer.h"
 #include "tests/mpi/mpi_test_util.h"
+#include "tests/rl_batch.h"
 #include "tests/test_util.h"
 #include "tests/tiny_policy.h"
 
 namespace rlf {
 namespace {
-
-ModelConfig learner_model() {
-  ModelConfig c = test::tiny_policy_config();
-  // The router load-balancing loss is a function of each micro-batch's routing statistics, so it
-  // is not additive across shards; the equivalence below is about the policy-gradient loss.
-  c.aux_loss_coef = 0.0f;
-  return c;
-}
 
 bool canonical_less(const Rollout& a, const Rollout& b) {
   return a.task_sample.id != b.task_sample.id ? a.task_sample.id < b.task_sample.id
@@ -41,8 +34,10 @@ TEST(DataParallelLearners, NRanksGiveTheWeightsOfOneRankOnTheSameGlobalBatch) {
   HierarchicalComm learners = make_hierarchical(MPI_COMM_WORLD, links);
 
   Arena single_device("single", 64 << 20), parallel_device("parallel", 64 << 20);
-  Transformer<float> single(learner_model(), cpu_ops(), single_device, true);
-  Transformer<float> parallel(learner_model(), cpu_ops(), parallel_device, true);
+  Transformer<float> single(test::tiny_policy_config_without_aux_loss(), cpu_ops(), single_device,
+                            true);
+  Transformer<float> parallel(test::tiny_policy_config_without_aux_loss(), cpu_ops(),
+                              parallel_device, true);
   single.initialize(5);
   parallel.initialize(5);
   AdamW<float> single_opt(single, AdamWHyper{}, 1.0f), parallel_opt(parallel, AdamWHyper{}, 1.0f);
@@ -55,17 +50,11 @@ TEST(DataParallelLearners, NRanksGiveTheWeightsOfOneRankOnTheSameGlobalBatch) {
     allreduce_sum(parallel.gradients(), parallel.parameter_count(), learners, links);
   };
   RlStepSettings settings;
-  settings.group_size = 4;
+  settings.group_size = test::kBatchGroupSize;
   settings.micro_batch = 5;
-
-  GenerationSettings sampling;
-  sampling.eos_token = Tokenizer::kEos;
-  sampling.max_new_tokens = task->max_response_chars() + 1;
-  sampling.seed = 3;
   for (int step = 0; step < 2; ++step) {
     // Every rank generates the whole global batch with the (identical) single-rank weights.
-    const std::vector<Rollout> batch =
-        generate_rollouts(single, *task, step * 6, 6, 4, sampling, step, AdvantageEstimator::Grpo);
+    const std::vector<Rollout> batch = test::global_rl_batch(single, *task, step);
     // This rank's share arrives in a scrambled order and is put back in canonical order.
     std::vector<Rollout> share;
     for (size_t i = 0; i < batch.size(); ++i) {

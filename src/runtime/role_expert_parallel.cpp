@@ -1,0 +1,145 @@
+#include "src/runtime/role_expert_parallel.h"
+
+#include <cstring>
+#include <map>
+#include <string>
+
+#include "kernels/error.h"
+#include "src/model/expert_parallel.h"
+
+namespace rlf {
+
+namespace {
+
+uint64_t bytes_sent(const LinkCounters& c) {
+  return c.bytes[0] + c.bytes[1];
+}
+
+std::vector<float> pack(const float* data, const std::vector<ParameterRange>& ranges) {
+  std::vector<float> packed;
+  for (const ParameterRange& r : ranges)
+    packed.insert(packed.end(), data + r.offset, data + r.offset + r.count);
+  return packed;
+}
+
+}  // namespace
+
+void validate_role_expert_parallel(const char* what, int degree,
+                                   const std::vector<int>& role_world_ranks, int experts,
+                                   DispatchMode mode, const Links& links, const char* role) {
+  const int ranks = int(role_world_ranks.size());
+  if (degree < 1 || ranks % degree != 0 || experts % degree != 0) {
+    throw ConfigError(std::string(what) + " must be >= 1 and divide both the " +
+                      std::to_string(ranks) + " " + role + " rank(s) and the model's " +
+                      std::to_string(experts) + " experts, got " + std::to_string(degree));
+  }
+  if (mode != DispatchMode::Hierarchical) return;
+  for (int first = 0; first < ranks; first += degree) {
+    std::map<int, int> ranks_on_node;
+    for (int i = first; i < first + degree; ++i)
+      ++ranks_on_node[links.node_of(role_world_ranks[size_t(i)])];
+    for (const auto& [node, count] : ranks_on_node) {
+      if (count != ranks_on_node.begin()->second) {
+        throw ConfigError(std::string(what) + " " + std::to_string(degree) +
+                          ": hierarchical dispatch needs the same number of " + role +
+                          " ranks of an EP group on each of its nodes (choose --ranks-per-node "
+                          "or the degree so groups split evenly, or --ep-dispatch flat-dedup)");
+      }
+    }
+  }
+}
+
+RoleExpertParallel::RoleExpertParallel(const HierarchicalComm& role, Links& links, int experts,
+                                       int degree, DispatchMode mode)
+    : role_(role), links_(links), experts_(experts), degree_(degree), mode_(mode) {
+  const int role_rank = role.rank();
+  ep_rank_ = role_rank % degree;
+  replica_ = role_rank / degree;
+  MPI_Comm group, data_group;
+  MPI_Comm_split(role.comm, replica_, role_rank, &group);
+  MPI_Comm_split(role.comm, ep_rank_, role_rank, &data_group);
+  ep_group_ = make_hierarchical(group, links);
+  expert_data_group_ = make_hierarchical(data_group, links);
+  MPI_Comm_free(&group);
+  MPI_Comm_free(&data_group);
+}
+
+RoleExpertParallel::~RoleExpertParallel() {
+  dispatchers_.clear();
+  free_hierarchical(expert_data_group_);
+  free_hierarchical(ep_group_);
+}
+
+void RoleExpertParallel::attach(Transformer<float>& model) {
+  std::vector<ExpertDispatcher*> per_layer;
+  for (int l = 0; l < model.config().n_layers; ++l) {
+    dispatchers_.push_back(std::make_unique<ExpertDispatcher>(ep_group_, links_, experts_, mode_));
+    per_layer.push_back(dispatchers_.back().get());
+  }
+  model.set_expert_parallel(std::move(per_layer));
+}
+
+OptimizerShard RoleExpertParallel::optimizer_shard(const ParameterLayout& layout) const {
+  const int local = experts_ / degree_;
+  OptimizerShard shard;
+  shard.replicated = replicated_ranges(layout);
+  shard.owned = expert_slices(layout, experts_, ep_rank_ * local, local);
+  const MPI_Comm group = ep_group_.comm;
+  shard.sum_over_group = [group](double x) {
+    MPI_Allreduce(MPI_IN_PLACE, &x, 1, MPI_DOUBLE, MPI_SUM, group);
+    return x;
+  };
+  return shard;
+}
+
+uint64_t RoleExpertParallel::reduce_gradients(float* grads, const ParameterLayout& layout) {
+  const uint64_t before = bytes_sent(links_.counters());
+  allreduce_ranges(grads, replicated_ranges(layout), role_, links_);
+  const int local = experts_ / degree_;
+  allreduce_ranges(grads, expert_slices(layout, experts_, ep_rank_ * local, local),
+                   expert_data_group_, links_);
+  return bytes_sent(links_.counters()) - before;
+}
+
+uint64_t RoleExpertParallel::gather_experts(float* params, const ParameterLayout& layout) {
+  if (replica_ != 0 || degree_ == 1) return 0;
+  constexpr int kTag = 7301;
+  const int local = experts_ / degree_;
+  if (ep_rank_ != 0) {
+    const std::vector<float> mine =
+        pack(params, expert_slices(layout, experts_, ep_rank_ * local, local));
+    links_.send(mine.data(), mine.size() * sizeof(float), 0, kTag, ep_group_.comm);
+    return mine.size() * sizeof(float);
+  }
+  uint64_t received = 0;
+  for (int r = 1; r < degree_; ++r) {
+    const std::vector<ParameterRange> ranges = expert_slices(layout, experts_, r * local, local);
+    int64_t count = 0;
+    for (const ParameterRange& range : ranges) count += range.count;
+    std::vector<float> theirs(size_t(count), 0.0f);
+    received += links_.recv(theirs.data(), theirs.size() * sizeof(float), r, kTag, ep_group_.comm);
+    size_t at = 0;
+    for (const ParameterRange& range : ranges) {
+      std::memcpy(params + range.offset, theirs.data() + at, size_t(range.count) * sizeof(float));
+      at += size_t(range.count);
+    }
+  }
+  return received;
+}
+
+DispatchTraffic RoleExpertParallel::traffic() const {
+  DispatchTraffic sum;
+  for (const auto& d : dispatchers_) {
+    const DispatchTraffic& t = d->traffic();
+    for (size_t c = 0; c < 2; ++c) {
+      sum.payload.bytes[c] += t.payload.bytes[c];
+      sum.payload.messages[c] += t.payload.messages[c];
+      sum.metadata.bytes[c] += t.metadata.bytes[c];
+      sum.metadata.messages[c] += t.metadata.messages[c];
+    }
+    sum.emulated_seconds += t.emulated_seconds;
+  }
+  return sum;
+}
+
+}  // namespace rlf

@@ -1,0 +1,76 @@
+// Expert parallelism inside one role (the learners or the actors) of a multi-rank run.
+//
+// The role's ranks form EP groups of `degree` consecutive role ranks; each group holds one
+// data-parallel replica of the model, its routed experts sharded over the group (EP rank r owns
+// experts [r E / degree, (r + 1) E / degree)). The ranks that own the same experts in the
+// different replicas form an expert-data-parallel group. Gradients then take two reductions: the
+// replicated tensors over the whole role, each rank's own experts over its expert-data-parallel
+// group only; the optimizer updates only what the rank owns.
+//
+// Storage is not yet sharded: every rank keeps the full parameter buffer and reads (and updates)
+// only its own experts' slices, so the non-owned slices go stale on the learners; gather_experts
+// brings the owners' slices to EP rank 0 of replica 0 (the learner that evaluates, saves and sends
+// the weights to the actors). The actors' EP groups read the slices they own from the full
+// broadcast.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "mpi_comm/expert_dispatch.h"
+#include "mpi_comm/topology.h"
+#include "src/model/optimizer.h"
+#include "src/model/transformer.h"
+
+namespace rlf {
+
+// ConfigError (same text on every rank: arithmetic on the layout only) unless `degree` >= 1
+// divides both the role's rank count and the experts, and, for hierarchical dispatch, every EP
+// group has the same number of ranks on each of its nodes. `what` names the option
+// ("--expert-parallel"), `role` the role ("learner").
+void validate_role_expert_parallel(const char* what, int degree,
+                                   const std::vector<int>& role_world_ranks, int experts,
+                                   DispatchMode mode, const Links& links, const char* role);
+
+class RoleExpertParallel {
+ public:
+  // Collective over role.comm. `degree` must have passed validate_role_expert_parallel.
+  RoleExpertParallel(const HierarchicalComm& role, Links& links, int experts, int degree,
+                     DispatchMode mode);
+  ~RoleExpertParallel();
+  RoleExpertParallel(const RoleExpertParallel&) = delete;
+  RoleExpertParallel& operator=(const RoleExpertParallel&) = delete;
+
+  int degree() const { return degree_; }
+  int ep_rank() const { return ep_rank_; }
+  int replica() const { return replica_; }
+  const HierarchicalComm& ep_group() const { return ep_group_; }
+  const HierarchicalComm& expert_data_group() const { return expert_data_group_; }
+
+  // Gives `model` one new dispatcher per layer over this rank's EP group (collective over it);
+  // from then on the model's forward, backward and generation are collective over the group.
+  void attach(Transformer<float>& model);
+  // The shard AdamW updates on this rank (replicated tensors, own experts).
+  OptimizerShard optimizer_shard(const ParameterLayout& layout) const;
+  // Sums the gradients of the replicated tensors over the role and those of this rank's experts
+  // over its expert-data-parallel group (collective over the role). Returns the bytes this rank
+  // sent.
+  uint64_t reduce_gradients(float* grads, const ParameterLayout& layout);
+  // Copies every EP rank's own expert slices of replica 0 into `params` on EP rank 0 of replica 0
+  // (collective over replica 0's EP group; other replicas return at once). Returns the bytes this
+  // rank sent or received.
+  uint64_t gather_experts(float* params, const ParameterLayout& layout);
+
+  // Dispatch traffic of every dispatcher made by attach (payload and metadata, this rank).
+  DispatchTraffic traffic() const;
+
+ private:
+  const HierarchicalComm& role_;
+  Links& links_;
+  int experts_, degree_, ep_rank_, replica_;
+  DispatchMode mode_;
+  HierarchicalComm ep_group_, expert_data_group_;
+  std::vector<std::unique_ptr<ExpertDispatcher>> dispatchers_;
+};
+
+}  // namespace rlf
