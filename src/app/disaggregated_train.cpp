@@ -13,6 +13,7 @@
 #include "src/io/run_directory.h"
 #include "src/io/trace.h"
 #include "src/io/trace_writer.h"
+#include "src/model/expert_parallel.h"
 #include "src/model/lr_schedule.h"
 #include "src/model/optimizer.h"
 #include "src/rl/rl_step.h"
@@ -21,6 +22,7 @@
 #include "src/roles/dist_queue.h"
 #include "src/roles/rollout_samples.h"
 #include "src/roles/sample_packing.h"
+#include "src/runtime/expert_weight_sync.h"
 #include "src/runtime/role_expert_parallel.h"
 #include "src/runtime/weight_sync.h"
 
@@ -79,13 +81,22 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
   // Every rank checks the same inputs, so a bad value stops all of them before any work. Queue
   // ranks build the model too: loading --init is what rejects another model's checkpoint, and
   // a rank that skipped it would wait forever in the queue's collectives for the others.
-  Policy policy = make_policy(run, policy_options, role == Role::Learner);
+  const int experts = load_model_config(run.model).n_experts;
   validate_role_expert_parallel("--expert-parallel", options.expert_parallel,
-                                topology.ranks_of(Role::Learner), policy.config.n_experts,
-                                options.ep_dispatch, topology.links(), "learner");
+                                topology.ranks_of(Role::Learner), experts, options.ep_dispatch,
+                                topology.links(), "learner");
   validate_role_expert_parallel("--actor-expert-parallel", options.actor_expert_parallel,
-                                topology.ranks_of(Role::Actor), policy.config.n_experts,
-                                options.ep_dispatch, topology.links(), "actor");
+                                topology.ranks_of(Role::Actor), experts, options.ep_dispatch,
+                                topology.links(), "actor");
+  // With expert parallelism a learner or actor stores only the experts it owns.
+  const int ep_degree = role == Role::Learner ? options.expert_parallel
+                        : role == Role::Actor ? options.actor_expert_parallel
+                                              : 1;
+  const ExpertShard own_experts =
+      ep_degree > 1 ? expert_shard_of(index_in(topology.ranks_of(role), topology.world_rank()),
+                                      ep_degree, experts)
+                    : ExpertShard{};
+  Policy policy = make_policy(run, policy_options, role == Role::Learner, own_experts);
   RunDirectory dir(run.run_dir, resolved_config, /*writer=*/root);
   TraceRecorder trace(MPI_COMM_WORLD);
   trace.set_memory_source(&policy.device->memory());
@@ -93,6 +104,11 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
   queue_config.shard_capacity = options.shard_capacity;
   DistQueue queue(MPI_COMM_WORLD, topology, queue_config);
   WeightSync weights(MPI_COMM_WORLD, topology);
+  std::unique_ptr<ExpertWeightSync> expert_weights;
+  if (options.expert_parallel > 1 || options.actor_expert_parallel > 1) {
+    expert_weights = std::make_unique<ExpertWeightSync>(
+        MPI_COMM_WORLD, topology, experts, options.expert_parallel, options.actor_expert_parallel);
+  }
 
   dir.log("# rlfusion train (disaggregated, synchronous): %s\n", build_info().c_str());
   dir.log("# model %s (%.2fM parameters), task %s, seed %llu, run dir %s\n",
@@ -112,10 +128,25 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
   if (role != Role::Queue) {
     if (role == Role::Learner) {
       // Every learner runs the same seeded warm start, so all hold identical weights.
-      if (root) initial = evaluate_traced(model, task, policy_options, trace);
-      run_sft_phase(model, task, sft, dir, trace);
-      if (root)
-        before_rl = sft.steps > 0 ? evaluate_traced(model, task, policy_options, trace) : initial;
+      auto warm_start = [&](Transformer<float>& m) {
+        if (root) initial = evaluate_traced(m, task, policy_options, trace);
+        run_sft_phase(m, task, sft, dir, trace);
+        if (root)
+          before_rl = sft.steps > 0 ? evaluate_traced(m, task, policy_options, trace) : initial;
+      };
+      if (!model.layout().expert_sharded()) {
+        warm_start(model);
+      } else {
+        // A learner that stores only its own experts runs the (unsharded) warm start on a whole
+        // model in a temporary arena and keeps its part; for models too large for that, start
+        // from --init with --sft-steps 0.
+        Arena warm_memory("unsharded warm start", run.device_memory_bytes());
+        Transformer<float> whole(policy.config, policy.device->ops(), warm_memory, true);
+        load_starting_weights(whole, run, policy_options);
+        warm_start(whole);
+        copy_common_parameters(whole.parameters(), whole.layout(), model.parameters(),
+                               model.layout());
+      }
       dir.log("# held-out accuracy before RL: %.3f\n", before_rl.accuracy());
     }
     const std::vector<int>& actors = topology.ranks_of(Role::Actor);
@@ -123,10 +154,6 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
     const HierarchicalComm& role_comm = topology.role_comm();
     Links& links = topology.links();
     Arena& device = policy.device->memory();
-    // The SFT warm start above ran unsharded and identically on every learner; expert
-    // parallelism starts with RL.
-    const int ep_degree =
-        role == Role::Learner ? options.expert_parallel : options.actor_expert_parallel;
     if (ep_degree > 1) {
       ep = std::make_unique<RoleExpertParallel>(role_comm, links, policy.config.n_experts,
                                                 ep_degree, options.ep_dispatch);
@@ -137,8 +164,8 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
     std::unique_ptr<AdamW<float>> optimizer;
     if (role == Role::Learner) {
       if (rl.kl_coef > 0) {
-        reference = std::make_unique<Transformer<float>>(policy.config, policy.device->ops(),
-                                                         device, /*with_gradients=*/false);
+        reference = std::make_unique<Transformer<float>>(
+            policy.config, policy.device->ops(), device, /*with_gradients=*/false, own_experts);
         std::memcpy(reference->parameters(), model.parameters(),
                     size_t(parameter_count) * sizeof(float));
       }
@@ -180,7 +207,9 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
     auto sync_weights = [&](int version) {
       TraceScope traced(trace, Phase::WeightSync);
       traced.set_version(version);
-      traced.set_bytes(int64_t(weights.broadcast(model.parameters(), parameter_count)));
+      traced.set_bytes(
+          int64_t(expert_weights ? expert_weights->sync(model.parameters(), model.layout(), weights)
+                                 : weights.broadcast(model.parameters(), parameter_count)));
     };
     dir.log(
         "# RL: %d steps x %d prompts x %d samples on %zu actors and %zu learners, %s queue "
@@ -190,10 +219,11 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
     if (options.expert_parallel > 1 || options.actor_expert_parallel > 1) {
       dir.log(
           "# expert parallelism: learners EP %d x %zu replicas, actors EP %d x %zu replicas, %s "
-          "dispatch\n",
+          "dispatch; this rank stores %lld of %lld parameters\n",
           options.expert_parallel, learners.size() / size_t(options.expert_parallel),
           options.actor_expert_parallel, actors.size() / size_t(options.actor_expert_parallel),
-          dispatch_mode_name(options.ep_dispatch));
+          dispatch_mode_name(options.ep_dispatch), (long long)parameter_count,
+          (long long)ParameterLayout(policy.config).total());
     }
     RlProgress progress(dir, rl.steps, rl.log_every, device);
     sync_weights(0);
@@ -248,24 +278,33 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
         stats = optimize_on_rollouts(model, *optimizer, rollouts, settings, parallel);
         traced.set_tokens(int64_t(stats.tokens / double(learners.size())));
       }
-      if (ep) {
-        // Learner 0 evaluates, saves and sends the weights: it needs every expert's update.
-        TraceScope traced(trace, Phase::WeightSync);
-        traced.set_version(version + 1);
-        traced.set_bytes(int64_t(ep->gather_experts(model.parameters(), model.layout())));
-      }
-      if (root) sync_weights(version + 1);
+      // With sharded experts every learner of replica 0 sends its own experts to the actors.
+      if (root || expert_weights) sync_weights(version + 1);
       rl_tokens += int64_t(stats.tokens);
       progress.step_done(step, stats);
     }
     rl_seconds = progress.seconds_since_start();
   }
   queue.close();
+  // Learner 0 evaluates and saves the whole model; with sharded experts it first collects each
+  // expert from its owner into a whole model in a temporary arena.
+  std::unique_ptr<Arena> whole_memory;
+  std::unique_ptr<Transformer<float>> whole;
+  if (root && model.layout().expert_sharded()) {
+    whole_memory = std::make_unique<Arena>("whole model (evaluation)", run.device_memory_bytes());
+    whole = std::make_unique<Transformer<float>>(policy.config, policy.device->ops(), *whole_memory,
+                                                 /*with_gradients=*/false);
+  }
+  if (ep && role == Role::Learner) {
+    const ParameterLayout whole_layout(policy.config);
+    ep->gather_full_model(model.parameters(), model.layout(), whole ? whole->parameters() : nullptr,
+                          whole_layout);
+  }
   if (root) {
-    // Learner 0 holds every expert (gather_experts) and evaluates alone.
-    model.set_expert_parallel({});
-    after = evaluate_traced(model, task, policy_options, trace);
-    save_parameters(dir.file("model.h5"), policy.config, model.layout(), model.parameters());
+    Transformer<float>& final_model = whole ? *whole : model;
+    after = evaluate_traced(final_model, task, policy_options, trace);
+    save_parameters(dir.file("model.h5"), policy.config, final_model.layout(),
+                    final_model.parameters());
   }
   // Traffic of the whole run, summed over ranks.
   LinkCounters total = topology.links().counters();

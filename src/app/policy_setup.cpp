@@ -3,6 +3,7 @@
 #include "kernels/error.h"
 #include "src/io/parameter_file.h"
 #include "src/io/run_directory.h"
+#include "src/model/expert_parallel.h"
 #include "src/rl/tokenizer.h"
 
 namespace rlf {
@@ -22,7 +23,23 @@ po::options_description policy_options_description(PolicyOptions& o) {
   return d;
 }
 
-Policy make_policy(const RunOptions& run, const PolicyOptions& options, bool with_gradients) {
+void load_starting_weights(Transformer<float>& model, const RunOptions& run,
+                           const PolicyOptions& options) {
+  if (options.init.empty()) {
+    model.initialize(run.seed);
+  } else if (!model.layout().expert_sharded()) {
+    load_parameters(options.init, model.layout(), model.parameters());
+  } else {
+    // Files hold the whole model: read it into host memory and keep this shard's part.
+    const ParameterLayout full(model.config());
+    std::vector<float> whole(size_t(full.total()));
+    load_parameters(options.init, full, whole.data());
+    copy_common_parameters(whole.data(), full, model.parameters(), model.layout());
+  }
+}
+
+Policy make_policy(const RunOptions& run, const PolicyOptions& options, bool with_gradients,
+                   ExpertShard experts) {
   if (options.eval_prompts < 0) throw ConfigError("--eval-prompts must be >= 0");
   if (options.eval_batch < 1) throw ConfigError("--eval-batch must be >= 1");
   Policy policy;
@@ -43,13 +60,9 @@ Policy make_policy(const RunOptions& run, const PolicyOptions& options, bool wit
   RunDirectory::check_writable(run.run_dir, options.overwrite);
   policy.device = std::make_unique<Device>(run.backend_kind(), run.device_memory_bytes(),
                                            resolve_threads(run.threads));
-  policy.model = std::make_unique<Transformer<float>>(c, policy.device->ops(),
-                                                      policy.device->memory(), with_gradients);
-  if (options.init.empty()) {
-    policy.model->initialize(run.seed);
-  } else {
-    load_parameters(options.init, policy.model->layout(), policy.model->parameters());
-  }
+  policy.model = std::make_unique<Transformer<float>>(
+      c, policy.device->ops(), policy.device->memory(), with_gradients, experts);
+  load_starting_weights(*policy.model, run, options);
   return policy;
 }
 

@@ -42,8 +42,15 @@ std::map<std::string, std::string> run_metadata(const std::string& command, cons
                                                 const Policy& policy);
 
 // Loads the task and model configs, checks they fit together (vocabulary, sequence length),
-// builds the device and the model (seeded, or loaded from options.init), and checks that the
-// run directory may be written. Throws ConfigError on any bad input.
-Policy make_policy(const RunOptions& run, const PolicyOptions& options, bool with_gradients);
+// builds the device and the model (seeded, or loaded from options.init; with `experts`, only
+// those routed experts), and checks that the run directory may be written. Throws ConfigError
+// on any bad input.
+Policy make_policy(const RunOptions& run, const PolicyOptions& options, bool with_gradients,
+                   ExpertShard experts = {});
+
+// The starting weights of `model` (whatever experts it stores): seeded from run.seed, or the
+// matching part of the parameter file options.init.
+void load_starting_weights(Transformer<float>& model, const RunOptions& run,
+                           const PolicyOptions& options);
 
 }  // namespace rlf

@@ -1,45 +1,72 @@
 #include "src/model/expert_parallel.h"
 
+#include <algorithm>
 #include <cstring>
+#include <stdexcept>
 #include <vector>
 
 #include "mpi_comm/hierarchical_collectives.h"
 
 namespace rlf {
 
-namespace {
-
-std::vector<float> pack(const float* data, const std::vector<ParameterRange>& ranges) {
+std::vector<float> pack_ranges(const float* data, const std::vector<ParameterRange>& ranges) {
   std::vector<float> packed;
   for (const ParameterRange& r : ranges)
     packed.insert(packed.end(), data + r.offset, data + r.offset + r.count);
   return packed;
 }
 
-void unpack(const std::vector<float>& packed, const std::vector<ParameterRange>& ranges,
-            float* data) {
-  size_t at = 0;
+void unpack_ranges(const float* packed, const std::vector<ParameterRange>& ranges, float* data) {
   for (const ParameterRange& r : ranges) {
-    std::memcpy(data + r.offset, packed.data() + at, size_t(r.count) * sizeof(float));
-    at += size_t(r.count);
+    std::memcpy(data + r.offset, packed, size_t(r.count) * sizeof(float));
+    packed += r.count;
   }
 }
 
-}  // namespace
+int64_t ranges_size(const std::vector<ParameterRange>& ranges) {
+  int64_t n = 0;
+  for (const ParameterRange& r : ranges) n += r.count;
+  return n;
+}
 
 bool is_expert_tensor(const ParameterTensor& tensor) {
   return tensor.name.find(".experts.") != std::string::npos;
 }
 
-std::vector<ParameterRange> expert_slices(const ParameterLayout& layout, int experts, int first,
-                                          int count) {
+std::vector<ParameterRange> expert_slices(const ParameterLayout& layout, int first, int count) {
+  if (first < layout.first_expert() ||
+      first + count > layout.first_expert() + layout.stored_experts()) {
+    throw std::invalid_argument("expert_slices: experts outside the ones the layout stores");
+  }
   std::vector<ParameterRange> ranges;
   for (const ParameterTensor& t : layout.tensors()) {
     if (!is_expert_tensor(t)) continue;
-    const int64_t per_expert = t.numel / experts;
-    ranges.push_back({t.offset + per_expert * first, per_expert * count});
+    const int64_t per_expert = t.numel / layout.stored_experts();
+    ranges.push_back({t.offset + per_expert * (first - layout.first_expert()), per_expert * count});
   }
   return ranges;
+}
+
+void copy_common_parameters(const float* src, const ParameterLayout& src_layout, float* dst,
+                            const ParameterLayout& dst_layout) {
+  const auto& from_tensors = src_layout.tensors();
+  const auto& to_tensors = dst_layout.tensors();
+  if (from_tensors.size() != to_tensors.size()) {
+    throw std::invalid_argument("copy_common_parameters: layouts of different models");
+  }
+  for (size_t i = 0; i < from_tensors.size(); ++i) {
+    if (is_expert_tensor(from_tensors[i])) continue;
+    std::memcpy(dst + to_tensors[i].offset, src + from_tensors[i].offset,
+                size_t(from_tensors[i].numel) * sizeof(float));
+  }
+  const int first = std::max(src_layout.first_expert(), dst_layout.first_expert());
+  const int end = std::min(src_layout.first_expert() + src_layout.stored_experts(),
+                           dst_layout.first_expert() + dst_layout.stored_experts());
+  if (end <= first) return;
+  const std::vector<ParameterRange> from = expert_slices(src_layout, first, end - first);
+  const std::vector<ParameterRange> to = expert_slices(dst_layout, first, end - first);
+  for (size_t i = 0; i < from.size(); ++i)
+    std::memcpy(dst + to[i].offset, src + from[i].offset, size_t(from[i].count) * sizeof(float));
 }
 
 std::vector<ParameterRange> replicated_ranges(const ParameterLayout& layout) {
@@ -59,21 +86,21 @@ void allreduce_ranges(float* grads, const std::vector<ParameterRange>& ranges,
                       const HierarchicalComm& group, Links& links) {
   if (group.size() < 2) return;
   // Packed so the reduction is one collective over only the bytes that need it.
-  std::vector<float> packed = pack(grads, ranges);
+  std::vector<float> packed = pack_ranges(grads, ranges);
   allreduce_sum(packed.data(), int64_t(packed.size()), group, links);
-  unpack(packed, ranges, grads);
+  unpack_ranges(packed.data(), ranges, grads);
 }
 
 void allreduce_replicated_gradients(float* grads, const ParameterLayout& layout,
                                     const HierarchicalComm& ep, Links& links, bool hierarchical) {
   const std::vector<ParameterRange> ranges = replicated_ranges(layout);
-  std::vector<float> packed = pack(grads, ranges);
+  std::vector<float> packed = pack_ranges(grads, ranges);
   if (hierarchical) {
     allreduce_sum(packed.data(), int64_t(packed.size()), ep, links);
   } else {
     flat_allreduce_sum(packed.data(), int64_t(packed.size()), ep, links);
   }
-  unpack(packed, ranges, grads);
+  unpack_ranges(packed.data(), ranges, grads);
 }
 
 }  // namespace rlf

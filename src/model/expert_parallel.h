@@ -20,10 +20,19 @@ namespace rlf {
 // True for the routed experts' tensors (w1, w3, w2 of every layer), which EP shards.
 bool is_expert_tensor(const ParameterTensor& tensor);
 
-// The slices of experts [first, first + count) in every routed-expert tensor, one range per
-// tensor (a tensor of E experts stores expert e at offset + e * numel / E).
-std::vector<ParameterRange> expert_slices(const ParameterLayout& layout, int experts, int first,
-                                          int count);
+// The slices of experts [first, first + count) (global expert ids, within the experts the
+// layout stores) in every routed-expert tensor, one range per tensor.
+std::vector<ParameterRange> expert_slices(const ParameterLayout& layout, int first, int count);
+
+// The elements of `ranges` of `data`, one after another; and back.
+std::vector<float> pack_ranges(const float* data, const std::vector<ParameterRange>& ranges);
+void unpack_ranges(const float* packed, const std::vector<ParameterRange>& ranges, float* data);
+int64_t ranges_size(const std::vector<ParameterRange>& ranges);  // elements in all ranges
+
+// Copies from `src` into `dst` every replicated tensor and every expert slice both layouts store
+// (two layouts of the same model that may hold different experts).
+void copy_common_parameters(const float* src, const ParameterLayout& src_layout, float* dst,
+                            const ParameterLayout& dst_layout);
 // Every non-expert tensor, adjacent tensors merged into one range.
 std::vector<ParameterRange> replicated_ranges(const ParameterLayout& layout);
 

@@ -15,6 +15,7 @@ template <typename T>
 MoeWeights<T> moe_weights(const ParameterLayout& layout, T* base, int layer) {
   const LayerOffsets& o = layout.layer(layer);
   MoeWeights<T> w{base + o.router, base + o.w1, base + o.w3, base + o.w2};
+  w.first_expert = layout.first_expert();
   if (o.shared_w1 >= 0) {
     w.shared_w1 = base + o.shared_w1;
     w.shared_w3 = base + o.shared_w3;
@@ -133,7 +134,8 @@ void MoeBlock<T>::routed_forward_ep(const MoeWeights<T>& w, const T* x, T* out, 
     }
     const std::vector<float> rows = ep.dispatch(x, a.expert_idx, N, K, C);
     const int E_local = ep.local_experts(), R = ep.local_rows();
-    const int64_t first = int64_t(ep.ep_rank()) * E_local;
+    // This rank's first expert, counted from the first expert the weights hold.
+    const int64_t first = int64_t(ep.ep_rank()) * E_local - w.first_expert;
     Arena& d = device_;
     a.expert_offsets = d.allocate<int>(size_t(E_local) + 1, "activations");
     std::memcpy(a.expert_offsets, ep.local_expert_offsets().data(),
@@ -164,7 +166,7 @@ void MoeBlock<T>::routed_backward_ep(const MoeWeights<T>& w, const MoeWeights<T>
     std::vector<float> dy_local, dweight_v;
     ep.combine_backward(dout, a.y, a.expert_weight, dy_local, dweight_v);
     std::memcpy(dweight, dweight_v.data(), dweight_v.size() * sizeof(float));
-    const int64_t first = int64_t(ep.ep_rank()) * E_local;
+    const int64_t first = int64_t(ep.ep_rank()) * E_local - w.first_expert;
     const int64_t up = first * F * C, down = first * C * F;
     float* dxg = device_.allocate_zeroed<float>(size_t(R) * C, "backward work");
     ops_.expert_ffn_backward(dxg, g.w1 + up, g.w3 + up, g.w2 + down, dy_local.data(), a.xg, a.ffn_a,

@@ -24,6 +24,7 @@ struct MoeWeights {
   T* shared_w1 = nullptr;  // [S, C]; null without a shared expert
   T* shared_w3 = nullptr;  // [S, C]
   T* shared_w2 = nullptr;  // [C, S]
+  int first_expert = 0;    // w1/w3/w2 start at this expert (an expert-sharded layout)
 };
 
 // Layer `layer`'s MoE tensors inside a flat buffer laid out by `layout` (parameters or gradients).

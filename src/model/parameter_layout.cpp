@@ -1,14 +1,27 @@
 #include "src/model/parameter_layout.h"
 
 #include <cmath>
+#include <stdexcept>
+#include <string>
 
 #include "kernels/rng.h"
 
 namespace rlf {
 
-ParameterLayout::ParameterLayout(const ModelConfig& config) {
+ParameterLayout::ParameterLayout(const ModelConfig& config, ExpertShard shard) {
   const int64_t C = config.d_model, V = config.vocab_size, E = config.n_experts, F = config.d_ff;
   const int64_t S = config.shared_expert_d_ff;
+  if (shard.count < 0) shard = {0, config.n_experts};
+  if (shard.first < 0 || shard.count < 1 || shard.first + shard.count > config.n_experts) {
+    throw std::invalid_argument("ParameterLayout: experts [" + std::to_string(shard.first) + ", " +
+                                std::to_string(shard.first + shard.count) +
+                                ") are not within the " + std::to_string(config.n_experts) +
+                                " experts of the model");
+  }
+  first_expert_ = shard.first;
+  stored_experts_ = shard.count;
+  sharded_ = shard.count != config.n_experts;
+  const int64_t L = shard.count, first = shard.first;
   embedding_ = add("embedding", {V, C});
   for (int l = 0; l < config.n_layers; ++l) {
     const std::string p = "layers." + std::to_string(l) + ".";
@@ -20,9 +33,9 @@ ParameterLayout::ParameterLayout(const ModelConfig& config) {
     o.wo = add(p + "attn.wo", {C, C});
     o.ffn_norm = add(p + "ffn_norm", {C}, true);
     o.router = add(p + "router", {E, C});
-    o.w1 = add(p + "experts.w1", {E, F, C});
-    o.w3 = add(p + "experts.w3", {E, F, C});
-    o.w2 = add(p + "experts.w2", {E, C, F});
+    o.w1 = add(p + "experts.w1", {L, F, C}, false, first * F * C);
+    o.w3 = add(p + "experts.w3", {L, F, C}, false, first * F * C);
+    o.w2 = add(p + "experts.w2", {L, C, F}, false, first * C * F);
     if (S > 0) {
       o.shared_w1 = add(p + "shared.w1", {S, C});
       o.shared_w3 = add(p + "shared.w3", {S, C});
@@ -35,12 +48,12 @@ ParameterLayout::ParameterLayout(const ModelConfig& config) {
 }
 
 int64_t ParameterLayout::add(const std::string& name, std::vector<int64_t> shape,
-                             bool is_norm_weight) {
+                             bool is_norm_weight, int64_t source_offset) {
   int64_t numel = 1;
   for (int64_t d : shape) numel *= d;
   // Align each tensor to 16 floats (64 bytes) so every tensor starts on a cache line.
   const int64_t offset = (total_ + 15) / 16 * 16;
-  tensors_.push_back({name, std::move(shape), offset, numel, is_norm_weight});
+  tensors_.push_back({name, std::move(shape), offset, numel, is_norm_weight, source_offset});
   total_ = offset + numel;
   return offset;
 }
@@ -68,7 +81,7 @@ void initialize_parameters(T* params, const ParameterLayout& layout, const Model
     const bool residual_output = t.name.ends_with("attn.wo") || t.name.ends_with(".w2");
     const double std = config.init_std * (residual_output ? residual_scale : 1.0);
     for (int64_t i = 0; i < t.numel; ++i) {
-      data[i] = T(std * philox_normal(seed, index, uint64_t(i)));
+      data[i] = T(std * philox_normal(seed, index, uint64_t(t.source_offset + i)));
     }
   }
 }

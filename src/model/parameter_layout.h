@@ -17,6 +17,15 @@ struct ParameterTensor {
   int64_t offset = 0;          // in elements from the start of the flat buffer
   int64_t numel = 0;
   bool is_norm_weight = false;  // initialized to 1, not random
+  int64_t source_offset = 0;    // index of its first element in the unsharded tensor
+};
+
+// Which routed experts a layout stores: [first, first + count). count < 0: all of them. Expert
+// parallelism gives each rank of an EP group only its own experts, so a rank's buffers (weights,
+// gradients, optimizer moments) hold no copy of another rank's experts.
+struct ExpertShard {
+  int first = 0;
+  int count = -1;
 };
 
 // A contiguous piece of the flat buffer, in elements.
@@ -33,7 +42,8 @@ struct LayerOffsets {
 
 class ParameterLayout {
  public:
-  explicit ParameterLayout(const ModelConfig& config);
+  // Throws std::invalid_argument when the shard is not a non-empty range of the config's experts.
+  explicit ParameterLayout(const ModelConfig& config, ExpertShard shard = {});
 
   const std::vector<ParameterTensor>& tensors() const { return tensors_; }
   int64_t total() const { return total_; }
@@ -42,18 +52,26 @@ class ParameterLayout {
   int64_t lm_head() const { return lm_head_; }
   const LayerOffsets& layer(int index) const { return layers_[size_t(index)]; }
   const ParameterTensor* find(const std::string& name) const;
+  // The routed experts stored: [first_expert(), first_expert() + stored_experts()).
+  int first_expert() const { return first_expert_; }
+  int stored_experts() const { return stored_experts_; }
+  bool expert_sharded() const { return sharded_; }
 
  private:
-  int64_t add(const std::string& name, std::vector<int64_t> shape, bool is_norm_weight = false);
+  int64_t add(const std::string& name, std::vector<int64_t> shape, bool is_norm_weight = false,
+              int64_t source_offset = 0);
 
   std::vector<ParameterTensor> tensors_;
   std::vector<LayerOffsets> layers_;
   int64_t total_ = 0;
   int64_t embedding_ = 0, final_norm_ = 0, lm_head_ = 0;
+  int first_expert_ = 0, stored_experts_ = 0;
+  bool sharded_ = false;
 };
 
 // Deterministic init from a seed: N(0, init_std) per element drawn from Philox keyed by
-// (seed, tensor index, element), so it does not depend on how the buffer is sharded; residual
+// (seed, tensor index, element of the unsharded tensor), so an expert shard gets exactly the
+// slice of the unsharded initialization; residual
 // output projections (wo, w2) are scaled by 1/sqrt(2 * n_layers) as in GPT-2; norms are 1.
 template <typename T>
 void initialize_parameters(T* params, const ParameterLayout& layout, const ModelConfig& config,

@@ -32,8 +32,12 @@ struct Transformer<T>::AttentionMode {
 
 template <typename T>
 Transformer<T>::Transformer(const ModelConfig& config, const Ops<T>& ops, Arena& device,
-                            bool with_gradients)
-    : config_(config), layout_(config), ops_(ops), device_(device), moe_(config_, ops, device) {
+                            bool with_gradients, ExpertShard experts)
+    : config_(config),
+      layout_(config, experts),
+      ops_(ops),
+      device_(device),
+      moe_(config_, ops, device) {
   params_ = device_.allocate<T>(size_t(layout_.total()), "model parameters");
   if (with_gradients) grads_ = device_.allocate_zeroed<T>(layout_.total(), "parameter gradients");
 }
@@ -50,6 +54,12 @@ void Transformer<T>::set_expert_parallel(std::vector<ExpertDispatcher*> per_laye
     bool shared = per_layer[l] == nullptr;
     for (size_t m = 0; m < l; ++m) shared = shared || per_layer[l] == per_layer[m];
     if (shared) throw std::invalid_argument("Transformer: every layer needs its own dispatcher");
+    const ExpertDispatcher& d = *per_layer[l];
+    if (layout_.expert_sharded() && (d.local_experts() != layout_.stored_experts() ||
+                                     d.ep_rank() * d.local_experts() != layout_.first_expert())) {
+      throw std::invalid_argument(
+          "Transformer: the dispatcher's local experts are not the experts this model stores");
+    }
   }
   expert_parallel_ = std::move(per_layer);
 }
@@ -150,6 +160,11 @@ template <typename T>
 const T* Transformer<T>::run(const int* tokens, int N, const int* positions,
                              const AttentionMode& mode, bool keep_activations) {
   const int C = config_.d_model, V = config_.vocab_size, L = config_.n_layers;
+  if (layout_.expert_sharded() && expert_parallel_.empty()) {
+    throw std::logic_error(
+        "Transformer: a model holding only some experts runs only with its "
+        "expert-parallel dispatchers");
+  }
   const int64_t NC = int64_t(N) * C;
   T* x = device_.allocate<T>(size_t(NC), "residual stream");
   ops_.embedding_forward(x, tokens, params_ + layout_.embedding(), N, C, V, device_);

@@ -5,9 +5,9 @@
 //
 // Expert parallelism (set_expert_parallel): each rank of an EP group runs the model on its own
 // tokens and every layer's routed experts through that layer's ExpertDispatcher, which runs only
-// this rank's local experts. First step: every rank keeps the full parameter layout; non-expert
-// tensors are replicated and only the local experts' slices of w1/w3/w2 are read or get
-// gradients (zero-redundancy storage of the expert tensors can come later).
+// this rank's local experts. A model built with an ExpertShard stores only its own experts
+// (zero redundancy); a model with the full layout also runs EP and then reads and gets gradients
+// only for its local experts' slices of w1/w3/w2. Non-expert tensors are replicated.
 #pragma once
 
 #include <cstdint>
@@ -27,8 +27,11 @@ class ExpertDispatcher;
 template <typename T>
 class Transformer {
  public:
-  // Allocates parameters (and gradients when with_gradients) in `device`.
-  Transformer(const ModelConfig& config, const Ops<T>& ops, Arena& device, bool with_gradients);
+  // Allocates parameters (and gradients when with_gradients) in `device`; with an expert shard,
+  // only those routed experts (the model then runs only with expert parallelism over
+  // dispatchers whose local experts are exactly the shard).
+  Transformer(const ModelConfig& config, const Ops<T>& ops, Arena& device, bool with_gradients,
+              ExpertShard experts = {});
   ~Transformer();
   Transformer(const Transformer&) = delete;
   Transformer& operator=(const Transformer&) = delete;

@@ -15,13 +15,6 @@ uint64_t bytes_sent(const LinkCounters& c) {
   return c.bytes[0] + c.bytes[1];
 }
 
-std::vector<float> pack(const float* data, const std::vector<ParameterRange>& ranges) {
-  std::vector<float> packed;
-  for (const ParameterRange& r : ranges)
-    packed.insert(packed.end(), data + r.offset, data + r.offset + r.count);
-  return packed;
-}
-
 }  // namespace
 
 void validate_role_expert_parallel(const char* what, int degree,
@@ -80,10 +73,9 @@ void RoleExpertParallel::attach(Transformer<float>& model) {
 }
 
 OptimizerShard RoleExpertParallel::optimizer_shard(const ParameterLayout& layout) const {
-  const int local = experts_ / degree_;
   OptimizerShard shard;
   shard.replicated = replicated_ranges(layout);
-  shard.owned = expert_slices(layout, experts_, ep_rank_ * local, local);
+  shard.owned = expert_slices(layout, this->shard().first, this->shard().count);
   const MPI_Comm group = ep_group_.comm;
   shard.sum_over_group = [group](double x) {
     MPI_Allreduce(MPI_IN_PLACE, &x, 1, MPI_DOUBLE, MPI_SUM, group);
@@ -95,34 +87,29 @@ OptimizerShard RoleExpertParallel::optimizer_shard(const ParameterLayout& layout
 uint64_t RoleExpertParallel::reduce_gradients(float* grads, const ParameterLayout& layout) {
   const uint64_t before = bytes_sent(links_.counters());
   allreduce_ranges(grads, replicated_ranges(layout), role_, links_);
-  const int local = experts_ / degree_;
-  allreduce_ranges(grads, expert_slices(layout, experts_, ep_rank_ * local, local),
-                   expert_data_group_, links_);
+  allreduce_ranges(grads, expert_slices(layout, shard().first, shard().count), expert_data_group_,
+                   links_);
   return bytes_sent(links_.counters()) - before;
 }
 
-uint64_t RoleExpertParallel::gather_experts(float* params, const ParameterLayout& layout) {
-  if (replica_ != 0 || degree_ == 1) return 0;
+uint64_t RoleExpertParallel::gather_full_model(const float* params, const ParameterLayout& layout,
+                                               float* full, const ParameterLayout& full_layout) {
+  if (replica_ != 0) return 0;
   constexpr int kTag = 7301;
   const int local = experts_ / degree_;
   if (ep_rank_ != 0) {
     const std::vector<float> mine =
-        pack(params, expert_slices(layout, experts_, ep_rank_ * local, local));
+        pack_ranges(params, expert_slices(layout, shard().first, local));
     links_.send(mine.data(), mine.size() * sizeof(float), 0, kTag, ep_group_.comm);
     return mine.size() * sizeof(float);
   }
+  copy_common_parameters(params, layout, full, full_layout);
   uint64_t received = 0;
   for (int r = 1; r < degree_; ++r) {
-    const std::vector<ParameterRange> ranges = expert_slices(layout, experts_, r * local, local);
-    int64_t count = 0;
-    for (const ParameterRange& range : ranges) count += range.count;
-    std::vector<float> theirs(size_t(count), 0.0f);
+    const std::vector<ParameterRange> ranges = expert_slices(full_layout, r * local, local);
+    std::vector<float> theirs(size_t(ranges_size(ranges)));
     received += links_.recv(theirs.data(), theirs.size() * sizeof(float), r, kTag, ep_group_.comm);
-    size_t at = 0;
-    for (const ParameterRange& range : ranges) {
-      std::memcpy(params + range.offset, theirs.data() + at, size_t(range.count) * sizeof(float));
-      at += size_t(range.count);
-    }
+    unpack_ranges(theirs.data(), ranges, full);
   }
   return received;
 }

@@ -7,11 +7,10 @@
 // replicated tensors over the whole role, each rank's own experts over its expert-data-parallel
 // group only; the optimizer updates only what the rank owns.
 //
-// Storage is not yet sharded: every rank keeps the full parameter buffer and reads (and updates)
-// only its own experts' slices, so the non-owned slices go stale on the learners; gather_experts
-// brings the owners' slices to EP rank 0 of replica 0 (the learner that evaluates, saves and sends
-// the weights to the actors). The actors' EP groups read the slices they own from the full
-// broadcast.
+// Storage: a model built with shard() stores only this rank's experts (weights, gradients and
+// optimizer moments); a model with the full layout works too and then reads and updates only
+// its own experts' slices. gather_full_model assembles the whole model on EP rank 0 of replica 0
+// (learner 0 evaluates and saves it).
 #pragma once
 
 #include <memory>
@@ -44,6 +43,8 @@ class RoleExpertParallel {
   int degree() const { return degree_; }
   int ep_rank() const { return ep_rank_; }
   int replica() const { return replica_; }
+  // The experts this rank owns: [ep_rank() E / degree(), (ep_rank() + 1) E / degree()).
+  ExpertShard shard() const { return {ep_rank_ * (experts_ / degree_), experts_ / degree_}; }
   const HierarchicalComm& ep_group() const { return ep_group_; }
   const HierarchicalComm& expert_data_group() const { return expert_data_group_; }
 
@@ -56,10 +57,12 @@ class RoleExpertParallel {
   // over its expert-data-parallel group (collective over the role). Returns the bytes this rank
   // sent.
   uint64_t reduce_gradients(float* grads, const ParameterLayout& layout);
-  // Copies every EP rank's own expert slices of replica 0 into `params` on EP rank 0 of replica 0
-  // (collective over replica 0's EP group; other replicas return at once). Returns the bytes this
-  // rank sent or received.
-  uint64_t gather_experts(float* params, const ParameterLayout& layout);
+  // Collective over replica 0's EP group (other replicas return at once): EP rank 0 of replica 0
+  // gets the whole model in `full` (a full layout; ignored elsewhere): the replicated tensors
+  // from its own `params`, every expert from its owner. Returns the bytes this rank sent or
+  // received.
+  uint64_t gather_full_model(const float* params, const ParameterLayout& layout, float* full,
+                             const ParameterLayout& full_layout);
 
   // Dispatch traffic of every dispatcher made by attach (payload and metadata, this rank).
   DispatchTraffic traffic() const;

@@ -89,7 +89,8 @@ TEST(MultiRankTrain, LayoutsThatDoNotFitAreRejectedOnEveryRankBeforeOutput) {
 
 TEST(MultiRankTrain, ExpertParallelLearnersAndActorsTrainLikeTheDataParallelRun) {
   const std::string layout = "--learners 2 --actors 2 --ranks-per-node 1 ";
-  const Result dp = mpirun(4, kShortRun + layout + "--run-dir " + temp_dir("dp"));
+  const std::string dp_dir = temp_dir("dp");
+  const Result dp = mpirun(4, kShortRun + layout + "--run-dir " + dp_dir);
   const Result ep =
       mpirun(4, kShortRun + layout + "--expert-parallel 2 --run-dir " + temp_dir("ep"));
   ASSERT_EQ(dp.exit_code, 0) << dp.output;
@@ -109,6 +110,25 @@ TEST(MultiRankTrain, ExpertParallelLearnersAndActorsTrainLikeTheDataParallelRun)
             json_value(dp.output, "heldout_accuracy_before_rl"));
   EXPECT_NEAR(json_value(ep.output, "heldout_accuracy_after_rl"),
               json_value(dp.output, "heldout_accuracy_after_rl"), 0.07);
+  // Each learner and actor stores only its own experts.
+  EXPECT_NE(ep.output.find("this rank stores"), std::string::npos) << ep.output;
+  // Sharded ranks start from a parameter file: each reads its own part; the start is the
+  // file's model, whatever the layout.
+  const std::string from_file =
+      "train --model tiny --task sort --steps 6 --prompts 8 "
+      "--group-size 4 --eval-prompts 32 --json --sft-steps 0 --init " +
+      dp_dir + "/model.h5 " + layout;
+  const Result ep_init = mpirun(4, from_file +
+                                       "--expert-parallel 2 --actor-expert-parallel 1 "
+                                       "--run-dir " +
+                                       temp_dir("ep-init"));
+  const Result dp_init = mpirun(4, from_file + "--run-dir " + temp_dir("dp-init"));
+  ASSERT_EQ(ep_init.exit_code, 0) << ep_init.output;
+  ASSERT_EQ(dp_init.exit_code, 0) << dp_init.output;
+  EXPECT_EQ(json_value(ep_init.output, "heldout_accuracy_before_rl"),
+            json_value(dp.output, "heldout_accuracy_after_rl"));
+  EXPECT_EQ(json_value(ep_init.output, "heldout_accuracy_before_rl"),
+            json_value(dp_init.output, "heldout_accuracy_before_rl"));
 }
 
 TEST(MultiRankTrain, ExpertParallelDegreesThatDoNotFitAreRejectedOnEveryRank) {

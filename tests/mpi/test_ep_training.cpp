@@ -17,6 +17,7 @@
 #include "src/rl/rl_step.h"
 #include "src/rl/task.h"
 #include "src/rl/tokenizer.h"
+#include "src/runtime/expert_weight_sync.h"
 #include "src/runtime/role_expert_parallel.h"
 #include "tests/mpi/mpi_test_util.h"
 #include "tests/rl_batch.h"
@@ -50,19 +51,35 @@ TEST(ExpertParallelLearners, EpGroupsGiveTheWeightsOfOneRankOnTheSameGlobalBatch
   // A small clipping norm makes every step clip, so a wrong global norm changes the update.
   const float max_norm = 0.05f;
 
+  // (EP degree, dispatch, whether a rank stores only its own experts or the whole layout)
+  struct Case {
+    int degree;
+    DispatchMode mode;
+    bool own_experts_only;
+  };
+  std::vector<Case> cases;
   for (int degree : degrees_for(size)) {
-    for (DispatchMode mode : {DispatchMode::Flat, DispatchMode::Hierarchical}) {
-      SCOPED_TRACE("EP " + std::to_string(degree) + ", " + dispatch_mode_name(mode));
+    cases.push_back({degree, DispatchMode::Flat, true});
+    cases.push_back({degree, DispatchMode::Hierarchical, true});
+    cases.push_back({degree, DispatchMode::Hierarchical, false});
+  }
+  for (const Case& c : cases) {
+    {
+      const int degree = c.degree;
+      SCOPED_TRACE("EP " + std::to_string(degree) + ", " + dispatch_mode_name(c.mode) +
+                   (c.own_experts_only ? ", own experts stored" : ", whole layout stored"));
       validate_role_expert_parallel("--expert-parallel", degree, learners.world_ranks,
-                                    config.n_experts, mode, links, "learner");
+                                    config.n_experts, c.mode, links, "learner");
+      RoleExpertParallel ep(learners, links, config.n_experts, degree, c.mode);
       Arena single_device("single", 64 << 20), ep_device("ep", 64 << 20);
       Transformer<float> single(config, cpu_ops(), single_device, true);
-      Transformer<float> sharded(config, cpu_ops(), ep_device, true);
+      Transformer<float> sharded(config, cpu_ops(), ep_device, true,
+                                 c.own_experts_only ? ep.shard() : ExpertShard{});
+      EXPECT_EQ(sharded.layout().expert_sharded(), c.own_experts_only);
       single.initialize(5);
       sharded.initialize(5);
       AdamW<float> single_opt(single, AdamWHyper{}, max_norm);
       AdamW<float> sharded_opt(sharded, AdamWHyper{}, max_norm);
-      RoleExpertParallel ep(learners, links, config.n_experts, degree, mode);
       ep.attach(sharded);
       const OptimizerShard shard = ep.optimizer_shard(sharded.layout());
       sharded_opt.set_shard(shard);
@@ -85,17 +102,24 @@ TEST(ExpertParallelLearners, EpGroupsGiveTheWeightsOfOneRankOnTheSameGlobalBatch
         optimize_on_rollouts(sharded, sharded_opt, share, settings, hooks);
       }
       // What this rank owns matches one rank: parameters and AdamW's first moment (the clipped
-      // gradient history).
+      // gradient history), the single-rank values taken at this rank's layout.
+      const int64_t n = sharded.parameter_count();
+      std::vector<float> want_params(static_cast<size_t>(n)), want_moment(static_cast<size_t>(n));
+      copy_common_parameters(single.parameters(), single.layout(), want_params.data(),
+                             sharded.layout());
+      copy_common_parameters(single_opt.first_moment(), single.layout(), want_moment.data(),
+                             sharded.layout());
       for (const auto* ranges : {&shard.replicated, &shard.owned}) {
-        expect_ranges_close(sharded.parameters(), single.parameters(), *ranges, "parameters");
-        expect_ranges_close(sharded_opt.first_moment(), single_opt.first_moment(), *ranges,
+        expect_ranges_close(sharded.parameters(), want_params.data(), *ranges, "parameters");
+        expect_ranges_close(sharded_opt.first_moment(), want_moment.data(), *ranges,
                             "first moment");
       }
-      // Learner 0 collects every expert of replica 0 and then holds the whole model.
-      ep.gather_experts(sharded.parameters(), sharded.layout());
+      // Learner 0 collects every expert of replica 0 into a whole model.
+      std::vector<float> whole(size_t(single.parameter_count()), 0.0f);
+      ep.gather_full_model(sharded.parameters(), sharded.layout(), whole.data(), single.layout());
       if (rank == 0) {
-        test::expect_close(sharded.parameters(), single.parameters(),
-                           size_t(single.parameter_count()), "gathered parameters", 1e-5, 1e-3);
+        test::expect_close(whole.data(), single.parameters(), whole.size(), "gathered parameters",
+                           1e-5, 1e-3);
       }
       EXPECT_GT(ep.traffic().payload.bytes[0] + ep.traffic().payload.bytes[1], 0u);
     }
@@ -141,8 +165,7 @@ TEST(ExpertParallelLearners, ShardedAdamWClipsByTheNormOfTheWholeModel) {
     const int local = config.n_experts / degree;
     for (int other = 0; other < degree; ++other) {
       if (other == ep.ep_rank()) continue;
-      for (const ParameterRange& r :
-           expert_slices(sharded.layout(), config.n_experts, other * local, local))
+      for (const ParameterRange& r : expert_slices(sharded.layout(), other * local, local))
         EXPECT_EQ(0, std::memcmp(sharded.parameters() + r.offset, fresh.parameters() + r.offset,
                                  size_t(r.count) * sizeof(float)));
     }
@@ -177,10 +200,10 @@ TEST(ExpertParallelActors, EpGroupsGenerateWhatOneRankGenerates) {
   const std::vector<GeneratedSample> want = generate(single, prompts, ids, sampling);
   for (int degree : degrees_for(size)) {
     SCOPED_TRACE("EP " + std::to_string(degree));
-    Arena ep_device("ep", 64 << 20);
-    Transformer<float> sharded(config, cpu_ops(), ep_device, false);
-    sharded.initialize(21);
     RoleExpertParallel ep(actors, links, config.n_experts, degree, DispatchMode::Hierarchical);
+    Arena ep_device("ep", 64 << 20);
+    Transformer<float> sharded(config, cpu_ops(), ep_device, false, ep.shard());
+    sharded.initialize(21);
     ep.attach(sharded);
     const std::vector<GeneratedSample> got = generate(sharded, prompts, ids, sampling);
     ASSERT_EQ(got.size(), want.size());
@@ -191,6 +214,52 @@ TEST(ExpertParallelActors, EpGroupsGenerateWhatOneRankGenerates) {
     }
   }
   free_hierarchical(actors);
+}
+
+TEST(ExpertWeightSync, EveryActorGetsTheWeightsItStoresFromTheirOwners) {
+  const int size = test::world_size();
+  if (size < 2 || size % 2 != 0) GTEST_SKIP() << "needs an even world of at least 2 ranks";
+  const int half = size / 2;
+  LayoutConfig layout;
+  layout.learners = half;
+  layout.actors = half;
+  layout.ranks_per_node = 1;
+  Topology topology(MPI_COMM_WORLD, layout);
+  const ModelConfig config = test::tiny_policy_config();
+  const ParameterLayout whole_layout(config);
+  std::vector<float> whole(size_t(whole_layout.total()));
+  initialize_parameters(whole.data(), whole_layout, config, 5);
+  WeightSync replicated(MPI_COMM_WORLD, topology);
+  const int role_rank = topology.role_comm().rank();
+  for (int learner_ep : {1, 2, 4}) {
+    for (int actor_ep : {1, 2, 4}) {
+      if (half % learner_ep != 0 || half % actor_ep != 0) continue;
+      if (learner_ep == 1 && actor_ep == 1) continue;
+      SCOPED_TRACE("learners EP " + std::to_string(learner_ep) + ", actors EP " +
+                   std::to_string(actor_ep));
+      ExpertWeightSync sync(MPI_COMM_WORLD, topology, config.n_experts, learner_ep, actor_ep);
+      const bool learner = topology.role() == Role::Learner;
+      const int degree = learner ? learner_ep : actor_ep;
+      const ExpertShard shard =
+          degree > 1 ? expert_shard_of(role_rank, degree, config.n_experts) : ExpertShard{};
+      const ParameterLayout mine(config, shard);
+      std::vector<float> params(size_t(mine.total()), -7.0f);
+      // Learners hold the trained weights; actors start from something else.
+      if (learner) copy_common_parameters(whole.data(), whole_layout, params.data(), mine);
+      const uint64_t bytes = sync.sync(params.data(), mine, replicated);
+      std::vector<float> want(size_t(mine.total()), -7.0f);
+      copy_common_parameters(whole.data(), whole_layout, want.data(), mine);
+      EXPECT_EQ(0, std::memcmp(params.data(), want.data(), want.size() * sizeof(float)));
+      // An actor receives exactly what it stores: the replicated tensors and its own experts.
+      if (!learner) {
+        EXPECT_EQ(
+            bytes,
+            uint64_t(ranges_size(replicated_ranges(mine)) +
+                     ranges_size(expert_slices(mine, mine.first_expert(), mine.stored_experts()))) *
+                sizeof(float));
+      }
+    }
+  }
 }
 
 TEST(ExpertParallelLayout, DegreesThatDoNotFitFailOnEveryRank) {

@@ -1,0 +1,37 @@
+// Weight sync learners -> actors when either role shards its experts (--expert-parallel,
+// --actor-expert-parallel), rank to rank: learner 0 broadcasts the replicated tensors (packed,
+// by WeightSync's hierarchical broadcast); every actor gets each routed expert it stores from the
+// learner of replica 0 that owns it, one message per (learner, actor) pair whose experts
+// overlap. No rank sends an expert it does not own or receives one it does not store.
+#pragma once
+
+#include <cstdint>
+
+#include "mpi_comm/topology.h"
+#include "src/model/parameter_layout.h"
+#include "src/runtime/weight_sync.h"
+
+namespace rlf {
+
+// The experts role rank `role_rank` stores at EP degree `degree` (consecutive groups).
+ExpertShard expert_shard_of(int role_rank, int degree, int experts);
+
+class ExpertWeightSync {
+ public:
+  // Collective over `world` (the communicator `topology` was built on).
+  ExpertWeightSync(MPI_Comm world, Topology& topology, int experts, int learner_ep, int actor_ep);
+  ~ExpertWeightSync();
+  ExpertWeightSync(const ExpertWeightSync&) = delete;
+  ExpertWeightSync& operator=(const ExpertWeightSync&) = delete;
+
+  // Learners of replica 0 send, actors receive into `params` (this rank's model, `layout`);
+  // every other rank returns at once. Returns the bytes this rank sent or received.
+  uint64_t sync(float* params, const ParameterLayout& layout, WeightSync& replicated);
+
+ private:
+  Topology& topology_;
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int experts_, learner_ep_, actor_ep_;
+};
+
+}  // namespace rlf
