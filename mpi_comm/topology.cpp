@@ -39,6 +39,15 @@ RoleCounts resolve_role_counts(const LayoutConfig& config, int world_size) {
     throw ConfigError("--learners, --actors and --queue-ranks must be >= 0, got " +
                       given_counts(config, world_size));
   }
+  if (config.fused) {
+    if (config.learners != 0 || config.actors != 0 || config.queue_ranks != 0) {
+      throw ConfigError(
+          "--mode fused makes every rank an actor and a learner: --learners, --actors and "
+          "--queue-ranks must be 0, got " +
+          given_counts(config, world_size));
+    }
+    return {world_size, 0, 0};
+  }
   if (world_size == 1) return single_rank_counts(config);
   int compute_ranks = world_size - config.queue_ranks;
   RoleCounts counts{config.learners, config.actors, config.queue_ranks};
@@ -187,8 +196,8 @@ std::string Topology::layout_table() const {
     }
     char line[160];
     std::snprintf(line, sizeof line, "%12d  %4d  %-7s  %9d  %10d  %s\n", r, node,
-                  role_name(role_of(r)), rank_in_role, members_so_far[size_t(node)]++,
-                  comma_list_or_dash(shards).c_str());
+                  config_.fused ? "fused" : role_name(role_of(r)), rank_in_role,
+                  members_so_far[size_t(node)]++, comma_list_or_dash(shards).c_str());
     table += line;
   }
   return table;

@@ -10,6 +10,7 @@
 //   clamped to [1, W - Q - 1] and learners take the rest; with one of them 0, it takes what the
 //   other and Q leave; with both given, learners + actors + Q must equal W. Learners and actors
 //   must each end up >= 1.
+// - Fused (config.fused): every rank is a learner that also generates; the counts must be 0.
 // - A world of 1 rank is a single learner (actors == 0, no queue rank): single-rank runs take
 //   the one-rank path, where that rank does everything.
 // - Queue shards (>= 1): shard s is served by queue rank s % Q when Q > 0, else by learner
@@ -42,6 +43,9 @@ struct LayoutConfig {
   int queue_ranks = 0;     // dedicated queue servers; 0: queue shards served inside learner ranks
   int queue_shards = 2;    // shards of the DistQueue (at least 1)
   int ranks_per_node = 0;  // virtual nodes of this many consecutive ranks; 0: real nodes
+  // RL Fusion: every rank is both actor and learner. All ranks are learners in the role
+  // arithmetic (no actor or dedicated queue rank; learners, actors and queue_ranks must be 0).
+  bool fused = false;
   LinkEmulation links;
 };
 

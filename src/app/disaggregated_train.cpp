@@ -8,7 +8,10 @@
 #include "kernels/error.h"
 #include "mpi_comm/hierarchical_collectives.h"
 #include "src/app/build_info.h"
+#include "src/app/learner_hooks.h"
+#include "src/app/learner_setup.h"
 #include "src/app/rl_progress.h"
+#include "src/app/train_finish.h"
 #include "src/io/parameter_file.h"
 #include "src/io/run_directory.h"
 #include "src/io/trace.h"
@@ -120,85 +123,26 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
   const Task& task = *policy.task;
   const int64_t parameter_count = model.parameter_count();
   const auto run_start = Clock::now();
-  Evaluation initial, before_rl, after;
+  Evaluation before_rl;
   double rl_seconds = 0;
   int64_t rl_tokens = 0;
   std::unique_ptr<RoleExpertParallel> ep;  // EP groups of this rank's role, when degree > 1
 
   if (role != Role::Queue) {
     if (role == Role::Learner) {
-      // Every learner runs the same seeded warm start, so all hold identical weights.
-      auto warm_start = [&](Transformer<float>& m) {
-        if (root) initial = evaluate_traced(m, task, policy_options, trace);
-        run_sft_phase(m, task, sft, dir, trace);
-        if (root)
-          before_rl = sft.steps > 0 ? evaluate_traced(m, task, policy_options, trace) : initial;
-      };
-      if (!model.layout().expert_sharded()) {
-        warm_start(model);
-      } else {
-        // A learner that stores only its own experts runs the (unsharded) warm start on a whole
-        // model in a temporary arena and keeps its part; for models too large for that, start
-        // from --init with --sft-steps 0.
-        Arena warm_memory("unsharded warm start", run.device_memory_bytes());
-        Transformer<float> whole(policy.config, policy.device->ops(), warm_memory, true);
-        load_starting_weights(whole, run, policy_options);
-        warm_start(whole);
-        copy_common_parameters(whole.parameters(), whole.layout(), model.parameters(),
-                               model.layout());
-      }
-      dir.log("# held-out accuracy before RL: %.3f\n", before_rl.accuracy());
+      before_rl = warm_start_learner(policy, run, policy_options, sft, root, dir, trace).before_rl;
     }
     const std::vector<int>& actors = topology.ranks_of(Role::Actor);
     const std::vector<int>& learners = topology.ranks_of(Role::Learner);
     const HierarchicalComm& role_comm = topology.role_comm();
     Links& links = topology.links();
     Arena& device = policy.device->memory();
-    if (ep_degree > 1) {
-      ep = std::make_unique<RoleExpertParallel>(role_comm, links, policy.config.n_experts,
-                                                ep_degree, options.ep_dispatch);
-      ep->attach(model);
-    }
-
-    std::unique_ptr<Transformer<float>> reference;
-    std::unique_ptr<AdamW<float>> optimizer;
-    if (role == Role::Learner) {
-      if (rl.kl_coef > 0) {
-        reference = std::make_unique<Transformer<float>>(
-            policy.config, policy.device->ops(), device, /*with_gradients=*/false, own_experts);
-        std::memcpy(reference->parameters(), model.parameters(),
-                    size_t(parameter_count) * sizeof(float));
-      }
-      AdamWHyper hyper;
-      hyper.learning_rate = rl.learning_rate;
-      optimizer = std::make_unique<AdamW<float>>(model, hyper, rl.max_grad_norm);
-      if (ep) {
-        if (reference) ep->attach(*reference);
-        optimizer->set_shard(ep->optimizer_shard(model.layout()));
-      }
-    }
-    DataParallelHooks parallel;
-    parallel.sum = [&](double x) {
-      MPI_Allreduce(MPI_IN_PLACE, &x, 1, MPI_DOUBLE, MPI_SUM, role_comm.comm);
-      return x;
-    };
-    parallel.reduce_gradients = [&] {
-      TraceScope traced(trace, Phase::GradientReduce);
-      if (ep) {
-        traced.set_bytes(int64_t(ep->reduce_gradients(model.gradients(), model.layout())));
-        return;
-      }
-      const LinkCounters before = links.counters();
-      allreduce_sum(model.gradients(), parameter_count, role_comm, links);
-      const LinkCounters& now = links.counters();
-      traced.set_bytes(int64_t(now.bytes[0] + now.bytes[1] - before.bytes[0] - before.bytes[1]));
-    };
-    parallel.reduce_stats = [&](StepStats& s) {
-      double v[7] = {s.samples, s.reward, s.correct,       s.response_tokens,
-                     s.tokens,  s.kl,     s.clipped_tokens};
-      MPI_Allreduce(MPI_IN_PLACE, v, 7, MPI_DOUBLE, MPI_SUM, role_comm.comm);
-      s = StepStats{v[0], v[1], v[2], v[3], v[4], v[5], v[6]};
-    };
+    ep = attach_expert_parallel(model, role_comm, links, ep_degree, options.ep_dispatch);
+    LearnerState learner;
+    if (role == Role::Learner) learner = make_learner_state(policy, rl, ep.get());
+    Transformer<float>* reference = learner.reference.get();
+    AdamW<float>* optimizer = learner.optimizer.get();
+    const DataParallelHooks parallel = learner_hooks(role_comm, links, model, ep.get(), trace);
     const RlStepSettings settings = step_settings(rl);
     const GenerationSettings sampling = sampling_settings(rl, task, run.seed);
     const AdvantageEstimator estimator = parse_advantage_estimator(rl.advantage);
@@ -286,70 +230,16 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
     rl_seconds = progress.seconds_since_start();
   }
   queue.close();
-  // Learner 0 evaluates and saves the whole model; with sharded experts it first collects each
-  // expert from its owner into a whole model in a temporary arena.
-  std::unique_ptr<Arena> whole_memory;
-  std::unique_ptr<Transformer<float>> whole;
-  if (root && model.layout().expert_sharded()) {
-    whole_memory = std::make_unique<Arena>("whole model (evaluation)", run.device_memory_bytes());
-    whole = std::make_unique<Transformer<float>>(policy.config, policy.device->ops(), *whole_memory,
-                                                 /*with_gradients=*/false);
-  }
-  if (ep && role == Role::Learner) {
-    const ParameterLayout whole_layout(policy.config);
-    ep->gather_full_model(model.parameters(), model.layout(), whole ? whole->parameters() : nullptr,
-                          whole_layout);
-  }
-  if (root) {
-    Transformer<float>& final_model = whole ? *whole : model;
-    after = evaluate_traced(final_model, task, policy_options, trace);
-    save_parameters(dir.file("model.h5"), policy.config, final_model.layout(),
-                    final_model.parameters());
-  }
-  // Traffic of the whole run, summed over ranks.
-  LinkCounters total = topology.links().counters();
-  MPI_Allreduce(MPI_IN_PLACE, total.bytes.data(), 2, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
-  MPI_Allreduce(MPI_IN_PLACE, total.messages.data(), 2, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
-  DispatchTraffic dispatched = ep ? ep->traffic() : DispatchTraffic{};
-  MPI_Allreduce(MPI_IN_PLACE, dispatched.payload.bytes.data(), 2, MPI_UINT64_T, MPI_SUM,
-                MPI_COMM_WORLD);
-  write_trace(dir.file("trace.h5"), trace, MPI_COMM_WORLD, run_metadata("train", run, policy));
-  const double total_seconds = std::chrono::duration<double>(Clock::now() - run_start).count();
-
-  dir.log("#\n# %-40s %14s\n", "summary", "value");
-  dir.log("  %-40s %14.3f\n", "held-out accuracy before RL", before_rl.accuracy());
-  dir.log("  %-40s %14.3f\n", "held-out accuracy after RL", after.accuracy());
-  dir.log("  %-40s %14.0f\n", "RL throughput (tokens/s)",
-          rl_seconds > 0 ? double(rl_tokens) / rl_seconds : 0.0);
-  dir.log("  %-40s %14.1f\n", "RL time (s)", rl_seconds);
-  dir.log("  %-40s %14.1f\n", "total time (s)", total_seconds);
-  dir.log("  %-40s %14llu\n", "intra-node bytes (all ranks)",
-          (unsigned long long)total.bytes[size_t(LinkClass::IntraNode)]);
-  dir.log("  %-40s %14llu\n", "inter-node bytes (all ranks)",
-          (unsigned long long)total.bytes[size_t(LinkClass::InterNode)]);
-  if (options.expert_parallel > 1 || options.actor_expert_parallel > 1) {
-    dir.log("  %-40s %14llu\n", "EP dispatch payload, intra-node bytes",
-            (unsigned long long)dispatched.payload.bytes[size_t(LinkClass::IntraNode)]);
-    dir.log("  %-40s %14llu\n", "EP dispatch payload, inter-node bytes",
-            (unsigned long long)dispatched.payload.bytes[size_t(LinkClass::InterNode)]);
-  }
-  dir.log("# parameters in %s; trace in %s (rlfusion report %s)\n", dir.file("model.h5").c_str(),
-          dir.file("trace.h5").c_str(), dir.path().c_str());
-  char json[1024];
-  std::snprintf(
-      json, sizeof json,
-      "{\"command\":\"train\",\"mode\":\"disaggregated\",\"task\":\"%s\",\"model\":\"%s\","
-      "\"seed\":%llu,\"ranks\":%d,\"expert_parallel\":%d,\"actor_expert_parallel\":%d,"
-      "\"sft_steps\":%d,\"rl_steps\":%d,"
-      "\"heldout_accuracy_before_rl\":%.4f,\"heldout_accuracy_after_rl\":%.4f,"
-      "\"rl_tokens_per_s\":%.1f,\"total_seconds\":%.3f}",
-      policy.task->name().c_str(), policy.config.name.c_str(), (unsigned long long)run.seed,
-      topology.world_size(), options.expert_parallel, options.actor_expert_parallel, sft.steps,
-      rl.steps, before_rl.accuracy(), after.accuracy(),
-      rl_seconds > 0 ? double(rl_tokens) / rl_seconds : 0.0, total_seconds);
-  if (run.json) dir.log("%s\n", json);
-  dir.finish(json);
-  return 0;
+  MultiRankTrainEnd end;
+  end.learner = role == Role::Learner;
+  end.root = root;
+  end.ep = ep.get();
+  end.before_rl = before_rl;
+  end.rl_seconds = rl_seconds;
+  end.rl_tokens = rl_tokens;
+  end.run_start = run_start;
+  return finish_multi_rank_train(end, run, policy_options, sft, rl, options, policy, topology, dir,
+                                 trace);
 }
 
 }  // namespace rlf

@@ -12,6 +12,7 @@
 #include "src/app/build_info.h"
 #include "src/app/commands.h"
 #include "src/app/disaggregated_train.h"
+#include "src/app/fused_train.h"
 #include "src/app/layout_options.h"
 #include "src/app/policy_setup.h"
 #include "src/app/rl_options.h"
@@ -54,9 +55,13 @@ int run_train_command(const std::vector<std::string>& args) {
   description.add(layout_options_description(layout));
   DisaggregatedOptions multi_rank;
   std::string queue_transfer = "hierarchical", ep_dispatch = "hierarchical";
+  std::string mode = "disaggregated";
   {
     po::options_description d("Multi-rank options");
     auto add = d.add_options();
+    add("mode", po::value(&mode)->default_value(mode),
+        "how ranks share the work: disaggregated (actor, learner and queue ranks) | fused "
+        "(every rank generates and trains; RL Fusion)");
     add("queue-transfer", po::value(&queue_transfer)->default_value(queue_transfer),
         "how learners take batches from DistQueue: hierarchical (one request per node) | flat");
     add("queue-capacity",
@@ -83,6 +88,9 @@ int run_train_command(const std::vector<std::string>& args) {
     throw ConfigError("--queue-transfer must be 'hierarchical' or 'flat', got '" + queue_transfer +
                       "'");
   }
+  if (mode != "disaggregated" && mode != "fused") {
+    throw ConfigError("--mode must be 'disaggregated' or 'fused', got '" + mode + "'");
+  }
   if (multi_rank.shard_capacity < 1) throw ConfigError("--queue-capacity must be >= 1");
   layout.links.validate();
   multi_rank.hierarchical_queue = queue_transfer == "hierarchical";
@@ -98,6 +106,9 @@ int run_train_command(const std::vector<std::string>& args) {
         "holds every expert); got " +
         std::to_string(multi_rank.expert_parallel) + " and " +
         std::to_string(multi_rank.actor_expert_parallel) + " on 1 rank");
+  }
+  if (world_size > 1 && mode == "fused") {
+    return run_fused_train(run, policy_options, sft, o, layout, multi_rank, format_options(parsed));
   }
   if (world_size > 1) {
     return run_disaggregated_train(run, policy_options, sft, o, layout, multi_rank,

@@ -131,6 +131,49 @@ TEST(MultiRankTrain, ExpertParallelLearnersAndActorsTrainLikeTheDataParallelRun)
             json_value(dp_init.output, "heldout_accuracy_before_rl"));
 }
 
+TEST(FusedTrain, EveryRankGeneratesAndTrainsAndLearnsLikeOneRank) {
+  const std::string fused_dir = temp_dir("fused");
+  const Result one = test::run_rlfusion(kShortRun + "--run-dir " + temp_dir("fused-one"));
+  const Result fused =
+      mpirun(2, kShortRun + "--mode fused --ranks-per-node 1 --run-dir " + fused_dir);
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  ASSERT_EQ(fused.exit_code, 0) << fused.output;
+  EXPECT_NE(fused.output.find("\"mode\":\"fused\""), std::string::npos) << fused.output;
+  EXPECT_NE(fused.output.find("on 2 fused ranks"), std::string::npos) << fused.output;
+  // No weight sync and no queue: the trace has generate and train on both ranks.
+  const Result report = mpirun(1, "report " + fused_dir + " --json");
+  ASSERT_EQ(report.exit_code, 0) << report.output;
+  // The same samples (sampling is keyed by sample id) and the same data-parallel math: the
+  // same start and an end within sampling noise of the one-rank run.
+  EXPECT_EQ(json_value(fused.output, "heldout_accuracy_before_rl"),
+            json_value(one.output, "heldout_accuracy_before_rl"));
+  EXPECT_NEAR(json_value(fused.output, "heldout_accuracy_after_rl"),
+              json_value(one.output, "heldout_accuracy_after_rl"), 0.07);
+  // Expert parallelism inside the fused ranks.
+  const Result fused_ep =
+      mpirun(2, kShortRun + "--mode fused --expert-parallel 2 --run-dir " + temp_dir("fused-ep"));
+  ASSERT_EQ(fused_ep.exit_code, 0) << fused_ep.output;
+  EXPECT_EQ(json_value(fused_ep.output, "expert_parallel"), 2);
+  EXPECT_NEAR(json_value(fused_ep.output, "heldout_accuracy_after_rl"),
+              json_value(fused.output, "heldout_accuracy_after_rl"), 0.07);
+}
+
+TEST(FusedTrain, LayoutsThatDoNotFitAreRejectedOnEveryRank) {
+  const std::string dir = temp_dir("fused-bad");
+  const Result prompts = mpirun(3, kShortRun + "--mode fused --run-dir " + dir);  // 8 prompts
+  EXPECT_EQ(prompts.exit_code, 2) << prompts.output;
+  EXPECT_NE(prompts.output.find("--prompts 8 must divide evenly among the 3 ranks"),
+            std::string::npos)
+      << prompts.output;
+  const Result roles = mpirun(2, kShortRun + "--mode fused --learners 1 --run-dir " + dir);
+  EXPECT_EQ(roles.exit_code, 2) << roles.output;
+  EXPECT_NE(roles.output.find("--mode fused makes every rank"), std::string::npos) << roles.output;
+  const Result mode = mpirun(2, kShortRun + "--mode colocated --run-dir " + dir);
+  EXPECT_EQ(mode.exit_code, 2) << mode.output;
+  EXPECT_NE(mode.output.find("--mode must be"), std::string::npos) << mode.output;
+  EXPECT_FALSE(std::filesystem::exists(dir));
+}
+
 TEST(MultiRankTrain, ExpertParallelDegreesThatDoNotFitAreRejectedOnEveryRank) {
   const std::string dir = temp_dir("bad-ep");
   const Result three = mpirun(4, kShortRun + "--learners 2 --expert-parallel 3 --run-dir " + dir);

@@ -1,0 +1,129 @@
+#include "src/app/fused_train.h"
+
+#include <chrono>
+
+#include "kernels/error.h"
+#include "src/app/build_info.h"
+#include "src/app/learner_hooks.h"
+#include "src/app/learner_setup.h"
+#include "src/app/rl_progress.h"
+#include "src/app/train_finish.h"
+#include "src/io/run_directory.h"
+#include "src/io/trace.h"
+#include "src/model/lr_schedule.h"
+#include "src/rl/rl_step.h"
+#include "src/rl/rollout.h"
+#include "src/runtime/expert_weight_sync.h"
+
+namespace rlf {
+
+int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
+                    const SftSchedule& sft, const RlOptions& rl, LayoutConfig layout,
+                    const DisaggregatedOptions& options, const std::string& resolved_config) {
+  layout.fused = true;
+  Topology topology(MPI_COMM_WORLD, layout);
+  const int ranks = topology.world_size();
+  // Every rank checks the same inputs, so a bad value stops all of them before any work.
+  if (rl.prompts % ranks != 0) {
+    throw ConfigError("--mode fused: --prompts " + std::to_string(rl.prompts) +
+                      " must divide evenly among the " + std::to_string(ranks) +
+                      " ranks (each generates and trains on its own block of prompts)");
+  }
+  if (options.actor_expert_parallel != options.expert_parallel) {
+    throw ConfigError(
+        "--mode fused generates and trains in one layout: --actor-expert-parallel must be 0 or "
+        "equal --expert-parallel");
+  }
+  const int experts = load_model_config(run.model).n_experts;
+  validate_role_expert_parallel("--expert-parallel", options.expert_parallel,
+                                topology.ranks_of(Role::Learner), experts, options.ep_dispatch,
+                                topology.links(), "fused");
+  const int rank = topology.world_rank();
+  const bool root = rank == 0;
+  const ExpertShard own_experts = options.expert_parallel > 1
+                                      ? expert_shard_of(rank, options.expert_parallel, experts)
+                                      : ExpertShard{};
+  Policy policy = make_policy(run, policy_options, /*with_gradients=*/true, own_experts);
+  RunDirectory dir(run.run_dir, resolved_config, /*writer=*/root);
+  TraceRecorder trace(MPI_COMM_WORLD);
+  trace.set_memory_source(&policy.device->memory());
+
+  dir.log("# rlfusion train (fused, synchronous): %s\n", build_info().c_str());
+  dir.log("# model %s (%.2fM parameters), task %s, seed %llu, run dir %s\n",
+          policy.config.name.c_str(), policy.config.parameter_count() / 1e6,
+          policy.task->name().c_str(), (unsigned long long)run.seed, dir.path().c_str());
+  dir.log("%s", topology.layout_table().c_str());
+  const auto run_start = std::chrono::steady_clock::now();
+
+  const Evaluation before_rl =
+      warm_start_learner(policy, run, policy_options, sft, root, dir, trace).before_rl;
+  Transformer<float>& model = *policy.model;
+  const Task& task = *policy.task;
+  const HierarchicalComm& all = topology.role_comm();
+  Links& links = topology.links();
+  std::unique_ptr<RoleExpertParallel> ep =
+      attach_expert_parallel(model, all, links, options.expert_parallel, options.ep_dispatch);
+  LearnerState learner = make_learner_state(policy, rl, ep.get());
+  const DataParallelHooks parallel = learner_hooks(all, links, model, ep.get(), trace);
+  const RlStepSettings settings = step_settings(rl);
+  const GenerationSettings sampling = sampling_settings(rl, task, run.seed);
+  const AdvantageEstimator estimator = parse_advantage_estimator(rl.advantage);
+  const int my_prompts = rl.prompts / ranks;
+
+  dir.log(
+      "# RL: %d steps x %d prompts x %d samples on %d fused ranks (each generates and trains "
+      "%d prompts per step)\n",
+      rl.steps, rl.prompts, rl.group_size, ranks, my_prompts);
+  if (ep) {
+    dir.log(
+        "# expert parallelism: EP %d x %d replicas, %s dispatch; this rank stores %lld of "
+        "%lld parameters\n",
+        options.expert_parallel, ranks / options.expert_parallel,
+        dispatch_mode_name(options.ep_dispatch), (long long)model.parameter_count(),
+        (long long)ParameterLayout(policy.config).total());
+  }
+  RlProgress progress(dir, rl.steps, rl.log_every, policy.device->memory());
+  progress.start();
+  int64_t rl_tokens = 0;
+  for (int step = 1; step <= rl.steps; ++step) {
+    const int version = step - 1;
+    learner.optimizer->hyper().learning_rate =
+        cosine_learning_rate(rl.learning_rate, step, rl.warmup_steps, rl.steps, 1.0f);
+    std::vector<Rollout> rollouts;
+    {
+      TraceScope traced(trace, Phase::Generate);
+      traced.set_version(version);
+      rollouts = generate_rollouts(model, task, int64_t(version) * rl.prompts + rank * my_prompts,
+                                   my_prompts, rl.group_size, sampling, version, estimator);
+      for (const Rollout& r : rollouts) traced.add_tokens(int64_t(r.response.size()));
+    }
+    if (learner.reference) {
+      TraceScope traced(trace, Phase::Reference);
+      traced.set_version(version);
+      attach_reference_logprobs(*learner.reference, rollouts, rl.micro_batch, rl.temperature);
+    }
+    StepStats stats;
+    {
+      TraceScope traced(trace, Phase::Train);
+      traced.set_version(version);
+      stats = optimize_on_rollouts(model, *learner.optimizer, rollouts, settings, parallel);
+      traced.set_tokens(int64_t(stats.tokens / double(ranks)));
+    }
+    rl_tokens += int64_t(stats.tokens);
+    progress.step_done(step, stats);
+  }
+
+  MultiRankTrainEnd end;
+  end.mode = "fused";
+  end.learner = true;
+  end.root = root;
+  end.ep = ep.get();
+  end.before_rl = before_rl;
+  end.rl_seconds = progress.seconds_since_start();
+  end.rl_tokens = rl_tokens;
+  end.run_start = run_start;
+  return finish_multi_rank_train(end, run, policy_options, sft, rl, options, policy, topology, dir,
+                                 trace);
+}
+
+}  // namespace rlf

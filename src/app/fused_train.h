@@ -1,0 +1,25 @@
+// `rlfusion train --mode fused` on more than one rank (RL Fusion): every rank is an actor and a
+// learner. Each step every rank generates and scores its block of the step's prompts with the
+// current weights (rank r of W holds prompts [r P / W, (r + 1) P / W)), then all ranks train
+// data-parallel on exactly the samples they generated. No device waits while another one
+// generates, and no weights move between roles: generation and training share one parameter
+// buffer, so there is no weight sync at all. With --expert-parallel D the routed experts are
+// sharded over EP groups of D consecutive ranks in both phases (one layout; switching between a
+// training and a generation layout is not built yet).
+#pragma once
+
+#include <string>
+
+#include "mpi_comm/topology.h"
+#include "src/app/disaggregated_train.h"
+#include "src/app/policy_setup.h"
+#include "src/app/rl_options.h"
+#include "src/app/sft_phase.h"
+
+namespace rlf {
+
+int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
+                    const SftSchedule& sft, const RlOptions& rl, LayoutConfig layout,
+                    const DisaggregatedOptions& options, const std::string& resolved_config);
+
+}  // namespace rlf

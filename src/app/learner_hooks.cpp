@@ -1,0 +1,36 @@
+#include "src/app/learner_hooks.h"
+
+#include "mpi_comm/hierarchical_collectives.h"
+
+namespace rlf {
+
+DataParallelHooks learner_hooks(const HierarchicalComm& learners, Links& links,
+                                Transformer<float>& model, RoleExpertParallel* ep,
+                                TraceRecorder& trace) {
+  DataParallelHooks hooks;
+  const MPI_Comm comm = learners.comm;
+  hooks.sum = [comm](double x) {
+    MPI_Allreduce(MPI_IN_PLACE, &x, 1, MPI_DOUBLE, MPI_SUM, comm);
+    return x;
+  };
+  hooks.reduce_gradients = [&learners, &links, &model, ep, &trace] {
+    TraceScope traced(trace, Phase::GradientReduce);
+    if (ep) {
+      traced.set_bytes(int64_t(ep->reduce_gradients(model.gradients(), model.layout())));
+      return;
+    }
+    const LinkCounters before = links.counters();
+    allreduce_sum(model.gradients(), model.parameter_count(), learners, links);
+    const LinkCounters& now = links.counters();
+    traced.set_bytes(int64_t(now.bytes[0] + now.bytes[1] - before.bytes[0] - before.bytes[1]));
+  };
+  hooks.reduce_stats = [comm](StepStats& s) {
+    double v[7] = {s.samples, s.reward, s.correct,       s.response_tokens,
+                   s.tokens,  s.kl,     s.clipped_tokens};
+    MPI_Allreduce(MPI_IN_PLACE, v, 7, MPI_DOUBLE, MPI_SUM, comm);
+    s = StepStats{v[0], v[1], v[2], v[3], v[4], v[5], v[6]};
+  };
+  return hooks;
+}
+
+}  // namespace rlf

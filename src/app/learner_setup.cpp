@@ -1,0 +1,68 @@
+#include "src/app/learner_setup.h"
+
+#include <cstring>
+
+#include "src/model/expert_parallel.h"
+
+namespace rlf {
+
+WarmStart warm_start_learner(Policy& policy, const RunOptions& run,
+                             const PolicyOptions& policy_options, const SftSchedule& sft, bool root,
+                             RunDirectory& dir, TraceRecorder& trace) {
+  WarmStart result;
+  const Task& task = *policy.task;
+  auto warm_start = [&](Transformer<float>& m) {
+    if (root) result.initial = evaluate_traced(m, task, policy_options, trace);
+    run_sft_phase(m, task, sft, dir, trace);
+    if (root) {
+      result.before_rl =
+          sft.steps > 0 ? evaluate_traced(m, task, policy_options, trace) : result.initial;
+    }
+  };
+  Transformer<float>& model = *policy.model;
+  if (!model.layout().expert_sharded()) {
+    warm_start(model);
+  } else {
+    Arena warm_memory("unsharded warm start", run.device_memory_bytes());
+    Transformer<float> whole(policy.config, policy.device->ops(), warm_memory, true);
+    load_starting_weights(whole, run, policy_options);
+    warm_start(whole);
+    copy_common_parameters(whole.parameters(), whole.layout(), model.parameters(), model.layout());
+  }
+  dir.log("# held-out accuracy before RL: %.3f\n", result.before_rl.accuracy());
+  return result;
+}
+
+std::unique_ptr<RoleExpertParallel> attach_expert_parallel(Transformer<float>& model,
+                                                           const HierarchicalComm& role,
+                                                           Links& links, int degree,
+                                                           DispatchMode mode) {
+  if (degree <= 1) return nullptr;
+  auto ep =
+      std::make_unique<RoleExpertParallel>(role, links, model.config().n_experts, degree, mode);
+  ep->attach(model);
+  return ep;
+}
+
+LearnerState make_learner_state(Policy& policy, const RlOptions& rl, RoleExpertParallel* ep) {
+  LearnerState state;
+  Transformer<float>& model = *policy.model;
+  const ParameterLayout& layout = model.layout();
+  if (rl.kl_coef > 0) {
+    state.reference = std::make_unique<Transformer<float>>(
+        policy.config, policy.device->ops(), policy.device->memory(), /*with_gradients=*/false,
+        ExpertShard{layout.first_expert(), layout.stored_experts()});
+    std::memcpy(state.reference->parameters(), model.parameters(),
+                size_t(model.parameter_count()) * sizeof(float));
+  }
+  AdamWHyper hyper;
+  hyper.learning_rate = rl.learning_rate;
+  state.optimizer = std::make_unique<AdamW<float>>(model, hyper, rl.max_grad_norm);
+  if (ep) {
+    if (state.reference) ep->attach(*state.reference);
+    state.optimizer->set_shard(ep->optimizer_shard(layout));
+  }
+  return state;
+}
+
+}  // namespace rlf

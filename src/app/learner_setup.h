@@ -1,0 +1,44 @@
+// Setting up the ranks that train in a multi-rank `train` (the learners of a disaggregated run,
+// every rank of a fused run): the seeded warm start, expert parallelism, the frozen reference
+// policy for the KL term and AdamW.
+#pragma once
+
+#include <memory>
+
+#include "src/app/policy_setup.h"
+#include "src/app/rl_options.h"
+#include "src/app/sft_phase.h"
+#include "src/model/optimizer.h"
+#include "src/runtime/role_expert_parallel.h"
+
+namespace rlf {
+
+struct WarmStart {
+  Evaluation initial, before_rl;  // held-out accuracy, measured on the root only
+};
+
+// The same seeded warm start (SFT) on every learner, so all hold identical weights; the root
+// evaluates before and after it. A model that stores only its own experts runs it on a whole
+// model in a temporary arena and keeps its part (for models too large for that, start from
+// --init with --sft-steps 0).
+WarmStart warm_start_learner(Policy& policy, const RunOptions& run,
+                             const PolicyOptions& policy_options, const SftSchedule& sft, bool root,
+                             RunDirectory& dir, TraceRecorder& trace);
+
+// EP groups of `degree` consecutive ranks of `role` with one dispatcher per layer attached to
+// `model`; null for degree 1. Collective over role.comm.
+std::unique_ptr<RoleExpertParallel> attach_expert_parallel(Transformer<float>& model,
+                                                           const HierarchicalComm& role,
+                                                           Links& links, int degree,
+                                                           DispatchMode mode);
+
+struct LearnerState {
+  std::unique_ptr<Transformer<float>> reference;  // frozen start of RL (KL term), or null
+  std::unique_ptr<AdamW<float>> optimizer;        // sharded like the model under EP
+};
+
+// Allocated in the policy's device arena, with the model's expert shard; with `ep` the
+// reference gets its own dispatchers (collective over the EP group).
+LearnerState make_learner_state(Policy& policy, const RlOptions& rl, RoleExpertParallel* ep);
+
+}  // namespace rlf

@@ -1,0 +1,85 @@
+#include "src/app/train_finish.h"
+
+#include <cstdio>
+#include <memory>
+
+#include "src/io/parameter_file.h"
+#include "src/io/trace_writer.h"
+
+namespace rlf {
+
+int finish_multi_rank_train(const MultiRankTrainEnd& end, const RunOptions& run,
+                            const PolicyOptions& policy_options, const SftSchedule& sft,
+                            const RlOptions& rl, const DisaggregatedOptions& options,
+                            Policy& policy, Topology& topology, RunDirectory& dir,
+                            TraceRecorder& trace) {
+  Transformer<float>& model = *policy.model;
+  Evaluation after;
+  // Learner 0 evaluates and saves the whole model; with sharded experts it first collects each
+  // expert from its owner into a whole model in a temporary arena.
+  std::unique_ptr<Arena> whole_memory;
+  std::unique_ptr<Transformer<float>> whole;
+  if (end.root && model.layout().expert_sharded()) {
+    whole_memory = std::make_unique<Arena>("whole model (evaluation)", run.device_memory_bytes());
+    whole = std::make_unique<Transformer<float>>(policy.config, policy.device->ops(), *whole_memory,
+                                                 /*with_gradients=*/false);
+  }
+  if (end.ep && end.learner) {
+    const ParameterLayout whole_layout(policy.config);
+    end.ep->gather_full_model(model.parameters(), model.layout(),
+                              whole ? whole->parameters() : nullptr, whole_layout);
+  }
+  if (end.root) {
+    Transformer<float>& final_model = whole ? *whole : model;
+    after = evaluate_traced(final_model, *policy.task, policy_options, trace);
+    save_parameters(dir.file("model.h5"), policy.config, final_model.layout(),
+                    final_model.parameters());
+  }
+  // Traffic of the whole run, summed over ranks.
+  LinkCounters total = topology.links().counters();
+  MPI_Allreduce(MPI_IN_PLACE, total.bytes.data(), 2, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+  MPI_Allreduce(MPI_IN_PLACE, total.messages.data(), 2, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+  DispatchTraffic dispatched = end.ep ? end.ep->traffic() : DispatchTraffic{};
+  MPI_Allreduce(MPI_IN_PLACE, dispatched.payload.bytes.data(), 2, MPI_UINT64_T, MPI_SUM,
+                MPI_COMM_WORLD);
+  write_trace(dir.file("trace.h5"), trace, MPI_COMM_WORLD, run_metadata("train", run, policy));
+  const double total_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - end.run_start).count();
+
+  dir.log("#\n# %-40s %14s\n", "summary", "value");
+  dir.log("  %-40s %14.3f\n", "held-out accuracy before RL", end.before_rl.accuracy());
+  dir.log("  %-40s %14.3f\n", "held-out accuracy after RL", after.accuracy());
+  dir.log("  %-40s %14.0f\n", "RL throughput (tokens/s)",
+          end.rl_seconds > 0 ? double(end.rl_tokens) / end.rl_seconds : 0.0);
+  dir.log("  %-40s %14.1f\n", "RL time (s)", end.rl_seconds);
+  dir.log("  %-40s %14.1f\n", "total time (s)", total_seconds);
+  dir.log("  %-40s %14llu\n", "intra-node bytes (all ranks)",
+          (unsigned long long)total.bytes[size_t(LinkClass::IntraNode)]);
+  dir.log("  %-40s %14llu\n", "inter-node bytes (all ranks)",
+          (unsigned long long)total.bytes[size_t(LinkClass::InterNode)]);
+  if (options.expert_parallel > 1 || options.actor_expert_parallel > 1) {
+    dir.log("  %-40s %14llu\n", "EP dispatch payload, intra-node bytes",
+            (unsigned long long)dispatched.payload.bytes[size_t(LinkClass::IntraNode)]);
+    dir.log("  %-40s %14llu\n", "EP dispatch payload, inter-node bytes",
+            (unsigned long long)dispatched.payload.bytes[size_t(LinkClass::InterNode)]);
+  }
+  dir.log("# parameters in %s; trace in %s (rlfusion report %s)\n", dir.file("model.h5").c_str(),
+          dir.file("trace.h5").c_str(), dir.path().c_str());
+  char json[1024];
+  std::snprintf(json, sizeof json,
+                "{\"command\":\"train\",\"mode\":\"%s\",\"task\":\"%s\",\"model\":\"%s\","
+                "\"seed\":%llu,\"ranks\":%d,\"expert_parallel\":%d,\"actor_expert_parallel\":%d,"
+                "\"sft_steps\":%d,\"rl_steps\":%d,"
+                "\"heldout_accuracy_before_rl\":%.4f,\"heldout_accuracy_after_rl\":%.4f,"
+                "\"rl_tokens_per_s\":%.1f,\"total_seconds\":%.3f}",
+                end.mode, policy.task->name().c_str(), policy.config.name.c_str(),
+                (unsigned long long)run.seed, topology.world_size(), options.expert_parallel,
+                options.actor_expert_parallel, sft.steps, rl.steps, end.before_rl.accuracy(),
+                after.accuracy(), end.rl_seconds > 0 ? double(end.rl_tokens) / end.rl_seconds : 0.0,
+                total_seconds);
+  if (run.json) dir.log("%s\n", json);
+  dir.finish(json);
+  return 0;
+}
+
+}  // namespace rlf
