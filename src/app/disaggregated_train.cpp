@@ -75,8 +75,8 @@ void serving_barrier(MPI_Comm comm, DistQueue& queue) {
 
 int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_options,
                             const SftSchedule& sft, const RlOptions& rl, const LayoutConfig& layout,
-                            const DisaggregatedOptions& options,
-                            const std::string& resolved_config) {
+                            const DisaggregatedOptions& options, const std::string& resolved_config,
+                            TrainResult* result) {
   Topology topology(MPI_COMM_WORLD, layout);
   validate_layout_fit(rl, topology);
   const Role role = topology.role();
@@ -239,7 +239,7 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
   end.rl_tokens = rl_tokens;
   end.run_start = run_start;
   return finish_multi_rank_train(end, run, policy_options, sft, rl, options, policy, topology, dir,
-                                 trace);
+                                 trace, result);
 }
 
 }  // namespace rlf

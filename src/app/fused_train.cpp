@@ -19,7 +19,8 @@ namespace rlf {
 
 int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
                     const SftSchedule& sft, const RlOptions& rl, LayoutConfig layout,
-                    const DisaggregatedOptions& options, const std::string& resolved_config) {
+                    const DisaggregatedOptions& options, const std::string& resolved_config,
+                    TrainResult* result) {
   layout.fused = true;
   Topology topology(MPI_COMM_WORLD, layout);
   const int ranks = topology.world_size();
@@ -123,7 +124,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   end.rl_tokens = rl_tokens;
   end.run_start = run_start;
   return finish_multi_rank_train(end, run, policy_options, sft, rl, options, policy, topology, dir,
-                                 trace);
+                                 trace, result);
 }
 
 }  // namespace rlf

@@ -15,11 +15,13 @@
 #include "src/app/policy_setup.h"
 #include "src/app/rl_options.h"
 #include "src/app/sft_phase.h"
+#include "src/app/train_result.h"
 
 namespace rlf {
 
 int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
                     const SftSchedule& sft, const RlOptions& rl, LayoutConfig layout,
-                    const DisaggregatedOptions& options, const std::string& resolved_config);
+                    const DisaggregatedOptions& options, const std::string& resolved_config,
+                    TrainResult* result = nullptr);
 
 }  // namespace rlf

@@ -12,7 +12,12 @@ int finish_multi_rank_train(const MultiRankTrainEnd& end, const RunOptions& run,
                             const PolicyOptions& policy_options, const SftSchedule& sft,
                             const RlOptions& rl, const DisaggregatedOptions& options,
                             Policy& policy, Topology& topology, RunDirectory& dir,
-                            TraceRecorder& trace) {
+                            TraceRecorder& trace, TrainResult* result) {
+  // Learner 0's weight-sync time (before the evaluation below adds events): the sender's time
+  // is the transfer; an actor's includes waiting for the learner to finish its step.
+  double weight_sync_seconds = 0;
+  for (const TraceEvent& e : trace.events())
+    if (e.phase == Phase::WeightSync && e.version > 0) weight_sync_seconds += e.end - e.begin;
   Transformer<float>& model = *policy.model;
   Evaluation after;
   // Learner 0 evaluates and saves the whole model; with sharded experts it first collects each
@@ -43,6 +48,12 @@ int finish_multi_rank_train(const MultiRankTrainEnd& end, const RunOptions& run,
   MPI_Allreduce(MPI_IN_PLACE, dispatched.payload.bytes.data(), 2, MPI_UINT64_T, MPI_SUM,
                 MPI_COMM_WORLD);
   write_trace(dir.file("trace.h5"), trace, MPI_COMM_WORLD, run_metadata("train", run, policy));
+  const double tokens_per_s = end.rl_seconds > 0 ? double(end.rl_tokens) / end.rl_seconds : 0.0;
+  // Every figure as learner 0 (world rank 0 in every layout) has it.
+  double figures[5] = {tokens_per_s, end.rl_seconds, weight_sync_seconds, end.before_rl.accuracy(),
+                       after.accuracy()};
+  MPI_Bcast(figures, 5, MPI_DOUBLE, topology.ranks_of(Role::Learner).front(), MPI_COMM_WORLD);
+  if (result) *result = TrainResult{figures[0], figures[1], figures[2], figures[3], figures[4]};
   const double total_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - end.run_start).count();
 
@@ -71,12 +82,12 @@ int finish_multi_rank_train(const MultiRankTrainEnd& end, const RunOptions& run,
                 "\"seed\":%llu,\"ranks\":%d,\"expert_parallel\":%d,\"actor_expert_parallel\":%d,"
                 "\"sft_steps\":%d,\"rl_steps\":%d,"
                 "\"heldout_accuracy_before_rl\":%.4f,\"heldout_accuracy_after_rl\":%.4f,"
-                "\"rl_tokens_per_s\":%.1f,\"total_seconds\":%.3f}",
+                "\"rl_tokens_per_s\":%.1f,\"rl_seconds\":%.3f,\"weight_sync_seconds\":%.3f,"
+                "\"total_seconds\":%.3f}",
                 end.mode, policy.task->name().c_str(), policy.config.name.c_str(),
                 (unsigned long long)run.seed, topology.world_size(), options.expert_parallel,
                 options.actor_expert_parallel, sft.steps, rl.steps, end.before_rl.accuracy(),
-                after.accuracy(), end.rl_seconds > 0 ? double(end.rl_tokens) / end.rl_seconds : 0.0,
-                total_seconds);
+                after.accuracy(), tokens_per_s, end.rl_seconds, figures[2], total_seconds);
   if (run.json) dir.log("%s\n", json);
   dir.finish(json);
   return 0;

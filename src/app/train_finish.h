@@ -8,6 +8,7 @@
 #include "mpi_comm/topology.h"
 #include "src/app/disaggregated_train.h"
 #include "src/app/policy_setup.h"
+#include "src/app/train_result.h"
 #include "src/io/run_directory.h"
 #include "src/io/trace.h"
 #include "src/runtime/role_expert_parallel.h"
@@ -25,11 +26,11 @@ struct MultiRankTrainEnd {
   std::chrono::steady_clock::time_point run_start;
 };
 
-// Collective over MPI_COMM_WORLD. Returns the process exit code (0).
+// Collective over MPI_COMM_WORLD. Returns the process exit code (0); fills `result` if given.
 int finish_multi_rank_train(const MultiRankTrainEnd& end, const RunOptions& run,
                             const PolicyOptions& policy_options, const SftSchedule& sft,
                             const RlOptions& rl, const DisaggregatedOptions& options,
                             Policy& policy, Topology& topology, RunDirectory& dir,
-                            TraceRecorder& trace);
+                            TraceRecorder& trace, TrainResult* result = nullptr);
 
 }  // namespace rlf

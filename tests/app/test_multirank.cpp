@@ -158,6 +158,28 @@ TEST(FusedTrain, EveryRankGeneratesAndTrainsAndLearnsLikeOneRank) {
               json_value(fused.output, "heldout_accuracy_after_rl"), 0.07);
 }
 
+TEST(BenchModes, RunsTheSameRlRunDisaggregatedAndFusedAndPrintsTheRatio) {
+  const std::string dir = temp_dir("bench-modes");
+  const Result r = mpirun(2,
+                          "bench modes --model tiny --steps 2 --prompts 8 --group-size 4 "
+                          "--eval-prompts 8 --json --run-dir " +
+                              dir);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("  disaggregated "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("  fused "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("# fused / disaggregated tokens/s:"), std::string::npos) << r.output;
+  EXPECT_GT(json_value(r.output, "disaggregated_tokens_per_s"), 0.0);
+  EXPECT_GT(json_value(r.output, "fused_tokens_per_s"), 0.0);
+  // The disaggregated run syncs weights every step; the fused one never does.
+  EXPECT_GT(json_value(r.output, "disaggregated_weight_sync_share"), 0.0);
+  EXPECT_EQ(json_value(r.output, "fused_weight_sync_share"), 0.0);
+  for (const char* mode : {"disaggregated", "fused"})
+    EXPECT_TRUE(std::filesystem::exists(dir + "/" + mode + "/summary.json")) << mode;
+  const Result one = test::run_rlfusion("bench modes --model tiny --run-dir " + dir);
+  EXPECT_EQ(one.exit_code, 2) << one.output;
+  EXPECT_NE(one.output.find("at least 2 ranks"), std::string::npos) << one.output;
+}
+
 TEST(FusedTrain, LayoutsThatDoNotFitAreRejectedOnEveryRank) {
   const std::string dir = temp_dir("fused-bad");
   const Result prompts = mpirun(3, kShortRun + "--mode fused --run-dir " + dir);  // 8 prompts

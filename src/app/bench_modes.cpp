@@ -1,0 +1,108 @@
+// `rlfusion bench modes`: the same synchronous RL run (model, task, seed, samples per step) on the
+// same ranks, first disaggregated (actors generate, learners train, weights synced every step),
+// then fused (every rank generates and trains; RL Fusion), in one job. Prints tokens/s of each,
+// the ratio, and weight-sync time as a share of the RL time. With one actor and one learner each
+// device of the disaggregated run idles while the other works, so the synchronous ceiling of the
+// ratio is 2.0x. Both runs write ordinary run directories under --run-dir (disaggregated/, fused/).
+#include <cstdio>
+#include <string>
+
+#include "kernels/error.h"
+#include "src/app/build_info.h"
+#include "src/app/commands.h"
+#include "src/app/disaggregated_train.h"
+#include "src/app/fused_train.h"
+#include "src/app/layout_options.h"
+#include "src/app/policy_setup.h"
+#include "src/app/rl_options.h"
+#include "src/app/sft_phase.h"
+#include "src/app/train_result.h"
+
+namespace rlf {
+
+int run_bench_modes_command(const std::vector<std::string>& args) {
+  RunOptions run;
+  run.model = "small";
+  run.run_dir = "runs/bench-modes";
+  PolicyOptions policy_options;
+  policy_options.task = "sort";
+  policy_options.eval_prompts = 32;
+  SftSchedule sft;
+  RlOptions rl;
+  // Enough samples per step that per-sample compute, not per-step overhead, sets the time.
+  rl.steps = 4;
+  rl.prompts = 32;
+  rl.group_size = 8;
+  rl.log_every = 1;
+  LayoutConfig layout;
+  layout.ranks_per_node = 1;
+  po::options_description description = run_options_description(run);
+  description.add(policy_options_description(policy_options));
+  description.add(sft_options_description(sft, "sft-", 0));
+  description.add(rl_options_description(rl));
+  description.add(layout_options_description(layout));
+  if (!parse_options("bench modes", args, description, run)) return 0;
+  validate(sft, "sft-");
+  validate(rl);
+  layout.links.validate();
+  int rank = 0, ranks = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+  if (ranks < 2) {
+    throw ConfigError(
+        "bench modes compares layouts of several ranks: run it under mpiexec with "
+        "at least 2 ranks (one per core), e.g. mpiexec -n 2 --bind-to core");
+  }
+  // Scratch run directories of a benchmark may be reused.
+  policy_options.overwrite = true;
+  const std::string base = run.run_dir;
+  DisaggregatedOptions options;
+  options.actor_expert_parallel = 1;  // train resolves its 0 default; no expert parallelism here
+
+  TrainResult disaggregated, fused;
+  run.run_dir = base + "/disaggregated";
+  run_disaggregated_train(run, policy_options, sft, rl, layout, options, "", &disaggregated);
+  LayoutConfig fused_layout = layout;
+  fused_layout.learners = fused_layout.actors = fused_layout.queue_ranks = 0;
+  run.run_dir = base + "/fused";
+  run_fused_train(run, policy_options, sft, rl, fused_layout, options, "", &fused);
+
+  if (rank != 0) return 0;
+  const double ratio =
+      disaggregated.tokens_per_s > 0 ? fused.tokens_per_s / disaggregated.tokens_per_s : 0;
+  auto sync_share = [](const TrainResult& r) {
+    return r.rl_seconds > 0 ? 100.0 * r.weight_sync_seconds / r.rl_seconds : 0.0;
+  };
+  std::printf("#\n# rlfusion bench modes: %s\n", build_info().c_str());
+  std::printf("# model %s, task %s, %d ranks, %d steps x %d prompts x %d samples, seed %llu\n",
+              run.model.c_str(), policy_options.task.c_str(), ranks, rl.steps, rl.prompts,
+              rl.group_size, (unsigned long long)run.seed);
+  std::printf("# %-14s %12s %12s %14s %10s %12s %12s\n", "mode", "tokens/s", "RL time",
+              "weight sync", "sync", "acc before", "acc after");
+  std::printf("# %-14s %12s %12s %14s %10s %12s %12s\n", "", "(tokens/s)", "(s)", "(s)",
+              "(% of RL)", "", "");
+  for (const auto& [name, r] :
+       {std::pair<const char*, const TrainResult&>{"disaggregated", disaggregated},
+        std::pair<const char*, const TrainResult&>{"fused", fused}}) {
+    std::printf("  %-14s %12.0f %12.2f %14.3f %10.1f %12.3f %12.3f\n", name, r.tokens_per_s,
+                r.rl_seconds, r.weight_sync_seconds, sync_share(r), r.accuracy_before_rl,
+                r.accuracy_after_rl);
+  }
+  std::printf(
+      "# fused / disaggregated tokens/s: %.2fx (synchronous ceiling with one actor and "
+      "one learner: 2.0x; target >= 1.6x: %s); swap + weight sync of fused: %.1f%% of "
+      "the RL time (no swap: one layout, no offload yet)\n",
+      ratio, ratio >= 1.6 ? "met" : "NOT met", sync_share(fused));
+  if (run.json) {
+    std::printf(
+        "{\"bench\":\"modes\",\"model\":\"%s\",\"task\":\"%s\",\"ranks\":%d,"
+        "\"disaggregated_tokens_per_s\":%.1f,\"fused_tokens_per_s\":%.1f,"
+        "\"ratio\":%.4f,\"disaggregated_weight_sync_share\":%.4f,"
+        "\"fused_weight_sync_share\":%.4f}\n",
+        run.model.c_str(), policy_options.task.c_str(), ranks, disaggregated.tokens_per_s,
+        fused.tokens_per_s, ratio, sync_share(disaggregated) / 100, sync_share(fused) / 100);
+  }
+  return 0;
+}
+
+}  // namespace rlf

@@ -1,0 +1,14 @@
+// The figures a multi-rank `train` reports back to its caller.
+#pragma once
+
+namespace rlf {
+
+// What a multi-rank train measured, the same on every rank (`bench modes` compares two runs).
+struct TrainResult {
+  double tokens_per_s = 0;         // RL tokens trained per second of RL wall time
+  double rl_seconds = 0;           // RL wall time (learner 0)
+  double weight_sync_seconds = 0;  // learner 0's time sending weights to the actors
+  double accuracy_before_rl = 0, accuracy_after_rl = 0;
+};
+
+}  // namespace rlf
