@@ -203,9 +203,13 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
       {
         TraceScope traced(trace, Phase::QueueGet);
         traced.set_version(version);
+        // Learner i takes the i-th share of the step's sample ids, whatever arrived first: the
+        // same samples every run, so a seed fixes the weights bit for bit.
+        const int64_t first = int64_t(version) * rl.prompts * rl.group_size +
+                              index_in(learners, topology.world_rank()) * share;
         const std::vector<QueueSample> samples =
-            options.hierarchical_queue ? queue.get_hierarchical(share, version, role_comm)
-                                       : queue.get(share, version);
+            options.hierarchical_queue ? queue.get_range_hierarchical(first, share, role_comm)
+                                       : queue.get_range(first, share);
         traced.set_bytes(int64_t(packed_bytes(samples)));
         rollouts = to_rollouts(samples);
       }

@@ -45,11 +45,20 @@ microseconds retry_delay(int refusals) {
 
 // Requests a client sends to a server; servers answer with acks and replies.
 bool is_request(int tag) {
-  return tag == qp::kPut || tag == qp::kGet || tag == qp::kClose;
+  return tag == qp::kPut || tag == qp::kGet || tag == qp::kGetRange || tag == qp::kClose;
 }
 // A leader's scatter to its group is client traffic on both ends, like requests on the way out.
 bool sent_by_client(int tag) {
   return is_request(tag) || tag == qp::kScatter;
+}
+
+// A range of sample ids names at least one sample, none negative.
+void check_range(int64_t first_sample_id, int64_t count, const char* function) {
+  if (count < 1 || first_sample_id < 0)
+    throw std::invalid_argument(std::string("DistQueue::") + function + ": the sample-id range [" +
+                                std::to_string(first_sample_id) + ", " +
+                                std::to_string(first_sample_id + count) +
+                                ") must hold at least one id, none negative");
 }
 
 std::shared_ptr<const std::vector<std::byte>> share(std::vector<std::byte> bytes) {
@@ -193,11 +202,19 @@ void DistQueue::handle_put(const Message& message) {
 
 void DistQueue::handle_get(const Message& message) {
   const qp::Header h = qp::decode_header(message.bytes);
-  QueueShard& shard = hosted_shard(h.shard);
+  send_reply(message, hosted_shard(h.shard).take(h.count, h.v_min));
+}
+
+void DistQueue::handle_get_range(const Message& message) {
+  const qp::Header h = qp::decode_header(message.bytes);
+  const qp::SampleRange range = qp::decode_range(qp::payload_of(message.bytes));
+  send_reply(message, hosted_shard(h.shard).take_range(range.first, range.count));
+}
+
+void DistQueue::send_reply(const Message& message, const std::vector<QueueSample>& samples) {
   counters_.get_requests += 1;
-  const auto samples = shard.take(h.count, h.v_min);
   counters_.samples_served += samples.size();
-  qp::Header reply = h;
+  qp::Header reply = qp::decode_header(message.bytes);
   reply.count = int64_t(samples.size());
   auto bytes = qp::encode(reply, pack_samples(samples));
   counters_.reply_bytes += bytes.size();
@@ -216,6 +233,10 @@ int DistQueue::serve_once() {
     }
     if (auto m = try_receive(qp::kGet)) {
       handle_get(*m);
+      ++round;
+    }
+    if (auto m = try_receive(qp::kGetRange)) {
+      handle_get_range(*m);
       ++round;
     }
     if (try_receive(qp::kClose)) {
@@ -315,6 +336,37 @@ void DistQueue::put(std::vector<QueueSample> batch) {
   }
 }
 
+std::vector<int64_t> DistQueue::ask_round(int tag, int32_t v_min,
+                                          std::span<const std::byte> payload,
+                                          const std::vector<ShardAsk>& asks,
+                                          std::vector<QueueSample>& out) {
+  std::map<uint64_t, size_t> ask_of_request;
+  for (size_t i = 0; i < asks.size(); ++i) {
+    qp::Header h;
+    h.shard = asks[i].shard;
+    h.v_min = v_min;
+    h.count = asks[i].wanted;
+    h.request_id = next_request_id_++;
+    ask_of_request[h.request_id] = i;
+    post(topology_.queue_server_of_shard(h.shard), tag, share(qp::encode(h, payload)));
+  }
+  counters_.get_rounds += 1;
+  std::vector<int64_t> brought(asks.size(), 0);
+  await_replies(qp::kGetReply, int(asks.size()), [&](Message& reply) {
+    const qp::Header h = qp::decode_header(reply.bytes);
+    const size_t i = ask_of_request.at(h.request_id);
+    const size_t before = out.size();
+    unpack_samples_into(qp::payload_of(reply.bytes), out);
+    const int64_t n = int64_t(out.size() - before);
+    if (n != h.count || n > asks[i].wanted)
+      throw PackingError("DistQueue: a get reply announced " + std::to_string(h.count) +
+                         " samples for " + std::to_string(asks[i].wanted) + " wanted and carried " +
+                         std::to_string(n));
+    brought[i] = n;
+  });
+  return brought;
+}
+
 std::vector<QueueSample> DistQueue::get(int64_t count, int32_t v_min) {
   if (closed_) throw std::logic_error("DistQueue::get after close()");
   std::vector<QueueSample> result;
@@ -330,32 +382,15 @@ std::vector<QueueSample> DistQueue::get(int64_t count, int32_t v_min) {
     for (int s = 0; s < shard_count_; ++s)
       if (!dry[size_t(s)]) ask.push_back(s);
     const auto quota = qp::split_demand(need, int(ask.size()), rotation++);
-    std::map<uint64_t, std::pair<int, int64_t>> asked;  // request id -> (shard, quota)
-    for (size_t i = 0; i < ask.size(); ++i) {
-      if (quota[i] == 0) continue;
-      qp::Header h;
-      h.shard = ask[i];
-      h.v_min = v_min;
-      h.count = quota[i];
-      h.request_id = next_request_id_++;
-      asked[h.request_id] = {ask[i], quota[i]};
-      post(topology_.queue_server_of_shard(ask[i]), qp::kGet, share(qp::encode(h)));
-    }
-    counters_.get_rounds += 1;
+    std::vector<ShardAsk> asks;
+    for (size_t i = 0; i < ask.size(); ++i)
+      if (quota[i] > 0) asks.push_back({ask[i], quota[i]});
+    const auto brought = ask_round(qp::kGet, v_min, {}, asks, result);
     int64_t got = 0;
-    await_replies(qp::kGetReply, int(asked.size()), [&](Message& reply) {
-      const qp::Header h = qp::decode_header(reply.bytes);
-      const auto [shard, wanted] = asked.at(h.request_id);
-      const size_t before = result.size();
-      unpack_samples_into(qp::payload_of(reply.bytes), result);
-      const int64_t n = int64_t(result.size() - before);
-      if (n != h.count || n > wanted)
-        throw PackingError("DistQueue: a get reply announced " + std::to_string(h.count) +
-                           " samples for " + std::to_string(wanted) + " wanted and carried " +
-                           std::to_string(n));
-      dry[size_t(shard)] = n < wanted;
-      got += n;
-    });
+    for (size_t i = 0; i < asks.size(); ++i) {
+      dry[size_t(asks[i].shard)] = brought[i] < asks[i].wanted;
+      got += brought[i];
+    }
     need -= got;
     if (need > 0 && std::all_of(dry.begin(), dry.end(), [](bool d) { return d; })) {
       std::fill(dry.begin(), dry.end(), false);
@@ -371,28 +406,57 @@ std::vector<QueueSample> DistQueue::get(int64_t count, int32_t v_min) {
   return result;
 }
 
-std::vector<QueueSample> DistQueue::get_hierarchical(int64_t count_per_member, int32_t v_min,
-                                                     const HierarchicalComm& group) {
-  if (closed_) throw std::logic_error("DistQueue::get_hierarchical after close()");
-  if (count_per_member <= 0) return {};
+std::vector<QueueSample> DistQueue::get_range(int64_t first_sample_id, int64_t count) {
+  if (closed_) throw std::logic_error("DistQueue::get_range after close()");
+  check_range(first_sample_id, count, "get_range");
+  const qp::SampleRange range{first_sample_id, count};
+  const auto payload = qp::encode_range(range);
+  // What each shard still owes: its ids of the range, less what it has returned so far.
+  std::vector<int64_t> missing(static_cast<size_t>(shard_count_));
+  for (int s = 0; s < shard_count_; ++s)
+    missing[size_t(s)] = qp::ids_in_shard(range, s, shard_count_);
+  std::vector<QueueSample> result;
+  result.reserve(size_t(count));
+  Backoff empty;
+  for (;;) {
+    std::vector<ShardAsk> asks;
+    for (int s = 0; s < shard_count_; ++s)
+      if (missing[size_t(s)] > 0) asks.push_back({s, missing[size_t(s)]});
+    if (asks.empty()) break;
+    const auto brought = ask_round(qp::kGetRange, kAnyVersion, payload, asks, result);
+    int64_t got = 0;
+    for (size_t i = 0; i < asks.size(); ++i) {
+      missing[size_t(asks[i].shard)] -= brought[i];
+      got += brought[i];
+    }
+    // Some ids are not there yet: after a round that brought nothing, wait (serving) first.
+    if (got == 0) {
+      empty.step(serve_once() > 0);
+    } else {
+      empty.reset();
+    }
+  }
+  qp::canonical_sort(result);
+  return result;
+}
+
+std::vector<QueueSample> DistQueue::scatter_from_leader(
+    const HierarchicalComm& group, int64_t count_per_member,
+    const std::function<std::vector<std::vector<QueueSample>>(int members)>& take_node) {
   int local = 0, members = 0;
   MPI_Comm_rank(group.intra, &local);
   MPI_Comm_size(group.intra, &members);
   if (local == 0) {
-    auto all = get(count_per_member * members, v_min);
+    auto parts = take_node(members);
     std::vector<int> member_ranks(static_cast<size_t>(members));
     for (int i = 0; i < members; ++i) member_ranks[size_t(i)] = i;
     const auto dest = translate_ranks(group.intra, member_ranks, comm_);
-    const auto share_of = [&](int i) {
-      return std::span(all).subspan(size_t(i) * size_t(count_per_member), size_t(count_per_member));
-    };
     for (int i = 1; i < members; ++i) {
       qp::Header h;
-      h.count = count_per_member;
-      post(dest[size_t(i)], qp::kScatter, share(qp::encode(h, pack_samples(share_of(i)))));
+      h.count = int64_t(parts[size_t(i)].size());
+      post(dest[size_t(i)], qp::kScatter, share(qp::encode(h, pack_samples(parts[size_t(i)]))));
     }
-    const auto mine = share_of(0);
-    return std::vector<QueueSample>(mine.begin(), mine.end());
+    return std::move(parts[0]);
   }
   const int leader = translate_ranks(group.intra, {0}, comm_)[0];
   std::vector<QueueSample> mine;
@@ -404,6 +468,44 @@ std::vector<QueueSample> DistQueue::get_hierarchical(int64_t count_per_member, i
       throw PackingError("DistQueue: a scatter carried " + std::to_string(mine.size()) +
                          " samples, expected " + std::to_string(count_per_member));
   });
+  return mine;
+}
+
+std::vector<QueueSample> DistQueue::get_hierarchical(int64_t count_per_member, int32_t v_min,
+                                                     const HierarchicalComm& group) {
+  if (closed_) throw std::logic_error("DistQueue::get_hierarchical after close()");
+  if (count_per_member <= 0) return {};
+  return scatter_from_leader(group, count_per_member, [&](int members) {
+    auto all = get(count_per_member * members, v_min);
+    // Member i takes the i-th run of count_per_member samples in canonical order.
+    std::vector<std::vector<QueueSample>> parts(static_cast<size_t>(members));
+    for (size_t j = 0; j < all.size(); ++j)
+      parts[j / size_t(count_per_member)].push_back(std::move(all[j]));
+    return parts;
+  });
+}
+
+std::vector<QueueSample> DistQueue::get_range_hierarchical(int64_t first_sample_id, int64_t count,
+                                                           const HierarchicalComm& group) {
+  if (closed_) throw std::logic_error("DistQueue::get_range_hierarchical after close()");
+  check_range(first_sample_id, count, "get_range_hierarchical");
+  const qp::SampleRange range{first_sample_id, count};
+  auto mine = scatter_from_leader(group, count, [&](int members) {
+    // The leader's range comes first and the members' follow it: their union is one range.
+    auto all = get_range(first_sample_id, count * members);
+    // Member i takes the ids of its own range; a stable split keeps each part canonical.
+    std::vector<std::vector<QueueSample>> parts(static_cast<size_t>(members));
+    for (auto& s : all)
+      parts[size_t((s.sample_id - first_sample_id) / count)].push_back(std::move(s));
+    return parts;
+  });
+  for (const QueueSample& s : mine)
+    if (!range.contains(s.sample_id))
+      throw std::logic_error("DistQueue::get_range_hierarchical: got sample " +
+                             std::to_string(s.sample_id) + " for the range [" +
+                             std::to_string(range.first) + ", " + std::to_string(range.end()) +
+                             "): the members' ranges must be consecutive in local-rank order, "
+                             "of equal counts");
   return mine;
 }
 

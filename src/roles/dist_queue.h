@@ -10,8 +10,9 @@
 // that host shards and also get from them cannot deadlock, and no wait spins a core.
 //
 // Life cycle, on every rank of the world: construct (collective), any mix of put / get /
-// get_hierarchical / barrier / serve_*, then close() (collective): a dedicated queue rank calls
-// close() right away, which serves until every rank has closed.
+// get_hierarchical / get_range / get_range_hierarchical / barrier / serve_*, then close()
+// (collective): a dedicated queue rank calls close() right away, which serves until every rank
+// has closed.
 //
 // Counting. Messages to other ranks go through Links::count_send (per link class) and pay the
 // emulated link delay on receipt, as Links::recv does. Messages a rank sends to itself (a learner
@@ -45,7 +46,7 @@ struct Traffic {
 struct DistQueueCounters {
   // Server side: what the shards this rank hosts saw.
   uint64_t put_requests = 0;   // Put messages received (a refused put that is retried counts again)
-  uint64_t get_requests = 0;   // Get messages received
+  uint64_t get_requests = 0;   // Get and GetRange messages received
   uint64_t rejected_puts = 0;  // Puts refused because the shard was full (back-pressure)
   uint64_t put_bytes = 0;      // bytes of every Put received, headers included
   uint64_t reply_bytes = 0;    // bytes of every GetReply sent, headers included
@@ -54,7 +55,7 @@ struct DistQueueCounters {
   Traffic server_received, server_sent;  // every message to / from the server side
   // Client side (leaders scattering a hierarchical get included).
   Traffic client_sent, client_received;
-  uint64_t get_rounds = 0;  // rounds of Get requests the client sent (1 when data was there)
+  uint64_t get_rounds = 0;  // rounds of Get / GetRange requests sent (1 when data was there)
   // Every message this rank sent to itself (in the traffic above, not in Links' counters).
   Traffic self;
 
@@ -109,6 +110,22 @@ class DistQueue {
   // shard the leader is reading from would deadlock the group.
   std::vector<QueueSample> get_hierarchical(int64_t count_per_member, int32_t v_min,
                                             const HierarchicalComm& group);
+  // Exactly the samples with ids [first_sample_id, first_sample_id + count), any version, in
+  // canonical order, blocking until every one of them has been put. Which samples a caller gets
+  // depends on the ids alone, never on timing: the synchronous trainer splits each step's batch
+  // among learners this way, so that a seed fixes the result bit for bit. Each shard is asked
+  // only for the ids it holds; each round asks every shard still missing some, all requests in
+  // flight at once, and a round that brought nothing is followed by a back-off wait (serving)
+  // before the next. std::invalid_argument for count < 1 or a negative first id.
+  std::vector<QueueSample> get_range(int64_t first_sample_id, int64_t count);
+  // Hierarchical get_range, collective over group.intra: every member names its own range, and
+  // the members' ranges must be consecutive in local-rank order with equal counts (as learners'
+  // ranges are: learners are node-contiguous). Only the node leader asks the queue, for the
+  // union of the ranges, and sends local rank i its range (one Scatter message per member); the
+  // queue sees 1/members of the requests of `members` flat get_range calls. A member whose
+  // scattered samples fall outside its range throws std::logic_error (ranges not consecutive).
+  std::vector<QueueSample> get_range_hierarchical(int64_t first_sample_id, int64_t count,
+                                                  const HierarchicalComm& group);
 
   // --- collective ---
   // MPI barrier over the world that keeps serving while it waits.
@@ -129,15 +146,34 @@ class DistQueue {
     MPI_Request request;
     std::shared_ptr<const std::vector<std::byte>> bytes;
   };
+  struct ShardAsk {  // one shard's request in a round of a get
+    int shard = 0;
+    int64_t wanted = 0;
+  };
 
   void post(int dest, int tag, std::shared_ptr<const std::vector<std::byte>> message);
   std::optional<Message> try_receive(int tag, int source = MPI_ANY_SOURCE);
   void progress_sends();
   void handle_put(const Message& message);
   void handle_get(const Message& message);
+  void handle_get_range(const Message& message);
+  // Answers a get or get-range: `samples` taken from shard h.shard go back in one GetReply.
+  void send_reply(const Message& message, const std::vector<QueueSample>& samples);
   QueueShard& hosted_shard(int s);
   // Serves until `wanted` replies with `tag` have arrived, passing each to on_reply.
   void await_replies(int tag, int wanted, const std::function<void(Message&)>& on_reply);
+  // One round of a get: a request with `tag` to each asked shard, all in flight at once (header
+  // {shard, v_min, count = wanted}, then `payload`); serves until every GetReply is in and
+  // appends the samples to `out`. Returns how many samples each ask brought, in ask order.
+  std::vector<int64_t> ask_round(int tag, int32_t v_min, std::span<const std::byte> payload,
+                                 const std::vector<ShardAsk>& asks, std::vector<QueueSample>& out);
+  // The hierarchical half both hierarchical gets share, collective over group.intra: the leader
+  // (local rank 0) gets the node's samples from take_node(members), one part per member, keeps
+  // part 0 and sends part i to local rank i; a member serves until its part of count_per_member
+  // samples arrives.
+  std::vector<QueueSample> scatter_from_leader(
+      const HierarchicalComm& group, int64_t count_per_member,
+      const std::function<std::vector<std::vector<QueueSample>>(int members)>& take_node);
 
   DistQueueConfig config_;
   Topology& topology_;

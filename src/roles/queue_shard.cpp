@@ -31,14 +31,25 @@ bool QueueShard::put(std::vector<QueueSample>& batch) {
 }
 
 std::vector<QueueSample> QueueShard::take(int64_t count, int32_t v_min) {
+  return take_if(count, [v_min](const QueueSample& s) { return s.version_min >= v_min; });
+}
+
+std::vector<QueueSample> QueueShard::take_range(int64_t first_id, int64_t count) {
+  return take_if(count, [first_id, count](const QueueSample& s) {
+    return s.sample_id >= first_id && s.sample_id - first_id < count;
+  });
+}
+
+std::vector<QueueSample> QueueShard::take_if(
+    int64_t count, const std::function<bool(const QueueSample&)>& wanted) {
   std::vector<QueueSample> out;
   if (count <= 0) return out;
-  // One pass that stops at the count: eligible samples leave, skipped ones are compacted towards
+  // One pass that stops at the count: wanted samples leave, skipped ones are compacted towards
   // the front keeping their order, and the untouched tail moves down behind them.
   auto keep = samples_.begin();
   auto it = samples_.begin();
   for (; it != samples_.end() && int64_t(out.size()) < count; ++it) {
-    if (it->version_min >= v_min) {
+    if (wanted(*it)) {
       out.push_back(std::move(*it));
     } else {
       if (keep != it) *keep = std::move(*it);

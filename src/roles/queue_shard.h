@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <limits>
 #include <vector>
 
@@ -33,6 +34,9 @@ class QueueShard {
   // Removes and returns up to `count` samples with version_min >= v_min, oldest first; samples
   // that are too old stay, in their order, for a consumer with a looser policy.
   std::vector<QueueSample> take(int64_t count, int32_t v_min = kAnyVersion);
+  // Removes and returns every stored sample with first_id <= sample_id < first_id + count,
+  // oldest first (any version: ids name exactly the samples wanted); the others stay in order.
+  std::vector<QueueSample> take_range(int64_t first_id, int64_t count);
   // How many samples take(·, v_min) could return now.
   int64_t available(int32_t v_min = kAnyVersion) const;
 
@@ -42,6 +46,10 @@ class QueueShard {
   int64_t rejected_puts() const { return rejected_puts_; }
 
  private:
+  // Removes and returns up to `count` samples for which `wanted` holds, oldest first.
+  std::vector<QueueSample> take_if(int64_t count,
+                                   const std::function<bool(const QueueSample&)>& wanted);
+
   int64_t capacity_;
   std::deque<QueueSample> samples_;  // arrival order
   int64_t total_stored_ = 0, total_served_ = 0, rejected_puts_ = 0;

@@ -12,9 +12,8 @@
 
 #include "kernels/error.h"
 #include "src/app/options.h"
-#include "src/io/parameter_file.h"
 #include "src/model/model_config.h"
-#include "src/model/parameter_layout.h"
+#include "tests/app/read_parameters.h"
 #include "tests/app/run_rlfusion.h"
 
 namespace rlf {
@@ -190,15 +189,6 @@ TEST(RlEndToEnd, RlRaisesHeldOutAccuracyAfterSftOnTwoSeeds) {
 namespace rlf {
 namespace {
 
-std::vector<float> read_parameters(const std::string& path) {
-  const ModelConfig config =
-      load_model_config(std::string(RLFUSION_SOURCE_DIR) + "/inputs/models/tiny.ini");
-  const ParameterLayout layout(config);
-  std::vector<float> params(size_t(layout.total()));
-  load_parameters(path, layout, params.data());
-  return params;
-}
-
 TEST(RlEndToEnd, SameSeedSameRunBitForBit) {
   const std::string dir = temp_dir("rl-repeat");
   const std::string args =
@@ -207,7 +197,8 @@ TEST(RlEndToEnd, SameSeedSameRunBitForBit) {
       " --eval-prompts 8 --run-dir ";
   ASSERT_EQ(run_rlfusion(args + dir + "/a").exit_code, 0);
   ASSERT_EQ(run_rlfusion(args + dir + "/b").exit_code, 0);
-  const auto a = read_parameters(dir + "/a/model.h5"), b = read_parameters(dir + "/b/model.h5");
+  const auto a = test::read_tiny_parameters(dir + "/a/model.h5");
+  const auto b = test::read_tiny_parameters(dir + "/b/model.h5");
   ASSERT_EQ(a.size(), b.size());
   EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
 }

@@ -1,14 +1,17 @@
 // The rlfusion binary under mpiexec: synchronous disaggregated RL end to end at a few layouts,
-// and layouts that do not fit the world rejected with exit code 2 before any output.
+// reproducible bit for bit with several learners, and layouts that do not fit the world
+// rejected with exit code 2 before any output.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
 #include <array>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
 
+#include "tests/app/read_parameters.h"
 #include "tests/app/run_rlfusion.h"
 
 namespace rlf {
@@ -65,6 +68,43 @@ TEST(MultiRankTrain, DedicatedQueueRanksTwoLearnersAndKlOnVirtualNodes) {
   const Result report = mpirun(1, "report " + dir);
   ASSERT_EQ(report.exit_code, 0) << report.output;
   EXPECT_NE(report.output.find("6 ranks"), std::string::npos) << report.output;
+}
+
+// Runs the same multi-learner train twice (into run directories name-a and name-b) and expects
+// the same held-out accuracies and bit-identical weights: learners split each step's batch by
+// sample id, so which samples each one trains on (micro-batches, summation order, router loss)
+// never depends on which rank got to the queue first.
+void expect_reproducible(const std::string& name, int ranks, const std::string& args) {
+  std::array<Result, 2> runs;
+  std::array<std::string, 2> dirs{temp_dir(name + "-a"), temp_dir(name + "-b")};
+  for (int i = 0; i < 2; ++i) {
+    runs[size_t(i)] = mpirun(ranks, kShortRun + args + " --run-dir " + dirs[size_t(i)]);
+    ASSERT_EQ(runs[size_t(i)].exit_code, 0) << runs[size_t(i)].output;
+  }
+  for (const char* key : {"heldout_accuracy_before_rl", "heldout_accuracy_after_rl"})
+    EXPECT_EQ(json_value(runs[0].output, key), json_value(runs[1].output, key)) << key;
+  const auto a = test::read_tiny_parameters(dirs[0] + "/model.h5");
+  const auto b = test::read_tiny_parameters(dirs[1] + "/model.h5");
+  ASSERT_EQ(a.size(), b.size());
+  size_t differing = 0;
+  for (size_t i = 0; i < a.size(); ++i) differing += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
+  EXPECT_EQ(differing, 0u) << "of " << a.size() << " parameters differ between the two runs";
+}
+
+TEST(MultiRankTrain, TwoLearnersSameSeedSameWeightsBitForBit) {
+  expect_reproducible("repeat-four", 4, "--learners 2 --actors 2 --queue-transfer flat");
+}
+
+TEST(MultiRankTrain, DedicatedQueueRanksSameSeedSameWeightsBitForBit) {
+  expect_reproducible("repeat-six", 6,
+                      "--learners 2 --actors 2 --queue-ranks 2 --ranks-per-node 2 "
+                      "--queue-transfer flat");
+}
+
+TEST(MultiRankTrain, HierarchicalTransferOnTwoLearnerNodesSameSeedSameWeightsBitForBit) {
+  // Two node leaders take their nodes' ranges and scatter each member its own.
+  expect_reproducible("repeat-nodes", 6,
+                      "--learners 4 --actors 2 --ranks-per-node 2 --queue-transfer hierarchical");
 }
 
 TEST(MultiRankTrain, LayoutsThatDoNotFitAreRejectedOnEveryRankBeforeOutput) {

@@ -1,12 +1,15 @@
 // DistQueue over MPI: actors put seeded samples with random delays while learners get them
 // concurrently; every sample arrives exactly once with identical contents, in canonical order,
 // under back-pressure and version policies too; server-side counters equal the byte formulas;
-// hierarchical gets cost the queue 1/group-size of the requests of flat ones. Layouts cover
-// learner-hosted shards and dedicated queue ranks at every world size that can express them.
+// hierarchical gets cost the queue 1/group-size of the requests of flat ones. Gets by sample-id
+// range return exactly their ids whatever the timing (the deterministic split of a step's batch).
+// Layouts cover learner-hosted shards and dedicated queue ranks at every world size that can
+// express them.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <string>
@@ -95,6 +98,21 @@ bool canonical(const std::vector<QueueSample>& batch) {
       return false;
   }
   return true;
+}
+
+// A seeded sample whose prompt ids are scrambled, so that canonical order is far from id order.
+QueueSample scrambled_sample(uint64_t seed, int64_t sample_id) {
+  QueueSample s = test::random_sample(seed, sample_id);
+  s.prompt_id = (sample_id * 7919) % 13;
+  return s;
+}
+
+// What a get of the ids [first, first + count) must return: those samples in canonical order.
+std::vector<QueueSample> scrambled_range(uint64_t seed, int64_t first, int64_t count) {
+  std::vector<QueueSample> want;
+  for (int64_t id = first; id < first + count; ++id) want.push_back(scrambled_sample(seed, id));
+  queue_protocol::canonical_sort(want);
+  return want;
 }
 
 // Checks a batch a consumer got: canonical order and every sample identical to what its producer
@@ -356,6 +374,93 @@ TEST(DistQueue, OneGetAssemblesEverySampleInCanonicalOrder) {
   EXPECT_EQ(w_counters.served, uint64_t(per_rank) * uint64_t(w));
 }
 
+TEST(DistQueue, GetRangeBlocksUntilItsIdsArriveAndReturnsExactlyThemInCanonicalOrder) {
+  if (world_size() < 2) GTEST_SKIP() << "needs an actor and a learner";
+  for (const auto& [name, config] : producer_consumer_layouts()) {
+    SCOPED_TRACE(name);
+    Topology topology(MPI_COMM_WORLD, config);
+    DistQueue q(MPI_COMM_WORLD, topology, {.shard_capacity = 1024});
+    const auto& actors = topology.ranks_of(Role::Actor);
+    const auto& learners = topology.ranks_of(Role::Learner);
+    const int per_actor = 36;
+    const int64_t total = int64_t(actors.size()) * per_actor;
+    const uint64_t seed = kSeed + 5;
+    std::mt19937_64 gen(seed ^ uint64_t(world_rank()));
+    std::vector<int64_t> got;
+    uint64_t range_calls = 0;
+    if (topology.role() == Role::Actor) {
+      // Late and in random pieces, so that learners ask before their ids exist and see them
+      // arrive a few at a time.
+      const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+      q.serve_until([&] { return std::chrono::steady_clock::now() >= until; });
+      const int a = index_in(actors, world_rank());
+      for (int next = per_actor; next > 0;) {
+        const int n = std::min(next, std::uniform_int_distribution<int>(1, 7)(gen));
+        std::vector<QueueSample> batch;
+        for (int i = next - n; i < next; ++i)
+          batch.push_back(scrambled_sample(seed, int64_t(i) * int64_t(actors.size()) + a));
+        next -= n;
+        random_delay(q, gen, 3000);
+        q.put(std::move(batch));
+      }
+    } else if (topology.role() == Role::Learner) {
+      // Learner i takes the i-th block of ids, in consecutive ranges of random length.
+      const int i = index_in(learners, world_rank());
+      int64_t first = 0;
+      for (int j = 0; j < i; ++j) first += share(total, int(learners.size()), j);
+      const int64_t end = first + share(total, int(learners.size()), i);
+      while (first < end) {
+        const int64_t n =
+            std::min<int64_t>(end - first, std::uniform_int_distribution<int>(1, 9)(gen));
+        const auto batch = q.get_range(first, n);
+        ++range_calls;
+        EXPECT_EQ(batch, scrambled_range(seed, first, n))
+            << "range [" << first << ", +" << n << ")";
+        for (const auto& s : batch) got.push_back(s.sample_id);
+        first += n;
+      }
+    }
+    q.close();
+    EXPECT_EQ(gather_ids(got), all_ids(total));
+    const auto w = world_counters(q, topology.links());
+    expect_traffic_consistent(w);
+    EXPECT_EQ(w.served, uint64_t(total));
+    // Learners asked before the samples were there, and asked again until they were.
+    EXPECT_GT(sum_over_world(q.counters().get_rounds), sum_over_world(range_calls));
+  }
+}
+
+TEST(DistQueue, GetRangeTakesAnyRangeFromEveryShardAndRejectsEmptyOrNegativeRanges) {
+  // Any world size, one rank included. Every rank puts interleaved ids and then takes a
+  // contiguous block, so its range spans every shard and every rank's puts.
+  for (int shards : {1, 3, 4}) {
+    SCOPED_TRACE("shards " + std::to_string(shards));
+    LayoutConfig config;
+    config.queue_shards = shards;
+    Topology topology(MPI_COMM_WORLD, config);
+    DistQueue q(MPI_COMM_WORLD, topology, {.shard_capacity = 256});
+    EXPECT_THROW(q.get_range(0, 0), std::invalid_argument);
+    EXPECT_THROW(q.get_range(4, -1), std::invalid_argument);
+    EXPECT_THROW(q.get_range(-1, 3), std::invalid_argument);
+    EXPECT_THROW(q.get_range_hierarchical(0, 0, topology.role_comm()), std::invalid_argument);
+    EXPECT_THROW(q.get_range_hierarchical(-2, 1, topology.role_comm()), std::invalid_argument);
+    const int per_rank = 17;
+    const int w = world_size();
+    const uint64_t seed = kSeed + 6 + uint64_t(shards);
+    std::vector<QueueSample> mine;
+    for (int i = 0; i < per_rank; ++i)
+      mine.push_back(scrambled_sample(seed, int64_t(i) * w + world_rank()));
+    std::reverse(mine.begin(), mine.end());
+    q.put(mine);
+    q.barrier();
+    const int64_t first = int64_t(world_rank()) * per_rank;
+    EXPECT_EQ(q.get_range(first, per_rank), scrambled_range(seed, first, per_rank));
+    q.barrier();
+    for (int s : q.hosted_shards()) EXPECT_EQ(q.shard(s).stored(), 0) << "shard " << s;
+    q.close();
+  }
+}
+
 // Learners on virtual nodes of `g` ranks: the layouts where a hierarchical get means something.
 std::vector<QueueLayout> hierarchical_layouts() {
   std::vector<QueueLayout> layouts;
@@ -426,6 +531,74 @@ TEST(DistQueue, HierarchicalGetCutsQueueRequestsByTheGroupSize) {
       uint64_t bytes = 0;
       for (int64_t id = base; id < base + phase_total; ++id)
         bytes += sample_bytes(test::random_sample(kSeed + 4, id, shape));
+      return bytes;
+    };
+    EXPECT_EQ(flat.reply_bytes, 64 * flat.get_requests + phase_sample_bytes(0));
+    EXPECT_EQ(hier.reply_bytes, 64 * hier.get_requests + phase_sample_bytes(kHierBase));
+  }
+}
+
+TEST(DistQueue, HierarchicalGetRangeGivesEachMemberItsRangeForFewerRequests) {
+  if (hierarchical_layouts().empty()) GTEST_SKIP() << "needs learner nodes of >= 2 ranks (4, 6)";
+  for (const auto& [name, config] : hierarchical_layouts()) {
+    SCOPED_TRACE(name);
+    Topology topology(MPI_COMM_WORLD, config);
+    DistQueue q(MPI_COMM_WORLD, topology, {.shard_capacity = 1024});
+    const auto& actors = topology.ranks_of(Role::Actor);
+    const auto& learners = topology.ranks_of(Role::Learner);
+    const int shards = q.shards();
+    const int g = config.ranks_per_node;    // learners fill whole nodes in these layouts
+    const int64_t per_member = 3 * shards;  // every member's range spans every shard
+    const int64_t phase_total = per_member * int64_t(learners.size());
+    const uint64_t seed = kSeed + 7;
+
+    // Each phase: actors put ids [base, base + phase_total), everyone waits, then learner i takes
+    // ids [base + i x per_member, + per_member): flat or hierarchical.
+    auto run_phase = [&](int64_t base, bool hierarchical) {
+      if (topology.role() == Role::Actor) {
+        const int a = index_in(actors, world_rank());
+        std::vector<QueueSample> batch;
+        for (int64_t id = base + a; id < base + phase_total; id += int64_t(actors.size()))
+          batch.push_back(scrambled_sample(seed, id));
+        q.put(std::move(batch));
+      }
+      // Reset before the barrier: a rank that leaves it first may ask a server still inside it.
+      q.reset_counters();
+      q.barrier();
+      std::vector<int64_t> got;
+      if (topology.role() == Role::Learner) {
+        const int64_t first = base + index_in(learners, world_rank()) * per_member;
+        const auto batch = hierarchical
+                               ? q.get_range_hierarchical(first, per_member, topology.role_comm())
+                               : q.get_range(first, per_member);
+        EXPECT_EQ(batch, scrambled_range(seed, first, per_member));
+        for (const auto& s : batch) got.push_back(s.sample_id);
+      }
+      q.barrier();
+      std::vector<int64_t> want(static_cast<size_t>(phase_total));
+      std::iota(want.begin(), want.end(), base);
+      EXPECT_EQ(gather_ids(got), want);
+      return world_counters(q, topology.links());
+    };
+    constexpr int64_t kHierBase = 1000000;
+    const auto flat = run_phase(0, false);
+    const auto hier = run_phase(kHierBase, true);
+    q.close();
+
+    // One round each (every id was there): one request per shard per asking rank.
+    EXPECT_EQ(flat.get_requests, uint64_t(learners.size()) * uint64_t(shards));
+    EXPECT_EQ(hier.get_requests * uint64_t(g), flat.get_requests);
+    EXPECT_EQ(flat.served, uint64_t(phase_total));
+    EXPECT_EQ(hier.served, uint64_t(phase_total));
+    // A GetRange is a header and a range (the servers may also count puts they stored while in
+    // the barrier); its reply a header, a pack header and the samples.
+    for (const auto& phase : {flat, hier})
+      EXPECT_EQ(phase.server_recv_bytes - phase.put_bytes,
+                phase.get_requests * (queue_protocol::kHeaderBytes + queue_protocol::kRangeBytes));
+    auto phase_sample_bytes = [&](int64_t base) {
+      uint64_t bytes = 0;
+      for (int64_t id = base; id < base + phase_total; ++id)
+        bytes += sample_bytes(scrambled_sample(seed, id));
       return bytes;
     };
     EXPECT_EQ(flat.reply_bytes, 64 * flat.get_requests + phase_sample_bytes(0));

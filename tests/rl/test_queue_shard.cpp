@@ -104,6 +104,40 @@ TEST(QueueShard, VersionPolicyNeverReturnsTooOldSamples) {
   EXPECT_EQ(got.size() + rest_fresh.size() + old.size(), original.size());
 }
 
+TEST(QueueShard, TakeRangeReturnsExactlyTheRangeOldestFirstAndKeepsTheRest) {
+  QueueShard shard(100);
+  auto batch = test::random_batch(6, 0, 30);
+  std::shuffle(batch.begin(), batch.end(), std::mt19937(2));  // arrival order far from id order
+  const auto original = batch;
+  ASSERT_TRUE(shard.put(batch));
+  const auto got = shard.take_range(10, 8);
+  std::vector<int64_t> want, want_rest;
+  for (const auto& s : original)
+    (s.sample_id >= 10 && s.sample_id < 18 ? want : want_rest).push_back(s.sample_id);
+  EXPECT_EQ(ids_of(got), want);  // in arrival order, every version
+  EXPECT_TRUE(shard.take_range(10, 8).empty());
+  EXPECT_TRUE(shard.take_range(100, 5).empty());
+  EXPECT_EQ(shard.total_served(), 8);
+  EXPECT_EQ(ids_of(shard.take(1000)), want_rest);
+}
+
+TEST(QueueProtocol, IdsInShardCountsTheRangeIdsOfEachShard) {
+  for (int shards : {1, 2, 3, 5}) {
+    for (int64_t first : {0, 1, 7, 12}) {
+      for (int64_t count : {0, 1, 2, 4, 9, 16}) {
+        for (int shard = 0; shard < shards; ++shard) {
+          int64_t brute = 0;
+          for (int64_t id = first; id < first + count; ++id)
+            brute += queue_protocol::shard_of(id, shards) == shard;
+          EXPECT_EQ(queue_protocol::ids_in_shard({first, count}, shard, shards), brute)
+              << "shards " << shards << " range [" << first << ", +" << count << ") shard "
+              << shard;
+        }
+      }
+    }
+  }
+}
+
 TEST(QueueProtocol, ShardOfIsSampleIdModShards) {
   EXPECT_EQ(queue_protocol::shard_of(0, 3), 0);
   EXPECT_EQ(queue_protocol::shard_of(7, 3), 1);
@@ -160,6 +194,22 @@ TEST(QueueProtocol, MessagesRoundTripTheirHeaderAndPayload) {
   EXPECT_EQ(unpack_samples(queue_protocol::payload_of(message)), batch);
   EXPECT_EQ(queue_protocol::encode(h).size(), queue_protocol::kHeaderBytes);
   EXPECT_THROW(queue_protocol::decode_header(std::span(message.data(), 31)), PackingError);
+}
+
+TEST(QueueProtocol, RangeRequestsRoundTripTheirRange) {
+  queue_protocol::Header h;
+  h.shard = 1;
+  h.count = 3;
+  const auto message = queue_protocol::encode(h, queue_protocol::encode_range({1234567890123, 9}));
+  EXPECT_EQ(message.size(), queue_protocol::kHeaderBytes + queue_protocol::kRangeBytes);
+  const auto range = queue_protocol::decode_range(queue_protocol::payload_of(message));
+  EXPECT_EQ(range.first, 1234567890123);
+  EXPECT_EQ(range.count, 9);
+  EXPECT_TRUE(range.contains(1234567890131));
+  EXPECT_FALSE(range.contains(1234567890132));
+  EXPECT_THROW(queue_protocol::decode_range(queue_protocol::payload_of(message).first(15)),
+               PackingError);
+  EXPECT_STREQ(queue_protocol::tag_name(queue_protocol::kGetRange), "get-range");
 }
 
 }  // namespace
