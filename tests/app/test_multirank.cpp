@@ -107,6 +107,14 @@ TEST(MultiRankTrain, HierarchicalTransferOnTwoLearnerNodesSameSeedSameWeightsBit
                       "--learners 4 --actors 2 --ranks-per-node 2 --queue-transfer hierarchical");
 }
 
+TEST(FusedTrain, SameSeedSameWeightsBitForBit) {
+  expect_reproducible("repeat-fused", 2, "--mode fused");
+}
+
+TEST(MultiRankTrain, ExpertParallelSameSeedSameWeightsBitForBit) {
+  expect_reproducible("repeat-ep", 4, "--learners 2 --actors 2 --expert-parallel 2");
+}
+
 TEST(MultiRankTrain, LayoutsThatDoNotFitAreRejectedOnEveryRankBeforeOutput) {
   const std::string dir = temp_dir("bad");
   const Result too_many = mpirun(2, kShortRun + "--learners 2 --actors 2 --run-dir " + dir);
