@@ -40,6 +40,7 @@ bool SplitPhaseChain::progress() {
     deadline_ = 0;
     // The step may throw; the chain then stays in flight and the dispatcher is unusable, as
     // after any failed collective.
+    ++steps_run_;
     steps_[next_++]();
   }
   return true;
@@ -55,15 +56,23 @@ void progress_until_finished(SplitPhaseChain& target, const std::vector<SplitPha
   constexpr double kShortest = 1e-6, kLongest = 1e-3;
   double backoff = kShortest;
   for (;;) {
-    for (SplitPhaseChain* chain : chains) chain->progress();
+    // The target first: a step it posts now is ahead of the others' for the emulated link.
     if (target.progress()) return;
+    size_t steps_before = target.steps_run();
+    for (SplitPhaseChain* chain : chains) {
+      steps_before += chain->steps_run();
+      chain->progress();
+    }
     double sleep = std::numeric_limits<double>::infinity();
     for (const SplitPhaseChain* chain : chains) {
       if (!chain->finished()) sleep = std::min(sleep, chain->ready_in(backoff));
     }
     sleep = std::min(sleep, target.ready_in(backoff));
     std::this_thread::sleep_for(std::chrono::duration<double>(sleep));
-    backoff = std::min(2 * backoff, kLongest);
+    size_t steps_after = target.steps_run();
+    for (const SplitPhaseChain* chain : chains) steps_after += chain->steps_run();
+    // Something moved: the next messages may come soon too.
+    backoff = steps_after != steps_before ? kShortest : std::min(2 * backoff, kLongest);
   }
 }
 

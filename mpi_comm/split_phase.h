@@ -25,6 +25,8 @@ class SplitPhaseChain {
   // following steps as they become ready. True when the chain has finished (or none started).
   bool progress();
   bool finished() const { return steps_.empty(); }
+  // Steps run since construction (waiters see whether anything moved).
+  size_t steps_run() const { return steps_run_; }
   // After progress(): seconds a waiter may sleep before this chain can advance. 0 when finished;
   // `unknown` while MPI requests are outstanding (their completion cannot be predicted); else
   // what is left of the deadline.
@@ -37,7 +39,7 @@ class SplitPhaseChain {
 
  private:
   std::vector<Step> steps_;
-  size_t next_ = 0;
+  size_t next_ = 0, steps_run_ = 0;
   std::vector<MPI_Request> requests_;
   double deadline_ = 0;
 };
