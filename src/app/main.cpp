@@ -24,6 +24,7 @@ const char* kUsage =
     "  bench kernels   kernel and model throughput table (GFLOP/s, GB/s, tokens/s)\n"
     "  bench queue     DistQueue: packed vs padded samples, flat vs hierarchical gets\n"
     "  bench a2a       expert-parallel dispatch/combine, flat vs hierarchical (time, bytes)\n"
+    "  bench overlap   expert-parallel communication overlapped with the expert FFN (hidden %)\n"
     "  report RUN_DIR  throughput, per-rank time breakdown and bytes from a run's trace.h5\n"
     "  --version       what this binary was built with\n"
     "\n"
@@ -53,8 +54,11 @@ int dispatch(const std::vector<std::string>& words) {
     if (!rest.empty() && rest[0] == "a2a") {
       return rlf::run_bench_a2a_command({rest.begin() + 1, rest.end()});
     }
+    if (!rest.empty() && rest[0] == "overlap") {
+      return rlf::run_bench_overlap_command({rest.begin() + 1, rest.end()});
+    }
     throw rlf::ConfigError("bench: unknown benchmark '" + (rest.empty() ? "" : rest[0]) +
-                           "' (available: kernels, queue, a2a)");
+                           "' (available: kernels, queue, a2a, overlap)");
   }
   throw rlf::ConfigError("unknown command '" + words[0] + "' (see rlfusion --help)");
 }
