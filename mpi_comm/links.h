@@ -2,7 +2,8 @@
 // world ranks is classified as intra-node or inter-node (real nodes, or virtual nodes of
 // --ranks-per-node), counted exactly at the call site, and — when emulation is on — delayed by
 // latency + bytes / bandwidth for inter-node links, by sleeping (never spinning), so that
-// hierarchical algorithms show their time effect on one machine.
+// hierarchical algorithms show their time effect on one machine. Split-phase transfers use the
+// delay as a completion deadline instead (schedule_arrival), so it can pass during computation.
 #pragma once
 
 #include <mpi.h>
