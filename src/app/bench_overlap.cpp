@@ -339,7 +339,7 @@ int run_bench_overlap_command(const std::vector<std::string>& args) {
     std::printf(
         "# On a CPU-only machine MPI's shared-memory copies and the progress calls run on the "
         "compute cores: only the emulated link time (sleeps) can hide behind the FFN; see "
-        "docs/EXPERT_PARALLEL.md\n");
+        "docs/METRICS.md\n");
   }
   if (run.json && rank == 0) {
     std::printf(
