@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 
 #include "kernels/error.h"
@@ -161,8 +162,10 @@ void OverlappedExperts::communicate_only(const float* x, const int* expert_idx,
 
 void OverlappedExperts::compute_only(const LocalExperts& w, const LocalExpertGradients& g) {
   for (Chunk& chunk : chunks_) {
+    if (chunk.dy.size() != chunk.xg.size()) {
+      throw std::logic_error("OverlappedExperts::compute_only needs a forward and backward first");
+    }
     compute_forward(w, chunk);
-    chunk.dy = chunk.y;  // any upstream gradient of the right shape
     compute_backward(w, g, chunk);
   }
 }

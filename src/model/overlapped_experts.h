@@ -60,8 +60,9 @@ class OverlappedExperts {
   };
   const Overhead& overhead() const { return time_; }
 
-  // The expert FFN of every chunk without communication (rows from the last forward): the
-  // compute part of a step alone, for measuring it.
+  // The expert FFN forward and backward of every chunk without communication, on the rows and
+  // upstream gradients of the last forward + backward: the compute part of a step alone, for
+  // measuring it.
   void compute_only(const LocalExperts& w, const LocalExpertGradients& g);
   // Collective. The four exchanges of a step, chunk by chunk and blocking, with no computation
   // (the dispatched rows stand in for the expert outputs and their gradients): the communication
