@@ -27,6 +27,16 @@ OverlappedExperts::OverlappedExperts(const HierarchicalComm& ep, Links& links, i
   }
 }
 
+// Chunk weights 1, 2, ..., 2, 1 (three chunks or more): the first chunk's dispatch and the last
+// chunk's combine have no computation to hide behind (the pipeline's fill and drain), so those
+// chunks are half the size of the others.
+int OverlappedExperts::first_token_of_chunk(int N, int chunk) const {
+  const int n = chunks();
+  if (n < 3) return int(int64_t(N) * chunk / n);
+  const int64_t weight_before = chunk == 0 ? 0 : std::min(2 * chunk - 1, 2 * n - 2);
+  return int(int64_t(N) * weight_before / (2 * n - 2));
+}
+
 void OverlappedExperts::drive() {
   const double start = steady_seconds();
   for (Chunk& chunk : chunks_) chunk.dispatcher->progress();
@@ -86,8 +96,8 @@ void OverlappedExperts::forward(const LocalExperts& w, const float* x, const int
   const int n = chunks(), C = C_;
   for (int i = 0; i < n; ++i) {
     Chunk& chunk = chunks_[size_t(i)];
-    chunk.first_token = int(int64_t(N) * i / n);
-    chunk.tokens = int(int64_t(N) * (i + 1) / n) - chunk.first_token;
+    chunk.first_token = first_token_of_chunk(N, i);
+    chunk.tokens = first_token_of_chunk(N, i + 1) - chunk.first_token;
   }
   auto begin_dispatch = [&](Chunk& chunk) {
     chunk.dispatcher->begin_dispatch(x + int64_t(chunk.first_token) * C,
@@ -150,7 +160,8 @@ void OverlappedExperts::communicate_only(const float* x, const int* expert_idx,
   const int n = chunks(), C = C_;
   std::vector<float> dy, dweight;
   for (int i = 0; i < n; ++i) {
-    const int64_t first = int64_t(N) * i / n, tokens = int64_t(N) * (i + 1) / n - first;
+    const int64_t first = first_token_of_chunk(N, i);
+    const int64_t tokens = first_token_of_chunk(N, i + 1) - first;
     ExpertDispatcher& d = *chunks_[size_t(i)].dispatcher;
     const std::vector<float> rows =
         d.dispatch(x + first * C, expert_idx + first * K, int(tokens), K, C);

@@ -1,10 +1,12 @@
 // Chunked, overlapped expert parallelism for the routed experts of one MoE layer (the Adaptive
 // Pipe idea, without a second weight copy). This rank's tokens are split into `chunks` contiguous
-// pieces, each with its own ExpertDispatcher (each keeps its chunk's routing plan for backward).
-// Forward: while chunk i's expert FFN computes, chunk i+1's dispatch and chunk i-1's combine are
-// in flight, and the compute loop calls progress between experts (Open MPI moves nonblocking
-// transfers only inside MPI calls). Backward does the same with combine_backward and
-// dispatch_backward. chunks = 1 is the plain path: blocking dispatch, compute, blocking combine.
+// pieces (from three chunks on, the first and last half the size of the others: they are the
+// pipeline's fill and drain), each with its own ExpertDispatcher (each keeps its chunk's routing
+// plan for backward). Forward: while chunk i's expert FFN computes, chunk i+1's dispatch and
+// chunk i-1's combine are in flight, and the compute loop calls progress between pieces of the
+// FFN (Open MPI moves nonblocking transfers only inside MPI calls). Backward does the same with
+// combine_backward and dispatch_backward. chunks = 1 is the plain path: blocking dispatch, compute,
+// blocking combine.
 //
 // Results: every token's output and dx, and dexpert_weight, are computed row by row with the
 // arithmetic of the un-chunked path (bit for bit when the FFN kernel's rows do not depend on how
@@ -85,6 +87,7 @@ class OverlappedExperts {
   void for_each_piece(const Chunk& chunk, const std::function<void(int, int64_t, int)>& body);
   void compute_forward(const LocalExperts& w, Chunk& chunk);
   void compute_backward(const LocalExperts& w, const LocalExpertGradients& g, Chunk& chunk);
+  int first_token_of_chunk(int N, int chunk) const;  // chunk == chunks(): N
   void drive();
   void wait(Chunk& chunk);
 
