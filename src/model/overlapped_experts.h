@@ -82,8 +82,9 @@ class OverlappedExperts {
   // The FFN of one chunk in pieces of at most kRowsPerPiece rows of one expert, driving every
   // chunk's transfers after each piece: a rendezvous message needs a progress call on both
   // sides, and a dispatch is several messages one after another, so the pieces must be small
-  // enough for the next chunk's dispatch to finish during this chunk's compute.
-  static constexpr int kRowsPerPiece = 64;
+  // enough for the next chunk's dispatch to finish during this chunk's compute; smaller pieces
+  // cost GEMM efficiency and progress calls (bench overlap defaults: 32 and 64 rows did worse).
+  static constexpr int kRowsPerPiece = 128;
   void for_each_piece(const Chunk& chunk, const std::function<void(int, int64_t, int)>& body);
   void compute_forward(const LocalExperts& w, Chunk& chunk);
   void compute_backward(const LocalExperts& w, const LocalExpertGradients& g, Chunk& chunk);
