@@ -7,8 +7,10 @@
 // another order (chunk by chunk) and match within float tolerance; with the Eigen kernel
 // everything matches within float tolerance. Flat and hierarchical dispatch, a rank with zero
 // tokens, more chunks than tokens. Split-phase: link emulation is a deadline that blocking calls
-// honour and progress() alone can meet, and chunking moves exactly the un-chunked payload bytes.
+// honour and progress() alone can meet, chunking moves exactly the un-chunked payload bytes, and
+// a chain waits for its deadlines by sleeping.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
 #include <chrono>
 #include <cstring>
@@ -21,6 +23,7 @@
 #include "kernels/moe.h"
 #include "kernels/ops.h"
 #include "mpi_comm/expert_dispatch.h"
+#include "mpi_comm/split_phase.h"
 #include "mpi_comm/topology.h"
 #include "src/model/overlapped_experts.h"
 #include "tests/mpi/mpi_test_util.h"
@@ -280,6 +283,42 @@ TEST(ExpertParallelOverlap, EmulationDeadlinesAreHonouredAndCanBeMetByProgress) 
     EXPECT_THROW(d.finish_combine(), std::logic_error);
   }
   free_hierarchical(ep);
+}
+
+double thread_cpu_seconds() {
+  rusage usage{};
+  getrusage(RUSAGE_THREAD, &usage);
+  return double(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
+         1e-6 * double(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec);
+}
+
+// A chain's next step runs only once the previous step's deadline has passed, and waiting for it
+// sleeps instead of spinning (the thread's CPU time stays far below the wall time).
+TEST(SplitPhaseChain, StepsWaitForTheirDeadlineAndWaitingSleeps) {
+  SplitPhaseChain chain;
+  double deadline = 0, second_ran = 0;
+  bool third_ran = false;
+  chain.start({[&] {
+                 deadline = steady_seconds() + 0.2;
+                 chain.complete_no_earlier_than(deadline);
+               },
+               [&] { second_ran = steady_seconds(); }, [&] { third_ran = true; }});
+  EXPECT_FALSE(chain.progress());
+  EXPECT_FALSE(third_ran);
+  EXPECT_GT(chain.ready_in(1.0), 0.0);
+  const double cpu0 = thread_cpu_seconds(), wall0 = steady_seconds();
+  progress_until_finished(chain, {&chain});
+  const double cpu = thread_cpu_seconds() - cpu0, wall = steady_seconds() - wall0;
+  EXPECT_TRUE(chain.finished());
+  EXPECT_TRUE(third_ran);
+  EXPECT_GE(second_ran, deadline);
+  EXPECT_LT(cpu, 0.25 * wall) << "waiting used " << cpu << " s of CPU in " << wall << " s";
+  EXPECT_THROW(
+      {
+        chain.start({[&] { chain.complete_no_earlier_than(steady_seconds() + 10); }});
+        chain.start({});
+      },
+      std::logic_error);
 }
 
 }  // namespace
