@@ -1,17 +1,16 @@
 // Expert-parallel dispatch/combine: routing plans (one or two exchange stages), the exchanges
-// themselves (nonblocking point-to-point with exact counting and link emulation), and the
-// slot-order reductions that make every mode agree with the single-rank MoE bit for bit.
+// themselves (nonblocking point-to-point with exact counting and link emulation deadlines, run as
+// split-phase chains of steps), and the slot-order reductions that make every mode agree with the
+// single-rank MoE bit for bit.
 #include "mpi_comm/expert_dispatch.h"
 
 #include <algorithm>
-#include <chrono>
 #include <climits>
 #include <cmath>
 #include <cstring>
 #include <numeric>
 #include <stdexcept>
 #include <string>
-#include <thread>
 
 #include "kernels/error.h"
 
@@ -20,7 +19,8 @@ namespace rlf {
 namespace {
 
 // Tags per stage: a stage's exchanges complete before the next starts, so distinct tags only
-// guard against mistakes, never reorder anything.
+// guard against mistakes, never reorder anything. Each dispatcher has its own communicator, so
+// operations of different dispatchers in flight at once never match each other's messages.
 constexpr int kTagsPerStage = 8;
 enum Tag { kCounts = 1, kMeta = 2, kRows = 3, kExtras = 4, kReverse = 5 };
 
@@ -102,13 +102,8 @@ ExpertDispatcher::~ExpertDispatcher() {
   if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
 
-namespace {
-
-// Nonblocking sends and receives to every peer with a non-empty message, waits without
-// spinning, then pays the emulated link time of each received message (the receiver pays, so
-// each message is delayed once; a rank's incoming messages are delayed one after another, as
-// through one network port). Messages to itself are copies, neither counted nor delayed.
-struct Transfer {
+// One exchange: per peer of the stage, what to send and where to receive (bytes).
+struct ExpertDispatcher::Transfer {
   std::vector<const void*> send;
   std::vector<uint64_t> send_bytes;
   std::vector<void*> recv;
@@ -117,12 +112,14 @@ struct Transfer {
       : send(peers, nullptr), send_bytes(peers, 0), recv(peers, nullptr), recv_bytes(peers, 0) {}
 };
 
-void run_transfer(const ExpertDispatcher::Stage& stage, const Transfer& t, int tag, MPI_Comm comm,
-                  Links& links, const std::vector<int>& world_ranks, double intra_node_bandwidth,
-                  LinkCounters& kind, double& emulated) {
+// Nonblocking receives and sends to every peer with a non-empty message. The receiver pays the
+// emulated link time (so each message is delayed once) as a deadline: a rank's incoming
+// messages pass one port one after another (Links::schedule_arrival), from the time the receive
+// is posted. Messages to itself are copies, neither counted nor delayed.
+void ExpertDispatcher::post(const Stage& stage, const Transfer& t, int tag, LinkCounters& kind) {
   const size_t Q = stage.peers.size();
-  std::vector<MPI_Request> requests;
-  std::vector<size_t> received_from;
+  const double posted = steady_seconds();
+  double deadline = posted;
   for (size_t q = 0; q < Q; ++q) {
     if (int(q) == stage.self) {
       if (t.send_bytes[q] != t.recv_bytes[q]) {
@@ -132,91 +129,114 @@ void run_transfer(const ExpertDispatcher::Stage& stage, const Transfer& t, int t
       continue;
     }
     if (t.recv_bytes[q] == 0) continue;
-    requests.emplace_back();
-    MPI_Irecv(t.recv[q], checked_count(t.recv_bytes[q]), MPI_BYTE, stage.peers[q], tag, comm,
-              &requests.back());
-    received_from.push_back(q);
+    MPI_Request request;
+    MPI_Irecv(t.recv[q], checked_count(t.recv_bytes[q]), MPI_BYTE, stage.peers[q], tag, comm_,
+              &request);
+    chain_.add_request(request);
+    const int world = world_ranks_[size_t(stage.peers[q])];
+    double seconds = 0;
+    if (links_.classify(links_.world_rank(), world) == LinkClass::InterNode) {
+      seconds = links_.emulation().delay_seconds(t.recv_bytes[q]);
+    } else if (intra_node_bandwidth_ > 0) {
+      seconds = double(t.recv_bytes[q]) / intra_node_bandwidth_;
+    }
+    if (seconds > 0) deadline = std::max(deadline, links_.schedule_arrival(posted, seconds));
+    traffic_.emulated_seconds += seconds;
   }
-  const size_t receives = requests.size();
   for (size_t q = 0; q < Q; ++q) {
     if (int(q) == stage.self || t.send_bytes[q] == 0) continue;
-    const int world = world_ranks[size_t(stage.peers[q])];
-    links.count_send(world, t.send_bytes[q]);
-    kind.add(links.classify(links.world_rank(), world), t.send_bytes[q]);
-    requests.emplace_back();
-    MPI_Isend(t.send[q], checked_count(t.send_bytes[q]), MPI_BYTE, stage.peers[q], tag, comm,
-              &requests.back());
+    const int world = world_ranks_[size_t(stage.peers[q])];
+    links_.count_send(world, t.send_bytes[q]);
+    kind.add(links_.classify(links_.world_rank(), world), t.send_bytes[q]);
+    MPI_Request request;
+    MPI_Isend(t.send[q], checked_count(t.send_bytes[q]), MPI_BYTE, stage.peers[q], tag, comm_,
+              &request);
+    chain_.add_request(request);
   }
-  for (MPI_Request& request : requests) wait_with_backoff(&request, MPI_STATUS_IGNORE);
-  for (size_t i = 0; i < receives; ++i) {
-    const size_t q = received_from[i];
-    const uint64_t bytes = t.recv_bytes[q];
-    const int world = world_ranks[size_t(stage.peers[q])];
-    double seconds = 0;
-    if (links.classify(links.world_rank(), world) == LinkClass::InterNode) {
-      seconds = links.emulation().delay_seconds(bytes);
-    } else if (intra_node_bandwidth > 0) {
-      seconds = double(bytes) / intra_node_bandwidth;
-    }
-    if (seconds > 0) std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
-    emulated += seconds;
-  }
+  chain_.complete_no_earlier_than(deadline);
 }
 
-}  // namespace
-
-void ExpertDispatcher::exchange(const Stage& stage, int tag,
-                                const std::vector<std::vector<uint8_t>>& send,
-                                std::vector<std::vector<uint8_t>>& recv, bool payload) {
+void ExpertDispatcher::post_bytes(const Stage& stage, int tag, bool payload) {
   Transfer t(stage.peers.size());
   for (size_t q = 0; q < stage.peers.size(); ++q) {
-    t.send[q] = send[q].data();
-    t.send_bytes[q] = send[q].size();
-    t.recv[q] = recv[q].data();
-    t.recv_bytes[q] = recv[q].size();
+    t.send[q] = f_.send[q].data();
+    t.send_bytes[q] = f_.send[q].size();
+    t.recv[q] = f_.recv[q].data();
+    t.recv_bytes[q] = f_.recv[q].size();
   }
-  run_transfer(stage, t, tag, comm_, links_, world_ranks_, intra_node_bandwidth_,
-               payload ? traffic_.payload : traffic_.metadata, traffic_.emulated_seconds);
+  post(stage, t, tag, payload ? traffic_.payload : traffic_.metadata);
 }
 
-// Counts, then metadata (per packet: origin, token, assignments, then (slot, expert) per
-// assignment), parsed into the received assignments' identities.
-void ExpertDispatcher::build_stage(Stage& stage, int tag,
-                                   const std::vector<std::vector<int>>& send_meta) {
+void ExpertDispatcher::check_idle() const {
+  if (operation_ != Operation::None) {
+    throw std::logic_error("ExpertDispatcher: an operation is still in flight (finish it first)");
+  }
+}
+
+void ExpertDispatcher::begin(Operation operation, Steps steps) {
+  check_idle();
+  operation_ = operation;
+  chain_.start(std::move(steps));
+}
+
+void ExpertDispatcher::finish(Operation operation) {
+  if (operation_ != operation) {
+    throw std::logic_error("ExpertDispatcher: finish_* does not match the operation begun");
+  }
+  progress_until_finished(chain_, {&chain_});
+  operation_ = Operation::None;
+}
+
+// Counts (packets and assignments per peer), then metadata (per packet: origin, token,
+// assignments, then (slot, expert) per assignment), parsed into the received assignments'
+// identities.
+void ExpertDispatcher::post_counts(int s) {
+  Stage& stage = stages_[size_t(s)];
   const size_t Q = stage.peers.size();
-  std::vector<std::vector<uint8_t>> send(Q), recv(Q);
+  f_.send.assign(Q, {});
+  f_.recv.assign(Q, {});
   for (size_t q = 0; q < Q; ++q) {
     const int32_t counts[2] = {int32_t(stage.send_rows[q].size()),
                                int32_t(stage.send_handles[q].size())};
-    send[q].resize(sizeof counts);
-    std::memcpy(send[q].data(), counts, sizeof counts);
-    recv[q].resize(sizeof counts);
+    f_.send[q].resize(sizeof counts);
+    std::memcpy(f_.send[q].data(), counts, sizeof counts);
+    f_.recv[q].resize(sizeof counts);
   }
-  exchange(stage, tag + kCounts, send, recv, false);
+  post_bytes(stage, s * kTagsPerStage + kCounts, false);
+}
+
+void ExpertDispatcher::read_counts_post_meta(int s) {
+  Stage& stage = stages_[size_t(s)];
+  const size_t Q = stage.peers.size();
   stage.recv_row_offset.assign(Q + 1, 0);
   stage.recv_assign_offset.assign(Q + 1, 0);
   for (size_t q = 0; q < Q; ++q) {
     int32_t counts[2];
-    std::memcpy(counts, recv[q].data(), sizeof counts);
+    std::memcpy(counts, f_.recv[q].data(), sizeof counts);
     stage.recv_row_offset[q + 1] = stage.recv_row_offset[q] + counts[0];
     stage.recv_assign_offset[q + 1] = stage.recv_assign_offset[q] + counts[1];
   }
   for (size_t q = 0; q < Q; ++q) {
     const int64_t packets = stage.recv_row_offset[q + 1] - stage.recv_row_offset[q];
     const int64_t assigns = stage.recv_assign_offset[q + 1] - stage.recv_assign_offset[q];
-    send[q].resize(send_meta[q].size() * sizeof(int));
-    if (!send_meta[q].empty()) std::memcpy(send[q].data(), send_meta[q].data(), send[q].size());
-    recv[q].assign(size_t(3 * packets + 2 * assigns) * sizeof(int), 0);
+    f_.send[q].resize(f_.meta[q].size() * sizeof(int));
+    if (!f_.meta[q].empty()) std::memcpy(f_.send[q].data(), f_.meta[q].data(), f_.send[q].size());
+    f_.recv[q].assign(size_t(3 * packets + 2 * assigns) * sizeof(int), 0);
   }
-  exchange(stage, tag + kMeta, send, recv, false);
+  post_bytes(stage, s * kTagsPerStage + kMeta, false);
+}
+
+void ExpertDispatcher::read_meta(int s) {
+  Stage& stage = stages_[size_t(s)];
+  const size_t Q = stage.peers.size();
   const int64_t total = stage.recv_assign_offset[Q];
   for (auto* v : {&stage.row_of_assign, &stage.origin, &stage.token, &stage.slot, &stage.expert}) {
     v->clear();
     v->reserve(size_t(total));
   }
   for (size_t q = 0; q < Q; ++q) {
-    std::vector<int> meta(recv[q].size() / sizeof(int));
-    if (!meta.empty()) std::memcpy(meta.data(), recv[q].data(), recv[q].size());
+    std::vector<int> meta(f_.recv[q].size() / sizeof(int));
+    if (!meta.empty()) std::memcpy(meta.data(), f_.recv[q].data(), f_.recv[q].size());
     size_t pos = 0;
     for (int64_t p = stage.recv_row_offset[q]; p < stage.recv_row_offset[q + 1]; ++p) {
       const int origin = meta[pos], token = meta[pos + 1], count = meta[pos + 2];
@@ -235,90 +255,109 @@ void ExpertDispatcher::build_stage(Stage& stage, int tag,
   }
 }
 
-void ExpertDispatcher::forward_rows(const Stage& stage, int tag, const std::vector<float>& in,
-                                    int width, const std::vector<float>* extras_by_handle,
-                                    std::vector<float>& out, std::vector<float>* extras_out) {
+void ExpertDispatcher::post_forward_rows(int s, const std::vector<float>& in, int width,
+                                         const std::vector<float>* extras_by_handle,
+                                         std::vector<float>& out, std::vector<float>* extras_out) {
+  const Stage& stage = stages_[size_t(s)];
   const size_t Q = stage.peers.size();
-  std::vector<std::vector<float>> packed(Q);
+  f_.packed.resize(Q);
   Transfer t(Q);
   out.assign(size_t(stage.recv_row_offset[Q]) * size_t(width), 0.0f);
   for (size_t q = 0; q < Q; ++q) {
-    packed[q].resize(stage.send_rows[q].size() * size_t(width));
+    f_.packed[q].resize(stage.send_rows[q].size() * size_t(width));
     for (size_t p = 0; p < stage.send_rows[q].size(); ++p) {
-      std::memcpy(packed[q].data() + p * size_t(width),
+      std::memcpy(f_.packed[q].data() + p * size_t(width),
                   in.data() + size_t(stage.send_rows[q][p]) * size_t(width),
                   size_t(width) * sizeof(float));
     }
-    t.send[q] = packed[q].data();
-    t.send_bytes[q] = packed[q].size() * sizeof(float);
+    t.send[q] = f_.packed[q].data();
+    t.send_bytes[q] = f_.packed[q].size() * sizeof(float);
     t.recv[q] = out.data() + size_t(stage.recv_row_offset[q]) * size_t(width);
     t.recv_bytes[q] =
         uint64_t(stage.recv_row_offset[q + 1] - stage.recv_row_offset[q]) * uint64_t(width) * 4;
   }
-  run_transfer(stage, t, tag + kRows, comm_, links_, world_ranks_, intra_node_bandwidth_,
-               traffic_.payload, traffic_.emulated_seconds);
+  post(stage, t, s * kTagsPerStage + kRows, traffic_.payload);
   if (!extras_by_handle) return;
   Transfer e(Q);
+  f_.packed_extras.resize(Q);
   extras_out->assign(size_t(stage.recv_assign_offset[Q]), 0.0f);
   for (size_t q = 0; q < Q; ++q) {
-    packed[q].clear();
-    for (int h : stage.send_handles[q]) packed[q].push_back((*extras_by_handle)[size_t(h)]);
-    e.send[q] = packed[q].data();
-    e.send_bytes[q] = packed[q].size() * sizeof(float);
+    f_.packed_extras[q].clear();
+    for (int h : stage.send_handles[q])
+      f_.packed_extras[q].push_back((*extras_by_handle)[size_t(h)]);
+    e.send[q] = f_.packed_extras[q].data();
+    e.send_bytes[q] = f_.packed_extras[q].size() * sizeof(float);
     e.recv[q] = extras_out->data() + stage.recv_assign_offset[q];
     e.recv_bytes[q] = uint64_t(stage.recv_assign_offset[q + 1] - stage.recv_assign_offset[q]) * 4;
   }
-  run_transfer(stage, e, tag + kExtras, comm_, links_, world_ranks_, intra_node_bandwidth_,
-               traffic_.metadata, traffic_.emulated_seconds);
+  post(stage, e, s * kTagsPerStage + kExtras, traffic_.metadata);
 }
 
-void ExpertDispatcher::reverse_rows(const Stage& stage, int tag,
-                                    const std::vector<float>& by_assign, int width, bool payload,
-                                    std::vector<float>& by_handle, int64_t handles) {
+void ExpertDispatcher::post_reverse_rows(int s, int width, bool payload) {
+  const Stage& stage = stages_[size_t(s)];
   const size_t Q = stage.peers.size();
-  std::vector<int64_t> offset(Q + 1, 0);
-  for (size_t q = 0; q < Q; ++q) offset[q + 1] = offset[q] + int64_t(stage.send_handles[q].size());
-  std::vector<float> received(static_cast<size_t>(offset[Q]) * size_t(width));
+  int64_t handles_sent = 0;
+  for (size_t q = 0; q < Q; ++q) handles_sent += int64_t(stage.send_handles[q].size());
+  f_.received.assign(size_t(handles_sent) * size_t(width), 0.0f);
   Transfer t(Q);
   // Received assignments of one peer are contiguous, so the reverse sends need no packing.
-  for (size_t q = 0; q < Q; ++q) {
-    t.send[q] = by_assign.data() + size_t(stage.recv_assign_offset[q]) * size_t(width);
+  for (size_t q = 0, offset = 0; q < Q; ++q) {
+    t.send[q] = f_.by_assign.data() + size_t(stage.recv_assign_offset[q]) * size_t(width);
     t.send_bytes[q] =
         uint64_t(stage.recv_assign_offset[q + 1] - stage.recv_assign_offset[q]) * width * 4;
-    t.recv[q] = received.data() + size_t(offset[q]) * size_t(width);
-    t.recv_bytes[q] = uint64_t(offset[q + 1] - offset[q]) * uint64_t(width) * 4;
+    t.recv[q] = f_.received.data() + offset * size_t(width);
+    t.recv_bytes[q] = uint64_t(stage.send_handles[q].size()) * uint64_t(width) * 4;
+    offset += stage.send_handles[q].size();
   }
-  run_transfer(stage, t, tag + kReverse, comm_, links_, world_ranks_, intra_node_bandwidth_,
-               payload ? traffic_.payload : traffic_.metadata, traffic_.emulated_seconds);
-  by_handle.assign(size_t(handles) * size_t(width), 0.0f);
-  for (size_t q = 0; q < Q; ++q) {
-    for (size_t j = 0; j < stage.send_handles[q].size(); ++j) {
-      std::memcpy(by_handle.data() + size_t(stage.send_handles[q][j]) * size_t(width),
-                  received.data() + (size_t(offset[q]) + j) * size_t(width),
+  post(stage, t, s * kTagsPerStage + kReverse, payload ? traffic_.payload : traffic_.metadata);
+}
+
+void ExpertDispatcher::unpack_reverse_rows(int s, int width) {
+  const Stage& stage = stages_[size_t(s)];
+  const int64_t handles =
+      s == 0 ? int64_t(N_) * K_ : int64_t(stages_[size_t(s) - 1].row_of_assign.size());
+  f_.by_handle.assign(size_t(handles) * size_t(width), 0.0f);
+  for (size_t q = 0, offset = 0; q < stage.peers.size(); ++q) {
+    for (size_t j = 0; j < stage.send_handles[q].size(); ++j, ++offset) {
+      std::memcpy(f_.by_handle.data() + size_t(stage.send_handles[q][j]) * size_t(width),
+                  f_.received.data() + offset * size_t(width), size_t(width) * sizeof(float));
+    }
+  }
+  f_.by_assign.swap(f_.by_handle);
+}
+
+void ExpertDispatcher::add_gather_back(Steps& steps, std::function<const float*()> local_rows,
+                                       int width, bool payload, std::function<void()> then) {
+  const int last = int(stages_.size()) - 1;
+  steps.push_back([this, local_rows, width, payload, last] {
+    const Stage& stage = stages_.back();
+    const float* rows = local_rows();
+    f_.by_assign.resize(stage.row_of_assign.size() * size_t(width));
+    for (size_t i = 0; i < stage.row_of_assign.size(); ++i) {
+      std::memcpy(f_.by_assign.data() + i * size_t(width),
+                  rows + size_t(canonical_of_assign_[i]) * size_t(width),
                   size_t(width) * sizeof(float));
     }
+    post_reverse_rows(last, width, payload);
+  });
+  for (int s = last; s >= 0; --s) {
+    steps.push_back([this, s, width, payload, then] {
+      unpack_reverse_rows(s, width);
+      if (s > 0) {
+        post_reverse_rows(s - 1, width, payload);
+      } else {
+        then();
+      }
+    });
   }
 }
 
-std::vector<float> ExpertDispatcher::dispatch(const float* x, const int* expert_idx, int N, int K,
-                                              int C) {
-  N_ = N;
-  K_ = K;
-  C_ = C;
-  const int P = ep_size();
-  for (int64_t i = 0; i < int64_t(N) * K; ++i) {
-    if (expert_idx[i] < 0 || expert_idx[i] >= experts_) {
-      throw std::out_of_range("ExpertDispatcher::dispatch: expert index " +
-                              std::to_string(expert_idx[i]) + " outside [0, " +
-                              std::to_string(experts_) + ")");
-    }
-  }
+// Stage 0: from the token's rank to the owner (flat) or to the same local index on the owner's
+// node (hierarchical).
+void ExpertDispatcher::plan_first_stage(const int* expert_idx) {
+  const int N = N_, K = K_, P = ep_size();
   const bool hierarchical = mode_ == DispatchMode::Hierarchical;
   const int my_node = node_of_[size_t(rank_)], my_local = local_of_[size_t(rank_)];
-  stages_.assign(hierarchical ? 2 : 1, Stage{});
-
-  // Stage 0: from the token's rank to the owner (flat) or to the same local index on the owner's
-  // node (hierarchical). `dest` maps an expert to the index of its peer in this stage.
   Stage& first = stages_[0];
   if (hierarchical) {
     for (const auto& node : rank_at_) first.peers.push_back(node[size_t(my_local)]);
@@ -328,11 +367,12 @@ std::vector<float> ExpertDispatcher::dispatch(const float* x, const int* expert_
     std::iota(first.peers.begin(), first.peers.end(), 0);
     first.self = rank_;
   }
+  // `dest` maps an expert to the index of its peer in this stage.
   auto dest = [&](int e) { return hierarchical ? node_of_[size_t(owner_of(e))] : owner_of(e); };
   const size_t Q0 = first.peers.size();
   first.send_rows.assign(Q0, {});
   first.send_handles.assign(Q0, {});
-  std::vector<std::vector<int>> meta(Q0);
+  f_.meta.assign(Q0, {});
   for (int n = 0; n < N; ++n) {
     const int* slots = expert_idx + int64_t(n) * K;
     for (int k = 0; k < K; ++k) {
@@ -342,7 +382,7 @@ std::vector<float> ExpertDispatcher::dispatch(const float* x, const int* expert_
       if (sent_before) continue;
       // One packet for this (token, destination): this slot, plus later slots going the same
       // way unless every slot travels alone (Flat).
-      auto& m = meta[size_t(d)];
+      auto& m = f_.meta[size_t(d)];
       m.insert(m.end(), {rank_, n, 0});
       const size_t count_at = m.size() - 1;
       first.send_rows[size_t(d)].push_back(n);
@@ -354,53 +394,51 @@ std::vector<float> ExpertDispatcher::dispatch(const float* x, const int* expert_
       }
     }
   }
-  build_stage(first, 0, meta);
-  std::vector<float> input(x, x + int64_t(N) * C), rows;
-  forward_rows(first, 0, input, C, nullptr, rows, nullptr);
+}
 
-  if (hierarchical) {
-    // Stage 1: inside the node, each received packet is split by owner; handles are the
-    // received assignments of stage 0.
-    Stage& second = stages_[1];
-    second.peers = rank_at_[size_t(my_node)];
-    second.self = my_local;
-    const size_t Q1 = second.peers.size();
-    second.send_rows.assign(Q1, {});
-    second.send_handles.assign(Q1, {});
-    meta.assign(Q1, {});
-    const int64_t assigns = int64_t(first.row_of_assign.size());
-    for (int64_t begin = 0, end = 0; begin < assigns; begin = end) {
-      end = begin;
-      while (end < assigns &&
-             first.row_of_assign[size_t(end)] == first.row_of_assign[size_t(begin)])
-        ++end;
-      for (int64_t i = begin; i < end; ++i) {
-        const int d = local_of_[size_t(owner_of(first.expert[size_t(i)]))];
-        bool sent_before = false;
-        for (int64_t j = begin; j < i; ++j) {
-          sent_before |= local_of_[size_t(owner_of(first.expert[size_t(j)]))] == d;
-        }
-        if (sent_before) continue;
-        auto& m = meta[size_t(d)];
-        m.insert(m.end(), {first.origin[size_t(i)], first.token[size_t(i)], 0});
-        const size_t count_at = m.size() - 1;
-        second.send_rows[size_t(d)].push_back(first.row_of_assign[size_t(i)]);
-        for (int64_t j = i; j < end; ++j) {
-          if (local_of_[size_t(owner_of(first.expert[size_t(j)]))] != d) continue;
-          m.insert(m.end(), {first.slot[size_t(j)], first.expert[size_t(j)]});
-          second.send_handles[size_t(d)].push_back(int(j));
-          ++m[count_at];
-        }
+// Stage 1 (hierarchical): inside the node, each packet received in stage 0 is split by owner;
+// handles are the received assignments of stage 0.
+void ExpertDispatcher::plan_second_stage() {
+  const Stage& first = stages_[0];
+  Stage& second = stages_[1];
+  const int my_node = node_of_[size_t(rank_)];
+  second.peers = rank_at_[size_t(my_node)];
+  second.self = local_of_[size_t(rank_)];
+  const size_t Q1 = second.peers.size();
+  second.send_rows.assign(Q1, {});
+  second.send_handles.assign(Q1, {});
+  f_.meta.assign(Q1, {});
+  const int64_t assigns = int64_t(first.row_of_assign.size());
+  for (int64_t begin = 0, end = 0; begin < assigns; begin = end) {
+    end = begin;
+    while (end < assigns && first.row_of_assign[size_t(end)] == first.row_of_assign[size_t(begin)])
+      ++end;
+    for (int64_t i = begin; i < end; ++i) {
+      const int d = local_of_[size_t(owner_of(first.expert[size_t(i)]))];
+      bool sent_before = false;
+      for (int64_t j = begin; j < i; ++j) {
+        sent_before |= local_of_[size_t(owner_of(first.expert[size_t(j)]))] == d;
+      }
+      if (sent_before) continue;
+      auto& m = f_.meta[size_t(d)];
+      m.insert(m.end(), {first.origin[size_t(i)], first.token[size_t(i)], 0});
+      const size_t count_at = m.size() - 1;
+      second.send_rows[size_t(d)].push_back(first.row_of_assign[size_t(i)]);
+      for (int64_t j = i; j < end; ++j) {
+        if (local_of_[size_t(owner_of(first.expert[size_t(j)]))] != d) continue;
+        m.insert(m.end(), {first.slot[size_t(j)], first.expert[size_t(j)]});
+        second.send_handles[size_t(d)].push_back(int(j));
+        ++m[count_at];
       }
     }
-    build_stage(second, kTagsPerStage, meta);
-    input.swap(rows);
-    forward_rows(second, kTagsPerStage, input, C, nullptr, rows, nullptr);
   }
+}
 
-  // Canonical order: by (expert, origin rank, token, slot).
+// Canonical order: by (expert, origin rank, token, slot); f_.rows holds the last stage's rows.
+void ExpertDispatcher::order_canonically() {
   const Stage& last = stages_.back();
   const size_t M = last.row_of_assign.size();
+  const int C = C_;
   std::vector<int> order(M);
   std::iota(order.begin(), order.end(), 0);
   std::sort(order.begin(), order.end(), [&](int a, int b) {
@@ -412,94 +450,187 @@ std::vector<float> ExpertDispatcher::dispatch(const float* x, const int* expert_
   });
   canonical_of_assign_.assign(M, 0);
   local_offsets_.assign(size_t(local_experts()) + 1, 0);
-  std::vector<float> out(M * size_t(C));
+  f_.result.assign(M * size_t(C), 0.0f);
   const int first_expert = rank_ * local_experts();
   for (size_t m = 0; m < M; ++m) {
     const size_t i = size_t(order[m]);
     canonical_of_assign_[i] = int(m);
     ++local_offsets_[size_t(last.expert[i] - first_expert) + 1];
-    std::memcpy(out.data() + m * size_t(C), rows.data() + size_t(last.row_of_assign[i]) * size_t(C),
+    std::memcpy(f_.result.data() + m * size_t(C),
+                f_.rows.data() + size_t(last.row_of_assign[i]) * size_t(C),
                 size_t(C) * sizeof(float));
   }
   for (int e = 0; e < local_experts(); ++e)
     local_offsets_[size_t(e) + 1] += local_offsets_[size_t(e)];
-  return out;
 }
 
-std::vector<float> ExpertDispatcher::gather_back(const float* local_rows, int width, bool payload) {
-  const Stage& last = stages_.back();
-  std::vector<float> by_assign(last.row_of_assign.size() * size_t(width)), by_handle;
-  for (size_t i = 0; i < last.row_of_assign.size(); ++i) {
-    std::memcpy(by_assign.data() + i * size_t(width),
-                local_rows + size_t(canonical_of_assign_[i]) * size_t(width),
-                size_t(width) * sizeof(float));
+void ExpertDispatcher::begin_dispatch(const float* x, const int* expert_idx, int N, int K, int C) {
+  check_idle();
+  for (int64_t i = 0; i < int64_t(N) * K; ++i) {
+    if (expert_idx[i] < 0 || expert_idx[i] >= experts_) {
+      throw std::out_of_range("ExpertDispatcher::dispatch: expert index " +
+                              std::to_string(expert_idx[i]) + " outside [0, " +
+                              std::to_string(experts_) + ")");
+    }
   }
-  for (size_t s = stages_.size(); s-- > 0;) {
-    const int64_t handles =
-        s == 0 ? int64_t(N_) * K_ : int64_t(stages_[s - 1].row_of_assign.size());
-    reverse_rows(stages_[s], int(s) * kTagsPerStage, by_assign, width, payload, by_handle, handles);
-    by_assign.swap(by_handle);
+  N_ = N;
+  K_ = K;
+  C_ = C;
+  local_offsets_.clear();
+  stages_.assign(mode_ == DispatchMode::Hierarchical ? 2 : 1, Stage{});
+  plan_first_stage(expert_idx);
+  f_.rows.assign(x, x + int64_t(N) * C);
+  Steps steps;
+  for (int s = 0; s < int(stages_.size()); ++s) {
+    steps.push_back([this, s] {
+      if (s > 0) {
+        f_.rows.swap(f_.next_rows);
+        plan_second_stage();
+      }
+      post_counts(s);
+    });
+    steps.push_back([this, s] { read_counts_post_meta(s); });
+    steps.push_back([this, s] {
+      read_meta(s);
+      post_forward_rows(s, f_.rows, C_, nullptr, f_.next_rows, nullptr);
+    });
   }
-  return by_assign;
+  steps.push_back([this] {
+    f_.rows.swap(f_.next_rows);
+    order_canonically();
+  });
+  begin(Operation::Dispatch, std::move(steps));
+}
+
+std::vector<float> ExpertDispatcher::finish_dispatch() {
+  finish(Operation::Dispatch);
+  return std::move(f_.result);
+}
+
+void ExpertDispatcher::begin_combine(const float* y_local, const float* expert_weight) {
+  check_idle();
+  f_.weights.assign(expert_weight, expert_weight + int64_t(N_) * K_);
+  Steps steps;
+  add_gather_back(
+      steps, [y_local] { return y_local; }, C_, true,
+      [this] {
+        // The loop of ref::moe_combine, with y(n, k) at row n K + k.
+        const int64_t N = N_, K = K_, C = C_;
+        const std::vector<float>& y = f_.by_assign;
+        f_.result.assign(size_t(N * C), 0.0f);
+        for (int64_t n = 0; n < N; ++n) {
+          for (int64_t c = 0; c < C; ++c) {
+            float s = 0;
+            for (int64_t k = 0; k < K; ++k)
+              s += f_.weights[size_t(n * K + k)] * y[size_t((n * K + k) * C + c)];
+            f_.result[size_t(n * C + c)] = s;
+          }
+        }
+      });
+  begin(Operation::Combine, std::move(steps));
+}
+
+std::vector<float> ExpertDispatcher::finish_combine() {
+  finish(Operation::Combine);
+  return std::move(f_.result);
+}
+
+void ExpertDispatcher::begin_dispatch_backward(const float* dxg_local) {
+  check_idle();
+  Steps steps;
+  add_gather_back(
+      steps, [dxg_local] { return dxg_local; }, C_, true,
+      [this] {
+        // The loop of ref::moe_gather_backward into a zeroed dx.
+        const int64_t N = N_, K = K_, C = C_;
+        const std::vector<float>& dxg = f_.by_assign;
+        f_.result.assign(size_t(N * C), 0.0f);
+        for (int64_t n = 0; n < N; ++n) {
+          for (int64_t c = 0; c < C; ++c) {
+            float s = 0;
+            for (int64_t k = 0; k < K; ++k) s += dxg[size_t((n * K + k) * C + c)];
+            f_.result[size_t(n * C + c)] = 0.0f + s;
+          }
+        }
+      });
+  begin(Operation::DispatchBackward, std::move(steps));
+}
+
+std::vector<float> ExpertDispatcher::finish_dispatch_backward() {
+  finish(Operation::DispatchBackward);
+  return std::move(f_.result);
+}
+
+void ExpertDispatcher::begin_combine_backward(const float* dout, const float* y_local,
+                                              const float* expert_weight) {
+  check_idle();
+  // dout rows travel the dispatch route (de-duplicated), each assignment's weight with them.
+  f_.rows.assign(dout, dout + int64_t(N_) * C_);
+  f_.weights.assign(expert_weight, expert_weight + int64_t(N_) * K_);
+  f_.y_local = y_local;
+  Steps steps;
+  for (int s = 0; s < int(stages_.size()); ++s) {
+    steps.push_back([this, s] {
+      if (s > 0) {
+        f_.rows.swap(f_.next_rows);
+        f_.weights.swap(f_.next_weights);
+      }
+      post_forward_rows(s, f_.rows, C_, &f_.weights, f_.next_rows, &f_.next_weights);
+    });
+  }
+  steps.push_back([this] {
+    f_.rows.swap(f_.next_rows);
+    f_.weights.swap(f_.next_weights);
+    // The arithmetic of ref::moe_combine_backward into zeroed dy and dexpert_weight.
+    const Stage& last = stages_.back();
+    const int64_t C = C_;
+    f_.dy.assign(size_t(local_rows()) * size_t(C), 0.0f);
+    f_.dweight_local.assign(size_t(local_rows()), 0.0f);
+    for (size_t i = 0; i < last.row_of_assign.size(); ++i) {
+      const int64_t m = canonical_of_assign_[i];
+      const float* d = f_.rows.data() + int64_t(last.row_of_assign[i]) * C;
+      const float w = f_.weights[i];
+      float dot = 0;
+      for (int64_t c = 0; c < C; ++c) {
+        f_.dy[size_t(m * C + c)] += w * d[c];
+        dot += d[c] * f_.y_local[m * C + c];
+      }
+      f_.dweight_local[size_t(m)] = 0.0f + dot;
+    }
+  });
+  add_gather_back(
+      steps, [this] { return f_.dweight_local.data(); }, 1, false, [] {});
+  begin(Operation::CombineBackward, std::move(steps));
+}
+
+void ExpertDispatcher::finish_combine_backward(std::vector<float>& dy_local,
+                                               std::vector<float>& dexpert_weight) {
+  finish(Operation::CombineBackward);
+  dy_local = std::move(f_.dy);
+  dexpert_weight = std::move(f_.by_assign);
+}
+
+std::vector<float> ExpertDispatcher::dispatch(const float* x, const int* expert_idx, int N, int K,
+                                              int C) {
+  begin_dispatch(x, expert_idx, N, K, C);
+  return finish_dispatch();
 }
 
 std::vector<float> ExpertDispatcher::combine(const float* y_local, const float* expert_weight) {
-  const std::vector<float> y = gather_back(y_local, C_, true);
-  std::vector<float> out(size_t(N_) * size_t(C_));
-  // The loop of ref::moe_combine, with y(n, k) at row n K + k.
-  for (int64_t n = 0; n < N_; ++n) {
-    for (int64_t c = 0; c < C_; ++c) {
-      float s = 0;
-      for (int64_t k = 0; k < K_; ++k)
-        s += expert_weight[n * K_ + k] * y[size_t((n * K_ + k) * C_ + c)];
-      out[size_t(n * C_ + c)] = s;
-    }
-  }
-  return out;
-}
-
-std::vector<float> ExpertDispatcher::dispatch_backward(const float* dxg_local) {
-  const std::vector<float> dxg = gather_back(dxg_local, C_, true);
-  std::vector<float> dx(size_t(N_) * size_t(C_));
-  // The loop of ref::moe_gather_backward into a zeroed dx.
-  for (int64_t n = 0; n < N_; ++n) {
-    for (int64_t c = 0; c < C_; ++c) {
-      float s = 0;
-      for (int64_t k = 0; k < K_; ++k) s += dxg[size_t((n * K_ + k) * C_ + c)];
-      dx[size_t(n * C_ + c)] = 0.0f + s;
-    }
-  }
-  return dx;
+  begin_combine(y_local, expert_weight);
+  return finish_combine();
 }
 
 void ExpertDispatcher::combine_backward(const float* dout, const float* y_local,
                                         const float* expert_weight, std::vector<float>& dy_local,
                                         std::vector<float>& dexpert_weight) {
-  // dout rows travel the dispatch route (de-duplicated), each assignment's weight with them.
-  std::vector<float> rows(dout, dout + int64_t(N_) * C_), next;
-  std::vector<float> weights(expert_weight, expert_weight + int64_t(N_) * K_), next_weights;
-  for (size_t s = 0; s < stages_.size(); ++s) {
-    forward_rows(stages_[s], int(s) * kTagsPerStage, rows, C_, &weights, next, &next_weights);
-    rows.swap(next);
-    weights.swap(next_weights);
-  }
-  // The arithmetic of ref::moe_combine_backward into zeroed dy and dexpert_weight.
-  const Stage& last = stages_.back();
-  const int64_t C = C_;
-  dy_local.assign(size_t(local_rows()) * size_t(C), 0.0f);
-  std::vector<float> dweight_local(size_t(local_rows()), 0.0f);
-  for (size_t i = 0; i < last.row_of_assign.size(); ++i) {
-    const int64_t m = canonical_of_assign_[i];
-    const float* d = rows.data() + int64_t(last.row_of_assign[i]) * C;
-    const float w = weights[i];
-    float dot = 0;
-    for (int64_t c = 0; c < C; ++c) {
-      dy_local[size_t(m * C + c)] += w * d[c];
-      dot += d[c] * y_local[m * C + c];
-    }
-    dweight_local[size_t(m)] = 0.0f + dot;
-  }
-  dexpert_weight = gather_back(dweight_local.data(), 1, false);
+  begin_combine_backward(dout, y_local, expert_weight);
+  finish_combine_backward(dy_local, dexpert_weight);
+}
+
+std::vector<float> ExpertDispatcher::dispatch_backward(const float* dxg_local) {
+  begin_dispatch_backward(dxg_local);
+  return finish_dispatch_backward();
 }
 
 }  // namespace rlf

@@ -38,10 +38,12 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "mpi_comm/links.h"
+#include "mpi_comm/split_phase.h"
 #include "mpi_comm/topology.h"
 
 namespace rlf {
@@ -58,7 +60,7 @@ void validate_expert_parallel(int experts, int ep_size, int world_size);
 struct DispatchTraffic {
   LinkCounters payload;
   LinkCounters metadata;
-  double emulated_seconds = 0;  // sleeps of link emulation on this rank
+  double emulated_seconds = 0;  // emulated link time of the messages this rank received
 };
 
 class ExpertDispatcher {
@@ -98,6 +100,30 @@ class ExpertDispatcher {
   // Collective. The transpose of dispatch: dx[N, C], dx[n] = sum over k in slot order.
   std::vector<float> dispatch_backward(const float* dxg_local);
 
+  // Split-phase versions of the four calls, for overlapping them with computation: begin_* posts
+  // the first messages and returns; progress() tests the outstanding requests and posts the
+  // operation's next messages as earlier ones complete (call it between pieces of work: Open MPI
+  // does not progress nonblocking transfers on its own); finish_* waits without spinning and
+  // returns what the blocking call returns. Each blocking call is its begin_* then its finish_*,
+  // so both move the same bytes and give the same bits. Link emulation is a completion deadline
+  // (Links::schedule_arrival), so emulated link time passes while the caller computes. One
+  // operation in flight per dispatcher (a chunked pipeline uses one dispatcher per chunk); all
+  // ranks of the group begin and finish their operations in the same order. begin_* copies its
+  // inputs, except combine_backward's y_local, which must stay valid until its finish.
+  void begin_dispatch(const float* x, const int* expert_idx, int N, int K, int C);
+  std::vector<float> finish_dispatch();
+  void begin_combine(const float* y_local, const float* expert_weight);
+  std::vector<float> finish_combine();
+  void begin_combine_backward(const float* dout, const float* y_local, const float* expert_weight);
+  void finish_combine_backward(std::vector<float>& dy_local, std::vector<float>& dexpert_weight);
+  void begin_dispatch_backward(const float* dxg_local);
+  std::vector<float> finish_dispatch_backward();
+  // True when no operation is in flight or it has completed (finish_* then returns at once).
+  bool progress() { return chain_.progress(); }
+  // The operation in flight, for waiting on several dispatchers at once
+  // (progress_until_finished).
+  SplitPhaseChain& chain() { return chain_; }
+
   const DispatchTraffic& traffic() const { return traffic_; }
   void reset_traffic() { traffic_ = DispatchTraffic{}; }
 
@@ -116,18 +142,35 @@ class ExpertDispatcher {
   };
 
  private:
-  void exchange(const Stage& stage, int tag, const std::vector<std::vector<uint8_t>>& send,
-                std::vector<std::vector<uint8_t>>& recv, bool payload);
-  void build_stage(Stage& stage, int tag, const std::vector<std::vector<int>>& send_meta);
+  enum class Operation { None, Dispatch, Combine, CombineBackward, DispatchBackward };
+  struct Transfer;
+  using Steps = std::vector<SplitPhaseChain::Step>;
+
+  void check_idle() const;
+  void begin(Operation operation, Steps steps);
+  void finish(Operation operation);
+  // Posts one exchange of the stage: receives (with their emulation deadlines), then sends.
+  void post(const Stage& stage, const Transfer& t, int tag, LinkCounters& kind);
+  void post_bytes(const Stage& stage, int tag, bool payload);  // f_.send -> f_.recv
+  // Building a stage's plan takes three steps: counts, metadata, then parsing it.
+  void plan_first_stage(const int* expert_idx);
+  void plan_second_stage();
+  void post_counts(int s);
+  void read_counts_post_meta(int s);
+  void read_meta(int s);
   // Rows (and optional per-assignment scalars) along the stage's forward route.
-  void forward_rows(const Stage& stage, int tag, const std::vector<float>& in, int width,
-                    const std::vector<float>* extras_by_handle, std::vector<float>& out,
-                    std::vector<float>* extras_out);
-  // Per-assignment rows of `width` floats backwards: by received assignment -> by send handle.
-  void reverse_rows(const Stage& stage, int tag, const std::vector<float>& by_assign, int width,
-                    bool payload, std::vector<float>& by_handle, int64_t handles);
-  // Rows by (n, k) of this rank's tokens from per-canonical-row values of width `width`.
-  std::vector<float> gather_back(const float* local_rows, int width, bool payload);
+  void post_forward_rows(int s, const std::vector<float>& in, int width,
+                         const std::vector<float>* extras_by_handle, std::vector<float>& out,
+                         std::vector<float>* extras_out);
+  // Per-assignment rows of `width` floats backwards (f_.by_assign -> f_.received), then into
+  // f_.by_assign by send handle of the stage.
+  void post_reverse_rows(int s, int width, bool payload);
+  void unpack_reverse_rows(int s, int width);
+  // Steps that bring per-canonical-row values (read from local_rows() when the first runs) back
+  // to their tokens' ranks, into f_.by_assign by (n, k); `then` runs in the last step.
+  void add_gather_back(Steps& steps, std::function<const float*()> local_rows, int width,
+                       bool payload, std::function<void()> then);
+  void order_canonically();
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   Links& links_;
@@ -144,6 +187,18 @@ class ExpertDispatcher {
   std::vector<Stage> stages_;
   std::vector<int> canonical_of_assign_;  // last stage's received assignment -> local row
   std::vector<int> local_offsets_;
+
+  // The operation in flight and its buffers (they must outlive its nonblocking messages).
+  Operation operation_ = Operation::None;
+  SplitPhaseChain chain_;
+  struct Flight {
+    std::vector<std::vector<uint8_t>> send, recv;  // count and metadata messages
+    std::vector<std::vector<int>> meta;            // metadata of the stage being planned
+    std::vector<std::vector<float>> packed, packed_extras;
+    std::vector<float> rows, next_rows, weights, next_weights, received, by_assign, by_handle;
+    std::vector<float> dy, dweight_local, result;
+    const float* y_local = nullptr;
+  } f_;
 };
 
 }  // namespace rlf

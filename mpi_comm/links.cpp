@@ -1,6 +1,7 @@
 // Link classification, exact counters and sleep-based emulation of inter-node links.
 #include "mpi_comm/links.h"
 
+#include <algorithm>
 #include <chrono>
 #include <climits>
 #include <cmath>
@@ -80,6 +81,15 @@ void Links::emulate(int peer_world_rank, uint64_t bytes) const {
   if (classify(my_world_rank_, peer_world_rank) == LinkClass::InterNode) {
     sleep_seconds(emulation_.delay_seconds(bytes));
   }
+}
+
+double Links::schedule_arrival(double posted, double seconds) {
+  port_free_at_ = std::max(posted, port_free_at_) + seconds;
+  return port_free_at_;
+}
+
+double steady_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 int Links::world_rank_of(int rank, MPI_Comm comm) const {

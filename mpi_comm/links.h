@@ -2,7 +2,8 @@
 // world ranks is classified as intra-node or inter-node (real nodes, or virtual nodes of
 // --ranks-per-node), counted exactly at the call site, and — when emulation is on — delayed by
 // latency + bytes / bandwidth for inter-node links, by sleeping (never spinning), so that
-// hierarchical algorithms show their time effect on one machine.
+// hierarchical algorithms show their time effect on one machine. Split-phase transfers use the
+// delay as a completion deadline instead (schedule_arrival), so it can pass during computation.
 #pragma once
 
 #include <mpi.h>
@@ -54,6 +55,11 @@ class Links {
   void count_send(int dest_world_rank, uint64_t bytes);
   // Sleeps for the emulated duration of a message between this rank and `peer_world_rank`.
   void emulate(int peer_world_rank, uint64_t bytes) const;
+  // Emulation as a completion deadline, for split-phase transfers: a message of `seconds` link
+  // time that this rank posts the receive for at `posted` (steady_seconds()) arrives at
+  // max(posted, port free) + seconds. A rank's incoming messages share one port, one after
+  // another, however many transfers overlap, so overlapping never adds link bandwidth.
+  double schedule_arrival(double posted, double seconds);
 
   // Point-to-point on `comm` with counting and emulation; the wait polls with back-off sleeps
   // (Open MPI busy-polls inside blocking calls, which would steal the peer's core).
@@ -76,7 +82,11 @@ class Links {
   LinkEmulation emulation_;
   LinkCounters counters_;
   int my_world_rank_ = 0;
+  double port_free_at_ = 0;  // steady_seconds() when the emulated incoming port is idle again
 };
+
+// Seconds on the steady clock: the time base of emulation deadlines.
+double steady_seconds();
 
 // Waits for `request` without spinning a core: MPI_Test, then sleeps that grow from 1 us to
 // 1 ms.

@@ -25,6 +25,7 @@ const char* kUsage =
     "  bench queue     DistQueue: packed vs padded samples, flat vs hierarchical gets\n"
     "  bench a2a       expert-parallel dispatch/combine, flat vs hierarchical (time, bytes)\n"
     "  bench modes     the same RL run disaggregated and fused (RL Fusion): tokens/s, ratio\n"
+    "  bench overlap   expert-parallel communication overlapped with the expert FFN (hidden %)\n"
     "  report RUN_DIR  throughput, per-rank time breakdown and bytes from a run's trace.h5\n"
     "  --version       what this binary was built with\n"
     "\n"
@@ -57,8 +58,11 @@ int dispatch(const std::vector<std::string>& words) {
     if (!rest.empty() && rest[0] == "modes") {
       return rlf::run_bench_modes_command({rest.begin() + 1, rest.end()});
     }
+    if (!rest.empty() && rest[0] == "overlap") {
+      return rlf::run_bench_overlap_command({rest.begin() + 1, rest.end()});
+    }
     throw rlf::ConfigError("bench: unknown benchmark '" + (rest.empty() ? "" : rest[0]) +
-                           "' (available: kernels, queue, a2a, modes)");
+                           "' (available: kernels, queue, a2a, modes, overlap)");
   }
   throw rlf::ConfigError("unknown command '" + words[0] + "' (see rlfusion --help)");
 }

@@ -1,0 +1,79 @@
+// Split-phase chains of nonblocking exchanges: progress by MPI_Testall, deadlines, sleeping waits.
+#include "mpi_comm/split_phase.h"
+
+#include <algorithm>
+#include <chrono>
+#include <limits>
+#include <stdexcept>
+#include <thread>
+
+#include "mpi_comm/links.h"
+
+namespace rlf {
+
+void SplitPhaseChain::start(std::vector<Step> steps) {
+  if (!finished()) throw std::logic_error("SplitPhaseChain: a chain is still in flight");
+  steps_ = std::move(steps);
+  next_ = 0;
+  requests_.clear();
+  deadline_ = 0;
+  progress();
+}
+
+void SplitPhaseChain::complete_no_earlier_than(double deadline) {
+  deadline_ = std::max(deadline_, deadline);
+}
+
+bool SplitPhaseChain::progress() {
+  while (!finished()) {
+    if (!requests_.empty()) {
+      int done = 0;
+      MPI_Testall(int(requests_.size()), requests_.data(), &done, MPI_STATUSES_IGNORE);
+      if (!done) return false;
+      requests_.clear();
+    }
+    if (steady_seconds() < deadline_) return false;
+    if (next_ == steps_.size()) {
+      steps_.clear();  // releases what the steps captured
+      break;
+    }
+    deadline_ = 0;
+    // The step may throw; the chain then stays in flight and the dispatcher is unusable, as
+    // after any failed collective.
+    ++steps_run_;
+    steps_[next_++]();
+  }
+  return true;
+}
+
+double SplitPhaseChain::ready_in(double unknown) const {
+  if (finished()) return 0;
+  if (!requests_.empty()) return unknown;
+  return std::max(0.0, deadline_ - steady_seconds());
+}
+
+void progress_until_finished(SplitPhaseChain& target, const std::vector<SplitPhaseChain*>& chains) {
+  constexpr double kShortest = 1e-6, kLongest = 1e-3;
+  double backoff = kShortest;
+  for (;;) {
+    // The target first: a step it posts now is ahead of the others' for the emulated link.
+    if (target.progress()) return;
+    size_t steps_before = target.steps_run();
+    for (SplitPhaseChain* chain : chains) {
+      steps_before += chain->steps_run();
+      chain->progress();
+    }
+    double sleep = std::numeric_limits<double>::infinity();
+    for (const SplitPhaseChain* chain : chains) {
+      if (!chain->finished()) sleep = std::min(sleep, chain->ready_in(backoff));
+    }
+    sleep = std::min(sleep, target.ready_in(backoff));
+    std::this_thread::sleep_for(std::chrono::duration<double>(sleep));
+    size_t steps_after = target.steps_run();
+    for (const SplitPhaseChain* chain : chains) steps_after += chain->steps_run();
+    // Something moved: the next messages may come soon too.
+    backoff = steps_after != steps_before ? kShortest : std::min(2 * backoff, kLongest);
+  }
+}
+
+}  // namespace rlf

@@ -1,0 +1,52 @@
+// Split-phase (nonblocking) exchanges driven by explicit progress calls. Open MPI moves a
+// nonblocking transfer only inside MPI calls, so a computation that wants its messages to move
+// while it works calls progress() between pieces of work. Link emulation is a completion deadline
+// (Links::schedule_arrival): a waiter sleeps out only what is left of it, so emulated link time
+// can be hidden behind computation.
+#pragma once
+
+#include <mpi.h>
+
+#include <functional>
+#include <vector>
+
+namespace rlf {
+
+// A chain of steps. Each step does some CPU work and posts nonblocking messages (add_request,
+// complete_no_earlier_than); the next step runs once every request of the previous one has
+// completed and its deadline has passed. The last step posts nothing and finishes the chain.
+class SplitPhaseChain {
+ public:
+  using Step = std::function<void()>;
+
+  // Runs steps[0] now. Throws std::logic_error when a chain is still in flight.
+  void start(std::vector<Step> steps);
+  // Tests the outstanding requests (MPI_Testall drives Open MPI's progress engine) and runs the
+  // following steps as they become ready. True when the chain has finished (or none started).
+  bool progress();
+  bool finished() const { return steps_.empty(); }
+  // Steps run since construction (waiters see whether anything moved).
+  size_t steps_run() const { return steps_run_; }
+  // After progress(): seconds a waiter may sleep before this chain can advance. 0 when finished;
+  // `unknown` while MPI requests are outstanding (their completion cannot be predicted); else
+  // what is left of the deadline.
+  double ready_in(double unknown) const;
+
+  // For steps: a request they posted, and the earliest time (steady_seconds()) the step may
+  // complete.
+  void add_request(MPI_Request request) { requests_.push_back(request); }
+  void complete_no_earlier_than(double deadline);
+
+ private:
+  std::vector<Step> steps_;
+  size_t next_ = 0, steps_run_ = 0;
+  std::vector<MPI_Request> requests_;
+  double deadline_ = 0;
+};
+
+// Drives every chain of `chains` until `target` has finished, sleeping between rounds, never
+// spinning: back-off sleeps from 1 us to 1 ms while MPI requests are outstanding, and at most
+// until the nearest deadline; when only deadlines are left, one sleep to the nearest.
+void progress_until_finished(SplitPhaseChain& target, const std::vector<SplitPhaseChain*>& chains);
+
+}  // namespace rlf

@@ -1,0 +1,184 @@
+// The chunked forward/backward pipeline of OverlappedExperts: who is in flight while what
+// computes, and the per-expert pieces of compute that drive MPI progress.
+#include "src/model/overlapped_experts.h"
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/error.h"
+
+namespace rlf {
+
+OverlappedExperts::OverlappedExperts(const HierarchicalComm& ep, Links& links, int experts,
+                                     DispatchMode mode, int chunks, int d_model, int d_ff,
+                                     const Ops<float>& ops, Arena& scratch,
+                                     double intra_node_bandwidth)
+    : ops_(ops), scratch_(scratch), C_(d_model), F_(d_ff) {
+  if (chunks < 1) {
+    throw ConfigError("--chunks must be >= 1 (1: no overlap), got " + std::to_string(chunks));
+  }
+  chunks_.resize(size_t(chunks));
+  for (Chunk& chunk : chunks_) {
+    chunk.dispatcher =
+        std::make_unique<ExpertDispatcher>(ep, links, experts, mode, intra_node_bandwidth);
+    chains_.push_back(&chunk.dispatcher->chain());
+  }
+}
+
+// Chunk weights 1, 2, ..., 2, 1 (three chunks or more): the first chunk's dispatch and the last
+// chunk's combine have no computation to hide behind (the pipeline's fill and drain), so those
+// chunks are half the size of the others.
+int OverlappedExperts::first_token_of_chunk(int N, int chunk) const {
+  const int n = chunks();
+  if (n < 3) return int(int64_t(N) * chunk / n);
+  const int64_t weight_before = chunk == 0 ? 0 : std::min(2 * chunk - 1, 2 * n - 2);
+  return int(int64_t(N) * weight_before / (2 * n - 2));
+}
+
+void OverlappedExperts::drive() {
+  const double start = steady_seconds();
+  for (Chunk& chunk : chunks_) chunk.dispatcher->progress();
+  time_.progressing += steady_seconds() - start;
+}
+
+void OverlappedExperts::wait(Chunk& chunk) {
+  const double start = steady_seconds();
+  progress_until_finished(chunk.dispatcher->chain(), chains_);
+  time_.waiting += steady_seconds() - start;
+}
+
+void OverlappedExperts::for_each_piece(const Chunk& chunk,
+                                       const std::function<void(int, int64_t, int)>& body) {
+  const int E_local = chunk.dispatcher->local_experts();
+  for (int e = 0; e < E_local; ++e) {
+    for (int64_t r0 = chunk.offsets[size_t(e)]; r0 < chunk.offsets[size_t(e) + 1];
+         r0 += kRowsPerPiece) {
+      body(e, r0, int(std::min<int64_t>(kRowsPerPiece, chunk.offsets[size_t(e) + 1] - r0)));
+      drive();
+    }
+  }
+}
+
+void OverlappedExperts::compute_forward(const LocalExperts& w, Chunk& chunk) {
+  const int64_t C = C_, F = F_, R = chunk.offsets.back();
+  chunk.a.assign(size_t(R * F), 0.0f);
+  chunk.b.assign(size_t(R * F), 0.0f);
+  chunk.y.assign(size_t(R * C), 0.0f);
+  for_each_piece(chunk, [&](int e, int64_t r0, int rows) {
+    const int piece[2] = {0, rows};
+    ops_.expert_ffn_forward(chunk.y.data() + r0 * C, chunk.a.data() + r0 * F,
+                            chunk.b.data() + r0 * F, chunk.xg.data() + r0 * C, w.w1 + e * F * C,
+                            w.w3 + e * F * C, w.w2 + e * C * F, piece, 1, C_, F_, scratch_);
+  });
+}
+
+void OverlappedExperts::compute_backward(const LocalExperts& w, const LocalExpertGradients& g,
+                                         Chunk& chunk) {
+  const int64_t C = C_, F = F_, R = chunk.offsets.back();
+  chunk.dxg.assign(size_t(R * C), 0.0f);
+  for_each_piece(chunk, [&](int e, int64_t r0, int rows) {
+    const int piece[2] = {0, rows};
+    ops_.expert_ffn_backward(chunk.dxg.data() + r0 * C, g.w1 + e * F * C, g.w3 + e * F * C,
+                             g.w2 + e * C * F, chunk.dy.data() + r0 * C, chunk.xg.data() + r0 * C,
+                             chunk.a.data() + r0 * F, chunk.b.data() + r0 * F, w.w1 + e * F * C,
+                             w.w3 + e * F * C, w.w2 + e * C * F, piece, 1, C_, F_, scratch_);
+  });
+}
+
+void OverlappedExperts::forward(const LocalExperts& w, const float* x, const int* expert_idx,
+                                const float* expert_weight, int N, int K, float* out) {
+  time_ = {};
+  N_ = N;
+  K_ = K;
+  expert_weight_ = expert_weight;
+  const int n = chunks(), C = C_;
+  for (int i = 0; i < n; ++i) {
+    Chunk& chunk = chunks_[size_t(i)];
+    chunk.first_token = first_token_of_chunk(N, i);
+    chunk.tokens = first_token_of_chunk(N, i + 1) - chunk.first_token;
+  }
+  auto begin_dispatch = [&](Chunk& chunk) {
+    chunk.dispatcher->begin_dispatch(x + int64_t(chunk.first_token) * C,
+                                     expert_idx + int64_t(chunk.first_token) * K, chunk.tokens, K,
+                                     C);
+  };
+  begin_dispatch(chunks_[0]);
+  for (int i = 0; i < n; ++i) {
+    Chunk& chunk = chunks_[size_t(i)];
+    wait(chunk);
+    // Begun only now, so that its rows do not compete with chunk i's for the incoming link.
+    if (i + 1 < n) begin_dispatch(chunks_[size_t(i) + 1]);
+    chunk.xg = chunk.dispatcher->finish_dispatch();
+    chunk.offsets = chunk.dispatcher->local_expert_offsets();
+    compute_forward(w, chunk);
+    chunk.dispatcher->begin_combine(chunk.y.data(), expert_weight + int64_t(chunk.first_token) * K);
+  }
+  for (Chunk& chunk : chunks_) {
+    wait(chunk);
+    const std::vector<float> combined = chunk.dispatcher->finish_combine();
+    if (!combined.empty()) {
+      std::memcpy(out + int64_t(chunk.first_token) * C, combined.data(),
+                  combined.size() * sizeof(float));
+    }
+  }
+}
+
+void OverlappedExperts::backward(const LocalExperts& w, const LocalExpertGradients& g,
+                                 const float* dout, float* dx, float* dexpert_weight) {
+  const int n = chunks(), C = C_, K = K_;
+  auto begin_combine_backward = [&](Chunk& chunk) {
+    chunk.dispatcher->begin_combine_backward(dout + int64_t(chunk.first_token) * C, chunk.y.data(),
+                                             expert_weight_ + int64_t(chunk.first_token) * K);
+  };
+  begin_combine_backward(chunks_[0]);
+  std::vector<float> dweight;
+  for (int i = 0; i < n; ++i) {
+    Chunk& chunk = chunks_[size_t(i)];
+    wait(chunk);
+    if (i + 1 < n) begin_combine_backward(chunks_[size_t(i) + 1]);
+    chunk.dispatcher->finish_combine_backward(chunk.dy, dweight);
+    if (!dweight.empty()) {
+      std::memcpy(dexpert_weight + int64_t(chunk.first_token) * K, dweight.data(),
+                  dweight.size() * sizeof(float));
+    }
+    compute_backward(w, g, chunk);
+    chunk.dispatcher->begin_dispatch_backward(chunk.dxg.data());
+  }
+  for (Chunk& chunk : chunks_) {
+    wait(chunk);
+    const std::vector<float> dx_tokens = chunk.dispatcher->finish_dispatch_backward();
+    float* dst = dx + int64_t(chunk.first_token) * C;
+    for (size_t i = 0; i < dx_tokens.size(); ++i) dst[i] += dx_tokens[i];
+  }
+}
+
+void OverlappedExperts::communicate_only(const float* x, const int* expert_idx,
+                                         const float* expert_weight, int N, int K,
+                                         const float* dout) {
+  const int n = chunks(), C = C_;
+  std::vector<float> dy, dweight;
+  for (int i = 0; i < n; ++i) {
+    const int64_t first = first_token_of_chunk(N, i);
+    const int64_t tokens = first_token_of_chunk(N, i + 1) - first;
+    ExpertDispatcher& d = *chunks_[size_t(i)].dispatcher;
+    const std::vector<float> rows =
+        d.dispatch(x + first * C, expert_idx + first * K, int(tokens), K, C);
+    d.combine(rows.data(), expert_weight + first * K);
+    d.combine_backward(dout + first * C, rows.data(), expert_weight + first * K, dy, dweight);
+    d.dispatch_backward(rows.data());
+  }
+}
+
+void OverlappedExperts::compute_only(const LocalExperts& w, const LocalExpertGradients& g) {
+  for (Chunk& chunk : chunks_) {
+    if (chunk.dy.size() != chunk.xg.size()) {
+      throw std::logic_error("OverlappedExperts::compute_only needs a forward and backward first");
+    }
+    compute_forward(w, chunk);
+    compute_backward(w, g, chunk);
+  }
+}
+
+}  // namespace rlf

@@ -1,0 +1,82 @@
+// End-to-end: `rlfusion bench overlap --json` under mpiexec (2 ranks flat, 4 ranks hierarchical
+// on 2 virtual nodes), checked on the JSON twin: both emulation rows, the overlapped results equal
+// to the plain ones (#wrong 0), every time and the hidden fraction present. Times of an
+// oversubscribed run are not asserted. Bad options stop every rank with exit code 2.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+#include "kernels/error.h"
+#include "tests/app/run_rlfusion.h"
+
+namespace rlf {
+namespace {
+
+const std::string kSmall =
+    "bench overlap --tokens 48 --hidden 32 --ffn 24 --experts 8 --top-k 2 --repeats 3 "
+    "--inter-node-bandwidth 1e8 --json ";
+
+std::string json_line(const std::string& output) {
+  const auto begin = output.find("{\"bench\":\"overlap\"");
+  if (begin == std::string::npos) return "";
+  return output.substr(begin, output.find('\n', begin) - begin);
+}
+
+// The number after "key": at or after `from`, NaN when absent.
+double number(const std::string& json, const std::string& key, size_t from = 0) {
+  const auto at = json.find("\"" + key + "\":", from);
+  if (at == std::string::npos) return std::nan("");
+  return std::stod(json.substr(at + key.size() + 3));
+}
+
+void expect_both_rows(const std::string& json) {
+  for (const char* emulation : {"\"emulation\":\"on\"", "\"emulation\":\"off\""}) {
+    const auto at = json.find(emulation);
+    ASSERT_NE(at, std::string::npos) << emulation << " in " << json;
+    EXPECT_EQ(number(json, "wrong", at), 0) << json;
+    for (const char* key : {"plain_seconds", "compute_seconds", "comm_seconds",
+                            "overlapped_seconds", "speedup", "waiting_seconds"}) {
+      EXPECT_GT(number(json, key, at), 0) << key << " of " << emulation;
+    }
+    EXPECT_TRUE(std::isfinite(number(json, "hidden_fraction", at))) << json;
+  }
+  // Only the 'on' row has emulated link time.
+  EXPECT_GT(number(json, "emulated_seconds", json.find("\"emulation\":\"on\"")), 0);
+  EXPECT_EQ(number(json, "emulated_seconds", json.find("\"emulation\":\"off\"")), 0);
+}
+
+TEST(BenchOverlap, TwoRanksFlatMoreChunksThanSomeRanksNeed) {
+  const test::CommandResult r = test::run_rlfusion(kSmall + "--chunks 5", 2);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("hidden"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("0 wrong OK"), std::string::npos) << r.output;
+  const std::string json = json_line(r.output);
+  EXPECT_EQ(number(json, "chunks"), 5);
+  expect_both_rows(json);
+}
+
+TEST(BenchOverlap, FourRanksHierarchicalOnTwoNodes) {
+  const test::CommandResult r =
+      test::run_rlfusion(kSmall + "--chunks 3 --mode hierarchical --ranks-per-node 2", 4);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string json = json_line(r.output);
+  EXPECT_EQ(number(json, "nodes"), 2);
+  expect_both_rows(json);
+}
+
+TEST(BenchOverlap, BadOptionsStopWithExitCodeTwo) {
+  for (const auto& [args, option] : {std::pair<std::string, std::string>{"--chunks 0", "--chunks"},
+                                     {"--mode ring", "--mode"},
+                                     {"--ranks-per-node 3", "--ranks-per-node"},
+                                     {"--experts 7", "--experts"},
+                                     {"--repeats 1", "--repeats"}}) {
+    const test::CommandResult r = test::run_rlfusion(kSmall + args, 2);
+    EXPECT_EQ(r.exit_code, kExitConfigError) << args << "\n" << r.output;
+    EXPECT_NE(r.output.find(option), std::string::npos) << args << "\n" << r.output;
+    EXPECT_EQ(r.output.find("{\"bench\""), std::string::npos) << args;
+  }
+}
+
+}  // namespace
+}  // namespace rlf
