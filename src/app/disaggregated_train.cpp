@@ -137,7 +137,9 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
     const HierarchicalComm& role_comm = topology.role_comm();
     Links& links = topology.links();
     Arena& device = policy.device->memory();
-    ep = attach_expert_parallel(model, role_comm, links, ep_degree, options.ep_dispatch);
+    // Only training has a backward to overlap with.
+    ep = attach_expert_parallel(model, role_comm, links, ep_degree, options.ep_dispatch,
+                                role == Role::Learner ? options.ep_overlap_chunks : 1);
     LearnerState learner;
     if (role == Role::Learner) learner = make_learner_state(policy, rl, ep.get());
     Transformer<float>* reference = learner.reference.get();
@@ -163,11 +165,12 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
     if (options.expert_parallel > 1 || options.actor_expert_parallel > 1) {
       dir.log(
           "# expert parallelism: learners EP %d x %zu replicas, actors EP %d x %zu replicas, %s "
-          "dispatch; this rank stores %lld of %lld parameters\n",
+          "dispatch, training's experts in %d overlap chunk(s); this rank stores %lld of %lld "
+          "parameters\n",
           options.expert_parallel, learners.size() / size_t(options.expert_parallel),
           options.actor_expert_parallel, actors.size() / size_t(options.actor_expert_parallel),
-          dispatch_mode_name(options.ep_dispatch), (long long)parameter_count,
-          (long long)ParameterLayout(policy.config).total());
+          dispatch_mode_name(options.ep_dispatch), options.ep_overlap_chunks,
+          (long long)parameter_count, (long long)ParameterLayout(policy.config).total());
     }
     RlProgress progress(dir, rl.steps, rl.log_every, device);
     sync_weights(0);

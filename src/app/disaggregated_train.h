@@ -24,6 +24,7 @@ struct DisaggregatedOptions {
   int expert_parallel = 1;         // --expert-parallel: EP degree of the learners
   int actor_expert_parallel = 0;   // --actor-expert-parallel (0: the learners' degree)
   DispatchMode ep_dispatch = DispatchMode::Hierarchical;  // --ep-dispatch
+  int ep_overlap_chunks = 1;  // --ep-overlap-chunks: training's routed experts in chunks
 };
 
 int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_options,

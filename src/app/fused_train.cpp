@@ -62,8 +62,8 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   const Task& task = *policy.task;
   const HierarchicalComm& all = topology.role_comm();
   Links& links = topology.links();
-  std::unique_ptr<RoleExpertParallel> ep =
-      attach_expert_parallel(model, all, links, options.expert_parallel, options.ep_dispatch);
+  std::unique_ptr<RoleExpertParallel> ep = attach_expert_parallel(
+      model, all, links, options.expert_parallel, options.ep_dispatch, options.ep_overlap_chunks);
   LearnerState learner = make_learner_state(policy, rl, ep.get());
   const DataParallelHooks parallel = learner_hooks(all, links, model, ep.get(), trace);
   const RlStepSettings settings = step_settings(rl);
@@ -77,11 +77,11 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
       rl.steps, rl.prompts, rl.group_size, ranks, my_prompts);
   if (ep) {
     dir.log(
-        "# expert parallelism: EP %d x %d replicas, %s dispatch; this rank stores %lld of "
-        "%lld parameters\n",
+        "# expert parallelism: EP %d x %d replicas, %s dispatch, training's experts in %d "
+        "overlap chunk(s); this rank stores %lld of %lld parameters\n",
         options.expert_parallel, ranks / options.expert_parallel,
-        dispatch_mode_name(options.ep_dispatch), (long long)model.parameter_count(),
-        (long long)ParameterLayout(policy.config).total());
+        dispatch_mode_name(options.ep_dispatch), options.ep_overlap_chunks,
+        (long long)model.parameter_count(), (long long)ParameterLayout(policy.config).total());
   }
   RlProgress progress(dir, rl.steps, rl.log_every, policy.device->memory());
   progress.start();

@@ -36,11 +36,11 @@ WarmStart warm_start_learner(Policy& policy, const RunOptions& run,
 std::unique_ptr<RoleExpertParallel> attach_expert_parallel(Transformer<float>& model,
                                                            const HierarchicalComm& role,
                                                            Links& links, int degree,
-                                                           DispatchMode mode) {
+                                                           DispatchMode mode, int overlap_chunks) {
   if (degree <= 1) return nullptr;
   auto ep =
       std::make_unique<RoleExpertParallel>(role, links, model.config().n_experts, degree, mode);
-  ep->attach(model);
+  ep->attach(model, overlap_chunks);
   return ep;
 }
 

@@ -26,11 +26,13 @@ WarmStart warm_start_learner(Policy& policy, const RunOptions& run,
                              RunDirectory& dir, TraceRecorder& trace);
 
 // EP groups of `degree` consecutive ranks of `role` with one dispatcher per layer attached to
-// `model`; null for degree 1. Collective over role.comm.
+// `model` (and, with overlap_chunks > 1, overlapped experts for training); null for degree 1.
+// Collective over role.comm.
 std::unique_ptr<RoleExpertParallel> attach_expert_parallel(Transformer<float>& model,
                                                            const HierarchicalComm& role,
                                                            Links& links, int degree,
-                                                           DispatchMode mode);
+                                                           DispatchMode mode,
+                                                           int overlap_chunks = 1);
 
 struct LearnerState {
   std::unique_ptr<Transformer<float>> reference;  // frozen start of RL (KL term), or null

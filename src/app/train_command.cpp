@@ -75,6 +75,10 @@ int run_train_command(const std::vector<std::string>& args) {
         po::value(&multi_rank.actor_expert_parallel)
             ->default_value(multi_rank.actor_expert_parallel),
         "expert-parallel degree of the actors (0: the same as --expert-parallel)");
+    add("ep-overlap-chunks",
+        po::value(&multi_rank.ep_overlap_chunks)->default_value(multi_rank.ep_overlap_chunks),
+        "with expert parallelism, training runs each layer's routed experts in this many chunks, "
+        "the next chunk's dispatch and the last one's combine in flight meanwhile (1: off)");
     add("ep-dispatch", po::value(&ep_dispatch)->default_value(ep_dispatch),
         "expert-parallel token dispatch: hierarchical (once per node, then inside the node) | "
         "flat-dedup | flat");
@@ -90,6 +94,10 @@ int run_train_command(const std::vector<std::string>& args) {
   }
   if (mode != "disaggregated" && mode != "fused") {
     throw ConfigError("--mode must be 'disaggregated' or 'fused', got '" + mode + "'");
+  }
+  if (multi_rank.ep_overlap_chunks < 1) {
+    throw ConfigError("--ep-overlap-chunks must be >= 1, got " +
+                      std::to_string(multi_rank.ep_overlap_chunks));
   }
   if (multi_rank.shard_capacity < 1) throw ConfigError("--queue-capacity must be >= 1");
   layout.links.validate();

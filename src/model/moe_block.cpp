@@ -8,6 +8,7 @@
 #include "kernels/arena.h"
 #include "kernels/moe.h"
 #include "mpi_comm/expert_dispatch.h"
+#include "src/model/overlapped_experts.h"
 
 namespace rlf {
 
@@ -60,7 +61,7 @@ MoeActivations<T> MoeBlock<T>::allocate(int N, bool expert_parallel) const {
 
 template <typename T>
 void MoeBlock<T>::forward(const MoeWeights<T>& w, const T* x, T* out, int N, MoeActivations<T>& a,
-                          ExpertDispatcher* ep) const {
+                          ExpertDispatcher* ep, OverlappedExperts* overlap) const {
   const int C = config_.d_model, E = config_.n_experts, K = config_.top_k, F = config_.d_ff;
   ops_.matmul_forward(a.router_logits, x, w.router, N, C, E, device_);
   ops_.router_forward(a.expert_idx, a.expert_weight, a.probs, a.router_logits, N, E, K,
@@ -68,7 +69,9 @@ void MoeBlock<T>::forward(const MoeWeights<T>& w, const T* x, T* out, int N, Moe
   // With EP this is the loss of this rank's tokens only: routing statistics are not additive
   // over ranks, so the EP model equals the single-rank one only when the coefficient is 0.
   a.aux = ops_.router_aux_loss_forward(a.probs, a.expert_idx, N, E, K, device_);
-  if (ep) {
+  if (overlap) {
+    routed_forward_overlapped(w, x, out, N, a, *overlap);
+  } else if (ep) {
     routed_forward_ep(w, x, out, N, a, *ep);
   } else {
     moe_build_routing(a.expert_offsets, a.row_of_assignment, a.token_of_row, a.expert_idx, N, E, K);
@@ -89,7 +92,7 @@ void MoeBlock<T>::forward(const MoeWeights<T>& w, const T* x, T* out, int N, Moe
 template <typename T>
 void MoeBlock<T>::backward(const MoeWeights<T>& w, const MoeWeights<T>& g, const T* x,
                            const MoeActivations<T>& a, const T* dout, T* dx, int N, T aux_weight,
-                           ExpertDispatcher* ep) const {
+                           ExpertDispatcher* ep, OverlappedExperts* overlap) const {
   const int C = config_.d_model, E = config_.n_experts, K = config_.top_k, F = config_.d_ff;
   const int64_t M = int64_t(N) * K;
   ArenaScope scope(device_);
@@ -99,7 +102,9 @@ void MoeBlock<T>::backward(const MoeWeights<T>& w, const MoeWeights<T>& g, const
                              C, config_.shared_expert_d_ff, device_);
   }
   T* dweight = device_.allocate_zeroed<T>(M, "backward work");
-  if (ep) {
+  if (overlap) {
+    routed_backward_overlapped(w, g, dout, dx, dweight, *overlap);
+  } else if (ep) {
     routed_backward_ep(w, g, a, dout, dx, dweight, *ep);
   } else {
     T* dy = device_.allocate_zeroed<T>(M * C, "backward work");
@@ -175,6 +180,41 @@ void MoeBlock<T>::routed_backward_ep(const MoeWeights<T>& w, const MoeWeights<T>
     // dx[n] += (sum over k in slot order of the rows of (n, k)), as moe_gather_backward does.
     const std::vector<float> dx_tokens = ep.dispatch_backward(dxg);
     for (size_t i = 0; i < dx_tokens.size(); ++i) dx[i] += dx_tokens[i];
+  }
+}
+
+template <typename T>
+void MoeBlock<T>::routed_forward_overlapped(const MoeWeights<T>& w, const T* x, T* out, int N,
+                                            const MoeActivations<T>& a,
+                                            OverlappedExperts& overlap) const {
+  if constexpr (!std::is_same_v<T, float>) {
+    (void)w, (void)x, (void)out, (void)N, (void)a, (void)overlap;
+    throw std::logic_error("MoeBlock: expert parallelism needs float parameters");
+  } else {
+    const int C = config_.d_model, F = config_.d_ff;
+    const ExpertDispatcher& d = overlap.dispatcher(0);
+    // This rank's first expert, counted from the first expert the weights hold.
+    const int64_t first = int64_t(d.ep_rank()) * d.local_experts() - w.first_expert;
+    const LocalExperts local{w.w1 + first * F * C, w.w3 + first * F * C, w.w2 + first * C * F};
+    overlap.forward(local, x, a.expert_idx, a.expert_weight, N, config_.top_k, out);
+  }
+}
+
+template <typename T>
+void MoeBlock<T>::routed_backward_overlapped(const MoeWeights<T>& w, const MoeWeights<T>& g,
+                                             const T* dout, T* dx, T* dweight,
+                                             OverlappedExperts& overlap) const {
+  if constexpr (!std::is_same_v<T, float>) {
+    (void)w, (void)g, (void)dout, (void)dx, (void)dweight, (void)overlap;
+    throw std::logic_error("MoeBlock: expert parallelism needs float parameters");
+  } else {
+    const int C = config_.d_model, F = config_.d_ff;
+    const ExpertDispatcher& d = overlap.dispatcher(0);
+    const int64_t first = int64_t(d.ep_rank()) * d.local_experts() - w.first_expert;
+    const int64_t up = first * F * C, down = first * C * F;
+    const LocalExperts local{w.w1 + up, w.w3 + up, w.w2 + down};
+    const LocalExpertGradients grads{g.w1 + up, g.w3 + up, g.w2 + down};
+    overlap.backward(local, grads, dout, dx, dweight);
   }
 }
 

@@ -14,6 +14,7 @@ namespace rlf {
 
 class Arena;
 class ExpertDispatcher;
+class OverlappedExperts;
 
 template <typename T>
 struct MoeWeights {
@@ -57,14 +58,16 @@ class MoeBlock {
   // its EP group; float only) the routed experts are the dispatcher's: w.w1/w3/w2 still point at
   // all E experts and only the slices of ep->ep_rank()'s local experts are read. `ep` keeps the
   // routing plan that backward needs, so every layer needs its own dispatcher.
+  // With `overlap` (same EP group and experts as `ep`) the routed experts run chunked with their
+  // transfers overlapped (src/model/overlapped_experts.h); backward must then get it too.
   void forward(const MoeWeights<T>& w, const T* x, T* out, int N, MoeActivations<T>& a,
-               ExpertDispatcher* ep = nullptr) const;
+               ExpertDispatcher* ep = nullptr, OverlappedExperts* overlap = nullptr) const;
   // Adds into dx[N, C] and the gradients `g` (same layout as the weights) given dout[N, C];
   // aux_weight scales the load-balancing loss's gradient. With `ep` (the one forward used, with
   // no dispatch since) only the local experts' gradient slices are written.
   void backward(const MoeWeights<T>& w, const MoeWeights<T>& g, const T* x,
                 const MoeActivations<T>& a, const T* dout, T* dx, int N, T aux_weight,
-                ExpertDispatcher* ep = nullptr) const;
+                ExpertDispatcher* ep = nullptr, OverlappedExperts* overlap = nullptr) const;
 
  private:
   // The routed experts of forward/backward through the dispatcher (T = float only).
@@ -73,6 +76,11 @@ class MoeBlock {
   void routed_backward_ep(const MoeWeights<T>& w, const MoeWeights<T>& g,
                           const MoeActivations<T>& a, const T* dout, T* dx, T* dweight,
                           ExpertDispatcher& ep) const;
+  // The same through OverlappedExperts (T = float only).
+  void routed_forward_overlapped(const MoeWeights<T>& w, const T* x, T* out, int N,
+                                 const MoeActivations<T>& a, OverlappedExperts& overlap) const;
+  void routed_backward_overlapped(const MoeWeights<T>& w, const MoeWeights<T>& g, const T* dout,
+                                  T* dx, T* dweight, OverlappedExperts& overlap) const;
 
   const ModelConfig& config_;
   const Ops<T>& ops_;

@@ -61,7 +61,17 @@ void Transformer<T>::set_expert_parallel(std::vector<ExpertDispatcher*> per_laye
           "Transformer: the dispatcher's local experts are not the experts this model stores");
     }
   }
+  if (per_layer.empty()) overlap_.clear();
   expert_parallel_ = std::move(per_layer);
+}
+
+template <typename T>
+void Transformer<T>::set_expert_overlap(std::vector<OverlappedExperts*> per_layer) {
+  if (!per_layer.empty() && (int(per_layer.size()) != config_.n_layers || !expert_parallel())) {
+    throw std::invalid_argument(
+        "Transformer: overlap needs expert parallelism and one OverlappedExperts per layer");
+  }
+  overlap_ = std::move(per_layer);
 }
 
 template <typename T>
@@ -152,7 +162,10 @@ void Transformer<T>::layer_forward(int l, Layer& a, const T* x_in, T* x_out, int
   for (int64_t i = 0; i < NC; ++i) a.x_mid[i] += x_in[i];
   ops_.rmsnorm_forward(a.xn2, a.rstd2, a.x_mid, params_ + o.ffn_norm, N, C, T(config_.norm_eps),
                        device_);
-  moe_.forward(moe_weights(layout_, params_, l), a.xn2, a.moe_out, N, a.moe, dispatcher(l));
+  // Only a training forward (no cache) has a backward that pairs with the overlapped path.
+  const bool training = mode.kind == AttentionMode::Packed && mode.cache == nullptr;
+  moe_.forward(moe_weights(layout_, params_, l), a.xn2, a.moe_out, N, a.moe, dispatcher(l),
+               training ? overlap(l) : nullptr);
   for (int64_t i = 0; i < NC; ++i) x_out[i] = a.x_mid[i] + a.moe_out[i];
 }
 
@@ -274,7 +287,7 @@ void Transformer<T>::layer_backward(int l, const Layer& a, T* dx, int N, const i
   std::memcpy(dx_mid, dx, size_t(NC) * sizeof(T));
   T* dxn2 = device_.allocate_zeroed<T>(NC, "backward work");
   moe_.backward(moe_weights(layout_, params_, l), moe_weights(layout_, grads_, l), a.xn2, a.moe, dx,
-                dxn2, N, aux_weight, dispatcher(l));
+                dxn2, N, aux_weight, dispatcher(l), overlap(l));
   ops_.rmsnorm_backward(dx_mid, grads_ + o.ffn_norm, dxn2, a.x_mid, params_ + o.ffn_norm, a.rstd2,
                         N, C, device_);
   // x_mid = x_in + att @ wo^T.

@@ -23,6 +23,7 @@ namespace rlf {
 
 class Arena;
 class ExpertDispatcher;
+class OverlappedExperts;
 
 template <typename T>
 class Transformer {
@@ -51,6 +52,10 @@ class Transformer {
   // may bring zero tokens); float only. Not owned.
   void set_expert_parallel(std::vector<ExpertDispatcher*> per_layer);
   bool expert_parallel() const { return !expert_parallel_.empty(); }
+  // Training forward and backward then run layer l's routed experts through `per_layer[l]`
+  // (chunked, transfers overlapped with the expert FFN; same EP group and experts as the
+  // dispatchers); prefill and decode keep the dispatchers. Empty: off. Not owned.
+  void set_expert_overlap(std::vector<OverlappedExperts*> per_layer);
   // With expert parallelism: whether `local` holds on any rank of the EP group (collective);
   // without: `local`. Generation asks it so a rank whose sequences are all done keeps stepping
   // with zero rows until every rank of the group is done.
@@ -94,6 +99,9 @@ class Transformer {
   ExpertDispatcher* dispatcher(int l) const {
     return expert_parallel_.empty() ? nullptr : expert_parallel_[size_t(l)];
   }
+  OverlappedExperts* overlap(int l) const {
+    return overlap_.empty() ? nullptr : overlap_[size_t(l)];
+  }
   // Final RMSNorm and LM head over N hidden rows.
   const T* head(const T* x, int N, bool keep_activations);
 
@@ -103,6 +111,7 @@ class Transformer {
   Arena& device_;
   MoeBlock<T> moe_;
   std::vector<ExpertDispatcher*> expert_parallel_;  // per layer; empty: no EP
+  std::vector<OverlappedExperts*> overlap_;         // per layer; empty: no overlap
   T* params_ = nullptr;
   T* grads_ = nullptr;
 

@@ -58,18 +58,29 @@ RoleExpertParallel::RoleExpertParallel(const HierarchicalComm& role, Links& link
 }
 
 RoleExpertParallel::~RoleExpertParallel() {
+  overlapped_.clear();
   dispatchers_.clear();
   free_hierarchical(expert_data_group_);
   free_hierarchical(ep_group_);
 }
 
-void RoleExpertParallel::attach(Transformer<float>& model) {
+void RoleExpertParallel::attach(Transformer<float>& model, int overlap_chunks) {
+  const ModelConfig& config = model.config();
   std::vector<ExpertDispatcher*> per_layer;
-  for (int l = 0; l < model.config().n_layers; ++l) {
+  for (int l = 0; l < config.n_layers; ++l) {
     dispatchers_.push_back(std::make_unique<ExpertDispatcher>(ep_group_, links_, experts_, mode_));
     per_layer.push_back(dispatchers_.back().get());
   }
   model.set_expert_parallel(std::move(per_layer));
+  if (overlap_chunks <= 1) return;
+  std::vector<OverlappedExperts*> overlapped;
+  for (int l = 0; l < config.n_layers; ++l) {
+    overlapped_.push_back(std::make_unique<OverlappedExperts>(
+        ep_group_, links_, experts_, mode_, overlap_chunks, config.d_model, config.d_ff,
+        model.ops(), model.device()));
+    overlapped.push_back(overlapped_.back().get());
+  }
+  model.set_expert_overlap(std::move(overlapped));
 }
 
 OptimizerShard RoleExpertParallel::optimizer_shard(const ParameterLayout& layout) const {
@@ -115,8 +126,12 @@ uint64_t RoleExpertParallel::gather_full_model(const float* params, const Parame
 }
 
 DispatchTraffic RoleExpertParallel::traffic() const {
+  std::vector<const ExpertDispatcher*> all;
+  for (const auto& d : dispatchers_) all.push_back(d.get());
+  for (const auto& o : overlapped_)
+    for (int c = 0; c < o->chunks(); ++c) all.push_back(&o->dispatcher(c));
   DispatchTraffic sum;
-  for (const auto& d : dispatchers_) {
+  for (const ExpertDispatcher* d : all) {
     const DispatchTraffic& t = d->traffic();
     for (size_t c = 0; c < 2; ++c) {
       sum.payload.bytes[c] += t.payload.bytes[c];

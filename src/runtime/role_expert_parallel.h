@@ -19,6 +19,7 @@
 #include "mpi_comm/expert_dispatch.h"
 #include "mpi_comm/topology.h"
 #include "src/model/optimizer.h"
+#include "src/model/overlapped_experts.h"
 #include "src/model/transformer.h"
 
 namespace rlf {
@@ -50,7 +51,9 @@ class RoleExpertParallel {
 
   // Gives `model` one new dispatcher per layer over this rank's EP group (collective over it);
   // from then on the model's forward, backward and generation are collective over the group.
-  void attach(Transformer<float>& model);
+  // overlap_chunks > 1 also gives its training forward and backward one OverlappedExperts per
+  // layer: the routed experts in that many chunks, transfers overlapped with the expert FFN.
+  void attach(Transformer<float>& model, int overlap_chunks = 1);
   // The shard AdamW updates on this rank (replicated tensors, own experts).
   OptimizerShard optimizer_shard(const ParameterLayout& layout) const;
   // Sums the gradients of the replicated tensors over the role and those of this rank's experts
@@ -74,6 +77,7 @@ class RoleExpertParallel {
   DispatchMode mode_;
   HierarchicalComm ep_group_, expert_data_group_;
   std::vector<std::unique_ptr<ExpertDispatcher>> dispatchers_;
+  std::vector<std::unique_ptr<OverlappedExperts>> overlapped_;
 };
 
 }  // namespace rlf

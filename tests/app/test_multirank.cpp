@@ -113,6 +113,9 @@ TEST(FusedTrain, SameSeedSameWeightsBitForBit) {
 
 TEST(MultiRankTrain, ExpertParallelSameSeedSameWeightsBitForBit) {
   expect_reproducible("repeat-ep", 4, "--learners 2 --actors 2 --expert-parallel 2");
+  // Training's routed experts in 3 chunks, transfers overlapped with the expert FFN.
+  expect_reproducible("repeat-ep-overlap", 4,
+                      "--learners 2 --actors 2 --expert-parallel 2 --ep-overlap-chunks 3");
 }
 
 TEST(MultiRankTrain, LayoutsThatDoNotFitAreRejectedOnEveryRankBeforeOutput) {
@@ -254,6 +257,10 @@ TEST(MultiRankTrain, ExpertParallelDegreesThatDoNotFitAreRejectedOnEveryRank) {
       mpirun(4, kShortRun + "--learners 2 --actors 2 --actor-expert-parallel 4 --run-dir " + dir);
   EXPECT_EQ(actors.exit_code, 2) << actors.output;
   EXPECT_NE(actors.output.find("--actor-expert-parallel"), std::string::npos) << actors.output;
+  const Result chunks = mpirun(2, kShortRun + "--ep-overlap-chunks 0 --run-dir " + dir);
+  EXPECT_EQ(chunks.exit_code, 2) << chunks.output;
+  EXPECT_NE(chunks.output.find("--ep-overlap-chunks must be >= 1"), std::string::npos)
+      << chunks.output;
   const Result mode = mpirun(2, kShortRun + "--ep-dispatch ring --run-dir " + dir);
   EXPECT_EQ(mode.exit_code, 2) << mode.output;
   EXPECT_NE(mode.output.find("--ep-dispatch"), std::string::npos) << mode.output;

@@ -56,18 +56,22 @@ TEST(ExpertParallelLearners, EpGroupsGiveTheWeightsOfOneRankOnTheSameGlobalBatch
     int degree;
     DispatchMode mode;
     bool own_experts_only;
+    int overlap_chunks = 1;  // > 1: training's routed experts chunked and overlapped
   };
   std::vector<Case> cases;
   for (int degree : degrees_for(size)) {
     cases.push_back({degree, DispatchMode::Flat, true});
     cases.push_back({degree, DispatchMode::Hierarchical, true});
     cases.push_back({degree, DispatchMode::Hierarchical, false});
+    cases.push_back({degree, DispatchMode::Hierarchical, true, 3});
+    cases.push_back({degree, DispatchMode::Flat, false, 2});
   }
   for (const Case& c : cases) {
     {
       const int degree = c.degree;
       SCOPED_TRACE("EP " + std::to_string(degree) + ", " + dispatch_mode_name(c.mode) +
-                   (c.own_experts_only ? ", own experts stored" : ", whole layout stored"));
+                   (c.own_experts_only ? ", own experts stored" : ", whole layout stored") +
+                   ", overlap chunks " + std::to_string(c.overlap_chunks));
       validate_role_expert_parallel("--expert-parallel", degree, learners.world_ranks,
                                     config.n_experts, c.mode, links, "learner");
       RoleExpertParallel ep(learners, links, config.n_experts, degree, c.mode);
@@ -80,7 +84,7 @@ TEST(ExpertParallelLearners, EpGroupsGiveTheWeightsOfOneRankOnTheSameGlobalBatch
       sharded.initialize(5);
       AdamW<float> single_opt(single, AdamWHyper{}, max_norm);
       AdamW<float> sharded_opt(sharded, AdamWHyper{}, max_norm);
-      ep.attach(sharded);
+      ep.attach(sharded, c.overlap_chunks);
       const OptimizerShard shard = ep.optimizer_shard(sharded.layout());
       sharded_opt.set_shard(shard);
       DataParallelHooks hooks;
