@@ -55,12 +55,15 @@ test-asan: deps
 
 # Every benchmark at its default. bench a2a needs 4 virtual nodes: 8 ranks, oversubscribed on a
 # small machine (its emulated link time dominates the measurement; it prints the share). bench
-# overlap times compute against communication: one rank per core, never oversubscribed.
+# overlap and bench modes time compute: one rank per core, never oversubscribed (bench modes
+# needs 2 cores or more and is skipped below that).
 bench: build
 	$(RLFUSION) bench kernels
 	$(MPIEXEC) -n $(RANKS) --bind-to core $(RLFUSION) bench queue
 	$(MPIEXEC) -n 8 --oversubscribe $(RLFUSION) bench a2a --ranks-per-node 2
 	$(MPIEXEC) -n $(RANKS) --bind-to core $(RLFUSION) bench overlap
+	@if [ $(RANKS) -ge 2 ]; then $(MPIEXEC) -n 2 --bind-to core $(RLFUSION) bench modes; \
+	  else echo "bench modes skipped: needs 2 cores"; fi
 
 format:
 	@clang-format -i $$(git ls-files '*.cpp' '*.h')
