@@ -14,6 +14,7 @@
 #include "src/rl/rl_step.h"
 #include "src/rl/rollout.h"
 #include "src/runtime/expert_weight_sync.h"
+#include "src/runtime/layout_switch.h"
 
 namespace rlf {
 
@@ -30,15 +31,16 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
                       " must divide evenly among the " + std::to_string(ranks) +
                       " ranks (each generates and trains on its own block of prompts)");
   }
-  if (options.actor_expert_parallel != options.expert_parallel) {
-    throw ConfigError(
-        "--mode fused generates and trains in one layout: --actor-expert-parallel must be 0 or "
-        "equal --expert-parallel");
-  }
   const int experts = load_model_config(run.model).n_experts;
   validate_role_expert_parallel("--expert-parallel", options.expert_parallel,
                                 topology.ranks_of(Role::Learner), experts, options.ep_dispatch,
                                 topology.links(), "fused");
+  // In fused mode the actors' degree is the generation layout's.
+  const int generation_degree = options.actor_expert_parallel;
+  validate_role_expert_parallel("--actor-expert-parallel", generation_degree,
+                                topology.ranks_of(Role::Learner), experts, options.ep_dispatch,
+                                topology.links(), "fused");
+  const bool switch_layouts = generation_degree != options.expert_parallel;
   const int rank = topology.world_rank();
   const bool root = rank == 0;
   const ExpertShard own_experts = options.expert_parallel > 1
@@ -70,11 +72,29 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   const GenerationSettings sampling = sampling_settings(rl, task, run.seed);
   const AdvantageEstimator estimator = parse_advantage_estimator(rl.advantage);
   const int my_prompts = rl.prompts / ranks;
+  // A generation layout of its own: the switch fills a generation model of this rank's
+  // generation shard before each generation phase, and the phase's end drops it.
+  std::unique_ptr<ExpertLayoutSwitch> layout_switch;
+  std::unique_ptr<RoleExpertParallel> generation_ep;
+  if (switch_layouts) {
+    layout_switch = std::make_unique<ExpertLayoutSwitch>(
+        all, links, experts, options.expert_parallel, generation_degree);
+    if (generation_degree > 1) {
+      generation_ep = std::make_unique<RoleExpertParallel>(all, links, experts, generation_degree,
+                                                           options.ep_dispatch);
+    }
+  }
 
   dir.log(
       "# RL: %d steps x %d prompts x %d samples on %d fused ranks (each generates and trains "
       "%d prompts per step)\n",
       rl.steps, rl.prompts, rl.group_size, ranks, my_prompts);
+  if (switch_layouts) {
+    dir.log(
+        "# layout switch: training EP %d, generation EP %d (experts moved rank to rank before "
+        "each generation phase)\n",
+        options.expert_parallel, generation_degree);
+  }
   if (ep) {
     dir.log(
         "# expert parallelism: EP %d x %d replicas, %s dispatch, training's experts in %d "
@@ -90,13 +110,32 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
     const int version = step - 1;
     learner.optimizer->hyper().learning_rate =
         cosine_learning_rate(rl.learning_rate, step, rl.warmup_steps, rl.steps, 1.0f);
+    const int64_t first_prompt = int64_t(version) * rl.prompts + rank * my_prompts;
     std::vector<Rollout> rollouts;
-    {
+    auto generate = [&](Transformer<float>& policy) {
       TraceScope traced(trace, Phase::Generate);
       traced.set_version(version);
-      rollouts = generate_rollouts(model, task, int64_t(version) * rl.prompts + rank * my_prompts,
-                                   my_prompts, rl.group_size, sampling, version, estimator);
+      rollouts = generate_rollouts(policy, task, first_prompt, my_prompts, rl.group_size, sampling,
+                                   version, estimator);
       for (const Rollout& r : rollouts) traced.add_tokens(int64_t(r.response.size()));
+    };
+    if (!layout_switch) {
+      generate(model);
+    } else {
+      // The generation model lives in the device arena only for this phase (the scope is
+      // declared first, so the model is gone before the arena rewinds).
+      ArenaScope generation_memory(policy.device->memory());
+      Transformer<float> generation(
+          policy.config, policy.device->ops(), policy.device->memory(), /*with_gradients=*/false,
+          generation_degree > 1 ? layout_switch->generation_shard(rank) : ExpertShard{});
+      {
+        TraceScope traced(trace, Phase::WeightSync);
+        traced.set_version(version);
+        traced.set_bytes(int64_t(layout_switch->to_generation(
+            model.parameters(), model.layout(), generation.parameters(), generation.layout())));
+      }
+      if (generation_ep) generation_ep->attach_reusing(generation);
+      generate(generation);
     }
     if (learner.reference) {
       TraceScope traced(trace, Phase::Reference);

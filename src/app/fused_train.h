@@ -4,8 +4,9 @@
 // data-parallel on exactly the samples they generated. No device waits while another one
 // generates, and no weights move between roles: generation and training share one parameter
 // buffer, so there is no weight sync at all. With --expert-parallel D the routed experts are
-// sharded over EP groups of D consecutive ranks in both phases (one layout; switching between a
-// training and a generation layout is not built yet).
+// sharded over EP groups of D consecutive ranks; --actor-expert-parallel G != D gives generation
+// its own layout (EP groups of G ranks), switched to rank to rank before each generation phase
+// (src/runtime/layout_switch.h).
 #pragma once
 
 #include <string>

@@ -82,7 +82,7 @@ int finish_multi_rank_train(const MultiRankTrainEnd& end, const RunOptions& run,
                 "\"seed\":%llu,\"ranks\":%d,\"expert_parallel\":%d,\"actor_expert_parallel\":%d,"
                 "\"sft_steps\":%d,\"rl_steps\":%d,"
                 "\"heldout_accuracy_before_rl\":%.4f,\"heldout_accuracy_after_rl\":%.4f,"
-                "\"rl_tokens_per_s\":%.1f,\"rl_seconds\":%.3f,\"weight_sync_seconds\":%.3f,"
+                "\"rl_tokens_per_s\":%.1f,\"rl_seconds\":%.3f,\"weight_sync_seconds\":%.6f,"
                 "\"total_seconds\":%.3f}",
                 end.mode, policy.task->name().c_str(), policy.config.name.c_str(),
                 (unsigned long long)run.seed, topology.world_size(), options.expert_parallel,

@@ -33,6 +33,16 @@ bool is_expert_tensor(const ParameterTensor& tensor) {
   return tensor.name.find(".experts.") != std::string::npos;
 }
 
+ExpertShard expert_shard_of(int rank, int degree, int experts) {
+  const int local = experts / degree;
+  return {(rank % degree) * local, local};
+}
+
+ExpertShard shard_overlap(ExpertShard a, ExpertShard b) {
+  const int first = std::max(a.first, b.first);
+  return {first, std::min(a.first + a.count, b.first + b.count) - first};
+}
+
 std::vector<ParameterRange> expert_slices(const ParameterLayout& layout, int first, int count) {
   if (first < layout.first_expert() ||
       first + count > layout.first_expert() + layout.stored_experts()) {

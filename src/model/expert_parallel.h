@@ -20,6 +20,12 @@ namespace rlf {
 // True for the routed experts' tensors (w1, w3, w2 of every layer), which EP shards.
 bool is_expert_tensor(const ParameterTensor& tensor);
 
+// The experts rank `rank` of a group owns at EP degree `degree` (groups of consecutive ranks):
+// [(rank % degree) E / degree, (rank % degree + 1) E / degree).
+ExpertShard expert_shard_of(int rank, int degree, int experts);
+// The experts both shards hold (count <= 0: none).
+ExpertShard shard_overlap(ExpertShard a, ExpertShard b);
+
 // The slices of experts [first, first + count) (global expert ids, within the experts the
 // layout stores) in every routed-expert tensor, one range per tensor.
 std::vector<ParameterRange> expert_slices(const ParameterLayout& layout, int first, int count);

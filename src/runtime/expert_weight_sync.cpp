@@ -16,18 +16,7 @@ int index_of(const std::vector<int>& ranks, int world_rank) {
   return at == ranks.end() ? -1 : int(at - ranks.begin());
 }
 
-// Experts stored by both shards, as a shard (count <= 0: none).
-ExpertShard overlap(ExpertShard a, ExpertShard b) {
-  const int first = std::max(a.first, b.first);
-  return {first, std::min(a.first + a.count, b.first + b.count) - first};
-}
-
 }  // namespace
-
-ExpertShard expert_shard_of(int role_rank, int degree, int experts) {
-  const int local = experts / degree;
-  return {(role_rank % degree) * local, local};
-}
 
 ExpertWeightSync::ExpertWeightSync(MPI_Comm world, Topology& topology, int experts, int learner_ep,
                                    int actor_ep)
@@ -60,7 +49,7 @@ uint64_t ExpertWeightSync::sync(float* params, const ParameterLayout& layout,
   if (role == Role::Learner && index_of(learners, me) < learner_ep_) {
     const ExpertShard mine = expert_shard_of(index_of(learners, me), learner_ep_, experts_);
     for (size_t a = 0; a < actors.size(); ++a) {
-      const ExpertShard both = overlap(mine, expert_shard_of(int(a), actor_ep_, experts_));
+      const ExpertShard both = shard_overlap(mine, expert_shard_of(int(a), actor_ep_, experts_));
       if (both.count <= 0) continue;
       const std::vector<float> slices =
           pack_ranges(params, expert_slices(layout, both.first, both.count));
@@ -70,7 +59,7 @@ uint64_t ExpertWeightSync::sync(float* params, const ParameterLayout& layout,
   } else if (role == Role::Actor) {
     const ExpertShard mine = expert_shard_of(index_of(actors, me), actor_ep_, experts_);
     for (int l = 0; l < learner_ep_; ++l) {
-      const ExpertShard both = overlap(mine, expert_shard_of(l, learner_ep_, experts_));
+      const ExpertShard both = shard_overlap(mine, expert_shard_of(l, learner_ep_, experts_));
       if (both.count <= 0) continue;
       const std::vector<ParameterRange> ranges = expert_slices(layout, both.first, both.count);
       std::vector<float> slices(size_t(ranges_size(ranges)));

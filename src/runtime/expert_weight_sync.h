@@ -8,13 +8,11 @@
 #include <cstdint>
 
 #include "mpi_comm/topology.h"
+#include "src/model/expert_parallel.h"
 #include "src/model/parameter_layout.h"
 #include "src/runtime/weight_sync.h"
 
 namespace rlf {
-
-// The experts role rank `role_rank` stores at EP degree `degree` (consecutive groups).
-ExpertShard expert_shard_of(int role_rank, int degree, int experts);
 
 class ExpertWeightSync {
  public:

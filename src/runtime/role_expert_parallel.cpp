@@ -83,6 +83,17 @@ void RoleExpertParallel::attach(Transformer<float>& model, int overlap_chunks) {
   model.set_expert_overlap(std::move(overlapped));
 }
 
+void RoleExpertParallel::attach_reusing(Transformer<float>& model) {
+  if (reused_.empty()) {
+    for (int l = 0; l < model.config().n_layers; ++l) {
+      dispatchers_.push_back(
+          std::make_unique<ExpertDispatcher>(ep_group_, links_, experts_, mode_));
+      reused_.push_back(dispatchers_.back().get());
+    }
+  }
+  model.set_expert_parallel(reused_);
+}
+
 OptimizerShard RoleExpertParallel::optimizer_shard(const ParameterLayout& layout) const {
   OptimizerShard shard;
   shard.replicated = replicated_ranges(layout);

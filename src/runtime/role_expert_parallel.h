@@ -54,6 +54,9 @@ class RoleExpertParallel {
   // overlap_chunks > 1 also gives its training forward and backward one OverlappedExperts per
   // layer: the routed experts in that many chunks, transfers overlapped with the expert FFN.
   void attach(Transformer<float>& model, int overlap_chunks = 1);
+  // Like attach, but every call gets the same dispatchers (made by the first call): for a model
+  // rebuilt every generation phase, without new communicators each time.
+  void attach_reusing(Transformer<float>& model);
   // The shard AdamW updates on this rank (replicated tensors, own experts).
   OptimizerShard optimizer_shard(const ParameterLayout& layout) const;
   // Sums the gradients of the replicated tensors over the role and those of this rank's experts
@@ -78,6 +81,7 @@ class RoleExpertParallel {
   HierarchicalComm ep_group_, expert_data_group_;
   std::vector<std::unique_ptr<ExpertDispatcher>> dispatchers_;
   std::vector<std::unique_ptr<OverlappedExperts>> overlapped_;
+  std::vector<ExpertDispatcher*> reused_;  // the dispatchers attach_reusing hands out
 };
 
 }  // namespace rlf

@@ -109,6 +109,29 @@ TEST(MultiRankTrain, HierarchicalTransferOnTwoLearnerNodesSameSeedSameWeightsBit
 
 TEST(FusedTrain, SameSeedSameWeightsBitForBit) {
   expect_reproducible("repeat-fused", 2, "--mode fused");
+  // Training at EP 2, generation at EP 1 x DP 2: experts move rank to rank every step.
+  expect_reproducible("repeat-fused-switch", 2,
+                      "--mode fused --expert-parallel 2 --actor-expert-parallel 1");
+}
+
+TEST(FusedTrain, AGenerationLayoutOfItsOwnGeneratesWhatTheTrainingLayoutWould) {
+  const std::string switched_dir = temp_dir("fused-switch");
+  const Result one_layout =
+      mpirun(2, kShortRun + "--mode fused --expert-parallel 2 --run-dir " + temp_dir("fused-ep2"));
+  const Result switched = mpirun(
+      2, kShortRun + "--mode fused --expert-parallel 2 --actor-expert-parallel 1 --run-dir " +
+             switched_dir);
+  ASSERT_EQ(one_layout.exit_code, 0) << one_layout.output;
+  ASSERT_EQ(switched.exit_code, 0) << switched.output;
+  EXPECT_NE(switched.output.find("layout switch: training EP 2, generation EP 1"),
+            std::string::npos)
+      << switched.output;
+  // The switch is traced as weight movement; the one-layout run moves nothing.
+  EXPECT_GT(json_value(switched.output, "weight_sync_seconds"), 0.0);
+  EXPECT_EQ(json_value(one_layout.output, "weight_sync_seconds"), 0.0);
+  // The same weights generate in either layout (float-level differences aside).
+  EXPECT_NEAR(json_value(switched.output, "heldout_accuracy_after_rl"),
+              json_value(one_layout.output, "heldout_accuracy_after_rl"), 0.07);
 }
 
 TEST(MultiRankTrain, ExpertParallelSameSeedSameWeightsBitForBit) {

@@ -18,6 +18,7 @@
 #include "src/rl/task.h"
 #include "src/rl/tokenizer.h"
 #include "src/runtime/expert_weight_sync.h"
+#include "src/runtime/layout_switch.h"
 #include "src/runtime/role_expert_parallel.h"
 #include "tests/mpi/mpi_test_util.h"
 #include "tests/rl_batch.h"
@@ -264,6 +265,51 @@ TEST(ExpertWeightSync, EveryActorGetsTheWeightsItStoresFromTheirOwners) {
       }
     }
   }
+}
+
+TEST(ExpertLayoutSwitch, GenerationShardsGetExactlyTheirExpertsAndTheLeastBytes) {
+  const int size = test::world_size();
+  Links links(test::virtual_node_list(size, 1), LinkEmulation{});
+  HierarchicalComm ranks = make_hierarchical(MPI_COMM_WORLD, links);
+  const ModelConfig config = test::tiny_policy_config();  // 4 experts
+  const ParameterLayout whole_layout(config);
+  std::vector<float> whole(size_t(whole_layout.total()));
+  initialize_parameters(whole.data(), whole_layout, config, 13);
+  const int rank = test::world_rank();
+  int switches = 0;
+  for (int train_degree : {1, 2, 4}) {
+    for (int generation_degree : {1, 2, 4}) {
+      if (train_degree == generation_degree || size % train_degree != 0 ||
+          size % generation_degree != 0)
+        continue;
+      SCOPED_TRACE("training EP " + std::to_string(train_degree) + ", generation EP " +
+                   std::to_string(generation_degree));
+      ++switches;
+      ExpertLayoutSwitch layout_switch(ranks, links, config.n_experts, train_degree,
+                                       generation_degree);
+      const ParameterLayout training_layout(config, layout_switch.training_shard(rank));
+      const ParameterLayout generation_layout(config, layout_switch.generation_shard(rank));
+      std::vector<float> training(size_t(training_layout.total()));
+      copy_common_parameters(whole.data(), whole_layout, training.data(), training_layout);
+      std::vector<float> generation(size_t(generation_layout.total()), -3.0f);
+      const uint64_t bytes = layout_switch.to_generation(training.data(), training_layout,
+                                                         generation.data(), generation_layout);
+      std::vector<float> want(size_t(generation_layout.total()), -3.0f);
+      copy_common_parameters(whole.data(), whole_layout, want.data(), generation_layout);
+      EXPECT_EQ(0, std::memcmp(generation.data(), want.data(), want.size() * sizeof(float)));
+      EXPECT_EQ(bytes, layout_switch.minimum_bytes(generation_layout));
+      // Going to a layout that holds more experts moves something; to fewer, nothing.
+      if (generation_degree < train_degree) {
+        EXPECT_GT(bytes, 0u);
+      } else {
+        EXPECT_EQ(bytes, 0u);
+      }
+    }
+  }
+  if (size == 1) {
+    EXPECT_EQ(switches, 0);
+  }
+  free_hierarchical(ranks);
 }
 
 TEST(ExpertParallelLayout, DegreesThatDoNotFitFailOnEveryRank) {
