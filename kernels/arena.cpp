@@ -36,6 +36,7 @@ void* Arena::allocate_bytes(size_t bytes, const char* what) {
   void* p = base_ + used_;
   used_ += rounded;
   if (used_ > peak_) peak_ = used_;
+  if (used_ > phase_peak_) phase_peak_ = used_;
   return p;
 }
 

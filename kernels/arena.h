@@ -42,6 +42,9 @@ class Arena {
   size_t used() const { return used_; }
   size_t peak() const { return peak_; }
   void reset_peak() { peak_ = used_; }
+  // A second high-water mark for one phase of work (generation, training), independent of peak().
+  void start_phase_peak() { phase_peak_ = used_; }
+  size_t phase_peak() const { return phase_peak_; }
 
  private:
   std::string name_;
@@ -49,6 +52,7 @@ class Arena {
   std::byte* base_ = nullptr;
   size_t used_ = 0;
   size_t peak_ = 0;
+  size_t phase_peak_ = 0;
 };
 
 // Releases every allocation made in its lifetime: work buffers of one kernel or one phase.

@@ -129,7 +129,9 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
   std::unique_ptr<RoleExpertParallel> ep;  // EP groups of this rank's role, when degree > 1
 
   if (role != Role::Queue) {
+    LearnerState learner;
     if (role == Role::Learner) {
+      learner = allocate_learner_state(policy, rl);
       before_rl = warm_start_learner(policy, run, policy_options, sft, root, dir, trace).before_rl;
     }
     const std::vector<int>& actors = topology.ranks_of(Role::Actor);
@@ -140,8 +142,7 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
     // Only training has a backward to overlap with.
     ep = attach_expert_parallel(model, role_comm, links, ep_degree, options.ep_dispatch,
                                 role == Role::Learner ? options.ep_overlap_chunks : 1);
-    LearnerState learner;
-    if (role == Role::Learner) learner = make_learner_state(policy, rl, ep.get());
+    if (role == Role::Learner) start_learner_state(learner, policy, rl, ep.get());
     Transformer<float>* reference = learner.reference.get();
     AdamW<float>* optimizer = learner.optimizer.get();
     const DataParallelHooks parallel = learner_hooks(role_comm, links, model, ep.get(), trace);

@@ -25,6 +25,7 @@ struct DisaggregatedOptions {
   int actor_expert_parallel = 0;   // --actor-expert-parallel (0: the learners' degree)
   DispatchMode ep_dispatch = DispatchMode::Hierarchical;  // --ep-dispatch
   int ep_overlap_chunks = 1;  // --ep-overlap-chunks: training's routed experts in chunks
+  bool offload = false;       // --offload (fused): training state to host during generation
 };
 
 int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_options,

@@ -1,5 +1,6 @@
 #include "src/app/fused_train.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "kernels/error.h"
@@ -15,6 +16,7 @@
 #include "src/rl/rollout.h"
 #include "src/runtime/expert_weight_sync.h"
 #include "src/runtime/layout_switch.h"
+#include "src/runtime/training_offload.h"
 
 namespace rlf {
 
@@ -46,7 +48,10 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   const ExpertShard own_experts = options.expert_parallel > 1
                                       ? expert_shard_of(rank, options.expert_parallel, experts)
                                       : ExpertShard{};
-  Policy policy = make_policy(run, policy_options, /*with_gradients=*/true, own_experts);
+  // With offload the gradients are allocated later, next to AdamW's moments at the top of the
+  // device arena, so that one rewind frees all three.
+  Policy policy =
+      make_policy(run, policy_options, /*with_gradients=*/!options.offload, own_experts);
   RunDirectory dir(run.run_dir, resolved_config, /*writer=*/root);
   TraceRecorder trace(MPI_COMM_WORLD);
   trace.set_memory_source(&policy.device->memory());
@@ -58,6 +63,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   dir.log("%s", topology.layout_table().c_str());
   const auto run_start = std::chrono::steady_clock::now();
 
+  LearnerState learner = allocate_learner_state(policy, rl);
   const Evaluation before_rl =
       warm_start_learner(policy, run, policy_options, sft, root, dir, trace).before_rl;
   Transformer<float>& model = *policy.model;
@@ -66,7 +72,21 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   Links& links = topology.links();
   std::unique_ptr<RoleExpertParallel> ep = attach_expert_parallel(
       model, all, links, options.expert_parallel, options.ep_dispatch, options.ep_overlap_chunks);
-  LearnerState learner = make_learner_state(policy, rl, ep.get());
+  start_learner_state(learner, policy, rl, ep.get());
+  Arena& device = policy.device->memory();
+  std::unique_ptr<Arena> host_memory;
+  std::unique_ptr<TrainingOffload> offload;
+  if (options.offload) {
+    host_memory = std::make_unique<Arena>("host memory (offload)",
+                                          TrainingOffload::host_bytes(model.parameter_count()));
+    offload = std::make_unique<TrainingOffload>(model, *learner.optimizer, *learner.gradients_mark,
+                                                *host_memory);
+    dir.log(
+        "# offload: %s of gradients and optimizer state leave device memory during every "
+        "generation phase\n",
+        format_bytes(offload->device_bytes()).c_str());
+  }
+  size_t generation_peak = 0, training_peak = 0;
   const DataParallelHooks parallel = learner_hooks(all, links, model, ep.get(), trace);
   const RlStepSettings settings = step_settings(rl);
   const GenerationSettings sampling = sampling_settings(rl, task, run.seed);
@@ -119,24 +139,45 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
                                    version, estimator);
       for (const Rollout& r : rollouts) traced.add_tokens(int64_t(r.response.size()));
     };
-    if (!layout_switch) {
-      generate(model);
-    } else {
-      // The generation model lives in the device arena only for this phase (the scope is
-      // declared first, so the model is gone before the arena rewinds).
-      ArenaScope generation_memory(policy.device->memory());
-      Transformer<float> generation(
-          policy.config, policy.device->ops(), policy.device->memory(), /*with_gradients=*/false,
-          generation_degree > 1 ? layout_switch->generation_shard(rank) : ExpertShard{});
-      {
-        TraceScope traced(trace, Phase::WeightSync);
-        traced.set_version(version);
-        traced.set_bytes(int64_t(layout_switch->to_generation(
-            model.parameters(), model.layout(), generation.parameters(), generation.layout())));
-      }
-      if (generation_ep) generation_ep->attach_reusing(generation);
-      generate(generation);
+    if (offload) {
+      TraceScope traced(trace, Phase::Offload);
+      traced.set_version(version);
+      traced.set_bytes(int64_t(offload->offload()));
     }
+    device.start_phase_peak();
+    try {
+      if (!layout_switch) {
+        generate(model);
+      } else {
+        // The generation model lives in the device arena only for this phase (the scope is
+        // declared first, so the model is gone before the arena rewinds).
+        ArenaScope generation_memory(policy.device->memory());
+        Transformer<float> generation(
+            policy.config, policy.device->ops(), policy.device->memory(), /*with_gradients=*/false,
+            generation_degree > 1 ? layout_switch->generation_shard(rank) : ExpertShard{});
+        {
+          TraceScope traced(trace, Phase::Reshard);
+          traced.set_version(version);
+          traced.set_bytes(int64_t(layout_switch->to_generation(
+              model.parameters(), model.layout(), generation.parameters(), generation.layout())));
+        }
+        if (generation_ep) generation_ep->attach_reusing(generation);
+        generate(generation);
+      }
+    } catch (const OutOfDeviceMemory& error) {
+      if (offload) throw;
+      // Every fused rank generates the same amount, so all of them stop here with this message.
+      throw OutOfDeviceMemory(std::string(error.what()) + "; --offload would free " +
+                              format_bytes(3 * size_t(model.parameter_count()) * sizeof(float)) +
+                              " of gradients and optimizer state during generation");
+    }
+    generation_peak = std::max(generation_peak, device.phase_peak());
+    if (offload) {
+      TraceScope traced(trace, Phase::Onload);
+      traced.set_version(version);
+      traced.set_bytes(int64_t(offload->onload()));
+    }
+    device.start_phase_peak();
     if (learner.reference) {
       TraceScope traced(trace, Phase::Reference);
       traced.set_version(version);
@@ -149,9 +190,13 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
       stats = optimize_on_rollouts(model, *learner.optimizer, rollouts, settings, parallel);
       traced.set_tokens(int64_t(stats.tokens / double(ranks)));
     }
+    training_peak = std::max(training_peak, device.phase_peak());
     rl_tokens += int64_t(stats.tokens);
     progress.step_done(step, stats);
   }
+  dir.log("# device memory peaks of learner 0: generation %s, training %s (capacity %s)\n",
+          format_bytes(generation_peak).c_str(), format_bytes(training_peak).c_str(),
+          format_bytes(device.capacity()).c_str());
 
   MultiRankTrainEnd end;
   end.mode = "fused";

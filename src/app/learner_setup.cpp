@@ -44,7 +44,7 @@ std::unique_ptr<RoleExpertParallel> attach_expert_parallel(Transformer<float>& m
   return ep;
 }
 
-LearnerState make_learner_state(Policy& policy, const RlOptions& rl, RoleExpertParallel* ep) {
+LearnerState allocate_learner_state(Policy& policy, const RlOptions& rl) {
   LearnerState state;
   Transformer<float>& model = *policy.model;
   const ParameterLayout& layout = model.layout();
@@ -52,6 +52,19 @@ LearnerState make_learner_state(Policy& policy, const RlOptions& rl, RoleExpertP
     state.reference = std::make_unique<Transformer<float>>(
         policy.config, policy.device->ops(), policy.device->memory(), /*with_gradients=*/false,
         ExpertShard{layout.first_expert(), layout.stored_experts()});
+  }
+  if (!model.gradients()) {
+    state.gradients_mark = policy.device->memory().mark();
+    model.allocate_gradients();
+  }
+  return state;
+}
+
+void start_learner_state(LearnerState& state, Policy& policy, const RlOptions& rl,
+                         RoleExpertParallel* ep) {
+  Transformer<float>& model = *policy.model;
+  const ParameterLayout& layout = model.layout();
+  if (state.reference) {
     std::memcpy(state.reference->parameters(), model.parameters(),
                 size_t(model.parameter_count()) * sizeof(float));
   }
@@ -62,7 +75,6 @@ LearnerState make_learner_state(Policy& policy, const RlOptions& rl, RoleExpertP
     if (state.reference) ep->attach(*state.reference);
     state.optimizer->set_shard(ep->optimizer_shard(layout));
   }
-  return state;
 }
 
 }  // namespace rlf

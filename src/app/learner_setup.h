@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 
 #include "src/app/policy_setup.h"
 #include "src/app/rl_options.h"
@@ -37,10 +38,17 @@ std::unique_ptr<RoleExpertParallel> attach_expert_parallel(Transformer<float>& m
 struct LearnerState {
   std::unique_ptr<Transformer<float>> reference;  // frozen start of RL (KL term), or null
   std::unique_ptr<AdamW<float>> optimizer;        // sharded like the model under EP
+  // Set when this state allocated the model's gradients: the arena mark just before them. The
+  // gradients and AdamW's moments are then the top of the device arena (what offload moves).
+  std::optional<Arena::Mark> gradients_mark;
 };
 
-// Allocated in the policy's device arena, with the model's expert shard; with `ep` the
-// reference gets its own dispatchers (collective over the EP group).
-LearnerState make_learner_state(Policy& policy, const RlOptions& rl, RoleExpertParallel* ep);
+// Before the warm start, in the policy's device arena: the reference's buffer (with the model's
+// expert shard) and, for a model built without gradients, its gradients.
+LearnerState allocate_learner_state(Policy& policy, const RlOptions& rl);
+// After the warm start and the EP attach: the reference takes the warmed-up weights (with `ep`
+// it gets its own dispatchers, collective over the EP group) and AdamW is built.
+void start_learner_state(LearnerState& state, Policy& policy, const RlOptions& rl,
+                         RoleExpertParallel* ep);
 
 }  // namespace rlf

@@ -79,6 +79,9 @@ int run_train_command(const std::vector<std::string>& args) {
         po::value(&multi_rank.ep_overlap_chunks)->default_value(multi_rank.ep_overlap_chunks),
         "with expert parallelism, training runs each layer's routed experts in this many chunks, "
         "the next chunk's dispatch and the last one's combine in flight meanwhile (1: off)");
+    add("offload", po::bool_switch(&multi_rank.offload),
+        "--mode fused: during generation, gradients and optimizer state leave device memory for "
+        "host memory, and the generation phase gets their device memory");
     add("ep-dispatch", po::value(&ep_dispatch)->default_value(ep_dispatch),
         "expert-parallel token dispatch: hierarchical (once per node, then inside the node) | "
         "flat-dedup | flat");
@@ -94,6 +97,9 @@ int run_train_command(const std::vector<std::string>& args) {
   }
   if (mode != "disaggregated" && mode != "fused") {
     throw ConfigError("--mode must be 'disaggregated' or 'fused', got '" + mode + "'");
+  }
+  if (multi_rank.offload && mode != "fused") {
+    throw ConfigError("--offload needs --mode fused (only fused ranks generate and train)");
   }
   if (multi_rank.ep_overlap_chunks < 1) {
     throw ConfigError("--ep-overlap-chunks must be >= 1, got " +

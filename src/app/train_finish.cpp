@@ -13,11 +13,17 @@ int finish_multi_rank_train(const MultiRankTrainEnd& end, const RunOptions& run,
                             const RlOptions& rl, const DisaggregatedOptions& options,
                             Policy& policy, Topology& topology, RunDirectory& dir,
                             TraceRecorder& trace, TrainResult* result) {
-  // Learner 0's weight-sync time (before the evaluation below adds events): the sender's time
-  // is the transfer; an actor's includes waiting for the learner to finish its step.
+  // Learner 0's weight-sync time, swap included (offload, reshard, onload in fused mode),
+  // before the evaluation below adds events: the sender's time is the transfer; an actor's
+  // includes waiting for the learner to finish its step.
   double weight_sync_seconds = 0;
-  for (const TraceEvent& e : trace.events())
-    if (e.phase == Phase::WeightSync && e.version > 0) weight_sync_seconds += e.end - e.begin;
+  for (const TraceEvent& e : trace.events()) {
+    // (version 0 of weight_sync is the initial sync before the first step)
+    const bool sync = e.phase == Phase::WeightSync && e.version > 0;
+    const bool swap =
+        e.phase == Phase::Reshard || e.phase == Phase::Offload || e.phase == Phase::Onload;
+    if (sync || swap) weight_sync_seconds += e.end - e.begin;
+  }
   Transformer<float>& model = *policy.model;
   Evaluation after;
   // Learner 0 evaluates and saves the whole model; with sharded experts it first collects each

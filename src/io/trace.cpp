@@ -30,6 +30,12 @@ const char* phase_name(Phase phase) {
       return "idle";
     case Phase::Other:
       return "other";
+    case Phase::Offload:
+      return "offload";
+    case Phase::Onload:
+      return "onload";
+    case Phase::Reshard:
+      return "reshard";
   }
   return "unknown";
 }

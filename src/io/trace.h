@@ -31,8 +31,13 @@ enum class Phase : int32_t {
   Evaluate,
   Idle,
   Other,
+  // RL Fusion's swap between training and generation (after Other: older traces keep their
+  // phase numbers).
+  Offload,  // training state device -> host
+  Onload,   // training state host -> device
+  Reshard,  // weights from the training to the generation layout
 };
-inline constexpr int kPhaseCount = int(Phase::Other) + 1;
+inline constexpr int kPhaseCount = int(Phase::Reshard) + 1;
 
 // "generate", "queue_put", ...: the names in trace.h5, report tables and JSON.
 const char* phase_name(Phase phase);

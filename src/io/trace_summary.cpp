@@ -37,6 +37,9 @@ TimeCategory time_category(Phase phase) {
     case Phase::QueueGet:
       return TimeCategory::Queue;
     case Phase::WeightSync:
+    case Phase::Offload:
+    case Phase::Onload:
+    case Phase::Reshard:
       return TimeCategory::Communication;
     case Phase::Idle:
       return TimeCategory::Idle;

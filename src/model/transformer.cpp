@@ -39,7 +39,7 @@ Transformer<T>::Transformer(const ModelConfig& config, const Ops<T>& ops, Arena&
       device_(device),
       moe_(config_, ops, device) {
   params_ = device_.allocate<T>(size_t(layout_.total()), "model parameters");
-  if (with_gradients) grads_ = device_.allocate_zeroed<T>(layout_.total(), "parameter gradients");
+  if (with_gradients) allocate_gradients();
 }
 
 template <typename T>
@@ -80,6 +80,12 @@ bool Transformer<T>::on_any_expert_parallel_rank(bool local) const {
   int any = local ? 1 : 0;
   MPI_Allreduce(MPI_IN_PLACE, &any, 1, MPI_INT, MPI_LOR, expert_parallel_.front()->comm());
   return any != 0;
+}
+
+template <typename T>
+T* Transformer<T>::allocate_gradients() {
+  grads_ = device_.allocate_zeroed<T>(size_t(layout_.total()), "parameter gradients");
+  return grads_;
 }
 
 template <typename T>

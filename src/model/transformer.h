@@ -61,6 +61,11 @@ class Transformer {
   // with zero rows until every rank of the group is done.
   bool on_any_expert_parallel_rank(bool local) const;
 
+  // Allocates a zeroed gradient buffer at the top of the device arena (the constructor does so
+  // when with_gradients): for a model built without gradients, or again after the arena was
+  // rewound past them (RL Fusion's offload). Returns it.
+  T* allocate_gradients();
+
   void initialize(uint64_t seed);
   void zero_gradients();
 

@@ -114,6 +114,40 @@ TEST(FusedTrain, SameSeedSameWeightsBitForBit) {
                       "--mode fused --expert-parallel 2 --actor-expert-parallel 1");
 }
 
+TEST(FusedTrain, OffloadChangesMemoryNotResults) {
+  const std::string plain_dir = temp_dir("fused-plain"), offload_dir = temp_dir("fused-offload");
+  const Result plain = mpirun(2, kShortRun + "--mode fused --run-dir " + plain_dir);
+  const Result offload = mpirun(2, kShortRun + "--mode fused --offload --run-dir " + offload_dir);
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  ASSERT_EQ(offload.exit_code, 0) << offload.output;
+  EXPECT_NE(offload.output.find("of gradients and optimizer state leave device memory"),
+            std::string::npos)
+      << offload.output;
+  // Offload moves the training state out and back in place: the same weights bit for bit.
+  EXPECT_EQ(test::read_tiny_parameters(plain_dir + "/model.h5"),
+            test::read_tiny_parameters(offload_dir + "/model.h5"));
+  // The swap is traced (offload and onload events count as weight movement).
+  EXPECT_GT(json_value(offload.output, "weight_sync_seconds"), 0.0);
+  const Result bad = mpirun(2, kShortRun + "--offload --run-dir " + temp_dir("offload-bad"));
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("--offload needs --mode fused"), std::string::npos) << bad.output;
+}
+
+TEST(FusedTrain, ARunThatFitsOnlyWithOffloadCompletesWithItAndStopsClearlyWithout) {
+  // The small model with a large generation batch and small training micro-batches: generation
+  // needs more memory than training, so 450 MiB fits only when the training state steps aside.
+  const std::string run =
+      "train --model small --task sort --sft-steps 0 --steps 1 --prompts 32 --group-size 8 "
+      "--micro-batch 4 --eval-prompts 4 --eval-batch 4 --mode fused --device-memory 450MiB ";
+  const Result without = mpirun(2, run + "--run-dir " + temp_dir("fits-without"));
+  EXPECT_EQ(without.exit_code, 2) << without.output;
+  EXPECT_NE(without.output.find("is too small"), std::string::npos) << without.output;
+  EXPECT_NE(without.output.find("--offload would free"), std::string::npos) << without.output;
+  const Result with = mpirun(2, run + "--offload --run-dir " + temp_dir("fits-with"));
+  ASSERT_EQ(with.exit_code, 0) << with.output;
+  EXPECT_NE(with.output.find("device memory peaks of learner 0"), std::string::npos) << with.output;
+}
+
 TEST(FusedTrain, AGenerationLayoutOfItsOwnGeneratesWhatTheTrainingLayoutWould) {
   const std::string switched_dir = temp_dir("fused-switch");
   const Result one_layout =

@@ -298,11 +298,11 @@ TEST(ExpertLayoutSwitch, GenerationShardsGetExactlyTheirExpertsAndTheLeastBytes)
       copy_common_parameters(whole.data(), whole_layout, want.data(), generation_layout);
       EXPECT_EQ(0, std::memcmp(generation.data(), want.data(), want.size() * sizeof(float)));
       EXPECT_EQ(bytes, layout_switch.minimum_bytes(generation_layout));
-      // Going to a layout that holds more experts moves something; to fewer, nothing.
+      // A generation shard larger than the training shard always needs experts from others.
+      // (A smaller one may too: with consecutive groups, rank 2 holds experts 0-1 at training
+      // EP 2 but needs expert 2 at generation EP 4.)
       if (generation_degree < train_degree) {
         EXPECT_GT(bytes, 0u);
-      } else {
-        EXPECT_EQ(bytes, 0u);
       }
     }
   }
