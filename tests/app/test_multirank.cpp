@@ -283,6 +283,15 @@ TEST(BenchModes, RunsTheSameRlRunDisaggregatedAndFusedAndPrintsTheRatio) {
   EXPECT_EQ(json_value(r.output, "fused_weight_sync_share"), 0.0);
   for (const char* mode : {"disaggregated", "fused"})
     EXPECT_TRUE(std::filesystem::exists(dir + "/" + mode + "/summary.json")) << mode;
+  // With offload the fused step includes the swap, and the bench says so.
+  const Result swapped = mpirun(2,
+                                "bench modes --model tiny --steps 2 --prompts 8 --group-size 4 "
+                                "--eval-prompts 8 --offload --json --run-dir " +
+                                    dir);
+  ASSERT_EQ(swapped.exit_code, 0) << swapped.output;
+  EXPECT_GT(json_value(swapped.output, "fused_weight_sync_share"), 0.0);
+  EXPECT_NE(swapped.output.find("offload and onload every step"), std::string::npos)
+      << swapped.output;
   const Result one = test::run_rlfusion("bench modes --model tiny --run-dir " + dir);
   EXPECT_EQ(one.exit_code, 2) << one.output;
   EXPECT_NE(one.output.find("at least 2 ranks"), std::string::npos) << one.output;
