@@ -5,6 +5,7 @@
 
 #include "kernels/error.h"
 #include "src/app/build_info.h"
+#include "src/app/fused_memory.h"
 #include "src/app/learner_hooks.h"
 #include "src/app/learner_setup.h"
 #include "src/app/rl_progress.h"
@@ -52,6 +53,18 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   // device arena, so that one rewind frees all three.
   Policy policy =
       make_policy(run, policy_options, /*with_gradients=*/!options.offload, own_experts);
+  {
+    // Bad input stops every rank here, before any output: the states must fit the arena.
+    const ExpertShard generation_experts =
+        generation_degree > 1 ? expert_shard_of(rank, generation_degree, experts) : ExpertShard{};
+    const Task& task = *policy.task;
+    const int longest = 2 + task.max_prompt_chars() + task.max_response_chars();
+    const FusedMemoryPlan plan = plan_fused_memory(
+        policy.config, policy.model->layout(), ParameterLayout(policy.config, generation_experts),
+        switch_layouts, rl.kl_coef > 0, options.offload, rl.prompts / ranks * rl.group_size,
+        longest);
+    check_fused_memory_fit(plan, policy.device->memory().capacity(), options.offload);
+  }
   RunDirectory dir(run.run_dir, resolved_config, /*writer=*/root);
   TraceRecorder trace(MPI_COMM_WORLD);
   trace.set_memory_source(&policy.device->memory());
@@ -132,11 +145,11 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         cosine_learning_rate(rl.learning_rate, step, rl.warmup_steps, rl.steps, 1.0f);
     const int64_t first_prompt = int64_t(version) * rl.prompts + rank * my_prompts;
     std::vector<Rollout> rollouts;
-    auto generate = [&](Transformer<float>& policy) {
+    auto generate = [&](Transformer<float>& generator) {
       TraceScope traced(trace, Phase::Generate);
       traced.set_version(version);
-      rollouts = generate_rollouts(policy, task, first_prompt, my_prompts, rl.group_size, sampling,
-                                   version, estimator);
+      rollouts = generate_rollouts(generator, task, first_prompt, my_prompts, rl.group_size,
+                                   sampling, version, estimator);
       for (const Rollout& r : rollouts) traced.add_tokens(int64_t(r.response.size()));
     };
     if (offload) {

@@ -146,6 +146,16 @@ TEST(FusedTrain, ARunThatFitsOnlyWithOffloadCompletesWithItAndStopsClearlyWithou
   const Result with = mpirun(2, run + "--offload --run-dir " + temp_dir("fits-with"));
   ASSERT_EQ(with.exit_code, 0) << with.output;
   EXPECT_NE(with.output.find("device memory peaks of learner 0"), std::string::npos) << with.output;
+  // States that cannot fit even with offload stop every rank before any output, naming sizes.
+  const std::string none = temp_dir("fits-never");
+  std::string too_small = run;
+  too_small.replace(too_small.find("450MiB"), 6, "300MiB");
+  const Result never = mpirun(2, too_small + "--offload --run-dir " + none);
+  EXPECT_EQ(never.exit_code, 2) << never.output;
+  EXPECT_NE(never.output.find("each rank needs 424.79 MiB of device memory for the training state"),
+            std::string::npos)
+      << never.output;
+  EXPECT_FALSE(std::filesystem::exists(none));
 }
 
 TEST(FusedTrain, AGenerationLayoutOfItsOwnGeneratesWhatTheTrainingLayoutWould) {
