@@ -11,6 +11,7 @@
 #include "src/app/learner_hooks.h"
 #include "src/app/learner_setup.h"
 #include "src/app/rl_progress.h"
+#include "src/app/traced_training.h"
 #include "src/app/train_finish.h"
 #include "src/io/parameter_file.h"
 #include "src/io/run_directory.h"
@@ -218,18 +219,9 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
         rollouts = to_rollouts(samples);
       }
       serving_barrier(role_comm.comm, queue);
-      if (reference) {
-        TraceScope traced(trace, Phase::Reference);
-        traced.set_version(version);
-        attach_reference_logprobs(*reference, rollouts, rl.micro_batch, rl.temperature);
-      }
-      StepStats stats;
-      {
-        TraceScope traced(trace, Phase::Train);
-        traced.set_version(version);
-        stats = optimize_on_rollouts(model, *optimizer, rollouts, settings, parallel);
-        traced.set_tokens(int64_t(stats.tokens / double(learners.size())));
-      }
+      const StepStats stats =
+          train_on_rollouts_traced(model, *optimizer, reference, rollouts, settings, parallel,
+                                   version, int(learners.size()), trace);
       // With sharded experts every learner of replica 0 sends its own experts to the actors.
       if (root || expert_weights) sync_weights(version + 1);
       rl_tokens += int64_t(stats.tokens);

@@ -9,6 +9,7 @@
 #include "src/app/learner_hooks.h"
 #include "src/app/learner_setup.h"
 #include "src/app/rl_progress.h"
+#include "src/app/traced_training.h"
 #include "src/app/train_finish.h"
 #include "src/io/run_directory.h"
 #include "src/io/trace.h"
@@ -191,18 +192,9 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
       traced.set_bytes(int64_t(offload->onload()));
     }
     device.start_phase_peak();
-    if (learner.reference) {
-      TraceScope traced(trace, Phase::Reference);
-      traced.set_version(version);
-      attach_reference_logprobs(*learner.reference, rollouts, rl.micro_batch, rl.temperature);
-    }
-    StepStats stats;
-    {
-      TraceScope traced(trace, Phase::Train);
-      traced.set_version(version);
-      stats = optimize_on_rollouts(model, *learner.optimizer, rollouts, settings, parallel);
-      traced.set_tokens(int64_t(stats.tokens / double(ranks)));
-    }
+    const StepStats stats =
+        train_on_rollouts_traced(model, *learner.optimizer, learner.reference.get(), rollouts,
+                                 settings, parallel, version, ranks, trace);
     training_peak = std::max(training_peak, device.phase_peak());
     rl_tokens += int64_t(stats.tokens);
     progress.step_done(step, stats);

@@ -18,6 +18,7 @@
 #include "src/app/rl_options.h"
 #include "src/app/rl_progress.h"
 #include "src/app/sft_phase.h"
+#include "src/app/traced_training.h"
 #include "src/io/parameter_file.h"
 #include "src/io/trace_writer.h"
 #include "src/model/lr_schedule.h"
@@ -181,18 +182,8 @@ int run_train_command(const std::vector<std::string>& args) {
                                    o.group_size, sampling, version, estimator);
       for (const Rollout& r : rollouts) traced.add_tokens(int64_t(r.response.size()));
     }
-    if (reference) {
-      TraceScope traced(trace, Phase::Reference);
-      traced.set_version(version);
-      attach_reference_logprobs(*reference, rollouts, o.micro_batch, o.temperature);
-    }
-    StepStats s;
-    {
-      TraceScope traced(trace, Phase::Train);
-      traced.set_version(version);
-      s = optimize_on_rollouts(model, optimizer, rollouts, settings);
-      traced.set_tokens(int64_t(s.tokens));
-    }
+    const StepStats s = train_on_rollouts_traced(model, optimizer, reference.get(), rollouts,
+                                                 settings, DataParallelHooks{}, version, 1, trace);
     rl_tokens += int64_t(s.tokens);
     step_rewards.push_back(s.mean_reward());
     progress.step_done(step, s);

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "kernels/error.h"
+#include "tests/app/json_output.h"
 #include "tests/app/run_rlfusion.h"
 
 namespace rlf {
@@ -17,33 +18,20 @@ const std::string kSmall =
     "bench overlap --tokens 48 --hidden 32 --ffn 24 --experts 8 --top-k 2 --repeats 3 "
     "--inter-node-bandwidth 1e8 --json ";
 
-std::string json_line(const std::string& output) {
-  const auto begin = output.find("{\"bench\":\"overlap\"");
-  if (begin == std::string::npos) return "";
-  return output.substr(begin, output.find('\n', begin) - begin);
-}
-
-// The number after "key": at or after `from`, NaN when absent.
-double number(const std::string& json, const std::string& key, size_t from = 0) {
-  const auto at = json.find("\"" + key + "\":", from);
-  if (at == std::string::npos) return std::nan("");
-  return std::stod(json.substr(at + key.size() + 3));
-}
-
 void expect_both_rows(const std::string& json) {
   for (const char* emulation : {"\"emulation\":\"on\"", "\"emulation\":\"off\""}) {
     const auto at = json.find(emulation);
     ASSERT_NE(at, std::string::npos) << emulation << " in " << json;
-    EXPECT_EQ(number(json, "wrong", at), 0) << json;
+    EXPECT_EQ(test::json_number(json, "wrong", at), 0) << json;
     for (const char* key : {"plain_seconds", "compute_seconds", "comm_seconds",
                             "overlapped_seconds", "speedup", "waiting_seconds"}) {
-      EXPECT_GT(number(json, key, at), 0) << key << " of " << emulation;
+      EXPECT_GT(test::json_number(json, key, at), 0) << key << " of " << emulation;
     }
-    EXPECT_TRUE(std::isfinite(number(json, "hidden_fraction", at))) << json;
+    EXPECT_TRUE(std::isfinite(test::json_number(json, "hidden_fraction", at))) << json;
   }
   // Only the 'on' row has emulated link time.
-  EXPECT_GT(number(json, "emulated_seconds", json.find("\"emulation\":\"on\"")), 0);
-  EXPECT_EQ(number(json, "emulated_seconds", json.find("\"emulation\":\"off\"")), 0);
+  EXPECT_GT(test::json_number(json, "emulated_seconds", json.find("\"emulation\":\"on\"")), 0);
+  EXPECT_EQ(test::json_number(json, "emulated_seconds", json.find("\"emulation\":\"off\"")), 0);
 }
 
 TEST(BenchOverlap, TwoRanksFlatMoreChunksThanSomeRanksNeed) {
@@ -51,8 +39,8 @@ TEST(BenchOverlap, TwoRanksFlatMoreChunksThanSomeRanksNeed) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("hidden"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("0 wrong OK"), std::string::npos) << r.output;
-  const std::string json = json_line(r.output);
-  EXPECT_EQ(number(json, "chunks"), 5);
+  const std::string json = test::json_line(r.output, "overlap");
+  EXPECT_EQ(test::json_number(json, "chunks"), 5);
   expect_both_rows(json);
 }
 
@@ -60,8 +48,8 @@ TEST(BenchOverlap, FourRanksHierarchicalOnTwoNodes) {
   const test::CommandResult r =
       test::run_rlfusion(kSmall + "--chunks 3 --mode hierarchical --ranks-per-node 2", 4);
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  const std::string json = json_line(r.output);
-  EXPECT_EQ(number(json, "nodes"), 2);
+  const std::string json = test::json_line(r.output, "overlap");
+  EXPECT_EQ(test::json_number(json, "nodes"), 2);
   expect_both_rows(json);
 }
 

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "kernels/error.h"
+#include "tests/app/json_output.h"
 #include "tests/app/run_rlfusion.h"
 
 namespace rlf {
@@ -22,20 +23,6 @@ Result run_bench(int ranks, const std::string& args) {
   return test::run_rlfusion("bench queue " + args, ranks);
 }
 
-// The JSON twin: the one line that starts with {"bench":"queue".
-std::string json_line(const std::string& output) {
-  const auto begin = output.find("{\"bench\":\"queue\"");
-  if (begin == std::string::npos) return "";
-  return output.substr(begin, output.find('\n', begin) - begin);
-}
-
-// The number after "key": at or after `from` (an object's position), NaN when absent.
-double number(const std::string& json, const std::string& key, size_t from = 0) {
-  const auto at = json.find("\"" + key + "\":", from);
-  if (at == std::string::npos) return std::nan("");
-  return std::stod(json.substr(at + key.size() + 3));
-}
-
 size_t object(const std::string& json, const std::string& key) {
   const auto at = json.find("\"" + key + "\":{");
   EXPECT_NE(at, std::string::npos) << key << " in " << json;
@@ -45,16 +32,22 @@ size_t object(const std::string& json, const std::string& key) {
 TEST(BenchQueue, OneRankPackedBufferIsExactlyTheFormulaAndFarBelowPadded) {
   const Result r = run_bench(0, "--json --repeats 3");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  const std::string json = json_line(r.output);
+  const std::string json = test::json_line(r.output, "queue");
   ASSERT_FALSE(json.empty()) << r.output;
   EXPECT_NE(json.find("\"task\":\"sort-heavytail\",\"batch\":256"), std::string::npos) << json;
   for (const std::string layout : {"packed", "padded"}) {
-    EXPECT_EQ(number(json, layout + "_bytes"), number(json, layout + "_formula_bytes")) << layout;
-    EXPECT_EQ(number(json, layout + "_bytes"), number(json, layout + "_function_bytes")) << layout;
+    EXPECT_EQ(test::json_number(json, layout + "_bytes"),
+              test::json_number(json, layout + "_formula_bytes"))
+        << layout;
+    EXPECT_EQ(test::json_number(json, layout + "_bytes"),
+              test::json_number(json, layout + "_function_bytes"))
+        << layout;
   }
   EXPECT_NE(json.find("\"formula_ok\":true,\"round_trip_ok\":true"), std::string::npos) << json;
-  const double ratio = number(json, "packed_over_padded");
-  EXPECT_NEAR(ratio, number(json, "packed_bytes") / number(json, "padded_bytes"), 1e-6);
+  const double ratio = test::json_number(json, "packed_over_padded");
+  EXPECT_NEAR(ratio,
+              test::json_number(json, "packed_bytes") / test::json_number(json, "padded_bytes"),
+              1e-6);
   // The mission's figure (padding cut > 80%, packed / padded <= 20%) is for long sequences. This
   // batch is short and heavy-tailed (mean response 7.5 tokens, longest 36; 48 bytes of metadata
   // per sample): packed / padded is 29.3% here (36324 / 123936 bytes, deterministic for seed 1),
@@ -71,32 +64,33 @@ TEST(BenchQueue, SixRanksHierarchicalGetsSendOneRequestPerNodeGroup) {
   const Result r =
       run_bench(6, "--json --repeats 3 --ranks-per-node 2 --queue-ranks 2 --learners 2");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  const std::string json = json_line(r.output);
+  const std::string json = test::json_line(r.output, "queue");
   ASSERT_FALSE(json.empty()) << r.output;
   EXPECT_NE(json.find("\"roles\":{\"learner\":[0,1],\"actor\":[2,3],\"queue\":[4,5]}"),
             std::string::npos)
       << json;
-  EXPECT_EQ(number(json, "packed_bytes"), number(json, "packed_formula_bytes"));
-  EXPECT_LT(number(json, "packed_over_padded"), 0.30);
+  EXPECT_EQ(test::json_number(json, "packed_bytes"),
+            test::json_number(json, "packed_formula_bytes"));
+  EXPECT_LT(test::json_number(json, "packed_over_padded"), 0.30);
   // The packed and padded buffers crossed the (virtual) inter-node link actor 2 -> learner 0.
   const size_t wire = object(json, "wire");
   EXPECT_NE(json.find("\"from\":2,\"to\":0,\"link\":\"inter-node\"", wire), std::string::npos);
 
   const size_t queue = object(json, "queue");
-  const double group = number(json, "group", queue);
+  const double group = test::json_number(json, "group", queue);
   EXPECT_EQ(group, 2);  // learners 0 and 1 share virtual node 0
   const size_t flat = object(json, "flat"), hierarchical = object(json, "hierarchical");
-  const double flat_requests = number(json, "get_requests", flat);
-  const double hierarchical_requests = number(json, "get_requests", hierarchical);
+  const double flat_requests = test::json_number(json, "get_requests", flat);
+  const double hierarchical_requests = test::json_number(json, "get_requests", hierarchical);
   EXPECT_EQ(flat_requests, 4);  // 2 learners x 2 shards
   EXPECT_EQ(hierarchical_requests * group, flat_requests);
   for (size_t mode : {flat, hierarchical}) {
-    EXPECT_EQ(number(json, "samples_taken", mode), 256);
-    EXPECT_EQ(number(json, "samples_wrong", mode), 0);
+    EXPECT_EQ(test::json_number(json, "samples_taken", mode), 256);
+    EXPECT_EQ(test::json_number(json, "samples_wrong", mode), 0);
   }
   // Only the hierarchical get fans out inside the node (the leader's scatter to learner 1).
-  EXPECT_EQ(number(json, "intra_node_bytes", flat), 0);
-  EXPECT_GT(number(json, "intra_node_bytes", hierarchical), 0);
+  EXPECT_EQ(test::json_number(json, "intra_node_bytes", flat), 0);
+  EXPECT_GT(test::json_number(json, "intra_node_bytes", hierarchical), 0);
   EXPECT_NE(json.find("\"requests_ok\":true,\"delivered_ok\":true"), std::string::npos) << json;
   EXPECT_NE(json.find("\"ok\":true}"), std::string::npos) << json;
 }

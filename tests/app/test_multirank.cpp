@@ -11,6 +11,7 @@
 #include <fstream>
 #include <string>
 
+#include "tests/app/json_output.h"
 #include "tests/app/read_parameters.h"
 #include "tests/app/run_rlfusion.h"
 
@@ -29,12 +30,6 @@ std::string temp_dir(const std::string& name) {
   return dir.string();
 }
 
-double json_value(const std::string& output, const std::string& key) {
-  const auto at = output.find("\"" + key + "\":");
-  if (at == std::string::npos) return -1;
-  return std::stod(output.substr(at + key.size() + 3));
-}
-
 const std::string kShortRun =
     "train --model tiny --task sort --sft-steps 100 --sft-learning-rate 0.01 --steps 6 "
     "--prompts 8 --group-size 4 --eval-prompts 32 --log-every 3 --json ";
@@ -44,7 +39,7 @@ TEST(MultiRankTrain, TwoRanksActorAndLearnerWithShardsInsideTheLearner) {
   const Result r = mpirun(2, kShortRun + "--ranks-per-node 1 --run-dir " + dir);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("\"mode\":\"disaggregated\""), std::string::npos) << r.output;
-  EXPECT_EQ(json_value(r.output, "ranks"), 2);
+  EXPECT_EQ(test::json_number(r.output, "ranks"), 2);
   for (const char* file : {"model.h5", "trace.h5", "config.ini", "log.txt", "summary.json"}) {
     EXPECT_TRUE(std::filesystem::exists(dir + "/" + file)) << file;
   }
@@ -63,7 +58,7 @@ TEST(MultiRankTrain, DedicatedQueueRanksTwoLearnersAndKlOnVirtualNodes) {
                                  "--kl-coef 0.01 --queue-transfer hierarchical --run-dir " +
                                  dir);
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_GE(json_value(r.output, "heldout_accuracy_after_rl"), 0.0);
+  EXPECT_GE(test::json_number(r.output, "heldout_accuracy_after_rl"), 0.0);
   // report reads the collective trace of all six ranks.
   const Result report = mpirun(1, "report " + dir);
   ASSERT_EQ(report.exit_code, 0) << report.output;
@@ -82,7 +77,8 @@ void expect_reproducible(const std::string& name, int ranks, const std::string& 
     ASSERT_EQ(runs[size_t(i)].exit_code, 0) << runs[size_t(i)].output;
   }
   for (const char* key : {"heldout_accuracy_before_rl", "heldout_accuracy_after_rl"})
-    EXPECT_EQ(json_value(runs[0].output, key), json_value(runs[1].output, key)) << key;
+    EXPECT_EQ(test::json_number(runs[0].output, key), test::json_number(runs[1].output, key))
+        << key;
   const auto a = test::read_tiny_parameters(dirs[0] + "/model.h5");
   const auto b = test::read_tiny_parameters(dirs[1] + "/model.h5");
   ASSERT_EQ(a.size(), b.size());
@@ -127,7 +123,7 @@ TEST(FusedTrain, OffloadChangesMemoryNotResults) {
   EXPECT_EQ(test::read_tiny_parameters(plain_dir + "/model.h5"),
             test::read_tiny_parameters(offload_dir + "/model.h5"));
   // The swap is traced (offload and onload events count as weight movement).
-  EXPECT_GT(json_value(offload.output, "weight_sync_seconds"), 0.0);
+  EXPECT_GT(test::json_number(offload.output, "weight_sync_seconds"), 0.0);
   const Result bad = mpirun(2, kShortRun + "--offload --run-dir " + temp_dir("offload-bad"));
   EXPECT_EQ(bad.exit_code, 2) << bad.output;
   EXPECT_NE(bad.output.find("--offload needs --mode fused"), std::string::npos) << bad.output;
@@ -171,11 +167,11 @@ TEST(FusedTrain, AGenerationLayoutOfItsOwnGeneratesWhatTheTrainingLayoutWould) {
             std::string::npos)
       << switched.output;
   // The switch is traced as weight movement; the one-layout run moves nothing.
-  EXPECT_GT(json_value(switched.output, "weight_sync_seconds"), 0.0);
-  EXPECT_EQ(json_value(one_layout.output, "weight_sync_seconds"), 0.0);
+  EXPECT_GT(test::json_number(switched.output, "weight_sync_seconds"), 0.0);
+  EXPECT_EQ(test::json_number(one_layout.output, "weight_sync_seconds"), 0.0);
   // The same weights generate in either layout (float-level differences aside).
-  EXPECT_NEAR(json_value(switched.output, "heldout_accuracy_after_rl"),
-              json_value(one_layout.output, "heldout_accuracy_after_rl"), 0.07);
+  EXPECT_NEAR(test::json_number(switched.output, "heldout_accuracy_after_rl"),
+              test::json_number(one_layout.output, "heldout_accuracy_after_rl"), 0.07);
 }
 
 TEST(MultiRankTrain, ExpertParallelSameSeedSameWeightsBitForBit) {
@@ -213,8 +209,8 @@ TEST(MultiRankTrain, ExpertParallelLearnersAndActorsTrainLikeTheDataParallelRun)
       mpirun(4, kShortRun + layout + "--expert-parallel 2 --run-dir " + temp_dir("ep"));
   ASSERT_EQ(dp.exit_code, 0) << dp.output;
   ASSERT_EQ(ep.exit_code, 0) << ep.output;
-  EXPECT_EQ(json_value(ep.output, "expert_parallel"), 2);
-  EXPECT_EQ(json_value(ep.output, "actor_expert_parallel"), 2);
+  EXPECT_EQ(test::json_number(ep.output, "expert_parallel"), 2);
+  EXPECT_EQ(test::json_number(ep.output, "actor_expert_parallel"), 2);
   EXPECT_NE(ep.output.find("learners EP 2 x 1 replicas, actors EP 2 x 1 replicas"),
             std::string::npos)
       << ep.output;
@@ -224,10 +220,10 @@ TEST(MultiRankTrain, ExpertParallelLearnersAndActorsTrainLikeTheDataParallelRun)
   EXPECT_GT(std::stod(ep.output.substr(inter + 40, 16)), 0.0);
   // The same math up to float rounding (tested exactly per step in mpi_tests): the same start,
   // and an end that sampling noise may move by a sample or two.
-  EXPECT_EQ(json_value(ep.output, "heldout_accuracy_before_rl"),
-            json_value(dp.output, "heldout_accuracy_before_rl"));
-  EXPECT_NEAR(json_value(ep.output, "heldout_accuracy_after_rl"),
-              json_value(dp.output, "heldout_accuracy_after_rl"), 0.07);
+  EXPECT_EQ(test::json_number(ep.output, "heldout_accuracy_before_rl"),
+            test::json_number(dp.output, "heldout_accuracy_before_rl"));
+  EXPECT_NEAR(test::json_number(ep.output, "heldout_accuracy_after_rl"),
+              test::json_number(dp.output, "heldout_accuracy_after_rl"), 0.07);
   // Each learner and actor stores only its own experts.
   EXPECT_NE(ep.output.find("this rank stores"), std::string::npos) << ep.output;
   // Sharded ranks start from a parameter file: each reads its own part; the start is the
@@ -243,10 +239,10 @@ TEST(MultiRankTrain, ExpertParallelLearnersAndActorsTrainLikeTheDataParallelRun)
   const Result dp_init = mpirun(4, from_file + "--run-dir " + temp_dir("dp-init"));
   ASSERT_EQ(ep_init.exit_code, 0) << ep_init.output;
   ASSERT_EQ(dp_init.exit_code, 0) << dp_init.output;
-  EXPECT_EQ(json_value(ep_init.output, "heldout_accuracy_before_rl"),
-            json_value(dp.output, "heldout_accuracy_after_rl"));
-  EXPECT_EQ(json_value(ep_init.output, "heldout_accuracy_before_rl"),
-            json_value(dp_init.output, "heldout_accuracy_before_rl"));
+  EXPECT_EQ(test::json_number(ep_init.output, "heldout_accuracy_before_rl"),
+            test::json_number(dp.output, "heldout_accuracy_after_rl"));
+  EXPECT_EQ(test::json_number(ep_init.output, "heldout_accuracy_before_rl"),
+            test::json_number(dp_init.output, "heldout_accuracy_before_rl"));
 }
 
 TEST(FusedTrain, EveryRankGeneratesAndTrainsAndLearnsLikeOneRank) {
@@ -263,17 +259,17 @@ TEST(FusedTrain, EveryRankGeneratesAndTrainsAndLearnsLikeOneRank) {
   ASSERT_EQ(report.exit_code, 0) << report.output;
   // The same samples (sampling is keyed by sample id) and the same data-parallel math: the
   // same start and an end within sampling noise of the one-rank run.
-  EXPECT_EQ(json_value(fused.output, "heldout_accuracy_before_rl"),
-            json_value(one.output, "heldout_accuracy_before_rl"));
-  EXPECT_NEAR(json_value(fused.output, "heldout_accuracy_after_rl"),
-              json_value(one.output, "heldout_accuracy_after_rl"), 0.07);
+  EXPECT_EQ(test::json_number(fused.output, "heldout_accuracy_before_rl"),
+            test::json_number(one.output, "heldout_accuracy_before_rl"));
+  EXPECT_NEAR(test::json_number(fused.output, "heldout_accuracy_after_rl"),
+              test::json_number(one.output, "heldout_accuracy_after_rl"), 0.07);
   // Expert parallelism inside the fused ranks.
   const Result fused_ep =
       mpirun(2, kShortRun + "--mode fused --expert-parallel 2 --run-dir " + temp_dir("fused-ep"));
   ASSERT_EQ(fused_ep.exit_code, 0) << fused_ep.output;
-  EXPECT_EQ(json_value(fused_ep.output, "expert_parallel"), 2);
-  EXPECT_NEAR(json_value(fused_ep.output, "heldout_accuracy_after_rl"),
-              json_value(fused.output, "heldout_accuracy_after_rl"), 0.07);
+  EXPECT_EQ(test::json_number(fused_ep.output, "expert_parallel"), 2);
+  EXPECT_NEAR(test::json_number(fused_ep.output, "heldout_accuracy_after_rl"),
+              test::json_number(fused.output, "heldout_accuracy_after_rl"), 0.07);
 }
 
 TEST(BenchModes, RunsTheSameRlRunDisaggregatedAndFusedAndPrintsTheRatio) {
@@ -286,11 +282,11 @@ TEST(BenchModes, RunsTheSameRlRunDisaggregatedAndFusedAndPrintsTheRatio) {
   EXPECT_NE(r.output.find("  disaggregated "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("  fused "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("# fused / disaggregated tokens/s:"), std::string::npos) << r.output;
-  EXPECT_GT(json_value(r.output, "disaggregated_tokens_per_s"), 0.0);
-  EXPECT_GT(json_value(r.output, "fused_tokens_per_s"), 0.0);
+  EXPECT_GT(test::json_number(r.output, "disaggregated_tokens_per_s"), 0.0);
+  EXPECT_GT(test::json_number(r.output, "fused_tokens_per_s"), 0.0);
   // The disaggregated run syncs weights every step; the fused one never does.
-  EXPECT_GT(json_value(r.output, "disaggregated_weight_sync_share"), 0.0);
-  EXPECT_EQ(json_value(r.output, "fused_weight_sync_share"), 0.0);
+  EXPECT_GT(test::json_number(r.output, "disaggregated_weight_sync_share"), 0.0);
+  EXPECT_EQ(test::json_number(r.output, "fused_weight_sync_share"), 0.0);
   for (const char* mode : {"disaggregated", "fused"})
     EXPECT_TRUE(std::filesystem::exists(dir + "/" + mode + "/summary.json")) << mode;
   // With offload the fused step includes the swap, and the bench says so.
@@ -299,7 +295,7 @@ TEST(BenchModes, RunsTheSameRlRunDisaggregatedAndFusedAndPrintsTheRatio) {
                                 "--eval-prompts 8 --offload --json --run-dir " +
                                     dir);
   ASSERT_EQ(swapped.exit_code, 0) << swapped.output;
-  EXPECT_GT(json_value(swapped.output, "fused_weight_sync_share"), 0.0);
+  EXPECT_GT(test::json_number(swapped.output, "fused_weight_sync_share"), 0.0);
   EXPECT_NE(swapped.output.find("offload and onload every step"), std::string::npos)
       << swapped.output;
   const Result one = test::run_rlfusion("bench modes --model tiny --run-dir " + dir);
@@ -365,8 +361,9 @@ TEST(BenchA2a, FourRanksOnTwoNodesMatchTheReferenceAndTheRoutingCount) {
     const auto at = json.find(mode);
     ASSERT_NE(at, std::string::npos) << mode;
     const std::string row = json.substr(at, json.find('}', at) - at);
-    EXPECT_EQ(json_value(row, "wrong"), 0) << row;
-    EXPECT_EQ(json_value(row, "inter_node_bytes"), json_value(row, "inter_node_bytes_expected"))
+    EXPECT_EQ(test::json_number(row, "wrong"), 0) << row;
+    EXPECT_EQ(test::json_number(row, "inter_node_bytes"),
+              test::json_number(row, "inter_node_bytes_expected"))
         << row;
   }
 }

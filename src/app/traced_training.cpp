@@ -1,0 +1,22 @@
+#include "src/app/traced_training.h"
+
+namespace rlf {
+
+StepStats train_on_rollouts_traced(Transformer<float>& model, AdamW<float>& optimizer,
+                                   Transformer<float>* reference, std::vector<Rollout>& rollouts,
+                                   const RlStepSettings& settings,
+                                   const DataParallelHooks& parallel, int version, int learners,
+                                   TraceRecorder& trace) {
+  if (reference) {
+    TraceScope traced(trace, Phase::Reference);
+    traced.set_version(version);
+    attach_reference_logprobs(*reference, rollouts, settings.micro_batch, settings.temperature);
+  }
+  TraceScope traced(trace, Phase::Train);
+  traced.set_version(version);
+  const StepStats stats = optimize_on_rollouts(model, optimizer, rollouts, settings, parallel);
+  traced.set_tokens(int64_t(stats.tokens / double(learners)));
+  return stats;
+}
+
+}  // namespace rlf

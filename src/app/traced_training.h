@@ -1,0 +1,21 @@
+// The training half of an RL step as every `train` path runs it (one rank, disaggregated
+// learners, fused ranks): the frozen reference's log-probs when a KL term is on, then
+// optimize_on_rollouts, each traced with the policy version it trains.
+#pragma once
+
+#include <vector>
+
+#include "src/io/trace.h"
+#include "src/rl/rl_step.h"
+
+namespace rlf {
+
+// `reference` may be null. `learners` ranks share the step: the Train event counts this rank's
+// share of the tokens. Returns the step's statistics (summed over learners by `parallel`).
+StepStats train_on_rollouts_traced(Transformer<float>& model, AdamW<float>& optimizer,
+                                   Transformer<float>* reference, std::vector<Rollout>& rollouts,
+                                   const RlStepSettings& settings,
+                                   const DataParallelHooks& parallel, int version, int learners,
+                                   TraceRecorder& trace);
+
+}  // namespace rlf

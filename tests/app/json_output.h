@@ -1,0 +1,23 @@
+// Reading the `--json` twin a command prints: its line, and the numbers in it.
+#pragma once
+
+#include <cmath>
+#include <string>
+
+namespace rlf::test {
+
+// The one line of `output` that starts with {"bench":"<bench>" (empty when absent).
+inline std::string json_line(const std::string& output, const std::string& bench) {
+  const auto begin = output.find("{\"bench\":\"" + bench + "\"");
+  if (begin == std::string::npos) return "";
+  return output.substr(begin, output.find('\n', begin) - begin);
+}
+
+// The number after "key": at or after `from` (an object's position), NaN when absent.
+inline double json_number(const std::string& json, const std::string& key, size_t from = 0) {
+  const auto at = json.find("\"" + key + "\":", from);
+  if (at == std::string::npos) return std::nan("");
+  return std::stod(json.substr(at + key.size() + 3));
+}
+
+}  // namespace rlf::test
