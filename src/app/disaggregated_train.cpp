@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <thread>
 
 #include "kernels/error.h"
 #include "mpi_comm/hierarchical_collectives.h"
@@ -60,8 +61,8 @@ int index_in(const std::vector<int>& ranks, int world_rank) {
   return int(std::find(ranks.begin(), ranks.end(), world_rank) - ranks.begin());
 }
 
-// Waits for every learner while serving the queue shards this rank hosts: a learner blocked in a
-// plain collective could not answer another learner still collecting its batch.
+// Waits for every rank of `comm` while serving the queue shards this rank hosts: a learner blocked
+// in a plain collective could not answer another learner still collecting its batch.
 void serving_barrier(MPI_Comm comm, DistQueue& queue) {
   MPI_Request request;
   MPI_Ibarrier(comm, &request);
@@ -71,6 +72,38 @@ void serving_barrier(MPI_Comm comm, DistQueue& queue) {
     return done != 0;
   });
 }
+
+// StaleSync's schedule in disaggregated mode (docs/STALESYNC.md). With a bound s >= 1 actors run
+// one step ahead: batch k is generated with version k - 2 while learners train batch k - 1, so
+// generation and training overlap and every sample is at most one version stale when trained.
+// The versions are fixed by the step number, never by timing, so a seed fixes the run. s = 0 is
+// the synchronous schedule: batch k from version k - 1, weights sent after every step.
+struct StaleSchedule {
+  int lag = 0;    // steps the actors run ahead (0 or 1)
+  int steps = 0;  // RL steps of the run
+
+  int generation_version(int step) const { return std::max(0, step - 1 - lag); }
+  // After putting batch `step`, actors receive the version they generate the next batch with;
+  // learners send it once they have taken batch `step` (their parameters are version step - 1
+  // then), so neither side waits on the other's queue traffic.
+  bool pipelined_sync_after(int step) const { return lag == 1 && step >= 2 && step < steps; }
+};
+
+// Sleeps a seeded random 0..max_ms (tests: perturbs timing, never results).
+class RandomDelay {
+ public:
+  RandomDelay(int max_ms, uint64_t seed, int rank) : max_ms_(max_ms), state_(seed * 7919 + rank) {}
+  void operator()() {
+    if (max_ms_ <= 0) return;
+    state_ = state_ * 6364136223846793005ull + 1442695040888963407ull;
+    std::this_thread::sleep_for(
+        std::chrono::microseconds((state_ >> 33) % (uint64_t(max_ms_) * 1000)));
+  }
+
+ private:
+  int max_ms_;
+  uint64_t state_;
+};
 
 }  // namespace
 
@@ -108,13 +141,20 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
   queue_config.shard_capacity = options.shard_capacity;
   DistQueue queue(MPI_COMM_WORLD, topology, queue_config);
   WeightSync weights(MPI_COMM_WORLD, topology);
+  // StaleSync's pipelined weight sync waits on a barrier of the ranks that generate or train.
+  MPI_Comm compute_ranks = MPI_COMM_NULL;
+  MPI_Comm_split(MPI_COMM_WORLD, role == Role::Queue ? MPI_UNDEFINED : 0, topology.world_rank(),
+                 &compute_ranks);
+  const StaleSchedule schedule{rl.staleness > 0 ? 1 : 0, rl.steps};
+  RandomDelay random_delay(rl.random_delay_ms, run.seed, topology.world_rank());
   std::unique_ptr<ExpertWeightSync> expert_weights;
   if (options.expert_parallel > 1 || options.actor_expert_parallel > 1) {
     expert_weights = std::make_unique<ExpertWeightSync>(
         MPI_COMM_WORLD, topology, experts, options.expert_parallel, options.actor_expert_parallel);
   }
 
-  dir.log("# rlfusion train (disaggregated, synchronous): %s\n", build_info().c_str());
+  dir.log("# rlfusion train (disaggregated, %s): %s\n",
+          rl.staleness > 0 ? "StaleSync" : "synchronous", build_info().c_str());
   dir.log("# model %s (%.2fM parameters), task %s, seed %llu, run dir %s\n",
           policy.config.name.c_str(), policy.config.parameter_count() / 1e6,
           policy.task->name().c_str(), (unsigned long long)run.seed, dir.path().c_str());
@@ -174,31 +214,44 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
           dispatch_mode_name(options.ep_dispatch), options.ep_overlap_chunks,
           (long long)parameter_count, (long long)ParameterLayout(policy.config).total());
     }
+    if (rl.staleness > 0) {
+      dir.log(
+          "# StaleSync: bound %d; actors generate batch k with version k - 2 while learners train "
+          "batch k - 1 (decoupled objective, importance weights capped at %g)\n",
+          rl.staleness, double(rl.importance_cap));
+    }
     RlProgress progress(dir, rl.steps, rl.log_every, device);
     sync_weights(0);
     progress.start();
     for (int step = 1; step <= rl.steps; ++step) {
       const int version = step - 1;
       if (role == Role::Actor) {
+        const int generator = schedule.generation_version(step);
         const auto [first, count] =
             actor_prompts(int64_t(version) * rl.prompts, rl.prompts,
                           index_in(actors, topology.world_rank()), int(actors.size()));
         std::vector<Rollout> rollouts;
+        random_delay();
         {
           TraceScope traced(trace, Phase::Generate);
-          traced.set_version(version);
-          rollouts = generate_rollouts(model, task, first, count, rl.group_size, sampling, version,
-                                       estimator);
+          traced.set_version(generator);
+          rollouts = generate_rollouts(model, task, first, count, rl.group_size, sampling,
+                                       generator, estimator);
           for (const Rollout& r : rollouts) traced.add_tokens(int64_t(r.response.size()));
         }
         {
           TraceScope traced(trace, Phase::QueuePut);
-          traced.set_version(version);
+          traced.set_version(generator);
           std::vector<QueueSample> samples = to_queue_samples(rollouts, rl.group_size);
           traced.set_bytes(int64_t(packed_bytes(samples)));
           queue.put(std::move(samples));
         }
-        sync_weights(version + 1);
+        if (schedule.lag == 0) {
+          sync_weights(version + 1);
+        } else if (schedule.pipelined_sync_after(step)) {
+          serving_barrier(compute_ranks, queue);
+          sync_weights(step - 1);
+        }
         continue;
       }
       // Learner.
@@ -212,24 +265,34 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
         // same samples every run, so a seed fixes the weights bit for bit.
         const int64_t first = int64_t(version) * rl.prompts * rl.group_size +
                               index_in(learners, topology.world_rank()) * share;
+        // StaleSync's bound, enforced by the queue: nothing older than version - s comes back.
+        const int32_t oldest = rl.staleness > 0 ? version - rl.staleness : DistQueue::kAnyVersion;
         const std::vector<QueueSample> samples =
-            options.hierarchical_queue ? queue.get_range_hierarchical(first, share, role_comm)
-                                       : queue.get_range(first, share);
+            options.hierarchical_queue
+                ? queue.get_range_hierarchical(first, share, role_comm, oldest)
+                : queue.get_range(first, share, oldest);
         traced.set_bytes(int64_t(packed_bytes(samples)));
         rollouts = to_rollouts(samples);
       }
       serving_barrier(role_comm.comm, queue);
+      // With sharded experts every learner of replica 0 sends its own experts to the actors.
+      const bool sends_weights = root || expert_weights;
+      if (schedule.pipelined_sync_after(step)) {
+        serving_barrier(compute_ranks, queue);
+        if (sends_weights) sync_weights(version);
+      }
+      random_delay();
       const StepStats stats =
           train_on_rollouts_traced(model, *optimizer, reference, rollouts, settings, parallel,
                                    version, int(learners.size()), trace);
-      // With sharded experts every learner of replica 0 sends its own experts to the actors.
-      if (root || expert_weights) sync_weights(version + 1);
+      if (schedule.lag == 0 && sends_weights) sync_weights(version + 1);
       rl_tokens += int64_t(stats.tokens);
       progress.step_done(step, stats);
     }
     rl_seconds = progress.seconds_since_start();
   }
   queue.close();
+  if (compute_ranks != MPI_COMM_NULL) MPI_Comm_free(&compute_ranks);
   MultiRankTrainEnd end;
   end.learner = role == Role::Learner;
   end.root = root;

@@ -33,6 +33,18 @@ po::options_description rl_options_description(RlOptions& o) {
       "held-out evaluation every N RL steps (0: before and after only)");
   add("log-every", po::value(&o.log_every)->default_value(o.log_every),
       "RL steps per progress line (each line averages the steps since the last)");
+  add("staleness", po::value(&o.staleness)->default_value(o.staleness),
+      "StaleSync bound s: a learner at version v trains only samples whose oldest token is of "
+      "version >= v - s (0: synchronous)");
+  add("finish-threshold", po::value(&o.finish_threshold)->default_value(o.finish_threshold),
+      "StaleSync (fused, s >= 1): a generation phase ends once this fraction of its samples has "
+      "finished; the rest continue in the next phase (1: wait for all)");
+  add("stale-policy", po::value(&o.stale_policy)->default_value(o.stale_policy),
+      "a partial sample that would exceed the bound: regenerate | drop (its group)");
+  add("importance-cap", po::value(&o.importance_cap)->default_value(o.importance_cap),
+      "StaleSync's decoupled objective: cap of the behaviour importance weight");
+  add("random-delay-ms", po::value(&o.random_delay_ms)->default_value(o.random_delay_ms),
+      "testing: sleep a seeded random 0..N ms before every generation and training phase");
   return d;
 }
 
@@ -58,6 +70,13 @@ void validate(const RlOptions& o) {
   require(o.micro_batch >= 1, "--micro-batch must be >= 1");
   require(o.eval_every >= 0, "--eval-every must be >= 0");
   require(o.log_every >= 1, "--log-every must be >= 1");
+  require(o.staleness >= 0, "--staleness must be >= 0, got " + std::to_string(o.staleness));
+  require(o.finish_threshold > 0 && o.finish_threshold <= 1,
+          "--finish-threshold must be in (0, 1], got " + std::to_string(o.finish_threshold));
+  require(o.stale_policy == "regenerate" || o.stale_policy == "drop",
+          "--stale-policy must be regenerate or drop, got '" + o.stale_policy + "'");
+  require(o.importance_cap >= 1, "--importance-cap must be >= 1");
+  require(o.random_delay_ms >= 0, "--random-delay-ms must be >= 0");
 }
 
 RlStepSettings step_settings(const RlOptions& o) {
@@ -68,6 +87,9 @@ RlStepSettings step_settings(const RlOptions& o) {
   s.temperature = o.temperature;
   s.ppo.clip_epsilon = o.clip_epsilon;
   s.ppo.kl_coef = o.kl_coef;
+  s.ppo.importance_cap = o.importance_cap;
+  // Fresh samples need no proximal anchor: s = 0 stays the synchronous objective bit for bit.
+  s.decoupled = o.staleness > 0;
   return s;
 }
 

@@ -27,6 +27,12 @@ struct RlOptions {
   int micro_batch = 64;
   int eval_every = 0;
   int log_every = 1;
+  // StaleSync (docs/STALESYNC.md). 0: synchronous, bit for bit the synchronous run.
+  int staleness = 0;
+  float finish_threshold = 0.9f;            // fused: the long-tail cut (1: wait for all)
+  std::string stale_policy = "regenerate";  // a sample past the bound: regenerate | drop
+  float importance_cap = 5.0f;              // decoupled objective's behaviour weight cap
+  int random_delay_ms = 0;                  // tests: seeded random sleeps in every phase
 };
 
 po::options_description rl_options_description(RlOptions& options);

@@ -12,6 +12,13 @@ StepStats train_on_rollouts_traced(Transformer<float>& model, AdamW<float>& opti
     traced.set_version(version);
     attach_reference_logprobs(*reference, rollouts, settings.micro_batch, settings.temperature);
   }
+  if (settings.decoupled) {
+    TraceScope traced(trace, Phase::Proximal);
+    traced.set_version(version);
+    attach_proximal_logprobs(model, rollouts, settings.micro_batch, settings.temperature);
+  }
+  for (const Rollout& r : rollouts)
+    trace.record_trained(r.sample_id, r.version, r.version, version);
   TraceScope traced(trace, Phase::Train);
   traced.set_version(version);
   const StepStats stats = optimize_on_rollouts(model, optimizer, rollouts, settings, parallel);

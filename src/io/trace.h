@@ -33,11 +33,12 @@ enum class Phase : int32_t {
   Other,
   // RL Fusion's swap between training and generation (after Other: older traces keep their
   // phase numbers).
-  Offload,  // training state device -> host
-  Onload,   // training state host -> device
-  Reshard,  // weights from the training to the generation layout
+  Offload,   // training state device -> host
+  Onload,    // training state host -> device
+  Reshard,   // weights from the training to the generation layout
+  Proximal,  // StaleSync: the policy's own log-probs of the step's samples (decoupled objective)
 };
-inline constexpr int kPhaseCount = int(Phase::Reshard) + 1;
+inline constexpr int kPhaseCount = int(Phase::Proximal) + 1;
 
 // "generate", "queue_put", ...: the names in trace.h5, report tables and JSON.
 const char* phase_name(Phase phase);
@@ -52,6 +53,17 @@ struct TraceEvent {
   int64_t bytes = 0;             // bytes moved (sent + received, or put/taken from the queue)
   int32_t version = kNoVersion;  // policy version the event worked on
   int64_t memory_bytes = 0;      // device arena bytes in use when the event ended (0: unknown)
+};
+
+// One sample a learner trained, with the policy versions that drew its tokens and the version
+// that trained it: StaleSync's bound (trained_version - version_min <= s) and "every sample
+// trained exactly once" are checked on these. trace.h5: /rank_NNNNN/samples.
+struct TrainedSample {
+  int64_t sample_id = 0;
+  int32_t version_min = 0;
+  int32_t version_max = 0;
+  int32_t trained_version = 0;
+  int32_t staleness() const { return trained_version - version_min; }
 };
 
 class TraceRecorder {
@@ -84,14 +96,24 @@ class TraceRecorder {
     }
   }
 
+  void record_trained(int64_t sample_id, int32_t version_min, int32_t version_max,
+                      int32_t trained_version) {
+    if (enabled_) samples_.push_back({sample_id, version_min, version_max, trained_version});
+  }
+
   const std::vector<TraceEvent>& events() const { return events_; }
-  void clear() { events_.clear(); }
+  const std::vector<TrainedSample>& trained_samples() const { return samples_; }
+  void clear() {
+    events_.clear();
+    samples_.clear();
+  }
 
  private:
   bool enabled_ = false;
   double epoch_ = 0;
   const Arena* memory_source_ = nullptr;
   std::vector<TraceEvent> events_;
+  std::vector<TrainedSample> samples_;
 };
 
 // Times one phase: begins at construction, records at destruction. Instrumenting a phase is one

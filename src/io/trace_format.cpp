@@ -3,6 +3,7 @@
 #include <cstddef>
 #include <cstdio>
 #include <stdexcept>
+#include <vector>
 
 #include "src/io/trace.h"
 
@@ -16,6 +17,10 @@ std::string rank_group(int rank) {
 
 std::string rank_events(int rank) {
   return rank_group(rank) + "/events";
+}
+
+std::string rank_samples(int rank) {
+  return rank_group(rank) + "/samples";
 }
 
 namespace {
@@ -33,20 +38,34 @@ hid_t create_phase_type(hid_t base) {
   return type;
 }
 
-// Members in TraceEvent order; `file` packs them with little-endian types, the memory type
-// follows the struct's own offsets.
+struct Member {
+  const char* name;
+  hid_t type;
+  size_t offset;
+};
+
+// A compound of `members`: `file` packs them in order, the memory type follows the struct's
+// own offsets and size.
+hid_t create_compound(const std::vector<Member>& members, bool file, size_t struct_size) {
+  size_t packed_size = 0;
+  for (const Member& m : members) packed_size += H5Tget_size(m.type);
+  const hid_t type = H5Tcreate(H5T_COMPOUND, file ? packed_size : struct_size);
+  size_t packed_offset = 0;
+  for (const Member& m : members) {
+    check(H5Tinsert(type, m.name, file ? packed_offset : m.offset, m.type), "building the type");
+    packed_offset += H5Tget_size(m.type);
+  }
+  return type;
+}
+
+// Members in TraceEvent order; `file` packs them with little-endian types.
 hid_t create_event_type(bool file) {
   static_assert(sizeof(Phase) == sizeof(int32_t));
   const hid_t f64 = file ? H5T_IEEE_F64LE : H5T_NATIVE_DOUBLE;
   const hid_t i64 = file ? H5T_STD_I64LE : H5T_NATIVE_INT64;
   const hid_t i32 = file ? H5T_STD_I32LE : H5T_NATIVE_INT32;
   Handle phase{create_phase_type(i32), H5Tclose};
-  struct Member {
-    const char* name;
-    hid_t type;
-    size_t offset;
-  };
-  const Member members[] = {
+  const std::vector<Member> members = {
       {"phase", phase.id, offsetof(TraceEvent, phase)},
       {"begin", f64, offsetof(TraceEvent, begin)},
       {"end", f64, offsetof(TraceEvent, end)},
@@ -55,15 +74,17 @@ hid_t create_event_type(bool file) {
       {"version", i32, offsetof(TraceEvent, version)},
       {"memory_bytes", i64, offsetof(TraceEvent, memory_bytes)},
   };
-  size_t packed_size = 0;
-  for (const Member& m : members) packed_size += H5Tget_size(m.type);
-  const hid_t type = H5Tcreate(H5T_COMPOUND, file ? packed_size : sizeof(TraceEvent));
-  size_t packed_offset = 0;
-  for (const Member& m : members) {
-    check(H5Tinsert(type, m.name, file ? packed_offset : m.offset, m.type), "building the type");
-    packed_offset += H5Tget_size(m.type);
-  }
-  return type;
+  return create_compound(members, file, sizeof(TraceEvent));
+}
+
+hid_t create_sample_type(bool file) {
+  const hid_t i64 = file ? H5T_STD_I64LE : H5T_NATIVE_INT64;
+  const hid_t i32 = file ? H5T_STD_I32LE : H5T_NATIVE_INT32;
+  return create_compound({{"sample_id", i64, offsetof(TrainedSample, sample_id)},
+                          {"version_min", i32, offsetof(TrainedSample, version_min)},
+                          {"version_max", i32, offsetof(TrainedSample, version_max)},
+                          {"trained_version", i32, offsetof(TrainedSample, trained_version)}},
+                         file, sizeof(TrainedSample));
 }
 
 }  // namespace
@@ -73,6 +94,12 @@ hid_t create_event_memory_type() {
 }
 hid_t create_event_file_type() {
   return create_event_type(/*file=*/true);
+}
+hid_t create_sample_memory_type() {
+  return create_sample_type(/*file=*/false);
+}
+hid_t create_sample_file_type() {
+  return create_sample_type(/*file=*/true);
 }
 
 }  // namespace rlf::trace_format

@@ -5,6 +5,9 @@
 //                          phase (HDF5 enum over int32 carrying the phase names), begin, end
 //                          (float64 seconds since the shared epoch), tokens, bytes (int64),
 //                          version (int32, -1: none), memory_bytes (int64)
+//   /rank_NNNNN/samples    1-D compound dataset, one element per TrainedSample of rank NNNNN:
+//                          sample_id (int64), version_min, version_max, trained_version (int32).
+//                          Absent in traces written before StaleSync (read as none).
 // Internal to src/io.
 #pragma once
 
@@ -21,6 +24,7 @@ inline constexpr const char* kWorldSizeAttribute = "world_size";
 // "/rank_00003/events" and its group "/rank_00003".
 std::string rank_group(int rank);
 std::string rank_events(int rank);
+std::string rank_samples(int rank);
 
 // Closes an HDF5 handle on scope exit.
 struct Handle {
@@ -39,5 +43,8 @@ struct Handle {
 // same on every machine.
 hid_t create_event_memory_type();
 hid_t create_event_file_type();
+// The TrainedSample compound, likewise.
+hid_t create_sample_memory_type();
+hid_t create_sample_file_type();
 
 }  // namespace rlf::trace_format

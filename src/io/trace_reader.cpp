@@ -83,6 +83,11 @@ class Reader {
     for (int r = 0; r < data.world_size; ++r) {
       data.ranks[size_t(r)] = read_events(file.id, r, memory_type.id);
     }
+    Handle sample_type{trace_format::create_sample_memory_type(), H5Tclose};
+    data.samples.resize(size_t(data.world_size));
+    for (int r = 0; r < data.world_size; ++r) {
+      data.samples[size_t(r)] = read_samples(file.id, r, sample_type.id);
+    }
     return data;
   }
 
@@ -118,6 +123,24 @@ class Reader {
       if (int(e.phase) < 0 || int(e.phase) >= kPhaseCount) fail("has an unknown phase in " + name);
     }
     return events;
+  }
+
+  std::vector<TrainedSample> read_samples(hid_t file, int rank, hid_t memory_type) const {
+    const std::string name = trace_format::rank_samples(rank);
+    if (H5Lexists(file, name.c_str(), H5P_DEFAULT) <= 0) return {};  // an older trace
+    Handle set{H5Dopen2(file, name.c_str(), H5P_DEFAULT), H5Dclose};
+    Handle space{H5Dget_space(set.id), H5Sclose};
+    hsize_t count = 0;
+    if (set.id < 0 || space.id < 0 || H5Sget_simple_extent_ndims(space.id) != 1 ||
+        H5Sget_simple_extent_dims(space.id, &count, nullptr) < 0) {
+      fail("has a malformed dataset " + name);
+    }
+    std::vector<TrainedSample> samples(count);
+    if (count > 0 &&
+        H5Dread(set.id, memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, samples.data()) < 0) {
+      fail("has an unreadable dataset " + name);
+    }
+    return samples;
   }
 
   std::string path_;

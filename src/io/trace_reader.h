@@ -14,6 +14,8 @@ struct TraceData {
   int world_size = 0;
   std::map<std::string, std::string> metadata;  // the run metadata (string root attributes)
   std::vector<std::vector<TraceEvent>> ranks;   // ranks[r]: rank r's events, in recorded order
+  // samples[r]: the samples rank r trained, in order (empty for traces older than StaleSync).
+  std::vector<std::vector<TrainedSample>> samples;
 
   size_t event_count() const;
 };

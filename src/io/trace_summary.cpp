@@ -30,6 +30,7 @@ TimeCategory time_category(Phase phase) {
     case Phase::Generate:
       return TimeCategory::Generate;
     case Phase::Train:
+    case Phase::Proximal:
     case Phase::Optimizer:
     case Phase::GradientReduce:
       return TimeCategory::Train;

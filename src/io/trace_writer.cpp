@@ -66,84 +66,120 @@ void write_root_attributes(hid_t file, int world_size, const Metadata& metadata)
   for (const auto& [key, value] : metadata) write_string_attribute(file, key, value);
 }
 
-// Creates /rank_NNNNN/events with room for `count` events; returns the open dataset.
-hid_t create_rank_dataset(hid_t file, int rank, long long count, hid_t file_type) {
+// One per-rank dataset kind (/rank_NNNNN/<name>): its element types and this rank's elements.
+struct Table {
+  const char* name;  // "events" | "samples"
+  hid_t (*memory_type)();
+  hid_t (*file_type)();
+  size_t element_size;
+  const void* data;               // this rank's elements
+  std::vector<long long> counts;  // every rank's element count
+};
+
+std::string dataset_name(int rank, const Table& table) {
+  return trace_format::rank_group(rank) + "/" + table.name;
+}
+
+void create_rank_group(hid_t file, int rank) {
   Handle group{H5Gcreate2(file, trace_format::rank_group(rank).c_str(), H5P_DEFAULT, H5P_DEFAULT,
                           H5P_DEFAULT),
                H5Gclose};
   check(group.id < 0 ? -1 : 0, "creating " + trace_format::rank_group(rank));
-  const hsize_t dims[1] = {hsize_t(count)};
+}
+
+// Creates rank `rank`'s dataset of `table` with room for its count; returns the open dataset.
+hid_t create_rank_dataset(hid_t file, int rank, const Table& table, hid_t file_type) {
+  const hsize_t dims[1] = {hsize_t(table.counts[size_t(rank)])};
   Handle space{H5Screate_simple(1, dims, nullptr), H5Sclose};
+  const std::string name = dataset_name(rank, table);
   const hid_t set =
-      H5Dcreate2(group.id, "events", file_type, space.id, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
-  check(set < 0 ? -1 : 0, "creating " + trace_format::rank_events(rank));
+      H5Dcreate2(file, name.c_str(), file_type, space.id, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+  check(set < 0 ? -1 : 0, "creating " + name);
   return set;
 }
 
-void write_events(hid_t set, const TraceEvent* events, long long count, int rank) {
-  if (count == 0) return;
-  Handle memory_type{trace_format::create_event_memory_type(), H5Tclose};
-  check(H5Dwrite(set, memory_type.id, H5S_ALL, H5S_ALL, H5P_DEFAULT, events),
-        "writing " + trace_format::rank_events(rank));
+void write_rows(hid_t set, const Table& table, const void* rows, int rank) {
+  if (table.counts[size_t(rank)] == 0) return;
+  Handle memory_type{table.memory_type(), H5Tclose};
+  check(H5Dwrite(set, memory_type.id, H5S_ALL, H5S_ALL, H5P_DEFAULT, rows),
+        "writing " + dataset_name(rank, table));
 }
 
 #ifdef H5_HAVE_PARALLEL
-void write_parallel(const std::string& temporary, const std::vector<TraceEvent>& events,
-                    const std::vector<long long>& counts, MPI_Comm comm, int rank,
-                    const Metadata& metadata) {
+void write_parallel(const std::string& temporary, const std::vector<Table>& tables, MPI_Comm comm,
+                    int rank, int world_size, const Metadata& metadata) {
   Handle access{H5Pcreate(H5P_FILE_ACCESS), H5Pclose};
   check(H5Pset_fapl_mpio(access.id, comm, MPI_INFO_NULL), "selecting MPI-IO");
   Handle file{H5Fcreate(temporary.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, access.id), H5Fclose};
   if (file.id < 0) throw std::runtime_error("cannot create '" + temporary + "'");
-  write_root_attributes(file.id, int(counts.size()), metadata);
-  Handle file_type{trace_format::create_event_file_type(), H5Tclose};
-  // Creating objects is collective: every rank creates every rank's dataset, in the same order;
-  // the raw data is then written independently, each rank its own dataset.
-  Handle own{-1, H5Dclose};
-  for (int r = 0; r < int(counts.size()); ++r) {
-    const hid_t set = create_rank_dataset(file.id, r, counts[size_t(r)], file_type.id);
-    if (r == rank) {
-      own.id = set;
-    } else {
-      H5Dclose(set);
+  write_root_attributes(file.id, world_size, metadata);
+  for (int r = 0; r < world_size; ++r) create_rank_group(file.id, r);
+  // Creating objects is collective: every rank creates every rank's datasets, in the same order;
+  // the raw data is then written independently, each rank its own datasets.
+  for (const Table& table : tables) {
+    Handle file_type{table.file_type(), H5Tclose};
+    Handle own{-1, H5Dclose};
+    for (int r = 0; r < world_size; ++r) {
+      const hid_t set = create_rank_dataset(file.id, r, table, file_type.id);
+      if (r == rank) {
+        own.id = set;
+      } else {
+        H5Dclose(set);
+      }
     }
+    write_rows(own.id, table, table.data, rank);
   }
-  write_events(own.id, events.data(), counts[size_t(rank)], rank);
 }
 #endif
 
-void write_gathered(const std::string& temporary, const std::vector<TraceEvent>& events,
-                    const std::vector<long long>& counts, MPI_Comm comm, int rank,
-                    const Metadata& metadata) {
-  // Whole events as one MPI type, so counts stay in int range up to 2^31 events.
-  MPI_Datatype event_type;
-  MPI_Type_contiguous(int(sizeof(TraceEvent)), MPI_BYTE, &event_type);
-  MPI_Type_commit(&event_type);
-  std::vector<int> receive_counts(counts.size()), displacements(counts.size());
+// Every rank's rows of `table`, concatenated on rank 0 (empty elsewhere), and where each starts.
+std::vector<std::byte> gather_rows(const Table& table, MPI_Comm comm, int rank,
+                                   std::vector<long long>& first_row) {
+  // Whole rows as one MPI type, so counts stay in int range up to 2^31 rows.
+  MPI_Datatype row_type;
+  MPI_Type_contiguous(int(table.element_size), MPI_BYTE, &row_type);
+  MPI_Type_commit(&row_type);
+  std::vector<int> receive_counts(table.counts.size()), displacements(table.counts.size());
+  first_row.assign(table.counts.size(), 0);
   long long total = 0;
-  for (size_t r = 0; r < counts.size(); ++r) {
-    receive_counts[r] = int(counts[r]);
+  for (size_t r = 0; r < table.counts.size(); ++r) {
+    receive_counts[r] = int(table.counts[r]);
     displacements[r] = int(total);
-    total += counts[r];
+    first_row[r] = total;
+    total += table.counts[r];
   }
   if (total > std::numeric_limits<int>::max()) {
-    MPI_Type_free(&event_type);
+    MPI_Type_free(&row_type);
     throw std::runtime_error("trace too large to gather to rank 0 (" + std::to_string(total) +
-                             " events): use a parallel HDF5 library");
+                             " rows of " + table.name + "): use a parallel HDF5 library");
   }
-  std::vector<TraceEvent> all(rank == 0 ? size_t(total) : 0);
-  MPI_Gatherv(events.data(), int(events.size()), event_type, all.data(), receive_counts.data(),
-              displacements.data(), event_type, 0, comm);
-  MPI_Type_free(&event_type);
+  std::vector<std::byte> all(rank == 0 ? size_t(total) * table.element_size : 0);
+  MPI_Gatherv(table.data, int(table.counts[size_t(rank)]), row_type, all.data(),
+              receive_counts.data(), displacements.data(), row_type, 0, comm);
+  MPI_Type_free(&row_type);
+  return all;
+}
+
+void write_gathered(const std::string& temporary, const std::vector<Table>& tables, MPI_Comm comm,
+                    int rank, int world_size, const Metadata& metadata) {
+  std::vector<std::vector<std::byte>> gathered;
+  std::vector<std::vector<long long>> first_rows(tables.size());
+  for (size_t t = 0; t < tables.size(); ++t) {
+    gathered.push_back(gather_rows(tables[t], comm, rank, first_rows[t]));
+  }
   if (rank != 0) return;
 
   Handle file{H5Fcreate(temporary.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose};
   if (file.id < 0) throw std::runtime_error("cannot create '" + temporary + "'");
-  write_root_attributes(file.id, int(counts.size()), metadata);
-  Handle file_type{trace_format::create_event_file_type(), H5Tclose};
-  for (int r = 0; r < int(counts.size()); ++r) {
-    Handle set{create_rank_dataset(file.id, r, counts[size_t(r)], file_type.id), H5Dclose};
-    write_events(set.id, all.data() + displacements[size_t(r)], counts[size_t(r)], r);
+  write_root_attributes(file.id, world_size, metadata);
+  for (int r = 0; r < world_size; ++r) create_rank_group(file.id, r);
+  for (size_t t = 0; t < tables.size(); ++t) {
+    Handle file_type{tables[t].file_type(), H5Tclose};
+    for (int r = 0; r < world_size; ++r) {
+      Handle set{create_rank_dataset(file.id, r, tables[t], file_type.id), H5Dclose};
+      write_rows(set.id, tables[t],
+                 gathered[t].data() + size_t(first_rows[t][size_t(r)]) * tables[t].element_size, r);
+    }
   }
 }
 
@@ -174,23 +210,38 @@ void write_trace(const std::string& path, const TraceRecorder& recorder, MPI_Com
                                   "' is reserved");
     }
   }
-  const std::vector<TraceEvent>& events = recorder.events();
-  long long count = static_cast<long long>(events.size());
-  std::vector<long long> counts(size_t(size), 0);
-  MPI_Allgather(&count, 1, MPI_LONG_LONG, counts.data(), 1, MPI_LONG_LONG, comm);
+  std::vector<Table> tables = {{"events",
+                                trace_format::create_event_memory_type,
+                                trace_format::create_event_file_type,
+                                sizeof(TraceEvent),
+                                recorder.events().data(),
+                                {}},
+                               {"samples",
+                                trace_format::create_sample_memory_type,
+                                trace_format::create_sample_file_type,
+                                sizeof(TrainedSample),
+                                recorder.trained_samples().data(),
+                                {}}};
+  const long long own_counts[2] = {static_cast<long long>(recorder.events().size()),
+                                   static_cast<long long>(recorder.trained_samples().size())};
+  for (size_t t = 0; t < tables.size(); ++t) {
+    tables[t].counts.assign(size_t(size), 0);
+    MPI_Allgather(&own_counts[t], 1, MPI_LONG_LONG, tables[t].counts.data(), 1, MPI_LONG_LONG,
+                  comm);
+  }
 
   const std::string temporary = path + ".tmp";
   std::string error;
   try {
 #ifdef H5_HAVE_PARALLEL
     if (parallel) {
-      write_parallel(temporary, events, counts, comm, rank, metadata);
+      write_parallel(temporary, tables, comm, rank, size, metadata);
     } else {
-      write_gathered(temporary, events, counts, comm, rank, metadata);
+      write_gathered(temporary, tables, comm, rank, size, metadata);
     }
 #else
     (void)parallel;
-    write_gathered(temporary, events, counts, comm, rank, metadata);
+    write_gathered(temporary, tables, comm, rank, size, metadata);
 #endif
   } catch (const std::exception& e) {
     error = e.what();

@@ -22,11 +22,11 @@ enum class TraceWriteMode {
 bool parallel_hdf5_available();
 
 // Collective over `comm`: every rank passes its own recorder; rank r's events land in
-// /rank_{r:05d}/events. `run_metadata` becomes string attributes of the root group; rank 0's map
-// is used (broadcast), so ranks need not agree on it. Keys "format" and "world_size" are reserved.
-// Returns on every rank once the file is in place under `path`; throws std::runtime_error on
-// every rank when it could not be written. Requesting Parallel from a serial HDF5 library throws
-// std::invalid_argument.
+// /rank_{r:05d}/events and its trained samples in /rank_{r:05d}/samples. `run_metadata` becomes
+// string attributes of the root group; rank 0's map is used (broadcast), so ranks need not agree on
+// it. Keys "format" and "world_size" are reserved. Returns on every rank once the file is in place
+// under `path`; throws std::runtime_error on every rank when it could not be written. Requesting
+// Parallel from a serial HDF5 library throws std::invalid_argument.
 void write_trace(const std::string& path, const TraceRecorder& recorder, MPI_Comm comm,
                  const std::map<std::string, std::string>& run_metadata,
                  TraceWriteMode mode = TraceWriteMode::Auto);

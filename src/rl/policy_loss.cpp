@@ -84,9 +84,11 @@ PpoStats accumulate_policy_gradient(Transformer<float>& policy,
     const int T = int(rollout.response.size());
     const std::vector<float> advantage(size_t(T), float(rollout.advantage));
     const int row = p.response_rows[r];
-    const PpoStats s = ppo_clip_loss(logp + row, rollout.behaviour_logp.data(),
-                                     settings.kl_coef > 0 ? rollout.reference_logp.data() : nullptr,
-                                     advantage.data(), T, normalizer, settings, dlogp + row);
+    const PpoStats s =
+        ppo_clip_loss(logp + row, rollout.behaviour_logp.data(),
+                      settings.kl_coef > 0 ? rollout.reference_logp.data() : nullptr,
+                      advantage.data(), T, normalizer, settings, dlogp + row,
+                      rollout.proximal_logp.empty() ? nullptr : rollout.proximal_logp.data());
     total.loss += s.loss;
     total.clipped_tokens += s.clipped_tokens;
     total.kl_sum += s.kl_sum;

@@ -36,21 +36,25 @@ void compute_advantages(const double* rewards, int groups, int group_size,
 
 PpoStats ppo_clip_loss(const float* new_logp, const float* old_logp, const float* ref_logp,
                        const float* advantages, int T, double normalizer,
-                       const PpoSettings& settings, float* dnew_logp) {
+                       const PpoSettings& settings, float* dnew_logp, const float* prox_logp) {
   if (settings.kl_coef > 0 && !ref_logp) {
     throw std::invalid_argument("ppo_clip_loss: kl_coef > 0 needs reference log-probs");
   }
   PpoStats stats;
   const double lo = 1.0 - settings.clip_epsilon, hi = 1.0 + settings.clip_epsilon;
   for (int t = 0; t < T; ++t) {
-    const double ratio = std::exp(double(new_logp[t]) - double(old_logp[t]));
+    const double anchor = prox_logp ? double(prox_logp[t]) : double(old_logp[t]);
+    const double ratio = std::exp(double(new_logp[t]) - anchor);
+    const double weight =
+        prox_logp ? std::min(std::exp(anchor - double(old_logp[t])), settings.importance_cap) : 1.0;
     const double a = advantages[t];
     const double unclipped = ratio * a, clipped = std::clamp(ratio, lo, hi) * a;
     // -min(unclipped, clipped): the clipped branch is constant in new_logp when it is active
     // and the ratio lies outside the clip range.
     const bool clip_active = clipped < unclipped && (ratio < lo || ratio > hi);
-    double term = -std::min(unclipped, clipped);
-    double grad = clip_active ? 0.0 : -unclipped;  // d(-ratio * a)/d(new) = -ratio * a
+    double term = -weight * std::min(unclipped, clipped);
+    // d(-w ratio a)/d(new) = -w ratio a (w depends on the proximal policy only).
+    double grad = clip_active ? 0.0 : -weight * unclipped;
     stats.clipped_tokens += clip_active;
     stats.ratio_sum += ratio;
     if (settings.kl_coef > 0) {

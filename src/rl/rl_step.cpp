@@ -16,15 +16,29 @@ void StepStats::add(const StepStats& o) {
   clipped_tokens += o.clipped_tokens;
 }
 
-void attach_reference_logprobs(Transformer<float>& reference, std::vector<Rollout>& rollouts,
-                               int micro_batch, float temperature) {
+namespace {
+
+void attach_logprobs(Transformer<float>& model, std::vector<Rollout>& rollouts, int micro_batch,
+                     float temperature, std::vector<float> Rollout::*into) {
   for (size_t begin = 0; begin < rollouts.size(); begin += size_t(micro_batch)) {
     const size_t end = std::min(rollouts.size(), begin + size_t(micro_batch));
     std::vector<const Rollout*> micro;
     for (size_t i = begin; i < end; ++i) micro.push_back(&rollouts[i]);
-    const auto logp = response_logprobs(reference, micro, temperature);
-    for (size_t i = begin; i < end; ++i) rollouts[i].reference_logp = logp[i - begin];
+    const auto logp = response_logprobs(model, micro, temperature);
+    for (size_t i = begin; i < end; ++i) rollouts[i].*into = logp[i - begin];
   }
+}
+
+}  // namespace
+
+void attach_reference_logprobs(Transformer<float>& reference, std::vector<Rollout>& rollouts,
+                               int micro_batch, float temperature) {
+  attach_logprobs(reference, rollouts, micro_batch, temperature, &Rollout::reference_logp);
+}
+
+void attach_proximal_logprobs(Transformer<float>& policy, std::vector<Rollout>& rollouts,
+                              int micro_batch, float temperature) {
+  attach_logprobs(policy, rollouts, micro_batch, temperature, &Rollout::proximal_logp);
 }
 
 StepStats optimize_on_rollouts(Transformer<float>& policy, AdamW<float>& optimizer,

@@ -19,6 +19,10 @@ struct RlStepSettings {
   int minibatches = 1;
   int micro_batch = 64;
   float temperature = 1.0f;
+  // StaleSync's decoupled objective: before the first optimizer step, the policy's own log-probs
+  // of every response become the proximal anchor (ppo.h). Off: the behaviour log-probs anchor
+  // the trust region (exact for fresh data; the synchronous path).
+  bool decoupled = false;
   PpoSettings ppo;
 };
 
@@ -37,7 +41,7 @@ struct StepStats {
 
 // How learners cooperate; the defaults are a single rank.
 struct DataParallelHooks {
-  std::function<double(double)> sum = [](double x) { return x; };  // sum over learners
+  std::function<double(double)> sum = [](double x) { return x; };    // sum over learners
   std::function<void()> reduce_gradients = [] {};                    // sum of gradients
   std::function<void(StepStats&)> reduce_stats = [](StepStats&) {};  // sums over learners
 };
@@ -45,11 +49,13 @@ struct DataParallelHooks {
 // Reference-policy log-probs of every rollout's response, in micro-batches.
 void attach_reference_logprobs(Transformer<float>& reference, std::vector<Rollout>& rollouts,
                                int micro_batch, float temperature);
+// The current policy's log-probs of every rollout's response (the proximal anchor), likewise.
+void attach_proximal_logprobs(Transformer<float>& policy, std::vector<Rollout>& rollouts,
+                              int micro_batch, float temperature);
 
 // Trains on `rollouts` (whole prompt groups, consecutive) and returns the step's statistics.
 StepStats optimize_on_rollouts(Transformer<float>& policy, AdamW<float>& optimizer,
-                               const std::vector<Rollout>& rollouts,
-                               const RlStepSettings& settings,
+                               const std::vector<Rollout>& rollouts, const RlStepSettings& settings,
                                const DataParallelHooks& parallel = {});
 
 }  // namespace rlf

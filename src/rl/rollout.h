@@ -18,7 +18,10 @@ struct Rollout {
   std::vector<int> response;          // response tokens (with <eos> when the policy ended)
   std::vector<float> behaviour_logp;  // per response token, at generation time
   std::vector<float> reference_logp;  // per response token, frozen reference (when KL is on)
-  int version = 0;                    // policy version that generated every token
+  // Per response token, the policy at the start of the training step: the decoupled objective's
+  // trust-region anchor for stale samples (empty: the behaviour log-probs anchor it).
+  std::vector<float> proximal_logp;
+  int version = 0;  // policy version that generated every token
   double reward = 0;
   double advantage = 0;
 };

@@ -208,14 +208,19 @@ void DistQueue::handle_get(const Message& message) {
 void DistQueue::handle_get_range(const Message& message) {
   const qp::Header h = qp::decode_header(message.bytes);
   const qp::SampleRange range = qp::decode_range(qp::payload_of(message.bytes));
-  send_reply(message, hosted_shard(h.shard).take_range(range.first, range.count));
+  int64_t stale = 0;
+  const auto samples = hosted_shard(h.shard).take_range(range.first, range.count, h.v_min, &stale);
+  counters_.stale_discarded += uint64_t(stale);
+  send_reply(message, samples, stale);
 }
 
-void DistQueue::send_reply(const Message& message, const std::vector<QueueSample>& samples) {
+void DistQueue::send_reply(const Message& message, const std::vector<QueueSample>& samples,
+                           int64_t stale) {
   counters_.get_requests += 1;
   counters_.samples_served += samples.size();
   qp::Header reply = qp::decode_header(message.bytes);
   reply.count = int64_t(samples.size());
+  reply.stale = uint32_t(stale);
   auto bytes = qp::encode(reply, pack_samples(samples));
   counters_.reply_bytes += bytes.size();
   post(message.source, qp::kGetReply, share(std::move(bytes)));
@@ -339,7 +344,8 @@ void DistQueue::put(std::vector<QueueSample> batch) {
 std::vector<int64_t> DistQueue::ask_round(int tag, int32_t v_min,
                                           std::span<const std::byte> payload,
                                           const std::vector<ShardAsk>& asks,
-                                          std::vector<QueueSample>& out) {
+                                          std::vector<QueueSample>& out,
+                                          std::vector<int64_t>* stale) {
   std::map<uint64_t, size_t> ask_of_request;
   for (size_t i = 0; i < asks.size(); ++i) {
     qp::Header h;
@@ -352,6 +358,7 @@ std::vector<int64_t> DistQueue::ask_round(int tag, int32_t v_min,
   }
   counters_.get_rounds += 1;
   std::vector<int64_t> brought(asks.size(), 0);
+  if (stale) stale->assign(asks.size(), 0);
   await_replies(qp::kGetReply, int(asks.size()), [&](Message& reply) {
     const qp::Header h = qp::decode_header(reply.bytes);
     const size_t i = ask_of_request.at(h.request_id);
@@ -363,6 +370,7 @@ std::vector<int64_t> DistQueue::ask_round(int tag, int32_t v_min,
                          " samples for " + std::to_string(asks[i].wanted) + " wanted and carried " +
                          std::to_string(n));
     brought[i] = n;
+    if (stale) (*stale)[i] = int64_t(h.stale);
   });
   return brought;
 }
@@ -406,7 +414,8 @@ std::vector<QueueSample> DistQueue::get(int64_t count, int32_t v_min) {
   return result;
 }
 
-std::vector<QueueSample> DistQueue::get_range(int64_t first_sample_id, int64_t count) {
+std::vector<QueueSample> DistQueue::get_range(int64_t first_sample_id, int64_t count,
+                                              int32_t v_min) {
   if (closed_) throw std::logic_error("DistQueue::get_range after close()");
   check_range(first_sample_id, count, "get_range");
   const qp::SampleRange range{first_sample_id, count};
@@ -423,11 +432,13 @@ std::vector<QueueSample> DistQueue::get_range(int64_t first_sample_id, int64_t c
     for (int s = 0; s < shard_count_; ++s)
       if (missing[size_t(s)] > 0) asks.push_back({s, missing[size_t(s)]});
     if (asks.empty()) break;
-    const auto brought = ask_round(qp::kGetRange, kAnyVersion, payload, asks, result);
+    std::vector<int64_t> stale;
+    const auto brought = ask_round(qp::kGetRange, v_min, payload, asks, result, &stale);
     int64_t got = 0;
     for (size_t i = 0; i < asks.size(); ++i) {
-      missing[size_t(asks[i].shard)] -= brought[i];
-      got += brought[i];
+      missing[size_t(asks[i].shard)] -= brought[i] + stale[i];
+      got += brought[i] + stale[i];
+      counters_.stale_skipped += uint64_t(stale[i]);
     }
     // Some ids are not there yet: after a round that brought nothing, wait (serving) first.
     if (got == 0) {
@@ -454,6 +465,8 @@ std::vector<QueueSample> DistQueue::scatter_from_leader(
     for (int i = 1; i < members; ++i) {
       qp::Header h;
       h.count = int64_t(parts[size_t(i)].size());
+      // What a range get's shards discarded as too stale (never more than the member's count).
+      h.stale = uint32_t(count_per_member - h.count);
       post(dest[size_t(i)], qp::kScatter, share(qp::encode(h, pack_samples(parts[size_t(i)]))));
     }
     return std::move(parts[0]);
@@ -464,9 +477,11 @@ std::vector<QueueSample> DistQueue::scatter_from_leader(
   await_replies(qp::kScatter, 1, [&](Message& m) {
     if (m.source != leader) throw std::logic_error("DistQueue: a scatter from a non-leader");
     mine = unpack_samples(qp::payload_of(m.bytes));
-    if (int64_t(mine.size()) != count_per_member)
+    const qp::Header h = qp::decode_header(m.bytes);
+    if (int64_t(mine.size()) + int64_t(h.stale) != count_per_member)
       throw PackingError("DistQueue: a scatter carried " + std::to_string(mine.size()) +
-                         " samples, expected " + std::to_string(count_per_member));
+                         " samples and " + std::to_string(h.stale) + " stale ids, expected " +
+                         std::to_string(count_per_member));
   });
   return mine;
 }
@@ -486,13 +501,14 @@ std::vector<QueueSample> DistQueue::get_hierarchical(int64_t count_per_member, i
 }
 
 std::vector<QueueSample> DistQueue::get_range_hierarchical(int64_t first_sample_id, int64_t count,
-                                                           const HierarchicalComm& group) {
+                                                           const HierarchicalComm& group,
+                                                           int32_t v_min) {
   if (closed_) throw std::logic_error("DistQueue::get_range_hierarchical after close()");
   check_range(first_sample_id, count, "get_range_hierarchical");
   const qp::SampleRange range{first_sample_id, count};
   auto mine = scatter_from_leader(group, count, [&](int members) {
     // The leader's range comes first and the members' follow it: their union is one range.
-    auto all = get_range(first_sample_id, count * members);
+    auto all = get_range(first_sample_id, count * members, v_min);
     // Member i takes the ids of its own range; a stable split keeps each part canonical.
     std::vector<std::vector<QueueSample>> parts(static_cast<size_t>(members));
     for (auto& s : all)

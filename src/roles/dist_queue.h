@@ -52,10 +52,12 @@ struct DistQueueCounters {
   uint64_t reply_bytes = 0;    // bytes of every GetReply sent, headers included
   uint64_t samples_stored = 0, samples_served = 0;
   uint64_t closes = 0;
+  uint64_t stale_discarded = 0;  // range samples older than the get's v_min, never handed out
   Traffic server_received, server_sent;  // every message to / from the server side
   // Client side (leaders scattering a hierarchical get included).
   Traffic client_sent, client_received;
-  uint64_t get_rounds = 0;  // rounds of Get / GetRange requests sent (1 when data was there)
+  uint64_t get_rounds = 0;     // rounds of Get / GetRange requests sent (1 when data was there)
+  uint64_t stale_skipped = 0;  // ids of this rank's range gets the shards discarded as too old
   // Every message this rank sent to itself (in the traffic above, not in Links' counters).
   Traffic self;
 
@@ -117,7 +119,11 @@ class DistQueue {
   // only for the ids it holds; each round asks every shard still missing some, all requests in
   // flight at once, and a round that brought nothing is followed by a back-off wait (serving)
   // before the next. std::invalid_argument for count < 1 or a negative first id.
-  std::vector<QueueSample> get_range(int64_t first_sample_id, int64_t count);
+  // StaleSync's bound in the transport: a sample of the range with version_min < v_min is never
+  // handed out; its shard discards it, and the call returns without it (counted in
+  // counters().stale_skipped here and stale_discarded at the shard's server).
+  std::vector<QueueSample> get_range(int64_t first_sample_id, int64_t count,
+                                     int32_t v_min = kAnyVersion);
   // Hierarchical get_range, collective over group.intra: every member names its own range, and
   // the members' ranges must be consecutive in local-rank order with equal counts (as learners'
   // ranges are: learners are node-contiguous). Only the node leader asks the queue, for the
@@ -125,7 +131,8 @@ class DistQueue {
   // queue sees 1/members of the requests of `members` flat get_range calls. A member whose
   // scattered samples fall outside its range throws std::logic_error (ranges not consecutive).
   std::vector<QueueSample> get_range_hierarchical(int64_t first_sample_id, int64_t count,
-                                                  const HierarchicalComm& group);
+                                                  const HierarchicalComm& group,
+                                                  int32_t v_min = kAnyVersion);
 
   // --- collective ---
   // MPI barrier over the world that keeps serving while it waits.
@@ -158,15 +165,18 @@ class DistQueue {
   void handle_get(const Message& message);
   void handle_get_range(const Message& message);
   // Answers a get or get-range: `samples` taken from shard h.shard go back in one GetReply.
-  void send_reply(const Message& message, const std::vector<QueueSample>& samples);
+  void send_reply(const Message& message, const std::vector<QueueSample>& samples,
+                  int64_t stale = 0);
   QueueShard& hosted_shard(int s);
   // Serves until `wanted` replies with `tag` have arrived, passing each to on_reply.
   void await_replies(int tag, int wanted, const std::function<void(Message&)>& on_reply);
   // One round of a get: a request with `tag` to each asked shard, all in flight at once (header
   // {shard, v_min, count = wanted}, then `payload`); serves until every GetReply is in and
   // appends the samples to `out`. Returns how many samples each ask brought, in ask order.
+  // With `stale`, also how many ids each ask's shard discarded as older than v_min (GetRange).
   std::vector<int64_t> ask_round(int tag, int32_t v_min, std::span<const std::byte> payload,
-                                 const std::vector<ShardAsk>& asks, std::vector<QueueSample>& out);
+                                 const std::vector<ShardAsk>& asks, std::vector<QueueSample>& out,
+                                 std::vector<int64_t>* stale = nullptr);
   // The hierarchical half both hierarchical gets share, collective over group.intra: the leader
   // (local rank 0) gets the node's samples from take_node(members), one part per member, keeps
   // part 0 and sends part i to local rank i; a member serves until its part of count_per_member

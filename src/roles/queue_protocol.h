@@ -8,9 +8,10 @@
 //   Put       client -> server   {shard, count = samples, request_id} + packed samples
 //   PutAck    server -> client   {shard, count, request_id, accepted = 1 stored | 0 shard full}
 //   Get       client -> server   {shard, v_min, count = most samples wanted, request_id}
-//   GetRange  client -> server   {shard, count = ids of the range still missing from this shard,
-//                                 request_id} + SampleRange {first sample id, ids}
-//   GetReply  server -> client   {shard, count = samples returned, request_id} + packed samples
+//   GetRange  client -> server   {shard, v_min, count = ids of the range still missing from this
+//                                 shard, request_id} + SampleRange {first sample id, ids}
+//   GetReply  server -> client   {shard, count = samples returned, request_id, stale = ids of a
+//                                 GetRange discarded as older than its v_min} + packed samples
 //   Close     any rank -> server {} (the sender will send no more requests)
 //   Scatter   leader -> member   {count} + packed samples (hierarchical get)
 // A GetRange is answered by a GetReply with every sample of the range the shard holds now (maybe
@@ -47,7 +48,7 @@ struct Header {
   int64_t count = 0;
   uint64_t request_id = 0;
   uint32_t accepted = 0;
-  uint32_t reserved = 0;
+  uint32_t stale = 0;  // GetReply to a GetRange: samples discarded by StaleSync's bound
 };
 inline constexpr uint64_t kHeaderBytes = 32;
 

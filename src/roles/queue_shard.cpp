@@ -34,10 +34,20 @@ std::vector<QueueSample> QueueShard::take(int64_t count, int32_t v_min) {
   return take_if(count, [v_min](const QueueSample& s) { return s.version_min >= v_min; });
 }
 
-std::vector<QueueSample> QueueShard::take_range(int64_t first_id, int64_t count) {
-  return take_if(count, [first_id, count](const QueueSample& s) {
+std::vector<QueueSample> QueueShard::take_range(int64_t first_id, int64_t count, int32_t v_min,
+                                                int64_t* stale) {
+  std::vector<QueueSample> taken = take_if(count, [first_id, count](const QueueSample& s) {
     return s.sample_id >= first_id && s.sample_id - first_id < count;
   });
+  const auto too_old = [v_min](const QueueSample& s) { return s.version_min < v_min; };
+  const int64_t old = std::count_if(taken.begin(), taken.end(), too_old);
+  if (old > 0) {
+    taken.erase(std::remove_if(taken.begin(), taken.end(), too_old), taken.end());
+    total_served_ -= old;
+    discarded_stale_ += old;
+  }
+  if (stale) *stale = old;
+  return taken;
 }
 
 std::vector<QueueSample> QueueShard::take_if(

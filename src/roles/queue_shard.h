@@ -35,8 +35,11 @@ class QueueShard {
   // that are too old stay, in their order, for a consumer with a looser policy.
   std::vector<QueueSample> take(int64_t count, int32_t v_min = kAnyVersion);
   // Removes and returns every stored sample with first_id <= sample_id < first_id + count,
-  // oldest first (any version: ids name exactly the samples wanted); the others stay in order.
-  std::vector<QueueSample> take_range(int64_t first_id, int64_t count);
+  // oldest first; the others stay in order. StaleSync's bound: a sample of the range older than
+  // v_min (version_min < v_min) is never handed out; it is discarded and counted in *stale
+  // (when given) and in discarded_stale(), so the consumer stops waiting for its id.
+  std::vector<QueueSample> take_range(int64_t first_id, int64_t count, int32_t v_min = kAnyVersion,
+                                      int64_t* stale = nullptr);
   // How many samples take(·, v_min) could return now.
   int64_t available(int32_t v_min = kAnyVersion) const;
 
@@ -44,6 +47,7 @@ class QueueShard {
   int64_t total_stored() const { return total_stored_; }
   int64_t total_served() const { return total_served_; }
   int64_t rejected_puts() const { return rejected_puts_; }
+  int64_t discarded_stale() const { return discarded_stale_; }
 
  private:
   // Removes and returns up to `count` samples for which `wanted` holds, oldest first.
@@ -52,7 +56,7 @@ class QueueShard {
 
   int64_t capacity_;
   std::deque<QueueSample> samples_;  // arrival order
-  int64_t total_stored_ = 0, total_served_ = 0, rejected_puts_ = 0;
+  int64_t total_stored_ = 0, total_served_ = 0, rejected_puts_ = 0, discarded_stale_ = 0;
 };
 
 }  // namespace rlf

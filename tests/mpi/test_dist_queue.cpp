@@ -538,6 +538,64 @@ TEST(DistQueue, HierarchicalGetCutsQueueRequestsByTheGroupSize) {
   }
 }
 
+// StaleSync's bound in the transport: a range get at v_min hands out only samples with
+// version_min >= v_min, and the shards discard the older ones (counted) so no one waits for them.
+TEST(DistQueue, GetRangeNeverHandsOutSamplesOlderThanTheBound) {
+  if (world_size() < 2) GTEST_SKIP() << "needs an actor and a learner";
+  // Flat gets on every producer/consumer layout; flat and hierarchical on learner nodes.
+  std::vector<std::pair<QueueLayout, bool>> cases;
+  for (const auto& l : producer_consumer_layouts()) cases.push_back({l, false});
+  for (const auto& l : hierarchical_layouts()) {
+    cases.push_back({l, false});
+    cases.push_back({l, true});
+  }
+  for (const auto& [queue_layout, use_hierarchical] : cases) {
+    const auto& [name, config] = queue_layout;
+    {
+      SCOPED_TRACE(name + (use_hierarchical ? ", hierarchical" : ", flat"));
+      Topology topology(MPI_COMM_WORLD, config);
+      DistQueue q(MPI_COMM_WORLD, topology, {.shard_capacity = 1024});
+      const auto& actors = topology.ranks_of(Role::Actor);
+      const auto& learners = topology.ranks_of(Role::Learner);
+      const int64_t per_member = 4 * q.shards() + 1;
+      const int64_t total = per_member * int64_t(learners.size());
+      const uint64_t seed = kSeed + 11;
+      const int32_t v_min = 3;  // random_sample versions are 0..5: about half are too old
+      if (topology.role() == Role::Actor) {
+        const int a = index_in(actors, world_rank());
+        std::vector<QueueSample> batch;
+        for (int64_t id = a; id < total; id += int64_t(actors.size()))
+          batch.push_back(scrambled_sample(seed, id));
+        q.put(std::move(batch));
+      }
+      q.barrier();
+      std::vector<int64_t> got;
+      if (topology.role() == Role::Learner) {
+        const int64_t first = index_in(learners, world_rank()) * per_member;
+        const auto batch = use_hierarchical ? q.get_range_hierarchical(first, per_member,
+                                                                       topology.role_comm(), v_min)
+                                            : q.get_range(first, per_member, v_min);
+        std::vector<QueueSample> want;
+        for (const QueueSample& s : scrambled_range(seed, first, per_member))
+          if (s.version_min >= v_min) want.push_back(s);
+        EXPECT_EQ(batch, want);
+        for (const auto& s : batch) got.push_back(s.sample_id);
+      }
+      q.barrier();
+      uint64_t too_old = 0;
+      for (int64_t id = 0; id < total; ++id)
+        too_old += scrambled_sample(seed, id).version_min < v_min;
+      ASSERT_GT(too_old, 0u);
+      EXPECT_EQ(gather_ids(got).size(), size_t(total) - too_old);
+      EXPECT_EQ(sum_over_world(q.counters().stale_discarded), too_old);
+      // Flat: each learner counts its own; hierarchical: the leader counts the node's.
+      EXPECT_EQ(sum_over_world(q.counters().stale_skipped), too_old);
+      for (int s : q.hosted_shards()) EXPECT_EQ(q.shard(s).stored(), 0) << "shard " << s;
+      q.close();
+    }
+  }
+}
+
 TEST(DistQueue, HierarchicalGetRangeGivesEachMemberItsRangeForFewerRequests) {
   if (hierarchical_layouts().empty()) GTEST_SKIP() << "needs learner nodes of >= 2 ranks (4, 6)";
   for (const auto& [name, config] : hierarchical_layouts()) {

@@ -47,6 +47,16 @@ std::vector<TraceEvent> events_of(int rank) {
   return events;
 }
 
+// Trained samples: rank r records 3 r + 1 of them (so rank 0 has one and the counts differ from
+// the events'), every field a function of (r, i).
+std::vector<TrainedSample> samples_of(int rank) {
+  std::vector<TrainedSample> samples;
+  for (int i = 0; i < 3 * rank + 1; ++i) {
+    samples.push_back({(int64_t(1) << 35) + 100 * rank + i, rank + i, rank + 2 * i, 7 * rank + i});
+  }
+  return samples;
+}
+
 // A fresh directory made by rank 0, its path broadcast to every rank.
 std::string shared_temp_dir() {
   std::string path;
@@ -80,6 +90,15 @@ void check_trace(const std::string& path) {
       EXPECT_EQ(got[i].version, expected[i].version) << "rank " << r << " event " << i;
       EXPECT_EQ(got[i].memory_bytes, expected[i].memory_bytes) << "rank " << r << " event " << i;
     }
+    const std::vector<TrainedSample> want_samples = samples_of(r);
+    const std::vector<TrainedSample>& got_samples = trace.samples[size_t(r)];
+    ASSERT_EQ(got_samples.size(), want_samples.size()) << "rank " << r;
+    for (size_t i = 0; i < got_samples.size(); ++i) {
+      EXPECT_EQ(got_samples[i].sample_id, want_samples[i].sample_id) << "rank " << r;
+      EXPECT_EQ(got_samples[i].version_min, want_samples[i].version_min) << "rank " << r;
+      EXPECT_EQ(got_samples[i].version_max, want_samples[i].version_max) << "rank " << r;
+      EXPECT_EQ(got_samples[i].trained_version, want_samples[i].trained_version) << "rank " << r;
+    }
   }
   // Every rank's breakdown covers the same wall time exactly.
   const TraceSummary summary = summarize(trace);
@@ -91,12 +110,15 @@ void check_trace(const std::string& path) {
   }
 }
 
-TEST(MpiTrace, EveryRanksEventsLandInTraceH5Exactly) {
+TEST(MpiTrace, EveryRanksEventsAndTrainedSamplesLandInTraceH5Exactly) {
   const std::string dir = shared_temp_dir();
   ASSERT_FALSE(dir.empty());
   TraceRecorder recorder(MPI_COMM_WORLD);
   EXPECT_GE(recorder.now(), 0.0);
   for (const TraceEvent& e : events_of(world_rank())) recorder.record(e);
+  for (const TrainedSample& s : samples_of(world_rank())) {
+    recorder.record_trained(s.sample_id, s.version_min, s.version_max, s.trained_version);
+  }
   const std::map<std::string, std::string> metadata = {{"command", "mpi-test"},
                                                        {"from_rank", std::to_string(world_rank())}};
 

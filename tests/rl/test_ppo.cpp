@@ -135,5 +135,84 @@ TEST(PpoClip, SplittingTheTokensGivesTheSameLossAndGradient) {
   EXPECT_EQ(split, whole);
 }
 
+TEST(DecoupledPpo, FreshDataGivesTheCoupledLossAndGradient) {
+  const int T = 25;
+  const auto new_logp = test::random_vector<float>(T, 31, -3.0, -0.1);
+  const auto old_logp = test::random_vector<float>(T, 32, -3.0, -0.1);
+  const auto adv = test::random_vector<float>(T, 33, -2.0, 2.0);
+  std::vector<float> coupled(T, 0.0f), decoupled(T, 0.0f);
+  const PpoStats a = ppo_clip_loss(new_logp.data(), old_logp.data(), nullptr, adv.data(), T, T,
+                                   PpoSettings{}, coupled.data());
+  // Proximal == behaviour: the importance weight is exactly 1.
+  const PpoStats b = ppo_clip_loss(new_logp.data(), old_logp.data(), nullptr, adv.data(), T, T,
+                                   PpoSettings{}, decoupled.data(), old_logp.data());
+  EXPECT_EQ(a.loss, b.loss);
+  EXPECT_EQ(a.clipped_tokens, b.clipped_tokens);
+  EXPECT_EQ(coupled, decoupled);
+}
+
+TEST(DecoupledPpo, ClipsAroundTheProximalPolicyAndWeightsByTheCappedBehaviourRatio) {
+  PpoSettings settings;
+  settings.clip_epsilon = 0.2;
+  settings.importance_cap = 2.0;
+  const float adv = 1.0f;
+  // prox - behaviour = log 1.5: weight 1.5; new == prox: ratio 1, loss -1.5, gradient -1.5.
+  const float behaviour = -2.0f, prox = behaviour + float(std::log(1.5)), now = prox;
+  float grad = 0;
+  PpoStats s = ppo_clip_loss(&now, &behaviour, nullptr, &adv, 1, 1.0, settings, &grad, &prox);
+  EXPECT_NEAR(s.loss, -1.5, 1e-6);
+  EXPECT_NEAR(grad, -1.5, 1e-6);
+  EXPECT_NEAR(s.ratio_sum, 1.0, 1e-12);
+  // The trust region is around the proximal policy: a ratio past 1 + eps relative to it is
+  // clipped, and the clipped term keeps the importance weight.
+  const float far = prox + 0.5f;  // ratio e^0.5 = 1.65 > 1.2: clipped, no gradient
+  grad = 0;
+  s = ppo_clip_loss(&far, &behaviour, nullptr, &adv, 1, 1.0, settings, &grad, &prox);
+  EXPECT_EQ(s.clipped_tokens, 1);
+  EXPECT_EQ(grad, 0.0f);
+  EXPECT_NEAR(s.loss, -1.5 * 1.2, 1e-6);
+  // A very unlikely behaviour token: the weight stops at the cap.
+  const float rare = prox - 5.0f;
+  grad = 0;
+  s = ppo_clip_loss(&now, &rare, nullptr, &adv, 1, 1.0, settings, &grad, &prox);
+  EXPECT_NEAR(s.loss, -2.0, 1e-6);
+  EXPECT_NEAR(grad, -2.0, 1e-6);
+}
+
+TEST(DecoupledPpo, GradientMatchesFiniteDifferences) {
+  const int T = 40;
+  auto new_logp = test::random_vector<float>(T, 41, -3.0, -0.1);
+  const auto old_logp = test::random_vector<float>(T, 42, -3.0, -0.1);
+  const auto prox_logp = test::random_vector<float>(T, 43, -3.0, -0.1);
+  const auto ref_logp = test::random_vector<float>(T, 44, -3.0, -0.1);
+  const auto adv = test::random_vector<float>(T, 45, -2.0, 2.0);
+  PpoSettings settings;
+  settings.kl_coef = 0.3;
+  settings.clip_epsilon = 0.3;
+  settings.importance_cap = 3.0;
+  std::vector<float> grad(T, 0.0f);
+  ppo_clip_loss(new_logp.data(), old_logp.data(), ref_logp.data(), adv.data(), T, 17.0, settings,
+                grad.data(), prox_logp.data());
+  int checked = 0;
+  for (int t = 0; t < T; ++t) {
+    const size_t i = size_t(t);
+    const float saved = new_logp[i];
+    const double ratio = std::exp(double(saved) - prox_logp[i]);
+    if (std::fabs(ratio - 0.7) < 0.02 || std::fabs(ratio - 1.3) < 0.02) continue;  // at a kink
+    const float step = 1.0f / 1024;
+    auto loss_at = [&](float value) {
+      new_logp[i] = value;
+      return ppo_clip_loss(&new_logp[i], &old_logp[i], &ref_logp[i], &adv[i], 1, 17.0, settings,
+                           nullptr, &prox_logp[i])
+          .loss;
+    };
+    const double up = loss_at(saved + step), down = loss_at(saved - step);
+    new_logp[i] = saved;
+    EXPECT_NEAR(grad[i], (up - down) / (2 * step), 2e-4) << "token " << t;
+    ++checked;
+  }
+  EXPECT_GT(checked, T / 2);
+}
+
 }  // namespace
 }  // namespace rlf

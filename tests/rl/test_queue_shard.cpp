@@ -121,6 +121,33 @@ TEST(QueueShard, TakeRangeReturnsExactlyTheRangeOldestFirstAndKeepsTheRest) {
   EXPECT_EQ(ids_of(shard.take(1000)), want_rest);
 }
 
+TEST(QueueShard, TakeRangeDiscardsSamplesOlderThanTheBoundAndCountsThem) {
+  QueueShard shard(100);
+  auto batch = test::random_batch(9, 0, 40);
+  const auto original = batch;
+  ASSERT_TRUE(shard.put(batch));
+  int64_t stale = -1;
+  const auto got = shard.take_range(5, 30, /*v_min=*/2, &stale);
+  std::vector<int64_t> want;
+  int64_t want_stale = 0;
+  for (const auto& s : original) {
+    if (s.sample_id < 5 || s.sample_id >= 35) continue;
+    if (s.version_min >= 2) {
+      want.push_back(s.sample_id);
+    } else {
+      ++want_stale;
+    }
+  }
+  ASSERT_GT(want_stale, 0);
+  EXPECT_EQ(ids_of(got), want);
+  EXPECT_EQ(stale, want_stale);
+  EXPECT_EQ(shard.discarded_stale(), want_stale);
+  EXPECT_EQ(shard.total_served(), int64_t(want.size()));
+  // The stale ones are gone, not left for a later get; the rest of the shard is untouched.
+  EXPECT_TRUE(shard.take_range(5, 30).empty());
+  EXPECT_EQ(shard.stored(), 10);
+}
+
 TEST(QueueProtocol, IdsInShardCountsTheRangeIdsOfEachShard) {
   for (int shards : {1, 2, 3, 5}) {
     for (int64_t first : {0, 1, 7, 12}) {

@@ -1,0 +1,135 @@
+// StaleSync end to end (the rlfusion binary under mpiexec): with random delays in every phase,
+// checked from the traces, no sample is trained beyond the bound and every sample is trained
+// exactly once; s = 0 is the synchronous run bit for bit; the schedule is fixed by step numbers,
+// so timing never changes the weights; bad StaleSync options stop every rank with exit code 2.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <string>
+
+#include "src/io/trace_reader.h"
+#include "tests/app/json_output.h"
+#include "tests/app/read_parameters.h"
+#include "tests/app/run_rlfusion.h"
+
+namespace rlf {
+namespace {
+
+using Result = test::CommandResult;
+
+std::string run_path(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / ("rlfusion-stale-" + name)).string();
+}
+
+// A fresh run directory (removed if an earlier test run left it).
+std::string temp_dir(const std::string& name) {
+  std::filesystem::remove_all(run_path(name));
+  return run_path(name);
+}
+
+constexpr int kSteps = 6, kPrompts = 8, kGroup = 4;
+const std::string kRun =
+    "train --model tiny --task sort --sft-steps 60 --sft-learning-rate 0.01 "
+    "--steps 6 --prompts 8 --group-size 4 --eval-prompts 16 --log-every 3 ";
+
+Result train(int ranks, const std::string& name, const std::string& args) {
+  return test::run_rlfusion(kRun + args + " --run-dir " + temp_dir(name), ranks);
+}
+
+size_t differing_parameters(const std::string& a_name, const std::string& b_name) {
+  const auto a = test::read_tiny_parameters(run_path(a_name) + "/model.h5");
+  const auto b = test::read_tiny_parameters(run_path(b_name) + "/model.h5");
+  EXPECT_EQ(a.size(), b.size());
+  size_t differing = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i)
+    differing += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
+  return differing;
+}
+
+// Every trained sample of the run, from trace.h5, checked against the bound; returns how many
+// samples were trained at each staleness.
+std::map<int, int> expect_bound_and_exactly_once(const std::string& name, int staleness) {
+  const TraceData trace = read_trace(run_path(name) + "/trace.h5");
+  std::map<int64_t, int> times_trained;
+  std::map<int, int> by_staleness;
+  for (const auto& rank_samples : trace.samples) {
+    for (const TrainedSample& s : rank_samples) {
+      ++times_trained[s.sample_id];
+      ++by_staleness[s.staleness()];
+      EXPECT_GE(s.staleness(), 0) << "sample " << s.sample_id;
+      EXPECT_LE(s.staleness(), staleness) << "sample " << s.sample_id << " trained at version "
+                                          << s.trained_version << " from " << s.version_min;
+      // Batch k (sample ids of prompts [(k-1)P, kP)) is trained at version k - 1.
+      EXPECT_EQ(s.trained_version, s.sample_id / (kPrompts * kGroup)) << "sample " << s.sample_id;
+    }
+  }
+  EXPECT_EQ(times_trained.size(), size_t(kSteps * kPrompts * kGroup));
+  for (const auto& [id, times] : times_trained) {
+    EXPECT_EQ(times, 1) << "sample " << id;
+    EXPECT_TRUE(id >= 0 && id < kSteps * kPrompts * kGroup) << "sample " << id;
+  }
+  return by_staleness;
+}
+
+TEST(StaleSync, ZeroStalenessIsTheSynchronousRunBitForBit) {
+  const Result sync = train(2, "sync", "--json");
+  ASSERT_EQ(sync.exit_code, 0) << sync.output;
+  const Result zero = train(2, "zero", "--staleness 0 --random-delay-ms 4 --json");
+  ASSERT_EQ(zero.exit_code, 0) << zero.output;
+  EXPECT_EQ(differing_parameters("sync", "zero"), 0u);
+  EXPECT_EQ(test::json_number(sync.output, "heldout_accuracy_after_rl"),
+            test::json_number(zero.output, "heldout_accuracy_after_rl"));
+  const auto by_staleness = expect_bound_and_exactly_once("zero", 0);
+  EXPECT_EQ(by_staleness.size(), 1u);
+}
+
+TEST(StaleSync, UnderRandomDelaysNoSampleIsTrainedBeyondTheBoundAndEachExactlyOnce) {
+  // Two actors and two learners hosting the shards, flat and hierarchical transfer.
+  for (const std::string& layout :
+       {std::string("--learners 2 --actors 2 --queue-transfer flat"),
+        std::string("--learners 2 --actors 2 --ranks-per-node 2 --queue-transfer hierarchical")}) {
+    SCOPED_TRACE(layout);
+    const Result r = train(4, "bound", layout + " --staleness 1 --random-delay-ms 6");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const auto by_staleness = expect_bound_and_exactly_once("bound", 1);
+    // Batch 1 is fresh; every later batch was generated one version behind (the pipeline ran).
+    EXPECT_EQ(by_staleness.at(0), kPrompts * kGroup);
+    EXPECT_EQ(by_staleness.at(1), (kSteps - 1) * kPrompts * kGroup);
+  }
+}
+
+TEST(StaleSync, TimingNeverChangesTheWeights) {
+  // A dedicated queue rank, and delays of different lengths: the versions are fixed by step
+  // numbers, so the same seed gives the same weights.
+  const std::string layout = "--learners 1 --actors 1 --queue-ranks 1 --staleness 2 ";
+  const Result a = train(3, "timing-a", layout + "--random-delay-ms 1");
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  const Result b = train(3, "timing-b", layout + "--random-delay-ms 9");
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  EXPECT_EQ(differing_parameters("timing-a", "timing-b"), 0u);
+  expect_bound_and_exactly_once("timing-b", 2);
+  // The decoupled objective trained on stale samples: not the synchronous weights.
+  const Result sync = train(3, "timing-sync", "--learners 1 --actors 1 --queue-ranks 1");
+  ASSERT_EQ(sync.exit_code, 0) << sync.output;
+  EXPECT_GT(differing_parameters("timing-a", "timing-sync"), 0u);
+}
+
+TEST(StaleSync, BadBoundsStopEveryRankBeforeAnyOutput) {
+  for (const auto& [args, message] :
+       std::map<std::string, std::string>{{"--staleness -1", "--staleness"},
+                                          {"--finish-threshold 0", "--finish-threshold"},
+                                          {"--finish-threshold 1.5", "--finish-threshold"},
+                                          {"--stale-policy keep", "--stale-policy"}}) {
+    SCOPED_TRACE(args);
+    const std::string dir = temp_dir("bad");
+    const Result r = test::run_rlfusion(kRun + args + " --run-dir " + dir, 2);
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find(message), std::string::npos) << r.output;
+    EXPECT_FALSE(std::filesystem::exists(dir));
+  }
+}
+
+}  // namespace
+}  // namespace rlf
