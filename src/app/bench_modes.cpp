@@ -4,8 +4,16 @@
 // the ratio, and weight-sync time as a share of the RL time. With one actor and one learner each
 // device of the disaggregated run idles while the other works, so the synchronous ceiling of the
 // ratio is 2.0x. Both runs write ordinary run directories under --run-dir (disaggregated/, fused/).
+//
+// With --staleness s >= 1 the job also runs disaggregated StaleSync on the same data
+// (disaggregated-stale/) and compares it with the synchronous run: the tokens/s ratio, and that
+// ratio as a fraction of the overlap bound (G + T) / max(G, T), where G and T are the synchronous
+// run's generation and training times (the most a perfect overlap of the two could gain).
+#include <algorithm>
 #include <cstdio>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "kernels/error.h"
 #include "src/app/build_info.h"
@@ -67,12 +75,21 @@ int run_bench_modes_command(const std::vector<std::string>& args) {
   policy_options.overwrite = true;
   const std::string base = run.run_dir;
 
-  TrainResult disaggregated, fused;
+  TrainResult disaggregated, fused, stale;
+  const int staleness = rl.staleness;
+  rl.staleness = 0;  // the synchronous runs
   run.run_dir = base + "/disaggregated";
   DisaggregatedOptions disaggregated_options = options;
   disaggregated_options.offload = false;  // only fused ranks have a generation phase to swap for
   run_disaggregated_train(run, policy_options, sft, rl, layout, disaggregated_options, "",
                           &disaggregated);
+  if (staleness > 0) {
+    RlOptions stale_rl = rl;
+    stale_rl.staleness = staleness;
+    run.run_dir = base + "/disaggregated-stale";
+    run_disaggregated_train(run, policy_options, sft, stale_rl, layout, disaggregated_options, "",
+                            &stale);
+  }
   LayoutConfig fused_layout = layout;
   fused_layout.learners = fused_layout.actors = fused_layout.queue_ranks = 0;
   run.run_dir = base + "/fused";
@@ -88,16 +105,20 @@ int run_bench_modes_command(const std::vector<std::string>& args) {
   std::printf("# model %s, task %s, %d ranks, %d steps x %d prompts x %d samples, seed %llu\n",
               run.model.c_str(), policy_options.task.c_str(), ranks, rl.steps, rl.prompts,
               rl.group_size, (unsigned long long)run.seed);
-  std::printf("# %-14s %12s %12s %14s %10s %12s %12s\n", "mode", "tokens/s", "RL time",
-              "weight sync", "sync", "acc before", "acc after");
-  std::printf("# %-14s %12s %12s %14s %10s %12s %12s\n", "", "(tokens/s)", "(s)", "(s)",
-              "(% of RL)", "", "");
-  for (const auto& [name, r] :
-       {std::pair<const char*, const TrainResult&>{"disaggregated", disaggregated},
-        std::pair<const char*, const TrainResult&>{"fused", fused}}) {
-    std::printf("  %-14s %12.0f %12.2f %14.3f %10.1f %12.3f %12.3f\n", name, r.tokens_per_s,
-                r.rl_seconds, r.weight_sync_seconds, sync_share(r), r.accuracy_before_rl,
-                r.accuracy_after_rl);
+  std::printf("# %-20s %11s %9s %9s %9s %12s %10s %10s %10s\n", "mode", "tokens/s", "RL time",
+              "generate", "train", "weight sync", "sync", "acc before", "acc after");
+  std::printf("# %-20s %11s %9s %9s %9s %12s %10s %10s %10s\n", "", "(tokens/s)", "(s)", "(s)",
+              "(s)", "(s)", "(% of RL)", "", "");
+  std::vector<std::pair<std::string, const TrainResult*>> rows = {{"disaggregated", &disaggregated},
+                                                                  {"fused", &fused}};
+  if (staleness > 0) {
+    rows.push_back({"disaggregated s=" + std::to_string(staleness), &stale});
+  }
+  for (const auto& [name, r] : rows) {
+    std::printf("  %-20s %11.0f %9.2f %9.2f %9.2f %12.3f %10.1f %10.3f %10.3f\n", name.c_str(),
+                r->tokens_per_s, r->rl_seconds, r->generate_seconds, r->train_seconds,
+                r->weight_sync_seconds, sync_share(*r), r->accuracy_before_rl,
+                r->accuracy_after_rl);
   }
   std::printf(
       "# fused / disaggregated tokens/s: %.2fx (synchronous ceiling with one actor and "
@@ -105,6 +126,28 @@ int run_bench_modes_command(const std::vector<std::string>& args) {
       "the RL time (%s; target <= 10%%)\n",
       ratio, ratio >= 1.6 ? "met" : "NOT met", sync_share(fused),
       options.offload ? "offload and onload every step" : "no swap: --offload is off");
+  // StaleSync against its own synchronous run: how much of the possible overlap it realized.
+  const double g = disaggregated.generate_seconds, t = disaggregated.train_seconds;
+  const double bound = std::max(g, t) > 0 ? (g + t) / std::max(g, t) : 0;
+  const double stale_ratio =
+      disaggregated.tokens_per_s > 0 ? stale.tokens_per_s / disaggregated.tokens_per_s : 0;
+  const double of_bound = bound > 0 ? stale_ratio / bound : 0;
+  if (staleness > 0) {
+    std::printf(
+        "# disaggregated StaleSync (s = %d) / synchronous tokens/s: %.2fx; overlap bound "
+        "(G + T) / max(G, T) = (%.2f s + %.2f s) / %.2f s = %.2fx; realized %.0f%% of the bound "
+        "(target >= 85%%: %s)\n",
+        staleness, stale_ratio, g, t, std::max(g, t), bound, 100 * of_bound,
+        of_bound >= 0.85 ? "met" : "NOT met");
+  }
+  if (run.json && staleness > 0) {
+    std::printf(
+        "{\"bench\":\"modes-stalesync\",\"staleness\":%d,\"sync_tokens_per_s\":%.1f,"
+        "\"stale_tokens_per_s\":%.1f,\"stale_ratio\":%.4f,\"generate_seconds\":%.4f,"
+        "\"train_seconds\":%.4f,\"overlap_bound\":%.4f,\"fraction_of_bound\":%.4f}\n",
+        staleness, disaggregated.tokens_per_s, stale.tokens_per_s, stale_ratio, g, t, bound,
+        of_bound);
+  }
   if (run.json) {
     std::printf(
         "{\"bench\":\"modes\",\"model\":\"%s\",\"task\":\"%s\",\"ranks\":%d,"

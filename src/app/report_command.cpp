@@ -104,6 +104,20 @@ void print_text(const std::string& path, const TraceData& trace, const TraceSumm
   }
   std::printf("# verdict: %s\n", verdict(s).c_str());
 
+  if (!s.staleness.empty()) {
+    int64_t samples = 0;
+    for (const auto& [staleness, count] : s.staleness) samples += count;
+    std::printf(
+        "#\n# staleness of trained samples: learner version - oldest token's version, all "
+        "ranks\n");
+    std::printf("# %9s %12s %7s\n", "staleness", "samples", "(%)");
+    for (const auto& [staleness, count] : s.staleness) {
+      const double share = percent(double(count), double(samples));
+      std::printf("  %9d %12lld %7.1f %s\n", staleness, (long long)count, share,
+                  std::string(size_t(share / 2.5 + 0.5), '#').c_str());
+    }
+  }
+
   std::printf("#\n# bytes per phase, all ranks (time: sum of event durations)\n");
   std::printf("# %-15s %8s %12s %14s %16s %10s\n", "phase", "events", "time", "tokens", "bytes",
               "rate");
@@ -180,6 +194,11 @@ void print_json(const std::string& path, const TraceData& trace, const TraceSumm
                     percent(r.seconds[size_t(c)], s.wall()));
     }
     out += format(",\"memory_peak_bytes\":%lld}", (long long)r.memory_peak_bytes);
+  }
+  out += "],\"staleness\":[";
+  JsonList staleness(out);
+  for (const auto& [value, count] : s.staleness) {
+    staleness.next() += format("{\"staleness\":%d,\"samples\":%lld}", value, (long long)count);
   }
   out += "],\"verdict\":";
   out += json_string(verdict(s));

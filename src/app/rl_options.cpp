@@ -89,7 +89,7 @@ RlStepSettings step_settings(const RlOptions& o) {
   s.ppo.kl_coef = o.kl_coef;
   s.ppo.importance_cap = o.importance_cap;
   // Fresh samples need no proximal anchor: s = 0 stays the synchronous objective bit for bit.
-  s.decoupled = o.staleness > 0;
+  s.ppo.decoupled = o.staleness > 0;
   return s;
 }
 

@@ -12,10 +12,10 @@ StepStats train_on_rollouts_traced(Transformer<float>& model, AdamW<float>& opti
     traced.set_version(version);
     attach_reference_logprobs(*reference, rollouts, settings.micro_batch, settings.temperature);
   }
-  if (settings.decoupled) {
+  if (settings.ppo.decoupled && settings.minibatches > 1) {
     TraceScope traced(trace, Phase::Proximal);
     traced.set_version(version);
-    attach_proximal_logprobs(model, rollouts, settings.micro_batch, settings.temperature);
+    attach_proximal_logprobs(model, rollouts, settings);
   }
   for (const Rollout& r : rollouts)
     trace.record_trained(r.sample_id, r.version, r.version, version);

@@ -122,6 +122,15 @@ int run_train_command(const std::vector<std::string>& args) {
         std::to_string(multi_rank.expert_parallel) + " and " +
         std::to_string(multi_rank.actor_expert_parallel) + " on 1 rank");
   }
+  if (o.staleness > 0 && world_size == 1) {
+    throw ConfigError(
+        "--staleness " + std::to_string(o.staleness) +
+        " needs a multi-rank run: disaggregated actors and learners overlap their steps, fused "
+        "ranks cut the long tail (mpiexec -n 2 or more)");
+  }
+  if (o.staleness > 0 && mode == "fused") {
+    throw ConfigError("--staleness with --mode fused is not built yet (disaggregated mode has it)");
+  }
   if (world_size > 1 && mode == "fused") {
     return run_fused_train(run, policy_options, sft, o, layout, multi_rank, format_options(parsed));
   }

@@ -17,7 +17,15 @@ int finish_multi_rank_train(const MultiRankTrainEnd& end, const RunOptions& run,
   // before the evaluation below adds events: the sender's time is the transfer; an actor's
   // includes waiting for the learner to finish its step.
   double weight_sync_seconds = 0;
+  double halves[2] = {0, 0};  // this rank's generation and training seconds
   for (const TraceEvent& e : trace.events()) {
+    if (e.phase == Phase::Generate) halves[0] += e.end - e.begin;
+    // (SFT's Train events carry no policy version)
+    const bool rl_training =
+        e.phase == Phase::Reference || e.phase == Phase::Proximal || e.phase == Phase::Train;
+    if (rl_training && e.version != kNoVersion) {
+      halves[1] += e.end - e.begin;
+    }
     // (version 0 of weight_sync is the initial sync before the first step)
     const bool sync = e.phase == Phase::WeightSync && e.version > 0;
     const bool swap =
@@ -59,7 +67,11 @@ int finish_multi_rank_train(const MultiRankTrainEnd& end, const RunOptions& run,
   double figures[5] = {tokens_per_s, end.rl_seconds, weight_sync_seconds, end.before_rl.accuracy(),
                        after.accuracy()};
   MPI_Bcast(figures, 5, MPI_DOUBLE, topology.ranks_of(Role::Learner).front(), MPI_COMM_WORLD);
-  if (result) *result = TrainResult{figures[0], figures[1], figures[2], figures[3], figures[4]};
+  MPI_Allreduce(MPI_IN_PLACE, halves, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  if (result) {
+    *result = TrainResult{figures[0], figures[1], figures[2], figures[3],
+                          figures[4], halves[0],  halves[1]};
+  }
   const double total_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - end.run_start).count();
 
@@ -86,14 +98,15 @@ int finish_multi_rank_train(const MultiRankTrainEnd& end, const RunOptions& run,
   std::snprintf(json, sizeof json,
                 "{\"command\":\"train\",\"mode\":\"%s\",\"task\":\"%s\",\"model\":\"%s\","
                 "\"seed\":%llu,\"ranks\":%d,\"expert_parallel\":%d,\"actor_expert_parallel\":%d,"
-                "\"sft_steps\":%d,\"rl_steps\":%d,"
+                "\"staleness\":%d,\"sft_steps\":%d,\"rl_steps\":%d,"
                 "\"heldout_accuracy_before_rl\":%.4f,\"heldout_accuracy_after_rl\":%.4f,"
                 "\"rl_tokens_per_s\":%.1f,\"rl_seconds\":%.3f,\"weight_sync_seconds\":%.6f,"
                 "\"total_seconds\":%.3f}",
                 end.mode, policy.task->name().c_str(), policy.config.name.c_str(),
                 (unsigned long long)run.seed, topology.world_size(), options.expert_parallel,
-                options.actor_expert_parallel, sft.steps, rl.steps, end.before_rl.accuracy(),
-                after.accuracy(), tokens_per_s, end.rl_seconds, figures[2], total_seconds);
+                options.actor_expert_parallel, rl.staleness, sft.steps, rl.steps,
+                end.before_rl.accuracy(), after.accuracy(), tokens_per_s, end.rl_seconds,
+                figures[2], total_seconds);
   if (run.json) dir.log("%s\n", json);
   dir.finish(json);
   return 0;

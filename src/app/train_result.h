@@ -9,6 +9,9 @@ struct TrainResult {
   double rl_seconds = 0;           // RL wall time (learner 0)
   double weight_sync_seconds = 0;  // learner 0's time sending weights to the actors
   double accuracy_before_rl = 0, accuracy_after_rl = 0;
+  // The busiest rank's time in each half of RL: generation (Generate events) and training
+  // (Reference, Proximal and Train events). StaleSync's overlap bound is (G + T) / max(G, T).
+  double generate_seconds = 0, train_seconds = 0;
 };
 
 }  // namespace rlf

@@ -168,6 +168,9 @@ TraceSummary summarize(const TraceData& trace) {
     }
     summary.ranks.push_back(rank);
   }
+  for (const auto& samples : trace.samples) {
+    for (const TrainedSample& s : samples) summary.staleness[s.staleness()] += 1;
+  }
   for (int p = 0; p < kPhaseCount; ++p) {
     if (phases[size_t(p)].events == 0) continue;
     phases[size_t(p)].phase = Phase(p);

@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cstdint>
+#include <map>
 #include <vector>
 
 #include "src/io/trace.h"
@@ -56,6 +57,9 @@ struct TraceSummary {
   StepThroughput total;               // all steps: first step's begin to last step's end
   std::vector<RankBreakdown> ranks;   // every rank, each over [begin, end)
   std::vector<PhaseTotal> phases;     // phases with at least one event, in Phase order
+  // Trained samples by staleness (trained version - oldest token version), all ranks; empty
+  // when the trace has no trained-sample records.
+  std::map<int32_t, int64_t> staleness;
 
   double wall() const { return end > begin ? end - begin : 0.0; }
 };

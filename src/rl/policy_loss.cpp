@@ -36,6 +36,15 @@ void apply_temperature(float* logits, int64_t count, float temperature) {
   for (int64_t i = 0; i < count; ++i) logits[i] *= inverse;
 }
 
+// The decoupled objective's proximal log-probs of `rollout`: attached ones, or, when none are,
+// the ones this forward just computed (the weights have not moved since the step began).
+// Coupled: none (the behaviour log-probs anchor the trust region).
+const float* proximal_anchor(const Rollout& rollout, const PpoSettings& settings,
+                             const float* current) {
+  if (!settings.decoupled) return nullptr;
+  return rollout.proximal_logp.empty() ? current : rollout.proximal_logp.data();
+}
+
 }  // namespace
 
 std::vector<std::vector<float>> response_logprobs(Transformer<float>& model,
@@ -84,11 +93,10 @@ PpoStats accumulate_policy_gradient(Transformer<float>& policy,
     const int T = int(rollout.response.size());
     const std::vector<float> advantage(size_t(T), float(rollout.advantage));
     const int row = p.response_rows[r];
-    const PpoStats s =
-        ppo_clip_loss(logp + row, rollout.behaviour_logp.data(),
-                      settings.kl_coef > 0 ? rollout.reference_logp.data() : nullptr,
-                      advantage.data(), T, normalizer, settings, dlogp + row,
-                      rollout.proximal_logp.empty() ? nullptr : rollout.proximal_logp.data());
+    const PpoStats s = ppo_clip_loss(logp + row, rollout.behaviour_logp.data(),
+                                     settings.kl_coef > 0 ? rollout.reference_logp.data() : nullptr,
+                                     advantage.data(), T, normalizer, settings, dlogp + row,
+                                     proximal_anchor(rollout, settings, logp + row));
     total.loss += s.loss;
     total.clipped_tokens += s.clipped_tokens;
     total.kl_sum += s.kl_sum;

@@ -22,6 +22,8 @@ struct PpoSettings {
   // Decoupled objective only: the behaviour importance weight exp(prox - behaviour) is capped
   // here, so one token that the behaviour policy drew at very low probability cannot dominate.
   double importance_cap = 5.0;
+  // StaleSync: anchor the trust region at the proximal policy (the decoupled objective below).
+  bool decoupled = false;
 };
 
 struct PpoStats {

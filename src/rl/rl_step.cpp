@@ -36,9 +36,21 @@ void attach_reference_logprobs(Transformer<float>& reference, std::vector<Rollou
   attach_logprobs(reference, rollouts, micro_batch, temperature, &Rollout::reference_logp);
 }
 
+size_t minibatch_begin(size_t rollouts, int group_size, int minibatches, int mb) {
+  if (mb >= minibatches) return rollouts;
+  const size_t groups = rollouts / size_t(group_size);
+  return groups * size_t(mb) / size_t(minibatches) * size_t(group_size);
+}
+
 void attach_proximal_logprobs(Transformer<float>& policy, std::vector<Rollout>& rollouts,
-                              int micro_batch, float temperature) {
-  attach_logprobs(policy, rollouts, micro_batch, temperature, &Rollout::proximal_logp);
+                              const RlStepSettings& settings) {
+  const size_t first =
+      minibatch_begin(rollouts.size(), settings.group_size, settings.minibatches, 1);
+  std::vector<Rollout> later(std::make_move_iterator(rollouts.begin() + ptrdiff_t(first)),
+                             std::make_move_iterator(rollouts.end()));
+  attach_logprobs(policy, later, settings.micro_batch, settings.temperature,
+                  &Rollout::proximal_logp);
+  std::move(later.begin(), later.end(), rollouts.begin() + ptrdiff_t(first));
 }
 
 StepStats optimize_on_rollouts(Transformer<float>& policy, AdamW<float>& optimizer,
@@ -52,15 +64,11 @@ StepStats optimize_on_rollouts(Transformer<float>& policy, AdamW<float>& optimiz
     stats.response_tokens += double(r.response.size());
     stats.tokens += double(r.prompt.size() + r.response.size());
   }
-  const size_t groups = rollouts.size() / size_t(settings.group_size);
   for (int mb = 0; mb < settings.minibatches; ++mb) {
     const size_t first =
-        groups * size_t(mb) / size_t(settings.minibatches) * size_t(settings.group_size);
-    // The last minibatch takes everything left (a learner's share may end in a partial group).
+        minibatch_begin(rollouts.size(), settings.group_size, settings.minibatches, mb);
     const size_t last =
-        mb + 1 == settings.minibatches
-            ? rollouts.size()
-            : groups * size_t(mb + 1) / size_t(settings.minibatches) * size_t(settings.group_size);
+        minibatch_begin(rollouts.size(), settings.group_size, settings.minibatches, mb + 1);
     double local_tokens = 0;
     for (size_t i = first; i < last; ++i) local_tokens += double(rollouts[i].response.size());
     // The normalizer counts the response tokens of the minibatch on every learner, so that the

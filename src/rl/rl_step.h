@@ -19,10 +19,9 @@ struct RlStepSettings {
   int minibatches = 1;
   int micro_batch = 64;
   float temperature = 1.0f;
-  // StaleSync's decoupled objective: before the first optimizer step, the policy's own log-probs
-  // of every response become the proximal anchor (ppo.h). Off: the behaviour log-probs anchor
-  // the trust region (exact for fresh data; the synchronous path).
-  bool decoupled = false;
+  // ppo.decoupled: StaleSync's objective, anchored at the policy of the step's start (ppo.h).
+  // The first minibatch's forward runs at exactly those weights, so its own log-probs are the
+  // anchor; only later minibatches need a separate forward (attach_proximal_logprobs).
   PpoSettings ppo;
 };
 
@@ -49,9 +48,13 @@ struct DataParallelHooks {
 // Reference-policy log-probs of every rollout's response, in micro-batches.
 void attach_reference_logprobs(Transformer<float>& reference, std::vector<Rollout>& rollouts,
                                int micro_batch, float temperature);
-// The current policy's log-probs of every rollout's response (the proximal anchor), likewise.
+// The first rollout of minibatch `mb`: minibatches split the prompt groups evenly, and the last
+// takes everything left (a learner's share may end in a partial group).
+size_t minibatch_begin(size_t rollouts, int group_size, int minibatches, int mb);
+// The decoupled objective's anchor for the rollouts after the first minibatch (whose optimizer
+// steps change the weights before they train): the current policy's log-probs, micro-batched.
 void attach_proximal_logprobs(Transformer<float>& policy, std::vector<Rollout>& rollouts,
-                              int micro_batch, float temperature);
+                              const RlStepSettings& settings);
 
 // Trains on `rollouts` (whole prompt groups, consecutive) and returns the step's statistics.
 StepStats optimize_on_rollouts(Transformer<float>& policy, AdamW<float>& optimizer,

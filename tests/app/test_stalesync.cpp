@@ -4,6 +4,7 @@
 // so timing never changes the weights; bad StaleSync options stop every rank with exit code 2.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -97,13 +98,19 @@ TEST(StaleSync, UnderRandomDelaysNoSampleIsTrainedBeyondTheBoundAndEachExactlyOn
     // Batch 1 is fresh; every later batch was generated one version behind (the pipeline ran).
     EXPECT_EQ(by_staleness.at(0), kPrompts * kGroup);
     EXPECT_EQ(by_staleness.at(1), (kSteps - 1) * kPrompts * kGroup);
+    // The report shows the same histogram.
+    const Result report = test::run_rlfusion("report " + run_path("bound"), 1);
+    ASSERT_EQ(report.exit_code, 0) << report.output;
+    EXPECT_NE(report.output.find("staleness of trained samples"), std::string::npos);
+    EXPECT_NE(report.output.find("          1          160"), std::string::npos) << report.output;
   }
 }
 
 TEST(StaleSync, TimingNeverChangesTheWeights) {
   // A dedicated queue rank, and delays of different lengths: the versions are fixed by step
   // numbers, so the same seed gives the same weights.
-  const std::string layout = "--learners 1 --actors 1 --queue-ranks 1 --staleness 2 ";
+  const std::string layout =
+      "--learners 1 --actors 1 --queue-ranks 1 --minibatches 2 --staleness 2 ";
   const Result a = train(3, "timing-a", layout + "--random-delay-ms 1");
   ASSERT_EQ(a.exit_code, 0) << a.output;
   const Result b = train(3, "timing-b", layout + "--random-delay-ms 9");
@@ -111,9 +118,29 @@ TEST(StaleSync, TimingNeverChangesTheWeights) {
   EXPECT_EQ(differing_parameters("timing-a", "timing-b"), 0u);
   expect_bound_and_exactly_once("timing-b", 2);
   // The decoupled objective trained on stale samples: not the synchronous weights.
-  const Result sync = train(3, "timing-sync", "--learners 1 --actors 1 --queue-ranks 1");
+  const Result sync =
+      train(3, "timing-sync", "--learners 1 --actors 1 --queue-ranks 1 --minibatches 2");
   ASSERT_EQ(sync.exit_code, 0) << sync.output;
   EXPECT_GT(differing_parameters("timing-a", "timing-sync"), 0u);
+}
+
+TEST(StaleSync, BenchModesComparesItWithTheSynchronousRunAndItsOverlapBound) {
+  const std::string dir = temp_dir("bench");
+  const Result r = test::run_rlfusion(
+      "bench modes --model tiny --steps 3 --prompts 8 --group-size 4 --eval-prompts 8 "
+      "--staleness 1 --json --run-dir " +
+          dir,
+      2);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("  disaggregated s=1 "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("realized"), std::string::npos) << r.output;
+  const double g = test::json_number(r.output, "generate_seconds");
+  const double t = test::json_number(r.output, "train_seconds");
+  ASSERT_GT(g, 0.0);
+  ASSERT_GT(t, 0.0);
+  EXPECT_NEAR(test::json_number(r.output, "overlap_bound"), (g + t) / std::max(g, t), 1e-3);
+  EXPECT_GT(test::json_number(r.output, "stale_tokens_per_s"), 0.0);
+  EXPECT_TRUE(std::filesystem::exists(dir + "/disaggregated-stale/trace.h5"));
 }
 
 TEST(StaleSync, BadBoundsStopEveryRankBeforeAnyOutput) {

@@ -2,6 +2,7 @@
 // micro-batches add up to the whole batch, and rollouts are reproducible from the seed.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <random>
 
@@ -92,6 +93,51 @@ TEST(PolicyLoss, MicroBatchesSumToTheWholeBatchGradient) {
   double norm = 0;
   for (float g : whole_grad) norm += double(g) * g;
   EXPECT_GT(norm, 0.0) << "the test needs a non-zero gradient";
+}
+
+// The decoupled objective anchored at the forward's own log-probs (the first minibatch) equals
+// the one anchored at separately attached proximal log-probs of the same weights: the anchor is
+// a constant of the step, never differentiated. Stale behaviour log-probs (shifted) make the
+// importance weights differ from 1, so the check is not the trivial fresh-data case.
+TEST(PolicyLoss, DecoupledAnchorFromTheForwardEqualsAttachedProximalLogProbs) {
+  Arena device("test", 128 << 20);
+  Transformer<float> model(test::tiny_policy_config(), cpu_ops(), device, true);
+  model.initialize(6);
+  SwapTask task;
+  auto rollouts =
+      generate_rollouts(model, task, 0, 4, 4, sampling(1.0f), 0, AdvantageEstimator::Rloo);
+  std::mt19937 gen(8);
+  for (size_t i = 0; i < rollouts.size(); ++i) {
+    rollouts[i].advantage = double(int(i % 5) - 2);
+    for (float& logp : rollouts[i].behaviour_logp)
+      logp += std::uniform_real_distribution<float>(-0.8f, 0.8f)(gen);
+  }
+  double normalizer = 0;
+  for (const Rollout& r : rollouts) normalizer += double(r.response.size());
+  PpoSettings settings;
+  settings.decoupled = true;
+  settings.importance_cap = 1.5;
+
+  model.zero_gradients();
+  const PpoStats from_forward =
+      accumulate_policy_gradient(model, pointers(rollouts), normalizer, 1.0f, settings, 0);
+  const std::vector<float> forward_grad(model.gradients(),
+                                        model.gradients() + model.parameter_count());
+  const auto proximal = response_logprobs(model, pointers(rollouts), 1.0f);
+  for (size_t i = 0; i < rollouts.size(); ++i) rollouts[i].proximal_logp = proximal[i];
+  model.zero_gradients();
+  const PpoStats attached =
+      accumulate_policy_gradient(model, pointers(rollouts), normalizer, 1.0f, settings, 0);
+  EXPECT_NEAR(from_forward.loss, attached.loss, 1e-6);
+  test::expect_close(model.gradients(), forward_grad.data(), forward_grad.size(),
+                     "forward anchor vs attached anchor", 1e-6, 1e-4);
+  // And it is not the coupled objective: the capped weights change the gradient.
+  model.zero_gradients();
+  accumulate_policy_gradient(model, pointers(rollouts), normalizer, 1.0f, PpoSettings{}, 0);
+  double difference = 0;
+  for (int64_t i = 0; i < model.parameter_count(); ++i)
+    difference += std::fabs(double(model.gradients()[i]) - forward_grad[size_t(i)]);
+  EXPECT_GT(difference, 1e-3);
 }
 
 TEST(Rollouts, SameSeedSameRolloutsAndGroupedAdvantages) {
