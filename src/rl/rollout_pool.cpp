@@ -152,6 +152,20 @@ int RolloutPool::append_tokens(Transformer<float>& model, const GenerationSettin
   return finished;
 }
 
+void RolloutPool::release_finished(std::vector<Sequence>& decoding, std::vector<int>& free_slots) {
+  std::vector<Sequence> still_decoding;
+  for (const Sequence& s : decoding) {
+    if (member(s).finished) {
+      free_slots.push_back(s.slot);
+    } else {
+      still_decoding.push_back(s);
+    }
+  }
+  // Freed slots go back lowest first whatever order the sequences finished in.
+  std::sort(free_slots.rbegin(), free_slots.rend());
+  decoding.swap(still_decoding);
+}
+
 PhaseStats RolloutPool::generate_phase(Transformer<float>& model,
                                        const GenerationSettings& sampling, int version,
                                        const PoolSettings& settings) {
@@ -206,17 +220,7 @@ PhaseStats RolloutPool::generate_phase(Transformer<float>& model,
     if (rows > 0) ++stats.steps;
     stats.finished += finished;
     decoding.insert(decoding.end(), admitted.begin(), admitted.end());
-    std::vector<Sequence> still_decoding;
-    for (const Sequence& s : decoding) {
-      if (member(s).finished) {
-        free_slots.push_back(s.slot);
-      } else {
-        still_decoding.push_back(s);
-      }
-    }
-    // Freed slots go back lowest first whatever order the sequences finished in.
-    std::sort(free_slots.rbegin(), free_slots.rend());
-    decoding.swap(still_decoding);
+    release_finished(decoding, free_slots);
     const bool all_done = decoding.empty() && next_waiting == waiting.size();
     const bool threshold_reached =
         double(stats.finished) >= settings.finish_threshold * double(stats.phase_samples);

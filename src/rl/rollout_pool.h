@@ -101,6 +101,9 @@ class RolloutPool {
   // Each sequence's last token; logits for the next.
   const float* decode(Transformer<float>& model, KVCache<float>& cache,
                       const std::vector<Sequence>& sequences);
+  // Drops finished sequences from `decoding` and returns their slots to `free_slots` (kept
+  // sorted so the lowest free slot is last).
+  void release_finished(std::vector<Sequence>& decoding, std::vector<int>& free_slots);
   // Samples one token per row of logits into each sequence's response; returns how many ended.
   int append_tokens(Transformer<float>& model, const GenerationSettings& sampling, int version,
                     const float* logits, const std::vector<Sequence>& sequences);
