@@ -18,7 +18,7 @@ StepStats train_on_rollouts_traced(Transformer<float>& model, AdamW<float>& opti
     attach_proximal_logprobs(model, rollouts, settings);
   }
   for (const Rollout& r : rollouts)
-    trace.record_trained(r.sample_id, r.version, r.version, version);
+    trace.record_trained(r.sample_id, r.version_min, r.version_max, version);
   TraceScope traced(trace, Phase::Train);
   traced.set_version(version);
   const StepStats stats = optimize_on_rollouts(model, optimizer, rollouts, settings, parallel);

@@ -10,19 +10,6 @@ namespace rlf {
 
 namespace {
 
-void sample_rows(Transformer<float>& model, int* tokens, float* logp, const float* logits,
-                 const int64_t* sample_ids, const int* positions, int B,
-                 const GenerationSettings& s) {
-  const int V = model.config().vocab_size;
-  if (model.ops().backend == Backend::Reference) {
-    ref::sample_tokens(tokens, logp, logits, sample_ids, positions, B, V, s.seed, s.temperature,
-                       s.top_p);
-  } else {
-    cpu::sample_tokens(tokens, logp, logits, sample_ids, positions, B, V, s.seed, s.temperature,
-                       s.top_p, model.device());
-  }
-}
-
 // Logits of the last token of each listed sequence, recomputed from its whole prefix.
 const float* recompute_last_logits(Transformer<float>& model, KVCache<float>& scratch_cache,
                                    const std::vector<std::vector<int>>& sequences,
@@ -38,6 +25,30 @@ const float* recompute_last_logits(Transformer<float>& model, KVCache<float>& sc
 }
 
 }  // namespace
+
+void sample_next_tokens(Transformer<float>& model, int* tokens, float* logp, const float* logits,
+                        const int64_t* sample_ids, const int* positions, int B,
+                        const GenerationSettings& s) {
+  const int V = model.config().vocab_size;
+  if (model.ops().backend == Backend::Reference) {
+    ref::sample_tokens(tokens, logp, logits, sample_ids, positions, B, V, s.seed, s.temperature,
+                       s.top_p);
+  } else {
+    cpu::sample_tokens(tokens, logp, logits, sample_ids, positions, B, V, s.seed, s.temperature,
+                       s.top_p, model.device());
+  }
+}
+
+int generation_length(const Transformer<float>& model, int longest_prompt,
+                      const GenerationSettings& settings, const char* caller) {
+  const int max_len = longest_prompt + settings.max_new_tokens;
+  if (max_len > model.config().max_seq_len) {
+    throw std::invalid_argument(
+        std::string(caller) + ": prompt + max_new_tokens = " + std::to_string(max_len) +
+        " exceeds the model's max_seq_len " + std::to_string(model.config().max_seq_len));
+  }
+  return max_len;
+}
 
 std::vector<GeneratedSample> generate(Transformer<float>& model,
                                       const std::vector<std::vector<int>>& prompts,
@@ -56,12 +67,7 @@ std::vector<GeneratedSample> generate(Transformer<float>& model,
     if (p.empty()) throw std::invalid_argument("generate: empty prompt");
     longest = std::max(longest, int(p.size()));
   }
-  const int max_len = longest + settings.max_new_tokens;
-  if (max_len > model.config().max_seq_len) {
-    throw std::invalid_argument("generate: prompt + max_new_tokens = " + std::to_string(max_len) +
-                                " exceeds the model's max_seq_len " +
-                                std::to_string(model.config().max_seq_len));
-  }
+  const int max_len = generation_length(model, longest, settings, "generate");
   Arena& device = model.device();
   ArenaScope scope(device);
   KVCache<float> cache = model.allocate_kv_cache(B, max_len);
@@ -94,8 +100,8 @@ std::vector<GeneratedSample> generate(Transformer<float>& model,
     }
     {
       ArenaScope sampling_scope(device);
-      sample_rows(model, next.data(), logp.data(), logits, ids.data(), positions.data(), A,
-                  settings);
+      sample_next_tokens(model, next.data(), logp.data(), logits, ids.data(), positions.data(), A,
+                         settings);
     }
     std::vector<int> still_active;
     for (int i = 0; i < A; ++i) {

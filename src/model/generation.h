@@ -26,6 +26,17 @@ struct GeneratedSample {
   bool ended = false;           // stopped at eos_token rather than at max_new_tokens
 };
 
+// One token for each of B rows of logits [B, V] on the model's backend: tokens[b] and its
+// log-prob logp[b], drawn from the stream of (settings.seed, sample_ids[b], positions[b]).
+void sample_next_tokens(Transformer<float>& model, int* tokens, float* logp, const float* logits,
+                        const int64_t* sample_ids, const int* positions, int B,
+                        const GenerationSettings& settings);
+
+// The KV cache length for prompts up to `longest_prompt` tokens plus settings.max_new_tokens;
+// std::invalid_argument (prefixed by `caller`) when that exceeds the model's max_seq_len.
+int generation_length(const Transformer<float>& model, int longest_prompt,
+                      const GenerationSettings& settings, const char* caller);
+
 // With expert parallelism (Transformer::set_expert_parallel) the call is collective over the EP
 // group: every rank steps until the last sequence of the group has finished.
 std::vector<GeneratedSample> generate(Transformer<float>& model,

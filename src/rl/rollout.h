@@ -21,10 +21,21 @@ struct Rollout {
   // Per response token, the policy at the start of the training step: the decoupled objective's
   // trust-region anchor for stale samples (empty: the behaviour log-probs anchor it).
   std::vector<float> proximal_logp;
-  int version = 0;  // policy version that generated every token
+  // Oldest and newest policy version that produced any of its tokens: equal for a rollout
+  // generated in one go, apart for a partial rollout resumed under newer weights (StaleSync).
+  int version_min = 0;
+  int version_max = 0;
   double reward = 0;
   double advantage = 0;
 };
+
+// <bos> + the encoded prompt text: what the policy is prompted with.
+std::vector<int> prompt_tokens(const TaskSample& sample);
+
+// Fills every rollout's reward (task.reward on its decoded response) and advantage (over each run
+// of group_size consecutive rollouts, one prompt's group).
+void score_rollouts(const Task& task, int group_size, AdvantageEstimator estimator,
+                    std::vector<Rollout>& rollouts);
 
 // Generates group_size responses for each of `prompts` training prompts starting at
 // first_prompt (task.train_sample(first_prompt + p)), scores them and fills advantages.

@@ -10,7 +10,8 @@ std::vector<QueueSample> to_queue_samples(const std::vector<Rollout>& rollouts, 
     s.sample_id = r.sample_id;
     s.prompt_id = r.task_sample.id;
     s.group_index = int32_t(r.sample_id % group_size);
-    s.version_min = s.version_max = r.version;
+    s.version_min = r.version_min;
+    s.version_max = r.version_max;
     s.reward = float(r.reward);
     s.advantage = float(r.advantage);
     s.status = SampleStatus::Finished;
@@ -32,7 +33,8 @@ std::vector<Rollout> to_rollouts(const std::vector<QueueSample>& samples) {
     r.prompt.assign(s.prompt.begin(), s.prompt.end());
     r.response.assign(s.response.begin(), s.response.end());
     r.behaviour_logp = s.behaviour_logp;
-    r.version = s.version_min;
+    r.version_min = s.version_min;
+    r.version_max = s.version_max;
     r.reward = s.reward;
     r.advantage = s.advantage;
     rollouts.push_back(std::move(r));

@@ -152,7 +152,8 @@ TEST(Rollouts, SameSeedSameRolloutsAndGroupedAdvantages) {
   ASSERT_EQ(a.size(), 12u);
   for (size_t i = 0; i < a.size(); ++i) {
     EXPECT_EQ(a[i].response, b[i].response);
-    EXPECT_EQ(a[i].version, 7);
+    EXPECT_EQ(a[i].version_min, 7);
+    EXPECT_EQ(a[i].version_max, 7);
     EXPECT_EQ(a[i].task_sample.id, 10 + int64_t(i / 4));
     EXPECT_EQ(a[i].behaviour_logp.size(), a[i].response.size());
   }

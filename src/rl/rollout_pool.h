@@ -1,0 +1,118 @@
+// StaleSync's rollout pool: the samples a rank has in flight across generation phases. A phase
+// decodes them with continuous batching and may stop early (the long-tail cut); unfinished
+// samples stay as partial rollouts and resume in a later phase under newer weights.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <vector>
+
+#include "src/model/generation.h"
+#include "src/rl/ppo.h"
+#include "src/rl/rollout.h"
+#include "src/rl/task.h"
+
+namespace rlf {
+
+struct PoolSettings {
+  int slots = 0;  // sequences decoded at once (KV cache slots); 0: all of the phase's samples
+  // In (0, 1]: the phase ends after the first step at which finished / phase samples reaches it.
+  // Counted in steps, never in wall time, so a cut is reproducible.
+  double finish_threshold = 1.0;
+};
+
+// What happens to a sample in the pool holding tokens older than the staleness bound allows.
+enum class StalePolicy {
+  Regenerate,  // its tokens are discarded and it starts again from its prompt
+  Drop,        // its whole group leaves the pool and is never returned
+};
+
+struct PoolCounters {
+  int64_t generated_tokens = 0;
+  // Prompt + response tokens prefilled again to rebuild the KV cache of resumed partials.
+  int64_t recomputed_prefix_tokens = 0;
+  int64_t cut_samples = 0;  // partials carried out of a phase (once per phase they survive)
+  int64_t resumed_samples = 0;
+  int64_t regenerated_samples = 0;
+  int64_t discarded_tokens = 0;  // tokens of regenerated samples
+  int64_t dropped_groups = 0;
+  int64_t dropped_samples = 0;
+};
+
+struct PhaseStats {
+  int phase_samples = 0;  // unfinished samples at the start of the phase
+  int steps = 0;          // sampling steps: the first prefill, then one per decode step
+  int64_t generated_tokens = 0;
+  int finished = 0;
+  int cut = 0;  // still decoding when the phase stopped: now partial
+};
+
+class RolloutPool {
+ public:
+  RolloutPool(const Task& task, int group_size, AdvantageEstimator estimator);
+
+  // Adds `prompts` prompt groups starting at first_prompt, with the prompts and sample ids of
+  // generate_rollouts (sample id = prompt id * group_size + member).
+  void add_prompts(int64_t first_prompt, int prompts);
+
+  // Brings every sample in the pool (unfinished, or finished but waiting for its group) whose
+  // oldest token is older than min_version within the bound: per policy, it starts again from
+  // its prompt, or its whole group is dropped.
+  void enforce_staleness(int min_version, StalePolicy policy);
+
+  // One generation phase with the weights of `version` over every unfinished sample (partials
+  // first, then samples not started, each in sample-id order). At most settings.slots sequences
+  // decode at once; a finished one frees its slot for the next waiting sample. A partial's prompt
+  // and response so far are prefilled with the current weights, and its new tokens carry
+  // `version`. With expert parallelism the call is collective over the EP group: each rank cuts
+  // by its own samples, then steps with zero rows until every rank has stopped.
+  PhaseStats generate_phase(Transformer<float>& model, const GenerationSettings& sampling,
+                            int version, const PoolSettings& settings);
+
+  // Removes the groups whose every member has finished and returns them as scored rollouts with
+  // group advantages, in sample-id order.
+  std::vector<Rollout> take_complete_groups();
+
+  size_t in_flight_samples() const;
+  const PoolCounters& counters() const { return counters_; }
+
+ private:
+  // A sample as it will be returned: its response, log-probs and versions grow phase by phase
+  // (the versions are meaningful once the response is not empty); reward and advantage are
+  // filled when its group is taken.
+  struct Member {
+    Rollout rollout;
+    bool finished = false;
+  };
+  using Group = std::vector<Member>;
+  // One sample of a phase: where it lives in the pool and, while decoding, its cache slot.
+  struct Sequence {
+    int64_t prompt_id = 0;
+    int member = 0;
+    int slot = -1;
+  };
+
+  Member& member(const Sequence& s) { return groups_.at(s.prompt_id)[size_t(s.member)]; }
+  std::vector<Sequence> phase_order() const;
+  void restart(Member& m);
+  // Prompt + response so far of each sequence into its slot; logits of each last token.
+  const float* prefill(Transformer<float>& model, KVCache<float>& cache,
+                       const std::vector<Sequence>& sequences);
+  // Each sequence's last token; logits for the next.
+  const float* decode(Transformer<float>& model, KVCache<float>& cache,
+                      const std::vector<Sequence>& sequences);
+  // Drops finished sequences from `decoding` and returns their slots to `free_slots` (kept
+  // sorted so the lowest free slot is last).
+  void release_finished(std::vector<Sequence>& decoding, std::vector<int>& free_slots);
+  // Samples one token per row of logits into each sequence's response; returns how many ended.
+  int append_tokens(Transformer<float>& model, const GenerationSettings& sampling, int version,
+                    const float* logits, const std::vector<Sequence>& sequences);
+
+  const Task& task_;
+  int group_size_;
+  AdvantageEstimator estimator_;
+  std::map<int64_t, Group> groups_;  // by prompt id, so iteration is in sample-id order
+  PoolCounters counters_;
+};
+
+}  // namespace rlf
