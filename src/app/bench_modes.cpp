@@ -143,8 +143,8 @@ int run_bench_modes_command(const std::vector<std::string>& args) {
   if (run.json && staleness > 0) {
     std::printf(
         "{\"bench\":\"modes-stalesync\",\"staleness\":%d,\"sync_tokens_per_s\":%.1f,"
-        "\"stale_tokens_per_s\":%.1f,\"stale_ratio\":%.4f,\"generate_seconds\":%.4f,"
-        "\"train_seconds\":%.4f,\"overlap_bound\":%.4f,\"fraction_of_bound\":%.4f}\n",
+        "\"stale_tokens_per_s\":%.1f,\"stale_ratio\":%.4f,\"generate_seconds\":%.6f,"
+        "\"train_seconds\":%.6f,\"overlap_bound\":%.4f,\"fraction_of_bound\":%.4f}\n",
         staleness, disaggregated.tokens_per_s, stale.tokens_per_s, stale_ratio, g, t, bound,
         of_bound);
   }

@@ -138,7 +138,8 @@ TEST(StaleSync, BenchModesComparesItWithTheSynchronousRunAndItsOverlapBound) {
   const double t = test::json_number(r.output, "train_seconds");
   ASSERT_GT(g, 0.0);
   ASSERT_GT(t, 0.0);
-  EXPECT_NEAR(test::json_number(r.output, "overlap_bound"), (g + t) / std::max(g, t), 1e-3);
+  // (the JSON rounds the times to microseconds)
+  EXPECT_NEAR(test::json_number(r.output, "overlap_bound"), (g + t) / std::max(g, t), 1e-2);
   EXPECT_GT(test::json_number(r.output, "stale_tokens_per_s"), 0.0);
   EXPECT_TRUE(std::filesystem::exists(dir + "/disaggregated-stale/trace.h5"));
 }
