@@ -33,6 +33,14 @@ po::options_description rl_options_description(RlOptions& o) {
       "held-out evaluation every N RL steps (0: before and after only)");
   add("log-every", po::value(&o.log_every)->default_value(o.log_every),
       "RL steps per progress line (each line averages the steps since the last)");
+  add("reward-model", po::value(&o.reward_model),
+      "learned reward model (model.h5 of `rlfusion sft --reward-model`) that scores rollouts");
+  add("reward-blend", po::value<float>()->notifier([&o](float w) {
+    o.reward_blend = w;
+    o.reward_blend_given = true;
+  }),
+      "reward = W x learned score + (1 - W) x task reward, W in [0, 1] (default with "
+      "--reward-model: 1)");
   return d;
 }
 
@@ -58,6 +66,12 @@ void validate(const RlOptions& o) {
   require(o.micro_batch >= 1, "--micro-batch must be >= 1");
   require(o.eval_every >= 0, "--eval-every must be >= 0");
   require(o.log_every >= 1, "--log-every must be >= 1");
+  require(!o.reward_blend_given || !o.reward_model.empty(),
+          "--reward-blend needs --reward-model (the learned reward it blends in)");
+  require(o.reward_blend >= 0 && o.reward_blend <= 1,
+          "--reward-blend must be in [0, 1] (1: only the learned reward, 0: only the task's), "
+          "got " +
+              std::to_string(o.reward_blend));
 }
 
 RlStepSettings step_settings(const RlOptions& o) {

@@ -27,9 +27,14 @@ struct RlOptions {
   int micro_batch = 64;
   int eval_every = 0;
   int log_every = 1;
+  std::string reward_model;         // learned reward model file (empty: the task's reward only)
+  float reward_blend = 1.0f;        // weight of the learned reward (1 - it: the task's reward)
+  bool reward_blend_given = false;  // --reward-blend was on the command line or in the config
 };
 
 po::options_description rl_options_description(RlOptions& options);
+// Every value, and that --reward-model names a reward model file (its fit to the task is checked
+// by validate_reward_model, src/app/learned_reward.h).
 void validate(const RlOptions& options);
 RlStepSettings step_settings(const RlOptions& options);
 // How actors sample: temperature, top-p, <eos>, the task's longest answer, the run's seed.

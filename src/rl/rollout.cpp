@@ -1,5 +1,6 @@
 #include "src/rl/rollout.h"
 
+#include "src/rl/rollout_reward.h"
 #include "src/rl/tokenizer.h"
 
 namespace rlf {
@@ -7,7 +8,7 @@ namespace rlf {
 std::vector<Rollout> generate_rollouts(Transformer<float>& policy, const Task& task,
                                        int64_t first_prompt, int prompts, int group_size,
                                        const GenerationSettings& settings, int version,
-                                       AdvantageEstimator estimator) {
+                                       AdvantageEstimator estimator, RolloutReward* learned) {
   std::vector<Rollout> rollouts;
   std::vector<std::vector<int>> prompt_tokens;
   std::vector<int64_t> sample_ids;
@@ -36,8 +37,9 @@ std::vector<Rollout> generate_rollouts(Transformer<float>& policy, const Task& t
     r.response = generated[i].tokens;
     r.behaviour_logp = generated[i].logprobs;
     r.reward = task.reward(r.task_sample, Tokenizer::decode(r.response));
-    rewards[i] = r.reward;
   }
+  if (learned) learned->blend_into(rollouts);
+  for (size_t i = 0; i < rollouts.size(); ++i) rewards[i] = rollouts[i].reward;
   compute_advantages(rewards.data(), prompts, group_size, estimator, 1e-6, advantages.data());
   for (size_t i = 0; i < rollouts.size(); ++i) rollouts[i].advantage = advantages[i];
   return rollouts;

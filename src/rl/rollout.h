@@ -11,6 +11,8 @@
 
 namespace rlf {
 
+class RolloutReward;
+
 struct Rollout {
   int64_t sample_id = 0;  // keys the sampler's random stream
   TaskSample task_sample;
@@ -24,10 +26,12 @@ struct Rollout {
 };
 
 // Generates group_size responses for each of `prompts` training prompts starting at
-// first_prompt (task.train_sample(first_prompt + p)), scores them and fills advantages.
+// first_prompt (task.train_sample(first_prompt + p)), scores them with the task's reward (blended
+// with a learned reward model when `learned` is given) and fills advantages.
 std::vector<Rollout> generate_rollouts(Transformer<float>& policy, const Task& task,
                                        int64_t first_prompt, int prompts, int group_size,
                                        const GenerationSettings& settings, int version,
-                                       AdvantageEstimator estimator);
+                                       AdvantageEstimator estimator,
+                                       RolloutReward* learned = nullptr);
 
 }  // namespace rlf
