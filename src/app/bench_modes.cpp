@@ -93,7 +93,8 @@ int run_bench_modes_command(const std::vector<std::string>& args) {
   LayoutConfig fused_layout = layout;
   fused_layout.learners = fused_layout.actors = fused_layout.queue_ranks = 0;
   run.run_dir = base + "/fused";
-  run_fused_train(run, policy_options, sft, rl, fused_layout, options, "", &fused);
+  run_fused_train(run, policy_options, sft, rl, fused_layout, options, /*fused_all=*/false, "",
+                  &fused);
 
   if (rank != 0) return 0;
   const double ratio =

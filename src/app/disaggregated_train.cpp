@@ -9,6 +9,7 @@
 #include "kernels/error.h"
 #include "mpi_comm/hierarchical_collectives.h"
 #include "src/app/build_info.h"
+#include "src/app/learned_reward.h"
 #include "src/app/learner_hooks.h"
 #include "src/app/learner_setup.h"
 #include "src/app/rl_progress.h"
@@ -191,6 +192,11 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
     const GenerationSettings sampling = sampling_settings(rl, task, run.seed);
     const AdvantageEstimator estimator = parse_advantage_estimator(rl.advantage);
     const int64_t share = int64_t(rl.prompts) * rl.group_size / int64_t(learners.size());
+    // Actors score: only they hold the learned reward model (in a host arena of their own).
+    const std::unique_ptr<LearnedReward> learned =
+        role == Role::Actor
+            ? load_learned_reward(rl, policy.device->ops(), nullptr, run.device_memory_bytes())
+            : nullptr;
 
     auto sync_weights = [&](int version) {
       TraceScope traced(trace, Phase::WeightSync);
@@ -236,7 +242,7 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
           TraceScope traced(trace, Phase::Generate);
           traced.set_version(generator);
           rollouts = generate_rollouts(model, task, first, count, rl.group_size, sampling,
-                                       generator, estimator);
+                                       generator, estimator, rollout_reward(learned));
           for (const Rollout& r : rollouts) traced.add_tokens(int64_t(r.response.size()));
         }
         {

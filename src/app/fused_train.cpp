@@ -6,11 +6,13 @@
 #include "kernels/error.h"
 #include "src/app/build_info.h"
 #include "src/app/fused_memory.h"
+#include "src/app/learned_reward.h"
 #include "src/app/learner_hooks.h"
 #include "src/app/learner_setup.h"
 #include "src/app/rl_progress.h"
 #include "src/app/traced_training.h"
 #include "src/app/train_finish.h"
+#include "src/io/parameter_file.h"
 #include "src/io/run_directory.h"
 #include "src/io/trace.h"
 #include "src/model/lr_schedule.h"
@@ -24,14 +26,15 @@ namespace rlf {
 
 int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
                     const SftSchedule& sft, const RlOptions& rl, LayoutConfig layout,
-                    const DisaggregatedOptions& options, const std::string& resolved_config,
-                    TrainResult* result) {
+                    const DisaggregatedOptions& options, bool fused_all,
+                    const std::string& resolved_config, TrainResult* result) {
+  const char* mode = fused_all ? "fused-all" : "fused";
   layout.fused = true;
   Topology topology(MPI_COMM_WORLD, layout);
   const int ranks = topology.world_size();
   // Every rank checks the same inputs, so a bad value stops all of them before any work.
   if (rl.prompts % ranks != 0) {
-    throw ConfigError("--mode fused: --prompts " + std::to_string(rl.prompts) +
+    throw ConfigError(std::string("--mode ") + mode + ": --prompts " + std::to_string(rl.prompts) +
                       " must divide evenly among the " + std::to_string(ranks) +
                       " ranks (each generates and trains on its own block of prompts)");
   }
@@ -60,21 +63,35 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         generation_degree > 1 ? expert_shard_of(rank, generation_degree, experts) : ExpertShard{};
     const Task& task = *policy.task;
     const int longest = 2 + task.max_prompt_chars() + task.max_response_chars();
+    const size_t reward_model_bytes =
+        fused_all && !rl.reward_model.empty()
+            ? reward_model_parameter_bytes(parameter_file_model(rl.reward_model))
+            : 0;
     const FusedMemoryPlan plan = plan_fused_memory(
         policy.config, policy.model->layout(), ParameterLayout(policy.config, generation_experts),
-        switch_layouts, rl.kl_coef > 0, options.offload, rl.prompts / ranks * rl.group_size,
-        longest);
-    check_fused_memory_fit(plan, policy.device->memory().capacity(), options.offload);
+        switch_layouts, rl.kl_coef > 0, reward_model_bytes, options.offload,
+        rl.prompts / ranks * rl.group_size, longest);
+    check_fused_memory_fit(plan, policy.device->memory().capacity(), options.offload, mode);
   }
+  // Before the learner state: with offload, the gradients and AdamW's moments must stay the top
+  // of the device arena.
+  const std::unique_ptr<LearnedReward> learned =
+      load_learned_reward(rl, policy.device->ops(), fused_all ? &policy.device->memory() : nullptr,
+                          run.device_memory_bytes());
   RunDirectory dir(run.run_dir, resolved_config, /*writer=*/root);
   TraceRecorder trace(MPI_COMM_WORLD);
   trace.set_memory_source(&policy.device->memory());
 
-  dir.log("# rlfusion train (fused, synchronous): %s\n", build_info().c_str());
+  dir.log("# rlfusion train (%s, synchronous): %s\n", mode, build_info().c_str());
   dir.log("# model %s (%.2fM parameters), task %s, seed %llu, run dir %s\n",
           policy.config.name.c_str(), policy.config.parameter_count() / 1e6,
           policy.task->name().c_str(), (unsigned long long)run.seed, dir.path().c_str());
   dir.log("%s", topology.layout_table().c_str());
+  dir.log("%s", describe_learned_reward(rl, learned.get()).c_str());
+  if (fused_all && rl.kl_coef > 0) {
+    dir.log("# reference model (KL): %s in the device arena (with the policy)\n",
+            format_bytes(size_t(policy.model->parameter_count()) * sizeof(float)).c_str());
+  }
   const auto run_start = std::chrono::steady_clock::now();
 
   LearnerState learner = allocate_learner_state(policy, rl);
@@ -150,7 +167,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
       TraceScope traced(trace, Phase::Generate);
       traced.set_version(version);
       rollouts = generate_rollouts(generator, task, first_prompt, my_prompts, rl.group_size,
-                                   sampling, version, estimator);
+                                   sampling, version, estimator, rollout_reward(learned));
       for (const Rollout& r : rollouts) traced.add_tokens(int64_t(r.response.size()));
     };
     if (offload) {
@@ -204,7 +221,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
           format_bytes(device.capacity()).c_str());
 
   MultiRankTrainEnd end;
-  end.mode = "fused";
+  end.mode = mode;
   end.learner = true;
   end.root = root;
   end.ep = ep.get();

@@ -7,6 +7,11 @@
 // sharded over EP groups of D consecutive ranks; --actor-expert-parallel G != D gives generation
 // its own layout (EP groups of G ranks), switched to rank to rank before each generation phase
 // (src/runtime/layout_switch.h).
+//
+// `fused_all` (--mode fused-all): the frozen reference (--kl-coef > 0) and the learned reward model
+// (--reward-model) live in the same device arena as the policy on every rank, and the memory plan
+// counts them before any work; in plain fused mode the reward model gets a host arena of its own.
+// Placement never changes the math: both modes train the same weights bit for bit.
 #pragma once
 
 #include <string>
@@ -22,7 +27,7 @@ namespace rlf {
 
 int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
                     const SftSchedule& sft, const RlOptions& rl, LayoutConfig layout,
-                    const DisaggregatedOptions& options, const std::string& resolved_config,
-                    TrainResult* result = nullptr);
+                    const DisaggregatedOptions& options, bool fused_all,
+                    const std::string& resolved_config, TrainResult* result = nullptr);
 
 }  // namespace rlf

@@ -38,28 +38,37 @@ void load_starting_weights(Transformer<float>& model, const RunOptions& run,
   }
 }
 
-Policy make_policy(const RunOptions& run, const PolicyOptions& options, bool with_gradients,
-                   ExpertShard experts) {
+void check_model_fits_task(const ModelConfig& c, const Task& task, const std::string& model) {
+  if (c.vocab_size < Tokenizer::vocab_size()) {
+    throw ConfigError(model + " has vocab_size " + std::to_string(c.vocab_size) +
+                      "; the task tokenizer needs " + std::to_string(Tokenizer::vocab_size()));
+  }
+  // <bos> + prompt + response + <eos>.
+  const int longest = 2 + task.max_prompt_chars() + task.max_response_chars();
+  if (longest > c.max_seq_len) {
+    throw ConfigError("task '" + task.name() + "' needs sequences of up to " +
+                      std::to_string(longest) + " tokens but " + model + " has max_seq_len " +
+                      std::to_string(c.max_seq_len));
+  }
+}
+
+Policy make_policy_context(const RunOptions& run, const PolicyOptions& options) {
   if (options.eval_prompts < 0) throw ConfigError("--eval-prompts must be >= 0");
   if (options.eval_batch < 1) throw ConfigError("--eval-batch must be >= 1");
   Policy policy;
   policy.config = load_model_config(run.model);
   policy.task = make_task(load_task_config(options.task, run.seed));
-  const ModelConfig& c = policy.config;
-  if (c.vocab_size < Tokenizer::vocab_size()) {
-    throw ConfigError("model '" + c.name + "' has vocab_size " + std::to_string(c.vocab_size) +
-                      "; the task tokenizer needs " + std::to_string(Tokenizer::vocab_size()));
-  }
-  // <bos> + prompt + response + <eos>.
-  const int longest = 2 + policy.task->max_prompt_chars() + policy.task->max_response_chars();
-  if (longest > c.max_seq_len) {
-    throw ConfigError("task '" + options.task + "' needs sequences of up to " +
-                      std::to_string(longest) + " tokens but model '" + c.name +
-                      "' has max_seq_len " + std::to_string(c.max_seq_len));
-  }
+  check_model_fits_task(policy.config, *policy.task, "model '" + policy.config.name + "'");
   RunDirectory::check_writable(run.run_dir, options.overwrite);
   policy.device = std::make_unique<Device>(run.backend_kind(), run.device_memory_bytes(),
                                            resolve_threads(run.threads));
+  return policy;
+}
+
+Policy make_policy(const RunOptions& run, const PolicyOptions& options, bool with_gradients,
+                   ExpertShard experts) {
+  Policy policy = make_policy_context(run, options);
+  const ModelConfig& c = policy.config;
   policy.model = std::make_unique<Transformer<float>>(
       c, policy.device->ops(), policy.device->memory(), with_gradients, experts);
   load_starting_weights(*policy.model, run, options);

@@ -48,6 +48,13 @@ std::map<std::string, std::string> run_metadata(const std::string& command, cons
 Policy make_policy(const RunOptions& run, const PolicyOptions& options, bool with_gradients,
                    ExpertShard experts = {});
 
+// ConfigError unless the model's vocabulary holds the tokenizer's and its max_seq_len the task's
+// longest sequence; `model` names it in the message ("model 'tiny'").
+void check_model_fits_task(const ModelConfig& config, const Task& task, const std::string& model);
+
+// Everything make_policy does but the model: the configs, their checks, the device.
+Policy make_policy_context(const RunOptions& run, const PolicyOptions& options);
+
 // The starting weights of `model` (whatever experts it stores): seeded from run.seed, or the
 // matching part of the parameter file options.init.
 void load_starting_weights(Transformer<float>& model, const RunOptions& run,

@@ -45,6 +45,14 @@ po::options_description rl_options_description(RlOptions& o) {
       "StaleSync's decoupled objective: cap of the behaviour importance weight");
   add("random-delay-ms", po::value(&o.random_delay_ms)->default_value(o.random_delay_ms),
       "testing: sleep a seeded random 0..N ms before every generation and training phase");
+  add("reward-model", po::value(&o.reward_model),
+      "learned reward model (model.h5 of `rlfusion sft --reward-model`) that scores rollouts");
+  add("reward-blend", po::value<float>()->notifier([&o](float w) {
+    o.reward_blend = w;
+    o.reward_blend_given = true;
+  }),
+      "reward = W x learned score + (1 - W) x task reward, W in [0, 1] (default with "
+      "--reward-model: 1)");
   return d;
 }
 
@@ -77,6 +85,12 @@ void validate(const RlOptions& o) {
           "--stale-policy must be regenerate or drop, got '" + o.stale_policy + "'");
   require(o.importance_cap >= 1, "--importance-cap must be >= 1");
   require(o.random_delay_ms >= 0, "--random-delay-ms must be >= 0");
+  require(!o.reward_blend_given || !o.reward_model.empty(),
+          "--reward-blend needs --reward-model (the learned reward it blends in)");
+  require(o.reward_blend >= 0 && o.reward_blend <= 1,
+          "--reward-blend must be in [0, 1] (1: only the learned reward, 0: only the task's), "
+          "got " +
+              std::to_string(o.reward_blend));
 }
 
 RlStepSettings step_settings(const RlOptions& o) {

@@ -33,9 +33,14 @@ struct RlOptions {
   std::string stale_policy = "regenerate";  // a sample past the bound: regenerate | drop
   float importance_cap = 5.0f;              // decoupled objective's behaviour weight cap
   int random_delay_ms = 0;                  // tests: seeded random sleeps in every phase
+  std::string reward_model;         // learned reward model file (empty: the task's reward only)
+  float reward_blend = 1.0f;        // weight of the learned reward (1 - it: the task's reward)
+  bool reward_blend_given = false;  // --reward-blend was on the command line or in the config
 };
 
 po::options_description rl_options_description(RlOptions& options);
+// Every value, and that --reward-model names a reward model file (its fit to the task is checked
+// by validate_reward_model, src/app/learned_reward.h).
 void validate(const RlOptions& options);
 RlStepSettings step_settings(const RlOptions& options);
 // How actors sample: temperature, top-p, <eos>, the task's longest answer, the run's seed.

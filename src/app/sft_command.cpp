@@ -5,6 +5,7 @@
 #include "src/app/build_info.h"
 #include "src/app/commands.h"
 #include "src/app/policy_setup.h"
+#include "src/app/reward_model_sft.h"
 #include "src/app/sft_phase.h"
 #include "src/io/parameter_file.h"
 #include "src/io/trace_writer.h"
@@ -19,9 +20,17 @@ int run_sft_command(const std::vector<std::string>& args) {
   po::options_description description = run_options_description(run);
   description.add(policy_options_description(policy_options));
   description.add(sft_options_description(schedule, "", 300));
+  bool reward_model = false;
+  description.add_options()(
+      "reward-model", po::bool_switch(&reward_model),
+      "train a learned reward model (the model's body with a scalar head) on the task's labelled "
+      "samples instead of the policy; --init then names a reward model to continue from");
   po::variables_map parsed;
   if (!parse_options("sft", args, description, run, &parsed)) return 0;
   validate(schedule, "");
+  if (reward_model) {
+    return run_reward_model_sft(run, policy_options, schedule, format_options(parsed));
+  }
   Policy policy = make_policy(run, policy_options, /*with_gradients=*/true);
   Transformer<float>& model = *policy.model;
 

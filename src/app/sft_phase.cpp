@@ -46,32 +46,24 @@ void validate(const SftSchedule& s, const std::string& prefix) {
   require(s.log_every > 0, "log-every must be > 0");
 }
 
-SftSummary run_sft_phase(Transformer<float>& model, const Task& task, const SftSchedule& schedule,
-                         RunDirectory& run, TraceRecorder& trace) {
+SftSummary run_supervised_steps(const SftSchedule& schedule, Arena& device, RunDirectory& run,
+                                TraceRecorder& trace,
+                                const std::function<SftStep(int, float)>& one_step) {
   using Clock = std::chrono::steady_clock;
   SftSummary summary;
-  if (schedule.steps == 0) return summary;
-  Arena& device = model.device();
-  // The optimizer's moments live only for this phase: RL starts with fresh moments.
-  ArenaScope optimizer_memory(device);
-  AdamWHyper hyper;
-  hyper.learning_rate = schedule.learning_rate;
-  AdamW<float> optimizer(model, hyper, schedule.max_grad_norm);
-  run.log("# SFT on task '%s': %d steps of %d demonstrations\n", task.name().c_str(),
-          schedule.steps, schedule.batch);
   run.log("# %8s %10s %10s %12s %12s\n", "sft-step", "loss", "grad-norm", "tokens/s",
           "device-peak");
   const auto start = Clock::now();
   auto window = start;
   int64_t window_tokens = 0;
   for (int step = 1; step <= schedule.steps; ++step) {
-    optimizer.hyper().learning_rate =
+    const float learning_rate =
         cosine_learning_rate(schedule.learning_rate, step, schedule.warmup_steps, schedule.steps,
                              schedule.final_lr_fraction);
     SftStep s;
     {
       TraceScope traced(trace, Phase::Train);
-      s = sft_step(model, optimizer, task, int64_t(step - 1) * schedule.batch, schedule.batch);
+      s = one_step(step, learning_rate);
       traced.set_tokens(s.tokens);
     }
     summary.final_loss = s.loss;
@@ -87,6 +79,23 @@ SftSummary run_sft_phase(Transformer<float>& model, const Task& task, const SftS
   }
   summary.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   return summary;
+}
+
+SftSummary run_sft_phase(Transformer<float>& model, const Task& task, const SftSchedule& schedule,
+                         RunDirectory& run, TraceRecorder& trace) {
+  if (schedule.steps == 0) return SftSummary{};
+  Arena& device = model.device();
+  // The optimizer's moments live only for this phase: RL starts with fresh moments.
+  ArenaScope optimizer_memory(device);
+  AdamWHyper hyper;
+  hyper.learning_rate = schedule.learning_rate;
+  AdamW<float> optimizer(model, hyper, schedule.max_grad_norm);
+  run.log("# SFT on task '%s': %d steps of %d demonstrations\n", task.name().c_str(),
+          schedule.steps, schedule.batch);
+  return run_supervised_steps(schedule, device, run, trace, [&](int step, float learning_rate) {
+    optimizer.hyper().learning_rate = learning_rate;
+    return sft_step(model, optimizer, task, int64_t(step - 1) * schedule.batch, schedule.batch);
+  });
 }
 
 }  // namespace rlf

@@ -2,12 +2,14 @@
 // optimizer steps with warm-up + cosine learning rate and a progress line every few steps.
 #pragma once
 
+#include <functional>
 #include <string>
 
 #include "src/app/options.h"
 #include "src/io/run_directory.h"
 #include "src/io/trace.h"
 #include "src/model/transformer.h"
+#include "src/rl/sft.h"
 #include "src/rl/task.h"
 
 namespace rlf {
@@ -32,6 +34,12 @@ struct SftSummary {
   double seconds = 0;
   int64_t tokens = 0;
 };
+
+// The steps of a supervised phase: warm-up + cosine learning rate, `one_step(step, learning_rate)`
+// (step from 1) recorded as a Train event, a progress line every schedule.log_every steps.
+SftSummary run_supervised_steps(const SftSchedule& schedule, Arena& device, RunDirectory& run,
+                                TraceRecorder& trace,
+                                const std::function<SftStep(int, float)>& one_step);
 
 // Each step is recorded in `trace` as a Train event (no policy version: not an RL step).
 SftSummary run_sft_phase(Transformer<float>& model, const Task& task, const SftSchedule& schedule,

@@ -14,6 +14,7 @@
 #include "src/app/disaggregated_train.h"
 #include "src/app/fused_train.h"
 #include "src/app/layout_options.h"
+#include "src/app/learned_reward.h"
 #include "src/app/policy_setup.h"
 #include "src/app/rl_options.h"
 #include "src/app/rl_progress.h"
@@ -62,7 +63,8 @@ int run_train_command(const std::vector<std::string>& args) {
     auto add = d.add_options();
     add("mode", po::value(&mode)->default_value(mode),
         "how ranks share the work: disaggregated (actor, learner and queue ranks) | fused "
-        "(every rank generates and trains; RL Fusion)");
+        "(every rank generates and trains; RL Fusion) | fused-all (fused, and the reference and "
+        "reward models live in the device arena too)");
     add("queue-transfer", po::value(&queue_transfer)->default_value(queue_transfer),
         "how learners take batches from DistQueue: hierarchical (one request per node) | flat");
     add("queue-capacity",
@@ -96,10 +98,11 @@ int run_train_command(const std::vector<std::string>& args) {
     throw ConfigError("--queue-transfer must be 'hierarchical' or 'flat', got '" + queue_transfer +
                       "'");
   }
-  if (mode != "disaggregated" && mode != "fused") {
-    throw ConfigError("--mode must be 'disaggregated' or 'fused', got '" + mode + "'");
+  if (mode != "disaggregated" && mode != "fused" && mode != "fused-all") {
+    throw ConfigError("--mode must be 'disaggregated', 'fused' or 'fused-all', got '" + mode + "'");
   }
-  if (multi_rank.offload && mode != "fused") {
+  const bool fused = mode == "fused" || mode == "fused-all";
+  if (multi_rank.offload && !fused) {
     throw ConfigError("--offload needs --mode fused (only fused ranks generate and train)");
   }
   if (multi_rank.ep_overlap_chunks < 1) {
@@ -128,11 +131,14 @@ int run_train_command(const std::vector<std::string>& args) {
         " needs a multi-rank run: disaggregated actors and learners overlap their steps, fused "
         "ranks cut the long tail (mpiexec -n 2 or more)");
   }
-  if (o.staleness > 0 && mode == "fused") {
+  if (o.staleness > 0 && fused) {
     throw ConfigError("--staleness with --mode fused is not built yet (disaggregated mode has it)");
   }
-  if (world_size > 1 && mode == "fused") {
-    return run_fused_train(run, policy_options, sft, o, layout, multi_rank, format_options(parsed));
+  // The reward model file is read on every rank, so a bad one stops all of them here.
+  validate_reward_model(o, *make_task(load_task_config(policy_options.task, run.seed)));
+  if (world_size > 1 && fused) {
+    return run_fused_train(run, policy_options, sft, o, layout, multi_rank, mode == "fused-all",
+                           format_options(parsed));
   }
   if (world_size > 1) {
     return run_disaggregated_train(run, policy_options, sft, o, layout, multi_rank,
@@ -142,6 +148,10 @@ int run_train_command(const std::vector<std::string>& args) {
   Policy policy = make_policy(run, policy_options, /*with_gradients=*/true);
   Transformer<float>& model = *policy.model;
   const Task& task = *policy.task;
+  // On one rank the reward model shares the device arena only when asked (fused-all).
+  const std::unique_ptr<LearnedReward> learned = load_learned_reward(
+      o, policy.device->ops(), mode == "fused-all" ? &policy.device->memory() : nullptr,
+      run.device_memory_bytes());
 
   RunDirectory dir(run.run_dir, format_options(parsed));
   TraceRecorder trace(MPI_COMM_WORLD);
@@ -150,6 +160,7 @@ int run_train_command(const std::vector<std::string>& args) {
   dir.log("# model %s (%.2fM parameters), task %s, %s, seed %llu, run dir %s\n",
           policy.config.name.c_str(), policy.config.parameter_count() / 1e6, task.name().c_str(),
           policy.device->describe().c_str(), (unsigned long long)run.seed, dir.path().c_str());
+  dir.log("%s", describe_learned_reward(o, learned.get()).c_str());
   const auto run_start = Clock::now();
   const Evaluation initial = evaluate_traced(model, task, policy_options, trace);
   dir.log("# held-out accuracy at start: %.3f\n", initial.accuracy());
@@ -187,8 +198,9 @@ int run_train_command(const std::vector<std::string>& args) {
     {
       TraceScope traced(trace, Phase::Generate);
       traced.set_version(version);
-      rollouts = generate_rollouts(model, task, int64_t(version) * o.prompts, o.prompts,
-                                   o.group_size, sampling, version, estimator);
+      rollouts =
+          generate_rollouts(model, task, int64_t(version) * o.prompts, o.prompts, o.group_size,
+                            sampling, version, estimator, rollout_reward(learned));
       for (const Rollout& r : rollouts) traced.add_tokens(int64_t(r.response.size()));
     }
     const StepStats s = train_on_rollouts_traced(model, optimizer, reference.get(), rollouts,
@@ -226,14 +238,16 @@ int run_train_command(const std::vector<std::string>& args) {
   dir.log("# held-out prompts: %d; parameters in %s; trace in %s (rlfusion report %s)\n",
           after.prompts, dir.file("model.h5").c_str(), dir.file("trace.h5").c_str(),
           dir.path().c_str());
-  char json[768];
+  char json[2048];
   std::snprintf(json, sizeof json,
-                "{\"command\":\"train\",\"task\":\"%s\",\"model\":\"%s\",\"seed\":%llu,"
+                "{\"command\":\"train\",\"mode\":\"one-rank\",\"task\":\"%s\",\"model\":\"%s\","
+                "\"seed\":%llu,%s"
                 "\"sft_steps\":%d,\"rl_steps\":%d,\"heldout_accuracy_start\":%.4f,"
                 "\"heldout_accuracy_before_rl\":%.4f,\"heldout_accuracy_after_rl\":%.4f,"
                 "\"rl_tokens_per_s\":%.1f,\"total_seconds\":%.3f}",
                 task.name().c_str(), policy.config.name.c_str(), (unsigned long long)run.seed,
-                sft.steps, o.steps, initial.accuracy(), before_rl.accuracy(), after.accuracy(),
+                reward_json(o).c_str(), sft.steps, o.steps, initial.accuracy(),
+                before_rl.accuracy(), after.accuracy(),
                 rl_seconds > 0 ? rl_tokens / rl_seconds : 0.0, total_seconds);
   if (run.json) dir.log("%s\n", json);
   dir.finish(json);

@@ -261,15 +261,20 @@ void Transformer<T>::release_activations() {
 }
 
 template <typename T>
-void Transformer<T>::backward(const T* dlogits, T aux_weight) {
+void Transformer<T>::backward(const T* dlogits, T aux_weight, const T* dhidden) {
   if (!has_activations_) throw std::logic_error("Transformer::backward without forward");
   if (!grads_) throw std::logic_error("Transformer: model was built without gradients");
   const int C = config_.d_model, V = config_.vocab_size, N = N_;
   const int64_t NC = int64_t(N) * C;
   {
     T* dnormed = device_.allocate_zeroed<T>(NC, "backward work");
-    ops_.matmul_backward(dnormed, grads_ + layout_.lm_head(), dlogits, final_out_,
-                         params_ + layout_.lm_head(), N, C, V, device_);
+    if (dlogits) {
+      ops_.matmul_backward(dnormed, grads_ + layout_.lm_head(), dlogits, final_out_,
+                           params_ + layout_.lm_head(), N, C, V, device_);
+    }
+    if (dhidden) {
+      for (int64_t i = 0; i < NC; ++i) dnormed[i] += dhidden[i];
+    }
     T* dx = device_.allocate_zeroed<T>(NC, "backward work");
     ops_.rmsnorm_backward(dx, grads_ + layout_.final_norm(), dnormed, final_in_,
                           params_ + layout_.final_norm(), final_rstd_, N, C, device_);

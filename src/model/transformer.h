@@ -74,9 +74,13 @@ class Transformer {
   const T* forward(const int* tokens, const int* seq_offsets, int S);
   // Sum over layers of the router load-balancing loss of the last forward (unscaled).
   T aux_loss() const { return aux_loss_; }
-  // Adds the gradient of sum(dlogits . logits) + aux_weight * aux_loss() into gradients(), then
-  // releases the activations.
-  void backward(const T* dlogits, T aux_weight);
+  // The final-norm output of the last training forward [N, d_model] (what the LM head reads, and
+  // what a scalar head reads), valid until backward() or release_activations().
+  const T* final_hidden() const { return final_out_; }
+  // Adds the gradient of sum(dlogits . logits) + sum(dhidden . final_hidden()) + aux_weight *
+  // aux_loss() into gradients(), then releases the activations. A null dlogits or dhidden is a
+  // zero term (a scalar-head model passes only dhidden).
+  void backward(const T* dlogits, T aux_weight, const T* dhidden = nullptr);
   void release_activations();
 
   // Generation. The cache lives in device memory until the arena is rewound past it.

@@ -1,5 +1,6 @@
 #include "src/rl/rollout.h"
 
+#include "src/rl/rollout_reward.h"
 #include "src/rl/tokenizer.h"
 
 namespace rlf {
@@ -12,13 +13,11 @@ std::vector<int> prompt_tokens(const TaskSample& sample) {
 }
 
 void score_rollouts(const Task& task, int group_size, AdvantageEstimator estimator,
-                    std::vector<Rollout>& rollouts) {
+                    std::vector<Rollout>& rollouts, RolloutReward* learned) {
   std::vector<double> rewards(rollouts.size()), advantages(rollouts.size());
-  for (size_t i = 0; i < rollouts.size(); ++i) {
-    Rollout& r = rollouts[i];
-    r.reward = task.reward(r.task_sample, Tokenizer::decode(r.response));
-    rewards[i] = r.reward;
-  }
+  for (Rollout& r : rollouts) r.reward = task.reward(r.task_sample, Tokenizer::decode(r.response));
+  if (learned) learned->blend_into(rollouts);
+  for (size_t i = 0; i < rollouts.size(); ++i) rewards[i] = rollouts[i].reward;
   compute_advantages(rewards.data(), int(rollouts.size()) / group_size, group_size, estimator, 1e-6,
                      advantages.data());
   for (size_t i = 0; i < rollouts.size(); ++i) rollouts[i].advantage = advantages[i];
@@ -27,7 +26,7 @@ void score_rollouts(const Task& task, int group_size, AdvantageEstimator estimat
 std::vector<Rollout> generate_rollouts(Transformer<float>& policy, const Task& task,
                                        int64_t first_prompt, int prompts, int group_size,
                                        const GenerationSettings& settings, int version,
-                                       AdvantageEstimator estimator) {
+                                       AdvantageEstimator estimator, RolloutReward* learned) {
   std::vector<Rollout> rollouts;
   std::vector<std::vector<int>> generation_prompts;
   std::vector<int64_t> sample_ids;
@@ -52,7 +51,7 @@ std::vector<Rollout> generate_rollouts(Transformer<float>& policy, const Task& t
     rollouts[i].response = generated[i].tokens;
     rollouts[i].behaviour_logp = generated[i].logprobs;
   }
-  score_rollouts(task, group_size, estimator, rollouts);
+  score_rollouts(task, group_size, estimator, rollouts, learned);
   return rollouts;
 }
 

@@ -11,6 +11,8 @@
 
 namespace rlf {
 
+class RolloutReward;
+
 struct Rollout {
   int64_t sample_id = 0;  // keys the sampler's random stream
   TaskSample task_sample;
@@ -34,14 +36,17 @@ std::vector<int> prompt_tokens(const TaskSample& sample);
 
 // Fills every rollout's reward (task.reward on its decoded response) and advantage (over each run
 // of group_size consecutive rollouts, one prompt's group).
+// A learned reward, when given, is blended into the task's before the advantages.
 void score_rollouts(const Task& task, int group_size, AdvantageEstimator estimator,
-                    std::vector<Rollout>& rollouts);
+                    std::vector<Rollout>& rollouts, RolloutReward* learned = nullptr);
 
 // Generates group_size responses for each of `prompts` training prompts starting at
-// first_prompt (task.train_sample(first_prompt + p)), scores them and fills advantages.
+// first_prompt (task.train_sample(first_prompt + p)), scores them with the task's reward (blended
+// with a learned reward model when `learned` is given) and fills advantages.
 std::vector<Rollout> generate_rollouts(Transformer<float>& policy, const Task& task,
                                        int64_t first_prompt, int prompts, int group_size,
                                        const GenerationSettings& settings, int version,
-                                       AdvantageEstimator estimator);
+                                       AdvantageEstimator estimator,
+                                       RolloutReward* learned = nullptr);
 
 }  // namespace rlf

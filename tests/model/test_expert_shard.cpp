@@ -37,9 +37,9 @@ TEST(ExpertShardLayout, ShardInitializationIsTheSliceOfTheWholeModel) {
     ASSERT_EQ(mine.size(), size_t(3 * config.n_layers));  // w1, w3, w2 per layer
     for (size_t i = 0; i < mine.size(); ++i) {
       ASSERT_EQ(mine[i].count, same[i].count);
-      EXPECT_EQ(0, std::memcmp(part_params.data() + mine[i].offset,
-                               whole_params.data() + same[i].offset,
-                               size_t(mine[i].count) * sizeof(float)));
+      EXPECT_EQ(
+          0, std::memcmp(part_params.data() + mine[i].offset, whole_params.data() + same[i].offset,
+                         size_t(mine[i].count) * sizeof(float)));
     }
   }
 }

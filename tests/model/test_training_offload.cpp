@@ -19,13 +19,14 @@ namespace {
 
 // One optimizer step on a fixed random gradient (stands in for a training step).
 void step_with_gradient(Transformer<float>& model, AdamW<float>& optimizer, uint64_t seed) {
-  const std::vector<float> g =
-      test::random_vector<float>(size_t(model.parameter_count()), seed);
+  const std::vector<float> g = test::random_vector<float>(size_t(model.parameter_count()), seed);
   std::memcpy(model.gradients(), g.data(), g.size() * sizeof(float));
   optimizer.step();
 }
 
-std::vector<float> copy_of(const float* p, int64_t n) { return {p, p + n}; }
+std::vector<float> copy_of(const float* p, int64_t n) {
+  return {p, p + n};
+}
 
 TEST(TrainingOffload, RoundTripLeavesParametersAndOptimizerStateBitIdentical) {
   const ModelConfig config = test::tiny_policy_config();

@@ -13,28 +13,13 @@
 #include "src/model/optimizer.h"
 #include "src/model/sequence_loss.h"
 #include "src/model/transformer.h"
+#include "tests/micro_model_config.h"
 #include "tests/test_util.h"
 
 namespace rlf {
 namespace {
 
-ModelConfig micro_config() {
-  ModelConfig c;
-  c.name = "micro";
-  c.vocab_size = 11;
-  c.d_model = 8;
-  c.n_layers = 2;
-  c.n_heads = 2;
-  c.n_experts = 4;
-  c.top_k = 2;
-  c.d_ff = 8;
-  c.shared_expert_d_ff = 4;
-  c.max_seq_len = 32;
-  c.init_std = 0.5f;  // large weights: routing and attention far from uniform
-  c.aux_loss_coef = 0.1f;
-  c.validate("test");
-  return c;
-}
+using test::micro_config;
 
 struct Batch {
   std::vector<int> tokens, targets, offsets;

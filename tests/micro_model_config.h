@@ -1,0 +1,27 @@
+// The micro model of the whole-model tests: small enough for finite differences in double, with
+// large weights so that routing and attention are far from uniform.
+#pragma once
+
+#include "src/model/model_config.h"
+
+namespace rlf::test {
+
+inline ModelConfig micro_config() {
+  ModelConfig c;
+  c.name = "micro";
+  c.vocab_size = 11;
+  c.d_model = 8;
+  c.n_layers = 2;
+  c.n_heads = 2;
+  c.n_experts = 4;
+  c.top_k = 2;
+  c.d_ff = 8;
+  c.shared_expert_d_ff = 4;
+  c.max_seq_len = 32;
+  c.init_std = 0.5f;
+  c.aux_loss_coef = 0.1f;
+  c.validate("test");
+  return c;
+}
+
+}  // namespace rlf::test
