@@ -18,6 +18,7 @@
 #include "src/model/lr_schedule.h"
 #include "src/rl/rl_step.h"
 #include "src/rl/rollout.h"
+#include "src/rl/rollout_pool.h"
 #include "src/runtime/expert_weight_sync.h"
 #include "src/runtime/layout_switch.h"
 #include "src/runtime/training_offload.h"
@@ -154,7 +155,31 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         dispatch_mode_name(options.ep_dispatch), options.ep_overlap_chunks,
         (long long)model.parameter_count(), (long long)ParameterLayout(policy.config).total());
   }
+  // StaleSync: this rank's samples live in a pool across generation phases. A phase ends at the
+  // long-tail cut; unfinished samples continue in the next phase under newer weights, and each
+  // step trains the groups that have finished (docs/STALESYNC.md).
+  std::unique_ptr<RolloutPool> pool;
+  PoolSettings pool_settings;
+  const StalePolicy stale_policy =
+      rl.stale_policy == "drop" ? StalePolicy::Drop : StalePolicy::Regenerate;
+  if (rl.staleness > 0) {
+    pool = std::make_unique<RolloutPool>(task, rl.group_size, estimator);
+    pool->set_learned_reward(rollout_reward(learned));
+    // As many KV cache slots as the synchronous batch (the memory plan's): carried partials and
+    // new prompts beyond that wait for a slot (continuous batching).
+    pool_settings.slots = my_prompts * rl.group_size;
+    pool_settings.finish_threshold = rl.finish_threshold;
+    dir.log(
+        "# StaleSync: bound %d, a generation phase ends once %.0f%% of its samples have finished "
+        "(%d KV cache slots, continuous batching); unfinished samples resume in the next phase; "
+        "samples past the bound are %s\n",
+        rl.staleness, 100.0 * rl.finish_threshold, pool_settings.slots,
+        stale_policy == StalePolicy::Drop ? "dropped with their group" : "regenerated");
+  }
   RlProgress progress(dir, rl.steps, rl.log_every, policy.device->memory());
+  // The warm start (SFT, evaluation) takes a different time on every rank: RL starts together,
+  // so its first wait is not counted as RL idle time.
+  MPI_Barrier(MPI_COMM_WORLD);
   progress.start();
   int64_t rl_tokens = 0;
   for (int step = 1; step <= rl.steps; ++step) {
@@ -166,9 +191,27 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
     auto generate = [&](Transformer<float>& generator) {
       TraceScope traced(trace, Phase::Generate);
       traced.set_version(version);
-      rollouts = generate_rollouts(generator, task, first_prompt, my_prompts, rl.group_size,
-                                   sampling, version, estimator, rollout_reward(learned));
-      for (const Rollout& r : rollouts) traced.add_tokens(int64_t(r.response.size()));
+      BatchOccupancy occupancy;
+      if (pool) {
+        pool->add_prompts(first_prompt, my_prompts);
+        // Trained at this version, a sample may be at most `staleness` versions old.
+        pool->enforce_staleness(version - rl.staleness, stale_policy);
+        // Partials already carried `staleness` times finish in this phase.
+        pool_settings.finish_older_than = version - rl.staleness + 1;
+        const PhaseStats phase = pool->generate_phase(generator, sampling, version, pool_settings);
+        rollouts = pool->take_complete_groups();
+        traced.add_tokens(phase.generated_tokens);
+        occupancy = phase.occupancy;
+      } else {
+        rollouts =
+            generate_rollouts(generator, task, first_prompt, my_prompts, rl.group_size, sampling,
+                              version, estimator, rollout_reward(learned), &occupancy);
+        for (const Rollout& r : rollouts) traced.add_tokens(int64_t(r.response.size()));
+      }
+      // The long-tail bubble (the unused share of the decode steps' time, generation.h) as an
+      // Idle event nested at the end of the phase, where the tail is.
+      const double end = trace.now();
+      trace.record(Phase::Idle, end - occupancy.bubble_seconds, end, 0, 0, version);
     };
     if (offload) {
       TraceScope traced(trace, Phase::Offload);
@@ -208,6 +251,22 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
       traced.set_version(version);
       traced.set_bytes(int64_t(offload->onload()));
     }
+    {
+      // Ranks whose generation ended first wait here for the others: idle time.
+      TraceScope traced(trace, Phase::Idle);
+      traced.set_version(version);
+      MPI_Barrier(MPI_COMM_WORLD);
+    }
+    if (pool) {
+      // A step in which no rank finished a whole group trains nothing (an optimizer step on no
+      // data would still move the weights through AdamW's moments).
+      long long groups = (long long)rollouts.size();
+      MPI_Allreduce(MPI_IN_PLACE, &groups, 1, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
+      if (groups == 0) {
+        dir.log("# step %d: no group finished on any rank; nothing to train\n", step);
+        continue;
+      }
+    }
     device.start_phase_peak();
     const StepStats stats =
         train_on_rollouts_traced(model, *learner.optimizer, learner.reference.get(), rollouts,
@@ -215,6 +274,16 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
     training_peak = std::max(training_peak, device.phase_peak());
     rl_tokens += int64_t(stats.tokens);
     progress.step_done(step, stats);
+  }
+  if (pool) {
+    // Rank 0's pool (each rank has its own; the counters of the others are alike).
+    const PoolCounters& c = pool->counters();
+    dir.log(
+        "# StaleSync pool of rank 0: %lld samples cut and resumed later, %lld prefix tokens "
+        "recomputed, %lld regenerated, %lld groups dropped; %zu samples still in flight at the "
+        "end (not trained)\n",
+        (long long)c.cut_samples, (long long)c.recomputed_prefix_tokens,
+        (long long)c.regenerated_samples, (long long)c.dropped_groups, pool->in_flight_samples());
   }
   dir.log("# device memory peaks of learner 0: generation %s, training %s (capacity %s)\n",
           format_bytes(generation_peak).c_str(), format_bytes(training_peak).c_str(),

@@ -19,7 +19,9 @@ int finish_multi_rank_train(const MultiRankTrainEnd& end, const RunOptions& run,
   // includes waiting for the learner to finish its step.
   double weight_sync_seconds = 0;
   double halves[2] = {0, 0};  // this rank's generation and training seconds
+  double idle_seconds = 0;    // this rank's RL Idle events
   for (const TraceEvent& e : trace.events()) {
+    if (e.phase == Phase::Idle && e.version != kNoVersion) idle_seconds += e.end - e.begin;
     if (e.phase == Phase::Generate) halves[0] += e.end - e.begin;
     // (SFT's Train events carry no policy version)
     const bool rl_training =
@@ -69,9 +71,12 @@ int finish_multi_rank_train(const MultiRankTrainEnd& end, const RunOptions& run,
                        after.accuracy()};
   MPI_Bcast(figures, 5, MPI_DOUBLE, topology.ranks_of(Role::Learner).front(), MPI_COMM_WORLD);
   MPI_Allreduce(MPI_IN_PLACE, halves, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Allreduce(MPI_IN_PLACE, &idle_seconds, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
   if (result) {
     *result = TrainResult{figures[0], figures[1], figures[2], figures[3],
-                          figures[4], halves[0],  halves[1]};
+                          figures[4], halves[0],  halves[1],  idle_seconds};
+    const double rank_seconds = figures[1] * topology.world_size();
+    result->idle_share = rank_seconds > 0 ? idle_seconds / rank_seconds : 0;
   }
   const double total_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - end.run_start).count();

@@ -12,6 +12,9 @@ struct TrainResult {
   // The busiest rank's time in each half of RL: generation (Generate events) and training
   // (Reference, Proximal and Train events). StaleSync's overlap bound is (G + T) / max(G, T).
   double generate_seconds = 0, train_seconds = 0;
+  // Idle events of RL summed over ranks (the long-tail bubble and waits for other ranks), and
+  // the same as a share of the ranks' RL time.
+  double idle_seconds = 0, idle_share = 0;
 };
 
 }  // namespace rlf

@@ -1,5 +1,6 @@
 #include "src/model/generation.h"
 
+#include <chrono>
 #include <stdexcept>
 #include <string>
 
@@ -53,7 +54,8 @@ int generation_length(const Transformer<float>& model, int longest_prompt,
 std::vector<GeneratedSample> generate(Transformer<float>& model,
                                       const std::vector<std::vector<int>>& prompts,
                                       const std::vector<int64_t>& sample_ids,
-                                      const GenerationSettings& settings) {
+                                      const GenerationSettings& settings,
+                                      BatchOccupancy* occupancy) {
   const int B = int(prompts.size());
   if (sample_ids.size() != prompts.size()) {
     throw std::invalid_argument("generate: one sample id per prompt is required");
@@ -72,6 +74,8 @@ std::vector<GeneratedSample> generate(Transformer<float>& model,
   ArenaScope scope(device);
   KVCache<float> cache = model.allocate_kv_cache(B, max_len);
   const Arena::Mark after_cache = device.mark();
+  if (occupancy) occupancy->capacity = std::max(occupancy->capacity, B);
+  auto step_began = std::chrono::steady_clock::now();
 
   std::vector<std::vector<int>> sequences = prompts;
   std::vector<int> active(static_cast<size_t>(B));
@@ -117,6 +121,12 @@ std::vector<GeneratedSample> generate(Transformer<float>& model,
       }
     }
     active.swap(still_active);
+    if (occupancy) {
+      // A step: its prefill or decode and its sampling.
+      const auto now = std::chrono::steady_clock::now();
+      occupancy->add_step(A, std::chrono::duration<double>(now - step_began).count());
+      step_began = now;
+    }
     if (!model.on_any_expert_parallel_rank(!active.empty())) break;
     // The previous step's logits are consumed: rewind to just after the cache.
     device.release(after_cache);

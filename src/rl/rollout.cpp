@@ -26,7 +26,8 @@ void score_rollouts(const Task& task, int group_size, AdvantageEstimator estimat
 std::vector<Rollout> generate_rollouts(Transformer<float>& policy, const Task& task,
                                        int64_t first_prompt, int prompts, int group_size,
                                        const GenerationSettings& settings, int version,
-                                       AdvantageEstimator estimator, RolloutReward* learned) {
+                                       AdvantageEstimator estimator, RolloutReward* learned,
+                                       BatchOccupancy* occupancy) {
   std::vector<Rollout> rollouts;
   std::vector<std::vector<int>> generation_prompts;
   std::vector<int64_t> sample_ids;
@@ -46,7 +47,7 @@ std::vector<Rollout> generate_rollouts(Transformer<float>& policy, const Task& t
     }
   }
   const std::vector<GeneratedSample> generated =
-      generate(policy, generation_prompts, sample_ids, settings);
+      generate(policy, generation_prompts, sample_ids, settings, occupancy);
   for (size_t i = 0; i < rollouts.size(); ++i) {
     rollouts[i].response = generated[i].tokens;
     rollouts[i].behaviour_logp = generated[i].logprobs;

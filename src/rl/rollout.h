@@ -42,11 +42,13 @@ void score_rollouts(const Task& task, int group_size, AdvantageEstimator estimat
 
 // Generates group_size responses for each of `prompts` training prompts starting at
 // first_prompt (task.train_sample(first_prompt + p)), scores them with the task's reward (blended
-// with a learned reward model when `learned` is given) and fills advantages.
+// with a learned reward model when `learned` is given) and fills advantages. `occupancy`: see
+// generate().
 std::vector<Rollout> generate_rollouts(Transformer<float>& policy, const Task& task,
                                        int64_t first_prompt, int prompts, int group_size,
                                        const GenerationSettings& settings, int version,
                                        AdvantageEstimator estimator,
-                                       RolloutReward* learned = nullptr);
+                                       RolloutReward* learned = nullptr,
+                                       BatchOccupancy* occupancy = nullptr);
 
 }  // namespace rlf

@@ -1,6 +1,7 @@
 #include "src/rl/rollout_pool.h"
 
 #include <algorithm>
+#include <chrono>
 #include <stdexcept>
 #include <string>
 
@@ -190,6 +191,8 @@ PhaseStats RolloutPool::generate_phase(Transformer<float>& model,
 
   std::vector<int> free_slots;  // lowest slot last, so slots are reused lowest first
   for (int s = slots - 1; s >= 0; --s) free_slots.push_back(s);
+  stats.occupancy.capacity = slots;
+  auto step_began = std::chrono::steady_clock::now();
   size_t next_waiting = 0;
   std::vector<Sequence> decoding;  // in phase order: admission preserves it
   bool stopped = false;
@@ -218,12 +221,27 @@ PhaseStats RolloutPool::generate_phase(Transformer<float>& model,
     const int64_t rows = int64_t(decoding.size() + admitted.size());
     stats.generated_tokens += rows;
     if (rows > 0) ++stats.steps;
+    {
+      // After this rank's cut, EP steps with zero rows are all bubble.
+      const auto now = std::chrono::steady_clock::now();
+      stats.occupancy.add_step(int(rows), std::chrono::duration<double>(now - step_began).count());
+      step_began = now;
+    }
     stats.finished += finished;
     decoding.insert(decoding.end(), admitted.begin(), admitted.end());
     release_finished(decoding, free_slots);
     const bool all_done = decoding.empty() && next_waiting == waiting.size();
+    const auto last_chance = [&](const Sequence& s) {
+      const Rollout& r = member(s).rollout;
+      return !r.response.empty() && r.version_min < settings.finish_older_than;
+    };
+    // (partials are admitted first, so one still waiting for a slot is rare but possible)
+    const bool last_chance_decoding =
+        std::any_of(decoding.begin(), decoding.end(), last_chance) ||
+        std::any_of(waiting.begin() + ptrdiff_t(next_waiting), waiting.end(), last_chance);
     const bool threshold_reached =
-        double(stats.finished) >= settings.finish_threshold * double(stats.phase_samples);
+        double(stats.finished) >= settings.finish_threshold * double(stats.phase_samples) &&
+        !last_chance_decoding;
     if (!stopped && (all_done || threshold_reached)) {
       stopped = true;
       stats.cut = int(decoding.size());
@@ -248,7 +266,7 @@ std::vector<Rollout> RolloutPool::take_complete_groups() {
     for (Member& m : group) rollouts.push_back(std::move(m.rollout));
     it = groups_.erase(it);
   }
-  score_rollouts(task_, group_size_, estimator_, rollouts);
+  score_rollouts(task_, group_size_, estimator_, rollouts, learned_);
   return rollouts;
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <vector>
 
@@ -19,6 +20,11 @@ struct PoolSettings {
   // In (0, 1]: the phase ends after the first step at which finished / phase samples reaches it.
   // Counted in steps, never in wall time, so a cut is reproducible.
   double finish_threshold = 1.0;
+  // A started sample whose oldest token is older than this version is on its last phase: cut
+  // again, it would exceed the staleness bound when trained, so the phase does not end while
+  // one is unfinished (it is resumed first, so it holds a slot). With a bound s and the phase
+  // at version v, v - s + 1. The lowest int: no sample is on its last phase.
+  int finish_older_than = std::numeric_limits<int>::min();
 };
 
 // What happens to a sample in the pool holding tokens older than the staleness bound allows.
@@ -44,7 +50,8 @@ struct PhaseStats {
   int steps = 0;          // sampling steps: the first prefill, then one per decode step
   int64_t generated_tokens = 0;
   int finished = 0;
-  int cut = 0;  // still decoding when the phase stopped: now partial
+  int cut = 0;               // still decoding when the phase stopped: now partial
+  BatchOccupancy occupancy;  // capacity: the phase's slots
 };
 
 class RolloutPool {
@@ -72,6 +79,9 @@ class RolloutPool {
   // Removes the groups whose every member has finished and returns them as scored rollouts with
   // group advantages, in sample-id order.
   std::vector<Rollout> take_complete_groups();
+
+  // Rewards of the groups taken from now on blend in this learned reward (null: the task's only).
+  void set_learned_reward(RolloutReward* learned) { learned_ = learned; }
 
   size_t in_flight_samples() const;
   const PoolCounters& counters() const { return counters_; }
@@ -113,6 +123,7 @@ class RolloutPool {
   AdvantageEstimator estimator_;
   std::map<int64_t, Group> groups_;  // by prompt id, so iteration is in sample-id order
   PoolCounters counters_;
+  RolloutReward* learned_ = nullptr;
 };
 
 }  // namespace rlf
