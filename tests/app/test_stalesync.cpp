@@ -49,29 +49,46 @@ size_t differing_parameters(const std::string& a_name, const std::string& b_name
   return differing;
 }
 
-// Every trained sample of the run, from trace.h5, checked against the bound; returns how many
-// samples were trained at each staleness.
-std::map<int, int> expect_bound_and_exactly_once(const std::string& name, int staleness) {
-  const TraceData trace = read_trace(run_path(name) + "/trace.h5");
+// The samples a run trained (from its trace.h5): how often each id, and how many at each
+// staleness. Every one is checked against the bound and trained at most once.
+struct TrainedCounts {
   std::map<int64_t, int> times_trained;
   std::map<int, int> by_staleness;
+};
+TrainedCounts trained_within_bound(const std::string& name, int staleness) {
+  const TraceData trace = read_trace(run_path(name) + "/trace.h5");
+  TrainedCounts counts;
   for (const auto& rank_samples : trace.samples) {
     for (const TrainedSample& s : rank_samples) {
-      ++times_trained[s.sample_id];
-      ++by_staleness[s.staleness()];
+      ++counts.times_trained[s.sample_id];
+      ++counts.by_staleness[s.staleness()];
       EXPECT_GE(s.staleness(), 0) << "sample " << s.sample_id;
       EXPECT_LE(s.staleness(), staleness) << "sample " << s.sample_id << " trained at version "
                                           << s.trained_version << " from " << s.version_min;
+      EXPECT_LE(s.version_min, s.version_max) << "sample " << s.sample_id;
+      EXPECT_LE(s.version_max, s.trained_version) << "sample " << s.sample_id;
+    }
+  }
+  for (const auto& [id, times] : counts.times_trained) EXPECT_EQ(times, 1) << "sample " << id;
+  return counts;
+}
+
+// Disaggregated runs train every sample of kSteps batches, batch k at version k - 1; returns how
+// many samples were trained at each staleness.
+std::map<int, int> expect_bound_and_exactly_once(const std::string& name, int staleness) {
+  const TrainedCounts counts = trained_within_bound(name, staleness);
+  EXPECT_EQ(counts.times_trained.size(), size_t(kSteps * kPrompts * kGroup));
+  for (const auto& [id, times] : counts.times_trained) {
+    EXPECT_TRUE(id >= 0 && id < kSteps * kPrompts * kGroup) << "sample " << id;
+  }
+  const TraceData trace = read_trace(run_path(name) + "/trace.h5");
+  for (const auto& rank_samples : trace.samples) {
+    for (const TrainedSample& s : rank_samples) {
       // Batch k (sample ids of prompts [(k-1)P, kP)) is trained at version k - 1.
       EXPECT_EQ(s.trained_version, s.sample_id / (kPrompts * kGroup)) << "sample " << s.sample_id;
     }
   }
-  EXPECT_EQ(times_trained.size(), size_t(kSteps * kPrompts * kGroup));
-  for (const auto& [id, times] : times_trained) {
-    EXPECT_EQ(times, 1) << "sample " << id;
-    EXPECT_TRUE(id >= 0 && id < kSteps * kPrompts * kGroup) << "sample " << id;
-  }
-  return by_staleness;
+  return counts.by_staleness;
 }
 
 TEST(StaleSync, ZeroStalenessIsTheSynchronousRunBitForBit) {
@@ -140,25 +157,13 @@ TEST(StaleSync, FusedRanksCutTheLongTailWithinTheBoundReproducibly) {
   EXPECT_EQ(differing_parameters("fused-a", "fused-b"), 0u);
   EXPECT_NE(a.output.find("StaleSync pool of rank 0"), std::string::npos) << a.output;
 
-  const TraceData trace = read_trace(run_path("fused-a") + "/trace.h5");
-  std::map<int64_t, int> times_trained;
-  std::map<int, int> by_staleness;
-  for (const auto& rank_samples : trace.samples) {
-    for (const TrainedSample& s : rank_samples) {
-      ++times_trained[s.sample_id];
-      ++by_staleness[s.staleness()];
-      EXPECT_GE(s.staleness(), 0) << "sample " << s.sample_id;
-      EXPECT_LE(s.staleness(), 1) << "sample " << s.sample_id;
-      EXPECT_LE(s.version_min, s.version_max) << "sample " << s.sample_id;
-      EXPECT_LE(s.version_max, s.trained_version) << "sample " << s.sample_id;
-    }
-  }
-  for (const auto& [id, times] : times_trained) EXPECT_EQ(times, 1) << "sample " << id;
+  const TrainedCounts counts = trained_within_bound("fused-a", 1);
+  const auto& times_trained = counts.times_trained;
   const int total = 8 * 8 * 4;
   // What the last phases left unfinished is not trained; everything else is.
   EXPECT_GT(int(times_trained.size()), total * 3 / 4);
   EXPECT_LE(int(times_trained.size()), total);
-  EXPECT_GT(by_staleness[1], 0) << "no sample was resumed across a cut";
+  EXPECT_GT(counts.by_staleness.count(1), 0u) << "no sample was resumed across a cut";
 }
 
 TEST(StaleSync, FusedWithExpertParallelismIsRejectedOnEveryRank) {
