@@ -1,0 +1,77 @@
+// Restartable training checkpoints: one HDF5 file per checkpoint in RUN_DIR/checkpoints/
+// (step_NNNNNN.h5) holding the model shape, the parameters, AdamW's moments and step counter,
+// the frozen reference policy when a KL term uses one, and the run's counters; a CRC-64 per
+// dataset (attribute `crc64`) and one of the whole file in a sidecar (step_NNNNNN.h5.crc64),
+// checked before HDF5 ever opens the file. Written under a temporary name, fsynced and renamed,
+// then the sidecar, then the `latest` marker, each atomically: a crash at any point leaves the
+// previous checkpoint intact (docs: README "Checkpoints and restart").
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "src/model/model_config.h"
+#include "src/model/parameter_layout.h"
+
+namespace rlf {
+
+// Everything besides the tensors that a run needs to continue bit for bit. The sampler and the
+// task generator are counter-based (keyed by seed, sample id and position), and the learning
+// rate is a pure function of the step, so no random-number state exists beyond the seed.
+struct CheckpointCounters {
+  int step = 0;             // RL steps completed (the policy version is `step`)
+  int optimizer_steps = 0;  // AdamW's step counter (bias correction)
+  int64_t rl_tokens = 0;    // trained tokens so far (summed over learners)
+  double rl_seconds = 0;    // RL wall time so far
+  // Held-out evaluations before and after the warm start (the summary reports them).
+  int initial_prompts = 0, initial_correct = 0;
+  int before_rl_prompts = 0, before_rl_correct = 0;
+  std::vector<double> step_rewards;  // mean reward of every step so far
+  // What decides the samples: a resumed run must use the same values.
+  uint64_t seed = 0;
+  int prompts = 0, group_size = 0;
+};
+
+// The training state's buffers, each layout.total() floats; `reference` may be null.
+struct CheckpointTensors {
+  float* parameters = nullptr;
+  float* first_moment = nullptr;
+  float* second_moment = nullptr;
+  float* reference = nullptr;
+};
+
+// RUN_DIR/checkpoints/step_NNNNNN.h5
+std::string checkpoint_path(const std::string& run_dir, int step);
+
+// Writes the checkpoint of `counters.step` into RUN_DIR/checkpoints, then points `latest` at it
+// and deletes checkpoints older than the previous one (two stay: a damaged newest one still
+// has a fallback).
+void write_checkpoint(const std::string& run_dir, const ModelConfig& config,
+                      const ParameterLayout& layout, const CheckpointCounters& counters,
+                      const CheckpointTensors& tensors);
+
+// ConfigError naming the file unless its sidecar exists and its size and CRC-64 match (checked
+// before the file is opened with HDF5).
+void verify_checkpoint_file(const std::string& path);
+
+// Verifies the file and checks, without reading any tensor, that it was written for `config`
+// (shape) and holds a reference policy exactly when `with_reference`; returns its counters.
+// ConfigError naming the file on any mismatch.
+CheckpointCounters check_checkpoint(const std::string& path, const ModelConfig& config,
+                                    bool with_reference);
+// check_checkpoint, then every dataset into `tensors` (each checked against its CRC-64).
+CheckpointCounters read_checkpoint(const std::string& path, const ModelConfig& config,
+                                   const ParameterLayout& layout, const CheckpointTensors& tensors);
+
+struct ResumePoint {
+  std::string path;                  // the checkpoint to load; "" to start from scratch
+  std::vector<std::string> skipped;  // why newer checkpoints were passed over (auto only)
+};
+
+// --resume: "" (no resume), "auto" (the `latest` marker if it verifies, else the newest
+// checkpoint in RUN_DIR/checkpoints that does, else nothing), or a checkpoint file, which must
+// verify (ConfigError otherwise).
+ResumePoint find_resume_point(const std::string& resume, const std::string& run_dir);
+
+}  // namespace rlf
