@@ -62,16 +62,21 @@ int index_in(const std::vector<int>& ranks, int world_rank) {
   return int(std::find(ranks.begin(), ranks.end(), world_rank) - ranks.begin());
 }
 
-// Waits for every rank of `comm` while serving the queue shards this rank hosts: a learner blocked
-// in a plain collective could not answer another learner still collecting its batch.
-void serving_barrier(MPI_Comm comm, DistQueue& queue) {
-  MPI_Request request;
-  MPI_Ibarrier(comm, &request);
+// Completes a nonblocking collective while serving the queue shards this rank hosts: a learner
+// blocked in a plain collective could not answer another learner still collecting its batch.
+void serve_until_complete(MPI_Request& request, DistQueue& queue) {
   queue.serve_until([&] {
     int done = 0;
     MPI_Test(&request, &done, MPI_STATUS_IGNORE);
     return done != 0;
   });
+}
+
+// Waits for every rank of `comm` while serving the queue shards this rank hosts.
+void serving_barrier(MPI_Comm comm, DistQueue& queue) {
+  MPI_Request request;
+  MPI_Ibarrier(comm, &request);
+  serve_until_complete(request, queue);
 }
 
 // StaleSync's schedule in disaggregated mode (docs/STALESYNC.md). With a bound s >= 1 actors run
@@ -111,7 +116,7 @@ class RandomDelay {
 int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_options,
                             const SftSchedule& sft, const RlOptions& rl, const LayoutConfig& layout,
                             const DisaggregatedOptions& options, const std::string& resolved_config,
-                            TrainResult* result) {
+                            TrainResult* result, const CheckpointOptions& checkpoints) {
   Topology topology(MPI_COMM_WORLD, layout);
   validate_layout_fit(rl, topology);
   const Role role = topology.role();
@@ -135,7 +140,11 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
                                       ep_degree, experts)
                     : ExpertShard{};
   Policy policy = make_policy(run, policy_options, role == Role::Learner, own_experts);
-  RunDirectory dir(run.run_dir, resolved_config, /*writer=*/root);
+  // Checkpoints hold whole replicated state, taken between synchronous steps.
+  TrainCheckpoints saved(
+      checkpoints, run, rl, policy.config,
+      options.expert_parallel == 1 && options.actor_expert_parallel == 1 && rl.staleness == 0);
+  RunDirectory dir(run.run_dir, resolved_config, /*writer=*/root, saved.resuming());
   TraceRecorder trace(MPI_COMM_WORLD);
   trace.set_memory_source(&policy.device->memory());
   DistQueueConfig queue_config;
@@ -160,21 +169,27 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
           policy.config.name.c_str(), policy.config.parameter_count() / 1e6,
           policy.task->name().c_str(), (unsigned long long)run.seed, dir.path().c_str());
   dir.log("%s", topology.layout_table().c_str());
+  saved.describe(dir);
 
   Transformer<float>& model = *policy.model;
   const Task& task = *policy.task;
   const int64_t parameter_count = model.parameter_count();
   const auto run_start = Clock::now();
-  Evaluation before_rl;
+  RlPosition position;  // learners' (meaningful on the root)
   double rl_seconds = 0;
-  int64_t rl_tokens = 0;
+  bool stopped = false;
   std::unique_ptr<RoleExpertParallel> ep;  // EP groups of this rank's role, when degree > 1
 
   if (role != Role::Queue) {
     LearnerState learner;
     if (role == Role::Learner) {
       learner = allocate_learner_state(policy, rl);
-      before_rl = warm_start_learner(policy, run, policy_options, sft, root, dir, trace).before_rl;
+      if (!saved.resuming()) {
+        const WarmStart warm =
+            warm_start_learner(policy, run, policy_options, sft, root, dir, trace);
+        position.initial = warm.initial;
+        position.before_rl = warm.before_rl;
+      }
     }
     const std::vector<int>& actors = topology.ranks_of(Role::Actor);
     const std::vector<int>& learners = topology.ranks_of(Role::Learner);
@@ -187,6 +202,12 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
     if (role == Role::Learner) start_learner_state(learner, policy, rl, ep.get());
     Transformer<float>* reference = learner.reference.get();
     AdamW<float>* optimizer = learner.optimizer.get();
+    const TrainingState state{&model, optimizer, reference};
+    // Every learner reads the checkpoint; actors get its weights from the first weight sync.
+    if (role == Role::Learner && saved.resuming()) position = saved.load(state);
+    // Actors learn where the run stands from the root (rank 0 of compute_ranks: learner 0 is
+    // world rank 0 in every layout).
+    MPI_Bcast(&position.step, 1, MPI_INT, 0, compute_ranks);
     const DataParallelHooks parallel = learner_hooks(role_comm, links, model, ep.get(), trace);
     const RlStepSettings settings = step_settings(rl);
     const GenerationSettings sampling = sampling_settings(rl, task, run.seed);
@@ -227,9 +248,14 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
           rl.staleness, double(rl.importance_cap));
     }
     RlProgress progress(dir, rl.steps, rl.log_every, device);
-    sync_weights(0);
+    sync_weights(position.step);
     progress.start();
-    for (int step = 1; step <= rl.steps; ++step) {
+    saved.watch_signals();
+    // Ranks that host queue shards keep serving them while they wait for the others.
+    const auto serve_while_waiting = [&](MPI_Request& request) {
+      serve_until_complete(request, queue);
+    };
+    for (int step = position.step + 1; step <= rl.steps && !stopped; ++step) {
       const int version = step - 1;
       if (role == Role::Actor) {
         const int generator = schedule.generation_version(step);
@@ -258,6 +284,7 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
           serving_barrier(compute_ranks, queue);
           sync_weights(step - 1);
         }
+        stopped = saved.stop_agreed(compute_ranks, serve_while_waiting);
         continue;
       }
       // Learner.
@@ -292,20 +319,33 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
           train_on_rollouts_traced(model, *optimizer, reference, rollouts, settings, parallel,
                                    version, int(learners.size()), trace);
       if (schedule.lag == 0 && sends_weights) sync_weights(version + 1);
-      rl_tokens += int64_t(stats.tokens);
+      position.rl_tokens += int64_t(stats.tokens);
+      position.step_rewards.push_back(stats.mean_reward());
       progress.step_done(step, stats);
+      stopped = saved.stop_agreed(compute_ranks, serve_while_waiting);
+      if (root && saved.due(step, stopped)) {
+        RlPosition at = position;
+        at.step = step;
+        at.rl_seconds += progress.seconds_since_start();
+        saved.save(at, state);
+      }
+      if (stopped) dir.log("%s", saved.stop_message(step).c_str());
     }
-    rl_seconds = progress.seconds_since_start();
+    rl_seconds = position.rl_seconds + progress.seconds_since_start();
   }
   queue.close();
   if (compute_ranks != MPI_COMM_NULL) MPI_Comm_free(&compute_ranks);
+  // Every rank leaves together: queue ranks learn of the stop from the root.
+  int stop = stopped ? 1 : 0;
+  MPI_Bcast(&stop, 1, MPI_INT, topology.ranks_of(Role::Learner).front(), MPI_COMM_WORLD);
+  if (stop) return kExitCheckpointedOnSignal;
   MultiRankTrainEnd end;
   end.learner = role == Role::Learner;
   end.root = root;
   end.ep = ep.get();
-  end.before_rl = before_rl;
+  end.before_rl = position.before_rl;
   end.rl_seconds = rl_seconds;
-  end.rl_tokens = rl_tokens;
+  end.rl_tokens = position.rl_tokens;
   end.run_start = run_start;
   return finish_multi_rank_train(end, run, policy_options, sft, rl, options, policy, topology, dir,
                                  trace, result);

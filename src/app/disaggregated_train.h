@@ -14,6 +14,7 @@
 #include "src/app/policy_setup.h"
 #include "src/app/rl_options.h"
 #include "src/app/sft_phase.h"
+#include "src/app/train_checkpoints.h"
 #include "src/app/train_result.h"
 
 namespace rlf {
@@ -31,6 +32,7 @@ struct DisaggregatedOptions {
 int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_options,
                             const SftSchedule& sft, const RlOptions& rl, const LayoutConfig& layout,
                             const DisaggregatedOptions& options, const std::string& resolved_config,
-                            TrainResult* result = nullptr);
+                            TrainResult* result = nullptr,
+                            const CheckpointOptions& checkpoints = {});
 
 }  // namespace rlf

@@ -20,6 +20,7 @@
 #include "src/app/rl_progress.h"
 #include "src/app/sft_phase.h"
 #include "src/app/traced_training.h"
+#include "src/app/train_checkpoints.h"
 #include "src/io/parameter_file.h"
 #include "src/io/trace_writer.h"
 #include "src/model/lr_schedule.h"
@@ -55,6 +56,8 @@ int run_train_command(const std::vector<std::string>& args) {
   description.add(rl_options_description(o));
   LayoutConfig layout;
   description.add(layout_options_description(layout));
+  CheckpointOptions checkpoints;
+  description.add(checkpoint_options_description(checkpoints));
   DisaggregatedOptions multi_rank;
   std::string queue_transfer = "hierarchical", ep_dispatch = "hierarchical";
   std::string mode = "disaggregated";
@@ -138,6 +141,8 @@ int run_train_command(const std::vector<std::string>& args) {
         "finished groups per step, and expert-parallel training needs the same micro-batches on "
         "every rank of an EP group (use --expert-parallel 1, or disaggregated mode)");
   }
+  validate_checkpoint_options(checkpoints, fused && world_size > 1, multi_rank.expert_parallel,
+                              multi_rank.actor_expert_parallel, o.staleness);
   // The reward model file is read on every rank, so a bad one stops all of them here.
   validate_reward_model(o, *make_task(load_task_config(policy_options.task, run.seed)));
   if (world_size > 1 && fused) {
@@ -146,7 +151,7 @@ int run_train_command(const std::vector<std::string>& args) {
   }
   if (world_size > 1) {
     return run_disaggregated_train(run, policy_options, sft, o, layout, multi_rank,
-                                   format_options(parsed));
+                                   format_options(parsed), nullptr, checkpoints);
   }
   const AdvantageEstimator estimator = parse_advantage_estimator(o.advantage);
   Policy policy = make_policy(run, policy_options, /*with_gradients=*/true);
@@ -157,7 +162,8 @@ int run_train_command(const std::vector<std::string>& args) {
       o, policy.device->ops(), mode == "fused-all" ? &policy.device->memory() : nullptr,
       run.device_memory_bytes());
 
-  RunDirectory dir(run.run_dir, format_options(parsed));
+  TrainCheckpoints saved(checkpoints, run, o, policy.config, /*supported=*/true);
+  RunDirectory dir(run.run_dir, format_options(parsed), /*writer=*/true, saved.resuming());
   TraceRecorder trace(MPI_COMM_WORLD);
   trace.set_memory_source(&policy.device->memory());
   dir.log("# rlfusion train: %s\n", build_info().c_str());
@@ -165,13 +171,19 @@ int run_train_command(const std::vector<std::string>& args) {
           policy.config.name.c_str(), policy.config.parameter_count() / 1e6, task.name().c_str(),
           policy.device->describe().c_str(), (unsigned long long)run.seed, dir.path().c_str());
   dir.log("%s", describe_learned_reward(o, learned.get()).c_str());
+  saved.describe(dir);
   const auto run_start = Clock::now();
-  const Evaluation initial = evaluate_traced(model, task, policy_options, trace);
-  dir.log("# held-out accuracy at start: %.3f\n", initial.accuracy());
-  run_sft_phase(model, task, sft, dir, trace);
-  const Evaluation before_rl =
-      sft.steps > 0 ? evaluate_traced(model, task, policy_options, trace) : initial;
-  if (sft.steps > 0) dir.log("# held-out accuracy after SFT: %.3f\n", before_rl.accuracy());
+  RlPosition position;
+  if (!saved.resuming()) {
+    position.initial = evaluate_traced(model, task, policy_options, trace);
+    dir.log("# held-out accuracy at start: %.3f\n", position.initial.accuracy());
+    run_sft_phase(model, task, sft, dir, trace);
+    position.before_rl =
+        sft.steps > 0 ? evaluate_traced(model, task, policy_options, trace) : position.initial;
+    if (sft.steps > 0) {
+      dir.log("# held-out accuracy after SFT: %.3f\n", position.before_rl.accuracy());
+    }
+  }
 
   Arena& device = policy.device->memory();
   // The frozen reference policy (the starting point of RL) for the KL penalty.
@@ -185,6 +197,8 @@ int run_train_command(const std::vector<std::string>& args) {
   AdamWHyper hyper;
   hyper.learning_rate = o.learning_rate;
   AdamW<float> optimizer(model, hyper, o.max_grad_norm);
+  const TrainingState state{&model, &optimizer, reference.get()};
+  if (saved.resuming()) position = saved.load(state);
   const RlStepSettings settings = step_settings(o);
   const GenerationSettings sampling = sampling_settings(o, task, run.seed);
 
@@ -192,9 +206,8 @@ int run_train_command(const std::vector<std::string>& args) {
           o.prompts, o.group_size, o.advantage.c_str(), o.clip_epsilon, o.kl_coef);
   RlProgress progress(dir, o.steps, o.log_every, device);
   progress.start();
-  int64_t rl_tokens = 0;
-  std::vector<double> step_rewards;
-  for (int step = 1; step <= o.steps; ++step) {
+  saved.watch_signals();
+  for (int step = position.step + 1; step <= o.steps; ++step) {
     optimizer.hyper().learning_rate =
         cosine_learning_rate(o.learning_rate, step, o.warmup_steps, o.steps, 1.0f);
     const int version = step - 1;
@@ -209,15 +222,30 @@ int run_train_command(const std::vector<std::string>& args) {
     }
     const StepStats s = train_on_rollouts_traced(model, optimizer, reference.get(), rollouts,
                                                  settings, DataParallelHooks{}, version, 1, trace);
-    rl_tokens += int64_t(s.tokens);
-    step_rewards.push_back(s.mean_reward());
+    position.rl_tokens += int64_t(s.tokens);
+    position.step_rewards.push_back(s.mean_reward());
     progress.step_done(step, s);
     if (o.eval_every > 0 && step % o.eval_every == 0 && step != o.steps) {
       const Evaluation e = evaluate_traced(model, task, policy_options, trace);
       dir.log("# held-out accuracy after RL step %d: %.3f\n", step, e.accuracy());
     }
+    const bool stopping = saved.stop_agreed(MPI_COMM_WORLD);
+    if (saved.due(step, stopping)) {
+      RlPosition at = position;
+      at.step = step;
+      at.rl_seconds += progress.seconds_since_start();
+      saved.save(at, state);
+    }
+    if (stopping) {
+      dir.log("%s", saved.stop_message(step).c_str());
+      return kExitCheckpointedOnSignal;
+    }
   }
-  const double rl_seconds = progress.seconds_since_start();
+  const double rl_seconds = position.rl_seconds + progress.seconds_since_start();
+  const int64_t rl_tokens = position.rl_tokens;
+  const std::vector<double>& step_rewards = position.step_rewards;
+  const Evaluation& initial = position.initial;
+  const Evaluation& before_rl = position.before_rl;
   const Evaluation after = evaluate_traced(model, task, policy_options, trace);
   save_parameters(dir.file("model.h5"), policy.config, model.layout(), model.parameters());
   const double total_seconds = std::chrono::duration<double>(Clock::now() - run_start).count();

@@ -20,13 +20,14 @@ void RunDirectory::check_writable(const std::string& path, bool overwrite) {
   }
 }
 
-RunDirectory::RunDirectory(const std::string& path, const std::string& resolved_config, bool writer)
+RunDirectory::RunDirectory(const std::string& path, const std::string& resolved_config, bool writer,
+                           bool append)
     : path_(path) {
   if (!writer) return;
   std::filesystem::create_directories(path_);
   std::filesystem::remove(file("summary.json"));  // an overwritten run is unfinished until done
   std::ofstream(file("config.ini")) << resolved_config;
-  log_ = std::fopen(file("log.txt").c_str(), "w");
+  log_ = std::fopen(file("log.txt").c_str(), append ? "a" : "w");
   if (!log_) throw std::runtime_error("cannot write " + file("log.txt"));
 }
 

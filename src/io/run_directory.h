@@ -16,8 +16,10 @@ class RunDirectory {
 
   // Creates the directory, writes config.ini (the resolved options) and opens log.txt. In a
   // multi-rank run only one rank is the writer; the others get a silent RunDirectory whose log()
-  // and finish() do nothing, so code that logs runs unchanged on every rank.
-  RunDirectory(const std::string& path, const std::string& resolved_config, bool writer = true);
+  // and finish() do nothing, so code that logs runs unchanged on every rank. A resumed run
+  // (append) keeps the log of the run it continues.
+  RunDirectory(const std::string& path, const std::string& resolved_config, bool writer = true,
+               bool append = false);
   ~RunDirectory();
   RunDirectory(const RunDirectory&) = delete;
   RunDirectory& operator=(const RunDirectory&) = delete;

@@ -32,6 +32,8 @@ class AdamW {
   // Clips, updates the parameters, and returns the gradient norm before clipping.
   double step();
   int steps_taken() const { return step_; }
+  // A resumed run continues the step counter (bias correction) of its checkpoint.
+  void restore_steps_taken(int steps) { step_ = steps; }
   T* first_moment() const { return m_; }
   T* second_moment() const { return v_; }
   AdamWHyper& hyper() { return hyper_; }

@@ -1,0 +1,161 @@
+#include "src/app/train_checkpoints.h"
+
+#include <csignal>
+
+#include "kernels/error.h"
+
+namespace rlf {
+
+namespace {
+
+volatile std::sig_atomic_t g_stop_signal = 0;
+
+extern "C" void record_stop_signal(int signal) {
+  g_stop_signal = signal;
+}
+
+CheckpointTensors tensors_of(const TrainingState& state) {
+  return {state.model->parameters(), state.optimizer->first_moment(),
+          state.optimizer->second_moment(),
+          state.reference ? state.reference->parameters() : nullptr};
+}
+
+}  // namespace
+
+po::options_description checkpoint_options_description(CheckpointOptions& options) {
+  po::options_description d("Checkpoints");
+  auto add = d.add_options();
+  add("checkpoint-every", po::value(&options.every)->default_value(options.every),
+      "write a checkpoint into RUN_DIR/checkpoints every this many RL steps (0: only when "
+      "SIGTERM or SIGUSR1 arrives, which also stops the run with exit code 3)");
+  add("resume", po::value(&options.resume),
+      "continue from a checkpoint: auto (RUN_DIR/checkpoints/latest, or the newest valid one; "
+      "from scratch when there is none) or a checkpoint file");
+  return d;
+}
+
+void validate_checkpoint_options(const CheckpointOptions& options, bool fused, int expert_parallel,
+                                 int actor_expert_parallel, int staleness) {
+  if (options.every < 0) {
+    throw ConfigError("--checkpoint-every must be >= 0, got " + std::to_string(options.every));
+  }
+  if (options.every == 0 && options.resume.empty()) return;
+  const std::string what = options.every > 0 ? "--checkpoint-every" : "--resume";
+  if (fused) {
+    throw ConfigError(what +
+                      " is not supported with --mode fused|fused-all yet (one rank or "
+                      "disaggregated mode)");
+  }
+  if (expert_parallel > 1 || actor_expert_parallel > 1) {
+    throw ConfigError(what +
+                      " is not supported with sharded experts yet (--expert-parallel and "
+                      "--actor-expert-parallel must be 1)");
+  }
+  if (staleness > 0) {
+    throw ConfigError(what + " is not supported with --staleness > 0 yet: StaleSync's in-flight " +
+                      "samples are not saved (use --staleness 0)");
+  }
+}
+
+TrainCheckpoints::TrainCheckpoints(const CheckpointOptions& options, const RunOptions& run,
+                                   const RlOptions& rl, const ModelConfig& model, bool supported)
+    : options_(options),
+      run_(run),
+      rl_(rl),
+      supported_(supported),
+      resume_(find_resume_point(options.resume, run.run_dir)) {
+  if (!resuming()) return;
+  const CheckpointCounters c = check_checkpoint(resume_.path, model, rl.kl_coef > 0);
+  if (c.seed != run_.seed || c.prompts != rl_.prompts || c.group_size != rl_.group_size) {
+    throw ConfigError("checkpoint '" + resume_.path + "' was written with --seed " +
+                      std::to_string(c.seed) + " --prompts " + std::to_string(c.prompts) +
+                      " --group-size " + std::to_string(c.group_size) +
+                      ": resume with the same values");
+  }
+  if (c.step >= rl_.steps) {
+    throw ConfigError("checkpoint '" + resume_.path + "' is at step " + std::to_string(c.step) +
+                      ", not before --steps " + std::to_string(rl_.steps) + ": nothing to resume");
+  }
+}
+
+TrainCheckpoints::~TrainCheckpoints() {
+  if (!watching_) return;
+  std::signal(SIGTERM, SIG_DFL);
+  std::signal(SIGUSR1, SIG_DFL);
+}
+
+void TrainCheckpoints::describe(RunDirectory& dir) const {
+  for (const std::string& reason : resume_.skipped)
+    dir.log("# --resume auto skips: %s\n", reason.c_str());
+  if (resuming()) {
+    dir.log("# resuming from checkpoint %s\n", resume_.path.c_str());
+  } else if (options_.resume == "auto") {
+    dir.log("# --resume auto: no valid checkpoint in %s/checkpoints, starting from scratch\n",
+            run_.run_dir.c_str());
+  }
+}
+
+RlPosition TrainCheckpoints::load(const TrainingState& state) const {
+  const Transformer<float>& model = *state.model;
+  const CheckpointCounters c =
+      read_checkpoint(resume_.path, model.config(), model.layout(), tensors_of(state));
+  state.optimizer->restore_steps_taken(c.optimizer_steps);
+  RlPosition p;
+  p.step = c.step;
+  p.rl_tokens = c.rl_tokens;
+  p.rl_seconds = c.rl_seconds;
+  p.initial.prompts = c.initial_prompts;
+  p.initial.correct = c.initial_correct;
+  p.before_rl.prompts = c.before_rl_prompts;
+  p.before_rl.correct = c.before_rl_correct;
+  p.step_rewards = c.step_rewards;
+  return p;
+}
+
+void TrainCheckpoints::watch_signals() {
+  if (!supported_) return;
+  g_stop_signal = 0;
+  std::signal(SIGTERM, record_stop_signal);
+  std::signal(SIGUSR1, record_stop_signal);
+  watching_ = true;
+}
+
+bool TrainCheckpoints::stop_agreed(MPI_Comm comm,
+                                   const std::function<void(MPI_Request&)>& wait) const {
+  if (!supported_) return false;
+  int stop = g_stop_signal != 0 ? 1 : 0;
+  MPI_Request request;
+  MPI_Iallreduce(MPI_IN_PLACE, &stop, 1, MPI_INT, MPI_MAX, comm, &request);
+  if (wait) {
+    wait(request);
+  } else {
+    MPI_Wait(&request, MPI_STATUS_IGNORE);
+  }
+  return stop != 0;
+}
+
+void TrainCheckpoints::save(const RlPosition& position, const TrainingState& state) const {
+  CheckpointCounters c;
+  c.step = position.step;
+  c.optimizer_steps = state.optimizer->steps_taken();
+  c.rl_tokens = position.rl_tokens;
+  c.rl_seconds = position.rl_seconds;
+  c.initial_prompts = position.initial.prompts;
+  c.initial_correct = position.initial.correct;
+  c.before_rl_prompts = position.before_rl.prompts;
+  c.before_rl_correct = position.before_rl.correct;
+  c.step_rewards = position.step_rewards;
+  c.seed = run_.seed;
+  c.prompts = rl_.prompts;
+  c.group_size = rl_.group_size;
+  write_checkpoint(run_.run_dir, state.model->config(), state.model->layout(), c,
+                   tensors_of(state));
+}
+
+std::string TrainCheckpoints::stop_message(int step) const {
+  return "# stopped by SIGTERM or SIGUSR1 after RL step " + std::to_string(step) + ": checkpoint " +
+         checkpoint_path(run_.run_dir, step) + "; continue with --resume auto (exit code " +
+         std::to_string(kExitCheckpointedOnSignal) + ")\n";
+}
+
+}  // namespace rlf

@@ -1,0 +1,94 @@
+// Checkpoints and restart for `train` (one rank, and synchronous disaggregated runs without
+// expert parallelism): --checkpoint-every, --resume auto|PATH, and SIGTERM / SIGUSR1, which make
+// every rank agree at the next step boundary to write a checkpoint and stop with exit code 3.
+// The file format is src/io/checkpoint.h.
+#pragma once
+
+#include <mpi.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "src/app/options.h"
+#include "src/app/rl_options.h"
+#include "src/io/checkpoint.h"
+#include "src/io/run_directory.h"
+#include "src/model/optimizer.h"
+#include "src/rl/evaluation.h"
+
+namespace rlf {
+
+// `train` wrote a checkpoint after SIGTERM or SIGUSR1 and stopped: continue with --resume auto.
+inline constexpr int kExitCheckpointedOnSignal = 3;
+
+struct CheckpointOptions {
+  int every = 0;       // steps between checkpoints (0: only on a signal)
+  std::string resume;  // "", "auto" or a checkpoint file
+};
+
+po::options_description checkpoint_options_description(CheckpointOptions& options);
+// ConfigError for values and for the combinations not built yet (fused modes, expert
+// parallelism, StaleSync's in-flight samples).
+void validate_checkpoint_options(const CheckpointOptions& options, bool fused, int expert_parallel,
+                                 int actor_expert_parallel, int staleness);
+
+// The training state of a rank that trains; `reference` may be null.
+struct TrainingState {
+  Transformer<float>* model = nullptr;
+  AdamW<float>* optimizer = nullptr;
+  Transformer<float>* reference = nullptr;
+};
+
+// Where RL stands; saved in and restored from a checkpoint.
+struct RlPosition {
+  int step = 0;  // steps done
+  int64_t rl_tokens = 0;
+  double rl_seconds = 0;  // before this process started its RL loop
+  Evaluation initial, before_rl;
+  std::vector<double> step_rewards;
+};
+
+class TrainCheckpoints {
+ public:
+  // Finds the checkpoint to resume from and checks, on every rank before any work, that it fits
+  // the run (model shape, KL reference, seed, prompts, group size, steps); ConfigError
+  // otherwise. Unless `supported` (the same on every rank: validate_checkpoint_options has already
+  // rejected options asking for checkpoints) signals keep their default action and nothing is
+  // ever saved.
+  TrainCheckpoints(const CheckpointOptions& options, const RunOptions& run, const RlOptions& rl,
+                   const ModelConfig& model, bool supported);
+  ~TrainCheckpoints();
+  TrainCheckpoints(const TrainCheckpoints&) = delete;
+  TrainCheckpoints& operator=(const TrainCheckpoints&) = delete;
+
+  bool resuming() const { return !resume_.path.empty(); }
+  // Logs which checkpoint the run continues from and the ones --resume auto passed over.
+  void describe(RunDirectory& dir) const;
+  // Reads the checkpoint into a trainer's state.
+  RlPosition load(const TrainingState& state) const;
+
+  // From here on SIGTERM and SIGUSR1 only set a flag (until destroyed).
+  void watch_signals();
+  // At the end of a step, collective over `comm` when supported: whether any rank got a signal.
+  // `wait`
+  // completes the request (a rank that hosts queue shards serves them meanwhile).
+  bool stop_agreed(MPI_Comm comm, const std::function<void(MPI_Request&)>& wait = {}) const;
+  bool due(int step, bool stopping) const {
+    return supported_ && (stopping || (options_.every > 0 && step % options_.every == 0));
+  }
+  // The writer (one rank) saves `position` and the state.
+  void save(const RlPosition& position, const TrainingState& state) const;
+  // The line logged when the run stops after a signal.
+  std::string stop_message(int step) const;
+
+ private:
+  CheckpointOptions options_;
+  const RunOptions& run_;
+  const RlOptions& rl_;
+  bool supported_;
+  ResumePoint resume_;
+  bool watching_ = false;
+};
+
+}  // namespace rlf
