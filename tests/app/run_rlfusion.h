@@ -16,13 +16,15 @@ struct CommandResult {
 };
 
 // ranks == 0: the binary alone (a singleton MPI world); otherwise under mpiexec with that many
-// ranks, oversubscribed (these tests check results and counts, never times).
-inline CommandResult run_rlfusion(const std::string& args, int ranks = 0) {
+// ranks, oversubscribed (these tests check results and counts, never times). `environment`:
+// extra VAR=value words for the launcher.
+inline CommandResult run_rlfusion(const std::string& args, int ranks = 0,
+                                  const std::string& environment = "") {
   const std::string launcher =
       ranks > 0 ? "mpiexec -n " + std::to_string(ranks) + " --oversubscribe " : std::string();
   const std::string command = "cd " RLFUSION_SOURCE_DIR
                               " && OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " +
-                              launcher + RLFUSION_BINARY " " + args + " 2>&1";
+                              environment + " " + launcher + RLFUSION_BINARY " " + args + " 2>&1";
   FILE* pipe = popen(command.c_str(), "r");
   std::string output;
   std::array<char, 4096> buffer;

@@ -1,0 +1,244 @@
+// Checkpoints and restart: the CRC-64 and the file format on their own, then the rlfusion binary
+// on one rank and on two (disaggregated): a run killed with SIGKILL in the middle of writing a
+// checkpoint resumes from the previous one and ends bit for bit where an uninterrupted run does;
+// SIGUSR1 / SIGTERM checkpoint and stop with exit code 3; damaged, truncated and wrong-shape
+// files are refused with exit code 2 (or skipped by --resume auto).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "kernels/error.h"
+#include "src/io/checkpoint.h"
+#include "src/io/durable_file.h"
+#include "tests/app/json_output.h"
+#include "tests/app/read_parameters.h"
+#include "tests/app/run_rlfusion.h"
+
+namespace rlf {
+namespace {
+
+namespace fs = std::filesystem;
+using test::CommandResult;
+
+std::string temp_dir(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() / ("rlfusion-checkpoints-" + name);
+  fs::remove_all(dir);
+  return dir.string();
+}
+
+std::string train_args(int steps = 6, const std::string& model = "tiny") {
+  return "train --model " + model +
+         " --task sort --sft-steps 30 --sft-learning-rate 0.01 --steps " + std::to_string(steps) +
+         " --prompts 4 --group-size 4 --eval-prompts 16 --kl-coef 0.01 --log-every 1 --json ";
+}
+const std::string kRun = train_args();
+
+std::string summary_line(const std::string& output, const std::string& row) {
+  const auto at = output.find(row);
+  return at == std::string::npos ? "" : output.substr(at, output.find('\n', at) - at);
+}
+
+// The same final weights, held-out accuracies and per-step rewards (summary rows).
+void expect_same_run(const CommandResult& straight, const std::string& straight_dir,
+                     const CommandResult& resumed, const std::string& resumed_dir) {
+  EXPECT_EQ(test::read_tiny_parameters(straight_dir + "/model.h5"),
+            test::read_tiny_parameters(resumed_dir + "/model.h5"));
+  for (const char* key : {"heldout_accuracy_before_rl", "heldout_accuracy_after_rl"}) {
+    EXPECT_EQ(test::json_number(straight.output, key), test::json_number(resumed.output, key))
+        << key;
+  }
+  for (const char* row : {"mean reward, first 10%", "mean reward, last 10%"}) {
+    if (summary_line(straight.output, row).empty()) continue;  // (multi-rank summaries)
+    EXPECT_EQ(summary_line(straight.output, row), summary_line(resumed.output, row)) << row;
+  }
+}
+
+// Runs `args` straight into one directory and, into another, killed by SIGKILL while writing
+// checkpoint 4 (`where`: data or renamed), then resumed with --resume auto.
+void expect_kill_and_resume_bit_exact(const std::string& name, int ranks, const std::string& args,
+                                      const std::string& where) {
+  const std::string straight_dir = temp_dir(name + "-straight");
+  const std::string dir = temp_dir(name + "-killed");
+  const CommandResult straight = test::run_rlfusion(args + "--run-dir " + straight_dir, ranks);
+  ASSERT_EQ(straight.exit_code, 0) << straight.output;
+  const std::string hook = where == "data" ? "4" : "4:" + where;
+  const CommandResult killed =
+      test::run_rlfusion(args + "--checkpoint-every 2 --run-dir " + dir, ranks,
+                         "RLFUSION_TEST_KILL_IN_CHECKPOINT=" + hook);
+  ASSERT_NE(killed.exit_code, 0) << killed.output;
+  EXPECT_FALSE(fs::exists(dir + "/summary.json"));
+  EXPECT_EQ(read_text(dir + "/checkpoints/latest"), "step_000002.h5\n");
+  EXPECT_NO_THROW(verify_checkpoint_file(checkpoint_path(dir, 2)));
+  const CommandResult resumed =
+      test::run_rlfusion(args + "--checkpoint-every 2 --resume auto --run-dir " + dir, ranks);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("resuming from checkpoint " + checkpoint_path(dir, 2)),
+            std::string::npos)
+      << resumed.output;
+  expect_same_run(straight, straight_dir, resumed, dir);
+}
+
+TEST(Crc64, MatchesTheCheckValueAndChains) {
+  const std::string text = "123456789";
+  EXPECT_EQ(crc64(text.data(), text.size()), 0x995DC9BBDF1939FAull);  // CRC-64/XZ check value
+  EXPECT_EQ(crc64(text.data() + 4, 5, crc64(text.data(), 4)), crc64(text.data(), text.size()));
+}
+
+TEST(Checkpoint, RoundTripsEveryBufferAndCounter) {
+  const std::string dir = temp_dir("round-trip");
+  const ModelConfig config =
+      load_model_config(std::string(RLFUSION_SOURCE_DIR) + "/inputs/models/tiny.ini");
+  const ParameterLayout layout(config);
+  const size_t n = size_t(layout.total());
+  std::vector<std::vector<float>> buffers(4, std::vector<float>(n));
+  for (size_t b = 0; b < 4; ++b) {
+    for (size_t i = 0; i < n; ++i) buffers[b][i] = float(b) + 1e-3f * float(i % 977);
+  }
+  CheckpointCounters c;
+  c.step = 3;
+  c.optimizer_steps = 7;
+  c.rl_tokens = 12345;
+  c.rl_seconds = 1.5;
+  c.initial_prompts = c.before_rl_prompts = 16;
+  c.initial_correct = 2;
+  c.before_rl_correct = 5;
+  c.step_rewards = {0.25, 0.5, 0.125};
+  c.seed = 0xFFFFFFFFFFFFFFF1ull;
+  c.prompts = 4;
+  c.group_size = 8;
+  write_checkpoint(dir, config, layout, c,
+                   {buffers[0].data(), buffers[1].data(), buffers[2].data(), buffers[3].data()});
+  std::vector<std::vector<float>> read(4, std::vector<float>(n));
+  const CheckpointCounters r =
+      read_checkpoint(checkpoint_path(dir, 3), config, layout,
+                      {read[0].data(), read[1].data(), read[2].data(), read[3].data()});
+  EXPECT_EQ(read, buffers);
+  EXPECT_EQ(r.step, 3);
+  EXPECT_EQ(r.optimizer_steps, 7);
+  EXPECT_EQ(r.rl_tokens, 12345);
+  EXPECT_EQ(r.step_rewards, c.step_rewards);
+  EXPECT_EQ(r.seed, c.seed);
+  EXPECT_EQ(r.before_rl_correct, 5);
+  // Without a reference buffer the file (which holds one) is refused.
+  EXPECT_THROW(read_checkpoint(checkpoint_path(dir, 3), config, layout,
+                               {read[0].data(), read[1].data(), read[2].data(), nullptr}),
+               ConfigError);
+  // The checkpoint is also a policy parameter file.
+  EXPECT_EQ(test::read_tiny_parameters(checkpoint_path(dir, 3)), buffers[0]);
+}
+
+TEST(Checkpoint, OneRankResumeAfterSigkillInTheMiddleOfAWriteIsBitExact) {
+  expect_kill_and_resume_bit_exact("one-rank-data", 0, kRun, "data");
+}
+
+TEST(Checkpoint, ResumeAfterSigkillBetweenRenameAndChecksumIsBitExact) {
+  expect_kill_and_resume_bit_exact("one-rank-renamed", 0, kRun, "renamed");
+}
+
+TEST(Checkpoint, TwoRanksDisaggregatedResumeIsBitExact) {
+  expect_kill_and_resume_bit_exact("two-ranks", 2, kRun + "--ranks-per-node 1 ", "data");
+}
+
+// Flips one byte in the middle of `path`.
+void damage(const std::string& path) {
+  std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
+  file.seekp(std::streamoff(fs::file_size(path) / 2));
+  char byte = 0;
+  file.read(&byte, 1);
+  file.seekp(std::streamoff(fs::file_size(path) / 2));
+  byte = char(byte ^ 0x5a);
+  file.write(&byte, 1);
+}
+
+TEST(Checkpoint, DamagedTruncatedAndWrongShapeFilesAreRefused) {
+  const std::string dir = temp_dir("damaged");
+  ASSERT_EQ(test::run_rlfusion(kRun + "--checkpoint-every 2 --run-dir " + dir).exit_code, 0);
+  fs::remove(dir + "/summary.json");
+  const std::string newest = checkpoint_path(dir, 6), previous = checkpoint_path(dir, 4);
+  EXPECT_FALSE(fs::exists(checkpoint_path(dir, 2)));  // two checkpoints stay
+  // Another model shape: refused by name before any work.
+  const std::string other_model = dir + "/other.ini";
+  std::ofstream(other_model) << "[model]\nname = tiny\nvocab_size = 32\nd_model = 32\n"
+                                "n_layers = 2\nn_heads = 4\nn_experts = 4\ntop_k = 2\nd_ff = 16\n"
+                                "shared_expert_d_ff = 16\nmax_seq_len = 128\n";
+  CommandResult r = test::run_rlfusion(train_args(6, other_model) + "--resume " + previous +
+                                       " --run-dir " + dir + "/other");
+  EXPECT_EQ(r.exit_code, kExitConfigError) << r.output;
+  EXPECT_NE(r.output.find("was written for model"), std::string::npos) << r.output;
+  // One flipped byte.
+  damage(newest);
+  r = test::run_rlfusion(kRun + "--resume " + newest + " --run-dir " + dir);
+  EXPECT_EQ(r.exit_code, kExitConfigError) << r.output;
+  EXPECT_NE(r.output.find("does not match its CRC-64"), std::string::npos) << r.output;
+  // Truncated.
+  fs::resize_file(previous, fs::file_size(previous) - 100);
+  r = test::run_rlfusion(kRun + "--resume " + previous + " --run-dir " + dir);
+  EXPECT_EQ(r.exit_code, kExitConfigError) << r.output;
+  EXPECT_NE(r.output.find("truncated"), std::string::npos) << r.output;
+  // auto passes over both, says why, and starts from scratch.
+  r = test::run_rlfusion(kRun + "--resume auto --run-dir " + dir);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("--resume auto skips"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("starting from scratch"), std::string::npos) << r.output;
+}
+
+TEST(Checkpoint, CombinationsNotBuiltAreRejected) {
+  for (const std::string& extra : {std::string("--mode fused --checkpoint-every 2"),
+                                   std::string("--staleness 1 --checkpoint-every 2"),
+                                   std::string("--expert-parallel 2 --resume auto")}) {
+    const CommandResult r =
+        test::run_rlfusion(kRun + extra + " --run-dir " + temp_dir("rejected"), 2);
+    EXPECT_EQ(r.exit_code, kExitConfigError) << extra << "\n" << r.output;
+    EXPECT_NE(r.output.find("not supported"), std::string::npos) << r.output;
+  }
+}
+
+// Starts the run in the background, sends `signal` to `target` (the rank, or mpiexec, which
+// forwards SIGUSR1 to every rank) once step 2's progress line is in the log, and expects a
+// checkpoint and exit code 3; --resume auto then finishes it bit for bit like a straight run.
+void expect_signal_checkpoints_and_stops(const std::string& name, int ranks,
+                                         const std::string& extra, const std::string& signal) {
+  const std::string straight_dir = temp_dir(name + "-straight");
+  const std::string dir = temp_dir(name + "-signalled");
+  const std::string run_args = train_args(20) + extra;
+  const CommandResult straight = test::run_rlfusion(run_args + "--run-dir " + straight_dir, ranks);
+  ASSERT_EQ(straight.exit_code, 0) << straight.output;
+  const std::string launcher =
+      ranks > 0 ? "mpiexec -n " + std::to_string(ranks) + " --oversubscribe " : std::string();
+  const std::string script = dir + ".sh";
+  std::ofstream(script) << "cd " RLFUSION_SOURCE_DIR "\n"
+                        << "export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1\n"
+                        << launcher << RLFUSION_BINARY " " << run_args << "--run-dir " << dir
+                        << " > " << dir << ".out 2>&1 &\npid=$!\n"
+                        << "until grep -qE '^ +2 ' " << dir
+                        << "/log.txt 2>/dev/null; do sleep 0.05; done\n"
+                        << "kill -" << signal << " $pid\nwait $pid\necho \"exit=$?\"\n"
+                        << "cat " << dir << ".out\n";
+  FILE* pipe = popen(("bash " + script).c_str(), "r");
+  std::string output;
+  char buffer[4096];
+  while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) output.append(buffer, n);
+  pclose(pipe);
+  ASSERT_NE(output.find("exit=3"), std::string::npos) << output;
+  EXPECT_NE(output.find("stopped by SIGTERM or SIGUSR1 after RL step"), std::string::npos)
+      << output;
+  EXPECT_FALSE(fs::exists(dir + "/summary.json"));
+  const CommandResult resumed =
+      test::run_rlfusion(run_args + "--resume auto --run-dir " + dir, ranks);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  expect_same_run(straight, straight_dir, resumed, dir);
+}
+
+TEST(Checkpoint, OneRankSigtermCheckpointsAndStops) {
+  expect_signal_checkpoints_and_stops("sigterm", 0, "", "TERM");
+}
+
+TEST(Checkpoint, TwoRanksSigusr1ThroughMpiexecCheckpointsAndStops) {
+  expect_signal_checkpoints_and_stops("sigusr1", 2, "--ranks-per-node 1 ", "USR1");
+}
+
+}  // namespace
+}  // namespace rlf
