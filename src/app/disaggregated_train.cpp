@@ -140,10 +140,8 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
                                       ep_degree, experts)
                     : ExpertShard{};
   Policy policy = make_policy(run, policy_options, role == Role::Learner, own_experts);
-  // Checkpoints hold whole replicated state, taken between synchronous steps.
-  TrainCheckpoints saved(
-      checkpoints, run, rl, policy.config,
-      options.expert_parallel == 1 && options.actor_expert_parallel == 1 && rl.staleness == 0);
+  // Checkpoints are taken between synchronous steps (nothing in flight).
+  TrainCheckpoints saved(checkpoints, run, rl, policy.config, rl.staleness == 0);
   RunDirectory dir(run.run_dir, resolved_config, /*writer=*/root, saved.resuming());
   TraceRecorder trace(MPI_COMM_WORLD);
   trace.set_memory_source(&policy.device->memory());
@@ -323,11 +321,11 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
       position.step_rewards.push_back(stats.mean_reward());
       progress.step_done(step, stats);
       stopped = saved.stop_agreed(compute_ranks, serve_while_waiting);
-      if (root && saved.due(step, stopped)) {
+      if (saved.due(step, stopped)) {
         RlPosition at = position;
         at.step = step;
         at.rl_seconds += progress.seconds_since_start();
-        saved.save(at, state);
+        saved.save(at, state, root, ep.get());
       }
       if (stopped) dir.log("%s", saved.stop_message(step).c_str());
     }

@@ -1,8 +1,10 @@
 #include "src/app/train_checkpoints.h"
 
+#include <array>
 #include <csignal>
 
 #include "kernels/error.h"
+#include "src/model/expert_parallel.h"
 
 namespace rlf {
 
@@ -14,10 +16,33 @@ extern "C" void record_stop_signal(int signal) {
   g_stop_signal = signal;
 }
 
-CheckpointTensors tensors_of(const TrainingState& state) {
+constexpr size_t kBuffers = 4;  // parameters, first moment, second moment, reference
+
+std::array<float*, kBuffers> buffers_of(const TrainingState& state) {
   return {state.model->parameters(), state.optimizer->first_moment(),
           state.optimizer->second_moment(),
           state.reference ? state.reference->parameters() : nullptr};
+}
+
+CheckpointTensors tensors_of(const std::array<float*, kBuffers>& b) {
+  return {b[0], b[1], b[2], b[3]};
+}
+
+// Whole-model buffers for the buffers `state` has (none for a missing reference).
+std::array<std::vector<float>, kBuffers> whole_buffers(const TrainingState& state,
+                                                       const ParameterLayout& full) {
+  std::array<std::vector<float>, kBuffers> whole;
+  const std::array<float*, kBuffers> own = buffers_of(state);
+  for (size_t i = 0; i < kBuffers; ++i) {
+    if (own[i]) whole[i].resize(size_t(full.total()));
+  }
+  return whole;
+}
+
+std::array<float*, kBuffers> pointers(std::array<std::vector<float>, kBuffers>& whole) {
+  std::array<float*, kBuffers> p{};
+  for (size_t i = 0; i < kBuffers; ++i) p[i] = whole[i].empty() ? nullptr : whole[i].data();
+  return p;
 }
 
 }  // namespace
@@ -34,8 +59,7 @@ po::options_description checkpoint_options_description(CheckpointOptions& option
   return d;
 }
 
-void validate_checkpoint_options(const CheckpointOptions& options, bool fused, int expert_parallel,
-                                 int actor_expert_parallel, int staleness) {
+void validate_checkpoint_options(const CheckpointOptions& options, bool fused, int staleness) {
   if (options.every < 0) {
     throw ConfigError("--checkpoint-every must be >= 0, got " + std::to_string(options.every));
   }
@@ -45,11 +69,6 @@ void validate_checkpoint_options(const CheckpointOptions& options, bool fused, i
     throw ConfigError(what +
                       " is not supported with --mode fused|fused-all yet (one rank or "
                       "disaggregated mode)");
-  }
-  if (expert_parallel > 1 || actor_expert_parallel > 1) {
-    throw ConfigError(what +
-                      " is not supported with sharded experts yet (--expert-parallel and "
-                      "--actor-expert-parallel must be 1)");
   }
   if (staleness > 0) {
     throw ConfigError(what + " is not supported with --staleness > 0 yet: StaleSync's in-flight " +
@@ -97,8 +116,19 @@ void TrainCheckpoints::describe(RunDirectory& dir) const {
 
 RlPosition TrainCheckpoints::load(const TrainingState& state) const {
   const Transformer<float>& model = *state.model;
-  const CheckpointCounters c =
-      read_checkpoint(resume_.path, model.config(), model.layout(), tensors_of(state));
+  CheckpointCounters c;
+  if (!model.layout().expert_sharded()) {
+    c = read_checkpoint(resume_.path, model.config(), model.layout(),
+                        tensors_of(buffers_of(state)));
+  } else {
+    const ParameterLayout full(model.config());
+    std::array<std::vector<float>, kBuffers> whole = whole_buffers(state, full);
+    c = read_checkpoint(resume_.path, model.config(), full, tensors_of(pointers(whole)));
+    const std::array<float*, kBuffers> own = buffers_of(state);
+    for (size_t i = 0; i < kBuffers; ++i) {
+      if (own[i]) copy_common_parameters(whole[i].data(), full, own[i], model.layout());
+    }
+  }
   state.optimizer->restore_steps_taken(c.optimizer_steps);
   RlPosition p;
   p.step = c.step;
@@ -134,7 +164,8 @@ bool TrainCheckpoints::stop_agreed(MPI_Comm comm,
   return stop != 0;
 }
 
-void TrainCheckpoints::save(const RlPosition& position, const TrainingState& state) const {
+void TrainCheckpoints::save(const RlPosition& position, const TrainingState& state, bool writer,
+                            RoleExpertParallel* ep) const {
   CheckpointCounters c;
   c.step = position.step;
   c.optimizer_steps = state.optimizer->steps_taken();
@@ -148,8 +179,22 @@ void TrainCheckpoints::save(const RlPosition& position, const TrainingState& sta
   c.seed = run_.seed;
   c.prompts = rl_.prompts;
   c.group_size = rl_.group_size;
-  write_checkpoint(run_.run_dir, state.model->config(), state.model->layout(), c,
-                   tensors_of(state));
+  const Transformer<float>& model = *state.model;
+  if (!model.layout().expert_sharded()) {
+    if (writer) {
+      write_checkpoint(run_.run_dir, model.config(), model.layout(), c,
+                       tensors_of(buffers_of(state)));
+    }
+    return;
+  }
+  const ParameterLayout full(model.config());
+  std::array<std::vector<float>, kBuffers> whole;
+  if (writer) whole = whole_buffers(state, full);
+  const std::array<float*, kBuffers> own = buffers_of(state);
+  for (size_t i = 0; i < kBuffers; ++i) {
+    if (own[i]) ep->gather_full_model(own[i], model.layout(), pointers(whole)[i], full);
+  }
+  if (writer) write_checkpoint(run_.run_dir, model.config(), full, c, tensors_of(pointers(whole)));
 }
 
 std::string TrainCheckpoints::stop_message(int step) const {

@@ -1,7 +1,9 @@
-// Checkpoints and restart for `train` (one rank, and synchronous disaggregated runs without
-// expert parallelism): --checkpoint-every, --resume auto|PATH, and SIGTERM / SIGUSR1, which make
+// Checkpoints and restart for `train` (one rank, and synchronous disaggregated runs, experts
+// sharded or not): --checkpoint-every, --resume auto|PATH, and SIGTERM / SIGUSR1, which make
 // every rank agree at the next step boundary to write a checkpoint and stop with exit code 3.
-// The file format is src/io/checkpoint.h.
+// The file format is src/io/checkpoint.h. A checkpoint always holds the whole model: sharded
+// experts (and their AdamW moments) are gathered on learner 0, which writes the file, and each
+// learner reads back the experts it stores, so a checkpoint loads at any EP degree.
 #pragma once
 
 #include <mpi.h>
@@ -16,6 +18,7 @@
 #include "src/io/run_directory.h"
 #include "src/model/optimizer.h"
 #include "src/rl/evaluation.h"
+#include "src/runtime/role_expert_parallel.h"
 
 namespace rlf {
 
@@ -28,10 +31,9 @@ struct CheckpointOptions {
 };
 
 po::options_description checkpoint_options_description(CheckpointOptions& options);
-// ConfigError for values and for the combinations not built yet (fused modes, expert
-// parallelism, StaleSync's in-flight samples).
-void validate_checkpoint_options(const CheckpointOptions& options, bool fused, int expert_parallel,
-                                 int actor_expert_parallel, int staleness);
+// ConfigError for values and for the combinations not built yet (fused modes, StaleSync's
+// in-flight samples).
+void validate_checkpoint_options(const CheckpointOptions& options, bool fused, int staleness);
 
 // The training state of a rank that trains; `reference` may be null.
 struct TrainingState {
@@ -65,7 +67,7 @@ class TrainCheckpoints {
   bool resuming() const { return !resume_.path.empty(); }
   // Logs which checkpoint the run continues from and the ones --resume auto passed over.
   void describe(RunDirectory& dir) const;
-  // Reads the checkpoint into a trainer's state.
+  // Reads the checkpoint into a trainer's state (the experts its model stores).
   RlPosition load(const TrainingState& state) const;
 
   // From here on SIGTERM and SIGUSR1 only set a flag (until destroyed).
@@ -77,8 +79,10 @@ class TrainCheckpoints {
   bool due(int step, bool stopping) const {
     return supported_ && (stopping || (options_.every > 0 && step % options_.every == 0));
   }
-  // The writer (one rank) saves `position` and the state.
-  void save(const RlPosition& position, const TrainingState& state) const;
+  // `writer` (learner 0) saves `position` and the state. With sharded experts every rank of
+  // `ep` calls it (collective over replica 0's EP group: the experts are gathered).
+  void save(const RlPosition& position, const TrainingState& state, bool writer,
+            RoleExpertParallel* ep = nullptr) const;
   // The line logged when the run stops after a signal.
   std::string stop_message(int step) const;
 

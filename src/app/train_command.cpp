@@ -141,8 +141,7 @@ int run_train_command(const std::vector<std::string>& args) {
         "finished groups per step, and expert-parallel training needs the same micro-batches on "
         "every rank of an EP group (use --expert-parallel 1, or disaggregated mode)");
   }
-  validate_checkpoint_options(checkpoints, fused && world_size > 1, multi_rank.expert_parallel,
-                              multi_rank.actor_expert_parallel, o.staleness);
+  validate_checkpoint_options(checkpoints, fused && world_size > 1, o.staleness);
   // The reward model file is read on every rank, so a bad one stops all of them here.
   validate_reward_model(o, *make_task(load_task_config(policy_options.task, run.seed)));
   if (world_size > 1 && fused) {
@@ -234,7 +233,7 @@ int run_train_command(const std::vector<std::string>& args) {
       RlPosition at = position;
       at.step = step;
       at.rl_seconds += progress.seconds_since_start();
-      saved.save(at, state);
+      saved.save(at, state, /*writer=*/true);
     }
     if (stopping) {
       dir.log("%s", saved.stop_message(step).c_str());

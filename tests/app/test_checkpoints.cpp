@@ -1,8 +1,8 @@
 // Checkpoints and restart: the CRC-64 and the file format on their own, then the rlfusion binary
-// on one rank and on two (disaggregated): a run killed with SIGKILL in the middle of writing a
-// checkpoint resumes from the previous one and ends bit for bit where an uninterrupted run does;
-// SIGUSR1 / SIGTERM checkpoint and stop with exit code 3; damaged, truncated and wrong-shape
-// files are refused with exit code 2 (or skipped by --resume auto).
+// on one rank, two (disaggregated) and four (sharded experts): a run killed with SIGKILL in the
+// middle of writing a checkpoint resumes from the previous one and ends bit for bit where an
+// uninterrupted run does; SIGUSR1 / SIGTERM checkpoint and stop with exit code 3; damaged,
+// truncated and wrong-shape files are refused with exit code 2 (or skipped by --resume auto).
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -142,6 +142,25 @@ TEST(Checkpoint, TwoRanksDisaggregatedResumeIsBitExact) {
   expect_kill_and_resume_bit_exact("two-ranks", 2, kRun + "--ranks-per-node 1 ", "data");
 }
 
+// Sharded experts: gathered whole on learner 0 for the file, read back shard by shard.
+TEST(Checkpoint, ExpertParallelLearnersAndActorsResumeIsBitExact) {
+  expect_kill_and_resume_bit_exact("expert-parallel", 4,
+                                   kRun + "--learners 2 --actors 2 --expert-parallel 2 ", "data");
+}
+
+// A checkpoint holds the whole model, so it loads at another expert-parallel degree.
+TEST(Checkpoint, WrittenWithExpertParallelismResumesWithout) {
+  const std::string dir = temp_dir("reshard");
+  const CommandResult written = test::run_rlfusion(
+      kRun + "--learners 2 --actors 2 --expert-parallel 2 --checkpoint-every 2 --run-dir " + dir,
+      4);
+  ASSERT_EQ(written.exit_code, 0) << written.output;
+  const CommandResult resumed = test::run_rlfusion(
+      kRun + "--resume " + checkpoint_path(dir, 4) + " --run-dir " + dir + "/b", 2);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("resuming from checkpoint"), std::string::npos);
+}
+
 // Flips one byte in the middle of `path`.
 void damage(const std::string& path) {
   std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
@@ -187,8 +206,7 @@ TEST(Checkpoint, DamagedTruncatedAndWrongShapeFilesAreRefused) {
 
 TEST(Checkpoint, CombinationsNotBuiltAreRejected) {
   for (const std::string& extra : {std::string("--mode fused --checkpoint-every 2"),
-                                   std::string("--staleness 1 --checkpoint-every 2"),
-                                   std::string("--expert-parallel 2 --resume auto")}) {
+                                   std::string("--staleness 1 --resume auto")}) {
     const CommandResult r =
         test::run_rlfusion(kRun + extra + " --run-dir " + temp_dir("rejected"), 2);
     EXPECT_EQ(r.exit_code, kExitConfigError) << extra << "\n" << r.output;
