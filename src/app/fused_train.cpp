@@ -28,7 +28,8 @@ namespace rlf {
 int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
                     const SftSchedule& sft, const RlOptions& rl, LayoutConfig layout,
                     const DisaggregatedOptions& options, bool fused_all,
-                    const std::string& resolved_config, TrainResult* result) {
+                    const std::string& resolved_config, TrainResult* result,
+                    const CheckpointOptions& checkpoints) {
   const char* mode = fused_all ? "fused-all" : "fused";
   layout.fused = true;
   Topology topology(MPI_COMM_WORLD, layout);
@@ -79,7 +80,9 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   const std::unique_ptr<LearnedReward> learned =
       load_learned_reward(rl, policy.device->ops(), fused_all ? &policy.device->memory() : nullptr,
                           run.device_memory_bytes());
-  RunDirectory dir(run.run_dir, resolved_config, /*writer=*/root);
+  // Checkpoints are taken between synchronous steps (StaleSync's pool is not saved).
+  TrainCheckpoints saved(checkpoints, run, rl, policy.config, rl.staleness == 0);
+  RunDirectory dir(run.run_dir, resolved_config, /*writer=*/root, saved.resuming());
   TraceRecorder trace(MPI_COMM_WORLD);
   trace.set_memory_source(&policy.device->memory());
 
@@ -89,6 +92,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
           policy.task->name().c_str(), (unsigned long long)run.seed, dir.path().c_str());
   dir.log("%s", topology.layout_table().c_str());
   dir.log("%s", describe_learned_reward(rl, learned.get()).c_str());
+  saved.describe(dir);
   if (fused_all && rl.kl_coef > 0) {
     dir.log("# reference model (KL): %s in the device arena (with the policy)\n",
             format_bytes(size_t(policy.model->parameter_count()) * sizeof(float)).c_str());
@@ -96,8 +100,12 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   const auto run_start = std::chrono::steady_clock::now();
 
   LearnerState learner = allocate_learner_state(policy, rl);
-  const Evaluation before_rl =
-      warm_start_learner(policy, run, policy_options, sft, root, dir, trace).before_rl;
+  RlPosition position;
+  if (!saved.resuming()) {
+    const WarmStart warm = warm_start_learner(policy, run, policy_options, sft, root, dir, trace);
+    position.initial = warm.initial;
+    position.before_rl = warm.before_rl;
+  }
   Transformer<float>& model = *policy.model;
   const Task& task = *policy.task;
   const HierarchicalComm& all = topology.role_comm();
@@ -105,6 +113,8 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   std::unique_ptr<RoleExpertParallel> ep = attach_expert_parallel(
       model, all, links, options.expert_parallel, options.ep_dispatch, options.ep_overlap_chunks);
   start_learner_state(learner, policy, rl, ep.get());
+  const TrainingState state{&model, learner.optimizer.get(), learner.reference.get()};
+  if (saved.resuming()) position = saved.load(state);
   Arena& device = policy.device->memory();
   std::unique_ptr<Arena> host_memory;
   std::unique_ptr<TrainingOffload> offload;
@@ -181,8 +191,9 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   // so its first wait is not counted as RL idle time.
   MPI_Barrier(MPI_COMM_WORLD);
   progress.start();
-  int64_t rl_tokens = 0;
-  for (int step = 1; step <= rl.steps; ++step) {
+  saved.watch_signals();
+  bool stopped = false;
+  for (int step = position.step + 1; step <= rl.steps && !stopped; ++step) {
     const int version = step - 1;
     learner.optimizer->hyper().learning_rate =
         cosine_learning_rate(rl.learning_rate, step, rl.warmup_steps, rl.steps, 1.0f);
@@ -272,9 +283,19 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         train_on_rollouts_traced(model, *learner.optimizer, learner.reference.get(), rollouts,
                                  settings, parallel, version, ranks, trace);
     training_peak = std::max(training_peak, device.phase_peak());
-    rl_tokens += int64_t(stats.tokens);
+    position.rl_tokens += int64_t(stats.tokens);
+    position.step_rewards.push_back(stats.mean_reward());
     progress.step_done(step, stats);
+    stopped = saved.stop_agreed(MPI_COMM_WORLD);
+    if (saved.due(step, stopped)) {
+      RlPosition at = position;
+      at.step = step;
+      at.rl_seconds += progress.seconds_since_start();
+      saved.save(at, state, root, ep.get());
+    }
+    if (stopped) dir.log("%s", saved.stop_message(step).c_str());
   }
+  if (stopped) return kExitCheckpointedOnSignal;
   if (pool) {
     // Rank 0's pool (each rank has its own; the counters of the others are alike).
     const PoolCounters& c = pool->counters();
@@ -294,9 +315,9 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   end.learner = true;
   end.root = root;
   end.ep = ep.get();
-  end.before_rl = before_rl;
-  end.rl_seconds = progress.seconds_since_start();
-  end.rl_tokens = rl_tokens;
+  end.before_rl = position.before_rl;
+  end.rl_seconds = position.rl_seconds + progress.seconds_since_start();
+  end.rl_tokens = position.rl_tokens;
   end.run_start = run_start;
   return finish_multi_rank_train(end, run, policy_options, sft, rl, options, policy, topology, dir,
                                  trace, result);

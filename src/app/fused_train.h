@@ -21,6 +21,7 @@
 #include "src/app/policy_setup.h"
 #include "src/app/rl_options.h"
 #include "src/app/sft_phase.h"
+#include "src/app/train_checkpoints.h"
 #include "src/app/train_result.h"
 
 namespace rlf {
@@ -28,6 +29,7 @@ namespace rlf {
 int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
                     const SftSchedule& sft, const RlOptions& rl, LayoutConfig layout,
                     const DisaggregatedOptions& options, bool fused_all,
-                    const std::string& resolved_config, TrainResult* result = nullptr);
+                    const std::string& resolved_config, TrainResult* result = nullptr,
+                    const CheckpointOptions& checkpoints = {});
 
 }  // namespace rlf

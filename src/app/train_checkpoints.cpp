@@ -59,17 +59,12 @@ po::options_description checkpoint_options_description(CheckpointOptions& option
   return d;
 }
 
-void validate_checkpoint_options(const CheckpointOptions& options, bool fused, int staleness) {
+void validate_checkpoint_options(const CheckpointOptions& options, int staleness) {
   if (options.every < 0) {
     throw ConfigError("--checkpoint-every must be >= 0, got " + std::to_string(options.every));
   }
   if (options.every == 0 && options.resume.empty()) return;
   const std::string what = options.every > 0 ? "--checkpoint-every" : "--resume";
-  if (fused) {
-    throw ConfigError(what +
-                      " is not supported with --mode fused|fused-all yet (one rank or "
-                      "disaggregated mode)");
-  }
   if (staleness > 0) {
     throw ConfigError(what + " is not supported with --staleness > 0 yet: StaleSync's in-flight " +
                       "samples are not saved (use --staleness 0)");

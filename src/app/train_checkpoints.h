@@ -1,6 +1,6 @@
-// Checkpoints and restart for `train` (one rank, and synchronous disaggregated runs, experts
-// sharded or not): --checkpoint-every, --resume auto|PATH, and SIGTERM / SIGUSR1, which make
-// every rank agree at the next step boundary to write a checkpoint and stop with exit code 3.
+// Checkpoints and restart for `train` (one rank, synchronous disaggregated and fused runs,
+// experts sharded or not): --checkpoint-every, --resume auto|PATH, and SIGTERM / SIGUSR1, which
+// make every rank agree at the next step boundary to write a checkpoint and stop with exit code 3.
 // The file format is src/io/checkpoint.h. A checkpoint always holds the whole model: sharded
 // experts (and their AdamW moments) are gathered on learner 0, which writes the file, and each
 // learner reads back the experts it stores, so a checkpoint loads at any EP degree.
@@ -31,9 +31,8 @@ struct CheckpointOptions {
 };
 
 po::options_description checkpoint_options_description(CheckpointOptions& options);
-// ConfigError for values and for the combinations not built yet (fused modes, StaleSync's
-// in-flight samples).
-void validate_checkpoint_options(const CheckpointOptions& options, bool fused, int staleness);
+// ConfigError for values and for the combination not built yet (StaleSync's in-flight samples).
+void validate_checkpoint_options(const CheckpointOptions& options, int staleness);
 
 // The training state of a rank that trains; `reference` may be null.
 struct TrainingState {

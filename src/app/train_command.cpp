@@ -141,12 +141,12 @@ int run_train_command(const std::vector<std::string>& args) {
         "finished groups per step, and expert-parallel training needs the same micro-batches on "
         "every rank of an EP group (use --expert-parallel 1, or disaggregated mode)");
   }
-  validate_checkpoint_options(checkpoints, fused && world_size > 1, o.staleness);
+  validate_checkpoint_options(checkpoints, o.staleness);
   // The reward model file is read on every rank, so a bad one stops all of them here.
   validate_reward_model(o, *make_task(load_task_config(policy_options.task, run.seed)));
   if (world_size > 1 && fused) {
     return run_fused_train(run, policy_options, sft, o, layout, multi_rank, mode == "fused-all",
-                           format_options(parsed));
+                           format_options(parsed), nullptr, checkpoints);
   }
   if (world_size > 1) {
     return run_disaggregated_train(run, policy_options, sft, o, layout, multi_rank,

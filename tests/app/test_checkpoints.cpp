@@ -1,6 +1,6 @@
 // Checkpoints and restart: the CRC-64 and the file format on their own, then the rlfusion binary
-// on one rank, two (disaggregated) and four (sharded experts): a run killed with SIGKILL in the
-// middle of writing a checkpoint resumes from the previous one and ends bit for bit where an
+// on one rank, two (disaggregated, fused) and four (sharded experts): a run killed with SIGKILL in
+// the middle of writing a checkpoint resumes from the previous one and ends bit for bit where an
 // uninterrupted run does; SIGUSR1 / SIGTERM checkpoint and stop with exit code 3; damaged,
 // truncated and wrong-shape files are refused with exit code 2 (or skipped by --resume auto).
 #include <gtest/gtest.h>
@@ -148,6 +148,13 @@ TEST(Checkpoint, ExpertParallelLearnersAndActorsResumeIsBitExact) {
                                    kRun + "--learners 2 --actors 2 --expert-parallel 2 ", "data");
 }
 
+// Fused ranks (RL Fusion) with sharded experts and the training state offloaded during
+// generation.
+TEST(Checkpoint, FusedExpertParallelWithOffloadResumeIsBitExact) {
+  expect_kill_and_resume_bit_exact("fused", 2, kRun + "--mode fused --expert-parallel 2 --offload ",
+                                   "data");
+}
+
 // A checkpoint holds the whole model, so it loads at another expert-parallel degree.
 TEST(Checkpoint, WrittenWithExpertParallelismResumesWithout) {
   const std::string dir = temp_dir("reshard");
@@ -205,7 +212,7 @@ TEST(Checkpoint, DamagedTruncatedAndWrongShapeFilesAreRefused) {
 }
 
 TEST(Checkpoint, CombinationsNotBuiltAreRejected) {
-  for (const std::string& extra : {std::string("--mode fused --checkpoint-every 2"),
+  for (const std::string& extra : {std::string("--mode fused --staleness 1 --checkpoint-every 2"),
                                    std::string("--staleness 1 --resume auto")}) {
     const CommandResult r =
         test::run_rlfusion(kRun + extra + " --run-dir " + temp_dir("rejected"), 2);
