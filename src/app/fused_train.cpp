@@ -286,14 +286,8 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
     position.rl_tokens += int64_t(stats.tokens);
     position.step_rewards.push_back(stats.mean_reward());
     progress.step_done(step, stats);
-    stopped = saved.stop_agreed(MPI_COMM_WORLD);
-    if (saved.due(step, stopped)) {
-      RlPosition at = position;
-      at.step = step;
-      at.rl_seconds += progress.seconds_since_start();
-      saved.save(at, state, root, ep.get());
-    }
-    if (stopped) dir.log("%s", saved.stop_message(step).c_str());
+    stopped = saved.end_of_step(step, position, progress.seconds_since_start(), state, root,
+                                ep.get(), MPI_COMM_WORLD, dir);
   }
   if (stopped) return kExitCheckpointedOnSignal;
   if (pool) {

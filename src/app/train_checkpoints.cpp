@@ -192,6 +192,21 @@ void TrainCheckpoints::save(const RlPosition& position, const TrainingState& sta
   if (writer) write_checkpoint(run_.run_dir, model.config(), full, c, tensors_of(pointers(whole)));
 }
 
+bool TrainCheckpoints::end_of_step(int step, const RlPosition& position, double seconds,
+                                   const TrainingState& state, bool writer, RoleExpertParallel* ep,
+                                   MPI_Comm comm, RunDirectory& dir,
+                                   const std::function<void(MPI_Request&)>& wait) const {
+  const bool stopping = stop_agreed(comm, wait);
+  if (due(step, stopping)) {
+    RlPosition at = position;
+    at.step = step;
+    at.rl_seconds += seconds;
+    save(at, state, writer, ep);
+  }
+  if (stopping) dir.log("%s", stop_message(step).c_str());
+  return stopping;
+}
+
 std::string TrainCheckpoints::stop_message(int step) const {
   return "# stopped by SIGTERM or SIGUSR1 after RL step " + std::to_string(step) + ": checkpoint " +
          checkpoint_path(run_.run_dir, step) + "; continue with --resume auto (exit code " +

@@ -72,20 +72,26 @@ class TrainCheckpoints {
   // From here on SIGTERM and SIGUSR1 only set a flag (until destroyed).
   void watch_signals();
   // At the end of a step, collective over `comm` when supported: whether any rank got a signal.
-  // `wait`
-  // completes the request (a rank that hosts queue shards serves them meanwhile).
+  // `wait` completes the request (a rank that hosts queue shards serves them meanwhile). Ranks
+  // that do not train (actors) call only this.
   bool stop_agreed(MPI_Comm comm, const std::function<void(MPI_Request&)>& wait = {}) const;
+  // The end of `step` on a rank that trains (collective over `comm`, and with sharded experts
+  // over replica 0's EP group): stop_agreed, then, when a checkpoint is due, `writer`
+  // (learner 0) saves `position` (this step counted) with `seconds` of RL in this process added.
+  // Returns whether to stop (and logs it).
+  bool end_of_step(int step, const RlPosition& position, double seconds, const TrainingState& state,
+                   bool writer, RoleExpertParallel* ep, MPI_Comm comm, RunDirectory& dir,
+                   const std::function<void(MPI_Request&)>& wait = {}) const;
+
+ private:
   bool due(int step, bool stopping) const {
     return supported_ && (stopping || (options_.every > 0 && step % options_.every == 0));
   }
-  // `writer` (learner 0) saves `position` and the state. With sharded experts every rank of
-  // `ep` calls it (collective over replica 0's EP group: the experts are gathered).
+  // With sharded experts they are gathered on the writer (collective over replica 0's EP group).
   void save(const RlPosition& position, const TrainingState& state, bool writer,
-            RoleExpertParallel* ep = nullptr) const;
-  // The line logged when the run stops after a signal.
+            RoleExpertParallel* ep) const;
   std::string stop_message(int step) const;
 
- private:
   CheckpointOptions options_;
   const RunOptions& run_;
   const RlOptions& rl_;

@@ -228,15 +228,8 @@ int run_train_command(const std::vector<std::string>& args) {
       const Evaluation e = evaluate_traced(model, task, policy_options, trace);
       dir.log("# held-out accuracy after RL step %d: %.3f\n", step, e.accuracy());
     }
-    const bool stopping = saved.stop_agreed(MPI_COMM_WORLD);
-    if (saved.due(step, stopping)) {
-      RlPosition at = position;
-      at.step = step;
-      at.rl_seconds += progress.seconds_since_start();
-      saved.save(at, state, /*writer=*/true);
-    }
-    if (stopping) {
-      dir.log("%s", saved.stop_message(step).c_str());
+    if (saved.end_of_step(step, position, progress.seconds_since_start(), state, /*writer=*/true,
+                          nullptr, MPI_COMM_WORLD, dir)) {
       return kExitCheckpointedOnSignal;
     }
   }
