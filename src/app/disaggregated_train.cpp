@@ -282,7 +282,7 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
           serving_barrier(compute_ranks, queue);
           sync_weights(step - 1);
         }
-        stopped = saved.stop_agreed(compute_ranks, serve_while_waiting);
+        stopped = saved.stop_agreed(step, compute_ranks, serve_while_waiting);
         continue;
       }
       // Learner.

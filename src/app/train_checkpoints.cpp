@@ -145,7 +145,7 @@ void TrainCheckpoints::watch_signals() {
   watching_ = true;
 }
 
-bool TrainCheckpoints::stop_agreed(MPI_Comm comm,
+bool TrainCheckpoints::stop_agreed(int step, MPI_Comm comm,
                                    const std::function<void(MPI_Request&)>& wait) const {
   if (!supported_) return false;
   int stop = g_stop_signal != 0 ? 1 : 0;
@@ -156,7 +156,8 @@ bool TrainCheckpoints::stop_agreed(MPI_Comm comm,
   } else {
     MPI_Wait(&request, MPI_STATUS_IGNORE);
   }
-  return stop != 0;
+  // After the last step the run simply finishes (its model.h5 is what a checkpoint would hold).
+  return stop != 0 && step < rl_.steps;
 }
 
 void TrainCheckpoints::save(const RlPosition& position, const TrainingState& state, bool writer,
@@ -196,7 +197,7 @@ bool TrainCheckpoints::end_of_step(int step, const RlPosition& position, double 
                                    const TrainingState& state, bool writer, RoleExpertParallel* ep,
                                    MPI_Comm comm, RunDirectory& dir,
                                    const std::function<void(MPI_Request&)>& wait) const {
-  const bool stopping = stop_agreed(comm, wait);
+  const bool stopping = stop_agreed(step, comm, wait);
   if (due(step, stopping)) {
     RlPosition at = position;
     at.step = step;

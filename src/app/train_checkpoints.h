@@ -71,10 +71,11 @@ class TrainCheckpoints {
 
   // From here on SIGTERM and SIGUSR1 only set a flag (until destroyed).
   void watch_signals();
-  // At the end of a step, collective over `comm` when supported: whether any rank got a signal.
-  // `wait` completes the request (a rank that hosts queue shards serves them meanwhile). Ranks
-  // that do not train (actors) call only this.
-  bool stop_agreed(MPI_Comm comm, const std::function<void(MPI_Request&)>& wait = {}) const;
+  // At the end of `step`, collective over `comm` when supported: whether any rank got a signal
+  // (never after the last step). `wait` completes the request (a rank that hosts queue shards
+  // serves them meanwhile). Ranks that do not train (actors) call only this.
+  bool stop_agreed(int step, MPI_Comm comm,
+                   const std::function<void(MPI_Request&)>& wait = {}) const;
   // The end of `step` on a rank that trains (collective over `comm`, and with sharded experts
   // over replica 0's EP group): stop_agreed, then, when a checkpoint is due, `writer`
   // (learner 0) saves `position` (this step counted) with `seconds` of RL in this process added.
