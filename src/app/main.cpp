@@ -1,5 +1,6 @@
 // rlfusion: one SPMD program; every rank runs this main. Bad input (ConfigError) is reported once
-// and every rank exits with code 2 before any work.
+// and every rank exits with code 2 before any work; `train` stopped by SIGTERM or SIGUSR1 after
+// writing a checkpoint exits with code 3 (src/app/train_checkpoints.h).
 #include <mpi.h>
 
 #include <cstdio>
