@@ -120,8 +120,12 @@ void write_step_rewards(hid_t file, const std::vector<double>& rewards) {
 
 std::vector<double> read_step_rewards(hid_t file, const std::string& path, size_t count) {
   std::vector<double> rewards(count);
-  Handle set{H5Dopen2(file, "step_rewards", H5P_DEFAULT), H5Dclose};
-  Handle space{H5Dget_space(set.id), H5Sclose};
+  Handle set{-1, H5Dclose}, space{-1, H5Sclose};
+  H5E_BEGIN_TRY {
+    set.id = H5Dopen2(file, "step_rewards", H5P_DEFAULT);
+    space.id = H5Dget_space(set.id);
+  }
+  H5E_END_TRY;
   if (set.id < 0 || H5Sget_simple_extent_npoints(space.id) != hssize_t(count)) {
     throw ConfigError(label(path) + " has no step_rewards of " + std::to_string(count) + " steps");
   }
