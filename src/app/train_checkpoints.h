@@ -86,7 +86,9 @@ class TrainCheckpoints {
 
  private:
   bool due(int step, bool stopping) const {
-    return supported_ && (stopping || (options_.every > 0 && step % options_.every == 0));
+    // (none after the last step: the run's model.h5 follows)
+    return supported_ && step < rl_.steps &&
+           (stopping || (options_.every > 0 && step % options_.every == 0));
   }
   // With sharded experts they are gathered on the writer (collective over replica 0's EP group).
   void save(const RlPosition& position, const TrainingState& state, bool writer,

@@ -85,6 +85,16 @@ TEST(Crc64, MatchesTheCheckValueAndChains) {
   const std::string text = "123456789";
   EXPECT_EQ(crc64(text.data(), text.size()), 0x995DC9BBDF1939FAull);  // CRC-64/XZ check value
   EXPECT_EQ(crc64(text.data() + 4, 5, crc64(text.data(), 4)), crc64(text.data(), text.size()));
+  // Eight bytes at a time equals byte by byte, at every alignment and tail length.
+  std::vector<unsigned char> bytes(100);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = (unsigned char)(i * 37 + 11);
+  for (size_t begin = 0; begin < 9; ++begin) {
+    for (size_t count = 0; count + begin <= bytes.size(); count += 7) {
+      uint64_t bytewise = 0;
+      for (size_t i = 0; i < count; ++i) bytewise = crc64(&bytes[begin + i], 1, bytewise);
+      EXPECT_EQ(crc64(&bytes[begin], count), bytewise) << begin << " " << count;
+    }
+  }
 }
 
 TEST(Checkpoint, RoundTripsEveryBufferAndCounter) {
@@ -181,10 +191,13 @@ void damage(const std::string& path) {
 
 TEST(Checkpoint, DamagedTruncatedAndWrongShapeFilesAreRefused) {
   const std::string dir = temp_dir("damaged");
-  ASSERT_EQ(test::run_rlfusion(kRun + "--checkpoint-every 2 --run-dir " + dir).exit_code, 0);
+  ASSERT_EQ(test::run_rlfusion(kRun + "--checkpoint-every 1 --run-dir " + dir).exit_code, 0);
   fs::remove(dir + "/summary.json");
-  const std::string newest = checkpoint_path(dir, 6), previous = checkpoint_path(dir, 4);
-  EXPECT_FALSE(fs::exists(checkpoint_path(dir, 2)));  // two checkpoints stay
+  // Two checkpoints stay; none after the last step (model.h5 is the run's end).
+  const std::string newest = checkpoint_path(dir, 5), previous = checkpoint_path(dir, 4);
+  EXPECT_TRUE(fs::exists(newest));
+  EXPECT_FALSE(fs::exists(checkpoint_path(dir, 3)));
+  EXPECT_FALSE(fs::exists(checkpoint_path(dir, 6)));
   // Another model shape: refused by name before any work.
   const std::string other_model = dir + "/other.ini";
   std::ofstream(other_model) << "[model]\nname = tiny\nvocab_size = 32\nd_model = 32\n"
