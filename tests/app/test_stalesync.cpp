@@ -195,6 +195,30 @@ TEST(StaleSync, BenchModesComparesItWithTheSynchronousRunAndItsOverlapBound) {
   EXPECT_TRUE(std::filesystem::exists(dir + "/disaggregated-stale/trace.h5"));
 }
 
+// What `make run` does: the synchronous disaggregated baseline, then fused StaleSync, in one job.
+TEST(StaleSync, BaselineRunsFirstAndTheTableShowsTheSpeedUp) {
+  const std::string dir = temp_dir("baseline");
+  std::filesystem::remove_all(dir + "-baseline");
+  const Result r =
+      train(2, "baseline", "--mode fused --staleness 1 --baseline disaggregated --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("  disaggregated, synchronous "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("  fused, StaleSync s=1 "), std::string::npos) << r.output;
+  const double baseline = test::json_number(r.output, "baseline_tokens_per_s");
+  const double fused = test::json_number(r.output, "tokens_per_s");
+  ASSERT_GT(baseline, 0.0);
+  EXPECT_NEAR(test::json_number(r.output, "speedup"), fused / baseline, 1e-3);
+  EXPECT_TRUE(std::filesystem::exists(dir + "/baseline.txt"));
+  EXPECT_TRUE(std::filesystem::exists(dir + "-baseline/summary.json"));
+  // The baseline is synchronous disaggregated RL of the same config.
+  const TrainedCounts counts = trained_within_bound("baseline-baseline", 0);
+  EXPECT_EQ(counts.times_trained.size(), size_t(kSteps * kPrompts * kGroup));
+
+  const Result bad = test::run_rlfusion(kRun + "--baseline fused --run-dir " + temp_dir("bad"), 2);
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("--baseline"), std::string::npos) << bad.output;
+}
+
 TEST(StaleSync, BadBoundsStopEveryRankBeforeAnyOutput) {
   for (const auto& [args, message] :
        std::map<std::string, std::string>{{"--staleness -1", "--staleness"},
