@@ -171,8 +171,8 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
     pool_settings.finish_threshold = rl.finish_threshold;
     dir.log(
         "# StaleSync: bound %d, a generation phase ends once %.0f%% of its samples have finished "
-        "(%d KV cache slots, continuous batching); unfinished samples resume in the next phase; "
-        "samples past the bound are %s\n",
+        "(%d KV cache slots, continuous batching with the next step's prompts filling freed "
+        "slots); unfinished samples resume in the next phase; samples past the bound are %s\n",
         rl.staleness, 100.0 * rl.finish_threshold, pool_settings.slots,
         stale_policy == StalePolicy::Drop ? "dropped with their group" : "regenerated");
   }
@@ -193,7 +193,12 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
       traced.set_version(version);
       BatchOccupancy occupancy;
       if (pool) {
-        pool->add_prompts(first_prompt, my_prompts);
+        // Continuous batching with one step of lookahead: the next step's prompts are in the
+        // pool too, and fill the slots this step's finished samples free (the phase's own work
+        // is this step's prompts and the partials carried in).
+        if (step == 1) pool->add_prompts(first_prompt, my_prompts);
+        if (step < rl.steps) pool->add_prompts(first_prompt + rl.prompts, my_prompts);
+        pool_settings.count_prompts_below = first_prompt + rl.prompts;
         // Trained at this version, a sample may be at most `staleness` versions old.
         pool->enforce_staleness(version - rl.staleness, stale_policy);
         // Partials already carried `staleness` times finish in this phase.
