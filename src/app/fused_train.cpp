@@ -169,6 +169,13 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
     // new prompts beyond that wait for a slot (continuous batching).
     pool_settings.slots = my_prompts * rl.group_size;
     pool_settings.finish_threshold = rl.finish_threshold;
+    // Ranks end their phases together: one that is ready keeps decoding the next step's prompts
+    // until the slowest is, instead of waiting for it before training.
+    pool_settings.all_ranks_ready = [](bool ready) {
+      int all = ready ? 1 : 0;
+      MPI_Allreduce(MPI_IN_PLACE, &all, 1, MPI_INT, MPI_LAND, MPI_COMM_WORLD);
+      return all != 0;
+    };
     dir.log(
         "# StaleSync: bound %d, a generation phase ends once %.0f%% of its samples have finished "
         "(%d KV cache slots, continuous batching with the next step's prompts filling freed "

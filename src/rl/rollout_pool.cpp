@@ -190,7 +190,8 @@ PhaseStats RolloutPool::generate_phase(Transformer<float>& model,
   }
   // With expert parallelism every prefill and decode step is collective over the EP group, so a
   // rank with nothing to generate still takes part with zero rows.
-  if (waiting.empty() && !model.expert_parallel()) return stats;
+  // Likewise every rank takes part in the all-ranks-ready agreement.
+  if (waiting.empty() && !model.expert_parallel() && !settings.all_ranks_ready) return stats;
   const int slots =
       settings.slots == 0 ? stats.phase_samples : std::min(settings.slots, stats.phase_samples);
   int longest = 0;
@@ -254,7 +255,9 @@ PhaseStats RolloutPool::generate_phase(Transformer<float>& model,
     const bool threshold_reached =
         double(counted_finished) >= settings.finish_threshold * double(counted_samples) &&
         !last_chance_decoding;
-    if (!stopped && (all_done || threshold_reached)) {
+    bool ready = all_done || threshold_reached;
+    if (settings.all_ranks_ready && !stopped) ready = settings.all_ranks_ready(ready);
+    if (!stopped && ready) {
       stopped = true;
       stats.cut = int(decoding.size());
       counters_.cut_samples += stats.cut;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <map>
 #include <vector>
@@ -29,6 +30,12 @@ struct PoolSettings {
   // finish_threshold; samples of later prompts (added ahead of their step) fill the slots that
   // free up, so the batch stays full, and are cut with the rest. The largest id: all count.
   int64_t count_prompts_below = std::numeric_limits<int64_t>::max();
+  // Data-parallel ranks that train together: when set, a phase ends only at the first step at
+  // which every rank is ready (the hook is collective: every rank calls it once per step with its
+  // own readiness and gets whether all are ready). A rank that is ready keeps decoding its
+  // lookahead meanwhile instead of waiting for the slowest rank idle. Deterministic: readiness is
+  // counted in steps, never in wall time.
+  std::function<bool(bool ready)> all_ranks_ready;
 };
 
 // What happens to a sample in the pool holding tokens older than the staleness bound allows.

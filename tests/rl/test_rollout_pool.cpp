@@ -412,5 +412,39 @@ TEST(RolloutPool, LookaheadFillsFreedSlotsAndLastChancePartialsFinishFirst) {
   EXPECT_EQ(pool.counters().regenerated_samples, 0);
 }
 
+// Ranks end their phases together: while another rank is not ready, a ready rank keeps
+// decoding; a rank with nothing at all still takes part in every agreement.
+TEST(RolloutPool, APhaseEndsOnlyWhenEveryRankIsReady) {
+  LengthTask task;
+  auto run_phase = [&](int not_ready_steps, RolloutPool& pool, int* calls) {
+    Policy policy(41);
+    PoolSettings settings = pool_settings(16, 0.25);
+    settings.all_ranks_ready = [&](bool ready) {
+      ++*calls;
+      return ready && *calls > not_ready_steps;  // "another rank" is ready after that many steps
+    };
+    return pool.generate_phase(policy.model, sampling(), 0, settings);
+  };
+  RolloutPool alone(task, kGroup, AdvantageEstimator::Grpo),
+      waiting(task, kGroup, AdvantageEstimator::Grpo);
+  alone.add_prompts(0, 4);
+  waiting.add_prompts(0, 4);
+  int alone_calls = 0, waiting_calls = 0;
+  const PhaseStats a = run_phase(0, alone, &alone_calls);
+  const PhaseStats b = run_phase(a.steps + 3, waiting, &waiting_calls);
+  EXPECT_EQ(alone_calls, a.steps);  // one agreement per step, stopping at the first ready one
+  // The waiting rank stepped on (decoding what it had, then with nothing: all bubble).
+  EXPECT_EQ(waiting_calls, a.steps + 4);
+  EXPECT_EQ(b.occupancy.steps, waiting_calls);
+  EXPECT_GE(b.finished, a.finished);
+  EXPECT_GT(b.occupancy.bubble_seconds, 0.0);
+  // An empty pool still agrees once per step until the others are ready.
+  RolloutPool empty(task, kGroup, AdvantageEstimator::Grpo);
+  int empty_calls = 0;
+  const PhaseStats e = run_phase(5, empty, &empty_calls);
+  EXPECT_EQ(empty_calls, 6);
+  EXPECT_EQ(e.generated_tokens, 0);
+}
+
 }  // namespace
 }  // namespace rlf
