@@ -104,10 +104,12 @@ TEST(StaleSync, ZeroStalenessIsTheSynchronousRunBitForBit) {
 }
 
 TEST(StaleSync, UnderRandomDelaysNoSampleIsTrainedBeyondTheBoundAndEachExactlyOnce) {
-  // Two actors and two learners hosting the shards, flat and hierarchical transfer.
+  // Two actors and two learners hosting the shards: flat and hierarchical transfer, and expert
+  // parallelism (learners of replica 0 send the actors their experts rank to rank).
   for (const std::string& layout :
        {std::string("--learners 2 --actors 2 --queue-transfer flat"),
-        std::string("--learners 2 --actors 2 --ranks-per-node 2 --queue-transfer hierarchical")}) {
+        std::string("--learners 2 --actors 2 --ranks-per-node 2 --queue-transfer hierarchical"),
+        std::string("--learners 2 --actors 2 --expert-parallel 2")}) {
     SCOPED_TRACE(layout);
     const Result r = train(4, "bound", layout + " --staleness 1 --random-delay-ms 6");
     ASSERT_EQ(r.exit_code, 0) << r.output;
