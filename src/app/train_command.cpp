@@ -136,13 +136,6 @@ int run_train_command(const std::vector<std::string>& args) {
         " needs a multi-rank run: disaggregated actors and learners overlap their steps, fused "
         "ranks cut the long tail (mpiexec -n 2 or more)");
   }
-  if (o.staleness > 0 && fused && multi_rank.expert_parallel > 1) {
-    throw ConfigError(
-        "--staleness with --mode " + mode +
-        " and --expert-parallel > 1 is not supported: StaleSync ranks train different numbers of "
-        "finished groups per step, and expert-parallel training needs the same micro-batches on "
-        "every rank of an EP group (use --expert-parallel 1, or disaggregated mode)");
-  }
   // The reward model file is read on every rank, so a bad one stops all of them here.
   validate_reward_model(o, *make_task(load_task_config(policy_options.task, run.seed)));
   if (baseline != "none" && baseline != "disaggregated") {
