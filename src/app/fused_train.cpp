@@ -9,6 +9,7 @@
 #include "src/app/learned_reward.h"
 #include "src/app/learner_hooks.h"
 #include "src/app/learner_setup.h"
+#include "src/app/random_delay.h"
 #include "src/app/rl_progress.h"
 #include "src/app/traced_training.h"
 #include "src/app/train_finish.h"
@@ -183,6 +184,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         rl.staleness, 100.0 * rl.finish_threshold, pool_settings.slots,
         stale_policy == StalePolicy::Drop ? "dropped with their group" : "regenerated");
   }
+  RandomDelay random_delay(rl.random_delay_ms, run.seed, rank);
   RlProgress progress(dir, rl.steps, rl.log_every, policy.device->memory());
   // The warm start (SFT, evaluation) takes a different time on every rank: RL starts together,
   // so its first wait is not counted as RL idle time.
@@ -195,6 +197,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         cosine_learning_rate(rl.learning_rate, step, rl.warmup_steps, rl.steps, 1.0f);
     const int64_t first_prompt = int64_t(version) * rl.prompts + rank * my_prompts;
     std::vector<Rollout> rollouts;
+    random_delay();
     auto generate = [&](Transformer<float>& generator) {
       TraceScope traced(trace, Phase::Generate);
       traced.set_version(version);
@@ -279,6 +282,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         continue;
       }
     }
+    random_delay();
     device.start_phase_peak();
     const StepStats stats =
         train_on_rollouts_traced(model, *learner.optimizer, learner.reference.get(), rollouts,
