@@ -188,9 +188,9 @@ PhaseStats RolloutPool::generate_phase(Transformer<float>& model,
       }
     }
   }
-  // With expert parallelism every prefill and decode step is collective over the EP group, so a
-  // rank with nothing to generate still takes part with zero rows.
-  // Likewise every rank takes part in the all-ranks-ready agreement.
+  // With expert parallelism every prefill and decode step is collective over the EP group, and
+  // with all_ranks_ready every step's agreement is collective: a rank with nothing to generate
+  // still takes part, with zero rows.
   if (waiting.empty() && !model.expert_parallel() && !settings.all_ranks_ready) return stats;
   const int slots =
       settings.slots == 0 ? stats.phase_samples : std::min(settings.slots, stats.phase_samples);
