@@ -7,6 +7,7 @@
 #include "kernels/arena.h"
 #include "kernels/error.h"
 #include "src/model/activation_memory.h"
+#include "src/model/reward_model.h"
 
 namespace rlf {
 
@@ -21,8 +22,9 @@ size_t arena_bytes(size_t floats) {
 
 FusedMemoryPlan plan_fused_memory(const ModelConfig& config, const ParameterLayout& training_layout,
                                   const ParameterLayout& generation_layout, bool layout_switch,
-                                  bool reference, size_t reward_model_bytes, bool offload,
+                                  bool reference, const ModelConfig* reward_model, bool offload,
                                   const FusedBatch& batch) {
+  const size_t reward_model_bytes = reward_model ? reward_model_parameter_bytes(*reward_model) : 0;
   const size_t params = arena_bytes(size_t(training_layout.total()));
   const size_t reference_bytes = reference ? params : 0;
   const size_t gradients_and_moments = 3 * params;
@@ -38,6 +40,14 @@ FusedMemoryPlan plan_fused_memory(const ModelConfig& config, const ParameterLayo
   plan.generation_activations = generation_peak_bytes(
       config, generation_layout, uniform_batch(batch.samples, batch.longest_prompt),
       batch.max_sequence, batch.sampled);
+  if (reward_model) {
+    // RolloutReward scores whole sequences, --micro-batch at a time (RewardModel::scores).
+    plan.generation_activations = std::max(
+        plan.generation_activations,
+        forward_peak_bytes(
+            *reward_model, ParameterLayout(*reward_model),
+            uniform_batch(std::min(batch.micro_batch, batch.samples), batch.max_sequence)));
+  }
   // A training input is its sequence without the last token.
   plan.training_activations = training_micro_batch_peak_bytes(
       config, training_layout,

@@ -5,8 +5,9 @@
 // layout switch), and the gradients and moments unless --offload moves them to host memory.
 // On top of these states come each phase's analytic activation peak (src/model/
 // activation_memory.h): generation's KV cache, prefill or decode activations, logits and sampling
-// buffers; training's largest micro-batch, forward activations to the backward's work. The check
-// stops a layout whose peak cannot fit with one message naming the sizes on every rank.
+// buffers, or the reward model's scoring forward when larger; training's largest micro-batch,
+// forward activations to the backward's work. The check stops a layout whose peak cannot fit with
+// one message naming the sizes on every rank.
 #pragma once
 
 #include <cstddef>
@@ -41,11 +42,12 @@ struct FusedBatch {
   bool sampled = true;
 };
 
-// `training_layout` and `generation_layout` are this rank's; `reward_model_bytes` what a reward
-// model in the device arena takes (0: none there).
+// `training_layout` and `generation_layout` are this rank's; `reward_model` the config of a learned
+// reward model in the device arena (null: none there), which scores each generation's samples in
+// micro-batches after the KV cache is gone.
 FusedMemoryPlan plan_fused_memory(const ModelConfig& config, const ParameterLayout& training_layout,
                                   const ParameterLayout& generation_layout, bool layout_switch,
-                                  bool reference, size_t reward_model_bytes, bool offload,
+                                  bool reference, const ModelConfig* reward_model, bool offload,
                                   const FusedBatch& batch);
 
 // ConfigError naming both phases' states and analytic peaks (and the reference's and reward

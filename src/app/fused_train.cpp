@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 
 #include "kernels/error.h"
 #include "src/app/build_info.h"
@@ -65,15 +66,16 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         generation_degree > 1 ? expert_shard_of(rank, generation_degree, experts) : ExpertShard{};
     const Task& task = *policy.task;
     const int longest = 2 + task.max_prompt_chars() + task.max_response_chars();
-    const size_t reward_model_bytes =
+    const std::optional<ModelConfig> reward_model =
         fused_all && !rl.reward_model.empty()
-            ? reward_model_parameter_bytes(parameter_file_model(rl.reward_model))
-            : 0;
+            ? std::optional<ModelConfig>(parameter_file_model(rl.reward_model))
+            : std::nullopt;
     const FusedBatch batch{rl.prompts / ranks * rl.group_size, 1 + task.max_prompt_chars(), longest,
                            rl.micro_batch, rl.temperature > 0};
     memory_plan = plan_fused_memory(
         policy.config, policy.model->layout(), ParameterLayout(policy.config, generation_experts),
-        switch_layouts, rl.kl_coef > 0, reward_model_bytes, options.offload, batch);
+        switch_layouts, rl.kl_coef > 0, reward_model ? &*reward_model : nullptr, options.offload,
+        batch);
     check_fused_memory_fit(memory_plan, policy.device->memory().capacity(), options.offload, mode);
   }
   // Before the learner state: with offload, the gradients and AdamW's moments must stay the top

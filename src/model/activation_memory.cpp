@@ -264,6 +264,23 @@ void layer_backward(Tally& t, const ModelConfig& config, const ParameterLayout& 
   t.release(layer_mark);
 }
 
+// Transformer::forward: the batch layout, tokens and positions, then every layer's activations
+// and its output residual, kept for backward, then the head.
+void hold_forward(Tally& t, const ModelConfig& config, const ParameterLayout& layout,
+                  const PackedBatch& inputs) {
+  const int64_t N = inputs.tokens, C = config.d_model;
+  t.hold<int>(inputs.sequences + 1);
+  t.hold<int>(N);
+  t.hold<int>(N);
+  t.hold<float>(N * C);
+  for (int l = 0; l < config.n_layers; ++l) {
+    hold_layer(t, config, layout.expert_sharded(), N);
+    t.hold<float>(N * C);
+    layer_forward(t, config, layout, N, &inputs, 0);
+  }
+  hold_head(t, config, N);
+}
+
 }  // namespace
 
 PackedBatch packed_batch(const std::vector<int>& lengths) {
@@ -305,22 +322,18 @@ size_t generation_peak_bytes(const ModelConfig& config, const ParameterLayout& l
   return t.peak();
 }
 
+size_t forward_peak_bytes(const ModelConfig& config, const ParameterLayout& layout,
+                          const PackedBatch& inputs) {
+  Tally t;
+  hold_forward(t, config, layout, inputs);
+  return t.peak();
+}
+
 size_t training_micro_batch_peak_bytes(const ModelConfig& config, const ParameterLayout& layout,
                                        const PackedBatch& inputs) {
   const int64_t N = inputs.tokens, C = config.d_model, V = config.vocab_size;
   Tally t;
-  // Transformer::forward: the batch layout, tokens and positions, then every layer's activations
-  // and its output residual, kept for backward.
-  t.hold<int>(inputs.sequences + 1);
-  t.hold<int>(N);
-  t.hold<int>(N);
-  t.hold<float>(N * C);
-  for (int l = 0; l < config.n_layers; ++l) {
-    hold_layer(t, config, layout.expert_sharded(), N);
-    t.hold<float>(N * C);
-    layer_forward(t, config, layout, N, &inputs, 0);
-  }
-  hold_head(t, config, N);
+  hold_forward(t, config, layout, inputs);
   // accumulate_policy_gradient (src/rl/policy_loss.cpp): tempered logits, log-probs and their
   // normalizers, the loss's gradient at the log-probs and at the logits.
   t.hold<float>(N * V);

@@ -33,6 +33,11 @@ PackedBatch uniform_batch(int sequences, int length);
 size_t generation_peak_bytes(const ModelConfig& config, const ParameterLayout& layout,
                              const PackedBatch& prompts, int max_len, bool sampled);
 
+// Bytes Transformer::forward (saved activations and logits) allocates for `inputs` at its
+// highest: what scoring a batch with a learned reward model holds (src/model/reward_model.h).
+size_t forward_peak_bytes(const ModelConfig& config, const ParameterLayout& layout,
+                          const PackedBatch& inputs);
+
 // Bytes accumulate_policy_gradient() (src/rl/policy_loss.h) allocates above the arena's use at its
 // call, at its highest: the forward activations of `inputs` (each sequence without its last token)
 // saved for backward, logits, the policy loss's work buffers and the backward of the last layer.

@@ -126,6 +126,31 @@ TEST(ActivationPeak, TrainingMicroBatchEqualsAnalyticWithin5Percent) {
   }
 }
 
+TEST(ActivationPeak, ForwardWithSavedActivationsEqualsAnalyticWithin5Percent) {
+  // What a learned reward model holds while it scores a batch.
+  for (const Case& c : kCases) {
+    const ModelConfig config = model(c.model);
+    Arena device("device", size_t(1) << 30);
+    Transformer<float> m(config, cpu_ops(), device, /*with_gradients=*/false);
+    m.initialize(5);
+    const auto sequences = prompts_of(c.samples, c.shortest_prompt + c.new_tokens,
+                                      c.longest_prompt + c.new_tokens, config.vocab_size);
+    std::vector<int> tokens, offsets{0};
+    for (const auto& s : sequences) {
+      tokens.insert(tokens.end(), s.begin(), s.end());
+      offsets.push_back(int(tokens.size()));
+    }
+    const size_t before = device.used();
+    device.start_phase_peak();
+    m.forward(tokens.data(), offsets.data(), c.samples);
+    m.release_activations();
+    const size_t analytic =
+        forward_peak_bytes(config, m.layout(), packed_batch(lengths_of(sequences)));
+    expect_within_5_percent(device.phase_peak() - before, analytic,
+                            c.model + " forward of " + std::to_string(c.samples));
+  }
+}
+
 TEST(ActivationPeak, OffloadedGenerationHoldsParametersAndActivationsOnly) {
   const ModelConfig config = model("small");
   Arena device("device", size_t(1) << 30);
