@@ -20,8 +20,27 @@
 namespace rlf {
 namespace {
 
-ModelConfig model(const std::string& name) {
-  return load_model_config(std::string(RLFUSION_SOURCE_DIR) + "/inputs/models/" + name + ".ini");
+// A model from inputs/models/ with initialized parameters, in an arena of its own.
+struct ModelInArena {
+  ModelInArena(const std::string& name, bool with_gradients)
+      : config(load_model_config(std::string(RLFUSION_SOURCE_DIR) + "/inputs/models/" + name +
+                                 ".ini")),
+        device("device", size_t(1) << 30),
+        model(config, cpu_ops(), device, with_gradients) {
+    model.initialize(5);
+  }
+  ModelConfig config;
+  Arena device;
+  Transformer<float> model;
+};
+
+// Bytes `work` held above the arena's use at its start, at its highest.
+template <typename Work>
+size_t measured_peak(Arena& device, Work work) {
+  const size_t before = device.used();
+  device.start_phase_peak();
+  work();
+  return device.phase_peak() - before;
 }
 
 // Prompts of lengths spread over [shortest, longest] (token 0 excluded: it is no eos here).
@@ -62,29 +81,22 @@ const std::vector<Case> kCases = {
 // Bytes the generation of `prompts` held above the arena's use at its start.
 size_t measured_generation_peak(Transformer<float>& m, const std::vector<std::vector<int>>& prompts,
                                 const GenerationSettings& settings) {
-  Arena& device = m.device();
-  const size_t before = device.used();
-  device.start_phase_peak();
   std::vector<int64_t> ids;
   for (size_t i = 0; i < prompts.size(); ++i) ids.push_back(int64_t(i));
-  generate(m, prompts, ids, settings);
-  return device.phase_peak() - before;
+  return measured_peak(m.device(), [&] { generate(m, prompts, ids, settings); });
 }
 
 TEST(ActivationPeak, GenerationEqualsAnalyticWithin5Percent) {
   for (const Case& c : kCases) {
-    const ModelConfig config = model(c.model);
-    Arena device("device", size_t(1) << 30);
-    Transformer<float> m(config, cpu_ops(), device, /*with_gradients=*/false);
-    m.initialize(5);
+    ModelInArena a(c.model, /*with_gradients=*/false);
     const auto prompts =
-        prompts_of(c.samples, c.shortest_prompt, c.longest_prompt, config.vocab_size);
+        prompts_of(c.samples, c.shortest_prompt, c.longest_prompt, a.config.vocab_size);
     GenerationSettings settings;
     settings.max_new_tokens = c.new_tokens;
     settings.seed = 9;
-    const size_t measured = measured_generation_peak(m, prompts, settings);
+    const size_t measured = measured_generation_peak(a.model, prompts, settings);
     const size_t analytic =
-        generation_peak_bytes(config, m.layout(), packed_batch(lengths_of(prompts)),
+        generation_peak_bytes(a.config, a.model.layout(), packed_batch(lengths_of(prompts)),
                               c.longest_prompt + c.new_tokens, /*sampled=*/true);
     expect_within_5_percent(measured, analytic,
                             c.model + " generation of " + std::to_string(c.samples));
@@ -93,17 +105,14 @@ TEST(ActivationPeak, GenerationEqualsAnalyticWithin5Percent) {
 
 TEST(ActivationPeak, TrainingMicroBatchEqualsAnalyticWithin5Percent) {
   for (const Case& c : kCases) {
-    const ModelConfig config = model(c.model);
-    Arena device("device", size_t(1) << 30);
-    Transformer<float> policy(config, cpu_ops(), device, /*with_gradients=*/true);
-    policy.initialize(5);
+    ModelInArena a(c.model, /*with_gradients=*/true);
+    const int V = a.config.vocab_size;
     std::vector<Rollout> rollouts;
     std::vector<std::vector<int>> sequences;
-    for (const auto& prompt :
-         prompts_of(c.samples, c.shortest_prompt, c.longest_prompt, config.vocab_size)) {
+    for (const auto& prompt : prompts_of(c.samples, c.shortest_prompt, c.longest_prompt, V)) {
       Rollout r;
       r.prompt = prompt;
-      for (int t = 0; t < c.new_tokens; ++t) r.response.push_back(1 + t % (config.vocab_size - 1));
+      for (int t = 0; t < c.new_tokens; ++t) r.response.push_back(1 + t % (V - 1));
       r.behaviour_logp.assign(r.response.size(), -1.0f);
       r.advantage = 0.5;
       std::vector<int> sequence = r.prompt;
@@ -113,13 +122,13 @@ TEST(ActivationPeak, TrainingMicroBatchEqualsAnalyticWithin5Percent) {
     }
     std::vector<const Rollout*> micro;
     for (const Rollout& r : rollouts) micro.push_back(&r);
-    const size_t before = device.used();
-    device.start_phase_peak();
-    accumulate_policy_gradient(policy, micro, 100.0, 1.0f, PpoSettings{}, 0.01f);
-    const size_t measured = device.phase_peak() - before;
-    EXPECT_EQ(device.used(), before);
+    const size_t before = a.device.used();
+    const size_t measured = measured_peak(a.device, [&] {
+      accumulate_policy_gradient(a.model, micro, 100.0, 1.0f, PpoSettings{}, 0.01f);
+    });
+    EXPECT_EQ(a.device.used(), before);
     // Inputs: every sequence but its last token.
-    const size_t analytic = training_micro_batch_peak_bytes(config, policy.layout(),
+    const size_t analytic = training_micro_batch_peak_bytes(a.config, a.model.layout(),
                                                             packed_batch(lengths_of(sequences, 1)));
     expect_within_5_percent(measured, analytic,
                             c.model + " training micro-batch of " + std::to_string(c.samples));
@@ -129,48 +138,43 @@ TEST(ActivationPeak, TrainingMicroBatchEqualsAnalyticWithin5Percent) {
 TEST(ActivationPeak, ForwardWithSavedActivationsEqualsAnalyticWithin5Percent) {
   // What a learned reward model holds while it scores a batch.
   for (const Case& c : kCases) {
-    const ModelConfig config = model(c.model);
-    Arena device("device", size_t(1) << 30);
-    Transformer<float> m(config, cpu_ops(), device, /*with_gradients=*/false);
-    m.initialize(5);
+    ModelInArena a(c.model, /*with_gradients=*/false);
     const auto sequences = prompts_of(c.samples, c.shortest_prompt + c.new_tokens,
-                                      c.longest_prompt + c.new_tokens, config.vocab_size);
+                                      c.longest_prompt + c.new_tokens, a.config.vocab_size);
     std::vector<int> tokens, offsets{0};
     for (const auto& s : sequences) {
       tokens.insert(tokens.end(), s.begin(), s.end());
       offsets.push_back(int(tokens.size()));
     }
-    const size_t before = device.used();
-    device.start_phase_peak();
-    m.forward(tokens.data(), offsets.data(), c.samples);
-    m.release_activations();
+    const size_t measured = measured_peak(a.device, [&] {
+      a.model.forward(tokens.data(), offsets.data(), c.samples);
+      a.model.release_activations();
+    });
     const size_t analytic =
-        forward_peak_bytes(config, m.layout(), packed_batch(lengths_of(sequences)));
-    expect_within_5_percent(device.phase_peak() - before, analytic,
+        forward_peak_bytes(a.config, a.model.layout(), packed_batch(lengths_of(sequences)));
+    expect_within_5_percent(measured, analytic,
                             c.model + " forward of " + std::to_string(c.samples));
   }
 }
 
 TEST(ActivationPeak, OffloadedGenerationHoldsParametersAndActivationsOnly) {
-  const ModelConfig config = model("small");
-  Arena device("device", size_t(1) << 30);
-  Transformer<float> m(config, cpu_ops(), device, /*with_gradients=*/false);
-  m.initialize(5);
-  const size_t parameters = device.used();
-  const Arena::Mark before_gradients = device.mark();
-  m.allocate_gradients();
-  AdamW<float> optimizer(m, AdamWHyper{}, 1.0f);
-  Arena host("host", TrainingOffload::host_bytes(m.parameter_count()));
-  TrainingOffload offload(m, optimizer, before_gradients, host);
+  ModelInArena a("small", /*with_gradients=*/false);
+  const size_t parameters = a.device.used();
+  const Arena::Mark before_gradients = a.device.mark();
+  a.model.allocate_gradients();
+  AdamW<float> optimizer(a.model, AdamWHyper{}, 1.0f);
+  Arena host("host", TrainingOffload::host_bytes(a.model.parameter_count()));
+  TrainingOffload offload(a.model, optimizer, before_gradients, host);
   offload.offload();
-  EXPECT_EQ(device.used(), parameters);
-  const auto prompts = prompts_of(16, 8, 24, config.vocab_size);
+  EXPECT_EQ(a.device.used(), parameters);
+  const auto prompts = prompts_of(16, 8, 24, a.config.vocab_size);
   GenerationSettings settings;
   settings.max_new_tokens = 16;
-  const size_t phase_peak = parameters + measured_generation_peak(m, prompts, settings);
+  const size_t phase_peak = parameters + measured_generation_peak(a.model, prompts, settings);
   const size_t analytic =
-      parameters + generation_peak_bytes(config, m.layout(), packed_batch(lengths_of(prompts)),
-                                         24 + 16, /*sampled=*/true);
+      parameters + generation_peak_bytes(a.config, a.model.layout(),
+                                         packed_batch(lengths_of(prompts)), 24 + 16,
+                                         /*sampled=*/true);
   expect_within_5_percent(phase_peak, analytic, "offloaded generation");
   // Gradients and the two moments would add three times the parameters.
   EXPECT_LT(phase_peak, parameters + offload.device_bytes());
