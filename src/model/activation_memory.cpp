@@ -8,7 +8,8 @@ namespace rlf {
 
 namespace {
 
-// The cpu kernels' blocking constants their scratch sizes follow.
+// The cpu kernels' blocking constants their scratch sizes follow (tests/rl/test_activation_peak.cpp
+// compares this model with the arena, so a kernel that changes its scratch shows there).
 constexpr int64_t kAttentionBlock = 64;        // kernels/cpu/attention.cpp kBlock
 constexpr int64_t kAttentionMaxChunks = 64;    // kernels/cpu/attention.cpp kMaxChunks
 constexpr int64_t kDecodeMinWork = 1 << 15;    // attention_decode: multiply-adds per chunk
