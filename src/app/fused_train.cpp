@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 
 #include "kernels/error.h"
 #include "src/app/build_info.h"
@@ -59,21 +60,24 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   // device arena, so that one rewind frees all three.
   Policy policy =
       make_policy(run, policy_options, /*with_gradients=*/!options.offload, own_experts);
+  FusedMemoryPlan memory_plan;
   {
-    // Bad input stops every rank here, before any output: the states must fit the arena.
+    // Bad input stops every rank here, before any output: the analytic peaks must fit the arena.
     const ExpertShard generation_experts =
         generation_degree > 1 ? expert_shard_of(rank, generation_degree, experts) : ExpertShard{};
     const Task& task = *policy.task;
     const int longest = 2 + task.max_prompt_chars() + task.max_response_chars();
-    const size_t reward_model_bytes =
+    const std::optional<ModelConfig> reward_model =
         fused_all && !rl.reward_model.empty()
-            ? reward_model_parameter_bytes(parameter_file_model(rl.reward_model))
-            : 0;
-    const FusedMemoryPlan plan = plan_fused_memory(
+            ? std::optional<ModelConfig>(parameter_file_model(rl.reward_model))
+            : std::nullopt;
+    const FusedBatch batch{rl.prompts / ranks * rl.group_size, 1 + task.max_prompt_chars(), longest,
+                           rl.micro_batch, rl.temperature > 0};
+    memory_plan = plan_fused_memory(
         policy.config, policy.model->layout(), ParameterLayout(policy.config, generation_experts),
-        switch_layouts, rl.kl_coef > 0, reward_model_bytes, options.offload,
-        rl.prompts / ranks * rl.group_size, longest);
-    check_fused_memory_fit(plan, policy.device->memory().capacity(), options.offload, mode);
+        switch_layouts, rl.kl_coef > 0, reward_model ? &*reward_model : nullptr, options.offload,
+        batch);
+    check_fused_memory_fit(memory_plan, policy.device->memory().capacity(), options.offload, mode);
   }
   // Before the learner state: with offload, the gradients and AdamW's moments must stay the top
   // of the device arena.
@@ -301,9 +305,12 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         (long long)c.cut_samples, (long long)c.recomputed_prefix_tokens,
         (long long)c.regenerated_samples, (long long)c.dropped_groups, pool->in_flight_samples());
   }
-  dir.log("# device memory peaks of learner 0: generation %s, training %s (capacity %s)\n",
-          format_bytes(generation_peak).c_str(), format_bytes(training_peak).c_str(),
-          format_bytes(device.capacity()).c_str());
+  dir.log(
+      "# device memory peaks of learner 0: generation %s (analytic %s), training %s (analytic %s), "
+      "capacity %s\n",
+      format_bytes(generation_peak).c_str(), format_bytes(memory_plan.generation_peak()).c_str(),
+      format_bytes(training_peak).c_str(), format_bytes(memory_plan.training_peak()).c_str(),
+      format_bytes(device.capacity()).c_str());
 
   MultiRankTrainEnd end;
   end.mode = mode;
@@ -314,6 +321,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   end.rl_seconds = progress.seconds_since_start();
   end.rl_tokens = rl_tokens;
   end.run_start = run_start;
+  end.memory_json = device_memory_json(generation_peak, training_peak, memory_plan);
   return finish_multi_rank_train(end, run, policy_options, sft, rl, options, policy, topology, dir,
                                  trace, result);
 }
