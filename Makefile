@@ -38,10 +38,13 @@ configure: $(BUILD)/build.ninja
 build: deps configure
 	@cmake --build $(BUILD) -j $(JOBS)
 
-# The main job at its default: SFT warm start then synchronous disaggregated RL of the tiny MoE
-# policy (actor and learner ranks on two virtual nodes, DistQueue shards inside the learner).
+# The main job at its default: SFT warm start of the tiny MoE policy, then RL with RL Fusion and
+# StaleSync on 2 ranks after a synchronous disaggregated baseline (an actor and a learner on two
+# virtual nodes) in the same job, ending with the speed-up. One core: the same RL, synchronous,
+# on one rank.
+ONE_RANK_RUN := $(if $(filter 1,$(RANKS)),--mode disaggregated --staleness 0 --baseline none)
 run: build
-	$(MPIEXEC) -n $(RANKS) --bind-to core $(RLFUSION) train --config inputs/runs/default.ini
+	$(MPIEXEC) -n $(RANKS) --bind-to core $(RLFUSION) train --config inputs/runs/default.ini $(ONE_RANK_RUN)
 
 test: build
 	@cd $(BUILD) && ctest -j $(JOBS) --output-on-failure --timeout 600

@@ -32,7 +32,7 @@ for mode in $modes; do
     for s in 0 "$staleness"; do
       dir="$out/$mode-seed$seed-s$s"
       mpiexec -n 2 --bind-to core "$rlfusion" train --config inputs/runs/default.ini \
-        --mode "$mode" --seed "$seed" --staleness "$s" --run-dir "$dir" \
+        --mode "$mode" --seed "$seed" --staleness "$s" --baseline none --run-dir "$dir" \
         --log-every 1000 >"$dir.log" 2>&1 || { echo "run failed: see $dir.log" >&2; exit 1; }
     done
     sync=$(accuracy "$out/$mode-seed$seed-s0")

@@ -4,7 +4,6 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
-#include <thread>
 
 #include "kernels/error.h"
 #include "mpi_comm/hierarchical_collectives.h"
@@ -12,6 +11,7 @@
 #include "src/app/learned_reward.h"
 #include "src/app/learner_hooks.h"
 #include "src/app/learner_setup.h"
+#include "src/app/random_delay.h"
 #include "src/app/rl_progress.h"
 #include "src/app/traced_training.h"
 #include "src/app/train_finish.h"
@@ -93,22 +93,6 @@ struct StaleSchedule {
   // learners send it once they have taken batch `step` (their parameters are version step - 1
   // then), so neither side waits on the other's queue traffic.
   bool pipelined_sync_after(int step) const { return lag == 1 && step >= 2 && step < steps; }
-};
-
-// Sleeps a seeded random 0..max_ms (tests: perturbs timing, never results).
-class RandomDelay {
- public:
-  RandomDelay(int max_ms, uint64_t seed, int rank) : max_ms_(max_ms), state_(seed * 7919 + rank) {}
-  void operator()() {
-    if (max_ms_ <= 0) return;
-    state_ = state_ * 6364136223846793005ull + 1442695040888963407ull;
-    std::this_thread::sleep_for(
-        std::chrono::microseconds((state_ >> 33) % (uint64_t(max_ms_) * 1000)));
-  }
-
- private:
-  int max_ms_;
-  uint64_t state_;
 };
 
 }  // namespace

@@ -1,10 +1,13 @@
 #include "src/app/fused_memory.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <string>
 
 #include "kernels/arena.h"
 #include "kernels/error.h"
+#include "src/model/activation_memory.h"
+#include "src/model/reward_model.h"
 
 namespace rlf {
 
@@ -19,29 +22,42 @@ size_t arena_bytes(size_t floats) {
 
 FusedMemoryPlan plan_fused_memory(const ModelConfig& config, const ParameterLayout& training_layout,
                                   const ParameterLayout& generation_layout, bool layout_switch,
-                                  bool reference, size_t reward_model_bytes, bool offload,
-                                  int samples, int max_sequence) {
+                                  bool reference, const ModelConfig* reward_model, bool offload,
+                                  const FusedBatch& batch) {
+  const size_t reward_model_bytes = reward_model ? reward_model_parameter_bytes(*reward_model) : 0;
   const size_t params = arena_bytes(size_t(training_layout.total()));
   const size_t reference_bytes = reference ? params : 0;
   const size_t gradients_and_moments = 3 * params;
   const size_t generation_copy = layout_switch ? arena_bytes(size_t(generation_layout.total())) : 0;
-  // Keys and values of every layer for every sample at its longest.
-  const size_t kv_cache =
-      size_t(config.n_layers) * 2 *
-      arena_bytes(size_t(samples) * size_t(max_sequence) * size_t(config.d_model));
   FusedMemoryPlan plan;
   plan.reference = reference_bytes;
   plan.reward_model = reward_model_bytes;
   plan.training = params + reference_bytes + reward_model_bytes + gradients_and_moments;
   plan.offload_frees = gradients_and_moments;
-  plan.generation = params + reference_bytes + reward_model_bytes + generation_copy + kv_cache +
+  plan.generation = params + reference_bytes + reward_model_bytes + generation_copy +
                     (offload ? 0 : gradients_and_moments);
+  // Every prompt at the longest prompt and every sample at the longest sequence: the bound.
+  plan.generation_activations = generation_peak_bytes(
+      config, generation_layout, uniform_batch(batch.samples, batch.longest_prompt),
+      batch.max_sequence, batch.sampled);
+  if (reward_model) {
+    // RolloutReward scores whole sequences, --micro-batch at a time (RewardModel::scores).
+    plan.generation_activations = std::max(
+        plan.generation_activations,
+        forward_peak_bytes(
+            *reward_model, ParameterLayout(*reward_model),
+            uniform_batch(std::min(batch.micro_batch, batch.samples), batch.max_sequence)));
+  }
+  // A training input is its sequence without the last token.
+  plan.training_activations = training_micro_batch_peak_bytes(
+      config, training_layout,
+      uniform_batch(std::min(batch.micro_batch, batch.samples), batch.max_sequence - 1));
   return plan;
 }
 
 void check_fused_memory_fit(const FusedMemoryPlan& plan, size_t capacity, bool offload,
                             const std::string& mode) {
-  if (plan.training <= capacity && plan.generation <= capacity) return;
+  if (plan.training_peak() <= capacity && plan.generation_peak() <= capacity) return;
   std::string message = "--mode " + mode + ": each rank needs " + format_bytes(plan.training) +
                         " of device memory for the training state and " +
                         format_bytes(plan.generation) + " for the generation state" +
@@ -50,14 +66,32 @@ void check_fused_memory_fit(const FusedMemoryPlan& plan, size_t capacity, bool o
     message += " (each holding the reference model's " + format_bytes(plan.reference) +
                " and the reward model's " + format_bytes(plan.reward_model) + ")";
   }
-  message += ", before activations, but --device-memory is " + format_bytes(capacity);
-  if (!offload && plan.training <= capacity && plan.generation - plan.offload_frees <= capacity) {
+  message += "; with " + format_bytes(plan.training_activations) + " of training activations and " +
+             format_bytes(plan.generation_activations) +
+             " of KV cache and generation activations the analytic peaks are " +
+             format_bytes(plan.training_peak()) + " (training) and " +
+             format_bytes(plan.generation_peak()) + " (generation), but --device-memory is " +
+             format_bytes(capacity);
+  if (!offload && plan.training_peak() <= capacity &&
+      plan.generation_peak() - plan.offload_frees <= capacity) {
     message += "; --offload would free " + format_bytes(plan.offload_frees) +
                " during generation and make it fit";
   } else {
-    message += " (raise --device-memory, or shard the experts with --expert-parallel)";
+    message +=
+        " (raise --device-memory, lower --micro-batch or the prompts per rank, or shard the "
+        "experts with --expert-parallel)";
   }
   throw ConfigError(message);
+}
+
+std::string device_memory_json(size_t generation_peak, size_t training_peak,
+                               const FusedMemoryPlan& plan) {
+  char json[256];
+  std::snprintf(json, sizeof json,
+                "\"device_memory_peaks\":{\"generation\":%zu,\"generation_analytic\":%zu,"
+                "\"training\":%zu,\"training_analytic\":%zu},",
+                generation_peak, plan.generation_peak(), training_peak, plan.training_peak());
+  return json;
 }
 
 }  // namespace rlf

@@ -2,9 +2,12 @@
 // training phase holds the parameters, the reference (KL), gradients and AdamW's two moments;
 // with --mode fused-all and a learned reward model, both phases also hold its parameters;
 // the generation phase holds the parameters, the reference, the generation-layout copy (with a
-// layout switch), the KV cache of its samples, and the gradients and moments unless --offload
-// moves them to host memory. Activations and work buffers come on top of these states, so the
-// check catches layouts that cannot fit at all, with one message naming the sizes on every rank.
+// layout switch), and the gradients and moments unless --offload moves them to host memory.
+// On top of these states come each phase's analytic activation peak (src/model/
+// activation_memory.h): generation's KV cache, prefill or decode activations, logits and sampling
+// buffers, or the reward model's scoring forward when larger; training's largest micro-batch,
+// forward activations to the backward's work. The check stops a layout whose peak cannot fit with
+// one message naming the sizes on every rank.
 #pragma once
 
 #include <cstddef>
@@ -16,25 +19,46 @@
 namespace rlf {
 
 struct FusedMemoryPlan {
-  size_t training = 0;       // bytes of the training phase's states
-  size_t generation = 0;     // bytes of the generation phase's states (as configured)
-  size_t offload_frees = 0;  // gradients and moments, what --offload takes out of generation
-  size_t reference = 0;      // the frozen reference (KL), in both phases
-  size_t reward_model = 0;   // the learned reward model (fused-all), in both phases
+  size_t training = 0;              // bytes of the training phase's states
+  size_t generation = 0;            // bytes of the generation phase's states (as configured)
+  size_t offload_frees = 0;         // gradients and moments, what --offload takes out of generation
+  size_t reference = 0;             // the frozen reference (KL), in both phases
+  size_t reward_model = 0;          // the learned reward model (fused-all), in both phases
+  size_t training_activations = 0;  // analytic peak of the largest training micro-batch
+  size_t generation_activations = 0;  // analytic peak of generation, KV cache included
+
+  size_t training_peak() const { return training + training_activations; }
+  size_t generation_peak() const { return generation + generation_activations; }
 };
 
-// `training_layout` and `generation_layout` are this rank's; `samples` the samples it generates
-// at once, each at most `max_sequence` tokens long; `reward_model_bytes` what a reward model in the
-// device arena takes (0: none there).
+// A fused rank's generation and training batches: `samples` generated at once, prompts of at most
+// `longest_prompt` tokens, sequences of at most `max_sequence`; training micro-batches of
+// `micro_batch` samples; `sampled`: temperature > 0.
+struct FusedBatch {
+  int samples = 0;
+  int longest_prompt = 0;
+  int max_sequence = 0;
+  int micro_batch = 1;
+  bool sampled = true;
+};
+
+// `training_layout` and `generation_layout` are this rank's; `reward_model` the config of a learned
+// reward model in the device arena (null: none there), which scores each generation's samples in
+// micro-batches after the KV cache is gone.
 FusedMemoryPlan plan_fused_memory(const ModelConfig& config, const ParameterLayout& training_layout,
                                   const ParameterLayout& generation_layout, bool layout_switch,
-                                  bool reference, size_t reward_model_bytes, bool offload,
-                                  int samples, int max_sequence);
+                                  bool reference, const ModelConfig* reward_model, bool offload,
+                                  const FusedBatch& batch);
 
-// ConfigError naming both phases' sizes (and the reference's and reward model's shares), the
-// --mode and the capacity when either does not fit `capacity` (and saying whether --offload
-// would make generation fit).
+// ConfigError naming both phases' states and analytic peaks (and the reference's and reward
+// model's shares), the --mode and the capacity when either peak does not fit `capacity` (and
+// saying whether --offload would make generation fit).
 void check_fused_memory_fit(const FusedMemoryPlan& plan, size_t capacity, bool offload,
                             const std::string& mode = "fused");
+
+// summary.json's fragment (ending in a comma) with a run's measured phase peaks next to the plan's
+// analytic ones, in bytes.
+std::string device_memory_json(size_t generation_peak, size_t training_peak,
+                               const FusedMemoryPlan& plan);
 
 }  // namespace rlf

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 
 #include "kernels/error.h"
 #include "src/app/build_info.h"
@@ -9,6 +10,7 @@
 #include "src/app/learned_reward.h"
 #include "src/app/learner_hooks.h"
 #include "src/app/learner_setup.h"
+#include "src/app/random_delay.h"
 #include "src/app/rl_progress.h"
 #include "src/app/traced_training.h"
 #include "src/app/train_finish.h"
@@ -59,21 +61,24 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   // device arena, so that one rewind frees all three.
   Policy policy =
       make_policy(run, policy_options, /*with_gradients=*/!options.offload, own_experts);
+  FusedMemoryPlan memory_plan;
   {
-    // Bad input stops every rank here, before any output: the states must fit the arena.
+    // Bad input stops every rank here, before any output: the analytic peaks must fit the arena.
     const ExpertShard generation_experts =
         generation_degree > 1 ? expert_shard_of(rank, generation_degree, experts) : ExpertShard{};
     const Task& task = *policy.task;
     const int longest = 2 + task.max_prompt_chars() + task.max_response_chars();
-    const size_t reward_model_bytes =
+    const std::optional<ModelConfig> reward_model =
         fused_all && !rl.reward_model.empty()
-            ? reward_model_parameter_bytes(parameter_file_model(rl.reward_model))
-            : 0;
-    const FusedMemoryPlan plan = plan_fused_memory(
+            ? std::optional<ModelConfig>(parameter_file_model(rl.reward_model))
+            : std::nullopt;
+    const FusedBatch batch{rl.prompts / ranks * rl.group_size, 1 + task.max_prompt_chars(), longest,
+                           rl.micro_batch, rl.temperature > 0};
+    memory_plan = plan_fused_memory(
         policy.config, policy.model->layout(), ParameterLayout(policy.config, generation_experts),
-        switch_layouts, rl.kl_coef > 0, reward_model_bytes, options.offload,
-        rl.prompts / ranks * rl.group_size, longest);
-    check_fused_memory_fit(plan, policy.device->memory().capacity(), options.offload, mode);
+        switch_layouts, rl.kl_coef > 0, reward_model ? &*reward_model : nullptr, options.offload,
+        batch);
+    check_fused_memory_fit(memory_plan, policy.device->memory().capacity(), options.offload, mode);
   }
   // Before the learner state: with offload, the gradients and AdamW's moments must stay the top
   // of the device arena.
@@ -179,13 +184,21 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
     // new prompts beyond that wait for a slot (continuous batching).
     pool_settings.slots = my_prompts * rl.group_size;
     pool_settings.finish_threshold = rl.finish_threshold;
+    // Ranks end their phases together: one that is ready keeps decoding the next step's prompts
+    // until the slowest is, instead of waiting for it before training.
+    pool_settings.all_ranks_ready = [](bool ready) {
+      int all = ready ? 1 : 0;
+      MPI_Allreduce(MPI_IN_PLACE, &all, 1, MPI_INT, MPI_LAND, MPI_COMM_WORLD);
+      return all != 0;
+    };
     dir.log(
         "# StaleSync: bound %d, a generation phase ends once %.0f%% of its samples have finished "
-        "(%d KV cache slots, continuous batching); unfinished samples resume in the next phase; "
-        "samples past the bound are %s\n",
+        "(%d KV cache slots, continuous batching with the next step's prompts filling freed "
+        "slots); unfinished samples resume in the next phase; samples past the bound are %s\n",
         rl.staleness, 100.0 * rl.finish_threshold, pool_settings.slots,
         stale_policy == StalePolicy::Drop ? "dropped with their group" : "regenerated");
   }
+  RandomDelay random_delay(rl.random_delay_ms, run.seed, rank);
   RlProgress progress(dir, rl.steps, rl.log_every, policy.device->memory());
   // The warm start (SFT, evaluation) takes a different time on every rank: RL starts together,
   // so its first wait is not counted as RL idle time.
@@ -199,12 +212,18 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         cosine_learning_rate(rl.learning_rate, step, rl.warmup_steps, rl.steps, 1.0f);
     const int64_t first_prompt = int64_t(version) * rl.prompts + rank * my_prompts;
     std::vector<Rollout> rollouts;
+    random_delay();
     auto generate = [&](Transformer<float>& generator) {
       TraceScope traced(trace, Phase::Generate);
       traced.set_version(version);
       BatchOccupancy occupancy;
       if (pool) {
-        pool->add_prompts(first_prompt, my_prompts);
+        // Continuous batching with one step of lookahead: the next step's prompts are in the
+        // pool too, and fill the slots this step's finished samples free (the phase's own work
+        // is this step's prompts and the partials carried in).
+        if (step == 1) pool->add_prompts(first_prompt, my_prompts);
+        if (step < rl.steps) pool->add_prompts(first_prompt + rl.prompts, my_prompts);
+        pool_settings.count_prompts_below = first_prompt + rl.prompts;
         // Trained at this version, a sample may be at most `staleness` versions old.
         pool->enforce_staleness(version - rl.staleness, stale_policy);
         // Partials already carried `staleness` times finish in this phase.
@@ -278,6 +297,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         continue;
       }
     }
+    random_delay();
     device.start_phase_peak();
     const StepStats stats =
         train_on_rollouts_traced(model, *learner.optimizer, learner.reference.get(), rollouts,
@@ -300,9 +320,12 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         (long long)c.cut_samples, (long long)c.recomputed_prefix_tokens,
         (long long)c.regenerated_samples, (long long)c.dropped_groups, pool->in_flight_samples());
   }
-  dir.log("# device memory peaks of learner 0: generation %s, training %s (capacity %s)\n",
-          format_bytes(generation_peak).c_str(), format_bytes(training_peak).c_str(),
-          format_bytes(device.capacity()).c_str());
+  dir.log(
+      "# device memory peaks of learner 0: generation %s (analytic %s), training %s (analytic %s), "
+      "capacity %s\n",
+      format_bytes(generation_peak).c_str(), format_bytes(memory_plan.generation_peak()).c_str(),
+      format_bytes(training_peak).c_str(), format_bytes(memory_plan.training_peak()).c_str(),
+      format_bytes(device.capacity()).c_str());
 
   MultiRankTrainEnd end;
   end.mode = mode;
@@ -313,6 +336,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   end.rl_seconds = position.rl_seconds + progress.seconds_since_start();
   end.rl_tokens = position.rl_tokens;
   end.run_start = run_start;
+  end.memory_json = device_memory_json(generation_peak, training_peak, memory_plan);
   return finish_multi_rank_train(end, run, policy_options, sft, rl, options, policy, topology, dir,
                                  trace, result);
 }

@@ -10,12 +10,13 @@ StepStats train_on_rollouts_traced(Transformer<float>& model, AdamW<float>& opti
   if (reference) {
     TraceScope traced(trace, Phase::Reference);
     traced.set_version(version);
-    attach_reference_logprobs(*reference, rollouts, settings.micro_batch, settings.temperature);
+    attach_reference_logprobs(*reference, rollouts, settings.micro_batch, settings.temperature,
+                              parallel);
   }
   if (settings.ppo.decoupled && settings.minibatches > 1) {
     TraceScope traced(trace, Phase::Proximal);
     traced.set_version(version);
-    attach_proximal_logprobs(model, rollouts, settings);
+    attach_proximal_logprobs(model, rollouts, settings, parallel);
   }
   for (const Rollout& r : rollouts)
     trace.record_trained(r.sample_id, r.version_min, r.version_max, version);

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "kernels/error.h"
+#include "src/app/baseline_comparison.h"
 #include "src/app/build_info.h"
 #include "src/app/commands.h"
 #include "src/app/disaggregated_train.h"
@@ -61,6 +62,7 @@ int run_train_command(const std::vector<std::string>& args) {
   DisaggregatedOptions multi_rank;
   std::string queue_transfer = "hierarchical", ep_dispatch = "hierarchical";
   std::string mode = "disaggregated";
+  std::string baseline = "none";
   {
     po::options_description d("Multi-rank options");
     auto add = d.add_options();
@@ -88,6 +90,9 @@ int run_train_command(const std::vector<std::string>& args) {
     add("offload", po::bool_switch(&multi_rank.offload),
         "--mode fused: during generation, gradients and optimizer state leave device memory for "
         "host memory, and the generation phase gets their device memory");
+    add("baseline", po::value(&baseline)->default_value(baseline),
+        "none | disaggregated: first run the same config as synchronous disaggregated RL (into "
+        "<run-dir>-baseline) and end with the speed-up over it");
     add("ep-dispatch", po::value(&ep_dispatch)->default_value(ep_dispatch),
         "expert-parallel token dispatch: hierarchical (once per node, then inside the node) | "
         "flat-dedup | flat");
@@ -134,23 +139,33 @@ int run_train_command(const std::vector<std::string>& args) {
         " needs a multi-rank run: disaggregated actors and learners overlap their steps, fused "
         "ranks cut the long tail (mpiexec -n 2 or more)");
   }
-  if (o.staleness > 0 && fused && multi_rank.expert_parallel > 1) {
-    throw ConfigError(
-        "--staleness with --mode " + mode +
-        " and --expert-parallel > 1 is not supported: StaleSync ranks train different numbers of "
-        "finished groups per step, and expert-parallel training needs the same micro-batches on "
-        "every rank of an EP group (use --expert-parallel 1, or disaggregated mode)");
-  }
   validate_checkpoint_options(checkpoints, o.staleness);
   // The reward model file is read on every rank, so a bad one stops all of them here.
   validate_reward_model(o, *make_task(load_task_config(policy_options.task, run.seed)));
-  if (world_size > 1 && fused) {
-    return run_fused_train(run, policy_options, sft, o, layout, multi_rank, mode == "fused-all",
-                           format_options(parsed), nullptr, checkpoints);
+  if (baseline != "none" && baseline != "disaggregated") {
+    throw ConfigError("--baseline must be 'none' or 'disaggregated', got '" + baseline + "'");
+  }
+  if (baseline != "none" && world_size == 1) {
+    throw ConfigError("--baseline disaggregated needs a multi-rank run (an actor and a learner)");
+  }
+  if (baseline != "none" && (checkpoints.every > 0 || !checkpoints.resume.empty())) {
+    throw ConfigError("--baseline is not supported with --checkpoint-every or --resume");
   }
   if (world_size > 1) {
-    return run_disaggregated_train(run, policy_options, sft, o, layout, multi_rank,
-                                   format_options(parsed), nullptr, checkpoints);
+    auto run_itself = [&](TrainResult* result) {
+      if (fused) {
+        return run_fused_train(run, policy_options, sft, o, layout, multi_rank, mode == "fused-all",
+                               format_options(parsed), result, checkpoints);
+      }
+      return run_disaggregated_train(run, policy_options, sft, o, layout, multi_rank,
+                                     format_options(parsed), result, checkpoints);
+    };
+    if (baseline == "none") return run_itself(nullptr);
+    // The run's own directory is checked first, so a finished run stops before the baseline.
+    RunDirectory::check_writable(run.run_dir, policy_options.overwrite);
+    const std::string name =
+        mode + (o.staleness > 0 ? ", StaleSync s=" + std::to_string(o.staleness) : "");
+    return run_with_baseline(run, policy_options, sft, o, layout, multi_rank, name, run_itself);
   }
   const AdvantageEstimator estimator = parse_advantage_estimator(o.advantage);
   Policy policy = make_policy(run, policy_options, /*with_gradients=*/true);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <chrono>
+#include <string>
 
 #include "mpi_comm/topology.h"
 #include "src/app/disaggregated_train.h"
@@ -24,6 +25,7 @@ struct MultiRankTrainEnd {
   double rl_seconds = 0;
   int64_t rl_tokens = 0;  // trained tokens summed over learners
   std::chrono::steady_clock::time_point run_start;
+  std::string memory_json;  // summary.json fields (ending in a comma), e.g. fused memory peaks
 };
 
 // Collective over MPI_COMM_WORLD. Returns the process exit code (0); fills `result` if given.

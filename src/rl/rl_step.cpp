@@ -18,9 +18,16 @@ void StepStats::add(const StepStats& o) {
 
 namespace {
 
+size_t ceil_div(size_t a, size_t b) {
+  return (a + b - 1) / b;
+}
+
 void attach_logprobs(Transformer<float>& model, std::vector<Rollout>& rollouts, int micro_batch,
-                     float temperature, std::vector<float> Rollout::*into) {
-  for (size_t begin = 0; begin < rollouts.size(); begin += size_t(micro_batch)) {
+                     float temperature, std::vector<float> Rollout::*into,
+                     const DataParallelHooks& parallel) {
+  const size_t micros = parallel.micro_batches(ceil_div(rollouts.size(), size_t(micro_batch)));
+  for (size_t m = 0; m < micros; ++m) {
+    const size_t begin = std::min(rollouts.size(), m * size_t(micro_batch));
     const size_t end = std::min(rollouts.size(), begin + size_t(micro_batch));
     std::vector<const Rollout*> micro;
     for (size_t i = begin; i < end; ++i) micro.push_back(&rollouts[i]);
@@ -32,8 +39,10 @@ void attach_logprobs(Transformer<float>& model, std::vector<Rollout>& rollouts, 
 }  // namespace
 
 void attach_reference_logprobs(Transformer<float>& reference, std::vector<Rollout>& rollouts,
-                               int micro_batch, float temperature) {
-  attach_logprobs(reference, rollouts, micro_batch, temperature, &Rollout::reference_logp);
+                               int micro_batch, float temperature,
+                               const DataParallelHooks& parallel) {
+  attach_logprobs(reference, rollouts, micro_batch, temperature, &Rollout::reference_logp,
+                  parallel);
 }
 
 size_t minibatch_begin(size_t rollouts, int group_size, int minibatches, int mb) {
@@ -43,13 +52,13 @@ size_t minibatch_begin(size_t rollouts, int group_size, int minibatches, int mb)
 }
 
 void attach_proximal_logprobs(Transformer<float>& policy, std::vector<Rollout>& rollouts,
-                              const RlStepSettings& settings) {
+                              const RlStepSettings& settings, const DataParallelHooks& parallel) {
   const size_t first =
       minibatch_begin(rollouts.size(), settings.group_size, settings.minibatches, 1);
   std::vector<Rollout> later(std::make_move_iterator(rollouts.begin() + ptrdiff_t(first)),
                              std::make_move_iterator(rollouts.end()));
   attach_logprobs(policy, later, settings.micro_batch, settings.temperature,
-                  &Rollout::proximal_logp);
+                  &Rollout::proximal_logp, parallel);
   std::move(later.begin(), later.end(), rollouts.begin() + ptrdiff_t(first));
 }
 
@@ -76,7 +85,10 @@ StepStats optimize_on_rollouts(Transformer<float>& policy, AdamW<float>& optimiz
     const double normalizer = parallel.sum(local_tokens);
     const double all_samples = parallel.sum(double(last - first));
     policy.zero_gradients();
-    for (size_t begin = first; begin < last; begin += size_t(settings.micro_batch)) {
+    const size_t micros =
+        parallel.micro_batches(ceil_div(last - first, size_t(settings.micro_batch)));
+    for (size_t m = 0; m < micros; ++m) {
+      const size_t begin = std::min(last, first + m * size_t(settings.micro_batch));
       const size_t end = std::min(last, begin + size_t(settings.micro_batch));
       std::vector<const Rollout*> micro;
       for (size_t i = begin; i < end; ++i) micro.push_back(&rollouts[i]);

@@ -43,18 +43,24 @@ struct DataParallelHooks {
   std::function<double(double)> sum = [](double x) { return x; };    // sum over learners
   std::function<void()> reduce_gradients = [] {};                    // sum of gradients
   std::function<void(StepStats&)> reduce_stats = [](StepStats&) {};  // sums over learners
+  // How many micro-batches this rank runs, given how many its own rollouts fill: with expert
+  // parallelism forward and backward are collective over the EP group, so ranks that train
+  // different numbers of rollouts (StaleSync) all run the largest count, the extra ones empty.
+  std::function<size_t(size_t)> micro_batches = [](size_t own) { return own; };
 };
 
 // Reference-policy log-probs of every rollout's response, in micro-batches.
 void attach_reference_logprobs(Transformer<float>& reference, std::vector<Rollout>& rollouts,
-                               int micro_batch, float temperature);
+                               int micro_batch, float temperature,
+                               const DataParallelHooks& parallel = {});
 // The first rollout of minibatch `mb`: minibatches split the prompt groups evenly, and the last
 // takes everything left (a learner's share may end in a partial group).
 size_t minibatch_begin(size_t rollouts, int group_size, int minibatches, int mb);
 // The decoupled objective's anchor for the rollouts after the first minibatch (whose optimizer
 // steps change the weights before they train): the current policy's log-probs, micro-batched.
 void attach_proximal_logprobs(Transformer<float>& policy, std::vector<Rollout>& rollouts,
-                              const RlStepSettings& settings);
+                              const RlStepSettings& settings,
+                              const DataParallelHooks& parallel = {});
 
 // Trains on `rollouts` (whole prompt groups, consecutive) and returns the step's statistics.
 StepStats optimize_on_rollouts(Transformer<float>& policy, AdamW<float>& optimizer,

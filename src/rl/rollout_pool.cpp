@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <set>
 #include <stdexcept>
 #include <string>
 
@@ -174,9 +175,23 @@ PhaseStats RolloutPool::generate_phase(Transformer<float>& model,
   const std::vector<Sequence> waiting = phase_order();
   PhaseStats stats;
   stats.phase_samples = int(waiting.size());
-  // With expert parallelism every prefill and decode step is collective over the EP group, so a
-  // rank with nothing to generate still takes part with zero rows.
-  if (waiting.empty() && !model.expert_parallel()) return stats;
+  const auto counted = [&](const Sequence& s) {
+    return s.prompt_id < settings.count_prompts_below;
+  };
+  const int64_t counted_samples = std::count_if(waiting.begin(), waiting.end(), counted);
+  int64_t counted_finished = 0;
+  std::set<int64_t> last_phase;  // groups on their last chance (settings.finish_older_than)
+  for (const auto& [prompt_id, group] : groups_) {
+    for (const Member& m : group) {
+      if (!m.rollout.response.empty() && m.rollout.version_min < settings.finish_older_than) {
+        last_phase.insert(prompt_id);
+      }
+    }
+  }
+  // With expert parallelism every prefill and decode step is collective over the EP group, and
+  // with all_ranks_ready every step's agreement is collective: a rank with nothing to generate
+  // still takes part, with zero rows.
+  if (waiting.empty() && !model.expert_parallel() && !settings.all_ranks_ready) return stats;
   const int slots =
       settings.slots == 0 ? stats.phase_samples : std::min(settings.slots, stats.phase_samples);
   int longest = 0;
@@ -229,20 +244,20 @@ PhaseStats RolloutPool::generate_phase(Transformer<float>& model,
     }
     stats.finished += finished;
     decoding.insert(decoding.end(), admitted.begin(), admitted.end());
+    for (const Sequence& s : decoding) counted_finished += member(s).finished && counted(s);
     release_finished(decoding, free_slots);
     const bool all_done = decoding.empty() && next_waiting == waiting.size();
-    const auto last_chance = [&](const Sequence& s) {
-      const Rollout& r = member(s).rollout;
-      return !r.response.empty() && r.version_min < settings.finish_older_than;
-    };
+    const auto last_chance = [&](const Sequence& s) { return last_phase.count(s.prompt_id) > 0; };
     // (partials are admitted first, so one still waiting for a slot is rare but possible)
     const bool last_chance_decoding =
         std::any_of(decoding.begin(), decoding.end(), last_chance) ||
         std::any_of(waiting.begin() + ptrdiff_t(next_waiting), waiting.end(), last_chance);
     const bool threshold_reached =
-        double(stats.finished) >= settings.finish_threshold * double(stats.phase_samples) &&
+        double(counted_finished) >= settings.finish_threshold * double(counted_samples) &&
         !last_chance_decoding;
-    if (!stopped && (all_done || threshold_reached)) {
+    bool ready = all_done || threshold_reached;
+    if (settings.all_ranks_ready && !stopped) ready = settings.all_ranks_ready(ready);
+    if (!stopped && ready) {
       stopped = true;
       stats.cut = int(decoding.size());
       counters_.cut_samples += stats.cut;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <map>
 #include <vector>
@@ -20,11 +21,21 @@ struct PoolSettings {
   // In (0, 1]: the phase ends after the first step at which finished / phase samples reaches it.
   // Counted in steps, never in wall time, so a cut is reproducible.
   double finish_threshold = 1.0;
-  // A started sample whose oldest token is older than this version is on its last phase: cut
-  // again, it would exceed the staleness bound when trained, so the phase does not end while
-  // one is unfinished (it is resumed first, so it holds a slot). With a bound s and the phase
-  // at version v, v - s + 1. The lowest int: no sample is on its last phase.
+  // A group holding a token older than this version (in any member, finished or not) is on its
+  // last phase: left incomplete again, it would exceed the staleness bound when trained, so the
+  // phase does not end while one of its members is unfinished. With a bound s and the phase at
+  // version v, v - s + 1. The lowest int: no group is on its last phase.
   int finish_older_than = std::numeric_limits<int>::min();
+  // Lookahead: only samples of prompts below this id are the phase's own work and count towards
+  // finish_threshold; samples of later prompts (added ahead of their step) fill the slots that
+  // free up, so the batch stays full, and are cut with the rest. The largest id: all count.
+  int64_t count_prompts_below = std::numeric_limits<int64_t>::max();
+  // Data-parallel ranks that train together: when set, a phase ends only at the first step at
+  // which every rank is ready (the hook is collective: every rank calls it once per step with its
+  // own readiness and gets whether all are ready). A rank that is ready keeps decoding its
+  // lookahead meanwhile instead of waiting for the slowest rank idle. Deterministic: readiness is
+  // counted in steps, never in wall time.
+  std::function<bool(bool ready)> all_ranks_ready;
 };
 
 // What happens to a sample in the pool holding tokens older than the staleness bound allows.

@@ -376,5 +376,75 @@ TEST(RolloutPool, BadSettingsAreRejected) {
   EXPECT_THROW(RolloutPool(task, 1, AdvantageEstimator::Grpo), std::invalid_argument);
 }
 
+// Lookahead: the next step's prompts fill freed slots but do not count towards the threshold;
+// and a partial on its last chance (older than finish_older_than) holds the phase open.
+TEST(RolloutPool, LookaheadFillsFreedSlotsAndLastChancePartialsFinishFirst) {
+  Policy policy(31);
+  LengthTask task;
+  RolloutPool pool(task, kGroup, AdvantageEstimator::Grpo);
+  pool.add_prompts(0, 4);  // this step's work: prompts 0-3
+  pool.add_prompts(4, 4);  // the next step's, ahead
+  PoolSettings settings = pool_settings(16, 0.5);
+  settings.count_prompts_below = 4;
+  const PhaseStats first = pool.generate_phase(policy.model, sampling(), 0, settings);
+  EXPECT_EQ(first.phase_samples, 32);
+  // It stopped once half of prompts 0-3's 16 samples had finished; the slots they freed took
+  // samples of prompts 4-7, so more rows ran than the first 16 samples alone could fill.
+  const std::vector<Rollout> done = pool.take_complete_groups();
+  EXPECT_GT(first.finished, 0);
+  EXPECT_GT(first.occupancy.rows, first.steps);  // several rows per step
+  EXPECT_GT(first.cut, 0);
+  // The next phase at version 1 with bound 1: every group holding a version-0 token is on its
+  // last chance, so the phase ends only when all of them are complete, whatever the threshold.
+  settings.finish_older_than = 1;
+  settings.count_prompts_below = 8;
+  settings.finish_threshold = 0.1;
+  policy.perturb(5);
+  pool.generate_phase(policy.model, sampling(), 1, settings);
+  std::set<int64_t> returned;
+  for (const Rollout& r : done) returned.insert(r.sample_id);
+  for (const Rollout& r : pool.take_complete_groups()) returned.insert(r.sample_id);
+  // All groups of prompts 0-3 are complete, and nothing left in the pool is older than
+  // version 1: the bound drops nothing.
+  for (int64_t id = 0; id < 16; ++id) EXPECT_TRUE(returned.count(id)) << "sample " << id;
+  pool.enforce_staleness(1, StalePolicy::Drop);
+  EXPECT_EQ(pool.counters().dropped_samples, 0);
+  EXPECT_EQ(pool.counters().regenerated_samples, 0);
+}
+
+// Ranks end their phases together: while another rank is not ready, a ready rank keeps
+// decoding; a rank with nothing at all still takes part in every agreement.
+TEST(RolloutPool, APhaseEndsOnlyWhenEveryRankIsReady) {
+  LengthTask task;
+  auto run_phase = [&](int not_ready_steps, RolloutPool& pool, int* calls) {
+    Policy policy(41);
+    PoolSettings settings = pool_settings(16, 0.25);
+    settings.all_ranks_ready = [&](bool ready) {
+      ++*calls;
+      return ready && *calls > not_ready_steps;  // "another rank" is ready after that many steps
+    };
+    return pool.generate_phase(policy.model, sampling(), 0, settings);
+  };
+  RolloutPool alone(task, kGroup, AdvantageEstimator::Grpo),
+      waiting(task, kGroup, AdvantageEstimator::Grpo);
+  alone.add_prompts(0, 4);
+  waiting.add_prompts(0, 4);
+  int alone_calls = 0, waiting_calls = 0;
+  const PhaseStats a = run_phase(0, alone, &alone_calls);
+  const PhaseStats b = run_phase(a.steps + 3, waiting, &waiting_calls);
+  EXPECT_EQ(alone_calls, a.steps);  // one agreement per step, stopping at the first ready one
+  // The waiting rank stepped on (decoding what it had, then with nothing: all bubble).
+  EXPECT_EQ(waiting_calls, a.steps + 4);
+  EXPECT_EQ(b.occupancy.steps, waiting_calls);
+  EXPECT_GE(b.finished, a.finished);
+  EXPECT_GT(b.occupancy.bubble_seconds, 0.0);
+  // An empty pool still agrees once per step until the others are ready.
+  RolloutPool empty(task, kGroup, AdvantageEstimator::Grpo);
+  int empty_calls = 0;
+  const PhaseStats e = run_phase(5, empty, &empty_calls);
+  EXPECT_EQ(empty_calls, 6);
+  EXPECT_EQ(e.generated_tokens, 0);
+}
+
 }  // namespace
 }  // namespace rlf

@@ -1,0 +1,47 @@
+// The analytic device-arena peak of a generation phase and of a training micro-batch: every
+// activation, work buffer and kernel scratch the code allocates (cpu backend), counted from the
+// model config, the parameter layout and the batch's lengths, so that a layout's memory can be
+// planned before any work and checked against the arena's measured phase peak.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "src/model/model_config.h"
+#include "src/model/parameter_layout.h"
+
+namespace rlf {
+
+// The lengths of a packed batch that the allocations depend on.
+struct PackedBatch {
+  int sequences = 0;
+  int64_t tokens = 0;
+  int64_t query_blocks = 0;  // sum over sequences of ceil(length / 64): attention's work items
+  int longest = 0;
+};
+
+PackedBatch packed_batch(const std::vector<int>& lengths);
+// `sequences` sequences of `length` tokens each.
+PackedBatch uniform_batch(int sequences, int length);
+
+// Bytes generate() (src/model/generation.h) allocates above the arena's use at its call, at its
+// highest: the KV cache of every prompt at `max_len` tokens, then the larger of the prefill of
+// `prompts` and a decode step of all of them, each with its logits and sampling buffers
+// (`sampled`: temperature > 0). With an expert-sharded `layout` (expert parallelism) each rank's
+// routed rows are counted at their balanced share (top_k rows per token).
+size_t generation_peak_bytes(const ModelConfig& config, const ParameterLayout& layout,
+                             const PackedBatch& prompts, int max_len, bool sampled);
+
+// Bytes Transformer::forward (saved activations and logits) allocates for `inputs` at its
+// highest: what scoring a batch with a learned reward model holds (src/model/reward_model.h).
+size_t forward_peak_bytes(const ModelConfig& config, const ParameterLayout& layout,
+                          const PackedBatch& inputs);
+
+// Bytes accumulate_policy_gradient() (src/rl/policy_loss.h) allocates above the arena's use at its
+// call, at its highest: the forward activations of `inputs` (each sequence without its last token)
+// saved for backward, logits, the policy loss's work buffers and the backward of the last layer.
+size_t training_micro_batch_peak_bytes(const ModelConfig& config, const ParameterLayout& layout,
+                                       const PackedBatch& inputs);
+
+}  // namespace rlf

@@ -1,0 +1,185 @@
+// The analytic activation peaks (src/model/activation_memory.h) against the device arena's measured
+// phase peak: a generation and a training micro-batch of the tiny and small models at a few batch
+// sizes and lengths, within 5% (RL Fusion, issue 6); with offload the generation peak holds the
+// parameters and the generation's activations only.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "kernels/arena.h"
+#include "kernels/ops.h"
+#include "src/model/activation_memory.h"
+#include "src/model/generation.h"
+#include "src/model/optimizer.h"
+#include "src/model/transformer.h"
+#include "src/rl/policy_loss.h"
+#include "src/runtime/training_offload.h"
+
+namespace rlf {
+namespace {
+
+// A model from inputs/models/ with initialized parameters, in an arena of its own.
+struct ModelInArena {
+  ModelInArena(const std::string& name, bool with_gradients)
+      : config(load_model_config(std::string(RLFUSION_SOURCE_DIR) + "/inputs/models/" + name +
+                                 ".ini")),
+        device("device", size_t(1) << 30),
+        model(config, cpu_ops(), device, with_gradients) {
+    model.initialize(5);
+  }
+  ModelConfig config;
+  Arena device;
+  Transformer<float> model;
+};
+
+// Bytes `work` held above the arena's use at its start, at its highest.
+template <typename Work>
+size_t measured_peak(Arena& device, Work work) {
+  const size_t before = device.used();
+  device.start_phase_peak();
+  work();
+  return device.phase_peak() - before;
+}
+
+// Prompts of lengths spread over [shortest, longest] (token 0 excluded: it is no eos here).
+std::vector<std::vector<int>> prompts_of(int count, int shortest, int longest, int vocab) {
+  std::vector<std::vector<int>> prompts;
+  for (int i = 0; i < count; ++i) {
+    const int length = shortest + (count > 1 ? (longest - shortest) * i / (count - 1) : 0);
+    std::vector<int> p;
+    for (int t = 0; t < length; ++t) p.push_back(1 + (7 * i + 3 * t) % (vocab - 1));
+    prompts.push_back(p);
+  }
+  return prompts;
+}
+
+std::vector<int> lengths_of(const std::vector<std::vector<int>>& sequences, int minus = 0) {
+  std::vector<int> lengths;
+  for (const auto& s : sequences) lengths.push_back(int(s.size()) - minus);
+  return lengths;
+}
+
+void expect_within_5_percent(size_t measured, size_t analytic, const std::string& what) {
+  const double error = std::abs(double(measured) - double(analytic)) / double(analytic);
+  EXPECT_LE(error, 0.05) << what << ": measured " << measured << " B, analytic " << analytic
+                         << " B";
+}
+
+struct Case {
+  std::string model;
+  int samples, shortest_prompt, longest_prompt, new_tokens;
+};
+
+const std::vector<Case> kCases = {
+    {"tiny", 1, 5, 5, 8},      {"tiny", 8, 4, 12, 16}, {"tiny", 32, 10, 20, 24},
+    {"tiny", 64, 30, 90, 30},  {"small", 2, 6, 10, 8}, {"small", 16, 8, 24, 16},
+    {"small", 48, 20, 70, 12},
+};
+
+// Bytes the generation of `prompts` held above the arena's use at its start.
+size_t measured_generation_peak(Transformer<float>& m, const std::vector<std::vector<int>>& prompts,
+                                const GenerationSettings& settings) {
+  std::vector<int64_t> ids;
+  for (size_t i = 0; i < prompts.size(); ++i) ids.push_back(int64_t(i));
+  return measured_peak(m.device(), [&] { generate(m, prompts, ids, settings); });
+}
+
+TEST(ActivationPeak, GenerationEqualsAnalyticWithin5Percent) {
+  for (const Case& c : kCases) {
+    ModelInArena a(c.model, /*with_gradients=*/false);
+    const auto prompts =
+        prompts_of(c.samples, c.shortest_prompt, c.longest_prompt, a.config.vocab_size);
+    GenerationSettings settings;
+    settings.max_new_tokens = c.new_tokens;
+    settings.seed = 9;
+    const size_t measured = measured_generation_peak(a.model, prompts, settings);
+    const size_t analytic =
+        generation_peak_bytes(a.config, a.model.layout(), packed_batch(lengths_of(prompts)),
+                              c.longest_prompt + c.new_tokens, /*sampled=*/true);
+    expect_within_5_percent(measured, analytic,
+                            c.model + " generation of " + std::to_string(c.samples));
+  }
+}
+
+TEST(ActivationPeak, TrainingMicroBatchEqualsAnalyticWithin5Percent) {
+  for (const Case& c : kCases) {
+    ModelInArena a(c.model, /*with_gradients=*/true);
+    const int V = a.config.vocab_size;
+    std::vector<Rollout> rollouts;
+    std::vector<std::vector<int>> sequences;
+    for (const auto& prompt : prompts_of(c.samples, c.shortest_prompt, c.longest_prompt, V)) {
+      Rollout r;
+      r.prompt = prompt;
+      for (int t = 0; t < c.new_tokens; ++t) r.response.push_back(1 + t % (V - 1));
+      r.behaviour_logp.assign(r.response.size(), -1.0f);
+      r.advantage = 0.5;
+      std::vector<int> sequence = r.prompt;
+      sequence.insert(sequence.end(), r.response.begin(), r.response.end());
+      sequences.push_back(sequence);
+      rollouts.push_back(r);
+    }
+    std::vector<const Rollout*> micro;
+    for (const Rollout& r : rollouts) micro.push_back(&r);
+    const size_t before = a.device.used();
+    const size_t measured = measured_peak(a.device, [&] {
+      accumulate_policy_gradient(a.model, micro, 100.0, 1.0f, PpoSettings{}, 0.01f);
+    });
+    EXPECT_EQ(a.device.used(), before);
+    // Inputs: every sequence but its last token.
+    const size_t analytic = training_micro_batch_peak_bytes(a.config, a.model.layout(),
+                                                            packed_batch(lengths_of(sequences, 1)));
+    expect_within_5_percent(measured, analytic,
+                            c.model + " training micro-batch of " + std::to_string(c.samples));
+  }
+}
+
+TEST(ActivationPeak, ForwardWithSavedActivationsEqualsAnalyticWithin5Percent) {
+  // What a learned reward model holds while it scores a batch.
+  for (const Case& c : kCases) {
+    ModelInArena a(c.model, /*with_gradients=*/false);
+    const auto sequences = prompts_of(c.samples, c.shortest_prompt + c.new_tokens,
+                                      c.longest_prompt + c.new_tokens, a.config.vocab_size);
+    std::vector<int> tokens, offsets{0};
+    for (const auto& s : sequences) {
+      tokens.insert(tokens.end(), s.begin(), s.end());
+      offsets.push_back(int(tokens.size()));
+    }
+    const size_t measured = measured_peak(a.device, [&] {
+      a.model.forward(tokens.data(), offsets.data(), c.samples);
+      a.model.release_activations();
+    });
+    const size_t analytic =
+        forward_peak_bytes(a.config, a.model.layout(), packed_batch(lengths_of(sequences)));
+    expect_within_5_percent(measured, analytic,
+                            c.model + " forward of " + std::to_string(c.samples));
+  }
+}
+
+TEST(ActivationPeak, OffloadedGenerationHoldsParametersAndActivationsOnly) {
+  ModelInArena a("small", /*with_gradients=*/false);
+  const size_t parameters = a.device.used();
+  const Arena::Mark before_gradients = a.device.mark();
+  a.model.allocate_gradients();
+  AdamW<float> optimizer(a.model, AdamWHyper{}, 1.0f);
+  Arena host("host", TrainingOffload::host_bytes(a.model.parameter_count()));
+  TrainingOffload offload(a.model, optimizer, before_gradients, host);
+  offload.offload();
+  EXPECT_EQ(a.device.used(), parameters);
+  const auto prompts = prompts_of(16, 8, 24, a.config.vocab_size);
+  GenerationSettings settings;
+  settings.max_new_tokens = 16;
+  const size_t phase_peak = parameters + measured_generation_peak(a.model, prompts, settings);
+  const size_t analytic =
+      parameters + generation_peak_bytes(a.config, a.model.layout(),
+                                         packed_batch(lengths_of(prompts)), 24 + 16,
+                                         /*sampled=*/true);
+  expect_within_5_percent(phase_peak, analytic, "offloaded generation");
+  // Gradients and the two moments would add three times the parameters.
+  EXPECT_LT(phase_peak, parameters + offload.device_bytes());
+  offload.onload();
+}
+
+}  // namespace
+}  // namespace rlf
