@@ -4,6 +4,7 @@
 // and the reward model in the device arena and trains the same weights as `fused`; bad input
 // stops every rank with exit code 2 and one message.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -37,9 +38,12 @@ const std::string kShortRun =
     "--prompts 8 --group-size 4 --eval-prompts 32 --log-every 3 --json ";
 
 // One verifier for every test of this file (trained once: about a second).
+// Trained once per test process. ctest runs every test in a process of its own, several at a time,
+// so each process trains into a directory of its own (a shared one would be rewritten under a
+// run that is reading it).
 const std::string& verifier_path() {
   static const std::string path = [] {
-    const std::string dir = temp_dir("verifier");
+    const std::string dir = temp_dir("verifier-" + std::to_string(getpid()));
     const Result r = test::run_rlfusion(
         "sft --reward-model --model tiny --task sort --steps 400 --eval-prompts 400 --json "
         "--run-dir " +

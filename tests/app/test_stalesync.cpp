@@ -232,7 +232,8 @@ TEST(StaleSync, BaselineRunsFirstAndTheTableShowsTheSpeedUp) {
   const TrainedCounts counts = trained_within_bound("baseline-baseline", 0);
   EXPECT_EQ(counts.times_trained.size(), size_t(kSteps * kPrompts * kGroup));
 
-  const Result bad = test::run_rlfusion(kRun + "--baseline fused --run-dir " + temp_dir("bad"), 2);
+  const Result bad =
+      test::run_rlfusion(kRun + "--baseline fused --run-dir " + temp_dir("bad-baseline"), 2);
   EXPECT_EQ(bad.exit_code, 2) << bad.output;
   EXPECT_NE(bad.output.find("--baseline"), std::string::npos) << bad.output;
 }
