@@ -241,7 +241,9 @@ void expect_signal_checkpoints_and_stops(const std::string& name, int ranks,
                                          const std::string& extra, const std::string& signal) {
   const std::string straight_dir = temp_dir(name + "-straight");
   const std::string dir = temp_dir(name + "-signalled");
-  const std::string run_args = train_args(20) + extra;
+  // Long enough that the signal lands mid-run even when the poll below is slow (a loaded CI
+  // machine): 20 steps of the tiny model can end before it is sent.
+  const std::string run_args = train_args(500) + extra;
   const CommandResult straight = test::run_rlfusion(run_args + "--run-dir " + straight_dir, ranks);
   ASSERT_EQ(straight.exit_code, 0) << straight.output;
   const std::string launcher =
