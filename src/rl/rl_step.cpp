@@ -1,6 +1,7 @@
 #include "src/rl/rl_step.h"
 
 #include <algorithm>
+#include <span>
 
 #include "src/rl/policy_loss.h"
 
@@ -22,7 +23,7 @@ size_t ceil_div(size_t a, size_t b) {
   return (a + b - 1) / b;
 }
 
-void attach_logprobs(Transformer<float>& model, std::vector<Rollout>& rollouts, int micro_batch,
+void attach_logprobs(Transformer<float>& model, std::span<Rollout> rollouts, int micro_batch,
                      float temperature, std::vector<float> Rollout::*into,
                      const DataParallelHooks& parallel) {
   const size_t micros = parallel.micro_batches(ceil_div(rollouts.size(), size_t(micro_batch)));
@@ -55,11 +56,8 @@ void attach_proximal_logprobs(Transformer<float>& policy, std::vector<Rollout>& 
                               const RlStepSettings& settings, const DataParallelHooks& parallel) {
   const size_t first =
       minibatch_begin(rollouts.size(), settings.group_size, settings.minibatches, 1);
-  std::vector<Rollout> later(std::make_move_iterator(rollouts.begin() + ptrdiff_t(first)),
-                             std::make_move_iterator(rollouts.end()));
-  attach_logprobs(policy, later, settings.micro_batch, settings.temperature,
-                  &Rollout::proximal_logp, parallel);
-  std::move(later.begin(), later.end(), rollouts.begin() + ptrdiff_t(first));
+  attach_logprobs(policy, std::span<Rollout>(rollouts).subspan(first), settings.micro_batch,
+                  settings.temperature, &Rollout::proximal_logp, parallel);
 }
 
 StepStats optimize_on_rollouts(Transformer<float>& policy, AdamW<float>& optimizer,
