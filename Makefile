@@ -22,7 +22,7 @@ MPIEXEC  ?= mpiexec
 # Ranks of the default job: an actor and a learner, each on its own core, where there are two.
 RANKS    ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -ge 2 ] && echo 2 || echo 1)
 
-.PHONY: all deps configure build run test test-asan bench clean format
+.PHONY: all deps configure build run test test-asan test-fuzz plots bench clean format
 
 all: build
 
@@ -56,6 +56,32 @@ test-asan: deps
 	@cmake --build $(BUILD)-asan -j $(JOBS)
 	@cd $(BUILD)-asan && ctest -j $(JOBS) -L unit --output-on-failure --timeout 900
 
+# libFuzzer targets for the checkpoint and trace validation layers (tests/fuzz), a fixed number
+# of runs from a fixed seed; clang and its fuzzer runtime are installed when missing.
+# Runs per target (the checkpoint target writes and reads a file per run: ~200 runs/s).
+FUZZ_RUNS ?= fuzz_trace_report:200000 fuzz_checkpoint:3000
+FUZZ_TARGETS := fuzz_trace_report fuzz_checkpoint
+test-fuzz:
+	@jobs/setup/install-deps.sh clang libclang-rt-14-dev
+	@cmake -S . -B $(BUILD)-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DRLFUSION_FUZZ=ON \
+	  "-DRLFUSION_ARCH_FLAGS=$(ARCH_FLAGS)" $(CMAKE_ARGS) >/dev/null
+	@cmake --build $(BUILD)-fuzz -j $(JOBS) --target $(FUZZ_TARGETS)
+	@cd $(BUILD)-fuzz && for entry in $(FUZZ_RUNS); do \
+	  t=$${entry%%:*}; runs=$${entry#*:}; \
+	  echo "fuzzing $$t: $$runs runs, seed 1 (log: $(BUILD)-fuzz/$$t.log)"; \
+	  tests/fuzz/$$t -runs=$$runs -seed=1 -max_len=512 -print_final_stats=1 \
+	    -artifact_prefix=$$t- 2>$$t.log || { tail -40 $$t.log; exit 1; }; \
+	  grep -E "^Done" $$t.log; \
+	done
+
+# PNG plots of a run directory (jobs/plot/plot_run.py): throughput per step, time per rank and
+# the phase timeline, next to its trace. RUN=runs/default by default.
+RUN ?= runs/default
+plots: build
+	@jobs/setup/install-deps.sh python3-h5py python3-matplotlib
+	@/usr/bin/python3 jobs/plot/plot_run.py $(RUN) --rlfusion $(RLFUSION)
+
 # Every benchmark at its default. bench a2a needs 4 virtual nodes: 8 ranks, oversubscribed on a
 # small machine (its emulated link time dominates the measurement; it prints the share). bench
 # overlap and bench modes time compute: one rank per core, never oversubscribed (bench modes
@@ -65,6 +91,7 @@ bench: build
 	$(MPIEXEC) -n $(RANKS) --bind-to core $(RLFUSION) bench queue
 	$(MPIEXEC) -n 8 --oversubscribe $(RLFUSION) bench a2a --ranks-per-node 2
 	$(MPIEXEC) -n $(RANKS) --bind-to core $(RLFUSION) bench overlap
+	$(RLFUSION) bench checkpoint
 	@if [ $(RANKS) -ge 2 ]; then $(MPIEXEC) -n 2 --bind-to core $(RLFUSION) bench modes; \
 	  else echo "bench modes skipped: needs 2 cores"; fi
 
@@ -72,4 +99,4 @@ format:
 	@clang-format -i $$(git ls-files '*.cpp' '*.h')
 
 clean:
-	rm -rf $(BUILD) $(BUILD)-asan
+	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-fuzz

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Installs the Debian/Ubuntu packages rlfusion needs, only those missing. On a cluster without
 # root, load modules or use Spack instead (see docs/INSTALL.md); RLFUSION_NO_DEPS=1 skips this.
+# Arguments name extra packages a make target needs besides the build's own (plots, fuzzing).
 set -euo pipefail
 
 packages=(g++ make cmake ninja-build pkg-config libopenmpi-dev openmpi-bin libeigen3-dev
           libtbb-dev libboost-program-options-dev libhdf5-openmpi-dev hdf5-tools libgtest-dev
-          googletest)
+          googletest "$@")
 
 if [ "${RLFUSION_NO_DEPS:-0}" = "1" ]; then
   exit 0

@@ -1,9 +1,11 @@
 // `rlfusion report RUN_DIR`: reads RUN_DIR/trace.h5 and prints throughput per step, each rank's
 // time breakdown with a verdict, and bytes per phase (definitions: docs/METRICS.md); `--json`
-// prints the same as JSON, `--csv` the breakdown as CSV. Every rank reads (so bad input is a
-// ConfigError on every rank); rank 0 prints.
+// prints the same as JSON, `--csv` the breakdown as CSV, `--chrome FILE` also writes the timeline
+// for Perfetto / chrome://tracing. Every rank reads (so bad input is a ConfigError on every rank);
+// rank 0 prints and writes.
 #include <mpi.h>
 
+#include <array>
 #include <boost/program_options.hpp>
 #include <cstdarg>
 #include <cstdio>
@@ -13,6 +15,8 @@
 
 #include "kernels/error.h"
 #include "src/app/commands.h"
+#include "src/io/chrome_trace.h"
+#include "src/io/json_text.h"
 #include "src/io/trace_reader.h"
 #include "src/io/trace_summary.h"
 
@@ -118,6 +122,25 @@ void print_text(const std::string& path, const TraceData& trace, const TraceSumm
     }
   }
 
+  if (s.has_link_traffic) {
+    std::printf("#\n# bytes sent per link class, each rank over the whole run (exact counters)\n");
+    std::printf("# %5s %16s %12s %16s %12s\n", "rank", "intra-node", "messages", "inter-node",
+                "messages");
+    std::printf("# %5s %16s %12s %16s %12s\n", "", "(B)", "", "(B)", "");
+    std::array<int64_t, 2> bytes{}, messages{};
+    for (const RankBreakdown& r : s.ranks) {
+      std::printf("  %5d %16lld %12lld %16lld %12lld\n", r.rank, (long long)r.link_bytes[0],
+                  (long long)r.link_messages[0], (long long)r.link_bytes[1],
+                  (long long)r.link_messages[1]);
+      for (size_t l = 0; l < 2; ++l) {
+        bytes[l] += r.link_bytes[l];
+        messages[l] += r.link_messages[l];
+      }
+    }
+    std::printf("  %5s %16lld %12lld %16lld %12lld\n", "total", (long long)bytes[0],
+                (long long)messages[0], (long long)bytes[1], (long long)messages[1]);
+  }
+
   std::printf("#\n# bytes per phase, all ranks (time: sum of event durations)\n");
   std::printf("# %-15s %8s %12s %14s %16s %10s\n", "phase", "events", "time", "tokens", "bytes",
               "rate");
@@ -127,22 +150,6 @@ void print_text(const std::string& path, const TraceData& trace, const TraceSumm
                 (long long)p.events, p.seconds, (long long)p.tokens, (long long)p.bytes,
                 p.seconds > 0 ? double(p.bytes) / p.seconds / 1e9 : 0.0);
   }
-}
-
-std::string json_string(const std::string& text) {
-  std::string out = "\"";
-  for (const char c : text) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      out += format("\\u%04x", c);
-    } else {
-      out += c;
-    }
-  }
-  out += '"';
-  return out;
 }
 
 // {"version":v,"wall_s":...}; the total has no version.
@@ -193,7 +200,15 @@ void print_json(const std::string& path, const TraceData& trace, const TraceSumm
                     r.seconds[size_t(c)], time_category_name(TimeCategory(c)),
                     percent(r.seconds[size_t(c)], s.wall()));
     }
-    out += format(",\"memory_peak_bytes\":%lld}", (long long)r.memory_peak_bytes);
+    out += format(",\"memory_peak_bytes\":%lld", (long long)r.memory_peak_bytes);
+    if (s.has_link_traffic) {
+      out += format(
+          ",\"intra_node_bytes\":%lld,\"intra_node_messages\":%lld,\"inter_node_bytes\":%lld,"
+          "\"inter_node_messages\":%lld",
+          (long long)r.link_bytes[0], (long long)r.link_messages[0], (long long)r.link_bytes[1],
+          (long long)r.link_messages[1]);
+    }
+    out += '}';
   }
   out += "],\"staleness\":[";
   JsonList staleness(out);
@@ -220,11 +235,12 @@ void print_csv(const TraceSummary& s) {
     std::printf(",%s_s,%s_pct", time_category_name(TimeCategory(c)),
                 time_category_name(TimeCategory(c)));
   }
-  std::printf(",memory_peak_bytes\n");
+  std::printf(",memory_peak_bytes,intra_node_bytes,inter_node_bytes\n");
   for (const RankBreakdown& r : s.ranks) {
     std::printf("%d,%.9g", r.rank, s.wall());
     for (double seconds : r.seconds) std::printf(",%.9g,%.9g", seconds, percent(seconds, s.wall()));
-    std::printf(",%lld\n", (long long)r.memory_peak_bytes);
+    std::printf(",%lld,%lld,%lld\n", (long long)r.memory_peak_bytes, (long long)r.link_bytes[0],
+                (long long)r.link_bytes[1]);
   }
 }
 
@@ -233,19 +249,23 @@ void print_csv(const TraceSummary& s) {
 int run_report_command(const std::vector<std::string>& args) {
   std::string run_dir;
   bool json = false, csv = false;
+  std::string chrome;
   po::options_description description("Report options");
   auto add = description.add_options();
   add("help,h", "print this help and exit");
   add("run-dir", po::value(&run_dir), "the run directory holding trace.h5 (or a trace file)");
   add("json", po::bool_switch(&json), "print the report as JSON instead of tables");
   add("csv", po::bool_switch(&csv), "print the per-rank time breakdown as CSV instead");
+  add("chrome", po::value(&chrome)->value_name("FILE"),
+      "also write the timeline as Chrome trace JSON to FILE (open in ui.perfetto.dev)");
   po::positional_options_description positional;
   positional.add("run-dir", 1);
   po::variables_map vm;
   try {
     po::store(po::command_line_parser(args).options(description).positional(positional).run(), vm);
     if (vm.count("help")) {
-      std::cout << "usage: rlfusion report RUN_DIR [--json | --csv]\n\n" << description << "\n";
+      std::cout << "usage: rlfusion report RUN_DIR [--json | --csv] [--chrome FILE]\n\n"
+                << description << "\n";
       return 0;
     }
     po::notify(vm);
@@ -257,6 +277,13 @@ int run_report_command(const std::vector<std::string>& args) {
   if (!std::filesystem::exists(run_dir)) {
     throw ConfigError("report: run directory '" + run_dir + "' does not exist");
   }
+  if (!chrome.empty()) {
+    const std::filesystem::path parent = std::filesystem::path(chrome).parent_path();
+    if (!parent.empty() && !std::filesystem::is_directory(parent)) {
+      throw ConfigError("report: --chrome " + chrome + ": directory '" + parent.string() +
+                        "' does not exist");
+    }
+  }
   const std::string path = std::filesystem::is_directory(run_dir) ? run_dir + "/trace.h5" : run_dir;
   const TraceData trace = read_trace(path);
   const TraceSummary summary = summarize(trace);
@@ -264,6 +291,12 @@ int run_report_command(const std::vector<std::string>& args) {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   if (rank != 0) return 0;
+  if (!chrome.empty()) {
+    write_chrome_trace(chrome, trace);
+    // On stderr, so the JSON and CSV twins stay machine-readable.
+    std::fprintf(stderr, "# timeline: %s (%zu events; open in https://ui.perfetto.dev)\n",
+                 chrome.c_str(), trace.event_count());
+  }
   if (json) {
     print_json(path, trace, summary);
   } else if (csv) {

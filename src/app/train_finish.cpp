@@ -1,7 +1,11 @@
 #include "src/app/train_finish.h"
 
 #include <cstdio>
+#include <map>
 #include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "src/app/learned_reward.h"
 #include "src/io/parameter_file.h"
@@ -57,14 +61,26 @@ int finish_multi_rank_train(const MultiRankTrainEnd& end, const RunOptions& run,
     save_parameters(dir.file("model.h5"), policy.config, final_model.layout(),
                     final_model.parameters());
   }
+  // This rank's traffic per link class goes into the trace (`rlfusion report` shows it per rank).
+  const LinkCounters& own = topology.links().counters();
+  std::vector<LinkTraffic> own_traffic;
+  for (const LinkClass link : {LinkClass::IntraNode, LinkClass::InterNode}) {
+    own_traffic.push_back(
+        {int32_t(link), int64_t(own.bytes[size_t(link)]), int64_t(own.messages[size_t(link)])});
+  }
+  trace.set_link_traffic(std::move(own_traffic));
   // Traffic of the whole run, summed over ranks.
-  LinkCounters total = topology.links().counters();
+  LinkCounters total = own;
   MPI_Allreduce(MPI_IN_PLACE, total.bytes.data(), 2, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
   MPI_Allreduce(MPI_IN_PLACE, total.messages.data(), 2, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
   DispatchTraffic dispatched = end.ep ? end.ep->traffic() : DispatchTraffic{};
   MPI_Allreduce(MPI_IN_PLACE, dispatched.payload.bytes.data(), 2, MPI_UINT64_T, MPI_SUM,
                 MPI_COMM_WORLD);
-  write_trace(dir.file("trace.h5"), trace, MPI_COMM_WORLD, run_metadata("train", run, policy));
+  std::map<std::string, std::string> metadata = run_metadata("train", run, policy);
+  metadata["mode"] = end.mode;
+  metadata["staleness"] = std::to_string(rl.staleness);
+  metadata["expert_parallel"] = std::to_string(options.expert_parallel);
+  write_trace(dir.file("trace.h5"), trace, MPI_COMM_WORLD, metadata);
   const double tokens_per_s = end.rl_seconds > 0 ? double(end.rl_tokens) / end.rl_seconds : 0.0;
   // Every figure as learner 0 (world rank 0 in every layout) has it.
   double figures[5] = {tokens_per_s, end.rl_seconds, weight_sync_seconds, end.before_rl.accuracy(),

@@ -1,6 +1,10 @@
 #include "src/io/checkpoint.h"
 
+#include <tbb/parallel_for.h>
+#include <tbb/task_group.h>
+
 #include <algorithm>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -19,12 +23,19 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr const char* kFormat = "rlfusion-checkpoint-1";
-constexpr const char* kSidecarSuffix = ".crc64";
+// Format 2: CRC-32C checksums (format 1 had CRC-64/XZ).
+constexpr const char* kFormat = "rlfusion-checkpoint-2";
+constexpr const char* kSidecarSuffix = ".crc32c";
+constexpr const char* kCrcAttribute = "crc32c";
 constexpr const char* kLatest = "latest";
 
 std::string label(const std::string& path) {
   return "checkpoint '" + path + "'";
+}
+
+// "checkpoint 'PATH' dataset 'GROUP/NAME'", for messages.
+std::string where_in(const std::string& path, const char* group, const std::string& name) {
+  return label(path) + " dataset '" + group + "/" + name + "'";
 }
 
 std::string checkpoint_directory(const std::string& run_dir) {
@@ -82,27 +93,63 @@ Handle open_group(hid_t parent, const std::string& path, const char* name) {
   return group;
 }
 
-// Every tensor of the layout from `data`, each with the CRC-64 of its bytes.
+uint32_t tensor_crc(const ParameterTensor& t, const float* data) {
+  return crc32c(data + t.offset, size_t(t.numel) * sizeof(float));
+}
+
+// Every tensor of the layout from `data`, each with the CRC-32C of its bytes. The CRCs are
+// computed by worker threads while this thread hands the tensors to HDF5 (which is not
+// thread-safe, so it stays on one thread); the attributes follow once both are done.
 void write_tensors(hid_t parent, const char* name, const ParameterLayout& layout,
                    const float* data) {
   Handle group = create_group(parent, name);
-  for (const ParameterTensor& t : layout.tensors()) {
-    write_tensor(group.id, t.name, t.shape, data + t.offset);
-    Handle set{H5Dopen2(group.id, t.name.c_str(), H5P_DEFAULT), H5Dclose};
-    write_u64_attribute(set.id, "crc64", crc64(data + t.offset, size_t(t.numel) * sizeof(float)));
+  const std::vector<ParameterTensor>& tensors = layout.tensors();
+  std::vector<uint32_t> crcs(tensors.size());
+  tbb::task_group checksums;
+  checksums.run([&] {
+    tbb::parallel_for(size_t(0), tensors.size(),
+                      [&](size_t i) { crcs[i] = tensor_crc(tensors[i], data); });
+  });
+  try {
+    for (const ParameterTensor& t : tensors)
+      write_tensor(group.id, t.name, t.shape, data + t.offset);
+  } catch (...) {
+    checksums.wait();
+    throw;
+  }
+  checksums.wait();
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    Handle set{H5Dopen2(group.id, tensors[i].name.c_str(), H5P_DEFAULT), H5Dclose};
+    write_u64_attribute(set.id, kCrcAttribute, crcs[i]);
   }
 }
 
+// Every tensor of the layout into `data`; each tensor's CRC-32C is checked by a worker thread
+// while this thread reads the next one from HDF5.
 void read_tensors(hid_t parent, const std::string& path, const char* name,
                   const ParameterLayout& layout, float* data) {
   Handle group = open_group(parent, path, name);
-  for (const ParameterTensor& t : layout.tensors()) {
-    read_tensor(group.id, label(path), t.name, t.shape, data + t.offset);
-    Handle set{H5Dopen2(group.id, t.name.c_str(), H5P_DEFAULT), H5Dclose};
-    const std::string where = label(path) + " dataset '" + name + "/" + t.name + "'";
-    if (read_u64_attribute(set.id, where, "crc64") !=
-        crc64(data + t.offset, size_t(t.numel) * sizeof(float))) {
-      throw ConfigError(where + " does not match its checksum: the file is damaged");
+  const std::vector<ParameterTensor>& tensors = layout.tensors();
+  std::vector<uint64_t> expected(tensors.size());
+  std::vector<uint32_t> found(tensors.size());
+  tbb::task_group checksums;
+  try {
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const ParameterTensor& t = tensors[i];
+      read_tensor(group.id, label(path), t.name, t.shape, data + t.offset);
+      Handle set{H5Dopen2(group.id, t.name.c_str(), H5P_DEFAULT), H5Dclose};
+      expected[i] = read_u64_attribute(set.id, where_in(path, name, t.name), kCrcAttribute);
+      checksums.run([&, i] { found[i] = tensor_crc(tensors[i], data); });
+    }
+  } catch (...) {
+    checksums.wait();
+    throw;
+  }
+  checksums.wait();
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (found[i] != expected[i]) {
+      throw ConfigError(where_in(path, name, tensors[i].name) +
+                        " does not match its checksum: the file is damaged");
     }
   }
 }
@@ -115,7 +162,8 @@ void write_step_rewards(hid_t file, const std::vector<double>& rewards) {
              H5Dclose};
   check(H5Dwrite(set.id, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, rewards.data()),
         "writing step_rewards");
-  write_u64_attribute(set.id, "crc64", crc64(rewards.data(), rewards.size() * sizeof(double)));
+  write_u64_attribute(set.id, kCrcAttribute,
+                      crc32c(rewards.data(), rewards.size() * sizeof(double)));
 }
 
 std::vector<double> read_step_rewards(hid_t file, const std::string& path, size_t count) {
@@ -131,8 +179,8 @@ std::vector<double> read_step_rewards(hid_t file, const std::string& path, size_
   }
   check(H5Dread(set.id, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, rewards.data()),
         "reading step_rewards");
-  if (read_u64_attribute(set.id, label(path), "crc64") !=
-      crc64(rewards.data(), count * sizeof(double))) {
+  if (read_u64_attribute(set.id, label(path), kCrcAttribute) !=
+      crc32c(rewards.data(), count * sizeof(double))) {
     throw ConfigError(label(path) + " dataset 'step_rewards' does not match its checksum");
   }
   return rewards;
@@ -213,6 +261,24 @@ void prune_checkpoints(const std::string& directory, int current) {
   }
 }
 
+// The whole file's CRC-32C while the disk writes it back: fsync waits on the device and the CRC
+// reads the file from the page cache, so they overlap (one task each). Returns the CRC once both
+// are done.
+uint32_t crc_while_syncing(const std::string& path, CheckpointWriteTimes& spent) {
+  uint32_t crc = 0;
+  tbb::task_group tasks;
+  tasks.run([&] {
+    const auto begin = std::chrono::steady_clock::now();
+    fsync_path(path);
+    spent.fsync = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+  });
+  const auto begin = std::chrono::steady_clock::now();
+  crc = file_crc32c(path);
+  spent.crc = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+  tasks.wait();
+  return crc;
+}
+
 }  // namespace
 
 std::string checkpoint_path(const std::string& run_dir, int step) {
@@ -223,30 +289,47 @@ std::string checkpoint_path(const std::string& run_dir, int step) {
 
 void write_checkpoint(const std::string& run_dir, const ModelConfig& config,
                       const ParameterLayout& layout, const CheckpointCounters& counters,
-                      const CheckpointTensors& tensors) {
+                      const CheckpointTensors& tensors, CheckpointWriteTimes* times) {
+  const auto now = [] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  };
+  const double start = now();
   const std::string directory = checkpoint_directory(run_dir);
   fs::create_directories(directory);
   const std::string path = checkpoint_path(run_dir, counters.step);
   const std::string temporary = path + ".tmp";
   write_checkpoint_file(temporary, config, layout, counters, tensors);
-  fsync_path(temporary);
-  const uint64_t crc = file_crc64(temporary);
+  const double written = now();
+  CheckpointWriteTimes spent;
+  spent.data = written - start;
+  const uint32_t crc = crc_while_syncing(temporary, spent);
   const uintmax_t bytes = fs::file_size(temporary);
+  const double synced = now();
   durable_rename(temporary, path);
   test_kill_point(counters.step, "renamed");
   char sidecar[96];
-  std::snprintf(sidecar, sizeof sidecar, "crc64 %016llx bytes %llu\n", (unsigned long long)crc,
+  std::snprintf(sidecar, sizeof sidecar, "crc32c %08x bytes %llu\n", (unsigned)crc,
                 (unsigned long long)bytes);
   write_text_atomically(path + kSidecarSuffix, sidecar);
   write_text_atomically(directory + "/" + kLatest, fs::path(path).filename().string() + "\n");
   prune_checkpoints(directory, counters.step);
+  spent.finish = now() - synced;
+  if (times) *times = spent;
 }
 
 void verify_checkpoint_file(const std::string& path) {
   if (!fs::exists(path)) throw ConfigError(label(path) + " does not exist");
+  if (!fs::exists(path + kSidecarSuffix) && fs::exists(path + ".crc64")) {
+    throw ConfigError(label(path) +
+                      " was written by an older rlfusion (format 1, CRC-64 checksums); this "
+                      "version reads format 2: resume with the version that wrote it, or start "
+                      "a new run");
+  }
   const std::string sidecar = read_text(path + kSidecarSuffix);
-  unsigned long long crc = 0, bytes = 0;
-  if (std::sscanf(sidecar.c_str(), "crc64 %llx bytes %llu", &crc, &bytes) != 2) {
+  unsigned crc = 0;
+  unsigned long long bytes = 0;
+  if (std::sscanf(sidecar.c_str(), "crc32c %8x bytes %llu", &crc, &bytes) != 2) {
     throw ConfigError(label(path) + " has no valid checksum file '" + path + kSidecarSuffix +
                       "' (its write did not complete)");
   }
@@ -255,8 +338,8 @@ void verify_checkpoint_file(const std::string& path) {
                       " bytes, its checksum file says " + std::to_string(bytes) +
                       " (truncated or damaged)");
   }
-  if (file_crc64(path) != crc) {
-    throw ConfigError(label(path) + " does not match its CRC-64 (damaged)");
+  if (file_crc32c(path) != crc) {
+    throw ConfigError(label(path) + " does not match its CRC-32C (damaged)");
   }
 }
 

@@ -1,7 +1,7 @@
 // Restartable training checkpoints: one HDF5 file per checkpoint in RUN_DIR/checkpoints/
 // (step_NNNNNN.h5) holding the model shape, the parameters, AdamW's moments and step counter,
-// the frozen reference policy when a KL term uses one, and the run's counters; a CRC-64 per
-// dataset (attribute `crc64`) and one of the whole file in a sidecar (step_NNNNNN.h5.crc64),
+// the frozen reference policy when a KL term uses one, and the run's counters; a CRC-32C per
+// dataset (attribute `crc32c`) and one of the whole file in a sidecar (step_NNNNNN.h5.crc32c),
 // checked before HDF5 ever opens the file. Written under a temporary name, fsynced and renamed,
 // then the sidecar, then the `latest` marker, each atomically: a crash at any point leaves the
 // previous checkpoint intact (docs: README "Checkpoints and restart").
@@ -44,14 +44,23 @@ struct CheckpointTensors {
 // RUN_DIR/checkpoints/step_NNNNNN.h5
 std::string checkpoint_path(const std::string& run_dir, int step);
 
+// Where a checkpoint write spends its time (seconds), for `bench checkpoint`.
+struct CheckpointWriteTimes {
+  double data = 0;    // HDF5 file written (with the per-dataset CRC-32Cs) and closed
+  double fsync = 0;   // the data file fsynced (overlapped with `crc`)
+  double crc = 0;     // the whole file's CRC-32C (read back from the page cache)
+  double finish = 0;  // rename, sidecar, `latest`, pruning (each fsynced)
+};
+
 // Writes the checkpoint of `counters.step` into RUN_DIR/checkpoints, then points `latest` at it
 // and deletes checkpoints older than the previous one (two stay: a damaged newest one still
 // has a fallback).
+// `times`, when given, receives where the write spent its time.
 void write_checkpoint(const std::string& run_dir, const ModelConfig& config,
                       const ParameterLayout& layout, const CheckpointCounters& counters,
-                      const CheckpointTensors& tensors);
+                      const CheckpointTensors& tensors, CheckpointWriteTimes* times = nullptr);
 
-// ConfigError naming the file unless its sidecar exists and its size and CRC-64 match (checked
+// ConfigError naming the file unless its sidecar exists and its size and CRC-32C match (checked
 // before the file is opened with HDF5).
 void verify_checkpoint_file(const std::string& path);
 
@@ -60,7 +69,7 @@ void verify_checkpoint_file(const std::string& path);
 // ConfigError naming the file on any mismatch.
 CheckpointCounters check_checkpoint(const std::string& path, const ModelConfig& config,
                                     bool with_reference);
-// check_checkpoint, then every dataset into `tensors` (each checked against its CRC-64).
+// check_checkpoint, then every dataset into `tensors` (each checked against its CRC-32C).
 CheckpointCounters read_checkpoint(const std::string& path, const ModelConfig& config,
                                    const ParameterLayout& layout, const CheckpointTensors& tensors);
 

@@ -3,6 +3,10 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#if defined(__SSE4_2__)
+#include <nmmintrin.h>
+#endif
+
 #include <array>
 #include <cstring>
 #include <filesystem>
@@ -15,53 +19,50 @@ namespace rlf {
 
 namespace {
 
-constexpr uint64_t kPolynomial = 0xC96C5795D7870F42ull;  // ECMA-182, reflected
+#if !defined(__SSE4_2__)
+constexpr uint32_t kPolynomial = 0x82F63B78u;  // 0x1EDC6F41, reflected
 
-// Slicing-by-8 tables: table[0] is the bytewise table, table[k] advances a byte k more places.
-using Crc64Tables = std::array<std::array<uint64_t, 256>, 8>;
-
-Crc64Tables make_tables() {
-  Crc64Tables table{};
-  for (uint64_t i = 0; i < 256; ++i) {
-    uint64_t crc = i;
+std::array<uint32_t, 256> make_table() {
+  std::array<uint32_t, 256> table{};
+  for (uint32_t i = 0; i < 256; ++i) {
+    uint32_t crc = i;
     for (int bit = 0; bit < 8; ++bit) crc = (crc >> 1) ^ ((crc & 1) ? kPolynomial : 0);
-    table[0][i] = crc;
-  }
-  for (size_t k = 1; k < 8; ++k) {
-    for (size_t i = 0; i < 256; ++i) {
-      table[k][i] = (table[k - 1][i] >> 8) ^ table[0][table[k - 1][i] & 0xff];
-    }
+    table[i] = crc;
   }
   return table;
 }
+#endif
 
 }  // namespace
 
-uint64_t crc64(const void* data, size_t bytes, uint64_t crc) {
-  static const Crc64Tables table = make_tables();
+uint32_t crc32c(const void* data, size_t bytes, uint32_t crc) {
   const auto* p = static_cast<const unsigned char*>(data);
   crc = ~crc;
-  // Eight bytes at a time (little-endian loads), then the tail byte by byte.
+#if defined(__SSE4_2__)
+  // Eight bytes per instruction (little-endian loads), then the tail byte by byte.
+  uint64_t wide = crc;
   for (; bytes >= 8; bytes -= 8, p += 8) {
     uint64_t word;
     std::memcpy(&word, p, 8);
-    crc ^= word;
-    crc = table[7][crc & 0xff] ^ table[6][(crc >> 8) & 0xff] ^ table[5][(crc >> 16) & 0xff] ^
-          table[4][(crc >> 24) & 0xff] ^ table[3][(crc >> 32) & 0xff] ^
-          table[2][(crc >> 40) & 0xff] ^ table[1][(crc >> 48) & 0xff] ^ table[0][crc >> 56];
+    wide = _mm_crc32_u64(wide, word);
   }
-  for (; bytes > 0; --bytes, ++p) crc = table[0][(crc ^ *p) & 0xff] ^ (crc >> 8);
+  crc = uint32_t(wide);
+  for (; bytes > 0; --bytes, ++p) crc = _mm_crc32_u8(crc, *p);
+#else
+  static const std::array<uint32_t, 256> table = make_table();
+  for (; bytes > 0; --bytes, ++p) crc = table[(crc ^ *p) & 0xff] ^ (crc >> 8);
+#endif
   return ~crc;
 }
 
-uint64_t file_crc64(const std::string& path) {
+uint32_t file_crc32c(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw std::runtime_error("cannot read '" + path + "'");
   std::vector<char> buffer(size_t(1) << 20);
-  uint64_t crc = 0;
+  uint32_t crc = 0;
   while (in) {
     in.read(buffer.data(), std::streamsize(buffer.size()));
-    crc = crc64(buffer.data(), size_t(in.gcount()), crc);
+    crc = crc32c(buffer.data(), size_t(in.gcount()), crc);
   }
   return crc;
 }

@@ -1,4 +1,4 @@
-// Files that survive a crash: CRC-64 checksums of buffers and files, fsync of a file and of the
+// Files that survive a crash: CRC-32C checksums of buffers and files, fsync of a file and of the
 // directory that names it, and small text files replaced atomically (temporary name, fsync,
 // rename, fsync of the directory), as checkpoints need them.
 #pragma once
@@ -9,11 +9,14 @@
 
 namespace rlf {
 
-// CRC-64/XZ (ECMA-182 polynomial, reflected, initial and final value all ones); `crc` chains
-// calls: crc64(b, n2, crc64(a, n1)) == crc64 of a then b.
-uint64_t crc64(const void* data, size_t bytes, uint64_t crc = 0);
-// The CRC-64 of a whole file; std::runtime_error when it cannot be read.
-uint64_t file_crc64(const std::string& path);
+// CRC-32C (Castagnoli polynomial 0x1EDC6F41, reflected, initial and final value all ones: the
+// checksum of iSCSI, ext4 and Btrfs). Computed with the SSE4.2 crc32 instruction where the build
+// targets it (x86-64-v2 and later, so every default build), ~4 GB/s per core against ~1 GB/s
+// for a table-driven CRC-64, which made checksums most of a checkpoint's write time; a table
+// otherwise. `crc` chains calls: crc32c(b, n2, crc32c(a, n1)) == crc32c of a then b.
+uint32_t crc32c(const void* data, size_t bytes, uint32_t crc = 0);
+// The CRC-32C of a whole file; std::runtime_error when it cannot be read.
+uint32_t file_crc32c(const std::string& path);
 
 // Flushes the file's data (or the directory's entries) to stable storage.
 void fsync_path(const std::string& path);

@@ -42,6 +42,10 @@ const char* phase_name(Phase phase) {
   return "unknown";
 }
 
+const char* link_traffic_name(int32_t link_class) {
+  return link_class == 0 ? "intra_node" : link_class == 1 ? "inter_node" : "unknown";
+}
+
 TraceRecorder::TraceRecorder(MPI_Comm comm, size_t reserve_events) : enabled_(true) {
   // Reserved up front so that recording never allocates unless a run outgrows the reservation
   // (then the vector grows geometrically: amortized, never per event).

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace rlf {
@@ -66,6 +67,15 @@ struct TrainedSample {
   int32_t staleness() const { return trained_version - version_min; }
 };
 
+// What this rank sent over one link class during the run: the Links counters (mpi_comm/links.h)
+// at the end of the run. trace.h5: /rank_NNNNN/links, one row per link class.
+struct LinkTraffic {
+  int32_t link_class = 0;  // 0: intra-node, 1: inter-node (the values of LinkClass)
+  int64_t bytes = 0;
+  int64_t messages = 0;
+};
+const char* link_traffic_name(int32_t link_class);  // "intra_node", "inter_node"
+
 class TraceRecorder {
  public:
   // A disabled recorder: record() and scopes do nothing; no MPI call is made.
@@ -101,11 +111,18 @@ class TraceRecorder {
     if (enabled_) samples_.push_back({sample_id, version_min, version_max, trained_version});
   }
 
+  // The rank's traffic totals per link class (replaces earlier ones); recorded once, at the end.
+  void set_link_traffic(std::vector<LinkTraffic> traffic) {
+    if (enabled_) links_ = std::move(traffic);
+  }
+
   const std::vector<TraceEvent>& events() const { return events_; }
   const std::vector<TrainedSample>& trained_samples() const { return samples_; }
+  const std::vector<LinkTraffic>& link_traffic() const { return links_; }
   void clear() {
     events_.clear();
     samples_.clear();
+    links_.clear();
   }
 
  private:
@@ -114,6 +131,7 @@ class TraceRecorder {
   const Arena* memory_source_ = nullptr;
   std::vector<TraceEvent> events_;
   std::vector<TrainedSample> samples_;
+  std::vector<LinkTraffic> links_;
 };
 
 // Times one phase: begins at construction, records at destruction. Instrumenting a phase is one

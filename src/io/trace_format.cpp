@@ -23,6 +23,10 @@ std::string rank_samples(int rank) {
   return rank_group(rank) + "/samples";
 }
 
+std::string rank_links(int rank) {
+  return rank_group(rank) + "/links";
+}
+
 namespace {
 
 void check(herr_t status, const char* what) {
@@ -87,6 +91,15 @@ hid_t create_sample_type(bool file) {
                          file, sizeof(TrainedSample));
 }
 
+hid_t create_link_type(bool file) {
+  const hid_t i64 = file ? H5T_STD_I64LE : H5T_NATIVE_INT64;
+  const hid_t i32 = file ? H5T_STD_I32LE : H5T_NATIVE_INT32;
+  return create_compound({{"link_class", i32, offsetof(LinkTraffic, link_class)},
+                          {"bytes", i64, offsetof(LinkTraffic, bytes)},
+                          {"messages", i64, offsetof(LinkTraffic, messages)}},
+                         file, sizeof(LinkTraffic));
+}
+
 }  // namespace
 
 hid_t create_event_memory_type() {
@@ -100,6 +113,12 @@ hid_t create_sample_memory_type() {
 }
 hid_t create_sample_file_type() {
   return create_sample_type(/*file=*/true);
+}
+hid_t create_link_memory_type() {
+  return create_link_type(/*file=*/false);
+}
+hid_t create_link_file_type() {
+  return create_link_type(/*file=*/true);
 }
 
 }  // namespace rlf::trace_format

@@ -8,6 +8,10 @@
 //   /rank_NNNNN/samples    1-D compound dataset, one element per TrainedSample of rank NNNNN:
 //                          sample_id (int64), version_min, version_max, trained_version (int32).
 //                          Absent in traces written before StaleSync (read as none).
+//   /rank_NNNNN/links      1-D compound dataset, one element per link class the rank counted:
+//                          link_class (int32: 0 intra-node, 1 inter-node), bytes, messages
+//                          (int64, sent by the rank over the run). Absent in older traces and in
+//                          runs without a topology (one-rank `train`, `sft`): read as none.
 // Internal to src/io.
 #pragma once
 
@@ -25,6 +29,7 @@ inline constexpr const char* kWorldSizeAttribute = "world_size";
 std::string rank_group(int rank);
 std::string rank_events(int rank);
 std::string rank_samples(int rank);
+std::string rank_links(int rank);
 
 // Closes an HDF5 handle on scope exit.
 struct Handle {
@@ -46,5 +51,8 @@ hid_t create_event_file_type();
 // The TrainedSample compound, likewise.
 hid_t create_sample_memory_type();
 hid_t create_sample_file_type();
+// The LinkTraffic compound, likewise.
+hid_t create_link_memory_type();
+hid_t create_link_file_type();
 
 }  // namespace rlf::trace_format

@@ -2,7 +2,9 @@
 
 #include <hdf5.h>
 
+#include <cmath>
 #include <filesystem>
+#include <string>
 #include <vector>
 
 #include "kernels/error.h"
@@ -86,8 +88,17 @@ class Reader {
     Handle sample_type{trace_format::create_sample_memory_type(), H5Tclose};
     data.samples.resize(size_t(data.world_size));
     for (int r = 0; r < data.world_size; ++r) {
-      data.samples[size_t(r)] = read_samples(file.id, r, sample_type.id);
+      data.samples[size_t(r)] =
+          read_optional<TrainedSample>(file.id, trace_format::rank_samples(r), sample_type.id);
     }
+    Handle link_type{trace_format::create_link_memory_type(), H5Tclose};
+    data.links.resize(size_t(data.world_size));
+    for (int r = 0; r < data.world_size; ++r) {
+      data.links[size_t(r)] =
+          read_optional<LinkTraffic>(file.id, trace_format::rank_links(r), link_type.id);
+    }
+    const std::string impossible = trace_value_error(data);
+    if (!impossible.empty()) fail("is damaged: " + impossible);
     return data;
   }
 
@@ -119,14 +130,12 @@ class Reader {
         H5Dread(set.id, memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, events.data()) < 0) {
       fail("has an unreadable dataset " + name + " (damaged, or not trace events)");
     }
-    for (const TraceEvent& e : events) {
-      if (int(e.phase) < 0 || int(e.phase) >= kPhaseCount) fail("has an unknown phase in " + name);
-    }
     return events;
   }
 
-  std::vector<TrainedSample> read_samples(hid_t file, int rank, hid_t memory_type) const {
-    const std::string name = trace_format::rank_samples(rank);
+  // A per-rank dataset added after the first trace format (samples, links): none when absent.
+  template <typename Row>
+  std::vector<Row> read_optional(hid_t file, const std::string& name, hid_t memory_type) const {
     if (H5Lexists(file, name.c_str(), H5P_DEFAULT) <= 0) return {};  // an older trace
     Handle set{H5Dopen2(file, name.c_str(), H5P_DEFAULT), H5Dclose};
     Handle space{H5Dget_space(set.id), H5Sclose};
@@ -135,18 +144,61 @@ class Reader {
         H5Sget_simple_extent_dims(space.id, &count, nullptr) < 0) {
       fail("has a malformed dataset " + name);
     }
-    std::vector<TrainedSample> samples(count);
-    if (count > 0 &&
-        H5Dread(set.id, memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, samples.data()) < 0) {
+    std::vector<Row> rows(count);
+    if (count > 0 && H5Dread(set.id, memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, rows.data()) < 0) {
       fail("has an unreadable dataset " + name);
     }
-    return samples;
+    return rows;
   }
 
   std::string path_;
 };
 
 }  // namespace
+
+std::string trace_value_error(const TraceData& trace) {
+  const auto at = [](const char* what, size_t rank, size_t index) {
+    return "rank " + std::to_string(rank) + " " + what + " " + std::to_string(index) + ": ";
+  };
+  if (trace.world_size < 1 || trace.ranks.size() != size_t(trace.world_size)) {
+    return "world_size " + std::to_string(trace.world_size) + " does not match its " +
+           std::to_string(trace.ranks.size()) + " ranks";
+  }
+  for (size_t r = 0; r < trace.ranks.size(); ++r) {
+    for (size_t i = 0; i < trace.ranks[r].size(); ++i) {
+      const TraceEvent& e = trace.ranks[r][i];
+      if (int(e.phase) < 0 || int(e.phase) >= kPhaseCount) {
+        return at("event", r, i) + "unknown phase " + std::to_string(int(e.phase));
+      }
+      // Times are seconds since the run's epoch: finite, and no run lasts 10^9 s.
+      if (!std::isfinite(e.begin) || !std::isfinite(e.end) || std::fabs(e.begin) > 1e9 ||
+          std::fabs(e.end) > 1e9 || e.end < e.begin) {
+        return at("event", r, i) + "impossible times [" + std::to_string(e.begin) + ", " +
+               std::to_string(e.end) + "]";
+      }
+      if (e.tokens < 0 || e.bytes < 0 || e.memory_bytes < 0 || e.version < kNoVersion) {
+        return at("event", r, i) + "negative count or version";
+      }
+    }
+  }
+  for (size_t r = 0; r < trace.samples.size(); ++r) {
+    for (size_t i = 0; i < trace.samples[r].size(); ++i) {
+      const TrainedSample& s = trace.samples[r][i];
+      if (s.version_min < 0 || s.version_max < s.version_min || s.trained_version < s.version_max) {
+        return at("sample", r, i) + "versions out of order";
+      }
+    }
+  }
+  for (size_t r = 0; r < trace.links.size(); ++r) {
+    for (size_t i = 0; i < trace.links[r].size(); ++i) {
+      const LinkTraffic& l = trace.links[r][i];
+      if (l.link_class < 0 || l.link_class > 1 || l.bytes < 0 || l.messages < 0) {
+        return at("link row", r, i) + "impossible link class or count";
+      }
+    }
+  }
+  return "";
+}
 
 size_t TraceData::event_count() const {
   size_t count = 0;

@@ -166,6 +166,13 @@ TraceSummary summarize(const TraceData& trace) {
       p.tokens += e.tokens;
       p.bytes += e.bytes;
     }
+    if (size_t(r) < trace.links.size()) {
+      for (const LinkTraffic& l : trace.links[size_t(r)]) {
+        rank.link_bytes[size_t(l.link_class)] += l.bytes;
+        rank.link_messages[size_t(l.link_class)] += l.messages;
+        summary.has_link_traffic = true;
+      }
+    }
     summary.ranks.push_back(rank);
   }
   for (const auto& samples : trace.samples) {

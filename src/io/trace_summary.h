@@ -40,6 +40,9 @@ struct RankBreakdown {
   int rank = 0;
   std::array<double, kTimeCategoryCount> seconds{};
   int64_t memory_peak_bytes = 0;  // largest memory_bytes of the rank's events
+  // Bytes and messages the rank sent per link class (index: 0 intra-node, 1 inter-node).
+  std::array<int64_t, 2> link_bytes{};
+  std::array<int64_t, 2> link_messages{};
 };
 
 struct PhaseTotal {
@@ -60,6 +63,7 @@ struct TraceSummary {
   // Trained samples by staleness (trained version - oldest token version), all ranks; empty
   // when the trace has no trained-sample records.
   std::map<int32_t, int64_t> staleness;
+  bool has_link_traffic = false;  // some rank recorded link traffic (multi-rank `train`)
 
   double wall() const { return end > begin ? end - begin : 0.0; }
 };

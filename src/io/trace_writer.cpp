@@ -68,7 +68,7 @@ void write_root_attributes(hid_t file, int world_size, const Metadata& metadata)
 
 // One per-rank dataset kind (/rank_NNNNN/<name>): its element types and this rank's elements.
 struct Table {
-  const char* name;  // "events" | "samples"
+  const char* name;  // "events" | "samples" | "links"
   hid_t (*memory_type)();
   hid_t (*file_type)();
   size_t element_size;
@@ -221,9 +221,16 @@ void write_trace(const std::string& path, const TraceRecorder& recorder, MPI_Com
                                 trace_format::create_sample_file_type,
                                 sizeof(TrainedSample),
                                 recorder.trained_samples().data(),
+                                {}},
+                               {"links",
+                                trace_format::create_link_memory_type,
+                                trace_format::create_link_file_type,
+                                sizeof(LinkTraffic),
+                                recorder.link_traffic().data(),
                                 {}}};
-  const long long own_counts[2] = {static_cast<long long>(recorder.events().size()),
-                                   static_cast<long long>(recorder.trained_samples().size())};
+  const long long own_counts[3] = {static_cast<long long>(recorder.events().size()),
+                                   static_cast<long long>(recorder.trained_samples().size()),
+                                   static_cast<long long>(recorder.link_traffic().size())};
   for (size_t t = 0; t < tables.size(); ++t) {
     tables[t].counts.assign(size_t(size), 0);
     MPI_Allgather(&own_counts[t], 1, MPI_LONG_LONG, tables[t].counts.data(), 1, MPI_LONG_LONG,

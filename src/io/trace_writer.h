@@ -22,7 +22,8 @@ enum class TraceWriteMode {
 bool parallel_hdf5_available();
 
 // Collective over `comm`: every rank passes its own recorder; rank r's events land in
-// /rank_{r:05d}/events and its trained samples in /rank_{r:05d}/samples. `run_metadata` becomes
+// /rank_{r:05d}/events, its trained samples in /rank_{r:05d}/samples and its link
+// traffic in /rank_{r:05d}/links. `run_metadata` becomes
 // string attributes of the root group; rank 0's map is used (broadcast), so ranks need not agree on
 // it. Keys "format" and "world_size" are reserved. Returns on every rank once the file is in place
 // under `path`; throws std::runtime_error on every rank when it could not be written. Requesting

@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -81,18 +82,29 @@ void expect_kill_and_resume_bit_exact(const std::string& name, int ranks, const 
   expect_same_run(straight, straight_dir, resumed, dir);
 }
 
-TEST(Crc64, MatchesTheCheckValueAndChains) {
+// The definition, bit by bit: the reference the fast CRC-32C is checked against.
+uint32_t crc32c_bitwise(const unsigned char* data, size_t bytes, uint32_t crc = 0) {
+  crc = ~crc;
+  for (size_t i = 0; i < bytes; ++i) {
+    crc ^= data[i];
+    for (int bit = 0; bit < 8; ++bit) crc = (crc >> 1) ^ ((crc & 1) ? 0x82F63B78u : 0u);
+  }
+  return ~crc;
+}
+
+TEST(Crc32c, MatchesTheCheckValueTheDefinitionAndChains) {
   const std::string text = "123456789";
-  EXPECT_EQ(crc64(text.data(), text.size()), 0x995DC9BBDF1939FAull);  // CRC-64/XZ check value
-  EXPECT_EQ(crc64(text.data() + 4, 5, crc64(text.data(), 4)), crc64(text.data(), text.size()));
-  // Eight bytes at a time equals byte by byte, at every alignment and tail length.
-  std::vector<unsigned char> bytes(100);
-  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = (unsigned char)(i * 37 + 11);
+  EXPECT_EQ(crc32c(text.data(), text.size()), 0xE3069283u);  // CRC-32C check value
+  EXPECT_EQ(crc32c(text.data() + 4, 5, crc32c(text.data(), 4)), crc32c(text.data(), text.size()));
+  // Fresh random bytes at every alignment and tail length, against the bitwise definition.
+  std::random_device seed;
+  std::mt19937 random(seed());
+  std::vector<unsigned char> bytes(300);
+  for (unsigned char& b : bytes) b = (unsigned char)random();
   for (size_t begin = 0; begin < 9; ++begin) {
     for (size_t count = 0; count + begin <= bytes.size(); count += 7) {
-      uint64_t bytewise = 0;
-      for (size_t i = 0; i < count; ++i) bytewise = crc64(&bytes[begin + i], 1, bytewise);
-      EXPECT_EQ(crc64(&bytes[begin], count), bytewise) << begin << " " << count;
+      EXPECT_EQ(crc32c(&bytes[begin], count), crc32c_bitwise(&bytes[begin], count))
+          << begin << " " << count;
     }
   }
 }
@@ -211,7 +223,7 @@ TEST(Checkpoint, DamagedTruncatedAndWrongShapeFilesAreRefused) {
   damage(newest);
   r = test::run_rlfusion(kRun + "--resume " + newest + " --run-dir " + dir);
   EXPECT_EQ(r.exit_code, kExitConfigError) << r.output;
-  EXPECT_NE(r.output.find("does not match its CRC-64"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("does not match its CRC-32C"), std::string::npos) << r.output;
   // Truncated.
   fs::resize_file(previous, fs::file_size(previous) - 100);
   r = test::run_rlfusion(kRun + "--resume " + previous + " --run-dir " + dir);

@@ -48,7 +48,17 @@ TEST(MultiRankTrain, TwoRanksActorAndLearnerWithShardsInsideTheLearner) {
   EXPECT_NE(r.output.find("actor"), std::string::npos);
   const auto inter = r.output.find("inter-node bytes (all ranks)");
   ASSERT_NE(inter, std::string::npos);
-  EXPECT_GT(std::stod(r.output.substr(inter + 40, 16)), 0.0);
+  const double inter_bytes = std::stod(r.output.substr(inter + 40, 16));
+  EXPECT_GT(inter_bytes, 0.0);
+  // The trace keeps each rank's counters: `report` shows them, and they sum to the run's total.
+  const Result report = test::run_rlfusion("report " + dir + " --json");
+  ASSERT_EQ(report.exit_code, 0) << report.output;
+  const auto rank1 = report.output.find("{\"rank\":1");
+  ASSERT_NE(rank1, std::string::npos) << report.output;
+  EXPECT_EQ(test::json_number(report.output, "inter_node_bytes") +
+                test::json_number(report.output, "inter_node_bytes", rank1),
+            inter_bytes)
+      << report.output;
 }
 
 TEST(MultiRankTrain, DedicatedQueueRanksTwoLearnersAndKlOnVirtualNodes) {

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <sstream>
 #include <string>
@@ -400,6 +401,116 @@ TEST(ReportCommand, PrintsThroughputBreakdownAndBytesOfAWrittenTrace) {
   ASSERT_EQ(csv.exit_code, 0) << csv.output;
   EXPECT_EQ(csv.output.rfind("rank,wall_s,generate_s,generate_pct,train_s,", 0), 0u) << csv.output;
   EXPECT_NE(csv.output.find("\n0,9,3.5,38.8888"), std::string::npos) << csv.output;
+}
+
+TEST(ReportCommand, LinkTrafficRoundTripsAndShowsPerRank) {
+  ensure_mpi();
+  const std::string dir = temp_dir("report-links");
+  TraceRecorder recorder = example_recorder();
+  recorder.set_link_traffic({{0, 5000, 7}, {1, 1234, 3}});
+  write_trace(dir + "/trace.h5", recorder, MPI_COMM_SELF, {});
+  const TraceData trace = read_trace(dir + "/trace.h5");
+  ASSERT_EQ(trace.links.size(), 1u);
+  ASSERT_EQ(trace.links[0].size(), 2u);
+  EXPECT_EQ(trace.links[0][1].link_class, 1);
+  EXPECT_EQ(trace.links[0][1].bytes, 1234);
+  EXPECT_EQ(trace.links[0][1].messages, 3);
+
+  const Result r = run_rlfusion("report " + dir);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto tables = tables_of(r.output);
+  ASSERT_EQ(tables.size(), 4u) << r.output;  // steps, breakdown, links, phases
+  ASSERT_EQ(tables[2].size(), 2u) << r.output;
+  expect_row(tables[2][0], {5000, 7, 1234, 3}, 0);
+  EXPECT_EQ(tables[2][1][0], "total");
+
+  const Result json = run_rlfusion("report " + dir + " --json");
+  EXPECT_NE(json.output.find("\"intra_node_bytes\":5000,\"intra_node_messages\":7,"
+                             "\"inter_node_bytes\":1234,\"inter_node_messages\":3"),
+            std::string::npos)
+      << json.output;
+  const Result csv = run_rlfusion("report " + dir + " --csv");
+  EXPECT_NE(csv.output.find(",67108864,5000,1234\n"), std::string::npos) << csv.output;
+}
+
+size_t count_of(const std::string& text, const std::string& what) {
+  size_t count = 0;
+  for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++count;
+  return count;
+}
+
+TEST(ReportCommand, ChromeTimelineHasASliceForEveryEventAndCounters) {
+  ensure_mpi();
+  const std::string dir = temp_dir("report-chrome");
+  write_trace(dir + "/trace.h5", example_recorder(), MPI_COMM_SELF, {{"command", "test"}});
+  const std::string timeline = dir + "/timeline.json";
+  const Result r = run_rlfusion("report " + dir + " --json --chrome " + timeline);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(timeline + ".tmp"));
+  std::ifstream file(timeline);
+  const std::string json((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  // One complete slice per event (11), named after its phase, on the phase's track.
+  EXPECT_EQ(count_of(json, "\"ph\":\"X\""), 11u) << json;
+  EXPECT_EQ(count_of(json, "\"ph\":\"X\",\"name\":\"generate\""), 2u);
+  EXPECT_NE(json.find("{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":0,\"args\":{\"name\":"
+                      "\"rank 0\"}}"),
+            std::string::npos);
+  // The version-1 training slice: 5.5 s .. 6 s, 400 tokens.
+  EXPECT_NE(json.find("\"name\":\"train\",\"cat\":\"train\",\"pid\":0,\"tid\":3,"
+                      "\"ts\":5500000.000,\"dur\":500000.000,\"args\":{\"tokens\":400,"
+                      "\"bytes\":0,\"version\":1}"),
+            std::string::npos)
+      << json;
+  // Counters: memory at the two training events' ends; bytes moved accumulate to 7144.
+  EXPECT_EQ(count_of(json, "\"name\":\"device memory\""), 2u);
+  EXPECT_NE(json.find("\"args\":{\"MiB\":64.000}"), std::string::npos);
+  EXPECT_EQ(count_of(json, "\"name\":\"bytes moved\""), 3u);
+  EXPECT_NE(json.find("\"args\":{\"MB\":0.007}"), std::string::npos);
+  EXPECT_NE(json.find("\"otherData\":{\"command\":\"test\"}"), std::string::npos);
+  EXPECT_EQ(count_of(json, "{"), count_of(json, "}"));
+  EXPECT_EQ(count_of(json, "["), count_of(json, "]"));
+  // The JSON twin on stdout stays the report alone.
+  EXPECT_NE(r.output.find("{\"command\":\"report\""), std::string::npos);
+
+  const Result bad = run_rlfusion("report " + dir + " --chrome " + dir + "/no-such-dir/t.json");
+  EXPECT_EQ(bad.exit_code, kExitConfigError) << bad.output;
+  EXPECT_NE(bad.output.find("no-such-dir"), std::string::npos) << bad.output;
+}
+
+// jobs/plot/plot_run.py on a trace this test writes: three PNGs; a directory without a trace
+// exits with 2. Needs Debian's python3-h5py and python3-matplotlib (`make plots`, CI installs
+// them); skipped without them.
+TEST(PlotScripts, PlotRunWritesThroughputBreakdownAndTimelinePngs) {
+  if (std::system("/usr/bin/python3 -c 'import h5py, matplotlib' >/dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "no /usr/bin/python3 with h5py and matplotlib (make plots installs them)";
+  }
+  ensure_mpi();
+  const std::string dir = temp_dir("plots");
+  write_trace(dir + "/trace.h5", example_recorder(), MPI_COMM_SELF,
+              {{"command", "train"}, {"model", "tiny"}, {"task", "sort"}});
+  const auto plot = [](const std::string& args) {
+    const std::string command = "cd " RLFUSION_SOURCE_DIR
+                                " && /usr/bin/python3 jobs/plot/plot_run.py " +
+                                args + " --rlfusion " RLFUSION_BINARY " 2>&1";
+    FILE* pipe = popen(command.c_str(), "r");
+    std::string output;
+    char buffer[4096];
+    while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) output.append(buffer, n);
+    const int status = pclose(pipe);
+    return Result{WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+  };
+  const Result r = plot(dir);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* name : {"throughput.png", "breakdown.png", "timeline.png"}) {
+    std::ifstream png(dir + "/" + name, std::ios::binary);
+    char magic[8] = {};
+    png.read(magic, 8);
+    EXPECT_EQ(std::string(magic + 1, 3), "PNG") << name;
+    EXPECT_GT(std::filesystem::file_size(dir + "/" + name), 5000u) << name;
+  }
+  const Result missing = plot(dir + "/no-such-run");
+  EXPECT_EQ(missing.exit_code, 2) << missing.output;
+  EXPECT_NE(missing.output.find("no-such-run"), std::string::npos) << missing.output;
 }
 
 TEST(ReportCommand, MissingDirectoryOrTraceExitsWith2NamingThePath) {
