@@ -28,23 +28,6 @@ CheckpointTensors tensors_of(const std::array<float*, kBuffers>& b) {
   return {b[0], b[1], b[2], b[3]};
 }
 
-// Whole-model buffers for the buffers `state` has (none for a missing reference).
-std::array<std::vector<float>, kBuffers> whole_buffers(const TrainingState& state,
-                                                       const ParameterLayout& full) {
-  std::array<std::vector<float>, kBuffers> whole;
-  const std::array<float*, kBuffers> own = buffers_of(state);
-  for (size_t i = 0; i < kBuffers; ++i) {
-    if (own[i]) whole[i].resize(size_t(full.total()));
-  }
-  return whole;
-}
-
-std::array<float*, kBuffers> pointers(std::array<std::vector<float>, kBuffers>& whole) {
-  std::array<float*, kBuffers> p{};
-  for (size_t i = 0; i < kBuffers; ++i) p[i] = whole[i].empty() ? nullptr : whole[i].data();
-  return p;
-}
-
 }  // namespace
 
 po::options_description checkpoint_options_description(CheckpointOptions& options) {
@@ -111,19 +94,9 @@ void TrainCheckpoints::describe(RunDirectory& dir) const {
 
 RlPosition TrainCheckpoints::load(const TrainingState& state) const {
   const Transformer<float>& model = *state.model;
-  CheckpointCounters c;
-  if (!model.layout().expert_sharded()) {
-    c = read_checkpoint(resume_.path, model.config(), model.layout(),
-                        tensors_of(buffers_of(state)));
-  } else {
-    const ParameterLayout full(model.config());
-    std::array<std::vector<float>, kBuffers> whole = whole_buffers(state, full);
-    c = read_checkpoint(resume_.path, model.config(), full, tensors_of(pointers(whole)));
-    const std::array<float*, kBuffers> own = buffers_of(state);
-    for (size_t i = 0; i < kBuffers; ++i) {
-      if (own[i]) copy_common_parameters(whole[i].data(), full, own[i], model.layout());
-    }
-  }
+  // With sharded experts only this rank's experts' rows are read (any EP degree).
+  const CheckpointCounters c =
+      read_checkpoint(resume_.path, model.config(), model.layout(), tensors_of(buffers_of(state)));
   state.optimizer->restore_steps_taken(c.optimizer_steps);
   RlPosition p;
   p.step = c.step;
@@ -183,14 +156,11 @@ void TrainCheckpoints::save(const RlPosition& position, const TrainingState& sta
     }
     return;
   }
-  const ParameterLayout full(model.config());
-  std::array<std::vector<float>, kBuffers> whole;
-  if (writer) whole = whole_buffers(state, full);
-  const std::array<float*, kBuffers> own = buffers_of(state);
-  for (size_t i = 0; i < kBuffers; ++i) {
-    if (own[i]) ep->gather_full_model(own[i], model.layout(), pointers(whole)[i], full);
-  }
-  if (writer) write_checkpoint(run_.run_dir, model.config(), full, c, tensors_of(pointers(whole)));
+  // Replica 0's EP group writes the one file together, each rank its own experts (parallel
+  // HDF5); the other data-parallel replicas hold the same values.
+  if (ep->replica() != 0) return;
+  write_checkpoint_sharded(run_.run_dir, model.config(), model.layout(), c,
+                           tensors_of(buffers_of(state)), ep->ep_group().comm);
 }
 
 bool TrainCheckpoints::end_of_step(int step, const RlPosition& position, double seconds,

@@ -1,9 +1,10 @@
 // Checkpoints and restart for `train` (one rank, synchronous disaggregated and fused runs,
 // experts sharded or not): --checkpoint-every, --resume auto|PATH, and SIGTERM / SIGUSR1, which
 // make every rank agree at the next step boundary to write a checkpoint and stop with exit code 3.
-// The file format is src/io/checkpoint.h. A checkpoint always holds the whole model: sharded
-// experts (and their AdamW moments) are gathered on learner 0, which writes the file, and each
-// learner reads back the experts it stores, so a checkpoint loads at any EP degree.
+// The file format is src/io/checkpoint.h. A checkpoint always holds the whole model: with sharded
+// experts, the ranks of replica 0's EP group write it together through parallel HDF5, each its
+// own experts' rows, and each learner reads back only the experts it stores, so a checkpoint
+// loads at any EP degree and no rank ever holds another rank's experts.
 #pragma once
 
 #include <mpi.h>
@@ -90,7 +91,7 @@ class TrainCheckpoints {
     return supported_ && step < rl_.steps &&
            (stopping || (options_.every > 0 && step % options_.every == 0));
   }
-  // With sharded experts they are gathered on the writer (collective over replica 0's EP group).
+  // With sharded experts: collective over replica 0's EP group (write_checkpoint_sharded).
   void save(const RlPosition& position, const TrainingState& state, bool writer,
             RoleExpertParallel* ep) const;
   std::string stop_message(int step) const;

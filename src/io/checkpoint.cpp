@@ -93,53 +93,188 @@ Handle open_group(hid_t parent, const std::string& path, const char* name) {
   return group;
 }
 
-uint32_t tensor_crc(const ParameterTensor& t, const float* data) {
-  return crc32c(data + t.offset, size_t(t.numel) * sizeof(float));
+// The tensor as stored in the file: routed-expert tensors hold every expert of the model, however
+// many the layout stores.
+std::vector<hsize_t> file_shape(const ParameterTensor& t, const ModelConfig& config) {
+  std::vector<hsize_t> shape(t.shape.begin(), t.shape.end());
+  if (t.routed_expert) shape[0] = hsize_t(config.n_experts);
+  return shape;
 }
 
-// Every tensor of the layout from `data`, each with the CRC-32C of its bytes. The CRCs are
-// computed by worker threads while this thread hands the tensors to HDF5 (which is not
-// thread-safe, so it stays on one thread); the attributes follow once both are done.
-void write_tensors(hid_t parent, const char* name, const ParameterLayout& layout,
-                   const float* data) {
+// CRC-32C of each stored expert's rows of a routed-expert tensor (so that a reader holding other
+// experts checks exactly what it reads), else of the whole tensor.
+std::vector<uint32_t> piece_crcs(const ParameterTensor& t, const float* data) {
+  const int64_t pieces = t.routed_expert ? t.shape[0] : 1;
+  const int64_t each = t.numel / pieces;
+  std::vector<uint32_t> crcs(static_cast<size_t>(pieces));
+  for (int64_t i = 0; i < pieces; ++i) {
+    crcs[size_t(i)] = crc32c(data + t.offset + i * each, size_t(each) * sizeof(float));
+  }
+  return crcs;
+}
+
+void write_crc_attribute(hid_t object, const std::vector<uint32_t>& crcs) {
+  const hsize_t count = crcs.size();
+  Handle space{H5Screate_simple(1, &count, nullptr), H5Sclose};
+  Handle attr{H5Acreate2(object, kCrcAttribute, H5T_STD_U32LE, space.id, H5P_DEFAULT, H5P_DEFAULT),
+              H5Aclose};
+  check(H5Awrite(attr.id, H5T_NATIVE_UINT32, crcs.data()), "writing a checksum attribute");
+}
+
+std::vector<uint32_t> read_crc_attribute(hid_t object, const std::string& where, size_t count) {
+  if (H5Aexists(object, kCrcAttribute) <= 0) {
+    throw ConfigError(where + " has no attribute '" + kCrcAttribute + "'");
+  }
+  Handle attr{H5Aopen(object, kCrcAttribute, H5P_DEFAULT), H5Aclose};
+  Handle space{H5Aget_space(attr.id), H5Sclose};
+  if (H5Sget_simple_extent_npoints(space.id) != hssize_t(count)) {
+    throw ConfigError(where + " has " + std::to_string(H5Sget_simple_extent_npoints(space.id)) +
+                      " checksums, not " + std::to_string(count) + ": the file is damaged");
+  }
+  std::vector<uint32_t> crcs(count);
+  check(H5Aread(attr.id, H5T_NATIVE_UINT32, crcs.data()), "reading a checksum attribute");
+  return crcs;
+}
+
+// Rows [first, first + rows) of dimension 0 of a dataset (its file space selection) and a
+// contiguous memory buffer of their shape.
+struct RowSelection {
+  Handle file_space{-1, H5Sclose};
+  Handle memory_space{-1, H5Sclose};
+};
+
+RowSelection select_rows(hid_t set, const std::vector<hsize_t>& shape, hsize_t first,
+                         hsize_t rows) {
+  RowSelection selection;
+  selection.file_space.id = H5Dget_space(set);
+  std::vector<hsize_t> start(shape.size(), 0), count = shape;
+  start[0] = first;
+  count[0] = rows;
+  check(H5Sselect_hyperslab(selection.file_space.id, H5S_SELECT_SET, start.data(), nullptr,
+                            count.data(), nullptr),
+        "selecting rows");
+  selection.memory_space.id = H5Screate_simple(int(count.size()), count.data(), nullptr);
+  return selection;
+}
+
+void write_rows(hid_t set, const std::vector<hsize_t>& shape, hsize_t first, hsize_t rows,
+                const float* data) {
+  const RowSelection s = select_rows(set, shape, first, rows);
+  check(H5Dwrite(set, H5T_NATIVE_FLOAT, s.memory_space.id, s.file_space.id, H5P_DEFAULT, data),
+        "writing a tensor");
+}
+
+void read_rows(hid_t set, const std::vector<hsize_t>& shape, hsize_t first, hsize_t rows,
+               float* data) {
+  const RowSelection s = select_rows(set, shape, first, rows);
+  check(H5Dread(set, H5T_NATIVE_FLOAT, s.memory_space.id, s.file_space.id, H5P_DEFAULT, data),
+        "reading a tensor");
+}
+
+// Who writes what: the whole model by one process (comm null), or one EP group's ranks each
+// writing its own experts' rows (and rank 0 the replicated tensors) into the one file.
+struct Writers {
+  MPI_Comm comm = MPI_COMM_NULL;
+  int rank = 0;
+  std::vector<int> first_expert;  // of every rank of comm
+};
+
+// Every tensor of the layout from `data`, each with the CRC-32C of its bytes (per expert for the
+// routed-expert tensors). The CRCs are computed by worker threads while this thread hands the
+// tensors to HDF5 (which is not thread-safe, so it stays on one thread); the attributes follow
+// once both are done. With several writers, dataset creation and attributes are collective (the
+// CRCs are gathered first) and each rank writes its own rows.
+void write_tensors(hid_t parent, const char* name, const ModelConfig& config,
+                   const ParameterLayout& layout, const float* data, const Writers& writers) {
   Handle group = create_group(parent, name);
   const std::vector<ParameterTensor>& tensors = layout.tensors();
-  std::vector<uint32_t> crcs(tensors.size());
+  std::vector<std::vector<uint32_t>> crcs(tensors.size());
   tbb::task_group checksums;
   checksums.run([&] {
-    tbb::parallel_for(size_t(0), tensors.size(),
-                      [&](size_t i) { crcs[i] = tensor_crc(tensors[i], data); });
+    tbb::parallel_for(size_t(0), tensors.size(), [&](size_t i) {
+      if (tensors[i].routed_expert || writers.rank == 0) crcs[i] = piece_crcs(tensors[i], data);
+    });
   });
   try {
-    for (const ParameterTensor& t : tensors)
-      write_tensor(group.id, t.name, t.shape, data + t.offset);
+    for (const ParameterTensor& t : tensors) {
+      const std::vector<hsize_t> shape = file_shape(t, config);
+      Handle space{H5Screate_simple(int(shape.size()), shape.data(), nullptr), H5Sclose};
+      Handle set{H5Dcreate2(group.id, t.name.c_str(), H5T_IEEE_F32LE, space.id, H5P_DEFAULT,
+                            H5P_DEFAULT, H5P_DEFAULT),
+                 H5Dclose};
+      check(set.id < 0 ? -1 : 0, "creating dataset " + t.name);
+      if (t.routed_expert) {
+        write_rows(set.id, shape, hsize_t(layout.first_expert()), hsize_t(t.shape[0]),
+                   data + t.offset);
+      } else if (writers.rank == 0) {
+        write_rows(set.id, shape, 0, shape[0], data + t.offset);
+      }
+    }
   } catch (...) {
     checksums.wait();
     throw;
   }
   checksums.wait();
+  if (writers.comm != MPI_COMM_NULL) {
+    const int size = int(writers.first_expert.size());
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      if (!tensors[i].routed_expert) {
+        crcs[i].resize(1);
+        MPI_Bcast(crcs[i].data(), 1, MPI_UINT32_T, 0, writers.comm);
+        continue;
+      }
+      const int rows = int(tensors[i].shape[0]);  // the same on every rank of the group
+      std::vector<uint32_t> all(size_t(rows) * size_t(size));
+      MPI_Allgather(crcs[i].data(), rows, MPI_UINT32_T, all.data(), rows, MPI_UINT32_T,
+                    writers.comm);
+      crcs[i].assign(size_t(config.n_experts), 0);
+      for (int r = 0; r < size; ++r) {
+        for (int j = 0; j < rows; ++j) {
+          crcs[i][size_t(writers.first_expert[size_t(r)] + j)] = all[size_t(r * rows + j)];
+        }
+      }
+    }
+  }
   for (size_t i = 0; i < tensors.size(); ++i) {
     Handle set{H5Dopen2(group.id, tensors[i].name.c_str(), H5P_DEFAULT), H5Dclose};
-    write_u64_attribute(set.id, kCrcAttribute, crcs[i]);
+    write_crc_attribute(set.id, crcs[i]);
   }
 }
 
-// Every tensor of the layout into `data`; each tensor's CRC-32C is checked by a worker thread
-// while this thread reads the next one from HDF5.
+// Every tensor of the layout into `data` (of a routed-expert tensor, the rows of the experts the
+// layout stores: a checkpoint loads at any expert-parallel degree). Each piece's CRC-32C is
+// checked by a worker thread while this thread reads the next tensor from HDF5.
 void read_tensors(hid_t parent, const std::string& path, const char* name,
-                  const ParameterLayout& layout, float* data) {
+                  const ModelConfig& config, const ParameterLayout& layout, float* data) {
   Handle group = open_group(parent, path, name);
   const std::vector<ParameterTensor>& tensors = layout.tensors();
-  std::vector<uint64_t> expected(tensors.size());
-  std::vector<uint32_t> found(tensors.size());
+  std::vector<std::vector<uint32_t>> expected(tensors.size()), found(tensors.size());
   tbb::task_group checksums;
   try {
     for (size_t i = 0; i < tensors.size(); ++i) {
       const ParameterTensor& t = tensors[i];
-      read_tensor(group.id, label(path), t.name, t.shape, data + t.offset);
-      Handle set{H5Dopen2(group.id, t.name.c_str(), H5P_DEFAULT), H5Dclose};
-      expected[i] = read_u64_attribute(set.id, where_in(path, name, t.name), kCrcAttribute);
-      checksums.run([&, i] { found[i] = tensor_crc(tensors[i], data); });
+      const std::string where = where_in(path, name, t.name);
+      Handle set{-1, H5Dclose};
+      H5E_BEGIN_TRY {
+        set.id = H5Dopen2(group.id, t.name.c_str(), H5P_DEFAULT);
+      }
+      H5E_END_TRY;
+      if (set.id < 0) throw ConfigError(where + " is missing: it was written for another model");
+      const std::vector<hsize_t> shape = file_shape(t, config);
+      Handle space{H5Dget_space(set.id), H5Sclose};
+      std::vector<hsize_t> dims(size_t(std::max(0, H5Sget_simple_extent_ndims(space.id))));
+      H5Sget_simple_extent_dims(space.id, dims.data(), nullptr);
+      if (dims != shape) throw ConfigError(where + " has another shape than the configured model");
+      const hsize_t first = t.routed_expert ? hsize_t(layout.first_expert()) : 0;
+      read_rows(set.id, shape, first, hsize_t(t.shape[0]), data + t.offset);
+      std::vector<uint32_t> all =
+          read_crc_attribute(set.id, where, t.routed_expert ? size_t(config.n_experts) : 1);
+      if (t.routed_expert) {
+        all = std::vector<uint32_t>(all.begin() + long(first),
+                                    all.begin() + long(first) + long(t.shape[0]));
+      }
+      expected[i] = std::move(all);
+      checksums.run([&, i] { found[i] = piece_crcs(tensors[i], data); });
     }
   } catch (...) {
     checksums.wait();
@@ -162,8 +297,7 @@ void write_step_rewards(hid_t file, const std::vector<double>& rewards) {
              H5Dclose};
   check(H5Dwrite(set.id, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, rewards.data()),
         "writing step_rewards");
-  write_u64_attribute(set.id, kCrcAttribute,
-                      crc32c(rewards.data(), rewards.size() * sizeof(double)));
+  write_crc_attribute(set.id, {crc32c(rewards.data(), rewards.size() * sizeof(double))});
 }
 
 std::vector<double> read_step_rewards(hid_t file, const std::string& path, size_t count) {
@@ -179,7 +313,7 @@ std::vector<double> read_step_rewards(hid_t file, const std::string& path, size_
   }
   check(H5Dread(set.id, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, rewards.data()),
         "reading step_rewards");
-  if (read_u64_attribute(set.id, label(path), kCrcAttribute) !=
+  if (read_crc_attribute(set.id, label(path) + " dataset 'step_rewards'", 1)[0] !=
       crc32c(rewards.data(), count * sizeof(double))) {
     throw ConfigError(label(path) + " dataset 'step_rewards' does not match its checksum");
   }
@@ -219,23 +353,27 @@ CheckpointCounters read_counters(hid_t file, const std::string& path) {
   return c;
 }
 
+// The checkpoint file at `path`: by this process alone (writers.comm null, `access` default), or
+// collectively by an EP group through MPI-IO (`access` with the MPI-IO driver).
 void write_checkpoint_file(const std::string& path, const ModelConfig& config,
                            const ParameterLayout& layout, const CheckpointCounters& counters,
-                           const CheckpointTensors& tensors) {
-  Handle file{H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose};
+                           const CheckpointTensors& tensors, const Writers& writers, hid_t access) {
+  Handle file{H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, access), H5Fclose};
   if (file.id < 0) throw std::runtime_error("cannot create '" + path + "'");
   write_string_attribute(file.id, "format", kFormat);
   // A checkpoint is also a policy parameter file (eval --init, train --init read /parameters).
   write_string_attribute(file.id, "kind", "policy");
   write_model_attributes(file.id, config);
   write_counters(file.id, counters);
-  write_tensors(file.id, "parameters", layout, tensors.parameters);
+  write_tensors(file.id, "parameters", config, layout, tensors.parameters, writers);
   check(H5Fflush(file.id, H5F_SCOPE_GLOBAL), "flushing " + path);
-  test_kill_point(counters.step, "data");
+  if (writers.rank == 0) test_kill_point(counters.step, "data");
   Handle optimizer = create_group(file.id, "optimizer");
-  write_tensors(optimizer.id, "first_moment", layout, tensors.first_moment);
-  write_tensors(optimizer.id, "second_moment", layout, tensors.second_moment);
-  if (tensors.reference) write_tensors(file.id, "reference", layout, tensors.reference);
+  write_tensors(optimizer.id, "first_moment", config, layout, tensors.first_moment, writers);
+  write_tensors(optimizer.id, "second_moment", config, layout, tensors.second_moment, writers);
+  if (tensors.reference) {
+    write_tensors(file.id, "reference", config, layout, tensors.reference, writers);
+  }
 }
 
 // Keeps `current` and the newest checkpoint before it; removes every other checkpoint (older
@@ -287,34 +425,135 @@ std::string checkpoint_path(const std::string& run_dir, int step) {
   return checkpoint_directory(run_dir) + "/" + name;
 }
 
-void write_checkpoint(const std::string& run_dir, const ModelConfig& config,
-                      const ParameterLayout& layout, const CheckpointCounters& counters,
-                      const CheckpointTensors& tensors, CheckpointWriteTimes* times) {
-  const auto now = [] {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-  };
-  const double start = now();
-  const std::string directory = checkpoint_directory(run_dir);
-  fs::create_directories(directory);
-  const std::string path = checkpoint_path(run_dir, counters.step);
-  const std::string temporary = path + ".tmp";
-  write_checkpoint_file(temporary, config, layout, counters, tensors);
-  const double written = now();
-  CheckpointWriteTimes spent;
-  spent.data = written - start;
+namespace {
+
+double seconds_now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// After the data file is complete under `temporary`: fsync it (and CRC it meanwhile), rename it
+// to `path`, then its sidecar and `latest`, each atomically; prune older checkpoints.
+void finish_checkpoint(const std::string& temporary, const std::string& path, int step,
+                       CheckpointWriteTimes& spent) {
   const uint32_t crc = crc_while_syncing(temporary, spent);
   const uintmax_t bytes = fs::file_size(temporary);
-  const double synced = now();
+  const double synced = seconds_now();
   durable_rename(temporary, path);
-  test_kill_point(counters.step, "renamed");
+  test_kill_point(step, "renamed");
   char sidecar[96];
   std::snprintf(sidecar, sizeof sidecar, "crc32c %08x bytes %llu\n", (unsigned)crc,
                 (unsigned long long)bytes);
   write_text_atomically(path + kSidecarSuffix, sidecar);
+  const std::string directory = fs::path(path).parent_path().string();
   write_text_atomically(directory + "/" + kLatest, fs::path(path).filename().string() + "\n");
-  prune_checkpoints(directory, counters.step);
-  spent.finish = now() - synced;
+  prune_checkpoints(directory, step);
+  spent.finish = seconds_now() - synced;
+}
+
+// Rank 0's counters on every rank of `comm` (attributes are written collectively and must be
+// identical; the RL time, for one, is measured by each rank).
+CheckpointCounters broadcast_counters(CheckpointCounters c, MPI_Comm comm) {
+  int64_t integers[9] = {c.step,
+                         c.optimizer_steps,
+                         c.rl_tokens,
+                         c.initial_prompts,
+                         c.initial_correct,
+                         c.before_rl_prompts,
+                         c.before_rl_correct,
+                         c.prompts,
+                         c.group_size};
+  MPI_Bcast(integers, 9, MPI_INT64_T, 0, comm);
+  MPI_Bcast(&c.rl_seconds, 1, MPI_DOUBLE, 0, comm);
+  MPI_Bcast(&c.seed, 1, MPI_UINT64_T, 0, comm);
+  c.step = int(integers[0]);
+  c.optimizer_steps = int(integers[1]);
+  c.rl_tokens = integers[2];
+  c.initial_prompts = int(integers[3]);
+  c.initial_correct = int(integers[4]);
+  c.before_rl_prompts = int(integers[5]);
+  c.before_rl_correct = int(integers[6]);
+  c.prompts = int(integers[7]);
+  c.group_size = int(integers[8]);
+  c.step_rewards.resize(size_t(c.step));
+  MPI_Bcast(c.step_rewards.data(), c.step, MPI_DOUBLE, 0, comm);
+  return c;
+}
+
+}  // namespace
+
+void write_checkpoint(const std::string& run_dir, const ModelConfig& config,
+                      const ParameterLayout& layout, const CheckpointCounters& counters,
+                      const CheckpointTensors& tensors, CheckpointWriteTimes* times) {
+  if (layout.expert_sharded()) {
+    throw std::invalid_argument(
+        "write_checkpoint: a sharded layout needs write_checkpoint_sharded");
+  }
+  const double start = seconds_now();
+  fs::create_directories(checkpoint_directory(run_dir));
+  const std::string path = checkpoint_path(run_dir, counters.step);
+  const std::string temporary = path + ".tmp";
+  write_checkpoint_file(temporary, config, layout, counters, tensors, Writers{}, H5P_DEFAULT);
+  CheckpointWriteTimes spent;
+  spent.data = seconds_now() - start;
+  finish_checkpoint(temporary, path, counters.step, spent);
+  if (times) *times = spent;
+}
+
+void write_checkpoint_sharded(const std::string& run_dir, const ModelConfig& config,
+                              const ParameterLayout& layout, const CheckpointCounters& counters,
+                              const CheckpointTensors& tensors, MPI_Comm comm,
+                              CheckpointWriteTimes* times) {
+  Writers writers;
+  writers.comm = comm;
+  MPI_Comm_rank(comm, &writers.rank);
+  int size = 1;
+  MPI_Comm_size(comm, &size);
+  const int first = layout.first_expert();
+  writers.first_expert.resize(size_t(size));
+  MPI_Allgather(&first, 1, MPI_INT, writers.first_expert.data(), 1, MPI_INT, comm);
+  const CheckpointCounters agreed = broadcast_counters(counters, comm);
+  const double start = seconds_now();
+  const std::string path = checkpoint_path(run_dir, agreed.step);
+  const std::string temporary = path + ".tmp";
+  std::string error;
+  try {
+    if (writers.rank == 0) fs::create_directories(checkpoint_directory(run_dir));
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  int failed = error.empty() ? 0 : 1;
+  MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_MAX, comm);
+  CheckpointWriteTimes spent;
+  if (!failed) {
+    try {
+#ifdef H5_HAVE_PARALLEL
+      Handle access{H5Pcreate(H5P_FILE_ACCESS), H5Pclose};
+      check(H5Pset_fapl_mpio(access.id, comm, MPI_INFO_NULL), "selecting MPI-IO");
+      write_checkpoint_file(temporary, config, layout, agreed, tensors, writers, access.id);
+#else
+      throw std::runtime_error("this HDF5 library has no MPI-IO: sharded checkpoints need it");
+#endif
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    // Also the point after which every rank has closed the file.
+    failed = error.empty() ? 0 : 1;
+    MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_MAX, comm);
+  }
+  spent.data = seconds_now() - start;
+  if (!failed && writers.rank == 0) {
+    try {
+      finish_checkpoint(temporary, path, agreed.step, spent);
+    } catch (const std::exception& e) {
+      error = e.what();
+      failed = 1;
+    }
+  }
+  MPI_Bcast(&failed, 1, MPI_INT, 0, comm);
+  if (failed) {
+    throw std::runtime_error("writing checkpoint '" + path +
+                             "': " + (error.empty() ? "failed on another rank" : error));
+  }
   if (times) *times = spent;
 }
 
@@ -385,11 +624,13 @@ CheckpointCounters read_checkpoint(const std::string& path, const ModelConfig& c
   Handle file{open_read_only(path, "checkpoint"), H5Fclose};
   const CheckpointCounters counters =
       check_open_checkpoint(file.id, path, config, tensors.reference != nullptr);
-  read_tensors(file.id, path, "parameters", layout, tensors.parameters);
+  read_tensors(file.id, path, "parameters", config, layout, tensors.parameters);
   Handle optimizer = open_group(file.id, path, "optimizer");
-  read_tensors(optimizer.id, path, "first_moment", layout, tensors.first_moment);
-  read_tensors(optimizer.id, path, "second_moment", layout, tensors.second_moment);
-  if (tensors.reference) read_tensors(file.id, path, "reference", layout, tensors.reference);
+  read_tensors(optimizer.id, path, "first_moment", config, layout, tensors.first_moment);
+  read_tensors(optimizer.id, path, "second_moment", config, layout, tensors.second_moment);
+  if (tensors.reference) {
+    read_tensors(file.id, path, "reference", config, layout, tensors.reference);
+  }
   return counters;
 }
 

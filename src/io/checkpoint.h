@@ -1,11 +1,14 @@
 // Restartable training checkpoints: one HDF5 file per checkpoint in RUN_DIR/checkpoints/
 // (step_NNNNNN.h5) holding the model shape, the parameters, AdamW's moments and step counter,
 // the frozen reference policy when a KL term uses one, and the run's counters; a CRC-32C per
-// dataset (attribute `crc32c`) and one of the whole file in a sidecar (step_NNNNNN.h5.crc32c),
+// dataset (attribute `crc32c`: one per expert for the routed-expert tensors, so a reader of some
+// experts checks what it reads) and one of the whole file in a sidecar (step_NNNNNN.h5.crc32c),
 // checked before HDF5 ever opens the file. Written under a temporary name, fsynced and renamed,
 // then the sidecar, then the `latest` marker, each atomically: a crash at any point leaves the
 // previous checkpoint intact (docs: README "Checkpoints and restart").
 #pragma once
+
+#include <mpi.h>
 
 #include <cstdint>
 #include <string>
@@ -55,10 +58,21 @@ struct CheckpointWriteTimes {
 // Writes the checkpoint of `counters.step` into RUN_DIR/checkpoints, then points `latest` at it
 // and deletes checkpoints older than the previous one (two stay: a damaged newest one still
 // has a fallback).
-// `times`, when given, receives where the write spent its time.
+// `times`, when given, receives where the write spent its time. `layout` stores every expert.
 void write_checkpoint(const std::string& run_dir, const ModelConfig& config,
                       const ParameterLayout& layout, const CheckpointCounters& counters,
                       const CheckpointTensors& tensors, CheckpointWriteTimes* times = nullptr);
+
+// The same checkpoint written collectively by the ranks of `comm` (one expert-parallel group,
+// each rank's `layout` storing its own experts): the file is created through MPI-IO, every rank
+// writes its experts' rows of each routed-expert dataset (a hyperslab), rank 0 the replicated
+// tensors; the per-expert checksums are gathered for the attributes. Rank 0's counters are
+// written. Then rank 0 fsyncs, checksums and renames as write_checkpoint does. No rank holds
+// another rank's experts at any point. std::runtime_error on every rank when it fails.
+void write_checkpoint_sharded(const std::string& run_dir, const ModelConfig& config,
+                              const ParameterLayout& layout, const CheckpointCounters& counters,
+                              const CheckpointTensors& tensors, MPI_Comm comm,
+                              CheckpointWriteTimes* times = nullptr);
 
 // ConfigError naming the file unless its sidecar exists and its size and CRC-32C match (checked
 // before the file is opened with HDF5).
@@ -69,7 +83,9 @@ void verify_checkpoint_file(const std::string& path);
 // ConfigError naming the file on any mismatch.
 CheckpointCounters check_checkpoint(const std::string& path, const ModelConfig& config,
                                     bool with_reference);
-// check_checkpoint, then every dataset into `tensors` (each checked against its CRC-32C).
+// check_checkpoint, then every dataset into `tensors` (each checked against its CRC-32C). With a
+// sharded `layout` only the rows of the experts it stores are read (and checked), so a checkpoint
+// loads at any expert-parallel degree.
 CheckpointCounters read_checkpoint(const std::string& path, const ModelConfig& config,
                                    const ParameterLayout& layout, const CheckpointTensors& tensors);
 

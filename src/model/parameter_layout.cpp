@@ -36,6 +36,7 @@ ParameterLayout::ParameterLayout(const ModelConfig& config, ExpertShard shard) {
     o.w1 = add(p + "experts.w1", {L, F, C}, false, first * F * C);
     o.w3 = add(p + "experts.w3", {L, F, C}, false, first * F * C);
     o.w2 = add(p + "experts.w2", {L, C, F}, false, first * C * F);
+    for (size_t t = tensors_.size() - 3; t < tensors_.size(); ++t) tensors_[t].routed_expert = true;
     if (S > 0) {
       o.shared_w1 = add(p + "shared.w1", {S, C});
       o.shared_w3 = add(p + "shared.w3", {S, C});

@@ -18,6 +18,9 @@ struct ParameterTensor {
   int64_t numel = 0;
   bool is_norm_weight = false;  // initialized to 1, not random
   int64_t source_offset = 0;    // index of its first element in the unsharded tensor
+  // A routed-expert tensor: shape[0] counts the experts the layout stores (its rows are experts
+  // first_expert() ...), so expert parallelism shards it along that dimension.
+  bool routed_expert = false;
 };
 
 // Which routed experts a layout stores: [first, first + count). count < 0: all of them. Expert

@@ -4,6 +4,7 @@
 // uninterrupted run does; SIGUSR1 / SIGTERM checkpoint and stop with exit code 3; damaged,
 // truncated and wrong-shape files are refused with exit code 2 (or skipped by --resume auto).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -24,8 +25,11 @@ namespace {
 namespace fs = std::filesystem;
 using test::CommandResult;
 
+// Unique per test process: two checkouts testing at once (or a rerun while one hangs) never
+// share a run directory.
 std::string temp_dir(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("rlfusion-checkpoints-" + name);
+  const fs::path dir =
+      fs::temp_directory_path() / ("rlfusion-checkpoints-" + name + "-" + std::to_string(getpid()));
   fs::remove_all(dir);
   return dir.string();
 }

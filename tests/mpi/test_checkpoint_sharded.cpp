@@ -1,0 +1,101 @@
+// Sharded checkpoints (write_checkpoint_sharded): the ranks of the world, each storing its own
+// experts, write one file through parallel HDF5; it equals the whole model a single process
+// writes, and loads at any expert-parallel degree (each reader reads and checks only its rows).
+#include <gtest/gtest.h>
+#include <mpi.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "src/io/checkpoint.h"
+#include "src/model/parameter_layout.h"
+#include "tests/micro_model_config.h"
+#include "tests/mpi/mpi_test_util.h"
+
+namespace rlf {
+namespace {
+
+namespace fs = std::filesystem;
+
+ModelConfig twelve_experts() {
+  ModelConfig c = test::micro_config();
+  c.n_experts = 12;  // divisible by every rank count the MPI tests run at (1, 2, 4, 6)
+  c.validate("test");
+  return c;
+}
+
+// The three buffers a checkpoint holds, seeded so that a shard is the slice of the whole model.
+struct State {
+  std::vector<float> parameters, first, second;
+  State(const ModelConfig& config, const ParameterLayout& layout)
+      : parameters(size_t(layout.total())), first(parameters.size()), second(parameters.size()) {
+    initialize_parameters(parameters.data(), layout, config, 11);
+    initialize_parameters(first.data(), layout, config, 12);
+    initialize_parameters(second.data(), layout, config, 13);
+  }
+  CheckpointTensors tensors() { return {parameters.data(), first.data(), second.data(), nullptr}; }
+};
+
+// A run directory shared by the world (rank 0's name, unique per test process).
+std::string shared_run_dir() {
+  char name[256] = {};
+  if (test::world_rank() == 0) {
+    const std::string dir =
+        (fs::temp_directory_path() / ("rlfusion-mpi-ckpt-" + std::to_string(getpid()))).string();
+    fs::remove_all(dir);
+    dir.copy(name, sizeof name - 1);
+  }
+  MPI_Bcast(name, sizeof name, MPI_CHAR, 0, MPI_COMM_WORLD);
+  return name;
+}
+
+TEST(ShardedCheckpoint, EqualsTheWholeModelAndLoadsAtAnyExpertParallelDegree) {
+  const ModelConfig config = twelve_experts();
+  const int rank = test::world_rank(), size = test::world_size();
+  const int local = config.n_experts / size;
+  const ParameterLayout own(config, {rank * local, local});
+  State mine(config, own);
+  CheckpointCounters counters;
+  counters.step = 3;
+  counters.step_rewards = {0.25, 0.5, 0.75};
+  counters.rl_seconds = 1.0 + rank;  // differs per rank: rank 0's is written
+  const std::string dir = shared_run_dir();
+  write_checkpoint_sharded(dir, config, own, counters, mine.tensors(), MPI_COMM_WORLD);
+  const std::string path = checkpoint_path(dir, 3);
+
+  // Read whole (every rank), it is the whole model's state.
+  const ParameterLayout whole(config);
+  State expected(config, whole);
+  State read_whole(config, whole);
+  const CheckpointCounters c = read_checkpoint(path, config, whole, read_whole.tensors());
+  EXPECT_EQ(read_whole.parameters, expected.parameters);
+  EXPECT_EQ(read_whole.first, expected.first);
+  EXPECT_EQ(read_whole.second, expected.second);
+  EXPECT_EQ(c.rl_seconds, 1.0);
+  EXPECT_EQ(c.step_rewards, counters.step_rewards);
+
+  // Read at other degrees: one expert per rank, and the rank's own shard at the other end.
+  for (const ExpertShard shard : {ExpertShard{rank % config.n_experts, 1},
+                                  ExpertShard{config.n_experts - local * (rank + 1), local}}) {
+    const ParameterLayout layout(config, shard);
+    State want(config, layout);
+    State got(config, layout);
+    std::fill(got.parameters.begin(), got.parameters.end(), 0.0f);
+    read_checkpoint(path, config, layout, got.tensors());
+    EXPECT_EQ(got.parameters, want.parameters) << shard.first << "+" << shard.count;
+    EXPECT_EQ(got.second, want.second) << shard.first << "+" << shard.count;
+  }
+
+  // Only the file, its checksum sidecar and `latest`: no temporary left behind.
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank == 0) {
+    EXPECT_TRUE(fs::exists(path + ".crc32c"));
+    EXPECT_FALSE(fs::exists(path + ".tmp"));
+    fs::remove_all(dir);
+  }
+}
+
+}  // namespace
+}  // namespace rlf
