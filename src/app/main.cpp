@@ -27,6 +27,7 @@ const char* kUsage =
     "  bench a2a       expert-parallel dispatch/combine, flat vs hierarchical (time, bytes)\n"
     "  bench modes     the same RL run disaggregated and fused (RL Fusion): tokens/s, ratio\n"
     "  bench overlap   expert-parallel communication overlapped with the expert FFN (hidden %)\n"
+    "  bench balance   EDPB: expert placement and migration vs EPLB, data reordering (max/mean)\n"
     "  report RUN_DIR  throughput, per-rank time breakdown and bytes from a run's trace.h5\n"
     "  --version       what this binary was built with\n"
     "\n"
@@ -62,8 +63,11 @@ int dispatch(const std::vector<std::string>& words) {
     if (!rest.empty() && rest[0] == "overlap") {
       return rlf::run_bench_overlap_command({rest.begin() + 1, rest.end()});
     }
+    if (!rest.empty() && rest[0] == "balance") {
+      return rlf::run_bench_balance_command({rest.begin() + 1, rest.end()});
+    }
     throw rlf::ConfigError("bench: unknown benchmark '" + (rest.empty() ? "" : rest[0]) +
-                           "' (available: kernels, queue, a2a, modes, overlap)");
+                           "' (available: kernels, queue, a2a, modes, overlap, balance)");
   }
   throw rlf::ConfigError("unknown command '" + words[0] + "' (see rlfusion --help)");
 }
