@@ -314,8 +314,10 @@ int run_bench_balance_command(const std::vector<std::string>& args) {
     std::printf("# Ours max/mean without redundant slots: %.4f; EPLB %.4f / %.4f\n",
                 results[7].imbalance, results[5].imbalance, results[6].imbalance);
   }
-  std::printf("# Migrations refused by the arena      : %d (peak %.3g B vs arena %.3g B)\n",
-              arena_refusals, ours.peak_bytes, m.arena_bytes);
+  std::printf(
+      "# Migrations refused by the arena      : %d (ours: largest device peak of a migration "
+      "carried out %.3g B, arena %.3g B)\n",
+      arena_refusals, ours.peak_bytes, m.arena_bytes);
 
   std::printf(
       "#\n# part 2, data reordering: task '%s' (%d batches of %d samples, lengths mean %.1f, max "

@@ -114,7 +114,8 @@ Placement place_two_level(const std::vector<double>& expert_load, const ExpertCl
   }
   // validate() keeps slots_per_device <= experts, so the capped replicas still fill every slot.
   const std::vector<int> node_of = pack_heaviest_first(
-      weight, cluster.nodes, cluster.devices_per_node * cluster.slots_per_device);
+      weight, cluster.nodes, cluster.devices_per_node * cluster.slots_per_device, expert_of,
+      cluster.devices_per_node);
   Placement p{cluster, experts, std::vector<int>(size_t(cluster.slots()), -1)};
   for (int node = 0; node < cluster.nodes; ++node) {
     std::vector<double> node_weight;
