@@ -41,7 +41,7 @@ struct BalanceBenchOptions {
   double expert_params = 3.0 * 7680 * 2048, bytes_per_param = 12, device_tflops = 300;
   double intra_bandwidth = 100e9, inter_bandwidth = 25e9;
   // Data reordering.
-  std::string task = "sort-heavytail", cost_model;
+  std::string task = "sort-heavytail", cost_model, routing_trace;
   int batch = 256, dp = 8, batches = 20, repeats = 3;
 };
 
@@ -162,6 +162,9 @@ int run_bench_balance_command(const std::vector<std::string>& args) {
       "popularity exponent: the expert of rank r gets weight r^-zipf");
   add("drift-swaps", po::value(&o.routing.drift_swaps)->default_value(o.routing.drift_swaps),
       "random adjacent transpositions of the popularity ranking per step");
+  add("routing-trace", po::value(&o.routing_trace),
+      "recorded router statistics to replay instead of the synthetic trace (one step per line, "
+      "tokens per expert separated by commas; the first line is the profiling step)");
   add("steps", po::value(&o.steps)->default_value(o.steps), "measured steps");
   add("nodes", po::value(&o.nodes)->default_value(o.nodes), "nodes");
   add("devices-per-node", po::value(&o.devices_per_node)->default_value(o.devices_per_node),
@@ -207,6 +210,12 @@ int run_bench_balance_command(const std::vector<std::string>& args) {
   // Every check is arithmetic on the options: the same error on every rank, before any work.
   o.routing.seed = run.seed;
   o.routing.validate();
+  std::vector<std::vector<double>> trace;
+  if (!o.routing_trace.empty()) {
+    trace = read_routing_trace(o.routing_trace);
+    o.routing.experts = int(trace[0].size());
+    o.steps = int(trace.size()) - 1;
+  }
   if (o.eplb_interval < 1) throw ConfigError("--eplb-interval must be >= 1");
   if (o.steps < 1 || o.batch < 1 || o.dp < 1 || o.batches < 1) {
     throw ConfigError("--steps, --batch, --dp and --batches must be >= 1");
@@ -252,9 +261,10 @@ int run_bench_balance_command(const std::vector<std::string>& args) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   if (rank != 0) return 0;  // the figures are one process's; other ranks have nothing to add
 
-  DriftingZipfRouter router(o.routing);
-  std::vector<std::vector<double>> trace;
-  for (int t = 0; t <= o.steps; ++t) trace.push_back(router.next_step());
+  if (trace.empty()) {
+    DriftingZipfRouter router(o.routing);
+    for (int t = 0; t <= o.steps; ++t) trace.push_back(router.next_step());
+  }
   std::vector<RebalanceResult> results;
   for (const RebalanceOptions& setup : setups) {
     results.push_back(simulate_rebalancing(trace, BalancePolicy::Static, setup));
@@ -268,12 +278,19 @@ int run_bench_balance_command(const std::vector<std::string>& args) {
 
   const MigrationOptions& m = setups[0].migration;
   std::printf("# rlfusion bench balance: %s\n", build_info().c_str());
-  std::printf(
-      "# part 1, experts: %d experts on %d nodes x %d devices, %d tokens/step, top-%d, Zipf(%g) "
-      "popularity over a ranking; drift: %d random adjacent rank swaps per step; %d measured "
-      "steps after 1 profiling step, seed %llu\n",
-      o.routing.experts, o.nodes, o.devices_per_node, o.routing.tokens, o.routing.top_k,
-      o.routing.zipf, o.routing.drift_swaps, o.steps, (unsigned long long)run.seed);
+  if (o.routing_trace.empty()) {
+    std::printf(
+        "# part 1, experts: %d experts on %d nodes x %d devices, %d tokens/step, top-%d, Zipf(%g) "
+        "popularity over a ranking; drift: %d random adjacent rank swaps per step; %d measured "
+        "steps after 1 profiling step, seed %llu\n",
+        o.routing.experts, o.nodes, o.devices_per_node, o.routing.tokens, o.routing.top_k,
+        o.routing.zipf, o.routing.drift_swaps, o.steps, (unsigned long long)run.seed);
+  } else {
+    std::printf(
+        "# part 1, experts: recorded trace '%s': %d experts on %d nodes x %d devices, %d measured "
+        "steps after 1 profiling step\n",
+        o.routing_trace.c_str(), o.routing.experts, o.nodes, o.devices_per_node, o.steps);
+  }
   std::printf(
       "# rebalance every %d steps; ours: EMA(%.2f)+trend(%.2f) prediction, gain over %d steps > "
       "%.2f x cost; EPLB (%d groups) every %d and every %d steps: mean of the steps since its last "

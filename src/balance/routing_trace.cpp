@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <numeric>
+#include <sstream>
 #include <string>
 
 #include "kernels/error.h"
@@ -57,6 +59,41 @@ std::vector<double> DriftingZipfRouter::next_step() {
   }
   ++step_;
   return count;
+}
+
+std::vector<std::vector<double>> read_routing_trace(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError("routing trace '" + path + "': cannot be read");
+  std::vector<std::vector<double>> steps;
+  std::string line;
+  for (int number = 1; std::getline(in, line); ++number) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos || line[0] == '#') continue;
+    const std::string where = "routing trace '" + path + "' line " + std::to_string(number);
+    std::vector<double> counts;
+    std::istringstream fields(line);
+    std::string field;
+    while (std::getline(fields, field, ',')) {
+      size_t used = 0;
+      double value = -1;
+      try {
+        value = std::stod(field, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used == 0 || field.find_first_not_of(" \t\r", used) != std::string::npos ||
+          !(value >= 0) || !std::isfinite(value)) {
+        throw ConfigError(where + ": '" + field + "' is not a token count >= 0");
+      }
+      counts.push_back(value);
+    }
+    if (!steps.empty() && counts.size() != steps[0].size()) {
+      throw ConfigError(where + ": " + std::to_string(counts.size()) +
+                        " experts, the first step has " + std::to_string(steps[0].size()));
+    }
+    steps.push_back(std::move(counts));
+  }
+  if (steps.size() < 2) throw ConfigError("routing trace '" + path + "': fewer than 2 steps");
+  return steps;
 }
 
 }  // namespace rlf

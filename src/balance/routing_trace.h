@@ -1,11 +1,12 @@
-// Synthetic router statistics: tokens per expert per step when every token picks top_k distinct
-// experts from a Zipf(s) popularity over a ranking of the experts, and the ranking drifts by
-// random adjacent transpositions each step (a slow random walk of every expert's rank). Seeded
-// (Philox): the same options give the same trace on every machine.
+// Router statistics (tokens per expert per step) for the balancers. Synthetic: every token picks
+// top_k distinct experts from a Zipf(s) popularity over a ranking of the experts, and the ranking
+// drifts by random adjacent transpositions each step (a slow random walk of every expert's rank);
+// seeded (Philox), the same options give the same trace on every machine. Recorded: a text file.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace rlf {
@@ -34,5 +35,11 @@ class DriftingZipfRouter {
   std::vector<int> expert_of_rank_;  // rank -> expert
   uint64_t step_ = 0;
 };
+
+// Recorded router statistics: a text file with one step per line, the tokens routed to each
+// expert separated by commas (the same count of experts on every line); blank lines and lines
+// starting with '#' are skipped. ConfigError naming the file and line for anything else, or for
+// fewer than 2 steps.
+std::vector<std::vector<double>> read_routing_trace(const std::string& path);
 
 }  // namespace rlf
