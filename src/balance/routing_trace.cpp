@@ -34,24 +34,33 @@ DriftingZipfRouter::DriftingZipfRouter(DriftingZipfOptions options)
   std::iota(expert_of_rank_.begin(), expert_of_rank_.end(), 0);
 }
 
-std::vector<double> DriftingZipfRouter::next_step() {
+std::vector<int> DriftingZipfRouter::route(int tokens, uint64_t stream) const {
   const int E = options_.experts, K = options_.top_k;
-  const uint64_t seed = options_.seed, stream = 2 * step_;
-  std::vector<double> count(size_t(E), 0.0);
-  std::vector<int> chosen(static_cast<size_t>(K));
+  std::vector<int> experts(static_cast<size_t>(std::max(tokens, 0)) * size_t(K));
   uint64_t draw = 0;
-  for (int n = 0; n < options_.tokens; ++n) {
-    // Top-k distinct ranks: draws without replacement by rejection.
+  for (int n = 0; n < tokens; ++n) {
+    int* chosen = experts.data() + size_t(n) * size_t(K);
+    // Top-k distinct experts: draws without replacement by rejection.
     for (int k = 0; k < K; ++k) {
-      int r = 0;
+      int e = 0;
       do {
-        const double u = double(philox_uniform(seed, stream, draw++));
-        r = std::min(int(std::upper_bound(cdf_.begin(), cdf_.end(), u) - cdf_.begin()), E - 1);
-      } while (std::find(chosen.begin(), chosen.begin() + k, r) != chosen.begin() + k);
-      chosen[size_t(k)] = r;
-      count[size_t(expert_of_rank_[size_t(r)])] += 1;
+        const double u = double(philox_uniform(options_.seed, stream, draw++));
+        const int r =
+            std::min(int(std::upper_bound(cdf_.begin(), cdf_.end(), u) - cdf_.begin()), E - 1);
+        e = expert_of_rank_[size_t(r)];
+      } while (std::find(chosen, chosen + k, e) != chosen + k);
+      chosen[k] = e;
     }
   }
+  return experts;
+}
+
+std::vector<double> DriftingZipfRouter::next_step() {
+  const uint64_t stream = 2 * step_;
+  std::vector<double> count(size_t(options_.experts), 0.0);
+  for (int e : route(options_.tokens, stream)) count[size_t(e)] += 1;
+  const int E = options_.experts;
+  const uint64_t seed = options_.seed;
   for (int s = 0; s < options_.drift_swaps && E > 1; ++s) {
     const int r =
         std::min(int(double(philox_uniform(seed, stream + 1, uint64_t(s))) * (E - 1)), E - 2);

@@ -26,6 +26,9 @@ class DriftingZipfRouter {
 
   // Routes one step's tokens, then drifts the ranking. Returns tokens per expert.
   std::vector<double> next_step();
+  // The experts of `tokens` tokens ([tokens, top_k], distinct per token) under the current
+  // ranking, drawn from Philox stream `stream` (streams >= 2^32 never meet next_step's).
+  std::vector<int> route(int tokens, uint64_t stream) const;
 
   const std::vector<int>& ranking() const { return expert_of_rank_; }
 
