@@ -92,6 +92,9 @@ bench: build
 	$(MPIEXEC) -n 8 --oversubscribe $(RLFUSION) bench a2a --ranks-per-node 2
 	$(MPIEXEC) -n $(RANKS) --bind-to core $(RLFUSION) bench overlap
 	$(RLFUSION) bench checkpoint
+	$(RLFUSION) bench balance
+	@if [ $(RANKS) -ge 2 ]; then $(MPIEXEC) -n 2 --bind-to core $(RLFUSION) bench migration; \
+	  else echo "bench migration skipped: needs 2 cores"; fi
 	@if [ $(RANKS) -ge 2 ]; then $(MPIEXEC) -n 2 --bind-to core $(RLFUSION) bench modes; \
 	  else echo "bench modes skipped: needs 2 cores"; fi
 

@@ -464,6 +464,19 @@ void ExpertDispatcher::order_canonically() {
     local_offsets_[size_t(e) + 1] += local_offsets_[size_t(e)];
 }
 
+void ExpertDispatcher::set_expert_slots(std::vector<int> slot_of) {
+  check_idle();
+  std::vector<int> sorted = slot_of;
+  std::sort(sorted.begin(), sorted.end());
+  for (int e = 0; e < experts_; ++e) {
+    if (sorted.size() != size_t(experts_) || sorted[size_t(e)] != e) {
+      throw std::invalid_argument("ExpertDispatcher::set_expert_slots: not a permutation of the " +
+                                  std::to_string(experts_) + " experts");
+    }
+  }
+  slot_of_ = std::move(slot_of);
+}
+
 void ExpertDispatcher::begin_dispatch(const float* x, const int* expert_idx, int N, int K, int C) {
   check_idle();
   for (int64_t i = 0; i < int64_t(N) * K; ++i) {
@@ -478,6 +491,13 @@ void ExpertDispatcher::begin_dispatch(const float* x, const int* expert_idx, int
   C_ = C;
   local_offsets_.clear();
   stages_.assign(mode_ == DispatchMode::Hierarchical ? 2 : 1, Stage{});
+  if (!slot_of_.empty()) {
+    slot_indices_.resize(size_t(N) * size_t(K));
+    for (size_t i = 0; i < slot_indices_.size(); ++i) {
+      slot_indices_[i] = slot_of_[size_t(expert_idx[i])];
+    }
+    expert_idx = slot_indices_.data();
+  }
   plan_first_stage(expert_idx);
   f_.rows.assign(x, x + int64_t(N) * C);
   Steps steps;

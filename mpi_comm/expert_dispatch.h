@@ -79,7 +79,15 @@ class ExpertDispatcher {
   int ep_rank() const { return rank_; }
   int experts() const { return experts_; }
   int local_experts() const { return experts_ / ep_size(); }
+  // `expert` is a slot: slot s lives on EP rank s / local_experts() as its local expert
+  // s % local_experts().
   int owner_of(int expert) const { return expert / local_experts(); }
+  // The slot of every expert (a permutation of [0, experts); identity until set): dispatch routes
+  // expert e's rows to slot_of[e], so experts can move between ranks (expert migration) while the
+  // router, the top-k order and the combine sum stay in expert order. Every rank of the group must
+  // set the same table between operations.
+  void set_expert_slots(std::vector<int> slot_of);
+  const std::vector<int>& expert_slots() const { return slot_of_; }
   DispatchMode mode() const { return mode_; }
   MPI_Comm comm() const { return comm_; }  // the EP group (a duplicate owned by the dispatcher)
 
@@ -187,6 +195,8 @@ class ExpertDispatcher {
   std::vector<Stage> stages_;
   std::vector<int> canonical_of_assign_;  // last stage's received assignment -> local row
   std::vector<int> local_offsets_;
+  std::vector<int> slot_of_;       // expert -> slot; empty: the identity
+  std::vector<int> slot_indices_;  // the last dispatch's expert_idx mapped to slots
 
   // The operation in flight and its buffers (they must outlive its nonblocking messages).
   Operation operation_ = Operation::None;

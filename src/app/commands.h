@@ -16,6 +16,8 @@ int run_bench_a2a_command(const std::vector<std::string>& args);
 int run_bench_modes_command(const std::vector<std::string>& args);
 int run_bench_overlap_command(const std::vector<std::string>& args);
 int run_bench_checkpoint_command(const std::vector<std::string>& args);
+int run_bench_balance_command(const std::vector<std::string>& args);
+int run_bench_migration_command(const std::vector<std::string>& args);
 int run_report_command(const std::vector<std::string>& args);
 
 }  // namespace rlf

@@ -28,6 +28,8 @@ const char* kUsage =
     "  bench modes     the same RL run disaggregated and fused (RL Fusion): tokens/s, ratio\n"
     "  bench overlap   expert-parallel communication overlapped with the expert FFN (hidden %)\n"
     "  bench checkpoint  checkpoint write/read GB/s against dd on the same disk\n"
+    "  bench balance   EDPB: expert placement and migration vs EPLB, data reordering (max/mean)\n"
+    "  bench migration experts moved rank to rank under skewed routing: step time before/after\n"
     "  report RUN_DIR  throughput, per-rank time breakdown and bytes from a run's trace.h5\n"
     "  --version       what this binary was built with\n"
     "\n"
@@ -66,8 +68,15 @@ int dispatch(const std::vector<std::string>& words) {
     if (!rest.empty() && rest[0] == "checkpoint") {
       return rlf::run_bench_checkpoint_command({rest.begin() + 1, rest.end()});
     }
-    throw rlf::ConfigError("bench: unknown benchmark '" + (rest.empty() ? "" : rest[0]) +
-                           "' (available: kernels, queue, a2a, modes, overlap, checkpoint)");
+    if (!rest.empty() && rest[0] == "balance") {
+      return rlf::run_bench_balance_command({rest.begin() + 1, rest.end()});
+    }
+    if (!rest.empty() && rest[0] == "migration") {
+      return rlf::run_bench_migration_command({rest.begin() + 1, rest.end()});
+    }
+    throw rlf::ConfigError(
+        "bench: unknown benchmark '" + (rest.empty() ? "" : rest[0]) +
+        "' (available: kernels, queue, a2a, modes, overlap, checkpoint, balance, migration)");
   }
   throw rlf::ConfigError("unknown command '" + words[0] + "' (see rlfusion --help)");
 }

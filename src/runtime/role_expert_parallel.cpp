@@ -2,10 +2,13 @@
 
 #include <cstring>
 #include <map>
+#include <numeric>
+#include <stdexcept>
 #include <string>
 
 #include "kernels/error.h"
 #include "src/model/expert_parallel.h"
+#include "src/runtime/expert_migration.h"
 
 namespace rlf {
 
@@ -44,7 +47,13 @@ void validate_role_expert_parallel(const char* what, int degree,
 
 RoleExpertParallel::RoleExpertParallel(const HierarchicalComm& role, Links& links, int experts,
                                        int degree, DispatchMode mode)
-    : role_(role), links_(links), experts_(experts), degree_(degree), mode_(mode) {
+    : role_(role),
+      links_(links),
+      experts_(experts),
+      degree_(degree),
+      mode_(mode),
+      slot_of_(static_cast<size_t>(experts)) {
+  std::iota(slot_of_.begin(), slot_of_.end(), 0);
   const int role_rank = role.rank();
   ep_rank_ = role_rank % degree;
   replica_ = role_rank / degree;
@@ -69,6 +78,7 @@ void RoleExpertParallel::attach(Transformer<float>& model, int overlap_chunks) {
   std::vector<ExpertDispatcher*> per_layer;
   for (int l = 0; l < config.n_layers; ++l) {
     dispatchers_.push_back(std::make_unique<ExpertDispatcher>(ep_group_, links_, experts_, mode_));
+    dispatchers_.back()->set_expert_slots(slot_of_);
     per_layer.push_back(dispatchers_.back().get());
   }
   model.set_expert_parallel(std::move(per_layer));
@@ -88,10 +98,25 @@ void RoleExpertParallel::attach_reusing(Transformer<float>& model) {
     for (int l = 0; l < model.config().n_layers; ++l) {
       dispatchers_.push_back(
           std::make_unique<ExpertDispatcher>(ep_group_, links_, experts_, mode_));
+      dispatchers_.back()->set_expert_slots(slot_of_);
       reused_.push_back(dispatchers_.back().get());
     }
   }
   model.set_expert_parallel(reused_);
+}
+
+uint64_t RoleExpertParallel::migrate_experts(const std::vector<int>& slot_of,
+                                             const ParameterLayout& layout,
+                                             const std::vector<float*>& buffers) {
+  if (!overlapped_.empty()) {
+    throw std::logic_error("RoleExpertParallel::migrate_experts: not with overlap chunks");
+  }
+  // Checks both tables before any message; then the dispatchers follow the experts.
+  const uint64_t sent =
+      move_expert_slots(slot_of_, slot_of, layout, experts_ / degree_, buffers, ep_group_.comm);
+  for (const auto& d : dispatchers_) d->set_expert_slots(slot_of);
+  slot_of_ = slot_of;
+  return sent;
 }
 
 OptimizerShard RoleExpertParallel::optimizer_shard(const ParameterLayout& layout) const {
@@ -132,6 +157,14 @@ uint64_t RoleExpertParallel::gather_full_model(const float* params, const Parame
     std::vector<float> theirs(size_t(ranges_size(ranges)));
     received += links_.recv(theirs.data(), theirs.size() * sizeof(float), r, kTag, ep_group_.comm);
     unpack_ranges(theirs.data(), ranges, full);
+  }
+  // After a migration the gathered slots hold experts in slot order: back to expert order.
+  std::vector<std::vector<float>> by_slot(static_cast<size_t>(experts_));
+  for (int s = 0; s < experts_; ++s)
+    by_slot[size_t(s)] = pack_ranges(full, expert_slices(full_layout, s, 1));
+  for (int e = 0; e < experts_; ++e) {
+    unpack_ranges(by_slot[size_t(slot_of_[size_t(e)])].data(), expert_slices(full_layout, e, 1),
+                  full);
   }
   return received;
 }

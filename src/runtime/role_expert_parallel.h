@@ -70,6 +70,16 @@ class RoleExpertParallel {
   uint64_t gather_full_model(const float* params, const ParameterLayout& layout, float* full,
                              const ParameterLayout& full_layout);
 
+  // Expert migration (collective over the EP group; every rank passes the same table, a
+  // permutation of the experts): moves each expert whose slot changes, with its slices of
+  // `buffers` (laid out by `layout`: parameters, AdamW moments), to the rank of its new slot,
+  // and routes every dispatcher made by attach there. Not with overlap chunks (their dispatchers
+  // keep the old table). Returns the bytes this rank sent.
+  uint64_t migrate_experts(const std::vector<int>& slot_of, const ParameterLayout& layout,
+                           const std::vector<float*>& buffers);
+  // The expert -> slot table in force (identity until migrate_experts).
+  const std::vector<int>& expert_slots() const { return slot_of_; }
+
   // Dispatch traffic of every dispatcher made by attach (payload and metadata, this rank).
   DispatchTraffic traffic() const;
 
@@ -82,6 +92,7 @@ class RoleExpertParallel {
   std::vector<std::unique_ptr<ExpertDispatcher>> dispatchers_;
   std::vector<std::unique_ptr<OverlappedExperts>> overlapped_;
   std::vector<ExpertDispatcher*> reused_;  // the dispatchers attach_reusing hands out
+  std::vector<int> slot_of_;               // expert -> slot
 };
 
 }  // namespace rlf

@@ -1,0 +1,24 @@
+// Expert migration inside an EP group: when the expert -> slot table changes (src/balance/
+// decides, ExpertDispatcher::set_expert_slots routes), every moved expert's slices of the
+// parameters and of each optimizer buffer (AdamW's two moments) go from the rank holding its old
+// slot to the rank holding its new one, rank to rank, and land in the new slot. Each value is
+// copied bit for bit, so training continues with the same math.
+#pragma once
+
+#include <mpi.h>
+
+#include <vector>
+
+#include "src/model/parameter_layout.h"
+
+namespace rlf {
+
+// Collective over `ep_comm` (EP rank r stores slots [r L, (r + 1) L) with L = local_experts, as
+// `layout` says). `buffers`: flat buffers laid out by `layout` (parameters, first moment, second
+// moment, ...), the same list on every rank. Both tables are permutations of the experts.
+// Returns the bytes this rank sent to other ranks.
+uint64_t move_expert_slots(const std::vector<int>& old_slot_of, const std::vector<int>& new_slot_of,
+                           const ParameterLayout& layout, int local_experts,
+                           const std::vector<float*>& buffers, MPI_Comm ep_comm);
+
+}  // namespace rlf

@@ -1,0 +1,194 @@
+// Migration with a benefit threshold, load prediction, incremental moves and the replay of
+// drifting routing traces.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "kernels/error.h"
+#include "src/balance/incremental_rebalance.h"
+#include "src/balance/load_predictor.h"
+#include "src/balance/migration_planner.h"
+#include "src/balance/rebalance_simulation.h"
+#include "src/balance/routing_trace.h"
+
+namespace rlf {
+namespace {
+
+MigrationOptions options_with(double bandwidth) {
+  MigrationOptions m;
+  m.bytes_per_expert = 1e6;
+  m.intra_node_bandwidth = bandwidth;
+  m.inter_node_bandwidth = bandwidth / 4;
+  m.arena_bytes = 1e6 * 8;
+  m.seconds_per_token = 1e-3;
+  m.horizon = 10;
+  m.min_gain_ratio = 1.0;
+  return m;
+}
+
+// 4 experts on 2 devices of 2 slots, one node. Current: the two hot experts share device 0.
+const ExpertCluster kCluster{1, 2, 2};
+const Placement kCurrent{kCluster, 4, {0, 1, 2, 3}};
+const Placement kBalanced{kCluster, 4, {0, 2, 1, 3}};
+const std::vector<double> kLoad{100, 100, 10, 10};
+
+TEST(MigrationPlanner, GainCostAndTheThreshold) {
+  const MigrationPlan fast = plan_migration(kCurrent, kBalanced, kLoad, options_with(1e9));
+  ASSERT_EQ(fast.transfers.size(), 2u);  // experts 1 and 2 swap devices
+  // Gain: 10 steps x 1 ms/token x (200 - 110) tokens; cost: one expert each way at 1 GB/s.
+  EXPECT_DOUBLE_EQ(fast.gain_seconds, 10 * 1e-3 * 90);
+  EXPECT_DOUBLE_EQ(fast.seconds, 1e6 / 1e9);
+  EXPECT_DOUBLE_EQ(fast.intra_node_bytes, 2e6);
+  EXPECT_TRUE(fast.migrate);
+  EXPECT_EQ(fast.reason, "migrate");
+  EXPECT_EQ(fast.target.slot_expert, kBalanced.slot_expert);
+  // The decision flips where gain = ratio x cost.
+  MigrationOptions m = options_with(1e9);
+  m.min_gain_ratio = fast.gain_seconds / fast.seconds * 1.01;
+  EXPECT_FALSE(plan_migration(kCurrent, kBalanced, kLoad, m).migrate);
+  m.min_gain_ratio = fast.gain_seconds / fast.seconds * 0.99;
+  EXPECT_TRUE(plan_migration(kCurrent, kBalanced, kLoad, m).migrate);
+  // A slow link costs more than the horizon gains: stay.
+  const MigrationPlan slow = plan_migration(kCurrent, kBalanced, kLoad, options_with(1e6));
+  EXPECT_FALSE(slow.migrate);
+  EXPECT_EQ(slow.reason, "below threshold");
+  EXPECT_EQ(slow.target.slot_expert, kCurrent.slot_expert);
+  EXPECT_EQ(plan_migration(kCurrent, kCurrent, kLoad, options_with(1e9)).reason, "no change");
+}
+
+TEST(MigrationPlanner, NeverExceedsTheArena) {
+  MigrationOptions m = options_with(1e12);
+  m.arena_bytes = 2e6;  // the two slots and no room to receive
+  const MigrationPlan plan = plan_migration(kCurrent, kBalanced, kLoad, m);
+  EXPECT_FALSE(plan.migrate);
+  EXPECT_EQ(plan.reason, "arena");
+  EXPECT_DOUBLE_EQ(plan.peak_bytes, 3e6);
+  m.arena_bytes = 3e6;
+  EXPECT_TRUE(plan_migration(kCurrent, kBalanced, kLoad, m).migrate);
+  m.arena_bytes = 1e6;  // cannot even hold the slots
+  EXPECT_THROW(plan_migration(kCurrent, kBalanced, kLoad, m), ConfigError);
+}
+
+TEST(MigrationPlanner, InterNodeTransfersUseTheSlowerLink) {
+  const ExpertCluster two_nodes{2, 1, 2};
+  const Placement current{two_nodes, 4, {0, 1, 2, 3}}, target{two_nodes, 4, {0, 2, 1, 3}};
+  const MigrationPlan plan = plan_migration(current, target, kLoad, options_with(1e9));
+  EXPECT_DOUBLE_EQ(plan.inter_node_bytes, 2e6);
+  EXPECT_DOUBLE_EQ(plan.seconds, 1e6 / (1e9 / 4));
+}
+
+TEST(MigrationPlanner, OutOfRangeOptionsAreConfigErrors) {
+  const auto bad = [](auto change) {
+    MigrationOptions m = options_with(1e9);
+    change(m);
+    return m;
+  };
+  EXPECT_THROW(bad([](MigrationOptions& m) { m.horizon = 0; }).validate(), ConfigError);
+  EXPECT_THROW(bad([](MigrationOptions& m) { m.min_gain_ratio = -1; }).validate(), ConfigError);
+  EXPECT_THROW(bad([](MigrationOptions& m) { m.min_gain_ratio = std::nan(""); }).validate(),
+               ConfigError);
+  EXPECT_THROW(bad([](MigrationOptions& m) {
+                 m.min_gain_ratio = std::numeric_limits<double>::infinity();
+               }).validate(),
+               ConfigError);
+  EXPECT_THROW(bad([](MigrationOptions& m) { m.intra_node_bandwidth = 0; }).validate(),
+               ConfigError);
+  EXPECT_THROW(bad([](MigrationOptions& m) { m.bytes_per_expert = -1; }).validate(), ConfigError);
+  EXPECT_NO_THROW(options_with(1e9).validate());
+  EXPECT_THROW(LoadPredictorOptions({0.0, 0.1}).validate(), ConfigError);
+  EXPECT_THROW(LoadPredictorOptions({1.5, 0.1}).validate(), ConfigError);
+  EXPECT_THROW(LoadPredictorOptions({0.3, -0.1}).validate(), ConfigError);
+  EXPECT_THROW(LoadPredictor(4, {}).predict(0), ConfigError);
+}
+
+TEST(LoadPredictor, FollowsLevelAndTrend) {
+  LoadPredictor ema(2, {0.5, 0.0});
+  for (int t = 0; t < 40; ++t) ema.observe({100, 7});
+  EXPECT_NEAR(ema.predict(5)[0], 100, 1e-9);
+  EXPECT_NEAR(ema.predict(5)[1], 7, 1e-9);
+  // A ramp of +2 per step: Holt's trend converges to the slope; predicting 4 steps ahead means the
+  // level plus the slope at the midpoint (2.5 steps).
+  LoadPredictor holt(1, {0.5, 0.3});
+  for (int t = 0; t < 200; ++t) holt.observe({10.0 + 2 * t});
+  EXPECT_NEAR(holt.predict(4)[0], 10 + 2 * 199 + 2 * 2.5, 1e-6);
+  // The EMA alone lags a ramp.
+  LoadPredictor lag(1, {0.5, 0.0});
+  for (int t = 0; t < 200; ++t) lag.observe({10.0 + 2 * t});
+  EXPECT_LT(lag.predict(4)[0], 10 + 2 * 199);
+  // Never negative.
+  LoadPredictor down(1, {1.0, 1.0});
+  down.observe({10});
+  down.observe({0});
+  EXPECT_EQ(down.predict(10)[0], 0);
+}
+
+TEST(IncrementalMoves, EachMoveLowersTheMaximumOrTheSpread) {
+  DriftingZipfRouter router({64, 4096, 8, 1.2, 1, 3});
+  const std::vector<double> load = router.next_step();
+  const Placement start = round_robin_placement({2, 4, 9}, 64);
+  MigrationOptions m = options_with(1e9);
+  m.arena_bytes = 1e6 * 18;
+  const std::vector<Placement> path = incremental_moves(start, load, m, 16);
+  ASSERT_FALSE(path.empty());
+  double previous = max_of(start.device_loads(load));
+  for (const Placement& p : path) {
+    ASSERT_TRUE(p.valid());
+    const double now = max_of(p.device_loads(load));
+    EXPECT_LE(now, previous);
+    previous = now;
+  }
+  EXPECT_LT(previous, max_of(start.device_loads(load)));
+  const MigrationPlan plan = best_plan(start, path, load, m);
+  EXPECT_TRUE(plan.migrate);
+}
+
+TEST(RoutingTrace, CountsAndDeterminism) {
+  DriftingZipfRouter a({16, 500, 4, 1.2, 2, 7}), b({16, 500, 4, 1.2, 2, 7});
+  for (int t = 0; t < 5; ++t) {
+    const std::vector<double> x = a.next_step();
+    EXPECT_EQ(x, b.next_step());
+    double total = 0;
+    for (double c : x) {
+      EXPECT_LE(c, 500);  // distinct experts per token
+      total += c;
+    }
+    EXPECT_EQ(total, 500 * 4);
+  }
+  EXPECT_THROW(DriftingZipfRouter({16, 500, 17, 1.2, 2, 7}), ConfigError);
+  EXPECT_THROW(DriftingZipfRouter({16, 500, 4, -1, 2, 7}), ConfigError);
+}
+
+TEST(RebalanceSimulation, OursBeatsStaticAndStaysInTheArena) {
+  DriftingZipfRouter router({64, 4096, 8, 1.2, 1, 1});
+  std::vector<std::vector<double>> trace;
+  for (int t = 0; t <= 40; ++t) trace.push_back(router.next_step());
+  RebalanceOptions o;
+  o.cluster = {2, 4, 9};
+  o.interval = 5;
+  o.migration = options_with(1e9);
+  o.migration.bytes_per_expert = 1e3;  // cheap moves
+  o.migration.arena_bytes = 1e3 * 10;  // room to receive one expert per device at a time
+  const RebalanceResult ours = simulate_rebalancing(trace, BalancePolicy::Ours, o);
+  const RebalanceResult fixed = simulate_rebalancing(trace, BalancePolicy::Static, o);
+  const RebalanceResult eplb = simulate_rebalancing(trace, BalancePolicy::Eplb, o);
+  EXPECT_LT(ours.imbalance, fixed.imbalance);
+  EXPECT_LT(eplb.imbalance, fixed.imbalance);
+  EXPECT_LE(ours.peak_bytes, o.migration.arena_bytes);
+  EXPECT_LE(eplb.peak_bytes, o.migration.arena_bytes);
+  EXPECT_GE(ours.load_imbalance, 1.0);
+  EXPECT_GE(ours.imbalance, ours.load_imbalance);
+  // Same inputs, same figures.
+  EXPECT_EQ(simulate_rebalancing(trace, BalancePolicy::Ours, o).imbalance, ours.imbalance);
+  // A threshold nothing can pass: no migration at all.
+  o.migration.min_gain_ratio = 1e300;
+  const RebalanceResult never = simulate_rebalancing(trace, BalancePolicy::Ours, o);
+  EXPECT_EQ(never.migrations, 0);
+  EXPECT_EQ(never.imbalance, never.load_imbalance);
+  o.interval = 0;
+  EXPECT_THROW(simulate_rebalancing(trace, BalancePolicy::Ours, o), ConfigError);
+}
+
+}  // namespace
+}  // namespace rlf
