@@ -22,7 +22,7 @@ MPIEXEC  ?= mpiexec
 # Ranks of the default job: an actor and a learner, each on its own core, where there are two.
 RANKS    ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -ge 2 ] && echo 2 || echo 1)
 
-.PHONY: all deps configure build run test test-asan bench clean format
+.PHONY: all deps configure build run test test-asan test-slurm install bench clean format
 
 all: build
 
@@ -55,6 +55,19 @@ test-asan: deps
 	  -DRLFUSION_SANITIZE=ON "-DRLFUSION_ARCH_FLAGS=$(ARCH_FLAGS)" $(CMAKE_ARGS) >/dev/null
 	@cmake --build $(BUILD)-asan -j $(JOBS)
 	@cd $(BUILD)-asan && ctest -j $(JOBS) -L unit --output-on-failure --timeout 900
+
+# Installs the binary, inputs, job scripts, docs and the Lmod modulefile under PREFIX
+# (module use $(PREFIX)/share/modulefiles; module load rlfusion). docs/CLUSTER.md.
+PREFIX ?= /usr/local
+install: build
+	@cmake --install $(BUILD) --prefix $(PREFIX)
+
+# A real single-node Slurm (munge, slurmctld, slurmd from Debian) started in a temporary folder:
+# the job scripts installed and loaded with Lmod, a job stopped at its time limit by its signal
+# (checkpoint, exit code 3), a chained job resuming it, a PBS script through Slurm's qsub; every
+# daemon stopped at the end (tests/slurm/test_slurm.sh). Installs the packages it needs.
+test-slurm: build
+	@tests/slurm/test_slurm.sh $(BUILD)
 
 # Every benchmark at its default. bench a2a needs 4 virtual nodes: 8 ranks, oversubscribed on a
 # small machine (its emulated link time dominates the measurement; it prints the share). bench

@@ -1,0 +1,160 @@
+#!/usr/bin/env bash
+# The batch scripts on a real Slurm (`make test-slurm`; .ci/run runs it after `make test`).
+# Starts a single-node Slurm in a temporary folder (tests/slurm/slurm_cluster.sh), installs
+# rlfusion there with `cmake --install`, loads it with Debian's Lmod (`module load rlfusion`),
+# then:
+#   1. the Slurm script outside an allocation, and a job whose rank count does not fit the
+#      layout: both refused before launch with exit code 2 and a clear message;
+#   2. jobs/slurm/cpu.sbatch on 2 ranks with --time=1 --signal=B:USR1@55: the signal reaches the
+#      ranks mid-run, they checkpoint and the job exits with code 3;
+#   3. the same script chained with --dependency=afterany on job 2 resumes from that checkpoint
+#      and finishes every step (exit code 0);
+#   4. jobs/pbs/cpu.pbs through slurm-wlm-torque's qsub on the same Slurm: it runs to the end.
+# Exit codes come from `scontrol show job` and the jobs' own records (RUN_DIR/jobs/ID.txt).
+# Every daemon it started is stopped on exit, failure included. Prints "N passed, N failed".
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+repo=$PWD
+cluster=$repo/tests/slurm/slurm_cluster.sh
+build=${1:-build}
+[ -x "$build/src/rlfusion" ] || { echo "test_slurm: no $build/src/rlfusion (make build)" >&2; exit 2; }
+started=$SECONDS
+"$cluster" install
+
+work=$(mktemp -d /tmp/rlfusion-slurm-test.XXXXXX)
+chmod 755 "$work"
+passed=0
+failed=0
+cleanup() {
+  local rc=$?
+  "$cluster" stop "$work/cluster" || true
+  # Nothing this test started may outlive it (the daemons' command lines name $work).
+  if pgrep -af -- "$work" >&2; then
+    echo "test_slurm: FAILED: processes above outlived the test" >&2
+    rc=1
+  fi
+  if [ "$failed" -gt 0 ] || [ "$rc" -ne 0 ]; then
+    echo "test_slurm: logs kept in $work"
+  else
+    rm -rf "$work"
+  fi
+  exit "$rc"
+}
+trap cleanup EXIT
+
+check() {  # check DESCRIPTION COMMAND...
+  local what=$1
+  shift
+  if "$@"; then
+    echo "  ok      $what"
+    passed=$((passed + 1))
+  else
+    echo "  FAILED  $what"
+    failed=$((failed + 1))
+  fi
+}
+
+"$cluster" start "$work/cluster"
+# shellcheck source=/dev/null
+. "$work/cluster/env"
+cmake --install "$build" --prefix "$work/prefix" >/dev/null
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# Lmod's init reads unset variables.
+set +u
+# shellcheck source=/dev/null
+. /etc/profile.d/lmod.sh
+module use "$work/prefix/share/modulefiles"
+module load rlfusion
+set -u
+echo "test_slurm: module rlfusion -> $(command -v rlfusion), jobs in $RLFUSION_JOBS"
+check "module load rlfusion puts the installed binary on PATH" \
+  test "$(command -v rlfusion)" = "$work/prefix/bin/rlfusion"
+
+mkdir -p "$work/jobs"
+cd "$work/jobs"
+sbatch_script=$RLFUSION_JOBS/slurm/cpu.sbatch
+pbs_script=$RLFUSION_JOBS/pbs/cpu.pbs
+
+job_field() {  # job_field ID FIELD: from scontrol show job (finished jobs stay MinJobAge s)
+  scontrol show job "$1" | tr ' ' '\n' | sed -n "s/^$2=//p" | head -n 1
+}
+wait_job() {  # wait_job ID LIMIT_S
+  local deadline=$((SECONDS + $2)) state
+  while true; do
+    state=$(job_field "$1" JobState)
+    case "$state" in COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY) return 0 ;; esac
+    if [ $SECONDS -ge $deadline ]; then
+      echo "test_slurm: job $1 still $state after $2 s" >&2
+      scancel "$1" || true
+      return 1
+    fi
+    sleep 1
+  done
+}
+record() { sed -n "s/^$2 //p" "$1"; }  # record FILE KEY: a job record's value
+
+# 1. Refused before launch.
+out=$(env -u SLURM_JOB_ID bash "$sbatch_script" 2>&1) && rc=0 || rc=$?
+check "the Slurm script outside an allocation: exit code 2" test "$rc" = 2
+check "... and says why" grep -q "not inside a batch allocation" <<<"$out"
+bad=$(sbatch --parsable -n 2 --ntasks-per-node=2 --cpus-per-task=1 --time=1 -o bad-layout.out "$sbatch_script" \
+  --model tiny --task sort --mode fused --prompts 3 --run-dir runs/bad)
+wait_job "$bad" 60
+check "a rank count the layout cannot use (--prompts 3 on 2 fused ranks): exit code 2" \
+  test "$(job_field "$bad" ExitCode)" = "2:0"
+check "... refused before launch with the reason" grep -q "layout: --mode fused splits --prompts 3" bad-layout.out
+check "... and nothing launched" test ! -e runs/bad
+
+# 2. Signal before the time limit -> checkpoint -> exit code 3. The ranks are slowed down by an
+# emulated inter-node link (two virtual nodes) so a run lasts about the same on any machine; it
+# takes longer than the ~35 s in which Slurm delivers a signal due 5 s after the start (its
+# time-limit check runs every 30 s).
+args=(--model tiny --task sort --sft-steps 20 --sft-learning-rate 0.01 --steps "${RLFUSION_TEST_STEPS:-500}"
+  --prompts 4 --group-size 4 --eval-prompts 16 --log-every 50 --mode fused --ranks-per-node 1
+  --inter-node-latency 0.02 --checkpoint-every 0 --run-dir runs/chain)
+first=$(sbatch --parsable -n 2 --ntasks-per-node=2 --cpus-per-task=1 --time=1 --signal=B:USR1@55 \
+  -o chain-1.out "$sbatch_script" "${args[@]}")
+second=$(sbatch --parsable -n 2 --ntasks-per-node=2 --cpus-per-task=1 --time=5 \
+  --dependency=afterany:"$first" -o chain-2.out "$sbatch_script" "${args[@]}")
+echo "test_slurm: job $first (stopped by its signal), job $second (resumes it after $first)"
+wait_job "$first" 120
+check "job $first: exit code 3 (scontrol ExitCode=3:0)" test "$(job_field "$first" ExitCode)" = "3:0"
+check "job $first: its record says signal USR1, exit code 3" \
+  test "$(record "runs/chain/jobs/$first.txt" signal) $(record "runs/chain/jobs/$first.txt" exit_code)" = "USR1 3"
+step=$(sed -n 's/.*stopped by SIGTERM or SIGUSR1 after RL step \([0-9]*\).*/\1/p' chain-1.out | head -n 1)
+check "job $first: stopped mid-run after RL step ${step:-?}" test -n "$step"
+check "job $first: checkpoint of that step written" \
+  test -s "runs/chain/checkpoints/$(printf 'step_%06d.h5' "${step:-0}")"
+check "job $first: no summary.json (not finished)" test ! -e runs/chain/summary.json
+
+wait_job "$second" 240
+check "job $second: exit code 0" test "$(job_field "$second" ExitCode)" = "0:0"
+check "job $second: resumed from the checkpoint of step ${step:-?}" \
+  grep -q "resuming from checkpoint .*$(printf 'step_%06d.h5' "${step:-0}")" chain-2.out
+steps=${RLFUSION_TEST_STEPS:-500}
+check "job $second: finished all $steps RL steps (summary.json rl_steps)" \
+  grep -q "\"rl_steps\":$steps," runs/chain/summary.json
+last_logged=$(awk '$1 ~ /^[0-9]+$/ { s = $1 } END { print s }' runs/chain/log.txt)
+check "job $second: log.txt ends at step $steps (continued after step ${step:-?})" test "$last_logged" = "$steps"
+
+# 4. PBS script through Slurm's qsub wrapper (no PBS server in Debian). The wrapper ignores
+# `#PBS -o` / `-j` in the script (give -o/-e to qsub) and sets no PBS_* variable (no PBS_JOBID,
+# PBS_NODEFILE, PBS_O_WORKDIR): the script then runs as the Slurm job it is (srun).
+# It also exports no environment unless -V, and splits -v values at spaces: options go in the
+# exported environment.
+export RLFUSION_ARGS="--model tiny --task sort --sft-steps 20 --sft-learning-rate 0.01 --steps 20 --prompts 4 --group-size 4 --eval-prompts 16 --mode fused --run-dir runs/pbs"
+pbs_id=$(qsub -V -l nodes=1:ppn=2,walltime=00:05:00 -o "$work/jobs/pbs.out" -e "$work/jobs/pbs.err" \
+  "$pbs_script")
+pbs_id=${pbs_id%%.*}
+echo "test_slurm: PBS job $pbs_id"
+wait_job "$pbs_id" 120
+check "PBS job $pbs_id through qsub: exit code 0" test "$(job_field "$pbs_id" ExitCode)" = "0:0"
+check "PBS job $pbs_id: 2 ranks from nodes=1:ppn=2, finished (summary.json)" \
+  grep -q '"ranks":2,' runs/pbs/summary.json
+check "PBS job $pbs_id: its record says exit code 0" test "$(record "runs/pbs/jobs/$pbs_id.txt" exit_code)" = 0
+check "the wrapper ignores '#PBS -o rlfusion.pbs.out' (output went to qsub -o)" \
+  test ! -e rlfusion.pbs.out -a -s pbs.out
+
+echo "test_slurm: $((SECONDS - started)) s in all"
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
