@@ -9,7 +9,8 @@
 #      ranks mid-run, they checkpoint and the job exits with code 3;
 #   3. the same script chained with --dependency=afterany on job 2 resumes from that checkpoint
 #      and finishes every step (exit code 0);
-#   4. jobs/pbs/cpu.pbs through slurm-wlm-torque's qsub on the same Slurm: it runs to the end.
+#   4. jobs/pbs/cpu.pbs through slurm-wlm-torque's qsub on the same Slurm: it runs to the end;
+#   5. jobs/slurm/scaling_strong.sh at one node: its run, then the collector job's table.
 # Exit codes come from `scontrol show job` and the jobs' own records (RUN_DIR/jobs/ID.txt).
 # Every daemon it started is stopped on exit, failure included. Prints "N passed, N failed".
 set -euo pipefail
@@ -106,10 +107,10 @@ check "... refused before launch with the reason" grep -q "layout: --mode fused 
 check "... and nothing launched" test ! -e runs/bad
 
 # 2. Signal before the time limit -> checkpoint -> exit code 3. The ranks are slowed down by an
-# emulated inter-node link (two virtual nodes) so a run lasts about the same on any machine; it
-# takes longer than the ~35 s in which Slurm delivers a signal due 5 s after the start (its
-# time-limit check runs every 30 s).
-args=(--model tiny --task sort --sft-steps 20 --sft-learning-rate 0.01 --steps "${RLFUSION_TEST_STEPS:-500}"
+# emulated inter-node latency (two virtual nodes) so a run lasts about the same on any machine
+# (~80 s straight); Slurm delivers a signal due 5 s after the start within ~40 s (its time-limit
+# check runs every 30 s). Job 2 runs what is left: the chain takes about one straight run.
+args=(--model tiny --task sort --sft-steps 20 --sft-learning-rate 0.01 --steps "${RLFUSION_TEST_STEPS:-900}"
   --prompts 4 --group-size 4 --eval-prompts 16 --log-every 50 --mode fused --ranks-per-node 1
   --inter-node-latency 0.02 --checkpoint-every 0 --run-dir runs/chain)
 first=$(sbatch --parsable -n 2 --ntasks-per-node=2 --cpus-per-task=1 --time=1 --signal=B:USR1@55 \
@@ -123,6 +124,7 @@ check "job $first: its record says signal USR1, exit code 3" \
   test "$(record "runs/chain/jobs/$first.txt" signal) $(record "runs/chain/jobs/$first.txt" exit_code)" = "USR1 3"
 step=$(sed -n 's/.*stopped by SIGTERM or SIGUSR1 after RL step \([0-9]*\).*/\1/p' chain-1.out | head -n 1)
 check "job $first: stopped mid-run after RL step ${step:-?}" test -n "$step"
+echo "test_slurm: job $first ran $(record "runs/chain/jobs/$first.txt" seconds) s until the signal"
 check "job $first: checkpoint of that step written" \
   test -s "runs/chain/checkpoints/$(printf 'step_%06d.h5' "${step:-0}")"
 check "job $first: no summary.json (not finished)" test ! -e runs/chain/summary.json
@@ -131,7 +133,7 @@ wait_job "$second" 240
 check "job $second: exit code 0" test "$(job_field "$second" ExitCode)" = "0:0"
 check "job $second: resumed from the checkpoint of step ${step:-?}" \
   grep -q "resuming from checkpoint .*$(printf 'step_%06d.h5' "${step:-0}")" chain-2.out
-steps=${RLFUSION_TEST_STEPS:-500}
+steps=${RLFUSION_TEST_STEPS:-900}
 check "job $second: finished all $steps RL steps (summary.json rl_steps)" \
   grep -q "\"rl_steps\":$steps," runs/chain/summary.json
 last_logged=$(awk '$1 ~ /^[0-9]+$/ { s = $1 } END { print s }' runs/chain/log.txt)
@@ -154,6 +156,17 @@ check "PBS job $pbs_id: 2 ranks from nodes=1:ppn=2, finished (summary.json)" \
 check "PBS job $pbs_id: its record says exit code 0" test "$(record "runs/pbs/jobs/$pbs_id.txt" exit_code)" = 0
 check "the wrapper ignores '#PBS -o rlfusion.pbs.out' (output went to qsub -o)" \
   test ! -e rlfusion.pbs.out -a -s pbs.out
+
+# 5. The strong-scaling driver at one node (2 ranks): its job and the collector job after it.
+STUDY_DIR=$work/jobs/runs/scaling RANKS_PER_NODE=2 CPUS_PER_TASK=1 TIME=00:03:00 \
+  "$RLFUSION_JOBS/slurm/scaling_strong.sh" "1" --model tiny --task sort --sft-steps 0 --steps 5 \
+  --group-size 4 --mode fused --eval-prompts 8 >scaling.out
+cat scaling.out
+collector=$(sed -n 's/^scaling: collector job \([0-9]*\).*/\1/p' scaling.out)
+wait_job "$collector" 120
+check "scaling driver: table row for 1 node, 2 ranks (runs/scaling/table.txt)" \
+  grep -Eq '^  strong +fused +1 +2 ' runs/scaling/table.txt
+cat runs/scaling/table.txt
 
 echo "test_slurm: $((SECONDS - started)) s in all"
 echo "$passed passed, $failed failed"
