@@ -168,7 +168,7 @@ rlf_run() {
     kill -0 "$pid" 2>/dev/null || break
   done
   trap - USR1 TERM
-  [ -n "$timer" ] && kill "$timer" 2>/dev/null
+  if [ -n "$timer" ]; then kill "$timer" 2>/dev/null || true; fi
   local record="$run_dir/jobs/$RLF_JOB_ID.txt"
   mkdir -p "$run_dir/jobs"
   {

@@ -9,7 +9,8 @@
 #      ranks mid-run, they checkpoint and the job exits with code 3;
 #   3. the same script chained with --dependency=afterany on job 2 resumes from that checkpoint
 #      and finishes every step (exit code 0);
-#   4. jobs/pbs/cpu.pbs through slurm-wlm-torque's qsub on the same Slurm: it runs to the end;
+#   4. jobs/pbs/cpu.pbs through slurm-wlm-torque's qsub on the same Slurm: the script's own
+#      timer signals before the walltime (exit 3), a job chained with -W depend=afterany resumes;
 #   5. jobs/slurm/scaling_strong.sh at one node: its run, then the collector job's table.
 # Exit codes come from `scontrol show job` and the jobs' own records (RUN_DIR/jobs/ID.txt).
 # Every daemon it started is stopped on exit, failure included. Prints "N passed, N failed".
@@ -139,23 +140,33 @@ check "job $second: finished all $steps RL steps (summary.json rl_steps)" \
 last_logged=$(awk '$1 ~ /^[0-9]+$/ { s = $1 } END { print s }' runs/chain/log.txt)
 check "job $second: log.txt ends at step $steps (continued after step ${step:-?})" test "$last_logged" = "$steps"
 
-# 4. PBS script through Slurm's qsub wrapper (no PBS server in Debian). The wrapper ignores
+# 4. PBS scripts through Slurm's qsub wrapper (no PBS server in Debian). The wrapper ignores
 # `#PBS -o` / `-j` in the script (give -o/-e to qsub) and sets no PBS_* variable (no PBS_JOBID,
-# PBS_NODEFILE, PBS_O_WORKDIR): the script then runs as the Slurm job it is (srun).
-# It also exports no environment unless -V, and splits -v values at spaces: options go in the
-# exported environment.
-export RLFUSION_ARGS="--model tiny --task sort --sft-steps 20 --sft-learning-rate 0.01 --steps 20 --prompts 4 --group-size 4 --eval-prompts 16 --mode fused --run-dir runs/pbs"
-pbs_id=$(qsub -V -l nodes=1:ppn=2,walltime=00:05:00 -o "$work/jobs/pbs.out" -e "$work/jobs/pbs.err" \
-  "$pbs_script")
-pbs_id=${pbs_id%%.*}
-echo "test_slurm: PBS job $pbs_id"
-wait_job "$pbs_id" 120
-check "PBS job $pbs_id through qsub: exit code 0" test "$(job_field "$pbs_id" ExitCode)" = "0:0"
-check "PBS job $pbs_id: 2 ranks from nodes=1:ppn=2, finished (summary.json)" \
-  grep -q '"ranks":2,' runs/pbs/summary.json
-check "PBS job $pbs_id: its record says exit code 0" test "$(record "runs/pbs/jobs/$pbs_id.txt" exit_code)" = 0
+# PBS_NODEFILE, PBS_O_WORKDIR): the script then runs as the Slurm job it is (srun). It also
+# exports no environment unless -V, and splits -v values at spaces: options go in the exported
+# environment. PBS has no signal ahead of the walltime: the script's own timer sends SIGUSR1
+# RLFUSION_SIGNAL_BEFORE_END s before it (to the second: no 30 s granularity), here 10 s in.
+export RLFUSION_ARGS="--model tiny --task sort --sft-steps 20 --sft-learning-rate 0.01 --steps 300 --prompts 4 --group-size 4 --eval-prompts 16 --log-every 50 --mode fused --ranks-per-node 1 --inter-node-latency 0.02 --run-dir runs/pbs"
+export RLFUSION_SIGNAL_BEFORE_END=50
+pbs_first=$(qsub -V -l nodes=1:ppn=2,walltime=00:01:00 -o "$work/jobs/pbs-1.out" -e "$work/jobs/pbs-1.err" "$pbs_script")
+pbs_first=${pbs_first%%.*}
+pbs_second=$(qsub -V -W depend=afterany:"$pbs_first" -l nodes=1:ppn=2,walltime=00:05:00 \
+  -o "$work/jobs/pbs-2.out" -e "$work/jobs/pbs-2.err" "$pbs_script")
+pbs_second=${pbs_second%%.*}
+echo "test_slurm: PBS jobs $pbs_first (its timer's signal), $pbs_second (depend=afterany)"
+wait_job "$pbs_first" 120
+check "PBS job $pbs_first through qsub: the script's timer signal -> exit code 3" \
+  test "$(job_field "$pbs_first" ExitCode) $(record "runs/pbs/jobs/$pbs_first.txt" signal)" = "3:0 USR1"
+pbs_step=$(sed -n 's/.*stopped by SIGTERM or SIGUSR1 after RL step \([0-9]*\).*/\1/p' pbs-1.out | head -n 1)
+check "PBS job $pbs_first: stopped mid-run after RL step ${pbs_step:-?}" test -n "$pbs_step"
+wait_job "$pbs_second" 180
+check "PBS job $pbs_second: resumed from step ${pbs_step:-?} and finished (exit 0, rl_steps 300)" \
+  grep -q '"rl_steps":300,' runs/pbs/summary.json
+check "PBS job $pbs_second: its record says exit code 0" test "$(record "runs/pbs/jobs/$pbs_second.txt" exit_code)" = 0
+check "PBS jobs: 2 ranks from nodes=1:ppn=2" grep -q '"ranks":2,' runs/pbs/summary.json
 check "the wrapper ignores '#PBS -o rlfusion.pbs.out' (output went to qsub -o)" \
-  test ! -e rlfusion.pbs.out -a -s pbs.out
+  test ! -e rlfusion.pbs.out -a -s pbs-1.out
+unset RLFUSION_ARGS RLFUSION_SIGNAL_BEFORE_END
 
 # 5. The strong-scaling driver at one node (2 ranks): its job and the collector job after it.
 STUDY_DIR=$work/jobs/runs/scaling RANKS_PER_NODE=2 CPUS_PER_TASK=1 TIME=00:03:00 \
