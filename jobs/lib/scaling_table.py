@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import sys
+import textwrap
 
 
 def read_pairs(path):
@@ -97,7 +98,8 @@ def plot(rows, path, label):
     for axis in (left, right):
         axis.set_xticks(ranks)
         axis.grid(alpha=0.3)
-    fig.suptitle("%s scaling%s" % (rows[0]["study"], " (%s)" % label if label else ""))
+    title = label or "%s scaling" % rows[0]["study"]
+    fig.suptitle("\n".join(textwrap.wrap(title, 90)), fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     print("# plot: %s" % path)

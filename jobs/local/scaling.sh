@@ -8,7 +8,7 @@
 #   jobs/local/scaling.sh weak "1 2 4 8" --model small
 #
 # strong: PROMPTS prompts per step in all (default 16); weak: PROMPTS per rank (default 8).
-# Environment: BUILD (build), RANKS_PER_NODE (1: every rank its own virtual node),
+# Run directories go under the current directory. Environment: BUILD (build), RANKS_PER_NODE (1: every rank its own virtual node),
 # INTER_NODE_BANDWIDTH (bytes/s, 1e9), INTER_NODE_LATENCY (s, 5e-5), STUDY_DIR
 # (runs/scaling-local-KIND), PLOT (1; 0: table only). More ranks than cores are oversubscribed
 # (then the numbers measure the machine's sharing, not scaling).
@@ -21,17 +21,20 @@ case "$kind" in strong | weak) ;; *)
 esac
 [ -n "$ranks_list" ] || { echo "scaling: give the rank counts, e.g. \"1 2\"" >&2; exit 2; }
 shift 2
-cd "$(dirname "$0")/../.."
-rlfusion=${RLFUSION:-${BUILD:-build}/src/rlfusion}
-[ -x "$rlfusion" ] || { echo "scaling: no $rlfusion: build first (make build)" >&2; exit 2; }
+here=$(cd "$(dirname "$0")" && pwd)
+# The binary: $RLFUSION, the checkout's build (BUILD), or rlfusion on PATH (the module).
+rlfusion=${RLFUSION:-$here/../../${BUILD:-build}/src/rlfusion}
+[ -x "$rlfusion" ] || rlfusion=$(command -v rlfusion || true)
+[ -n "$rlfusion" ] || { echo "scaling: no rlfusion: build first (make build) or module load rlfusion" >&2; exit 2; }
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 rpn=${RANKS_PER_NODE:-1}
 study=${STUDY_DIR:-runs/scaling-local-$kind}
 prompts=${PROMPTS:-$([ "$kind" = strong ] && echo 16 || echo 8)}
-[ $# -gt 0 ] || set -- --model tiny --task sort --sft-steps 0 --steps 30 --group-size 8 \
-  --mode fused --eval-prompts 16 --log-every 10
+[ $# -gt 0 ] || set -- --model small --task sort --sft-steps 0 --steps 6 --group-size 8 \
+  --mode fused --eval-prompts 8 --log-every 2
 cores=$(nproc)
 
+load_before=$(cut -d' ' -f1 /proc/loadavg)
 mkdir -p "$study"
 for r in $ranks_list; do
   [ $((r % rpn)) -eq 0 ] || { echo "scaling: RANKS_PER_NODE $rpn does not divide $r ranks" >&2; exit 2; }
@@ -47,7 +50,8 @@ for r in $ranks_list; do
   printf 'study %s\nnodes %d\nranks %d\nprompts %d\n' "$kind" $((r / rpn)) "$r" "$p" >"$run_dir/scaling.txt"
 done
 
-label="$kind scaling, $cores-core machine, virtual nodes of $rpn rank(s)"
+# Other work on the same cores distorts a synchronous multi-rank run: the label says how loaded.
+label="$kind scaling, $cores-core machine, virtual nodes of $rpn rank(s), load average $load_before before, $(cut -d' ' -f1 /proc/loadavg) after"
 if [ "${PLOT:-1}" = 1 ]; then
   if ! /usr/bin/python3 -c 'import matplotlib' 2>/dev/null && [ "$(id -u)" = 0 ] &&
     command -v apt-get >/dev/null; then
@@ -55,8 +59,8 @@ if [ "${PLOT:-1}" = 1 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-matplotlib >/dev/null ||
       { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-matplotlib >/dev/null; }
   fi
-  /usr/bin/python3 jobs/lib/scaling_table.py "$study" --label "$label" --plot "$study/scaling.png" |
+  /usr/bin/python3 "$here/../lib/scaling_table.py" "$study" --label "$label" --plot "$study/scaling.png" |
     tee "$study/table.txt"
 else
-  /usr/bin/python3 jobs/lib/scaling_table.py "$study" --label "$label" | tee "$study/table.txt"
+  /usr/bin/python3 "$here/../lib/scaling_table.py" "$study" --label "$label" | tee "$study/table.txt"
 fi

@@ -72,10 +72,15 @@ echo "test_slurm: module rlfusion -> $(command -v rlfusion), jobs in $RLFUSION_J
 check "module load rlfusion puts the installed binary on PATH" \
   test "$(command -v rlfusion)" = "$work/prefix/bin/rlfusion"
 
+jobs_root=$RLFUSION_JOBS
+# The jobs load the module themselves (MODULEPATH is exported to them, the module is not).
+set +u
+module unload rlfusion
+set -u
 mkdir -p "$work/jobs"
 cd "$work/jobs"
-sbatch_script=$RLFUSION_JOBS/slurm/cpu.sbatch
-pbs_script=$RLFUSION_JOBS/pbs/cpu.pbs
+sbatch_script=$jobs_root/slurm/cpu.sbatch
+pbs_script=$jobs_root/pbs/cpu.pbs
 
 job_field() {  # job_field ID FIELD: from scontrol show job (finished jobs stay MinJobAge s)
   scontrol show job "$1" | tr ' ' '\n' | sed -n "s/^$2=//p" | head -n 1
@@ -120,6 +125,8 @@ second=$(sbatch --parsable -n 2 --ntasks-per-node=2 --cpus-per-task=1 --time=5 \
   --dependency=afterany:"$first" -o chain-2.out "$sbatch_script" "${args[@]}")
 echo "test_slurm: job $first (stopped by its signal), job $second (resumes it after $first)"
 wait_job "$first" 120
+check "job $first: the job script loaded the module (binary $work/prefix/bin/rlfusion)" \
+  grep -q "binary $work/prefix/bin/rlfusion;" chain-1.out
 check "job $first: exit code 3 (scontrol ExitCode=3:0)" test "$(job_field "$first" ExitCode)" = "3:0"
 check "job $first: its record says signal USR1, exit code 3" \
   test "$(record "runs/chain/jobs/$first.txt" signal) $(record "runs/chain/jobs/$first.txt" exit_code)" = "USR1 3"
@@ -170,7 +177,7 @@ unset RLFUSION_ARGS RLFUSION_SIGNAL_BEFORE_END
 
 # 5. The strong-scaling driver at one node (2 ranks): its job and the collector job after it.
 STUDY_DIR=$work/jobs/runs/scaling RANKS_PER_NODE=2 CPUS_PER_TASK=1 TIME=00:03:00 \
-  "$RLFUSION_JOBS/slurm/scaling_strong.sh" "1" --model tiny --task sort --sft-steps 0 --steps 5 \
+  "$jobs_root/slurm/scaling_strong.sh" "1" --model tiny --task sort --sft-steps 0 --steps 5 \
   --group-size 4 --mode fused --eval-prompts 8 >scaling.out
 cat scaling.out
 collector=$(sed -n 's/^scaling: collector job \([0-9]*\).*/\1/p' scaling.out)
