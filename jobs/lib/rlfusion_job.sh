@@ -145,6 +145,9 @@ rlf_run() {
   case " $* " in *" --resume "* | *" --resume="*) ;; *) set -- "$@" --resume auto ;; esac
   rlf_say "binary $binary; run dir $run_dir"
   rlf_say "launch: ${launch[*]} $*"
+  if [ -n "${RLF_EARLY_SIGNAL:-}" ]; then
+    rlf_die "the time-limit signal arrived before the launch: the job's time limit is shorter than the signal's lead (--time vs --signal=B:USR1@N, or RLFUSION_SIGNAL_BEFORE_END)"
+  fi
   local started
   started=$(date +%s)
   "${launch[@]}" "$@" &
@@ -193,19 +196,28 @@ rlf_run() {
 }
 
 # After exit code 3: with RLFUSION_RESUBMIT=N > 0, submit this script again, to start after this
-# job ends (afterany), with N - 1 resubmissions left.
+# job ends (afterany), with N - 1 resubmissions left. Slurm: the same nodes, ranks, cores per
+# rank, time limit, partition and name (the script's #SBATCH lines give the rest, --signal
+# included; RLFUSION_RESUBMIT_SBATCH adds options); PBS: qsub -V of RLFUSION_JOB_SCRIPT.
 rlf_resubmit() {
-  local left=${RLFUSION_RESUBMIT:-0}
+  local left=${RLFUSION_RESUBMIT:-0} id
   [ "$left" -gt 0 ] 2>/dev/null || return 0
   if [ "$RLF_SCHEDULER" = slurm ]; then
-    local script
+    local script limit more=()
     script=$(scontrol show job "$RLF_JOB_ID" 2>/dev/null | sed -n 's/^ *Command=//p')
-    script=${RLFUSION_JOB_SCRIPT:-$script}
+    script=${RLFUSION_JOB_SCRIPT:-${script%% *}}  # Command= is the script and its arguments
     [ -r "$script" ] || { rlf_say "cannot resubmit: set RLFUSION_JOB_SCRIPT"; return 0; }
-    RLFUSION_RESUBMIT=$((left - 1)) sbatch --dependency=afterany:"$RLF_JOB_ID" --export=ALL \
-      "$script" "${RLF_SCRIPT_ARGS[@]}"
+    limit=$(scontrol show job "$RLF_JOB_ID" | tr ' ' '\n' | sed -n 's/^TimeLimit=//p')
+    read -r -a more <<<"${RLFUSION_RESUBMIT_SBATCH:-}"
+    id=$(RLFUSION_RESUBMIT=$((left - 1)) sbatch --parsable --dependency=afterany:"$RLF_JOB_ID" \
+      --nodes="$RLF_NODES" --ntasks="$RLF_TASKS" --ntasks-per-node=$((RLF_TASKS / RLF_NODES)) \
+      ${SLURM_CPUS_PER_TASK:+--cpus-per-task="$SLURM_CPUS_PER_TASK"} \
+      ${limit:+--time="$limit"} ${SLURM_JOB_PARTITION:+--partition="$SLURM_JOB_PARTITION"} \
+      ${SLURM_JOB_NAME:+--job-name="$SLURM_JOB_NAME"} "${more[@]}" --export=ALL \
+      "$script" "${RLF_SCRIPT_ARGS[@]}")
   else
     [ -r "${RLFUSION_JOB_SCRIPT:-}" ] || { rlf_say "cannot resubmit: set RLFUSION_JOB_SCRIPT"; return 0; }
-    qsub -W depend=afterany:"$RLF_JOB_ID" -v RLFUSION_RESUBMIT=$((left - 1)) "$RLFUSION_JOB_SCRIPT"
+    id=$(RLFUSION_RESUBMIT=$((left - 1)) qsub -V -W depend=afterany:"$RLF_JOB_ID" "$RLFUSION_JOB_SCRIPT")
   fi
+  rlf_say "resubmitted: job $id continues after this one ($((left - 1)) resubmission(s) left)"
 }

@@ -9,6 +9,7 @@
 #      ranks mid-run, they checkpoint and the job exits with code 3;
 #   3. the same script chained with --dependency=afterany on job 2 resumes from that checkpoint
 #      and finishes every step (exit code 0);
+#   3b. RLFUSION_RESUBMIT=1: a job stopped by SIGUSR1 submits its own continuation;
 #   4. jobs/pbs/cpu.pbs through slurm-wlm-torque's qsub on the same Slurm: the script's own
 #      timer signals before the walltime (exit 3), a job chained with -W depend=afterany resumes;
 #   5. jobs/slurm/scaling_strong.sh at one node: its run, then the collector job's table.
@@ -116,12 +117,13 @@ check "... and nothing launched" test ! -e runs/bad
 # emulated inter-node latency (two virtual nodes) so a run lasts about the same on any machine
 # (~80 s straight); Slurm delivers a signal due 5 s after the start within ~40 s (its time-limit
 # check runs every 30 s). Job 2 runs what is left: the chain takes about one straight run.
-args=(--model tiny --task sort --sft-steps 20 --sft-learning-rate 0.01 --steps "${RLFUSION_TEST_STEPS:-900}"
-  --prompts 4 --group-size 4 --eval-prompts 16 --log-every 50 --mode fused --ranks-per-node 1
-  --inter-node-latency 0.02 --checkpoint-every 0 --run-dir runs/chain)
+slowed=(--model tiny --task sort --sft-steps 20 --sft-learning-rate 0.01 --prompts 4 --group-size 4
+  --eval-prompts 16 --log-every 50 --mode fused --ranks-per-node 1 --inter-node-latency 0.02
+  --checkpoint-every 0)
+args=("${slowed[@]}" --steps "${RLFUSION_TEST_STEPS:-900}" --run-dir runs/chain)
 first=$(sbatch --parsable -n 2 --ntasks-per-node=2 --cpus-per-task=1 --time=1 --signal=B:USR1@55 \
   -o chain-1.out "$sbatch_script" "${args[@]}")
-second=$(sbatch --parsable -n 2 --ntasks-per-node=2 --cpus-per-task=1 --time=5 \
+second=$(sbatch --parsable -n 2 --ntasks-per-node=2 --cpus-per-task=1 --time=10 \
   --dependency=afterany:"$first" -o chain-2.out "$sbatch_script" "${args[@]}")
 echo "test_slurm: job $first (stopped by its signal), job $second (resumes it after $first)"
 wait_job "$first" 120
@@ -146,6 +148,32 @@ check "job $second: finished all $steps RL steps (summary.json rl_steps)" \
   grep -q "\"rl_steps\":$steps," runs/chain/summary.json
 last_logged=$(awk '$1 ~ /^[0-9]+$/ { s = $1 } END { print s }' runs/chain/log.txt)
 check "job $second: log.txt ends at step $steps (continued after step ${step:-?})" test "$last_logged" = "$steps"
+
+# 3b. RLFUSION_RESUBMIT=1: a job stopped by SIGUSR1 (sent at once with scancel once RL steps
+# run) submits its own continuation (same geometry and time limit), which resumes and finishes.
+# (A 10 min limit: the script's own --signal=B:USR1@300 must not fire in the continuation.)
+short=("${slowed[@]}" --steps 300 --run-dir runs/resubmit)
+r1=$(RLFUSION_RESUBMIT=1 sbatch --parsable -n 2 --ntasks-per-node=2 --cpus-per-task=1 --time=10 \
+  -o resubmit-1.out "$sbatch_script" "${short[@]}")
+rl_running() {
+  awk '/^# RL:/ { rl = 1 } rl && $1 ~ /^[0-9]+$/ { found = 1 } END { exit !found }' \
+    runs/resubmit/log.txt 2>/dev/null
+}
+deadline=$((SECONDS + 60))
+until rl_running || [ $SECONDS -ge $deadline ]; do sleep 0.5; done
+scancel --signal=USR1 --batch "$r1"
+wait_job "$r1" 60
+check "RLFUSION_RESUBMIT job $r1: SIGUSR1 -> exit code 3" test "$(job_field "$r1" ExitCode)" = "3:0"
+r2=$(sed -n 's/.*resubmitted: job \([0-9]*\) continues.*/\1/p' resubmit-1.out)
+check "RLFUSION_RESUBMIT job $r1: submitted its continuation (job ${r2:-none})" test -n "$r2"
+if [ -n "$r2" ]; then
+  wait_job "$r2" 120
+  check "continuation $r2: same geometry (2 tasks, 10 min), resumed and finished (exit 0, rl_steps 300)" \
+    test "$(job_field "$r2" NumTasks) $(job_field "$r2" TimeLimit) $(job_field "$r2" ExitCode)" = "2 00:10:00 0:0" -a \
+    -n "$(grep -l "resuming from checkpoint" "rlfusion-$r2.out")" -a -n "$(grep -l '"rl_steps":300,' runs/resubmit/summary.json)"
+  check "continuation $r2: did not resubmit again (RLFUSION_RESUBMIT reached 0)" \
+    test -z "$(grep -l resubmitted "rlfusion-$r2.out")"
+fi
 
 # 4. PBS scripts through Slurm's qsub wrapper (no PBS server in Debian). The wrapper ignores
 # `#PBS -o` / `-j` in the script (give -o/-e to qsub) and sets no PBS_* variable (no PBS_JOBID,
@@ -176,7 +204,8 @@ check "the wrapper ignores '#PBS -o rlfusion.pbs.out' (output went to qsub -o)" 
 unset RLFUSION_ARGS RLFUSION_SIGNAL_BEFORE_END
 
 # 5. The strong-scaling driver at one node (2 ranks): its job and the collector job after it.
-STUDY_DIR=$work/jobs/runs/scaling RANKS_PER_NODE=2 CPUS_PER_TASK=1 TIME=00:03:00 \
+# (TIME above the script's --signal=B:USR1@300 lead.)
+STUDY_DIR=$work/jobs/runs/scaling RANKS_PER_NODE=2 CPUS_PER_TASK=1 TIME=00:10:00 \
   "$jobs_root/slurm/scaling_strong.sh" "1" --model tiny --task sort --sft-steps 0 --steps 5 \
   --group-size 4 --mode fused --eval-prompts 8 >scaling.out
 cat scaling.out
