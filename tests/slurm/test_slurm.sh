@@ -105,6 +105,22 @@ record() { sed -n "s/^$2 //p" "$1"; }  # record FILE KEY: a job record's value
 out=$(env -u SLURM_JOB_ID bash "$sbatch_script" 2>&1) && rc=0 || rc=$?
 check "the Slurm script outside an allocation: exit code 2" test "$rc" = 2
 check "... and says why" grep -q "not inside a batch allocation" <<<"$out"
+# The layout arithmetic on its own (a pretend allocation: it stops before any srun).
+layout() {  # layout TASKS ARGS...: the script's exit code and output
+  local tasks=$1
+  shift
+  SLURM_JOB_ID=999999 SLURM_NTASKS=$tasks SLURM_JOB_NUM_NODES=1 bash "$sbatch_script" "$@" 2>&1
+}
+printf 'mode = fused\nprompts = 5\n' >fused5.ini
+out=$(layout 2 --config fused5.ini) && rc=0 || rc=$?
+check "layout: --prompts 5 from a --config file on 2 fused ranks: exit 2" \
+  test "$rc $(grep -c 'splits --prompts 5 among the ranks, and 2 ranks' <<<"$out")" = "2 1"
+out=$(layout 3 --ranks-per-node 2) && rc=0 || rc=$?
+check "layout: --ranks-per-node 2 on 3 ranks: exit 2" \
+  test "$rc $(grep -c 'ranks-per-node 2 does not divide the 3 ranks' <<<"$out")" = "2 1"
+out=$(layout 3 --learners 2 --actors 2) && rc=0 || rc=$?
+check "layout: --learners 2 --actors 2 on 3 ranks: exit 2" \
+  test "$rc $(grep -c 'do not add up to the 3 ranks' <<<"$out")" = "2 1"
 bad=$(sbatch --parsable -n 2 --ntasks-per-node=2 --cpus-per-task=1 --time=1 -o bad-layout.out "$sbatch_script" \
   --model tiny --task sort --mode fused --prompts 3 --run-dir runs/bad)
 wait_job "$bad" 60
