@@ -212,7 +212,8 @@ pbs_step=$(sed -n 's/.*stopped by SIGTERM or SIGUSR1 after RL step \([0-9]*\).*/
 check "PBS job $pbs_first: stopped mid-run after RL step ${pbs_step:-?}" test -n "$pbs_step"
 wait_job "$pbs_second" 180
 check "PBS job $pbs_second: resumed from step ${pbs_step:-?} and finished (exit 0, rl_steps 300)" \
-  grep -q '"rl_steps":300,' runs/pbs/summary.json
+  test -n "$(grep -l "resuming from checkpoint .*$(printf 'step_%06d.h5' "${pbs_step:-0}")" pbs-2.out)" -a \
+  "$(job_field "$pbs_second" ExitCode)" = "0:0" -a -n "$(grep -l '"rl_steps":300,' runs/pbs/summary.json)"
 check "PBS job $pbs_second: its record says exit code 0" test "$(record "runs/pbs/jobs/$pbs_second.txt" exit_code)" = 0
 check "PBS jobs: 2 ranks from nodes=1:ppn=2" grep -q '"ranks":2,' runs/pbs/summary.json
 check "the wrapper ignores '#PBS -o rlfusion.pbs.out' (output went to qsub -o)" \
