@@ -39,6 +39,8 @@ wait_for() {  # wait_for SECONDS DESCRIPTION COMMAND...
   done
 }
 
+listening() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
 start() {
   local dir=$1
   [ "$(id -u)" = 0 ] || { echo "slurm_cluster: must run as root (slurmd)" >&2; exit 1; }
@@ -54,7 +56,10 @@ start() {
     --log-file="$dir/munge/munged.log" --seed-file="$dir/munge/munged.seed"
   wait_for 10 munged test -S "$socket"
 
-  local host memory cpus
+  local host memory cpus port
+  # Two free ports for slurmctld and slurmd (another test cluster may be up on this machine).
+  port=$((20000 + ($$ % 2000) * 2))
+  while listening $port || listening $((port + 1)); do port=$((port + 2)); done
   host=$(hostname -s)
   cpus=$(nproc)
   memory=$(awk '/MemTotal/ { printf "%d", $2 / 1024 * 0.9 }' /proc/meminfo)
@@ -83,8 +88,8 @@ SlurmctldPidFile=$dir/slurmctld.pid
 SlurmdPidFile=$dir/slurmd.pid
 SlurmctldLogFile=$dir/log/slurmctld.log
 SlurmdLogFile=$dir/log/slurmd.log
-SlurmctldPort=6917
-SlurmdPort=6918
+SlurmctldPort=$port
+SlurmdPort=$((port + 1))
 SlurmctldTimeout=30
 SlurmdTimeout=30
 InactiveLimit=0
