@@ -22,7 +22,8 @@ MPIEXEC  ?= mpiexec
 # Ranks of the default job: an actor and a learner, each on its own core, where there are two.
 RANKS    ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -ge 2 ] && echo 2 || echo 1)
 
-.PHONY: all deps configure build run test test-asan test-fuzz plots bench clean format
+.PHONY: all deps configure build run test test-asan test-fuzz test-slurm install plots bench clean
+.PHONY: format
 
 all: build
 
@@ -81,6 +82,18 @@ RUN ?= runs/default
 plots: build
 	@jobs/setup/install-deps.sh python3-h5py python3-matplotlib
 	@/usr/bin/python3 jobs/plot/plot_run.py $(RUN) --rlfusion $(RLFUSION)
+# Installs the binary, inputs, job scripts, docs and the Lmod modulefile under PREFIX
+# (module use $(PREFIX)/share/modulefiles; module load rlfusion). docs/CLUSTER.md.
+PREFIX ?= /usr/local
+install: build
+	@cmake --install $(BUILD) --prefix $(PREFIX)
+
+# A real single-node Slurm (munge, slurmctld, slurmd from Debian) started in a temporary folder:
+# the job scripts installed and loaded with Lmod, a job stopped at its time limit by its signal
+# (checkpoint, exit code 3), a chained job resuming it, a PBS script through Slurm's qsub; every
+# daemon stopped at the end (tests/slurm/test_slurm.sh). Installs the packages it needs.
+test-slurm: build
+	@tests/slurm/test_slurm.sh $(BUILD)
 
 # Every benchmark at its default. bench a2a needs 4 virtual nodes: 8 ranks, oversubscribed on a
 # small machine (its emulated link time dominates the measurement; it prints the share). bench

@@ -12,6 +12,7 @@
 #include "kernels/error.h"
 #include "src/app/build_info.h"
 #include "src/app/commands.h"
+#include "src/app/launch_check.h"
 
 namespace {
 
@@ -91,6 +92,7 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   int code = 0;
   try {
+    rlf::check_launch(MPI_COMM_WORLD);  // world size vs the launch (singletons): exit 2
     code = dispatch(std::vector<std::string>(argv + 1, argv + argc));
   } catch (const rlf::ConfigError& e) {
     if (rank == 0) std::fprintf(stderr, "rlfusion: error: %s\n", e.what());
