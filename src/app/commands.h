@@ -16,5 +16,7 @@ int run_bench_a2a_command(const std::vector<std::string>& args);
 int run_bench_modes_command(const std::vector<std::string>& args);
 int run_bench_overlap_command(const std::vector<std::string>& args);
 int run_report_command(const std::vector<std::string>& args);
+int run_plan_command(const std::vector<std::string>& args);
+int run_bench_calibrate_command(const std::vector<std::string>& args);
 
 }  // namespace rlf

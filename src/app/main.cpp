@@ -27,6 +27,8 @@ const char* kUsage =
     "  bench a2a       expert-parallel dispatch/combine, flat vs hierarchical (time, bytes)\n"
     "  bench modes     the same RL run disaggregated and fused (RL Fusion): tokens/s, ratio\n"
     "  bench overlap   expert-parallel communication overlapped with the expert FFN (hidden %)\n"
+    "  bench calibrate measured rates and links of this machine -> a cluster file for plan\n"
+    "  plan            performance model and strategy search (DeployMind); --table 1|2\n"
     "  report RUN_DIR  throughput, per-rank time breakdown and bytes from a run's trace.h5\n"
     "  --version       what this binary was built with\n"
     "\n"
@@ -46,6 +48,7 @@ int dispatch(const std::vector<std::string>& words) {
   if (words[0] == "train") return rlf::run_train_command(rest);
   if (words[0] == "eval") return rlf::run_eval_command(rest);
   if (words[0] == "report") return rlf::run_report_command(rest);
+  if (words[0] == "plan") return rlf::run_plan_command(rest);
   if (words[0] == "bench") {
     if (!rest.empty() && rest[0] == "kernels") {
       return rlf::run_bench_kernels_command({rest.begin() + 1, rest.end()});
@@ -62,8 +65,11 @@ int dispatch(const std::vector<std::string>& words) {
     if (!rest.empty() && rest[0] == "overlap") {
       return rlf::run_bench_overlap_command({rest.begin() + 1, rest.end()});
     }
+    if (!rest.empty() && rest[0] == "calibrate") {
+      return rlf::run_bench_calibrate_command({rest.begin() + 1, rest.end()});
+    }
     throw rlf::ConfigError("bench: unknown benchmark '" + (rest.empty() ? "" : rest[0]) +
-                           "' (available: kernels, queue, a2a, modes, overlap)");
+                           "' (available: kernels, queue, a2a, modes, overlap, calibrate)");
   }
   throw rlf::ConfigError("unknown command '" + words[0] + "' (see rlfusion --help)");
 }

@@ -1,0 +1,232 @@
+// `rlfusion bench calibrate`: measures this machine's rates and writes a cluster file for the
+// planner (src/sim/cluster.h): the matmul rate of the cpu kernels (checked against the reference),
+// the cost of a kernel call beyond its work, memory bandwidth (copy), and, under mpiexec with 2
+// ranks, MPI ping-pong between them through the runtime's Links (latency from 8-byte messages,
+// bandwidth from 4 MiB ones), once as an intra-node link and, with --inter-node-bandwidth or
+// --inter-node-latency, once more through link emulation as the inter-node link. Each rank is a
+// device; the host is the same memory (host bandwidth = copy bandwidth). Nothing comes from
+// published figures.
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <vector>
+
+#include "kernels/arena.h"
+#include "kernels/device.h"
+#include "kernels/error.h"
+#include "kernels/linear.h"
+#include "kernels/rng.h"
+#include "mpi_comm/links.h"
+#include "src/app/bench_timing.h"
+#include "src/app/build_info.h"
+#include "src/app/commands.h"
+#include "src/app/options.h"
+#include "src/sim/cluster.h"
+
+namespace rlf {
+
+namespace {
+
+double seconds_of(const std::function<void()>& body, int repeats) {
+  return time_interleaved({body}, repeats)[0];
+}
+
+struct Matmul {
+  double rate = 0, overhead = 0, nmse = 0;
+};
+
+Matmul measure_matmul(Arena& scratch, int repeats) {
+  auto filled = [](int n, uint64_t stream) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) v[size_t(i)] = philox_uniform(7, stream, uint64_t(i)) - 0.5f;
+    return v;
+  };
+  Matmul m;
+  {  // correctness at 256^3 against the reference
+    const int n = 256;
+    const auto a = filled(n * n, 1), w = filled(n * n, 2);
+    std::vector<float> fast(static_cast<size_t>(n * n)), ref_out(static_cast<size_t>(n * n));
+    cpu::matmul_forward(fast.data(), a.data(), w.data(), n, n, n, scratch);
+    ref::matmul_forward(ref_out.data(), a.data(), w.data(), n, n, n);
+    double num = 0, den = 0;
+    for (size_t i = 0; i < fast.size(); ++i) {
+      num += double(fast[i] - ref_out[i]) * (fast[i] - ref_out[i]);
+      den += double(ref_out[i]) * ref_out[i];
+    }
+    m.nmse = num / den;
+  }
+  const int n = 1024;
+  const auto a = filled(n * n, 3), w = filled(n * n, 4);
+  std::vector<float> out(static_cast<size_t>(n * n));
+  const double big = seconds_of(
+      [&] { cpu::matmul_forward(out.data(), a.data(), w.data(), n, n, n, scratch); }, repeats);
+  m.rate = 2.0 * n * n * n / big;
+  // A kernel call of almost no work, repeated: what a call costs beyond its FLOPs.
+  const int calls = 2000;
+  const double small =
+      seconds_of(
+          [&] {
+            for (int i = 0; i < calls; ++i)
+              cpu::matmul_forward(out.data(), a.data(), w.data(), 4, 8, 8, scratch);
+          },
+          repeats) /
+      calls;
+  m.overhead = std::max(0.0, small - 2.0 * 4 * 8 * 8 / m.rate);
+  return m;
+}
+
+double measure_copy_bandwidth(int repeats) {
+  const size_t bytes = size_t(128) << 20;
+  std::vector<char> from(bytes, 1), to(bytes, 0);
+  const double t = seconds_of([&] { std::memcpy(to.data(), from.data(), bytes); }, repeats);
+  return 2.0 * double(bytes) / t;  // read + write
+}
+
+struct LinkMeasure {
+  double bandwidth = 0, latency = 0;
+};
+
+// Ping-pong between world ranks 0 and 1 on two virtual nodes through Links (its counting,
+// emulation and back-off waits); medians of the half round trips.
+LinkMeasure ping_pong(const LinkEmulation& emulation, int repeats) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  int size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  std::vector<int> nodes(static_cast<size_t>(size));
+  for (int r = 0; r < size; ++r) nodes[size_t(r)] = r;
+  Links links(nodes, emulation);
+  auto half_round_trip = [&](uint64_t bytes, int times) {
+    std::vector<char> buffer(bytes, 1);
+    std::vector<double> samples;
+    for (int i = 0; i < times + 1; ++i) {
+      MPI_Barrier(MPI_COMM_WORLD);
+      const double start = MPI_Wtime();
+      if (rank == 0) {
+        links.send(buffer.data(), bytes, 1, 11, MPI_COMM_WORLD);
+        links.recv(buffer.data(), bytes, 1, 12, MPI_COMM_WORLD);
+      } else if (rank == 1) {
+        links.recv(buffer.data(), bytes, 0, 11, MPI_COMM_WORLD);
+        links.send(buffer.data(), bytes, 0, 12, MPI_COMM_WORLD);
+      }
+      if (i > 0) samples.push_back(0.5 * (MPI_Wtime() - start));
+    }
+    double t = median(samples);
+    MPI_Bcast(&t, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    return t;
+  };
+  LinkMeasure m;
+  m.latency = half_round_trip(8, 20 * repeats);
+  const uint64_t big = uint64_t(4) << 20;
+  m.bandwidth = double(big) / std::max(1e-9, half_round_trip(big, repeats) - m.latency);
+  return m;
+}
+
+}  // namespace
+
+int run_bench_calibrate_command(const std::vector<std::string>& args) {
+  RunOptions run;
+  std::string output = "runs/calibrate/cluster.ini", name = "calibrated";
+  int repeats = 5;
+  LinkEmulation emulation;
+  po::options_description description = run_options_description(run);
+  po::options_description bench("bench calibrate");
+  auto add = bench.add_options();
+  add("output", po::value(&output)->default_value(output), "cluster file to write");
+  add("name", po::value(&name)->default_value(name), "the cluster's name in the file");
+  add("repeats", po::value(&repeats)->default_value(repeats), "timed repeats (median, >= 3)");
+  add("inter-node-bandwidth", po::value(&emulation.inter_node_bandwidth)->default_value(0),
+      "emulated inter-node bandwidth (bytes/s) to measure as the inter-node link");
+  add("inter-node-latency", po::value(&emulation.inter_node_latency)->default_value(0),
+      "emulated inter-node latency (s)");
+  description.add(bench);
+  if (!parse_options("bench calibrate", args, description, run)) return 0;
+  if (repeats < 3) throw ConfigError("--repeats must be >= 3, got " + std::to_string(repeats));
+  emulation.validate();
+  int rank = 0, ranks = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+  if (ranks > 2) throw ConfigError("bench calibrate runs on 1 rank, or 2 for the link ping-pong");
+
+  // The device's thread limit holds while it lives: the kernels run on this rank's threads only.
+  Device device(Backend::Cpu, run.device_memory_bytes(), resolve_threads(run.threads));
+  const Matmul matmul = measure_matmul(device.memory(), repeats);
+  const double copy = measure_copy_bandwidth(repeats);
+  sim::ClusterConfig c;
+  c.name = name;
+  c.devices_per_node = ranks;
+  c.nodes_per_supernode = 1;
+  c.supernodes = 1;
+  c.matmul_flops = matmul.rate;
+  c.kernel_overhead = matmul.overhead;
+  c.memory_bytes = double(run.device_memory_bytes());
+  c.memory_bandwidth = copy;
+  c.host_bandwidth = copy;
+  std::string intra_method = "one rank: copy bandwidth, no latency";
+  c.intra_node = {copy, 0};
+  if (ranks == 2) {
+    const LinkMeasure intra = ping_pong(LinkEmulation{}, repeats);
+    c.intra_node = {intra.bandwidth, intra.latency};
+    intra_method = "MPI ping-pong, 2 ranks, Links";
+  }
+  c.intra_supernode = c.inter_supernode = c.intra_node;
+  std::string inter_method = "no emulation: as intra-node";
+  if (ranks == 2 && emulation.enabled()) {
+    const LinkMeasure inter = ping_pong(emulation, repeats);
+    c.intra_supernode = c.inter_supernode = {inter.bandwidth, inter.latency};
+    inter_method = "MPI ping-pong through link emulation";
+  }
+  if (rank != 0) return 0;
+  const bool matmul_ok = matmul.nmse <= 1e-8;
+  char comment[512];
+  std::snprintf(comment, sizeof comment,
+                "Written by `rlfusion bench calibrate` (%s): rates measured on this machine, %d "
+                "rank(s), %d thread(s) each.\nmatmul 1024^3 cpu kernel; kernel overhead from "
+                "4x8x8 calls; copy bandwidth from memcpy of 128 MiB; links: %s; %s.",
+                build_info().c_str(), ranks, resolve_threads(run.threads), intra_method.c_str(),
+                inter_method.c_str());
+  const std::string text = sim::cluster_config_ini(c, comment);
+  const std::filesystem::path path(output);
+  if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
+  std::ofstream(output) << text;
+  sim::load_cluster_config(output);  // what was written reads back
+  if (run.json) {
+    std::printf(
+        "{\"command\":\"bench calibrate\",\"matmul_flops\":%.6g,\"matmul_nmse\":%.3g,"
+        "\"kernel_overhead_s\":%.6g,\"memory_bandwidth\":%.6g,\"intra_node_bandwidth\":%.6g,"
+        "\"intra_node_latency_s\":%.6g,\"inter_node_bandwidth\":%.6g,"
+        "\"inter_node_latency_s\":%.6g,\"output\":\"%s\",\"ok\":%s}\n",
+        c.matmul_flops, matmul.nmse, c.kernel_overhead, c.memory_bandwidth, c.intra_node.bandwidth,
+        c.intra_node.latency, c.inter_supernode.bandwidth, c.inter_supernode.latency,
+        output.c_str(), matmul_ok ? "true" : "false");
+    return matmul_ok ? 0 : 1;
+  }
+  std::printf("# rlfusion bench calibrate: %s\n", build_info().c_str());
+  std::printf("# %d rank(s), median of %d repeats\n", ranks, repeats);
+  std::printf("# %-22s %14s %-8s %s\n", "quantity", "measured", "unit", "method");
+  std::printf("  %-22s %14.2f %-8s %s (nmse vs reference %.1e)\n", "matmul rate",
+              c.matmul_flops / 1e9, "GFLOP/s", "cpu matmul 1024^3", matmul.nmse);
+  std::printf("  %-22s %14.2f %-8s %s\n", "kernel overhead", c.kernel_overhead * 1e6, "us",
+              "4x8x8 matmul calls");
+  std::printf("  %-22s %14.2f %-8s %s\n", "memory bandwidth", c.memory_bandwidth / 1e9, "GB/s",
+              "memcpy 128 MiB, read + write");
+  std::printf("  %-22s %14.3f %-8s %s\n", "intra-node bandwidth", c.intra_node.bandwidth / 1e9,
+              "GB/s", intra_method.c_str());
+  std::printf("  %-22s %14.2f %-8s %s\n", "intra-node latency", c.intra_node.latency * 1e6, "us",
+              intra_method.c_str());
+  std::printf("  %-22s %14.3f %-8s %s\n", "inter-node bandwidth", c.inter_supernode.bandwidth / 1e9,
+              "GB/s", inter_method.c_str());
+  std::printf("  %-22s %14.2f %-8s %s\n", "inter-node latency", c.inter_supernode.latency * 1e6,
+              "us", inter_method.c_str());
+  std::printf("# matmul check: %s; wrote %s (reads back)\n", matmul_ok ? "OK" : "WRONG",
+              output.c_str());
+  return matmul_ok ? 0 : 1;
+}
+
+}  // namespace rlf
