@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The planner's validation (issue 10): calibrates this machine (`bench calibrate`, 2 ranks), runs
 # every case of jobs/local/planner_validation_cases.csv with `rlfusion train`, collects the
-# measured step time (RL seconds / steps), the link counters' bytes, the device-memory peaks and
+# measured step time (the trace's RL wall time / steps), the link counters' bytes, the device-memory peaks and
 # the token totals into $OUT/measured.csv, and prints `rlfusion plan --validate`'s table of
 # predicted vs measured. Run from the repository root after `make build`; ~3-5 minutes on 2 idle
 # cores. Times are only meaningful with every rank on its own idle core.
@@ -35,9 +35,9 @@ grep -v '^#' "$CASES" | tail -n +2 | while IFS=, read -r name ranks rpn mode sta
     [ "$mode" = disaggregated ] && actors=1
   fi
   echo "# case $name: mpiexec -n $ranks rlfusion ${args[*]}"
-  mpiexec -n "$ranks" --bind-to core "$RLFUSION" "${args[@]}" > "$dir.stdout" 2>&1 || {
+  mpiexec -n "$ranks" --bind-to core "$RLFUSION" "${args[@]}" < /dev/null > "$dir.stdout" 2>&1 || {
     echo "case $name failed:"; tail -5 "$dir.stdout"; exit 1; }
-  "$RLFUSION" report "$dir" --json > "$dir.report.json"
+  "$RLFUSION" report "$dir" --json < /dev/null > "$dir.report.json"
   "$PYTHON" - "$dir" "$name,$task,$model,$mode,$ranks,$rpn,$actors,$ep,$aep,$stale,$offload,$bw,$lat,$prompts,$group,$micro,0,2,$steps" >> "$MEASURED" <<'PY'
 import json, re, sys
 run, prefix = sys.argv[1], sys.argv[2]
@@ -49,7 +49,8 @@ def counter(kind):
     return int(m.group(1)) if m else 0
 generated = sum(p["tokens"] for p in report["phases"] if p["phase"] == "generate")
 peaks = summary.get("device_memory_peaks", {})
-step_s = summary["rl_seconds"] / summary["rl_steps"]
+# Step time: the trace's RL wall time (first step's begin to last step's end) per step.
+step_s = report["total"]["wall_s"] / len(report["steps"])
 print(f'{prefix},{report["total"]["tokens"]},{generated},{step_s:.6f},{counter("intra")},'
       f'{counter("inter")},{peaks.get("generation", 0)},{peaks.get("training", 0)}')
 PY

@@ -147,6 +147,7 @@ Outcome validate_row(const Row& row, const ClusterConfig& machine) {
   run.actors = actors;
   run.queue_shards = row.integer("queue_shards");
   run.expert_parallel = s.train.ep;
+  run.staleness = s.staleness;
   run.steps = steps;
   run.samples_per_step = job.samples();
   run.parameters = config.parameter_count();

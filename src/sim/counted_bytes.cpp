@@ -1,5 +1,6 @@
 #include "src/sim/counted_bytes.h"
 
+#include <algorithm>
 #include <set>
 
 #include "src/roles/queue_protocol.h"
@@ -36,10 +37,14 @@ CountedBytes counted_bytes(const RuntimeRun& r) {
     out.exact = learners == 1;
     std::set<int> nodes{node(0)};
     for (int a = 1; a <= r.actors; ++a) nodes.insert(node(a));
-    // Weight sync: one broadcast before the first step and one after each step.
+    // Weight sync: one broadcast before the first step, then one after each step; with StaleSync
+    // (actors one step ahead) one after each step from the second to the next-to-last
+    // (disaggregated_train.cpp's StaleSchedule).
+    const uint64_t syncs =
+        r.staleness > 0 ? uint64_t(std::max<int64_t>(1, r.steps - 1)) : uint64_t(r.steps + 1);
     const Split sync = tree_bytes(nodes, r.actors + 1, uint64_t(r.parameters) * 4);
-    out.intra += sync.intra * uint64_t(r.steps + 1);
-    out.inter += sync.inter * uint64_t(r.steps + 1);
+    out.intra += sync.intra * syncs;
+    out.inter += sync.inter * syncs;
     // Puts: per actor and shard, a header and one packed buffer; an ack back; a Close at the end.
     const uint64_t shards = uint64_t(r.queue_shards);
     const uint64_t framing_per_actor_step =

@@ -18,6 +18,7 @@ struct RuntimeRun {
   int actors = 0;  // disaggregated: actors after the learners; learners = ranks - actors
   int queue_shards = 2;
   int expert_parallel = 1;  // fused: the training EP degree
+  int staleness = 0;
   int64_t steps = 0;
   int64_t samples_per_step = 0;
   int64_t parameters = 0;         // the whole model's
