@@ -16,17 +16,31 @@ std::vector<int> powers_of_two_up_to(int limit) {
   return out;
 }
 
+// How many of `devices` may train in a disaggregated deployment: every eighth, and every power of
+// two from an eighth up (expert parallelism splits powers of two best).
+std::vector<int> learner_device_counts(int devices) {
+  std::vector<int> out;
+  for (int k = 1; k < 8 && devices % 8 == 0; ++k) out.push_back(devices / 8 * k);
+  for (int v = 1; v < devices; v *= 2) {
+    if (8 * v >= devices) out.push_back(v);
+  }
+  if (out.empty()) out.push_back(std::max(1, devices / 2));
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
 // The axes of the space; an index decodes digit by digit (mixed radix).
 struct Axes {
   std::vector<Mode> modes;
   std::vector<int> staleness, tp, pp, vpp, ep, gen_tp, gen_ep;
-  std::vector<int> split_eighths{1, 2, 3, 4, 5, 6, 7};  // disaggregated: learners' share of devices
+  std::vector<int> learner_devices;  // disaggregated: the devices that train
   int devices = 0;
   bool reward_model = false;
   int64_t size() const {
     return int64_t(modes.size()) * int64_t(staleness.size()) * int64_t(tp.size()) *
            int64_t(pp.size()) * int64_t(vpp.size()) * int64_t(ep.size()) * int64_t(gen_tp.size()) *
-           int64_t(gen_ep.size()) * int64_t(split_eighths.size()) * 2 * 2 * 2 * 2;
+           int64_t(gen_ep.size()) * int64_t(learner_devices.size()) * 2 * 2 * 2 * 2;
   }
 };
 
@@ -48,8 +62,8 @@ bool decode(const Axes& a, int64_t index, Strategy& s) {
   s.train.ep = digit(a.ep, index);
   s.generate.tp = digit(a.gen_tp, index);
   s.generate.ep = digit(a.gen_ep, index);
-  const int eighths = a.split_eighths[size_t(index % 7)];
-  index /= 7;
+  const size_t split = size_t(index % int64_t(a.learner_devices.size()));
+  index /= int64_t(a.learner_devices.size());
   s.offload = index % 2 == 1;
   index /= 2;
   s.ep_overlap = index % 2 == 1;
@@ -60,14 +74,13 @@ bool decode(const Axes& a, int64_t index, Strategy& s) {
   // fused-all differs from fused only by a learned reward model on the devices.
   if (s.mode == Mode::FusedAll && !a.reward_model) return false;
   const bool disaggregated = s.mode == Mode::Disaggregated;
-  if (disaggregated ? s.offload : eighths != 1) return false;
+  if (disaggregated ? s.offload : split != 0) return false;
   if (s.train.pp == 1 && s.train.vpp != 1) return false;
   if (s.train.ep == 1 && s.generate.ep == 1 && (s.ep_overlap || s.dispatch == Dispatch::Dedup))
     return false;
   int train_devices = a.devices, generate_devices = a.devices;
   if (disaggregated) {
-    if (a.devices % 8 != 0) return false;
-    train_devices = a.devices / 8 * eighths;
+    train_devices = a.learner_devices[split];
     generate_devices = a.devices - train_devices;
   }
   const int model_parallel = s.train.tp * s.train.pp;
@@ -115,6 +128,7 @@ SearchResult search(const ModelShape& model, const ModelConfig& config,
   a.pp = powers_of_two_up_to(space.max_pp);
   a.vpp = powers_of_two_up_to(space.max_vpp);
   a.ep = powers_of_two_up_to(config.n_experts);
+  a.learner_devices = learner_device_counts(space.devices);
   a.gen_tp = a.tp;
   a.gen_ep = a.ep;
   const auto start = std::chrono::steady_clock::now();
