@@ -30,6 +30,12 @@ struct PlanOptions {
 
 constexpr double kGiB = 1024.0 * 1024 * 1024;
 
+std::string gib(double bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f GiB", bytes / kGiB);
+  return text;
+}
+
 std::vector<std::string> split_commas(const std::string& text) {
   std::vector<std::string> out;
   size_t start = 0;
@@ -255,8 +261,7 @@ int run_plan_command(const std::vector<std::string>& args) {
     for (const TableRow& row : rows) {
       if (row.result.best.empty())
         throw ConfigError("plan --table " + std::to_string(o.table) + ": no strategy for '" +
-                          row.setting + "' fits in " + std::to_string(cluster.memory_bytes / kGiB) +
-                          " GiB per device");
+                          row.setting + "' fits in " + gib(cluster.memory_bytes) + " per device");
     }
     print_table(o.table, rows, run.json);
     return 0;

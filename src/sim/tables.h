@@ -23,8 +23,9 @@ struct TableRow {
 // Table 1 on one supernode of `cluster`.
 std::vector<TableRow> predict_table1(const ModelShape& model, const ModelConfig& config,
                                      ClusterConfig cluster, const RlJob& job);
-// Table 2 on 1, 2 and 4 supernodes, the job's prompts per step scaled with the supernodes (weak
-// scaling); rows alternate synchronous and StaleSync.
+// Table 2 on 1, 2 and 4 supernodes: the best synchronous and StaleSync strategies of one
+// supernode, then the same strategies with 2x and 4x their data parallelism and prompts per step
+// (weak scaling, as a scaling study runs); rows alternate synchronous and StaleSync.
 std::vector<TableRow> predict_table2(const ModelShape& model, const ModelConfig& config,
                                      ClusterConfig cluster, RlJob job);
 
