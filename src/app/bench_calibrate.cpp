@@ -1,7 +1,7 @@
 // `rlfusion bench calibrate`: measures this machine's rates and writes a cluster file for the
 // planner (src/sim/cluster.h): the matmul rate of the cpu kernels (checked against the reference)
-// at the models' matrix sizes and the cost of a kernel call beyond its work, memory
-// bandwidth (copy), and, under mpiexec with 2 ranks, MPI ping-pong between them through the
+// as Hockney's peak and half size over matrix sizes, the cost of a kernel call beyond its work,
+// memory bandwidth (copy), and, under mpiexec with 2 ranks, MPI ping-pong between them through the
 // runtime's Links (latency from 8-byte messages, bandwidth from 4 MiB ones), once as an intra-node
 // link and, with --inter-node-bandwidth or
 // --inter-node-latency, once more through link emulation as the inter-node link. Each rank is a
@@ -28,7 +28,9 @@
 #include "src/app/build_info.h"
 #include "src/app/commands.h"
 #include "src/app/options.h"
+#include "src/model/transformer.h"
 #include "src/sim/cluster.h"
+#include "src/sim/cost_model.h"
 
 namespace rlf {
 
@@ -39,7 +41,8 @@ double seconds_of(const std::function<void()>& body, int repeats) {
 }
 
 struct Matmul {
-  double rate = 0, large_rate = 0, overhead = 0, nmse = 0;
+  double rate = 0, half_size = 0, nmse = 0;
+  std::vector<std::pair<int, double>> sizes;  // (inner size, measured rate)
 };
 
 Matmul measure_matmul(Arena& scratch, int repeats) {
@@ -62,9 +65,9 @@ Matmul measure_matmul(Arena& scratch, int repeats) {
     }
     m.nmse = num / den;
   }
-  // The rate written is that of a model-sized matmul (256 tokens x 256 x 256: the shapes of the
-  // models this machine runs, well below the large-matrix rate a 1024^3 product reaches, which is
-  // printed beside it); the overhead is what a call of almost no work costs.
+  // Hockney's model of a matmul's rate against its inner size n (256 rows, n x n weights):
+  // rate(n) = peak n / (n + half_size), i.e. 1 / rate = 1 / peak + (half_size / peak) / n, fitted
+  // by least squares over n = 32 .. 1024 (small models run far below the large-matrix rate).
   auto rate_of = [&](int rows, int inner, int outer) {
     std::vector<float> out(static_cast<size_t>(rows) * size_t(outer));
     const auto a = filled(rows * inner, 3), w = filled(outer * inner, 4);
@@ -75,19 +78,54 @@ Matmul measure_matmul(Arena& scratch, int repeats) {
                },
                repeats);
   };
-  m.large_rate = rate_of(1024, 1024, 1024);
-  m.rate = rate_of(256, 256, 256);
-  std::vector<float> out(64), a = filled(32, 5), w = filled(64, 6);
-  const int calls = 2000;
-  const double tiny = seconds_of(
-                          [&] {
-                            for (int i = 0; i < calls; ++i)
-                              cpu::matmul_forward(out.data(), a.data(), w.data(), 4, 8, 8, scratch);
-                          },
-                          repeats) /
-                      calls;
-  m.overhead = std::max(0.0, tiny - 2.0 * 4 * 8 * 8 / m.rate);
+  double sx = 0, sy = 0, sxx = 0, sxy = 0;
+  const int sizes[] = {32, 64, 128, 256, 512, 1024};
+  for (int n : sizes) {
+    const double rate = rate_of(256, n, n);
+    m.sizes.push_back({n, rate});
+    const double x = 1.0 / n, y = 1.0 / rate;
+    sx += x;
+    sy += y;
+    sxx += x * x;
+    sxy += x * y;
+  }
+  const double count = double(std::size(sizes));
+  const double slope = (count * sxy - sx * sy) / (count * sxx - sx * sx);
+  const double intercept = (sy - slope * sx) / count;
+  m.rate = 1.0 / intercept;
+  m.half_size = std::max(0.0, slope / intercept);
   return m;
+}
+
+// What a kernel call costs beyond its work, inside the runtime's own layer: the training forward
+// of one token through a one-layer model of the smallest shape (d_model 8, 2 experts), divided by
+// the cost model's kernel calls for it (kKernelsPerLayer per layer + 3: embedding, final norm,
+// head). Arena allocations, routing bookkeeping and dispatch are in it, as in every real call.
+double measure_kernel_overhead(Device& device, int repeats) {
+  ModelConfig config;
+  config.name = "calibrate-micro";
+  config.vocab_size = 8;
+  config.d_model = 8;
+  config.n_layers = 1;
+  config.n_heads = 2;
+  config.n_experts = 2;
+  config.top_k = 1;
+  config.d_ff = 8;
+  config.max_seq_len = 8;
+  Transformer<float> model(config, device.ops(), device.memory(), /*with_gradients=*/false);
+  model.initialize(1);
+  const int tokens[1] = {1}, offsets[2] = {0, 1};
+  const int calls = 200;
+  const double seconds = seconds_of(
+                             [&] {
+                               for (int i = 0; i < calls; ++i) {
+                                 model.forward(tokens, offsets, 1);
+                                 model.release_activations();
+                               }
+                             },
+                             repeats) /
+                         calls;
+  return seconds / (config.n_layers * sim::kKernelsPerLayer + 3);
 }
 
 double measure_copy_bandwidth(int repeats) {
@@ -166,6 +204,7 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
   // The device's thread limit holds while it lives: the kernels run on this rank's threads only.
   Device device(Backend::Cpu, run.device_memory_bytes(), resolve_threads(run.threads));
   const Matmul matmul = measure_matmul(device.memory(), repeats);
+  const double kernel_overhead = measure_kernel_overhead(device, repeats);
   const double copy = measure_copy_bandwidth(repeats);
   sim::ClusterConfig c;
   c.name = name;
@@ -173,7 +212,8 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
   c.nodes_per_supernode = 1;
   c.supernodes = 1;
   c.matmul_flops = matmul.rate;
-  c.kernel_overhead = matmul.overhead;
+  c.matmul_half_size = matmul.half_size;
+  c.kernel_overhead = kernel_overhead;
   c.memory_bytes = double(run.device_memory_bytes());
   c.memory_bandwidth = copy;
   c.host_bandwidth = copy;
@@ -194,13 +234,15 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
   if (rank != 0) return 0;
   const bool matmul_ok = matmul.nmse <= 1e-8;
   char comment[512];
-  std::snprintf(comment, sizeof comment,
-                "Written by `rlfusion bench calibrate` (%s): rates measured on this machine, %d "
-                "rank(s), %d thread(s) each.\nmatmul rate of a 256^3 cpu matmul; kernel overhead "
-                "from 4x8x8 calls; copy bandwidth from memcpy of "
-                "128 MiB; links: %s; %s.",
-                build_info().c_str(), ranks, resolve_threads(run.threads), intra_method.c_str(),
-                inter_method.c_str());
+  std::snprintf(
+      comment, sizeof comment,
+      "Written by `rlfusion bench calibrate` (%s): rates measured on this machine, %d "
+      "rank(s), %d thread(s) each.\nmatmul peak and half size: Hockney fit of 256 x n x n "
+      "cpu matmuls, n = 32 .. 1024; kernel overhead "
+      "from a 1-token forward of a 1-layer d_model-8 model; copy bandwidth from memcpy of "
+      "128 MiB; links: %s; %s.",
+      build_info().c_str(), ranks, resolve_threads(run.threads), intra_method.c_str(),
+      inter_method.c_str());
   const std::string text = sim::cluster_config_ini(c, comment);
   const std::filesystem::path path(output);
   if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
@@ -208,24 +250,30 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
   sim::load_cluster_config(output);  // what was written reads back
   if (run.json) {
     std::printf(
-        "{\"command\":\"bench calibrate\",\"matmul_flops\":%.6g,\"matmul_nmse\":%.3g,"
+        "{\"command\":\"bench "
+        "calibrate\",\"matmul_flops\":%.6g,\"matmul_half_size\":%.6g,\"matmul_nmse\":%.3g,"
         "\"kernel_overhead_s\":%.6g,\"memory_bandwidth\":%.6g,\"intra_node_bandwidth\":%.6g,"
         "\"intra_node_latency_s\":%.6g,\"inter_node_bandwidth\":%.6g,"
         "\"inter_node_latency_s\":%.6g,\"output\":\"%s\",\"ok\":%s}\n",
-        c.matmul_flops, matmul.nmse, c.kernel_overhead, c.memory_bandwidth, c.intra_node.bandwidth,
-        c.intra_node.latency, c.inter_supernode.bandwidth, c.inter_supernode.latency,
-        output.c_str(), matmul_ok ? "true" : "false");
+        c.matmul_flops, c.matmul_half_size, matmul.nmse, c.kernel_overhead, c.memory_bandwidth,
+        c.intra_node.bandwidth, c.intra_node.latency, c.inter_supernode.bandwidth,
+        c.inter_supernode.latency, output.c_str(), matmul_ok ? "true" : "false");
     return matmul_ok ? 0 : 1;
   }
   std::printf("# rlfusion bench calibrate: %s\n", build_info().c_str());
   std::printf("# %d rank(s), median of %d repeats\n", ranks, repeats);
   std::printf("# %-22s %14s %-8s %s\n", "quantity", "measured", "unit", "method");
-  std::printf("  %-22s %14.2f %-8s %s (nmse vs reference %.1e)\n", "matmul rate",
-              c.matmul_flops / 1e9, "GFLOP/s", "cpu matmul 256^3 (written)", matmul.nmse);
-  std::printf("  %-22s %14.2f %-8s %s\n", "matmul rate, large", matmul.large_rate / 1e9, "GFLOP/s",
-              "cpu matmul 1024^3 (not written)");
+  for (const auto& [n, rate] : matmul.sizes) {
+    char what[64];
+    std::snprintf(what, sizeof what, "matmul 256 x %d x %d", n, n);
+    std::printf("  %-22s %14.2f %-8s %s\n", what, rate / 1e9, "GFLOP/s", "cpu kernel, median");
+  }
+  std::printf("  %-22s %14.2f %-8s %s (nmse vs reference %.1e)\n", "matmul peak",
+              c.matmul_flops / 1e9, "GFLOP/s", "Hockney fit of the rates above", matmul.nmse);
+  std::printf("  %-22s %14.1f %-8s %s\n", "matmul half size", c.matmul_half_size, "",
+              "inner size at half the peak (same fit)");
   std::printf("  %-22s %14.2f %-8s %s\n", "kernel overhead", c.kernel_overhead * 1e6, "us",
-              "4x8x8 matmul calls beyond their FLOPs");
+              "1-token forward of a 1-layer d_model-8 model / 21 calls");
   std::printf("  %-22s %14.2f %-8s %s\n", "memory bandwidth", c.memory_bandwidth / 1e9, "GB/s",
               "memcpy 128 MiB, read + write");
   std::printf("  %-22s %14.3f %-8s %s\n", "intra-node bandwidth", c.intra_node.bandwidth / 1e9,

@@ -27,7 +27,13 @@ struct ClusterConfig {
   int devices_per_node = 0;
   int nodes_per_supernode = 0;
   int supernodes = 0;
-  double matmul_flops = 0;      // FLOP/s a device sustains on large matrix products
+  double matmul_flops = 0;  // FLOP/s a device sustains on large matrix products
+  // Hockney's half-performance size: a product of inner size n runs at
+  // matmul_flops x n / (n + matmul_half_size) (0: every size at the full rate).
+  double matmul_half_size = 0;
+  double matmul_rate(double inner) const {
+    return matmul_flops * inner / (inner + matmul_half_size);
+  }
   double memory_bytes = 0;      // device memory capacity
   double memory_bandwidth = 0;  // device memory bytes/s (streaming reads + writes)
   double host_bandwidth = 0;    // device <-> host memory bytes/s (offload, onload)

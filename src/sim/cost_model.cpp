@@ -98,8 +98,8 @@ Training training_cost(const ModelShape& m, const ClusterConfig& c, const RlJob&
   const double elementwise =
       tokens * m.layers * kElementwiseValuesPerLayer * m.d_model * ab * passes;
   const double kernels = micro_batches * layers_per_stage * kKernelsPerLayer * passes;
-  t.compute = busiest * (flops / (devices * c.matmul_flops) +
-                         elementwise / (devices * c.memory_bandwidth)) +
+  const double rate = c.matmul_rate(m.d_model / p.tp);
+  t.compute = busiest * (flops / (devices * rate) + elementwise / (devices * c.memory_bandwidth)) +
               kernels * c.kernel_overhead;
   const double params = training_parameters(m, p);
   const double state_bytes = job.parameter_bytes + job.gradient_bytes + job.optimizer_bytes;
@@ -123,8 +123,7 @@ Training training_cost(const ModelShape& m, const ClusterConfig& c, const RlJob&
     const double rows = micro_tokens / p.tp * remote_rows(m, p.ep, s.dispatch);
     const double one = link.seconds(rows * m.d_model * ab, p.ep - 1.0);
     const double total = micro_batches * layers_per_stage * collectives_per_layer * one;
-    const double expert_compute =
-        tokens * 2 * m.expert_matmul * passes / (devices * c.matmul_flops);
+    const double expert_compute = tokens * 2 * m.expert_matmul * passes / (devices * rate);
     t.all_to_all = s.ep_overlap ? std::max(0.0, total - expert_compute) : total;
   }
   const Link& dp_link = c.link(c.level_spanned(int64_t(p.devices())));
@@ -147,9 +146,9 @@ Training training_cost(const ModelShape& m, const ClusterConfig& c, const RlJob&
   const double in_flight = std::min(micro_batches, double(p.pp));
   // With recompute a micro-batch in flight keeps each layer's input; one layer's activations
   // exist at a time during its backward.
-  const double kept = s.recompute ? in_flight * layers_per_stage * m.d_model / p.tp +
-                                        values_per_token_layer
-                                  : in_flight * layers_per_stage * values_per_token_layer;
+  const double kept = s.recompute
+                          ? in_flight * layers_per_stage * m.d_model / p.tp + values_per_token_layer
+                          : in_flight * layers_per_stage * values_per_token_layer;
   t.memory += kept * micro_tokens * ab +
               2 * micro_tokens * m.vocab * 4 / p.tp;  // logits and their gradient, float32
   return t;
@@ -169,9 +168,10 @@ double generation_step(const ModelShape& m, const ClusterConfig& c, const RlJob&
   const double dense_flops = tokens * 2 * (m.active_matmul - m.expert_matmul) / g.tp;
   const double expert_flops = group_tokens * 2 * m.expert_matmul / g.ep;
   const double attention_flops = tokens * 4 * m.layers * m.d_model * context / g.tp;
-  double seconds = std::max((weights + kv + elementwise) / c.memory_bandwidth,
-                            (dense_flops + expert_flops + attention_flops) / c.matmul_flops) +
-                   (m.layers * kKernelsPerLayer + 3) * c.kernel_overhead;
+  double seconds =
+      std::max((weights + kv + elementwise) / c.memory_bandwidth,
+               (dense_flops + expert_flops + attention_flops) / c.matmul_rate(m.d_model / g.tp)) +
+      (m.layers * kKernelsPerLayer + 3) * c.kernel_overhead;
   if (g.tp > 1) {
     seconds += 2 * m.layers *
                ring_allreduce_seconds(tokens * m.d_model * ab, g.tp, c.link(c.level_spanned(g.tp)));
@@ -223,7 +223,7 @@ Phase generation_cost(const ModelShape& m, const ClusterConfig& c, const RlJob& 
   if (job.reward_model) {  // scoring: one forward of every sample with a policy-shaped model
     const double sequence = job.prompt.mean + job.response.mean;
     phase.seconds += samples * sequence * forward_flops_per_token(m, 0.5 * sequence) /
-                     (g.devices() * c.matmul_flops);
+                     (g.devices() * c.matmul_rate(m.d_model / g.tp));
   }
   return phase;
 }

@@ -30,8 +30,9 @@ struct Ranked {
 
 struct SearchResult {
   int64_t evaluated = 0;  // index points of the space decoded and checked
-  int64_t feasible = 0;   // layouts the model and job can run, each predicted (the rate counts these)
-  int64_t fitting = 0;    // feasible and within device memory
+  int64_t feasible =
+      0;                // layouts the model and job can run, each predicted (the rate counts these)
+  int64_t fitting = 0;  // feasible and within device memory
   double seconds = 0;
   std::vector<Ranked> best;  // highest tokens/s first, at most kKeepBest
   // Strategies predicted per second.
