@@ -1,12 +1,12 @@
 // `rlfusion bench calibrate`: measures this machine's rates and writes a cluster file for the
-// planner (src/sim/cluster.h): the matmul rate of the cpu kernels (checked against the reference)
-// as Hockney's peak and half size over matrix sizes, the cost of a kernel call beyond its work,
-// memory bandwidth (copy), and, under mpiexec with 2 ranks, MPI ping-pong between them through the
-// runtime's Links (latency from 8-byte messages, bandwidth from 4 MiB ones), once as an intra-node
-// link and, with --inter-node-bandwidth or
-// --inter-node-latency, once more through link emulation as the inter-node link. Each rank is a
-// device; the host is the same memory (host bandwidth = copy bandwidth). Nothing comes from
-// published figures.
+// planner (src/sim/cluster.h): the FLOP/s of the runtime's own layers (forward + backward of a
+// reference shape), the size dependence of the cpu matmul (Hockney's half size; the kernel checked
+// against its reference), the cost of a kernel call beyond its work, memory bandwidth (copy), and,
+// under mpiexec with 2 ranks, MPI ping-pong between them through the runtime's Links (latency from
+// 8-byte messages, bandwidth from 4 MiB ones), once as an intra-node link and, with
+// --inter-node-bandwidth or --inter-node-latency, once more through link emulation as the
+// inter-node link. Each rank is a device; the host is the same memory (host bandwidth = copy
+// bandwidth). Nothing comes from published figures.
 #include <mpi.h>
 
 #include <algorithm>
@@ -128,6 +128,43 @@ double measure_kernel_overhead(Device& device, int repeats) {
   return seconds / (config.n_layers * sim::kKernelsPerLayer + 3);
 }
 
+// FLOP/s of the runtime's own layers: forward + backward of a reference model (d_model 128, 2
+// layers, 8 experts top-2 of width 256 and a shared expert, 16 sequences of 32 tokens; a shape of
+// its own, not one of the validated models), its FLOPs counted by the cost model's formula.
+double measure_layer_rate(Device& device, int repeats) {
+  ModelConfig config;
+  config.name = "calibrate-reference";
+  config.vocab_size = 64;
+  config.d_model = 128;
+  config.n_layers = 2;
+  config.n_heads = 4;
+  config.n_experts = 8;
+  config.top_k = 2;
+  config.d_ff = 256;
+  config.shared_expert_d_ff = 256;
+  config.max_seq_len = 64;
+  const Arena::Mark mark = device.memory().mark();
+  double seconds = 0;
+  const int sequences = 16, length = 32, tokens = sequences * length;
+  {
+    Transformer<float> model(config, device.ops(), device.memory(), /*with_gradients=*/true);
+    model.initialize(1);
+    std::vector<int> ids(static_cast<size_t>(tokens)), offsets;
+    for (int i = 0; i < tokens; ++i) ids[size_t(i)] = (i * 7 + 3) % config.vocab_size;
+    for (int s = 0; s <= sequences; ++s) offsets.push_back(s * length);
+    const std::vector<float> dlogits(size_t(tokens) * size_t(config.vocab_size), 1.0f / tokens);
+    seconds = seconds_of(
+        [&] {
+          model.forward(ids.data(), offsets.data(), sequences);
+          model.backward(dlogits.data(), 0.0f);
+        },
+        repeats);
+  }
+  device.memory().release(mark);
+  const sim::ModelShape shape = sim::model_shape(config);
+  return tokens * sim::forward_flops_per_token(shape, 0.5 * (length + 1)) * 3 / seconds;
+}
+
 double measure_copy_bandwidth(int repeats) {
   const size_t bytes = size_t(128) << 20;
   std::vector<char> from(bytes, 1), to(bytes, 0);
@@ -205,13 +242,14 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
   Device device(Backend::Cpu, run.device_memory_bytes(), resolve_threads(run.threads));
   const Matmul matmul = measure_matmul(device.memory(), repeats);
   const double kernel_overhead = measure_kernel_overhead(device, repeats);
+  const double layer_rate = measure_layer_rate(device, repeats);
   const double copy = measure_copy_bandwidth(repeats);
   sim::ClusterConfig c;
   c.name = name;
   c.devices_per_node = ranks;
   c.nodes_per_supernode = 1;
   c.supernodes = 1;
-  c.matmul_flops = matmul.rate;
+  c.matmul_flops = layer_rate;
   c.matmul_half_size = matmul.half_size;
   c.kernel_overhead = kernel_overhead;
   c.memory_bytes = double(run.device_memory_bytes());
@@ -237,7 +275,8 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
   std::snprintf(
       comment, sizeof comment,
       "Written by `rlfusion bench calibrate` (%s): rates measured on this machine, %d "
-      "rank(s), %d thread(s) each.\nmatmul peak and half size: Hockney fit of 256 x n x n "
+      "rank(s), %d thread(s) each.\nmatmul_flops: forward + backward of a reference layer "
+      "(d_model 128, 8 experts); half size: Hockney fit of 256 x n x n "
       "cpu matmuls, n = 32 .. 1024; kernel overhead "
       "from a 1-token forward of a 1-layer d_model-8 model; copy bandwidth from memcpy of "
       "128 MiB; links: %s; %s.",
@@ -268,8 +307,10 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
     std::snprintf(what, sizeof what, "matmul 256 x %d x %d", n, n);
     std::printf("  %-22s %14.2f %-8s %s\n", what, rate / 1e9, "GFLOP/s", "cpu kernel, median");
   }
-  std::printf("  %-22s %14.2f %-8s %s (nmse vs reference %.1e)\n", "matmul peak",
-              c.matmul_flops / 1e9, "GFLOP/s", "Hockney fit of the rates above", matmul.nmse);
+  std::printf("  %-22s %14.2f %-8s %s (nmse vs reference %.1e)\n", "matmul peak", matmul.rate / 1e9,
+              "GFLOP/s", "Hockney fit of the rates above", matmul.nmse);
+  std::printf("  %-22s %14.2f %-8s %s\n", "layer rate (written)", c.matmul_flops / 1e9, "GFLOP/s",
+              "fwd+bwd, d_model 128, 8 experts, 16 x 32 tokens");
   std::printf("  %-22s %14.1f %-8s %s\n", "matmul half size", c.matmul_half_size, "",
               "inner size at half the peak (same fit)");
   std::printf("  %-22s %14.2f %-8s %s\n", "kernel overhead", c.kernel_overhead * 1e6, "us",

@@ -27,7 +27,9 @@ struct ClusterConfig {
   int devices_per_node = 0;
   int nodes_per_supernode = 0;
   int supernodes = 0;
-  double matmul_flops = 0;  // FLOP/s a device sustains on large matrix products
+  // FLOP/s a device sustains running a model's layers (forward and backward: matmuls, attention,
+  // experts, counted as the cost model counts FLOPs); a device's peak bounds it.
+  double matmul_flops = 0;
   // Hockney's half-performance size: a product of inner size n runs at
   // matmul_flops x n / (n + matmul_half_size) (0: every size at the full rate).
   double matmul_half_size = 0;

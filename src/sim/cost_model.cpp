@@ -40,6 +40,10 @@ double remote_owners(double ep, double top_k, double experts) {
   return (ep - 1) * (1 - miss);
 }
 
+double forward_flops_per_token(const ModelShape& m, double context) {
+  return 2 * m.active_matmul + 4 * m.layers * m.d_model * context;
+}
+
 namespace {
 
 bool divides(double a, double b) {
@@ -51,11 +55,6 @@ double remote_rows(const ModelShape& m, int ep, Dispatch dispatch) {
   if (ep <= 1) return 0;
   return dispatch == Dispatch::Flat ? m.top_k * (ep - 1.0) / ep
                                     : remote_owners(ep, m.top_k, m.experts);
-}
-
-// Forward FLOPs of one token at context `context` (attention's causal pairs included).
-double forward_flops_per_token(const ModelShape& m, double context) {
-  return 2 * m.active_matmul + 4 * m.layers * m.d_model * context;
 }
 
 struct Phase {

@@ -23,6 +23,10 @@ struct ModelShape {
 };
 ModelShape model_shape(const ModelConfig& config);
 
+// Forward FLOPs of one token at context `context` (attention's causal pairs included): how the
+// cost model counts work, and how `bench calibrate` turns a timed layer into a rate.
+double forward_flops_per_token(const ModelShape& model, double context);
+
 // Kernel calls of one layer's forward pass (norms, four projections, RoPE, attention, router,
 // top-k, the grouped experts and the shared expert, combine, residual adds): the per-call cost of
 // small batches.
