@@ -304,10 +304,10 @@ int run_plan_command(const std::vector<std::string>& args) {
   space.staleness = parse_int_list(o.staleness_list, "--staleness-bounds");
   const SearchResult result = search(model, config, cluster, job, space);
   if (result.best.empty()) {
-    throw ConfigError(
-        "plan: no strategy fits: " + std::to_string(result.feasible) + " strategies of model " +
-        config.name + " on " + std::to_string(devices) + " devices all need more than the " +
-        std::to_string(cluster.memory_bytes / kGiB) + " GiB of device memory of " + cluster.name);
+    throw ConfigError("plan: no strategy fits: " + std::to_string(result.feasible) +
+                      " strategies of model " + config.name + " on " + std::to_string(devices) +
+                      " devices all need more than the " + gib(cluster.memory_bytes) +
+                      " of device memory of " + cluster.name);
   }
   print_ranked(result, run.json);
   return 0;
