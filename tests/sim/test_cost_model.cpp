@@ -102,6 +102,23 @@ TEST(CostModel, PipelineBubbleIsMegatronFraction) {
   EXPECT_NEAR(b.pipeline, a.training / 4 * 3.0 / 64, 1e-12);
 }
 
+TEST(CostModel, ExpertParallelExchangesByHand) {
+  const ModelShape m = model_shape(load_model_config("tiny"));
+  const RlJob job =
+      fixed_job(4, 2, 2, 4, 4);  // 8 samples, 2 data-parallel ranks: 2 micro-batches each
+  ClusterConfig c = flops_only();
+  c.intra_node.latency = 1e-3;  // only message latency costs: 2 ranks fit a node
+  Strategy s;
+  s.mode = Mode::Fused;
+  s.offload = false;
+  s.train.dp = s.generate.dp = 2;
+  s.train.ep = 2;
+  const Prediction p = predict(m, c, job, s);
+  // 2 micro-batches x 2 layers x 4 stages (dispatch, combine, their backward) x 3 messages to the
+  // one peer x 1 ms; with overlap the expert compute (free here) hides nothing.
+  EXPECT_NEAR(p.all_to_all, 2 * 2 * 4 * 3 * 1e-3, 1e-12);
+}
+
 TEST(CostModel, StaleSyncOverlapsDisaggregatedAndCutsFused) {
   const ModelShape m = model_shape(load_model_config("small"));
   RlJob job = fixed_job(8, 4, 4, 16, 0);
