@@ -149,9 +149,11 @@ void print_table(int number, const std::vector<TableRow>& rows, bool json) {
   }
   std::printf("# Table %d, PREDICTED by the planner (not measured), beside the published figures\n",
               number);
-  std::printf("# %-32s %10s %12s %8s %12s %8s  %-40s %s\n", "setting", "supernodes", "predicted",
-              "ratio", "published", "ratio", "best strategy", "published note");
-  std::printf("# %-32s %10s %12s %8s %12s %8s\n", "", "", "(tokens/s)", "", "(tokens/s)", "");
+  std::printf("# %-32s %10s %12s %8s %12s %8s %8s %8s %8s  %-40s %s\n", "setting", "supernodes",
+              "predicted", "ratio", "published", "ratio", "step", "generate", "train",
+              "best strategy", "published note");
+  std::printf("# %-32s %10s %12s %8s %12s %8s %8s %8s %8s\n", "", "", "(tokens/s)", "",
+              "(tokens/s)", "", "(s)", "(s)", "(s)");
   const double first = rows.empty() || rows[0].result.best.empty()
                            ? 0
                            : rows[0].result.best[0].prediction.tokens_per_second;
@@ -178,10 +180,13 @@ void print_table(int number, const std::vector<TableRow>& rows, bool json) {
       std::snprintf(published_ratio, sizeof published_ratio, "%.2f",
                     row.published_tokens_per_second / base_published);
     }
-    std::printf("  %-32s %10d %12.0f %8.2f %12s %8s  %-40s %s\n", row.setting.c_str(),
-                row.supernodes, predicted, base > 0 ? predicted / base : 0.0, published,
-                published_ratio, row.result.best[0].strategy.describe().c_str(),
-                row.published_note.c_str());
+    const Prediction& p = row.result.best[0].prediction;
+    const double training =
+        p.training + p.tensor_parallel + p.pipeline + p.all_to_all + p.gradient_sync;
+    std::printf("  %-32s %10d %12.0f %8.2f %12s %8s %8.1f %8.1f %8.1f  %-40s %s\n",
+                row.setting.c_str(), row.supernodes, predicted, base > 0 ? predicted / base : 0.0,
+                published, published_ratio, p.step, p.generation, training,
+                row.result.best[0].strategy.describe().c_str(), row.published_note.c_str());
   }
   std::printf("# ratio: %s\n", number == 1 ? "tokens/s / the disaggregated synchronous row"
                                            : "linearity, tokens/s / (supernodes x the same "

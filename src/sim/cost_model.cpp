@@ -120,7 +120,7 @@ Training training_cost(const ModelShape& m, const ClusterConfig& c, const RlJob&
   if (p.ep > 1) {
     const Link& link = c.link(c.level_spanned(int64_t(p.ep) * p.tp));
     const double rows = micro_tokens / p.tp * remote_rows(m, p.ep, s.dispatch);
-    const double one = link.seconds(rows * m.d_model * ab, kMessagesPerPeer * (p.ep - 1.0));
+    const double one = link.seconds(rows * m.d_model * ab, kExchangeRounds);
     const double total = micro_batches * layers_per_stage * collectives_per_layer * one;
     const double expert_compute = tokens * 2 * m.expert_matmul * passes / (devices * rate);
     t.all_to_all = s.ep_overlap ? std::max(0.0, total - expert_compute) : total;
@@ -177,9 +177,9 @@ double generation_step(const ModelShape& m, const ClusterConfig& c, const RlJob&
   }
   if (g.ep > 1) {
     const Link& link = c.link(c.level_spanned(g.ep));
-    seconds += 2 * m.layers *
-               link.seconds(tokens * m.top_k * (g.ep - 1.0) / g.ep * m.d_model * ab,
-                            kMessagesPerPeer * (g.ep - 1.0));
+    seconds +=
+        2 * m.layers *
+        link.seconds(tokens * m.top_k * (g.ep - 1.0) / g.ep * m.d_model * ab, kExchangeRounds);
   }
   return seconds;
 }

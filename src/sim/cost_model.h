@@ -31,9 +31,10 @@ double forward_flops_per_token(const ModelShape& model, double context);
 // top-k, the grouped experts and the shared expert, combine, residual adds): the per-call cost of
 // small batches.
 inline constexpr double kKernelsPerLayer = 18;
-// Messages an EP stage (dispatch, combine or their backward) sends to each peer: a count, the
-// routing metadata and the rows (mpi_comm/expert_dispatch.h).
-inline constexpr double kMessagesPerPeer = 3;
+// Rounds of messages an EP stage (dispatch, combine or their backward) takes: the counts, the
+// routing metadata, the rows (mpi_comm/expert_dispatch.h), each round sent to every peer at once,
+// so a stage pays three latencies whatever the group's size.
+inline constexpr double kExchangeRounds = 3;
 // Values an elementwise pass reads or writes per token per layer (norms, residuals, RoPE,
 // SwiGLU), in multiples of d_model: the memory-bound work beside the matmuls.
 inline constexpr double kElementwiseValuesPerLayer = 16;

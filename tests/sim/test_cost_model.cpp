@@ -114,9 +114,13 @@ TEST(CostModel, ExpertParallelExchangesByHand) {
   s.train.dp = s.generate.dp = 2;
   s.train.ep = 2;
   const Prediction p = predict(m, c, job, s);
-  // 2 micro-batches x 2 layers x 4 stages (dispatch, combine, their backward) x 3 messages to the
-  // one peer x 1 ms; with overlap the expert compute (free here) hides nothing.
+  // 2 micro-batches x 2 layers x 4 stages (dispatch, combine, their backward) x 3 rounds of
+  // messages x 1 ms.
   EXPECT_NEAR(p.all_to_all, 2 * 2 * 4 * 3 * 1e-3, 1e-12);
+  // A group of 4 pays the same rounds: the peers are sent to at once.
+  s.train.dp = s.generate.dp = 4;
+  s.train.ep = 4;
+  EXPECT_NEAR(predict(m, c, job, s).all_to_all, 1 * 2 * 4 * 3 * 1e-3, 1e-12);
 }
 
 TEST(CostModel, StaleSyncOverlapsDisaggregatedAndCutsFused) {
