@@ -156,12 +156,11 @@ Training training_cost(const ModelShape& m, const ClusterConfig& c, const RlJob&
 // One decode (or prefill) step of `tokens` tokens per attention data-parallel rank at context
 // `context`, on one device of the generation layout.
 double generation_step(const ModelShape& m, const ClusterConfig& c, const RlJob& job,
-                       const Parallelism& g, double tokens, double context, double weight_reads) {
+                       const Parallelism& g, double tokens, double context) {
   const double ab = job.activation_bytes;
   const double group_tokens = tokens * std::max(1.0, double(g.ep) / g.tp);
   const double touched = 1 - std::pow(std::max(0.0, 1 - m.top_k / m.experts), group_tokens);
-  const double weights =
-      weight_reads * (m.replicated / g.tp + m.routed / g.ep * touched) * job.parameter_bytes;
+  const double weights = (m.replicated / g.tp + m.routed / g.ep * touched) * job.parameter_bytes;
   const double kv = tokens * context * 2 * m.d_model * m.layers * ab / g.tp;
   const double elementwise = tokens * m.layers * kElementwiseValuesPerLayer * m.d_model * ab;
   const double dense_flops = tokens * 2 * (m.active_matmul - m.expert_matmul) / g.tp;
@@ -218,8 +217,8 @@ Phase generation_cost(const ModelShape& m, const ClusterConfig& c, const RlJob& 
   double prefill_tokens = per_rank * job.prompt.mean;
   if (cut)
     prefill_tokens += (1 - job.finish_threshold) * per_rank * (job.prompt.mean + 0.5 * steps);
-  phase.seconds = generation_step(m, c, job, g, prefill_tokens, 0.5 * job.prompt.mean, 1);
-  phase.seconds += steps * generation_step(m, c, job, g, live, context, 1);
+  phase.seconds = generation_step(m, c, job, g, prefill_tokens, 0.5 * job.prompt.mean);
+  phase.seconds += steps * generation_step(m, c, job, g, live, context);
   if (job.reward_model) {  // scoring: one forward of every sample with a policy-shaped model
     const double sequence = job.prompt.mean + job.response.mean;
     phase.seconds += samples * sequence * forward_flops_per_token(m, 0.5 * sequence) /
