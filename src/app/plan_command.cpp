@@ -293,7 +293,7 @@ int run_plan_command(const std::vector<std::string>& args) {
         s.mode == Mode::Disaggregated ? devices - s.train.devices() : s.train.devices();
     if (s.generate.tp <= 0) throw ConfigError("--gen-tp must be >= 1");
     if (s.generate.dp == 0) s.generate.dp = generate_devices / s.generate.tp;
-    if (s.devices() > devices || !feasible(model, config, job, s))
+    if (s.devices() > devices || !feasible(config, job, s))
       throw ConfigError("plan: strategy " + s.describe() + " does not fit " +
                         std::to_string(devices) + " devices, model " + config.name + " and job " +
                         job.name + " (degrees must divide heads, experts, TP x DP and the batch)");

@@ -233,8 +233,7 @@ bool layouts_equal(const Parallelism& a, const Parallelism& b) {
 
 }  // namespace
 
-bool feasible(const ModelShape& m, const ModelConfig& config, const RlJob& job, const Strategy& s) {
-  (void)m;
+bool feasible(const ModelConfig& config, const RlJob& job, const Strategy& s) {
   for (const Parallelism* p : {&s.train, &s.generate}) {
     if (p->tp < 1 || p->pp < 1 || p->vpp < 1 || p->ep < 1 || p->dp < 1) return false;
     if (!divides(p->tp, config.n_heads)) return false;

@@ -59,8 +59,7 @@ struct Prediction {
 };
 
 // Whether `s` is a layout this model and job can run (degrees divide what they split).
-bool feasible(const ModelShape& model, const ModelConfig& config, const RlJob& job,
-              const Strategy& s);
+bool feasible(const ModelConfig& config, const RlJob& job, const Strategy& s);
 
 Prediction predict(const ModelShape& model, const ClusterConfig& cluster, const RlJob& job,
                    const Strategy& s);

@@ -138,7 +138,7 @@ SearchResult search(const ModelShape& model, const ModelConfig& config,
         Strategy s;
         for (int64_t i = range.begin(); i != range.end(); ++i) {
           ++found.evaluated;
-          if (!decode(a, i, s) || !feasible(model, config, job, s)) continue;
+          if (!decode(a, i, s) || !feasible(config, job, s)) continue;
           ++found.feasible;
           const Prediction p = predict(model, cluster, job, s);
           if (!p.fits) continue;
