@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The planner's validation (issue 10): calibrates this machine (`bench calibrate`, 2 ranks), runs
+# The planner's validation (issue 10): calibrates this machine (`bench calibrate`, 2 ranks; again
+# through link emulation for each case that emulates links), runs
 # every case of jobs/local/planner_validation_cases.csv with `rlfusion train`, collects the
 # measured step time (the trace's RL wall time / steps), the link counters' bytes, the device-memory peaks and
 # the token totals into $OUT/measured.csv, and prints `rlfusion plan --validate`'s table of
@@ -15,10 +16,10 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 mkdir -p "$OUT"
 
 echo "# calibrating this machine -> $OUT/cluster.ini"
-mpiexec -n 2 --bind-to core "$RLFUSION" bench calibrate --output "$OUT/cluster.ini"
+mpiexec -n 2 --bind-to core "$RLFUSION" bench calibrate --output "$OUT/cluster.ini" < /dev/null
 
 MEASURED="$OUT/measured.csv"
-echo "case,task,model,mode,ranks,ranks_per_node,actors,expert_parallel,actor_expert_parallel,staleness,offload,inter_bandwidth,inter_latency,prompts,group_size,micro_batch,reference,queue_shards,steps,trained_tokens,response_tokens,step_s,intra_bytes,inter_bytes,generation_peak,training_peak" > "$MEASURED"
+echo "case,cluster,task,model,mode,ranks,ranks_per_node,actors,expert_parallel,actor_expert_parallel,staleness,offload,inter_bandwidth,inter_latency,prompts,group_size,micro_batch,reference,queue_shards,steps,trained_tokens,response_tokens,step_s,intra_bytes,inter_bytes,generation_peak,training_peak" > "$MEASURED"
 
 grep -v '^#' "$CASES" | tail -n +2 | while IFS=, read -r name ranks rpn mode stale ep aep offload bw lat model task prompts group micro steps; do
   dir="$OUT/$name"
@@ -26,6 +27,13 @@ grep -v '^#' "$CASES" | tail -n +2 | while IFS=, read -r name ranks rpn mode sta
         --group-size "$group" --micro-batch "$micro" --eval-prompts 10 --eval-every 0
         --log-every "$steps" --run-dir "$dir" --overwrite)
   actors=0
+  cluster="$OUT/cluster.ini"
+  if [ "$bw" != 0 ] || [ "$lat" != 0 ]; then
+    # The case's emulated link, measured by the calibration the same way as the rest.
+    cluster="$OUT/cluster-$name.ini"
+    mpiexec -n 2 --bind-to core "$RLFUSION" bench calibrate --output "$cluster" \
+      --inter-node-bandwidth "$bw" --inter-node-latency "$lat" < /dev/null > "$dir.calibrate" 2>&1
+  fi
   if [ "$ranks" -gt 1 ]; then
     args+=(--mode "$mode" --staleness "$stale" --ranks-per-node "$rpn" --expert-parallel "$ep"
            --actor-expert-parallel "$aep")
@@ -38,7 +46,7 @@ grep -v '^#' "$CASES" | tail -n +2 | while IFS=, read -r name ranks rpn mode sta
   mpiexec -n "$ranks" --bind-to core "$RLFUSION" "${args[@]}" < /dev/null > "$dir.stdout" 2>&1 || {
     echo "case $name failed:"; tail -5 "$dir.stdout"; exit 1; }
   "$RLFUSION" report "$dir" --json < /dev/null > "$dir.report.json"
-  "$PYTHON" - "$dir" "$name,$task,$model,$mode,$ranks,$rpn,$actors,$ep,$aep,$stale,$offload,$bw,$lat,$prompts,$group,$micro,0,2,$steps" >> "$MEASURED" <<'PY'
+  "$PYTHON" - "$dir" "$name,$cluster,$task,$model,$mode,$ranks,$rpn,$actors,$ep,$aep,$stale,$offload,$bw,$lat,$prompts,$group,$micro,0,2,$steps" >> "$MEASURED" <<'PY'
 import json, re, sys
 run, prefix = sys.argv[1], sys.argv[2]
 summary = json.load(open(run + "/summary.json"))
@@ -57,4 +65,4 @@ PY
 done
 
 echo "# measured: $MEASURED"
-"$RLFUSION" plan --cluster "$OUT/cluster.ini" --validate "$MEASURED"
+"$RLFUSION" plan --validate "$MEASURED"

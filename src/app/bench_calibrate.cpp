@@ -1,9 +1,9 @@
 // `rlfusion bench calibrate`: measures this machine's rates and writes a cluster file for the
 // planner (src/sim/cluster.h): the FLOP/s of the runtime's own layers (forward + backward of a
-// reference shape), the size dependence of the cpu matmul (Hockney's half size; the kernel checked
-// against its reference), the cost of a kernel call beyond its work, memory bandwidth (copy), and,
-// under mpiexec with 2 ranks, MPI ping-pong between them through the runtime's Links (latency from
-// 8-byte messages, bandwidth from 4 MiB ones), once as an intra-node link and, with
+// reference shape) against the rows a call processes (Hockney's peak and half-rate rows), the cpu
+// matmul checked against its reference, the cost of a kernel call beyond its work, memory bandwidth
+// (copy), and, under mpiexec with 2 ranks, MPI ping-pong between them through the runtime's Links
+// (latency from 8-byte messages, bandwidth from 4 MiB ones), once as an intra-node link and, with
 // --inter-node-bandwidth or --inter-node-latency, once more through link emulation as the
 // inter-node link. Each rank is a device; the host is the same memory (host bandwidth = copy
 // bandwidth). Nothing comes from published figures.
@@ -41,8 +41,7 @@ double seconds_of(const std::function<void()>& body, int repeats) {
 }
 
 struct Matmul {
-  double rate = 0, half_size = 0, nmse = 0;
-  std::vector<std::pair<int, double>> sizes;  // (inner size, measured rate)
+  double rate = 0, nmse = 0;
 };
 
 Matmul measure_matmul(Arena& scratch, int repeats) {
@@ -65,35 +64,14 @@ Matmul measure_matmul(Arena& scratch, int repeats) {
     }
     m.nmse = num / den;
   }
-  // Hockney's model of a matmul's rate against its inner size n (256 rows, n x n weights):
-  // rate(n) = peak n / (n + half_size), i.e. 1 / rate = 1 / peak + (half_size / peak) / n, fitted
-  // by least squares over n = 32 .. 1024 (small models run far below the large-matrix rate).
-  auto rate_of = [&](int rows, int inner, int outer) {
-    std::vector<float> out(static_cast<size_t>(rows) * size_t(outer));
-    const auto a = filled(rows * inner, 3), w = filled(outer * inner, 4);
-    return 2.0 * rows * inner * outer /
-           seconds_of(
-               [&] {
-                 cpu::matmul_forward(out.data(), a.data(), w.data(), rows, inner, outer, scratch);
-               },
-               repeats);
-  };
-  double sx = 0, sy = 0, sxx = 0, sxy = 0;
-  const int sizes[] = {32, 64, 128, 256, 512, 1024};
-  for (int n : sizes) {
-    const double rate = rate_of(256, n, n);
-    m.sizes.push_back({n, rate});
-    const double x = 1.0 / n, y = 1.0 / rate;
-    sx += x;
-    sy += y;
-    sxx += x * x;
-    sxy += x * y;
-  }
-  const double count = double(std::size(sizes));
-  const double slope = (count * sxy - sx * sy) / (count * sxx - sx * sx);
-  const double intercept = (sy - slope * sx) / count;
-  m.rate = 1.0 / intercept;
-  m.half_size = std::max(0.0, slope / intercept);
+  // The large-matrix rate, printed for comparison with the layer rates.
+  const int n = 1024;
+  const auto a = filled(n * n, 3), w = filled(n * n, 4);
+  std::vector<float> out(static_cast<size_t>(n) * size_t(n));
+  m.rate =
+      2.0 * n * n * n /
+      seconds_of([&] { cpu::matmul_forward(out.data(), a.data(), w.data(), n, n, n, scratch); },
+                 repeats);
   return m;
 }
 
@@ -128,10 +106,18 @@ double measure_kernel_overhead(Device& device, int repeats) {
   return seconds / (config.n_layers * sim::kKernelsPerLayer + 3);
 }
 
-// FLOP/s of the runtime's own layers: forward + backward of a reference model (d_model 128, 2
-// layers, 8 experts top-2 of width 256 and a shared expert, 16 sequences of 32 tokens; a shape of
-// its own, not one of the validated models), its FLOPs counted by the cost model's formula.
-double measure_layer_rate(Device& device, int repeats) {
+struct LayerRates {
+  double peak = 0, half_rows = 0;
+  std::vector<std::pair<int, double>> measured;  // (rows, FLOP/s)
+};
+
+// FLOP/s of the runtime's own layers against the rows (tokens) a call processes: forward +
+// backward of a reference model (d_model 128, 2 layers, 8 experts top-2 of width 256 and a shared
+// expert; a shape of its own, not one of the validated models) on 1, 4, 16 and 64 sequences of 16
+// tokens, FLOPs counted by the cost model's formula, fitted by least squares to Hockney's
+// rate(rows) = peak rows / (rows + half_rows), i.e. 1 / rate = 1 / peak + (half_rows / peak) /
+// rows.
+LayerRates measure_layer_rates(Device& device, int repeats) {
   ModelConfig config;
   config.name = "calibrate-reference";
   config.vocab_size = 64;
@@ -143,26 +129,48 @@ double measure_layer_rate(Device& device, int repeats) {
   config.d_ff = 256;
   config.shared_expert_d_ff = 256;
   config.max_seq_len = 64;
-  const Arena::Mark mark = device.memory().mark();
-  double seconds = 0;
-  const int sequences = 16, length = 32, tokens = sequences * length;
-  {
-    Transformer<float> model(config, device.ops(), device.memory(), /*with_gradients=*/true);
-    model.initialize(1);
-    std::vector<int> ids(static_cast<size_t>(tokens)), offsets;
-    for (int i = 0; i < tokens; ++i) ids[size_t(i)] = (i * 7 + 3) % config.vocab_size;
-    for (int s = 0; s <= sequences; ++s) offsets.push_back(s * length);
-    const std::vector<float> dlogits(size_t(tokens) * size_t(config.vocab_size), 1.0f / tokens);
-    seconds = seconds_of(
-        [&] {
-          model.forward(ids.data(), offsets.data(), sequences);
-          model.backward(dlogits.data(), 0.0f);
-        },
-        repeats);
-  }
-  device.memory().release(mark);
   const sim::ModelShape shape = sim::model_shape(config);
-  return tokens * sim::forward_flops_per_token(shape, 0.5 * (length + 1)) * 3 / seconds;
+  const int length = 16;
+  LayerRates r;
+  double sx = 0, sy = 0, sxx = 0, sxy = 0;
+  for (int sequences : {1, 4, 16, 64}) {
+    const int tokens = sequences * length;
+    const Arena::Mark mark = device.memory().mark();
+    double seconds = 0;
+    {
+      Transformer<float> model(config, device.ops(), device.memory(), /*with_gradients=*/true);
+      model.initialize(1);
+      std::vector<int> ids(static_cast<size_t>(tokens)), offsets;
+      for (int i = 0; i < tokens; ++i) ids[size_t(i)] = (i * 7 + 3) % config.vocab_size;
+      for (int q = 0; q <= sequences; ++q) offsets.push_back(q * length);
+      const std::vector<float> dlogits(size_t(tokens) * size_t(config.vocab_size), 1.0f / tokens);
+      seconds = seconds_of(
+          [&] {
+            model.forward(ids.data(), offsets.data(), sequences);
+            model.backward(dlogits.data(), 0.0f);
+          },
+          repeats);
+    }
+    device.memory().release(mark);
+    const double rate =
+        tokens * sim::forward_flops_per_token(shape, 0.5 * (length + 1)) * 3 / seconds;
+    r.measured.push_back({tokens, rate});
+    const double x = 1.0 / tokens, y = 1.0 / rate;
+    sx += x;
+    sy += y;
+    sxx += x * x;
+    sxy += x * y;
+  }
+  const double count = double(r.measured.size());
+  const double slope = (count * sxy - sx * sy) / (count * sxx - sx * sx);
+  const double intercept = (sy - slope * sx) / count;
+  if (intercept > 0 && slope >= 0) {
+    r.peak = 1.0 / intercept;
+    r.half_rows = slope / intercept;
+  } else {  // no size dependence to fit (a noisy machine): the best rate at every size
+    for (const auto& [rows, rate] : r.measured) r.peak = std::max(r.peak, rate);
+  }
+  return r;
 }
 
 double measure_copy_bandwidth(int repeats) {
@@ -242,15 +250,15 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
   Device device(Backend::Cpu, run.device_memory_bytes(), resolve_threads(run.threads));
   const Matmul matmul = measure_matmul(device.memory(), repeats);
   const double kernel_overhead = measure_kernel_overhead(device, repeats);
-  const double layer_rate = measure_layer_rate(device, repeats);
+  const LayerRates layers = measure_layer_rates(device, repeats);
   const double copy = measure_copy_bandwidth(repeats);
   sim::ClusterConfig c;
   c.name = name;
   c.devices_per_node = ranks;
   c.nodes_per_supernode = 1;
   c.supernodes = 1;
-  c.matmul_flops = layer_rate;
-  c.matmul_half_size = matmul.half_size;
+  c.matmul_flops = layers.peak;
+  c.half_rate_rows = layers.half_rows;
   c.kernel_overhead = kernel_overhead;
   c.memory_bytes = double(run.device_memory_bytes());
   c.memory_bandwidth = copy;
@@ -290,11 +298,11 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
   if (run.json) {
     std::printf(
         "{\"command\":\"bench "
-        "calibrate\",\"matmul_flops\":%.6g,\"matmul_half_size\":%.6g,\"matmul_nmse\":%.3g,"
+        "calibrate\",\"matmul_flops\":%.6g,\"half_rate_rows\":%.6g,\"matmul_nmse\":%.3g,"
         "\"kernel_overhead_s\":%.6g,\"memory_bandwidth\":%.6g,\"intra_node_bandwidth\":%.6g,"
         "\"intra_node_latency_s\":%.6g,\"inter_node_bandwidth\":%.6g,"
         "\"inter_node_latency_s\":%.6g,\"output\":\"%s\",\"ok\":%s}\n",
-        c.matmul_flops, c.matmul_half_size, matmul.nmse, c.kernel_overhead, c.memory_bandwidth,
+        c.matmul_flops, c.half_rate_rows, matmul.nmse, c.kernel_overhead, c.memory_bandwidth,
         c.intra_node.bandwidth, c.intra_node.latency, c.inter_supernode.bandwidth,
         c.inter_supernode.latency, output.c_str(), matmul_ok ? "true" : "false");
     return matmul_ok ? 0 : 1;
@@ -302,17 +310,18 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
   std::printf("# rlfusion bench calibrate: %s\n", build_info().c_str());
   std::printf("# %d rank(s), median of %d repeats\n", ranks, repeats);
   std::printf("# %-22s %14s %-8s %s\n", "quantity", "measured", "unit", "method");
-  for (const auto& [n, rate] : matmul.sizes) {
+  std::printf("  %-22s %14.2f %-8s %s (nmse vs reference %.1e)\n", "matmul 1024^3",
+              matmul.rate / 1e9, "GFLOP/s", "cpu kernel, for comparison", matmul.nmse);
+  for (const auto& [rows, rate] : layers.measured) {
     char what[64];
-    std::snprintf(what, sizeof what, "matmul 256 x %d x %d", n, n);
-    std::printf("  %-22s %14.2f %-8s %s\n", what, rate / 1e9, "GFLOP/s", "cpu kernel, median");
+    std::snprintf(what, sizeof what, "layers, %d rows", rows);
+    std::printf("  %-22s %14.2f %-8s %s\n", what, rate / 1e9, "GFLOP/s",
+                "fwd+bwd of the reference model");
   }
-  std::printf("  %-22s %14.2f %-8s %s (nmse vs reference %.1e)\n", "matmul peak", matmul.rate / 1e9,
-              "GFLOP/s", "Hockney fit of the rates above", matmul.nmse);
-  std::printf("  %-22s %14.2f %-8s %s\n", "layer rate (written)", c.matmul_flops / 1e9, "GFLOP/s",
-              "fwd+bwd, d_model 128, 8 experts, 16 x 32 tokens");
-  std::printf("  %-22s %14.1f %-8s %s\n", "matmul half size", c.matmul_half_size, "",
-              "inner size at half the peak (same fit)");
+  std::printf("  %-22s %14.2f %-8s %s\n", "layer peak (written)", c.matmul_flops / 1e9, "GFLOP/s",
+              "Hockney fit of the layer rates");
+  std::printf("  %-22s %14.1f %-8s %s\n", "half-rate rows", c.half_rate_rows, "rows",
+              "rows at half the peak (same fit)");
   std::printf("  %-22s %14.2f %-8s %s\n", "kernel overhead", c.kernel_overhead * 1e6, "us",
               "1-token forward of a 1-layer d_model-8 model / 21 calls");
   std::printf("  %-22s %14.2f %-8s %s\n", "memory bandwidth", c.memory_bandwidth / 1e9, "GB/s",

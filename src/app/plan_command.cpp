@@ -238,10 +238,8 @@ int run_plan_command(const std::vector<std::string>& args) {
     description.add(d);
   }
   if (!parse_options("plan", args, description, run)) return 0;
-  const ClusterConfig base_cluster = load_cluster_config(o.cluster);
-  if (!o.validate.empty()) return run_plan_validation(o.validate, base_cluster, run.json);
-
-  ClusterConfig cluster = base_cluster;
+  if (!o.validate.empty()) return run_plan_validation(o.validate, run.json);
+  ClusterConfig cluster = load_cluster_config(o.cluster);
   if (o.supernodes < 0) throw ConfigError("--supernodes must be >= 0");
   if (o.supernodes > 0) cluster.supernodes = o.supernodes;
   const ModelConfig config = load_model_config(run.model);

@@ -84,7 +84,7 @@ struct Outcome {
   double measured_memory = 0, predicted_memory = 0;  // the larger phase peak; 0: not measured
 };
 
-Outcome validate_row(const Row& row, const ClusterConfig& machine) {
+Outcome validate_row(const Row& row) {
   Outcome out;
   out.name = row.text("case");
   const ModelConfig config = load_model_config(row.text("model"));
@@ -96,18 +96,13 @@ Outcome validate_row(const Row& row, const ClusterConfig& machine) {
   const int actors = row.integer("actors");
   const int steps = row.integer("steps");
 
-  // The machine as the run saw it: each rank a device, virtual nodes of ranks_per_node ranks;
-  // messages between virtual nodes cross shared memory unless link emulation slows them.
-  ClusterConfig cluster = machine;
+  // The machine as `bench calibrate` measured it for this case (column `cluster`: with the case's
+  // link emulation when it has one, so the link between virtual nodes is the measured emulated
+  // one), laid out as the run was: each rank a device, virtual nodes of ranks_per_node ranks.
+  ClusterConfig cluster = load_cluster_config(row.text("cluster"));
   cluster.devices_per_node = rpn;
   cluster.nodes_per_supernode = std::max(1, ranks / rpn);
   cluster.supernodes = 1;
-  const double bandwidth = row.number("inter_bandwidth");
-  const double latency = row.number("inter_latency");
-  cluster.intra_supernode = machine.intra_node;
-  if (bandwidth > 0) cluster.intra_supernode.bandwidth = bandwidth;
-  if (latency > 0) cluster.intra_supernode.latency += latency;
-  cluster.inter_supernode = cluster.intra_supernode;
 
   RlJob job;
   job.name = out.name;
@@ -179,15 +174,15 @@ Outcome validate_row(const Row& row, const ClusterConfig& machine) {
 
 }  // namespace
 
-int run_plan_validation(const std::string& csv_path, const ClusterConfig& machine, bool json) {
+int run_plan_validation(const std::string& csv_path, bool json) {
   std::vector<Outcome> outcomes;
-  for (const Row& row : read_rows(csv_path)) outcomes.push_back(validate_row(row, machine));
+  for (const Row& row : read_rows(csv_path)) outcomes.push_back(validate_row(row));
   if (outcomes.empty()) throw ConfigError("--validate: '" + csv_path + "' holds no case");
   double sum_error = 0, worst = 0, worst_memory = 0;
   int exact = 0, exact_rules = 0, memory_cases = 0;
   if (!json) {
-    std::printf("# rlfusion plan --validate %s (machine %s)\n", csv_path.c_str(),
-                machine.name.c_str());
+    std::printf("# rlfusion plan --validate %s (each case on its calibrated cluster file)\n",
+                csv_path.c_str());
     std::printf("# %-26s %10s %10s %8s %14s %14s %7s %10s %10s %7s\n", "case", "measured",
                 "predicted", "error", "bytes meas.", "bytes pred.", "bytes", "mem meas.",
                 "mem pred.", "error");

@@ -4,12 +4,12 @@
 
 #include <string>
 
-#include "src/sim/cluster.h"
-
 namespace rlf {
 
 // Prints the table and its verdict lines; returns 0 (a target missed is a finding, not an error).
-// A malformed CSV is a ConfigError naming the line and column.
-int run_plan_validation(const std::string& csv_path, const sim::ClusterConfig& machine, bool json);
+// Each case is predicted on the cluster file its `cluster` column names (written by `bench
+// calibrate` for that case's link emulation). A malformed CSV is a ConfigError naming the line and
+// column.
+int run_plan_validation(const std::string& csv_path, bool json);
 
 }  // namespace rlf

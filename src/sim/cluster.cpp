@@ -50,7 +50,7 @@ void ClusterConfig::validate(const std::string& source) const {
   positive_int(nodes_per_supernode, "nodes_per_supernode");
   positive_int(supernodes, "supernodes");
   positive(matmul_flops, "matmul_flops");
-  non_negative(matmul_half_size, "matmul_half_size");
+  non_negative(half_rate_rows, "half_rate_rows");
   positive(memory_bytes, "memory_bytes");
   positive(memory_bandwidth, "memory_bandwidth");
   positive(host_bandwidth, "host_bandwidth");
@@ -77,7 +77,7 @@ ClusterConfig load_cluster_config(const std::string& name_or_path) {
   add("cluster.nodes_per_supernode", po::value(&c.nodes_per_supernode)->required());
   add("cluster.supernodes", po::value(&c.supernodes)->required());
   add("cluster.matmul_flops", po::value(&c.matmul_flops)->required());
-  add("cluster.matmul_half_size", po::value(&c.matmul_half_size)->required());
+  add("cluster.half_rate_rows", po::value(&c.half_rate_rows)->required());
   add("cluster.memory_bytes", po::value(&c.memory_bytes)->required());
   add("cluster.memory_bandwidth", po::value(&c.memory_bandwidth)->required());
   add("cluster.host_bandwidth", po::value(&c.host_bandwidth)->required());
@@ -105,19 +105,19 @@ std::string cluster_config_ini(const ClusterConfig& c, const std::string& commen
   std::istringstream lines(comment);
   for (std::string line; std::getline(lines, line);) out << "# " << line << "\n";
   char buffer[2048];
-  std::snprintf(
-      buffer, sizeof buffer,
-      "[cluster]\nname = %s\ndevices_per_node = %d\nnodes_per_supernode = %d\n"
-      "supernodes = %d\nmatmul_flops = %.6g\nmatmul_half_size = %.6g\nmemory_bytes = %.6g\n"
-      "memory_bandwidth = %.6g\nhost_bandwidth = %.6g\nkernel_overhead = %.6g\n"
-      "intra_node_bandwidth = %.6g\n"
-      "intra_node_latency = %.6g\nintra_supernode_bandwidth = %.6g\n"
-      "intra_supernode_latency = %.6g\ninter_supernode_bandwidth = %.6g\n"
-      "inter_supernode_latency = %.6g\n",
-      c.name.c_str(), c.devices_per_node, c.nodes_per_supernode, c.supernodes, c.matmul_flops,
-      c.matmul_half_size, c.memory_bytes, c.memory_bandwidth, c.host_bandwidth, c.kernel_overhead,
-      c.intra_node.bandwidth, c.intra_node.latency, c.intra_supernode.bandwidth,
-      c.intra_supernode.latency, c.inter_supernode.bandwidth, c.inter_supernode.latency);
+  std::snprintf(buffer, sizeof buffer,
+                "[cluster]\nname = %s\ndevices_per_node = %d\nnodes_per_supernode = %d\n"
+                "supernodes = %d\nmatmul_flops = %.6g\nhalf_rate_rows = %.6g\nmemory_bytes = %.6g\n"
+                "memory_bandwidth = %.6g\nhost_bandwidth = %.6g\nkernel_overhead = %.6g\n"
+                "intra_node_bandwidth = %.6g\n"
+                "intra_node_latency = %.6g\nintra_supernode_bandwidth = %.6g\n"
+                "intra_supernode_latency = %.6g\ninter_supernode_bandwidth = %.6g\n"
+                "inter_supernode_latency = %.6g\n",
+                c.name.c_str(), c.devices_per_node, c.nodes_per_supernode, c.supernodes,
+                c.matmul_flops, c.half_rate_rows, c.memory_bytes, c.memory_bandwidth,
+                c.host_bandwidth, c.kernel_overhead, c.intra_node.bandwidth, c.intra_node.latency,
+                c.intra_supernode.bandwidth, c.intra_supernode.latency, c.inter_supernode.bandwidth,
+                c.inter_supernode.latency);
   out << buffer;
   return out.str();
 }

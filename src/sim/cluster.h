@@ -30,12 +30,10 @@ struct ClusterConfig {
   // FLOP/s a device sustains running a model's layers (forward and backward: matmuls, attention,
   // experts, counted as the cost model counts FLOPs); a device's peak bounds it.
   double matmul_flops = 0;
-  // Hockney's half-performance size: a product of inner size n runs at
-  // matmul_flops x n / (n + matmul_half_size) (0: every size at the full rate).
-  double matmul_half_size = 0;
-  double matmul_rate(double inner) const {
-    return matmul_flops * inner / (inner + matmul_half_size);
-  }
+  // Hockney's half-performance rows: a kernel call over r rows (tokens) runs at
+  // matmul_flops x r / (r + half_rate_rows) (0: every size at the full rate).
+  double half_rate_rows = 0;
+  double compute_rate(double rows) const { return matmul_flops * rows / (rows + half_rate_rows); }
   double memory_bytes = 0;      // device memory capacity
   double memory_bandwidth = 0;  // device memory bytes/s (streaming reads + writes)
   double host_bandwidth = 0;    // device <-> host memory bytes/s (offload, onload)

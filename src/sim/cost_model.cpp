@@ -97,7 +97,7 @@ Training training_cost(const ModelShape& m, const ClusterConfig& c, const RlJob&
   const double elementwise =
       tokens * m.layers * kElementwiseValuesPerLayer * m.d_model * ab * passes;
   const double kernels = micro_batches * layers_per_stage * kKernelsPerLayer * passes;
-  const double rate = c.matmul_rate(m.d_model / p.tp);
+  const double rate = c.compute_rate(micro_tokens / p.tp);
   t.compute = busiest * (flops / (devices * rate) + elementwise / (devices * c.memory_bandwidth)) +
               kernels * c.kernel_overhead;
   const double params = training_parameters(m, p);
@@ -168,7 +168,7 @@ double generation_step(const ModelShape& m, const ClusterConfig& c, const RlJob&
   const double attention_flops = tokens * 4 * m.layers * m.d_model * context / g.tp;
   double seconds =
       std::max((weights + kv + elementwise) / c.memory_bandwidth,
-               (dense_flops + expert_flops + attention_flops) / c.matmul_rate(m.d_model / g.tp)) +
+               (dense_flops + expert_flops + attention_flops) / c.compute_rate(tokens)) +
       (m.layers * kKernelsPerLayer + 3) * c.kernel_overhead;
   if (g.tp > 1) {
     seconds += 2 * m.layers *
@@ -222,7 +222,7 @@ Phase generation_cost(const ModelShape& m, const ClusterConfig& c, const RlJob& 
   if (job.reward_model) {  // scoring: one forward of every sample with a policy-shaped model
     const double sequence = job.prompt.mean + job.response.mean;
     phase.seconds += samples * sequence * forward_flops_per_token(m, 0.5 * sequence) /
-                     (g.devices() * c.matmul_rate(m.d_model / g.tp));
+                     (g.devices() * c.compute_rate(job.micro_batch * sequence));
   }
   return phase;
 }

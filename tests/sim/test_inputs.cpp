@@ -14,7 +14,7 @@ namespace {
 
 const char* kCluster =
     "[cluster]\nname = test\ndevices_per_node = 8\nnodes_per_supernode = 4\nsupernodes = 2\n"
-    "matmul_flops = 1e12\nmatmul_half_size = 64\nmemory_bytes = 64e9\nmemory_bandwidth = "
+    "matmul_flops = 1e12\nhalf_rate_rows = 64\nmemory_bytes = 64e9\nmemory_bandwidth = "
     "1e12\nhost_bandwidth = 5e10\n"
     "kernel_overhead = 1e-6\nintra_node_bandwidth = 2e11\nintra_node_latency = 1e-6\n"
     "intra_supernode_bandwidth = 1e11\nintra_supernode_latency = 2e-6\n"
@@ -65,7 +65,7 @@ TEST(ClusterConfig, ImpossibleFieldsAreNamed) {
        std::vector<std::pair<std::string, std::string>>{{"devices_per_node", "0"},
                                                         {"supernodes", "-1"},
                                                         {"matmul_flops", "0"},
-                                                        {"matmul_half_size", "-1"},
+                                                        {"half_rate_rows", "-1"},
                                                         {"intra_node_bandwidth", "-5"},
                                                         {"inter_supernode_latency", "-1e-6"},
                                                         {"kernel_overhead", "-1"}}) {
@@ -93,10 +93,10 @@ TEST(ClusterConfig, WrittenTextReadsBackEqual) {
   EXPECT_EQ(back.devices(), c.devices());
   EXPECT_DOUBLE_EQ(back.host_bandwidth, c.host_bandwidth);
   EXPECT_DOUBLE_EQ(back.kernel_overhead, c.kernel_overhead);
-  EXPECT_DOUBLE_EQ(back.matmul_half_size, 64);
-  // Hockney: half the peak at the half size, 2/3 of it at twice the half size.
-  EXPECT_DOUBLE_EQ(back.matmul_rate(64), 0.5e12);
-  EXPECT_DOUBLE_EQ(back.matmul_rate(128), 1e12 * 128 / 192);
+  EXPECT_DOUBLE_EQ(back.half_rate_rows, 64);
+  // Hockney: half the peak at the half-rate rows, 2/3 of it at twice as many.
+  EXPECT_DOUBLE_EQ(back.compute_rate(64), 0.5e12);
+  EXPECT_DOUBLE_EQ(back.compute_rate(128), 1e12 * 128 / 192);
   EXPECT_DOUBLE_EQ(back.intra_supernode.latency, c.intra_supernode.latency);
   EXPECT_DOUBLE_EQ(back.inter_supernode.bandwidth, c.inter_supernode.bandwidth);
 }
