@@ -10,14 +10,20 @@
 
 namespace rlf::test {
 
-inline std::filesystem::path sim_scratch_dir() {
-  static const std::filesystem::path dir = [] {
-    const auto d =
-        std::filesystem::temp_directory_path() / ("rlf_sim_tests_" + std::to_string(::getpid()));
-    std::filesystem::create_directories(d);
-    return d;
-  }();
-  return dir;
+// The directory lives as long as the process: a static owner removes it at exit.
+struct SimScratchDir {
+  std::filesystem::path path =
+      std::filesystem::temp_directory_path() / ("rlf_sim_tests_" + std::to_string(::getpid()));
+  SimScratchDir() { std::filesystem::create_directories(path); }
+  ~SimScratchDir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path, ignored);
+  }
+};
+
+inline const std::filesystem::path& sim_scratch_dir() {
+  static const SimScratchDir dir;
+  return dir.path;
 }
 
 inline std::string write_scratch(const std::string& name, const std::string& text) {
