@@ -7,6 +7,7 @@
 #include <cstring>
 #include <exception>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/error.h"
@@ -31,6 +32,8 @@ const char* kUsage =
     "  bench checkpoint  checkpoint write/read GB/s against dd on the same disk\n"
     "  bench balance   EDPB: expert placement and migration vs EPLB, data reordering (max/mean)\n"
     "  bench migration experts moved rank to rank under skewed routing: step time before/after\n"
+    "  bench calibrate measured rates and links of this machine -> a cluster file for plan\n"
+    "  plan            performance model and strategy search (DeployMind); --table 1|2\n"
     "  report RUN_DIR  throughput, per-rank time breakdown and bytes from a run's trace.h5\n"
     "  --version       what this binary was built with\n"
     "\n"
@@ -50,34 +53,27 @@ int dispatch(const std::vector<std::string>& words) {
   if (words[0] == "train") return rlf::run_train_command(rest);
   if (words[0] == "eval") return rlf::run_eval_command(rest);
   if (words[0] == "report") return rlf::run_report_command(rest);
+  if (words[0] == "plan") return rlf::run_plan_command(rest);
   if (words[0] == "bench") {
-    if (!rest.empty() && rest[0] == "kernels") {
-      return rlf::run_bench_kernels_command({rest.begin() + 1, rest.end()});
+    using Bench = int (*)(const std::vector<std::string>&);
+    static const std::vector<std::pair<std::string, Bench>> kBenchmarks = {
+        {"kernels", rlf::run_bench_kernels_command},
+        {"queue", rlf::run_bench_queue_command},
+        {"a2a", rlf::run_bench_a2a_command},
+        {"modes", rlf::run_bench_modes_command},
+        {"overlap", rlf::run_bench_overlap_command},
+        {"checkpoint", rlf::run_bench_checkpoint_command},
+        {"balance", rlf::run_bench_balance_command},
+        {"migration", rlf::run_bench_migration_command},
+        {"calibrate", rlf::run_bench_calibrate_command},
+    };
+    std::string available;
+    for (const auto& [name, run] : kBenchmarks) {
+      if (!rest.empty() && rest[0] == name) return run({rest.begin() + 1, rest.end()});
+      available += (available.empty() ? "" : ", ") + name;
     }
-    if (!rest.empty() && rest[0] == "queue") {
-      return rlf::run_bench_queue_command({rest.begin() + 1, rest.end()});
-    }
-    if (!rest.empty() && rest[0] == "a2a") {
-      return rlf::run_bench_a2a_command({rest.begin() + 1, rest.end()});
-    }
-    if (!rest.empty() && rest[0] == "modes") {
-      return rlf::run_bench_modes_command({rest.begin() + 1, rest.end()});
-    }
-    if (!rest.empty() && rest[0] == "overlap") {
-      return rlf::run_bench_overlap_command({rest.begin() + 1, rest.end()});
-    }
-    if (!rest.empty() && rest[0] == "checkpoint") {
-      return rlf::run_bench_checkpoint_command({rest.begin() + 1, rest.end()});
-    }
-    if (!rest.empty() && rest[0] == "balance") {
-      return rlf::run_bench_balance_command({rest.begin() + 1, rest.end()});
-    }
-    if (!rest.empty() && rest[0] == "migration") {
-      return rlf::run_bench_migration_command({rest.begin() + 1, rest.end()});
-    }
-    throw rlf::ConfigError(
-        "bench: unknown benchmark '" + (rest.empty() ? "" : rest[0]) +
-        "' (available: kernels, queue, a2a, modes, overlap, checkpoint, balance, migration)");
+    throw rlf::ConfigError("bench: unknown benchmark '" + (rest.empty() ? "" : rest[0]) +
+                           "' (available: " + available + ")");
   }
   throw rlf::ConfigError("unknown command '" + words[0] + "' (see rlfusion --help)");
 }

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The planner's validation (issue 10): calibrates this machine (`bench calibrate`, 2 ranks; again
+# through link emulation for each case that emulates links), runs
+# every case of jobs/local/planner_validation_cases.csv with `rlfusion train`, collects the
+# measured step time (the trace's RL wall time / steps), the link counters' bytes, the device-memory peaks and
+# the token totals into $OUT/measured.csv, and prints `rlfusion plan --validate`'s table of
+# predicted vs measured. Run from the repository root after `make build`; ~3-5 minutes on 2 idle
+# cores. Times are only meaningful with every rank on its own idle core.
+#   RLFUSION=build/src/rlfusion  CASES=jobs/local/planner_validation_cases.csv  OUT=runs/validate_planner
+set -euo pipefail
+RLFUSION=${RLFUSION:-build/src/rlfusion}
+CASES=${CASES:-jobs/local/planner_validation_cases.csv}
+OUT=${OUT:-runs/validate_planner}
+PYTHON=${PYTHON:-python3}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+mkdir -p "$OUT"
+
+echo "# calibrating this machine -> $OUT/cluster.ini"
+mpiexec -n 2 --bind-to core "$RLFUSION" bench calibrate --output "$OUT/cluster.ini" < /dev/null
+
+MEASURED="$OUT/measured.csv"
+echo "case,cluster,task,model,mode,ranks,ranks_per_node,actors,expert_parallel,actor_expert_parallel,staleness,offload,inter_bandwidth,inter_latency,prompts,group_size,micro_batch,reference,queue_shards,steps,trained_tokens,response_tokens,step_s,intra_bytes,inter_bytes,generation_peak,training_peak" > "$MEASURED"
+
+grep -v '^#' "$CASES" | tail -n +2 | while IFS=, read -r name ranks rpn mode stale ep aep offload bw lat model task prompts group micro steps; do
+  dir="$OUT/$name"
+  args=(train --model "$model" --task "$task" --sft-steps 0 --steps "$steps" --prompts "$prompts"
+        --group-size "$group" --micro-batch "$micro" --eval-prompts 10 --eval-every 0
+        --log-every "$steps" --run-dir "$dir" --overwrite)
+  actors=0
+  cluster="$OUT/cluster.ini"
+  if [ "$bw" != 0 ] || [ "$lat" != 0 ]; then
+    # The case's emulated link, measured by the calibration the same way as the rest.
+    cluster="$OUT/cluster-$name.ini"
+    mpiexec -n 2 --bind-to core "$RLFUSION" bench calibrate --output "$cluster" \
+      --inter-node-bandwidth "$bw" --inter-node-latency "$lat" < /dev/null > "$dir.calibrate" 2>&1
+  fi
+  if [ "$ranks" -gt 1 ]; then
+    args+=(--mode "$mode" --staleness "$stale" --ranks-per-node "$rpn" --expert-parallel "$ep"
+           --actor-expert-parallel "$aep")
+    [ "$offload" = 1 ] && args+=(--offload)
+    [ "$bw" != 0 ] && args+=(--inter-node-bandwidth "$bw")
+    [ "$lat" != 0 ] && args+=(--inter-node-latency "$lat")
+    [ "$mode" = disaggregated ] && actors=1
+  fi
+  echo "# case $name: mpiexec -n $ranks rlfusion ${args[*]}"
+  mpiexec -n "$ranks" --bind-to core "$RLFUSION" "${args[@]}" < /dev/null > "$dir.stdout" 2>&1 || {
+    echo "case $name failed:"; tail -5 "$dir.stdout"; exit 1; }
+  "$RLFUSION" report "$dir" --json < /dev/null > "$dir.report.json"
+  "$PYTHON" - "$dir" "$name,$cluster,$task,$model,$mode,$ranks,$rpn,$actors,$ep,$aep,$stale,$offload,$bw,$lat,$prompts,$group,$micro,0,2,$steps" >> "$MEASURED" <<'PY'
+import json, re, sys
+run, prefix = sys.argv[1], sys.argv[2]
+summary = json.load(open(run + "/summary.json"))
+report = json.load(open(run + ".report.json"))
+log = open(run + "/log.txt").read()
+def counter(kind):
+    m = re.search(kind + r"-node bytes \(all ranks\)\s+(\d+)", log)
+    return int(m.group(1)) if m else 0
+generated = sum(p["tokens"] for p in report["phases"] if p["phase"] == "generate")
+peaks = summary.get("device_memory_peaks", {})
+# Step time: the trace's RL wall time (first step's begin to last step's end) per step.
+step_s = report["total"]["wall_s"] / len(report["steps"])
+print(f'{prefix},{report["total"]["tokens"]},{generated},{step_s:.6f},{counter("intra")},'
+      f'{counter("inter")},{peaks.get("generation", 0)},{peaks.get("training", 0)}')
+PY
+done
+
+echo "# measured: $MEASURED"
+"$RLFUSION" plan --validate "$MEASURED"

@@ -1,0 +1,254 @@
+#include "src/app/plan_validation.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <vector>
+
+#include "kernels/error.h"
+#include "src/app/fused_memory.h"
+#include "src/model/expert_parallel.h"
+#include "src/rl/task.h"
+#include "src/sim/cost_model.h"
+#include "src/sim/counted_bytes.h"
+
+namespace rlf {
+
+namespace {
+
+using namespace rlf::sim;
+
+// One measured run: the CSV's columns by name.
+class Row {
+ public:
+  Row(std::map<std::string, std::string> fields, std::string where)
+      : fields_(std::move(fields)), where_(std::move(where)) {}
+  const std::string& text(const std::string& key) const {
+    auto it = fields_.find(key);
+    if (it == fields_.end()) throw ConfigError(where_ + ": no column '" + key + "'");
+    return it->second;
+  }
+  double number(const std::string& key) const {
+    const std::string& t = text(key);
+    try {
+      size_t used = 0;
+      const double v = std::stod(t, &used);
+      if (used == t.size() && std::isfinite(v)) return v;
+    } catch (const std::exception&) {
+    }
+    throw ConfigError(where_ + ": column '" + key + "' must be a number, got '" + t + "'");
+  }
+  int integer(const std::string& key) const { return int(number(key)); }
+
+ private:
+  std::map<std::string, std::string> fields_;
+  std::string where_;
+};
+
+std::vector<std::string> split(const std::string& line) {
+  std::vector<std::string> out;
+  std::stringstream in(line);
+  for (std::string cell; std::getline(in, cell, ',');) out.push_back(cell);
+  return out;
+}
+
+std::vector<Row> read_rows(const std::string& path) {
+  std::ifstream file(path);
+  if (!file) throw ConfigError("--validate: cannot read '" + path + "'");
+  std::string line;
+  if (!std::getline(file, line)) throw ConfigError("--validate: '" + path + "' is empty");
+  const std::vector<std::string> header = split(line);
+  std::vector<Row> rows;
+  for (int number = 2; std::getline(file, line); ++number) {
+    if (line.empty() || line[0] == '#') continue;
+    const std::vector<std::string> cells = split(line);
+    const std::string where = path + ":" + std::to_string(number);
+    if (cells.size() != header.size())
+      throw ConfigError(where + ": " + std::to_string(cells.size()) + " cells, header has " +
+                        std::to_string(header.size()));
+    std::map<std::string, std::string> fields;
+    for (size_t i = 0; i < header.size(); ++i) fields[header[i]] = cells[i];
+    rows.emplace_back(std::move(fields), where);
+  }
+  return rows;
+}
+
+struct Outcome {
+  std::string name;
+  double measured_step = 0, predicted_step = 0;
+  uint64_t measured_bytes = 0, predicted_bytes = 0;
+  bool bytes_exact_rule = false;
+  double measured_memory = 0, predicted_memory = 0;  // the larger phase peak; 0: not measured
+};
+
+Outcome validate_row(const Row& row) {
+  Outcome out;
+  out.name = row.text("case");
+  const ModelConfig config = load_model_config(row.text("model"));
+  const ModelShape model = model_shape(config);
+  const std::unique_ptr<Task> task = make_task(load_task_config(row.text("task"), 1));
+  const Mode mode = parse_mode(row.text("mode"), "column mode");
+  const int ranks = row.integer("ranks");
+  const int rpn = std::max(1, std::min(ranks, row.integer("ranks_per_node")));
+  const int actors = row.integer("actors");
+  const int steps = row.integer("steps");
+
+  // The machine as `bench calibrate` measured it for this case (column `cluster`: with the case's
+  // link emulation when it has one, so the link between virtual nodes is the measured emulated
+  // one), laid out as the run was: each rank a device, virtual nodes of ranks_per_node ranks.
+  ClusterConfig cluster = load_cluster_config(row.text("cluster"));
+  cluster.devices_per_node = rpn;
+  cluster.nodes_per_supernode = std::max(1, ranks / rpn);
+  cluster.supernodes = 1;
+
+  RlJob job;
+  job.name = out.name;
+  job.prompts = row.integer("prompts");
+  job.group_size = row.integer("group_size");
+  job.micro_batch = row.integer("micro_batch");
+  job.reference = row.integer("reference") != 0;
+  const double samples = double(job.samples()) * steps;
+  const double response = row.number("response_tokens") / samples;
+  const double prompt = (row.number("trained_tokens") - row.number("response_tokens")) / samples;
+  const int longest_prompt = 1 + task->max_prompt_chars();
+  const int longest_response = 1 + task->max_response_chars();
+  job.prompt = summarize_mean_longest(prompt, longest_prompt, job.finish_threshold);
+  job.response = summarize_mean_longest(response, longest_response, job.finish_threshold);
+
+  Strategy s;
+  s.mode = ranks == 1 ? Mode::Fused : mode;
+  s.staleness = row.integer("staleness");
+  s.offload = row.integer("offload") != 0;
+  if (s.mode == Mode::Disaggregated) {
+    s.train.dp = ranks - actors;
+    s.generate.dp = actors;
+    s.train.ep = row.integer("expert_parallel");
+    s.generate.ep = row.integer("actor_expert_parallel");
+  } else {
+    s.train.dp = s.generate.dp = ranks;
+    s.train.ep = row.integer("expert_parallel");
+    s.generate.ep = row.integer("actor_expert_parallel");
+  }
+  out.predicted_step = predict(model, cluster, job, s).step;
+  out.measured_step = row.number("step_s");
+
+  RuntimeRun run;
+  run.mode = s.mode;
+  run.ranks = ranks;
+  run.ranks_per_node = rpn;
+  run.actors = actors;
+  run.queue_shards = row.integer("queue_shards");
+  run.expert_parallel = s.train.ep;
+  run.staleness = s.staleness;
+  run.steps = steps;
+  run.samples_per_step = job.samples();
+  run.parameters = config.parameter_count();
+  run.routed_parameters = int64_t(model.routed);
+  run.trained_tokens = int64_t(row.number("trained_tokens"));
+  run.response_tokens = int64_t(row.number("response_tokens"));
+  const CountedBytes counted = counted_bytes(run);
+  out.predicted_bytes = counted.intra + counted.inter;
+  out.bytes_exact_rule = counted.exact;
+  out.measured_bytes = uint64_t(row.number("intra_bytes") + row.number("inter_bytes"));
+
+  if (s.mode != Mode::Disaggregated && ranks > 1) {
+    // The fused runtime's own plan (src/app/fused_memory.h) at the task's longest lengths, for
+    // rank 0, whose peaks the run reports.
+    const int ep = s.train.ep, gen_ep = s.generate.ep;
+    const ExpertShard own = ep > 1 ? expert_shard_of(0, ep, config.n_experts) : ExpertShard{};
+    const ExpertShard gen =
+        gen_ep > 1 ? expert_shard_of(0, gen_ep, config.n_experts) : ExpertShard{};
+    const FusedBatch batch{job.prompts / ranks * job.group_size, longest_prompt,
+                           1 + longest_prompt + longest_response, job.micro_batch, true};
+    const FusedMemoryPlan plan =
+        plan_fused_memory(config, ParameterLayout(config, own), ParameterLayout(config, gen),
+                          ep != gen_ep, job.reference, nullptr, s.offload, batch);
+    out.predicted_memory = double(std::max(plan.training_peak(), plan.generation_peak()));
+    out.measured_memory = std::max(row.number("generation_peak"), row.number("training_peak"));
+  }
+  return out;
+}
+
+}  // namespace
+
+int run_plan_validation(const std::string& csv_path, bool json) {
+  std::vector<Outcome> outcomes;
+  for (const Row& row : read_rows(csv_path)) outcomes.push_back(validate_row(row));
+  if (outcomes.empty()) throw ConfigError("--validate: '" + csv_path + "' holds no case");
+  double sum_error = 0, worst = 0, worst_memory = 0;
+  int exact = 0, exact_rules = 0, memory_cases = 0;
+  if (!json) {
+    std::printf("# rlfusion plan --validate %s (each case on its calibrated cluster file)\n",
+                csv_path.c_str());
+    std::printf("# %-26s %10s %10s %8s %14s %14s %7s %10s %10s %7s\n", "case", "measured",
+                "predicted", "error", "bytes meas.", "bytes pred.", "bytes", "mem meas.",
+                "mem pred.", "error");
+    std::printf("# %-26s %10s %10s %8s %14s %14s %7s %10s %10s %7s\n", "", "(ms/step)", "(ms/step)",
+                "(%)", "(B)", "(B)", "", "(MiB)", "(MiB)", "(%)");
+  } else {
+    std::printf("{\"command\":\"plan\",\"validate\":\"%s\",\"cases\":[", csv_path.c_str());
+  }
+  for (size_t i = 0; i < outcomes.size(); ++i) {
+    const Outcome& o = outcomes[i];
+    const double error = 100 * (o.predicted_step - o.measured_step) / o.measured_step;
+    sum_error += std::abs(error);
+    worst = std::max(worst, std::abs(error));
+    const bool equal = o.predicted_bytes == o.measured_bytes;
+    if (o.bytes_exact_rule) {
+      ++exact_rules;
+      exact += equal ? 1 : 0;
+    }
+    const char* verdict = !o.bytes_exact_rule ? "n/a" : equal ? "EXACT" : "WRONG";
+    double memory_error = 0;
+    if (o.measured_memory > 0) {
+      ++memory_cases;
+      memory_error = 100 * (o.predicted_memory - o.measured_memory) / o.measured_memory;
+      worst_memory = std::max(worst_memory, std::abs(memory_error));
+    }
+    if (json) {
+      std::printf(
+          "%s{\"case\":\"%s\",\"measured_step_s\":%.6g,\"predicted_step_s\":%.6g,"
+          "\"error_pct\":%.3f,\"measured_bytes\":%llu,\"predicted_bytes\":%llu,"
+          "\"bytes\":\"%s\",\"measured_memory\":%.6g,\"predicted_memory\":%.6g}",
+          i ? "," : "", o.name.c_str(), o.measured_step, o.predicted_step, error,
+          (unsigned long long)o.measured_bytes, (unsigned long long)o.predicted_bytes, verdict,
+          o.measured_memory, o.predicted_memory);
+      continue;
+    }
+    char mem[3][32] = {"-", "-", "-"};
+    if (o.measured_memory > 0) {
+      std::snprintf(mem[0], 32, "%.2f", o.measured_memory / (1 << 20));
+      std::snprintf(mem[1], 32, "%.2f", o.predicted_memory / (1 << 20));
+      std::snprintf(mem[2], 32, "%+.1f", memory_error);
+    }
+    std::printf("  %-26s %10.3f %10.3f %+8.1f %14llu %14llu %7s %10s %10s %7s\n", o.name.c_str(),
+                1e3 * o.measured_step, 1e3 * o.predicted_step, error,
+                (unsigned long long)o.measured_bytes, (unsigned long long)o.predicted_bytes,
+                verdict, mem[0], mem[1], mem[2]);
+  }
+  const double mean = sum_error / double(outcomes.size());
+  if (json) {
+    std::printf(
+        "],\"mean_abs_error_pct\":%.3f,\"worst_abs_error_pct\":%.3f,\"bytes_exact\":%d,"
+        "\"bytes_exact_cases\":%d,\"worst_memory_error_pct\":%.3f}\n",
+        mean, worst, exact, exact_rules, worst_memory);
+    return 0;
+  }
+  std::printf(
+      "# step time: mean |error| %.1f%% (target <= 10%%: %s), worst %.1f%% (target <= "
+      "20%%: %s), %zu cases\n",
+      mean, mean <= 10 ? "met" : "NOT met", worst, worst <= 20 ? "met" : "NOT met",
+      outcomes.size());
+  std::printf(
+      "# bytes: %d of %d cases with an exact rule predicted exactly (%s); n/a: expert "
+      "dispatch depends on the routing\n",
+      exact, exact_rules, exact == exact_rules ? "met" : "NOT met");
+  std::printf("# memory: worst |error| %.1f%% over %d fused cases (target <= 5%%: %s)\n",
+              worst_memory, memory_cases, worst_memory <= 5 ? "met" : "NOT met");
+  return 0;
+}
+
+}  // namespace rlf

@@ -1,0 +1,125 @@
+#include "src/sim/cluster.h"
+
+#include <boost/program_options.hpp>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "kernels/error.h"
+#include "src/io/input_files.h"
+
+namespace po = boost::program_options;
+
+namespace rlf::sim {
+
+const Link& ClusterConfig::link(LinkLevel level) const {
+  switch (level) {
+    case LinkLevel::IntraNode:
+      return intra_node;
+    case LinkLevel::IntraSupernode:
+      return intra_supernode;
+    case LinkLevel::InterSupernode:
+      break;
+  }
+  return inter_supernode;
+}
+
+LinkLevel ClusterConfig::level_spanned(int64_t group) const {
+  if (group <= devices_per_node) return LinkLevel::IntraNode;
+  if (group <= devices_per_supernode()) return LinkLevel::IntraSupernode;
+  return LinkLevel::InterSupernode;
+}
+
+void ClusterConfig::validate(const std::string& source) const {
+  auto fail = [&](const std::string& what) { throw ConfigError(source + ": cluster." + what); };
+  auto positive_int = [&](int value, const char* key) {
+    if (value <= 0)
+      fail(std::string(key) + " must be a positive integer, got " + std::to_string(value));
+  };
+  auto positive = [&](double value, const char* key) {
+    if (!(value > 0) || !std::isfinite(value))
+      fail(std::string(key) + " must be a positive finite number, got " + std::to_string(value));
+  };
+  auto non_negative = [&](double value, const char* key) {
+    if (!(value >= 0) || !std::isfinite(value))
+      fail(std::string(key) + " must be >= 0, got " + std::to_string(value));
+  };
+  positive_int(devices_per_node, "devices_per_node");
+  positive_int(nodes_per_supernode, "nodes_per_supernode");
+  positive_int(supernodes, "supernodes");
+  positive(matmul_flops, "matmul_flops");
+  non_negative(half_rate_rows, "half_rate_rows");
+  positive(memory_bytes, "memory_bytes");
+  positive(memory_bandwidth, "memory_bandwidth");
+  positive(host_bandwidth, "host_bandwidth");
+  non_negative(kernel_overhead, "kernel_overhead");
+  positive(intra_node.bandwidth, "intra_node_bandwidth");
+  non_negative(intra_node.latency, "intra_node_latency");
+  positive(intra_supernode.bandwidth, "intra_supernode_bandwidth");
+  non_negative(intra_supernode.latency, "intra_supernode_latency");
+  positive(inter_supernode.bandwidth, "inter_supernode_bandwidth");
+  non_negative(inter_supernode.latency, "inter_supernode_latency");
+}
+
+ClusterConfig load_cluster_config(const std::string& name_or_path) {
+  const std::string path = resolve_input_file("clusters", name_or_path);
+  std::ifstream file(path);
+  if (!file)
+    throw ConfigError("cluster file '" + path +
+                      "' cannot be read (give a path or a name in inputs/clusters/)");
+  ClusterConfig c;
+  po::options_description desc("cluster");
+  auto add = desc.add_options();
+  add("cluster.name", po::value(&c.name));
+  add("cluster.devices_per_node", po::value(&c.devices_per_node)->required());
+  add("cluster.nodes_per_supernode", po::value(&c.nodes_per_supernode)->required());
+  add("cluster.supernodes", po::value(&c.supernodes)->required());
+  add("cluster.matmul_flops", po::value(&c.matmul_flops)->required());
+  add("cluster.half_rate_rows", po::value(&c.half_rate_rows)->required());
+  add("cluster.memory_bytes", po::value(&c.memory_bytes)->required());
+  add("cluster.memory_bandwidth", po::value(&c.memory_bandwidth)->required());
+  add("cluster.host_bandwidth", po::value(&c.host_bandwidth)->required());
+  add("cluster.kernel_overhead", po::value(&c.kernel_overhead)->required());
+  add("cluster.intra_node_bandwidth", po::value(&c.intra_node.bandwidth)->required());
+  add("cluster.intra_node_latency", po::value(&c.intra_node.latency)->required());
+  add("cluster.intra_supernode_bandwidth", po::value(&c.intra_supernode.bandwidth)->required());
+  add("cluster.intra_supernode_latency", po::value(&c.intra_supernode.latency)->required());
+  add("cluster.inter_supernode_bandwidth", po::value(&c.inter_supernode.bandwidth)->required());
+  add("cluster.inter_supernode_latency", po::value(&c.inter_supernode.latency)->required());
+  try {
+    po::variables_map vm;
+    po::store(po::parse_config_file(file, desc, /*allow_unregistered=*/false), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    throw ConfigError("cluster file '" + path + "': " + e.what());
+  }
+  if (c.name == "unnamed") c.name = std::filesystem::path(path).stem().string();
+  c.validate("cluster file '" + path + "'");
+  return c;
+}
+
+std::string cluster_config_ini(const ClusterConfig& c, const std::string& comment) {
+  std::ostringstream out;
+  std::istringstream lines(comment);
+  for (std::string line; std::getline(lines, line);) out << "# " << line << "\n";
+  char buffer[2048];
+  std::snprintf(buffer, sizeof buffer,
+                "[cluster]\nname = %s\ndevices_per_node = %d\nnodes_per_supernode = %d\n"
+                "supernodes = %d\nmatmul_flops = %.6g\nhalf_rate_rows = %.6g\nmemory_bytes = %.6g\n"
+                "memory_bandwidth = %.6g\nhost_bandwidth = %.6g\nkernel_overhead = %.6g\n"
+                "intra_node_bandwidth = %.6g\n"
+                "intra_node_latency = %.6g\nintra_supernode_bandwidth = %.6g\n"
+                "intra_supernode_latency = %.6g\ninter_supernode_bandwidth = %.6g\n"
+                "inter_supernode_latency = %.6g\n",
+                c.name.c_str(), c.devices_per_node, c.nodes_per_supernode, c.supernodes,
+                c.matmul_flops, c.half_rate_rows, c.memory_bytes, c.memory_bandwidth,
+                c.host_bandwidth, c.kernel_overhead, c.intra_node.bandwidth, c.intra_node.latency,
+                c.intra_supernode.bandwidth, c.intra_supernode.latency, c.inter_supernode.bandwidth,
+                c.inter_supernode.latency);
+  out << buffer;
+  return out.str();
+}
+
+}  // namespace rlf::sim

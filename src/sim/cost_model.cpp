@@ -1,0 +1,308 @@
+#include "src/sim/cost_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace rlf::sim {
+
+ModelShape model_shape(const ModelConfig& c) {
+  ModelShape m;
+  m.d_model = c.d_model;
+  m.layers = c.n_layers;
+  m.vocab = c.vocab_size;
+  m.experts = c.n_experts;
+  m.top_k = c.top_k;
+  m.d_ff = c.d_ff;
+  m.shared_d_ff = c.shared_expert_d_ff;
+  const double C = m.d_model, L = m.layers;
+  m.routed = L * m.experts * 3 * C * m.d_ff;
+  m.replicated = double(c.parameter_count()) - m.routed;
+  m.expert_matmul = L * m.top_k * 3 * C * m.d_ff;
+  m.active_matmul =
+      L * (4 * C * C + m.experts * C + 3 * C * m.shared_d_ff) + m.expert_matmul + m.vocab * C;
+  return m;
+}
+
+double ring_allreduce_seconds(double bytes, int ranks, const Link& link, double bucket_bytes) {
+  if (ranks <= 1 || bytes <= 0) return 0;
+  const double n = ranks;
+  const double buckets = std::ceil(bytes / bucket_bytes);
+  return 2 * (n - 1) / n * bytes / link.bandwidth + buckets * 2 * (n - 1) * link.latency;
+}
+
+double remote_owners(double ep, double top_k, double experts) {
+  if (ep <= 1) return 0;
+  // P(no expert of the token on one given rank) = C(E - E/ep, k) / C(E, k).
+  const double per_rank = experts / ep;
+  double miss = 1;
+  for (int i = 0; i < int(top_k); ++i)
+    miss *= std::max(0.0, (experts - per_rank - i) / (experts - i));
+  return (ep - 1) * (1 - miss);
+}
+
+double forward_flops_per_token(const ModelShape& m, double context) {
+  return 2 * m.active_matmul + 4 * m.layers * m.d_model * context;
+}
+
+namespace {
+
+bool divides(double a, double b) {
+  return a > 0 && std::fmod(b, a) == 0;
+}
+
+// Rows one token sends to other ranks of its EP group per dispatch (and gets back per combine).
+double remote_rows(const ModelShape& m, int ep, Dispatch dispatch) {
+  if (ep <= 1) return 0;
+  return dispatch == Dispatch::Flat ? m.top_k * (ep - 1.0) / ep
+                                    : remote_owners(ep, m.top_k, m.experts);
+}
+
+struct Phase {
+  double seconds = 0, memory = 0;
+};
+
+// Parameters a training device holds: replicated ones split by TP and PP, routed experts by EP
+// and PP (experts are not split by TP: TP for attention only).
+double training_parameters(const ModelShape& m, const Parallelism& p) {
+  return m.replicated / (p.tp * p.pp) + m.routed / (p.ep * p.pp);
+}
+double generation_parameters(const ModelShape& m, const Parallelism& g) {
+  return m.replicated / g.tp + m.routed / g.ep;
+}
+
+struct Training {
+  double compute = 0, tensor_parallel = 0, pipeline = 0, all_to_all = 0, gradient_sync = 0;
+  double memory = 0;
+};
+
+Training training_cost(const ModelShape& m, const ClusterConfig& c, const RlJob& job,
+                       const Strategy& s) {
+  const Parallelism& p = s.train;
+  Training t;
+  const double devices = p.devices();
+  const double sequence = job.prompt.mean + job.response.mean;
+  const double tokens = double(job.samples()) * sequence;
+  // Forward + backward (2x), the reference's forward, and the forward again with recompute.
+  const double passes = 3 + (job.reference ? 1 : 0) + (s.recompute ? 1 : 0);
+  // The busiest data-parallel rank sets the pace: batches that do not divide evenly round up,
+  // and so do stages holding ceil(L / pp) layers.
+  const double micro_batches = std::ceil(double(job.samples()) / (p.dp * job.micro_batch));
+  const double layers_per_stage = std::ceil(m.layers / p.pp);
+  const double stage_imbalance = layers_per_stage * p.pp / m.layers;
+  const double micro_tokens = job.micro_batch * sequence;
+  const double ab = job.activation_bytes;
+  const double busiest =
+      micro_batches * job.micro_batch * p.dp / double(job.samples()) * stage_imbalance;
+  const double flops = tokens * forward_flops_per_token(m, 0.5 * (sequence + 1)) * passes;
+  const double elementwise =
+      tokens * m.layers * kElementwiseValuesPerLayer * m.d_model * ab * passes;
+  const double kernels = micro_batches * layers_per_stage * kKernelsPerLayer * passes;
+  const double rate = c.compute_rate(micro_tokens / p.tp);
+  t.compute = busiest * (flops / (devices * rate) + elementwise / (devices * c.memory_bandwidth)) +
+              kernels * c.kernel_overhead;
+  const double params = training_parameters(m, p);
+  const double state_bytes = job.parameter_bytes + job.gradient_bytes + job.optimizer_bytes;
+  t.compute += 2 * params * state_bytes / c.memory_bandwidth;  // optimizer: read and write states
+
+  const double collectives_per_layer = 4 + (job.reference ? 2 : 0);
+  if (p.tp > 1) {
+    const Link& link = c.link(c.level_spanned(p.tp));
+    t.tensor_parallel = micro_batches * layers_per_stage * collectives_per_layer *
+                        ring_allreduce_seconds(micro_tokens * m.d_model * ab, p.tp, link);
+  }
+  const double ideal = t.compute + t.tensor_parallel;
+  if (p.pp > 1) {
+    const Link& link = c.link(c.level_spanned(int64_t(p.tp) * p.pp));
+    const double transfer = link.seconds(micro_tokens * m.d_model * ab / p.tp);
+    t.pipeline =
+        ideal * (p.pp - 1.0) / (micro_batches * p.vpp) + micro_batches * 2 * p.vpp * transfer;
+  }
+  if (p.ep > 1) {
+    const Link& link = c.link(c.level_spanned(int64_t(p.ep) * p.tp));
+    const double rows = micro_tokens / p.tp * remote_rows(m, p.ep, s.dispatch);
+    const double one = link.seconds(rows * m.d_model * ab, kExchangeRounds);
+    const double total = micro_batches * layers_per_stage * collectives_per_layer * one;
+    const double expert_compute = tokens * 2 * m.expert_matmul * passes / (devices * rate);
+    t.all_to_all = s.ep_overlap ? std::max(0.0, total - expert_compute) : total;
+  }
+  const Link& dp_link = c.link(c.level_spanned(int64_t(p.devices())));
+  const double expert_dp = double(p.dp) * p.tp / p.ep;
+  t.gradient_sync =
+      ring_allreduce_seconds(m.replicated / (p.tp * p.pp) * job.gradient_bytes, p.dp, dp_link) +
+      ring_allreduce_seconds(m.routed / (p.ep * p.pp) * job.gradient_bytes, int(expert_dp),
+                             dp_link);
+
+  // Memory: weights and gradients whole, optimizer states sharded over data parallelism
+  // (distributed optimizer), the reference's weights, and the activations of the micro-batches
+  // 1F1B keeps in flight on the first stage.
+  const double optimizer_shard =
+      (m.replicated / (p.tp * p.pp)) / p.dp + (m.routed / (p.ep * p.pp)) / std::max(1.0, expert_dp);
+  t.memory =
+      params * (job.parameter_bytes + job.gradient_bytes) + optimizer_shard * job.optimizer_bytes;
+  if (job.reference) t.memory += params * job.parameter_bytes;
+  const double values_per_token_layer =
+      17 * m.d_model / p.tp + m.top_k * (m.d_model + 3 * m.d_ff) + 3 * m.shared_d_ff;
+  const double in_flight = std::min(micro_batches, double(p.pp));
+  // With recompute a micro-batch in flight keeps each layer's input; one layer's activations
+  // exist at a time during its backward.
+  const double kept = s.recompute
+                          ? in_flight * layers_per_stage * m.d_model / p.tp + values_per_token_layer
+                          : in_flight * layers_per_stage * values_per_token_layer;
+  t.memory += kept * micro_tokens * ab +
+              2 * micro_tokens * m.vocab * 4 / p.tp;  // logits and their gradient, float32
+  return t;
+}
+
+// One decode (or prefill) step of `tokens` tokens per attention data-parallel rank at context
+// `context`, on one device of the generation layout.
+double generation_step(const ModelShape& m, const ClusterConfig& c, const RlJob& job,
+                       const Parallelism& g, double tokens, double context) {
+  const double ab = job.activation_bytes;
+  const double group_tokens = tokens * std::max(1.0, double(g.ep) / g.tp);
+  const double touched = 1 - std::pow(std::max(0.0, 1 - m.top_k / m.experts), group_tokens);
+  const double weights = (m.replicated / g.tp + m.routed / g.ep * touched) * job.parameter_bytes;
+  const double kv = tokens * context * 2 * m.d_model * m.layers * ab / g.tp;
+  const double elementwise = tokens * m.layers * kElementwiseValuesPerLayer * m.d_model * ab;
+  const double dense_flops = tokens * 2 * (m.active_matmul - m.expert_matmul) / g.tp;
+  const double expert_flops = group_tokens * 2 * m.expert_matmul / g.ep;
+  const double attention_flops = tokens * 4 * m.layers * m.d_model * context / g.tp;
+  double seconds =
+      std::max((weights + kv + elementwise) / c.memory_bandwidth,
+               (dense_flops + expert_flops + attention_flops) / c.compute_rate(tokens)) +
+      (m.layers * kKernelsPerLayer + 3) * c.kernel_overhead;
+  if (g.tp > 1) {
+    seconds += 2 * m.layers *
+               ring_allreduce_seconds(tokens * m.d_model * ab, g.tp, c.link(c.level_spanned(g.tp)));
+  }
+  if (g.ep > 1) {
+    const Link& link = c.link(c.level_spanned(g.ep));
+    seconds +=
+        2 * m.layers *
+        link.seconds(tokens * m.top_k * (g.ep - 1.0) / g.ep * m.d_model * ab, kExchangeRounds);
+  }
+  return seconds;
+}
+
+// `resident`: bytes a generation device holds besides the generation weights and the KV cache.
+// The KV cache of a sequence is allocated at its longest; when a rank's sequences do not fit at
+// once, a synchronous phase runs them in waves and a StaleSync phase keeps a smaller batch full.
+Phase generation_cost(const ModelShape& m, const ClusterConfig& c, const RlJob& job,
+                      const Strategy& s, double resident) {
+  const Parallelism& g = s.generate;
+  const double samples = double(job.samples());
+  const double ranks = g.devices() / g.tp;  // attention data-parallel ranks
+  const double per_rank = samples / ranks;
+  const double weights = generation_parameters(m, g) * job.parameter_bytes;
+  const double kv_per_sequence = (job.prompt.mean + job.response.step_longest) * 2 * m.d_model *
+                                 m.layers * job.activation_bytes / g.tp;
+  const double room = std::floor((c.memory_bytes - resident - weights) / kv_per_sequence);
+  const double batch = std::max(1.0, std::min(per_rank, room));
+  Phase phase;
+  phase.memory = resident + weights + batch * kv_per_sequence;
+  // A synchronous phase decodes until the step's longest response, the batch thinning as samples
+  // finish; fused StaleSync hands over at the finish threshold's length with the batch kept full
+  // by continuous batching, the unfinished samples resumed (prefix recomputed) next phase.
+  const bool cut = s.staleness > 0 && s.mode != Mode::Disaggregated;
+  const double tokens = per_rank * job.response.mean;  // response tokens a rank decodes
+  double steps = 0, live = 0;
+  if (cut) {
+    steps = std::max(job.response.cut, tokens / batch);
+    live = tokens / steps;
+  } else {
+    const double waves = std::ceil(per_rank / batch);
+    steps = waves * job.response.step_longest;
+    live = tokens / steps;
+  }
+  const double context = job.prompt.mean + 0.5 * job.response.mean;
+  double prefill_tokens = per_rank * job.prompt.mean;
+  if (cut)
+    prefill_tokens += (1 - job.finish_threshold) * per_rank * (job.prompt.mean + 0.5 * steps);
+  phase.seconds = generation_step(m, c, job, g, prefill_tokens, 0.5 * job.prompt.mean);
+  phase.seconds += steps * generation_step(m, c, job, g, live, context);
+  if (job.reward_model) {  // scoring: one forward of every sample with a policy-shaped model
+    const double sequence = job.prompt.mean + job.response.mean;
+    phase.seconds += samples * sequence * forward_flops_per_token(m, 0.5 * sequence) /
+                     (g.devices() * c.compute_rate(job.micro_batch * sequence));
+  }
+  return phase;
+}
+
+bool layouts_equal(const Parallelism& a, const Parallelism& b) {
+  return a.tp == b.tp && a.pp == b.pp && a.ep == b.ep && a.dp == b.dp;
+}
+
+}  // namespace
+
+bool feasible(const ModelConfig& config, const RlJob& job, const Strategy& s) {
+  for (const Parallelism* p : {&s.train, &s.generate}) {
+    if (p->tp < 1 || p->pp < 1 || p->vpp < 1 || p->ep < 1 || p->dp < 1) return false;
+    if (!divides(p->tp, config.n_heads)) return false;
+    if (!divides(p->ep, config.n_experts)) return false;
+    if (!divides(p->ep, double(p->tp) * p->dp)) return false;  // EP carved from TP x DP
+  }
+  if (s.generate.pp != 1 || s.generate.vpp != 1) return false;
+  // Every virtual stage holds at least one layer; every pipeline gets at least pp micro-batches.
+  if (s.train.pp * s.train.vpp > config.n_layers) return false;
+  if (s.train.pp > 1 && job.samples() / (int64_t(s.train.dp) * job.micro_batch) < s.train.pp)
+    return false;
+  if (s.generate.devices() / s.generate.tp > job.samples()) return false;
+  if (s.mode != Mode::Disaggregated && s.generate.devices() != s.train.devices()) return false;
+  return s.staleness >= 0;
+}
+
+Prediction predict(const ModelShape& m, const ClusterConfig& c, const RlJob& job,
+                   const Strategy& s) {
+  Prediction out;
+  const Training t = training_cost(m, c, job, s);
+  const double train_params = training_parameters(m, s.train);
+  const double gen_params = generation_parameters(m, s.generate);
+  const bool fused = s.mode != Mode::Disaggregated;
+  // Fused: training states stay on the device through generation unless offloaded; a generation
+  // layout other than the training one is a second copy filled rank to rank.
+  const double movable = train_params * (job.gradient_bytes + job.optimizer_bytes);
+  const bool switch_layout = fused && !layouts_equal(s.train, s.generate);
+  double resident = job.reward_model ? gen_params * job.parameter_bytes : 0;
+  if (fused) {
+    resident += (s.offload ? 0 : movable) +
+                (switch_layout ? train_params * job.parameter_bytes : 0) +
+                (job.reference ? train_params * job.parameter_bytes : 0);
+  }
+  const Phase gen = generation_cost(m, c, job, s, resident);
+  out.generation = gen.seconds;
+  out.training = t.compute;
+  out.tensor_parallel = t.tensor_parallel;
+  out.pipeline = t.pipeline;
+  out.all_to_all = t.all_to_all;
+  out.gradient_sync = t.gradient_sync;
+  const double samples = double(job.samples());
+  const double queue_bytes =
+      samples * (48 + 4 * (job.prompt.mean + job.response.mean) + 4 * job.response.mean);
+  const Link& wide = c.link(c.level_spanned(s.devices()));
+  if (fused) {
+    out.swap = (s.offload ? 2 * movable / c.host_bandwidth : 0) +
+               (switch_layout ? wide.seconds(gen_params * job.parameter_bytes) : 0);
+    if (s.mode == Mode::FusedAll && job.reward_model) {
+      out.training_memory += gen_params * job.parameter_bytes;
+    }
+  } else {
+    // Every actor device receives its generation shard; learner devices share the sending.
+    const double received = gen_params * job.parameter_bytes;
+    const double sent = received * s.generate.devices() / s.train.devices();
+    out.weight_sync = wide.seconds(std::max(received, sent), std::ceil(received / (4 << 20)));
+    out.queue = wide.seconds(queue_bytes / std::min(s.train.dp, s.generate.devices()), 2);
+  }
+  const double training_total =
+      out.training + out.tensor_parallel + out.pipeline + out.all_to_all + out.gradient_sync;
+  if (!fused && s.staleness > 0) {
+    out.step = std::max(out.generation + out.queue, training_total + out.weight_sync);
+  } else {
+    out.step = out.generation + out.queue + out.swap + training_total + out.weight_sync;
+  }
+  out.tokens_per_second = job.tokens_per_step() / out.step;
+  out.training_memory += t.memory;
+  out.generation_memory = gen.memory;
+  out.fits = out.training_memory <= c.memory_bytes && out.generation_memory <= c.memory_bytes;
+  return out;
+}
+
+}  // namespace rlf::sim

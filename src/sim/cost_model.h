@@ -1,0 +1,75 @@
+// DeployMind's cost model: per-step time by part, per-device memory and tokens/s of one strategy
+// for a model x cluster x RL job, from closed forms (docs/DEPLOYMIND.md states each). Evaluating a
+// strategy allocates nothing, so a search can run millions of them.
+#pragma once
+
+#include <cstdint>
+
+#include "src/model/model_config.h"
+#include "src/sim/cluster.h"
+#include "src/sim/rl_job.h"
+#include "src/sim/strategy.h"
+
+namespace rlf::sim {
+
+// Parameter counts of a model config, split the way parallelism splits them.
+struct ModelShape {
+  double d_model = 0, layers = 0, vocab = 0, experts = 0, top_k = 0, d_ff = 0, shared_d_ff = 0;
+  double replicated = 0;     // every parameter but the routed experts (replicated across EP)
+  double routed = 0;         // the routed experts of every layer
+  double active_matmul = 0;  // matmul weights one token passes through (lm head included)
+  double expert_matmul = 0;  // of which routed-expert weights (top_k experts per layer)
+  double total() const { return replicated + routed; }
+};
+ModelShape model_shape(const ModelConfig& config);
+
+// Forward FLOPs of one token at context `context` (attention's causal pairs included): how the
+// cost model counts work, and how `bench calibrate` turns a timed layer into a rate.
+double forward_flops_per_token(const ModelShape& model, double context);
+
+// Kernel calls of one layer's forward pass (norms, four projections, RoPE, attention, router,
+// top-k, the grouped experts and the shared expert, combine, residual adds): the per-call cost of
+// small batches.
+inline constexpr double kKernelsPerLayer = 18;
+// Rounds of messages an EP stage (dispatch, combine or their backward) takes: the counts, the
+// routing metadata, the rows (mpi_comm/expert_dispatch.h), each round sent to every peer at once,
+// so a stage pays three latencies whatever the group's size.
+inline constexpr double kExchangeRounds = 3;
+// Values an elementwise pass reads or writes per token per layer (norms, residuals, RoPE,
+// SwiGLU), in multiples of d_model: the memory-bound work beside the matmuls.
+inline constexpr double kElementwiseValuesPerLayer = 16;
+
+struct Prediction {
+  // Seconds per RL step, by part.
+  double generation = 0;       // prefill + decode (+ scoring with a learned reward model)
+  double training = 0;         // forward, backward, reference forward, optimizer
+  double tensor_parallel = 0;  // training's TP all-reduces
+  double pipeline = 0;         // pipeline bubble + stage-to-stage transfers
+  double all_to_all = 0;       // training's EP dispatch/combine not hidden by compute
+  double gradient_sync = 0;    // data-parallel gradient all-reduce
+  double swap = 0;             // fused: offload, onload, layout switch
+  double weight_sync = 0;      // disaggregated: learners -> actors
+  double queue = 0;            // DistQueue traffic of the step's samples
+  double step = 0;             // wall time of a step (overlap of StaleSync applied)
+  double tokens_per_second = 0;
+  // Peak bytes per device in each phase.
+  double training_memory = 0;
+  double generation_memory = 0;
+  bool fits = false;  // both peaks within the cluster's device memory
+};
+
+// Whether `s` is a layout this model and job can run (degrees divide what they split).
+bool feasible(const ModelConfig& config, const RlJob& job, const Strategy& s);
+
+Prediction predict(const ModelShape& model, const ClusterConfig& cluster, const RlJob& job,
+                   const Strategy& s);
+
+// Ring all-reduce of `bytes` per device over `ranks` devices on `link`, in buckets of
+// `bucket_bytes`: 2 (n - 1) / n of the bytes out of each device, 2 (n - 1) messages a bucket.
+double ring_allreduce_seconds(double bytes, int ranks, const Link& link,
+                              double bucket_bytes = 4.0 * (1 << 20));
+// Expected distinct other ranks of an EP group of `ep` that a token's top_k experts (of
+// `experts`, spread evenly) live on.
+double remote_owners(double ep, double top_k, double experts);
+
+}  // namespace rlf::sim

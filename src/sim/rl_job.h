@@ -1,0 +1,54 @@
+// An RL job for the planner: prompts per step, samples per prompt, the prompt and response length
+// distributions (from a task's reference answers, or fixed / uniform / lognormal with a cap), the
+// training micro-batch, the bytes each state takes per parameter, whether a reference model (KL)
+// and a learned reward model run, and StaleSync's finished-sample threshold. Read from an INI file
+// in inputs/jobs/. The cost model only needs a few figures of each distribution, computed once
+// here so that evaluating a strategy allocates nothing.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace rlf::sim {
+
+// What the cost model needs of a length distribution (tokens).
+struct LengthSummary {
+  double mean = 0;
+  double step_longest =
+      0;           // expected longest of one step's samples: what a synchronous phase waits for
+  double cut = 0;  // the finish threshold's quantile: where a StaleSync phase hands over
+};
+
+struct RlJob {
+  std::string name = "unnamed";
+  int prompts = 0;      // per step
+  int group_size = 0;   // samples per prompt
+  int micro_batch = 1;  // samples per training micro-batch
+  LengthSummary prompt, response;
+  double parameter_bytes = 4;  // weights on the device (4 float32, 2 bf16)
+  double gradient_bytes = 4;   // gradients
+  double optimizer_bytes =
+      8;  // optimizer states (8: AdamW's two float32 moments; 12 with a master copy)
+  double activation_bytes = 4;    // activations, KV cache, communication payloads
+  bool reference = true;          // a frozen reference model for the KL term
+  bool reward_model = false;      // a learned reward model of the policy's shape scores samples
+  double finish_threshold = 0.9;  // StaleSync hands a phase over at this fraction finished
+
+  int64_t samples() const { return int64_t(prompts) * group_size; }
+  // Prompt + response tokens trained per step (the throughput-table numerator).
+  double tokens_per_step() const { return double(samples()) * (prompt.mean + response.mean); }
+  void validate(const std::string& source) const;
+};
+
+// Reads `[job]` keys; missing, unknown, malformed or impossible values are ConfigErrors naming the
+// file and the key. Lengths: `<x>_distribution = task | fixed | uniform | lognormal` for x =
+// prompt, response, with `task = NAME` (lengths of the task's training samples: prompt + <bos>,
+// reference answer + <eos>), `<x>_length` (fixed), `<x>_min`/`<x>_max` (uniform),
+// `<x>_median`/`<x>_sigma`/`<x>_max` (lognormal, capped at max).
+RlJob load_rl_job(const std::string& name_or_path);
+
+// The summary of a measured run's lengths: `mean` tokens, `longest` the longest a step waited for;
+// the cut as if uniform on [2 mean - longest, longest] (fixed at the mean when that is empty).
+LengthSummary summarize_mean_longest(double mean, double longest, double finish_threshold);
+
+}  // namespace rlf::sim

@@ -1,0 +1,40 @@
+// One deployment strategy the planner evaluates: the RL mode, the training layout (TP, PP, VPP,
+// EP, DP), the generation layout (TP, EP, DP; generation runs without pipeline stages), the
+// staleness bound, and the switches that change costs (offload, EP overlap, EP dispatch).
+#pragma once
+
+#include <string>
+
+namespace rlf::sim {
+
+enum class Mode { Disaggregated = 0, Fused = 1, FusedAll = 2 };
+const char* mode_name(Mode mode);
+// ConfigError naming `option` unless `name` is disaggregated, fused or fused-all.
+Mode parse_mode(const std::string& name, const std::string& option);
+
+// Expert rows per (token, slot) (flat) or per (token, owner rank) (de-duplicated).
+enum class Dispatch { Flat = 0, Dedup = 1 };
+
+struct Parallelism {
+  int tp = 1, pp = 1, vpp = 1, ep = 1, dp = 1;
+  int devices() const { return tp * pp * dp; }
+};
+
+struct Strategy {
+  Mode mode = Mode::Fused;
+  Parallelism train;
+  Parallelism generate;  // pp = vpp = 1
+  int staleness = 0;
+  bool offload = true;      // fused: gradients and optimizer states to host during generation
+  bool ep_overlap = false;  // EP communication overlapped with the expert compute (Adaptive Pipe)
+  bool recompute = false;   // training keeps only each layer's input, recomputing the forward
+  Dispatch dispatch = Dispatch::Flat;
+
+  int devices() const {
+    return mode == Mode::Disaggregated ? train.devices() + generate.devices() : train.devices();
+  }
+  // "fused t2p4v2e8d4 | g t8e32d16 s1 offload", the planner's one-line name.
+  std::string describe() const;
+};
+
+}  // namespace rlf::sim

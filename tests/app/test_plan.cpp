@@ -1,0 +1,86 @@
+// End-to-end: `rlfusion plan` and `rlfusion bench calibrate` as a user runs them: a search, a
+// predicted table, bad cluster files and a search where nothing fits (exit code 2), and a
+// calibration whose cluster file the planner reads back.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "kernels/error.h"
+#include "src/sim/cluster.h"
+#include "tests/app/run_rlfusion.h"
+
+namespace rlf {
+namespace {
+
+using test::run_rlfusion;
+
+// One directory per test process (ctest runs tests in parallel processes).
+std::string scratch(const std::string& name) {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("rlfusion-plan-test-" + std::to_string(::getpid()) + "-" + name);
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir.string();
+}
+
+TEST(Plan, SearchPrintsRankedStrategiesAndItsRate) {
+  const auto r = run_rlfusion(
+      "plan --model small --job tiny-sort --devices 16 --modes fused --staleness-bounds 0,1");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("fused train t"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("strategies predicted per minute"), std::string::npos) << r.output;
+}
+
+TEST(Plan, TableIsLabelledAsPrediction) {
+  const auto r = run_rlfusion("plan --table 1");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("PREDICTED"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("fused + StaleSync"), std::string::npos) << r.output;
+  const auto json = run_rlfusion("plan --table 2 --json");
+  EXPECT_EQ(json.exit_code, 0) << json.output;
+  EXPECT_NE(json.output.find("\"predicted_tokens_per_s\""), std::string::npos) << json.output;
+}
+
+TEST(Plan, NothingFitsIsExitCode2) {
+  const auto r = run_rlfusion("plan --devices 8");
+  EXPECT_EQ(r.exit_code, kExitConfigError) << r.output;
+  EXPECT_NE(r.output.find("no strategy fits"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("119.2 GiB"), std::string::npos) << r.output;
+}
+
+TEST(Plan, BadClusterFileNamesTheField) {
+  const std::string dir = scratch("bad");
+  std::ifstream in(RLFUSION_SOURCE_DIR "/inputs/clusters/cloudmatrix-384.ini");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t at = text.find("memory_bytes = 128e9");
+  ASSERT_NE(at, std::string::npos);
+  std::ofstream(dir + "/impossible.ini")
+      << text.substr(0, at) + "memory_bytes = -1" + text.substr(at + 20);
+  auto r = run_rlfusion("plan --cluster " + dir + "/impossible.ini");
+  EXPECT_EQ(r.exit_code, kExitConfigError) << r.output;
+  EXPECT_NE(r.output.find("cluster.memory_bytes"), std::string::npos) << r.output;
+  std::ofstream(dir + "/missing.ini") << text.substr(0, at) + text.substr(at + 20);
+  r = run_rlfusion("plan --cluster " + dir + "/missing.ini");
+  EXPECT_EQ(r.exit_code, kExitConfigError) << r.output;
+  EXPECT_NE(r.output.find("memory_bytes"), std::string::npos) << r.output;
+}
+
+TEST(BenchCalibrate, WritesAClusterFileThePlannerReads) {
+  const std::string dir = scratch("calibrate");
+  const auto r = run_rlfusion("bench calibrate --repeats 3 --output " + dir + "/machine.ini");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("matmul check: OK"), std::string::npos) << r.output;
+  const sim::ClusterConfig c = sim::load_cluster_config(dir + "/machine.ini");
+  EXPECT_EQ(c.devices(), 1);
+  EXPECT_GT(c.matmul_flops, 1e8);
+  const auto plan = run_rlfusion("plan --cluster " + dir +
+                                 "/machine.ini --model tiny --job tiny-sort --mode fused");
+  EXPECT_EQ(plan.exit_code, 0) << plan.output;
+  EXPECT_NE(plan.output.find("predicted throughput"), std::string::npos) << plan.output;
+}
+
+}  // namespace
+}  // namespace rlf

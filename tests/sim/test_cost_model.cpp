@@ -1,0 +1,241 @@
+// The cost model's parts against hand-computed cases, the search against a direct loop, and the
+// runtime byte rules against counters of real runs.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "src/model/model_config.h"
+#include "src/sim/cost_model.h"
+#include "src/sim/counted_bytes.h"
+#include "src/sim/search.h"
+
+namespace rlf::sim {
+namespace {
+
+// A machine where only the matmul rate costs time.
+ClusterConfig flops_only() {
+  ClusterConfig c;
+  c.name = "flops-only";
+  c.devices_per_node = 4;
+  c.nodes_per_supernode = 2;
+  c.supernodes = 1;
+  c.matmul_flops = 1e9;
+  c.memory_bytes = 1e12;
+  c.memory_bandwidth = c.host_bandwidth = 1e300;
+  c.kernel_overhead = 0;
+  c.intra_node = c.intra_supernode = c.inter_supernode = {1e300, 0};
+  return c;
+}
+
+RlJob fixed_job(int prompts, int group, int micro_batch, double prompt, double response) {
+  RlJob j;
+  j.prompts = prompts;
+  j.group_size = group;
+  j.micro_batch = micro_batch;
+  j.prompt = {prompt, prompt, prompt};
+  j.response = {response, response, response};
+  j.reference = false;
+  return j;
+}
+
+TEST(CostModel, TinyShapeByHand) {
+  const ModelShape m = model_shape(load_model_config("tiny"));
+  // tiny: C 32, L 2, V 32, E 4, k 2, F 32, S 16.
+  EXPECT_DOUBLE_EQ(m.routed, 2 * 4 * 3 * 32 * 32);
+  EXPECT_DOUBLE_EQ(m.total(), 38304);
+  EXPECT_DOUBLE_EQ(m.active_matmul,
+                   2 * (4 * 32 * 32 + 4 * 32 + 3 * 32 * 16) + 2 * 2 * 3 * 32 * 32 + 32 * 32);
+}
+
+TEST(CostModel, RingAllreduceAndRemoteOwnersByHand) {
+  const Link link{1e9, 1e-6};
+  // 8 MiB over 4 ranks in 4 MiB buckets: 2 x 3/4 x 8 MiB / 1e9 + 2 buckets x 6 messages x 1 us.
+  EXPECT_DOUBLE_EQ(ring_allreduce_seconds(8 << 20, 4, link, 4 << 20),
+                   1.5 * (8 << 20) / 1e9 + 12e-6);
+  EXPECT_EQ(ring_allreduce_seconds(8 << 20, 1, link), 0);
+  // 4 experts on 2 ranks, top-2: the other rank holds none of a token's two experts with
+  // probability (2/4)(1/3) = 1/6.
+  EXPECT_DOUBLE_EQ(remote_owners(2, 2, 4), 5.0 / 6);
+  EXPECT_DOUBLE_EQ(remote_owners(1, 2, 4), 0);
+}
+
+TEST(CostModel, TrainingComputeByHand) {
+  const ModelShape m = model_shape(load_model_config("tiny"));
+  const RlJob job = fixed_job(4, 2, 8, 4, 4);
+  Strategy s;
+  s.mode = Mode::Fused;
+  s.offload = false;
+  const Prediction p = predict(m, flops_only(), job, s);
+  // 64 tokens of length-8 sequences: forward 2 x 24832 + 4 x L 2 x C 32 x context 4.5 FLOPs a
+  // token, x 3 for forward + backward, at 1e9 FLOP/s.
+  const double forward = 2 * 24832 + 4 * 2 * 32 * 4.5;
+  EXPECT_NEAR(p.training, 64 * forward * 3 / 1e9, 1e-15);
+  EXPECT_EQ(p.pipeline, 0);
+  EXPECT_EQ(p.swap, 0);
+  // Generation: prefill of 32 prompt tokens at context 2, then 4 decode steps of 8 sequences at
+  // context 4 + 2 (the expert FLOPs count every token's top-k experts).
+  const double prefill = 32 * (2 * 24832 + 4 * 2 * 32 * 2.0);
+  const double decode = 4 * 8 * (2 * 24832 + 4 * 2 * 32 * 6.0);
+  EXPECT_NEAR(p.generation, (prefill + decode) / 1e9, 1e-15);
+  EXPECT_NEAR(p.step, p.training + p.generation, 1e-15);
+  EXPECT_NEAR(p.tokens_per_second, 64 / p.step, 1e-6);
+}
+
+TEST(CostModel, PipelineBubbleIsMegatronFraction) {
+  const ModelConfig config = load_model_config("small");
+  const ModelShape m = model_shape(config);
+  const RlJob job = fixed_job(8, 4, 1, 16, 16);  // 32 samples
+  Strategy flat, piped;
+  flat.train.dp = 1;
+  piped.train.pp = 4;
+  piped.train.vpp = 2;
+  piped.train.dp = 1;
+  flat.mode = piped.mode = Mode::Disaggregated;
+  flat.generate.dp = piped.generate.dp = 1;
+  ClusterConfig c = flops_only();
+  c.intra_node.latency = 0;
+  const Prediction a = predict(m, c, job, flat);
+  const Prediction b = predict(m, c, job, piped);
+  // 32 micro-batches, 4 stages, 2 virtual stages: bubble = ideal x 3 / 64 (free transfers), the
+  // ideal time a quarter of one device's.
+  EXPECT_NEAR(b.training, a.training / 4, 1e-12);
+  EXPECT_NEAR(b.pipeline, a.training / 4 * 3.0 / 64, 1e-12);
+}
+
+TEST(CostModel, ExpertParallelExchangesByHand) {
+  const ModelShape m = model_shape(load_model_config("tiny"));
+  const RlJob job =
+      fixed_job(4, 2, 2, 4, 4);  // 8 samples, 2 data-parallel ranks: 2 micro-batches each
+  ClusterConfig c = flops_only();
+  c.intra_node.latency = 1e-3;  // only message latency costs: 2 ranks fit a node
+  Strategy s;
+  s.mode = Mode::Fused;
+  s.offload = false;
+  s.train.dp = s.generate.dp = 2;
+  s.train.ep = 2;
+  const Prediction p = predict(m, c, job, s);
+  // 2 micro-batches x 2 layers x 4 stages (dispatch, combine, their backward) x 3 rounds of
+  // messages x 1 ms.
+  EXPECT_NEAR(p.all_to_all, 2 * 2 * 4 * 3 * 1e-3, 1e-12);
+  // A group of 4 pays the same rounds: the peers are sent to at once.
+  s.train.dp = s.generate.dp = 4;
+  s.train.ep = 4;
+  EXPECT_NEAR(predict(m, c, job, s).all_to_all, 1 * 2 * 4 * 3 * 1e-3, 1e-12);
+}
+
+TEST(CostModel, StaleSyncOverlapsDisaggregatedAndCutsFused) {
+  const ModelShape m = model_shape(load_model_config("small"));
+  RlJob job = fixed_job(8, 4, 4, 16, 0);
+  job.response = {20, 60, 30};  // mean 20, a step's longest 60, the 0.9 cut at 30
+  ClusterConfig c = flops_only();
+  c.memory_bandwidth = 1e8;  // decode steps bound by reading the weights
+  Strategy d;
+  d.mode = Mode::Disaggregated;
+  const Prediction sync = predict(m, c, job, d);
+  EXPECT_NEAR(sync.step, sync.generation + sync.training + sync.queue + sync.weight_sync, 1e-12);
+  d.staleness = 1;
+  const Prediction stale = predict(m, c, job, d);
+  EXPECT_NEAR(stale.step,
+              std::max(stale.generation + stale.queue, stale.training + stale.weight_sync), 1e-12);
+  Strategy f;
+  f.mode = Mode::Fused;
+  f.offload = false;
+  const Prediction fused = predict(m, c, job, f);
+  f.staleness = 1;
+  const Prediction fused_stale = predict(m, c, job, f);
+  // The cut decodes 30 steps instead of 60 with the same tokens: half the weight reads.
+  EXPECT_LT(fused_stale.generation, fused.generation);
+  EXPECT_DOUBLE_EQ(fused_stale.training, fused.training);
+}
+
+TEST(CostModel, OffloadTradesSwapTimeForMemory) {
+  const ModelShape m = model_shape(load_model_config("small"));
+  const RlJob job = fixed_job(8, 4, 4, 16, 16);
+  ClusterConfig c = flops_only();
+  c.host_bandwidth = 1e9;
+  Strategy s;
+  s.mode = Mode::Fused;
+  s.offload = false;
+  const Prediction kept = predict(m, c, job, s);
+  s.offload = true;
+  const Prediction moved = predict(m, c, job, s);
+  // Gradients (4 B) and AdamW moments (8 B) of every parameter, out and back at 1 GB/s.
+  EXPECT_NEAR(moved.swap, 2 * m.total() * 12 / 1e9, 1e-12);
+  EXPECT_NEAR(kept.generation_memory - moved.generation_memory, m.total() * 12, 1e-3);
+}
+
+TEST(Search, BestMatchesADirectLoopAndNoFitIsEmpty) {
+  const ModelConfig config = load_model_config("small");
+  const ModelShape m = model_shape(config);
+  const RlJob job = fixed_job(8, 4, 1, 16, 16);
+  ClusterConfig c = flops_only();
+  c.memory_bandwidth = 1e11;
+  SearchSpace space;
+  space.devices = 8;
+  space.max_pp = 4;
+  const SearchResult r = search(m, config, c, job, space);
+  ASSERT_FALSE(r.best.empty());
+  EXPECT_GT(r.feasible, 0);
+  EXPECT_LE(r.fitting, r.feasible);
+  for (size_t i = 1; i < r.best.size(); ++i)
+    EXPECT_GE(r.best[i - 1].prediction.tokens_per_second, r.best[i].prediction.tokens_per_second);
+  // No fused strategy with plain data parallelism beats the search's best.
+  for (int ep : {1, 2, 4, 8}) {
+    Strategy s;
+    s.mode = Mode::Fused;
+    s.train.dp = s.generate.dp = 8;
+    s.train.ep = s.generate.ep = ep;
+    for (bool offload : {false, true}) {
+      s.offload = offload;
+      const Prediction p = predict(m, c, job, s);
+      if (p.fits) {
+        EXPECT_LE(p.tokens_per_second, r.best[0].prediction.tokens_per_second * (1 + 1e-12));
+      }
+    }
+  }
+  c.memory_bytes = 1000;  // nothing fits in 1000 bytes
+  const SearchResult none = search(m, config, c, job, space);
+  EXPECT_TRUE(none.best.empty());
+  EXPECT_EQ(none.fitting, 0);
+  EXPECT_EQ(none.feasible, r.feasible);
+}
+
+// The counters of two real `make run` jobs (tiny, sort, 2000 steps x 16 prompts x 8 samples, 2
+// ranks on 2 virtual nodes): synchronous disaggregated inter-node bytes 335269560 with 2768827
+// tokens trained of which 1234251 response tokens; fused 612864000 (gradients only).
+TEST(CountedBytes, MatchesRealRuns) {
+  RuntimeRun r;
+  r.mode = Mode::Disaggregated;
+  r.ranks = 2;
+  r.ranks_per_node = 1;
+  r.actors = 1;
+  r.steps = 2000;
+  r.samples_per_step = 128;
+  r.parameters = 38304;
+  r.routed_parameters = 24576;
+  r.trained_tokens = 2768827;
+  r.response_tokens = 1234251;
+  CountedBytes b = counted_bytes(r);
+  EXPECT_TRUE(b.exact);
+  EXPECT_EQ(b.inter, 335269560u);
+  EXPECT_EQ(b.intra, 0u);
+  r.ranks_per_node = 2;  // one node: the same bytes, intra-node
+  b = counted_bytes(r);
+  EXPECT_EQ(b.intra, 335269560u);
+  EXPECT_EQ(b.inter, 0u);
+  // StaleSync: actors a step ahead get the weights after steps 2 .. steps - 1 (and once before):
+  // two broadcasts of the 153216 parameter bytes fewer.
+  r.ranks_per_node = 1;
+  r.staleness = 1;
+  EXPECT_EQ(counted_bytes(r).inter, 335269560u - 2 * 153216u);
+  r.staleness = 0;
+  r.mode = Mode::Fused;
+  b = counted_bytes(r);
+  EXPECT_TRUE(b.exact);
+  EXPECT_EQ(b.inter, 612864000u);
+  r.expert_parallel = 2;  // dispatch depends on the routing
+  EXPECT_FALSE(counted_bytes(r).exact);
+}
+
+}  // namespace
+}  // namespace rlf::sim

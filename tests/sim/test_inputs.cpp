@@ -1,0 +1,172 @@
+// Cluster and job files: the shipped ones load; missing, unknown and impossible fields are
+// ConfigErrors that name the field; the calibrate writer's text reads back equal.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "kernels/error.h"
+#include "src/sim/cluster.h"
+#include "src/sim/rl_job.h"
+#include "tests/sim/sim_test_files.h"
+
+namespace rlf::sim {
+namespace {
+
+const char* kCluster =
+    "[cluster]\nname = test\ndevices_per_node = 8\nnodes_per_supernode = 4\nsupernodes = 2\n"
+    "matmul_flops = 1e12\nhalf_rate_rows = 64\nmemory_bytes = 64e9\nmemory_bandwidth = "
+    "1e12\nhost_bandwidth = 5e10\n"
+    "kernel_overhead = 1e-6\nintra_node_bandwidth = 2e11\nintra_node_latency = 1e-6\n"
+    "intra_supernode_bandwidth = 1e11\nintra_supernode_latency = 2e-6\n"
+    "inter_supernode_bandwidth = 2.5e10\ninter_supernode_latency = 5e-6\n";
+
+std::string replace_line(std::string text, const std::string& key, const std::string& line) {
+  const size_t at = text.find(key + " = ");
+  const size_t end = text.find('\n', at);
+  return text.replace(at, end - at + 1, line);
+}
+
+std::string error_of(const std::string& text, const std::string& name) {
+  try {
+    load_cluster_config(test::write_scratch(name, text));
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ClusterConfig, ShippedFileLoads) {
+  const ClusterConfig c = load_cluster_config("cloudmatrix-384");
+  EXPECT_EQ(c.devices(), 384);
+  EXPECT_EQ(c.devices_per_supernode(), 384);
+  EXPECT_DOUBLE_EQ(c.memory_bandwidth, 3.2e12);
+}
+
+TEST(ClusterConfig, LevelsSpanned) {
+  const ClusterConfig c = load_cluster_config(test::write_scratch("levels.ini", kCluster));
+  EXPECT_EQ(c.devices(), 64);
+  EXPECT_EQ(c.level_spanned(8), LinkLevel::IntraNode);
+  EXPECT_EQ(c.level_spanned(9), LinkLevel::IntraSupernode);
+  EXPECT_EQ(c.level_spanned(32), LinkLevel::IntraSupernode);
+  EXPECT_EQ(c.level_spanned(33), LinkLevel::InterSupernode);
+  EXPECT_DOUBLE_EQ(c.link(LinkLevel::InterSupernode).bandwidth, 2.5e10);
+  // 1 MB in 2 messages over the inter-supernode link: 1e6 / 2.5e10 + 2 x 5e-6.
+  EXPECT_DOUBLE_EQ(c.link(LinkLevel::InterSupernode).seconds(1e6, 2), 4e-5 + 1e-5);
+}
+
+TEST(ClusterConfig, MissingFieldIsNamed) {
+  const std::string text = replace_line(kCluster, "memory_bandwidth", "");
+  EXPECT_NE(error_of(text, "missing.ini").find("cluster.memory_bandwidth"), std::string::npos)
+      << error_of(text, "missing.ini");
+}
+
+TEST(ClusterConfig, ImpossibleFieldsAreNamed) {
+  for (const auto& [key, bad] :
+       std::vector<std::pair<std::string, std::string>>{{"devices_per_node", "0"},
+                                                        {"supernodes", "-1"},
+                                                        {"matmul_flops", "0"},
+                                                        {"half_rate_rows", "-1"},
+                                                        {"intra_node_bandwidth", "-5"},
+                                                        {"inter_supernode_latency", "-1e-6"},
+                                                        {"kernel_overhead", "-1"}}) {
+    const std::string message =
+        error_of(replace_line(kCluster, key, key + " = " + bad + "\n"), "bad_" + key + ".ini");
+    EXPECT_NE(message.find("cluster." + key), std::string::npos) << key << ": " << message;
+  }
+}
+
+TEST(ClusterConfig, UnknownKeyAndMalformedValueAreErrors) {
+  EXPECT_NE(error_of(std::string(kCluster) + "nvlink = 1\n", "unknown.ini").find("nvlink"),
+            std::string::npos);
+  EXPECT_NE(
+      error_of(replace_line(kCluster, "memory_bytes", "memory_bytes = lots\n"), "malformed.ini")
+          .find("memory_bytes"),
+      std::string::npos);
+  EXPECT_THROW(load_cluster_config("no-such-cluster"), ConfigError);
+}
+
+TEST(ClusterConfig, WrittenTextReadsBackEqual) {
+  const ClusterConfig c = load_cluster_config(test::write_scratch("orig.ini", kCluster));
+  const ClusterConfig back = load_cluster_config(
+      test::write_scratch("back.ini", cluster_config_ini(c, "two\nlines of comment")));
+  EXPECT_EQ(back.name, "test");
+  EXPECT_EQ(back.devices(), c.devices());
+  EXPECT_DOUBLE_EQ(back.host_bandwidth, c.host_bandwidth);
+  EXPECT_DOUBLE_EQ(back.kernel_overhead, c.kernel_overhead);
+  EXPECT_DOUBLE_EQ(back.half_rate_rows, 64);
+  // Hockney: half the peak at the half-rate rows, 2/3 of it at twice as many.
+  EXPECT_DOUBLE_EQ(back.compute_rate(64), 0.5e12);
+  EXPECT_DOUBLE_EQ(back.compute_rate(128), 1e12 * 128 / 192);
+  EXPECT_DOUBLE_EQ(back.intra_supernode.latency, c.intra_supernode.latency);
+  EXPECT_DOUBLE_EQ(back.inter_supernode.bandwidth, c.inter_supernode.bandwidth);
+}
+
+const char* kJob =
+    "[job]\nprompts = 4\ngroup_size = 2\nmicro_batch = 2\nprompt_distribution = fixed\n"
+    "prompt_length = 10\nresponse_distribution = uniform\nresponse_min = 10\nresponse_max = 30\n"
+    "finish_threshold = 0.5\n";
+
+TEST(RlJob, UniformLengthsByHand) {
+  const RlJob job = load_rl_job(test::write_scratch("job.ini", kJob));
+  EXPECT_EQ(job.samples(), 8);
+  EXPECT_DOUBLE_EQ(job.prompt.mean, 10);
+  EXPECT_DOUBLE_EQ(job.response.mean, 20);
+  // Expected longest of 8 uniform draws on [10, 30]: 10 + 20 x 8 / 9; the median cut: 20.
+  EXPECT_DOUBLE_EQ(job.response.step_longest, 10 + 20.0 * 8 / 9);
+  EXPECT_DOUBLE_EQ(job.response.cut, 20);
+  EXPECT_DOUBLE_EQ(job.tokens_per_step(), 8 * 30);
+}
+
+TEST(RlJob, LognormalAndTaskLengths) {
+  const RlJob pangu = load_rl_job("pangu-rl");
+  // Capped lognormal: mean above the median (long tail), the step's longest at the cap.
+  EXPECT_GT(pangu.response.mean, 2048);
+  EXPECT_LT(pangu.response.mean, 7168);
+  EXPECT_DOUBLE_EQ(pangu.response.step_longest, 7168);
+  EXPECT_GT(pangu.response.cut, 2048);
+  const RlJob sort = load_rl_job("tiny-sort");
+  // sort: lists of 2..6 digits: prompt = digits + '>' + <bos>, answer = digits + <eos>.
+  EXPECT_NEAR(sort.response.mean, 5, 0.1);
+  EXPECT_NEAR(sort.prompt.mean, 6, 0.1);
+  EXPECT_DOUBLE_EQ(sort.response.step_longest, 7);
+}
+
+TEST(RlJob, BadFieldsAreNamed) {
+  auto message = [](const std::string& text, const std::string& name) -> std::string {
+    try {
+      load_rl_job(test::write_scratch(name, text));
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_NE(message("[job]\ngroup_size = 2\nprompt_distribution = fixed\nprompt_length = 1\n"
+                    "response_distribution = fixed\nresponse_length = 1\n",
+                    "no_prompts.ini")
+                .find("job.prompts"),
+            std::string::npos);
+  std::string text = kJob;
+  EXPECT_NE(message(text.replace(text.find("micro_batch = 2"), 15, "micro_batch = 3"), "micro.ini")
+                .find("job.micro_batch"),
+            std::string::npos);
+  text = kJob;
+  EXPECT_NE(
+      message(text.replace(text.find("response_min = 10"), 17, "response_min = 40"), "minmax.ini")
+          .find("job.response_"),
+      std::string::npos);
+  text = kJob;
+  EXPECT_NE(message(text.replace(text.find("uniform"), 7, "zipf"), "dist.ini")
+                .find("job.response_distribution"),
+            std::string::npos);
+}
+
+TEST(RlJob, MeasuredMeanAndLongest) {
+  // Mean 5 with longest 7: uniform on [3, 7]; the 0.9 cut at 3 + 4 x 0.9.
+  const LengthSummary s = summarize_mean_longest(5, 7, 0.9);
+  EXPECT_DOUBLE_EQ(s.step_longest, 7);
+  EXPECT_DOUBLE_EQ(s.cut, 3 + 4 * 0.9);
+  EXPECT_DOUBLE_EQ(summarize_mean_longest(5, 5, 0.9).step_longest, 5);
+}
+
+}  // namespace
+}  // namespace rlf::sim
