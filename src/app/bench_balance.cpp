@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -344,8 +345,10 @@ int run_bench_balance_command(const std::vector<std::string>& args) {
               data.lengths_from.c_str(), data.model.fixed, data.model.per_token,
               data.model.per_token_squared);
   if (!data.measured.empty()) {
-    std::printf("# %-10s %12s %12s   (measured on a loaded machine)\n", "length", "measured",
-                "fitted");
+    double load[1] = {-1};
+    if (getloadavg(load, 1) != 1) load[0] = -1;
+    std::printf("# %-10s %12s %12s   (timed at load average %.2f)\n", "length", "measured",
+                "fitted", load[0]);
     std::printf("# %-10s %12s %12s\n", "(tokens)", "(ms)", "(ms)");
     for (const auto& [length, seconds] : data.measured) {
       std::printf("  %-10.0f %12.4f %12.4f\n", length, seconds * 1e3,

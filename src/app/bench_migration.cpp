@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <numeric>
@@ -34,6 +35,13 @@
 namespace rlf {
 
 namespace {
+
+// The machine's 1-minute load average (-1 when unknown): wall times mean little above the core
+// count.
+double load_average() {
+  double load[1] = {-1};
+  return getloadavg(load, 1) == 1 ? load[0] : -1;
+}
 
 struct MigrationBenchOptions {
   int tokens = 4096, experts_per_rank = 4, top_k = 2, hidden = 128, ffn = 512, repeats = 7;
@@ -203,9 +211,9 @@ int run_bench_migration_command(const std::vector<std::string>& args) {
     std::printf(
         "# EP %d (the world), %d experts (%d per rank), %d tokens/rank, top-%d, Zipf(%g) routing "
         "with the hot experts on rank 0; C %d, F %d; one MoE layer's routed experts forward "
-        "(dispatch, SwiGLU, combine); median of %d, slowest rank; measured on a loaded "
-        "machine\n#\n",
-        size, E, E_local, N, K, o.zipf, C, F, o.repeats);
+        "(dispatch, SwiGLU, combine); median of %d, slowest rank; load average %.2f at the end "
+        "(wall times need one idle core per rank)\n#\n",
+        size, E, E_local, N, K, o.zipf, C, F, o.repeats, load_average());
     std::printf("# %-8s %10s %12s %12s %12s %9s\n", "phase", "step wall", "expert FFN", "rows max",
                 "rows mean", "max/mean");
     std::printf("# %-8s %10s %12s %12s %12s %9s\n", "", "(ms)", "(CPU ms)", "(rows)", "(rows)", "");
