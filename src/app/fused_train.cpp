@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <optional>
 
 #include "kernels/error.h"
@@ -85,8 +86,10 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   const std::unique_ptr<LearnedReward> learned =
       load_learned_reward(rl, policy.device->ops(), fused_all ? &policy.device->memory() : nullptr,
                           run.device_memory_bytes());
-  // Checkpoints are taken between synchronous steps (StaleSync's pool is not saved).
-  TrainCheckpoints saved(checkpoints, run, rl, policy.config, rl.staleness == 0);
+  // Checkpoints are taken between steps; with StaleSync each rank's rollout pool goes with them
+  // (not yet with expert parallelism: validate_checkpoint_options refuses it).
+  TrainCheckpoints saved(checkpoints, run, rl, policy.config,
+                         rl.staleness == 0 || options.expert_parallel == 1);
   RunDirectory dir(run.run_dir, resolved_config, /*writer=*/root, saved.resuming());
   TraceRecorder trace(MPI_COMM_WORLD);
   trace.set_memory_source(&policy.device->memory());
@@ -119,7 +122,6 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
       model, all, links, options.expert_parallel, options.ep_dispatch, options.ep_overlap_chunks);
   start_learner_state(learner, policy, rl, ep.get());
   const TrainingState state{&model, learner.optimizer.get(), learner.reference.get()};
-  if (saved.resuming()) position = saved.load(state);
   Arena& device = policy.device->memory();
   std::unique_ptr<Arena> host_memory;
   std::unique_ptr<TrainingOffload> offload;
@@ -198,6 +200,9 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         rl.staleness, 100.0 * rl.finish_threshold, pool_settings.slots,
         stale_policy == StalePolicy::Drop ? "dropped with their group" : "regenerated");
   }
+  // After the pool exists: a StaleSync checkpoint refills it with the samples in flight.
+  saved.attach_pool(pool.get());
+  if (saved.resuming()) position = saved.load(state);
   RandomDelay random_delay(rl.random_delay_ms, run.seed, rank);
   RlProgress progress(dir, rl.steps, rl.log_every, policy.device->memory());
   // The warm start (SFT, evaluation) takes a different time on every rank: RL starts together,
@@ -287,25 +292,29 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
       traced.set_version(version);
       MPI_Barrier(MPI_COMM_WORLD);
     }
+    bool train = true;
     if (pool) {
       // A step in which no rank finished a whole group trains nothing (an optimizer step on no
-      // data would still move the weights through AdamW's moments).
+      // data would still move the weights through AdamW's moments); its reward is NaN.
       long long groups = (long long)rollouts.size();
       MPI_Allreduce(MPI_IN_PLACE, &groups, 1, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
       if (groups == 0) {
         dir.log("# step %d: no group finished on any rank; nothing to train\n", step);
-        continue;
+        position.step_rewards.push_back(std::nan(""));
+        train = false;
       }
     }
-    random_delay();
-    device.start_phase_peak();
-    const StepStats stats =
-        train_on_rollouts_traced(model, *learner.optimizer, learner.reference.get(), rollouts,
-                                 settings, parallel, version, ranks, trace);
-    training_peak = std::max(training_peak, device.phase_peak());
-    position.rl_tokens += int64_t(stats.tokens);
-    position.step_rewards.push_back(stats.mean_reward());
-    progress.step_done(step, stats);
+    if (train) {
+      random_delay();
+      device.start_phase_peak();
+      const StepStats stats =
+          train_on_rollouts_traced(model, *learner.optimizer, learner.reference.get(), rollouts,
+                                   settings, parallel, version, ranks, trace);
+      training_peak = std::max(training_peak, device.phase_peak());
+      position.rl_tokens += int64_t(stats.tokens);
+      position.step_rewards.push_back(stats.mean_reward());
+      progress.step_done(step, stats);
+    }
     stopped = saved.end_of_step(step, position, progress.seconds_since_start(), state, root,
                                 ep.get(), MPI_COMM_WORLD, dir);
   }

@@ -28,6 +28,51 @@ CheckpointTensors tensors_of(const std::array<float*, kBuffers>& b) {
   return {b[0], b[1], b[2], b[3]};
 }
 
+// Every rank's in-flight samples on rank 0 of `comm` (index: rank; empty elsewhere). Flattened
+// into three arrays per rank: a row of integers per sample, the tokens, the log-probs.
+std::vector<std::vector<InFlightSample>> gather_in_flight(const std::vector<InFlightSample>& mine,
+                                                          MPI_Comm comm) {
+  const PackedInFlight packed = PackedInFlight::pack(mine);
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  // Counts first (row values, tokens), then the three arrays with MPI_Gatherv.
+  const int counts[2] = {int(packed.rows.size()), int(packed.tokens.size())};
+  std::vector<int> all_counts(static_cast<size_t>(2 * size));
+  MPI_Gather(counts, 2, MPI_INT, all_counts.data(), 2, MPI_INT, 0, comm);
+  std::vector<int> row_counts(static_cast<size_t>(size)), token_counts(row_counts);
+  std::vector<int> row_offsets(row_counts), token_offsets(row_counts);
+  int row_total = 0, token_total = 0;
+  for (int r = 0; r < size; ++r) {
+    row_counts[size_t(r)] = all_counts[size_t(2 * r)];
+    token_counts[size_t(r)] = all_counts[size_t(2 * r + 1)];
+    row_offsets[size_t(r)] = row_total;
+    token_offsets[size_t(r)] = token_total;
+    row_total += row_counts[size_t(r)];
+    token_total += token_counts[size_t(r)];
+  }
+  PackedInFlight all;
+  if (rank == 0) {
+    all.rows.resize(size_t(row_total));
+    all.tokens.resize(size_t(token_total));
+    all.logp.resize(size_t(token_total));
+  }
+  MPI_Gatherv(packed.rows.data(), counts[0], MPI_INT64_T, all.rows.data(), row_counts.data(),
+              row_offsets.data(), MPI_INT64_T, 0, comm);
+  MPI_Gatherv(packed.tokens.data(), counts[1], MPI_INT32_T, all.tokens.data(), token_counts.data(),
+              token_offsets.data(), MPI_INT32_T, 0, comm);
+  MPI_Gatherv(packed.logp.data(), counts[1], MPI_FLOAT, all.logp.data(), token_counts.data(),
+              token_offsets.data(), MPI_FLOAT, 0, comm);
+  std::vector<std::vector<InFlightSample>> by_rank;
+  if (rank != 0) return by_rank;
+  for (int r = 0; r < size; ++r) {
+    by_rank.push_back(PackedInFlight::unpack(
+        all.rows.data() + row_offsets[size_t(r)], size_t(row_counts[size_t(r)]),
+        all.tokens.data() + token_offsets[size_t(r)], all.logp.data() + token_offsets[size_t(r)]));
+  }
+  return by_rank;
+}
+
 }  // namespace
 
 po::options_description checkpoint_options_description(CheckpointOptions& options) {
@@ -42,15 +87,22 @@ po::options_description checkpoint_options_description(CheckpointOptions& option
   return d;
 }
 
-void validate_checkpoint_options(const CheckpointOptions& options, int staleness) {
+void validate_checkpoint_options(const CheckpointOptions& options, int staleness, bool fused,
+                                 bool expert_parallel) {
   if (options.every < 0) {
     throw ConfigError("--checkpoint-every must be >= 0, got " + std::to_string(options.every));
   }
   if (options.every == 0 && options.resume.empty()) return;
   const std::string what = options.every > 0 ? "--checkpoint-every" : "--resume";
-  if (staleness > 0) {
-    throw ConfigError(what + " is not supported with --staleness > 0 yet: StaleSync's in-flight " +
-                      "samples are not saved (use --staleness 0)");
+  if (staleness > 0 && !fused) {
+    throw ConfigError(what + " with --staleness > 0 is not supported yet in disaggregated mode: " +
+                      "the samples in DistQueue and the actors' pools are not saved (use " +
+                      "--mode fused, or --staleness 0)");
+  }
+  if (staleness > 0 && expert_parallel) {
+    throw ConfigError(what + " with --staleness > 0 is not supported yet with expert " +
+                      "parallelism: sharded checkpoints do not save the rollout pools (use " +
+                      "--expert-parallel 1, or --staleness 0)");
   }
 }
 
@@ -63,11 +115,20 @@ TrainCheckpoints::TrainCheckpoints(const CheckpointOptions& options, const RunOp
       resume_(find_resume_point(options.resume, run.run_dir)) {
   if (!resuming()) return;
   const CheckpointCounters c = check_checkpoint(resume_.path, model, rl.kl_coef > 0);
-  if (c.seed != run_.seed || c.prompts != rl_.prompts || c.group_size != rl_.group_size) {
+  if (c.seed != run_.seed || c.prompts != rl_.prompts || c.group_size != rl_.group_size ||
+      c.staleness != rl_.staleness) {
     throw ConfigError("checkpoint '" + resume_.path + "' was written with --seed " +
                       std::to_string(c.seed) + " --prompts " + std::to_string(c.prompts) +
-                      " --group-size " + std::to_string(c.group_size) +
-                      ": resume with the same values");
+                      " --group-size " + std::to_string(c.group_size) + " --staleness " +
+                      std::to_string(c.staleness) + ": resume with the same values");
+  }
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  if (rl_.staleness > 0 && c.in_flight_ranks != world) {
+    throw ConfigError("checkpoint '" + resume_.path +
+                      "' holds the StaleSync samples in flight of " +
+                      std::to_string(c.in_flight_ranks) + " ranks: resume on " +
+                      std::to_string(c.in_flight_ranks) + " ranks, not " + std::to_string(world));
   }
   if (c.step >= rl_.steps) {
     throw ConfigError("checkpoint '" + resume_.path + "' is at step " + std::to_string(c.step) +
@@ -97,6 +158,11 @@ RlPosition TrainCheckpoints::load(const TrainingState& state) const {
   // With sharded experts only this rank's experts' rows are read (any EP degree).
   const CheckpointCounters c =
       read_checkpoint(resume_.path, model.config(), model.layout(), tensors_of(buffers_of(state)));
+  if (pool_) {
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    pool_->restore(read_in_flight(resume_.path, rank));
+  }
   state.optimizer->restore_steps_taken(c.optimizer_steps);
   RlPosition p;
   p.step = c.step;
@@ -134,7 +200,7 @@ bool TrainCheckpoints::stop_agreed(int step, MPI_Comm comm,
 }
 
 void TrainCheckpoints::save(const RlPosition& position, const TrainingState& state, bool writer,
-                            RoleExpertParallel* ep) const {
+                            RoleExpertParallel* ep, MPI_Comm comm) const {
   CheckpointCounters c;
   c.step = position.step;
   c.optimizer_steps = state.optimizer->steps_taken();
@@ -148,12 +214,16 @@ void TrainCheckpoints::save(const RlPosition& position, const TrainingState& sta
   c.seed = run_.seed;
   c.prompts = rl_.prompts;
   c.group_size = rl_.group_size;
+  c.staleness = rl_.staleness;
   const Transformer<float>& model = *state.model;
   if (!model.layout().expert_sharded()) {
-    if (writer) {
-      write_checkpoint(run_.run_dir, model.config(), model.layout(), c,
-                       tensors_of(buffers_of(state)));
+    CheckpointTensors tensors = tensors_of(buffers_of(state));
+    std::vector<std::vector<InFlightSample>> in_flight;
+    if (pool_) {
+      in_flight = gather_in_flight(pool_->saved_samples(), comm);
+      tensors.in_flight = &in_flight;
     }
+    if (writer) write_checkpoint(run_.run_dir, model.config(), model.layout(), c, tensors);
     return;
   }
   // Replica 0's EP group writes the one file together, each rank its own experts (parallel
@@ -172,7 +242,7 @@ bool TrainCheckpoints::end_of_step(int step, const RlPosition& position, double 
     RlPosition at = position;
     at.step = step;
     at.rl_seconds += seconds;
-    save(at, state, writer, ep);
+    save(at, state, writer, ep, comm);
   }
   if (stopping) dir.log("%s", stop_message(step).c_str());
   return stopping;

@@ -19,6 +19,7 @@
 #include "src/io/run_directory.h"
 #include "src/model/optimizer.h"
 #include "src/rl/evaluation.h"
+#include "src/rl/rollout_pool.h"
 #include "src/runtime/role_expert_parallel.h"
 
 namespace rlf {
@@ -32,8 +33,10 @@ struct CheckpointOptions {
 };
 
 po::options_description checkpoint_options_description(CheckpointOptions& options);
-// ConfigError for values and for the combination not built yet (StaleSync's in-flight samples).
-void validate_checkpoint_options(const CheckpointOptions& options, int staleness);
+// ConfigError for values and for the combinations not built yet (StaleSync's in-flight samples in
+// disaggregated mode and with expert parallelism).
+void validate_checkpoint_options(const CheckpointOptions& options, int staleness, bool fused,
+                                 bool expert_parallel);
 
 // The training state of a rank that trains; `reference` may be null.
 struct TrainingState {
@@ -65,6 +68,9 @@ class TrainCheckpoints {
   TrainCheckpoints& operator=(const TrainCheckpoints&) = delete;
 
   bool resuming() const { return !resume_.path.empty(); }
+  // StaleSync (fused): every rank's rollout pool is saved with each checkpoint (gathered on the
+  // writer) and refilled by load(). Call before load() on every rank.
+  void attach_pool(RolloutPool* pool) { pool_ = pool; }
   // Logs which checkpoint the run continues from and the ones --resume auto passed over.
   void describe(RunDirectory& dir) const;
   // Reads the checkpoint into a trainer's state (the experts its model stores).
@@ -93,7 +99,7 @@ class TrainCheckpoints {
   }
   // With sharded experts: collective over replica 0's EP group (write_checkpoint_sharded).
   void save(const RlPosition& position, const TrainingState& state, bool writer,
-            RoleExpertParallel* ep) const;
+            RoleExpertParallel* ep, MPI_Comm comm) const;
   std::string stop_message(int step) const;
 
   CheckpointOptions options_;
@@ -102,6 +108,7 @@ class TrainCheckpoints {
   bool supported_;
   ResumePoint resume_;
   bool watching_ = false;
+  RolloutPool* pool_ = nullptr;
 };
 
 }  // namespace rlf

@@ -332,6 +332,7 @@ void write_counters(hid_t file, const CheckpointCounters& c) {
   write_u64_attribute(file, "run.seed", c.seed);
   write_int_attribute(file, "run.prompts", c.prompts);
   write_int_attribute(file, "run.group_size", c.group_size);
+  write_int_attribute(file, "run.staleness", c.staleness);
   write_step_rewards(file, c.step_rewards);
 }
 
@@ -349,8 +350,79 @@ CheckpointCounters read_counters(hid_t file, const std::string& path) {
   c.seed = read_u64_attribute(file, label(path), "run.seed");
   c.prompts = int(number("run.prompts"));
   c.group_size = int(number("run.group_size"));
+  c.staleness = int(number("run.staleness"));
+  if (H5Lexists(file, "in_flight", H5P_DEFAULT) > 0) {
+    Handle group = open_group(file, path, "in_flight");
+    c.in_flight_ranks = int(read_number_attribute(group.id, label(path), "ranks"));
+  }
   c.step_rewards = read_step_rewards(file, path, size_t(c.step));
   return c;
+}
+
+// In-flight samples of rank r: /in_flight/rank_NNNNN/{samples, tokens, behaviour_logp}, the three
+// arrays of PackedInFlight (`samples`: its int64 rows as a table). Each carries its CRC-32C.
+constexpr int kInFlightColumns = PackedInFlight::kColumns;
+
+std::string rank_group_name(int rank) {
+  char name[32];
+  std::snprintf(name, sizeof name, "rank_%05d", rank);
+  return name;
+}
+
+template <typename T>
+void write_checked_array(hid_t group, const char* name, hid_t file_type, hid_t memory_type,
+                         const std::vector<T>& values, std::vector<hsize_t> shape) {
+  Handle space{H5Screate_simple(int(shape.size()), shape.data(), nullptr), H5Sclose};
+  Handle set{H5Dcreate2(group, name, file_type, space.id, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+             H5Dclose};
+  check(set.id < 0 ? -1 : 0, std::string("creating ") + name);
+  if (!values.empty()) {
+    check(H5Dwrite(set.id, memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()),
+          std::string("writing ") + name);
+  }
+  write_crc_attribute(set.id, {crc32c(values.data(), values.size() * sizeof(T))});
+}
+
+template <typename T>
+std::vector<T> read_checked_array(hid_t group, const std::string& where, const char* name,
+                                  hid_t memory_type, hsize_t count) {
+  Handle set{-1, H5Dclose};
+  H5E_BEGIN_TRY {
+    set.id = H5Dopen2(group, name, H5P_DEFAULT);
+  }
+  H5E_END_TRY;
+  if (set.id < 0) throw ConfigError(where + " has no dataset '" + name + "'");
+  Handle space{H5Dget_space(set.id), H5Sclose};
+  if (H5Sget_simple_extent_npoints(space.id) != hssize_t(count)) {
+    throw ConfigError(where + " dataset '" + name + "' has the wrong size: the file is damaged");
+  }
+  std::vector<T> values(count);
+  if (count > 0) {
+    check(H5Dread(set.id, memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()),
+          std::string("reading ") + name);
+  }
+  if (read_crc_attribute(set.id, where, 1)[0] != crc32c(values.data(), count * sizeof(T))) {
+    throw ConfigError(where + " dataset '" + name + "' does not match its checksum");
+  }
+  return values;
+}
+
+void write_in_flight(hid_t file, const std::vector<std::vector<InFlightSample>>& ranks) {
+  Handle group = create_group(file, "in_flight");
+  write_int_attribute(group.id, "ranks", (long long)ranks.size());
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    Handle rank_group = create_group(group.id, rank_group_name(int(r)).c_str());
+    const PackedInFlight packed = PackedInFlight::pack(ranks[r]);
+    const std::vector<int64_t>& table = packed.rows;
+    const std::vector<int32_t>& tokens = packed.tokens;
+    const std::vector<float>& logp = packed.logp;
+    write_checked_array(rank_group.id, "samples", H5T_STD_I64LE, H5T_NATIVE_INT64, table,
+                        {hsize_t(ranks[r].size()), hsize_t(kInFlightColumns)});
+    write_checked_array(rank_group.id, "tokens", H5T_STD_I32LE, H5T_NATIVE_INT32, tokens,
+                        {hsize_t(tokens.size())});
+    write_checked_array(rank_group.id, "behaviour_logp", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, logp,
+                        {hsize_t(logp.size())});
+  }
 }
 
 // The checkpoint file at `path`: by this process alone (writers.comm null, `access` default), or
@@ -373,6 +445,12 @@ void write_checkpoint_file(const std::string& path, const ModelConfig& config,
   write_tensors(optimizer.id, "second_moment", config, layout, tensors.second_moment, writers);
   if (tensors.reference) {
     write_tensors(file.id, "reference", config, layout, tensors.reference, writers);
+  }
+  if (tensors.in_flight) {
+    if (writers.comm != MPI_COMM_NULL) {
+      throw std::invalid_argument("write_checkpoint_sharded does not save in-flight samples");
+    }
+    write_in_flight(file.id, *tensors.in_flight);
   }
 }
 
@@ -453,16 +531,17 @@ void finish_checkpoint(const std::string& temporary, const std::string& path, in
 // Rank 0's counters on every rank of `comm` (attributes are written collectively and must be
 // identical; the RL time, for one, is measured by each rank).
 CheckpointCounters broadcast_counters(CheckpointCounters c, MPI_Comm comm) {
-  int64_t integers[9] = {c.step,
-                         c.optimizer_steps,
-                         c.rl_tokens,
-                         c.initial_prompts,
-                         c.initial_correct,
-                         c.before_rl_prompts,
-                         c.before_rl_correct,
-                         c.prompts,
-                         c.group_size};
-  MPI_Bcast(integers, 9, MPI_INT64_T, 0, comm);
+  int64_t integers[10] = {c.step,
+                          c.optimizer_steps,
+                          c.rl_tokens,
+                          c.initial_prompts,
+                          c.initial_correct,
+                          c.before_rl_prompts,
+                          c.before_rl_correct,
+                          c.prompts,
+                          c.group_size,
+                          c.staleness};
+  MPI_Bcast(integers, 10, MPI_INT64_T, 0, comm);
   MPI_Bcast(&c.rl_seconds, 1, MPI_DOUBLE, 0, comm);
   MPI_Bcast(&c.seed, 1, MPI_UINT64_T, 0, comm);
   c.step = int(integers[0]);
@@ -474,6 +553,7 @@ CheckpointCounters broadcast_counters(CheckpointCounters c, MPI_Comm comm) {
   c.before_rl_correct = int(integers[6]);
   c.prompts = int(integers[7]);
   c.group_size = int(integers[8]);
+  c.staleness = int(integers[9]);
   c.step_rewards.resize(size_t(c.step));
   MPI_Bcast(c.step_rewards.data(), c.step, MPI_DOUBLE, 0, comm);
   return c;
@@ -632,6 +712,36 @@ CheckpointCounters read_checkpoint(const std::string& path, const ModelConfig& c
     read_tensors(file.id, path, "reference", config, layout, tensors.reference);
   }
   return counters;
+}
+
+std::vector<InFlightSample> read_in_flight(const std::string& path, int rank) {
+  Handle file{open_read_only(path, "checkpoint"), H5Fclose};
+  const std::string where = label(path) + " in-flight samples of rank " + std::to_string(rank);
+  const std::string name = "in_flight/" + rank_group_name(rank);
+  if (H5Lexists(file.id, "in_flight", H5P_DEFAULT) <= 0 ||
+      H5Lexists(file.id, name.c_str(), H5P_DEFAULT) <= 0) {
+    throw ConfigError(where + " are missing");
+  }
+  Handle group{H5Gopen2(file.id, name.c_str(), H5P_DEFAULT), H5Gclose};
+  Handle set{H5Dopen2(group.id, "samples", H5P_DEFAULT), H5Dclose};
+  Handle space{H5Dget_space(set.id), H5Sclose};
+  const hssize_t cells = H5Sget_simple_extent_npoints(space.id);
+  if (cells < 0 || cells % kInFlightColumns != 0) throw ConfigError(where + " are damaged");
+  const std::vector<int64_t> table =
+      read_checked_array<int64_t>(group.id, where, "samples", H5T_NATIVE_INT64, hsize_t(cells));
+  int64_t total = 0;
+  try {
+    total = PackedInFlight::announced_tokens(table.data(), table.size());
+  } catch (const std::invalid_argument&) {
+    throw ConfigError(where + " are damaged");
+  }
+  const std::vector<int32_t> tokens =
+      read_checked_array<int32_t>(group.id, where, "tokens", H5T_NATIVE_INT32, hsize_t(total));
+  const std::vector<float> logp = read_checked_array<float>(group.id, where, "behaviour_logp",
+                                                            H5T_NATIVE_FLOAT, hsize_t(total));
+  std::vector<InFlightSample> samples =
+      PackedInFlight::unpack(table.data(), table.size(), tokens.data(), logp.data());
+  return samples;
 }
 
 ResumePoint find_resume_point(const std::string& resume, const std::string& run_dir) {

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "src/io/in_flight_sample.h"
 #include "src/model/model_config.h"
 #include "src/model/parameter_layout.h"
 
@@ -34,6 +35,9 @@ struct CheckpointCounters {
   // What decides the samples: a resumed run must use the same values.
   uint64_t seed = 0;
   int prompts = 0, group_size = 0;
+  int staleness = 0;  // StaleSync's bound (0: synchronous, nothing in flight between steps)
+  // Read back only: how many ranks' in-flight samples the file holds (0: none).
+  int in_flight_ranks = 0;
 };
 
 // The training state's buffers, each layout.total() floats; `reference` may be null.
@@ -42,6 +46,9 @@ struct CheckpointTensors {
   float* first_moment = nullptr;
   float* second_moment = nullptr;
   float* reference = nullptr;
+  // Writing only: every rank's StaleSync samples in flight (index: rank), or null for none.
+  // write_checkpoint saves them in /in_flight/rank_NNNNN; write_checkpoint_sharded does not.
+  const std::vector<std::vector<InFlightSample>>* in_flight = nullptr;
 };
 
 // RUN_DIR/checkpoints/step_NNNNNN.h5
@@ -88,6 +95,10 @@ CheckpointCounters check_checkpoint(const std::string& path, const ModelConfig& 
 // loads at any expert-parallel degree.
 CheckpointCounters read_checkpoint(const std::string& path, const ModelConfig& config,
                                    const ParameterLayout& layout, const CheckpointTensors& tensors);
+
+// Rank `rank`'s in-flight samples of a checkpoint that read_checkpoint has verified; ConfigError
+// naming the file when it holds none for that rank or they do not match their checksums.
+std::vector<InFlightSample> read_in_flight(const std::string& path, int rank);
 
 struct ResumePoint {
   std::string path;                  // the checkpoint to load; "" to start from scratch

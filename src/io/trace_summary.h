@@ -33,7 +33,9 @@ struct StepThroughput {
   int64_t tokens = 0;  // tokens of its Train events, all ranks
 
   double wall() const { return end > begin ? end - begin : 0.0; }
-  double tokens_per_second() const { return wall() > 0 ? double(tokens) / wall() : 0.0; }
+  // 0 for a step shorter than the clock can time (MPI_Wtime's resolution is far coarser than a
+  // nanosecond), so a damaged trace's denormal step never divides to infinity.
+  double tokens_per_second() const { return wall() > 1e-9 ? double(tokens) / wall() : 0.0; }
 };
 
 struct RankBreakdown {

@@ -34,6 +34,46 @@ void RolloutPool::add_prompts(int64_t first_prompt, int prompts) {
   }
 }
 
+std::vector<InFlightSample> RolloutPool::saved_samples() const {
+  std::vector<InFlightSample> saved;
+  for (const auto& [prompt_id, members] : groups_) {
+    for (size_t g = 0; g < members.size(); ++g) {
+      const Rollout& r = members[g].rollout;
+      saved.push_back({prompt_id, int32_t(g), members[g].finished, r.version_min, r.version_max,
+                       std::vector<int32_t>(r.response.begin(), r.response.end()),
+                       r.behaviour_logp});
+    }
+  }
+  return saved;
+}
+
+void RolloutPool::restore(const std::vector<InFlightSample>& samples) {
+  if (!groups_.empty()) throw std::invalid_argument("RolloutPool::restore: the pool is not empty");
+  if (samples.size() % size_t(group_size_) != 0) {
+    throw std::invalid_argument("RolloutPool::restore: samples do not form whole groups");
+  }
+  for (size_t at = 0; at < samples.size(); at += size_t(group_size_)) {
+    const int64_t prompt_id = samples[at].prompt_id;
+    add_prompts(prompt_id, 1);
+    Group& group = groups_.at(prompt_id);
+    for (int g = 0; g < group_size_; ++g) {
+      const InFlightSample& s = samples[at + size_t(g)];
+      if (s.prompt_id != prompt_id || s.member != g ||
+          s.response.size() != s.behaviour_logp.size()) {
+        throw std::invalid_argument("RolloutPool::restore: sample " + std::to_string(at + g) +
+                                    " is not member " + std::to_string(g) + " of prompt " +
+                                    std::to_string(prompt_id));
+      }
+      Member& m = group[size_t(g)];
+      m.finished = s.finished;
+      m.rollout.response.assign(s.response.begin(), s.response.end());
+      m.rollout.behaviour_logp = s.behaviour_logp;
+      m.rollout.version_min = s.version_min;
+      m.rollout.version_max = s.version_max;
+    }
+  }
+}
+
 void RolloutPool::restart(Member& m) {
   ++counters_.regenerated_samples;
   counters_.discarded_tokens += int64_t(m.rollout.response.size());

@@ -9,6 +9,7 @@
 #include <map>
 #include <vector>
 
+#include "src/io/in_flight_sample.h"
 #include "src/model/generation.h"
 #include "src/rl/ppo.h"
 #include "src/rl/rollout.h"
@@ -95,6 +96,13 @@ class RolloutPool {
   void set_learned_reward(RolloutReward* learned) { learned_ = learned; }
 
   size_t in_flight_samples() const;
+
+  // Every sample in the pool, in sample-id order, as it stands between phases: what a checkpoint
+  // saves. restore() refills an empty pool of the same task and group size with them (counters
+  // stay this process's), so the phases that follow are the ones the saved pool would have run.
+  std::vector<InFlightSample> saved_samples() const;
+  // std::invalid_argument when the pool is not empty or the samples do not form whole groups.
+  void restore(const std::vector<InFlightSample>& samples);
   const PoolCounters& counters() const { return counters_; }
 
  private:

@@ -27,11 +27,17 @@ using test::CommandResult;
 
 // Unique per test process: two checkouts testing at once (or a rerun while one hangs) never
 // share a run directory.
+std::string temp_dir_name(const std::string& name) {
+  return (fs::temp_directory_path() /
+          ("rlfusion-checkpoints-" + name + "-" + std::to_string(getpid())))
+      .string();
+}
+
+// temp_dir_name, emptied.
 std::string temp_dir(const std::string& name) {
-  const fs::path dir =
-      fs::temp_directory_path() / ("rlfusion-checkpoints-" + name + "-" + std::to_string(getpid()));
+  const std::string dir = temp_dir_name(name);
   fs::remove_all(dir);
-  return dir.string();
+  return dir;
 }
 
 std::string train_args(int steps = 6, const std::string& model = "tiny") {
@@ -181,6 +187,27 @@ TEST(Checkpoint, FusedExpertParallelWithOffloadResumeIsBitExact) {
                                    "data");
 }
 
+// Fused StaleSync: each rank's rollout pool (the next step's prompts under way, partials cut by
+// the long-tail threshold) is saved with the checkpoint and refilled on resume.
+TEST(Checkpoint, FusedStaleSyncResumeWithSamplesInFlightIsBitExact) {
+  const std::string extra = "--mode fused --staleness 1 --finish-threshold 0.75 ";
+  expect_kill_and_resume_bit_exact("fused-stale", 2, kRun + extra, "data");
+  // What the checkpoint held: both ranks' samples in flight, some of them partial.
+  const std::string path = checkpoint_path(temp_dir_name("fused-stale-killed"), 2);
+  int partial = 0;
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::vector<InFlightSample> samples = read_in_flight(path, rank);
+    EXPECT_FALSE(samples.empty()) << rank;
+    for (const InFlightSample& s : samples) partial += !s.finished && !s.response.empty();
+  }
+  EXPECT_GT(partial, 0);
+  // Resumed on another rank count: refused before any work.
+  const CommandResult other = test::run_rlfusion(
+      kRun + extra + "--resume " + path + " --run-dir " + temp_dir("fused-stale-4"), 4);
+  EXPECT_EQ(other.exit_code, kExitConfigError) << other.output;
+  EXPECT_NE(other.output.find("resume on 2 ranks"), std::string::npos) << other.output;
+}
+
 // A checkpoint holds the whole model, so it loads at another expert-parallel degree.
 TEST(Checkpoint, WrittenWithExpertParallelismResumesWithout) {
   const std::string dir = temp_dir("reshard");
@@ -241,8 +268,10 @@ TEST(Checkpoint, DamagedTruncatedAndWrongShapeFilesAreRefused) {
 }
 
 TEST(Checkpoint, CombinationsNotBuiltAreRejected) {
-  for (const std::string& extra : {std::string("--mode fused --staleness 1 --checkpoint-every 2"),
-                                   std::string("--staleness 1 --resume auto")}) {
+  for (const std::string& extra :
+       {std::string("--staleness 1 --checkpoint-every 2"),
+        std::string("--staleness 1 --resume auto"),
+        std::string("--mode fused --expert-parallel 2 --staleness 1 --checkpoint-every 2")}) {
     const CommandResult r =
         test::run_rlfusion(kRun + extra + " --run-dir " + temp_dir("rejected"), 2);
     EXPECT_EQ(r.exit_code, kExitConfigError) << extra << "\n" << r.output;
@@ -294,6 +323,10 @@ TEST(Checkpoint, OneRankSigtermCheckpointsAndStops) {
 
 TEST(Checkpoint, TwoRanksSigusr1ThroughMpiexecCheckpointsAndStops) {
   expect_signal_checkpoints_and_stops("sigusr1", 2, "--ranks-per-node 1 ", "USR1");
+}
+
+TEST(Checkpoint, FusedStaleSyncSigusr1CheckpointsAndStops) {
+  expect_signal_checkpoints_and_stops("stale-sigusr1", 2, "--mode fused --staleness 1 ", "USR1");
 }
 
 }  // namespace

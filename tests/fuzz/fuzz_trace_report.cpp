@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -36,9 +37,8 @@ class Bytes {
   size_t at_ = 0;
 };
 
-void require(bool condition) {
-  if (!condition) std::abort();
-}
+#define require(condition) \
+  ((condition) ? (void)0 : (std::fprintf(stderr, "violated: %s\n", #condition), std::abort()))
 
 size_t count_of(const std::string& text, char c) {
   size_t count = 0;

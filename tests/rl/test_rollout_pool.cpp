@@ -223,6 +223,50 @@ TEST(RolloutPool, CutSamplesResumeUnderNewWeights) {
   EXPECT_EQ(pool.counters().recomputed_prefix_tokens, recomputed);
 }
 
+// A checkpoint's view of the pool: saved between phases and restored into a fresh pool, the
+// phases that follow draw the same tokens, log-probs and versions as the original's.
+TEST(RolloutPool, ARestoredPoolContinuesExactlyLikeTheSavedOne) {
+  Policy policy(5);
+  LengthTask task;
+  RolloutPool original(task, kGroup, AdvantageEstimator::Grpo);
+  original.add_prompts(0, 4);
+  original.generate_phase(policy.model, sampling(), 0, pool_settings(0, 0.25));
+  original.take_complete_groups();
+  const std::vector<InFlightSample> saved = original.saved_samples();
+  ASSERT_FALSE(saved.empty());
+  int partial = 0;
+  for (const InFlightSample& s : saved) partial += !s.finished && !s.response.empty();
+  ASSERT_GT(partial, 0) << "the cut must leave partial rollouts in flight";
+
+  RolloutPool restored(task, kGroup, AdvantageEstimator::Grpo);
+  restored.restore(saved);
+  EXPECT_EQ(restored.saved_samples(), saved);
+  EXPECT_EQ(restored.in_flight_samples(), original.in_flight_samples());
+  EXPECT_THROW(restored.restore(saved), std::invalid_argument);  // not empty
+
+  policy.perturb(11);
+  for (RolloutPool* pool : {&original, &restored}) {
+    pool->add_prompts(4, 2);
+    pool->generate_phase(policy.model, sampling(), 1, pool_settings(6, 0.5));
+  }
+  EXPECT_EQ(restored.saved_samples(), original.saved_samples());
+  const std::vector<Rollout> want = original.take_complete_groups();
+  const std::vector<Rollout> got = restored.take_complete_groups();
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    SCOPED_TRACE("sample " + std::to_string(i));
+    expect_same_rollout(got[i], want[i]);
+  }
+
+  // Samples that are not whole groups in order are refused.
+  RolloutPool broken(task, kGroup, AdvantageEstimator::Grpo);
+  std::vector<InFlightSample> shuffled = saved;
+  std::swap(shuffled[0], shuffled[1]);
+  EXPECT_THROW(broken.restore(shuffled), std::invalid_argument);
+  RolloutPool short_pool(task, kGroup, AdvantageEstimator::Grpo);
+  EXPECT_THROW(short_pool.restore({saved.begin(), saved.end() - 1}), std::invalid_argument);
+}
+
 // A first phase at version 0 cut at a low threshold (every sample started: no slot limit); its
 // complete groups taken; every sample left is older than the bound min_version = 1.
 struct StaleSetup {
