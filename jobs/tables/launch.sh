@@ -2,6 +2,7 @@
 # inside a Slurm or PBS allocation or on this machine.
 #   tables_launcher N   prints the launcher words for N ranks (srun, or mpiexec with binding)
 #   tables_ranks        ranks available: the allocation's tasks, or RANKS (default: cores, >= 2)
+#   tables_binary NAME  sets RLFUSION: $RLFUSION, the checkout's build, or rlfusion on PATH
 # shellcheck shell=bash
 
 # Open MPI refuses root without these (containers); harmless otherwise.
@@ -30,4 +31,12 @@ tables_launcher() {
     [ "$n" -le "$(nproc 2>/dev/null || echo 1)" ] || bind="--oversubscribe --bind-to none"
     echo "mpiexec -n $n $bind"
   fi
+}
+
+tables_binary() {
+  local here
+  here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+  RLFUSION=${RLFUSION:-$here/../../build/src/rlfusion}
+  [ -x "$RLFUSION" ] || RLFUSION=$(command -v rlfusion || true)
+  [ -n "$RLFUSION" ] || { echo "$1: no rlfusion (make build, or module load rlfusion)" >&2; exit 2; }
 }

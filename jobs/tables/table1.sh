@@ -12,9 +12,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=jobs/tables/launch.sh
 . "$here/launch.sh"
-RLFUSION=${RLFUSION:-$here/../../build/src/rlfusion}
-[ -x "$RLFUSION" ] || RLFUSION=$(command -v rlfusion || true)
-[ -n "$RLFUSION" ] || { echo "table1: no rlfusion (make build, or module load rlfusion)" >&2; exit 2; }
+tables_binary table1
 bench=()
 while [ $# -gt 0 ] && [ "$1" != "--" ]; do bench+=("$1"); shift; done
 [ $# -gt 0 ] && shift

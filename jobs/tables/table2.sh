@@ -14,9 +14,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=jobs/tables/launch.sh
 . "$here/launch.sh"
-RLFUSION=${RLFUSION:-$here/../../build/src/rlfusion}
-[ -x "$RLFUSION" ] || RLFUSION=$(command -v rlfusion || true)
-[ -n "$RLFUSION" ] || { echo "table2: no rlfusion (make build, or module load rlfusion)" >&2; exit 2; }
+tables_binary table2
 train=()
 while [ $# -gt 0 ] && [ "$1" != "--" ]; do train+=("$1"); shift; done
 [ $# -gt 0 ] && shift

@@ -15,6 +15,18 @@ struct CommandResult {
   std::string output;
 };
 
+// A shell command line run from the source tree, e.g. a job script; RLFUSION names the binary.
+inline CommandResult run_in_source_tree(const std::string& command_line) {
+  const std::string command =
+      "cd " RLFUSION_SOURCE_DIR " && RLFUSION=" RLFUSION_BINARY " " + command_line + " 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  std::string output;
+  std::array<char, 4096> buffer;
+  while (size_t n = fread(buffer.data(), 1, buffer.size(), pipe)) output.append(buffer.data(), n);
+  const int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+}
+
 // ranks == 0: the binary alone (a singleton MPI world); otherwise under mpiexec with that many
 // ranks, oversubscribed (these tests check results and counts, never times). `environment`:
 // extra VAR=value words for the launcher.
@@ -22,15 +34,8 @@ inline CommandResult run_rlfusion(const std::string& args, int ranks = 0,
                                   const std::string& environment = "") {
   const std::string launcher =
       ranks > 0 ? "mpiexec -n " + std::to_string(ranks) + " --oversubscribe " : std::string();
-  const std::string command = "cd " RLFUSION_SOURCE_DIR
-                              " && OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " +
-                              environment + " " + launcher + RLFUSION_BINARY " " + args + " 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
-  std::string output;
-  std::array<char, 4096> buffer;
-  while (size_t n = fread(buffer.data(), 1, buffer.size(), pipe)) output.append(buffer.data(), n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+  return run_in_source_tree("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " +
+                            environment + " " + launcher + RLFUSION_BINARY " " + args);
 }
 
 }  // namespace rlf::test

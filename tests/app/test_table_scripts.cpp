@@ -15,14 +15,7 @@ namespace rlf {
 namespace {
 
 test::CommandResult run_script(const std::string& command) {
-  const std::string line =
-      "cd " RLFUSION_SOURCE_DIR " && RLFUSION=" RLFUSION_BINARY " " + command + " 2>&1";
-  FILE* pipe = popen(line.c_str(), "r");
-  std::string output;
-  std::array<char, 4096> buffer;
-  while (size_t n = fread(buffer.data(), 1, buffer.size(), pipe)) output.append(buffer.data(), n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+  return test::run_in_source_tree(command);
 }
 
 TEST(TableScripts, Table1MeasuresEveryModeAndPrintsThePrediction) {

@@ -489,15 +489,8 @@ TEST(PlotScripts, PlotRunWritesThroughputBreakdownAndTimelinePngs) {
   write_trace(dir + "/trace.h5", example_recorder(), MPI_COMM_SELF,
               {{"command", "train"}, {"model", "tiny"}, {"task", "sort"}});
   const auto plot = [](const std::string& args) {
-    const std::string command = "cd " RLFUSION_SOURCE_DIR
-                                " && /usr/bin/python3 jobs/plot/plot_run.py " +
-                                args + " --rlfusion " RLFUSION_BINARY " 2>&1";
-    FILE* pipe = popen(command.c_str(), "r");
-    std::string output;
-    char buffer[4096];
-    while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) output.append(buffer, n);
-    const int status = pclose(pipe);
-    return Result{WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+    return test::run_in_source_tree("/usr/bin/python3 jobs/plot/plot_run.py " + args +
+                                    " --rlfusion " RLFUSION_BINARY);
   };
   const Result r = plot(dir);
   ASSERT_EQ(r.exit_code, 0) << r.output;
