@@ -86,15 +86,16 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   const std::unique_ptr<LearnedReward> learned =
       load_learned_reward(rl, policy.device->ops(), fused_all ? &policy.device->memory() : nullptr,
                           run.device_memory_bytes());
-  // Checkpoints are taken between steps; with StaleSync each rank's rollout pool goes with them
-  // (not yet with expert parallelism: validate_checkpoint_options refuses it).
-  TrainCheckpoints saved(checkpoints, run, rl, policy.config,
-                         rl.staleness == 0 || options.expert_parallel == 1);
+  // Checkpoints are taken between steps; with StaleSync each rank's rollout pool goes with them.
+  TrainCheckpoints saved(checkpoints, run, rl, policy.config, /*supported=*/true);
   RunDirectory dir(run.run_dir, resolved_config, /*writer=*/root, saved.resuming());
   TraceRecorder trace(MPI_COMM_WORLD);
   trace.set_memory_source(&policy.device->memory());
 
-  dir.log("# rlfusion train (%s, synchronous): %s\n", mode, build_info().c_str());
+  dir.log(
+      "# rlfusion train (%s, %s): %s\n", mode,
+      rl.staleness > 0 ? ("StaleSync s=" + std::to_string(rl.staleness)).c_str() : "synchronous",
+      build_info().c_str());
   dir.log("# model %s (%.2fM parameters), task %s, seed %llu, run dir %s\n",
           policy.config.name.c_str(), policy.config.parameter_count() / 1e6,
           policy.task->name().c_str(), (unsigned long long)run.seed, dir.path().c_str());

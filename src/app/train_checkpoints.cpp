@@ -87,8 +87,7 @@ po::options_description checkpoint_options_description(CheckpointOptions& option
   return d;
 }
 
-void validate_checkpoint_options(const CheckpointOptions& options, int staleness, bool fused,
-                                 bool expert_parallel) {
+void validate_checkpoint_options(const CheckpointOptions& options, int staleness, bool fused) {
   if (options.every < 0) {
     throw ConfigError("--checkpoint-every must be >= 0, got " + std::to_string(options.every));
   }
@@ -98,11 +97,6 @@ void validate_checkpoint_options(const CheckpointOptions& options, int staleness
     throw ConfigError(what + " with --staleness > 0 is not supported yet in disaggregated mode: " +
                       "the samples in DistQueue and the actors' pools are not saved (use " +
                       "--mode fused, or --staleness 0)");
-  }
-  if (staleness > 0 && expert_parallel) {
-    throw ConfigError(what + " with --staleness > 0 is not supported yet with expert " +
-                      "parallelism: sharded checkpoints do not save the rollout pools (use " +
-                      "--expert-parallel 1, or --staleness 0)");
   }
 }
 
@@ -226,11 +220,16 @@ void TrainCheckpoints::save(const RlPosition& position, const TrainingState& sta
     if (writer) write_checkpoint(run_.run_dir, model.config(), model.layout(), c, tensors);
     return;
   }
+  // Every rank's pool goes to world rank 0 first (EP rank 0 of replica 0, the group's rank 0).
+  CheckpointTensors tensors = tensors_of(buffers_of(state));
+  std::vector<std::vector<InFlightSample>> in_flight;
+  if (pool_) in_flight = gather_in_flight(pool_->saved_samples(), comm);
+  if (writer && pool_) tensors.in_flight = &in_flight;
   // Replica 0's EP group writes the one file together, each rank its own experts (parallel
   // HDF5); the other data-parallel replicas hold the same values.
   if (ep->replica() != 0) return;
-  write_checkpoint_sharded(run_.run_dir, model.config(), model.layout(), c,
-                           tensors_of(buffers_of(state)), ep->ep_group().comm);
+  write_checkpoint_sharded(run_.run_dir, model.config(), model.layout(), c, tensors,
+                           ep->ep_group().comm);
 }
 
 bool TrainCheckpoints::end_of_step(int step, const RlPosition& position, double seconds,

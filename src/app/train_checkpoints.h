@@ -33,10 +33,9 @@ struct CheckpointOptions {
 };
 
 po::options_description checkpoint_options_description(CheckpointOptions& options);
-// ConfigError for values and for the combinations not built yet (StaleSync's in-flight samples in
-// disaggregated mode and with expert parallelism).
-void validate_checkpoint_options(const CheckpointOptions& options, int staleness, bool fused,
-                                 bool expert_parallel);
+// ConfigError for values and for the combination not built yet (disaggregated StaleSync: the
+// samples in DistQueue).
+void validate_checkpoint_options(const CheckpointOptions& options, int staleness, bool fused);
 
 // The training state of a rank that trains; `reference` may be null.
 struct TrainingState {

@@ -369,18 +369,20 @@ std::string rank_group_name(int rank) {
   return name;
 }
 
+// A dataset of `count` values of `shape` with its CRC-32C. Collective with several writers: every
+// rank passes the same shape and CRC, rank 0 the values (the others none; independent I/O).
 template <typename T>
 void write_checked_array(hid_t group, const char* name, hid_t file_type, hid_t memory_type,
-                         const std::vector<T>& values, std::vector<hsize_t> shape) {
+                         const T* values, std::vector<hsize_t> shape, uint32_t crc) {
   Handle space{H5Screate_simple(int(shape.size()), shape.data(), nullptr), H5Sclose};
   Handle set{H5Dcreate2(group, name, file_type, space.id, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
              H5Dclose};
   check(set.id < 0 ? -1 : 0, std::string("creating ") + name);
-  if (!values.empty()) {
-    check(H5Dwrite(set.id, memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()),
+  if (values && H5Sget_simple_extent_npoints(space.id) > 0) {
+    check(H5Dwrite(set.id, memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, values),
           std::string("writing ") + name);
   }
-  write_crc_attribute(set.id, {crc32c(values.data(), values.size() * sizeof(T))});
+  write_crc_attribute(set.id, {crc});
 }
 
 template <typename T>
@@ -407,21 +409,41 @@ std::vector<T> read_checked_array(hid_t group, const std::string& where, const c
   return values;
 }
 
-void write_in_flight(hid_t file, const std::vector<std::vector<InFlightSample>>& ranks) {
+// Every rank's in-flight samples (`ranks`, on rank 0 of the writers). With several writers the
+// datasets are created collectively: rank 0 broadcasts each array's size and CRC first.
+void write_in_flight(hid_t file, const std::vector<std::vector<InFlightSample>>& ranks,
+                     const Writers& writers) {
+  std::vector<PackedInFlight> packed;
+  for (const auto& samples : ranks) packed.push_back(PackedInFlight::pack(samples));
+  // Per rank: row values, tokens, and the CRCs of the three arrays.
+  std::vector<uint64_t> shape;
+  for (const PackedInFlight& p : packed) {
+    shape.insert(
+        shape.end(),
+        {p.rows.size(), p.tokens.size(), crc32c(p.rows.data(), p.rows.size() * 8),
+         crc32c(p.tokens.data(), p.tokens.size() * 4), crc32c(p.logp.data(), p.logp.size() * 4)});
+  }
+  if (writers.comm != MPI_COMM_NULL) {
+    uint64_t count = shape.size();
+    MPI_Bcast(&count, 1, MPI_UINT64_T, 0, writers.comm);
+    shape.resize(count);
+    MPI_Bcast(shape.data(), int(count), MPI_UINT64_T, 0, writers.comm);
+  }
+  const bool writes = writers.rank == 0;
   Handle group = create_group(file, "in_flight");
-  write_int_attribute(group.id, "ranks", (long long)ranks.size());
-  for (size_t r = 0; r < ranks.size(); ++r) {
+  write_int_attribute(group.id, "ranks", (long long)(shape.size() / 5));
+  for (size_t r = 0; r < shape.size() / 5; ++r) {
+    const uint64_t* s = &shape[5 * r];
     Handle rank_group = create_group(group.id, rank_group_name(int(r)).c_str());
-    const PackedInFlight packed = PackedInFlight::pack(ranks[r]);
-    const std::vector<int64_t>& table = packed.rows;
-    const std::vector<int32_t>& tokens = packed.tokens;
-    const std::vector<float>& logp = packed.logp;
-    write_checked_array(rank_group.id, "samples", H5T_STD_I64LE, H5T_NATIVE_INT64, table,
-                        {hsize_t(ranks[r].size()), hsize_t(kInFlightColumns)});
-    write_checked_array(rank_group.id, "tokens", H5T_STD_I32LE, H5T_NATIVE_INT32, tokens,
-                        {hsize_t(tokens.size())});
-    write_checked_array(rank_group.id, "behaviour_logp", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, logp,
-                        {hsize_t(logp.size())});
+    write_checked_array(rank_group.id, "samples", H5T_STD_I64LE, H5T_NATIVE_INT64,
+                        writes ? packed[r].rows.data() : nullptr,
+                        {hsize_t(s[0] / kInFlightColumns), hsize_t(kInFlightColumns)},
+                        uint32_t(s[2]));
+    write_checked_array(rank_group.id, "tokens", H5T_STD_I32LE, H5T_NATIVE_INT32,
+                        writes ? packed[r].tokens.data() : nullptr, {hsize_t(s[1])},
+                        uint32_t(s[3]));
+    write_checked_array(rank_group.id, "behaviour_logp", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT,
+                        writes ? packed[r].logp.data() : nullptr, {hsize_t(s[1])}, uint32_t(s[4]));
   }
 }
 
@@ -446,11 +468,14 @@ void write_checkpoint_file(const std::string& path, const ModelConfig& config,
   if (tensors.reference) {
     write_tensors(file.id, "reference", config, layout, tensors.reference, writers);
   }
-  if (tensors.in_flight) {
-    if (writers.comm != MPI_COMM_NULL) {
-      throw std::invalid_argument("write_checkpoint_sharded does not save in-flight samples");
-    }
-    write_in_flight(file.id, *tensors.in_flight);
+  // With several writers only rank 0 holds the samples; all must agree that there are some.
+  int has_in_flight = tensors.in_flight ? 1 : 0;
+  if (writers.comm != MPI_COMM_NULL) {
+    MPI_Bcast(&has_in_flight, 1, MPI_INT, 0, writers.comm);
+  }
+  if (has_in_flight) {
+    static const std::vector<std::vector<InFlightSample>> kNone;
+    write_in_flight(file.id, tensors.in_flight ? *tensors.in_flight : kNone, writers);
   }
 }
 

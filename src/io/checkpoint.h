@@ -46,8 +46,8 @@ struct CheckpointTensors {
   float* first_moment = nullptr;
   float* second_moment = nullptr;
   float* reference = nullptr;
-  // Writing only: every rank's StaleSync samples in flight (index: rank), or null for none.
-  // write_checkpoint saves them in /in_flight/rank_NNNNN; write_checkpoint_sharded does not.
+  // Writing only: every rank's StaleSync samples in flight (index: rank), or null for none; saved
+  // in /in_flight/rank_NNNNN. write_checkpoint_sharded takes them from its rank 0.
   const std::vector<std::vector<InFlightSample>>* in_flight = nullptr;
 };
 

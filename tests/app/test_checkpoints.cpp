@@ -208,6 +208,14 @@ TEST(Checkpoint, FusedStaleSyncResumeWithSamplesInFlightIsBitExact) {
   EXPECT_NE(other.output.find("resume on 2 ranks"), std::string::npos) << other.output;
 }
 
+// The same with sharded experts: the pools travel to world rank 0, which writes them into the
+// file the EP group writes together.
+TEST(Checkpoint, FusedStaleSyncWithExpertParallelismResumeIsBitExact) {
+  expect_kill_and_resume_bit_exact(
+      "fused-stale-ep", 2,
+      kRun + "--mode fused --expert-parallel 2 --staleness 1 --finish-threshold 0.75 ", "data");
+}
+
 // A checkpoint holds the whole model, so it loads at another expert-parallel degree.
 TEST(Checkpoint, WrittenWithExpertParallelismResumesWithout) {
   const std::string dir = temp_dir("reshard");
@@ -268,10 +276,8 @@ TEST(Checkpoint, DamagedTruncatedAndWrongShapeFilesAreRefused) {
 }
 
 TEST(Checkpoint, CombinationsNotBuiltAreRejected) {
-  for (const std::string& extra :
-       {std::string("--staleness 1 --checkpoint-every 2"),
-        std::string("--staleness 1 --resume auto"),
-        std::string("--mode fused --expert-parallel 2 --staleness 1 --checkpoint-every 2")}) {
+  for (const std::string& extra : {std::string("--staleness 1 --checkpoint-every 2"),
+                                   std::string("--staleness 1 --resume auto")}) {
     const CommandResult r =
         test::run_rlfusion(kRun + extra + " --run-dir " + temp_dir("rejected"), 2);
     EXPECT_EQ(r.exit_code, kExitConfigError) << extra << "\n" << r.output;
