@@ -136,6 +136,33 @@ std::vector<uint32_t> read_crc_attribute(hid_t object, const std::string& where,
   return crcs;
 }
 
+// Who writes what: the whole model by one process (comm null), or one EP group's ranks each
+// writing its own experts' rows (and rank 0 everything else) into the one file, every raw-data
+// write a collective MPI-IO call (`transfer`: H5FD_MPIO_COLLECTIVE) that ranks with nothing to
+// write join with an empty selection, so MPI-IO can aggregate the pieces (two-phase I/O).
+struct Writers {
+  MPI_Comm comm = MPI_COMM_NULL;
+  int rank = 0;
+  std::vector<int> first_expert;  // of every rank of comm
+  hid_t transfer = H5P_DEFAULT;   // dataset transfer properties of every write
+};
+
+// All of `set` from `data` on rank 0 of the writers; the others join with nothing selected.
+void write_whole(hid_t set, hid_t memory_type, const void* data, const Writers& writers) {
+  Handle file_space{H5Dget_space(set), H5Sclose};
+  if (H5Sget_simple_extent_npoints(file_space.id) <= 0) return;  // the same on every rank
+  if (writers.rank == 0) {
+    check(H5Dwrite(set, memory_type, H5S_ALL, H5S_ALL, writers.transfer, data), "writing data");
+    return;
+  }
+  check(H5Sselect_none(file_space.id), "selecting nothing");
+  Handle memory_space{H5Scopy(file_space.id), H5Sclose};
+  check(H5Sselect_none(memory_space.id), "selecting nothing");
+  const char nothing = 0;
+  check(H5Dwrite(set, memory_type, memory_space.id, file_space.id, writers.transfer, &nothing),
+        "joining a collective write");
+}
+
 // Rows [first, first + rows) of dimension 0 of a dataset (its file space selection) and a
 // contiguous memory buffer of their shape.
 struct RowSelection {
@@ -158,9 +185,9 @@ RowSelection select_rows(hid_t set, const std::vector<hsize_t>& shape, hsize_t f
 }
 
 void write_rows(hid_t set, const std::vector<hsize_t>& shape, hsize_t first, hsize_t rows,
-                const float* data) {
+                const float* data, hid_t transfer) {
   const RowSelection s = select_rows(set, shape, first, rows);
-  check(H5Dwrite(set, H5T_NATIVE_FLOAT, s.memory_space.id, s.file_space.id, H5P_DEFAULT, data),
+  check(H5Dwrite(set, H5T_NATIVE_FLOAT, s.memory_space.id, s.file_space.id, transfer, data),
         "writing a tensor");
 }
 
@@ -170,14 +197,6 @@ void read_rows(hid_t set, const std::vector<hsize_t>& shape, hsize_t first, hsiz
   check(H5Dread(set, H5T_NATIVE_FLOAT, s.memory_space.id, s.file_space.id, H5P_DEFAULT, data),
         "reading a tensor");
 }
-
-// Who writes what: the whole model by one process (comm null), or one EP group's ranks each
-// writing its own experts' rows (and rank 0 the replicated tensors) into the one file.
-struct Writers {
-  MPI_Comm comm = MPI_COMM_NULL;
-  int rank = 0;
-  std::vector<int> first_expert;  // of every rank of comm
-};
 
 // Every tensor of the layout from `data`, each with the CRC-32C of its bytes (per expert for the
 // routed-expert tensors). The CRCs are computed by worker threads while this thread hands the
@@ -205,9 +224,9 @@ void write_tensors(hid_t parent, const char* name, const ModelConfig& config,
       check(set.id < 0 ? -1 : 0, "creating dataset " + t.name);
       if (t.routed_expert) {
         write_rows(set.id, shape, hsize_t(layout.first_expert()), hsize_t(t.shape[0]),
-                   data + t.offset);
-      } else if (writers.rank == 0) {
-        write_rows(set.id, shape, 0, shape[0], data + t.offset);
+                   data + t.offset, writers.transfer);
+      } else {
+        write_whole(set.id, H5T_NATIVE_FLOAT, data + t.offset, writers);
       }
     }
   } catch (...) {
@@ -289,14 +308,14 @@ void read_tensors(hid_t parent, const std::string& path, const char* name,
   }
 }
 
-void write_step_rewards(hid_t file, const std::vector<double>& rewards) {
+void write_step_rewards(hid_t file, const std::vector<double>& rewards, const Writers& writers) {
   const hsize_t count = rewards.size();
   Handle space{H5Screate_simple(1, &count, nullptr), H5Sclose};
   Handle set{H5Dcreate2(file, "step_rewards", H5T_IEEE_F64LE, space.id, H5P_DEFAULT, H5P_DEFAULT,
                         H5P_DEFAULT),
              H5Dclose};
-  check(H5Dwrite(set.id, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, rewards.data()),
-        "writing step_rewards");
+  check(set.id < 0 ? -1 : 0, "creating step_rewards");
+  write_whole(set.id, H5T_NATIVE_DOUBLE, rewards.data(), writers);
   write_crc_attribute(set.id, {crc32c(rewards.data(), rewards.size() * sizeof(double))});
 }
 
@@ -320,7 +339,7 @@ std::vector<double> read_step_rewards(hid_t file, const std::string& path, size_
   return rewards;
 }
 
-void write_counters(hid_t file, const CheckpointCounters& c) {
+void write_counters(hid_t file, const CheckpointCounters& c, const Writers& writers) {
   write_int_attribute(file, "step", c.step);
   write_int_attribute(file, "optimizer_steps", c.optimizer_steps);
   write_int_attribute(file, "rl_tokens", c.rl_tokens);
@@ -333,7 +352,7 @@ void write_counters(hid_t file, const CheckpointCounters& c) {
   write_int_attribute(file, "run.prompts", c.prompts);
   write_int_attribute(file, "run.group_size", c.group_size);
   write_int_attribute(file, "run.staleness", c.staleness);
-  write_step_rewards(file, c.step_rewards);
+  write_step_rewards(file, c.step_rewards, writers);
 }
 
 CheckpointCounters read_counters(hid_t file, const std::string& path) {
@@ -369,19 +388,17 @@ std::string rank_group_name(int rank) {
   return name;
 }
 
-// A dataset of `count` values of `shape` with its CRC-32C. Collective with several writers: every
-// rank passes the same shape and CRC, rank 0 the values (the others none; independent I/O).
+// A dataset of `shape` with its CRC-32C. Collective with several writers: every rank passes the
+// same shape and CRC, rank 0 the values (the others none).
 template <typename T>
 void write_checked_array(hid_t group, const char* name, hid_t file_type, hid_t memory_type,
-                         const T* values, std::vector<hsize_t> shape, uint32_t crc) {
+                         const T* values, std::vector<hsize_t> shape, uint32_t crc,
+                         const Writers& writers) {
   Handle space{H5Screate_simple(int(shape.size()), shape.data(), nullptr), H5Sclose};
   Handle set{H5Dcreate2(group, name, file_type, space.id, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
              H5Dclose};
   check(set.id < 0 ? -1 : 0, std::string("creating ") + name);
-  if (values && H5Sget_simple_extent_npoints(space.id) > 0) {
-    check(H5Dwrite(set.id, memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, values),
-          std::string("writing ") + name);
-  }
+  write_whole(set.id, memory_type, values, writers);
   write_crc_attribute(set.id, {crc});
 }
 
@@ -438,12 +455,13 @@ void write_in_flight(hid_t file, const std::vector<std::vector<InFlightSample>>&
     write_checked_array(rank_group.id, "samples", H5T_STD_I64LE, H5T_NATIVE_INT64,
                         writes ? packed[r].rows.data() : nullptr,
                         {hsize_t(s[0] / kInFlightColumns), hsize_t(kInFlightColumns)},
-                        uint32_t(s[2]));
+                        uint32_t(s[2]), writers);
     write_checked_array(rank_group.id, "tokens", H5T_STD_I32LE, H5T_NATIVE_INT32,
-                        writes ? packed[r].tokens.data() : nullptr, {hsize_t(s[1])},
-                        uint32_t(s[3]));
+                        writes ? packed[r].tokens.data() : nullptr, {hsize_t(s[1])}, uint32_t(s[3]),
+                        writers);
     write_checked_array(rank_group.id, "behaviour_logp", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT,
-                        writes ? packed[r].logp.data() : nullptr, {hsize_t(s[1])}, uint32_t(s[4]));
+                        writes ? packed[r].logp.data() : nullptr, {hsize_t(s[1])}, uint32_t(s[4]),
+                        writers);
   }
 }
 
@@ -458,7 +476,7 @@ void write_checkpoint_file(const std::string& path, const ModelConfig& config,
   // A checkpoint is also a policy parameter file (eval --init, train --init read /parameters).
   write_string_attribute(file.id, "kind", "policy");
   write_model_attributes(file.id, config);
-  write_counters(file.id, counters);
+  write_counters(file.id, counters, writers);
   write_tensors(file.id, "parameters", config, layout, tensors.parameters, writers);
   check(H5Fflush(file.id, H5F_SCOPE_GLOBAL), "flushing " + path);
   if (writers.rank == 0) test_kill_point(counters.step, "data");
@@ -634,6 +652,9 @@ void write_checkpoint_sharded(const std::string& run_dir, const ModelConfig& con
 #ifdef H5_HAVE_PARALLEL
       Handle access{H5Pcreate(H5P_FILE_ACCESS), H5Pclose};
       check(H5Pset_fapl_mpio(access.id, comm, MPI_INFO_NULL), "selecting MPI-IO");
+      Handle transfer{H5Pcreate(H5P_DATASET_XFER), H5Pclose};
+      check(H5Pset_dxpl_mpio(transfer.id, H5FD_MPIO_COLLECTIVE), "selecting collective I/O");
+      writers.transfer = transfer.id;
       write_checkpoint_file(temporary, config, layout, agreed, tensors, writers, access.id);
 #else
       throw std::runtime_error("this HDF5 library has no MPI-IO: sharded checkpoints need it");
