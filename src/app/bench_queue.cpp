@@ -1,6 +1,8 @@
 // `rlfusion bench queue`: DistQueue's two transfer optimizations on the heavy-tailed rollout
 // setting. Part 1: packed (zero-padding) vs padded sample buffers, their exact sizes against the
-// formulas of sample_packing.h, pack+unpack time, and the two buffers sent actor -> learner.
+// formulas of sample_packing.h, pack+unpack time, and the two buffers sent actor -> learner, for
+// the task's own (short) samples and for a synthetic batch at long-sequence lengths, with the
+// packed / padded ratio swept over the response-length tail.
 // Part 2: the queue's load when learners take a step's batch with flat gets vs hierarchical gets
 // (one request per node). nccl-tests style: '#' header with units, fixed columns, verdict lines,
 // and a --json twin.
@@ -28,6 +30,7 @@
 #include "src/rl/task.h"
 #include "src/rl/tokenizer.h"
 #include "src/roles/dist_queue.h"
+#include "src/roles/long_sequence_batch.h"
 #include "src/roles/sample_packing.h"
 
 namespace rlf {
@@ -436,15 +439,30 @@ std::string cores_line(const Placement& p) {
 
 // --- output -------------------------------------------------------------------------------------
 
+// One packing setting: the task's samples or the long-sequence batch.
+struct PackSetting {
+  std::string name;
+  std::vector<QueueSample> batch;
+  std::vector<PackRow> rows;  // packed, padded
+  WireResult wire;
+  double ratio() const { return double(rows[0].buffer) / double(rows[1].buffer); }
+  bool formula_ok() const { return rows[0].formula_ok() && rows[1].formula_ok(); }
+  bool round_trip_ok() const { return rows[0].round_trip && rows[1].round_trip && wire.intact; }
+};
+
 struct Verdicts {
   bool formula = false, round_trip = false, requests = true, delivered = true;
-  double ratio = 0;
+  double ratio = 0;             // long-sequence batch: the setting of the 20% target
+  double task_ratio = 0;        // the task's short samples (reported, no target)
+  double task_index_share = 0;  // the per-sample index's share of the task's packed bytes
   bool ok() const { return formula && round_trip && requests && delivered; }
 };
 
-void print_text(const std::vector<PackRow>& pack, const WireResult& wire,
-                const std::vector<ModeResult>& modes, const QueuePlan& plan) {
-  std::printf("#\n# Part 1: packed vs padded batch (every rank packs; rank 0's times)\n");
+// One setting's part 1 table: the two layouts' bytes and pack time, then the wire pair.
+void print_packing(const std::string& title, const std::vector<PackRow>& pack,
+                   const WireResult& wire) {
+  std::printf("#\n# Part 1 (%s): packed vs padded batch (every rank packs; rank 0's times)\n",
+              title.c_str());
   std::printf("# %-8s %12s %12s %12s %-7s %12s\n", "layout", "formula", "function", "buffer",
               "check", "pack+unpack");
   std::printf("# %-8s %12s %12s %12s %-7s %12s\n", "", "(bytes)", "(bytes)", "(bytes)", "", "(us)");
@@ -466,9 +484,45 @@ void print_text(const std::vector<PackRow>& pack, const WireResult& wire,
       std::printf("  %-8s %12llu %12.1f %10.3f\n", name, (unsigned long long)bytes, seconds * 1e6,
                   double(bytes) / seconds / 1e9);
     }
+    std::printf("# padded / packed wire time: %.2f\n", wire.padded_seconds / wire.packed_seconds);
   } else {
     std::printf("#\n# wire: not measured (needs an actor and a learner: run with >= 2 ranks)\n");
   }
+}
+
+// packed / padded of long-sequence batches whose response tail is heavier or lighter.
+struct SweepPoint {
+  double sigma = 0;
+  uint64_t packed = 0, padded = 0;
+  double ratio() const { return double(packed) / double(padded); }
+};
+
+std::vector<SweepPoint> sweep_response_tail(const LongSequenceShape& shape, int count,
+                                            uint64_t seed) {
+  std::vector<SweepPoint> points;
+  for (double sigma : {0.25, 0.5, 0.75, 1.0, 1.25, 1.5}) {
+    LongSequenceShape s = shape;
+    s.response.sigma = sigma;
+    const auto batch = long_sequence_batch(s, count, seed);
+    points.push_back({sigma, packed_bytes(batch), padded_bytes(batch)});
+  }
+  return points;
+}
+
+void print_sweep(const std::vector<SweepPoint>& sweep, const LongSequenceShape& shape) {
+  std::printf(
+      "#\n# packed / padded vs the response tail (long-sequence batch, response sigma varied, "
+      "median %g, cap %d)\n",
+      shape.response.median, shape.response.max);
+  std::printf("# %-8s %14s %14s %10s\n", "sigma", "packed", "padded", "ratio");
+  std::printf("# %-8s %14s %14s %10s\n", "", "(bytes)", "(bytes)", "(%)");
+  for (const SweepPoint& p : sweep) {
+    std::printf("  %-8.2f %14llu %14llu %10.1f\n", p.sigma, (unsigned long long)p.packed,
+                (unsigned long long)p.padded, 100 * p.ratio());
+  }
+}
+
+void print_queue_table(const std::vector<ModeResult>& modes, const QueuePlan& plan) {
   if (modes.empty()) {
     std::printf("#\n# Part 2: not run (flat vs hierarchical gets need >= 2 ranks)\n");
     return;
@@ -499,8 +553,12 @@ void print_verdicts(const std::vector<ModeResult>& modes, const QueuePlan& plan,
                     const Verdicts& v) {
   std::printf("#\n# packed bytes equal the formula               : %s\n", ok_text(v.formula));
   std::printf("# unpack restores the batch (memory and wire)  : %s\n", ok_text(v.round_trip));
-  std::printf("# packed / padded                              : %.1f%% (target <= 20%%) %s\n",
+  std::printf("# packed / padded, long sequences              : %.1f%% (target <= 20%%) %s\n",
               100 * v.ratio, v.ratio <= 0.20 ? "OK" : "ABOVE TARGET");
+  std::printf(
+      "# packed / padded, task samples                : %.1f%% (no target: short samples, the "
+      "48-byte index per sample is %.0f%% of the packed bytes)\n",
+      100 * v.task_ratio, 100 * v.task_index_share);
   if (modes.empty()) return;
   const auto flat = modes[0].counts.front()[kGetRequests];
   const auto hier = modes[1].counts.front()[kGetRequests];
@@ -513,10 +571,38 @@ void print_verdicts(const std::vector<ModeResult>& modes, const QueuePlan& plan,
               median(modes[1].seconds) / median(modes[0].seconds));
 }
 
+// "pack":{...},"wire":{...} of one setting.
+void print_json_setting(const PackSetting& setting) {
+  std::printf("\"pack\":{");
+  for (size_t i = 0; i < setting.rows.size(); ++i) {
+    const PackRow& r = setting.rows[i];
+    std::printf(
+        "%s\"%s_formula_bytes\":%llu,\"%s_function_bytes\":%llu,\"%s_bytes\":%llu,"
+        "\"%s_seconds\":%.6e",
+        i ? "," : "", r.layout, (unsigned long long)r.formula, r.layout,
+        (unsigned long long)r.function, r.layout, (unsigned long long)r.buffer, r.layout,
+        r.seconds);
+  }
+  std::printf(",\"packed_over_padded\":%.6f,\"formula_ok\":%s,\"round_trip_ok\":%s}",
+              setting.ratio(), setting.formula_ok() ? "true" : "false",
+              setting.round_trip_ok() ? "true" : "false");
+  const WireResult& wire = setting.wire;
+  if (wire.measured) {
+    std::printf(
+        ",\"wire\":{\"from\":%d,\"to\":%d,\"link\":\"%s\",\"packed_bytes\":%llu,"
+        "\"padded_bytes\":%llu,\"packed_seconds\":%.6e,\"padded_seconds\":%.6e}",
+        wire.from, wire.to, link_class_name(wire.link), (unsigned long long)wire.packed_bytes,
+        (unsigned long long)wire.padded_bytes, wire.packed_seconds, wire.padded_seconds);
+  } else {
+    std::printf(",\"wire\":null");
+  }
+}
+
 void print_json(const std::string& task, int batch, int repeats, const Topology& topology,
-                const Placement& placement, const std::vector<PackRow>& pack,
-                const WireResult& wire, const std::vector<ModeResult>& modes, const QueuePlan& plan,
-                const Verdicts& v) {
+                const Placement& placement, const PackSetting& task_setting,
+                const PackSetting& long_setting, const LongSequenceShape& shape,
+                const std::vector<SweepPoint>& sweep, const std::vector<ModeResult>& modes,
+                const QueuePlan& plan, const Verdicts& v) {
   std::printf("{\"bench\":\"queue\",\"task\":\"%s\",\"batch\":%d,\"repeats\":%d,\"ranks\":%d,",
               task.c_str(), batch, repeats, topology.world_size());
   std::printf("\"nodes\":%d,\"roles\":{", topology.node_count());
@@ -529,27 +615,21 @@ void print_json(const std::string& task, int batch, int repeats, const Topology&
   std::printf("},\"cores\":[");
   for (size_t r = 0; r < placement.cores.size(); ++r)
     std::printf("%s%d", r ? "," : "", placement.cores[r]);
-  std::printf("],\"pack\":{");
-  for (size_t i = 0; i < pack.size(); ++i) {
-    const PackRow& r = pack[i];
+  std::printf("],");
+  print_json_setting(task_setting);
+  std::printf(",\"task_index_share\":%.6f,\"long\":{\"prompt\":\"%s\",\"response\":\"%s\",",
+              v.task_index_share, shape.prompt.describe().c_str(),
+              shape.response.describe().c_str());
+  print_json_setting(long_setting);
+  std::printf(",\"sweep\":[");
+  for (size_t i = 0; i < sweep.size(); ++i) {
     std::printf(
-        "%s\"%s_formula_bytes\":%llu,\"%s_function_bytes\":%llu,\"%s_bytes\":%llu,"
-        "\"%s_seconds\":%.6e",
-        i ? "," : "", r.layout, (unsigned long long)r.formula, r.layout,
-        (unsigned long long)r.function, r.layout, (unsigned long long)r.buffer, r.layout,
-        r.seconds);
+        "%s{\"response_sigma\":%.2f,\"packed_bytes\":%llu,\"padded_bytes\":%llu,"
+        "\"packed_over_padded\":%.6f}",
+        i ? "," : "", sweep[i].sigma, (unsigned long long)sweep[i].packed,
+        (unsigned long long)sweep[i].padded, sweep[i].ratio());
   }
-  std::printf(",\"packed_over_padded\":%.6f,\"formula_ok\":%s,\"round_trip_ok\":%s}", v.ratio,
-              v.formula ? "true" : "false", v.round_trip ? "true" : "false");
-  if (wire.measured) {
-    std::printf(
-        ",\"wire\":{\"from\":%d,\"to\":%d,\"link\":\"%s\",\"packed_bytes\":%llu,"
-        "\"padded_bytes\":%llu,\"packed_seconds\":%.6e,\"padded_seconds\":%.6e}",
-        wire.from, wire.to, link_class_name(wire.link), (unsigned long long)wire.packed_bytes,
-        (unsigned long long)wire.padded_bytes, wire.packed_seconds, wire.padded_seconds);
-  } else {
-    std::printf(",\"wire\":null");
-  }
+  std::printf("]}");
   if (modes.empty()) {
     std::printf(",\"queue\":null");
   } else {
@@ -638,15 +718,30 @@ int run_bench_queue_command(const std::vector<std::string>& args) {
   add("batch", po::value(&batch_size)->default_value(batch_size), "samples per step (>= 1)");
   add("repeats", po::value(&repeats)->default_value(repeats),
       "timed repeats per case (median reported, >= 3)");
+  LongSequenceShape shape;
+  for (auto [name, d] : {std::pair{std::string("long-prompt"), &shape.prompt},
+                         std::pair{std::string("long-response"), &shape.response}}) {
+    add((name + "-median").c_str(), po::value(&d->median)->default_value(d->median),
+        "long-sequence batch: median length (tokens)");
+    add((name + "-sigma").c_str(), po::value(&d->sigma)->default_value(d->sigma),
+        "long-sequence batch: lognormal sigma of the length, in [0, 4]");
+    add((name + "-max").c_str(), po::value(&d->max)->default_value(d->max),
+        "long-sequence batch: maximum length (tokens)");
+  }
   description.add(bench);
   description.add(layout_options_description(layout));
   if (!parse_options("bench queue", args, description, run)) return 0;
   if (repeats < 3) throw ConfigError("--repeats must be >= 3, got " + std::to_string(repeats));
   if (batch_size < 1) throw ConfigError("--batch must be >= 1, got " + std::to_string(batch_size));
+  shape.vocab_size = Tokenizer::vocab_size();
+  validate_long_sequence_shape(shape);
   const auto task = make_task(load_task_config(task_name, run.seed));
   Topology topology(MPI_COMM_WORLD, layout);
   const bool multi_rank = topology.world_size() > 1;
-  const auto batch = reference_batch(*task, batch_size);
+  PackSetting task_setting{"task samples", reference_batch(*task, batch_size), {}, {}};
+  PackSetting long_setting{
+      "long sequences", long_sequence_batch(shape, batch_size, run.seed), {}, {}};
+  const auto& batch = task_setting.batch;
   const QueuePlan plan = multi_rank ? plan_queue(batch, topology) : QueuePlan{};
 
   MPI_Comm comm;
@@ -666,16 +761,22 @@ int run_bench_queue_command(const std::vector<std::string>& args) {
     std::printf("%s%s", layout_line(topology).c_str(), cores_line(placement).c_str());
   }
 
-  const auto pack = measure_packing(batch, repeats);
-  idle_barrier(comm);  // the wire pair then runs alone, not against other ranks' pack timing
-  const WireResult wire = measure_wire(batch, topology, comm, repeats);
+  for (PackSetting* setting : {&task_setting, &long_setting}) {
+    setting->rows = measure_packing(setting->batch, repeats);
+    idle_barrier(comm);  // the wire pair then runs alone, not against other ranks' pack timing
+    setting->wire = measure_wire(setting->batch, topology, comm, repeats);
+  }
+  const auto sweep = sweep_response_tail(shape, batch_size, run.seed);
   const auto modes =
       multi_rank ? measure_queue(topology, plan, repeats, comm) : std::vector<ModeResult>{};
 
   Verdicts v;
-  v.formula = all_ranks_true(pack[0].formula_ok() && pack[1].formula_ok(), comm);
-  v.round_trip = all_ranks_true(pack[0].round_trip && pack[1].round_trip, comm) && wire.intact;
-  v.ratio = double(pack[0].buffer) / double(pack[1].buffer);
+  v.formula = all_ranks_true(task_setting.formula_ok() && long_setting.formula_ok(), comm);
+  v.round_trip = all_ranks_true(task_setting.round_trip_ok() && long_setting.round_trip_ok(), comm);
+  v.ratio = long_setting.ratio();
+  v.task_ratio = task_setting.ratio();
+  v.task_index_share = double(kPackHeaderBytes + kPackMetadataBytes * batch.size()) /
+                       double(task_setting.rows[0].buffer);
   for (size_t r = 0; r < (modes.empty() ? 0 : modes[0].counts.size()); ++r) {
     const auto& flat = modes[0].counts[r];
     const auto& hier = modes[1].counts[r];
@@ -687,10 +788,17 @@ int run_bench_queue_command(const std::vector<std::string>& args) {
     }
   }
   if (root) {
-    print_text(pack, wire, modes, plan);
+    std::printf("# long sequences: %d synthetic samples, prompt %s, response %s (seed %llu)\n",
+                batch_size, shape.prompt.describe().c_str(), shape.response.describe().c_str(),
+                (unsigned long long)run.seed);
+    print_packing(task_setting.name, task_setting.rows, task_setting.wire);
+    print_packing(long_setting.name, long_setting.rows, long_setting.wire);
+    print_sweep(sweep, shape);
+    print_queue_table(modes, plan);
     print_verdicts(modes, plan, v);
     if (run.json) {
-      print_json(task_name, batch_size, repeats, topology, placement, pack, wire, modes, plan, v);
+      print_json(task_name, batch_size, repeats, topology, placement, task_setting, long_setting,
+                 shape, sweep, modes, plan, v);
     }
     std::fflush(stdout);
   }
