@@ -124,8 +124,14 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
                                       ep_degree, experts)
                     : ExpertShard{};
   Policy policy = make_policy(run, policy_options, role == Role::Learner, own_experts);
-  // Checkpoints are taken between synchronous steps (nothing in flight).
-  TrainCheckpoints saved(checkpoints, run, rl, policy.config, rl.staleness == 0);
+  // Synchronous checkpoints fall between steps with nothing in flight. With StaleSync the actors
+  // are one batch ahead: the checkpoint of step k also holds batch k + 1, which every actor has
+  // put before it agrees to step k's end (and no learner has taken).
+  const int compute_rank_count =
+      int(topology.ranks_of(Role::Learner).size() + topology.ranks_of(Role::Actor).size());
+  TrainCheckpoints saved(checkpoints, run, rl, policy.config, /*supported=*/true,
+                         compute_rank_count);
+  if (rl.staleness > 0) saved.collect_in_flight();
   RunDirectory dir(run.run_dir, resolved_config, /*writer=*/root, saved.resuming());
   TraceRecorder trace(MPI_COMM_WORLD);
   trace.set_memory_source(&policy.device->memory());
@@ -229,6 +235,15 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
           "batch k - 1 (decoupled objective, importance weights capped at %g)\n",
           rl.staleness, double(rl.importance_cap));
     }
+    // A StaleSync actor resuming puts the batch the checkpoint saved instead of generating it
+    // (its weights, version k, are one version newer than the ones that generated it).
+    std::vector<Rollout> restored_batch;
+    if (role == Role::Actor && saved.resuming() && schedule.lag == 1) {
+      restored_batch =
+          unscored_rollouts(saved.saved_in_flight(topology.world_rank()), task, rl.group_size);
+      score_rollouts(task, rl.group_size, estimator, restored_batch, rollout_reward(learned));
+    }
+    std::vector<InFlightSample> last_put;  // the batch an actor put last (StaleSync)
     RlProgress progress(dir, rl.steps, rl.log_every, device);
     sync_weights(position.step);
     progress.start();
@@ -245,14 +260,17 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
             actor_prompts(int64_t(version) * rl.prompts, rl.prompts,
                           index_in(actors, topology.world_rank()), int(actors.size()));
         std::vector<Rollout> rollouts;
-        random_delay();
-        {
+        if (step == position.step + 1 && !restored_batch.empty()) {
+          rollouts = std::move(restored_batch);
+        } else {
+          random_delay();
           TraceScope traced(trace, Phase::Generate);
           traced.set_version(generator);
           rollouts = generate_rollouts(model, task, first, count, rl.group_size, sampling,
                                        generator, estimator, rollout_reward(learned));
           for (const Rollout& r : rollouts) traced.add_tokens(int64_t(r.response.size()));
         }
+        if (schedule.lag == 1) last_put = to_in_flight(rollouts, rl.group_size);
         {
           TraceScope traced(trace, Phase::QueuePut);
           traced.set_version(generator);
@@ -262,11 +280,22 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
         }
         if (schedule.lag == 0) {
           sync_weights(version + 1);
-        } else if (schedule.pipelined_sync_after(step)) {
+          stopped = saved.stop_agreed(step, compute_ranks, serve_while_waiting);
+          continue;
+        }
+        // One step ahead: this batch is put, so agree to the learners' previous step's end (a
+        // checkpoint of it saves this batch) before the weight sync that needs them.
+        if (step - 1 > position.step) {
+          stopped = saved.actor_end_of_step(step - 1, last_put, compute_ranks, serve_while_waiting);
+        }
+        if (!stopped && schedule.pipelined_sync_after(step)) {
           serving_barrier(compute_ranks, queue);
           sync_weights(step - 1);
         }
-        stopped = saved.stop_agreed(step, compute_ranks, serve_while_waiting);
+        // The learners' last step ends after the actors' last put.
+        if (!stopped && step == rl.steps) {
+          saved.actor_end_of_step(step, {}, compute_ranks, serve_while_waiting);
+        }
         continue;
       }
       // Learner.

@@ -16,6 +16,8 @@ extern "C" void record_stop_signal(int signal) {
   g_stop_signal = signal;
 }
 
+const std::vector<InFlightSample> kNothingInFlight;
+
 constexpr size_t kBuffers = 4;  // parameters, first moment, second moment, reference
 
 std::array<float*, kBuffers> buffers_of(const TrainingState& state) {
@@ -87,21 +89,15 @@ po::options_description checkpoint_options_description(CheckpointOptions& option
   return d;
 }
 
-void validate_checkpoint_options(const CheckpointOptions& options, int staleness, bool fused) {
+void validate_checkpoint_options(const CheckpointOptions& options) {
   if (options.every < 0) {
     throw ConfigError("--checkpoint-every must be >= 0, got " + std::to_string(options.every));
-  }
-  if (options.every == 0 && options.resume.empty()) return;
-  const std::string what = options.every > 0 ? "--checkpoint-every" : "--resume";
-  if (staleness > 0 && !fused) {
-    throw ConfigError(what + " with --staleness > 0 is not supported yet in disaggregated mode: " +
-                      "the samples in DistQueue and the actors' pools are not saved (use " +
-                      "--mode fused, or --staleness 0)");
   }
 }
 
 TrainCheckpoints::TrainCheckpoints(const CheckpointOptions& options, const RunOptions& run,
-                                   const RlOptions& rl, const ModelConfig& model, bool supported)
+                                   const RlOptions& rl, const ModelConfig& model, bool supported,
+                                   int in_flight_ranks)
     : options_(options),
       run_(run),
       rl_(rl),
@@ -116,13 +112,14 @@ TrainCheckpoints::TrainCheckpoints(const CheckpointOptions& options, const RunOp
                       " --group-size " + std::to_string(c.group_size) + " --staleness " +
                       std::to_string(c.staleness) + ": resume with the same values");
   }
-  int world = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
-  if (rl_.staleness > 0 && c.in_flight_ranks != world) {
+  int ranks = in_flight_ranks;
+  if (ranks == 0) MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+  if (rl_.staleness > 0 && c.in_flight_ranks != ranks) {
     throw ConfigError("checkpoint '" + resume_.path +
                       "' holds the StaleSync samples in flight of " +
-                      std::to_string(c.in_flight_ranks) + " ranks: resume on " +
-                      std::to_string(c.in_flight_ranks) + " ranks, not " + std::to_string(world));
+                      std::to_string(c.in_flight_ranks) + " ranks: resume with the layout it " +
+                      "was written with (this run has " + std::to_string(ranks) +
+                      " ranks that generate or train)");
   }
   if (c.step >= rl_.steps) {
     throw ConfigError("checkpoint '" + resume_.path + "' is at step " + std::to_string(c.step) +
@@ -170,6 +167,10 @@ RlPosition TrainCheckpoints::load(const TrainingState& state) const {
   return p;
 }
 
+std::vector<InFlightSample> TrainCheckpoints::saved_in_flight(int rank) const {
+  return read_in_flight(resume_.path, rank);
+}
+
 void TrainCheckpoints::watch_signals() {
   if (!supported_) return;
   g_stop_signal = 0;
@@ -213,8 +214,8 @@ void TrainCheckpoints::save(const RlPosition& position, const TrainingState& sta
   if (!model.layout().expert_sharded()) {
     CheckpointTensors tensors = tensors_of(buffers_of(state));
     std::vector<std::vector<InFlightSample>> in_flight;
-    if (pool_) {
-      in_flight = gather_in_flight(pool_->saved_samples(), comm);
+    if (in_flight_) {
+      in_flight = gather_in_flight(pool_ ? pool_->saved_samples() : kNothingInFlight, comm);
       tensors.in_flight = &in_flight;
     }
     if (writer) write_checkpoint(run_.run_dir, model.config(), model.layout(), c, tensors);
@@ -223,8 +224,10 @@ void TrainCheckpoints::save(const RlPosition& position, const TrainingState& sta
   // Every rank's pool goes to world rank 0 first (EP rank 0 of replica 0, the group's rank 0).
   CheckpointTensors tensors = tensors_of(buffers_of(state));
   std::vector<std::vector<InFlightSample>> in_flight;
-  if (pool_) in_flight = gather_in_flight(pool_->saved_samples(), comm);
-  if (writer && pool_) tensors.in_flight = &in_flight;
+  if (in_flight_) {
+    in_flight = gather_in_flight(pool_ ? pool_->saved_samples() : kNothingInFlight, comm);
+  }
+  if (writer && in_flight_) tensors.in_flight = &in_flight;
   // Replica 0's EP group writes the one file together, each rank its own experts (parallel
   // HDF5); the other data-parallel replicas hold the same values.
   if (ep->replica() != 0) return;
@@ -244,6 +247,15 @@ bool TrainCheckpoints::end_of_step(int step, const RlPosition& position, double 
     save(at, state, writer, ep, comm);
   }
   if (stopping) dir.log("%s", stop_message(step).c_str());
+  return stopping;
+}
+
+bool TrainCheckpoints::actor_end_of_step(int step, const std::vector<InFlightSample>& queued,
+                                         MPI_Comm comm,
+                                         const std::function<void(MPI_Request&)>& wait) const {
+  const bool stopping = stop_agreed(step, comm, wait);
+  // The trainers' save() gathers over the same communicator: join it with this batch.
+  if (due(step, stopping) && in_flight_) gather_in_flight(queued, comm);
   return stopping;
 }
 

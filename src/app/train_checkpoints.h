@@ -1,5 +1,5 @@
-// Checkpoints and restart for `train` (one rank, synchronous disaggregated and fused runs,
-// experts sharded or not): --checkpoint-every, --resume auto|PATH, and SIGTERM / SIGUSR1, which
+// Checkpoints and restart for `train` (one rank, disaggregated and fused runs, synchronous or
+// StaleSync, experts sharded or not): --checkpoint-every, --resume auto|PATH, and SIGTERM / SIGUSR1, which
 // make every rank agree at the next step boundary to write a checkpoint and stop with exit code 3.
 // The file format is src/io/checkpoint.h. A checkpoint always holds the whole model: with sharded
 // experts, the ranks of replica 0's EP group write it together through parallel HDF5, each its
@@ -33,9 +33,8 @@ struct CheckpointOptions {
 };
 
 po::options_description checkpoint_options_description(CheckpointOptions& options);
-// ConfigError for values and for the combination not built yet (disaggregated StaleSync: the
-// samples in DistQueue).
-void validate_checkpoint_options(const CheckpointOptions& options, int staleness, bool fused);
+// ConfigError for bad values.
+void validate_checkpoint_options(const CheckpointOptions& options);
 
 // The training state of a rank that trains; `reference` may be null.
 struct TrainingState {
@@ -60,8 +59,10 @@ class TrainCheckpoints {
   // otherwise. Unless `supported` (the same on every rank: validate_checkpoint_options has already
   // rejected options asking for checkpoints) signals keep their default action and nothing is
   // ever saved.
+  // With StaleSync the checkpoint holds the samples in flight of `in_flight_ranks` ranks (0: the
+  // world): a resume needs the same count.
   TrainCheckpoints(const CheckpointOptions& options, const RunOptions& run, const RlOptions& rl,
-                   const ModelConfig& model, bool supported);
+                   const ModelConfig& model, bool supported, int in_flight_ranks = 0);
   ~TrainCheckpoints();
   TrainCheckpoints(const TrainCheckpoints&) = delete;
   TrainCheckpoints& operator=(const TrainCheckpoints&) = delete;
@@ -69,7 +70,15 @@ class TrainCheckpoints {
   bool resuming() const { return !resume_.path.empty(); }
   // StaleSync (fused): every rank's rollout pool is saved with each checkpoint (gathered on the
   // writer) and refilled by load(). Call before load() on every rank.
-  void attach_pool(RolloutPool* pool) { pool_ = pool; }
+  void attach_pool(RolloutPool* pool) {
+    pool_ = pool;
+    in_flight_ = true;
+  }
+  // StaleSync (disaggregated): the actors' last batch, put into DistQueue and not yet taken, is
+  // saved with each checkpoint (actor_end_of_step hands it over); trainers add nothing to it.
+  void collect_in_flight() { in_flight_ = true; }
+  // Rank `rank` of the gather (actors: their compute-rank index)'s saved samples.
+  std::vector<InFlightSample> saved_in_flight(int rank) const;
   // Logs which checkpoint the run continues from and the ones --resume auto passed over.
   void describe(RunDirectory& dir) const;
   // Reads the checkpoint into a trainer's state (the experts its model stores).
@@ -89,6 +98,11 @@ class TrainCheckpoints {
   bool end_of_step(int step, const RlPosition& position, double seconds, const TrainingState& state,
                    bool writer, RoleExpertParallel* ep, MPI_Comm comm, RunDirectory& dir,
                    const std::function<void(MPI_Request&)>& wait = {}) const;
+  // The same boundary on an actor of a disaggregated StaleSync run, which by then has put the
+  // next batch: stop_agreed, then, when the trainers write a checkpoint, `queued` (that batch's
+  // samples) goes to the writer with it. Returns whether to stop.
+  bool actor_end_of_step(int step, const std::vector<InFlightSample>& queued, MPI_Comm comm,
+                         const std::function<void(MPI_Request&)>& wait = {}) const;
 
  private:
   bool due(int step, bool stopping) const {
@@ -108,6 +122,7 @@ class TrainCheckpoints {
   ResumePoint resume_;
   bool watching_ = false;
   RolloutPool* pool_ = nullptr;
+  bool in_flight_ = false;  // checkpoints gather every rank's samples in flight
 };
 
 }  // namespace rlf

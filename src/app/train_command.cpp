@@ -139,7 +139,7 @@ int run_train_command(const std::vector<std::string>& args) {
         " needs a multi-rank run: disaggregated actors and learners overlap their steps, fused "
         "ranks cut the long tail (mpiexec -n 2 or more)");
   }
-  validate_checkpoint_options(checkpoints, o.staleness, mode != "disaggregated");
+  validate_checkpoint_options(checkpoints);
   // The reward model file is read on every rank, so a bad one stops all of them here.
   validate_reward_model(o, *make_task(load_task_config(policy_options.task, run.seed)));
   if (baseline != "none" && baseline != "disaggregated") {

@@ -42,4 +42,39 @@ std::vector<Rollout> to_rollouts(const std::vector<QueueSample>& samples) {
   return rollouts;
 }
 
+std::vector<InFlightSample> to_in_flight(const std::vector<Rollout>& rollouts, int group_size) {
+  std::vector<InFlightSample> samples;
+  samples.reserve(rollouts.size());
+  for (const Rollout& r : rollouts) {
+    InFlightSample s;
+    s.prompt_id = r.task_sample.id;
+    s.member = int32_t(r.sample_id % group_size);
+    s.finished = true;
+    s.version_min = r.version_min;
+    s.version_max = r.version_max;
+    s.response.assign(r.response.begin(), r.response.end());
+    s.behaviour_logp = r.behaviour_logp;
+    samples.push_back(std::move(s));
+  }
+  return samples;
+}
+
+std::vector<Rollout> unscored_rollouts(const std::vector<InFlightSample>& samples, const Task& task,
+                                       int group_size) {
+  std::vector<Rollout> rollouts;
+  rollouts.reserve(samples.size());
+  for (const InFlightSample& s : samples) {
+    Rollout r;
+    r.sample_id = s.prompt_id * group_size + s.member;
+    r.task_sample = task.train_sample(s.prompt_id);
+    r.prompt = prompt_tokens(r.task_sample);
+    r.response.assign(s.response.begin(), s.response.end());
+    r.behaviour_logp = s.behaviour_logp;
+    r.version_min = s.version_min;
+    r.version_max = s.version_max;
+    rollouts.push_back(std::move(r));
+  }
+  return rollouts;
+}
+
 }  // namespace rlf

@@ -205,7 +205,8 @@ TEST(Checkpoint, FusedStaleSyncResumeWithSamplesInFlightIsBitExact) {
   const CommandResult other = test::run_rlfusion(
       kRun + extra + "--resume " + path + " --run-dir " + temp_dir("fused-stale-4"), 4);
   EXPECT_EQ(other.exit_code, kExitConfigError) << other.output;
-  EXPECT_NE(other.output.find("resume on 2 ranks"), std::string::npos) << other.output;
+  EXPECT_NE(other.output.find("resume with the layout it was written with"), std::string::npos)
+      << other.output;
 }
 
 // The same with sharded experts: the pools travel to world rank 0, which writes them into the
@@ -275,14 +276,31 @@ TEST(Checkpoint, DamagedTruncatedAndWrongShapeFilesAreRefused) {
   EXPECT_NE(r.output.find("starting from scratch"), std::string::npos) << r.output;
 }
 
-TEST(Checkpoint, CombinationsNotBuiltAreRejected) {
-  for (const std::string& extra : {std::string("--staleness 1 --checkpoint-every 2"),
-                                   std::string("--staleness 1 --resume auto")}) {
-    const CommandResult r =
-        test::run_rlfusion(kRun + extra + " --run-dir " + temp_dir("rejected"), 2);
-    EXPECT_EQ(r.exit_code, kExitConfigError) << extra << "\n" << r.output;
-    EXPECT_NE(r.output.find("not supported"), std::string::npos) << r.output;
+// Disaggregated StaleSync: the actors run one batch ahead, so the checkpoint of step k holds
+// batch k + 1 (put into DistQueue, not yet taken), which the actors put again on resume.
+TEST(Checkpoint, DisaggregatedStaleSyncResumeWithTheQueuedBatchIsBitExact) {
+  const std::string extra = "--staleness 1 --ranks-per-node 1 ";
+  expect_kill_and_resume_bit_exact("disaggregated-stale", 2, kRun + extra, "data");
+  // Checkpoint 2 holds the actor's batch 3 (4 prompts x 4 samples, generated with version 1,
+  // finished); the learner has nothing in flight.
+  const std::string path = checkpoint_path(temp_dir_name("disaggregated-stale-killed"), 2);
+  EXPECT_TRUE(read_in_flight(path, 0).empty());
+  const std::vector<InFlightSample> queued = read_in_flight(path, 1);
+  ASSERT_EQ(queued.size(), 16u);
+  for (const InFlightSample& s : queued) {
+    EXPECT_TRUE(s.finished);
+    EXPECT_EQ(s.version_min, 1);
+    EXPECT_EQ(s.version_max, 1);
+    EXPECT_GE(s.prompt_id, 8);  // batch 3: prompts 8..11
+    EXPECT_LT(s.prompt_id, 12);
+    EXPECT_FALSE(s.response.empty());
   }
+  // A layout with another count of ranks that generate or train: refused before any work.
+  const CommandResult other = test::run_rlfusion(
+      kRun + extra + "--actors 2 --resume " + path + " --run-dir " + temp_dir("stale-other"), 3);
+  EXPECT_EQ(other.exit_code, kExitConfigError) << other.output;
+  EXPECT_NE(other.output.find("resume with the layout it was written with"), std::string::npos)
+      << other.output;
 }
 
 // Starts the run in the background, sends `signal` to `target` (the rank, or mpiexec, which
@@ -329,6 +347,21 @@ TEST(Checkpoint, OneRankSigtermCheckpointsAndStops) {
 
 TEST(Checkpoint, TwoRanksSigusr1ThroughMpiexecCheckpointsAndStops) {
   expect_signal_checkpoints_and_stops("sigusr1", 2, "--ranks-per-node 1 ", "USR1");
+}
+
+// With sharded experts on learners and actors and a dedicated queue rank (not in the gather of
+// the samples in flight).
+TEST(Checkpoint, DisaggregatedStaleSyncExpertParallelWithQueueRankResumeIsBitExact) {
+  expect_kill_and_resume_bit_exact("disaggregated-stale-ep", 5,
+                                   kRun +
+                                       "--staleness 1 --learners 2 --actors 2 --queue-ranks 1 "
+                                       "--expert-parallel 2 --actor-expert-parallel 2 ",
+                                   "data");
+}
+
+TEST(Checkpoint, DisaggregatedStaleSyncSigusr1CheckpointsAndStops) {
+  expect_signal_checkpoints_and_stops("disaggregated-stale-sigusr1", 2,
+                                      "--staleness 1 --ranks-per-node 1 ", "USR1");
 }
 
 TEST(Checkpoint, FusedStaleSyncSigusr1CheckpointsAndStops) {
