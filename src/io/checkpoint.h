@@ -90,11 +90,19 @@ void verify_checkpoint_file(const std::string& path);
 // ConfigError naming the file on any mismatch.
 CheckpointCounters check_checkpoint(const std::string& path, const ModelConfig& config,
                                     bool with_reference);
+// Where a checkpoint read spends its time (seconds), for `bench checkpoint`.
+struct CheckpointReadTimes {
+  double verify = 0;  // the whole file's CRC-32C against its sidecar, before HDF5 opens it
+  double data = 0;    // HDF5 open, attributes and datasets read (with the per-dataset CRC-32Cs)
+};
+
 // check_checkpoint, then every dataset into `tensors` (each checked against its CRC-32C). With a
 // sharded `layout` only the rows of the experts it stores are read (and checked), so a checkpoint
-// loads at any expert-parallel degree.
+// loads at any expert-parallel degree. `times`, when given, receives where the read spent its
+// time.
 CheckpointCounters read_checkpoint(const std::string& path, const ModelConfig& config,
-                                   const ParameterLayout& layout, const CheckpointTensors& tensors);
+                                   const ParameterLayout& layout, const CheckpointTensors& tensors,
+                                   CheckpointReadTimes* times = nullptr);
 
 // Rank `rank`'s in-flight samples of a checkpoint that read_checkpoint has verified; ConfigError
 // naming the file when it holds none for that rank or they do not match their checksums.

@@ -4,8 +4,11 @@
 // uninterrupted run does; SIGUSR1 / SIGTERM checkpoint and stop with exit code 3; damaged,
 // truncated and wrong-shape files are refused with exit code 2 (or skipped by --resume auto).
 #include <gtest/gtest.h>
+#include <hdf5.h>
 #include <unistd.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -92,33 +95,6 @@ void expect_kill_and_resume_bit_exact(const std::string& name, int ranks, const 
   expect_same_run(straight, straight_dir, resumed, dir);
 }
 
-// The definition, bit by bit: the reference the fast CRC-32C is checked against.
-uint32_t crc32c_bitwise(const unsigned char* data, size_t bytes, uint32_t crc = 0) {
-  crc = ~crc;
-  for (size_t i = 0; i < bytes; ++i) {
-    crc ^= data[i];
-    for (int bit = 0; bit < 8; ++bit) crc = (crc >> 1) ^ ((crc & 1) ? 0x82F63B78u : 0u);
-  }
-  return ~crc;
-}
-
-TEST(Crc32c, MatchesTheCheckValueTheDefinitionAndChains) {
-  const std::string text = "123456789";
-  EXPECT_EQ(crc32c(text.data(), text.size()), 0xE3069283u);  // CRC-32C check value
-  EXPECT_EQ(crc32c(text.data() + 4, 5, crc32c(text.data(), 4)), crc32c(text.data(), text.size()));
-  // Fresh random bytes at every alignment and tail length, against the bitwise definition.
-  std::random_device seed;
-  std::mt19937 random(seed());
-  std::vector<unsigned char> bytes(300);
-  for (unsigned char& b : bytes) b = (unsigned char)random();
-  for (size_t begin = 0; begin < 9; ++begin) {
-    for (size_t count = 0; count + begin <= bytes.size(); count += 7) {
-      EXPECT_EQ(crc32c(&bytes[begin], count), crc32c_bitwise(&bytes[begin], count))
-          << begin << " " << count;
-    }
-  }
-}
-
 TEST(Checkpoint, RoundTripsEveryBufferAndCounter) {
   const std::string dir = temp_dir("round-trip");
   const ModelConfig config =
@@ -160,6 +136,76 @@ TEST(Checkpoint, RoundTripsEveryBufferAndCounter) {
                ConfigError);
   // The checkpoint is also a policy parameter file.
   EXPECT_EQ(test::read_tiny_parameters(checkpoint_path(dir, 3)), buffers[0]);
+}
+
+// A checkpoint file changed after it was written, with its sidecar made to match again (so the
+// whole-file CRC passes): the per-dataset CRC-32Cs still catch a changed tensor.
+void rewrite_sidecar(const std::string& path) {
+  char text[64];
+  std::snprintf(text, sizeof text, "crc32c %08x bytes %llu\n", (unsigned)file_crc32c(path),
+                (unsigned long long)fs::file_size(path));
+  std::ofstream(path + ".crc32c", std::ios::trunc) << text;
+}
+
+void overwrite_dataset(const std::string& path, const std::string& dataset, float value) {
+  const hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  ASSERT_GE(file, 0);
+  const hid_t set = H5Dopen2(file, dataset.c_str(), H5P_DEFAULT);
+  ASSERT_GE(set, 0) << dataset;
+  const hid_t space = H5Dget_space(set);
+  std::vector<float> values(size_t(H5Sget_simple_extent_npoints(space)), value);
+  EXPECT_GE(H5Dwrite(set, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()), 0);
+  H5Sclose(space);
+  H5Dclose(set);
+  H5Fclose(file);
+  rewrite_sidecar(path);
+}
+
+// Checkpoints store tensors contiguously, and the reader copies those from the verified mapping
+// of the file; a dataset stored otherwise (here chunked by h5repack) is read through HDF5. Both
+// paths check every dataset's CRC-32C.
+TEST(Checkpoint, ContiguousAndChunkedDatasetsAreReadAndChecked) {
+  const std::string dir = temp_dir("chunked");
+  const ModelConfig config =
+      load_model_config(std::string(RLFUSION_SOURCE_DIR) + "/inputs/models/tiny.ini");
+  const ParameterLayout layout(config);
+  const size_t n = size_t(layout.total());
+  std::mt19937 random(std::random_device{}());
+  std::normal_distribution<float> normal;
+  std::vector<std::vector<float>> buffers(3, std::vector<float>(n));
+  for (auto& buffer : buffers)
+    for (float& x : buffer) x = normal(random);
+  CheckpointCounters c;
+  c.step = 1;
+  c.step_rewards = {0.5};
+  write_checkpoint(dir, config, layout, c,
+                   {buffers[0].data(), buffers[1].data(), buffers[2].data(), nullptr});
+  const std::string written = checkpoint_path(dir, 1), chunked = dir + "/chunked.h5";
+  ASSERT_EQ(std::system(("h5repack -l /parameters/embedding:CHUNK=8x8 -l "
+                         "/parameters/layers.0.experts.w1:CHUNK=1x8x8 " +
+                         written + " " + chunked)
+                            .c_str()),
+            0);
+  rewrite_sidecar(chunked);
+  std::vector<std::vector<float>> read(3, std::vector<float>(n));
+  const auto read_back = [&](const std::string& path) {
+    read_checkpoint(path, config, layout,
+                    {read[0].data(), read[1].data(), read[2].data(), nullptr});
+  };
+  read_back(chunked);
+  EXPECT_EQ(read, buffers);
+  // A changed chunked tensor and a changed contiguous one: each refused by its own CRC.
+  for (const char* dataset : {"/parameters/embedding", "/parameters/final_norm"}) {
+    fs::copy_file(chunked, dir + "/changed.h5", fs::copy_options::overwrite_existing);
+    overwrite_dataset(dir + "/changed.h5", dataset, 0.5f);
+    try {
+      read_back(dir + "/changed.h5");
+      ADD_FAILURE() << dataset << " changed, read without an error";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("does not match its checksum"), std::string::npos)
+          << e.what();
+    }
+  }
 }
 
 TEST(Checkpoint, OneRankResumeAfterSigkillInTheMiddleOfAWriteIsBitExact) {
