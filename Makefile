@@ -50,13 +50,14 @@ run: build
 test: build
 	@cd $(BUILD) && ctest -j $(JOBS) --output-on-failure --timeout 600
 
-# Unit tests under AddressSanitizer + UndefinedBehaviorSanitizer (a separate build tree). The
-# ActivationPeak tests run the `small` model's code paths that the other unit tests cover at
-# smaller sizes; under the sanitizers they take 5 CPU minutes, so only `make test` runs them.
+# Unit tests under AddressSanitizer + UndefinedBehaviorSanitizer (a separate build tree that builds
+# only the unit-test executables). The ActivationPeak tests run the `small` model's code paths
+# that the other unit tests cover at smaller sizes; under the sanitizers they take 5 CPU minutes,
+# so only `make test` runs them.
 test-asan: deps
 	@cmake -S . -B $(BUILD)-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 	  -DRLFUSION_SANITIZE=ON "-DRLFUSION_ARCH_FLAGS=$(ARCH_FLAGS)" $(CMAKE_ARGS) >/dev/null
-	@cmake --build $(BUILD)-asan -j $(JOBS)
+	@cmake --build $(BUILD)-asan -j $(JOBS) --target unit_tests
 	@cd $(BUILD)-asan && ctest -j $(JOBS) -L unit -E '^ActivationPeak\.' --output-on-failure --timeout 900
 
 # libFuzzer targets for the checkpoint and trace validation layers (tests/fuzz), a fixed number
