@@ -18,6 +18,7 @@
 #include "src/io/durable_file.h"
 #include "src/io/hdf5_helpers.h"
 #include "src/io/mapped_file.h"
+#include "src/io/stream_copy.h"
 
 namespace rlf {
 
@@ -280,7 +281,9 @@ const unsigned char* contiguous_rows(hid_t set, const std::vector<hsize_t>& shap
 }
 
 // Copies `bytes` from `from` (null: already in place) to `to` and returns their CRC-32C, block by
-// block so that each block is checksummed while it is still in the cache.
+// block: each block is checksummed from the source (which brings it into the cache) and then
+// written with streaming stores, which skip reading the destination's cache lines first (the
+// tensors are far larger than the cache and not touched again before training).
 uint32_t copy_and_crc(float* to, const unsigned char* from, size_t bytes) {
   auto* out = reinterpret_cast<unsigned char*>(to);
   if (!from) return crc32c(out, bytes);
@@ -288,9 +291,10 @@ uint32_t copy_and_crc(float* to, const unsigned char* from, size_t bytes) {
   uint32_t crc = 0;
   for (size_t at = 0; at < bytes; at += kBlock) {
     const size_t n = std::min(kBlock, bytes - at);
-    std::memcpy(out + at, from + at, n);
-    crc = crc32c(out + at, n, crc);
+    crc = crc32c(from + at, n, crc);
+    stream_copy(out + at, from + at, n);
   }
+  stream_copy_fence();
   return crc;
 }
 
