@@ -129,6 +129,22 @@ TEST(CostModel, LossOverTheLogitsIsMemoryBound) {
               1e-12);
 }
 
+// Fused StaleSync: continuous batching keeps every slot busy, so at the cut a full batch is in
+// flight and resumed next phase with its prefix (prompt + half the mean response) prefilled again.
+TEST(CostModel, FusedStaleSyncRecomputesAFullBatchOfPrefixes) {
+  const ModelShape m = model_shape(load_model_config("tiny"));
+  const RlJob job = fixed_job(4, 2, 8, 4, 4);
+  Strategy s;
+  s.offload = false;
+  s.staleness = 1;
+  const Prediction p = predict(m, flops_only(), job, s);
+  // 8 samples on one rank: 32 prompt tokens + 8 x (4 + 2) resumed-prefix tokens at context 2,
+  // then max(cut 4, 32 tokens / 8) = 4 decode steps of 8 sequences at context 4 + 2.
+  const double prefill = (32 + 8 * 6) * (2 * 24832 + 4 * 2 * 32 * 2.0);
+  const double decode = 4 * 8 * (2 * 24832 + 4 * 2 * 32 * 6.0);
+  EXPECT_NEAR(p.generation, (prefill + decode) / 1e9, 1e-15);
+}
+
 TEST(CostModel, RingAllreduceAndRemoteOwnersByHand) {
   const Link link{1e9, 1e-6};
   // 8 MiB over 4 ranks in 4 MiB buckets: 2 x 3/4 x 8 MiB / 1e9 + 2 buckets x 6 messages x 1 us.
