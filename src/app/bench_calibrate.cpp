@@ -137,6 +137,18 @@ ModelConfig reference_model(int width) {
   return config;
 }
 
+// The reference models of both calibration widths (32 and 128), initialized, in `device`'s arena.
+std::vector<std::unique_ptr<Transformer<float>>> reference_models(Device& device,
+                                                                  bool with_gradients) {
+  std::vector<std::unique_ptr<Transformer<float>>> models;
+  for (int width : {32, 128}) {
+    models.push_back(std::make_unique<Transformer<float>>(reference_model(width), device.ops(),
+                                                          device.memory(), with_gradients));
+    models.back()->initialize(1);
+  }
+  return models;
+}
+
 // Least squares of 1 / rate = a + b / rows + c / width (a = 1 / peak, b = half_rows / peak,
 // c = half_width / peak), each equation scaled by its rate so every point counts by its relative
 // error. A coefficient that comes out negative (noise: no loss along that dimension) is dropped
@@ -177,7 +189,7 @@ void fit_rates(LayerRates& r) {
 // rate = peak / (1 + half_rows / rows + half_width / width), Hockney's law in both dimensions.
 LayerRates measure_layer_rates(Device& device, int repeats) {
   const int length = 16;
-  const int widths[] = {32, 128}, sequence_counts[] = {1, 4, 16, 64};
+  const int sequence_counts[] = {1, 4, 16, 64};
   struct Case {
     Transformer<float>* model;
     int sequences;
@@ -185,15 +197,12 @@ LayerRates measure_layer_rates(Device& device, int repeats) {
     std::vector<float> dlogits;
   };
   const Arena::Mark mark = device.memory().mark();
-  std::vector<std::unique_ptr<Transformer<float>>> models;
+  std::vector<std::unique_ptr<Transformer<float>>> models = reference_models(device, true);
   std::vector<Case> cases;
-  for (int width : widths) {
-    models.push_back(std::make_unique<Transformer<float>>(reference_model(width), device.ops(),
-                                                          device.memory(), true));
-    models.back()->initialize(1);
-    const int vocab = models.back()->config().vocab_size;
+  for (const auto& model : models) {
+    const int vocab = model->config().vocab_size;
     for (int sequences : sequence_counts) {
-      Case c{models.back().get(), sequences, {}, {}, {}};
+      Case c{model.get(), sequences, {}, {}, {}};
       const int tokens = sequences * length;
       for (int i = 0; i < tokens; ++i) c.ids.push_back((i * 7 + 3) % vocab);
       for (int q = 0; q <= sequences; ++q) c.offsets.push_back(q * length);
@@ -218,6 +227,62 @@ LayerRates measure_layer_rates(Device& device, int repeats) {
         tokens * sim::forward_flops_per_token(shape, 0.5 * (length + 1)) * 3 / seconds[i];
     r.measured.push_back({cases[i].model->config().d_model, tokens, shape.width, rate});
   }
+  models.clear();
+  device.memory().release(mark);
+  fit_rates(r);
+  return r;
+}
+
+// Generation's rates: a decode step (one token for each of B sequences, attending to 16 cached
+// positions) of the same reference models at B = 1, 8 and 64, all six timed interleaved, FLOPs
+// counted by the cost model's formula at context 17, fitted like the layer rates (fit_rates).
+LayerRates measure_decode_rates(Device& device, int repeats) {
+  const int context = 16;
+  const int batches[] = {1, 8, 64};
+  struct Case {
+    Transformer<float>* model;
+    KVCache<float> cache;
+    int batch;
+    std::vector<int> tokens, slots, positions;
+  };
+  const Arena::Mark mark = device.memory().mark();
+  std::vector<std::unique_ptr<Transformer<float>>> models = reference_models(device, false);
+  std::vector<Case> cases;
+  for (const auto& owned : models) {
+    Transformer<float>& model = *owned;
+    for (int batch : batches) {
+      Case c{&model, model.allocate_kv_cache(batch, context + 1), batch, {}, {}, {}};
+      std::vector<int> prompt, offsets{0};
+      for (int b = 0; b < batch; ++b) {
+        for (int t = 0; t < context; ++t) prompt.push_back((b * 5 + t * 3 + 1) % 64);
+        offsets.push_back(int(prompt.size()));
+        c.tokens.push_back(b % 64);
+        c.slots.push_back(b);
+        c.positions.push_back(context);
+      }
+      const Arena::Mark before_prefill = device.memory().mark();
+      model.prefill(c.cache, prompt.data(), offsets.data(), batch, c.slots.data());
+      device.memory().release(before_prefill);  // the cache keeps the prefix
+      cases.push_back(std::move(c));
+    }
+  }
+  const Arena::Mark top = device.memory().mark();
+  std::vector<std::function<void()>> bodies;
+  for (Case& c : cases) {
+    bodies.push_back([&c, &device, top] {
+      c.model->decode(c.cache, c.tokens.data(), c.slots.data(), c.positions.data(), c.batch);
+      device.memory().release(top);
+    });
+  }
+  const std::vector<double> seconds = time_interleaved(bodies, repeats);
+  LayerRates r;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const sim::ModelShape shape = sim::model_shape(cases[i].model->config());
+    const double rate =
+        cases[i].batch * sim::forward_flops_per_token(shape, context + 1) / seconds[i];
+    r.measured.push_back({cases[i].model->config().d_model, cases[i].batch, shape.width, rate});
+  }
+  cases.clear();
   models.clear();
   device.memory().release(mark);
   fit_rates(r);
@@ -391,6 +456,7 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
   const Matmul matmul = measure_matmul(device.memory(), repeats);
   const double kernel_overhead = measure_kernel_overhead(device, repeats);
   const LayerRates layers = measure_layer_rates(device, repeats);
+  const LayerRates decode = measure_decode_rates(device, repeats);
   const double copy = measure_copy_bandwidth(repeats);
   const double optimizer_rate = measure_optimizer_rate(device, repeats);
   const SamplerRate sampler = measure_sampler(device, repeats);
@@ -402,6 +468,9 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
   c.matmul_flops = layers.peak;
   c.half_rate_rows = layers.half_rows;
   c.half_rate_width = layers.half_width;
+  c.decode_flops = decode.peak;
+  c.decode_half_rate_rows = decode.half_rows;
+  c.decode_half_rate_width = decode.half_width;
   c.optimizer_rate = optimizer_rate;
   c.sampler_rate = sampler.rate;
   c.sampler_sort_rate = sampler.sort_rate;
@@ -445,12 +514,14 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
     std::printf(
         "{\"command\":\"bench "
         "calibrate\",\"matmul_flops\":%.6g,\"half_rate_rows\":%.6g,\"half_rate_width\":%.6g,"
+        "\"decode_flops\":%.6g,\"decode_half_rate_rows\":%.6g,\"decode_half_rate_width\":%.6g,"
         "\"optimizer_rate\":%.6g,\"sampler_rate\":%.6g,\"sampler_sort_rate\":%.6g,"
         "\"matmul_nmse\":%.3g,"
         "\"kernel_overhead_s\":%.6g,\"memory_bandwidth\":%.6g,\"intra_node_bandwidth\":%.6g,"
         "\"intra_node_latency_s\":%.6g,\"inter_node_bandwidth\":%.6g,"
         "\"inter_node_latency_s\":%.6g,\"output\":\"%s\",\"ok\":%s}\n",
-        c.matmul_flops, c.half_rate_rows, c.half_rate_width, c.optimizer_rate, c.sampler_rate,
+        c.matmul_flops, c.half_rate_rows, c.half_rate_width, c.decode_flops,
+        c.decode_half_rate_rows, c.decode_half_rate_width, c.optimizer_rate, c.sampler_rate,
         c.sampler_sort_rate, matmul.nmse, c.kernel_overhead, c.memory_bandwidth,
         c.intra_node.bandwidth, c.intra_node.latency, c.inter_supernode.bandwidth,
         c.inter_supernode.latency, output.c_str(), matmul_ok ? "true" : "false");
@@ -467,11 +538,20 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
     std::printf("  %-22s %14.2f %-8s fwd+bwd of the reference model (fit: %.2f)\n", what,
                 p.rate / 1e9, "GFLOP/s", c.compute_rate(p.rows, p.model_width) / 1e9);
   }
+  for (const LayerRates::Point& p : decode.measured) {
+    char what[64];
+    std::snprintf(what, sizeof what, "decode w%d, %d rows", p.width, p.rows);
+    std::printf("  %-22s %14.2f %-8s decode step of the reference model (fit: %.2f)\n", what,
+                p.rate / 1e9, "GFLOP/s", c.decode_rate(p.rows, p.model_width) / 1e9);
+  }
   quantity("layer peak (written)", c.matmul_flops / 1e9, 2, "GFLOP/s",
            "Hockney fit of the layer rates");
   quantity("half-rate rows", c.half_rate_rows, 1, "rows", "rows at half the peak (same fit)");
   quantity("half-rate width", c.half_rate_width, 1, "columns",
            "matrix width at half the peak (same fit)");
+  quantity("decode peak", c.decode_flops / 1e9, 2, "GFLOP/s", "Hockney fit of the decode rates");
+  quantity("decode half-rate rows", c.decode_half_rate_rows, 1, "rows", "same fit");
+  quantity("decode half width", c.decode_half_rate_width, 1, "columns", "same fit");
   quantity("optimizer rate", c.optimizer_rate / 1e6, 2, "Mparam/s",
            "gradient norm + AdamW, 4M parameters");
   // 1e300: that part of the fit left out (no measurable cost).

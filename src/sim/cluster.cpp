@@ -52,6 +52,9 @@ void ClusterConfig::validate(const std::string& source) const {
   positive(matmul_flops, "matmul_flops");
   non_negative(half_rate_rows, "half_rate_rows");
   non_negative(half_rate_width, "half_rate_width");
+  positive(decode_flops, "decode_flops");
+  non_negative(decode_half_rate_rows, "decode_half_rate_rows");
+  non_negative(decode_half_rate_width, "decode_half_rate_width");
   positive(memory_bytes, "memory_bytes");
   positive(memory_bandwidth, "memory_bandwidth");
   positive(host_bandwidth, "host_bandwidth");
@@ -83,6 +86,9 @@ ClusterConfig load_cluster_config(const std::string& name_or_path) {
   add("cluster.matmul_flops", po::value(&c.matmul_flops)->required());
   add("cluster.half_rate_rows", po::value(&c.half_rate_rows)->required());
   add("cluster.half_rate_width", po::value(&c.half_rate_width)->required());
+  add("cluster.decode_flops", po::value(&c.decode_flops)->required());
+  add("cluster.decode_half_rate_rows", po::value(&c.decode_half_rate_rows)->required());
+  add("cluster.decode_half_rate_width", po::value(&c.decode_half_rate_width)->required());
   add("cluster.memory_bytes", po::value(&c.memory_bytes)->required());
   add("cluster.memory_bandwidth", po::value(&c.memory_bandwidth)->required());
   add("cluster.host_bandwidth", po::value(&c.host_bandwidth)->required());
@@ -122,6 +128,7 @@ std::string cluster_config_ini(const ClusterConfig& c, const std::string& commen
       buffer, sizeof buffer,
       "[cluster]\nname = %s\ndevices_per_node = %d\nnodes_per_supernode = %d\n"
       "supernodes = %d\nmatmul_flops = %.6g\nhalf_rate_rows = %.6g\nhalf_rate_width = %.6g\n"
+      "decode_flops = %.6g\ndecode_half_rate_rows = %.6g\ndecode_half_rate_width = %.6g\n"
       "memory_bytes = %.6g\nmemory_bandwidth = %.6g\nhost_bandwidth = %.6g\n"
       "kernel_overhead = %.6g\noptimizer_rate = %.6g\nsampler_rate = %.6g\n"
       "sampler_sort_rate = %.6g\n"
@@ -130,7 +137,8 @@ std::string cluster_config_ini(const ClusterConfig& c, const std::string& commen
       "intra_supernode_latency = %.6g\ninter_supernode_bandwidth = %.6g\n"
       "inter_supernode_latency = %.6g\n",
       c.name.c_str(), c.devices_per_node, c.nodes_per_supernode, c.supernodes, c.matmul_flops,
-      c.half_rate_rows, c.half_rate_width, c.memory_bytes, c.memory_bandwidth, c.host_bandwidth,
+      c.half_rate_rows, c.half_rate_width, c.decode_flops, c.decode_half_rate_rows,
+      c.decode_half_rate_width, c.memory_bytes, c.memory_bandwidth, c.host_bandwidth,
       c.kernel_overhead, c.optimizer_rate, c.sampler_rate, c.sampler_sort_rate,
       c.intra_node.bandwidth, c.intra_node.latency, c.intra_supernode.bandwidth,
       c.intra_supernode.latency, c.inter_supernode.bandwidth, c.inter_supernode.latency);

@@ -40,6 +40,14 @@ struct ClusterConfig {
   double compute_rate(double rows, double width) const {
     return matmul_flops / (1 + half_rate_rows / rows + half_rate_width / width);
   }
+  // The same law for generation's forward passes (prefill and decode steps: forward only, cached
+  // attention, one row per sequence), which run at rates of their own.
+  double decode_flops = 0;
+  double decode_half_rate_rows = 0;
+  double decode_half_rate_width = 0;
+  double decode_rate(double rows, double width) const {
+    return decode_flops / (1 + decode_half_rate_rows / rows + decode_half_rate_width / width);
+  }
   double memory_bytes = 0;      // device memory capacity
   double memory_bandwidth = 0;  // device memory bytes/s (streaming reads + writes)
   double host_bandwidth = 0;    // device <-> host memory bytes/s (offload, onload)

@@ -183,7 +183,7 @@ double generation_step(const ModelShape& m, const ClusterConfig& c, const RlJob&
   const double attention_flops = tokens * 4 * m.layers * m.d_model * context / g.tp;
   double seconds =
       std::max((weights + kv + elementwise) / c.memory_bandwidth,
-               (dense_flops + expert_flops + attention_flops) / c.compute_rate(tokens, m.width)) +
+               (dense_flops + expert_flops + attention_flops) / c.decode_rate(tokens, m.width)) +
       (m.layers * kKernelsPerLayer + 3) * c.kernel_overhead;
   if (g.tp > 1) {
     seconds += 2 * m.layers *

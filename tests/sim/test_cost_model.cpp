@@ -19,7 +19,7 @@ ClusterConfig flops_only() {
   c.devices_per_node = 4;
   c.nodes_per_supernode = 2;
   c.supernodes = 1;
-  c.matmul_flops = 1e9;
+  c.matmul_flops = c.decode_flops = 1e9;
   c.memory_bytes = 1e12;
   c.memory_bandwidth = c.host_bandwidth = 1e300;
   c.kernel_overhead = 0;
@@ -57,8 +57,8 @@ TEST(CostModel, WidthIsTheFlopWeightedHarmonicMean) {
   EXPECT_DOUBLE_EQ(m.width, m.active_matmul / inverse);
 }
 
-// The rate's width term: training's matmul time grows by (1 + half_rate_width / width) and nothing
-// else changes.
+// The rate's width term: training's matmul time grows by (1 + half_rate_width / width), and
+// generation's by (1 + decode_half_rate_width / width), each law for its own phase.
 TEST(CostModel, NarrowMatricesSlowTheMatmulsByTheWidthTerm) {
   const ModelShape m = model_shape(load_model_config("tiny"));
   const RlJob job = fixed_job(4, 2, 8, 4, 4);
@@ -69,7 +69,15 @@ TEST(CostModel, NarrowMatricesSlowTheMatmulsByTheWidthTerm) {
   c.half_rate_width = m.width;  // half the peak
   const Prediction narrow = predict(m, c, job, s);
   EXPECT_NEAR(narrow.training, 2 * wide.training, 1e-12);
-  EXPECT_NEAR(narrow.generation, 2 * wide.generation, 1e-12);
+  EXPECT_DOUBLE_EQ(narrow.generation, wide.generation);
+  c.decode_half_rate_width = 3 * m.width;  // a quarter of the decode peak
+  EXPECT_NEAR(predict(m, c, job, s).generation, 4 * wide.generation, 1e-12);
+  // Generation at the decode peak, training at the matmul peak.
+  c = flops_only();
+  c.decode_flops = 2e9;
+  const Prediction faster = predict(m, c, job, s);
+  EXPECT_NEAR(faster.generation, wide.generation / 2, 1e-15);
+  EXPECT_DOUBLE_EQ(faster.training, wide.training);
 }
 
 // The optimizer step: every parameter a device holds once, at the calibrated rate; with EP 2 a
@@ -78,7 +86,7 @@ TEST(CostModel, OptimizerTimeIsLocalParametersOverItsRate) {
   const ModelShape m = model_shape(load_model_config("tiny"));
   const RlJob job = fixed_job(4, 2, 8, 4, 4);
   ClusterConfig c = flops_only();
-  c.matmul_flops = 1e300;
+  c.matmul_flops = c.decode_flops = 1e300;
   c.optimizer_rate = 1e6;
   Strategy s;
   s.offload = false;
@@ -96,7 +104,7 @@ TEST(CostModel, OptimizerTimeIsLocalParametersOverItsRate) {
 TEST(CostModel, SamplerTimeIsDrawnTokensTimesRowCost) {
   const ModelShape m = model_shape(load_model_config("tiny"));
   ClusterConfig c = flops_only();
-  c.matmul_flops = 1e300;
+  c.matmul_flops = c.decode_flops = 1e300;
   c.sampler_rate = 1e6;
   c.sampler_sort_rate = 1e7;
   Strategy s;
@@ -117,7 +125,7 @@ TEST(CostModel, SamplerTimeIsDrawnTokensTimesRowCost) {
 TEST(CostModel, LossOverTheLogitsIsMemoryBound) {
   const ModelShape m = model_shape(load_model_config("tiny"));
   ClusterConfig c = flops_only();
-  c.matmul_flops = 1e300;
+  c.matmul_flops = c.decode_flops = 1e300;
   c.memory_bandwidth = 1e9;
   Strategy s;
   s.offload = false;

@@ -14,7 +14,8 @@ namespace {
 
 const char* kCluster =
     "[cluster]\nname = test\ndevices_per_node = 8\nnodes_per_supernode = 4\nsupernodes = 2\n"
-    "matmul_flops = 1e12\nhalf_rate_rows = 64\nhalf_rate_width = 32\nmemory_bytes = 64e9\n"
+    "matmul_flops = 1e12\nhalf_rate_rows = 64\nhalf_rate_width = 32\ndecode_flops = 5e11\n"
+    "decode_half_rate_rows = 8\ndecode_half_rate_width = 16\nmemory_bytes = 64e9\n"
     "memory_bandwidth = 1e12\nhost_bandwidth = 5e10\n"
     "kernel_overhead = 1e-6\noptimizer_rate = 2e10\nsampler_rate = 1e9\n"
     "sampler_sort_rate = 4e9\nintra_node_bandwidth = 2e11\nintra_node_latency = 1e-6\n"
@@ -65,7 +66,8 @@ TEST(ClusterConfig, MissingFieldIsNamed) {
 // and the message says how to get a complete file.
 TEST(ClusterConfig, OldFileWithoutNewKeysSaysRecalibrate) {
   for (const char* key :
-       {"half_rate_width", "optimizer_rate", "sampler_rate", "sampler_sort_rate"}) {
+       {"half_rate_width", "decode_flops", "decode_half_rate_rows", "decode_half_rate_width",
+        "optimizer_rate", "sampler_rate", "sampler_sort_rate"}) {
     const std::string message =
         error_of(replace_line(kCluster, key, ""), std::string("old_") + key + ".ini");
     EXPECT_NE(message.find(std::string("cluster.") + key), std::string::npos) << message;
@@ -80,6 +82,9 @@ TEST(ClusterConfig, ImpossibleFieldsAreNamed) {
                                                         {"matmul_flops", "0"},
                                                         {"half_rate_rows", "-1"},
                                                         {"half_rate_width", "-1"},
+                                                        {"decode_flops", "0"},
+                                                        {"decode_half_rate_rows", "-1"},
+                                                        {"decode_half_rate_width", "-1"},
                                                         {"optimizer_rate", "0"},
                                                         {"sampler_rate", "-2"},
                                                         {"sampler_sort_rate", "0"},
@@ -120,6 +125,9 @@ TEST(ClusterConfig, WrittenTextReadsBackEqual) {
   EXPECT_DOUBLE_EQ(back.compute_rate(64, 1e300), 0.5e12);
   EXPECT_DOUBLE_EQ(back.compute_rate(64, 32), 1e12 / 3);
   EXPECT_DOUBLE_EQ(back.compute_rate(128, 64), 1e12 / 2);
+  // Generation's own law: 1 / rate = (1 + 8 / rows + 16 / width) / 5e11.
+  EXPECT_DOUBLE_EQ(back.decode_rate(8, 16), 5e11 / 3);
+  EXPECT_DOUBLE_EQ(back.decode_rate(16, 1e300), 5e11 / 1.5);
   // The sampler: V / 1e9 + V log2 V / 4e9 a row.
   EXPECT_DOUBLE_EQ(back.sampler_seconds(1024), 1024 / 1e9 + 1024 * 10 / 4e9);
   EXPECT_DOUBLE_EQ(back.intra_supernode.latency, c.intra_supernode.latency);
