@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The planner's validation (issue 10): calibrates this machine (`bench calibrate`, 2 ranks; again
+# The planner's validation (issue 10): calibrates this machine (`bench calibrate`, 2 ranks, and 1
+# rank for the one-rank cases; again
 # through link emulation for each case that emulates links), runs
 # every case of jobs/local/planner_validation_cases.csv with `rlfusion train`, collects the
 # measured step time (the trace's RL wall time / steps), the link counters' bytes, the device-memory peaks and
@@ -15,11 +16,15 @@ PYTHON=${PYTHON:-python3}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 mkdir -p "$OUT"
 
-echo "# calibrating this machine -> $OUT/cluster.ini"
+echo "# calibrating this machine -> $OUT/cluster.ini (2 ranks), $OUT/cluster-1rank.ini (1 rank)"
 mpiexec -n 2 --bind-to core "$RLFUSION" bench calibrate --output "$OUT/cluster.ini" < /dev/null
+# One-rank cases run alone on the machine: their rates measured the same way (no second rank
+# sharing the memory bandwidth).
+mpiexec -n 1 --bind-to core "$RLFUSION" bench calibrate --output "$OUT/cluster-1rank.ini" \
+  < /dev/null > "$OUT/cluster-1rank.calibrate" 2>&1
 
 MEASURED="$OUT/measured.csv"
-echo "case,cluster,task,model,mode,ranks,ranks_per_node,actors,expert_parallel,actor_expert_parallel,staleness,offload,inter_bandwidth,inter_latency,prompts,group_size,micro_batch,reference,queue_shards,steps,trained_tokens,response_tokens,step_s,intra_bytes,inter_bytes,generation_peak,training_peak" > "$MEASURED"
+echo "case,cluster,task,model,mode,ranks,ranks_per_node,actors,expert_parallel,actor_expert_parallel,staleness,offload,inter_bandwidth,inter_latency,prompts,group_size,micro_batch,reference,queue_shards,steps,trained_tokens,response_tokens,step_s,intra_bytes,inter_bytes,generation_peak,training_peak,generate_s,train_s" > "$MEASURED"
 
 grep -v '^#' "$CASES" | tail -n +2 | while IFS=, read -r name ranks rpn mode stale ep aep offload bw lat model task prompts group micro steps; do
   dir="$OUT/$name"
@@ -28,6 +33,7 @@ grep -v '^#' "$CASES" | tail -n +2 | while IFS=, read -r name ranks rpn mode sta
         --log-every "$steps" --run-dir "$dir" --overwrite)
   actors=0
   cluster="$OUT/cluster.ini"
+  [ "$ranks" = 1 ] && cluster="$OUT/cluster-1rank.ini"
   if [ "$bw" != 0 ] || [ "$lat" != 0 ]; then
     # The case's emulated link, measured by the calibration the same way as the rest.
     cluster="$OUT/cluster-$name.ini"
@@ -58,9 +64,14 @@ def counter(kind):
 generated = sum(p["tokens"] for p in report["phases"] if p["phase"] == "generate")
 peaks = summary.get("device_memory_peaks", {})
 # Step time: the trace's RL wall time (first step's begin to last step's end) per step.
-step_s = report["total"]["wall_s"] / len(report["steps"])
+steps = len(report["steps"])
+step_s = report["total"]["wall_s"] / steps
+# By phase: the busiest rank's generate and train time per step.
+generate_s = max(r["generate_s"] for r in report["ranks"]) / steps
+train_s = max(r["train_s"] for r in report["ranks"]) / steps
 print(f'{prefix},{report["total"]["tokens"]},{generated},{step_s:.6f},{counter("intra")},'
-      f'{counter("inter")},{peaks.get("generation", 0)},{peaks.get("training", 0)}')
+      f'{counter("inter")},{peaks.get("generation", 0)},{peaks.get("training", 0)},'
+      f'{generate_s:.6f},{train_s:.6f}')
 PY
 done
 

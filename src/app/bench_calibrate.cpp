@@ -1,7 +1,8 @@
 // `rlfusion bench calibrate`: measures this machine's rates and writes a cluster file for the
-// planner (src/sim/cluster.h): the FLOP/s of the runtime's own layers (forward + backward of a
-// reference shape) against the rows a call processes (Hockney's peak and half-rate rows), the cpu
-// matmul checked against its reference, the cost of a kernel call beyond its work, memory bandwidth
+// planner (src/sim/cluster.h): the FLOP/s of the runtime's own layers (forward + backward of
+// reference shapes) against the rows a call processes and the width of its matrices (Hockney's
+// peak, half-rate rows and width), the cpu matmul checked against its reference, the cost of a
+// kernel call beyond its work, the optimizer step's and the sampler's rates, memory bandwidth
 // (copy), and, under mpiexec with 2 ranks, MPI ping-pong between them through the runtime's Links
 // (latency from 8-byte messages, bandwidth from 4 MiB ones), once as an intra-node link and, with
 // --inter-node-bandwidth or --inter-node-latency, once more through link emulation as the
@@ -9,6 +10,7 @@
 // bandwidth). Nothing comes from published figures.
 #include <mpi.h>
 
+#include <Eigen/Dense>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -16,13 +18,16 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <vector>
 
+#include "kernels/adamw.h"
 #include "kernels/arena.h"
 #include "kernels/device.h"
 #include "kernels/error.h"
 #include "kernels/linear.h"
 #include "kernels/rng.h"
+#include "kernels/sampling.h"
 #include "mpi_comm/links.h"
 #include "src/app/bench_timing.h"
 #include "src/app/build_info.h"
@@ -107,70 +112,261 @@ double measure_kernel_overhead(Device& device, int repeats) {
 }
 
 struct LayerRates {
-  double peak = 0, half_rows = 0;
-  std::vector<std::pair<int, double>> measured;  // (rows, FLOP/s)
+  double peak = 0, half_rows = 0, half_width = 0;
+  struct Point {
+    int width, rows;
+    double model_width, rate;  // ModelShape::width, FLOP/s
+  };
+  std::vector<Point> measured;
 };
 
-// FLOP/s of the runtime's own layers against the rows (tokens) a call processes: forward +
-// backward of a reference model (d_model 128, 2 layers, 8 experts top-2 of width 256 and a shared
-// expert; a shape of its own, not one of the validated models) on 1, 4, 16 and 64 sequences of 16
-// tokens, FLOPs counted by the cost model's formula, fitted by least squares to Hockney's
-// rate(rows) = peak rows / (rows + half_rows), i.e. 1 / rate = 1 / peak + (half_rows / peak) /
-// rows.
-LayerRates measure_layer_rates(Device& device, int repeats) {
+// A reference model of matrix width `width` (d_model; expert and shared widths 2 x, 8 experts
+// top-2, 4 heads, vocab 64): shapes of their own, not one of the validated models.
+ModelConfig reference_model(int width) {
   ModelConfig config;
   config.name = "calibrate-reference";
   config.vocab_size = 64;
-  config.d_model = 128;
+  config.d_model = width;
   config.n_layers = 2;
   config.n_heads = 4;
   config.n_experts = 8;
   config.top_k = 2;
-  config.d_ff = 256;
-  config.shared_expert_d_ff = 256;
+  config.d_ff = 2 * width;
+  config.shared_expert_d_ff = 2 * width;
   config.max_seq_len = 64;
-  const sim::ModelShape shape = sim::model_shape(config);
-  const int length = 16;
-  LayerRates r;
-  double sx = 0, sy = 0, sxx = 0, sxy = 0;
-  for (int sequences : {1, 4, 16, 64}) {
-    const int tokens = sequences * length;
-    const Arena::Mark mark = device.memory().mark();
-    double seconds = 0;
-    {
-      Transformer<float> model(config, device.ops(), device.memory(), /*with_gradients=*/true);
-      model.initialize(1);
-      std::vector<int> ids(static_cast<size_t>(tokens)), offsets;
-      for (int i = 0; i < tokens; ++i) ids[size_t(i)] = (i * 7 + 3) % config.vocab_size;
-      for (int q = 0; q <= sequences; ++q) offsets.push_back(q * length);
-      const std::vector<float> dlogits(size_t(tokens) * size_t(config.vocab_size), 1.0f / tokens);
-      seconds = seconds_of(
-          [&] {
-            model.forward(ids.data(), offsets.data(), sequences);
-            model.backward(dlogits.data(), 0.0f);
-          },
-          repeats);
+  return config;
+}
+
+// The reference models of both calibration widths (32 and 128), initialized, in `device`'s arena.
+std::vector<std::unique_ptr<Transformer<float>>> reference_models(Device& device,
+                                                                  bool with_gradients) {
+  std::vector<std::unique_ptr<Transformer<float>>> models;
+  for (int width : {32, 128}) {
+    models.push_back(std::make_unique<Transformer<float>>(reference_model(width), device.ops(),
+                                                          device.memory(), with_gradients));
+    models.back()->initialize(1);
+  }
+  return models;
+}
+
+// Least squares of 1 / rate = a + b / rows + c / width (a = 1 / peak, b = half_rows / peak,
+// c = half_width / peak), each equation scaled by its rate so every point counts by its relative
+// error. A coefficient that comes out negative (noise: no loss along that dimension) is dropped
+// and the rest refitted.
+void fit_rates(LayerRates& r) {
+  bool use_rows = true, use_width = true;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    const int n = int(r.measured.size());
+    const int k = 1 + int(use_rows) + int(use_width);
+    Eigen::MatrixXd a(n, k);
+    Eigen::VectorXd y(n);
+    for (int i = 0; i < n; ++i) {
+      const LayerRates::Point& p = r.measured[size_t(i)];
+      int col = 0;
+      a(i, col++) = p.rate;
+      if (use_rows) a(i, col++) = p.rate / p.rows;
+      if (use_width) a(i, col++) = p.rate / p.model_width;
+      y(i) = 1;
     }
-    device.memory().release(mark);
+    const Eigen::VectorXd x = a.colPivHouseholderQr().solve(y);
+    const double b = use_rows ? x(1) : 0, c = use_width ? x(k - 1) : 0;
+    if (x(0) > 0 && b >= 0 && c >= 0) {
+      r.peak = 1 / x(0);
+      r.half_rows = b * r.peak;
+      r.half_width = c * r.peak;
+      return;
+    }
+    if (b < 0) use_rows = false;
+    if (c < 0) use_width = false;
+  }
+  // No size dependence to fit (a noisy machine): the best rate at every size.
+  for (const LayerRates::Point& p : r.measured) r.peak = std::max(r.peak, p.rate);
+}
+
+// FLOP/s of the runtime's own layers against the rows (tokens) a call processes and the width of
+// its matrices: forward + backward of reference models of width 32 and 128 on 1, 4, 16 and 64
+// sequences of 16 tokens, FLOPs counted by the cost model's formula, fitted (fit_rates) to
+// rate = peak / (1 + half_rows / rows + half_width / width), Hockney's law in both dimensions.
+LayerRates measure_layer_rates(Device& device, int repeats) {
+  const int length = 16;
+  const int sequence_counts[] = {1, 4, 16, 64};
+  struct Case {
+    Transformer<float>* model;
+    int sequences;
+    std::vector<int> ids, offsets;
+    std::vector<float> dlogits;
+  };
+  const Arena::Mark mark = device.memory().mark();
+  std::vector<std::unique_ptr<Transformer<float>>> models = reference_models(device, true);
+  std::vector<Case> cases;
+  for (const auto& model : models) {
+    const int vocab = model->config().vocab_size;
+    for (int sequences : sequence_counts) {
+      Case c{model.get(), sequences, {}, {}, {}};
+      const int tokens = sequences * length;
+      for (int i = 0; i < tokens; ++i) c.ids.push_back((i * 7 + 3) % vocab);
+      for (int q = 0; q <= sequences; ++q) c.offsets.push_back(q * length);
+      c.dlogits.assign(size_t(tokens) * size_t(vocab), 1.0f / tokens);
+      cases.push_back(std::move(c));
+    }
+  }
+  // Interleaved, so the machine's drift (other jobs) hits every size alike.
+  std::vector<std::function<void()>> bodies;
+  for (Case& c : cases) {
+    bodies.push_back([&c] {
+      c.model->forward(c.ids.data(), c.offsets.data(), c.sequences);
+      c.model->backward(c.dlogits.data(), 0.0f);
+    });
+  }
+  const std::vector<double> seconds = time_interleaved(bodies, repeats);
+  LayerRates r;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const sim::ModelShape shape = sim::model_shape(cases[i].model->config());
+    const int tokens = cases[i].sequences * length;
     const double rate =
-        tokens * sim::forward_flops_per_token(shape, 0.5 * (length + 1)) * 3 / seconds;
-    r.measured.push_back({tokens, rate});
-    const double x = 1.0 / tokens, y = 1.0 / rate;
-    sx += x;
-    sy += y;
-    sxx += x * x;
-    sxy += x * y;
+        tokens * sim::forward_flops_per_token(shape, 0.5 * (length + 1)) * 3 / seconds[i];
+    r.measured.push_back({cases[i].model->config().d_model, tokens, shape.width, rate});
   }
-  const double count = double(r.measured.size());
-  const double slope = (count * sxy - sx * sy) / (count * sxx - sx * sx);
-  const double intercept = (sy - slope * sx) / count;
-  if (intercept > 0 && slope >= 0) {
-    r.peak = 1.0 / intercept;
-    r.half_rows = slope / intercept;
-  } else {  // no size dependence to fit (a noisy machine): the best rate at every size
-    for (const auto& [rows, rate] : r.measured) r.peak = std::max(r.peak, rate);
-  }
+  models.clear();
+  device.memory().release(mark);
+  fit_rates(r);
   return r;
+}
+
+// Generation's rates: a decode step (one token for each of B sequences, attending to 16 cached
+// positions) of the same reference models at B = 1, 8 and 64, all six timed interleaved, FLOPs
+// counted by the cost model's formula at context 17, fitted like the layer rates (fit_rates).
+LayerRates measure_decode_rates(Device& device, int repeats) {
+  const int context = 16;
+  const int batches[] = {1, 8, 64};
+  struct Case {
+    Transformer<float>* model;
+    KVCache<float> cache;
+    int batch;
+    std::vector<int> tokens, slots, positions;
+  };
+  const Arena::Mark mark = device.memory().mark();
+  std::vector<std::unique_ptr<Transformer<float>>> models = reference_models(device, false);
+  std::vector<Case> cases;
+  for (const auto& owned : models) {
+    Transformer<float>& model = *owned;
+    for (int batch : batches) {
+      Case c{&model, model.allocate_kv_cache(batch, context + 1), batch, {}, {}, {}};
+      std::vector<int> prompt, offsets{0};
+      for (int b = 0; b < batch; ++b) {
+        for (int t = 0; t < context; ++t) prompt.push_back((b * 5 + t * 3 + 1) % 64);
+        offsets.push_back(int(prompt.size()));
+        c.tokens.push_back(b % 64);
+        c.slots.push_back(b);
+        c.positions.push_back(context);
+      }
+      const Arena::Mark before_prefill = device.memory().mark();
+      model.prefill(c.cache, prompt.data(), offsets.data(), batch, c.slots.data());
+      device.memory().release(before_prefill);  // the cache keeps the prefix
+      cases.push_back(std::move(c));
+    }
+  }
+  const Arena::Mark top = device.memory().mark();
+  std::vector<std::function<void()>> bodies;
+  for (Case& c : cases) {
+    bodies.push_back([&c, &device, top] {
+      c.model->decode(c.cache, c.tokens.data(), c.slots.data(), c.positions.data(), c.batch);
+      device.memory().release(top);
+    });
+  }
+  const std::vector<double> seconds = time_interleaved(bodies, repeats);
+  LayerRates r;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const sim::ModelShape shape = sim::model_shape(cases[i].model->config());
+    const double rate =
+        cases[i].batch * sim::forward_flops_per_token(shape, context + 1) / seconds[i];
+    r.measured.push_back({cases[i].model->config().d_model, cases[i].batch, shape.width, rate});
+  }
+  cases.clear();
+  models.clear();
+  device.memory().release(mark);
+  fit_rates(r);
+  return r;
+}
+
+// Parameters per second of the optimizer step as the runtime takes it (Ops' gradient norm, then
+// AdamW's update) over 4M float32 parameters (64 MiB of states: past the caches, as a model's).
+double measure_optimizer_rate(Device& device, int repeats) {
+  const int64_t n = int64_t(1) << 22;
+  const size_t count = size_t(n);
+  std::vector<float> param(count, 0.5f), grad(count, 0.0f), m(count, 0.0f), v(count, 0.0f);
+  for (int64_t i = 0; i < n; ++i) grad[size_t(i)] = philox_uniform(5, 1, uint64_t(i)) - 0.5f;
+  const Ops<float>& ops = device.ops();
+  int step = 0;
+  const double seconds = seconds_of(
+      [&] {
+        const double norm = std::sqrt(ops.grad_norm_squared(grad.data(), n, device.memory()));
+        ops.adamw_update(param.data(), grad.data(), m.data(), v.data(), n, AdamWHyper{}, ++step,
+                         clip_scale(norm, 1.0f), device.memory());
+      },
+      repeats);
+  return double(n) / seconds;
+}
+
+struct SamplerRate {
+  double rate = 0, sort_rate = 0;
+};
+
+// The sampler (temperature 1, top-p 0.9) on 64 rows of V = 16, 64, 256, 1024 and 4096 logits, timed
+// interleaved; the time per entry, 1 / rate + log2 V / sort_rate, fitted by least squares of the
+// relative error (a coefficient the noise makes negative is left out and the other refitted).
+SamplerRate measure_sampler(Device& device, int repeats) {
+  const int rows = 64, calls = 10;
+  const int vocabularies[] = {16, 64, 256, 1024, 4096};
+  struct Case {
+    int vocab;
+    std::vector<float> logits;
+  };
+  std::vector<Case> cases;
+  for (int vocab : vocabularies) {
+    Case c{vocab, std::vector<float>(size_t(rows) * size_t(vocab))};
+    for (size_t i = 0; i < c.logits.size(); ++i) c.logits[i] = 4 * philox_uniform(3, 2, i);
+    cases.push_back(std::move(c));
+  }
+  std::vector<int> tokens(rows), positions(rows, 1);
+  std::vector<float> logp(rows);
+  std::vector<int64_t> ids(rows);
+  for (int b = 0; b < rows; ++b) ids[size_t(b)] = b;
+  std::vector<std::function<void()>> bodies;
+  for (const Case& c : cases) {
+    bodies.push_back([&, vocab = c.vocab, logits = c.logits.data()] {
+      for (int i = 0; i < calls; ++i) {
+        ArenaScope scope(device.memory());
+        cpu::sample_tokens(tokens.data(), logp.data(), logits, ids.data(), positions.data(), rows,
+                           vocab, 1, 1.0f, 0.9f, device.memory());
+      }
+    });
+  }
+  const std::vector<double> seconds = time_interleaved(bodies, repeats);
+  const int n = int(cases.size());
+  std::vector<double> per_entry(cases.size(), 0.0), log_vocab(cases.size(), 0.0);
+  for (int i = 0; i < n; ++i) {
+    per_entry[size_t(i)] = seconds[size_t(i)] / (calls * rows * double(cases[size_t(i)].vocab));
+    log_vocab[size_t(i)] = std::log2(double(cases[size_t(i)].vocab));
+  }
+  // Relative least squares with the basis (1, log2 V), or one of them alone.
+  auto fit = [&](bool entries, bool sort) {
+    Eigen::MatrixXd a(n, int(entries) + int(sort));
+    const Eigen::VectorXd y = Eigen::VectorXd::Ones(n);
+    for (int i = 0; i < n; ++i) {
+      int col = 0;
+      if (entries) a(i, col++) = 1 / per_entry[size_t(i)];
+      if (sort) a(i, col++) = log_vocab[size_t(i)] / per_entry[size_t(i)];
+    }
+    const Eigen::VectorXd x = a.colPivHouseholderQr().solve(y);
+    SamplerRate s;
+    s.rate = entries ? 1 / x(0) : 1e300;
+    s.sort_rate = sort ? 1 / x(int(entries)) : 1e300;
+    return s;
+  };
+  const SamplerRate both = fit(true, true);
+  if (both.rate > 0 && both.sort_rate > 0) return both;
+  return both.sort_rate > 0 ? fit(false, true) : fit(true, false);
 }
 
 double measure_copy_bandwidth(int repeats) {
@@ -220,6 +416,15 @@ LinkMeasure ping_pong(const LinkEmulation& emulation, int repeats) {
   return m;
 }
 
+// One row of the table: quantity, value with `decimals` (-1: 4 significant digits), unit, method.
+void quantity(const char* name, double value, int decimals, const char* unit,
+              const std::string& method) {
+  if (decimals < 0)
+    std::printf("  %-22s %14.4g %-8s %s\n", name, value, unit, method.c_str());
+  else
+    std::printf("  %-22s %14.*f %-8s %s\n", name, decimals, value, unit, method.c_str());
+}
+
 }  // namespace
 
 int run_bench_calibrate_command(const std::vector<std::string>& args) {
@@ -251,7 +456,10 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
   const Matmul matmul = measure_matmul(device.memory(), repeats);
   const double kernel_overhead = measure_kernel_overhead(device, repeats);
   const LayerRates layers = measure_layer_rates(device, repeats);
+  const LayerRates decode = measure_decode_rates(device, repeats);
   const double copy = measure_copy_bandwidth(repeats);
+  const double optimizer_rate = measure_optimizer_rate(device, repeats);
+  const SamplerRate sampler = measure_sampler(device, repeats);
   sim::ClusterConfig c;
   c.name = name;
   c.devices_per_node = ranks;
@@ -259,6 +467,13 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
   c.supernodes = 1;
   c.matmul_flops = layers.peak;
   c.half_rate_rows = layers.half_rows;
+  c.half_rate_width = layers.half_width;
+  c.decode_flops = decode.peak;
+  c.decode_half_rate_rows = decode.half_rows;
+  c.decode_half_rate_width = decode.half_width;
+  c.optimizer_rate = optimizer_rate;
+  c.sampler_rate = sampler.rate;
+  c.sampler_sort_rate = sampler.sort_rate;
   c.kernel_overhead = kernel_overhead;
   c.memory_bytes = double(run.device_memory_bytes());
   c.memory_bandwidth = copy;
@@ -279,15 +494,15 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
   }
   if (rank != 0) return 0;
   const bool matmul_ok = matmul.nmse <= 1e-8;
-  char comment[512];
+  char comment[1024];
   std::snprintf(
       comment, sizeof comment,
       "Written by `rlfusion bench calibrate` (%s): rates measured on this machine, %d "
-      "rank(s), %d thread(s) each.\nmatmul_flops: forward + backward of a reference layer "
-      "(d_model 128, 8 experts); half size: Hockney fit of 256 x n x n "
-      "cpu matmuls, n = 32 .. 1024; kernel overhead "
-      "from a 1-token forward of a 1-layer d_model-8 model; copy bandwidth from memcpy of "
-      "128 MiB; links: %s; %s.",
+      "rank(s), %d thread(s) each.\nmatmul_flops, half_rate_rows, half_rate_width: fit of "
+      "forward + backward rates of reference models (width 32 and 128, 8 experts) on 16 .. "
+      "1024 rows; kernel overhead from a 1-token forward of a 1-layer d_model-8 model; "
+      "optimizer_rate: gradient norm + AdamW over 4M parameters; sampler: top-p sampling of 64 "
+      "rows at V = 16 .. 4096; copy bandwidth from memcpy of 128 MiB; links: %s; %s.",
       build_info().c_str(), ranks, resolve_threads(run.threads), intra_method.c_str(),
       inter_method.c_str());
   const std::string text = sim::cluster_config_ini(c, comment);
@@ -298,11 +513,16 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
   if (run.json) {
     std::printf(
         "{\"command\":\"bench "
-        "calibrate\",\"matmul_flops\":%.6g,\"half_rate_rows\":%.6g,\"matmul_nmse\":%.3g,"
+        "calibrate\",\"matmul_flops\":%.6g,\"half_rate_rows\":%.6g,\"half_rate_width\":%.6g,"
+        "\"decode_flops\":%.6g,\"decode_half_rate_rows\":%.6g,\"decode_half_rate_width\":%.6g,"
+        "\"optimizer_rate\":%.6g,\"sampler_rate\":%.6g,\"sampler_sort_rate\":%.6g,"
+        "\"matmul_nmse\":%.3g,"
         "\"kernel_overhead_s\":%.6g,\"memory_bandwidth\":%.6g,\"intra_node_bandwidth\":%.6g,"
         "\"intra_node_latency_s\":%.6g,\"inter_node_bandwidth\":%.6g,"
         "\"inter_node_latency_s\":%.6g,\"output\":\"%s\",\"ok\":%s}\n",
-        c.matmul_flops, c.half_rate_rows, matmul.nmse, c.kernel_overhead, c.memory_bandwidth,
+        c.matmul_flops, c.half_rate_rows, c.half_rate_width, c.decode_flops,
+        c.decode_half_rate_rows, c.decode_half_rate_width, c.optimizer_rate, c.sampler_rate,
+        c.sampler_sort_rate, matmul.nmse, c.kernel_overhead, c.memory_bandwidth,
         c.intra_node.bandwidth, c.intra_node.latency, c.inter_supernode.bandwidth,
         c.inter_supernode.latency, output.c_str(), matmul_ok ? "true" : "false");
     return matmul_ok ? 0 : 1;
@@ -312,28 +532,39 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
   std::printf("# %-22s %14s %-8s %s\n", "quantity", "measured", "unit", "method");
   std::printf("  %-22s %14.2f %-8s %s (nmse vs reference %.1e)\n", "matmul 1024^3",
               matmul.rate / 1e9, "GFLOP/s", "cpu kernel, for comparison", matmul.nmse);
-  for (const auto& [rows, rate] : layers.measured) {
+  for (const LayerRates::Point& p : layers.measured) {
     char what[64];
-    std::snprintf(what, sizeof what, "layers, %d rows", rows);
-    std::printf("  %-22s %14.2f %-8s %s\n", what, rate / 1e9, "GFLOP/s",
-                "fwd+bwd of the reference model");
+    std::snprintf(what, sizeof what, "layers w%d, %d rows", p.width, p.rows);
+    std::printf("  %-22s %14.2f %-8s fwd+bwd of the reference model (fit: %.2f)\n", what,
+                p.rate / 1e9, "GFLOP/s", c.compute_rate(p.rows, p.model_width) / 1e9);
   }
-  std::printf("  %-22s %14.2f %-8s %s\n", "layer peak (written)", c.matmul_flops / 1e9, "GFLOP/s",
-              "Hockney fit of the layer rates");
-  std::printf("  %-22s %14.1f %-8s %s\n", "half-rate rows", c.half_rate_rows, "rows",
-              "rows at half the peak (same fit)");
-  std::printf("  %-22s %14.2f %-8s %s\n", "kernel overhead", c.kernel_overhead * 1e6, "us",
-              "1-token forward of a 1-layer d_model-8 model / 21 calls");
-  std::printf("  %-22s %14.2f %-8s %s\n", "memory bandwidth", c.memory_bandwidth / 1e9, "GB/s",
-              "memcpy 128 MiB, read + write");
-  std::printf("  %-22s %14.3f %-8s %s\n", "intra-node bandwidth", c.intra_node.bandwidth / 1e9,
-              "GB/s", intra_method.c_str());
-  std::printf("  %-22s %14.2f %-8s %s\n", "intra-node latency", c.intra_node.latency * 1e6, "us",
-              intra_method.c_str());
-  std::printf("  %-22s %14.3f %-8s %s\n", "inter-node bandwidth", c.inter_supernode.bandwidth / 1e9,
-              "GB/s", inter_method.c_str());
-  std::printf("  %-22s %14.2f %-8s %s\n", "inter-node latency", c.inter_supernode.latency * 1e6,
-              "us", inter_method.c_str());
+  for (const LayerRates::Point& p : decode.measured) {
+    char what[64];
+    std::snprintf(what, sizeof what, "decode w%d, %d rows", p.width, p.rows);
+    std::printf("  %-22s %14.2f %-8s decode step of the reference model (fit: %.2f)\n", what,
+                p.rate / 1e9, "GFLOP/s", c.decode_rate(p.rows, p.model_width) / 1e9);
+  }
+  quantity("layer peak (written)", c.matmul_flops / 1e9, 2, "GFLOP/s",
+           "Hockney fit of the layer rates");
+  quantity("half-rate rows", c.half_rate_rows, 1, "rows", "rows at half the peak (same fit)");
+  quantity("half-rate width", c.half_rate_width, 1, "columns",
+           "matrix width at half the peak (same fit)");
+  quantity("decode peak", c.decode_flops / 1e9, 2, "GFLOP/s", "Hockney fit of the decode rates");
+  quantity("decode half-rate rows", c.decode_half_rate_rows, 1, "rows", "same fit");
+  quantity("decode half width", c.decode_half_rate_width, 1, "columns", "same fit");
+  quantity("optimizer rate", c.optimizer_rate / 1e6, 2, "Mparam/s",
+           "gradient norm + AdamW, 4M parameters");
+  // 1e300: that part of the fit left out (no measurable cost).
+  quantity("sampler rate", c.sampler_rate, -1, "entry/s", "top-p sampling, V = 16 .. 4096");
+  quantity("sampler sort rate", c.sampler_sort_rate, -1, "cmp/s",
+           "same fit, V log2 V comparisons a row");
+  quantity("kernel overhead", c.kernel_overhead * 1e6, 2, "us",
+           "1-token forward of a 1-layer d_model-8 model / 21 calls");
+  quantity("memory bandwidth", c.memory_bandwidth / 1e9, 2, "GB/s", "memcpy 128 MiB, read + write");
+  quantity("intra-node bandwidth", c.intra_node.bandwidth / 1e9, 3, "GB/s", intra_method);
+  quantity("intra-node latency", c.intra_node.latency * 1e6, 2, "us", intra_method);
+  quantity("inter-node bandwidth", c.inter_supernode.bandwidth / 1e9, 3, "GB/s", inter_method);
+  quantity("inter-node latency", c.inter_supernode.latency * 1e6, 2, "us", inter_method);
   std::printf("# matmul check: %s; wrote %s (reads back)\n", matmul_ok ? "OK" : "WRONG",
               output.c_str());
   return matmul_ok ? 0 : 1;

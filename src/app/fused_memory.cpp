@@ -36,10 +36,11 @@ FusedMemoryPlan plan_fused_memory(const ModelConfig& config, const ParameterLayo
   plan.offload_frees = gradients_and_moments;
   plan.generation = params + reference_bytes + reward_model_bytes + generation_copy +
                     (offload ? 0 : gradients_and_moments);
-  // Every prompt at the longest prompt and every sample at the longest sequence: the bound.
-  plan.generation_activations = generation_peak_bytes(
-      config, generation_layout, uniform_batch(batch.samples, batch.longest_prompt),
-      batch.max_sequence, batch.sampled);
+  // Every prompt (or resumed prefix) at its longest and every sample at the longest sequence.
+  const int longest_prefill = std::max(batch.longest_prompt, batch.longest_prefill);
+  plan.generation_activations = generation_peak_bytes(config, generation_layout,
+                                                      uniform_batch(batch.samples, longest_prefill),
+                                                      batch.max_sequence, batch.sampled);
   if (reward_model) {
     // RolloutReward scores whole sequences, --micro-batch at a time (RewardModel::scores).
     plan.generation_activations = std::max(

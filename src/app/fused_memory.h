@@ -33,13 +33,17 @@ struct FusedMemoryPlan {
 
 // A fused rank's generation and training batches: `samples` generated at once, prompts of at most
 // `longest_prompt` tokens, sequences of at most `max_sequence`; training micro-batches of
-// `micro_batch` samples; `sampled`: temperature > 0.
+// `micro_batch` samples; `sampled`: temperature > 0; `longest_prefill`: the longest sequence a
+// prefill holds, when longer than a prompt (0: longest_prompt). StaleSync's rollout pool prefills
+// the partial samples it resumes with their prompt and response so far (the recomputed prefix):
+// the runtime's bound is max_sequence - 1 (a partial has yet to draw its last token).
 struct FusedBatch {
   int samples = 0;
   int longest_prompt = 0;
   int max_sequence = 0;
   int micro_batch = 1;
   bool sampled = true;
+  int longest_prefill = 0;
 };
 
 // `training_layout` and `generation_layout` are this rank's; `reward_model` the config of a learned

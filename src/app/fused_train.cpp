@@ -73,8 +73,12 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         fused_all && !rl.reward_model.empty()
             ? std::optional<ModelConfig>(parameter_file_model(rl.reward_model))
             : std::nullopt;
-    const FusedBatch batch{rl.prompts / ranks * rl.group_size, 1 + task.max_prompt_chars(), longest,
-                           rl.micro_batch, rl.temperature > 0};
+    const FusedBatch batch{rl.prompts / ranks * rl.group_size,
+                           1 + task.max_prompt_chars(),
+                           longest,
+                           rl.micro_batch,
+                           rl.temperature > 0,
+                           rl.staleness > 0 ? longest - 1 : 0};
     memory_plan = plan_fused_memory(
         policy.config, policy.model->layout(), ParameterLayout(policy.config, generation_experts),
         switch_layouts, rl.kl_coef > 0, reward_model ? &*reward_model : nullptr, options.offload,

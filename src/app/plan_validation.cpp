@@ -42,6 +42,10 @@ class Row {
     throw ConfigError(where_ + ": column '" + key + "' must be a number, got '" + t + "'");
   }
   int integer(const std::string& key) const { return int(number(key)); }
+  // A column older CSVs may lack: `fallback` when absent.
+  double number_or(const std::string& key, double fallback) const {
+    return fields_.count(key) ? number(key) : fallback;
+  }
 
  private:
   std::map<std::string, std::string> fields_;
@@ -79,6 +83,9 @@ std::vector<Row> read_rows(const std::string& path) {
 struct Outcome {
   std::string name;
   double measured_step = 0, predicted_step = 0;
+  // Seconds per step by phase (measured: the busiest rank's trace time; -1: not in the CSV).
+  double measured_generation = -1, measured_training = -1;
+  Prediction predicted;
   uint64_t measured_bytes = 0, predicted_bytes = 0;
   bool bytes_exact_rule = false;
   double measured_memory = 0, predicted_memory = 0;  // the larger phase peak; 0: not measured
@@ -132,8 +139,11 @@ Outcome validate_row(const Row& row) {
     s.train.ep = row.integer("expert_parallel");
     s.generate.ep = row.integer("actor_expert_parallel");
   }
-  out.predicted_step = predict(model, cluster, job, s).step;
+  out.predicted = predict(model, cluster, job, s);
+  out.predicted_step = out.predicted.step;
   out.measured_step = row.number("step_s");
+  out.measured_generation = row.number_or("generate_s", -1);
+  out.measured_training = row.number_or("train_s", -1);
 
   RuntimeRun run;
   run.mode = s.mode;
@@ -161,8 +171,19 @@ Outcome validate_row(const Row& row) {
     const ExpertShard own = ep > 1 ? expert_shard_of(0, ep, config.n_experts) : ExpertShard{};
     const ExpertShard gen =
         gen_ep > 1 ? expert_shard_of(0, gen_ep, config.n_experts) : ExpertShard{};
-    const FusedBatch batch{job.prompts / ranks * job.group_size, longest_prompt,
-                           1 + longest_prompt + longest_response, job.micro_batch, true};
+    // The expected peak, where the runtime's own check takes the bound: the KV cache at the
+    // longest sequence (allocated so), a prefill packing the run's mean prompt per sample (not the
+    // longest); with StaleSync the pool re-prefills the partials it resumes, and at the cut every
+    // slot is in flight (continuous batching keeps them full), each an expected half of the mean
+    // response past its prompt.
+    const int prefill = int(std::ceil(prompt));
+    const int resumed_prefix = int(std::ceil(prompt + 0.5 * response));
+    const FusedBatch batch{job.prompts / ranks * job.group_size,
+                           prefill,
+                           1 + longest_prompt + longest_response,
+                           job.micro_batch,
+                           true,
+                           s.staleness > 0 ? resumed_prefix : 0};
     const FusedMemoryPlan plan =
         plan_fused_memory(config, ParameterLayout(config, own), ParameterLayout(config, gen),
                           ep != gen_ep, job.reference, nullptr, s.offload, batch);
@@ -170,6 +191,27 @@ Outcome validate_row(const Row& row) {
     out.measured_memory = std::max(row.number("generation_peak"), row.number("training_peak"));
   }
   return out;
+}
+
+// Where the time goes: each phase measured (the busiest rank's trace time per step) beside its
+// prediction, with the sampler's and the optimizer's shares of the prediction.
+void print_parts(const std::vector<Outcome>& outcomes) {
+  std::printf("# time by part\n# %-26s %10s %10s %10s %10s %10s %10s\n", "case", "gen meas.",
+              "gen pred.", "sampler", "train meas.", "train pred.", "optimizer");
+  std::printf("# %-26s %10s %10s %10s %10s %10s %10s\n", "", "(ms/step)", "(ms/step)", "(ms/step)",
+              "(ms/step)", "(ms/step)", "(ms/step)");
+  for (const Outcome& o : outcomes) {
+    const Prediction& p = o.predicted;
+    char generation[32] = "-", training[32] = "-";
+    if (o.measured_generation >= 0)
+      std::snprintf(generation, sizeof generation, "%.3f", 1e3 * o.measured_generation);
+    if (o.measured_training >= 0)
+      std::snprintf(training, sizeof training, "%.3f", 1e3 * o.measured_training);
+    const double trained =
+        p.training + p.tensor_parallel + p.pipeline + p.all_to_all + p.gradient_sync;
+    std::printf("  %-26s %10s %10.3f %10.3f %10s %10.3f %10.3f\n", o.name.c_str(), generation,
+                1e3 * p.generation, 1e3 * p.sampler, training, 1e3 * trained, 1e3 * p.optimizer);
+  }
 }
 
 }  // namespace
@@ -248,6 +290,7 @@ int run_plan_validation(const std::string& csv_path, bool json) {
       exact, exact_rules, exact == exact_rules ? "met" : "NOT met");
   std::printf("# memory: worst |error| %.1f%% over %d fused cases (target <= 5%%: %s)\n",
               worst_memory, memory_cases, worst_memory <= 5 ? "met" : "NOT met");
+  print_parts(outcomes);
   return 0;
 }
 

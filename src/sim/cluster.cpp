@@ -51,10 +51,17 @@ void ClusterConfig::validate(const std::string& source) const {
   positive_int(supernodes, "supernodes");
   positive(matmul_flops, "matmul_flops");
   non_negative(half_rate_rows, "half_rate_rows");
+  non_negative(half_rate_width, "half_rate_width");
+  positive(decode_flops, "decode_flops");
+  non_negative(decode_half_rate_rows, "decode_half_rate_rows");
+  non_negative(decode_half_rate_width, "decode_half_rate_width");
   positive(memory_bytes, "memory_bytes");
   positive(memory_bandwidth, "memory_bandwidth");
   positive(host_bandwidth, "host_bandwidth");
   non_negative(kernel_overhead, "kernel_overhead");
+  positive(optimizer_rate, "optimizer_rate");
+  positive(sampler_rate, "sampler_rate");
+  positive(sampler_sort_rate, "sampler_sort_rate");
   positive(intra_node.bandwidth, "intra_node_bandwidth");
   non_negative(intra_node.latency, "intra_node_latency");
   positive(intra_supernode.bandwidth, "intra_supernode_bandwidth");
@@ -78,10 +85,17 @@ ClusterConfig load_cluster_config(const std::string& name_or_path) {
   add("cluster.supernodes", po::value(&c.supernodes)->required());
   add("cluster.matmul_flops", po::value(&c.matmul_flops)->required());
   add("cluster.half_rate_rows", po::value(&c.half_rate_rows)->required());
+  add("cluster.half_rate_width", po::value(&c.half_rate_width)->required());
+  add("cluster.decode_flops", po::value(&c.decode_flops)->required());
+  add("cluster.decode_half_rate_rows", po::value(&c.decode_half_rate_rows)->required());
+  add("cluster.decode_half_rate_width", po::value(&c.decode_half_rate_width)->required());
   add("cluster.memory_bytes", po::value(&c.memory_bytes)->required());
   add("cluster.memory_bandwidth", po::value(&c.memory_bandwidth)->required());
   add("cluster.host_bandwidth", po::value(&c.host_bandwidth)->required());
   add("cluster.kernel_overhead", po::value(&c.kernel_overhead)->required());
+  add("cluster.optimizer_rate", po::value(&c.optimizer_rate)->required());
+  add("cluster.sampler_rate", po::value(&c.sampler_rate)->required());
+  add("cluster.sampler_sort_rate", po::value(&c.sampler_sort_rate)->required());
   add("cluster.intra_node_bandwidth", po::value(&c.intra_node.bandwidth)->required());
   add("cluster.intra_node_latency", po::value(&c.intra_node.latency)->required());
   add("cluster.intra_supernode_bandwidth", po::value(&c.intra_supernode.bandwidth)->required());
@@ -92,6 +106,11 @@ ClusterConfig load_cluster_config(const std::string& name_or_path) {
     po::variables_map vm;
     po::store(po::parse_config_file(file, desc, /*allow_unregistered=*/false), vm);
     po::notify(vm);
+  } catch (const po::required_option& e) {
+    // Files written before a key existed: say how to get one with every key.
+    throw ConfigError("cluster file '" + path + "': " + e.what() +
+                      " (files written before this key existed: rerun `rlfusion bench calibrate`, "
+                      "or add it; docs/DEPLOYMIND.md lists every key)");
   } catch (const po::error& e) {
     throw ConfigError("cluster file '" + path + "': " + e.what());
   }
@@ -105,19 +124,24 @@ std::string cluster_config_ini(const ClusterConfig& c, const std::string& commen
   std::istringstream lines(comment);
   for (std::string line; std::getline(lines, line);) out << "# " << line << "\n";
   char buffer[2048];
-  std::snprintf(buffer, sizeof buffer,
-                "[cluster]\nname = %s\ndevices_per_node = %d\nnodes_per_supernode = %d\n"
-                "supernodes = %d\nmatmul_flops = %.6g\nhalf_rate_rows = %.6g\nmemory_bytes = %.6g\n"
-                "memory_bandwidth = %.6g\nhost_bandwidth = %.6g\nkernel_overhead = %.6g\n"
-                "intra_node_bandwidth = %.6g\n"
-                "intra_node_latency = %.6g\nintra_supernode_bandwidth = %.6g\n"
-                "intra_supernode_latency = %.6g\ninter_supernode_bandwidth = %.6g\n"
-                "inter_supernode_latency = %.6g\n",
-                c.name.c_str(), c.devices_per_node, c.nodes_per_supernode, c.supernodes,
-                c.matmul_flops, c.half_rate_rows, c.memory_bytes, c.memory_bandwidth,
-                c.host_bandwidth, c.kernel_overhead, c.intra_node.bandwidth, c.intra_node.latency,
-                c.intra_supernode.bandwidth, c.intra_supernode.latency, c.inter_supernode.bandwidth,
-                c.inter_supernode.latency);
+  std::snprintf(
+      buffer, sizeof buffer,
+      "[cluster]\nname = %s\ndevices_per_node = %d\nnodes_per_supernode = %d\n"
+      "supernodes = %d\nmatmul_flops = %.6g\nhalf_rate_rows = %.6g\nhalf_rate_width = %.6g\n"
+      "decode_flops = %.6g\ndecode_half_rate_rows = %.6g\ndecode_half_rate_width = %.6g\n"
+      "memory_bytes = %.6g\nmemory_bandwidth = %.6g\nhost_bandwidth = %.6g\n"
+      "kernel_overhead = %.6g\noptimizer_rate = %.6g\nsampler_rate = %.6g\n"
+      "sampler_sort_rate = %.6g\n"
+      "intra_node_bandwidth = %.6g\n"
+      "intra_node_latency = %.6g\nintra_supernode_bandwidth = %.6g\n"
+      "intra_supernode_latency = %.6g\ninter_supernode_bandwidth = %.6g\n"
+      "inter_supernode_latency = %.6g\n",
+      c.name.c_str(), c.devices_per_node, c.nodes_per_supernode, c.supernodes, c.matmul_flops,
+      c.half_rate_rows, c.half_rate_width, c.decode_flops, c.decode_half_rate_rows,
+      c.decode_half_rate_width, c.memory_bytes, c.memory_bandwidth, c.host_bandwidth,
+      c.kernel_overhead, c.optimizer_rate, c.sampler_rate, c.sampler_sort_rate,
+      c.intra_node.bandwidth, c.intra_node.latency, c.intra_supernode.bandwidth,
+      c.intra_supernode.latency, c.inter_supernode.bandwidth, c.inter_supernode.latency);
   out << buffer;
   return out.str();
 }

@@ -5,6 +5,7 @@
 // `rlfusion bench calibrate` from rates measured on the machine it runs on.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 
@@ -30,14 +31,38 @@ struct ClusterConfig {
   // FLOP/s a device sustains running a model's layers (forward and backward: matmuls, attention,
   // experts, counted as the cost model counts FLOPs); a device's peak bounds it.
   double matmul_flops = 0;
-  // Hockney's half-performance rows: a kernel call over r rows (tokens) runs at
-  // matmul_flops x r / (r + half_rate_rows) (0: every size at the full rate).
+  // Hockney's half-performance sizes, in the two dimensions a layer's kernel calls have: r rows
+  // (tokens) and width w (the model's FLOP-weighted matrix width, ModelShape::width). A call runs
+  // at matmul_flops / (1 + half_rate_rows / r + half_rate_width / w): the fixed per-call work
+  // (packing, blocking, tails) is amortized over the rows and over the width (0: no such loss).
   double half_rate_rows = 0;
-  double compute_rate(double rows) const { return matmul_flops * rows / (rows + half_rate_rows); }
+  double half_rate_width = 0;
+  double compute_rate(double rows, double width) const {
+    return matmul_flops / (1 + half_rate_rows / rows + half_rate_width / width);
+  }
+  // The same law for generation's forward passes (prefill and decode steps: forward only, cached
+  // attention, one row per sequence), which run at rates of their own.
+  double decode_flops = 0;
+  double decode_half_rate_rows = 0;
+  double decode_half_rate_width = 0;
+  double decode_rate(double rows, double width) const {
+    return decode_flops / (1 + decode_half_rate_rows / rows + decode_half_rate_width / width);
+  }
   double memory_bytes = 0;      // device memory capacity
   double memory_bandwidth = 0;  // device memory bytes/s (streaming reads + writes)
   double host_bandwidth = 0;    // device <-> host memory bytes/s (offload, onload)
   double kernel_overhead = 0;   // seconds a kernel call costs beyond its work (launch, dispatch)
+  // Parameters per second the optimizer step takes: gradient-norm clipping and AdamW's update of
+  // the parameter and both moments (memory-bound on an accelerator, bound by its divide and
+  // square root per parameter on a CPU).
+  double optimizer_rate = 0;
+  // The sampler (softmax, sort by probability, top-p, inverse CDF) over one row of V logits:
+  // V entries through the softmax and the scans, V log2 V comparisons in the sort.
+  double sampler_rate = 0;       // vocabulary entries per second
+  double sampler_sort_rate = 0;  // sort comparisons per second
+  double sampler_seconds(double vocab) const {
+    return vocab / sampler_rate + vocab * std::log2(vocab) / sampler_sort_rate;
+  }
   Link intra_node, intra_supernode, inter_supernode;
 
   int devices_per_supernode() const { return devices_per_node * nodes_per_supernode; }

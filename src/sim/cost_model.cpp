@@ -20,6 +20,16 @@ ModelShape model_shape(const ModelConfig& c) {
   m.expert_matmul = L * m.top_k * 3 * C * m.d_ff;
   m.active_matmul =
       L * (4 * C * C + m.experts * C + 3 * C * m.shared_d_ff) + m.expert_matmul + m.vocab * C;
+  // (weights a token passes through, smaller dimension) of each matmul kind.
+  const double matmuls[][2] = {{L * 4 * C * C, C},
+                               {L * m.experts * C, std::min(C, m.experts)},
+                               {m.expert_matmul, std::min(C, m.d_ff)},
+                               {L * 3 * C * m.shared_d_ff, std::min(C, m.shared_d_ff)},
+                               {m.vocab * C, std::min(C, m.vocab)}};
+  double weighted_inverse = 0;
+  for (const auto& [weights, width] : matmuls)
+    if (weights > 0) weighted_inverse += weights / width;
+  m.width = m.active_matmul / weighted_inverse;
   return m;
 }
 
@@ -58,7 +68,7 @@ double remote_rows(const ModelShape& m, int ep, Dispatch dispatch) {
 }
 
 struct Phase {
-  double seconds = 0, memory = 0;
+  double seconds = 0, memory = 0, sampler = 0;
 };
 
 // Parameters a training device holds: replicated ones split by TP and PP, routed experts by EP
@@ -71,7 +81,8 @@ double generation_parameters(const ModelShape& m, const Parallelism& g) {
 }
 
 struct Training {
-  double compute = 0, tensor_parallel = 0, pipeline = 0, all_to_all = 0, gradient_sync = 0;
+  double compute = 0, optimizer = 0, tensor_parallel = 0, pipeline = 0, all_to_all = 0,
+         gradient_sync = 0;
   double memory = 0;
 };
 
@@ -96,13 +107,17 @@ Training training_cost(const ModelShape& m, const ClusterConfig& c, const RlJob&
   const double flops = tokens * forward_flops_per_token(m, 0.5 * (sequence + 1)) * passes;
   const double elementwise =
       tokens * m.layers * kElementwiseValuesPerLayer * m.d_model * ab * passes;
+  // The loss over the logits (and the reference's log-probs): on the last stage, split by TP.
+  const double logit_bytes = tokens * m.vocab * 4 *
+                             (kLossLogitPasses + (job.reference ? kLogprobLogitPasses : 0)) /
+                             (p.tp * p.dp);
   const double kernels = micro_batches * layers_per_stage * kKernelsPerLayer * passes;
-  const double rate = c.compute_rate(micro_tokens / p.tp);
+  const double rate = c.compute_rate(micro_tokens / p.tp, m.width);
   t.compute = busiest * (flops / (devices * rate) + elementwise / (devices * c.memory_bandwidth)) +
-              kernels * c.kernel_overhead;
+              kernels * c.kernel_overhead + logit_bytes / c.memory_bandwidth;
   const double params = training_parameters(m, p);
-  const double state_bytes = job.parameter_bytes + job.gradient_bytes + job.optimizer_bytes;
-  t.compute += 2 * params * state_bytes / c.memory_bandwidth;  // optimizer: read and write states
+  t.optimizer = params / c.optimizer_rate;  // every local parameter: norm, then AdamW
+  t.compute += t.optimizer;
 
   const double collectives_per_layer = 4 + (job.reference ? 2 : 0);
   if (p.tp > 1) {
@@ -168,7 +183,7 @@ double generation_step(const ModelShape& m, const ClusterConfig& c, const RlJob&
   const double attention_flops = tokens * 4 * m.layers * m.d_model * context / g.tp;
   double seconds =
       std::max((weights + kv + elementwise) / c.memory_bandwidth,
-               (dense_flops + expert_flops + attention_flops) / c.compute_rate(tokens)) +
+               (dense_flops + expert_flops + attention_flops) / c.decode_rate(tokens, m.width)) +
       (m.layers * kKernelsPerLayer + 3) * c.kernel_overhead;
   if (g.tp > 1) {
     seconds += 2 * m.layers *
@@ -201,7 +216,8 @@ Phase generation_cost(const ModelShape& m, const ClusterConfig& c, const RlJob& 
   phase.memory = resident + weights + batch * kv_per_sequence;
   // A synchronous phase decodes until the step's longest response, the batch thinning as samples
   // finish; fused StaleSync hands over at the finish threshold's length with the batch kept full
-  // by continuous batching, the unfinished samples resumed (prefix recomputed) next phase.
+  // by continuous batching (the next step's samples fill the slots that free up), and every sample
+  // in flight at the cut, i.e. a full batch, is resumed next phase with its prefix recomputed.
   const bool cut = s.staleness > 0 && s.mode != Mode::Disaggregated;
   const double tokens = per_rank * job.response.mean;  // response tokens a rank decodes
   double steps = 0, live = 0;
@@ -215,14 +231,18 @@ Phase generation_cost(const ModelShape& m, const ClusterConfig& c, const RlJob& 
   }
   const double context = job.prompt.mean + 0.5 * job.response.mean;
   double prefill_tokens = per_rank * job.prompt.mean;
-  if (cut)
-    prefill_tokens += (1 - job.finish_threshold) * per_rank * (job.prompt.mean + 0.5 * steps);
+  // A resumed sample is, on average, half its response past its prompt.
+  if (cut) prefill_tokens += batch * (job.prompt.mean + 0.5 * job.response.mean);
   phase.seconds = generation_step(m, c, job, g, prefill_tokens, 0.5 * job.prompt.mean);
   phase.seconds += steps * generation_step(m, c, job, g, live, context);
+  // Every response token is drawn once from its row of V logits (a resumed sample's prefix is
+  // recomputed, not redrawn).
+  phase.sampler = tokens * c.sampler_seconds(m.vocab);
+  phase.seconds += phase.sampler;
   if (job.reward_model) {  // scoring: one forward of every sample with a policy-shaped model
     const double sequence = job.prompt.mean + job.response.mean;
     phase.seconds += samples * sequence * forward_flops_per_token(m, 0.5 * sequence) /
-                     (g.devices() * c.compute_rate(job.micro_batch * sequence));
+                     (g.devices() * c.compute_rate(job.micro_batch * sequence, m.width));
   }
   return phase;
 }
@@ -269,7 +289,9 @@ Prediction predict(const ModelShape& m, const ClusterConfig& c, const RlJob& job
   }
   const Phase gen = generation_cost(m, c, job, s, resident);
   out.generation = gen.seconds;
+  out.sampler = gen.sampler;
   out.training = t.compute;
+  out.optimizer = t.optimizer;
   out.tensor_parallel = t.tensor_parallel;
   out.pipeline = t.pipeline;
   out.all_to_all = t.all_to_all;

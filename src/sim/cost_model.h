@@ -19,6 +19,9 @@ struct ModelShape {
   double routed = 0;         // the routed experts of every layer
   double active_matmul = 0;  // matmul weights one token passes through (lm head included)
   double expert_matmul = 0;  // of which routed-expert weights (top_k experts per layer)
+  // The FLOP-weighted harmonic mean, over the matmuls a token passes through, of each weight
+  // matrix's smaller dimension: the width ClusterConfig::compute_rate's half_rate_width applies to.
+  double width = 0;
   double total() const { return replicated + routed; }
 };
 ModelShape model_shape(const ModelConfig& config);
@@ -38,11 +41,18 @@ inline constexpr double kExchangeRounds = 3;
 // Values an elementwise pass reads or writes per token per layer (norms, residuals, RoPE,
 // SwiGLU), in multiples of d_model: the memory-bound work beside the matmuls.
 inline constexpr double kElementwiseValuesPerLayer = 16;
+// float32 passes over a token's V logits in the policy loss (copy for the temperature, the
+// log-softmax's read, the zeroed logit gradient, its read and write in the backward) and in a
+// log-prob-only forward (copy, read): memory-bound work the matmul rate does not hold.
+inline constexpr double kLossLogitPasses = 6;
+inline constexpr double kLogprobLogitPasses = 3;
 
 struct Prediction {
   // Seconds per RL step, by part.
-  double generation = 0;       // prefill + decode (+ scoring with a learned reward model)
-  double training = 0;         // forward, backward, reference forward, optimizer
+  double generation = 0;       // prefill + decode + sampler (+ scoring with a reward model)
+  double sampler = 0;          // of which the sampler (softmax, sort, top-p) per drawn token
+  double training = 0;         // forward, backward, reference forward, loss, optimizer
+  double optimizer = 0;        // of which the optimizer step (gradient norm, AdamW)
   double tensor_parallel = 0;  // training's TP all-reduces
   double pipeline = 0;         // pipeline bubble + stage-to-stage transfers
   double all_to_all = 0;       // training's EP dispatch/combine not hidden by compute

@@ -76,6 +76,18 @@ TEST(BenchCalibrate, WritesAClusterFileThePlannerReads) {
   const sim::ClusterConfig c = sim::load_cluster_config(dir + "/machine.ini");
   EXPECT_EQ(c.devices(), 1);
   EXPECT_GT(c.matmul_flops, 1e8);
+  // The rates beyond the matmuls, measured and read back through the strict parser.
+  EXPECT_GE(c.half_rate_width, 0);
+  EXPECT_GT(c.decode_flops, 1e7);
+  EXPECT_GE(c.decode_half_rate_rows, 0);
+  EXPECT_GE(c.decode_half_rate_width, 0);
+  EXPECT_GT(c.optimizer_rate, 1e5);
+  EXPECT_GT(c.sampler_rate, 0);
+  EXPECT_GT(c.sampler_sort_rate, 0);
+  EXPECT_GT(c.sampler_seconds(64), 0);
+  for (const char* key : {"half-rate width", "decode peak", "decode w128, 64 rows",
+                          "optimizer rate", "sampler sort rate"})
+    EXPECT_NE(r.output.find(key), std::string::npos) << key << "\n" << r.output;
   const auto plan = run_rlfusion("plan --cluster " + dir +
                                  "/machine.ini --model tiny --job tiny-sort --mode fused");
   EXPECT_EQ(plan.exit_code, 0) << plan.output;

@@ -19,10 +19,11 @@ ClusterConfig flops_only() {
   c.devices_per_node = 4;
   c.nodes_per_supernode = 2;
   c.supernodes = 1;
-  c.matmul_flops = 1e9;
+  c.matmul_flops = c.decode_flops = 1e9;
   c.memory_bytes = 1e12;
   c.memory_bandwidth = c.host_bandwidth = 1e300;
   c.kernel_overhead = 0;
+  c.optimizer_rate = c.sampler_rate = c.sampler_sort_rate = 1e300;
   c.intra_node = c.intra_supernode = c.inter_supernode = {1e300, 0};
   return c;
 }
@@ -45,6 +46,111 @@ TEST(CostModel, TinyShapeByHand) {
   EXPECT_DOUBLE_EQ(m.total(), 38304);
   EXPECT_DOUBLE_EQ(m.active_matmul,
                    2 * (4 * 32 * 32 + 4 * 32 + 3 * 32 * 16) + 2 * 2 * 3 * 32 * 32 + 32 * 32);
+}
+
+TEST(CostModel, WidthIsTheFlopWeightedHarmonicMean) {
+  const ModelShape m = model_shape(load_model_config("tiny"));
+  // Weights a token passes through (smaller dimension): attention 2 x 4 x 32 x 32 (32), router
+  // 2 x 4 x 32 (4), experts 2 x 2 x 3 x 32 x 32 (32), shared 2 x 3 x 32 x 16 (16), head 32 x 32
+  // (32).
+  const double inverse = (8192 + 12288 + 1024) / 32.0 + 256 / 4.0 + 3072 / 16.0;
+  EXPECT_DOUBLE_EQ(m.width, m.active_matmul / inverse);
+}
+
+// The rate's width term: training's matmul time grows by (1 + half_rate_width / width), and
+// generation's by (1 + decode_half_rate_width / width), each law for its own phase.
+TEST(CostModel, NarrowMatricesSlowTheMatmulsByTheWidthTerm) {
+  const ModelShape m = model_shape(load_model_config("tiny"));
+  const RlJob job = fixed_job(4, 2, 8, 4, 4);
+  Strategy s;
+  s.offload = false;
+  ClusterConfig c = flops_only();
+  const Prediction wide = predict(m, c, job, s);
+  c.half_rate_width = m.width;  // half the peak
+  const Prediction narrow = predict(m, c, job, s);
+  EXPECT_NEAR(narrow.training, 2 * wide.training, 1e-12);
+  EXPECT_DOUBLE_EQ(narrow.generation, wide.generation);
+  c.decode_half_rate_width = 3 * m.width;  // a quarter of the decode peak
+  EXPECT_NEAR(predict(m, c, job, s).generation, 4 * wide.generation, 1e-12);
+  // Generation at the decode peak, training at the matmul peak.
+  c = flops_only();
+  c.decode_flops = 2e9;
+  const Prediction faster = predict(m, c, job, s);
+  EXPECT_NEAR(faster.generation, wide.generation / 2, 1e-15);
+  EXPECT_DOUBLE_EQ(faster.training, wide.training);
+}
+
+// The optimizer step: every parameter a device holds once, at the calibrated rate; with EP 2 a
+// device holds the replicated parameters and half the routed experts.
+TEST(CostModel, OptimizerTimeIsLocalParametersOverItsRate) {
+  const ModelShape m = model_shape(load_model_config("tiny"));
+  const RlJob job = fixed_job(4, 2, 8, 4, 4);
+  ClusterConfig c = flops_only();
+  c.matmul_flops = c.decode_flops = 1e300;
+  c.optimizer_rate = 1e6;
+  Strategy s;
+  s.offload = false;
+  const Prediction one = predict(m, c, job, s);
+  EXPECT_DOUBLE_EQ(one.optimizer, 38304 / 1e6);
+  EXPECT_NEAR(one.training, one.optimizer, 1e-12);
+  s.train.dp = s.generate.dp = 2;
+  s.train.ep = s.generate.ep = 2;
+  const Prediction ep = predict(m, c, job, s);
+  EXPECT_DOUBLE_EQ(ep.optimizer, (m.replicated + m.routed / 2) / 1e6);
+}
+
+// The sampler: one row of V logits per response token a generation rank draws, each costing
+// V / sampler_rate + V log2 V / sampler_sort_rate; twice the response, twice the sampler time.
+TEST(CostModel, SamplerTimeIsDrawnTokensTimesRowCost) {
+  const ModelShape m = model_shape(load_model_config("tiny"));
+  ClusterConfig c = flops_only();
+  c.matmul_flops = c.decode_flops = 1e300;
+  c.sampler_rate = 1e6;
+  c.sampler_sort_rate = 1e7;
+  Strategy s;
+  s.offload = false;
+  const Prediction p = predict(m, c, fixed_job(4, 2, 8, 4, 4), s);
+  // 8 samples x 4 response tokens, V 32: 32 x (32 / 1e6 + 32 x 5 / 1e7) s.
+  EXPECT_DOUBLE_EQ(p.sampler, 32 * (32 / 1e6 + 160 / 1e7));
+  EXPECT_NEAR(p.generation, p.sampler, 1e-12);
+  EXPECT_DOUBLE_EQ(predict(m, c, fixed_job(4, 2, 8, 4, 8), s).sampler, 2 * p.sampler);
+  // Two generation ranks draw half the tokens each.
+  s.train.dp = s.generate.dp = 2;
+  EXPECT_DOUBLE_EQ(predict(m, c, fixed_job(4, 2, 8, 4, 4), s).sampler, p.sampler / 2);
+}
+
+// Memory-bound training work: elementwise passes (16 C values per token per layer per pass) and
+// the loss's passes over the logits (6 float32 values per token per vocabulary entry, 3 more for
+// the reference's log-probs).
+TEST(CostModel, LossOverTheLogitsIsMemoryBound) {
+  const ModelShape m = model_shape(load_model_config("tiny"));
+  ClusterConfig c = flops_only();
+  c.matmul_flops = c.decode_flops = 1e300;
+  c.memory_bandwidth = 1e9;
+  Strategy s;
+  s.offload = false;
+  RlJob job = fixed_job(4, 2, 8, 4, 4);
+  const double tokens = 64, elementwise = tokens * 2 * 16 * 32 * 4 * 3;
+  EXPECT_NEAR(predict(m, c, job, s).training, (elementwise + tokens * 32 * 4 * 6) / 1e9, 1e-12);
+  job.reference = true;  // a fourth pass of elementwise work, three more logit passes
+  EXPECT_NEAR(predict(m, c, job, s).training, (elementwise * 4 / 3 + tokens * 32 * 4 * 9) / 1e9,
+              1e-12);
+}
+
+// Fused StaleSync: continuous batching keeps every slot busy, so at the cut a full batch is in
+// flight and resumed next phase with its prefix (prompt + half the mean response) prefilled again.
+TEST(CostModel, FusedStaleSyncRecomputesAFullBatchOfPrefixes) {
+  const ModelShape m = model_shape(load_model_config("tiny"));
+  const RlJob job = fixed_job(4, 2, 8, 4, 4);
+  Strategy s;
+  s.offload = false;
+  s.staleness = 1;
+  const Prediction p = predict(m, flops_only(), job, s);
+  // 8 samples on one rank: 32 prompt tokens + 8 x (4 + 2) resumed-prefix tokens at context 2,
+  // then max(cut 4, 32 tokens / 8) = 4 decode steps of 8 sequences at context 4 + 2.
+  const double prefill = (32 + 8 * 6) * (2 * 24832 + 4 * 2 * 32 * 2.0);
+  const double decode = 4 * 8 * (2 * 24832 + 4 * 2 * 32 * 6.0);
+  EXPECT_NEAR(p.generation, (prefill + decode) / 1e9, 1e-15);
 }
 
 TEST(CostModel, RingAllreduceAndRemoteOwnersByHand) {

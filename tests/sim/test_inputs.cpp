@@ -14,9 +14,11 @@ namespace {
 
 const char* kCluster =
     "[cluster]\nname = test\ndevices_per_node = 8\nnodes_per_supernode = 4\nsupernodes = 2\n"
-    "matmul_flops = 1e12\nhalf_rate_rows = 64\nmemory_bytes = 64e9\nmemory_bandwidth = "
-    "1e12\nhost_bandwidth = 5e10\n"
-    "kernel_overhead = 1e-6\nintra_node_bandwidth = 2e11\nintra_node_latency = 1e-6\n"
+    "matmul_flops = 1e12\nhalf_rate_rows = 64\nhalf_rate_width = 32\ndecode_flops = 5e11\n"
+    "decode_half_rate_rows = 8\ndecode_half_rate_width = 16\nmemory_bytes = 64e9\n"
+    "memory_bandwidth = 1e12\nhost_bandwidth = 5e10\n"
+    "kernel_overhead = 1e-6\noptimizer_rate = 2e10\nsampler_rate = 1e9\n"
+    "sampler_sort_rate = 4e9\nintra_node_bandwidth = 2e11\nintra_node_latency = 1e-6\n"
     "intra_supernode_bandwidth = 1e11\nintra_supernode_latency = 2e-6\n"
     "inter_supernode_bandwidth = 2.5e10\ninter_supernode_latency = 5e-6\n";
 
@@ -60,12 +62,32 @@ TEST(ClusterConfig, MissingFieldIsNamed) {
       << error_of(text, "missing.ini");
 }
 
+// A file written before the optimizer, sampler and width keys existed: the missing key is named
+// and the message says how to get a complete file.
+TEST(ClusterConfig, OldFileWithoutNewKeysSaysRecalibrate) {
+  for (const char* key :
+       {"half_rate_width", "decode_flops", "decode_half_rate_rows", "decode_half_rate_width",
+        "optimizer_rate", "sampler_rate", "sampler_sort_rate"}) {
+    const std::string message =
+        error_of(replace_line(kCluster, key, ""), std::string("old_") + key + ".ini");
+    EXPECT_NE(message.find(std::string("cluster.") + key), std::string::npos) << message;
+    EXPECT_NE(message.find("rlfusion bench calibrate"), std::string::npos) << message;
+  }
+}
+
 TEST(ClusterConfig, ImpossibleFieldsAreNamed) {
   for (const auto& [key, bad] :
        std::vector<std::pair<std::string, std::string>>{{"devices_per_node", "0"},
                                                         {"supernodes", "-1"},
                                                         {"matmul_flops", "0"},
                                                         {"half_rate_rows", "-1"},
+                                                        {"half_rate_width", "-1"},
+                                                        {"decode_flops", "0"},
+                                                        {"decode_half_rate_rows", "-1"},
+                                                        {"decode_half_rate_width", "-1"},
+                                                        {"optimizer_rate", "0"},
+                                                        {"sampler_rate", "-2"},
+                                                        {"sampler_sort_rate", "0"},
                                                         {"intra_node_bandwidth", "-5"},
                                                         {"inter_supernode_latency", "-1e-6"},
                                                         {"kernel_overhead", "-1"}}) {
@@ -94,9 +116,20 @@ TEST(ClusterConfig, WrittenTextReadsBackEqual) {
   EXPECT_DOUBLE_EQ(back.host_bandwidth, c.host_bandwidth);
   EXPECT_DOUBLE_EQ(back.kernel_overhead, c.kernel_overhead);
   EXPECT_DOUBLE_EQ(back.half_rate_rows, 64);
-  // Hockney: half the peak at the half-rate rows, 2/3 of it at twice as many.
-  EXPECT_DOUBLE_EQ(back.compute_rate(64), 0.5e12);
-  EXPECT_DOUBLE_EQ(back.compute_rate(128), 1e12 * 128 / 192);
+  EXPECT_DOUBLE_EQ(back.half_rate_width, 32);
+  EXPECT_DOUBLE_EQ(back.optimizer_rate, 2e10);
+  EXPECT_DOUBLE_EQ(back.sampler_rate, 1e9);
+  EXPECT_DOUBLE_EQ(back.sampler_sort_rate, 4e9);
+  // Hockney in rows and width: 1 / rate = (1 + 64 / rows + 32 / width) / peak. Half the peak
+  // at the half-rate rows with no width loss, a third of it with the width at its half size too.
+  EXPECT_DOUBLE_EQ(back.compute_rate(64, 1e300), 0.5e12);
+  EXPECT_DOUBLE_EQ(back.compute_rate(64, 32), 1e12 / 3);
+  EXPECT_DOUBLE_EQ(back.compute_rate(128, 64), 1e12 / 2);
+  // Generation's own law: 1 / rate = (1 + 8 / rows + 16 / width) / 5e11.
+  EXPECT_DOUBLE_EQ(back.decode_rate(8, 16), 5e11 / 3);
+  EXPECT_DOUBLE_EQ(back.decode_rate(16, 1e300), 5e11 / 1.5);
+  // The sampler: V / 1e9 + V log2 V / 4e9 a row.
+  EXPECT_DOUBLE_EQ(back.sampler_seconds(1024), 1024 / 1e9 + 1024 * 10 / 4e9);
   EXPECT_DOUBLE_EQ(back.intra_supernode.latency, c.intra_supernode.latency);
   EXPECT_DOUBLE_EQ(back.inter_supernode.bandwidth, c.inter_supernode.bandwidth);
 }
