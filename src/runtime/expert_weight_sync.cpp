@@ -10,6 +10,7 @@ namespace rlf {
 namespace {
 
 constexpr int kTag = 7401;
+constexpr int kTableTag = 7402;
 
 int index_of(const std::vector<int>& ranks, int world_rank) {
   const auto at = std::find(ranks.begin(), ranks.end(), world_rank);
@@ -29,7 +30,7 @@ ExpertWeightSync::~ExpertWeightSync() {
 }
 
 uint64_t ExpertWeightSync::sync(float* params, const ParameterLayout& layout,
-                                WeightSync& replicated) {
+                                WeightSync& replicated, const std::vector<int>* learner_slots) {
   uint64_t bytes = 0;
   const Role role = topology_.role();
   if (replicated.member()) {
@@ -44,24 +45,61 @@ uint64_t ExpertWeightSync::sync(float* params, const ParameterLayout& layout,
   const std::vector<int>& actors = topology_.ranks_of(Role::Actor);
   const int me = topology_.world_rank();
   Links& links = topology_.links();
+  const int learner_index = index_of(learners, me);
+  const bool sender = role == Role::Learner && learner_index >= 0 && learner_index < learner_ep_;
+  if (role != Role::Actor && !sender) return bytes;
+  // The learners' expert -> slot table: learner 0 tells every actor.
+  std::vector<int> slot_of(static_cast<size_t>(experts_));
+  if (role == Role::Learner && learner_slots) {
+    slot_of = *learner_slots;
+  } else if (role == Role::Learner) {
+    for (int e = 0; e < experts_; ++e) slot_of[size_t(e)] = e;
+  }
+  const uint64_t table_bytes = slot_of.size() * sizeof(int);
+  if (learner_index == 0) {
+    for (int actor : actors) {
+      links.send(slot_of.data(), table_bytes, actor, kTableTag, comm_);
+      bytes += table_bytes;
+    }
+  } else if (role == Role::Actor) {
+    bytes += links.recv(slot_of.data(), table_bytes, learners.front(), kTableTag, comm_);
+  }
+  const int local = experts_ / learner_ep_;
+  // The experts of `actor_shard` that learner `l` holds, in expert order: the message's content
+  // on both sides.
+  auto shared = [&](int l, ExpertShard actor_shard) {
+    std::vector<int> out;
+    for (int e = actor_shard.first; e < actor_shard.first + actor_shard.count; ++e) {
+      if (slot_of[size_t(e)] / local == l) out.push_back(e);
+    }
+    return out;
+  };
   // Sends go actor by actor and receives learner by learner: a fixed order on both sides, so
   // the blocking point-to-point messages cannot wait on each other in a cycle.
-  if (role == Role::Learner && index_of(learners, me) < learner_ep_) {
-    const ExpertShard mine = expert_shard_of(index_of(learners, me), learner_ep_, experts_);
+  if (sender) {
     for (size_t a = 0; a < actors.size(); ++a) {
-      const ExpertShard both = shard_overlap(mine, expert_shard_of(int(a), actor_ep_, experts_));
-      if (both.count <= 0) continue;
-      const std::vector<float> slices =
-          pack_ranges(params, expert_slices(layout, both.first, both.count));
+      const std::vector<int> both =
+          shared(learner_index, expert_shard_of(int(a), actor_ep_, experts_));
+      if (both.empty()) continue;
+      std::vector<float> slices;
+      for (int e : both) {
+        const std::vector<float> one =
+            pack_ranges(params, expert_slices(layout, slot_of[size_t(e)], 1));
+        slices.insert(slices.end(), one.begin(), one.end());
+      }
       links.send(slices.data(), slices.size() * sizeof(float), actors[a], kTag, comm_);
       bytes += slices.size() * sizeof(float);
     }
-  } else if (role == Role::Actor) {
+  } else {
     const ExpertShard mine = expert_shard_of(index_of(actors, me), actor_ep_, experts_);
     for (int l = 0; l < learner_ep_; ++l) {
-      const ExpertShard both = shard_overlap(mine, expert_shard_of(l, learner_ep_, experts_));
-      if (both.count <= 0) continue;
-      const std::vector<ParameterRange> ranges = expert_slices(layout, both.first, both.count);
+      const std::vector<int> both = shared(l, mine);
+      if (both.empty()) continue;
+      std::vector<ParameterRange> ranges;
+      for (int e : both) {
+        const std::vector<ParameterRange> one = expert_slices(layout, e, 1);
+        ranges.insert(ranges.end(), one.begin(), one.end());
+      }
       std::vector<float> slices(size_t(ranges_size(ranges)));
       bytes += links.recv(slices.data(), slices.size() * sizeof(float), learners[size_t(l)], kTag,
                           comm_);

@@ -123,10 +123,22 @@ OptimizerShard RoleExpertParallel::optimizer_shard(const ParameterLayout& layout
   OptimizerShard shard;
   shard.replicated = replicated_ranges(layout);
   shard.owned = expert_slices(layout, this->shard().first, this->shard().count);
-  const MPI_Comm group = ep_group_.comm;
-  shard.sum_over_group = [group](double x) {
-    MPI_Allreduce(MPI_IN_PLACE, &x, 1, MPI_DOUBLE, MPI_SUM, group);
-    return x;
+  for (int s = 0; s < this->shard().count; ++s)
+    shard.owned_slots.push_back(expert_slices(layout, this->shard().first + s, 1));
+  // Each expert's entry has one nonzero term in the allreduce (its holder's), so the sum is exact
+  // and the total's grouping depends on expert ids only. Reads the table in force at each step.
+  shard.sum_over_group = [this](const std::vector<double>& per_slot) {
+    std::vector<double> per_expert(size_t(experts_), 0.0);
+    for (int e = 0; e < experts_; ++e) {
+      const int slot = slot_of_[size_t(e)];
+      if (slot / (experts_ / degree_) == ep_rank_) {
+        per_expert[size_t(e)] = per_slot[size_t(slot - this->shard().first)];
+      }
+    }
+    MPI_Allreduce(MPI_IN_PLACE, per_expert.data(), experts_, MPI_DOUBLE, MPI_SUM, ep_group_.comm);
+    double sum = 0;
+    for (double x : per_expert) sum += x;
+    return sum;
   };
   return shard;
 }
