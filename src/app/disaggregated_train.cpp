@@ -151,7 +151,7 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
           policy.config.name.c_str(), policy.config.parameter_count() / 1e6,
           policy.task->name().c_str(), (unsigned long long)run.seed, dir.path().c_str());
   dir.log("%s", topology.layout_table().c_str());
-  dir.log("%s", describe_router_skew(options.rebalance, run.seed).c_str());
+  dir.log("%s", describe_router_skew(options.rebalance).c_str());
   saved.describe(dir);
 
   Transformer<float>& model = *policy.model;

@@ -101,7 +101,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
           policy.task->name().c_str(), (unsigned long long)run.seed, dir.path().c_str());
   dir.log("%s", topology.layout_table().c_str());
   dir.log("%s", describe_learned_reward(rl, learned.get()).c_str());
-  dir.log("%s", describe_router_skew(options.rebalance, run.seed).c_str());
+  dir.log("%s", describe_router_skew(options.rebalance).c_str());
   saved.describe(dir);
   if (fused_all && rl.kl_coef > 0) {
     dir.log("# reference model (KL): %s in the device arena (with the policy)\n",

@@ -58,7 +58,6 @@ Policy make_policy_context(const RunOptions& run, const PolicyOptions& options) 
   Policy policy;
   policy.config = load_model_config(run.model);
   policy.config.router_skew = options.router_skew;
-  policy.config.router_skew_seed = run.seed;
   policy.task = make_task(load_task_config(options.task, run.seed));
   check_model_fits_task(policy.config, *policy.task, "model '" + policy.config.name + "'");
   RunDirectory::check_writable(run.run_dir, options.overwrite);

@@ -188,7 +188,7 @@ int run_train_command(const std::vector<std::string>& args) {
           policy.config.name.c_str(), policy.config.parameter_count() / 1e6, task.name().c_str(),
           policy.device->describe().c_str(), (unsigned long long)run.seed, dir.path().c_str());
   dir.log("%s", describe_learned_reward(o, learned.get()).c_str());
-  dir.log("%s", describe_router_skew(multi_rank.rebalance, run.seed).c_str());
+  dir.log("%s", describe_router_skew(multi_rank.rebalance).c_str());
   saved.describe(dir);
   const auto run_start = Clock::now();
   RlPosition position;

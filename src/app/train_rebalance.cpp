@@ -59,9 +59,9 @@ po::options_description rebalance_options_description(RebalanceOptions& o) {
   add("rebalance-smoothing", po::value(&o.smoothing)->default_value(o.smoothing),
       "weight of the newest step in the expert loads' moving average, in (0, 1]");
   add("router-skew", po::value(&o.router_skew)->default_value(o.router_skew),
-      "experiments: add a seeded bias to every router's logits so that a few experts get most "
-      "tokens (prior odds fall by e^S from the hottest expert to the coldest; changes the "
-      "model; 0: off)");
+      "experiments: add -S x expert / (experts - 1) to every router's logits, so that the "
+      "low-numbered experts (EP rank 0's at the start) get most tokens; changes the model; 0: "
+      "off");
   return d;
 }
 
@@ -103,13 +103,13 @@ void validate(const RebalanceOptions& o, bool fused, int learner_expert_parallel
   }
 }
 
-std::string describe_router_skew(const RebalanceOptions& o, uint64_t seed) {
+std::string describe_router_skew(const RebalanceOptions& o) {
   if (o.router_skew == 0.0f) return "";
   char line[200];
   std::snprintf(line, sizeof line,
-                "# router skew %g (seed %llu): every router's logits get a bias, the model is "
-                "not the plain one\n",
-                double(o.router_skew), (unsigned long long)seed);
+                "# router skew %g: every router's logits get -%g x expert / (experts - 1), the "
+                "model is not the plain one\n",
+                double(o.router_skew), double(o.router_skew));
   return line;
 }
 

@@ -35,8 +35,9 @@ po::options_description rebalance_options_description(RebalanceOptions& options)
 // layout it needs (`fused`: --mode fused; learner EP degree; overlap chunks).
 void validate(const RebalanceOptions& options, bool fused, int learner_expert_parallel,
               int overlap_chunks);
-// "router skew 2 (seed 1)" or "" when off, for logs; the JSON fragment `"router_skew":S,` (always).
-std::string describe_router_skew(const RebalanceOptions& options, uint64_t seed);
+// A log line naming the router skew ("" when off); the JSON fragment
+// `"router_skew":S,"rebalance_every":K,` (always).
+std::string describe_router_skew(const RebalanceOptions& options);
 std::string router_skew_json(const RebalanceOptions& options);
 
 class TrainRebalancer {

@@ -25,7 +25,6 @@ struct ModelConfig {
   // Injected router skew (src/model/router_skew.h; not read from model files: `train
   // --router-skew`): 0 is the plain model.
   float router_skew = 0.0f;
-  uint64_t router_skew_seed = 0;
 
   int head_dim() const { return d_model / n_heads; }
   int64_t parameter_count() const;
