@@ -85,6 +85,23 @@ TEST(TrainRebalance, MigratingLearnersTrainLikeTheRunThatNeverMigrates) {
   EXPECT_NE(json.output.find("\"migrations\":[]"), std::string::npos) << json.output;
 }
 
+// bench rebalance's correctness verdict and load figures (never its times): the static run's
+// hot experts share EP rank 0, the rebalanced one moves them and ends with the same weights.
+TEST(TrainRebalance, BenchMigratesAndKeepsTheWeights) {
+  const CommandResult r = test::run_rlfusion(
+      "bench rebalance --model tiny --steps 6 --length 24 --rebalance-min-gain 0 --threads 1 "
+      "--json",
+      2);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("Final weights bit-identical            : OK"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(test::json_number(r.output, "bit_identical"), 1);
+  EXPECT_GT(test::json_number(r.output, "migrations"), 0);
+  EXPECT_LT(test::json_number(r.output, "rebalanced_load_max_over_mean"),
+            test::json_number(r.output, "static_load_max_over_mean"))
+      << r.output;
+}
+
 TEST(TrainRebalance, BadValuesAreRefusedBeforeAnyWork) {
   const std::string dir = temp_dir("bad");
   const std::string run = "train --model tiny --task sort --steps 2 --run-dir " + dir + " ";
