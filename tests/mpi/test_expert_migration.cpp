@@ -17,6 +17,7 @@
 #include "src/rl/rl_step.h"
 #include "src/rl/task.h"
 #include "src/runtime/role_expert_parallel.h"
+#include "tests/mpi/fixed_batch_loss.h"
 #include "tests/mpi/mpi_test_util.h"
 #include "tests/rl_batch.h"
 #include "tests/test_util.h"
@@ -24,23 +25,6 @@
 
 namespace rlf {
 namespace {
-
-// Mean negative log-likelihood of fixed tokens (every rank the same ones; collective).
-double fixed_batch_loss(Transformer<float>& model) {
-  const int T = 12, V = model.config().vocab_size;
-  std::vector<int> tokens(static_cast<size_t>(T)), offsets{0, T};
-  for (int t = 0; t < T; ++t) tokens[size_t(t)] = (t * 5 + 3) % V;
-  const float* logits = model.forward(tokens.data(), offsets.data(), 1);
-  double loss = 0;
-  for (int t = 0; t + 1 < T; ++t) {
-    const float* row = logits + int64_t(t) * V;
-    double z = 0;
-    for (int v = 0; v < V; ++v) z += std::exp(double(row[v]));
-    loss += std::log(z) - double(row[tokens[size_t(t) + 1]]);
-  }
-  model.release_activations();
-  return loss / (T - 1);
-}
 
 TEST(ExpertMigration, MovingEveryExpertKeepsTrainingBitIdentical) {
   const int rank = test::world_rank(), size = test::world_size();
@@ -102,7 +86,7 @@ TEST(ExpertMigration, MovingEveryExpertKeepsTrainingBitIdentical) {
         if (int(i % size_t(size)) == rank) share.push_back(batch[i]);
       optimize_on_rollouts(still, still_opt, share, settings, still_hooks);
       optimize_on_rollouts(moved, moved_opt, share, settings, moved_hooks);
-      EXPECT_EQ(fixed_batch_loss(moved), fixed_batch_loss(still)) << "step " << step;
+      EXPECT_EQ(test::fixed_batch_loss(moved), test::fixed_batch_loss(still)) << "step " << step;
       ep_still.gather_full_model(still.parameters(), still.layout(), full_still.data(),
                                  full_layout);
       ep_moved.gather_full_model(moved.parameters(), moved.layout(), full_moved.data(),

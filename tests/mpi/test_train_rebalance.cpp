@@ -17,6 +17,7 @@
 #include "src/model/expert_parallel.h"
 #include "src/rl/rl_step.h"
 #include "src/rl/task.h"
+#include "tests/mpi/fixed_batch_loss.h"
 #include "tests/mpi/mpi_test_util.h"
 #include "tests/rl_batch.h"
 #include "tests/test_util.h"
@@ -24,23 +25,6 @@
 
 namespace rlf {
 namespace {
-
-// Mean negative log-likelihood of fixed tokens (every rank the same ones; collective).
-double fixed_batch_loss(Transformer<float>& model) {
-  const int T = 12, V = model.config().vocab_size;
-  std::vector<int> tokens(static_cast<size_t>(T)), offsets{0, T};
-  for (int t = 0; t < T; ++t) tokens[size_t(t)] = (t * 7 + 2) % V;
-  const float* logits = model.forward(tokens.data(), offsets.data(), 1);
-  double loss = 0;
-  for (int t = 0; t + 1 < T; ++t) {
-    const float* row = logits + int64_t(t) * V;
-    double z = 0;
-    for (int v = 0; v < V; ++v) z += std::exp(double(row[v]));
-    loss += std::log(z) - double(row[tokens[size_t(t) + 1]]);
-  }
-  model.release_activations();
-  return loss / (T - 1);
-}
 
 // One EP learner: the policy, its frozen reference (sharded alike), AdamW with clipping.
 struct Learner {
@@ -107,8 +91,9 @@ TEST(TrainRebalance, MigratingEveryStepKeepsTrainingBitIdentical) {
       optimize_on_rollouts(moved.model, moved.optimizer, share, settings, moved.hooks);
       rebalancer.end_of_step(step, 1.0);
       placement_changed = placement_changed || moved.ep.expert_slots() != identity;
-      EXPECT_EQ(fixed_batch_loss(moved.model), fixed_batch_loss(still.model)) << "step " << step;
-      EXPECT_EQ(fixed_batch_loss(moved.reference), fixed_batch_loss(still.reference))
+      EXPECT_EQ(test::fixed_batch_loss(moved.model), test::fixed_batch_loss(still.model))
+          << "step " << step;
+      EXPECT_EQ(test::fixed_batch_loss(moved.reference), test::fixed_batch_loss(still.reference))
           << "step " << step;
       still.ep.gather_full_model(still.model.parameters(), still.model.layout(), full_still.data(),
                                  full_layout);
