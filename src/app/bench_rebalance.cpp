@@ -34,6 +34,7 @@ using Clock = std::chrono::steady_clock;
 
 struct RebalanceBenchOptions {
   int steps = 16, sequences = 8, length = 48;
+  bool verbose = false;  // print every migration's log line
   RebalanceOptions rebalance;
 };
 
@@ -106,7 +107,8 @@ RunResult train_run(const RebalanceBenchOptions& o, bool rebalance, const RunOpt
       const auto start = Clock::now();
       optimize_on_rollouts(model, optimizer, batch, step_settings, hooks);
       const double train = std::chrono::duration<double>(Clock::now() - start).count();
-      rebalancer.end_of_step(step, train);
+      const std::string migrated = rebalancer.end_of_step(step, train);
+      if (world.rank() == 0 && o.verbose) std::fputs(migrated.c_str(), stdout);
       result.step_seconds.push_back(
           max_over_world(std::chrono::duration<double>(Clock::now() - start).count()));
       // Tokens routed to each EP rank's experts during the step, over every rank's tokens, layer
@@ -158,6 +160,7 @@ int run_bench_rebalance_command(const std::vector<std::string>& args) {
   add("sequences", po::value(&o.sequences)->default_value(o.sequences),
       "sequences per rank and step");
   add("length", po::value(&o.length)->default_value(o.length), "tokens per sequence (>= 5)");
+  add("verbose", po::bool_switch(&o.verbose), "print every migration as `train` logs it");
   description.add(bench);
   description.add(rebalance_options_description(o.rebalance));
   if (!parse_options("bench rebalance", args, description, run)) return 0;
