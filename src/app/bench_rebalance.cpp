@@ -102,7 +102,7 @@ RunResult train_run(const RebalanceBenchOptions& o, bool rebalance, const RunOpt
     for (int step = 1; step <= o.steps; ++step) {
       const std::vector<Rollout> batch =
           synthetic_batch(o, run.seed, step, world.rank(), config.vocab_size);
-      const std::vector<int> slots = ep.expert_slots();  // the placement this step runs on
+      const std::vector<std::vector<int>> slots = ep.expert_slots();  // this step's placement
       MPI_Barrier(MPI_COMM_WORLD);
       const auto start = Clock::now();
       optimize_on_rollouts(model, optimizer, batch, step_settings, hooks);
@@ -124,7 +124,8 @@ RunResult train_run(const RebalanceBenchOptions& o, bool rebalance, const RunOpt
       for (int layer = 0; layer < L; ++layer) {
         std::vector<double> per_rank(size_t(size), 0.0);
         for (int e = 0; e < E; ++e)
-          per_rank[size_t(slots[size_t(e)] / local)] += per_expert[size_t(layer) * E + size_t(e)];
+          per_rank[size_t(slots[size_t(layer)][size_t(e)] / local)] +=
+              per_expert[size_t(layer) * E + size_t(e)];
         busiest += max_of(per_rank);
         mean += mean_of(per_rank);
       }

@@ -16,9 +16,9 @@ namespace rlf {
 
 namespace {
 
-// Bytes per routed expert of one EP rank's slot: its slices of every buffer that migrates.
+// Bytes of one routed expert of one layer: its slices of every buffer that migrates.
 double expert_bytes(const ParameterLayout& layout, int buffers) {
-  return double(ranges_size(expert_slices(layout, layout.first_expert(), 1))) * sizeof(float) *
+  return double(ranges_size(expert_slices(layout, layout.first_expert(), 1, 0))) * sizeof(float) *
          buffers;
 }
 
@@ -35,11 +35,6 @@ std::vector<int> slots_of(const Placement& p) {
   std::vector<int> slot_of(size_t(p.experts), 0);
   for (size_t s = 0; s < p.slot_expert.size(); ++s) slot_of[size_t(p.slot_expert[s])] = int(s);
   return slot_of;
-}
-
-double max_over_mean(const std::vector<double>& loads) {
-  const double mean = mean_of(loads);
-  return mean > 0 ? max_of(loads) / mean : 1.0;
 }
 
 }  // namespace
@@ -131,7 +126,9 @@ TrainRebalancer::TrainRebalancer(const RebalanceOptions& options, RoleExpertPara
       optimizer_(optimizer),
       reference_(reference),
       trace_(trace),
-      predictor_(model.config().n_experts, LoadPredictorOptions{options.smoothing, 0.0}) {
+      predictors_(
+          size_t(model.config().n_layers),
+          LoadPredictor(model.config().n_experts, LoadPredictorOptions{options.smoothing, 0.0})) {
   const ModelConfig& c = model.config();
   if (reference_ && reference_->layout().total() != model.layout().total()) {
     throw std::logic_error("TrainRebalancer: the reference stores other experts than the policy");
@@ -177,24 +174,25 @@ std::string TrainRebalancer::describe() const {
   char line[400];
   std::snprintf(line, sizeof line,
                 "# rebalancing: every %d steps, horizon %d steps, migrate when gain > %g x cost; "
-                "EMA %g; one expert (weights + AdamW moments%s) %.3f MB over the measured link "
-                "at %.3f GB/s; no replicas\n",
+                "EMA %g, one placement per layer; one expert of one layer (weights + AdamW "
+                "moments%s) %.3f MB over the measured link at %.3f GB/s; no replicas\n",
                 options_.every, options_.horizon, options_.min_gain_ratio, options_.smoothing,
                 reference_ ? " + reference" : "", bytes_per_expert_ / 1e6, link_rate_ / 1e9);
   return line;
 }
 
-std::vector<double> TrainRebalancer::take_router_loads(int step) {
+std::vector<std::vector<double>> TrainRebalancer::take_router_loads(int step) {
   const int E = model_.config().n_experts;
-  std::vector<double> total(size_t(E), 0.0);
+  std::vector<std::vector<double>> loads;
   for (int l = 0; l < model_.config().n_layers; ++l) {
     const std::vector<int64_t> tokens = model_.expert_dispatcher(l)->take_expert_tokens();
+    loads.emplace_back(size_t(E), 0.0);
     for (int e = 0; e < E; ++e) {
       trace_.record_router_load({step, l, e, tokens[size_t(e)]});
-      total[size_t(e)] += double(tokens[size_t(e)]);
+      loads.back()[size_t(e)] = double(tokens[size_t(e)]);
     }
   }
-  return total;
+  return loads;
 }
 
 MigrationPlan TrainRebalancer::plan(const Placement& current,
@@ -212,33 +210,53 @@ MigrationPlan TrainRebalancer::plan(const Placement& current,
 }
 
 std::string TrainRebalancer::end_of_step(int step, double step_seconds) {
-  std::vector<double> loads = take_router_loads(step);
+  std::vector<std::vector<double>> loads = take_router_loads(step);
   if (options_.every == 0) return "";
   // Every learner's tokens, so all replicas decide on the same numbers.
-  MPI_Allreduce(MPI_IN_PLACE, loads.data(), int(loads.size()), MPI_DOUBLE, MPI_SUM, learners_.comm);
+  const int L = int(loads.size()), E = model_.config().n_experts;
+  std::vector<double> flat;
+  for (const std::vector<double>& layer : loads)
+    flat.insert(flat.end(), layer.begin(), layer.end());
+  MPI_Allreduce(MPI_IN_PLACE, flat.data(), int(flat.size()), MPI_DOUBLE, MPI_SUM, learners_.comm);
   MPI_Allreduce(MPI_IN_PLACE, &step_seconds, 1, MPI_DOUBLE, MPI_MAX, learners_.comm);
-  predictor_.observe(loads);
-  const Placement current = placement_of(ep_.expert_slots(), cluster_);
+  const std::vector<std::vector<int>>& slots = ep_.expert_slots();
+  std::vector<Placement> current;
+  for (int l = 0; l < L; ++l) {
+    loads[size_t(l)].assign(flat.begin() + int64_t(l) * E, flat.begin() + int64_t(l + 1) * E);
+    predictors_[size_t(l)].observe(loads[size_t(l)]);
+    current.push_back(placement_of(slots[size_t(l)], cluster_));
+    interval_busiest_tokens_ += max_of(current.back().device_loads(loads[size_t(l)]));
+  }
   interval_seconds_ += step_seconds;
-  interval_busiest_tokens_ += max_of(current.device_loads(loads));
   if (step % options_.every != 0 || interval_busiest_tokens_ <= 0) return "";
-  const std::vector<double> predicted = predictor_.predict(options_.horizon);
-  const MigrationPlan decided = plan(current, predicted);
-  interval_seconds_ = interval_busiest_tokens_ = 0;
-  if (!decided.migrate) return "";
-
-  const std::vector<int> old_slots = ep_.expert_slots();
-  const std::vector<int> new_slots = slots_of(decided.target);
+  // Each layer decides on its own (its exchange waits for its own busiest rank).
   ExpertMigration record;
   record.step = step;
-  for (size_t e = 0; e < old_slots.size(); ++e) {
-    record.experts_moved +=
-        old_slots[e] / cluster_.slots_per_device != new_slots[e] / cluster_.slots_per_device;
+  std::vector<std::vector<int>> new_slots = slots;
+  double busiest_before = 0, busiest_after = 0, mean = 0;
+  for (int l = 0; l < L; ++l) {
+    const std::vector<double> predicted = predictors_[size_t(l)].predict(options_.horizon);
+    const MigrationPlan decided = plan(current[size_t(l)], predicted);
+    const std::vector<double> before = current[size_t(l)].device_loads(predicted);
+    busiest_before += max_of(before);
+    mean += mean_of(before);
+    if (!decided.migrate) {
+      busiest_after += max_of(before);
+      continue;
+    }
+    busiest_after += max_of(decided.target.device_loads(predicted));
+    new_slots[size_t(l)] = slots_of(decided.target);
+    for (int e = 0; e < E; ++e) {
+      record.experts_moved += slots[size_t(l)][size_t(e)] / cluster_.slots_per_device !=
+                              new_slots[size_t(l)][size_t(e)] / cluster_.slots_per_device;
+    }
+    record.predicted_gain_seconds += decided.gain_seconds;
+    record.cost_seconds += decided.seconds;
   }
-  record.predicted_gain_seconds = decided.gain_seconds;
-  record.cost_seconds = decided.seconds;
-  record.max_mean_before = max_over_mean(current.device_loads(predicted));
-  record.max_mean_after = max_over_mean(decided.target.device_loads(predicted));
+  interval_seconds_ = interval_busiest_tokens_ = 0;
+  if (new_slots == slots) return "";
+  record.max_mean_before = mean > 0 ? busiest_before / mean : 1.0;
+  record.max_mean_after = mean > 0 ? busiest_after / mean : 1.0;
   std::vector<float*> buffers = {model_.parameters(), optimizer_.first_moment(),
                                  optimizer_.second_moment()};
   if (reference_) buffers.push_back(reference_->parameters());
@@ -249,11 +267,11 @@ std::string TrainRebalancer::end_of_step(int step, double step_seconds) {
   }
   trace_.record_migration(record);
   ++migrations_;
-  char line[300];
+  char line[320];
   std::snprintf(line, sizeof line,
-                "# migration after step %d: %d experts to other EP ranks, %.3f MB sent by this "
-                "rank; predicted gain %.4f s over %d steps vs cost %.4f s; predicted max/mean "
-                "EP-rank load %.3f -> %.3f\n",
+                "# migration after step %d: %d (layer, expert) pairs to other EP ranks, %.3f MB "
+                "sent by this rank; predicted gain %.4f s over %d steps vs cost %.4f s; predicted "
+                "max/mean EP-rank load (busiest per layer, summed) %.3f -> %.3f\n",
                 step, record.experts_moved, double(record.bytes) / 1e6,
                 record.predicted_gain_seconds, options_.horizon, record.cost_seconds,
                 record.max_mean_before, record.max_mean_after);

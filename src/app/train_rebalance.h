@@ -1,10 +1,11 @@
 // EDPB inside an expert-parallel `train` (docs/EDPB.md "Rebalancing in train"): every learner
 // records its router statistics per step into the trace, and with --rebalance-every K the
-// learners feed the loads summed over all of them to the load predictor every step and, every K
-// steps, let the migration planner decide whether moving experts between the EP ranks pays off
-// over the horizon at the measured link rate; if so the experts move live, rank to rank, with
-// their AdamW moments (and the frozen reference's weights). Every decision is the same on every
-// learner (the same summed loads, pure functions), so the DP replicas keep one placement.
+// learners feed the loads summed over all of them to one load predictor per layer every step
+// and, every K steps, let the migration planner decide for each layer whether moving its experts
+// between the EP ranks pays off over the horizon at the measured link rate; if so the experts
+// move live, rank to rank, with their AdamW moments (and the frozen reference's weights). Every
+// decision is the same on every learner (the same summed loads, pure functions), so the DP replicas
+// keep one placement.
 #pragma once
 
 #include <memory>
@@ -60,8 +61,8 @@ class TrainRebalancer {
   std::string describe() const;
 
  private:
-  // This step's tokens per expert, summed over layers (and recorded per layer in the trace).
-  std::vector<double> take_router_loads(int step);
+  // This step's tokens per layer and expert, [layer][expert] (also recorded in the trace).
+  std::vector<std::vector<double>> take_router_loads(int step);
   MigrationPlan plan(const Placement& current, const std::vector<double>& predicted) const;
   double measure_link_rate() const;
 
@@ -73,9 +74,11 @@ class TrainRebalancer {
   Transformer<float>* reference_;
   TraceRecorder& trace_;
   ExpertCluster cluster_;
-  LoadPredictor predictor_;
+  std::vector<LoadPredictor> predictors_;  // one per layer
+  // One expert of one layer: its weights + AdamW moments (+ reference weights).
   double bytes_per_expert_ = 0, link_rate_ = 0, expert_share_ = 0, arena_bytes_ = 0;
-  // Since the last decision: the slowest learner's step seconds and the busiest EP rank's tokens.
+  // Since the last decision: the slowest learner's step seconds and the busiest EP rank's tokens
+  // summed over layers (each layer's exchange waits for its busiest rank).
   double interval_seconds_ = 0, interval_busiest_tokens_ = 0;
   int migrations_ = 0;
 };

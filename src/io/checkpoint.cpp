@@ -15,6 +15,7 @@
 #include "kernels/error.h"
 #include "src/io/durable_file.h"
 #include "src/io/hdf5_helpers.h"
+#include "src/model/expert_parallel.h"
 
 namespace rlf {
 
@@ -143,9 +144,14 @@ std::vector<uint32_t> read_crc_attribute(hid_t object, const std::string& where,
 struct Writers {
   MPI_Comm comm = MPI_COMM_NULL;
   int rank = 0;
-  std::vector<int> first_expert;    // of every rank of comm
-  hid_t transfer = H5P_DEFAULT;     // dataset transfer properties of every write
-  std::vector<int> expert_of_slot;  // slot -> the expert it holds (identity without migration)
+  std::vector<int> first_expert;  // of every rank of comm
+  hid_t transfer = H5P_DEFAULT;   // dataset transfer properties of every write
+  // [layer][slot] -> the expert it holds (empty: the identity, no migration)
+  std::vector<std::vector<int>> expert_of_slot;
+
+  int expert_at(const ParameterTensor& t, int slot) const {
+    return expert_of_slot.empty() ? slot : expert_of_slot[size_t(tensor_layer(t))][size_t(slot)];
+  }
 };
 
 // All of `set` from `data` on rank 0 of the writers; the others join with nothing selected.
@@ -199,8 +205,7 @@ void write_expert_rows(hid_t set, const std::vector<hsize_t>& shape, const Param
                        int first_slot, const float* data, const Writers& writers) {
   const int rows = int(t.shape[0]);
   std::vector<std::pair<int, int>> by_expert;  // (expert, local row)
-  for (int j = 0; j < rows; ++j)
-    by_expert.push_back({writers.expert_of_slot[size_t(first_slot + j)], j});
+  for (int j = 0; j < rows; ++j) by_expert.push_back({writers.expert_at(t, first_slot + j), j});
   std::sort(by_expert.begin(), by_expert.end());
   const size_t each = size_t(t.numel / t.shape[0]);
   std::vector<float> packed(size_t(rows) * each);
@@ -282,9 +287,7 @@ void write_tensors(hid_t parent, const char* name, const ModelConfig& config,
       crcs[i].assign(size_t(config.n_experts), 0);
       for (int r = 0; r < size; ++r) {
         for (int j = 0; j < rows; ++j) {
-          const int slot = writers.first_expert[size_t(r)] + j;
-          const int expert =
-              writers.expert_of_slot.empty() ? slot : writers.expert_of_slot[size_t(slot)];
+          const int expert = writers.expert_at(tensors[i], writers.first_expert[size_t(r)] + j);
           crcs[i][size_t(expert)] = all[size_t(r * rows + j)];
         }
       }
@@ -671,20 +674,21 @@ void write_checkpoint_sharded(const std::string& run_dir, const ModelConfig& con
   writers.first_expert.resize(size_t(size));
   MPI_Allgather(&first, 1, MPI_INT, writers.first_expert.data(), 1, MPI_INT, comm);
   if (tensors.expert_slots) {
-    const std::vector<int>& slot_of = *tensors.expert_slots;
-    if (int(slot_of.size()) != config.n_experts) {
-      throw std::invalid_argument("write_checkpoint_sharded: the expert -> slot table has " +
-                                  std::to_string(slot_of.size()) + " entries, not " +
-                                  std::to_string(config.n_experts));
-    }
-    writers.expert_of_slot.assign(slot_of.size(), -1);
-    for (size_t e = 0; e < slot_of.size(); ++e) {
-      if (slot_of[e] < 0 || slot_of[e] >= config.n_experts ||
-          writers.expert_of_slot[size_t(slot_of[e])] != -1) {
-        throw std::invalid_argument(
-            "write_checkpoint_sharded: the expert -> slot table is not a permutation");
+    for (const std::vector<int>& slot_of : *tensors.expert_slots) {
+      std::vector<int> expert_of(slot_of.size(), -1);
+      for (size_t e = 0; e < slot_of.size(); ++e) {
+        if (slot_of.size() != size_t(config.n_experts) || slot_of[e] < 0 ||
+            slot_of[e] >= config.n_experts || expert_of[size_t(slot_of[e])] != -1) {
+          throw std::invalid_argument(
+              "write_checkpoint_sharded: an expert -> slot table is not a permutation of the "
+              "model's experts");
+        }
+        expert_of[size_t(slot_of[e])] = int(e);
       }
-      writers.expert_of_slot[size_t(slot_of[e])] = int(e);
+      writers.expert_of_slot.push_back(std::move(expert_of));
+    }
+    if (int(writers.expert_of_slot.size()) != expert_layers(layout)) {
+      throw std::invalid_argument("write_checkpoint_sharded: one expert -> slot table per layer");
     }
   }
   const CheckpointCounters agreed = broadcast_counters(counters, comm);

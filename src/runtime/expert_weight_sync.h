@@ -3,8 +3,9 @@
 // by WeightSync's hierarchical broadcast); every actor gets each routed expert it stores from the
 // learner of replica 0 that holds it, one message per (learner, actor) pair that share experts.
 // No rank sends an expert it does not hold or receives one it does not store. Learners may have
-// moved experts between their slots (expert migration: learner 0 sends its expert -> slot table
-// to every actor first); actors always store experts in the identity placement, by expert id.
+// moved experts between their slots (expert migration: learner 0 sends its expert -> slot tables,
+// one per layer, to every actor first); actors always store experts in the identity placement,
+// by expert id.
 #pragma once
 
 #include <cstdint>
@@ -26,10 +27,11 @@ class ExpertWeightSync {
   ExpertWeightSync& operator=(const ExpertWeightSync&) = delete;
 
   // Learners of replica 0 send, actors receive into `params` (this rank's model, `layout`);
-  // every other rank returns at once. `learner_slots`: on learners, their expert -> slot table
-  // (null: the identity); ignored on actors. Returns the bytes this rank sent or received.
+  // every other rank returns at once. `learner_slots`: on learners, their expert -> slot tables
+  // ([layer][expert]; null or empty: the identity); ignored on actors. Returns the bytes this
+  // rank sent or received.
   uint64_t sync(float* params, const ParameterLayout& layout, WeightSync& replicated,
-                const std::vector<int>* learner_slots = nullptr);
+                const std::vector<std::vector<int>>* learner_slots = nullptr);
 
  private:
   Topology& topology_;

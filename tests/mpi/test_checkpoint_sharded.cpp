@@ -98,26 +98,34 @@ TEST(ShardedCheckpoint, EqualsTheWholeModelAndLoadsAtAnyExpertParallelDegree) {
   }
 }
 
-// After expert migration a rank's slots hold any experts (here slot s holds expert E - 1 - s,
-// so every expert sits on another rank than at the start): the file still stores them by expert
-// id, equal to the whole model, with per-expert checksums that a reader at the identity
-// placement checks.
+// After expert migration a rank's slots hold any experts, each layer its own (here layer 0's slot
+// s holds expert E - 1 - s, so every expert sits on another rank than at the start, and the other
+// layers' slots are rotated by the layer index): the file still stores them by expert id, equal
+// to the whole model, with per-expert checksums that a reader at the identity placement checks.
 TEST(ShardedCheckpoint, WritesExpertsByIdAfterMigration) {
   const ModelConfig config = twelve_experts();
   const int rank = test::world_rank(), size = test::world_size();
   const int E = config.n_experts, local = E / size;
-  std::vector<int> slot_of(static_cast<size_t>(E));
-  for (int e = 0; e < E; ++e) slot_of[size_t(e)] = E - 1 - e;
   const ParameterLayout whole(config), own(config, {rank * local, local});
+  const int layers = expert_layers(whole);
+  ASSERT_GE(layers, 2);
+  std::vector<std::vector<int>> slot_of(static_cast<size_t>(layers),
+                                        std::vector<int>(static_cast<size_t>(E)));
+  for (int l = 0; l < layers; ++l) {
+    for (int e = 0; e < E; ++e) slot_of[size_t(l)][size_t(e)] = l == 0 ? E - 1 - e : (e + l) % E;
+  }
   State expected(config, whole), mine(config, own);
-  // This rank's slots filled with the experts the table puts there, from the whole model.
-  for (int s = rank * local; s < (rank + 1) * local; ++s) {
-    const int expert = E - 1 - s;
-    for (auto [from, to] :
-         {std::pair{&expected.parameters, &mine.parameters},
-          std::pair{&expected.first, &mine.first}, std::pair{&expected.second, &mine.second}}) {
-      unpack_ranges(pack_ranges(from->data(), expert_slices(whole, expert, 1)).data(),
-                    expert_slices(own, s, 1), to->data());
+  // This rank's slots filled with the experts the tables put there, from the whole model.
+  for (int l = 0; l < layers; ++l) {
+    for (int e = 0; e < E; ++e) {
+      const int s = slot_of[size_t(l)][size_t(e)];
+      if (s / local != rank) continue;
+      for (auto [from, to] :
+           {std::pair{&expected.parameters, &mine.parameters},
+            std::pair{&expected.first, &mine.first}, std::pair{&expected.second, &mine.second}}) {
+        unpack_ranges(pack_ranges(from->data(), expert_slices(whole, e, 1, l)).data(),
+                      expert_slices(own, s, 1, l), to->data());
+      }
     }
   }
   CheckpointCounters counters;

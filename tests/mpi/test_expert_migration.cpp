@@ -78,7 +78,7 @@ TEST(ExpertMigration, MovingEveryExpertKeepsTrainingBitIdentical) {
             reversed, moved.layout(),
             {moved.parameters(), moved_opt.first_moment(), moved_opt.second_moment()});
         EXPECT_GT(sent, 0u);
-        EXPECT_EQ(ep_moved.expert_slots(), reversed);
+        for (const std::vector<int>& layer : ep_moved.expert_slots()) EXPECT_EQ(layer, reversed);
       }
       const std::vector<Rollout> batch = test::global_rl_batch(generator, *task, step);
       std::vector<Rollout> share;
