@@ -9,6 +9,7 @@
 #include <mpi.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -35,6 +36,7 @@ using Clock = std::chrono::steady_clock;
 struct RebalanceBenchOptions {
   int steps = 16, sequences = 8, length = 48;
   bool verbose = false;  // print every migration's log line
+  float learning_rate = 1e-4f;
   RebalanceOptions rebalance;
 };
 
@@ -68,7 +70,7 @@ std::vector<Rollout> synthetic_batch(const RebalanceBenchOptions& o, uint64_t se
 
 struct RunResult {
   std::vector<double> step_seconds;  // training + any migration, slowest rank
-  double load_ratio = 0;             // max/mean EP-rank load, averaged over steps
+  std::vector<double> load_ratio;    // max/mean EP-rank load per step
   int migrations = 0, first_decision = 0;
   std::vector<float> weights;  // the whole model, gathered on rank 0
 };
@@ -83,7 +85,9 @@ RunResult train_run(const RebalanceBenchOptions& o, bool rebalance, const RunOpt
     RoleExpertParallel ep(world, links, E, size, DispatchMode::Flat);
     Transformer<float> model(config, device.ops(), device.memory(), true, ep.shard());
     model.initialize(run.seed);
-    AdamW<float> optimizer(model, AdamWHyper{}, 1.0f);
+    AdamWHyper hyper;
+    hyper.learning_rate = o.learning_rate;
+    AdamW<float> optimizer(model, hyper, 1.0f);
     ep.attach(model);
     optimizer.set_shard(ep.optimizer_shard(model.layout()));
     DataParallelHooks hooks;
@@ -129,7 +133,7 @@ RunResult train_run(const RebalanceBenchOptions& o, bool rebalance, const RunOpt
         busiest += max_of(per_rank);
         mean += mean_of(per_rank);
       }
-      result.load_ratio += busiest / mean / o.steps;
+      result.load_ratio.push_back(busiest / mean);
     }
     result.migrations = rebalancer.migrations();
     const ParameterLayout full(config);
@@ -162,6 +166,8 @@ int run_bench_rebalance_command(const std::vector<std::string>& args) {
       "sequences per rank and step");
   add("length", po::value(&o.length)->default_value(o.length), "tokens per sequence (>= 5)");
   add("verbose", po::bool_switch(&o.verbose), "print every migration as `train` logs it");
+  add("learning-rate", po::value(&o.learning_rate)->default_value(o.learning_rate),
+      "AdamW learning rate (the larger, the faster the routing drifts between decisions)");
   description.add(bench);
   description.add(rebalance_options_description(o.rebalance));
   if (!parse_options("bench rebalance", args, description, run)) return 0;
@@ -170,6 +176,9 @@ int run_bench_rebalance_command(const std::vector<std::string>& args) {
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   if (o.steps < 1 || o.sequences < 1 || o.length < 5) {
     throw ConfigError("--steps and --sequences must be >= 1 and --length >= 5");
+  }
+  if (!(o.learning_rate >= 0) || !std::isfinite(o.learning_rate)) {
+    throw ConfigError("--learning-rate must be a finite number >= 0");
   }
   if (o.rebalance.every < 1) {
     throw ConfigError("bench rebalance: --rebalance-every must be >= 1 (the run to compare)");
@@ -206,18 +215,21 @@ int run_bench_rebalance_command(const std::vector<std::string>& args) {
     std::printf("# rlfusion bench rebalance: %s\n", build_info().c_str());
     std::printf(
         "# EP %d (the world), model %s (%d experts, %d layers, top-%d), router skew %g; %d steps "
-        "of %d sequences x %d tokens per rank, the same in both runs; rebalance every %d steps, "
-        "horizon %d, min gain %g; step time: training + migration, slowest rank, mean over "
-        "steps %zu-%d; load average %.2f at the end (times need one idle core per rank)\n#\n",
+        "of %d sequences x %d tokens per rank, the same in both runs, learning rate %g; "
+        "rebalance every %d steps, horizon %d, min gain %g; step time (training + migration, "
+        "slowest rank) and load: "
+        "mean over steps %zu-%d; load average %.2f at the end (times need one idle core per "
+        "rank)\n#\n",
         size, config.name.c_str(), config.n_experts, config.n_layers, config.top_k,
-        double(o.rebalance.router_skew), o.steps, o.sequences, o.length, o.rebalance.every,
-        o.rebalance.horizon, o.rebalance.min_gain_ratio, from + 1, o.steps, load[0]);
+        double(o.rebalance.router_skew), o.steps, o.sequences, o.length, double(o.learning_rate),
+        o.rebalance.every, o.rebalance.horizon, o.rebalance.min_gain_ratio, from + 1, o.steps,
+        load[0]);
     std::printf("# %-11s %12s %14s %11s\n", "run", "step time", "EP-rank load", "migrations");
     std::printf("# %-11s %12s %14s %11s\n", "", "(ms)", "(max/mean)", "");
     for (const auto& [name, r] : {std::pair<const char*, const RunResult&>{"static", still},
                                   std::pair<const char*, const RunResult&>{"rebalanced", moved}}) {
       std::printf("  %-11s %12.2f %14.3f %11d\n", name, mean_from(r.step_seconds, from) * 1e3,
-                  r.load_ratio, r.migrations);
+                  mean_from(r.load_ratio, from), r.migrations);
     }
     std::printf("#\n# Final weights bit-identical            : %s\n", all_same ? "OK" : "FAIL");
     std::printf("# Step time static/rebalanced           : %.3fx %s\n", still_s / moved_s,
@@ -229,8 +241,8 @@ int run_bench_rebalance_command(const std::vector<std::string>& args) {
           "\"static_load_max_over_mean\":%.4f,\"rebalanced_load_max_over_mean\":%.4f,"
           "\"migrations\":%d,\"bit_identical\":%d,\"speedup\":%.4f}\n",
           size, config.name.c_str(), double(o.rebalance.router_skew), o.steps, o.rebalance.every,
-          still_s, moved_s, still.load_ratio, moved.load_ratio, moved.migrations, all_same,
-          still_s / moved_s);
+          still_s, moved_s, mean_from(still.load_ratio, from), mean_from(moved.load_ratio, from),
+          moved.migrations, all_same, still_s / moved_s);
     }
   }
   return all_same ? 0 : 1;
