@@ -87,7 +87,9 @@ void print_router_text(const TraceData& trace) {
   }
   const std::vector<ExpertMigration> migrations = migrations_of(trace);
   if (!migrations.empty()) {
-    std::printf("#\n# expert migrations (predicted max/mean EP-rank load before -> after)\n");
+    std::printf(
+        "#\n# expert migrations: (layer, expert) pairs moved, bytes summed over ranks, predicted "
+        "max/mean EP-rank load before -> after\n");
     std::printf("# %6s %7s %14s %12s %12s %9s %9s\n", "step", "experts", "bytes", "gain", "cost",
                 "before", "after");
     std::printf("# %6s %7s %14s %12s %12s %9s %9s\n", "", "moved", "(B)", "(s)", "(s)", "", "");

@@ -90,12 +90,14 @@ struct RouterLoad {
 // it. trace.h5: /rank_NNNNN/migrations.
 struct ExpertMigration {
   int32_t step = 0;           // after this step
-  int32_t experts_moved = 0;  // experts whose EP rank changed (all ranks of the group)
+  int32_t experts_moved = 0;  // (layer, expert) pairs whose EP rank changed (the whole group)
   int64_t bytes = 0;          // sent by this rank (weights, AdamW moments, reference weights)
-  double predicted_gain_seconds = 0;  // over the horizon, on the predicted loads
+  double predicted_gain_seconds = 0;  // over the horizon, on the predicted loads (all layers)
   double cost_seconds = 0;            // modelled transfer time at the measured link rate
-  double max_mean_before = 0;         // max/mean EP-rank load predicted for the old placement
-  double max_mean_after = 0;          // and for the new one
+  // Predicted EP-rank load of the old and the new placement: the busiest rank of each layer,
+  // summed over layers, over the mean rank's.
+  double max_mean_before = 0;
+  double max_mean_after = 0;
 };
 
 class TraceRecorder {
