@@ -477,6 +477,13 @@ void ExpertDispatcher::set_expert_slots(std::vector<int> slot_of) {
   slot_of_ = std::move(slot_of);
 }
 
+std::vector<int64_t> ExpertDispatcher::take_expert_tokens() {
+  std::vector<int64_t> taken(size_t(experts_), 0);
+  taken.swap(expert_tokens_);
+  taken.resize(size_t(experts_), 0);
+  return taken;
+}
+
 void ExpertDispatcher::begin_dispatch(const float* x, const int* expert_idx, int N, int K, int C) {
   check_idle();
   for (int64_t i = 0; i < int64_t(N) * K; ++i) {
@@ -486,6 +493,8 @@ void ExpertDispatcher::begin_dispatch(const float* x, const int* expert_idx, int
                               std::to_string(experts_) + ")");
     }
   }
+  expert_tokens_.resize(size_t(experts_), 0);
+  for (int64_t i = 0; i < int64_t(N) * K; ++i) ++expert_tokens_[size_t(expert_idx[i])];
   N_ = N;
   K_ = K;
   C_ = C;

@@ -134,6 +134,9 @@ class ExpertDispatcher {
 
   const DispatchTraffic& traffic() const { return traffic_; }
   void reset_traffic() { traffic_ = DispatchTraffic{}; }
+  // Router statistics: the (token, slot) assignments this rank's dispatches sent to each expert
+  // (by expert id, not slot) since the last take, for load prediction and `train`'s trace.
+  std::vector<int64_t> take_expert_tokens();
 
   // One exchange step among `peers` (EP ranks, this rank included when it sends to itself).
   // Public only so the implementation's helpers can name it.
@@ -195,8 +198,9 @@ class ExpertDispatcher {
   std::vector<Stage> stages_;
   std::vector<int> canonical_of_assign_;  // last stage's received assignment -> local row
   std::vector<int> local_offsets_;
-  std::vector<int> slot_of_;       // expert -> slot; empty: the identity
-  std::vector<int> slot_indices_;  // the last dispatch's expert_idx mapped to slots
+  std::vector<int> slot_of_;            // expert -> slot; empty: the identity
+  std::vector<int> slot_indices_;       // the last dispatch's expert_idx mapped to slots
+  std::vector<int64_t> expert_tokens_;  // assignments per expert since take_expert_tokens
 
   // The operation in flight and its buffers (they must outlive its nonblocking messages).
   Operation operation_ = Operation::None;

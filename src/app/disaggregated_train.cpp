@@ -157,6 +157,7 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
           policy.config.name.c_str(), policy.config.parameter_count() / 1e6,
           policy.task->name().c_str(), (unsigned long long)run.seed, dir.path().c_str());
   dir.log("%s", topology.layout_table().c_str());
+  dir.log("%s", describe_router_skew(options.rebalance).c_str());
   saved.describe(dir);
 
   Transformer<float>& model = *policy.model;
@@ -167,6 +168,7 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
   double rl_seconds = 0;
   bool stopped = false;
   std::unique_ptr<RoleExpertParallel> ep;  // EP groups of this rank's role, when degree > 1
+  int migrations = 0;
 
   if (role != Role::Queue) {
     LearnerState learner;
@@ -191,6 +193,14 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
     Transformer<float>* reference = learner.reference.get();
     AdamW<float>* optimizer = learner.optimizer.get();
     const TrainingState state{&model, optimizer, reference};
+    // Expert-parallel learners record router statistics and, with --rebalance-every, move
+    // experts between their EP ranks.
+    std::unique_ptr<TrainRebalancer> rebalancer;
+    if (role == Role::Learner && ep) {
+      rebalancer = std::make_unique<TrainRebalancer>(options.rebalance, *ep, role_comm, model,
+                                                     *optimizer, reference, trace);
+      dir.log("%s", rebalancer->describe().c_str());
+    }
     // Every learner reads the checkpoint; actors get its weights from the first weight sync.
     if (role == Role::Learner && saved.resuming()) position = saved.load(state);
     // Actors learn where the run stands from the root (rank 0 of compute_ranks: learner 0 is
@@ -210,9 +220,11 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
     auto sync_weights = [&](int version) {
       TraceScope traced(trace, Phase::WeightSync);
       traced.set_version(version);
-      traced.set_bytes(
-          int64_t(expert_weights ? expert_weights->sync(model.parameters(), model.layout(), weights)
-                                 : weights.broadcast(model.parameters(), parameter_count)));
+      traced.set_bytes(int64_t(
+          expert_weights
+              ? expert_weights->sync(model.parameters(), model.layout(), weights,
+                                     role == Role::Learner && ep ? &ep->expert_slots() : nullptr)
+              : weights.broadcast(model.parameters(), parameter_count)));
     };
     dir.log(
         "# RL: %d steps x %d prompts x %d samples on %zu actors and %zu learners, %s queue "
@@ -326,9 +338,15 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
         if (sends_weights) sync_weights(version);
       }
       random_delay();
+      const auto train_start = Clock::now();
       const StepStats stats =
           train_on_rollouts_traced(model, *optimizer, reference, rollouts, settings, parallel,
                                    version, int(learners.size()), trace);
+      if (rebalancer) {
+        const double seconds = std::chrono::duration<double>(Clock::now() - train_start).count();
+        dir.log("%s", rebalancer->end_of_step(step, seconds).c_str());
+        migrations = rebalancer->migrations();
+      }
       if (schedule.lag == 0 && sends_weights) sync_weights(version + 1);
       position.rl_tokens += int64_t(stats.tokens);
       position.step_rewards.push_back(stats.mean_reward());
@@ -352,6 +370,7 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
   end.rl_seconds = rl_seconds;
   end.rl_tokens = position.rl_tokens;
   end.run_start = run_start;
+  end.migrations = migrations;
   return finish_multi_rank_train(end, run, policy_options, sft, rl, options, policy, topology, dir,
                                  trace, result);
 }

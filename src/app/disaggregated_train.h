@@ -15,6 +15,7 @@
 #include "src/app/rl_options.h"
 #include "src/app/sft_phase.h"
 #include "src/app/train_checkpoints.h"
+#include "src/app/train_rebalance.h"
 #include "src/app/train_result.h"
 
 namespace rlf {
@@ -25,8 +26,9 @@ struct DisaggregatedOptions {
   int expert_parallel = 1;         // --expert-parallel: EP degree of the learners
   int actor_expert_parallel = 0;   // --actor-expert-parallel (0: the learners' degree)
   DispatchMode ep_dispatch = DispatchMode::Hierarchical;  // --ep-dispatch
-  int ep_overlap_chunks = 1;  // --ep-overlap-chunks: training's routed experts in chunks
-  bool offload = false;       // --offload (fused): training state to host during generation
+  int ep_overlap_chunks = 1;   // --ep-overlap-chunks: training's routed experts in chunks
+  bool offload = false;        // --offload (fused): training state to host during generation
+  RebalanceOptions rebalance;  // --rebalance-* and --router-skew (EDPB)
 };
 
 int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_options,

@@ -105,6 +105,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
           policy.task->name().c_str(), (unsigned long long)run.seed, dir.path().c_str());
   dir.log("%s", topology.layout_table().c_str());
   dir.log("%s", describe_learned_reward(rl, learned.get()).c_str());
+  dir.log("%s", describe_router_skew(options.rebalance).c_str());
   saved.describe(dir);
   if (fused_all && rl.kl_coef > 0) {
     dir.log("# reference model (KL): %s in the device arena (with the policy)\n",
@@ -127,6 +128,12 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
       model, all, links, options.expert_parallel, options.ep_dispatch, options.ep_overlap_chunks);
   start_learner_state(learner, policy, rl, ep.get());
   const TrainingState state{&model, learner.optimizer.get(), learner.reference.get()};
+  // Router statistics per step into the trace (no rebalancing in fused mode: validated).
+  std::unique_ptr<TrainRebalancer> router_statistics;
+  if (ep) {
+    router_statistics = std::make_unique<TrainRebalancer>(
+        options.rebalance, *ep, all, model, *learner.optimizer, learner.reference.get(), trace);
+  }
   Arena& device = policy.device->memory();
   std::unique_ptr<Arena> host_memory;
   std::unique_ptr<TrainingOffload> offload;
@@ -326,6 +333,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
       position.step_rewards.push_back(stats.mean_reward());
       progress.step_done(step, stats);
     }
+    if (router_statistics) router_statistics->end_of_step(step, 0.0);
     stopped = saved.end_of_step(step, position, progress.seconds_since_start(), state, root,
                                 ep.get(), MPI_COMM_WORLD, dir);
   }

@@ -32,6 +32,7 @@ const char* kUsage =
     "  bench checkpoint  checkpoint write/read GB/s against dd on the same disk\n"
     "  bench balance   EDPB: expert placement and migration vs EPLB, data reordering (max/mean)\n"
     "  bench migration experts moved rank to rank under skewed routing: step time before/after\n"
+    "  bench rebalance EP training with a skewed router, static vs --rebalance-every: step time\n"
     "  bench calibrate measured rates and links of this machine -> a cluster file for plan\n"
     "  plan            performance model and strategy search (DeployMind); --table 1|2\n"
     "  report RUN_DIR  throughput, per-rank time breakdown and bytes from a run's trace.h5\n"
@@ -65,6 +66,7 @@ int dispatch(const std::vector<std::string>& words) {
         {"checkpoint", rlf::run_bench_checkpoint_command},
         {"balance", rlf::run_bench_balance_command},
         {"migration", rlf::run_bench_migration_command},
+        {"rebalance", rlf::run_bench_rebalance_command},
         {"calibrate", rlf::run_bench_calibrate_command},
     };
     std::string available;

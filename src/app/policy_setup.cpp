@@ -57,6 +57,7 @@ Policy make_policy_context(const RunOptions& run, const PolicyOptions& options) 
   if (options.eval_batch < 1) throw ConfigError("--eval-batch must be >= 1");
   Policy policy;
   policy.config = load_model_config(run.model);
+  policy.config.router_skew = options.router_skew;
   policy.task = make_task(load_task_config(options.task, run.seed));
   check_model_fits_task(policy.config, *policy.task, "model '" + policy.config.name + "'");
   RunDirectory::check_writable(run.run_dir, options.overwrite);
@@ -89,9 +90,15 @@ Evaluation evaluate_traced(Transformer<float>& model, const Task& task,
 
 std::map<std::string, std::string> run_metadata(const std::string& command, const RunOptions& run,
                                                 const Policy& policy) {
-  return {{"command", command},          {"model", policy.config.name},
-          {"task", policy.task->name()}, {"seed", std::to_string(run.seed)},
-          {"backend", run.backend},      {"device", policy.device->describe()}};
+  std::map<std::string, std::string> metadata = {
+      {"command", command},          {"model", policy.config.name},
+      {"task", policy.task->name()}, {"seed", std::to_string(run.seed)},
+      {"backend", run.backend},      {"device", policy.device->describe()}};
+  // The injected skew changes the model: a trace of a skewed run says so.
+  if (policy.config.router_skew != 0.0f) {
+    metadata["router_skew"] = std::to_string(policy.config.router_skew);
+  }
+  return metadata;
 }
 
 }  // namespace rlf

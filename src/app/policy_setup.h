@@ -22,6 +22,8 @@ struct PolicyOptions {
   bool overwrite = false;
   int eval_prompts = 200;
   int eval_batch = 64;
+  // `train --router-skew` (src/model/router_skew.h): set on the model config.
+  float router_skew = 0.0f;
 };
 
 po::options_description policy_options_description(PolicyOptions& options);

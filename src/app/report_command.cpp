@@ -17,6 +17,7 @@
 #include "src/app/commands.h"
 #include "src/io/chrome_trace.h"
 #include "src/io/json_text.h"
+#include "src/io/router_summary.h"
 #include "src/io/trace_reader.h"
 #include "src/io/trace_summary.h"
 
@@ -65,6 +66,39 @@ std::string verdict(const TraceSummary& s) {
       "(%.1f%%)",
       percent(idle_sum, rank_time), percent(idle_max, s.wall()), idle_max_rank,
       time_category_name(TimeCategory(largest)), percent(totals[size_t(largest)], rank_time));
+}
+
+// Router statistics and expert migrations (EDPB), when the run recorded them.
+void print_router_text(const TraceData& trace) {
+  const std::vector<LayerImbalance> layers = layer_imbalance(trace);
+  if (!layers.empty()) {
+    std::printf(
+        "#\n# expert load per layer: tokens routed to each expert per step, all ranks; max/mean "
+        "= busiest expert / mean expert\n");
+    std::printf("# %5s %6s %14s %10s %10s %8s %8s\n", "layer", "steps", "assignments", "max/mean",
+                "worst", "hottest", "share");
+    std::printf("# %5s %6s %14s %10s %10s %8s %8s\n", "", "", "", "(mean)", "(step)", "expert",
+                "(%)");
+    for (const LayerImbalance& l : layers) {
+      std::printf("  %5d %6d %14lld %10.3f %10.3f %8d %8.1f\n", l.layer, l.steps,
+                  (long long)l.tokens, l.mean_max_over_mean, l.worst_max_over_mean,
+                  l.hottest_expert, 100.0 * l.hottest_share);
+    }
+  }
+  const std::vector<ExpertMigration> migrations = migrations_of(trace);
+  if (!migrations.empty()) {
+    std::printf(
+        "#\n# expert migrations: (layer, expert) pairs moved, bytes summed over ranks, predicted "
+        "max/mean EP-rank load before -> after\n");
+    std::printf("# %6s %7s %14s %12s %12s %9s %9s\n", "step", "experts", "bytes", "gain", "cost",
+                "before", "after");
+    std::printf("# %6s %7s %14s %12s %12s %9s %9s\n", "", "moved", "(B)", "(s)", "(s)", "", "");
+    for (const ExpertMigration& m : migrations) {
+      std::printf("  %6d %7d %14lld %12.6f %12.6f %9.3f %9.3f\n", m.step, m.experts_moved,
+                  (long long)m.bytes, m.predicted_gain_seconds, m.cost_seconds, m.max_mean_before,
+                  m.max_mean_after);
+    }
+  }
 }
 
 void print_text(const std::string& path, const TraceData& trace, const TraceSummary& s) {
@@ -141,6 +175,8 @@ void print_text(const std::string& path, const TraceData& trace, const TraceSumm
                 (long long)messages[0], (long long)bytes[1], (long long)messages[1]);
   }
 
+  print_router_text(trace);
+
   std::printf("#\n# bytes per phase, all ranks (time: sum of event durations)\n");
   std::printf("# %-15s %8s %12s %14s %16s %10s\n", "phase", "events", "time", "tokens", "bytes",
               "rate");
@@ -214,6 +250,24 @@ void print_json(const std::string& path, const TraceData& trace, const TraceSumm
   JsonList staleness(out);
   for (const auto& [value, count] : s.staleness) {
     staleness.next() += format("{\"staleness\":%d,\"samples\":%lld}", value, (long long)count);
+  }
+  out += "],\"router_layers\":[";
+  JsonList layers(out);
+  for (const LayerImbalance& l : layer_imbalance(trace)) {
+    layers.next() += format(
+        "{\"layer\":%d,\"steps\":%d,\"assignments\":%lld,\"max_over_mean\":%.9g,"
+        "\"worst_max_over_mean\":%.9g,\"hottest_expert\":%d,\"hottest_share\":%.9g}",
+        l.layer, l.steps, (long long)l.tokens, l.mean_max_over_mean, l.worst_max_over_mean,
+        l.hottest_expert, l.hottest_share);
+  }
+  out += "],\"migrations\":[";
+  JsonList migrations(out);
+  for (const ExpertMigration& m : migrations_of(trace)) {
+    migrations.next() += format(
+        "{\"step\":%d,\"experts_moved\":%d,\"bytes\":%lld,\"predicted_gain_s\":%.9g,"
+        "\"cost_s\":%.9g,\"max_over_mean_before\":%.9g,\"max_over_mean_after\":%.9g}",
+        m.step, m.experts_moved, (long long)m.bytes, m.predicted_gain_seconds, m.cost_seconds,
+        m.max_mean_before, m.max_mean_after);
   }
   out += "],\"verdict\":";
   out += json_string(verdict(s));

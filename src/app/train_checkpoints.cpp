@@ -231,6 +231,8 @@ void TrainCheckpoints::save(const RlPosition& position, const TrainingState& sta
   // Replica 0's EP group writes the one file together, each rank its own experts (parallel
   // HDF5); the other data-parallel replicas hold the same values.
   if (ep->replica() != 0) return;
+  // After expert migration a rank's slots hold any experts: the file stores them by expert id.
+  tensors.expert_slots = &ep->expert_slots();
   write_checkpoint_sharded(run_.run_dir, model.config(), model.layout(), c, tensors,
                            ep->ep_group().comm);
 }

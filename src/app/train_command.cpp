@@ -98,6 +98,7 @@ int run_train_command(const std::vector<std::string>& args) {
         "flat-dedup | flat");
     description.add(d);
   }
+  description.add(rebalance_options_description(multi_rank.rebalance));
   po::variables_map parsed;
   if (!parse_options("train", args, description, run, &parsed)) return 0;
   validate(sft, "sft-");
@@ -118,6 +119,8 @@ int run_train_command(const std::vector<std::string>& args) {
                       std::to_string(multi_rank.ep_overlap_chunks));
   }
   if (multi_rank.shard_capacity < 1) throw ConfigError("--queue-capacity must be >= 1");
+  validate(multi_rank.rebalance, fused, multi_rank.expert_parallel, multi_rank.ep_overlap_chunks);
+  policy_options.router_skew = multi_rank.rebalance.router_skew;
   layout.links.validate();
   multi_rank.hierarchical_queue = queue_transfer == "hierarchical";
   multi_rank.ep_dispatch = parse_dispatch_mode(ep_dispatch, "--ep-dispatch");
@@ -185,6 +188,7 @@ int run_train_command(const std::vector<std::string>& args) {
           policy.config.name.c_str(), policy.config.parameter_count() / 1e6, task.name().c_str(),
           policy.device->describe().c_str(), (unsigned long long)run.seed, dir.path().c_str());
   dir.log("%s", describe_learned_reward(o, learned.get()).c_str());
+  dir.log("%s", describe_router_skew(multi_rank.rebalance).c_str());
   saved.describe(dir);
   const auto run_start = Clock::now();
   RlPosition position;
@@ -280,13 +284,13 @@ int run_train_command(const std::vector<std::string>& args) {
   char json[2048];
   std::snprintf(json, sizeof json,
                 "{\"command\":\"train\",\"mode\":\"one-rank\",\"task\":\"%s\",\"model\":\"%s\","
-                "\"seed\":%llu,%s"
+                "\"seed\":%llu,%s%s"
                 "\"sft_steps\":%d,\"rl_steps\":%d,\"heldout_accuracy_start\":%.4f,"
                 "\"heldout_accuracy_before_rl\":%.4f,\"heldout_accuracy_after_rl\":%.4f,"
                 "\"rl_tokens_per_s\":%.1f,\"total_seconds\":%.3f}",
                 task.name().c_str(), policy.config.name.c_str(), (unsigned long long)run.seed,
-                reward_json(o).c_str(), sft.steps, o.steps, initial.accuracy(),
-                before_rl.accuracy(), after.accuracy(),
+                reward_json(o).c_str(), router_skew_json(multi_rank.rebalance).c_str(), sft.steps,
+                o.steps, initial.accuracy(), before_rl.accuracy(), after.accuracy(),
                 rl_seconds > 0 ? rl_tokens / rl_seconds : 0.0, total_seconds);
   if (run.json) dir.log("%s\n", json);
   dir.finish(json);

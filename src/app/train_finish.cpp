@@ -117,19 +117,20 @@ int finish_multi_rank_train(const MultiRankTrainEnd& end, const RunOptions& run,
   dir.log("# parameters in %s; trace in %s (rlfusion report %s)\n", dir.file("model.h5").c_str(),
           dir.file("trace.h5").c_str(), dir.path().c_str());
   char json[2048];
-  std::snprintf(
-      json, sizeof json,
-      "{\"command\":\"train\",\"mode\":\"%s\",\"task\":\"%s\",\"model\":\"%s\","
-      "\"seed\":%llu,%s%s\"ranks\":%d,\"expert_parallel\":%d,\"actor_expert_parallel\":%d,"
-      "\"staleness\":%d,\"sft_steps\":%d,\"rl_steps\":%d,"
-      "\"heldout_accuracy_before_rl\":%.4f,\"heldout_accuracy_after_rl\":%.4f,"
-      "\"rl_tokens_per_s\":%.1f,\"rl_seconds\":%.3f,\"weight_sync_seconds\":%.6f,"
-      "\"total_seconds\":%.3f}",
-      end.mode, policy.task->name().c_str(), policy.config.name.c_str(),
-      (unsigned long long)run.seed, reward_json(rl).c_str(), end.memory_json.c_str(),
-      topology.world_size(), options.expert_parallel, options.actor_expert_parallel, rl.staleness,
-      sft.steps, rl.steps, end.before_rl.accuracy(), after.accuracy(), tokens_per_s, end.rl_seconds,
-      figures[2], total_seconds);
+  std::snprintf(json, sizeof json,
+                "{\"command\":\"train\",\"mode\":\"%s\",\"task\":\"%s\",\"model\":\"%s\","
+                "\"seed\":%llu,%s%s%s\"migrations\":%d,\"ranks\":%d,\"expert_parallel\":%d,\"actor_"
+                "expert_parallel\":%d,"
+                "\"staleness\":%d,\"sft_steps\":%d,\"rl_steps\":%d,"
+                "\"heldout_accuracy_before_rl\":%.4f,\"heldout_accuracy_after_rl\":%.4f,"
+                "\"rl_tokens_per_s\":%.1f,\"rl_seconds\":%.3f,\"weight_sync_seconds\":%.6f,"
+                "\"total_seconds\":%.3f}",
+                end.mode, policy.task->name().c_str(), policy.config.name.c_str(),
+                (unsigned long long)run.seed, reward_json(rl).c_str(), end.memory_json.c_str(),
+                router_skew_json(options.rebalance).c_str(), end.migrations, topology.world_size(),
+                options.expert_parallel, options.actor_expert_parallel, rl.staleness, sft.steps,
+                rl.steps, end.before_rl.accuracy(), after.accuracy(), tokens_per_s, end.rl_seconds,
+                figures[2], total_seconds);
   if (run.json) dir.log("%s\n", json);
   dir.finish(json);
   return 0;

@@ -26,6 +26,7 @@ struct MultiRankTrainEnd {
   int64_t rl_tokens = 0;  // trained tokens summed over learners
   std::chrono::steady_clock::time_point run_start;
   std::string memory_json;  // summary.json fields (ending in a comma), e.g. fused memory peaks
+  int migrations = 0;       // expert migrations (--rebalance-every), as the root counted them
 };
 
 // Collective over MPI_COMM_WORLD. Returns the process exit code (0); fills `result` if given.

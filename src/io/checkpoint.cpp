@@ -19,6 +19,7 @@
 #include "src/io/hdf5_helpers.h"
 #include "src/io/mapped_file.h"
 #include "src/io/stream_copy.h"
+#include "src/model/expert_parallel.h"
 
 namespace rlf {
 
@@ -149,6 +150,12 @@ struct Writers {
   int rank = 0;
   std::vector<int> first_expert;  // of every rank of comm
   hid_t transfer = H5P_DEFAULT;   // dataset transfer properties of every write
+  // [layer][slot] -> the expert it holds (empty: the identity, no migration)
+  std::vector<std::vector<int>> expert_of_slot;
+
+  int expert_at(const ParameterTensor& t, int slot) const {
+    return expert_of_slot.empty() ? slot : expert_of_slot[size_t(tensor_layer(t))][size_t(slot)];
+  }
 };
 
 // All of `set` from `data` on rank 0 of the writers; the others join with nothing selected.
@@ -195,6 +202,35 @@ void write_rows(hid_t set, const std::vector<hsize_t>& shape, hsize_t first, hsi
         "writing a tensor");
 }
 
+// This rank's stored rows of a routed-expert tensor (`data`, local slot order) into the rows of
+// the experts they hold: one collective write of the union of those rows (HDF5 walks a selection
+// in file order, so the memory buffer is packed in ascending expert id).
+void write_expert_rows(hid_t set, const std::vector<hsize_t>& shape, const ParameterTensor& t,
+                       int first_slot, const float* data, const Writers& writers) {
+  const int rows = int(t.shape[0]);
+  std::vector<std::pair<int, int>> by_expert;  // (expert, local row)
+  for (int j = 0; j < rows; ++j) by_expert.push_back({writers.expert_at(t, first_slot + j), j});
+  std::sort(by_expert.begin(), by_expert.end());
+  const size_t each = size_t(t.numel / t.shape[0]);
+  std::vector<float> packed(size_t(rows) * each);
+  Handle file_space{H5Dget_space(set), H5Sclose};
+  check(H5Sselect_none(file_space.id), "selecting nothing");
+  std::vector<hsize_t> start(shape.size(), 0), count = shape;
+  count[0] = 1;
+  for (size_t i = 0; i < by_expert.size(); ++i) {
+    std::copy_n(data + size_t(by_expert[i].second) * each, each, packed.begin() + i * each);
+    start[0] = hsize_t(by_expert[i].first);
+    check(H5Sselect_hyperslab(file_space.id, H5S_SELECT_OR, start.data(), nullptr, count.data(),
+                              nullptr),
+          "selecting expert rows");
+  }
+  count[0] = hsize_t(rows);
+  Handle memory_space{H5Screate_simple(int(count.size()), count.data(), nullptr), H5Sclose};
+  check(H5Dwrite(set, H5T_NATIVE_FLOAT, memory_space.id, file_space.id, writers.transfer,
+                 packed.data()),
+        "writing a tensor");
+}
+
 void read_rows(hid_t set, const std::vector<hsize_t>& shape, hsize_t first, hsize_t rows,
                float* data) {
   const RowSelection s = select_rows(set, shape, first, rows);
@@ -226,9 +262,11 @@ void write_tensors(hid_t parent, const char* name, const ModelConfig& config,
                             H5P_DEFAULT, H5P_DEFAULT),
                  H5Dclose};
       check(set.id < 0 ? -1 : 0, "creating dataset " + t.name);
-      if (t.routed_expert) {
+      if (t.routed_expert && writers.expert_of_slot.empty()) {
         write_rows(set.id, shape, hsize_t(layout.first_expert()), hsize_t(t.shape[0]),
                    data + t.offset, writers.transfer);
+      } else if (t.routed_expert) {
+        write_expert_rows(set.id, shape, t, layout.first_expert(), data + t.offset, writers);
       } else {
         write_whole(set.id, H5T_NATIVE_FLOAT, data + t.offset, writers);
       }
@@ -253,7 +291,8 @@ void write_tensors(hid_t parent, const char* name, const ModelConfig& config,
       crcs[i].assign(size_t(config.n_experts), 0);
       for (int r = 0; r < size; ++r) {
         for (int j = 0; j < rows; ++j) {
-          crcs[i][size_t(writers.first_expert[size_t(r)] + j)] = all[size_t(r * rows + j)];
+          const int expert = writers.expert_at(tensors[i], writers.first_expert[size_t(r)] + j);
+          crcs[i][size_t(expert)] = all[size_t(r * rows + j)];
         }
       }
     }
@@ -684,6 +723,24 @@ void write_checkpoint_sharded(const std::string& run_dir, const ModelConfig& con
   const int first = layout.first_expert();
   writers.first_expert.resize(size_t(size));
   MPI_Allgather(&first, 1, MPI_INT, writers.first_expert.data(), 1, MPI_INT, comm);
+  if (tensors.expert_slots) {
+    for (const std::vector<int>& slot_of : *tensors.expert_slots) {
+      std::vector<int> expert_of(slot_of.size(), -1);
+      for (size_t e = 0; e < slot_of.size(); ++e) {
+        if (slot_of.size() != size_t(config.n_experts) || slot_of[e] < 0 ||
+            slot_of[e] >= config.n_experts || expert_of[size_t(slot_of[e])] != -1) {
+          throw std::invalid_argument(
+              "write_checkpoint_sharded: an expert -> slot table is not a permutation of the "
+              "model's experts");
+        }
+        expert_of[size_t(slot_of[e])] = int(e);
+      }
+      writers.expert_of_slot.push_back(std::move(expert_of));
+    }
+    if (int(writers.expert_of_slot.size()) != expert_layers(layout)) {
+      throw std::invalid_argument("write_checkpoint_sharded: one expert -> slot table per layer");
+    }
+  }
   const CheckpointCounters agreed = broadcast_counters(counters, comm);
   const double start = seconds_now();
   const std::string path = checkpoint_path(run_dir, agreed.step);

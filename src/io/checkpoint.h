@@ -49,6 +49,12 @@ struct CheckpointTensors {
   // Writing only: every rank's StaleSync samples in flight (index: rank), or null for none; saved
   // in /in_flight/rank_NNNNN. write_checkpoint_sharded takes them from its rank 0.
   const std::vector<std::vector<InFlightSample>>* in_flight = nullptr;
+  // Writing with write_checkpoint_sharded after expert migration: each layer's expert -> slot
+  // table in force, [layer][expert] (slot s is row s - first_expert() of the rank storing it);
+  // null: the identity. The file holds experts by global id whatever the placement, and
+  // read_checkpoint fills slots in the identity placement (a resumed run starts there; the math
+  // does not depend on it).
+  const std::vector<std::vector<int>>* expert_slots = nullptr;
 };
 
 // RUN_DIR/checkpoints/step_NNNNNN.h5

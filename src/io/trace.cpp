@@ -36,6 +36,8 @@ const char* phase_name(Phase phase) {
       return "onload";
     case Phase::Reshard:
       return "reshard";
+    case Phase::Migrate:
+      return "migrate";
     case Phase::Proximal:
       return "proximal";
   }

@@ -38,8 +38,9 @@ enum class Phase : int32_t {
   Onload,    // training state host -> device
   Reshard,   // weights from the training to the generation layout
   Proximal,  // StaleSync: the policy's own log-probs of the step's samples (decoupled objective)
+  Migrate,   // EDPB: routed experts moved between EP ranks (weights and AdamW moments)
 };
-inline constexpr int kPhaseCount = int(Phase::Proximal) + 1;
+inline constexpr int kPhaseCount = int(Phase::Migrate) + 1;
 
 // "generate", "queue_put", ...: the names in trace.h5, report tables and JSON.
 const char* phase_name(Phase phase);
@@ -75,6 +76,29 @@ struct LinkTraffic {
   int64_t messages = 0;
 };
 const char* link_traffic_name(int32_t link_class);  // "intra_node", "inter_node"
+
+// Router statistics of one training step: the (token, slot) assignments this rank's tokens sent
+// to one expert of one layer (summed over the step's forwards). trace.h5: /rank_NNNNN/router_loads.
+struct RouterLoad {
+  int32_t step = 0;
+  int32_t layer = 0;
+  int32_t expert = 0;
+  int64_t tokens = 0;
+};
+
+// One expert migration decided after a step (EDPB, `train --rebalance-every`), as this rank saw
+// it. trace.h5: /rank_NNNNN/migrations.
+struct ExpertMigration {
+  int32_t step = 0;           // after this step
+  int32_t experts_moved = 0;  // (layer, expert) pairs whose EP rank changed (the whole group)
+  int64_t bytes = 0;          // sent by this rank (weights, AdamW moments, reference weights)
+  double predicted_gain_seconds = 0;  // over the horizon, on the predicted loads (all layers)
+  double cost_seconds = 0;            // modelled transfer time at the measured link rate
+  // Predicted EP-rank load of the old and the new placement: the busiest rank of each layer,
+  // summed over layers, over the mean rank's.
+  double max_mean_before = 0;
+  double max_mean_after = 0;
+};
 
 class TraceRecorder {
  public:
@@ -118,11 +142,22 @@ class TraceRecorder {
 
   const std::vector<TraceEvent>& events() const { return events_; }
   const std::vector<TrainedSample>& trained_samples() const { return samples_; }
+  void record_router_load(const RouterLoad& load) {
+    if (enabled_) router_loads_.push_back(load);
+  }
+  void record_migration(const ExpertMigration& migration) {
+    if (enabled_) migrations_.push_back(migration);
+  }
+
   const std::vector<LinkTraffic>& link_traffic() const { return links_; }
+  const std::vector<RouterLoad>& router_loads() const { return router_loads_; }
+  const std::vector<ExpertMigration>& migrations() const { return migrations_; }
   void clear() {
     events_.clear();
     samples_.clear();
     links_.clear();
+    router_loads_.clear();
+    migrations_.clear();
   }
 
  private:
@@ -132,6 +167,8 @@ class TraceRecorder {
   std::vector<TraceEvent> events_;
   std::vector<TrainedSample> samples_;
   std::vector<LinkTraffic> links_;
+  std::vector<RouterLoad> router_loads_;
+  std::vector<ExpertMigration> migrations_;
 };
 
 // Times one phase: begins at construction, records at destruction. Instrumenting a phase is one

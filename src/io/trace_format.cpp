@@ -27,6 +27,14 @@ std::string rank_links(int rank) {
   return rank_group(rank) + "/links";
 }
 
+std::string rank_router_loads(int rank) {
+  return rank_group(rank) + "/router_loads";
+}
+
+std::string rank_migrations(int rank) {
+  return rank_group(rank) + "/migrations";
+}
+
 namespace {
 
 void check(herr_t status, const char* what) {
@@ -100,6 +108,31 @@ hid_t create_link_type(bool file) {
                          file, sizeof(LinkTraffic));
 }
 
+hid_t create_router_load_type(bool file) {
+  const hid_t i64 = file ? H5T_STD_I64LE : H5T_NATIVE_INT64;
+  const hid_t i32 = file ? H5T_STD_I32LE : H5T_NATIVE_INT32;
+  return create_compound({{"step", i32, offsetof(RouterLoad, step)},
+                          {"layer", i32, offsetof(RouterLoad, layer)},
+                          {"expert", i32, offsetof(RouterLoad, expert)},
+                          {"tokens", i64, offsetof(RouterLoad, tokens)}},
+                         file, sizeof(RouterLoad));
+}
+
+hid_t create_migration_type(bool file) {
+  const hid_t f64 = file ? H5T_IEEE_F64LE : H5T_NATIVE_DOUBLE;
+  const hid_t i64 = file ? H5T_STD_I64LE : H5T_NATIVE_INT64;
+  const hid_t i32 = file ? H5T_STD_I32LE : H5T_NATIVE_INT32;
+  return create_compound(
+      {{"step", i32, offsetof(ExpertMigration, step)},
+       {"experts_moved", i32, offsetof(ExpertMigration, experts_moved)},
+       {"bytes", i64, offsetof(ExpertMigration, bytes)},
+       {"predicted_gain_seconds", f64, offsetof(ExpertMigration, predicted_gain_seconds)},
+       {"cost_seconds", f64, offsetof(ExpertMigration, cost_seconds)},
+       {"max_mean_before", f64, offsetof(ExpertMigration, max_mean_before)},
+       {"max_mean_after", f64, offsetof(ExpertMigration, max_mean_after)}},
+      file, sizeof(ExpertMigration));
+}
+
 }  // namespace
 
 hid_t create_event_memory_type() {
@@ -119,6 +152,18 @@ hid_t create_link_memory_type() {
 }
 hid_t create_link_file_type() {
   return create_link_type(/*file=*/true);
+}
+hid_t create_router_load_memory_type() {
+  return create_router_load_type(/*file=*/false);
+}
+hid_t create_router_load_file_type() {
+  return create_router_load_type(/*file=*/true);
+}
+hid_t create_migration_memory_type() {
+  return create_migration_type(/*file=*/false);
+}
+hid_t create_migration_file_type() {
+  return create_migration_type(/*file=*/true);
 }
 
 }  // namespace rlf::trace_format

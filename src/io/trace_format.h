@@ -12,6 +12,13 @@
 //                          link_class (int32: 0 intra-node, 1 inter-node), bytes, messages
 //                          (int64, sent by the rank over the run). Absent in older traces and in
 //                          runs without a topology (one-rank `train`, `sft`): read as none.
+//   /rank_NNNNN/router_loads  1-D compound dataset, one element per RouterLoad (step, layer,
+//                          expert: int32; tokens: int64). Only expert-parallel learners of
+//                          `train` record them; absent in older traces.
+//   /rank_NNNNN/migrations 1-D compound dataset, one element per ExpertMigration (step,
+//                          experts_moved: int32; bytes: int64; predicted_gain_seconds,
+//                          cost_seconds, max_mean_before, max_mean_after: float64). Absent in
+//                          older traces and runs without `--rebalance-every`.
 // Internal to src/io.
 #pragma once
 
@@ -30,6 +37,8 @@ std::string rank_group(int rank);
 std::string rank_events(int rank);
 std::string rank_samples(int rank);
 std::string rank_links(int rank);
+std::string rank_router_loads(int rank);
+std::string rank_migrations(int rank);
 
 // Closes an HDF5 handle on scope exit.
 struct Handle {
@@ -54,5 +63,10 @@ hid_t create_sample_file_type();
 // The LinkTraffic compound, likewise.
 hid_t create_link_memory_type();
 hid_t create_link_file_type();
+// The RouterLoad and ExpertMigration compounds, likewise.
+hid_t create_router_load_memory_type();
+hid_t create_router_load_file_type();
+hid_t create_migration_memory_type();
+hid_t create_migration_file_type();
 
 }  // namespace rlf::trace_format

@@ -97,6 +97,16 @@ class Reader {
       data.links[size_t(r)] =
           read_optional<LinkTraffic>(file.id, trace_format::rank_links(r), link_type.id);
     }
+    Handle load_type{trace_format::create_router_load_memory_type(), H5Tclose};
+    Handle migration_type{trace_format::create_migration_memory_type(), H5Tclose};
+    data.router_loads.resize(size_t(data.world_size));
+    data.migrations.resize(size_t(data.world_size));
+    for (int r = 0; r < data.world_size; ++r) {
+      data.router_loads[size_t(r)] =
+          read_optional<RouterLoad>(file.id, trace_format::rank_router_loads(r), load_type.id);
+      data.migrations[size_t(r)] = read_optional<ExpertMigration>(
+          file.id, trace_format::rank_migrations(r), migration_type.id);
+    }
     const std::string impossible = trace_value_error(data);
     if (!impossible.empty()) fail("is damaged: " + impossible);
     return data;
@@ -194,6 +204,30 @@ std::string trace_value_error(const TraceData& trace) {
       const LinkTraffic& l = trace.links[r][i];
       if (l.link_class < 0 || l.link_class > 1 || l.bytes < 0 || l.messages < 0) {
         return at("link row", r, i) + "impossible link class or count";
+      }
+    }
+  }
+  // Layers and experts index the report's tables: bounded like any model's.
+  constexpr int32_t kMostExpertsOrLayers = 1 << 16;
+  for (size_t r = 0; r < trace.router_loads.size(); ++r) {
+    for (size_t i = 0; i < trace.router_loads[r].size(); ++i) {
+      const RouterLoad& l = trace.router_loads[r][i];
+      if (l.step < 0 || l.layer < 0 || l.layer >= kMostExpertsOrLayers || l.expert < 0 ||
+          l.expert >= kMostExpertsOrLayers || l.tokens < 0) {
+        return at("router load", r, i) + "impossible step, layer, expert or count";
+      }
+    }
+  }
+  for (size_t r = 0; r < trace.migrations.size(); ++r) {
+    for (size_t i = 0; i < trace.migrations[r].size(); ++i) {
+      const ExpertMigration& m = trace.migrations[r][i];
+      bool finite = true;
+      for (double x :
+           {m.predicted_gain_seconds, m.cost_seconds, m.max_mean_before, m.max_mean_after}) {
+        finite = finite && std::isfinite(x) && x >= 0 && x < 1e12;
+      }
+      if (m.step < 0 || m.experts_moved < 0 || m.bytes < 0 || !finite) {
+        return at("migration", r, i) + "impossible step, count or figure";
       }
     }
   }

@@ -18,6 +18,9 @@ struct TraceData {
   std::vector<std::vector<TrainedSample>> samples;
   // links[r]: rank r's traffic per link class (empty for older traces and one-rank runs).
   std::vector<std::vector<LinkTraffic>> links;
+  // router_loads[r], migrations[r]: rank r's (empty for older traces and runs without them).
+  std::vector<std::vector<RouterLoad>> router_loads;
+  std::vector<std::vector<ExpertMigration>> migrations;
 
   size_t event_count() const;
 };

@@ -41,6 +41,7 @@ TimeCategory time_category(Phase phase) {
     case Phase::Offload:
     case Phase::Onload:
     case Phase::Reshard:
+    case Phase::Migrate:
       return TimeCategory::Communication;
     case Phase::Idle:
       return TimeCategory::Idle;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "mpi_comm/hierarchical_collectives.h"
@@ -43,14 +44,28 @@ ExpertShard shard_overlap(ExpertShard a, ExpertShard b) {
   return {first, std::min(a.first + a.count, b.first + b.count) - first};
 }
 
-std::vector<ParameterRange> expert_slices(const ParameterLayout& layout, int first, int count) {
+int tensor_layer(const ParameterTensor& tensor) {
+  static const std::string prefix = "layers.";
+  if (tensor.name.rfind(prefix, 0) != 0) return -1;
+  return std::stoi(tensor.name.substr(prefix.size()));
+}
+
+int expert_layers(const ParameterLayout& layout) {
+  int layers = 0;
+  for (const ParameterTensor& t : layout.tensors())
+    if (is_expert_tensor(t)) layers = std::max(layers, tensor_layer(t) + 1);
+  return layers;
+}
+
+std::vector<ParameterRange> expert_slices(const ParameterLayout& layout, int first, int count,
+                                          int layer) {
   if (first < layout.first_expert() ||
       first + count > layout.first_expert() + layout.stored_experts()) {
     throw std::invalid_argument("expert_slices: experts outside the ones the layout stores");
   }
   std::vector<ParameterRange> ranges;
   for (const ParameterTensor& t : layout.tensors()) {
-    if (!is_expert_tensor(t)) continue;
+    if (!is_expert_tensor(t) || (layer >= 0 && tensor_layer(t) != layer)) continue;
     const int64_t per_expert = t.numel / layout.stored_experts();
     ranges.push_back({t.offset + per_expert * (first - layout.first_expert()), per_expert * count});
   }

@@ -26,9 +26,16 @@ ExpertShard expert_shard_of(int rank, int degree, int experts);
 // The experts both shards hold (count <= 0: none).
 ExpertShard shard_overlap(ExpertShard a, ExpertShard b);
 
+// The layer a tensor belongs to ("layers.3.experts.w1" -> 3), -1 for none (embedding, head).
+int tensor_layer(const ParameterTensor& tensor);
+// Layers with routed-expert tensors in the layout.
+int expert_layers(const ParameterLayout& layout);
+
 // The slices of experts [first, first + count) (global expert ids, within the experts the
-// layout stores) in every routed-expert tensor, one range per tensor.
-std::vector<ParameterRange> expert_slices(const ParameterLayout& layout, int first, int count);
+// layout stores) in every routed-expert tensor, one range per tensor; with layer >= 0 only in
+// that layer's.
+std::vector<ParameterRange> expert_slices(const ParameterLayout& layout, int first, int count,
+                                          int layer = -1);
 
 // The elements of `ranges` of `data`, one after another; and back.
 std::vector<float> pack_ranges(const float* data, const std::vector<ParameterRange>& ranges);

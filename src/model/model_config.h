@@ -22,6 +22,9 @@ struct ModelConfig {
   float init_std = 0.02f;
   bool normalize_topk = true;
   float aux_loss_coef = 0.01f;
+  // Injected router skew (src/model/router_skew.h; not read from model files: `train
+  // --router-skew`): 0 is the plain model.
+  float router_skew = 0.0f;
 
   int head_dim() const { return d_model / n_heads; }
   int64_t parameter_count() const;

@@ -9,6 +9,7 @@
 #include "kernels/moe.h"
 #include "mpi_comm/expert_dispatch.h"
 #include "src/model/overlapped_experts.h"
+#include "src/model/router_skew.h"
 
 namespace rlf {
 
@@ -64,6 +65,9 @@ void MoeBlock<T>::forward(const MoeWeights<T>& w, const T* x, T* out, int N, Moe
                           ExpertDispatcher* ep, OverlappedExperts* overlap) const {
   const int C = config_.d_model, E = config_.n_experts, K = config_.top_k, F = config_.d_ff;
   ops_.matmul_forward(a.router_logits, x, w.router, N, C, E, device_);
+  if (config_.router_skew != 0.0f) {
+    add_router_bias(a.router_logits, router_skew_bias(E, config_.router_skew), N);
+  }
   ops_.router_forward(a.expert_idx, a.expert_weight, a.probs, a.router_logits, N, E, K,
                       config_.normalize_topk, device_);
   // With EP this is the loss of this rank's tokens only: routing statistics are not additive

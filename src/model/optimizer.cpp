@@ -36,8 +36,10 @@ double AdamW<T>::step() {
       sum += ops.grad_norm_squared(grads + r.offset, r.count, model_.device());
     return sum;
   };
-  const double norm =
-      std::sqrt(squared(shard_->replicated) + shard_->sum_over_group(squared(shard_->owned)));
+  std::vector<double> per_slot;
+  for (const std::vector<ParameterRange>& slot : shard_->owned_slots)
+    per_slot.push_back(squared(slot));
+  const double norm = std::sqrt(squared(shard_->replicated) + shard_->sum_over_group(per_slot));
   ++step_;
   const float scale = clip_scale(norm, max_grad_norm_);
   // AdamW is elementwise, so updating range by range equals one update of the whole buffer.

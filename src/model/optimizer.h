@@ -13,11 +13,16 @@ namespace rlf {
 
 // Expert parallelism: a rank updates only the parameters it owns, its copy of the replicated
 // tensors and the slices of its own experts; the clipping norm counts every expert once, so the
-// owned experts' squared norm is summed over the EP group.
+// owned experts' squared norms are summed over the EP group. They are summed expert by expert in
+// expert-id order, whichever rank holds an expert, so moving experts between ranks (expert
+// migration) leaves the norm, and so a clipped step, bit-identical.
 struct OptimizerShard {
   std::vector<ParameterRange> replicated;  // the same on every rank of the EP group
   std::vector<ParameterRange> owned;       // this rank's experts, disjoint across the group
-  std::function<double(double)> sum_over_group;
+  std::vector<std::vector<ParameterRange>> owned_slots;  // the same, one entry per local slot
+  // Collective over the EP group: this rank's squared norm per local slot (owned_slots' order) ->
+  // the sum over every expert of the group, added in expert-id order.
+  std::function<double(const std::vector<double>&)> sum_over_group;
 };
 
 template <typename T>

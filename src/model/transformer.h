@@ -52,6 +52,8 @@ class Transformer {
   // may bring zero tokens); float only. Not owned.
   void set_expert_parallel(std::vector<ExpertDispatcher*> per_layer);
   bool expert_parallel() const { return !expert_parallel_.empty(); }
+  // Layer l's dispatcher (null without expert parallelism): its router statistics.
+  ExpertDispatcher* expert_dispatcher(int l) const { return dispatcher(l); }
   // Training forward and backward then run layer l's routed experts through `per_layer[l]`
   // (chunked, transfers overlapped with the expert FFN; same EP group and experts as the
   // dispatchers); prefill and decode keep the dispatchers. Empty: off. Not owned.

@@ -9,7 +9,7 @@ namespace rlf {
 
 uint64_t move_expert_slots(const std::vector<int>& old_slot_of, const std::vector<int>& new_slot_of,
                            const ParameterLayout& layout, int local_experts,
-                           const std::vector<float*>& buffers, MPI_Comm ep_comm) {
+                           const std::vector<float*>& buffers, MPI_Comm ep_comm, int layer) {
   for (const std::vector<int>* table : {&old_slot_of, &new_slot_of}) {
     std::vector<int> sorted = *table;
     std::sort(sorted.begin(), sorted.end());
@@ -37,7 +37,7 @@ uint64_t move_expert_slots(const std::vector<int>& old_slot_of, const std::vecto
     if (from == to) continue;
     const int source = from / local_experts, target = to / local_experts;
     if (source == rank) {
-      const std::vector<ParameterRange> ranges = expert_slices(layout, from, 1);
+      const std::vector<ParameterRange> ranges = expert_slices(layout, from, 1, layer);
       Move m{e, {}};
       for (float* buffer : buffers) {
         const std::vector<float> part = pack_ranges(buffer, ranges);
@@ -46,7 +46,8 @@ uint64_t move_expert_slots(const std::vector<int>& old_slot_of, const std::vecto
       outgoing.push_back(std::move(m));
     }
     if (target == rank) {
-      const int64_t count = ranges_size(expert_slices(layout, to, 1)) * int64_t(buffers.size());
+      const int64_t count =
+          ranges_size(expert_slices(layout, to, 1, layer)) * int64_t(buffers.size());
       incoming.push_back({e, std::vector<float>(static_cast<size_t>(count))});
     }
   }
@@ -74,7 +75,7 @@ uint64_t move_expert_slots(const std::vector<int>& old_slot_of, const std::vecto
   MPI_Waitall(int(requests.size()), requests.data(), MPI_STATUSES_IGNORE);
   for (const Move& m : incoming) {
     const std::vector<ParameterRange> ranges =
-        expert_slices(layout, new_slot_of[size_t(m.expert)], 1);
+        expert_slices(layout, new_slot_of[size_t(m.expert)], 1, layer);
     const int64_t per_buffer = ranges_size(ranges);
     for (size_t b = 0; b < buffers.size(); ++b) {
       unpack_ranges(m.data.data() + int64_t(b) * per_buffer, ranges, buffers[b]);

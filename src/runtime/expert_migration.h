@@ -15,10 +15,11 @@ namespace rlf {
 
 // Collective over `ep_comm` (EP rank r stores slots [r L, (r + 1) L) with L = local_experts, as
 // `layout` says). `buffers`: flat buffers laid out by `layout` (parameters, first moment, second
-// moment, ...), the same list on every rank. Both tables are permutations of the experts.
-// Returns the bytes this rank sent to other ranks.
+// moment, ...), the same list on every rank. Both tables are permutations of the experts; they
+// place the experts of layer `layer` (-1: of every layer alike). Returns the bytes this rank sent
+// to other ranks.
 uint64_t move_expert_slots(const std::vector<int>& old_slot_of, const std::vector<int>& new_slot_of,
                            const ParameterLayout& layout, int local_experts,
-                           const std::vector<float*>& buffers, MPI_Comm ep_comm);
+                           const std::vector<float*>& buffers, MPI_Comm ep_comm, int layer = -1);
 
 }  // namespace rlf

@@ -1,11 +1,15 @@
 // Weight sync learners -> actors when either role shards its experts (--expert-parallel,
 // --actor-expert-parallel), rank to rank: learner 0 broadcasts the replicated tensors (packed,
 // by WeightSync's hierarchical broadcast); every actor gets each routed expert it stores from the
-// learner of replica 0 that owns it, one message per (learner, actor) pair whose experts
-// overlap. No rank sends an expert it does not own or receives one it does not store.
+// learner of replica 0 that holds it, one message per (learner, actor) pair that share experts.
+// No rank sends an expert it does not hold or receives one it does not store. Learners may have
+// moved experts between their slots (expert migration: learner 0 sends its expert -> slot tables,
+// one per layer, to every actor first); actors always store experts in the identity placement,
+// by expert id.
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "mpi_comm/topology.h"
 #include "src/model/expert_parallel.h"
@@ -23,8 +27,11 @@ class ExpertWeightSync {
   ExpertWeightSync& operator=(const ExpertWeightSync&) = delete;
 
   // Learners of replica 0 send, actors receive into `params` (this rank's model, `layout`);
-  // every other rank returns at once. Returns the bytes this rank sent or received.
-  uint64_t sync(float* params, const ParameterLayout& layout, WeightSync& replicated);
+  // every other rank returns at once. `learner_slots`: on learners, their expert -> slot tables
+  // ([layer][expert]; null or empty: the identity); ignored on actors. Returns the bytes this
+  // rank sent or received.
+  uint64_t sync(float* params, const ParameterLayout& layout, WeightSync& replicated,
+                const std::vector<std::vector<int>>* learner_slots = nullptr);
 
  private:
   Topology& topology_;

@@ -47,13 +47,7 @@ void validate_role_expert_parallel(const char* what, int degree,
 
 RoleExpertParallel::RoleExpertParallel(const HierarchicalComm& role, Links& links, int experts,
                                        int degree, DispatchMode mode)
-    : role_(role),
-      links_(links),
-      experts_(experts),
-      degree_(degree),
-      mode_(mode),
-      slot_of_(static_cast<size_t>(experts)) {
-  std::iota(slot_of_.begin(), slot_of_.end(), 0);
+    : role_(role), links_(links), experts_(experts), degree_(degree), mode_(mode) {
   const int role_rank = role.rank();
   ep_rank_ = role_rank % degree;
   replica_ = role_rank / degree;
@@ -73,12 +67,19 @@ RoleExpertParallel::~RoleExpertParallel() {
   free_hierarchical(ep_group_);
 }
 
+void RoleExpertParallel::ensure_tables(int layers) {
+  if (!slot_of_.empty()) return;
+  slot_of_.assign(size_t(layers), std::vector<int>(size_t(experts_)));
+  for (std::vector<int>& table : slot_of_) std::iota(table.begin(), table.end(), 0);
+}
+
 void RoleExpertParallel::attach(Transformer<float>& model, int overlap_chunks) {
   const ModelConfig& config = model.config();
+  ensure_tables(config.n_layers);
   std::vector<ExpertDispatcher*> per_layer;
   for (int l = 0; l < config.n_layers; ++l) {
     dispatchers_.push_back(std::make_unique<ExpertDispatcher>(ep_group_, links_, experts_, mode_));
-    dispatchers_.back()->set_expert_slots(slot_of_);
+    dispatchers_.back()->set_expert_slots(slot_of_[size_t(l)]);
     per_layer.push_back(dispatchers_.back().get());
   }
   model.set_expert_parallel(std::move(per_layer));
@@ -94,39 +95,78 @@ void RoleExpertParallel::attach(Transformer<float>& model, int overlap_chunks) {
 }
 
 void RoleExpertParallel::attach_reusing(Transformer<float>& model) {
+  ensure_tables(model.config().n_layers);
   if (reused_.empty()) {
     for (int l = 0; l < model.config().n_layers; ++l) {
       dispatchers_.push_back(
           std::make_unique<ExpertDispatcher>(ep_group_, links_, experts_, mode_));
-      dispatchers_.back()->set_expert_slots(slot_of_);
+      dispatchers_.back()->set_expert_slots(slot_of_[size_t(l)]);
       reused_.push_back(dispatchers_.back().get());
     }
   }
   model.set_expert_parallel(reused_);
 }
 
-uint64_t RoleExpertParallel::migrate_experts(const std::vector<int>& slot_of,
+uint64_t RoleExpertParallel::migrate_experts(const std::vector<std::vector<int>>& slot_of,
                                              const ParameterLayout& layout,
                                              const std::vector<float*>& buffers) {
   if (!overlapped_.empty()) {
     throw std::logic_error("RoleExpertParallel::migrate_experts: not with overlap chunks");
   }
-  // Checks both tables before any message; then the dispatchers follow the experts.
-  const uint64_t sent =
-      move_expert_slots(slot_of_, slot_of, layout, experts_ / degree_, buffers, ep_group_.comm);
-  for (const auto& d : dispatchers_) d->set_expert_slots(slot_of);
+  ensure_tables(expert_layers(layout));
+  if (slot_of.size() != slot_of_.size()) {
+    throw std::invalid_argument(
+        "RoleExpertParallel::migrate_experts: " + std::to_string(slot_of.size()) + " tables for " +
+        std::to_string(slot_of_.size()) + " layers");
+  }
+  // Each changed layer's table is checked before its messages; then the dispatchers follow.
+  uint64_t sent = 0;
+  for (size_t l = 0; l < slot_of.size(); ++l) {
+    if (slot_of[l] == slot_of_[l]) continue;
+    sent += move_expert_slots(slot_of_[l], slot_of[l], layout, experts_ / degree_, buffers,
+                              ep_group_.comm, int(l));
+  }
+  // attach and attach_reusing make the dispatchers a model's layers at a time.
+  for (size_t i = 0; i < dispatchers_.size(); ++i)
+    dispatchers_[i]->set_expert_slots(slot_of[i % slot_of.size()]);
   slot_of_ = slot_of;
   return sent;
+}
+
+uint64_t RoleExpertParallel::migrate_experts(const std::vector<int>& slot_of,
+                                             const ParameterLayout& layout,
+                                             const std::vector<float*>& buffers) {
+  ensure_tables(expert_layers(layout));
+  return migrate_experts(std::vector<std::vector<int>>(slot_of_.size(), slot_of), layout, buffers);
 }
 
 OptimizerShard RoleExpertParallel::optimizer_shard(const ParameterLayout& layout) const {
   OptimizerShard shard;
   shard.replicated = replicated_ranges(layout);
   shard.owned = expert_slices(layout, this->shard().first, this->shard().count);
-  const MPI_Comm group = ep_group_.comm;
-  shard.sum_over_group = [group](double x) {
-    MPI_Allreduce(MPI_IN_PLACE, &x, 1, MPI_DOUBLE, MPI_SUM, group);
-    return x;
+  const int layers = expert_layers(layout), local = this->shard().count;
+  for (int l = 0; l < layers; ++l)
+    for (int s = 0; s < local; ++s)
+      shard.owned_slots.push_back(expert_slices(layout, this->shard().first + s, 1, l));
+  // Each (layer, expert) entry has one nonzero term in the allreduce (its holder's), so the sum
+  // is exact and the total's grouping depends on layers and expert ids only. Reads the tables in
+  // force at each step.
+  shard.sum_over_group = [this, layers, local](const std::vector<double>& per_slot) {
+    std::vector<double> per_expert(size_t(layers) * size_t(experts_), 0.0);
+    for (int l = 0; l < layers; ++l) {
+      for (int e = 0; e < experts_; ++e) {
+        const int slot = slot_of_.empty() ? e : slot_of_[size_t(l)][size_t(e)];
+        if (slot / local == ep_rank_) {
+          per_expert[size_t(l) * size_t(experts_) + size_t(e)] =
+              per_slot[size_t(l) * size_t(local) + size_t(slot - this->shard().first)];
+        }
+      }
+    }
+    MPI_Allreduce(MPI_IN_PLACE, per_expert.data(), int(per_expert.size()), MPI_DOUBLE, MPI_SUM,
+                  ep_group_.comm);
+    double sum = 0;
+    for (double x : per_expert) sum += x;
+    return sum;
   };
   return shard;
 }
@@ -158,13 +198,16 @@ uint64_t RoleExpertParallel::gather_full_model(const float* params, const Parame
     received += links_.recv(theirs.data(), theirs.size() * sizeof(float), r, kTag, ep_group_.comm);
     unpack_ranges(theirs.data(), ranges, full);
   }
-  // After a migration the gathered slots hold experts in slot order: back to expert order.
-  std::vector<std::vector<float>> by_slot(static_cast<size_t>(experts_));
-  for (int s = 0; s < experts_; ++s)
-    by_slot[size_t(s)] = pack_ranges(full, expert_slices(full_layout, s, 1));
-  for (int e = 0; e < experts_; ++e) {
-    unpack_ranges(by_slot[size_t(slot_of_[size_t(e)])].data(), expert_slices(full_layout, e, 1),
-                  full);
+  // After a migration the gathered slots hold experts in slot order: back to expert order,
+  // layer by layer.
+  for (size_t l = 0; l < slot_of_.size(); ++l) {
+    std::vector<std::vector<float>> by_slot(static_cast<size_t>(experts_));
+    for (int s = 0; s < experts_; ++s)
+      by_slot[size_t(s)] = pack_ranges(full, expert_slices(full_layout, s, 1, int(l)));
+    for (int e = 0; e < experts_; ++e) {
+      unpack_ranges(by_slot[size_t(slot_of_[l][size_t(e)])].data(),
+                    expert_slices(full_layout, e, 1, int(l)), full);
+    }
   }
   return received;
 }

@@ -70,15 +70,20 @@ class RoleExpertParallel {
   uint64_t gather_full_model(const float* params, const ParameterLayout& layout, float* full,
                              const ParameterLayout& full_layout);
 
-  // Expert migration (collective over the EP group; every rank passes the same table, a
-  // permutation of the experts): moves each expert whose slot changes, with its slices of
-  // `buffers` (laid out by `layout`: parameters, AdamW moments), to the rank of its new slot,
-  // and routes every dispatcher made by attach there. Not with overlap chunks (their dispatchers
-  // keep the old table). Returns the bytes this rank sent.
+  // Expert migration (collective over the EP group; every rank passes the same tables): each
+  // layer has its own expert -> slot table (slot_of[l], a permutation of the experts); every
+  // expert whose slot changes in a layer moves its slices of that layer's tensors in `buffers`
+  // (laid out by `layout`: parameters, AdamW moments) to the rank of its new slot, and every
+  // dispatcher made by attach routes by its layer's table. Not with overlap chunks (their
+  // dispatchers keep the old table). Returns the bytes this rank sent.
+  uint64_t migrate_experts(const std::vector<std::vector<int>>& slot_of,
+                           const ParameterLayout& layout, const std::vector<float*>& buffers);
+  // The same table for every layer.
   uint64_t migrate_experts(const std::vector<int>& slot_of, const ParameterLayout& layout,
                            const std::vector<float*>& buffers);
-  // The expert -> slot table in force (identity until migrate_experts).
-  const std::vector<int>& expert_slots() const { return slot_of_; }
+  // The expert -> slot tables in force, [layer][expert] (identity until migrate_experts; empty
+  // before attach).
+  const std::vector<std::vector<int>>& expert_slots() const { return slot_of_; }
 
   // Dispatch traffic of every dispatcher made by attach (payload and metadata, this rank).
   DispatchTraffic traffic() const;
@@ -92,7 +97,8 @@ class RoleExpertParallel {
   std::vector<std::unique_ptr<ExpertDispatcher>> dispatchers_;
   std::vector<std::unique_ptr<OverlappedExperts>> overlapped_;
   std::vector<ExpertDispatcher*> reused_;  // the dispatchers attach_reusing hands out
-  std::vector<int> slot_of_;               // expert -> slot
+  void ensure_tables(int layers);          // identity tables for `layers` layers, if none yet
+  std::vector<std::vector<int>> slot_of_;  // [layer][expert] -> slot
 };
 
 }  // namespace rlf

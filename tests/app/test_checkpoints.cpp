@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -72,12 +73,15 @@ void expect_same_run(const CommandResult& straight, const std::string& straight_
 
 // Runs `args` straight into one directory and, into another, killed by SIGKILL while writing
 // checkpoint 4 (`where`: data or renamed), then resumed with --resume auto.
-void expect_kill_and_resume_bit_exact(const std::string& name, int ranks, const std::string& args,
-                                      const std::string& where) {
+// `about_straight`, when given, also checks the uninterrupted run's output.
+void expect_kill_and_resume_bit_exact(
+    const std::string& name, int ranks, const std::string& args, const std::string& where,
+    const std::function<void(const CommandResult&)>& about_straight = nullptr) {
   const std::string straight_dir = temp_dir(name + "-straight");
   const std::string dir = temp_dir(name + "-killed");
   const CommandResult straight = test::run_rlfusion(args + "--run-dir " + straight_dir, ranks);
   ASSERT_EQ(straight.exit_code, 0) << straight.output;
+  if (about_straight) about_straight(straight);
   const std::string hook = where == "data" ? "4" : "4:" + where;
   const CommandResult killed =
       test::run_rlfusion(args + "--checkpoint-every 2 --run-dir " + dir, ranks,
@@ -261,6 +265,24 @@ TEST(Checkpoint, FusedStaleSyncWithExpertParallelismResumeIsBitExact) {
   expect_kill_and_resume_bit_exact(
       "fused-stale-ep", 2,
       kRun + "--mode fused --expert-parallel 2 --staleness 1 --finish-threshold 0.75 ", "data");
+}
+
+// Learners that migrate experts every step (skewed router, no threshold) checkpoint after a
+// migration: the file holds the experts by id, the resumed run starts at the identity placement
+// (and migrates again), and ends bit for bit where the uninterrupted run does.
+TEST(CheckpointRestart, ExpertParallelAfterMigrationResumesBitExact) {
+  const std::string layout =
+      "--learners 2 --actors 2 --expert-parallel 2 --router-skew 4 --rebalance-every 1 "
+      "--rebalance-min-gain 0 ";
+  // The decisions do not depend on timing (any predicted gain beats a zero threshold), so the
+  // killed run migrates where the straight one does: before the checkpoint of step 2, whose
+  // experts are then not contiguous per rank.
+  expect_kill_and_resume_bit_exact(
+      "ep-migrated", 4, kRun + layout, "data", [](const CommandResult& straight) {
+        EXPECT_TRUE(straight.output.find("# migration after step 1:") != std::string::npos ||
+                    straight.output.find("# migration after step 2:") != std::string::npos)
+            << straight.output;
+      });
 }
 
 // A checkpoint holds the whole model, so it loads at another expert-parallel degree.

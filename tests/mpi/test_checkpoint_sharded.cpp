@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "src/io/checkpoint.h"
+#include "src/model/expert_parallel.h"
 #include "src/model/parameter_layout.h"
 #include "tests/micro_model_config.h"
 #include "tests/mpi/mpi_test_util.h"
@@ -95,6 +96,59 @@ TEST(ShardedCheckpoint, EqualsTheWholeModelAndLoadsAtAnyExpertParallelDegree) {
     EXPECT_FALSE(fs::exists(path + ".tmp"));
     fs::remove_all(dir);
   }
+}
+
+// After expert migration a rank's slots hold any experts, each layer its own (here layer 0's slot
+// s holds expert E - 1 - s, so every expert sits on another rank than at the start, and the other
+// layers' slots are rotated by the layer index): the file still stores them by expert id, equal
+// to the whole model, with per-expert checksums that a reader at the identity placement checks.
+TEST(ShardedCheckpoint, WritesExpertsByIdAfterMigration) {
+  const ModelConfig config = twelve_experts();
+  const int rank = test::world_rank(), size = test::world_size();
+  const int E = config.n_experts, local = E / size;
+  const ParameterLayout whole(config), own(config, {rank * local, local});
+  const int layers = expert_layers(whole);
+  ASSERT_GE(layers, 2);
+  std::vector<std::vector<int>> slot_of(static_cast<size_t>(layers),
+                                        std::vector<int>(static_cast<size_t>(E)));
+  for (int l = 0; l < layers; ++l) {
+    for (int e = 0; e < E; ++e) slot_of[size_t(l)][size_t(e)] = l == 0 ? E - 1 - e : (e + l) % E;
+  }
+  State expected(config, whole), mine(config, own);
+  // This rank's slots filled with the experts the tables put there, from the whole model.
+  for (int l = 0; l < layers; ++l) {
+    for (int e = 0; e < E; ++e) {
+      const int s = slot_of[size_t(l)][size_t(e)];
+      if (s / local != rank) continue;
+      for (auto [from, to] :
+           {std::pair{&expected.parameters, &mine.parameters},
+            std::pair{&expected.first, &mine.first}, std::pair{&expected.second, &mine.second}}) {
+        unpack_ranges(pack_ranges(from->data(), expert_slices(whole, e, 1, l)).data(),
+                      expert_slices(own, s, 1, l), to->data());
+      }
+    }
+  }
+  CheckpointCounters counters;
+  counters.step = 5;
+  const std::string dir = shared_run_dir();
+  CheckpointTensors tensors = mine.tensors();
+  tensors.expert_slots = &slot_of;
+  write_checkpoint_sharded(dir, config, own, counters, tensors, MPI_COMM_WORLD);
+  const std::string path = checkpoint_path(dir, 5);
+  State read_whole(config, whole);
+  read_checkpoint(path, config, whole, read_whole.tensors());
+  EXPECT_EQ(read_whole.parameters, expected.parameters);
+  EXPECT_EQ(read_whole.first, expected.first);
+  EXPECT_EQ(read_whole.second, expected.second);
+  // A resumed rank reads its identity-placement shard (and checks its experts' checksums).
+  State want(config, own), got(config, own);
+  read_checkpoint(path, config, own, got.tensors());
+  EXPECT_EQ(got.parameters, want.parameters);
+  EXPECT_EQ(got.second, want.second);
+  // Without the table the same buffers would land on the wrong experts (the test can fail).
+  EXPECT_NE(mine.parameters, want.parameters);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank == 0) fs::remove_all(dir);
 }
 
 }  // namespace

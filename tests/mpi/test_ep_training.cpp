@@ -255,13 +255,16 @@ TEST(ExpertWeightSync, EveryActorGetsTheWeightsItStoresFromTheirOwners) {
       std::vector<float> want(size_t(mine.total()), -7.0f);
       copy_common_parameters(whole.data(), whole_layout, want.data(), mine);
       EXPECT_EQ(0, std::memcmp(params.data(), want.data(), want.size() * sizeof(float)));
-      // An actor receives exactly what it stores: the replicated tensors and its own experts.
+      // An actor receives exactly what it stores, the replicated tensors and its own experts,
+      // plus learner 0's expert -> slot tables (an int per layer and expert).
       if (!learner) {
+        const uint64_t tables = uint64_t(expert_layers(mine)) * uint64_t(config.n_experts) * 4;
         EXPECT_EQ(
             bytes,
             uint64_t(ranges_size(replicated_ranges(mine)) +
                      ranges_size(expert_slices(mine, mine.first_expert(), mine.stored_experts()))) *
-                sizeof(float));
+                    sizeof(float) +
+                tables);
       }
     }
   }

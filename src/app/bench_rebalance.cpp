@@ -1,0 +1,251 @@
+// `rlfusion bench rebalance`: the step-time effect of EDPB rebalancing in expert-parallel
+// training. EP = the world; the same skewed model (--router-skew: the hot experts start on EP
+// rank 0) trains the same synthetic batches twice, first with the experts where they start, then
+// with the rebalancer of `train --rebalance-every` (src/app/train_rebalance.h) moving them live.
+// Printed: step time of the slowest rank, max/mean EP-rank load (tokens routed to each rank's
+// experts, the busiest rank of each layer summed over layers), migrations, and whether both runs
+// end with bit-identical weights (they must: no replicas). Times need one idle core per rank
+// (`mpiexec --bind-to core`, --threads 1).
+#include <mpi.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "kernels/arena.h"
+#include "kernels/device.h"
+#include "kernels/error.h"
+#include "kernels/rng.h"
+#include "src/app/build_info.h"
+#include "src/app/commands.h"
+#include "src/app/options.h"
+#include "src/app/train_rebalance.h"
+#include "src/balance/expert_placement.h"
+#include "src/rl/rl_step.h"
+#include "src/rl/tokenizer.h"
+
+namespace rlf {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct RebalanceBenchOptions {
+  int steps = 16, sequences = 8, length = 48;
+  bool verbose = false;  // print every migration's log line
+  float learning_rate = 1e-4f;
+  RebalanceOptions rebalance;
+};
+
+double max_over_world(double mine) {
+  MPI_Allreduce(MPI_IN_PLACE, &mine, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return mine;
+}
+
+// This rank's synthetic samples of step `step`: a 4-token prompt and a response of random
+// characters, behaviour log-prob -2 per token, advantages +-1; a pure function of (seed, step,
+// rank), so both runs train on the same data.
+std::vector<Rollout> synthetic_batch(const RebalanceBenchOptions& o, uint64_t seed, int step,
+                                     int rank, int vocab) {
+  std::vector<Rollout> batch(static_cast<size_t>(o.sequences));
+  const int first_character = 3;  // after <pad>, <bos>, <eos>
+  for (int i = 0; i < o.sequences; ++i) {
+    Rollout& r = batch[size_t(i)];
+    r.sample_id = (int64_t(step) * 4096 + rank) * o.sequences + i;
+    const uint64_t stream = uint64_t(r.sample_id);
+    auto token = [&](int position) {
+      return first_character +
+             int(philox_uniform(seed, stream, uint64_t(position)) * float(vocab - first_character));
+    };
+    r.prompt = {1, token(0), token(1), token(2)};
+    for (int t = 0; t < o.length - 4; ++t) r.response.push_back(token(10 + t));
+    r.behaviour_logp.assign(r.response.size(), -2.0f);
+    r.advantage = philox_uniform(seed, stream, 1u << 20) < 0.5f ? -1.0 : 1.0;
+  }
+  return batch;
+}
+
+struct RunResult {
+  std::vector<double> step_seconds;  // training + any migration, slowest rank
+  std::vector<double> load_ratio;    // max/mean EP-rank load per step
+  int migrations = 0, first_decision = 0;
+  std::vector<float> weights;  // the whole model, gathered on rank 0
+};
+
+RunResult train_run(const RebalanceBenchOptions& o, bool rebalance, const RunOptions& run,
+                    const ModelConfig& config, Device& device, HierarchicalComm& world,
+                    Links& links) {
+  const int size = world.size(), E = config.n_experts, local = E / size;
+  const Arena::Mark mark = device.memory().mark();
+  RunResult result;
+  {
+    RoleExpertParallel ep(world, links, E, size, DispatchMode::Flat);
+    Transformer<float> model(config, device.ops(), device.memory(), true, ep.shard());
+    model.initialize(run.seed);
+    AdamWHyper hyper;
+    hyper.learning_rate = o.learning_rate;
+    AdamW<float> optimizer(model, hyper, 1.0f);
+    ep.attach(model);
+    optimizer.set_shard(ep.optimizer_shard(model.layout()));
+    DataParallelHooks hooks;
+    hooks.sum = [](double x) {
+      MPI_Allreduce(MPI_IN_PLACE, &x, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+      return x;
+    };
+    hooks.reduce_gradients = [&] { ep.reduce_gradients(model.gradients(), model.layout()); };
+    RebalanceOptions settings = o.rebalance;
+    if (!rebalance) settings.every = 0;
+    TraceRecorder trace(MPI_COMM_WORLD);  // the router statistics of every step
+    TrainRebalancer rebalancer(settings, ep, world, model, optimizer, nullptr, trace);
+    RlStepSettings step_settings;
+    step_settings.group_size = 1;
+    step_settings.micro_batch = o.sequences;
+    for (int step = 1; step <= o.steps; ++step) {
+      const std::vector<Rollout> batch =
+          synthetic_batch(o, run.seed, step, world.rank(), config.vocab_size);
+      const std::vector<std::vector<int>> slots = ep.expert_slots();  // this step's placement
+      MPI_Barrier(MPI_COMM_WORLD);
+      const auto start = Clock::now();
+      optimize_on_rollouts(model, optimizer, batch, step_settings, hooks);
+      const double train = std::chrono::duration<double>(Clock::now() - start).count();
+      const std::string migrated = rebalancer.end_of_step(step, train);
+      if (world.rank() == 0 && o.verbose) std::fputs(migrated.c_str(), stdout);
+      result.step_seconds.push_back(
+          max_over_world(std::chrono::duration<double>(Clock::now() - start).count()));
+      // Tokens routed to each EP rank's experts during the step, over every rank's tokens, layer
+      // by layer (each layer's exchange waits for its busiest rank): the busiest ranks' tokens
+      // summed over layers, over the mean rank's.
+      const int L = config.n_layers;
+      std::vector<double> per_expert(size_t(L) * E, 0.0);
+      for (const RouterLoad& l : trace.router_loads()) {
+        if (l.step == step) per_expert[size_t(l.layer) * E + size_t(l.expert)] += double(l.tokens);
+      }
+      MPI_Allreduce(MPI_IN_PLACE, per_expert.data(), L * E, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+      double busiest = 0, mean = 0;
+      for (int layer = 0; layer < L; ++layer) {
+        std::vector<double> per_rank(size_t(size), 0.0);
+        for (int e = 0; e < E; ++e)
+          per_rank[size_t(slots[size_t(layer)][size_t(e)] / local)] +=
+              per_expert[size_t(layer) * E + size_t(e)];
+        busiest += max_of(per_rank);
+        mean += mean_of(per_rank);
+      }
+      result.load_ratio.push_back(busiest / mean);
+    }
+    result.migrations = rebalancer.migrations();
+    const ParameterLayout full(config);
+    result.weights.assign(world.rank() == 0 ? size_t(full.total()) : 0, 0.0f);
+    ep.gather_full_model(model.parameters(), model.layout(), result.weights.data(), full);
+  }
+  device.memory().release(mark);
+  return result;
+}
+
+double mean_from(const std::vector<double>& values, size_t first) {
+  double sum = 0;
+  for (size_t i = first; i < values.size(); ++i) sum += values[i];
+  return values.size() > first ? sum / double(values.size() - first) : 0.0;
+}
+
+}  // namespace
+
+int run_bench_rebalance_command(const std::vector<std::string>& args) {
+  RunOptions run;
+  run.model = "small";
+  RebalanceBenchOptions o;
+  o.rebalance.every = 2;
+  o.rebalance.router_skew = 4.0f;
+  po::options_description description = run_options_description(run);
+  po::options_description bench("bench rebalance options");
+  auto add = bench.add_options();
+  add("steps", po::value(&o.steps)->default_value(o.steps), "training steps per run");
+  add("sequences", po::value(&o.sequences)->default_value(o.sequences),
+      "sequences per rank and step");
+  add("length", po::value(&o.length)->default_value(o.length), "tokens per sequence (>= 5)");
+  add("verbose", po::bool_switch(&o.verbose), "print every migration as `train` logs it");
+  add("learning-rate", po::value(&o.learning_rate)->default_value(o.learning_rate),
+      "AdamW learning rate (the larger, the faster the routing drifts between decisions)");
+  description.add(bench);
+  description.add(rebalance_options_description(o.rebalance));
+  if (!parse_options("bench rebalance", args, description, run)) return 0;
+  int rank = 0, size = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (o.steps < 1 || o.sequences < 1 || o.length < 5) {
+    throw ConfigError("--steps and --sequences must be >= 1 and --length >= 5");
+  }
+  if (!(o.learning_rate >= 0) || !std::isfinite(o.learning_rate)) {
+    throw ConfigError("--learning-rate must be a finite number >= 0");
+  }
+  if (o.rebalance.every < 1) {
+    throw ConfigError("bench rebalance: --rebalance-every must be >= 1 (the run to compare)");
+  }
+  validate(o.rebalance, /*fused=*/false, size, /*overlap_chunks=*/1);
+  ModelConfig config = load_model_config(run.model);
+  config.router_skew = o.rebalance.router_skew;
+  if (o.length > config.max_seq_len) {
+    throw ConfigError("--length must be <= the model's max_seq_len " +
+                      std::to_string(config.max_seq_len));
+  }
+  if (config.n_experts % size != 0) {
+    throw ConfigError("bench rebalance: the world (" + std::to_string(size) +
+                      " ranks) must divide the model's " + std::to_string(config.n_experts) +
+                      " experts");
+  }
+  Links links(std::vector<int>(size_t(size), 0), LinkEmulation{});
+  HierarchicalComm world = make_hierarchical(MPI_COMM_WORLD, links);
+  Device device(Backend::Cpu, run.device_memory_bytes(), resolve_threads(run.threads));
+  const RunResult still = train_run(o, false, run, config, device, world, links);
+  const RunResult moved = train_run(o, true, run, config, device, world, links);
+  free_hierarchical(world);
+
+  // Compared from the first step after the first decision on (both runs, the same steps).
+  const size_t from = size_t(std::min(o.rebalance.every, o.steps - 1));
+  const double still_s = mean_from(still.step_seconds, from);
+  const double moved_s = mean_from(moved.step_seconds, from);
+  const bool same = rank != 0 || still.weights == moved.weights;
+  int all_same = same ? 1 : 0;
+  MPI_Allreduce(MPI_IN_PLACE, &all_same, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (rank == 0) {
+    double load[1] = {-1};
+    getloadavg(load, 1);
+    std::printf("# rlfusion bench rebalance: %s\n", build_info().c_str());
+    std::printf(
+        "# EP %d (the world), model %s (%d experts, %d layers, top-%d), router skew %g; %d steps "
+        "of %d sequences x %d tokens per rank, the same in both runs, learning rate %g; "
+        "rebalance every %d steps, horizon %d, min gain %g; step time (training + migration, "
+        "slowest rank) and load: "
+        "mean over steps %zu-%d; load average %.2f at the end (times need one idle core per "
+        "rank)\n#\n",
+        size, config.name.c_str(), config.n_experts, config.n_layers, config.top_k,
+        double(o.rebalance.router_skew), o.steps, o.sequences, o.length, double(o.learning_rate),
+        o.rebalance.every, o.rebalance.horizon, o.rebalance.min_gain_ratio, from + 1, o.steps,
+        load[0]);
+    std::printf("# %-11s %12s %14s %11s\n", "run", "step time", "EP-rank load", "migrations");
+    std::printf("# %-11s %12s %14s %11s\n", "", "(ms)", "(max/mean)", "");
+    for (const auto& [name, r] : {std::pair<const char*, const RunResult&>{"static", still},
+                                  std::pair<const char*, const RunResult&>{"rebalanced", moved}}) {
+      std::printf("  %-11s %12.2f %14.3f %11d\n", name, mean_from(r.step_seconds, from) * 1e3,
+                  mean_from(r.load_ratio, from), r.migrations);
+    }
+    std::printf("#\n# Final weights bit-identical            : %s\n", all_same ? "OK" : "FAIL");
+    std::printf("# Step time static/rebalanced           : %.3fx %s\n", still_s / moved_s,
+                still_s > moved_s ? "faster" : "NOT FASTER");
+    if (run.json) {
+      std::printf(
+          "{\"bench\":\"rebalance\",\"ranks\":%d,\"model\":\"%s\",\"router_skew\":%g,\"steps\":%d,"
+          "\"rebalance_every\":%d,\"static_step_seconds\":%.6e,\"rebalanced_step_seconds\":%.6e,"
+          "\"static_load_max_over_mean\":%.4f,\"rebalanced_load_max_over_mean\":%.4f,"
+          "\"migrations\":%d,\"bit_identical\":%d,\"speedup\":%.4f}\n",
+          size, config.name.c_str(), double(o.rebalance.router_skew), o.steps, o.rebalance.every,
+          still_s, moved_s, mean_from(still.load_ratio, from), mean_from(moved.load_ratio, from),
+          moved.migrations, all_same, still_s / moved_s);
+    }
+  }
+  return all_same ? 0 : 1;
+}
+
+}  // namespace rlf

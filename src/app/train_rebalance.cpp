@@ -1,0 +1,281 @@
+#include "src/app/train_rebalance.h"
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <stdexcept>
+
+#include "kernels/arena.h"
+#include "kernels/error.h"
+#include "src/balance/incremental_rebalance.h"
+#include "src/model/expert_parallel.h"
+
+namespace rlf {
+
+namespace {
+
+// Bytes of one routed expert of one layer: its slices of every buffer that migrates.
+double expert_bytes(const ParameterLayout& layout, int buffers) {
+  return double(ranges_size(expert_slices(layout, layout.first_expert(), 1, 0))) * sizeof(float) *
+         buffers;
+}
+
+Placement placement_of(const std::vector<int>& slot_of, const ExpertCluster& cluster) {
+  Placement p;
+  p.cluster = cluster;
+  p.experts = int(slot_of.size());
+  p.slot_expert.assign(slot_of.size(), 0);
+  for (size_t e = 0; e < slot_of.size(); ++e) p.slot_expert[size_t(slot_of[e])] = int(e);
+  return p;
+}
+
+std::vector<int> slots_of(const Placement& p) {
+  std::vector<int> slot_of(size_t(p.experts), 0);
+  for (size_t s = 0; s < p.slot_expert.size(); ++s) slot_of[size_t(p.slot_expert[s])] = int(s);
+  return slot_of;
+}
+
+}  // namespace
+
+po::options_description rebalance_options_description(RebalanceOptions& o) {
+  po::options_description d("Expert load balancing (EDPB, docs/EDPB.md)");
+  auto add = d.add_options();
+  add("rebalance-every", po::value(&o.every)->default_value(o.every),
+      "with --expert-parallel >= 2: every this many RL steps, predict the expert loads from the "
+      "router statistics and move experts between the learners' EP ranks when the predicted "
+      "gain beats the transfer cost (0: off)");
+  add("rebalance-horizon", po::value(&o.horizon)->default_value(o.horizon),
+      "steps a new expert placement is expected to serve (the gain is counted over them)");
+  add("rebalance-min-gain", po::value(&o.min_gain_ratio)->default_value(o.min_gain_ratio),
+      "migrate only when the predicted gain over the horizon exceeds this many times the "
+      "transfer time at the measured link rate");
+  add("rebalance-smoothing", po::value(&o.smoothing)->default_value(o.smoothing),
+      "weight of the newest step in the expert loads' moving average, in (0, 1]");
+  add("router-skew", po::value(&o.router_skew)->default_value(o.router_skew),
+      "experiments: add -S x expert / (experts - 1) to every router's logits, so that the "
+      "low-numbered experts (EP rank 0's at the start) get most tokens; changes the model; 0: "
+      "off");
+  return d;
+}
+
+void validate(const RebalanceOptions& o, bool fused, int learner_expert_parallel,
+              int overlap_chunks) {
+  if (o.every < 0) {
+    throw ConfigError("--rebalance-every must be >= 0, got " + std::to_string(o.every));
+  }
+  if (o.horizon < 1) {
+    throw ConfigError("--rebalance-horizon must be >= 1, got " + std::to_string(o.horizon));
+  }
+  if (!(o.min_gain_ratio >= 0) || !std::isfinite(o.min_gain_ratio)) {
+    throw ConfigError("--rebalance-min-gain must be a finite number >= 0, got " +
+                      std::to_string(o.min_gain_ratio));
+  }
+  if (!(o.smoothing > 0 && o.smoothing <= 1)) {
+    throw ConfigError("--rebalance-smoothing must be in (0, 1], got " +
+                      std::to_string(o.smoothing));
+  }
+  if (!std::isfinite(o.router_skew) || o.router_skew < 0 || o.router_skew > 50) {
+    throw ConfigError("--router-skew must be in [0, 50], got " + std::to_string(o.router_skew));
+  }
+  if (o.every == 0) return;
+  if (fused) {
+    throw ConfigError(
+        "--rebalance-every is not supported with --mode fused yet (its generation layout "
+        "switch addresses experts by slot); use --mode disaggregated");
+  }
+  if (learner_expert_parallel < 2) {
+    throw ConfigError(
+        "--rebalance-every needs --expert-parallel >= 2 (experts to move between "
+        "ranks), got " +
+        std::to_string(learner_expert_parallel));
+  }
+  if (overlap_chunks > 1) {
+    throw ConfigError(
+        "--rebalance-every does not work with --ep-overlap-chunks > 1 yet (the "
+        "chunks' dispatchers keep the first placement)");
+  }
+}
+
+std::string describe_router_skew(const RebalanceOptions& o) {
+  if (o.router_skew == 0.0f) return "";
+  char line[200];
+  std::snprintf(line, sizeof line,
+                "# router skew %g: every router's logits get -%g x expert / (experts - 1), the "
+                "model is not the plain one\n",
+                double(o.router_skew), double(o.router_skew));
+  return line;
+}
+
+std::string router_skew_json(const RebalanceOptions& o) {
+  char json[160];
+  std::snprintf(json, sizeof json, "\"router_skew\":%g,\"rebalance_every\":%d,",
+                double(o.router_skew), o.every);
+  return json;
+}
+
+TrainRebalancer::TrainRebalancer(const RebalanceOptions& options, RoleExpertParallel& ep,
+                                 const HierarchicalComm& learners, Transformer<float>& model,
+                                 AdamW<float>& optimizer, Transformer<float>* reference,
+                                 TraceRecorder& trace)
+    : options_(options),
+      ep_(ep),
+      learners_(learners),
+      model_(model),
+      optimizer_(optimizer),
+      reference_(reference),
+      trace_(trace),
+      predictors_(
+          size_t(model.config().n_layers),
+          LoadPredictor(model.config().n_experts, LoadPredictorOptions{options.smoothing, 0.0})) {
+  const ModelConfig& c = model.config();
+  if (reference_ && reference_->layout().total() != model.layout().total()) {
+    throw std::logic_error("TrainRebalancer: the reference stores other experts than the policy");
+  }
+  // One node: the planner charges every transfer at the one measured link rate.
+  cluster_ = {1, ep.degree(), c.n_experts / ep.degree()};
+  bytes_per_expert_ = expert_bytes(model.layout(), reference_ ? 4 : 3);
+  // The routed experts' share of a token's matmul work: the part of the step's time that
+  // follows the busiest EP rank's routed tokens.
+  expert_share_ =
+      double(c.n_layers) * c.top_k * 3.0 * c.d_model * c.d_ff / double(c.active_parameter_count());
+  const Arena& arena = model.device();
+  arena_bytes_ =
+      double(arena.capacity() - arena.used()) + cluster_.slots_per_device * bytes_per_expert_;
+  if (options_.every > 0) link_rate_ = measure_link_rate();
+}
+
+double TrainRebalancer::measure_link_rate() const {
+  // Each EP rank sends one expert's bytes to the next and receives from the previous one; the
+  // best of three rounds, the slowest rank's time.
+  const MPI_Comm group = ep_.ep_group().comm;
+  const int size = ep_.degree(), rank = ep_.ep_rank();
+  std::vector<float> out(size_t(bytes_per_expert_ / sizeof(float)), 1.0f), in(out.size());
+  double best = 1e30;
+  for (int round = 0; round < 3; ++round) {
+    MPI_Barrier(group);
+    const double start = MPI_Wtime();
+    MPI_Sendrecv(out.data(), int(out.size()), MPI_FLOAT, (rank + 1) % size, 7501, in.data(),
+                 int(in.size()), MPI_FLOAT, (rank + size - 1) % size, 7501, group,
+                 MPI_STATUS_IGNORE);
+    double seconds = MPI_Wtime() - start;
+    MPI_Allreduce(MPI_IN_PLACE, &seconds, 1, MPI_DOUBLE, MPI_MAX, group);
+    best = std::min(best, seconds);
+  }
+  // Every learner charges the same rate, so all decide alike.
+  double rate = bytes_per_expert_ / std::max(best, 1e-9);
+  MPI_Allreduce(MPI_IN_PLACE, &rate, 1, MPI_DOUBLE, MPI_MIN, learners_.comm);
+  return rate;
+}
+
+std::string TrainRebalancer::describe() const {
+  if (options_.every == 0) return "";
+  char line[400];
+  std::snprintf(line, sizeof line,
+                "# rebalancing: every %d steps, horizon %d steps, migrate when gain > %g x cost; "
+                "EMA %g, one placement per layer; one expert of one layer (weights + AdamW "
+                "moments%s) %.3f MB over the measured link at %.3f GB/s; no replicas\n",
+                options_.every, options_.horizon, options_.min_gain_ratio, options_.smoothing,
+                reference_ ? " + reference" : "", bytes_per_expert_ / 1e6, link_rate_ / 1e9);
+  return line;
+}
+
+std::vector<std::vector<double>> TrainRebalancer::take_router_loads(int step) {
+  const int E = model_.config().n_experts;
+  std::vector<std::vector<double>> loads;
+  for (int l = 0; l < model_.config().n_layers; ++l) {
+    const std::vector<int64_t> tokens = model_.expert_dispatcher(l)->take_expert_tokens();
+    loads.emplace_back(size_t(E), 0.0);
+    for (int e = 0; e < E; ++e) {
+      trace_.record_router_load({step, l, e, tokens[size_t(e)]});
+      loads.back()[size_t(e)] = double(tokens[size_t(e)]);
+    }
+  }
+  return loads;
+}
+
+MigrationPlan TrainRebalancer::plan(const Placement& current,
+                                    const std::vector<double>& predicted) const {
+  MigrationOptions m;
+  m.bytes_per_expert = bytes_per_expert_;
+  m.intra_node_bandwidth = m.inter_node_bandwidth = link_rate_;
+  m.arena_bytes = arena_bytes_;
+  m.seconds_per_token = expert_share_ * interval_seconds_ / interval_busiest_tokens_;
+  m.horizon = options_.horizon;
+  m.min_gain_ratio = options_.min_gain_ratio;
+  std::vector<Placement> proposals = incremental_moves(current, predicted, m, current.experts);
+  proposals.push_back(align_to(place_two_level(predicted, cluster_), current));
+  return best_plan(current, proposals, predicted, m);
+}
+
+std::string TrainRebalancer::end_of_step(int step, double step_seconds) {
+  std::vector<std::vector<double>> loads = take_router_loads(step);
+  if (options_.every == 0) return "";
+  // Every learner's tokens, so all replicas decide on the same numbers.
+  const int L = int(loads.size()), E = model_.config().n_experts;
+  std::vector<double> flat;
+  for (const std::vector<double>& layer : loads)
+    flat.insert(flat.end(), layer.begin(), layer.end());
+  MPI_Allreduce(MPI_IN_PLACE, flat.data(), int(flat.size()), MPI_DOUBLE, MPI_SUM, learners_.comm);
+  MPI_Allreduce(MPI_IN_PLACE, &step_seconds, 1, MPI_DOUBLE, MPI_MAX, learners_.comm);
+  const std::vector<std::vector<int>>& slots = ep_.expert_slots();
+  std::vector<Placement> current;
+  for (int l = 0; l < L; ++l) {
+    loads[size_t(l)].assign(flat.begin() + int64_t(l) * E, flat.begin() + int64_t(l + 1) * E);
+    predictors_[size_t(l)].observe(loads[size_t(l)]);
+    current.push_back(placement_of(slots[size_t(l)], cluster_));
+    interval_busiest_tokens_ += max_of(current.back().device_loads(loads[size_t(l)]));
+  }
+  interval_seconds_ += step_seconds;
+  if (step % options_.every != 0 || interval_busiest_tokens_ <= 0) return "";
+  // Each layer decides on its own (its exchange waits for its own busiest rank).
+  ExpertMigration record;
+  record.step = step;
+  std::vector<std::vector<int>> new_slots = slots;
+  double busiest_before = 0, busiest_after = 0, mean = 0;
+  for (int l = 0; l < L; ++l) {
+    const std::vector<double> predicted = predictors_[size_t(l)].predict(options_.horizon);
+    const MigrationPlan decided = plan(current[size_t(l)], predicted);
+    const std::vector<double> before = current[size_t(l)].device_loads(predicted);
+    busiest_before += max_of(before);
+    mean += mean_of(before);
+    if (!decided.migrate) {
+      busiest_after += max_of(before);
+      continue;
+    }
+    busiest_after += max_of(decided.target.device_loads(predicted));
+    new_slots[size_t(l)] = slots_of(decided.target);
+    for (int e = 0; e < E; ++e) {
+      record.experts_moved += slots[size_t(l)][size_t(e)] / cluster_.slots_per_device !=
+                              new_slots[size_t(l)][size_t(e)] / cluster_.slots_per_device;
+    }
+    record.predicted_gain_seconds += decided.gain_seconds;
+    record.cost_seconds += decided.seconds;
+  }
+  interval_seconds_ = interval_busiest_tokens_ = 0;
+  if (new_slots == slots) return "";
+  record.max_mean_before = mean > 0 ? busiest_before / mean : 1.0;
+  record.max_mean_after = mean > 0 ? busiest_after / mean : 1.0;
+  std::vector<float*> buffers = {model_.parameters(), optimizer_.first_moment(),
+                                 optimizer_.second_moment()};
+  if (reference_) buffers.push_back(reference_->parameters());
+  {
+    TraceScope traced(trace_, Phase::Migrate);
+    record.bytes = int64_t(ep_.migrate_experts(new_slots, model_.layout(), buffers));
+    traced.set_bytes(record.bytes);
+  }
+  trace_.record_migration(record);
+  ++migrations_;
+  char line[320];
+  std::snprintf(line, sizeof line,
+                "# migration after step %d: %d (layer, expert) pairs to other EP ranks, %.3f MB "
+                "sent by this rank; predicted gain %.4f s over %d steps vs cost %.4f s; predicted "
+                "max/mean EP-rank load (busiest per layer, summed) %.3f -> %.3f\n",
+                step, record.experts_moved, double(record.bytes) / 1e6,
+                record.predicted_gain_seconds, options_.horizon, record.cost_seconds,
+                record.max_mean_before, record.max_mean_after);
+  return line;
+}
+
+}  // namespace rlf

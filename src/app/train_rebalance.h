@@ -1,0 +1,86 @@
+// EDPB inside an expert-parallel `train` (docs/EDPB.md "Rebalancing in train"): every learner
+// records its router statistics per step into the trace, and with --rebalance-every K the
+// learners feed the loads summed over all of them to one load predictor per layer every step
+// and, every K steps, let the migration planner decide for each layer whether moving its experts
+// between the EP ranks pays off over the horizon at the measured link rate; if so the experts
+// move live, rank to rank, with their AdamW moments (and the frozen reference's weights). Every
+// decision is the same on every learner (the same summed loads, pure functions), so the DP replicas
+// keep one placement.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "mpi_comm/topology.h"
+#include "src/app/options.h"
+#include "src/balance/load_predictor.h"
+#include "src/balance/migration_planner.h"
+#include "src/io/trace.h"
+#include "src/model/optimizer.h"
+#include "src/model/transformer.h"
+#include "src/runtime/role_expert_parallel.h"
+
+namespace rlf {
+
+struct RebalanceOptions {
+  int every = 0;                // --rebalance-every: steps between decisions (0: off)
+  int horizon = 20;             // --rebalance-horizon: steps a new placement should serve
+  double min_gain_ratio = 2.0;  // --rebalance-min-gain: migrate when gain > this x cost
+  double smoothing = 0.3;       // --rebalance-smoothing: EMA weight of the newest step's loads
+  float router_skew = 0.0f;     // --router-skew (src/model/router_skew.h; 0: off)
+};
+
+po::options_description rebalance_options_description(RebalanceOptions& options);
+// ConfigError naming the option for a value out of range, or for --rebalance-every without the
+// layout it needs (`fused`: --mode fused; learner EP degree; overlap chunks).
+void validate(const RebalanceOptions& options, bool fused, int learner_expert_parallel,
+              int overlap_chunks);
+// A log line naming the router skew ("" when off); the JSON fragment
+// `"router_skew":S,"rebalance_every":K,` (always).
+std::string describe_router_skew(const RebalanceOptions& options);
+std::string router_skew_json(const RebalanceOptions& options);
+
+class TrainRebalancer {
+ public:
+  // Collective over `learners` (all learner ranks; with every > 0 it times a transfer of one
+  // expert's bytes between the EP ranks: the link rate migration costs are charged at).
+  // `reference` may be null. Everything referenced must outlive the rebalancer.
+  TrainRebalancer(const RebalanceOptions& options, RoleExpertParallel& ep,
+                  const HierarchicalComm& learners, Transformer<float>& model,
+                  AdamW<float>& optimizer, Transformer<float>* reference, TraceRecorder& trace);
+
+  // After RL step `step`, which took `step_seconds` on this rank (collective over the learners
+  // when rebalancing): records the step's router statistics; every `every` steps decides and
+  // maybe migrates. Returns a log line for a migration, else "".
+  std::string end_of_step(int step, double step_seconds);
+
+  int migrations() const { return migrations_; }
+  double link_bytes_per_second() const { return link_rate_; }
+  // "# rebalancing: ..." describing the settings, for the run's log ("" when off).
+  std::string describe() const;
+
+ private:
+  // This step's tokens per layer and expert, [layer][expert] (also recorded in the trace).
+  std::vector<std::vector<double>> take_router_loads(int step);
+  MigrationPlan plan(const Placement& current, const std::vector<double>& predicted) const;
+  double measure_link_rate() const;
+
+  RebalanceOptions options_;
+  RoleExpertParallel& ep_;
+  const HierarchicalComm& learners_;
+  Transformer<float>& model_;
+  AdamW<float>& optimizer_;
+  Transformer<float>* reference_;
+  TraceRecorder& trace_;
+  ExpertCluster cluster_;
+  std::vector<LoadPredictor> predictors_;  // one per layer
+  // One expert of one layer: its weights + AdamW moments (+ reference weights).
+  double bytes_per_expert_ = 0, link_rate_ = 0, expert_share_ = 0, arena_bytes_ = 0;
+  // Since the last decision: the slowest learner's step seconds and the busiest EP rank's tokens
+  // summed over layers (each layer's exchange waits for its busiest rank).
+  double interval_seconds_ = 0, interval_busiest_tokens_ = 0;
+  int migrations_ = 0;
+};
+
+}  // namespace rlf

@@ -1,0 +1,60 @@
+#include "src/io/router_summary.h"
+
+#include <algorithm>
+#include <map>
+
+namespace rlf {
+
+std::vector<LayerImbalance> layer_imbalance(const TraceData& trace) {
+  // tokens[layer][step][expert], summed over ranks.
+  std::map<int, std::map<int, std::map<int, int64_t>>> tokens;
+  int experts = 0;
+  for (const std::vector<RouterLoad>& rank : trace.router_loads) {
+    for (const RouterLoad& l : rank) {
+      tokens[l.layer][l.step][l.expert] += l.tokens;
+      experts = std::max(experts, l.expert + 1);
+    }
+  }
+  std::vector<LayerImbalance> layers;
+  for (const auto& [layer, steps] : tokens) {
+    LayerImbalance out;
+    out.layer = layer;
+    std::vector<int64_t> per_expert(size_t(experts), 0);
+    double sum_ratio = 0;
+    for (const auto& [step, counts] : steps) {
+      int64_t total = 0, most = 0;
+      for (const auto& [expert, count] : counts) {
+        total += count;
+        most = std::max(most, count);
+        per_expert[size_t(expert)] += count;
+      }
+      if (total == 0) continue;
+      const double ratio = double(most) * experts / double(total);
+      sum_ratio += ratio;
+      out.worst_max_over_mean = std::max(out.worst_max_over_mean, ratio);
+      out.tokens += total;
+      ++out.steps;
+    }
+    out.mean_max_over_mean = out.steps > 0 ? sum_ratio / out.steps : 0.0;
+    const auto hottest = std::max_element(per_expert.begin(), per_expert.end());
+    out.hottest_expert = int(hottest - per_expert.begin());
+    out.hottest_share = out.tokens > 0 ? double(*hottest) / double(out.tokens) : 0.0;
+    layers.push_back(out);
+  }
+  return layers;
+}
+
+std::vector<ExpertMigration> migrations_of(const TraceData& trace) {
+  std::map<int, ExpertMigration> by_step;
+  for (const std::vector<ExpertMigration>& rank : trace.migrations) {
+    for (const ExpertMigration& m : rank) {
+      const auto [at, fresh] = by_step.emplace(m.step, m);
+      if (!fresh) at->second.bytes += m.bytes;
+    }
+  }
+  std::vector<ExpertMigration> all;
+  for (const auto& [step, m] : by_step) all.push_back(m);
+  return all;
+}
+
+}  // namespace rlf

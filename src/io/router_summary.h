@@ -1,0 +1,32 @@
+// What `rlfusion report` says of a trace's router statistics and expert migrations (EDPB,
+// docs/EDPB.md): per layer, how unevenly the routed tokens fell on the experts, and every
+// migration with its bytes summed over the ranks that moved experts.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "src/io/trace_reader.h"
+
+namespace rlf {
+
+// One layer over the run: per step, the tokens of every rank summed per expert; max/mean is the
+// busiest expert's tokens over the mean expert's (1 = perfectly even).
+struct LayerImbalance {
+  int layer = 0;
+  int steps = 0;                   // steps with router statistics
+  int64_t tokens = 0;              // (token, slot) assignments, all steps and ranks
+  double mean_max_over_mean = 0;   // averaged over steps
+  double worst_max_over_mean = 0;  // the worst step's
+  int hottest_expert = 0;          // most tokens over the run
+  double hottest_share = 0;        // its share of the layer's tokens
+};
+
+// Layers in ascending order; empty when the trace has no router statistics.
+std::vector<LayerImbalance> layer_imbalance(const TraceData& trace);
+
+// Migrations by step (ascending): bytes summed over ranks, the other fields from the lowest rank
+// that recorded the step.
+std::vector<ExpertMigration> migrations_of(const TraceData& trace);
+
+}  // namespace rlf

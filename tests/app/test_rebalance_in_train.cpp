@@ -1,0 +1,122 @@
+// EDPB inside `train` (docs/EDPB.md "Rebalancing in train"): expert-parallel learners of a
+// skewed model that migrate experts every step train exactly like the same run that never
+// migrates (the same per-step log rows and bit-identical final weights, actors fed by the
+// expert-id weight sync, the KL reference moving along); router statistics and migrations land
+// in the trace and the report; bad values are refused before any work.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "tests/app/json_output.h"
+#include "tests/app/read_parameters.h"
+#include "tests/app/run_rlfusion.h"
+
+namespace rlf {
+namespace {
+
+namespace fs = std::filesystem;
+using test::CommandResult;
+
+std::string temp_dir(const std::string& name) {
+  const std::string dir =
+      (fs::temp_directory_path() / ("rlfusion-rebalance-" + name + "-" + std::to_string(getpid())))
+          .string();
+  fs::remove_all(dir);
+  return dir;
+}
+
+const std::string kSkewedRun =
+    "train --model tiny --task sort --sft-steps 30 --sft-learning-rate 0.01 --steps 5 "
+    "--prompts 4 --group-size 4 --eval-prompts 16 --kl-coef 0.01 --log-every 1 --json "
+    "--learners 2 --actors 2 --expert-parallel 2 --router-skew 4 ";
+
+// The progress rows' step, reward, accuracy, response length, KL and clip fraction (not the
+// timing columns).
+std::vector<std::string> step_rows(const std::string& output) {
+  std::vector<std::string> rows;
+  std::istringstream lines(output);
+  std::string line;
+  bool in_table = false;
+  while (std::getline(lines, line)) {
+    if (line.rfind("#   step", 0) == 0) in_table = true;
+    if (!in_table || line.empty() || line[0] == '#') continue;
+    std::istringstream fields(line);
+    std::string field, row;
+    for (int i = 0; i < 6 && fields >> field; ++i) row += field + " ";
+    if (!row.empty() && std::isdigit(static_cast<unsigned char>(row[0]))) rows.push_back(row);
+  }
+  return rows;
+}
+
+TEST(TrainRebalance, MigratingLearnersTrainLikeTheRunThatNeverMigrates) {
+  const std::string still_dir = temp_dir("still"), moved_dir = temp_dir("moved");
+  const CommandResult still = test::run_rlfusion(kSkewedRun + "--run-dir " + still_dir, 4);
+  ASSERT_EQ(still.exit_code, 0) << still.output;
+  const CommandResult moved = test::run_rlfusion(
+      kSkewedRun + "--rebalance-every 1 --rebalance-min-gain 0 --run-dir " + moved_dir, 4);
+  ASSERT_EQ(moved.exit_code, 0) << moved.output;
+  // It migrated (so the comparison can fail) and says so in the log and the summary.
+  EXPECT_NE(moved.output.find("# migration after step"), std::string::npos) << moved.output;
+  EXPECT_GT(test::json_number(moved.output, "migrations"), 0);
+  EXPECT_EQ(test::json_number(still.output, "migrations"), 0);
+  EXPECT_EQ(test::json_number(moved.output, "router_skew"), 4);
+  const std::vector<std::string> still_rows = step_rows(still.output);
+  EXPECT_EQ(still_rows.size(), 5u) << still.output;
+  EXPECT_EQ(step_rows(moved.output), still_rows);
+  EXPECT_EQ(test::read_tiny_parameters(moved_dir + "/model.h5"),
+            test::read_tiny_parameters(still_dir + "/model.h5"));
+  // The report shows both runs' router statistics, and the moved run's migrations.
+  const CommandResult report = test::run_rlfusion("report " + moved_dir);
+  ASSERT_EQ(report.exit_code, 0) << report.output;
+  EXPECT_NE(report.output.find("# expert load per layer"), std::string::npos) << report.output;
+  EXPECT_NE(report.output.find("# expert migrations"), std::string::npos) << report.output;
+  const CommandResult json = test::run_rlfusion("report " + still_dir + " --json");
+  ASSERT_EQ(json.exit_code, 0) << json.output;
+  // Skewed routing: layer 0's busiest expert well above the mean, over all 5 steps.
+  const size_t layers = json.output.find("\"router_layers\":[");
+  ASSERT_NE(layers, std::string::npos) << json.output;
+  EXPECT_GT(test::json_number(json.output, "max_over_mean", layers), 1.2) << json.output;
+  EXPECT_EQ(test::json_number(json.output, "steps", layers), 5) << json.output;
+  EXPECT_NE(json.output.find("\"migrations\":[]"), std::string::npos) << json.output;
+}
+
+// bench rebalance's correctness verdict and load figures (never its times): the static run's
+// hot experts share EP rank 0, the rebalanced one moves them and ends with the same weights.
+TEST(TrainRebalance, BenchMigratesAndKeepsTheWeights) {
+  const CommandResult r = test::run_rlfusion(
+      "bench rebalance --model tiny --steps 6 --length 24 --rebalance-min-gain 0 --threads 1 "
+      "--json",
+      2);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("Final weights bit-identical            : OK"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(test::json_number(r.output, "bit_identical"), 1);
+  EXPECT_GT(test::json_number(r.output, "migrations"), 0);
+  EXPECT_LT(test::json_number(r.output, "rebalanced_load_max_over_mean"),
+            test::json_number(r.output, "static_load_max_over_mean"))
+      << r.output;
+}
+
+TEST(TrainRebalance, BadValuesAreRefusedBeforeAnyWork) {
+  const std::string dir = temp_dir("bad");
+  const std::string run = "train --model tiny --task sort --steps 2 --run-dir " + dir + " ";
+  for (const auto& [args, ranks, option] : std::vector<std::tuple<std::string, int, std::string>>{
+           {"--rebalance-every -1", 0, "--rebalance-every"},
+           {"--rebalance-every 2", 0, "--expert-parallel >= 2"},
+           {"--rebalance-horizon 0", 0, "--rebalance-horizon"},
+           {"--router-skew -1", 0, "--router-skew"},
+           {"--mode fused --expert-parallel 2 --rebalance-every 2", 2, "--mode fused"}}) {
+    const CommandResult r = test::run_rlfusion(run + args, ranks);
+    EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.output;
+    EXPECT_NE(r.output.find(option), std::string::npos) << args << "\n" << r.output;
+  }
+  EXPECT_FALSE(fs::exists(dir));
+}
+
+}  // namespace
+}  // namespace rlf
