@@ -235,17 +235,11 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
       traced.set_version(version);
       BatchOccupancy occupancy;
       if (pool) {
-        // Continuous batching with `staleness` steps of lookahead: the next steps' prompts are
-        // in the pool too, and fill the slots this step's finished samples free (the phase's own
-        // work is this step's prompts and the partials carried in). A prompt of step k + s
-        // started now (version k - 1) is s versions old when step k + s trains it: the bound.
-        const int lookahead = rl.staleness;
-        if (step == 1) {
-          for (int ahead = 0; ahead <= lookahead && step + ahead <= rl.steps; ++ahead)
-            pool->add_prompts(first_prompt + int64_t(ahead) * rl.prompts, my_prompts);
-        } else if (step + lookahead <= rl.steps) {
-          pool->add_prompts(first_prompt + int64_t(lookahead) * rl.prompts, my_prompts);
-        }
+        // Continuous batching with one step of lookahead: the next step's prompts are in the
+        // pool too, and fill the slots this step's finished samples free (the phase's own work
+        // is this step's prompts and the partials carried in).
+        if (step == 1) pool->add_prompts(first_prompt, my_prompts);
+        if (step < rl.steps) pool->add_prompts(first_prompt + rl.prompts, my_prompts);
         pool_settings.count_prompts_below = first_prompt + rl.prompts;
         // Trained at this version, a sample may be at most `staleness` versions old.
         pool->enforce_staleness(version - rl.staleness, stale_policy);

@@ -166,20 +166,6 @@ TEST(StaleSync, FusedRanksCutTheLongTailWithinTheBoundReproducibly) {
   EXPECT_GT(counts.by_staleness.count(1), 0u) << "no sample was resumed across a cut";
 }
 
-// With a bound of 2 the pool looks two steps ahead: prompts of step k + 2 start in phase k and
-// some are trained two versions old, never older, each once.
-TEST(StaleSync, FusedLookaheadSpansTheBound) {
-  const std::string fused =
-      "train --model tiny --task sort-heavytail --sft-steps 150 --sft-learning-rate 0.01 "
-      "--steps 8 --prompts 8 --group-size 4 --eval-prompts 16 --log-every 4 --mode fused "
-      "--staleness 2 ";
-  const Result r = test::run_rlfusion(fused + "--run-dir " + temp_dir("fused-two"), 2);
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  const TrainedCounts counts = trained_within_bound("fused-two", 2);
-  EXPECT_GT(int(counts.times_trained.size()), 8 * 8 * 4 * 3 / 4);
-  EXPECT_GT(counts.by_staleness.count(2), 0u) << "no sample started two steps ahead";
-}
-
 // Fused StaleSync ranks train different numbers of finished groups per step; with expert
 // parallelism the ranks of an EP group then run the same number of micro-batches (the extra
 // ones empty), in training, reference and proximal passes alike. The math is the data-parallel
