@@ -30,10 +30,6 @@ int64_t ranges_size(const std::vector<ParameterRange>& ranges) {
   return n;
 }
 
-bool is_expert_tensor(const ParameterTensor& tensor) {
-  return tensor.name.find(".experts.") != std::string::npos;
-}
-
 ExpertShard expert_shard_of(int rank, int degree, int experts) {
   const int local = experts / degree;
   return {(rank % degree) * local, local};
@@ -42,19 +38,6 @@ ExpertShard expert_shard_of(int rank, int degree, int experts) {
 ExpertShard shard_overlap(ExpertShard a, ExpertShard b) {
   const int first = std::max(a.first, b.first);
   return {first, std::min(a.first + a.count, b.first + b.count) - first};
-}
-
-int tensor_layer(const ParameterTensor& tensor) {
-  static const std::string prefix = "layers.";
-  if (tensor.name.rfind(prefix, 0) != 0) return -1;
-  return std::stoi(tensor.name.substr(prefix.size()));
-}
-
-int expert_layers(const ParameterLayout& layout) {
-  int layers = 0;
-  for (const ParameterTensor& t : layout.tensors())
-    if (is_expert_tensor(t)) layers = std::max(layers, tensor_layer(t) + 1);
-  return layers;
 }
 
 std::vector<ParameterRange> expert_slices(const ParameterLayout& layout, int first, int count,

@@ -17,19 +17,13 @@
 
 namespace rlf {
 
-// True for the routed experts' tensors (w1, w3, w2 of every layer), which EP shards.
-bool is_expert_tensor(const ParameterTensor& tensor);
+// is_expert_tensor, tensor_layer and expert_layers: src/model/parameter_layout.h.
 
 // The experts rank `rank` of a group owns at EP degree `degree` (groups of consecutive ranks):
 // [(rank % degree) E / degree, (rank % degree + 1) E / degree).
 ExpertShard expert_shard_of(int rank, int degree, int experts);
 // The experts both shards hold (count <= 0: none).
 ExpertShard shard_overlap(ExpertShard a, ExpertShard b);
-
-// The layer a tensor belongs to ("layers.3.experts.w1" -> 3), -1 for none (embedding, head).
-int tensor_layer(const ParameterTensor& tensor);
-// Layers with routed-expert tensors in the layout.
-int expert_layers(const ParameterLayout& layout);
 
 // The slices of experts [first, first + count) (global expert ids, within the experts the
 // layout stores) in every routed-expert tensor, one range per tensor; with layer >= 0 only in

@@ -1,5 +1,6 @@
 #include "src/model/parameter_layout.h"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -91,5 +92,22 @@ template void initialize_parameters<float>(float*, const ParameterLayout&, const
                                            uint64_t);
 template void initialize_parameters<double>(double*, const ParameterLayout&, const ModelConfig&,
                                             uint64_t);
+
+bool is_expert_tensor(const ParameterTensor& tensor) {
+  return tensor.name.find(".experts.") != std::string::npos;
+}
+
+int tensor_layer(const ParameterTensor& tensor) {
+  static const std::string prefix = "layers.";
+  if (tensor.name.rfind(prefix, 0) != 0) return -1;
+  return std::stoi(tensor.name.substr(prefix.size()));
+}
+
+int expert_layers(const ParameterLayout& layout) {
+  int layers = 0;
+  for (const ParameterTensor& t : layout.tensors())
+    if (is_expert_tensor(t)) layers = std::max(layers, tensor_layer(t) + 1);
+  return layers;
+}
 
 }  // namespace rlf

@@ -76,6 +76,13 @@ class ParameterLayout {
 // (seed, tensor index, element of the unsharded tensor), so an expert shard gets exactly the
 // slice of the unsharded initialization; residual
 // output projections (wo, w2) are scaled by 1/sqrt(2 * n_layers) as in GPT-2; norms are 1.
+// True for the routed experts' tensors (w1, w3, w2 of every layer), which EP shards.
+bool is_expert_tensor(const ParameterTensor& tensor);
+// The layer a tensor belongs to ("layers.3.experts.w1" -> 3), -1 for none (embedding, head).
+int tensor_layer(const ParameterTensor& tensor);
+// Layers with routed-expert tensors in the layout.
+int expert_layers(const ParameterLayout& layout);
+
 template <typename T>
 void initialize_parameters(T* params, const ParameterLayout& layout, const ModelConfig& config,
                            uint64_t seed);
