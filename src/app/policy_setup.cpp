@@ -89,9 +89,12 @@ Evaluation evaluate_traced(Transformer<float>& model, const Task& task,
 
 std::map<std::string, std::string> run_metadata(const std::string& command, const RunOptions& run,
                                                 const Policy& policy) {
-  return {{"command", command},          {"model", policy.config.name},
-          {"task", policy.task->name()}, {"seed", std::to_string(run.seed)},
-          {"backend", run.backend},      {"device", policy.device->describe()}};
+  return {{"command", command},
+          {"model", policy.config.name},
+          {"task", policy.task->name()},
+          {"seed", std::to_string(run.seed)},
+          {"backend", backend_name(policy.device->backend())},
+          {"device", policy.device->describe()}};
 }
 
 }  // namespace rlf
