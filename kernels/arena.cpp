@@ -9,18 +9,6 @@
 
 namespace rlf {
 
-const char* memory_kind_name(MemoryKind kind) {
-  switch (kind) {
-    case MemoryKind::Host:
-      return "host";
-    case MemoryKind::CudaManaged:
-      return "CUDA managed";
-    case MemoryKind::CudaPinned:
-      return "pinned host";
-  }
-  return "?";
-}
-
 Arena::Arena(std::string name, size_t capacity_bytes, MemoryKind kind)
     : name_(std::move(name)),
       kind_(kind),

@@ -17,7 +17,6 @@
 namespace rlf {
 
 enum class MemoryKind { Host, CudaManaged, CudaPinned };
-const char* memory_kind_name(MemoryKind kind);  // "host", "CUDA managed", "pinned host"
 
 class Arena {
  public:

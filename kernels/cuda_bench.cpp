@@ -139,9 +139,26 @@ struct Bench {
     std::sort(times.begin(), times.end());
     return times[times.size() / 2];
   }
+  // Times the call and prints the row at once (a run stopped by a time limit keeps its rows);
+  // rows before the peaks are known (the peaks themselves) print when print_header() runs.
   void add(const std::string& op, const std::string& shape, double work, bool flops,
            const std::function<void()>& call, double check) {
     rows.push_back({op, shape, time(call), work, flops, check});
+    if (copy_peak > 0) print(rows.back());
+  }
+  void print_header() const {
+    std::printf("#\n# %-22s %-28s %10s %10s %-7s %8s %10s %6s\n", "op", "shape", "time", "rate",
+                "unit", "%peak", "check", "ok");
+    std::printf("# %-22s %-28s %10s %10s %-7s %8s %10s %6s\n", "", "", "(ms)", "", "", "", "(nmse)",
+                "");
+    for (const Row& r : rows) print(r);
+  }
+  void print(const Row& r) const {
+    const double peak = r.flops ? gemm_peak : copy_peak;
+    std::printf("  %-22s %-28s %10.3f %10.1f %-7s %7.1f%% %10.1e %6s\n", r.op.c_str(),
+                r.shape.c_str(), r.seconds * 1e3, r.rate(), r.flops ? "GFLOP/s" : "GB/s",
+                100.0 * r.rate() / peak, r.check, r.ok() ? "OK" : "WRONG");
+    std::fflush(stdout);
   }
 };
 
@@ -553,25 +570,15 @@ int run_cuda_kernel_bench(const CudaBenchOptions& options, const std::string& he
       options.repeats, kCheckTolerance);
   std::fflush(stdout);
   bench_peaks(b, options.quick);
+  b.print_header();
   bench_matmul(b);
   bench_rowwise(b);
   bench_logprob_and_optimizer(b);
   bench_attention(b);
   bench_moe(b);
   bench_sampling(b);
-
-  std::printf("#\n# %-22s %-28s %10s %10s %-7s %8s %10s %6s\n", "op", "shape", "time", "rate",
-              "unit", "%peak", "check", "ok");
-  std::printf("# %-22s %-28s %10s %10s %-7s %8s %10s %6s\n", "", "", "(ms)", "", "", "", "(nmse)",
-              "");
   int wrong = 0;
-  for (const Row& r : b.rows) {
-    wrong += !r.ok();
-    const double peak = r.flops ? b.gemm_peak : b.copy_peak;
-    std::printf("  %-22s %-28s %10.3f %10.1f %-7s %7.1f%% %10.1e %6s\n", r.op.c_str(),
-                r.shape.c_str(), r.seconds * 1e3, r.rate(), r.flops ? "GFLOP/s" : "GB/s",
-                100.0 * r.rate() / peak, r.check, r.ok() ? "OK" : "WRONG");
-  }
+  for (const Row& r : b.rows) wrong += !r.ok();
   std::printf("#\n# peaks measured: fp32 GEMM %.1f GFLOP/s, device copy %.1f GB/s (read + write)\n",
               b.gemm_peak, b.copy_peak);
   std::printf("# Kernels checked against reference : %d wrong of %zu %s\n", wrong, b.rows.size(),

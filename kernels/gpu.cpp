@@ -163,7 +163,8 @@ Backend choose_device(const std::string& device, Backend cpu_backend, std::strin
     return Backend::Cuda;
   }
   if (device == "cuda") {
-    throw ConfigError("--device cuda: no usable CUDA GPU: " + reason);
+    throw ConfigError(built_with_cuda() ? "--device cuda: no usable CUDA GPU: " + reason
+                                        : "--device cuda: " + reason);
   }
   if (note) {
     *note = "--device auto: no usable CUDA GPU (" + reason + "); running on the CPU (" +

@@ -9,6 +9,7 @@
 #include <string>
 #include <utility>
 
+#include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/runtime.h"
 
 #if !defined(RLF_CUDA_EMULATION) && defined(RLFUSION_HAVE_CUBLAS)

@@ -45,19 +45,13 @@ void scratch_release(ScratchMark mark);
 
 // Row-major C[M, N] = alpha * op(A) @ op(B) + beta * C with op(A) [M, K] and op(B) [K, N]; A is
 // stored [M, K] (lda) or, with trans_a, [K, M]; likewise B. beta == 0 never reads C. cuBLAS
-// where the build found it and use_cublas() is on, else the tiled kernel of gemm.cu.
+// where the build found it and use_cublas() (cuda_ops.h) is on, else the tiled kernel of gemm.cu.
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
           const float* B, int ldb, float beta, float* C, int ldc);
 void gemm_tiled(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
                 int lda, const float* B, int ldb, float beta, float* C, int ldc);
 
 }  // namespace detail
-
-// Matrix products through cuBLAS (default where it was found at build time) or the tiled kernel.
-// A test hook: both paths are tested.
-bool cublas_available();
-void set_use_cublas(bool on);
-bool use_cublas();
 
 // The scratch and staging of one op. Scratch comes from the arena when it is device memory (so
 // the arena's peak counts it), else from the thread's scratch chunks.
