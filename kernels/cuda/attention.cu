@@ -46,6 +46,20 @@ __global__ void sequence_bounds_kernel(int* seq_start, int* seq_end, const int* 
   }
 }
 
+// Rows [first, first + rows) of head h of two [N, H, D] tensors into shared memory, zeros for
+// rows past `last`; every thread of the block takes part.
+__device__ __forceinline__ void load_rows(float* a_tile, float* b_tile, const float* a,
+                                          const float* b, int first, int rows, int last,
+                                          int64_t row, int h, int D) {
+  for (int e = int(threadIdx.x); e < rows * D; e += int(blockDim.x)) {
+    const int t = first + e / D;
+    const bool in = t <= last;
+    const int64_t at = int64_t(t) * row + int64_t(h) * D + e % D;
+    a_tile[e] = in ? a[at] : 0.0f;
+    b_tile[e] = in ? b[at] : 0.0f;
+  }
+}
+
 template <int DMAX>
 __global__ void __launch_bounds__(kRowsPerBlock)
     attention_forward_kernel(float* out, float* lse, const float* q, const float* k, const float* v,
@@ -72,13 +86,7 @@ __global__ void __launch_bounds__(kRowsPerBlock)
   const int last = (q0 + kRowsPerBlock < total ? q0 + kRowsPerBlock : total) - 1;
   for (int kt = kmin; kt <= last; kt += KT) {
     __syncthreads();  // the previous tile is consumed
-    for (int e = int(threadIdx.x); e < KT * D; e += int(blockDim.x)) {
-      const int jj = e / D, d = e % D, j = kt + jj;
-      const bool in = j <= last;
-      const int64_t at = int64_t(j) * row + int64_t(h) * D + d;
-      Ks[e] = in ? k[at] : 0.0f;
-      Vs[e] = in ? v[at] : 0.0f;
-    }
+    load_rows(Ks, Vs, k, v, kt, KT, last, row, h, D);
     __syncthreads();
     if (!valid) continue;
     for (int jj = 0; jj < KT; ++jj) {
@@ -159,13 +167,7 @@ __global__ void __launch_bounds__(kRowsPerBlock)
   const int last = (q0 + kRowsPerBlock < total ? q0 + kRowsPerBlock : total) - 1;
   for (int kt = kmin; kt <= last; kt += KT) {
     __syncthreads();
-    for (int e = int(threadIdx.x); e < KT * D; e += int(blockDim.x)) {
-      const int jj = e / D, d = e % D, j = kt + jj;
-      const bool in = j <= last;
-      const int64_t at = int64_t(j) * row + int64_t(h) * D + d;
-      Ks[e] = in ? k[at] : 0.0f;
-      Vs[e] = in ? v[at] : 0.0f;
-    }
+    load_rows(Ks, Vs, k, v, kt, KT, last, row, h, D);
     __syncthreads();
     if (!valid) continue;
     for (int jj = 0; jj < KT; ++jj) {
@@ -227,13 +229,7 @@ __global__ void __launch_bounds__(kRowsPerBlock)
   const int qmax = seq_end[last_key] - 1;  // the last query any key of this block sees
   for (int it = k0; it <= qmax; it += QT) {
     __syncthreads();
-    for (int e = int(threadIdx.x); e < QT * D; e += int(blockDim.x)) {
-      const int ii = e / D, d = e % D, i = it + ii;
-      const bool in = i <= qmax;
-      const int64_t at = int64_t(i) * row + int64_t(h) * D + d;
-      Qs[e] = in ? q[at] : 0.0f;
-      Os[e] = in ? dout[at] : 0.0f;
-    }
+    load_rows(Qs, Os, q, dout, it, QT, qmax, row, h, D);
     for (int ii = int(threadIdx.x); ii < QT; ii += int(blockDim.x)) {
       const int i = it + ii;
       Ls[ii] = i <= qmax ? lse[int64_t(i) * H + h] : 0.0f;
