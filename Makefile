@@ -53,9 +53,11 @@ test: build
 # Unit tests under AddressSanitizer + UndefinedBehaviorSanitizer (a separate build tree that builds
 # only the unit-test executables). The ActivationPeak tests run the `small` model's code paths
 # that the other unit tests cover at smaller sizes; under the sanitizers they take 5 CPU minutes,
-# so only `make test` runs them.
+# so only `make test` runs them. No nvcc here (RLFUSION_CUDA=OFF, as in test-fuzz): `make test`
+# builds the CUDA kernels once, and their emulated twins (tests/kernels/cuda) run under the
+# sanitizers all the same.
 test-asan: deps
-	@cmake -S . -B $(BUILD)-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	@cmake -S . -B $(BUILD)-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRLFUSION_CUDA=OFF \
 	  -DRLFUSION_SANITIZE=ON "-DRLFUSION_ARCH_FLAGS=$(ARCH_FLAGS)" $(CMAKE_ARGS) >/dev/null
 	@cmake --build $(BUILD)-asan -j $(JOBS) --target unit_tests
 	@cd $(BUILD)-asan && ctest -j $(JOBS) -L unit -E '^ActivationPeak\.' --output-on-failure --timeout 900
@@ -68,7 +70,7 @@ FUZZ_TARGETS := fuzz_trace_report fuzz_checkpoint
 test-fuzz:
 	@jobs/setup/install-deps.sh clang libclang-rt-14-dev
 	@cmake -S . -B $(BUILD)-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-	  -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DRLFUSION_FUZZ=ON \
+	  -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DRLFUSION_FUZZ=ON -DRLFUSION_CUDA=OFF \
 	  "-DRLFUSION_ARCH_FLAGS=$(ARCH_FLAGS)" $(CMAKE_ARGS) >/dev/null
 	@cmake --build $(BUILD)-fuzz -j $(JOBS) --target $(FUZZ_TARGETS)
 	@cd $(BUILD)-fuzz && for entry in $(FUZZ_RUNS); do \

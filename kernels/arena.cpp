@@ -5,13 +5,21 @@
 #include <stdexcept>
 
 #include "kernels/error.h"
+#include "kernels/gpu.h"
 
 namespace rlf {
 
-Arena::Arena(std::string name, size_t capacity_bytes)
+Arena::Arena(std::string name, size_t capacity_bytes, MemoryKind kind)
     : name_(std::move(name)),
+      kind_(kind),
       capacity_((capacity_bytes + kAlignment - 1) / kAlignment * kAlignment) {
   if (capacity_ == 0) return;
+  if (kind_ != MemoryKind::Host) {
+    base_ = static_cast<std::byte*>(kind_ == MemoryKind::CudaManaged
+                                        ? cuda_alloc_managed(capacity_, "arena '" + name_ + "'")
+                                        : cuda_alloc_pinned(capacity_, "arena '" + name_ + "'"));
+    return;
+  }
   // Untouched pages cost nothing on Linux, so reserving the whole capacity up front is cheap and
   // keeps every pointer stable for the arena's lifetime.
   base_ = static_cast<std::byte*>(std::aligned_alloc(kAlignment, capacity_));
@@ -22,7 +30,11 @@ Arena::Arena(std::string name, size_t capacity_bytes)
 }
 
 Arena::~Arena() {
-  std::free(base_);
+  if (kind_ == MemoryKind::Host) {
+    std::free(base_);
+  } else if (base_) {
+    cuda_free(base_, kind_);
+  }
 }
 
 void* Arena::allocate_bytes(size_t bytes, const char* what) {

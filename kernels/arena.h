@@ -1,6 +1,12 @@
 // A device's memory: a bump arena with a fixed capacity, so that "device memory" has real
 // limits, real peaks and real offload on a CPU-only machine. Allocation is a pointer bump;
 // scoped work buffers are released by rewinding to a mark (stack discipline).
+//
+// The memory behind it is one allocation of the arena's kind: host memory, CUDA managed memory
+// (the CUDA device's arena: kernels and host code use the same pointers, the driver migrates
+// pages) or pinned host memory (host offload next to a CUDA device: device-accessible, and
+// copies to and from it run at full link speed). The CUDA kinds need a build with CUDA and a
+// usable GPU (ConfigError otherwise).
 #pragma once
 
 #include <cstddef>
@@ -10,11 +16,13 @@
 
 namespace rlf {
 
+enum class MemoryKind { Host, CudaManaged, CudaPinned };
+
 class Arena {
  public:
   static constexpr size_t kAlignment = 64;
 
-  Arena(std::string name, size_t capacity_bytes);
+  Arena(std::string name, size_t capacity_bytes, MemoryKind kind = MemoryKind::Host);
   ~Arena();
   Arena(const Arena&) = delete;
   Arena& operator=(const Arena&) = delete;
@@ -38,6 +46,7 @@ class Arena {
   void release(Mark mark);  // frees everything allocated after `mark`
 
   const std::string& name() const { return name_; }
+  MemoryKind kind() const { return kind_; }
   size_t capacity() const { return capacity_; }
   size_t used() const { return used_; }
   size_t peak() const { return peak_; }
@@ -48,6 +57,7 @@ class Arena {
 
  private:
   std::string name_;
+  MemoryKind kind_;
   size_t capacity_;
   std::byte* base_ = nullptr;
   size_t used_ = 0;

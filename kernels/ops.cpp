@@ -20,7 +20,15 @@ Backend parse_backend(const std::string& name) {
 }
 
 const char* backend_name(Backend backend) {
-  return backend == Backend::Reference ? "ref" : "cpu";
+  switch (backend) {
+    case Backend::Reference:
+      return "ref";
+    case Backend::Cpu:
+      return "cpu";
+    case Backend::Cuda:
+      return "cuda";
+  }
+  return "?";
 }
 
 // Reference kernels take no arena: wrap each to the table's signature.
@@ -137,8 +145,24 @@ const Ops<float>& cpu_ops() {
   return ops;
 }
 
+#if !defined(RLFUSION_HAVE_CUDA)
+const Ops<float>& cuda_ops() {
+  throw ConfigError(
+      "the CUDA kernels: this rlfusion was built without CUDA (no nvcc was found when it was "
+      "configured, or -DRLFUSION_CUDA=OFF)");
+}
+#endif
+
 const Ops<float>& ops_for(Backend backend) {
-  return backend == Backend::Reference ? reference_ops<float>() : cpu_ops();
+  switch (backend) {
+    case Backend::Reference:
+      return reference_ops<float>();
+    case Backend::Cuda:
+      return cuda_ops();
+    case Backend::Cpu:
+      break;
+  }
+  return cpu_ops();
 }
 
 }  // namespace rlf

@@ -1,7 +1,7 @@
 // The kernel table a model runs on: one backend's implementation of every op behind one set of
-// signatures. Backends: Reference (the readable ref:: loops, float or double) and Cpu (Eigen +
-// oneTBB, float). The CUDA issue adds a third table. Every entry takes the device's arena for work
-// buffers; reference entries ignore it.
+// signatures. Backends: Reference (the readable ref:: loops, float or double), Cpu (Eigen +
+// oneTBB, float) and Cuda (kernels/cuda/, float; in builds with CUDA). Every entry takes the
+// device's arena for work buffers; reference entries ignore it.
 #pragma once
 
 #include <cstdint>
@@ -12,9 +12,11 @@
 namespace rlf {
 class Arena;
 
-enum class Backend { Reference, Cpu };
-Backend parse_backend(const std::string& name);  // "ref" | "cpu"; ConfigError otherwise
-const char* backend_name(Backend backend);
+enum class Backend { Reference, Cpu, Cuda };
+// The CPU kernel families of --backend: "ref" | "cpu"; ConfigError otherwise. The CUDA backend
+// is chosen by --device (kernels/gpu.h's choose_device).
+Backend parse_backend(const std::string& name);
+const char* backend_name(Backend backend);  // "ref" | "cpu" | "cuda"
 
 template <typename T>
 struct Ops {
@@ -74,6 +76,8 @@ struct Ops {
 template <typename T>
 const Ops<T>& reference_ops();
 const Ops<float>& cpu_ops();
+// The CUDA kernels (kernels/cuda/); ConfigError in a build without CUDA.
+const Ops<float>& cuda_ops();
 const Ops<float>& ops_for(Backend backend);
 
 }  // namespace rlf

@@ -13,6 +13,7 @@
 #include "kernels/adamw.h"
 #include "kernels/arena.h"
 #include "kernels/attention.h"
+#include "kernels/cuda_bench.h"
 #include "kernels/device.h"
 #include "kernels/embedding.h"
 #include "kernels/error.h"
@@ -407,13 +408,23 @@ int run_bench_kernels_command(const std::vector<std::string>& args) {
   description.add(bench);
   if (!parse_options("bench kernels", args, description, run)) return 0;
   if (repeats < 3) throw ConfigError("--repeats must be >= 3, got " + std::to_string(repeats));
+  if (run.backend_kind() == Backend::Cuda) {
+    // The CUDA kernels against the device's own peaks (kernels/cuda_bench.h).
+    CudaBenchOptions options;
+    options.repeats = repeats;
+    options.json = run.json;
+    return run_cuda_kernel_bench(options, "rlfusion bench kernels --device cuda: " + build_info())
+               ? 1
+               : 0;
+  }
   const ModelConfig model = load_model_config(run.model);
   if (model.max_seq_len < 256) {
     throw ConfigError("bench kernels decodes at context 256; model '" + model.name +
                       "' has max_seq_len " + std::to_string(model.max_seq_len));
   }
 
-  // The benchmark measures the fast CPU kernels against the reference whatever --backend says.
+  // The CPU benchmark measures the fast CPU kernels against the reference whatever --backend
+  // says; --device cuda (above) measures the CUDA kernels.
   Device accelerator(Backend::Cpu, run.device_memory_bytes(), resolve_threads(run.threads));
   Arena& device = accelerator.memory();
   std::printf("# rlfusion bench kernels: %s\n", build_info().c_str());

@@ -26,6 +26,12 @@ std::string build_info() {
   info += " (serial)";
 #endif
   info += ", MPI " + std::to_string(MPI_VERSION) + "." + std::to_string(MPI_SUBVERSION);
+#if defined(RLFUSION_HAVE_CUDA)
+  info += ", CUDA " + std::string(RLFUSION_CUDA_VERSION_TEXT) + " (" +
+          RLFUSION_CUDA_ARCHITECTURES_TEXT + ")";
+#else
+  info += ", no CUDA";
+#endif
   return info;
 }
 

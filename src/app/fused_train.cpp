@@ -138,8 +138,10 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   std::unique_ptr<Arena> host_memory;
   std::unique_ptr<TrainingOffload> offload;
   if (options.offload) {
+    // Pinned next to a CUDA device: the moments move by DMA at full link speed.
     host_memory = std::make_unique<Arena>("host memory (offload)",
-                                          TrainingOffload::host_bytes(model.parameter_count()));
+                                          TrainingOffload::host_bytes(model.parameter_count()),
+                                          policy.device->host_memory_kind());
     offload = std::make_unique<TrainingOffload>(model, *learner.optimizer, *learner.gradients_mark,
                                                 *host_memory);
     dir.log(

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 
+#include "kernels/device.h"
 #include "kernels/error.h"
 #include "src/io/parameter_file.h"
 #include "src/io/reward_model_file.h"
@@ -20,7 +21,9 @@ std::unique_ptr<LearnedReward> load_learned_reward(const RlOptions& rl, const Op
   if (rl.reward_model.empty()) return nullptr;
   auto learned = std::make_unique<LearnedReward>();
   if (!device) {
-    learned->host_memory = std::make_unique<Arena>("reward model (host memory)", host_capacity);
+    // Memory the ops can run on: host memory for the CPU kernels, managed memory for CUDA.
+    learned->host_memory = std::make_unique<Arena>("reward model (host memory)", host_capacity,
+                                                   Device::memory_kind_for(ops.backend));
   }
   Arena& memory = device ? *device : *learned->host_memory;
   learned->model = std::make_unique<RewardModel<float>>(parameter_file_model(rl.reward_model), ops,

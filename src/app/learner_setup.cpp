@@ -23,7 +23,8 @@ WarmStart warm_start_learner(Policy& policy, const RunOptions& run,
   if (!model.layout().expert_sharded()) {
     warm_start(model);
   } else {
-    Arena warm_memory("unsharded warm start", run.device_memory_bytes());
+    Arena warm_memory("unsharded warm start", run.device_memory_bytes(),
+                      policy.device->memory_kind());
     Transformer<float> whole(policy.config, policy.device->ops(), warm_memory, true);
     load_starting_weights(whole, run, policy_options);
     warm_start(whole);

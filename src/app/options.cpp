@@ -1,8 +1,10 @@
 #include "src/app/options.h"
 
+#include <mpi.h>
 #include <sched.h>
 
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
@@ -10,15 +12,28 @@
 #include <sstream>
 
 #include "kernels/error.h"
+#include "kernels/gpu.h"
 
 namespace rlf {
+
+namespace {
+// Rank 0 logs once for the job; 0 outside MPI.
+int world_rank() {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  int rank = 0;
+  if (initialized) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+}  // namespace
 
 size_t RunOptions::device_memory_bytes() const {
   return parse_bytes(device_memory, "--device-memory");
 }
 
 Backend RunOptions::backend_kind() const {
-  return parse_backend(backend);
+  if (resolved_backend) return *resolved_backend;
+  return choose_device(device, parse_backend(backend));
 }
 
 po::options_description run_options_description(RunOptions& o) {
@@ -28,7 +43,11 @@ po::options_description run_options_description(RunOptions& o) {
   add("config", po::value(&o.config_file), "INI file with any of these options (key = value)");
   add("model", po::value(&o.model)->default_value(o.model),
       "model: a name in inputs/models/ (tiny, small, ...) or a path to an INI file");
-  add("backend", po::value(&o.backend)->default_value(o.backend), "kernels: cpu | ref");
+  add("backend", po::value(&o.backend)->default_value(o.backend),
+      "CPU kernels: cpu (fast) | ref (reference loops)");
+  add("device", po::value(&o.device)->default_value(o.device),
+      "where kernels run: cpu | cuda (the GPU; an error without one) | auto (the GPU if usable, "
+      "else the CPU)");
   add("run-dir", po::value(&o.run_dir), "where outputs go (default runs/<command>)");
   add("seed", po::value(&o.seed)->default_value(o.seed), "seed of every random choice");
   add("threads", po::value(&o.threads)->default_value(o.threads),
@@ -66,7 +85,9 @@ bool parse_options(const std::string& command, const std::vector<std::string>& a
   if (run.threads < 0)
     throw ConfigError("--threads must be >= 0, got " + std::to_string(run.threads));
   run.device_memory_bytes();
-  run.backend_kind();
+  std::string note;
+  run.resolved_backend = choose_device(run.device, parse_backend(run.backend), &note);
+  if (!note.empty() && world_rank() == 0) std::fprintf(stderr, "rlfusion: %s\n", note.c_str());
   if (run.run_dir.empty()) run.run_dir = "runs/" + command;
   if (parsed) *parsed = vm;
   return true;

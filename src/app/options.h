@@ -5,6 +5,7 @@
 
 #include <boost/program_options.hpp>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,15 +16,19 @@ namespace rlf {
 struct RunOptions {
   std::string config_file;
   std::string model = "small";
-  std::string backend = "cpu";
-  std::string run_dir;  // default runs/<command>
+  std::string backend = "cpu";  // CPU kernel family: cpu | ref
+  std::string device = "cpu";   // where kernels run: cpu | cuda | auto
+  std::string run_dir;          // default runs/<command>
   uint64_t seed = 1;
   int threads = 0;  // 0: all cores this rank may use
   std::string device_memory = "4GiB";
   bool json = false;
 
   size_t device_memory_bytes() const;
+  // The kernels this run uses: --device resolved (kernels/gpu.h's choose_device) over --backend.
+  // parse_options resolves it once, before any work, and logs what `auto` chose.
   Backend backend_kind() const;
+  std::optional<Backend> resolved_backend;
 };
 
 namespace po = boost::program_options;

@@ -93,7 +93,7 @@ std::map<std::string, std::string> run_metadata(const std::string& command, cons
   std::map<std::string, std::string> metadata = {
       {"command", command},          {"model", policy.config.name},
       {"task", policy.task->name()}, {"seed", std::to_string(run.seed)},
-      {"backend", run.backend},      {"device", policy.device->describe()}};
+      {"backend", backend_name(policy.device->backend())}, {"device", policy.device->describe()}};
   // The injected skew changes the model: a trace of a skewed run says so.
   if (policy.config.router_skew != 0.0f) {
     metadata["router_skew"] = std::to_string(policy.config.router_skew);

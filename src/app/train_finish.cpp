@@ -46,7 +46,8 @@ int finish_multi_rank_train(const MultiRankTrainEnd& end, const RunOptions& run,
   std::unique_ptr<Arena> whole_memory;
   std::unique_ptr<Transformer<float>> whole;
   if (end.root && model.layout().expert_sharded()) {
-    whole_memory = std::make_unique<Arena>("whole model (evaluation)", run.device_memory_bytes());
+    whole_memory = std::make_unique<Arena>("whole model (evaluation)", run.device_memory_bytes(),
+                                           policy.device->memory_kind());
     whole = std::make_unique<Transformer<float>>(policy.config, policy.device->ops(), *whole_memory,
                                                  /*with_gradients=*/false);
   }

@@ -6,6 +6,9 @@
 
 #include "kernels/arena.h"
 #include "kernels/sampling.h"
+#if defined(RLFUSION_HAVE_CUDA)
+#include "kernels/cuda/cuda_ops.h"
+#endif
 
 namespace rlf {
 
@@ -34,6 +37,11 @@ void sample_next_tokens(Transformer<float>& model, int* tokens, float* logp, con
   if (model.ops().backend == Backend::Reference) {
     ref::sample_tokens(tokens, logp, logits, sample_ids, positions, B, V, s.seed, s.temperature,
                        s.top_p);
+#if defined(RLFUSION_HAVE_CUDA)
+  } else if (model.ops().backend == Backend::Cuda) {
+    cuda::sample_tokens(tokens, logp, logits, sample_ids, positions, B, V, s.seed, s.temperature,
+                        s.top_p, model.device());
+#endif
   } else {
     cpu::sample_tokens(tokens, logp, logits, sample_ids, positions, B, V, s.seed, s.temperature,
                        s.top_p, model.device());

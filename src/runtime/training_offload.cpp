@@ -3,6 +3,8 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "kernels/gpu.h"
+
 namespace rlf {
 
 TrainingOffload::TrainingOffload(Transformer<float>& model, AdamW<float>& optimizer,
@@ -46,8 +48,8 @@ uint64_t TrainingOffload::offload() {
   host_mark_ = host_.mark();
   saved_m_ = host_.allocate<float>(n, "offloaded first moment");
   saved_v_ = host_.allocate<float>(n, "offloaded second moment");
-  std::memcpy(saved_m_, optimizer_.first_moment(), n * sizeof(float));
-  std::memcpy(saved_v_, optimizer_.second_moment(), n * sizeof(float));
+  copy_bytes(saved_m_, optimizer_.first_moment(), n * sizeof(float));
+  copy_bytes(saved_v_, optimizer_.second_moment(), n * sizeof(float));
   device_.release(mark_);
   offloaded_ = true;
   return 2 * n * sizeof(float);
@@ -68,8 +70,8 @@ uint64_t TrainingOffload::onload() {
       grads == nullptr) {
     throw std::logic_error("TrainingOffload: the optimizer state did not come back in place");
   }
-  std::memcpy(m, saved_m_, n * sizeof(float));
-  std::memcpy(v, saved_v_, n * sizeof(float));
+  copy_bytes(m, saved_m_, n * sizeof(float));
+  copy_bytes(v, saved_v_, n * sizeof(float));
   host_.release(host_mark_);
   offloaded_ = false;
   return 2 * n * sizeof(float);

@@ -9,68 +9,21 @@
 
 #include "kernels/attention.h"
 #include "kernels/parallel.h"
+#include "tests/kernels/kernel_cases.h"
 #include "tests/test_util.h"
 
 namespace rlf {
 namespace {
 
-// A packing: sequence lengths -> seq_offsets[S + 1].
-std::vector<int> offsets_for(const std::vector<int>& lengths) {
-  std::vector<int> offsets(lengths.size() + 1, 0);
-  std::partial_sum(lengths.begin(), lengths.end(), offsets.begin() + 1);
-  return offsets;
-}
-
-struct Packing {
-  std::string name;
-  std::vector<int> lengths;
-  int H, D;
-  int lead = 0;  // tokens before seq_offsets[0], owned by no sequence
-};
-
-// Single sequences (length 1, one block, several blocks with a ragged tail) and many sequences
-// of random lengths including length 1, with odd head dimensions.
-std::vector<Packing> packings() {
-  std::vector<int> random_lengths = test::random_ints(9, 12345, 1, 100);
-  random_lengths.insert(random_lengths.begin() + 3, 1);
-  random_lengths.push_back(1);
-  return {
-      {"single-token", {1}, 2, 8},
-      {"single-short", {7}, 1, 5},
-      {"single-one-block", {64}, 2, 16},
-      {"single-ragged", {150}, 3, 13},
-      {"many-random", random_lengths, 3, 17},
-      {"many-ones", {1, 1, 1, 2, 1}, 4, 8},
-      {"offset-start", {3, 70, 1}, 2, 9, 5},
-  };
-}
-
-struct Inputs {
-  std::vector<int> offsets;
-  int N, S, H, D;
-  std::vector<float> q, k, v;
-};
-
-Inputs make_inputs(const Packing& pk, uint64_t seed) {
-  Inputs in;
-  in.offsets = offsets_for(pk.lengths);
-  for (int& o : in.offsets) o += pk.lead;
-  in.S = int(pk.lengths.size());
-  in.N = in.offsets.back();
-  in.H = pk.H;
-  in.D = pk.D;
-  const size_t n = size_t(in.N) * in.H * in.D;
-  // Wide enough range that softmax is far from uniform.
-  in.q = test::random_vector<float>(n, seed + 1, -2, 2);
-  in.k = test::random_vector<float>(n, seed + 2, -2, 2);
-  in.v = test::random_vector<float>(n, seed + 3);
-  return in;
-}
+using test::attention_packings;
+using test::make_attention_inputs;
+using test::make_decode;
+using test::offsets_for;
 
 TEST(AttentionCpu, ForwardMatchesRef) {
   int index = 0;
-  for (const auto& pk : packings()) {
-    const auto in = make_inputs(pk, test::seed_for("AttentionCpu.Forward", index++));
+  for (const auto& pk : attention_packings()) {
+    const auto in = make_attention_inputs(pk, test::seed_for("AttentionCpu.Forward", index++));
     const size_t n = in.q.size(), nl = size_t(in.N) * in.H;
     // Same fill in both: rows outside every sequence are left alone.
     std::vector<float> out_ref(n, 123.0f), lse_ref(nl, 123.0f), out(n, 123.0f), lse(nl, 123.0f);
@@ -85,9 +38,9 @@ TEST(AttentionCpu, ForwardMatchesRef) {
 
 TEST(AttentionCpu, BackwardMatchesRef) {
   int index = 0;
-  for (const auto& pk : packings()) {
+  for (const auto& pk : attention_packings()) {
     const uint64_t seed = test::seed_for("AttentionCpu.Backward", index++);
-    const auto in = make_inputs(pk, seed);
+    const auto in = make_attention_inputs(pk, seed);
     const size_t n = in.q.size(), nl = size_t(in.N) * in.H;
     std::vector<float> out(n), lse(nl);
     ref::attention_forward(out.data(), lse.data(), in.q.data(), in.k.data(), in.v.data(),
@@ -123,25 +76,6 @@ TEST(AttentionCpu, BackwardMatchesRef) {
     test::expect_close(dq_only, dq_ref, pk.name + " dq (dk, dv null)");
     test::expect_close(dv_only, dv_ref, pk.name + " dv (dq, dk null)");
   }
-}
-
-struct DecodeInputs {
-  int B, H, D, slots, max_len;
-  std::vector<int> cache_slots, cache_lens;
-  std::vector<float> q, k_cache, v_cache;
-};
-
-DecodeInputs make_decode(int B, int H, int D, int slots, int max_len, uint64_t seed) {
-  DecodeInputs in{B, H, D, slots, max_len, {}, {}, {}, {}, {}};
-  in.cache_slots = test::random_ints(size_t(B), seed, 0, slots - 1);
-  in.cache_lens = test::random_ints(size_t(B), seed + 1, 1, max_len);
-  in.cache_lens[0] = 1;
-  if (B > 1) in.cache_lens[1] = max_len;
-  const size_t cache = size_t(slots) * max_len * H * D;
-  in.q = test::random_vector<float>(size_t(B) * H * D, seed + 2, -2, 2);
-  in.k_cache = test::random_vector<float>(cache, seed + 3, -2, 2);
-  in.v_cache = test::random_vector<float>(cache, seed + 4);
-  return in;
 }
 
 TEST(AttentionCpu, DecodeMatchesRef) {

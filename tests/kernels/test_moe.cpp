@@ -12,43 +12,19 @@
 #include "kernels/moe.h"
 #include "kernels/parallel.h"
 #include "kernels/router.h"
+#include "tests/kernels/kernel_cases.h"
 #include "tests/test_util.h"
 
 namespace rlf {
 namespace {
 
+using test::build_routing;
 using test::expect_close;
+using test::random_assignment;
 using test::random_vector;
+using test::Routing;
 using test::scratch_arena;
 using test::seed_for;
-
-// K distinct experts per token, drawn from the experts not listed in `empty`.
-std::vector<int> random_assignment(int N, int E, int K, uint64_t seed,
-                                   const std::set<int>& empty = {}) {
-  std::mt19937_64 gen(seed);
-  std::vector<int> pool;
-  for (int e = 0; e < E; ++e)
-    if (!empty.count(e)) pool.push_back(e);
-  std::vector<int> idx(size_t(N) * K);
-  for (int n = 0; n < N; ++n) {
-    std::shuffle(pool.begin(), pool.end(), gen);
-    for (int k = 0; k < K; ++k) idx[size_t(n) * K + k] = pool[k];
-  }
-  return idx;
-}
-
-struct Routing {
-  std::vector<int> offsets, row_of_assignment, token_of_row;
-  int M() const { return offsets.back(); }
-};
-
-Routing build(const std::vector<int>& idx, int N, int E, int K) {
-  Routing r{std::vector<int>(E + 1), std::vector<int>(size_t(N) * K),
-            std::vector<int>(size_t(N) * K)};
-  moe_build_routing(r.offsets.data(), r.row_of_assignment.data(), r.token_of_row.data(), idx.data(),
-                    N, E, K);
-  return r;
-}
 
 template <typename T>
 double dot(const std::vector<T>& a, const std::vector<T>& b) {
@@ -68,7 +44,7 @@ bool same_bytes(const std::vector<T>& a, const std::vector<T>& b) {
 TEST(MoeRouting, HandWorkedExample) {
   const int N = 3, E = 4, K = 2;
   const std::vector<int> idx = {2, 0, 0, 2, 3, 0};
-  const Routing r = build(idx, N, E, K);
+  const Routing r = build_routing(idx, N, E, K);
   EXPECT_EQ(r.offsets, (std::vector<int>{0, 3, 3, 5, 6}));
   EXPECT_EQ(r.row_of_assignment, (std::vector<int>{3, 0, 1, 4, 5, 2}));
   EXPECT_EQ(r.token_of_row, (std::vector<int>{0, 1, 2, 0, 1, 2}));
@@ -85,7 +61,7 @@ TEST(MoeRouting, CanonicalOrderAndConsistentInverseMaps) {
   for (const auto& c : cases) {
     const auto idx =
         random_assignment(c.N, c.E, c.K, seed_for("MoeRouting.Canonical", index++), c.empty);
-    const Routing r = build(idx, c.N, c.E, c.K);
+    const Routing r = build_routing(idx, c.N, c.E, c.K);
     const int M = c.N * c.K;
     ASSERT_EQ(r.offsets[0], 0);
     ASSERT_EQ(r.offsets[c.E], M);
@@ -132,7 +108,7 @@ TEST(MoeGather, CpuMatchesRef) {
   int index = 0;
   for (const auto& s : kTokenShapes) {
     const uint64_t seed = seed_for("MoeGather.CpuMatchesRef", index++);
-    const Routing r = build(random_assignment(s.N, s.E, s.K, seed), s.N, s.E, s.K);
+    const Routing r = build_routing(random_assignment(s.N, s.E, s.K, seed), s.N, s.E, s.K);
     const int M = r.M();
     const auto x = random_vector<float>(size_t(s.N) * s.C, seed + 1);
     std::vector<float> xg(size_t(M) * s.C), xg_cpu(xg.size(), -7.0f);
@@ -155,7 +131,7 @@ TEST(MoeCombine, CpuMatchesRef) {
   int index = 0;
   for (const auto& s : kTokenShapes) {
     const uint64_t seed = seed_for("MoeCombine.CpuMatchesRef", index++);
-    const Routing r = build(random_assignment(s.N, s.E, s.K, seed), s.N, s.E, s.K);
+    const Routing r = build_routing(random_assignment(s.N, s.E, s.K, seed), s.N, s.E, s.K);
     const int M = r.M();
     const auto y = random_vector<float>(size_t(M) * s.C, seed + 1);
     const auto w = random_vector<float>(size_t(s.N) * s.K, seed + 2, 0, 1);
@@ -189,7 +165,7 @@ TEST(MoeCombine, CpuMatchesRef) {
 TEST(MoeGather, RefGradientMatchesFiniteDifferences) {
   const int N = 5, E = 3, K = 2, C = 4;
   const uint64_t seed = seed_for("MoeGather.RefGradientFD", 0);
-  const Routing r = build(random_assignment(N, E, K, seed), N, E, K);
+  const Routing r = build_routing(random_assignment(N, E, K, seed), N, E, K);
   const int M = r.M();
   auto x = random_vector<double>(size_t(N) * C, seed + 1);
   const auto rg = random_vector<double>(size_t(M) * C, seed + 2);
@@ -208,7 +184,7 @@ TEST(MoeGather, RefGradientMatchesFiniteDifferences) {
 TEST(MoeCombine, RefGradientMatchesFiniteDifferences) {
   const int N = 5, E = 4, K = 3, C = 3;
   const uint64_t seed = seed_for("MoeCombine.RefGradientFD", 0);
-  const Routing r = build(random_assignment(N, E, K, seed), N, E, K);
+  const Routing r = build_routing(random_assignment(N, E, K, seed), N, E, K);
   const int M = r.M();
   auto y = random_vector<double>(size_t(M) * C, seed + 1);
   auto w = random_vector<double>(size_t(N) * K, seed + 2, 0, 1);
@@ -258,7 +234,7 @@ TEST(ExpertFfn, CpuMatchesRef) {
     const std::string what = "N=" + std::to_string(s.N) + " E=" + std::to_string(s.E) +
                              " K=" + std::to_string(s.K) + " C=" + std::to_string(s.C) +
                              " F=" + std::to_string(s.F);
-    const Routing r = build(random_assignment(s.N, s.E, s.K, seed, s.empty), s.N, s.E, s.K);
+    const Routing r = build_routing(random_assignment(s.N, s.E, s.K, seed, s.empty), s.N, s.E, s.K);
     const int M = r.M();
     const auto xg = random_vector<float>(size_t(M) * s.C, seed + 1);
     const auto W = random_ffn_weights<float>(s.E, s.C, s.F, seed + 2);
@@ -316,7 +292,7 @@ TEST(ExpertFfn, CpuMatchesRef) {
 TEST(ExpertFfn, RefGradientMatchesFiniteDifferences) {
   const int N = 6, E = 4, K = 2, C = 5, F = 6;
   const uint64_t seed = seed_for("ExpertFfn.RefGradientFD", 0);
-  const Routing r = build(random_assignment(N, E, K, seed, {2}), N, E, K);
+  const Routing r = build_routing(random_assignment(N, E, K, seed, {2}), N, E, K);
   const int M = r.M();
   auto xg = random_vector<double>(size_t(M) * C, seed + 1);
   auto W = random_ffn_weights<double>(E, C, F, seed + 2);
@@ -411,7 +387,7 @@ TEST(MoeLayer, RefCompositeGradientMatchesFiniteDifferences) {
 TEST(MoeKernels, CpuIsDeterministicAcrossThreadCounts) {
   const int N = 700, E = 4, K = 2, C = 48, F = 160;
   const uint64_t seed = seed_for("MoeKernels.CpuIsDeterministic", 0);
-  const Routing r = build(random_assignment(N, E, K, seed), N, E, K);
+  const Routing r = build_routing(random_assignment(N, E, K, seed), N, E, K);
   const int M = r.M();
   const auto x = random_vector<float>(size_t(N) * C, seed + 1);
   const auto wt = random_vector<float>(size_t(N) * K, seed + 2, 0, 1);
