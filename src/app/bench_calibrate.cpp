@@ -234,11 +234,12 @@ LayerRates measure_layer_rates(Device& device, int repeats) {
 }
 
 // Generation's rates: a decode step (one token for each of B sequences, attending to 16 cached
-// positions) of the same reference models at B = 1, 8 and 64, all six timed interleaved, FLOPs
+// positions) of the same reference models at B = 1, 8, 64 and 256 (a rank's batch of a step's
+// samples is often past 64), all eight timed interleaved, FLOPs
 // counted by the cost model's formula at context 17, fitted like the layer rates (fit_rates).
 LayerRates measure_decode_rates(Device& device, int repeats) {
   const int context = 16;
-  const int batches[] = {1, 8, 64};
+  const int batches[] = {1, 8, 64, 256};
   struct Case {
     Transformer<float>* model;
     KVCache<float> cache;

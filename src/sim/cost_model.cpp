@@ -169,9 +169,11 @@ Training training_cost(const ModelShape& m, const ClusterConfig& c, const RlJob&
 }
 
 // One decode (or prefill) step of `tokens` tokens per attention data-parallel rank at context
-// `context`, on one device of the generation layout.
+// `context`, on one device of the generation layout. A prefill is a forward over every prompt
+// token at once, the shape the layer rates were measured on (hundreds of rows), so it runs at the
+// layer rate; a decode step at the decode rate, measured on decode steps of 1 to 256 rows.
 double generation_step(const ModelShape& m, const ClusterConfig& c, const RlJob& job,
-                       const Parallelism& g, double tokens, double context) {
+                       const Parallelism& g, double tokens, double context, bool prefill) {
   const double ab = job.activation_bytes;
   const double group_tokens = tokens * std::max(1.0, double(g.ep) / g.tp);
   const double touched = 1 - std::pow(std::max(0.0, 1 - m.top_k / m.experts), group_tokens);
@@ -183,7 +185,8 @@ double generation_step(const ModelShape& m, const ClusterConfig& c, const RlJob&
   const double attention_flops = tokens * 4 * m.layers * m.d_model * context / g.tp;
   double seconds =
       std::max((weights + kv + elementwise) / c.memory_bandwidth,
-               (dense_flops + expert_flops + attention_flops) / c.decode_rate(tokens, m.width)) +
+               (dense_flops + expert_flops + attention_flops) /
+                   (prefill ? c.compute_rate(tokens, m.width) : c.decode_rate(tokens, m.width))) +
       (m.layers * kKernelsPerLayer + 3) * c.kernel_overhead;
   if (g.tp > 1) {
     seconds += 2 * m.layers *
@@ -233,8 +236,8 @@ Phase generation_cost(const ModelShape& m, const ClusterConfig& c, const RlJob& 
   double prefill_tokens = per_rank * job.prompt.mean;
   // A resumed sample is, on average, half its response past its prompt.
   if (cut) prefill_tokens += batch * (job.prompt.mean + 0.5 * job.response.mean);
-  phase.seconds = generation_step(m, c, job, g, prefill_tokens, 0.5 * job.prompt.mean);
-  phase.seconds += steps * generation_step(m, c, job, g, live, context);
+  phase.seconds = generation_step(m, c, job, g, prefill_tokens, 0.5 * job.prompt.mean, true);
+  phase.seconds += steps * generation_step(m, c, job, g, live, context, false);
   // Every response token is drawn once from its row of V logits (a resumed sample's prefix is
   // recomputed, not redrawn).
   phase.sampler = tokens * c.sampler_seconds(m.vocab);

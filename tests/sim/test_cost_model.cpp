@@ -57,8 +57,9 @@ TEST(CostModel, WidthIsTheFlopWeightedHarmonicMean) {
   EXPECT_DOUBLE_EQ(m.width, m.active_matmul / inverse);
 }
 
-// The rate's width term: training's matmul time grows by (1 + half_rate_width / width), and
-// generation's by (1 + decode_half_rate_width / width), each law for its own phase.
+// The rate's width term: training's matmul time and generation's prefill grow by (1 +
+// half_rate_width / width), the layer law (a prefill is a forward over hundreds of rows, the
+// shape it was measured on); generation's decode steps by (1 + decode_half_rate_width / width).
 TEST(CostModel, NarrowMatricesSlowTheMatmulsByTheWidthTerm) {
   const ModelShape m = model_shape(load_model_config("tiny"));
   const RlJob job = fixed_job(4, 2, 8, 4, 4);
@@ -66,17 +67,26 @@ TEST(CostModel, NarrowMatricesSlowTheMatmulsByTheWidthTerm) {
   s.offload = false;
   ClusterConfig c = flops_only();
   const Prediction wide = predict(m, c, job, s);
+  // The generation's two parts, each alone: the other at an unbounded rate.
+  ClusterConfig prefill_only = c, decode_only = c;
+  prefill_only.decode_flops = 1e300;
+  decode_only.matmul_flops = 1e300;
+  const double prefill = predict(m, prefill_only, job, s).generation;
+  const double decode = predict(m, decode_only, job, s).generation;
+  EXPECT_GT(prefill, 0);
+  EXPECT_GT(decode, 0);
+  EXPECT_NEAR(prefill + decode, wide.generation, 1e-15);
   c.half_rate_width = m.width;  // half the peak
   const Prediction narrow = predict(m, c, job, s);
   EXPECT_NEAR(narrow.training, 2 * wide.training, 1e-12);
-  EXPECT_DOUBLE_EQ(narrow.generation, wide.generation);
+  EXPECT_NEAR(narrow.generation, 2 * prefill + decode, 1e-15);
   c.decode_half_rate_width = 3 * m.width;  // a quarter of the decode peak
-  EXPECT_NEAR(predict(m, c, job, s).generation, 4 * wide.generation, 1e-12);
-  // Generation at the decode peak, training at the matmul peak.
+  EXPECT_NEAR(predict(m, c, job, s).generation, 2 * prefill + 4 * decode, 1e-15);
+  // Decode at twice the rate: only the decode steps halve.
   c = flops_only();
-  c.decode_flops = 2e9;
+  c.decode_flops *= 2;
   const Prediction faster = predict(m, c, job, s);
-  EXPECT_NEAR(faster.generation, wide.generation / 2, 1e-15);
+  EXPECT_NEAR(faster.generation, prefill + decode / 2, 1e-15);
   EXPECT_DOUBLE_EQ(faster.training, wide.training);
 }
 
