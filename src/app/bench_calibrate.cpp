@@ -137,11 +137,13 @@ ModelConfig reference_model(int width) {
   return config;
 }
 
-// The reference models of both calibration widths (32 and 128), initialized, in `device`'s arena.
+// The reference models of the calibration widths (32, 128 and 256: narrow models, where per-call
+// costs weigh, to matrices wide enough for the kernels' blocking), initialized, in `device`'s
+// arena.
 std::vector<std::unique_ptr<Transformer<float>>> reference_models(Device& device,
                                                                   bool with_gradients) {
   std::vector<std::unique_ptr<Transformer<float>>> models;
-  for (int width : {32, 128}) {
+  for (int width : {32, 128, 256}) {
     models.push_back(std::make_unique<Transformer<float>>(reference_model(width), device.ops(),
                                                           device.memory(), with_gradients));
     models.back()->initialize(1);
@@ -181,6 +183,29 @@ void fit_rates(LayerRates& r) {
   }
   // No size dependence to fit (a noisy machine): the best rate at every size.
   for (const LayerRates::Point& p : r.measured) r.peak = std::max(r.peak, p.rate);
+}
+
+// The measured points as a grid (every width measured at every row count), which the cost model
+// interpolates inside and extends by the fit outside (sim::RateTable).
+sim::RateTable rate_table(const LayerRates& r) {
+  sim::RateTable t;
+  for (const LayerRates::Point& p : r.measured) {
+    if (std::find(t.rows.begin(), t.rows.end(), double(p.rows)) == t.rows.end())
+      t.rows.push_back(p.rows);
+    if (std::find(t.widths.begin(), t.widths.end(), p.model_width) == t.widths.end())
+      t.widths.push_back(p.model_width);
+  }
+  std::sort(t.rows.begin(), t.rows.end());
+  std::sort(t.widths.begin(), t.widths.end());
+  t.rates.assign(t.rows.size() * t.widths.size(), 0);
+  for (const LayerRates::Point& p : r.measured) {
+    const size_t i =
+        size_t(std::find(t.rows.begin(), t.rows.end(), double(p.rows)) - t.rows.begin());
+    const size_t j =
+        size_t(std::find(t.widths.begin(), t.widths.end(), p.model_width) - t.widths.begin());
+    t.rates[j * t.rows.size() + i] = p.rate;
+  }
+  return t;
 }
 
 // FLOP/s of the runtime's own layers against the rows (tokens) a call processes and the width of
@@ -472,6 +497,8 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
   c.decode_flops = decode.peak;
   c.decode_half_rate_rows = decode.half_rows;
   c.decode_half_rate_width = decode.half_width;
+  c.layer_table = rate_table(layers);
+  c.decode_table = rate_table(decode);
   c.optimizer_rate = optimizer_rate;
   c.sampler_rate = sampler.rate;
   c.sampler_sort_rate = sampler.sort_rate;
@@ -495,13 +522,14 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
   }
   if (rank != 0) return 0;
   const bool matmul_ok = matmul.nmse <= 1e-8;
-  char comment[1024];
+  char comment[2048];
   std::snprintf(
       comment, sizeof comment,
       "Written by `rlfusion bench calibrate` (%s): rates measured on this machine, %d "
       "rank(s), %d thread(s) each.\nmatmul_flops, half_rate_rows, half_rate_width: fit of "
-      "forward + backward rates of reference models (width 32 and 128, 8 experts) on 16 .. "
-      "1024 rows; kernel overhead from a 1-token forward of a 1-layer d_model-8 model; "
+      "forward + backward rates of reference models (width 32, 128 and 256, 8 experts) on 16 .. "
+      "1024 rows; layer_rate_* and decode_rate_*: the measured points the fits were made of; "
+      "kernel overhead from a 1-token forward of a 1-layer d_model-8 model; "
       "optimizer_rate: gradient norm + AdamW over 4M parameters; sampler: top-p sampling of 64 "
       "rows at V = 16 .. 4096; copy bandwidth from memcpy of 128 MiB; links: %s; %s.",
       build_info().c_str(), ranks, resolve_threads(run.threads), intra_method.c_str(),
@@ -537,13 +565,19 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
     char what[64];
     std::snprintf(what, sizeof what, "layers w%d, %d rows", p.width, p.rows);
     std::printf("  %-22s %14.2f %-8s fwd+bwd of the reference model (fit: %.2f)\n", what,
-                p.rate / 1e9, "GFLOP/s", c.compute_rate(p.rows, p.model_width) / 1e9);
+                p.rate / 1e9, "GFLOP/s",
+                sim::ClusterConfig::hockney(p.rows, p.model_width, c.matmul_flops, c.half_rate_rows,
+                                            c.half_rate_width) /
+                    1e9);
   }
   for (const LayerRates::Point& p : decode.measured) {
     char what[64];
     std::snprintf(what, sizeof what, "decode w%d, %d rows", p.width, p.rows);
     std::printf("  %-22s %14.2f %-8s decode step of the reference model (fit: %.2f)\n", what,
-                p.rate / 1e9, "GFLOP/s", c.decode_rate(p.rows, p.model_width) / 1e9);
+                p.rate / 1e9, "GFLOP/s",
+                sim::ClusterConfig::hockney(p.rows, p.model_width, c.decode_flops,
+                                            c.decode_half_rate_rows, c.decode_half_rate_width) /
+                    1e9);
   }
   quantity("layer peak (written)", c.matmul_flops / 1e9, 2, "GFLOP/s",
            "Hockney fit of the layer rates");

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <utility>
 
 #include "kernels/error.h"
 #include "src/io/input_files.h"
@@ -68,6 +69,8 @@ void ClusterConfig::validate(const std::string& source) const {
   non_negative(intra_supernode.latency, "intra_supernode_latency");
   positive(inter_supernode.bandwidth, "inter_supernode_bandwidth");
   non_negative(inter_supernode.latency, "inter_supernode_latency");
+  if (!layer_table.empty()) layer_table.validate(source, "layer_rate");
+  if (!decode_table.empty()) decode_table.validate(source, "decode_rate");
 }
 
 ClusterConfig load_cluster_config(const std::string& name_or_path) {
@@ -102,10 +105,35 @@ ClusterConfig load_cluster_config(const std::string& name_or_path) {
   add("cluster.intra_supernode_latency", po::value(&c.intra_supernode.latency)->required());
   add("cluster.inter_supernode_bandwidth", po::value(&c.inter_supernode.bandwidth)->required());
   add("cluster.inter_supernode_latency", po::value(&c.inter_supernode.latency)->required());
+  // The optional measured rate grids: rows, widths and rates, all three or none.
+  struct TableKeys {
+    const char* key;
+    RateTable* table;
+    std::string rows, widths, rates;
+  };
+  TableKeys tables[] = {{"layer_rate", &c.layer_table, {}, {}, {}},
+                        {"decode_rate", &c.decode_table, {}, {}, {}}};
+  for (TableKeys& t : tables) {
+    const std::string key = std::string("cluster.") + t.key;
+    add((key + "_rows").c_str(), po::value(&t.rows));
+    add((key + "_widths").c_str(), po::value(&t.widths));
+    add((key + "s").c_str(), po::value(&t.rates));
+  }
   try {
     po::variables_map vm;
     po::store(po::parse_config_file(file, desc, /*allow_unregistered=*/false), vm);
     po::notify(vm);
+    for (TableKeys& t : tables) {
+      const std::string where = "cluster file '" + path + "': cluster." + t.key;
+      const int given = int(!t.rows.empty()) + int(!t.widths.empty()) + int(!t.rates.empty());
+      if (given == 0) continue;
+      if (given != 3)
+        throw ConfigError(where + "_rows, " + t.key + "_widths and " + t.key +
+                          "s come together (all three or none)");
+      t.table->rows = parse_number_list(t.rows, where + "_rows");
+      t.table->widths = parse_number_list(t.widths, where + "_widths");
+      t.table->rates = parse_number_list(t.rates, where + "s");
+    }
   } catch (const po::required_option& e) {
     // Files written before a key existed: say how to get one with every key.
     throw ConfigError("cluster file '" + path + "': " + e.what() +
@@ -143,6 +171,14 @@ std::string cluster_config_ini(const ClusterConfig& c, const std::string& commen
       c.intra_node.bandwidth, c.intra_node.latency, c.intra_supernode.bandwidth,
       c.intra_supernode.latency, c.inter_supernode.bandwidth, c.inter_supernode.latency);
   out << buffer;
+  const std::pair<const char*, const RateTable*> tables[] = {{"layer_rate", &c.layer_table},
+                                                             {"decode_rate", &c.decode_table}};
+  for (const auto& [key, table] : tables) {
+    if (table->empty()) continue;
+    out << key << "_rows = " << number_list(table->rows) << "\n"
+        << key << "_widths = " << number_list(table->widths) << "\n"
+        << key << "s = " << number_list(table->rates) << "\n";
+  }
   return out.str();
 }
 

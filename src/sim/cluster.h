@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <string>
 
+#include "src/sim/rate_table.h"
+
 namespace rlf::sim {
 
 // A link level: bytes per second per device per direction, seconds per message.
@@ -37,16 +39,22 @@ struct ClusterConfig {
   // (packing, blocking, tails) is amortized over the rows and over the width (0: no such loss).
   double half_rate_rows = 0;
   double half_rate_width = 0;
+  // The layer rates measured on a grid of shapes (optional: a calibrated machine's file has it).
+  // Where there is one, a rate inside the grid is interpolated from the measurements and one
+  // outside it follows the Hockney law from the nearest grid point; without one, the law alone.
+  RateTable layer_table;
   double compute_rate(double rows, double width) const {
-    return matmul_flops / (1 + half_rate_rows / rows + half_rate_width / width);
+    return table_rate(layer_table, rows, width, matmul_flops, half_rate_rows, half_rate_width);
   }
-  // The same law for generation's forward passes (prefill and decode steps: forward only, cached
-  // attention, one row per sequence), which run at rates of their own.
+  // The same law for generation's decode steps (forward only, cached attention, one row per
+  // sequence), which run at rates of their own.
   double decode_flops = 0;
   double decode_half_rate_rows = 0;
   double decode_half_rate_width = 0;
+  RateTable decode_table;
   double decode_rate(double rows, double width) const {
-    return decode_flops / (1 + decode_half_rate_rows / rows + decode_half_rate_width / width);
+    return table_rate(decode_table, rows, width, decode_flops, decode_half_rate_rows,
+                      decode_half_rate_width);
   }
   double memory_bytes = 0;      // device memory capacity
   double memory_bandwidth = 0;  // device memory bytes/s (streaming reads + writes)
@@ -64,6 +72,18 @@ struct ClusterConfig {
     return vocab / sampler_rate + vocab * std::log2(vocab) / sampler_sort_rate;
   }
   Link intra_node, intra_supernode, inter_supernode;
+
+  static double hockney(double rows, double width, double peak, double half_rows,
+                        double half_width) {
+    return peak / (1 + half_rows / rows + half_width / width);
+  }
+  static double table_rate(const RateTable& table, double rows, double width, double peak,
+                           double half_rows, double half_width) {
+    const double law = hockney(rows, width, peak, half_rows, half_width);
+    if (table.empty()) return law;
+    const double r = table.clamp_rows(rows), w = table.clamp_width(width);
+    return table.at(r, w) * (law / hockney(r, w, peak, half_rows, half_width));
+  }
 
   int devices_per_supernode() const { return devices_per_node * nodes_per_supernode; }
   int devices() const { return devices_per_supernode() * supernodes; }

@@ -105,8 +105,12 @@ Training training_cost(const ModelShape& m, const ClusterConfig& c, const RlJob&
   const double busiest =
       micro_batches * job.micro_batch * p.dp / double(job.samples()) * stage_imbalance;
   const double flops = tokens * forward_flops_per_token(m, 0.5 * (sequence + 1)) * passes;
+  // A measured layer table's rates are whole layers' forward + backward (norms, activations and
+  // residuals included), so the elementwise traffic is charged only on top of a matmul rate.
   const double elementwise =
-      tokens * m.layers * kElementwiseValuesPerLayer * m.d_model * ab * passes;
+      c.layer_table.empty()
+          ? tokens * m.layers * kElementwiseValuesPerLayer * m.d_model * ab * passes
+          : 0.0;
   // The loss over the logits (and the reference's log-probs): on the last stage, split by TP.
   const double logit_bytes = tokens * m.vocab * 4 *
                              (kLossLogitPasses + (job.reference ? kLogprobLogitPasses : 0)) /

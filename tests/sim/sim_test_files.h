@@ -8,6 +8,9 @@
 #include <fstream>
 #include <string>
 
+#include "kernels/error.h"
+#include "src/sim/cluster.h"
+
 namespace rlf::test {
 
 // The directory lives as long as the process: a static owner removes it at exit.
@@ -30,6 +33,16 @@ inline std::string write_scratch(const std::string& name, const std::string& tex
   const auto path = sim_scratch_dir() / name;
   std::ofstream(path) << text;
   return path.string();
+}
+
+// The ConfigError message of loading `text` as a cluster file ("" when it loads).
+inline std::string cluster_error_of(const std::string& text, const std::string& name) {
+  try {
+    sim::load_cluster_config(write_scratch(name, text));
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
 }
 
 }  // namespace rlf::test

@@ -28,15 +28,6 @@ std::string replace_line(std::string text, const std::string& key, const std::st
   return text.replace(at, end - at + 1, line);
 }
 
-std::string error_of(const std::string& text, const std::string& name) {
-  try {
-    load_cluster_config(test::write_scratch(name, text));
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "";
-}
-
 TEST(ClusterConfig, ShippedFileLoads) {
   const ClusterConfig c = load_cluster_config("cloudmatrix-384");
   EXPECT_EQ(c.devices(), 384);
@@ -58,8 +49,9 @@ TEST(ClusterConfig, LevelsSpanned) {
 
 TEST(ClusterConfig, MissingFieldIsNamed) {
   const std::string text = replace_line(kCluster, "memory_bandwidth", "");
-  EXPECT_NE(error_of(text, "missing.ini").find("cluster.memory_bandwidth"), std::string::npos)
-      << error_of(text, "missing.ini");
+  EXPECT_NE(test::cluster_error_of(text, "missing.ini").find("cluster.memory_bandwidth"),
+            std::string::npos)
+      << test::cluster_error_of(text, "missing.ini");
 }
 
 // A file written before the optimizer, sampler and width keys existed: the missing key is named
@@ -69,7 +61,7 @@ TEST(ClusterConfig, OldFileWithoutNewKeysSaysRecalibrate) {
        {"half_rate_width", "decode_flops", "decode_half_rate_rows", "decode_half_rate_width",
         "optimizer_rate", "sampler_rate", "sampler_sort_rate"}) {
     const std::string message =
-        error_of(replace_line(kCluster, key, ""), std::string("old_") + key + ".ini");
+        test::cluster_error_of(replace_line(kCluster, key, ""), std::string("old_") + key + ".ini");
     EXPECT_NE(message.find(std::string("cluster.") + key), std::string::npos) << message;
     EXPECT_NE(message.find("rlfusion bench calibrate"), std::string::npos) << message;
   }
@@ -91,19 +83,20 @@ TEST(ClusterConfig, ImpossibleFieldsAreNamed) {
                                                         {"intra_node_bandwidth", "-5"},
                                                         {"inter_supernode_latency", "-1e-6"},
                                                         {"kernel_overhead", "-1"}}) {
-    const std::string message =
-        error_of(replace_line(kCluster, key, key + " = " + bad + "\n"), "bad_" + key + ".ini");
+    const std::string message = test::cluster_error_of(
+        replace_line(kCluster, key, key + " = " + bad + "\n"), "bad_" + key + ".ini");
     EXPECT_NE(message.find("cluster." + key), std::string::npos) << key << ": " << message;
   }
 }
 
 TEST(ClusterConfig, UnknownKeyAndMalformedValueAreErrors) {
-  EXPECT_NE(error_of(std::string(kCluster) + "nvlink = 1\n", "unknown.ini").find("nvlink"),
-            std::string::npos);
   EXPECT_NE(
-      error_of(replace_line(kCluster, "memory_bytes", "memory_bytes = lots\n"), "malformed.ini")
-          .find("memory_bytes"),
+      test::cluster_error_of(std::string(kCluster) + "nvlink = 1\n", "unknown.ini").find("nvlink"),
       std::string::npos);
+  EXPECT_NE(test::cluster_error_of(replace_line(kCluster, "memory_bytes", "memory_bytes = lots\n"),
+                                   "malformed.ini")
+                .find("memory_bytes"),
+            std::string::npos);
   EXPECT_THROW(load_cluster_config("no-such-cluster"), ConfigError);
 }
 
