@@ -666,3 +666,98 @@ TEST(DistQueue, HierarchicalGetRangeGivesEachMemberItsRangeForFewerRequests) {
 
 }  // namespace
 }  // namespace rlf
+
+namespace rlf {
+namespace {
+
+// DistQueue's transfer at TP x PP: the ranks of a model-parallel group train the same samples, so
+// one of them gets the group's range and sends it to the others. Each rank ends with a range of
+// the same size either way; the queue's requests and the samples it serves fall to exactly
+// 1/group, its reply bytes to the group leaders' ranges.
+TEST(DistQueue, ReplicatedGetRangeCutsTheQueueLoadByTheModelGroupSize) {
+  const int w = world_size();
+  if (w < 4) GTEST_SKIP() << "needs an actor, a queue rank and >= 2 learners (4, 6 ranks)";
+  const int learner_count = w - 2;
+  for (int group = 2; group <= learner_count; ++group) {
+    if (learner_count % group != 0) continue;
+    SCOPED_TRACE("model group of " + std::to_string(group));
+    Topology topology(MPI_COMM_WORLD, layout(learner_count, 1, 1, 3));
+    DistQueue q(MPI_COMM_WORLD, topology, {.shard_capacity = 1024});
+    const auto& learners = topology.ranks_of(Role::Learner);
+    const int64_t count = 4 * q.shards() + 1;
+    const uint64_t seed = kSeed + 13;
+    const bool learner = topology.role() == Role::Learner;
+    const int index = learner ? index_in(learners, world_rank()) : -1;
+    MPI_Comm model_group = MPI_COMM_NULL;
+    MPI_Comm_split(MPI_COMM_WORLD, learner ? index / group : MPI_UNDEFINED, index, &model_group);
+
+    // Each phase the actor puts the ids the learners take, then learner i takes `count` of them:
+    // its own range (flat), or its group's range (replicated).
+    auto run_phase = [&](int64_t base, bool replicated) {
+      const int64_t ranges = replicated ? learner_count / group : learner_count;
+      if (topology.role() == Role::Actor) {
+        std::vector<QueueSample> batch;
+        for (int64_t id = base; id < base + ranges * count; ++id)
+          batch.push_back(scrambled_sample(seed, id));
+        q.put(std::move(batch));
+      }
+      q.reset_counters();
+      topology.links().reset_counters();
+      q.barrier();
+      std::vector<int64_t> got;
+      if (learner) {
+        const int64_t first = base + (replicated ? index / group : index) * count;
+        const auto batch = replicated ? q.get_range_replicated(first, count, model_group)
+                                      : q.get_range(first, count);
+        EXPECT_EQ(batch, scrambled_range(seed, first, count));
+        for (const auto& s : batch) got.push_back(s.sample_id);
+      }
+      q.barrier();
+      // Every rank of a group holds its range: each id once per member (flat: once).
+      std::vector<int64_t> want;
+      for (int64_t id = base; id < base + ranges * count; ++id)
+        for (int copy = 0; copy < (replicated ? group : 1); ++copy) want.push_back(id);
+      EXPECT_EQ(gather_ids(got), want);
+      for (int s : q.hosted_shards()) EXPECT_EQ(q.shard(s).stored(), 0) << "shard " << s;
+      return world_counters(q, topology.links());
+    };
+    const auto flat = run_phase(0, false);
+    const auto replicated = run_phase(1000000, true);
+    if (model_group != MPI_COMM_NULL) MPI_Comm_free(&model_group);
+    q.close();
+
+    // The samples each rank receives are the same in number; the queue's load is 1/group.
+    EXPECT_EQ(flat.get_requests, uint64_t(learner_count) * uint64_t(q.shards()));
+    EXPECT_EQ(replicated.get_requests * uint64_t(group), flat.get_requests);
+    EXPECT_EQ(replicated.served * uint64_t(group), flat.served);
+    // Replies: a header and a pack header per request, and each sample once: the flat phase's
+    // learner_count ranges, the replicated phase's learner_count / group.
+    auto phase_sample_bytes = [&](int64_t base, int64_t ranges) {
+      uint64_t bytes = 0;
+      for (int64_t id = base; id < base + ranges * count; ++id)
+        bytes += sample_bytes(scrambled_sample(seed, id));
+      return bytes;
+    };
+    EXPECT_EQ(flat.reply_bytes, 64 * flat.get_requests + phase_sample_bytes(0, learner_count));
+    EXPECT_EQ(replicated.reply_bytes,
+              64 * replicated.get_requests + phase_sample_bytes(1000000, learner_count / group));
+    // The fan-out: group - 1 messages per group, each a header and its packed range; besides
+    // them the learners sent only their range requests.
+    const uint64_t groups = uint64_t(learner_count / group);
+    uint64_t fan_out_bytes = 0;
+    for (uint64_t g = 0; g < groups; ++g) {
+      uint64_t range_bytes = queue_protocol::kHeaderBytes + kPackHeaderBytes;
+      for (const auto& s : scrambled_range(seed, 1000000 + int64_t(g) * count, count))
+        range_bytes += sample_bytes(s);
+      fan_out_bytes += uint64_t(group - 1) * range_bytes;
+    }
+    EXPECT_EQ(replicated.client_sent_msgs - replicated.get_requests, groups * uint64_t(group - 1));
+    EXPECT_EQ(
+        replicated.client_sent_bytes,
+        replicated.get_requests * (queue_protocol::kHeaderBytes + queue_protocol::kRangeBytes) +
+            fan_out_bytes);
+  }
+}
+
+}  // namespace
+}  // namespace rlf
