@@ -452,32 +452,26 @@ std::vector<QueueSample> DistQueue::get_range(int64_t first_sample_id, int64_t c
 }
 
 std::vector<QueueSample> DistQueue::scatter_from_leader(
-    MPI_Comm members_comm, int64_t count_per_member,
+    const HierarchicalComm& group, int64_t count_per_member,
     const std::function<std::vector<std::vector<QueueSample>>(int members)>& take_node) {
   int local = 0, members = 0;
-  MPI_Comm_rank(members_comm, &local);
-  MPI_Comm_size(members_comm, &members);
+  MPI_Comm_rank(group.intra, &local);
+  MPI_Comm_size(group.intra, &members);
   if (local == 0) {
     auto parts = take_node(members);
     std::vector<int> member_ranks(static_cast<size_t>(members));
     for (int i = 0; i < members; ++i) member_ranks[size_t(i)] = i;
-    const auto dest = translate_ranks(members_comm, member_ranks, comm_);
-    const bool replicated = parts.size() == 1;
-    std::shared_ptr<const std::vector<std::byte>> packed;
+    const auto dest = translate_ranks(group.intra, member_ranks, comm_);
     for (int i = 1; i < members; ++i) {
-      const std::vector<QueueSample>& part = parts[replicated ? 0 : size_t(i)];
-      if (!packed || !replicated) {
-        qp::Header h;
-        h.count = int64_t(part.size());
-        // What a range get's shards discarded as too stale (never more than the member's count).
-        h.stale = uint32_t(count_per_member - h.count);
-        packed = share(qp::encode(h, pack_samples(part)));
-      }
-      post(dest[size_t(i)], qp::kScatter, packed);
+      qp::Header h;
+      h.count = int64_t(parts[size_t(i)].size());
+      // What a range get's shards discarded as too stale (never more than the member's count).
+      h.stale = uint32_t(count_per_member - h.count);
+      post(dest[size_t(i)], qp::kScatter, share(qp::encode(h, pack_samples(parts[size_t(i)]))));
     }
     return std::move(parts[0]);
   }
-  const int leader = translate_ranks(members_comm, {0}, comm_)[0];
+  const int leader = translate_ranks(group.intra, {0}, comm_)[0];
   std::vector<QueueSample> mine;
   // The leader may need shards this member hosts before it can scatter: serve while waiting.
   await_replies(qp::kScatter, 1, [&](Message& m) {
@@ -496,7 +490,7 @@ std::vector<QueueSample> DistQueue::get_hierarchical(int64_t count_per_member, i
                                                      const HierarchicalComm& group) {
   if (closed_) throw std::logic_error("DistQueue::get_hierarchical after close()");
   if (count_per_member <= 0) return {};
-  return scatter_from_leader(group.intra, count_per_member, [&](int members) {
+  return scatter_from_leader(group, count_per_member, [&](int members) {
     auto all = get(count_per_member * members, v_min);
     // Member i takes the i-th run of count_per_member samples in canonical order.
     std::vector<std::vector<QueueSample>> parts(static_cast<size_t>(members));
@@ -512,7 +506,7 @@ std::vector<QueueSample> DistQueue::get_range_hierarchical(int64_t first_sample_
   if (closed_) throw std::logic_error("DistQueue::get_range_hierarchical after close()");
   check_range(first_sample_id, count, "get_range_hierarchical");
   const qp::SampleRange range{first_sample_id, count};
-  auto mine = scatter_from_leader(group.intra, count, [&](int members) {
+  auto mine = scatter_from_leader(group, count, [&](int members) {
     // The leader's range comes first and the members' follow it: their union is one range.
     auto all = get_range(first_sample_id, count * members, v_min);
     // Member i takes the ids of its own range; a stable split keeps each part canonical.
@@ -528,23 +522,6 @@ std::vector<QueueSample> DistQueue::get_range_hierarchical(int64_t first_sample_
                              std::to_string(range.first) + ", " + std::to_string(range.end()) +
                              "): the members' ranges must be consecutive in local-rank order, "
                              "of equal counts");
-  return mine;
-}
-
-std::vector<QueueSample> DistQueue::get_range_replicated(int64_t first_sample_id, int64_t count,
-                                                         MPI_Comm model_group, int32_t v_min) {
-  if (closed_) throw std::logic_error("DistQueue::get_range_replicated after close()");
-  check_range(first_sample_id, count, "get_range_replicated");
-  auto mine = scatter_from_leader(model_group, count, [&](int) {
-    return std::vector<std::vector<QueueSample>>{get_range(first_sample_id, count, v_min)};
-  });
-  const qp::SampleRange range{first_sample_id, count};
-  for (const QueueSample& s : mine)
-    if (!range.contains(s.sample_id))
-      throw std::logic_error("DistQueue::get_range_replicated: got sample " +
-                             std::to_string(s.sample_id) + " for the range [" +
-                             std::to_string(range.first) + ", " + std::to_string(range.end()) +
-                             "): every member of the model group must name the same range");
   return mine;
 }
 

@@ -133,14 +133,6 @@ class DistQueue {
   std::vector<QueueSample> get_range_hierarchical(int64_t first_sample_id, int64_t count,
                                                   const HierarchicalComm& group,
                                                   int32_t v_min = kAnyVersion);
-  // Model-parallel get_range, collective over `model_group`: its members (the TP x PP ranks that
-  // hold one model replica between them and so train the same samples) all name the same range.
-  // Only member 0 asks the queue; it sends the whole range to every other member (one message
-  // each, packed once). The queue sees 1/members of the requests and of the reply bytes of
-  // `members` ranks each getting a range of that size, and a sample leaves its shard once
-  // whatever the group's size. Members that name different ranges get a std::logic_error.
-  std::vector<QueueSample> get_range_replicated(int64_t first_sample_id, int64_t count,
-                                                MPI_Comm model_group, int32_t v_min = kAnyVersion);
 
   // --- collective ---
   // MPI barrier over the world that keeps serving while it waits.
@@ -185,13 +177,12 @@ class DistQueue {
   std::vector<int64_t> ask_round(int tag, int32_t v_min, std::span<const std::byte> payload,
                                  const std::vector<ShardAsk>& asks, std::vector<QueueSample>& out,
                                  std::vector<int64_t>* stale = nullptr);
-  // The half the leader-based gets share, collective over `members_comm` (a node's ranks, or a
-  // model-parallel group): the leader (its rank 0) gets the samples from take_node(members), one
-  // part per member, keeps part 0 and sends part i to rank i; a member serves until its part of
-  // count_per_member samples arrives. With one part only (a replicated get), every member gets
-  // it, packed once.
+  // The hierarchical half both hierarchical gets share, collective over group.intra: the leader
+  // (local rank 0) gets the node's samples from take_node(members), one part per member, keeps
+  // part 0 and sends part i to local rank i; a member serves until its part of count_per_member
+  // samples arrives.
   std::vector<QueueSample> scatter_from_leader(
-      MPI_Comm members_comm, int64_t count_per_member,
+      const HierarchicalComm& group, int64_t count_per_member,
       const std::function<std::vector<std::vector<QueueSample>>(int members)>& take_node);
 
   DistQueueConfig config_;
