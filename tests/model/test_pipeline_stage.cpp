@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -187,26 +188,24 @@ std::vector<InProcessCase> in_process_cases() {
           {{2, 3, 1}, {0, 3, 4}}};
 }
 
-TEST(PipelineInProcess, EqualsTheSingleRankModelInDouble) {
+template <typename T>
+void check_every_case(const std::string& label, const Ops<T>& ops, double atol, double rtol) {
   int index = 0;
   for (const InProcessCase& c : in_process_cases()) {
     SCOPED_TRACE("p=" + std::to_string(c.shape.stages) +
                  " m=" + std::to_string(c.shape.micro_batches) +
                  " v=" + std::to_string(c.shape.virtual_stages));
-    check_in_process_pipeline<double>(c.shape, c.boundaries, reference_ops<double>(), 1e-12, 1e-10,
-                                      test::seed_for("pipeline-double", index++));
+    check_in_process_pipeline<T>(c.shape, c.boundaries, ops, atol, rtol,
+                                 test::seed_for(label, index++));
   }
 }
 
+TEST(PipelineInProcess, EqualsTheSingleRankModelInDouble) {
+  check_every_case<double>("pipeline-double", reference_ops<double>(), 1e-12, 1e-10);
+}
+
 TEST(PipelineInProcess, EqualsTheSingleRankModelInFloat) {
-  int index = 0;
-  for (const InProcessCase& c : in_process_cases()) {
-    SCOPED_TRACE("p=" + std::to_string(c.shape.stages) +
-                 " m=" + std::to_string(c.shape.micro_batches) +
-                 " v=" + std::to_string(c.shape.virtual_stages));
-    check_in_process_pipeline<float>(c.shape, c.boundaries, cpu_ops(), 1e-6, 1e-5,
-                                     test::seed_for("pipeline-float", index++));
-  }
+  check_every_case<float>("pipeline-float", cpu_ops(), 1e-6, 1e-5);
 }
 
 }  // namespace
