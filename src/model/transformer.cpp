@@ -262,7 +262,7 @@ template <typename T>
 const T* Transformer<T>::forward_range(const int* tokens, const int* seq_offsets, int S,
                                        const T* x_in, int first, int last) {
   if (first < 0 || first > last || last > config_.n_layers || (first > 0 && !x_in) ||
-      (!x_in && !tokens)) {
+      (!x_in && !tokens && seq_offsets[S] > 0)) {
     throw std::invalid_argument("Transformer::forward_range: layers [" + std::to_string(first) +
                                 ", " + std::to_string(last) +
                                 ") need 0 <= first <= last <= n_layers, and hidden rows when "
@@ -279,7 +279,8 @@ const T* Transformer<T>::forward_range(const int* tokens, const int* seq_offsets
   first_layer_ = first;
   last_layer_ = last;
   tokens_ = nullptr;
-  if (!x_in) {
+  embedded_ = x_in == nullptr;
+  if (embedded_) {
     tokens_ = device_.allocate<int>(size_t(N_), "batch tokens");
     std::memcpy(tokens_, tokens, size_t(N_) * sizeof(int));
   }
@@ -315,7 +316,7 @@ void Transformer<T>::backward(const T* dlogits, T aux_weight, const T* dhidden) 
 template <typename T>
 void Transformer<T>::backward_range(const T* dy, T aux_weight, T* dx_in) {
   const bool head = last_layer_ == config_.n_layers;
-  if (has_activations_ && !tokens_ && !dx_in) {
+  if (has_activations_ && !embedded_ && !dx_in) {
     throw std::invalid_argument(
         "Transformer::backward_range: a forward from hidden rows needs dx_in for their gradient");
   }
@@ -348,7 +349,7 @@ void Transformer<T>::backward_layers(const T* dlogits, const T* dhidden, const T
     for (int l = last_layer_ - 1; l >= first_layer_; --l) {
       layer_backward(l, layers_[size_t(l - first_layer_)], dx, N, positions_, aux_weight);
     }
-    if (tokens_) {
+    if (embedded_) {
       ops_.embedding_backward(grads_ + layout_.embedding(), dx, tokens_, N, C, V, device_);
     } else {
       std::memcpy(dx_in, dx, size_t(NC) * sizeof(T));

@@ -156,6 +156,7 @@ class Transformer {
   size_t activation_mark_ = 0;
   int N_ = 0, S_ = 0;
   int first_layer_ = 0, last_layer_ = 0;  // the layer range it ran
+  bool embedded_ = false;                 // from tokens (else from hidden rows)
   const int* seq_offsets_ = nullptr;
   int* positions_ = nullptr;
   int* tokens_ = nullptr;

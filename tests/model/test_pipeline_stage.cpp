@@ -88,6 +88,17 @@ TEST(PipelineLayout, WholeRangeIsTheWholeModelBitForBit) {
   EXPECT_EQ(0, std::memcmp(a.gradients(), b.gradients(), size_t(a.parameter_count()) * 4));
 }
 
+TEST(PipelineLayout, AnEmptyBatchNeedsNoTokens) {
+  // An expert-parallel rank may bring zero tokens (a null token pointer) and still take part.
+  const ModelConfig config = deep_micro(2);
+  Arena device("device", 16 << 20);
+  Transformer<float> model(config, cpu_ops(), device, true);
+  model.initialize(1);
+  const std::vector<int> offsets{0};
+  EXPECT_NO_THROW(model.forward(nullptr, offsets.data(), 0));
+  EXPECT_NO_THROW(model.backward(nullptr, 0.1f));
+}
+
 TEST(PipelineLayout, AStageRefusesLayersItDoesNotStore) {
   const ModelConfig config = deep_micro(4);
   Arena device("device", 16 << 20);
