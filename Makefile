@@ -102,8 +102,8 @@ test-slurm: build
 
 # Every benchmark at its default. bench a2a needs 4 virtual nodes: 8 ranks, oversubscribed on a
 # small machine (its emulated link time dominates the measurement; it prints the share). bench
-# overlap and bench modes time compute: one rank per core, never oversubscribed (bench modes
-# needs 2 cores or more and is skipped below that).
+# overlap, bench modes and bench pipeline time compute: one rank per core, never oversubscribed
+# (bench modes and bench pipeline need 2 cores or more and are skipped below that).
 bench: build
 	$(RLFUSION) bench kernels
 	$(MPIEXEC) -n $(RANKS) --bind-to core $(RLFUSION) bench queue
@@ -115,6 +115,8 @@ bench: build
 	  else echo "bench migration skipped: needs 2 cores"; fi
 	@if [ $(RANKS) -ge 2 ]; then $(MPIEXEC) -n 2 --bind-to core $(RLFUSION) bench modes; \
 	  else echo "bench modes skipped: needs 2 cores"; fi
+	@if [ $(RANKS) -ge 2 ]; then $(MPIEXEC) -n 2 --bind-to core $(RLFUSION) bench pipeline; \
+	  else echo "bench pipeline skipped: needs 2 cores"; fi
 
 format:
 	@clang-format -i $$(git ls-files '*.cpp' '*.h')

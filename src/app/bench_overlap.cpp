@@ -6,7 +6,6 @@
 // results are checked against the plain ones (#wrong). nccl-tests style: '#' header with units,
 // fixed columns, verdict lines and a --json twin.
 #include <mpi.h>
-#include <sched.h>
 
 #include <algorithm>
 #include <cmath>
@@ -90,27 +89,6 @@ void quiet_barrier() {
   MPI_Request request;
   MPI_Ibarrier(MPI_COMM_WORLD, &request);
   wait_with_backoff(&request, MPI_STATUS_IGNORE);
-}
-
-// The CPUs this rank may run on, e.g. "0" or "0-1".
-std::string cpu_list() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) != 0) return "?";
-  std::string out;
-  for (int c = 0; c < CPU_SETSIZE; ++c) {
-    if (!CPU_ISSET(c, &set)) continue;
-    int last = c;
-    while (last + 1 < CPU_SETSIZE && CPU_ISSET(last + 1, &set)) ++last;
-    if (!out.empty()) out += ",";
-    out += std::to_string(c);
-    if (last > c) {
-      out += "-";
-      out += std::to_string(last);
-    }
-    c = last;
-  }
-  return out;
 }
 
 // This rank's inputs: tokens with distinct top-k experts (uniform), positive combine weights,
@@ -296,12 +274,7 @@ int run_bench_overlap_command(const std::vector<std::string>& args) {
   rows.push_back(measure("off", {}, 0, o, in, device, size));
 
   // Where every rank ran: its CPUs, gathered to rank 0.
-  const std::string mine = cpu_list();
-  char buffer[64] = {};
-  std::snprintf(buffer, sizeof buffer, "%s", mine.c_str());
-  std::vector<char> all(size_t(size) * sizeof buffer);
-  MPI_Gather(buffer, sizeof buffer, MPI_CHAR, all.data(), sizeof buffer, MPI_CHAR, 0,
-             MPI_COMM_WORLD);
+  const std::string cpus = cpu_lists_of_ranks();
   uint64_t wrong = 0;
   for (const Row& r : rows) wrong += r.wrong;
   if (rank == 0) {
@@ -312,7 +285,7 @@ int run_bench_overlap_command(const std::vector<std::string>& args) {
         size, size, size / o.ranks_per_node, o.mode.c_str(), o.tokens, o.hidden, o.ffn, o.top_k,
         o.experts, o.chunks);
     std::printf("# each rank: %s; CPUs of rank r:", device.describe().c_str());
-    for (int r = 0; r < size; ++r) std::printf(" %d:{%s}", r, all.data() + size_t(r) * 64);
+    std::printf("%s", cpus.c_str());
     std::printf(
         "\n# emulation 'on': inter-node %.3g B/s + %.3g s/message, intra-node %.3g B/s; 'off': "
         "none. Median of %d interleaved repeats, time = slowest rank\n",

@@ -1,7 +1,12 @@
 #include "src/app/bench_timing.h"
 
+#include <mpi.h>
+#include <sched.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <string>
 
 namespace rlf {
 
@@ -27,6 +32,44 @@ std::vector<double> time_interleaved(const std::vector<std::function<void()>>& b
   std::vector<double> medians;
   for (auto& s : samples) medians.push_back(median(s));
   return medians;
+}
+
+// The CPUs this rank may run on, e.g. "0" or "0-1".
+std::string cpu_list() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return "?";
+  std::string out;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (!CPU_ISSET(c, &set)) continue;
+    int last = c;
+    while (last + 1 < CPU_SETSIZE && CPU_ISSET(last + 1, &set)) ++last;
+    if (!out.empty()) out += ",";
+    out += std::to_string(c);
+    if (last > c) {
+      out += "-";
+      out += std::to_string(last);
+    }
+    c = last;
+  }
+  return out;
+}
+
+std::string cpu_lists_of_ranks() {
+  int rank = 0, size = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  char buffer[64] = {};
+  std::snprintf(buffer, sizeof buffer, "%s", cpu_list().c_str());
+  std::vector<char> all(size_t(size) * sizeof buffer);
+  MPI_Gather(buffer, sizeof buffer, MPI_CHAR, all.data(), sizeof buffer, MPI_CHAR, 0,
+             MPI_COMM_WORLD);
+  std::string out;
+  for (int r = 0; rank == 0 && r < size; ++r) {
+    out +=
+        " " + std::to_string(r) + ":{" + std::string(all.data() + size_t(r) * sizeof buffer) + "}";
+  }
+  return out;
 }
 
 }  // namespace rlf

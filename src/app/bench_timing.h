@@ -3,6 +3,7 @@
 #pragma once
 
 #include <functional>
+#include <string>
 #include <vector>
 
 namespace rlf {
@@ -10,5 +11,10 @@ namespace rlf {
 double median(std::vector<double> values);
 // Returns each body's median wall time in seconds.
 std::vector<double> time_interleaved(const std::vector<std::function<void()>>& bodies, int repeats);
+// The CPUs this process may run on, e.g. "0" or "0-1" ("?" when unknown).
+std::string cpu_list();
+// Every rank's cpu_list() on rank 0 of MPI_COMM_WORLD as " 0:{0} 1:{1}" (collective; empty on
+// the other ranks).
+std::string cpu_lists_of_ranks();
 
 }  // namespace rlf

@@ -9,7 +9,16 @@
 
 namespace rlf {
 
-ParameterLayout::ParameterLayout(const ModelConfig& config, ExpertShard shard) {
+bool LayerShard::stores_layer(int layer) const {
+  if (layers.empty()) return true;
+  for (int l : layers) {
+    if (l == layer) return true;
+  }
+  return false;
+}
+
+ParameterLayout::ParameterLayout(const ModelConfig& config, ExpertShard shard,
+                                 LayerShard layer_shard) {
   const int64_t C = config.d_model, V = config.vocab_size, E = config.n_experts, F = config.d_ff;
   const int64_t S = config.shared_expert_d_ff;
   if (shard.count < 0) shard = {0, config.n_experts};
@@ -22,9 +31,18 @@ ParameterLayout::ParameterLayout(const ModelConfig& config, ExpertShard shard) {
   first_expert_ = shard.first;
   stored_experts_ = shard.count;
   sharded_ = shard.count != config.n_experts;
+  for (int l : layer_shard.layers) {
+    if (l < 0 || l >= config.n_layers) {
+      throw std::invalid_argument("ParameterLayout: layer " + std::to_string(l) +
+                                  " is not one of the " + std::to_string(config.n_layers) +
+                                  " layers of the model");
+    }
+  }
   const int64_t L = shard.count, first = shard.first;
+  storing_ = layer_shard.embedding;
   embedding_ = add("embedding", {V, C});
   for (int l = 0; l < config.n_layers; ++l) {
+    storing_ = layer_shard.stores_layer(l);
     const std::string p = "layers." + std::to_string(l) + ".";
     LayerOffsets o{};
     o.attn_norm = add(p + "attn_norm", {C}, true);
@@ -37,7 +55,11 @@ ParameterLayout::ParameterLayout(const ModelConfig& config, ExpertShard shard) {
     o.w1 = add(p + "experts.w1", {L, F, C}, false, first * F * C);
     o.w3 = add(p + "experts.w3", {L, F, C}, false, first * F * C);
     o.w2 = add(p + "experts.w2", {L, C, F}, false, first * C * F);
-    for (size_t t = tensors_.size() - 3; t < tensors_.size(); ++t) tensors_[t].routed_expert = true;
+    if (storing_) {
+      for (size_t t = tensors_.size() - 3; t < tensors_.size(); ++t) {
+        tensors_[t].routed_expert = true;
+      }
+    }
     if (S > 0) {
       o.shared_w1 = add(p + "shared.w1", {S, C});
       o.shared_w3 = add(p + "shared.w3", {S, C});
@@ -45,17 +67,21 @@ ParameterLayout::ParameterLayout(const ModelConfig& config, ExpertShard shard) {
     }
     layers_.push_back(o);
   }
+  storing_ = layer_shard.head;
   final_norm_ = add("final_norm", {C}, true);
   lm_head_ = add("lm_head", {V, C});
 }
 
 int64_t ParameterLayout::add(const std::string& name, std::vector<int64_t> shape,
                              bool is_norm_weight, int64_t source_offset) {
+  const int64_t source_index = next_source_index_++;
+  if (!storing_) return -1;
   int64_t numel = 1;
   for (int64_t d : shape) numel *= d;
   // Align each tensor to 16 floats (64 bytes) so every tensor starts on a cache line.
   const int64_t offset = (total_ + 15) / 16 * 16;
-  tensors_.push_back({name, std::move(shape), offset, numel, is_norm_weight, source_offset});
+  tensors_.push_back(
+      {name, std::move(shape), offset, numel, is_norm_weight, source_offset, false, source_index});
   total_ = offset + numel;
   return offset;
 }
@@ -73,8 +99,7 @@ void initialize_parameters(T* params, const ParameterLayout& layout, const Model
   const double residual_scale = 1.0 / std::sqrt(2.0 * config.n_layers);
   for (int64_t i = 0; i < layout.total(); ++i) params[i] = T(0);
   const auto& tensors = layout.tensors();
-  for (size_t index = 0; index < tensors.size(); ++index) {
-    const ParameterTensor& t = tensors[index];
+  for (const ParameterTensor& t : tensors) {
     T* data = params + t.offset;
     if (t.is_norm_weight) {
       for (int64_t i = 0; i < t.numel; ++i) data[i] = T(1);
@@ -83,7 +108,8 @@ void initialize_parameters(T* params, const ParameterLayout& layout, const Model
     const bool residual_output = t.name.ends_with("attn.wo") || t.name.ends_with(".w2");
     const double std = config.init_std * (residual_output ? residual_scale : 1.0);
     for (int64_t i = 0; i < t.numel; ++i) {
-      data[i] = T(std * philox_normal(seed, index, uint64_t(t.source_offset + i)));
+      data[i] =
+          T(std * philox_normal(seed, uint64_t(t.source_index), uint64_t(t.source_offset + i)));
     }
   }
 }

@@ -21,6 +21,9 @@ struct ParameterTensor {
   // A routed-expert tensor: shape[0] counts the experts the layout stores (its rows are experts
   // first_expert() ...), so expert parallelism shards it along that dimension.
   bool routed_expert = false;
+  // Its index in the list of the layout that stores every layer: the stream of its
+  // initialization, so a pipeline stage's tensors get exactly the whole model's values.
+  int64_t source_index = 0;
 };
 
 // Which routed experts a layout stores: [first, first + count). count < 0: all of them. Expert
@@ -31,13 +34,24 @@ struct ExpertShard {
   int count = -1;
 };
 
+// Which layers a layout stores: pipeline parallelism gives each stage only its layers (and the
+// embedding to the first stage, the final norm and LM head to the last), so no parameter is
+// stored on two stages. The default stores everything.
+struct LayerShard {
+  std::vector<int> layers;  // layer indices stored; empty: all of them
+  bool embedding = true;
+  bool head = true;  // final norm and LM head
+  bool stores_layer(int layer) const;
+};
+
 // A contiguous piece of the flat buffer, in elements.
 struct ParameterRange {
   int64_t offset = 0;
   int64_t count = 0;
 };
 
-// Offsets of one transformer layer's tensors (element offsets into the flat buffer).
+// Offsets of one transformer layer's tensors (element offsets into the flat buffer); -1 for a
+// layer the layout does not store.
 struct LayerOffsets {
   int64_t attn_norm, wq, wk, wv, wo, ffn_norm, router, w1, w3, w2;
   int64_t shared_w1 = -1, shared_w3 = -1, shared_w2 = -1;  // -1: no shared expert
@@ -45,8 +59,10 @@ struct LayerOffsets {
 
 class ParameterLayout {
  public:
-  // Throws std::invalid_argument when the shard is not a non-empty range of the config's experts.
-  explicit ParameterLayout(const ModelConfig& config, ExpertShard shard = {});
+  // Throws std::invalid_argument when the shard is not a non-empty range of the config's experts
+  // or a stored layer is not one of the config's. Tensors keep their whole-model names.
+  explicit ParameterLayout(const ModelConfig& config, ExpertShard shard = {},
+                           LayerShard layers = {});
 
   const std::vector<ParameterTensor>& tensors() const { return tensors_; }
   int64_t total() const { return total_; }
@@ -54,6 +70,10 @@ class ParameterLayout {
   int64_t final_norm() const { return final_norm_; }
   int64_t lm_head() const { return lm_head_; }
   const LayerOffsets& layer(int index) const { return layers_[size_t(index)]; }
+  // Embedding, final norm and head offsets are -1 when not stored (pipeline stages).
+  bool stores_layer(int index) const { return layers_[size_t(index)].wq >= 0; }
+  bool stores_embedding() const { return embedding_ >= 0; }
+  bool stores_head() const { return lm_head_ >= 0; }
   const ParameterTensor* find(const std::string& name) const;
   // The routed experts stored: [first_expert(), first_expert() + stored_experts()).
   int first_expert() const { return first_expert_; }
@@ -61,6 +81,7 @@ class ParameterLayout {
   bool expert_sharded() const { return sharded_; }
 
  private:
+  // Adds a tensor, or, while storing_ is false, only counts it (returns -1).
   int64_t add(const std::string& name, std::vector<int64_t> shape, bool is_norm_weight = false,
               int64_t source_offset = 0);
 
@@ -70,6 +91,8 @@ class ParameterLayout {
   int64_t embedding_ = 0, final_norm_ = 0, lm_head_ = 0;
   int first_expert_ = 0, stored_experts_ = 0;
   bool sharded_ = false;
+  bool storing_ = true;
+  int64_t next_source_index_ = 0;
 };
 
 // Deterministic init from a seed: N(0, init_std) per element drawn from Philox keyed by

@@ -32,15 +32,25 @@ struct Transformer<T>::AttentionMode {
 
 template <typename T>
 Transformer<T>::Transformer(const ModelConfig& config, const Ops<T>& ops, Arena& device,
-                            bool with_gradients, ExpertShard experts)
+                            bool with_gradients, ExpertShard experts, LayerShard layers)
     : config_(config),
-      layout_(config, experts),
+      layout_(config, experts, std::move(layers)),
       ops_(ops),
       device_(device),
       moe_(config_, ops, device) {
   params_ = device_.allocate<T>(size_t(layout_.total()), "model parameters");
   if (with_gradients) allocate_gradients();
 }
+
+template <typename T>
+Transformer<T>::Transformer(const Transformer& shared, Arena& activations)
+    : config_(shared.config_),
+      layout_(shared.layout_),
+      ops_(shared.ops_),
+      device_(activations),
+      moe_(config_, ops_, activations),
+      params_(shared.params_),
+      grads_(shared.grads_) {}
 
 template <typename T>
 Transformer<T>::~Transformer() = default;
@@ -176,21 +186,36 @@ void Transformer<T>::layer_forward(int l, Layer& a, const T* x_in, T* x_out, int
 }
 
 template <typename T>
-const T* Transformer<T>::run(const int* tokens, int N, const int* positions,
-                             const AttentionMode& mode, bool keep_activations) {
-  const int C = config_.d_model, V = config_.vocab_size, L = config_.n_layers;
+const T* Transformer<T>::run(const int* tokens, const T* x_in, int N, const int* positions,
+                             const AttentionMode& mode, bool keep_activations, int first,
+                             int last) {
+  const int C = config_.d_model, V = config_.vocab_size;
   if (layout_.expert_sharded() && expert_parallel_.empty()) {
     throw std::logic_error(
         "Transformer: a model holding only some experts runs only with its "
         "expert-parallel dispatchers");
   }
+  for (int l = first; l < last; ++l) {
+    if (!layout_.stores_layer(l)) {
+      throw std::logic_error("Transformer: layer " + std::to_string(l) +
+                             " is not stored by this model (a pipeline stage's layer shard)");
+    }
+  }
+  if ((!x_in && !layout_.stores_embedding()) ||
+      (last == config_.n_layers && !layout_.stores_head())) {
+    throw std::logic_error("Transformer: this model's layer shard has no embedding or no head");
+  }
   const int64_t NC = int64_t(N) * C;
   T* x = device_.allocate<T>(size_t(NC), "residual stream");
-  ops_.embedding_forward(x, tokens, params_ + layout_.embedding(), N, C, V, device_);
+  if (x_in) {
+    std::memcpy(x, x_in, size_t(NC) * sizeof(T));
+  } else {
+    ops_.embedding_forward(x, tokens, params_ + layout_.embedding(), N, C, V, device_);
+  }
   aux_loss_ = T(0);
   if (keep_activations) {
     layers_.clear();
-    for (int l = 0; l < L; ++l) {
+    for (int l = first; l < last; ++l) {
       layers_.push_back(allocate_layer(N));
       T* x_out = device_.allocate<T>(size_t(NC), "residual stream");
       layer_forward(l, layers_.back(), x, x_out, N, positions, mode);
@@ -201,7 +226,7 @@ const T* Transformer<T>::run(const int* tokens, int N, const int* positions,
   }
   // Inference keeps only two residual buffers; each layer's work memory is released after it.
   T* x_next = device_.allocate<T>(size_t(NC), "residual stream");
-  for (int l = 0; l < L; ++l) {
+  for (int l = first; l < last; ++l) {
     ArenaScope scope(device_);
     Layer a = allocate_layer(N);
     layer_forward(l, a, x, x_next, N, positions, mode);
@@ -230,6 +255,19 @@ const T* Transformer<T>::head(const T* x, int N, bool keep_activations) {
 
 template <typename T>
 const T* Transformer<T>::forward(const int* tokens, const int* seq_offsets, int S) {
+  return forward_range(tokens, seq_offsets, S, nullptr, 0, config_.n_layers);
+}
+
+template <typename T>
+const T* Transformer<T>::forward_range(const int* tokens, const int* seq_offsets, int S,
+                                       const T* x_in, int first, int last) {
+  if (first < 0 || first > last || last > config_.n_layers || (first > 0 && !x_in) ||
+      (!x_in && !tokens && seq_offsets[S] > 0)) {
+    throw std::invalid_argument("Transformer::forward_range: layers [" + std::to_string(first) +
+                                ", " + std::to_string(last) +
+                                ") need 0 <= first <= last <= n_layers, and hidden rows when "
+                                "first > 0, else tokens");
+  }
   release_activations();
   activation_mark_ = device_.mark();
   has_activations_ = true;
@@ -238,8 +276,14 @@ const T* Transformer<T>::forward(const int* tokens, const int* seq_offsets, int 
   int* offsets = device_.allocate<int>(size_t(S) + 1, "batch layout");
   std::memcpy(offsets, seq_offsets, (size_t(S) + 1) * sizeof(int));
   seq_offsets_ = offsets;
-  tokens_ = device_.allocate<int>(size_t(N_), "batch tokens");
-  std::memcpy(tokens_, tokens, size_t(N_) * sizeof(int));
+  first_layer_ = first;
+  last_layer_ = last;
+  tokens_ = nullptr;
+  embedded_ = x_in == nullptr;
+  if (embedded_) {
+    tokens_ = device_.allocate<int>(size_t(N_), "batch tokens");
+    std::memcpy(tokens_, tokens, size_t(N_) * sizeof(int));
+  }
   positions_ = device_.allocate<int>(size_t(N_), "batch positions");
   for (int s = 0; s < S; ++s) {
     for (int t = offsets[s]; t < offsets[s + 1]; ++t) positions_[t] = t - offsets[s];
@@ -247,7 +291,8 @@ const T* Transformer<T>::forward(const int* tokens, const int* seq_offsets, int 
   AttentionMode mode;
   mode.seq_offsets = seq_offsets_;
   mode.S = S;
-  const T* x = run(tokens_, N_, positions_, mode, /*keep_activations=*/true);
+  const T* x = run(tokens_, x_in, N_, positions_, mode, /*keep_activations=*/true, first, last);
+  if (last < config_.n_layers) return x;
   logits_ = const_cast<T*>(head(x, N_, /*keep_activations=*/true));
   return logits_;
 }
@@ -262,26 +307,53 @@ void Transformer<T>::release_activations() {
 
 template <typename T>
 void Transformer<T>::backward(const T* dlogits, T aux_weight, const T* dhidden) {
+  if (has_activations_ && (first_layer_ != 0 || last_layer_ != config_.n_layers)) {
+    throw std::logic_error("Transformer::backward after a forward_range: use backward_range");
+  }
+  backward_layers(dlogits, dhidden, nullptr, aux_weight, nullptr);
+}
+
+template <typename T>
+void Transformer<T>::backward_range(const T* dy, T aux_weight, T* dx_in) {
+  const bool head = last_layer_ == config_.n_layers;
+  if (has_activations_ && !embedded_ && !dx_in) {
+    throw std::invalid_argument(
+        "Transformer::backward_range: a forward from hidden rows needs dx_in for their gradient");
+  }
+  backward_layers(head ? dy : nullptr, nullptr, head ? nullptr : dy, aux_weight, dx_in);
+}
+
+template <typename T>
+void Transformer<T>::backward_layers(const T* dlogits, const T* dhidden, const T* dout,
+                                     T aux_weight, T* dx_in) {
   if (!has_activations_) throw std::logic_error("Transformer::backward without forward");
   if (!grads_) throw std::logic_error("Transformer: model was built without gradients");
   const int C = config_.d_model, V = config_.vocab_size, N = N_;
   const int64_t NC = int64_t(N) * C;
   {
-    T* dnormed = device_.allocate_zeroed<T>(NC, "backward work");
-    if (dlogits) {
-      ops_.matmul_backward(dnormed, grads_ + layout_.lm_head(), dlogits, final_out_,
-                           params_ + layout_.lm_head(), N, C, V, device_);
-    }
-    if (dhidden) {
-      for (int64_t i = 0; i < NC; ++i) dnormed[i] += dhidden[i];
-    }
     T* dx = device_.allocate_zeroed<T>(NC, "backward work");
-    ops_.rmsnorm_backward(dx, grads_ + layout_.final_norm(), dnormed, final_in_,
-                          params_ + layout_.final_norm(), final_rstd_, N, C, device_);
-    for (int l = config_.n_layers - 1; l >= 0; --l) {
-      layer_backward(l, layers_[size_t(l)], dx, N, positions_, aux_weight);
+    if (last_layer_ == config_.n_layers) {
+      T* dnormed = device_.allocate_zeroed<T>(NC, "backward work");
+      if (dlogits) {
+        ops_.matmul_backward(dnormed, grads_ + layout_.lm_head(), dlogits, final_out_,
+                             params_ + layout_.lm_head(), N, C, V, device_);
+      }
+      if (dhidden) {
+        for (int64_t i = 0; i < NC; ++i) dnormed[i] += dhidden[i];
+      }
+      ops_.rmsnorm_backward(dx, grads_ + layout_.final_norm(), dnormed, final_in_,
+                            params_ + layout_.final_norm(), final_rstd_, N, C, device_);
+    } else {
+      std::memcpy(dx, dout, size_t(NC) * sizeof(T));
     }
-    ops_.embedding_backward(grads_ + layout_.embedding(), dx, tokens_, N, C, V, device_);
+    for (int l = last_layer_ - 1; l >= first_layer_; --l) {
+      layer_backward(l, layers_[size_t(l - first_layer_)], dx, N, positions_, aux_weight);
+    }
+    if (embedded_) {
+      ops_.embedding_backward(grads_ + layout_.embedding(), dx, tokens_, N, C, V, device_);
+    } else {
+      std::memcpy(dx_in, dx, size_t(NC) * sizeof(T));
+    }
   }
   release_activations();
 }
@@ -360,7 +432,8 @@ const T* Transformer<T>::prefill(KVCache<T>& cache, const int* tokens, const int
   mode.S = S;
   mode.cache = &cache;
   mode.token_slots = token_slots;
-  const T* x = run(tokens, N, positions, mode, /*keep_activations=*/false);
+  const T* x =
+      run(tokens, nullptr, N, positions, mode, /*keep_activations=*/false, 0, config_.n_layers);
   T* last = device_.allocate<T>(size_t(S) * C, "prefill last tokens");
   for (int s = 0; s < S; ++s) {
     std::memcpy(last + int64_t(s) * C, x + int64_t(seq_offsets[s + 1] - 1) * C,
@@ -376,7 +449,8 @@ const T* Transformer<T>::decode(KVCache<T>& cache, const int* tokens, const int*
   mode.kind = AttentionMode::Decode;
   mode.cache = &cache;
   mode.token_slots = slots;
-  const T* x = run(tokens, B, positions, mode, /*keep_activations=*/false);
+  const T* x =
+      run(tokens, nullptr, B, positions, mode, /*keep_activations=*/false, 0, config_.n_layers);
   return head(x, B, /*keep_activations=*/false);
 }
 

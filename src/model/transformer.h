@@ -31,8 +31,15 @@ class Transformer {
   // Allocates parameters (and gradients when with_gradients) in `device`; with an expert shard,
   // only those routed experts (the model then runs only with expert parallelism over
   // dispatchers whose local experts are exactly the shard).
+  // With a layer shard (a pipeline stage), only those layers (and the embedding and head where
+  // the shard has them); such a model runs with forward_range and backward_range only.
   Transformer(const ModelConfig& config, const Ops<T>& ops, Arena& device, bool with_gradients,
-              ExpertShard experts = {});
+              ExpertShard experts = {}, LayerShard layers = {});
+  // A second model over `shared`'s parameters and gradients (not copied; `shared` must outlive
+  // it) whose activations and work buffers live in `activations`. A pipeline stage keeps one per
+  // micro-batch in flight, each in its own arena, so a micro-batch's activations are freed when
+  // its backward ends whatever the order; their gradients add up in the one shared buffer.
+  Transformer(const Transformer& shared, Arena& activations);
   ~Transformer();
   Transformer(const Transformer&) = delete;
   Transformer& operator=(const Transformer&) = delete;
@@ -85,6 +92,20 @@ class Transformer {
   void backward(const T* dlogits, T aux_weight, const T* dhidden = nullptr);
   void release_activations();
 
+  // Pipeline parallelism: a training forward through layers [first, last) only, on hidden rows
+  // `x_in` [N, d_model] that enter layer `first` (copied; null only when first == 0: the embedding
+  // of `tokens`, which is read only then). With last == n_layers the final norm and head run too
+  // and the result is logits [N, V]; otherwise it is the hidden rows leaving layer last - 1 [N,
+  // d_model]. aux_loss() sums the range's layers. Valid until backward_range() or
+  // release_activations().
+  const T* forward_range(const int* tokens, const int* seq_offsets, int S, const T* x_in, int first,
+                         int last);
+  // The backward of the last forward_range: `dy` is the gradient of its result (dlogits when it
+  // ran the head). Adds the range's parameter gradients into gradients(), writes the gradient of
+  // x_in into dx_in [N, d_model] (the embedding's gradient when the forward embedded tokens),
+  // then releases the activations.
+  void backward_range(const T* dy, T aux_weight, T* dx_in);
+
   // Generation. The cache lives in device memory until the arena is rewound past it.
   KVCache<T> allocate_kv_cache(int slots, int max_len);
   // Runs S prompts (packed) and fills their cache slots from position 0. Returns logits of each
@@ -100,8 +121,12 @@ class Transformer {
   struct Layer;          // one layer's saved activations
   struct AttentionMode;  // packed training attention, prefill, or cached decode
 
-  const T* run(const int* tokens, int N, const int* positions, const AttentionMode& mode,
-               bool keep_activations);
+  // Layers [first, last) on x_in, or on the embedding of tokens when x_in is null.
+  const T* run(const int* tokens, const T* x_in, int N, const int* positions,
+               const AttentionMode& mode, bool keep_activations, int first, int last);
+  // The backward of the last training forward: from dlogits (+ dhidden) through the head when it
+  // ran, else from dout (the gradient of the range's hidden output); into dx_in or the embedding.
+  void backward_layers(const T* dlogits, const T* dhidden, const T* dout, T aux_weight, T* dx_in);
   void layer_forward(int l, Layer& a, const T* x_in, T* x_out, int N, const int* positions,
                      const AttentionMode& mode);
   void attention_core(int l, Layer& a, int N, const int* positions, const AttentionMode& mode);
@@ -130,6 +155,8 @@ class Transformer {
   bool has_activations_ = false;
   size_t activation_mark_ = 0;
   int N_ = 0, S_ = 0;
+  int first_layer_ = 0, last_layer_ = 0;  // the layer range it ran
+  bool embedded_ = false;                 // from tokens (else from hidden rows)
   const int* seq_offsets_ = nullptr;
   int* positions_ = nullptr;
   int* tokens_ = nullptr;

@@ -1,0 +1,406 @@
+// `rlfusion bench pipeline`: pipeline parallelism over all ranks (p = world size), 1F1B and
+// interleaved 1F1B for several micro-batch counts m and virtual stages v. For each it runs
+// training steps of the model cut into p v chunks and reports, per rank, the measured bubble
+// (time the rank waited for activations, gradients and the slowest rank, over the step's wall
+// time) beside the formula (p - 1) / (m v + p - 1), their ratio, and the schedule's counted
+// bubble (idle slots under unit costs). The first step of each row is checked against the
+// single-rank model (loss and every gradient: #wrong). --balance measured assigns layers to
+// chunks by their measured cost (src/balance/stage_balance.h). nccl-tests style: '#' header with
+// units, fixed columns, verdict lines and a --json twin.
+#include <mpi.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "kernels/device.h"
+#include "kernels/error.h"
+#include "kernels/rng.h"
+#include "mpi_comm/links.h"
+#include "src/app/bench_timing.h"
+#include "src/app/build_info.h"
+#include "src/app/commands.h"
+#include "src/app/options.h"
+#include "src/balance/stage_balance.h"
+#include "src/model/activation_memory.h"
+#include "src/model/pipeline_stage.h"
+#include "src/model/sequence_loss.h"
+#include "src/runtime/pipeline_schedule.h"
+#include "src/runtime/pipeline_step.h"
+
+namespace rlf {
+
+namespace {
+
+struct PipelineBenchOptions {
+  int pipeline_parallel = 0;  // 0: every rank in one pipeline
+  std::string micro_batches = "2,4,8", virtual_stages = "1,2";
+  int layers = 8;  // 0: the model's
+  int sequences = 2, length = 32, repeats = 3;
+  std::string balance = "uniform";
+};
+
+std::vector<int> parse_list(const std::string& text, const std::string& option) {
+  std::vector<int> out;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    char* end = nullptr;
+    const long value = std::strtol(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || value < 1 || value > 4096) {
+      throw ConfigError(option + " must be a comma-separated list of integers >= 1, got '" + text +
+                        "'");
+    }
+    out.push_back(int(value));
+  }
+  if (out.empty()) throw ConfigError(option + " must list at least one value");
+  return out;
+}
+
+// Arithmetic on the options, the model and the world size only: the same error on every rank.
+void validate(const PipelineBenchOptions& o, const ModelConfig& model, int world) {
+  if (o.repeats < 1) throw ConfigError("--repeats must be >= 1, got " + std::to_string(o.repeats));
+  if (o.sequences < 1 || o.length < 2 || o.length > model.max_seq_len) {
+    throw ConfigError("--sequences must be >= 1 and --length in [2, " +
+                      std::to_string(model.max_seq_len) + "] (the model's max_seq_len)");
+  }
+  if (o.balance != "uniform" && o.balance != "measured") {
+    throw ConfigError("--balance must be uniform or measured, got '" + o.balance + "'");
+  }
+  if (o.pipeline_parallel < 0) {
+    throw ConfigError("--pipeline-parallel must be >= 0 (0: the world size), got " +
+                      std::to_string(o.pipeline_parallel));
+  }
+  const int p = o.pipeline_parallel > 0 ? o.pipeline_parallel : world;
+  for (int v : parse_list(o.virtual_stages, "--virtual-stages")) {
+    for (int m : parse_list(o.micro_batches, "--micro-batches")) {
+      validate_pipeline({p, m, v}, model.n_layers, world, o.balance == "measured");
+    }
+  }
+}
+
+// One micro-batch of `sequences` x `length` random tokens, next-token targets, weights 1 / (the
+// step's tokens).
+std::vector<PipelineMicroBatch<float>> make_batches(const PipelineBenchOptions& o, int m, int vocab,
+                                                    uint64_t seed) {
+  std::vector<PipelineMicroBatch<float>> batches(static_cast<size_t>(m));
+  const float weight = 1.0f / float(int64_t(m) * o.sequences * o.length);
+  for (int b = 0; b < m; ++b) {
+    PipelineMicroBatch<float>& batch = batches[size_t(b)];
+    for (int s = 0; s < o.sequences; ++s) {
+      for (int t = 0; t <= o.length; ++t) {
+        const int token =
+            int(philox_uniform(seed, uint64_t(b * o.sequences + s), uint64_t(t)) * float(vocab)) %
+            vocab;
+        if (t < o.length) batch.tokens.push_back(token);
+        if (t > 0) batch.targets.push_back(token);
+      }
+      batch.seq_offsets.push_back(int(batch.tokens.size()));
+    }
+    batch.weights.assign(batch.tokens.size(), weight);
+  }
+  return batches;
+}
+
+// Seconds of one micro-batch's forward + backward through each layer alone (the first with the
+// embedding, the last with the final norm, head and loss), median of 3, on this rank.
+LayerCosts measure_layer_costs(const ModelConfig& config, Device& device,
+                               const PipelineMicroBatch<float>& batch, uint64_t seed) {
+  LayerCosts costs;
+  ArenaScope scope(device.memory());
+  const int64_t rows = int64_t(batch.token_count()) * config.d_model;
+  const std::vector<float> x(size_t(rows), 0.5f), dy(size_t(rows), 1e-3f);
+  std::vector<float> dx(static_cast<size_t>(rows));
+  for (int l = 0; l < config.n_layers; ++l) {
+    PipelineStage<float> layer(config, device.ops(), device.memory(), {{l, l + 1}},
+                               size_t(64) << 20);
+    layer.model().initialize(seed);
+    std::vector<double> seconds;
+    for (int r = 0; r < 3; ++r) {
+      const double begin = steady_seconds();
+      layer.forward(r, 0, batch, x.data());
+      layer.backward(r, 0, dy.data(), 0.0f, dx.data());
+      seconds.push_back(steady_seconds() - begin);
+    }
+    costs.layer.push_back(median(seconds));
+  }
+  return costs;
+}
+
+struct RankStats {
+  double wall = 0, compute = 0, wait = 0, in_flight = 0;
+};
+
+struct Row {
+  int v = 1, m = 1;
+  std::vector<int> boundaries;
+  std::vector<RankStats> ranks;  // rank 0 only
+  double formula = 0, counted = 0;
+  uint64_t wrong = 0;
+  double loss = 0;
+};
+
+// Elements of the stage's gradients (and the loss) outside 1e-5 + 1e-4 |want| of the
+// single-rank model's on the micro-batches of every replica.
+uint64_t count_wrong(PipelineStage<float>& stage, const ModelConfig& config, Device& device,
+                     const std::vector<PipelineMicroBatch<float>>& batches, double loss,
+                     uint64_t seed) {
+  ArenaScope scope(device.memory());
+  Transformer<float> reference(config, device.ops(), device.memory(), true);
+  reference.initialize(seed);
+  reference.zero_gradients();
+  double want_loss = 0;
+  const float aux = config.aux_loss_coef;
+  for (const PipelineMicroBatch<float>& b : batches) {
+    ArenaScope step(device.memory());
+    const int N = b.token_count(), V = config.vocab_size;
+    const float* logits = reference.forward(b.tokens.data(), b.seq_offsets.data(), b.sequences());
+    float* dlogits = device.memory().allocate_zeroed<float>(size_t(N) * V, "dlogits");
+    want_loss += weighted_nll(reference.ops(), device.memory(), logits, b.targets.data(),
+                              b.weights.data(), N, V, dlogits);
+    want_loss += double(aux) * reference.aux_loss();
+    reference.backward(dlogits, aux);
+  }
+  auto off = [](double got, double want) {
+    return !(std::fabs(got - want) <= 1e-5 + 1e-4 * std::fabs(want));
+  };
+  uint64_t wrong = off(loss, want_loss);
+  for (const ParameterTensor& t : stage.model().layout().tensors()) {
+    const ParameterTensor* w = reference.layout().find(t.name);
+    for (int64_t i = 0; i < t.numel; ++i) {
+      wrong += off(stage.model().gradients()[t.offset + i], reference.gradients()[w->offset + i]);
+    }
+  }
+  return wrong;
+}
+
+// One row: p = shape.stages, world / p data-parallel pipelines of consecutive ranks, each on its
+// own m micro-batches, gradients summed over them.
+Row measure(const PipelineBenchOptions& o, const ModelConfig& config, Device& device,
+            const PipelineShape& shape, const std::vector<int>& boundaries, Links& links,
+            uint64_t seed) {
+  int rank = 0, world = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  const int v = shape.virtual_stages, m = shape.micro_batches;
+  const int stage_rank = rank % shape.stages, replica = rank / shape.stages;
+  MPI_Comm pipeline, data_parallel;
+  MPI_Comm_split(MPI_COMM_WORLD, replica, rank, &pipeline);
+  MPI_Comm_split(MPI_COMM_WORLD, stage_rank, rank, &data_parallel);
+  Row row;
+  row.v = v;
+  row.m = m;
+  row.boundaries = boundaries;
+  row.formula = bubble_formula(shape);
+  row.counted = simulate_unit_schedule(shape).bubble_fraction(0);
+  const auto all = make_batches(o, m * (world / shape.stages), config.vocab_size, seed);
+  const std::vector<PipelineMicroBatch<float>> batches(all.begin() + replica * m,
+                                                       all.begin() + (replica + 1) * m);
+  // Every arena can hold a whole-model micro-batch: a bound for any chunk (pages untouched
+  // beyond what a chunk uses cost nothing).
+  const size_t activation_bytes =
+      2 * training_micro_batch_peak_bytes(config, ParameterLayout(config),
+                                          uniform_batch(o.sequences, o.length + 1));
+  ArenaScope scope(device.memory());
+  PipelineStage<float> stage(config, device.ops(), device.memory(),
+                             pipeline_rank_chunks(shape, stage_rank, boundaries), activation_bytes);
+  stage.model().initialize(seed);
+  const float aux = config.aux_loss_coef;
+  stage.model().zero_gradients();
+  const PipelineStepStats first = run_pipeline_step(stage, shape, batches, aux, pipeline, links);
+  MPI_Allreduce(MPI_IN_PLACE, stage.model().gradients(), int(stage.model().parameter_count()),
+                MPI_FLOAT, MPI_SUM, data_parallel);
+  double loss = first.loss;
+  MPI_Allreduce(MPI_IN_PLACE, &loss, 1, MPI_DOUBLE, MPI_SUM, data_parallel);
+  uint64_t wrong = count_wrong(stage, config, device, all, loss, seed);
+  MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+  row.wrong = wrong;
+  row.loss = loss;
+
+  std::vector<double> wall, compute, wait;
+  for (int r = 0; r < o.repeats; ++r) {
+    stage.model().zero_gradients();
+    const PipelineStepStats s = run_pipeline_step(stage, shape, batches, aux, pipeline, links);
+    wall.push_back(s.wall_seconds);
+    compute.push_back(s.compute_seconds);
+    wait.push_back(s.wait_seconds);
+  }
+  // The repeat of median wall time, whole (its wait and compute belong together).
+  std::vector<size_t> order(wall.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return wall[a] < wall[b]; });
+  const size_t mid = order[order.size() / 2];
+  const RankStats mine{wall[mid], compute[mid], wait[mid], double(stage.activation_arenas())};
+  row.ranks.resize(size_t(world));
+  MPI_Gather(&mine, 4, MPI_DOUBLE, row.ranks.data(), 4, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  MPI_Comm_free(&pipeline);
+  MPI_Comm_free(&data_parallel);
+  return row;
+}
+
+std::string join(const std::vector<int>& values) {
+  std::string out;
+  for (int v : values) out += (out.empty() ? "" : ",") + std::to_string(v);
+  return out;
+}
+
+}  // namespace
+
+int run_bench_pipeline_command(const std::vector<std::string>& args) {
+  RunOptions run;
+  PipelineBenchOptions o;
+  po::options_description description = run_options_description(run);
+  po::options_description bench("bench pipeline options");
+  auto add = bench.add_options();
+  add("pipeline-parallel", po::value(&o.pipeline_parallel)->default_value(o.pipeline_parallel),
+      "pipeline stages p (0: the world size); world / p data-parallel pipelines");
+  add("micro-batches", po::value(&o.micro_batches)->default_value(o.micro_batches),
+      "micro-batch counts m per step, comma-separated (interleaved: multiples of the ranks)");
+  add("virtual-stages", po::value(&o.virtual_stages)->default_value(o.virtual_stages),
+      "virtual stages v per rank, comma-separated (1: 1F1B; > 1: interleaved 1F1B)");
+  add("layers", po::value(&o.layers)->default_value(o.layers),
+      "the model's layers (0: as in the model file); ranks x v must divide them");
+  add("sequences", po::value(&o.sequences)->default_value(o.sequences),
+      "sequences per micro-batch");
+  add("length", po::value(&o.length)->default_value(o.length), "tokens per sequence");
+  add("balance", po::value(&o.balance)->default_value(o.balance),
+      "layers per chunk: uniform, or measured (stage balancing by measured per-layer cost)");
+  add("repeats", po::value(&o.repeats)->default_value(o.repeats),
+      "timed steps per row after a checked one (the median step is reported)");
+  description.add(bench);
+  if (!parse_options("bench pipeline", args, description, run)) return 0;
+
+  int rank = 0, world = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  ModelConfig config = load_model_config(run.model);
+  if (o.layers < 0) throw ConfigError("--layers must be >= 0, got " + std::to_string(o.layers));
+  if (o.layers > 0) config.n_layers = o.layers;
+  config.validate("--model " + run.model + " --layers " + std::to_string(config.n_layers));
+  validate(o, config, world);
+  const std::vector<int> vs = parse_list(o.virtual_stages, "--virtual-stages");
+  const std::vector<int> ms = parse_list(o.micro_batches, "--micro-batches");
+  const int p = o.pipeline_parallel > 0 ? o.pipeline_parallel : world;
+  Device device(run.backend_kind(), run.device_memory_bytes(), resolve_threads(run.threads));
+  Links links(std::vector<int>(size_t(world), 0), {});  // one node: no emulation
+  double load[1] = {-1};
+  if (getloadavg(load, 1) != 1) load[0] = -1;
+
+  // Stage balancing: rank 0 measures the layers, every rank gets the same costs.
+  std::vector<double> layer_seconds(size_t(config.n_layers), 1.0);
+  if (o.balance == "measured") {
+    if (rank == 0) {
+      const auto one = make_batches(o, 1, config.vocab_size, run.seed + 7);
+      layer_seconds = measure_layer_costs(config, device, one[0], run.seed).layer;
+    }
+    MPI_Bcast(layer_seconds.data(), config.n_layers, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  }
+  const LayerCosts costs{layer_seconds, 0, 0};
+
+  std::vector<Row> rows;
+  for (int v : vs) {
+    const int chunks = p * v;
+    const std::vector<int> boundaries = o.balance == "measured"
+                                            ? balance_boundaries(costs, chunks)
+                                            : uniform_boundaries(config.n_layers, chunks);
+    for (int m : ms) {
+      rows.push_back(measure(o, config, device, {p, m, v}, boundaries, links, run.seed));
+    }
+  }
+
+  const std::string cpus = cpu_lists_of_ranks();
+  uint64_t wrong = 0;
+  for (const Row& r : rows) wrong += r.wrong;
+  if (rank == 0) {
+    std::printf("# rlfusion bench pipeline: %s\n", build_info().c_str());
+    std::printf(
+        "# %d ranks = PP %d x DP %d; model %s with %d layers (d_model %d, %d experts top-%d); "
+        "micro-batch = %d x %d tokens; layers per chunk: %s\n",
+        world, p, world / p, config.name.c_str(), config.n_layers, config.d_model, config.n_experts,
+        config.top_k, o.sequences, o.length, o.balance.c_str());
+    if (o.balance == "measured") {
+      std::printf("# measured forward+backward per layer (ms):");
+      for (double s : layer_seconds) std::printf(" %.2f", s * 1e3);
+      std::printf("\n");
+    }
+    std::printf("# each rank: %s; CPUs of rank r:", device.describe().c_str());
+    std::printf("%s", cpus.c_str());
+    std::printf(
+        "\n# 1-minute load average at start: %.2f on %ld CPUs. Times need one idle core per "
+        "rank: under load (other processes) waits and compute stretch and the measured bubble "
+        "is not the schedule's\n",
+        load[0], sysconf(_SC_NPROCESSORS_ONLN));
+    std::printf(
+        "# measured bubble = wait / wall of the median of %d steps, wait = time blocked on "
+        "activations, gradients and the slowest rank; formula = (p-1)/(m v + p-1); counted = "
+        "idle slots / makespan of the schedule under unit costs\n#\n",
+        o.repeats);
+    std::printf("# %-16s %2s %3s %-12s %4s %9s %9s %9s %8s %8s %6s %8s %9s %7s\n", "schedule", "v",
+                "m", "chunks", "rank", "wall", "compute", "wait", "bubble", "formula", "ratio",
+                "counted", "in-flight", "#wrong");
+    std::printf("# %-16s %2s %3s %-12s %4s %9s %9s %9s %8s %8s %6s %8s %9s %7s\n", "", "", "",
+                "(layers)", "", "(ms)", "(ms)", "(ms)", "(%)", "(%)", "(x)", "(%)", "(chunks)", "");
+    for (const Row& row : rows) {
+      const std::string name = schedule_name({p, row.m, row.v});
+      for (int r = 0; r < world; ++r) {
+        const RankStats& s = row.ranks[size_t(r)];
+        const double bubble = s.wall > 0 ? s.wait / s.wall : 0;
+        std::printf(
+            "  %-16s %2d %3d %-12s %4d %9.2f %9.2f %9.2f %8.1f %8.1f %6.2f %8.1f %9.0f %7llu\n",
+            name.c_str(), row.v, row.m, join(row.boundaries).c_str(), r, s.wall * 1e3,
+            s.compute * 1e3, s.wait * 1e3, 100 * bubble, 100 * row.formula,
+            row.formula > 0 ? bubble / row.formula : 0, 100 * row.counted, s.in_flight,
+            (unsigned long long)row.wrong);
+      }
+    }
+    std::printf("#\n# Pipeline vs single-rank model (loss and gradients) : %llu wrong %s\n",
+                (unsigned long long)wrong, wrong ? "FAIL" : "OK");
+    double worst = 0;
+    for (const Row& row : rows) {
+      for (const RankStats& s : row.ranks) {
+        if (row.formula > 0 && s.wall > 0) {
+          worst = std::max(worst, std::fabs(s.wait / s.wall / row.formula - 1));
+        }
+      }
+    }
+    std::printf(
+        "# Measured bubble vs formula: worst |ratio - 1| = %.0f%% (goal <= 10%% on idle cores; "
+        "the counted bubble equals the formula exactly)\n",
+        100 * worst);
+  }
+  if (run.json && rank == 0) {
+    std::printf(
+        "{\"bench\":\"pipeline\",\"ranks\":%d,\"pipeline_parallel\":%d,\"model\":\"%s\",\"layers\":"
+        "%d,\"sequences\":%d,"
+        "\"length\":%d,\"balance\":\"%s\",\"load_average\":%.2f,\"rows\":[",
+        world, p, config.name.c_str(), config.n_layers, o.sequences, o.length, o.balance.c_str(),
+        load[0]);
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const Row& row = rows[i];
+      std::printf(
+          "%s{\"virtual_stages\":%d,\"micro_batches\":%d,\"boundaries\":[%s],\"formula\":%.6f,"
+          "\"counted\":%.6f,\"loss\":%.8g,\"wrong\":%llu,\"ranks\":[",
+          i ? "," : "", row.v, row.m, join(row.boundaries).c_str(), row.formula, row.counted,
+          row.loss, (unsigned long long)row.wrong);
+      for (int r = 0; r < world; ++r) {
+        const RankStats& s = row.ranks[size_t(r)];
+        std::printf(
+            "%s{\"rank\":%d,\"wall_seconds\":%.6e,\"compute_seconds\":%.6e,\"wait_seconds\":%.6e,"
+            "\"bubble\":%.6f,\"in_flight\":%.0f}",
+            r ? "," : "", r, s.wall, s.compute, s.wait, s.wall > 0 ? s.wait / s.wall : 0,
+            s.in_flight);
+      }
+      std::printf("]}");
+    }
+    std::printf("],\"wrong\":%llu}\n", (unsigned long long)wrong);
+  }
+  return wrong ? 1 : 0;
+}
+
+}  // namespace rlf

@@ -1,0 +1,97 @@
+// One rank's part of a pipeline-parallel model: the layers of its chunks (ranges of consecutive
+// layers; which ones is the schedule's business, src/runtime/pipeline_schedule.h), the embedding
+// where a chunk starts at layer 0, the final norm, head and loss where one ends at the last
+// layer; one copy of their parameters and
+// gradients (no parameter is stored on two ranks, however many chunks a rank holds), and the
+// activations of every micro-batch chunk in flight, each in an arena of its own so that one is
+// freed the moment its backward ends, in whatever order the schedule runs them.
+#pragma once
+
+#include <cstddef>
+#include <map>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "kernels/arena.h"
+#include "kernels/ops.h"
+#include "src/model/model_config.h"
+#include "src/model/parameter_layout.h"
+#include "src/model/transformer.h"
+
+namespace rlf {
+
+// A micro-batch of packed sequences and its loss: sum_n weights[n] * -log p(targets[n]).
+template <typename T>
+struct PipelineMicroBatch {
+  std::vector<int> tokens, seq_offsets{0}, targets;
+  std::vector<T> weights;
+  int sequences() const { return int(seq_offsets.size()) - 1; }
+  int token_count() const { return seq_offsets.back(); }
+};
+
+// Layers [first, last).
+struct LayerRange {
+  int first = 0, last = 0;
+};
+
+// What a stage with these chunks stores: their layers, the embedding if one starts at layer 0,
+// the final norm and head if one ends at layer n_layers.
+LayerShard stage_layer_shard(const std::vector<LayerRange>& chunks, int n_layers);
+
+template <typename T>
+class PipelineStage {
+ public:
+  // `chunks`: the rank's chunks in its local order (non-empty, disjoint ranges). Parameters and
+  // gradients in `device`; every micro-batch chunk in flight gets an arena of `activation_bytes`
+  // (reserved, not touched, until used). Throws std::invalid_argument on bad ranges.
+  PipelineStage(const ModelConfig& config, const Ops<T>& ops, Arena& device,
+                std::vector<LayerRange> chunks, size_t activation_bytes);
+
+  Transformer<T>& model() { return model_; }
+  int chunks() const { return int(chunks_.size()); }
+  const LayerRange& chunk(int k) const { return chunks_[size_t(k)]; }
+  bool embeds(int k) const { return chunk(k).first == 0; }
+  bool ends_model(int k) const { return chunk(k).last == config_.n_layers; }
+
+  // Forward of `chunk` on micro-batch `index`: from the batch's tokens when the chunk embeds,
+  // else from `x_in` [N, d_model]. Returns the hidden rows for the next chunk of the model,
+  // valid until this chunk's backward; a chunk that ends the model computes the loss and its
+  // gradient instead (kept for the backward) and returns null.
+  const T* forward(int index, int chunk, const PipelineMicroBatch<T>& batch, const T* x_in);
+  // Backward of `chunk` on micro-batch `index` from `dy`, the gradient of its forward's result
+  // (ignored when the chunk ends the model: the loss's own); writes the gradient of x_in into
+  // `dx_in` (unless the chunk embeds). Gradients add up in model().gradients().
+  void backward(int index, int chunk, const T* dy, T aux_weight, T* dx_in);
+
+  // Summed over the forwards since reset_losses(): the weighted NLL of the chunk that ends the
+  // model, and the router load-balancing loss of every chunk's layers (unscaled).
+  T loss() const { return loss_; }
+  T aux_loss() const { return aux_loss_; }
+  void reset_losses() { loss_ = aux_loss_ = T(0); }
+
+  // Arenas made so far: the most micro-batch chunks that were in flight at once.
+  int activation_arenas() const { return int(arenas_.size()); }
+  // The largest use of any of them.
+  size_t activation_peak() const;
+
+ private:
+  struct InFlight {
+    int slot;
+    T* dlogits;  // last virtual stage: the loss's gradient
+  };
+
+  int take_slot();
+
+  ModelConfig config_;
+  std::vector<LayerRange> chunks_;
+  size_t activation_bytes_;
+  Transformer<T> model_;
+  std::vector<std::unique_ptr<Arena>> arenas_;
+  std::vector<std::unique_ptr<Transformer<T>>> views_;  // one per arena, over model_'s weights
+  std::vector<int> free_slots_;
+  std::map<std::pair<int, int>, InFlight> in_flight_;  // (micro-batch, chunk)
+  T loss_ = T(0), aux_loss_ = T(0);
+};
+
+}  // namespace rlf

@@ -1,0 +1,244 @@
+#include "src/runtime/pipeline_step.h"
+
+#include <algorithm>
+#include <chrono>
+#include <list>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <thread>
+
+namespace rlf {
+
+namespace {
+
+// Waits for `request` with short back-off sleeps (at most 50 us: a pipeline's messages gate
+// compute, so the wake-up delay adds to the bubble, while busy-polling would take a core that
+// another rank may share). Returns the seconds waited.
+double wait_for(MPI_Request* request) {
+  const double begin = steady_seconds();
+  auto sleep = std::chrono::microseconds(1);
+  int done = 0;
+  MPI_Test(request, &done, MPI_STATUS_IGNORE);
+  while (!done) {
+    std::this_thread::sleep_for(sleep);
+    sleep = std::min(sleep * 2, std::chrono::microseconds(50));
+    MPI_Test(request, &done, MPI_STATUS_IGNORE);
+  }
+  return steady_seconds() - begin;
+}
+
+double quiet_barrier(MPI_Comm comm) {
+  MPI_Request request;
+  MPI_Ibarrier(comm, &request);
+  return wait_for(&request);
+}
+
+template <typename T>
+struct Message {
+  std::vector<T> data;
+  MPI_Request request = MPI_REQUEST_NULL;
+  int peer = 0;       // pipeline rank
+  double posted = 0;  // steady_seconds() when the receive was posted
+};
+
+// One step's exchanges on this rank.
+template <typename T>
+class StepExchange {
+ public:
+  StepExchange(const PipelineShape& shape, MPI_Comm comm, Links& links, int64_t row_elements)
+      : shape_(shape), comm_(comm), links_(links), row_(row_elements) {
+    int size = 0;
+    MPI_Comm_size(comm, &size);
+    MPI_Group group, world;
+    MPI_Comm_group(comm, &group);
+    MPI_Comm_group(MPI_COMM_WORLD, &world);
+    std::vector<int> ranks(size_t(size), 0);
+    world_rank_of_.assign(size_t(size), 0);
+    for (int r = 0; r < size; ++r) ranks[size_t(r)] = r;
+    MPI_Group_translate_ranks(group, size, ranks.data(), world, world_rank_of_.data());
+    MPI_Group_free(&group);
+    MPI_Group_free(&world);
+    int* tag_ub = nullptr;
+    int flag = 0;
+    MPI_Comm_get_attr(comm, MPI_TAG_UB, &tag_ub, &flag);
+    const int64_t tags = int64_t(shape.micro_batches) * shape.chunks() * 2;
+    if (flag && tags > int64_t(*tag_ub)) {
+      throw std::length_error("pipeline step: " + std::to_string(tags) +
+                              " message tags exceed MPI's tag bound " + std::to_string(*tag_ub));
+    }
+  }
+
+  // The message into virtual stage `stage` for micro-batch `index`: its activation (forward)
+  // or the gradient of its output (backward).
+  int tag(PassKind kind, int index, int stage) const {
+    return (index * shape_.chunks() + stage) * 2 + (kind == PassKind::Backward ? 1 : 0);
+  }
+
+  void post_receive(size_t op, PassKind kind, int index, int stage, int from_stage, int tokens) {
+    Message<T>& m = receives_[op];
+    m.data.resize(size_t(tokens * row_));
+    m.peer = rank_of_virtual_stage(shape_, from_stage);
+    m.posted = steady_seconds();
+    MPI_Irecv(m.data.data(), int(m.data.size() * sizeof(T)), MPI_BYTE, m.peer,
+              tag(kind, index, stage), comm_, &m.request);
+  }
+  bool posted(size_t op) const { return receives_.count(op) > 0; }
+
+  // Waits for the receive of pass `op` (and its emulated link time); returns its data and
+  // adds the seconds waited to `waited`.
+  std::vector<T> take_receive(size_t op, double& waited) {
+    auto found = receives_.find(op);
+    if (found == receives_.end()) throw std::logic_error("pipeline step: receive not posted");
+    Message<T> m = std::move(found->second);
+    receives_.erase(found);
+    const double begin = steady_seconds();
+    wait_for(&m.request);
+    const int peer_world = world_rank_of_[size_t(m.peer)];
+    if (links_.emulation().enabled() &&
+        links_.classify(links_.world_rank(), peer_world) == LinkClass::InterNode) {
+      const uint64_t bytes = uint64_t(m.data.size() * sizeof(T));
+      const double arrival =
+          links_.schedule_arrival(m.posted, links_.emulation().delay_seconds(bytes));
+      const double left = arrival - steady_seconds();
+      if (left > 0) std::this_thread::sleep_for(std::chrono::duration<double>(left));
+    }
+    waited += steady_seconds() - begin;
+    return std::move(m.data);
+  }
+
+  void send(std::vector<T> data, PassKind kind, int index, int to_stage) {
+    sends_.emplace_back();
+    Message<T>& m = sends_.back();
+    m.data = std::move(data);
+    m.peer = rank_of_virtual_stage(shape_, to_stage);
+    const uint64_t bytes = uint64_t(m.data.size() * sizeof(T));
+    links_.count_send(world_rank_of_[size_t(m.peer)], bytes);
+    bytes_sent_ += bytes;
+    ++messages_sent_;
+    MPI_Isend(m.data.data(), int(bytes), MPI_BYTE, m.peer, tag(kind, index, to_stage), comm_,
+              &m.request);
+  }
+
+  // Drops the sends that have completed (and lets MPI progress them).
+  void test_sends() {
+    for (auto it = sends_.begin(); it != sends_.end();) {
+      int done = 0;
+      MPI_Test(&it->request, &done, MPI_STATUS_IGNORE);
+      it = done ? sends_.erase(it) : std::next(it);
+    }
+  }
+  double finish_sends() {
+    double waited = 0;
+    for (Message<T>& m : sends_) waited += wait_for(&m.request);
+    sends_.clear();
+    return waited;
+  }
+
+  uint64_t bytes_sent() const { return bytes_sent_; }
+  uint64_t messages_sent() const { return messages_sent_; }
+
+ private:
+  PipelineShape shape_;
+  MPI_Comm comm_;
+  Links& links_;
+  int64_t row_;
+  std::vector<int> world_rank_of_;
+  std::map<size_t, Message<T>> receives_;
+  std::list<Message<T>> sends_;
+  uint64_t bytes_sent_ = 0, messages_sent_ = 0;
+};
+
+}  // namespace
+
+std::vector<LayerRange> pipeline_rank_chunks(const PipelineShape& shape, int rank,
+                                             const std::vector<int>& boundaries) {
+  if (int(boundaries.size()) != shape.chunks() + 1) {
+    throw std::invalid_argument("pipeline_rank_chunks: need p v + 1 chunk boundaries");
+  }
+  std::vector<LayerRange> chunks;
+  for (int k = 0; k < shape.virtual_stages; ++k) {
+    const int s = virtual_stage(shape, rank, k);
+    chunks.push_back({boundaries[size_t(s)], boundaries[size_t(s) + 1]});
+  }
+  return chunks;
+}
+
+template <typename T>
+PipelineStepStats run_pipeline_step(PipelineStage<T>& stage, const PipelineShape& shape,
+                                    const std::vector<PipelineMicroBatch<T>>& batches, T aux_weight,
+                                    MPI_Comm pipeline, Links& links) {
+  int rank = 0, size = 0;
+  MPI_Comm_rank(pipeline, &rank);
+  MPI_Comm_size(pipeline, &size);
+  if (size != shape.stages || stage.chunks() != shape.virtual_stages ||
+      int(batches.size()) != shape.micro_batches) {
+    throw std::invalid_argument(
+        "run_pipeline_step: the pipeline needs p ranks, v chunks per stage and m micro-batches");
+  }
+  const int last_stage = shape.chunks() - 1;
+  const std::vector<PipelineOp> ops = pipeline_schedule(shape, rank);
+  const int64_t row = stage.model().config().d_model;
+  StepExchange<T> exchange(shape, pipeline, links, row);
+  // The receive pass `i` needs, if any.
+  auto post = [&](size_t i) {
+    if (i >= ops.size() || exchange.posted(i)) return;
+    const PipelineOp& op = ops[i];
+    const int s = virtual_stage(shape, rank, op.chunk);
+    const int tokens = batches[size_t(op.micro_batch)].token_count();
+    if (op.kind == PassKind::Forward && s > 0) {
+      exchange.post_receive(i, op.kind, op.micro_batch, s, s - 1, tokens);
+    } else if (op.kind == PassKind::Backward && s < last_stage) {
+      exchange.post_receive(i, op.kind, op.micro_batch, s, s + 1, tokens);
+    }
+  };
+  // Receives are posted two passes ahead, so a message can land while this rank computes.
+  constexpr size_t kLookahead = 2;
+
+  PipelineStepStats stats;
+  stage.reset_losses();
+  quiet_barrier(pipeline);
+  const double start = steady_seconds();
+  for (size_t i = 0; i < ops.size(); ++i) {
+    for (size_t j = i; j <= i + kLookahead; ++j) post(j);
+    const PipelineOp& op = ops[i];
+    const PipelineMicroBatch<T>& batch = batches[size_t(op.micro_batch)];
+    const int s = virtual_stage(shape, rank, op.chunk);
+    std::vector<T> input;
+    if (exchange.posted(i)) input = exchange.take_receive(i, stats.wait_seconds);
+    const double begin = steady_seconds();
+    const size_t rows = size_t(batch.token_count()) * size_t(row);
+    if (op.kind == PassKind::Forward) {
+      const T* out = stage.forward(op.micro_batch, op.chunk, batch, input.data());
+      stats.compute_seconds += steady_seconds() - begin;
+      if (s < last_stage) {
+        exchange.send(std::vector<T>(out, out + rows), PassKind::Forward, op.micro_batch, s + 1);
+      }
+    } else {
+      std::vector<T> dx(s > 0 ? rows : 0);
+      stage.backward(op.micro_batch, op.chunk, input.data(), aux_weight, dx.data());
+      stats.compute_seconds += steady_seconds() - begin;
+      if (s > 0) exchange.send(std::move(dx), PassKind::Backward, op.micro_batch, s - 1);
+    }
+    exchange.test_sends();
+  }
+  stats.wait_seconds += exchange.finish_sends();
+  stats.wait_seconds += quiet_barrier(pipeline);
+  stats.wall_seconds = steady_seconds() - start;
+  stats.bytes_sent = exchange.bytes_sent();
+  stats.messages_sent = exchange.messages_sent();
+  stats.in_flight_peak = stage.activation_arenas();
+  double loss = double(stage.loss()) + double(aux_weight) * double(stage.aux_loss());
+  MPI_Allreduce(MPI_IN_PLACE, &loss, 1, MPI_DOUBLE, MPI_SUM, pipeline);
+  stats.loss = loss;
+  return stats;
+}
+
+template PipelineStepStats run_pipeline_step<float>(PipelineStage<float>&, const PipelineShape&,
+                                                    const std::vector<PipelineMicroBatch<float>>&,
+                                                    float, MPI_Comm, Links&);
+template PipelineStepStats run_pipeline_step<double>(PipelineStage<double>&, const PipelineShape&,
+                                                     const std::vector<PipelineMicroBatch<double>>&,
+                                                     double, MPI_Comm, Links&);
+
+}  // namespace rlf

@@ -1,0 +1,49 @@
+// One training step of a pipeline-parallel model on this rank: the rank's passes in the order of
+// its schedule (src/runtime/pipeline_schedule.h), activations and their gradients exchanged with
+// the neighbouring virtual stages by nonblocking MPI point-to-point (receives posted ahead,
+// sends completed in the background, every message counted on the Links counters and delayed by
+// their emulation), gradients accumulated over the micro-batches. Also what the step measured:
+// the time this rank waited for activations and gradients, beside the step's wall time.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "mpi_comm/links.h"
+#include "src/model/pipeline_stage.h"
+#include "src/runtime/pipeline_schedule.h"
+
+namespace rlf {
+
+// Chunk k of pipeline rank r under chunk `boundaries` (p v + 1 layer indices, virtual stage s
+// holding layers [boundaries[s], boundaries[s + 1])): virtual stage k p + r.
+std::vector<LayerRange> pipeline_rank_chunks(const PipelineShape& shape, int rank,
+                                             const std::vector<int>& boundaries);
+
+struct PipelineStepStats {
+  // Summed over the pipeline (the same on every rank): the weighted NLL of every micro-batch plus
+  // aux_weight times the router load-balancing loss of every micro-batch and layer.
+  double loss = 0;
+  double wall_seconds = 0;     // from a common start to a common end (quiet barriers)
+  double compute_seconds = 0;  // inside this rank's forward and backward passes (and the loss)
+  // Blocked: on the activations and gradients it receives, on its sends, and at the end for the
+  // slowest rank (the time this rank has nothing to do).
+  double wait_seconds = 0;
+  uint64_t bytes_sent = 0, messages_sent = 0;
+  int in_flight_peak = 0;  // micro-batch chunks held at once (the stage's activation arenas)
+  double bubble() const { return wall_seconds > 0 ? wait_seconds / wall_seconds : 0; }
+};
+
+// Collective over `pipeline` (rank = pipeline stage, size = shape.stages); `stage` holds this
+// rank's chunks (pipeline_rank_chunks) and `batches` the step's m micro-batches (the same on
+// every rank: the first stage reads the tokens, the last the targets and weights, every stage
+// the lengths). Gradients add into stage.model().gradients() (not zeroed here). `links` counts
+// every message and emulates its link (its world must be MPI_COMM_WORLD).
+template <typename T>
+PipelineStepStats run_pipeline_step(PipelineStage<T>& stage, const PipelineShape& shape,
+                                    const std::vector<PipelineMicroBatch<T>>& batches, T aux_weight,
+                                    MPI_Comm pipeline, Links& links);
+
+}  // namespace rlf
