@@ -26,8 +26,8 @@ ParameterLayout::ParameterLayout(const ModelConfig& config, ExpertShard shard,
       (tp.splits_shared_expert() && S % tp.size != 0)) {
     throw std::invalid_argument(
         "ParameterLayout: tensor slice " + std::to_string(tp.rank) + " of " +
-        std::to_string(tp.size) + " does not divide the model's " +
-        std::to_string(config.n_heads) + " heads" +
+        std::to_string(tp.size) + " does not divide the model's " + std::to_string(config.n_heads) +
+        " heads" +
         (tp.splits_shared_expert() ? " and shared expert width " + std::to_string(S) : ""));
   }
   local_heads_ = config.n_heads / tp.size;

@@ -29,8 +29,8 @@ std::string tensor_parallel_problem(const ModelConfig& config, int degree, bool 
   return {};
 }
 
-void validate_tensor_parallel(const ModelConfig& config, int degree, bool attention_only,
-                              int ranks, const std::string& option) {
+void validate_tensor_parallel(const ModelConfig& config, int degree, bool attention_only, int ranks,
+                              const std::string& option) {
   const std::string problem = tensor_parallel_problem(config, degree, attention_only, ranks);
   if (!problem.empty()) throw ConfigError(option + " " + std::to_string(degree) + ": " + problem);
 }

@@ -45,12 +45,12 @@ namespace rlf {
 std::string tensor_parallel_problem(const ModelConfig& config, int degree, bool attention_only,
                                     int ranks);
 // Throws ConfigError "<option> <degree>: <problem>" when tensor_parallel_problem finds one.
-void validate_tensor_parallel(const ModelConfig& config, int degree, bool attention_only,
-                              int ranks, const std::string& option = "--tensor-parallel");
+void validate_tensor_parallel(const ModelConfig& config, int degree, bool attention_only, int ranks,
+                              const std::string& option = "--tensor-parallel");
 
 // Counted TP collectives (per rank, since construction or reset).
 struct TensorParallelCounters {
-  int64_t allreduces = 0;          // allreduce_sum calls
+  int64_t allreduces = 0;           // allreduce_sum calls
   int64_t allreduced_elements = 0;  // elements summed by them
 };
 

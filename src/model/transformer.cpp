@@ -40,7 +40,8 @@ Transformer<T>::Transformer(const ModelConfig& config, const Ops<T>& ops, Arena&
       device_(device),
       moe_(config_, ops, device),
       tp_(tp) {
-  if (tp && tp->slice().splits_shared_expert()) moe_.set_tensor_parallel(tp, layout_.shared_width());
+  if (tp && tp->slice().splits_shared_expert())
+    moe_.set_tensor_parallel(tp, layout_.shared_width());
   params_ = device_.allocate<T>(size_t(layout_.total()), "model parameters");
   if (with_gradients) allocate_gradients();
 }

@@ -126,7 +126,8 @@ TEST(TensorParallelLayout, RangesSplitTheLayoutIntoCutAndWholeTensors) {
   for (bool attention_only : {false, true}) {
     const ParameterLayout part(config, {}, {1, 2, attention_only});
     int64_t cut = 0, kept = 0;
-    for (const ParameterTensor& t : part.tensors()) (t.tp_split == Split::None ? kept : cut) += t.numel;
+    for (const ParameterTensor& t : part.tensors())
+      (t.tp_split == Split::None ? kept : cut) += t.numel;
     int64_t in_cut = 0, in_kept = 0;
     for (const ParameterRange& r : tensor_parallel_ranges(part)) in_cut += r.count;
     for (const ParameterRange& r : tensor_replicated_ranges(part)) in_kept += r.count;

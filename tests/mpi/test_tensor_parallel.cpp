@@ -58,8 +58,8 @@ Batch random_batch(uint64_t seed, int sequences, int vocab) {
   Batch b;
   const std::vector<int> lengths = test::random_ints(size_t(sequences), seed, 1, 9);
   for (int len : lengths) {
-    const std::vector<int> t = test::random_ints(size_t(len), seed + b.tokens.size() + 17, 0,
-                                                 vocab - 1);
+    const std::vector<int> t =
+        test::random_ints(size_t(len), seed + b.tokens.size() + 17, 0, vocab - 1);
     b.tokens.insert(b.tokens.end(), t.begin(), t.end());
     b.offsets.push_back(int(b.tokens.size()));
   }
@@ -101,7 +101,8 @@ bool same_on_every_rank(const void* data, size_t bytes, MPI_Comm comm) {
 
 std::vector<float> gather_ranges(const float* data, const std::vector<ParameterRange>& ranges) {
   std::vector<float> out;
-  for (const ParameterRange& r : ranges) out.insert(out.end(), data + r.offset, data + r.offset + r.count);
+  for (const ParameterRange& r : ranges)
+    out.insert(out.end(), data + r.offset, data + r.offset + r.count);
   return out;
 }
 
@@ -189,8 +190,8 @@ void check_training(const Case& c, int index) {
   // Exactly this rank's slice of the single-rank initialization.
   std::vector<float> want_params(size_t(layout.total()), 0.0f);
   slice_parameters(reference.parameters(), whole, want_params.data(), layout);
-  EXPECT_EQ(0, std::memcmp(model.parameters(), want_params.data(),
-                           want_params.size() * sizeof(float)));
+  EXPECT_EQ(
+      0, std::memcmp(model.parameters(), want_params.data(), want_params.size() * sizeof(float)));
 
   tp.reset_counters();
   const float* logits = model.forward(mine.tokens.data(), mine.offsets.data(), mine.sequences());
@@ -216,8 +217,8 @@ void check_training(const Case& c, int index) {
 
   // Replicated tensors' gradients: bit-identical over the TP group.
   const std::vector<float> replicated = gather_ranges(grads, tensor_replicated_ranges(layout));
-  EXPECT_TRUE(same_on_every_rank(replicated.data(), replicated.size() * sizeof(float),
-                                 tp.group().comm))
+  EXPECT_TRUE(
+      same_on_every_rank(replicated.data(), replicated.size() * sizeof(float), tp.group().comm))
       << "replicated gradients differ within the TP group";
   // This rank's gradients are the slices of the single-rank ones ...
   std::vector<float> want_grads(size_t(layout.total()), 0.0f);
@@ -253,8 +254,8 @@ TEST(TensorParallelModel, DegreeOneIsThePlainModel) {
   Links links(test::virtual_node_list(test::world_size(), 1), {});
   TensorParallel tp(MPI_COMM_WORLD, 1, false, config, links);
   EXPECT_EQ(tp.replicas(), test::world_size());
-  const Batch b = random_batch(test::seed_for("TensorParallelModel.DegreeOne", 0), 3,
-                               config.vocab_size);
+  const Batch b =
+      random_batch(test::seed_for("TensorParallelModel.DegreeOne", 0), 3, config.vocab_size);
   Arena plain_device("plain", 32 << 20), tp_device("tp", 32 << 20);
   Transformer<float> plain(config, cpu_ops(), plain_device, true);
   Transformer<float> model(config, cpu_ops(), tp_device, true, {}, &tp);
@@ -341,7 +342,8 @@ void check_generation(const Case& c, int index) {
     const auto got = generate(model, prompt_list, ids, settings);
     ASSERT_EQ(got.size(), want.size());
     for (size_t s = 0; s < want.size(); ++s) {
-      EXPECT_EQ(got[s].tokens, want[s].tokens) << "sequence " << s << " temperature " << temperature;
+      EXPECT_EQ(got[s].tokens, want[s].tokens)
+          << "sequence " << s << " temperature " << temperature;
       test::expect_close(got[s].logprobs, want[s].logprobs, "log-probs", 1e-5, 1e-5);
     }
   }
