@@ -5,6 +5,7 @@
 
 #include "kernels/error.h"
 #include "mpi_comm/hierarchical_collectives.h"
+#include "src/model/optimizer.h"
 
 namespace rlf {
 
@@ -67,6 +68,23 @@ void TensorParallel::allreduce_sum(float* data, int64_t count) const {
 
 void TensorParallel::allreduce_sum(double*, int64_t) const {
   throw std::logic_error("tensor parallelism needs float parameters");
+}
+
+OptimizerShard TensorParallel::optimizer_shard(const ParameterLayout& layout) const {
+  OptimizerShard shard;
+  shard.replicated = tensor_replicated_ranges(layout);
+  shard.owned = tensor_parallel_ranges(layout);
+  shard.owned_slots = {shard.owned};
+  const MPI_Comm comm = group_.comm;
+  const int ranks = slice_.size;
+  shard.sum_over_group = [comm, ranks](const std::vector<double>& per_slot) {
+    std::vector<double> all(size_t(ranks), 0.0);
+    MPI_Allgather(per_slot.data(), 1, MPI_DOUBLE, all.data(), 1, MPI_DOUBLE, comm);
+    double sum = 0;
+    for (double part : all) sum += part;
+    return sum;
+  };
+  return shard;
 }
 
 ParameterLayout with_tensor_slice(const ModelConfig& config, const ParameterLayout& like,

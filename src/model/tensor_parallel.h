@@ -38,6 +38,8 @@
 
 namespace rlf {
 
+struct OptimizerShard;
+
 // Why TP degree `degree` does not fit `config` and `ranks` ranks (empty when it fits): degree
 // below 1, a degree that does not divide the ranks, the attention heads (and so d_model), or,
 // unless attention_only, the shared expert's width. Pure arithmetic, so every rank finds the
@@ -84,6 +86,12 @@ class TensorParallel {
   void allreduce_sum(float* data, int64_t count) const;
   // Tensor parallelism runs in float only (as expert parallelism): throws std::logic_error.
   void allreduce_sum(double* data, int64_t count) const;
+
+  // AdamW over a TP model (src/model/optimizer.h): a rank updates its slices and its copy of the
+  // whole tensors, and the clipping norm counts every element once: the whole tensors' squared
+  // norm (the same on every rank of the group) plus the cut tensors' summed over the group in
+  // TP-rank order, so the norm, and the clipped step, are bit-identical on every rank.
+  OptimizerShard optimizer_shard(const ParameterLayout& layout) const;
 
   const TensorParallelCounters& counters() const { return counters_; }
   void reset_counters() { counters_ = {}; }

@@ -22,6 +22,7 @@
 #include "kernels/error.h"
 #include "mpi_comm/hierarchical_collectives.h"
 #include "src/model/generation.h"
+#include "src/model/optimizer.h"
 #include "src/model/tensor_parallel.h"
 #include "src/model/transformer.h"
 #include "tests/mpi/mpi_test_util.h"
@@ -106,6 +107,28 @@ std::vector<float> gather_ranges(const float* data, const std::vector<ParameterR
   return out;
 }
 
+// Replica r of the data-parallel groups trains shard r of the global batch.
+struct ReplicaBatches {
+  std::vector<Batch> shards;
+  Batch global;
+  std::vector<int> first_token;  // of each shard in the global batch
+};
+
+ReplicaBatches replica_batches(uint64_t seed, int replicas, int vocab) {
+  ReplicaBatches b;
+  for (int r = 0; r < replicas; ++r) {
+    const Batch shard = random_batch(seed + uint64_t(r) * 101, 3 + r % 2, vocab);
+    b.first_token.push_back(b.global.size());
+    for (int s = 1; s <= shard.sequences(); ++s) {
+      b.global.offsets.push_back(b.first_token.back() + shard.offsets[size_t(s)]);
+    }
+    b.global.tokens.insert(b.global.tokens.end(), shard.tokens.begin(), shard.tokens.end());
+    b.global.targets.insert(b.global.targets.end(), shard.targets.begin(), shard.targets.end());
+    b.shards.push_back(shard);
+  }
+  return b;
+}
+
 struct Case {
   int degree;
   bool attention_only;
@@ -146,21 +169,8 @@ void check_training(const Case& c, int index) {
   ASSERT_EQ(tp.degree(), c.degree);
   ASSERT_EQ(tp.replicas(), P / c.degree);
   const int R = tp.replicas();
-  // Replica r trains shard r of the global batch.
-  std::vector<Batch> shards;
-  Batch global;
-  std::vector<int> first_token;
-  for (int r = 0; r < R; ++r) {
-    shards.push_back(random_batch(seed + uint64_t(r) * 101, 3 + r % 2, V));
-    first_token.push_back(global.size());
-    for (int s = 1; s <= shards.back().sequences(); ++s) {
-      global.offsets.push_back(first_token.back() + shards.back().offsets[size_t(s)]);
-    }
-    global.tokens.insert(global.tokens.end(), shards.back().tokens.begin(),
-                         shards.back().tokens.end());
-    global.targets.insert(global.targets.end(), shards.back().targets.begin(),
-                          shards.back().targets.end());
-  }
+  const ReplicaBatches batches = replica_batches(seed, R, V);
+  const Batch& global = batches.global;
   const int N_global = global.size();
   // The load-balancing loss is a function of each forward's routing statistics, not additive
   // over data-parallel shards: it is compared (and trained) only with one replica.
@@ -175,9 +185,9 @@ void check_training(const Case& c, int index) {
   std::vector<float> ref_d;
   const double ref_loss = cross_entropy(ref_logits, global.targets, V, N_global, ref_d);
   const double ref_aux = reference.aux_loss();
-  const Batch& mine = shards[size_t(tp.replica())];
+  const Batch& mine = batches.shards[size_t(tp.replica())];
   const int N = mine.size();
-  const int64_t first = int64_t(first_token[size_t(tp.replica())]) * V;
+  const int64_t first = int64_t(batches.first_token[size_t(tp.replica())]) * V;
   const std::vector<float> want_logits(ref_logits + first, ref_logits + first + int64_t(N) * V);
   reference.backward(ref_d.data(), aux_weight);
   const ParameterLayout& whole = reference.layout();
@@ -239,6 +249,66 @@ void check_training(const Case& c, int index) {
 bool tp_world() {
   const int P = test::world_size();
   return P == 2 || P == 4 || P == 6;
+}
+
+// AdamW steps with clipping: the TP model's gradient norm (counted once per element through the
+// TP optimizer shard) and its parameters after every step equal the single-rank model's.
+void check_optimizer_steps(const Case& c, int index) {
+  SCOPED_TRACE(case_name(c));
+  const int P = test::world_size();
+  const ModelConfig config = tp_model();
+  const int V = config.vocab_size;
+  const uint64_t seed = test::seed_for("TensorParallelModel.AdamW", index);
+  Links links(test::virtual_node_list(P, c.ranks_per_node), {});
+  TensorParallel tp(MPI_COMM_WORLD, c.degree, c.attention_only, config, links);
+  Arena ref_device("reference", 64 << 20), device("tp", 64 << 20);
+  Transformer<float> reference(config, cpu_ops(), ref_device, true);
+  Transformer<float> model(config, cpu_ops(), device, true, {}, &tp);
+  reference.initialize(seed);
+  model.initialize(seed);
+  AdamWHyper hyper;
+  hyper.learning_rate = 1e-2f;
+  hyper.weight_decay = 0.1f;
+  const float max_norm = 0.05f;  // below every step's norm: every step is clipped
+  AdamW<float> ref_optimizer(reference, hyper, max_norm), optimizer(model, hyper, max_norm);
+  optimizer.set_shard(tp.optimizer_shard(model.layout()));
+  const ParameterLayout& whole = reference.layout();
+  std::vector<float> gathered(size_t(whole.total()), 0.0f), d;
+  for (int step = 0; step < 3; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    const ReplicaBatches b = replica_batches(seed + uint64_t(step) * 1000, tp.replicas(), V);
+    const Batch& mine = b.shards[size_t(tp.replica())];
+    reference.zero_gradients();
+    const float* ref_logits =
+        reference.forward(b.global.tokens.data(), b.global.offsets.data(), b.global.sequences());
+    cross_entropy(ref_logits, b.global.targets, V, b.global.size(), d);
+    reference.backward(d.data(), 0.0f);
+    const double ref_norm = ref_optimizer.step();
+    ASSERT_GT(ref_norm, max_norm);
+
+    model.zero_gradients();
+    const float* logits = model.forward(mine.tokens.data(), mine.offsets.data(), mine.sequences());
+    cross_entropy(logits, mine.targets, V, b.global.size(), d);
+    model.backward(d.data(), 0.0f);
+    allreduce_sum(model.gradients(), model.parameter_count(), tp.data_parallel(), links);
+    double norm = optimizer.step();
+    // Later steps start from parameters that differ by float rounding, amplified where AdamW
+    // divides a near-zero gradient by its near-zero second moment.
+    EXPECT_NEAR(norm, ref_norm, (step == 0 ? 1e-5 : 1e-4) * ref_norm) << "gradient norm";
+    EXPECT_TRUE(same_on_every_rank(&norm, sizeof norm, MPI_COMM_WORLD)) << "norm differs";
+    gather_tensor_parallel(model.parameters(), model.layout(), gathered.data(), whole, config, tp);
+    EXPECT_LT(test::nmse(gathered.data(), reference.parameters(), gathered.size()), 1e-9)
+        << "parameters after the step";
+    // No element moves further from the single-rank one than AdamW's steps can (about lr each).
+    test::expect_close(gathered.data(), reference.parameters(), gathered.size(),
+                       "parameters after the step", 2.0 * hyper.learning_rate * (step + 1), 0.0);
+  }
+}
+
+TEST(TensorParallelModel, AdamWStepsWithClippingMatchSingleRank) {
+  if (!tp_world()) GTEST_SKIP() << "TP on 2, 4 and 6 ranks";
+  int index = 0;
+  for (const Case& c : cases()) check_optimizer_steps(c, index++);
 }
 
 TEST(TensorParallelModel, TrainingStepMatchesSingleRank) {
