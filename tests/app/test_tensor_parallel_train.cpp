@@ -30,7 +30,7 @@ const std::string kRun =
     "--prompts 8 --group-size 4 --eval-prompts 32 --log-every 1 --json ";
 const std::string kFusedRun = kRun + "--mode fused ";
 
-// The per-step table's rows ("  step reward acc resp-len ..."): step, reward and response length.
+// The per-step table's rows ("  step reward acc resp-len kl ..."): up to the KL column.
 std::vector<std::string> step_rewards(const std::string& output) {
   std::vector<std::string> rows;
   const size_t header = output.find("#   step   reward");
@@ -41,7 +41,7 @@ std::vector<std::string> step_rewards(const std::string& output) {
     const size_t line_end = output.find('\n', line_start);
     const std::string line = output.substr(line_start, line_end - line_start);
     if (line.empty() || line[0] == '#') break;
-    rows.push_back(line.substr(0, 35));
+    rows.push_back(line.substr(0, 44));  // step, reward, acc, resp-len, kl
     line_start = line_end;
   }
   return rows;
@@ -84,6 +84,32 @@ TEST(TensorParallelTrain, TrainsLikeTheDataParallelFusedRun) {
     const std::vector<float> tp_model = test::read_tiny_parameters(dir + "/model.h5");
     EXPECT_LT(test::nmse(tp_model.data(), dp_model.data(), dp_model.size()), 1e-6);
   }
+}
+
+// From a parameter file (each rank keeps its slice) with a KL term (the frozen reference is a TP
+// model too): TP 2 gives the one-rank run's start and its first two steps, the second with a
+// non-zero KL to the reference.
+TEST(TensorParallelTrain, StartsFromAParameterFileWithAKlReferenceLikeOneRank) {
+  const std::string init_dir = temp_dir("init");
+  const Result init = test::run_rlfusion(
+      "train --model tiny --task sort --sft-steps 60 --sft-learning-rate 0.01 --steps 1 "
+      "--prompts 4 --group-size 2 --eval-prompts 8 --json --run-dir " +
+      init_dir);
+  ASSERT_EQ(init.exit_code, 0) << init.output;
+  const std::string from_file =
+      "train --model tiny --task sort --sft-steps 0 --kl-coef 0.05 --steps 2 --prompts 8 "
+      "--group-size 4 --eval-prompts 32 --log-every 1 --json --init " +
+      init_dir + "/model.h5 ";
+  const Result one = test::run_rlfusion(from_file + "--run-dir " + temp_dir("one"));
+  const Result tp = test::run_rlfusion(
+      from_file + "--mode fused --tensor-parallel 2 --run-dir " + temp_dir("tp-init"), 2);
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  ASSERT_EQ(tp.exit_code, 0) << tp.output;
+  EXPECT_EQ(test::json_number(tp.output, "heldout_accuracy_before_rl"),
+            test::json_number(one.output, "heldout_accuracy_before_rl"));
+  const std::vector<std::string> want = step_rewards(one.output);
+  ASSERT_EQ(want.size(), 2u) << one.output;
+  EXPECT_EQ(step_rewards(tp.output), want) << tp.output;
 }
 
 TEST(TensorParallelTrain, DegreesThatDoNotFitStopEveryRankBeforeOutput) {
