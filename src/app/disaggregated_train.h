@@ -26,8 +26,12 @@ struct DisaggregatedOptions {
   int expert_parallel = 1;         // --expert-parallel: EP degree of the learners
   int actor_expert_parallel = 0;   // --actor-expert-parallel (0: the learners' degree)
   DispatchMode ep_dispatch = DispatchMode::Hierarchical;  // --ep-dispatch
-  int ep_overlap_chunks = 1;   // --ep-overlap-chunks: training's routed experts in chunks
-  bool offload = false;        // --offload (fused): training state to host during generation
+  int ep_overlap_chunks = 1;  // --ep-overlap-chunks: training's routed experts in chunks
+  bool offload = false;       // --offload (fused): training state to host during generation
+  // --tensor-parallel (fused): TP groups of this many consecutive ranks each hold one replica
+  // of the model (src/model/tensor_parallel.h); --tensor-parallel-attention-only.
+  int tensor_parallel = 1;
+  bool tensor_parallel_attention_only = false;
   RebalanceOptions rebalance;  // --rebalance-* and --router-skew (EDPB)
 };
 

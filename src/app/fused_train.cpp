@@ -13,6 +13,7 @@
 #include "src/app/learner_setup.h"
 #include "src/app/random_delay.h"
 #include "src/app/rl_progress.h"
+#include "src/app/tensor_parallel_train.h"
 #include "src/app/traced_training.h"
 #include "src/app/train_finish.h"
 #include "src/io/parameter_file.h"
@@ -37,13 +38,21 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   layout.fused = true;
   Topology topology(MPI_COMM_WORLD, layout);
   const int ranks = topology.world_size();
+  const ModelConfig model_config = load_model_config(run.model);
+  // Tensor parallelism: each TP group is one replica of the policy whose ranks generate and
+  // train the same samples (ConfigError on every rank when the degree does not fit).
+  const std::unique_ptr<TensorParallel> tp =
+      make_train_tensor_parallel(options, model_config, topology);
+  const int replicas = tp ? tp->replicas() : ranks;
+  const int replica = tp ? tp->replica() : topology.world_rank();
   // Every rank checks the same inputs, so a bad value stops all of them before any work.
-  if (rl.prompts % ranks != 0) {
+  if (rl.prompts % replicas != 0) {
     throw ConfigError(std::string("--mode ") + mode + ": --prompts " + std::to_string(rl.prompts) +
-                      " must divide evenly among the " + std::to_string(ranks) +
-                      " ranks (each generates and trains on its own block of prompts)");
+                      " must divide evenly among the " + std::to_string(replicas) +
+                      (tp ? " tensor-parallel groups" : " ranks") +
+                      " (each generates and trains on its own block of prompts)");
   }
-  const int experts = load_model_config(run.model).n_experts;
+  const int experts = model_config.n_experts;
   validate_role_expert_parallel("--expert-parallel", options.expert_parallel,
                                 topology.ranks_of(Role::Learner), experts, options.ep_dispatch,
                                 topology.links(), "fused");
@@ -61,7 +70,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   // With offload the gradients are allocated later, next to AdamW's moments at the top of the
   // device arena, so that one rewind frees all three.
   Policy policy =
-      make_policy(run, policy_options, /*with_gradients=*/!options.offload, own_experts);
+      make_policy(run, policy_options, /*with_gradients=*/!options.offload, own_experts, tp.get());
   FusedMemoryPlan memory_plan;
   {
     // Bad input stops every rank here, before any output: the analytic peaks must fit the arena.
@@ -73,7 +82,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         fused_all && !rl.reward_model.empty()
             ? std::optional<ModelConfig>(parameter_file_model(rl.reward_model))
             : std::nullopt;
-    const FusedBatch batch{rl.prompts / ranks * rl.group_size,
+    const FusedBatch batch{rl.prompts / replicas * rl.group_size,
                            1 + task.max_prompt_chars(),
                            longest,
                            rl.micro_batch,
@@ -91,7 +100,8 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
       load_learned_reward(rl, policy.device->ops(), fused_all ? &policy.device->memory() : nullptr,
                           run.device_memory_bytes());
   // Checkpoints are taken between steps; with StaleSync each rank's rollout pool goes with them.
-  TrainCheckpoints saved(checkpoints, run, rl, policy.config, /*supported=*/true);
+  // (Not with tensor parallelism: a checkpoint holds the whole model; validated.)
+  TrainCheckpoints saved(checkpoints, run, rl, policy.config, /*supported=*/!tp);
   RunDirectory dir(run.run_dir, resolved_config, /*writer=*/root, saved.resuming());
   TraceRecorder trace(MPI_COMM_WORLD);
   trace.set_memory_source(&policy.device->memory());
@@ -150,11 +160,14 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         format_bytes(offload->device_bytes()).c_str());
   }
   size_t generation_peak = 0, training_peak = 0;
-  const DataParallelHooks parallel = learner_hooks(all, links, model, ep.get(), trace);
+  // With tensor parallelism the replicas' data-parallel groups sum the gradients and the step's
+  // statistics (the ranks of a TP group hold the same samples).
+  const DataParallelHooks parallel =
+      learner_hooks(tp ? tp->data_parallel() : all, links, model, ep.get(), trace);
   const RlStepSettings settings = step_settings(rl);
   const GenerationSettings sampling = sampling_settings(rl, task, run.seed);
   const AdvantageEstimator estimator = parse_advantage_estimator(rl.advantage);
-  const int my_prompts = rl.prompts / ranks;
+  const int my_prompts = rl.prompts / replicas;
   // A generation layout of its own: the switch fills a generation model of this rank's
   // generation shard before each generation phase, and the phase's end drops it.
   std::unique_ptr<ExpertLayoutSwitch> layout_switch;
@@ -177,6 +190,14 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         "# layout switch: training EP %d, generation EP %d (experts moved rank to rank before "
         "each generation phase)\n",
         options.expert_parallel, generation_degree);
+  }
+  if (tp) {
+    dir.log(
+        "# tensor parallelism: TP %d x %d replicas (%s); this rank stores %lld of %lld "
+        "parameters\n",
+        tp->degree(), tp->replicas(),
+        tp->attention_only() ? "attention heads" : "attention heads and the shared expert",
+        (long long)model.parameter_count(), (long long)ParameterLayout(policy.config).total());
   }
   if (ep) {
     dir.log(
@@ -229,7 +250,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
     const int version = step - 1;
     learner.optimizer->hyper().learning_rate =
         cosine_learning_rate(rl.learning_rate, step, rl.warmup_steps, rl.steps, 1.0f);
-    const int64_t first_prompt = int64_t(version) * rl.prompts + rank * my_prompts;
+    const int64_t first_prompt = int64_t(version) * rl.prompts + int64_t(replica) * my_prompts;
     std::vector<Rollout> rollouts;
     random_delay();
     auto generate = [&](Transformer<float>& generator) {
@@ -323,7 +344,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
       device.start_phase_peak();
       const StepStats stats =
           train_on_rollouts_traced(model, *learner.optimizer, learner.reference.get(), rollouts,
-                                   settings, parallel, version, ranks, trace);
+                                   settings, parallel, version, replicas, trace);
       training_peak = std::max(training_peak, device.phase_peak());
       position.rl_tokens += int64_t(stats.tokens);
       position.step_rewards.push_back(stats.mean_reward());
@@ -356,6 +377,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   end.learner = true;
   end.root = root;
   end.ep = ep.get();
+  end.tensor_parallel = tp.get();
   end.before_rl = position.before_rl;
   end.rl_seconds = position.rl_seconds + progress.seconds_since_start();
   end.rl_tokens = position.rl_tokens;

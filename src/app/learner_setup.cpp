@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "src/model/expert_parallel.h"
+#include "src/model/tensor_parallel.h"
 
 namespace rlf {
 
@@ -20,15 +21,16 @@ WarmStart warm_start_learner(Policy& policy, const RunOptions& run,
     }
   };
   Transformer<float>& model = *policy.model;
-  if (!model.layout().expert_sharded()) {
+  if (!model.layout().expert_sharded() && !model.layout().tensor_slice().active()) {
     warm_start(model);
   } else {
+    // Each rank warms up the whole model (the same on every rank) and keeps its part.
     Arena warm_memory("unsharded warm start", run.device_memory_bytes(),
                       policy.device->memory_kind());
     Transformer<float> whole(policy.config, policy.device->ops(), warm_memory, true);
     load_starting_weights(whole, run, policy_options);
     warm_start(whole);
-    copy_common_parameters(whole.parameters(), whole.layout(), model.parameters(), model.layout());
+    keep_own_part(whole.parameters(), whole.layout(), model);
   }
   dir.log("# held-out accuracy before RL: %.3f\n", result.before_rl.accuracy());
   return result;
@@ -52,7 +54,8 @@ LearnerState allocate_learner_state(Policy& policy, const RlOptions& rl) {
   if (rl.kl_coef > 0) {
     state.reference = std::make_unique<Transformer<float>>(
         policy.config, policy.device->ops(), policy.device->memory(), /*with_gradients=*/false,
-        ExpertShard{layout.first_expert(), layout.stored_experts()});
+        ExpertShard{layout.first_expert(), layout.stored_experts()}, LayerShard{},
+        model.tensor_parallel());
   }
   if (!model.gradients()) {
     state.gradients_mark = policy.device->memory().mark();
@@ -75,6 +78,9 @@ void start_learner_state(LearnerState& state, Policy& policy, const RlOptions& r
   if (ep) {
     if (state.reference) ep->attach(*state.reference);
     state.optimizer->set_shard(ep->optimizer_shard(layout));
+  }
+  if (model.tensor_parallel()) {
+    state.optimizer->set_shard(model.tensor_parallel()->optimizer_shard(layout));
   }
 }
 

@@ -4,6 +4,7 @@
 #include "src/io/parameter_file.h"
 #include "src/io/run_directory.h"
 #include "src/model/expert_parallel.h"
+#include "src/model/tensor_parallel.h"
 #include "src/rl/tokenizer.h"
 
 namespace rlf {
@@ -23,18 +24,27 @@ po::options_description policy_options_description(PolicyOptions& o) {
   return d;
 }
 
+void keep_own_part(const float* whole, const ParameterLayout& whole_layout,
+                   Transformer<float>& model) {
+  if (model.layout().tensor_slice().active()) {
+    slice_parameters(whole, whole_layout, model.parameters(), model.layout());
+  } else {
+    copy_common_parameters(whole, whole_layout, model.parameters(), model.layout());
+  }
+}
+
 void load_starting_weights(Transformer<float>& model, const RunOptions& run,
                            const PolicyOptions& options) {
   if (options.init.empty()) {
     model.initialize(run.seed);
-  } else if (!model.layout().expert_sharded()) {
+  } else if (!model.layout().expert_sharded() && !model.layout().tensor_slice().active()) {
     load_parameters(options.init, model.layout(), model.parameters());
   } else {
-    // Files hold the whole model: read it into host memory and keep this shard's part.
+    // Files hold the whole model: read it into host memory and keep this rank's part.
     const ParameterLayout full(model.config());
     std::vector<float> whole(size_t(full.total()));
     load_parameters(options.init, full, whole.data());
-    copy_common_parameters(whole.data(), full, model.parameters(), model.layout());
+    keep_own_part(whole.data(), full, model);
   }
 }
 
@@ -67,11 +77,11 @@ Policy make_policy_context(const RunOptions& run, const PolicyOptions& options) 
 }
 
 Policy make_policy(const RunOptions& run, const PolicyOptions& options, bool with_gradients,
-                   ExpertShard experts) {
+                   ExpertShard experts, const TensorParallel* tp) {
   Policy policy = make_policy_context(run, options);
   const ModelConfig& c = policy.config;
   policy.model = std::make_unique<Transformer<float>>(
-      c, policy.device->ops(), policy.device->memory(), with_gradients, experts);
+      c, policy.device->ops(), policy.device->memory(), with_gradients, experts, LayerShard{}, tp);
   load_starting_weights(*policy.model, run, options);
   return policy;
 }
@@ -91,9 +101,12 @@ Evaluation evaluate_traced(Transformer<float>& model, const Task& task,
 std::map<std::string, std::string> run_metadata(const std::string& command, const RunOptions& run,
                                                 const Policy& policy) {
   std::map<std::string, std::string> metadata = {
-      {"command", command},          {"model", policy.config.name},
-      {"task", policy.task->name()}, {"seed", std::to_string(run.seed)},
-      {"backend", backend_name(policy.device->backend())}, {"device", policy.device->describe()}};
+      {"command", command},
+      {"model", policy.config.name},
+      {"task", policy.task->name()},
+      {"seed", std::to_string(run.seed)},
+      {"backend", backend_name(policy.device->backend())},
+      {"device", policy.device->describe()}};
   // The injected skew changes the model: a trace of a skewed run says so.
   if (policy.config.router_skew != 0.0f) {
     metadata["router_skew"] = std::to_string(policy.config.router_skew);

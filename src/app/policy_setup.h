@@ -45,10 +45,10 @@ std::map<std::string, std::string> run_metadata(const std::string& command, cons
 
 // Loads the task and model configs, checks they fit together (vocabulary, sequence length),
 // builds the device and the model (seeded, or loaded from options.init; with `experts`, only
-// those routed experts), and checks that the run directory may be written. Throws ConfigError
-// on any bad input.
+// those routed experts; with `tp`, its TP rank's slice), and checks that the run directory may
+// be written. Throws ConfigError on any bad input.
 Policy make_policy(const RunOptions& run, const PolicyOptions& options, bool with_gradients,
-                   ExpertShard experts = {});
+                   ExpertShard experts = {}, const TensorParallel* tp = nullptr);
 
 // ConfigError unless the model's vocabulary holds the tokenizer's and its max_seq_len the task's
 // longest sequence; `model` names it in the message ("model 'tiny'").
@@ -57,9 +57,14 @@ void check_model_fits_task(const ModelConfig& config, const Task& task, const st
 // Everything make_policy does but the model: the configs, their checks, the device.
 Policy make_policy_context(const RunOptions& run, const PolicyOptions& options);
 
-// The starting weights of `model` (whatever experts it stores): seeded from run.seed, or the
-// matching part of the parameter file options.init.
+// The starting weights of `model` (whatever experts or tensor slice it stores): seeded from
+// run.seed, or the matching part of the parameter file options.init.
 void load_starting_weights(Transformer<float>& model, const RunOptions& run,
                            const PolicyOptions& options);
+
+// Copies into `model` its part of the whole-model buffer `whole` (laid out by `whole_layout`):
+// its experts, or its tensor-parallel slice.
+void keep_own_part(const float* whole, const ParameterLayout& whole_layout,
+                   Transformer<float>& model);
 
 }  // namespace rlf

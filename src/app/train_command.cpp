@@ -20,6 +20,7 @@
 #include "src/app/rl_options.h"
 #include "src/app/rl_progress.h"
 #include "src/app/sft_phase.h"
+#include "src/app/tensor_parallel_train.h"
 #include "src/app/traced_training.h"
 #include "src/app/train_checkpoints.h"
 #include "src/io/parameter_file.h"
@@ -87,6 +88,14 @@ int run_train_command(const std::vector<std::string>& args) {
         po::value(&multi_rank.ep_overlap_chunks)->default_value(multi_rank.ep_overlap_chunks),
         "with expert parallelism, training runs each layer's routed experts in this many chunks, "
         "the next chunk's dispatch and the last one's combine in flight meanwhile (1: off)");
+    add("tensor-parallel",
+        po::value(&multi_rank.tensor_parallel)->default_value(multi_rank.tensor_parallel),
+        "--mode fused: tensor-parallel degree: groups of this many consecutive ranks hold one "
+        "replica of the policy, each rank its share of the attention heads and of the shared "
+        "expert (Megatron-style), and generate and train the same samples");
+    add("tensor-parallel-attention-only",
+        po::bool_switch(&multi_rank.tensor_parallel_attention_only),
+        "with --tensor-parallel: cut only attention; the shared expert stays whole on every rank");
     add("offload", po::bool_switch(&multi_rank.offload),
         "--mode fused: during generation, gradients and optimizer state leave device memory for "
         "host memory, and the generation phase gets their device memory");
@@ -136,6 +145,7 @@ int run_train_command(const std::vector<std::string>& args) {
         std::to_string(multi_rank.expert_parallel) + " and " +
         std::to_string(multi_rank.actor_expert_parallel) + " on 1 rank");
   }
+  validate_tensor_parallel_train(multi_rank, mode == "fused", world_size, o, checkpoints);
   if (o.staleness > 0 && world_size == 1) {
     throw ConfigError(
         "--staleness " + std::to_string(o.staleness) +
@@ -147,6 +157,9 @@ int run_train_command(const std::vector<std::string>& args) {
   validate_reward_model(o, *make_task(load_task_config(policy_options.task, run.seed)));
   if (baseline != "none" && baseline != "disaggregated") {
     throw ConfigError("--baseline must be 'none' or 'disaggregated', got '" + baseline + "'");
+  }
+  if (baseline != "none" && multi_rank.tensor_parallel > 1) {
+    throw ConfigError("--baseline is not supported with --tensor-parallel");
   }
   if (baseline != "none" && world_size == 1) {
     throw ConfigError("--baseline disaggregated needs a multi-rank run (an actor and a learner)");

@@ -45,7 +45,7 @@ int finish_multi_rank_train(const MultiRankTrainEnd& end, const RunOptions& run,
   // expert from its owner into a whole model in a temporary arena.
   std::unique_ptr<Arena> whole_memory;
   std::unique_ptr<Transformer<float>> whole;
-  if (end.root && model.layout().expert_sharded()) {
+  if (end.root && (model.layout().expert_sharded() || end.tensor_parallel)) {
     whole_memory = std::make_unique<Arena>("whole model (evaluation)", run.device_memory_bytes(),
                                            policy.device->memory_kind());
     whole = std::make_unique<Transformer<float>>(policy.config, policy.device->ops(), *whole_memory,
@@ -55,6 +55,14 @@ int finish_multi_rank_train(const MultiRankTrainEnd& end, const RunOptions& run,
     const ParameterLayout whole_layout(policy.config);
     end.ep->gather_full_model(model.parameters(), model.layout(),
                               whole ? whole->parameters() : nullptr, whole_layout);
+  }
+  if (end.tensor_parallel) {
+    // Collective over the TP group: every rank of it assembles the whole model.
+    const ParameterLayout whole_layout(policy.config);
+    std::vector<float> gathered(whole ? 0 : size_t(whole_layout.total()));
+    gather_tensor_parallel(model.parameters(), model.layout(),
+                           whole ? whole->parameters() : gathered.data(), whole_layout,
+                           policy.config, *end.tensor_parallel);
   }
   if (end.root) {
     Transformer<float>& final_model = whole ? *whole : model;
@@ -81,6 +89,7 @@ int finish_multi_rank_train(const MultiRankTrainEnd& end, const RunOptions& run,
   metadata["mode"] = end.mode;
   metadata["staleness"] = std::to_string(rl.staleness);
   metadata["expert_parallel"] = std::to_string(options.expert_parallel);
+  metadata["tensor_parallel"] = std::to_string(options.tensor_parallel);
   write_trace(dir.file("trace.h5"), trace, MPI_COMM_WORLD, metadata);
   const double tokens_per_s = end.rl_seconds > 0 ? double(end.rl_tokens) / end.rl_seconds : 0.0;
   // Every figure as learner 0 (world rank 0 in every layout) has it.
@@ -121,7 +130,7 @@ int finish_multi_rank_train(const MultiRankTrainEnd& end, const RunOptions& run,
   std::snprintf(json, sizeof json,
                 "{\"command\":\"train\",\"mode\":\"%s\",\"task\":\"%s\",\"model\":\"%s\","
                 "\"seed\":%llu,%s%s%s\"migrations\":%d,\"ranks\":%d,\"expert_parallel\":%d,\"actor_"
-                "expert_parallel\":%d,"
+                "expert_parallel\":%d,\"tensor_parallel\":%d,"
                 "\"staleness\":%d,\"sft_steps\":%d,\"rl_steps\":%d,"
                 "\"heldout_accuracy_before_rl\":%.4f,\"heldout_accuracy_after_rl\":%.4f,"
                 "\"rl_tokens_per_s\":%.1f,\"rl_seconds\":%.3f,\"weight_sync_seconds\":%.6f,"
@@ -129,9 +138,9 @@ int finish_multi_rank_train(const MultiRankTrainEnd& end, const RunOptions& run,
                 end.mode, policy.task->name().c_str(), policy.config.name.c_str(),
                 (unsigned long long)run.seed, reward_json(rl).c_str(), end.memory_json.c_str(),
                 router_skew_json(options.rebalance).c_str(), end.migrations, topology.world_size(),
-                options.expert_parallel, options.actor_expert_parallel, rl.staleness, sft.steps,
-                rl.steps, end.before_rl.accuracy(), after.accuracy(), tokens_per_s, end.rl_seconds,
-                figures[2], total_seconds);
+                options.expert_parallel, options.actor_expert_parallel, options.tensor_parallel,
+                rl.staleness, sft.steps, rl.steps, end.before_rl.accuracy(), after.accuracy(),
+                tokens_per_s, end.rl_seconds, figures[2], total_seconds);
   if (run.json) dir.log("%s\n", json);
   dir.finish(json);
   return 0;

@@ -12,6 +12,7 @@
 #include "src/app/train_result.h"
 #include "src/io/run_directory.h"
 #include "src/io/trace.h"
+#include "src/model/tensor_parallel.h"
 #include "src/runtime/role_expert_parallel.h"
 
 namespace rlf {
@@ -21,7 +22,8 @@ struct MultiRankTrainEnd {
   bool learner = false;              // this rank trained (its experts are gathered when sharded)
   bool root = false;                 // learner 0: evaluates, saves, writes the run directory
   RoleExpertParallel* ep = nullptr;  // this rank's EP groups, or null
-  Evaluation before_rl;              // meaningful on the root
+  const TensorParallel* tensor_parallel = nullptr;  // this rank's TP groups (fused), or null
+  Evaluation before_rl;                             // meaningful on the root
   double rl_seconds = 0;
   int64_t rl_tokens = 0;  // trained tokens summed over learners
   std::chrono::steady_clock::time_point run_start;

@@ -10,6 +10,7 @@
 #include "mpi_comm/expert_dispatch.h"
 #include "src/model/overlapped_experts.h"
 #include "src/model/router_skew.h"
+#include "src/model/tensor_parallel.h"
 
 namespace rlf {
 
@@ -49,7 +50,7 @@ MoeActivations<T> MoeBlock<T>::allocate(int N, bool expert_parallel) const {
     a.y = d.allocate<T>(M * C, "activations");
   }
   if (config_.shared_expert_d_ff > 0) {
-    const int64_t S = config_.shared_expert_d_ff;
+    const int64_t S = shared_width_;
     a.shared_a = d.allocate<T>(N * S, "activations");
     a.shared_b = d.allocate<T>(N * S, "activations");
     a.shared_y = d.allocate<T>(N * C, "activations");
@@ -87,8 +88,9 @@ void MoeBlock<T>::forward(const MoeWeights<T>& w, const T* x, T* out, int N, Moe
   if (a.shared_y) {
     // The shared expert is a dense SwiGLU: one "expert" owning all N rows.
     ops_.expert_ffn_forward(a.shared_y, a.shared_a, a.shared_b, x, w.shared_w1, w.shared_w3,
-                            w.shared_w2, a.shared_offsets, 1, C, config_.shared_expert_d_ff,
-                            device_);
+                            w.shared_w2, a.shared_offsets, 1, C, shared_width_, device_);
+    // Tensor parallelism: a partial sum over this rank's hidden units (row-parallel w2).
+    if (tp_) tp_->allreduce_sum(a.shared_y, int64_t(N) * C);
     for (int64_t i = 0; i < int64_t(N) * C; ++i) out[i] += a.shared_y[i];
   }
 }
@@ -101,9 +103,17 @@ void MoeBlock<T>::backward(const MoeWeights<T>& w, const MoeWeights<T>& g, const
   const int64_t M = int64_t(N) * K;
   ArenaScope scope(device_);
   if (a.shared_y) {
-    ops_.expert_ffn_backward(dx, g.shared_w1, g.shared_w3, g.shared_w2, dout, x, a.shared_a,
+    // Tensor parallelism: this rank's hidden units give a partial input gradient, summed over
+    // the group (column-parallel w1/w3) before it joins the routed experts' (replicated) one.
+    const int64_t NC = int64_t(N) * C;
+    T* dx_shared = tp_ ? device_.allocate_zeroed<T>(NC, "backward work") : dx;
+    ops_.expert_ffn_backward(dx_shared, g.shared_w1, g.shared_w3, g.shared_w2, dout, x, a.shared_a,
                              a.shared_b, w.shared_w1, w.shared_w3, w.shared_w2, a.shared_offsets, 1,
-                             C, config_.shared_expert_d_ff, device_);
+                             C, shared_width_, device_);
+    if (tp_) {
+      tp_->allreduce_sum(dx_shared, NC);
+      for (int64_t i = 0; i < NC; ++i) dx[i] += dx_shared[i];
+    }
   }
   T* dweight = device_.allocate_zeroed<T>(M, "backward work");
   if (overlap) {

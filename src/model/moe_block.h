@@ -15,6 +15,7 @@ namespace rlf {
 class Arena;
 class ExpertDispatcher;
 class OverlappedExperts;
+class TensorParallel;
 
 template <typename T>
 struct MoeWeights {
@@ -49,7 +50,15 @@ template <typename T>
 class MoeBlock {
  public:
   MoeBlock(const ModelConfig& config, const Ops<T>& ops, Arena& device)
-      : config_(config), ops_(ops), device_(device) {}
+      : config_(config), ops_(ops), device_(device), shared_width_(config.shared_expert_d_ff) {}
+
+  // Tensor parallelism that cuts the shared expert (src/model/tensor_parallel.h): its w1/w3/w2 are
+  // this rank's `shared_width` hidden units, and its output in forward and its input gradient in
+  // backward are summed over `tp`'s group (collective). Not owned.
+  void set_tensor_parallel(const TensorParallel* tp, int shared_width) {
+    tp_ = tp;
+    shared_width_ = shared_width;
+  }
 
   // `expert_parallel`: whether forward will get a dispatcher (its routed buffers are then
   // allocated by forward).
@@ -85,6 +94,8 @@ class MoeBlock {
   const ModelConfig& config_;
   const Ops<T>& ops_;
   Arena& device_;
+  const TensorParallel* tp_ = nullptr;
+  int shared_width_;  // the shared expert's hidden units on this rank
 };
 
 }  // namespace rlf

@@ -18,7 +18,8 @@ bool LayerShard::stores_layer(int layer) const {
 }
 
 ParameterLayout::ParameterLayout(const ModelConfig& config, ExpertShard shard,
-                                 LayerShard layer_shard) {
+                                 LayerShard layer_shard, TensorSlice tensor_slice)
+    : tensor_slice_(tensor_slice) {
   const int64_t C = config.d_model, V = config.vocab_size, E = config.n_experts, F = config.d_ff;
   const int64_t S = config.shared_expert_d_ff;
   if (shard.count < 0) shard = {0, config.n_experts};
@@ -28,6 +29,19 @@ ParameterLayout::ParameterLayout(const ModelConfig& config, ExpertShard shard,
                                 ") are not within the " + std::to_string(config.n_experts) +
                                 " experts of the model");
   }
+  const TensorSlice& tp = tensor_slice;
+  if (tp.size < 1 || tp.rank < 0 || tp.rank >= tp.size || config.n_heads % tp.size != 0 ||
+      (tp.splits_shared_expert() && S % tp.size != 0)) {
+    throw std::invalid_argument(
+        "ParameterLayout: tensor slice " + std::to_string(tp.rank) + " of " +
+        std::to_string(tp.size) + " does not divide the model's " + std::to_string(config.n_heads) +
+        " heads" +
+        (tp.splits_shared_expert() ? " and shared expert width " + std::to_string(S) : ""));
+  }
+  local_heads_ = config.n_heads / tp.size;
+  attention_width_ = local_heads_ * config.head_dim();
+  shared_width_ = int(tp.splits_shared_expert() ? S / tp.size : S);
+  using Split = ParameterTensor::TensorSplit;
   first_expert_ = shard.first;
   stored_experts_ = shard.count;
   sharded_ = shard.count != config.n_experts;
@@ -46,10 +60,12 @@ ParameterLayout::ParameterLayout(const ModelConfig& config, ExpertShard shard,
     const std::string p = "layers." + std::to_string(l) + ".";
     LayerOffsets o{};
     o.attn_norm = add(p + "attn_norm", {C}, true);
-    o.wq = add(p + "attn.wq", {C, C});
-    o.wk = add(p + "attn.wk", {C, C});
-    o.wv = add(p + "attn.wv", {C, C});
-    o.wo = add(p + "attn.wo", {C, C});
+    const Split attention_rows = tp.active() ? Split::Rows : Split::None;
+    const Split attention_columns = tp.active() ? Split::Columns : Split::None;
+    o.wq = add_split(p + "attn.wq", C, C, attention_rows);
+    o.wk = add_split(p + "attn.wk", C, C, attention_rows);
+    o.wv = add_split(p + "attn.wv", C, C, attention_rows);
+    o.wo = add_split(p + "attn.wo", C, C, attention_columns);
     o.ffn_norm = add(p + "ffn_norm", {C}, true);
     o.router = add(p + "router", {E, C});
     o.w1 = add(p + "experts.w1", {L, F, C}, false, first * F * C);
@@ -61,9 +77,10 @@ ParameterLayout::ParameterLayout(const ModelConfig& config, ExpertShard shard,
       }
     }
     if (S > 0) {
-      o.shared_w1 = add(p + "shared.w1", {S, C});
-      o.shared_w3 = add(p + "shared.w3", {S, C});
-      o.shared_w2 = add(p + "shared.w2", {C, S});
+      const bool split = tp.splits_shared_expert();
+      o.shared_w1 = add_split(p + "shared.w1", S, C, split ? Split::Rows : Split::None);
+      o.shared_w3 = add_split(p + "shared.w3", S, C, split ? Split::Rows : Split::None);
+      o.shared_w2 = add_split(p + "shared.w2", C, S, split ? Split::Columns : Split::None);
     }
     layers_.push_back(o);
   }
@@ -84,6 +101,27 @@ int64_t ParameterLayout::add(const std::string& name, std::vector<int64_t> shape
       {name, std::move(shape), offset, numel, is_norm_weight, source_offset, false, source_index});
   total_ = offset + numel;
   return offset;
+}
+
+int64_t ParameterLayout::add_split(const std::string& name, int64_t rows, int64_t cols,
+                                   ParameterTensor::TensorSplit split) {
+  using Split = ParameterTensor::TensorSplit;
+  const int64_t parts = tensor_slice_.size, part = tensor_slice_.rank;
+  // A tensor of a layer this layout does not store (pipeline stages) is only counted.
+  if (split == Split::Rows) {
+    const int64_t offset = add(name, {rows / parts, cols}, false, part * (rows / parts) * cols);
+    if (offset >= 0) tensors_.back().tp_split = split;
+    return offset;
+  }
+  if (split == Split::Columns) {
+    const int64_t offset = add(name, {rows, cols / parts}, false, part * (cols / parts));
+    if (offset >= 0) {
+      tensors_.back().tp_split = split;
+      tensors_.back().source_row_length = cols;
+    }
+    return offset;
+  }
+  return add(name, {rows, cols});
 }
 
 const ParameterTensor* ParameterLayout::find(const std::string& name) const {
@@ -109,7 +147,7 @@ void initialize_parameters(T* params, const ParameterLayout& layout, const Model
     const double std = config.init_std * (residual_output ? residual_scale : 1.0);
     for (int64_t i = 0; i < t.numel; ++i) {
       data[i] =
-          T(std * philox_normal(seed, uint64_t(t.source_index), uint64_t(t.source_offset + i)));
+          T(std * philox_normal(seed, uint64_t(t.source_index), uint64_t(t.source_element(i))));
     }
   }
 }

@@ -24,6 +24,20 @@ struct ParameterTensor {
   // Its index in the list of the layout that stores every layer: the stream of its
   // initialization, so a pipeline stage's tensors get exactly the whole model's values.
   int64_t source_index = 0;
+  // Tensor parallelism (TensorSlice): how this rank's tensor is cut from the unsharded one.
+  // None: whole (replicated over the TP group). Rows: a block of rows (output features: Q/K/V,
+  // shared w1/w3, column-parallel), contiguous in the unsharded tensor. Columns: a block of
+  // columns (input features: attention wo, shared w2, row-parallel); its rows are
+  // source_row_length apart in the unsharded tensor.
+  enum class TensorSplit { None, Rows, Columns } tp_split = TensorSplit::None;
+  int64_t source_row_length = 0;  // Columns: the unsharded tensor's row length
+
+  // Index in the unsharded tensor of this tensor's element i.
+  int64_t source_element(int64_t i) const {
+    if (tp_split != TensorSplit::Columns) return source_offset + i;
+    const int64_t width = shape.back();
+    return source_offset + (i / width) * source_row_length + i % width;
+  }
 };
 
 // Which routed experts a layout stores: [first, first + count). count < 0: all of them. Expert
@@ -44,6 +58,20 @@ struct LayerShard {
   bool stores_layer(int layer) const;
 };
 
+// Which slice of the tensor-parallel tensors a layout stores (Megatron-style, for TP group rank
+// `rank` of `size`): attention heads [rank H / size, (rank + 1) H / size) (rows of wq, wk, wv;
+// columns of wo) and, unless attention_only, the shared expert's hidden units
+// [rank S / size, (rank + 1) S / size) (rows of shared w1, w3; columns of shared w2). Every other
+// tensor is whole. size 1: the unsharded layout. validate_tensor_parallel
+// (src/model/tensor_parallel.h) checks that size divides what it cuts.
+struct TensorSlice {
+  int rank = 0;
+  int size = 1;
+  bool attention_only = false;
+  bool active() const { return size > 1; }
+  bool splits_shared_expert() const { return size > 1 && !attention_only; }
+};
+
 // A contiguous piece of the flat buffer, in elements.
 struct ParameterRange {
   int64_t offset = 0;
@@ -59,10 +87,11 @@ struct LayerOffsets {
 
 class ParameterLayout {
  public:
-  // Throws std::invalid_argument when the shard is not a non-empty range of the config's experts
-  // or a stored layer is not one of the config's. Tensors keep their whole-model names.
+  // Throws std::invalid_argument when the shard is not a non-empty range of the config's experts,
+  // a stored layer is not one of the config's, or the tensor slice does not divide the heads (or
+  // the shared expert's width). Tensors keep their whole-model names.
   explicit ParameterLayout(const ModelConfig& config, ExpertShard shard = {},
-                           LayerShard layers = {});
+                           LayerShard layers = {}, TensorSlice tensor_slice = {});
 
   const std::vector<ParameterTensor>& tensors() const { return tensors_; }
   int64_t total() const { return total_; }
@@ -79,11 +108,22 @@ class ParameterLayout {
   int first_expert() const { return first_expert_; }
   int stored_experts() const { return stored_experts_; }
   bool expert_sharded() const { return sharded_; }
+  // The tensor-parallel slice stored, and the widths it gives one rank: attention heads, their
+  // width (heads x head_dim: the columns of Q, K, V and the KV cache), the shared expert's hidden
+  // units.
+  const TensorSlice& tensor_slice() const { return tensor_slice_; }
+  int local_heads() const { return local_heads_; }
+  int attention_width() const { return attention_width_; }
+  int shared_width() const { return shared_width_; }
 
  private:
   // Adds a tensor, or, while storing_ is false, only counts it (returns -1).
   int64_t add(const std::string& name, std::vector<int64_t> shape, bool is_norm_weight = false,
               int64_t source_offset = 0);
+  // The slice of the unsharded [rows, cols] tensor `name` that tensor_slice_ gives this rank:
+  // `split` rows (Rows) or columns (Columns) of `parts` equal blocks, block tensor_slice_.rank.
+  int64_t add_split(const std::string& name, int64_t rows, int64_t cols,
+                    ParameterTensor::TensorSplit split);
 
   std::vector<ParameterTensor> tensors_;
   std::vector<LayerOffsets> layers_;
@@ -93,11 +133,14 @@ class ParameterLayout {
   bool sharded_ = false;
   bool storing_ = true;
   int64_t next_source_index_ = 0;
+  TensorSlice tensor_slice_;
+  int local_heads_ = 0, attention_width_ = 0, shared_width_ = 0;
 };
 
 // Deterministic init from a seed: N(0, init_std) per element drawn from Philox keyed by
-// (seed, tensor index, element of the unsharded tensor), so an expert shard gets exactly the
-// slice of the unsharded initialization; residual
+// (seed, tensor index, element of the unsharded tensor: ParameterTensor::source_index), so an
+// expert shard or a tensor-parallel slice gets exactly the slice of the unsharded
+// initialization; residual
 // output projections (wo, w2) are scaled by 1/sqrt(2 * n_layers) as in GPT-2; norms are 1.
 // True for the routed experts' tensors (w1, w3, w2 of every layer), which EP shards.
 bool is_expert_tensor(const ParameterTensor& tensor);

@@ -10,6 +10,7 @@
 
 #include "kernels/arena.h"
 #include "mpi_comm/expert_dispatch.h"
+#include "src/model/tensor_parallel.h"
 
 namespace rlf {
 
@@ -32,12 +33,16 @@ struct Transformer<T>::AttentionMode {
 
 template <typename T>
 Transformer<T>::Transformer(const ModelConfig& config, const Ops<T>& ops, Arena& device,
-                            bool with_gradients, ExpertShard experts, LayerShard layers)
+                            bool with_gradients, ExpertShard experts, LayerShard layers,
+                            const TensorParallel* tp)
     : config_(config),
-      layout_(config, experts, std::move(layers)),
+      layout_(config, experts, std::move(layers), tp ? tp->slice() : TensorSlice{}),
       ops_(ops),
       device_(device),
-      moe_(config_, ops, device) {
+      moe_(config_, ops, device),
+      tp_(tp) {
+  if (tp && tp->slice().splits_shared_expert())
+    moe_.set_tensor_parallel(tp, layout_.shared_width());
   params_ = device_.allocate<T>(size_t(layout_.total()), "model parameters");
   if (with_gradients) allocate_gradients();
 }
@@ -49,8 +54,12 @@ Transformer<T>::Transformer(const Transformer& shared, Arena& activations)
       ops_(shared.ops_),
       device_(activations),
       moe_(config_, ops_, activations),
+      tp_(shared.tp_),
       params_(shared.params_),
-      grads_(shared.grads_) {}
+      grads_(shared.grads_) {
+  if (tp_ && tp_->slice().splits_shared_expert())
+    moe_.set_tensor_parallel(tp_, layout_.shared_width());
+}
 
 template <typename T>
 Transformer<T>::~Transformer() = default;
@@ -93,6 +102,11 @@ bool Transformer<T>::on_any_expert_parallel_rank(bool local) const {
 }
 
 template <typename T>
+void Transformer<T>::tensor_parallel_sum(T* data, int64_t count) const {
+  if (tp_) tp_->allreduce_sum(data, count);
+}
+
+template <typename T>
 T* Transformer<T>::allocate_gradients() {
   grads_ = device_.allocate_zeroed<T>(size_t(layout_.total()), "parameter gradients");
   return grads_;
@@ -111,15 +125,16 @@ void Transformer<T>::zero_gradients() {
 
 template <typename T>
 typename Transformer<T>::Layer Transformer<T>::allocate_layer(int N) {
-  const int64_t C = config_.d_model, H = config_.n_heads;
+  // With tensor parallelism Q, K, V and the attention output hold only this rank's heads.
+  const int64_t C = config_.d_model, H = layout_.local_heads(), A = layout_.attention_width();
   Arena& d = device_;
   Layer a;
   a.xn1 = d.allocate<T>(N * C, "activations");
   a.rstd1 = d.allocate<T>(N, "activations");
-  a.q = d.allocate<T>(N * C, "activations");
-  a.k = d.allocate<T>(N * C, "activations");
-  a.v = d.allocate<T>(N * C, "activations");
-  a.att = d.allocate<T>(N * C, "activations");
+  a.q = d.allocate<T>(N * A, "activations");
+  a.k = d.allocate<T>(N * A, "activations");
+  a.v = d.allocate<T>(N * A, "activations");
+  a.att = d.allocate<T>(N * A, "activations");
   a.lse = d.allocate<T>(N * H, "activations");
   a.x_mid = d.allocate<T>(N * C, "activations");
   a.xn2 = d.allocate<T>(N * C, "activations");
@@ -132,7 +147,7 @@ typename Transformer<T>::Layer Transformer<T>::allocate_layer(int N) {
 template <typename T>
 void Transformer<T>::attention_core(int l, Layer& a, int N, const int* positions,
                                     const AttentionMode& mode) {
-  const int H = config_.n_heads, D = config_.head_dim();
+  const int H = layout_.local_heads(), D = config_.head_dim();
   const int64_t row = int64_t(H) * D;
   // Prefill and decode keep each token's key and value at its position in its sequence's slot.
   if (mode.cache) {
@@ -163,18 +178,20 @@ template <typename T>
 void Transformer<T>::layer_forward(int l, Layer& a, const T* x_in, T* x_out, int N,
                                    const int* positions, const AttentionMode& mode) {
   const LayerOffsets& o = layout_.layer(l);
-  const int C = config_.d_model, H = config_.n_heads, D = config_.head_dim();
+  const int C = config_.d_model, D = config_.head_dim();
+  const int H = layout_.local_heads(), A = layout_.attention_width();  // this TP rank's heads
   const int64_t NC = int64_t(N) * C;
   a.x_in = x_in;
   ops_.rmsnorm_forward(a.xn1, a.rstd1, x_in, params_ + o.attn_norm, N, C, T(config_.norm_eps),
                        device_);
-  ops_.matmul_forward(a.q, a.xn1, params_ + o.wq, N, C, C, device_);
-  ops_.matmul_forward(a.k, a.xn1, params_ + o.wk, N, C, C, device_);
-  ops_.matmul_forward(a.v, a.xn1, params_ + o.wv, N, C, C, device_);
+  ops_.matmul_forward(a.q, a.xn1, params_ + o.wq, N, C, A, device_);
+  ops_.matmul_forward(a.k, a.xn1, params_ + o.wk, N, C, A, device_);
+  ops_.matmul_forward(a.v, a.xn1, params_ + o.wv, N, C, A, device_);
   ops_.rope_forward(a.q, a.q, positions, N, H, D, config_.rope_theta, device_);
   ops_.rope_forward(a.k, a.k, positions, N, H, D, config_.rope_theta, device_);
   attention_core(l, a, N, positions, mode);
-  ops_.matmul_forward(a.x_mid, a.att, params_ + o.wo, N, C, C, device_);
+  ops_.matmul_forward(a.x_mid, a.att, params_ + o.wo, N, A, C, device_);
+  tensor_parallel_sum(a.x_mid, NC);  // row-parallel wo: the heads' partial sums
   for (int64_t i = 0; i < NC; ++i) a.x_mid[i] += x_in[i];
   ops_.rmsnorm_forward(a.xn2, a.rstd2, a.x_mid, params_ + o.ffn_norm, N, C, T(config_.norm_eps),
                        device_);
@@ -362,8 +379,9 @@ template <typename T>
 void Transformer<T>::layer_backward(int l, const Layer& a, T* dx, int N, const int* positions,
                                     T aux_weight) {
   const LayerOffsets& o = layout_.layer(l);
-  const int C = config_.d_model, H = config_.n_heads, D = config_.head_dim();
-  const int64_t NC = int64_t(N) * C;
+  const int C = config_.d_model, D = config_.head_dim();
+  const int H = layout_.local_heads(), A = layout_.attention_width();  // this TP rank's heads
+  const int64_t NC = int64_t(N) * C, NA = int64_t(N) * A;
   ArenaScope scope(device_);
   // x_out = x_mid + moe_out: both receive dx.
   T* dx_mid = device_.allocate<T>(size_t(NC), "backward work");
@@ -374,21 +392,22 @@ void Transformer<T>::layer_backward(int l, const Layer& a, T* dx, int N, const i
   ops_.rmsnorm_backward(dx_mid, grads_ + o.ffn_norm, dxn2, a.x_mid, params_ + o.ffn_norm, a.rstd2,
                         N, C, device_);
   // x_mid = x_in + att @ wo^T.
-  T* datt = device_.allocate_zeroed<T>(NC, "backward work");
-  ops_.matmul_backward(datt, grads_ + o.wo, dx_mid, a.att, params_ + o.wo, N, C, C, device_);
-  T* dq = device_.allocate_zeroed<T>(NC, "backward work");
-  T* dk = device_.allocate_zeroed<T>(NC, "backward work");
-  T* dv = device_.allocate_zeroed<T>(NC, "backward work");
+  T* datt = device_.allocate_zeroed<T>(NA, "backward work");
+  ops_.matmul_backward(datt, grads_ + o.wo, dx_mid, a.att, params_ + o.wo, N, A, C, device_);
+  T* dq = device_.allocate_zeroed<T>(NA, "backward work");
+  T* dk = device_.allocate_zeroed<T>(NA, "backward work");
+  T* dv = device_.allocate_zeroed<T>(NA, "backward work");
   ops_.attention_backward(dq, dk, dv, datt, a.att, a.lse, a.q, a.k, a.v, seq_offsets_, S_, H, D,
                           device_);
-  T* dq_pre = device_.allocate_zeroed<T>(NC, "backward work");
-  T* dk_pre = device_.allocate_zeroed<T>(NC, "backward work");
+  T* dq_pre = device_.allocate_zeroed<T>(NA, "backward work");
+  T* dk_pre = device_.allocate_zeroed<T>(NA, "backward work");
   ops_.rope_backward(dq_pre, dq, positions, N, H, D, config_.rope_theta, device_);
   ops_.rope_backward(dk_pre, dk, positions, N, H, D, config_.rope_theta, device_);
   T* dxn1 = device_.allocate_zeroed<T>(NC, "backward work");
-  ops_.matmul_backward(dxn1, grads_ + o.wq, dq_pre, a.xn1, params_ + o.wq, N, C, C, device_);
-  ops_.matmul_backward(dxn1, grads_ + o.wk, dk_pre, a.xn1, params_ + o.wk, N, C, C, device_);
-  ops_.matmul_backward(dxn1, grads_ + o.wv, dv, a.xn1, params_ + o.wv, N, C, C, device_);
+  ops_.matmul_backward(dxn1, grads_ + o.wq, dq_pre, a.xn1, params_ + o.wq, N, C, A, device_);
+  ops_.matmul_backward(dxn1, grads_ + o.wk, dk_pre, a.xn1, params_ + o.wk, N, C, A, device_);
+  ops_.matmul_backward(dxn1, grads_ + o.wv, dv, a.xn1, params_ + o.wv, N, C, A, device_);
+  tensor_parallel_sum(dxn1, NC);  // column-parallel Q/K/V: the heads' partial input gradients
   // x_in feeds both the residual (dx_mid) and the attention norm.
   std::memcpy(dx, dx_mid, size_t(NC) * sizeof(T));
   ops_.rmsnorm_backward(dx, grads_ + o.attn_norm, dxn1, a.x_in, params_ + o.attn_norm, a.rstd1, N,
@@ -405,12 +424,14 @@ KVCache<T> Transformer<T>::allocate_kv_cache(int slots, int max_len) {
   KVCache<T> cache;
   cache.slots = slots;
   cache.max_len = max_len;
-  const size_t per_layer = size_t(slots) * size_t(max_len) * size_t(config_.d_model);
+  // With tensor parallelism only this rank's heads.
+  const int width = layout_.attention_width();
+  const size_t per_layer = size_t(slots) * size_t(max_len) * size_t(width);
   for (int l = 0; l < config_.n_layers; ++l) {
     cache.keys.emplace_back(device_.allocate<T>(per_layer, "KV cache"),
-                            std::initializer_list<int64_t>{slots, max_len, config_.d_model});
+                            std::initializer_list<int64_t>{slots, max_len, width});
     cache.values.emplace_back(device_.allocate<T>(per_layer, "KV cache"),
-                              std::initializer_list<int64_t>{slots, max_len, config_.d_model});
+                              std::initializer_list<int64_t>{slots, max_len, width});
   }
   return cache;
 }

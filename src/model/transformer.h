@@ -8,6 +8,12 @@
 // this rank's local experts. A model built with an ExpertShard stores only its own experts
 // (zero redundancy); a model with the full layout also runs EP and then reads and gets gradients
 // only for its local experts' slices of w1/w3/w2. Non-expert tensors are replicated.
+//
+// Tensor parallelism (a TensorParallel given to the constructor; src/model/tensor_parallel.h):
+// the model holds its TP rank's slice of the layout (its heads of wq/wk/wv/wo, its part of the
+// shared expert), runs attention on its heads only (the KV cache holds only them) and sums the
+// partial outputs over the TP group: every forward, backward, prefill and decode is collective
+// over the group, whose ranks must bring the same tokens. Float only.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +30,7 @@ namespace rlf {
 class Arena;
 class ExpertDispatcher;
 class OverlappedExperts;
+class TensorParallel;
 
 template <typename T>
 class Transformer {
@@ -33,8 +40,9 @@ class Transformer {
   // dispatchers whose local experts are exactly the shard).
   // With a layer shard (a pipeline stage), only those layers (and the embedding and head where
   // the shard has them); such a model runs with forward_range and backward_range only.
+  // With `tp` (not owned), its TP rank's slice (tp->slice()) of the tensor-parallel tensors.
   Transformer(const ModelConfig& config, const Ops<T>& ops, Arena& device, bool with_gradients,
-              ExpertShard experts = {}, LayerShard layers = {});
+              ExpertShard experts = {}, LayerShard layers = {}, const TensorParallel* tp = nullptr);
   // A second model over `shared`'s parameters and gradients (not copied; `shared` must outlive
   // it) whose activations and work buffers live in `activations`. A pipeline stage keeps one per
   // micro-batch in flight, each in its own arena, so a micro-batch's activations are freed when
@@ -51,6 +59,8 @@ class Transformer {
   T* parameters() const { return params_; }
   T* gradients() const { return grads_; }
   int64_t parameter_count() const { return layout_.total(); }
+  // The tensor-parallel group (null without tensor parallelism).
+  const TensorParallel* tensor_parallel() const { return tp_; }
 
   // `per_layer[l]` (n_layers entries, each a distinct dispatcher over the same EP group with
   // n_experts experts) runs layer l's routed experts; an empty vector turns EP off. Each layer
@@ -140,6 +150,8 @@ class Transformer {
   }
   // Final RMSNorm and LM head over N hidden rows.
   const T* head(const T* x, int N, bool keep_activations);
+  // Tensor parallelism: sums data[count] over the TP group (nothing without TP).
+  void tensor_parallel_sum(T* data, int64_t count) const;
 
   ModelConfig config_;
   ParameterLayout layout_;
@@ -148,6 +160,7 @@ class Transformer {
   MoeBlock<T> moe_;
   std::vector<ExpertDispatcher*> expert_parallel_;  // per layer; empty: no EP
   std::vector<OverlappedExperts*> overlap_;         // per layer; empty: no overlap
+  const TensorParallel* tp_ = nullptr;
   T* params_ = nullptr;
   T* grads_ = nullptr;
 

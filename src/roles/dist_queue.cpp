@@ -52,6 +52,17 @@ bool sent_by_client(int tag) {
   return is_request(tag) || tag == qp::kScatter;
 }
 
+// std::logic_error when a hierarchical get handed this member a sample outside its range.
+void check_samples_in_range(const std::vector<QueueSample>& samples, const qp::SampleRange& range,
+                            const char* function, const char* rule) {
+  for (const QueueSample& s : samples)
+    if (!range.contains(s.sample_id))
+      throw std::logic_error(std::string("DistQueue::") + function + ": got sample " +
+                             std::to_string(s.sample_id) + " for the range [" +
+                             std::to_string(range.first) + ", " + std::to_string(range.end()) +
+                             "): " + rule);
+}
+
 // A range of sample ids names at least one sample, none negative.
 void check_range(int64_t first_sample_id, int64_t count, const char* function) {
   if (count < 1 || first_sample_id < 0)
@@ -515,13 +526,23 @@ std::vector<QueueSample> DistQueue::get_range_hierarchical(int64_t first_sample_
       parts[size_t((s.sample_id - first_sample_id) / count)].push_back(std::move(s));
     return parts;
   });
-  for (const QueueSample& s : mine)
-    if (!range.contains(s.sample_id))
-      throw std::logic_error("DistQueue::get_range_hierarchical: got sample " +
-                             std::to_string(s.sample_id) + " for the range [" +
-                             std::to_string(range.first) + ", " + std::to_string(range.end()) +
-                             "): the members' ranges must be consecutive in local-rank order, "
-                             "of equal counts");
+  check_samples_in_range(mine, range, "get_range_hierarchical",
+                         "the members' ranges must be consecutive in local-rank order, of equal "
+                         "counts");
+  return mine;
+}
+
+std::vector<QueueSample> DistQueue::get_range_replicated(int64_t first_sample_id, int64_t count,
+                                                         const HierarchicalComm& group,
+                                                         int32_t v_min) {
+  if (closed_) throw std::logic_error("DistQueue::get_range_replicated after close()");
+  check_range(first_sample_id, count, "get_range_replicated");
+  auto mine = scatter_from_leader(group, count, [&](int members) {
+    return std::vector<std::vector<QueueSample>>(size_t(members),
+                                                 get_range(first_sample_id, count, v_min));
+  });
+  check_samples_in_range(mine, {first_sample_id, count}, "get_range_replicated",
+                         "every member must name the same range");
   return mine;
 }
 

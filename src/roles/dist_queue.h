@@ -10,7 +10,8 @@
 // that host shards and also get from them cannot deadlock, and no wait spins a core.
 //
 // Life cycle, on every rank of the world: construct (collective), any mix of put / get /
-// get_hierarchical / get_range / get_range_hierarchical / barrier / serve_*, then close()
+// get_hierarchical / get_range / get_range_hierarchical / get_range_replicated / barrier /
+// serve_*, then close()
 // (collective): a dedicated queue rank calls close() right away, which serves until every rank
 // has closed.
 //
@@ -133,6 +134,15 @@ class DistQueue {
   std::vector<QueueSample> get_range_hierarchical(int64_t first_sample_id, int64_t count,
                                                   const HierarchicalComm& group,
                                                   int32_t v_min = kAnyVersion);
+  // One get_range for a group whose every member trains the same samples (a tensor-parallel
+  // group: TensorParallel::group(), inside one node), collective over group.intra: every member
+  // names the same range; only the leader (local rank 0) asks the queue for it and sends every
+  // member the same samples (one Scatter message each, intra-node). The queue sees 1/members of
+  // the requests and bytes of each member fetching its own copy. A member whose samples fall
+  // outside its range throws std::logic_error (members named different ranges).
+  std::vector<QueueSample> get_range_replicated(int64_t first_sample_id, int64_t count,
+                                                const HierarchicalComm& group,
+                                                int32_t v_min = kAnyVersion);
 
   // --- collective ---
   // MPI barrier over the world that keeps serving while it waits.

@@ -1,0 +1,46 @@
+#include "src/app/tensor_parallel_train.h"
+
+#include <string>
+
+#include "kernels/error.h"
+
+namespace rlf {
+
+void validate_tensor_parallel_train(const DisaggregatedOptions& options, bool fused, int world_size,
+                                    const RlOptions& rl, const CheckpointOptions& checkpoints) {
+  const int degree = options.tensor_parallel;
+  const std::string option = "--tensor-parallel " + std::to_string(degree);
+  if (degree < 1) throw ConfigError(option + ": must be a positive integer");
+  if (degree == 1) {
+    if (options.tensor_parallel_attention_only) {
+      throw ConfigError("--tensor-parallel-attention-only needs --tensor-parallel 2 or more");
+    }
+    return;
+  }
+  auto refuse = [&](const std::string& what) {
+    throw ConfigError(option + " is not supported " + what);
+  };
+  if (world_size == 1) refuse("on one rank (mpiexec -n " + std::to_string(degree) + " or more)");
+  if (!fused) refuse("outside --mode fused");
+  if (options.expert_parallel != 1 || options.actor_expert_parallel != 1) {
+    refuse("with --expert-parallel / --actor-expert-parallel");
+  }
+  if (options.offload) refuse("with --offload");
+  if (options.rebalance.every > 0) refuse("with --rebalance-every");
+  if (rl.staleness > 0) refuse("with --staleness (StaleSync)");
+  if (!rl.reward_model.empty()) refuse("with --reward-model");
+  if (checkpoints.every > 0 || !checkpoints.resume.empty()) {
+    refuse("with --checkpoint-every or --resume");
+  }
+}
+
+std::unique_ptr<TensorParallel> make_train_tensor_parallel(const DisaggregatedOptions& options,
+                                                           const ModelConfig& config,
+                                                           Topology& topology) {
+  if (options.tensor_parallel <= 1) return nullptr;
+  return std::make_unique<TensorParallel>(topology.role_comm().comm, options.tensor_parallel,
+                                          options.tensor_parallel_attention_only, config,
+                                          topology.links());
+}
+
+}  // namespace rlf

@@ -1,0 +1,28 @@
+// `train --mode fused --tensor-parallel T`: TP groups of T consecutive ranks each hold one replica
+// of the policy (src/model/tensor_parallel.h) and generate and train the same samples; the
+// replicas split the step's prompts and sum their gradients over the data-parallel groups.
+#pragma once
+
+#include <memory>
+
+#include "mpi_comm/topology.h"
+#include "src/app/disaggregated_train.h"
+#include "src/app/rl_options.h"
+#include "src/app/train_checkpoints.h"
+#include "src/model/tensor_parallel.h"
+
+namespace rlf {
+
+// ConfigError, the same on every rank before any work, for --tensor-parallel outside what is
+// built: a degree below 1, a multi-rank run that is not --mode fused, one rank, or combined with
+// expert parallelism, --offload, StaleSync, a learned reward model, rebalancing or checkpoints.
+void validate_tensor_parallel_train(const DisaggregatedOptions& options, bool fused, int world_size,
+                                    const RlOptions& rl, const CheckpointOptions& checkpoints);
+
+// The TP groups over the fused ranks (null for --tensor-parallel 1). Throws ConfigError on every
+// rank when the degree does not divide the ranks, the model's heads or its shared expert.
+std::unique_ptr<TensorParallel> make_train_tensor_parallel(const DisaggregatedOptions& options,
+                                                           const ModelConfig& config,
+                                                           Topology& topology);
+
+}  // namespace rlf
