@@ -52,7 +52,6 @@ class Transformer {
   const ParameterLayout& layout() const { return layout_; }
   // The routed experts this model runs and where each one is.
   const ExpertTable<T>& experts() const { return experts_; }
-  bool is_view() const { return view_; }
   const Ops<T>& ops() const { return ops_; }
   Arena& device() const { return device_; }
   T* parameters() const { return params_; }

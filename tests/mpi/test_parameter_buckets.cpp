@@ -102,18 +102,34 @@ bool same_samples(const std::vector<GeneratedSample>& a, const std::vector<Gener
   return true;
 }
 
-TEST(ParameterBuckets, TheBucketViewGeneratesWhatTheCopiedLayoutGeneratesBitForBit) {
-  const int rank = test::world_rank(), size = test::world_size();
-  const ModelConfig config = bucket_test_config();
-  const std::vector<Switch> cases = switches_for(size, config.n_experts);
-  if (cases.empty()) GTEST_SKIP() << "no layout switch on " << size << " rank(s)";
-  const std::unique_ptr<Task> task = make_task({"sort", 1, {}});
-  Links links(test::virtual_node_list(size, 1), LinkEmulation{});
-  HierarchicalComm ranks = make_hierarchical(MPI_COMM_WORLD, links);
+// Every layout switch of the world's rank count, the ranks' communicator, and this rank's prompts.
+class ParameterBuckets : public ::testing::Test {
+ protected:
+  ParameterBuckets()
+      : config(bucket_test_config()),
+        cases(switches_for(test::world_size(), config.n_experts)),
+        task(make_task({"sort", 1, {}})),
+        links(test::virtual_node_list(test::world_size(), 1), LinkEmulation{}),
+        ranks(make_hierarchical(MPI_COMM_WORLD, links)),
+        prompts(prompts_of_rank(*task, test::world_rank())) {}
+  ~ParameterBuckets() override { free_hierarchical(ranks); }
+  void SetUp() override {
+    if (cases.empty()) GTEST_SKIP() << "no layout switch on " << test::world_size() << " rank(s)";
+  }
+
+  const ModelConfig config;
+  const std::vector<Switch> cases;
+  const std::unique_ptr<Task> task;
+  Links links;
+  HierarchicalComm ranks;
+  const Prompts prompts;
+};
+
+TEST_F(ParameterBuckets, TheBucketViewGeneratesWhatTheCopiedLayoutGeneratesBitForBit) {
+  const int rank = test::world_rank();
   const ParameterLayout whole_layout(config);
   std::vector<float> whole(size_t(whole_layout.total()));
   initialize_parameters(whole.data(), whole_layout, config, 23);
-  const Prompts prompts = prompts_of_rank(*task, rank);
   const GenerationSettings sampling = sampling_for(*task);
   for (const Switch& c : cases) {
     SCOPED_TRACE("training EP " + std::to_string(c.train) + ", generation EP " +
@@ -179,7 +195,6 @@ TEST(ParameterBuckets, TheBucketViewGeneratesWhatTheCopiedLayoutGeneratesBitForB
     layout_switch.to_training(experts, pool);
     EXPECT_EQ(pool.slots_in_use(), 0);
   }
-  free_hierarchical(ranks);
 }
 
 // One fused rank's training state: the model (its training shard), sharded AdamW with a global
@@ -244,20 +259,12 @@ struct Learner {
   DataParallelHooks hooks;
 };
 
-TEST(ParameterBuckets, TrainGenerateTrainLeavesParametersAndOptimizerStateBitIdentical) {
-  const int rank = test::world_rank(), size = test::world_size();
-  const ModelConfig config = bucket_test_config();
-  const std::vector<Switch> cases = switches_for(size, config.n_experts);
-  if (cases.empty()) GTEST_SKIP() << "no layout switch on " << size << " rank(s)";
-  const std::unique_ptr<Task> task = make_task({"sort", 1, {}});
-  Links links(test::virtual_node_list(size, 1), LinkEmulation{});
-  HierarchicalComm ranks = make_hierarchical(MPI_COMM_WORLD, links);
+TEST_F(ParameterBuckets, TrainGenerateTrainLeavesParametersAndOptimizerStateBitIdentical) {
   Arena whole_device("whole", 32 << 20);
   Transformer<float> whole(config, cpu_ops(), whole_device, /*with_gradients=*/false);
   whole.initialize(31);
   const std::vector<Rollout> first = test::global_rl_batch(whole, *task, 0);
   const std::vector<Rollout> second = test::global_rl_batch(whole, *task, 1);
-  const Prompts prompts = prompts_of_rank(*task, rank);
   for (const Switch& c : cases) {
     for (bool offload : {false, true}) {
       SCOPED_TRACE("training EP " + std::to_string(c.train) + ", generation EP " +
@@ -300,7 +307,6 @@ TEST(ParameterBuckets, TrainGenerateTrainLeavesParametersAndOptimizerStateBitIde
           << "training after the generation phase differs from training without it";
     }
   }
-  free_hierarchical(ranks);
 }
 
 }  // namespace
