@@ -280,17 +280,18 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         ArenaScope generation_memory(device);
         SlotPool received(device, layout_switch->bucket_bytes(),
                           layout_switch->buckets_to_receive(), "received expert buckets");
-        GenerationExperts experts;
+        GenerationExperts generation_experts;
         {
           TraceScope traced(trace, Phase::Reshard);
           traced.set_version(version);
-          experts = layout_switch->to_generation(model.parameters(), model.layout(), received);
-          traced.set_bytes(int64_t(experts.received_bytes));
+          generation_experts =
+              layout_switch->to_generation(model.parameters(), model.layout(), received);
+          traced.set_bytes(int64_t(generation_experts.received_bytes));
         }
-        Transformer<float> generation(model, experts.table);
+        Transformer<float> generation(model, generation_experts.table);
         if (generation_ep) generation_ep->attach_reusing(generation);
         generate(generation);
-        layout_switch->to_training(experts, received);
+        layout_switch->to_training(generation_experts, received);
       }
     } catch (const OutOfDeviceMemory& error) {
       if (offload) throw;
