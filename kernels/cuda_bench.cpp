@@ -489,16 +489,22 @@ void bench_moe(Bench& b) {
     std::vector<float> dxg(c.xg.size(), 0.f), dw1(c.w1.size(), 0.f), dw3(c.w1.size(), 0.f),
         dw2(c.w2.size(), 0.f);
     auto yg = y, ag = a, bg = bb, dxgg = dxg, dw1g = dw1, dw3g = dw3, dw2g = dw2;
-    ref::expert_ffn_forward(y.data(), a.data(), bb.data(), c.xg.data(), c.w1.data(), c.w3.data(),
-                            c.w2.data(), c.off.data(), c.E, c.C, c.F);
-    ref::expert_ffn_backward(dxg.data(), dw1.data(), dw3.data(), dw2.data(), c.dy.data(),
-                             c.xg.data(), a.data(), bb.data(), c.w1.data(), c.w3.data(),
-                             c.w2.data(), c.off.data(), c.E, c.C, c.F);
-    cuda::expert_ffn_forward(yg.data(), ag.data(), bg.data(), c.xg.data(), c.w1.data(), c.w3.data(),
-                             c.w2.data(), c.off.data(), c.E, c.C, c.F, b.scratch);
-    cuda::expert_ffn_backward(dxgg.data(), dw1g.data(), dw3g.data(), dw2g.data(), c.dy.data(),
-                              c.xg.data(), ag.data(), bg.data(), c.w1.data(), c.w3.data(),
-                              c.w2.data(), c.off.data(), c.E, c.C, c.F, b.scratch);
+    // One pointer per expert (kernels/moe.h).
+    const int64_t FC = int64_t(c.F) * c.C;
+    auto experts = [&](std::vector<float>& v) { return consecutive_experts(v.data(), c.E, FC); };
+    const auto w1 = experts(c.w1), w3 = experts(c.w3), w2 = experts(c.w2);
+    const auto g1 = experts(dw1), g3 = experts(dw3), g2 = experts(dw2);
+    const auto g1g = experts(dw1g), g3g = experts(dw3g), g2g = experts(dw2g);
+    ref::expert_ffn_forward(y.data(), a.data(), bb.data(), c.xg.data(), w1.data(), w3.data(),
+                            w2.data(), c.off.data(), c.E, c.C, c.F);
+    ref::expert_ffn_backward(dxg.data(), g1.data(), g3.data(), g2.data(), c.dy.data(), c.xg.data(),
+                             a.data(), bb.data(), w1.data(), w3.data(), w2.data(), c.off.data(),
+                             c.E, c.C, c.F);
+    cuda::expert_ffn_forward(yg.data(), ag.data(), bg.data(), c.xg.data(), w1.data(), w3.data(),
+                             w2.data(), c.off.data(), c.E, c.C, c.F, b.scratch);
+    cuda::expert_ffn_backward(dxgg.data(), g1g.data(), g3g.data(), g2g.data(), c.dy.data(),
+                              c.xg.data(), ag.data(), bg.data(), w1.data(), w3.data(), w2.data(),
+                              c.off.data(), c.E, c.C, c.F, b.scratch);
     ffn_check =
         std::max({nmse(yg, y), nmse(dxgg, dxg), nmse(dw1g, dw1), nmse(dw3g, dw3), nmse(dw2g, dw2)});
   }
@@ -509,15 +515,19 @@ void bench_moe(Bench& b) {
         a(size_t(c.M) * F), bb(size_t(c.M) * F), dxg(c.xg.size()), dw1(c.w1.size()),
         dw3(c.w3.size()), dw2(c.w2.size());
     DeviceBuffer<int> off(c.off);
+    const int64_t FC = int64_t(F) * C;
+    auto experts = [&](DeviceBuffer<float>& v) { return consecutive_experts(v.get(), Et, FC); };
+    const auto p1 = experts(w1), p3 = experts(w3), p2 = experts(w2);
+    const auto g1 = experts(dw1), g3 = experts(dw3), g2 = experts(dw2);
     b.add(
         "expert ffn fwd+bwd", std::to_string(Nt) + " tok C1024 F2048 E16 k2",
         3.0 * 2.0 * Nt * Kt * 3.0 * C * F, true,
         [&] {
-          cuda::expert_ffn_forward(y.get(), a.get(), bb.get(), xg.get(), w1.get(), w3.get(),
-                                   w2.get(), off.get(), Et, C, F, b.scratch);
-          cuda::expert_ffn_backward(dxg.get(), dw1.get(), dw3.get(), dw2.get(), dy.get(), xg.get(),
-                                    a.get(), bb.get(), w1.get(), w3.get(), w2.get(), off.get(), Et,
-                                    C, F, b.scratch);
+          cuda::expert_ffn_forward(y.get(), a.get(), bb.get(), xg.get(), p1.data(), p3.data(),
+                                   p2.data(), off.get(), Et, C, F, b.scratch);
+          cuda::expert_ffn_backward(dxg.get(), g1.data(), g3.data(), g2.data(), dy.get(), xg.get(),
+                                    a.get(), bb.get(), p1.data(), p3.data(), p2.data(), off.get(),
+                                    Et, C, F, b.scratch);
         },
         ffn_check);
   }

@@ -91,11 +91,12 @@ const Ops<T>& reference_ops() {
       },
       [](T* dy, T* dw, const T* dout, const T* y, const T* w, const int* rows, int N, int K, int C,
          Arena&) { ref::moe_combine_backward(dy, dw, dout, y, w, rows, N, K, C); },
-      [](T* y, T* a, T* b, const T* xg, const T* w1, const T* w3, const T* w2, const int* offsets,
-         int E, int C, int F,
+      [](T* y, T* a, T* b, const T* xg, const T* const* w1, const T* const* w3, const T* const* w2,
+         const int* offsets, int E, int C, int F,
          Arena&) { ref::expert_ffn_forward(y, a, b, xg, w1, w3, w2, offsets, E, C, F); },
-      [](T* dxg, T* dw1, T* dw3, T* dw2, const T* dy, const T* xg, const T* a, const T* b,
-         const T* w1, const T* w3, const T* w2, const int* offsets, int E, int C, int F, Arena&) {
+      [](T* dxg, T* const* dw1, T* const* dw3, T* const* dw2, const T* dy, const T* xg, const T* a,
+         const T* b, const T* const* w1, const T* const* w3, const T* const* w2, const int* offsets,
+         int E, int C, int F, Arena&) {
         ref::expert_ffn_backward(dxg, dw1, dw3, dw2, dy, xg, a, b, w1, w3, w2, offsets, E, C, F);
       },
       [](T* logp, T* lse, const T* logits, const int* targets, int N, int V, Arena&) {

@@ -59,11 +59,14 @@ struct Ops {
   void (*moe_combine_backward)(T* dy, T* dexpert_weight, const T* dout, const T* y,
                                const T* expert_weight, const int* row_of_assignment, int N, int K,
                                int C, Arena&);
-  void (*expert_ffn_forward)(T* y, T* a, T* b, const T* xg, const T* w1, const T* w3, const T* w2,
-                             const int* expert_offsets, int E, int C, int F, Arena&);
-  void (*expert_ffn_backward)(T* dxg, T* dw1, T* dw3, T* dw2, const T* dy, const T* xg, const T* a,
-                              const T* b, const T* w1, const T* w3, const T* w2,
-                              const int* expert_offsets, int E, int C, int F, Arena&);
+  // Expert weights and their gradients one pointer per expert (kernels/moe.h).
+  void (*expert_ffn_forward)(T* y, T* a, T* b, const T* xg, const T* const* w1, const T* const* w3,
+                             const T* const* w2, const int* expert_offsets, int E, int C, int F,
+                             Arena&);
+  void (*expert_ffn_backward)(T* dxg, T* const* dw1, T* const* dw3, T* const* dw2, const T* dy,
+                              const T* xg, const T* a, const T* b, const T* const* w1,
+                              const T* const* w3, const T* const* w2, const int* expert_offsets,
+                              int E, int C, int F, Arena&);
   void (*logprob_forward)(T* logp, T* lse, const T* logits, const int* targets, int N, int V,
                           Arena&);
   void (*logprob_backward)(T* dlogits, const T* dlogp, const T* logits, const T* lse,

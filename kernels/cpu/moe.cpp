@@ -122,15 +122,14 @@ void moe_combine_backward(float* dy, float* dexpert_weight, const float* dout, c
   });
 }
 
-void expert_ffn_forward(float* y, float* a, float* b, const float* xg, const float* w1,
-                        const float* w3, const float* w2, const int* expert_offsets, int E, int C,
-                        int F, Arena& scratch) {
+void expert_ffn_forward(float* y, float* a, float* b, const float* xg, const float* const* w1,
+                        const float* const* w3, const float* const* w2, const int* expert_offsets,
+                        int E, int C, int F, Arena& scratch) {
   const int64_t M = expert_offsets[E];
   if (M <= 0) return;
   ArenaScope scope(scratch);
   const RowTasks tasks = make_row_tasks(expert_offsets, E, scratch);
   float* h = scratch.allocate<float>(size_t(M) * F, "expert_ffn_forward h");
-  const int64_t FC = int64_t(F) * C;
   parallel_for_chunks(tasks.count(), 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       int e;
@@ -139,25 +138,24 @@ void expert_ffn_forward(float* y, float* a, float* b, const float* xg, const flo
       const int64_t rows = r1 - r0;
       CMapM X(xg + r0 * C, rows, C);
       MapM A(a + r0 * F, rows, F), B(b + r0 * F, rows, F), H(h + r0 * F, rows, F);
-      A.noalias() = X * CMapM(w1 + e * FC, F, C).transpose();
-      B.noalias() = X * CMapM(w3 + e * FC, F, C).transpose();
+      A.noalias() = X * CMapM(w1[e], F, C).transpose();
+      B.noalias() = X * CMapM(w3[e], F, C).transpose();
       // h = silu(a) * b = a * b / (1 + exp(-a)), one fused pass over the block.
       H.array() = A.array() * B.array() / (1.0f + (-A.array()).exp());
-      MapM(y + r0 * C, rows, C).noalias() = H * CMapM(w2 + e * FC, C, F).transpose();
+      MapM(y + r0 * C, rows, C).noalias() = H * CMapM(w2[e], C, F).transpose();
     }
   });
 }
 
-void expert_ffn_backward(float* dxg, float* dw1, float* dw3, float* dw2, const float* dy,
-                         const float* xg, const float* a, const float* b, const float* w1,
-                         const float* w3, const float* w2, const int* expert_offsets, int E, int C,
-                         int F, Arena& scratch) {
+void expert_ffn_backward(float* dxg, float* const* dw1, float* const* dw3, float* const* dw2,
+                         const float* dy, const float* xg, const float* a, const float* b,
+                         const float* const* w1, const float* const* w3, const float* const* w2,
+                         const int* expert_offsets, int E, int C, int F, Arena& scratch) {
   const int64_t M = expert_offsets[E];
   if (M <= 0 || (!dxg && !dw1 && !dw3 && !dw2)) return;
   ArenaScope scope(scratch);
   const RowTasks tasks = make_row_tasks(expert_offsets, E, scratch);
   const bool need_dh = dxg || dw1 || dw3;
-  const int64_t FC = int64_t(F) * C;
   float* h = scratch.allocate<float>(size_t(M) * F, "expert_ffn_backward h");
   float* da = need_dh ? scratch.allocate<float>(size_t(M) * F, "expert_ffn_backward da") : nullptr;
   float* db = need_dh ? scratch.allocate<float>(size_t(M) * F, "expert_ffn_backward db") : nullptr;
@@ -173,8 +171,7 @@ void expert_ffn_backward(float* dxg, float* dw1, float* dw3, float* dw2, const f
       const int64_t rows = r1 - r0;
       ArrMap s(sig + t * F, F);
       if (need_dh) {
-        MapM(h + r0 * F, rows, F).noalias() =
-            CMapM(dy + r0 * C, rows, C) * CMapM(w2 + e * FC, C, F);
+        MapM(h + r0 * F, rows, F).noalias() = CMapM(dy + r0 * C, rows, C) * CMapM(w2[e], C, F);
       }
       for (int64_t m = r0; m < r1; ++m) {
         CArrMap av(a + m * F, F), bv(b + m * F, F);
@@ -189,8 +186,8 @@ void expert_ffn_backward(float* dxg, float* dw1, float* dw3, float* dw2, const f
       }
       if (dxg) {
         MapM dX(dxg + r0 * C, rows, C);
-        dX.noalias() += CMapM(da + r0 * F, rows, F) * CMapM(w1 + e * FC, F, C);
-        dX.noalias() += CMapM(db + r0 * F, rows, F) * CMapM(w3 + e * FC, F, C);
+        dX.noalias() += CMapM(da + r0 * F, rows, F) * CMapM(w1[e], F, C);
+        dX.noalias() += CMapM(db + r0 * F, rows, F) * CMapM(w3[e], F, C);
       }
     }
   });
@@ -211,13 +208,13 @@ void expert_ffn_backward(float* dxg, float* dw1, float* dw3, float* dw2, const f
         if (!is_w1) j -= n1;
         const int64_t f0 = j * kWeightBlock, nf = std::min<int64_t>(kWeightBlock, F - f0);
         CMapM G(is_w1 ? da + e0 * F : db + e0 * F, rows, F);
-        MapM dW((is_w1 ? dw1 : dw3) + e * FC + f0 * C, nf, C);
+        MapM dW((is_w1 ? dw1 : dw3)[e] + f0 * C, nf, C);
         dW.noalias() += G.middleCols(f0, nf).transpose() * CMapM(xg + e0 * C, rows, C);
       } else {
         // dW2_e rows [c0, c0 + nc) += dy_e[:, c0:c0+nc]^T h_e.
         j -= n1 + n3;
         const int64_t c0 = j * kWeightBlock, nc = std::min<int64_t>(kWeightBlock, C - c0);
-        MapM dW(dw2 + e * FC + c0 * F, nc, F);
+        MapM dW(dw2[e] + c0 * F, nc, F);
         dW.noalias() +=
             CMapM(dy + e0 * C, rows, C).middleCols(c0, nc).transpose() * CMapM(h + e0 * F, rows, F);
       }

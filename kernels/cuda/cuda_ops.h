@@ -64,13 +64,15 @@ void moe_combine(float* out, const float* y, const float* expert_weight,
 void moe_combine_backward(float* dy, float* dexpert_weight, const float* dout, const float* y,
                           const float* expert_weight, const int* row_of_assignment, int N, int K,
                           int C, Arena& arena);
-void expert_ffn_forward(float* y, float* a, float* b, const float* xg, const float* w1,
-                        const float* w3, const float* w2, const int* expert_offsets, int E, int C,
-                        int F, Arena& arena);
-void expert_ffn_backward(float* dxg, float* dw1, float* dw3, float* dw2, const float* dy,
-                         const float* xg, const float* a, const float* b, const float* w1,
-                         const float* w3, const float* w2, const int* expert_offsets, int E, int C,
-                         int F, Arena& arena);
+// The per-expert pointer arrays (w1[e], dw1[e], ...) are host arrays; each expert's weights may
+// be device or host memory like any other pointer.
+void expert_ffn_forward(float* y, float* a, float* b, const float* xg, const float* const* w1,
+                        const float* const* w3, const float* const* w2, const int* expert_offsets,
+                        int E, int C, int F, Arena& arena);
+void expert_ffn_backward(float* dxg, float* const* dw1, float* const* dw3, float* const* dw2,
+                         const float* dy, const float* xg, const float* a, const float* b,
+                         const float* const* w1, const float* const* w3, const float* const* w2,
+                         const int* expert_offsets, int E, int C, int F, Arena& arena);
 void logprob_forward(float* logp, float* lse, const float* logits, const int* targets, int N, int V,
                      Arena& arena);
 void logprob_backward(float* dlogits, const float* dlogp, const float* logits, const float* lse,

@@ -2,7 +2,8 @@
 // (row, channel); every output element is summed by one thread in slot order k = 0..K-1, as in
 // ref::. The expert FFN is three matrix products per expert (detail::gemm on the expert's rows
 // [expert_offsets[e], expert_offsets[e+1]), read on the host to size them) around an
-// element-wise SwiGLU kernel over all rows at once.
+// element-wise SwiGLU kernel over all rows at once. Each expert's weights come through a pointer of
+// its own (kernels/moe.h), staged only when the expert gets rows.
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/reduce.h"
 #include "kernels/cuda/runtime.h"
@@ -161,9 +162,9 @@ void moe_combine_backward(float* dy, float* dexpert_weight, const float* dout, c
   ws.finish("moe_combine_backward");
 }
 
-void expert_ffn_forward(float* y, float* a, float* b, const float* xg, const float* w1,
-                        const float* w3, const float* w2, const int* expert_offsets, int E, int C,
-                        int F, Arena& arena) {
+void expert_ffn_forward(float* y, float* a, float* b, const float* xg, const float* const* w1,
+                        const float* const* w3, const float* const* w2, const int* expert_offsets,
+                        int E, int C, int F, Arena& arena) {
   if (E <= 0) return;
   Workspace ws(arena);
   const std::vector<int> offsets = ws.read(ws.in(expert_offsets, size_t(E) + 1), size_t(E) + 1);
@@ -171,22 +172,22 @@ void expert_ffn_forward(float* y, float* a, float* b, const float* xg, const flo
   if (M <= first || C <= 0 || F <= 0) return;
   // Rows before expert_offsets[0] are not this call's: pointers are offset to the first row.
   const int rows = M;
+  const size_t FC = size_t(F) * C;
   const float* d_xg = ws.in(xg, size_t(rows) * C);
-  const float* d_w1 = ws.in(w1, size_t(E) * F * C);
-  const float* d_w3 = ws.in(w3, size_t(E) * F * C);
-  const float* d_w2 = ws.in(w2, size_t(E) * C * F);
   float* d_y = ws.inout(y, size_t(rows) * C);
   float* d_a = ws.inout(a, size_t(rows) * F);
   float* d_b = ws.inout(b, size_t(rows) * F);
   float* h = ws.scratch<float>(size_t(M - first) * F);
+  // Only the experts that get rows are read (and staged, when on the host).
+  std::vector<const float*> d_w2(size_t(E), nullptr);
   for (int e = 0; e < E; ++e) {
     const int m0 = offsets[size_t(e)], m = offsets[size_t(e) + 1] - m0;
     if (m <= 0) continue;
-    const int64_t weights = int64_t(e) * F * C;
+    d_w2[size_t(e)] = ws.in(w2[e], FC);
     // a = xg_e @ w1_e^T, b = xg_e @ w3_e^T: [m, F]
-    detail::gemm(false, true, m, F, C, 1.0f, d_xg + int64_t(m0) * C, C, d_w1 + weights, C, 0.0f,
+    detail::gemm(false, true, m, F, C, 1.0f, d_xg + int64_t(m0) * C, C, ws.in(w1[e], FC), C, 0.0f,
                  d_a + int64_t(m0) * F, F);
-    detail::gemm(false, true, m, F, C, 1.0f, d_xg + int64_t(m0) * C, C, d_w3 + weights, C, 0.0f,
+    detail::gemm(false, true, m, F, C, 1.0f, d_xg + int64_t(m0) * C, C, ws.in(w3[e], FC), C, 0.0f,
                  d_b + int64_t(m0) * F, F);
   }
   const int64_t count = int64_t(M - first) * F;
@@ -196,32 +197,27 @@ void expert_ffn_forward(float* y, float* a, float* b, const float* xg, const flo
     const int m0 = offsets[size_t(e)], m = offsets[size_t(e) + 1] - m0;
     if (m <= 0) continue;
     // y_e = h_e @ w2_e^T: [m, C]
-    detail::gemm(false, true, m, C, F, 1.0f, h + int64_t(m0 - first) * F, F,
-                 d_w2 + int64_t(e) * C * F, F, 0.0f, d_y + int64_t(m0) * C, C);
+    detail::gemm(false, true, m, C, F, 1.0f, h + int64_t(m0 - first) * F, F, d_w2[size_t(e)], F,
+                 0.0f, d_y + int64_t(m0) * C, C);
   }
   ws.finish("expert_ffn_forward");
 }
 
-void expert_ffn_backward(float* dxg, float* dw1, float* dw3, float* dw2, const float* dy,
-                         const float* xg, const float* a, const float* b, const float* w1,
-                         const float* w3, const float* w2, const int* expert_offsets, int E, int C,
-                         int F, Arena& arena) {
+void expert_ffn_backward(float* dxg, float* const* dw1, float* const* dw3, float* const* dw2,
+                         const float* dy, const float* xg, const float* a, const float* b,
+                         const float* const* w1, const float* const* w3, const float* const* w2,
+                         const int* expert_offsets, int E, int C, int F, Arena& arena) {
   if (E <= 0 || (!dxg && !dw1 && !dw3 && !dw2)) return;
   Workspace ws(arena);
   const std::vector<int> offsets = ws.read(ws.in(expert_offsets, size_t(E) + 1), size_t(E) + 1);
   const int first = offsets[0], M = offsets[size_t(E)];
   if (M <= first || C <= 0 || F <= 0) return;
+  const size_t FC = size_t(F) * C;
   const float* d_dy = ws.in(dy, size_t(M) * C);
   const float* d_xg = ws.in(xg, size_t(M) * C);
   const float* d_a = ws.in(a, size_t(M) * F);
   const float* d_b = ws.in(b, size_t(M) * F);
-  const float* d_w1 = ws.in(w1, size_t(E) * F * C);
-  const float* d_w3 = ws.in(w3, size_t(E) * F * C);
-  const float* d_w2 = ws.in(w2, size_t(E) * C * F);
   float* d_dxg = ws.inout(dxg, size_t(M) * C);
-  float* d_dw1 = ws.inout(dw1, size_t(E) * F * C);
-  float* d_dw3 = ws.inout(dw3, size_t(E) * F * C);
-  float* d_dw2 = ws.inout(dw2, size_t(E) * C * F);
   const int64_t rows = M - first, count = rows * F;
   float* h = ws.scratch<float>(size_t(count));
   float* da = ws.scratch<float>(size_t(count));  // holds dh until swiglu_backward
@@ -229,18 +225,18 @@ void expert_ffn_backward(float* dxg, float* dw1, float* dw3, float* dw2, const f
   const float* a0 = d_a + int64_t(first) * F;
   const float* b0 = d_b + int64_t(first) * F;
   RLF_LAUNCH(swiglu_kernel, grid_stride_blocks(count, kThreads), kThreads, 0, h, a0, b0, count);
+  // Experts without rows are neither read nor written (nor staged).
   for (int e = 0; e < E; ++e) {
     const int m0 = offsets[size_t(e)], m = offsets[size_t(e) + 1] - m0;
     if (m <= 0) continue;
     const int64_t r = m0 - first;
-    const float* w2e = d_w2 + int64_t(e) * C * F;
     // dh_e = dy_e @ w2_e: [m, C] @ [C, F]
-    detail::gemm(false, false, m, F, C, 1.0f, d_dy + int64_t(m0) * C, C, w2e, F, 0.0f, da + r * F,
-                 F);
+    detail::gemm(false, false, m, F, C, 1.0f, d_dy + int64_t(m0) * C, C, ws.in(w2[e], FC), F, 0.0f,
+                 da + r * F, F);
     // dw2_e += dy_e^T @ h_e: [C, m] @ [m, F]
-    if (d_dw2) {
+    if (dw2) {
       detail::gemm(true, false, C, F, m, 1.0f, d_dy + int64_t(m0) * C, C, h + r * F, F, 1.0f,
-                   d_dw2 + int64_t(e) * C * F, F);
+                   ws.inout(dw2[e], FC), F);
     }
   }
   RLF_LAUNCH(swiglu_backward_kernel, grid_stride_blocks(count, kThreads), kThreads, 0, da, db, a0,
@@ -248,20 +244,20 @@ void expert_ffn_backward(float* dxg, float* dw1, float* dw3, float* dw2, const f
   for (int e = 0; e < E; ++e) {
     const int m0 = offsets[size_t(e)], m = offsets[size_t(e) + 1] - m0;
     if (m <= 0) continue;
-    const int64_t r = m0 - first, weights = int64_t(e) * F * C;
+    const int64_t r = m0 - first;
     const float* xe = d_xg + int64_t(m0) * C;
     // dw1_e += da_e^T @ xg_e, dw3_e += db_e^T @ xg_e: [F, m] @ [m, C]
-    if (d_dw1) {
-      detail::gemm(true, false, F, C, m, 1.0f, da + r * F, F, xe, C, 1.0f, d_dw1 + weights, C);
+    if (dw1) {
+      detail::gemm(true, false, F, C, m, 1.0f, da + r * F, F, xe, C, 1.0f, ws.inout(dw1[e], FC), C);
     }
-    if (d_dw3) {
-      detail::gemm(true, false, F, C, m, 1.0f, db + r * F, F, xe, C, 1.0f, d_dw3 + weights, C);
+    if (dw3) {
+      detail::gemm(true, false, F, C, m, 1.0f, db + r * F, F, xe, C, 1.0f, ws.inout(dw3[e], FC), C);
     }
     // dxg_e += da_e @ w1_e + db_e @ w3_e: [m, F] @ [F, C]
     if (d_dxg) {
-      detail::gemm(false, false, m, C, F, 1.0f, da + r * F, F, d_w1 + weights, C, 1.0f,
+      detail::gemm(false, false, m, C, F, 1.0f, da + r * F, F, ws.in(w1[e], FC), C, 1.0f,
                    d_dxg + int64_t(m0) * C, C);
-      detail::gemm(false, false, m, C, F, 1.0f, db + r * F, F, d_w3 + weights, C, 1.0f,
+      detail::gemm(false, false, m, C, F, 1.0f, db + r * F, F, ws.in(w3[e], FC), C, 1.0f,
                    d_dxg + int64_t(m0) * C, C);
     }
   }

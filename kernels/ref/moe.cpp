@@ -66,13 +66,13 @@ void moe_combine_backward(T* dy, T* dexpert_weight, const T* dout, const T* y,
 }
 
 template <typename T>
-void expert_ffn_forward(T* y, T* a, T* b, const T* xg, const T* w1, const T* w3, const T* w2,
-                        const int* expert_offsets, int E, int C, int F) {
+void expert_ffn_forward(T* y, T* a, T* b, const T* xg, const T* const* w1, const T* const* w3,
+                        const T* const* w2, const int* expert_offsets, int E, int C, int F) {
   std::vector<T> h(F);
   for (int64_t e = 0; e < E; ++e) {
-    const T* W1 = w1 + e * F * C;
-    const T* W3 = w3 + e * F * C;
-    const T* W2 = w2 + e * C * F;
+    const T* W1 = w1[e];
+    const T* W3 = w3[e];
+    const T* W2 = w2[e];
     for (int64_t m = expert_offsets[e]; m < expert_offsets[e + 1]; ++m) {
       const T* xr = xg + m * C;
       for (int64_t f = 0; f < F; ++f) {
@@ -95,14 +95,18 @@ void expert_ffn_forward(T* y, T* a, T* b, const T* xg, const T* w1, const T* w3,
 }
 
 template <typename T>
-void expert_ffn_backward(T* dxg, T* dw1, T* dw3, T* dw2, const T* dy, const T* xg, const T* a,
-                         const T* b, const T* w1, const T* w3, const T* w2,
-                         const int* expert_offsets, int E, int C, int F) {
+void expert_ffn_backward(T* dxg, T* const* dw1, T* const* dw3, T* const* dw2, const T* dy,
+                         const T* xg, const T* a, const T* b, const T* const* w1,
+                         const T* const* w3, const T* const* w2, const int* expert_offsets, int E,
+                         int C, int F) {
   std::vector<T> h(F), dh(F), da(F), db(F);
   for (int64_t e = 0; e < E; ++e) {
-    const T* W1 = w1 + e * F * C;
-    const T* W3 = w3 + e * F * C;
-    const T* W2 = w2 + e * C * F;
+    const T* W1 = w1[e];
+    const T* W3 = w3[e];
+    const T* W2 = w2[e];
+    T* dW1 = dw1 ? dw1[e] : nullptr;
+    T* dW3 = dw3 ? dw3[e] : nullptr;
+    T* dW2 = dw2 ? dw2[e] : nullptr;
     for (int64_t m = expert_offsets[e]; m < expert_offsets[e + 1]; ++m) {
       const T* xr = xg + m * C;
       const T* dyr = dy + m * C;
@@ -118,13 +122,13 @@ void expert_ffn_backward(T* dxg, T* dw1, T* dw3, T* dw2, const T* dy, const T* x
         da[f] = acc * bv * s * (T(1) + av * (T(1) - s));
         db[f] = acc * av * s;
       }
-      if (dw2)
+      if (dW2)
         for (int64_t c = 0; c < C; ++c)
-          for (int64_t f = 0; f < F; ++f) dw2[e * C * F + c * F + f] += dyr[c] * h[f];
+          for (int64_t f = 0; f < F; ++f) dW2[c * F + f] += dyr[c] * h[f];
       for (int64_t f = 0; f < F; ++f) {
         for (int64_t c = 0; c < C; ++c) {
-          if (dw1) dw1[e * F * C + f * C + c] += da[f] * xr[c];
-          if (dw3) dw3[e * F * C + f * C + c] += db[f] * xr[c];
+          if (dW1) dW1[f * C + c] += da[f] * xr[c];
+          if (dW3) dW3[f * C + c] += db[f] * xr[c];
         }
       }
       if (dxg) {
@@ -148,16 +152,19 @@ template void moe_combine_backward<float>(float*, float*, const float*, const fl
                                           const int*, int, int, int);
 template void moe_combine_backward<double>(double*, double*, const double*, const double*,
                                            const double*, const int*, int, int, int);
-template void expert_ffn_forward<float>(float*, float*, float*, const float*, const float*,
-                                        const float*, const float*, const int*, int, int, int);
-template void expert_ffn_forward<double>(double*, double*, double*, const double*, const double*,
-                                         const double*, const double*, const int*, int, int, int);
-template void expert_ffn_backward<float>(float*, float*, float*, float*, const float*, const float*,
+template void expert_ffn_forward<float>(float*, float*, float*, const float*, const float* const*,
+                                        const float* const*, const float* const*, const int*, int,
+                                        int, int);
+template void expert_ffn_forward<double>(double*, double*, double*, const double*,
+                                         const double* const*, const double* const*,
+                                         const double* const*, const int*, int, int, int);
+template void expert_ffn_backward<float>(float*, float* const*, float* const*, float* const*,
                                          const float*, const float*, const float*, const float*,
-                                         const float*, const int*, int, int, int);
-template void expert_ffn_backward<double>(double*, double*, double*, double*, const double*,
+                                         const float* const*, const float* const*,
+                                         const float* const*, const int*, int, int, int);
+template void expert_ffn_backward<double>(double*, double* const*, double* const*, double* const*,
                                           const double*, const double*, const double*,
-                                          const double*, const double*, const double*, const int*,
-                                          int, int, int);
+                                          const double*, const double* const*, const double* const*,
+                                          const double* const*, const int*, int, int, int);
 
 }  // namespace rlf::ref

@@ -263,19 +263,35 @@ struct ExpertCase {
     dw2.assign(w2.size(), 0);
   }
   double flops() const { return 3.0 * 2.0 * N * K * 3.0 * C * F; }
+  // The kernels take one pointer per expert (kernels/moe.h).
+  struct Experts {
+    std::vector<const float*> w1, w3, w2;
+    std::vector<float*> dw1, dw3, dw2;
+  };
+  Experts experts() {
+    const int64_t FC = int64_t(F) * C;
+    return {consecutive_experts<const float>(w1.data(), E, FC),
+            consecutive_experts<const float>(w3.data(), E, FC),
+            consecutive_experts<const float>(w2.data(), E, FC),
+            consecutive_experts(dw1.data(), E, FC),
+            consecutive_experts(dw3.data(), E, FC),
+            consecutive_experts(dw2.data(), E, FC)};
+  }
   void run_fast(Arena& scratch) {
-    cpu::expert_ffn_forward(y.data(), a.data(), bb.data(), xg.data(), w1.data(), w3.data(),
-                            w2.data(), offsets.data(), E, C, F, scratch);
-    cpu::expert_ffn_backward(dxg.data(), dw1.data(), dw3.data(), dw2.data(), dy.data(), xg.data(),
-                             a.data(), bb.data(), w1.data(), w3.data(), w2.data(), offsets.data(),
-                             E, C, F, scratch);
+    const Experts p = experts();
+    cpu::expert_ffn_forward(y.data(), a.data(), bb.data(), xg.data(), p.w1.data(), p.w3.data(),
+                            p.w2.data(), offsets.data(), E, C, F, scratch);
+    cpu::expert_ffn_backward(dxg.data(), p.dw1.data(), p.dw3.data(), p.dw2.data(), dy.data(),
+                             xg.data(), a.data(), bb.data(), p.w1.data(), p.w3.data(), p.w2.data(),
+                             offsets.data(), E, C, F, scratch);
   }
   void run_ref() {
-    ref::expert_ffn_forward(y.data(), a.data(), bb.data(), xg.data(), w1.data(), w3.data(),
-                            w2.data(), offsets.data(), E, C, F);
-    ref::expert_ffn_backward(dxg.data(), dw1.data(), dw3.data(), dw2.data(), dy.data(), xg.data(),
-                             a.data(), bb.data(), w1.data(), w3.data(), w2.data(), offsets.data(),
-                             E, C, F);
+    const Experts p = experts();
+    ref::expert_ffn_forward(y.data(), a.data(), bb.data(), xg.data(), p.w1.data(), p.w3.data(),
+                            p.w2.data(), offsets.data(), E, C, F);
+    ref::expert_ffn_backward(dxg.data(), p.dw1.data(), p.dw3.data(), p.dw2.data(), dy.data(),
+                             xg.data(), a.data(), bb.data(), p.w1.data(), p.w3.data(), p.w2.data(),
+                             offsets.data(), E, C, F);
   }
 };
 
@@ -340,8 +356,10 @@ std::vector<ModelRow> bench_model(const ModelConfig& config, Arena& device, int 
     ArenaScope moe_scope(device);
     const int tokens_moe = 4096, C = config.d_model;
     const MoeBlock<float> block(config, cpu_ops(), device);
-    const MoeWeights<float> weights = moe_weights(model.layout(), model.parameters(), 0);
-    const MoeWeights<float> grads = moe_weights(model.layout(), model.gradients(), 0);
+    const ExpertTable<float> grad_experts(model.layout(), model.gradients());
+    const MoeWeights<float> weights =
+        moe_weights(model.layout(), model.parameters(), model.experts(), 0);
+    const MoeWeights<float> grads = moe_weights(model.layout(), model.gradients(), grad_experts, 0);
     const auto x = random_floats(size_t(tokens_moe) * C, 50);
     const auto dout = random_floats(size_t(tokens_moe) * C, 51);
     std::vector<float> out(x.size()), dx(x.size());

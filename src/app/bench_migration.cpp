@@ -28,7 +28,7 @@
 #include "src/app/options.h"
 #include "src/balance/expert_placement.h"
 #include "src/balance/routing_trace.h"
-#include "src/model/moe_block.h"
+#include "src/model/expert_table.h"
 #include "src/model/parameter_layout.h"
 #include "src/runtime/expert_migration.h"
 
@@ -106,7 +106,7 @@ int run_bench_migration_command(const std::vector<std::string>& args) {
   const ParameterLayout layout(config, ExpertShard{rank * E_local, E_local});
   std::vector<float> params(size_t(layout.total()));
   initialize_parameters(params.data(), layout, config, run.seed);
-  const MoeWeights<float> w = moe_weights(layout, params.data(), 0);
+  const ExpertTable<float> experts(layout, params.data());
   Device device(Backend::Cpu, run.device_memory_bytes(), resolve_threads(run.threads));
   const Ops<float>& ops = cpu_ops();
 
@@ -128,8 +128,8 @@ int run_bench_migration_command(const std::vector<std::string>& args) {
     const int R = dispatcher.local_rows();
     std::vector<float> y(size_t(R) * C), a(size_t(R) * F), b(size_t(R) * F);
     const double cpu0 = process_cpu_seconds();
-    ops.expert_ffn_forward(y.data(), a.data(), b.data(), rows.data(), w.w1, w.w3, w.w2,
-                           dispatcher.local_expert_offsets().data(), E_local, C, F,
+    ops.expert_ffn_forward(y.data(), a.data(), b.data(), rows.data(), experts.w1(0), experts.w3(0),
+                           experts.w2(0), dispatcher.local_expert_offsets().data(), E_local, C, F,
                            device.memory());
     ffn_cpu_seconds = process_cpu_seconds() - cpu0;
     out = dispatcher.combine(y.data(), gate.data());

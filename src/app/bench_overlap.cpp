@@ -18,6 +18,7 @@
 
 #include "kernels/device.h"
 #include "kernels/error.h"
+#include "kernels/moe.h"
 #include "kernels/rng.h"
 #include "mpi_comm/expert_dispatch.h"
 #include "mpi_comm/links.h"
@@ -170,7 +171,19 @@ Row measure(const std::string& name, const LinkEmulation& emulation, double intr
                             intra_bandwidth);
     OverlappedExperts overlapped(ep, links, o.experts, mode, o.chunks, C, F, device.ops(),
                                  device.memory(), intra_bandwidth);
-    const LocalExperts w{in.w1.data(), in.w3.data(), in.w2.data()};
+    const int64_t FC = int64_t(F) * C;
+    const int local = int(int64_t(in.w1.size()) / FC);
+    const auto w1 = consecutive_experts(in.w1.data(), local, FC);
+    const auto w3 = consecutive_experts(in.w3.data(), local, FC);
+    const auto w2 = consecutive_experts(in.w2.data(), local, FC);
+    const LocalExperts w{w1.data(), w3.data(), w2.data()};
+    // The local experts' gradients in three [local, F, C] buffers.
+    auto gradients = [&](std::vector<float>& dw1, std::vector<float>& dw3,
+                         std::vector<float>& dw2) {
+      return std::vector<std::vector<float*>>{consecutive_experts(dw1.data(), local, FC),
+                                              consecutive_experts(dw3.data(), local, FC),
+                                              consecutive_experts(dw2.data(), local, FC)};
+    };
     // Results are zeroed once: gradients accumulating over timed repeats cost nothing extra.
     auto zeroed = [&] {
       StepResult r;
@@ -181,8 +194,9 @@ Row measure(const std::string& name, const LinkEmulation& emulation, double intr
       return r;
     };
     auto step = [&](OverlappedExperts& layer, StepResult& r) {
+      const auto g = gradients(r.dw1, r.dw3, r.dw2);
       layer.forward(w, in.x.data(), in.idx.data(), in.weight.data(), N, K, r.out.data());
-      layer.backward(w, {r.dw1.data(), r.dw3.data(), r.dw2.data()}, in.dout.data(), r.dx.data(),
+      layer.backward(w, {g[0].data(), g[1].data(), g[2].data()}, in.dout.data(), r.dx.data(),
                      r.dweight.data());
       quiet_barrier();
     };
@@ -203,10 +217,11 @@ Row measure(const std::string& name, const LinkEmulation& emulation, double intr
     StepResult scratch = zeroed();
     std::vector<double> waiting, progressing;
     std::vector<float> dw1(in.w1.size()), dw3(in.w1.size()), dw2(in.w1.size());
+    const auto alone = gradients(dw1, dw3, dw2);
     auto plain_step = [&] { step(plain, scratch); };
     auto compute_alone = [&] {
       // The plain step's rows and upstream gradients (its last step) through the FFN alone.
-      plain.compute_only(w, {dw1.data(), dw3.data(), dw2.data()});
+      plain.compute_only(w, {alone[0].data(), alone[1].data(), alone[2].data()});
       quiet_barrier();
     };
     auto comm_alone = [&] {

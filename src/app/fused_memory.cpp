@@ -6,7 +6,9 @@
 
 #include "kernels/arena.h"
 #include "kernels/error.h"
+#include "kernels/slot_pool.h"
 #include "src/model/activation_memory.h"
+#include "src/model/expert_table.h"
 #include "src/model/reward_model.h"
 
 namespace rlf {
@@ -28,13 +30,22 @@ FusedMemoryPlan plan_fused_memory(const ModelConfig& config, const ParameterLayo
   const size_t params = arena_bytes(size_t(training_layout.total()));
   const size_t reference_bytes = reference ? params : 0;
   const size_t gradients_and_moments = 3 * params;
-  const size_t generation_copy = layout_switch ? arena_bytes(size_t(generation_layout.total())) : 0;
   FusedMemoryPlan plan;
+  if (layout_switch) {
+    // The generation view reuses the training parameters; only the experts of the generation
+    // shard that the training shard lacks take memory, one pool slot each (layout_switch.h).
+    const int buckets = expert_buckets_missing(
+        {training_layout.first_expert(), training_layout.stored_experts()},
+        {generation_layout.first_expert(), generation_layout.stored_experts()},
+        expert_layers(generation_layout));
+    plan.received_experts =
+        SlotPool::region_bytes(size_t(expert_bucket_elements(config)) * sizeof(float), buckets);
+  }
   plan.reference = reference_bytes;
   plan.reward_model = reward_model_bytes;
   plan.training = params + reference_bytes + reward_model_bytes + gradients_and_moments;
   plan.offload_frees = gradients_and_moments;
-  plan.generation = params + reference_bytes + reward_model_bytes + generation_copy +
+  plan.generation = params + reference_bytes + reward_model_bytes + plan.received_experts +
                     (offload ? 0 : gradients_and_moments);
   // Every prompt (or resumed prefix) at its longest and every sample at the longest sequence.
   const int longest_prefill = std::max(batch.longest_prompt, batch.longest_prefill);
@@ -66,6 +77,10 @@ void check_fused_memory_fit(const FusedMemoryPlan& plan, size_t capacity, bool o
   if (plan.reference > 0 || plan.reward_model > 0) {
     message += " (each holding the reference model's " + format_bytes(plan.reference) +
                " and the reward model's " + format_bytes(plan.reward_model) + ")";
+  }
+  if (plan.received_experts > 0) {
+    message += ", the generation state with the layout switch's " +
+               format_bytes(plan.received_experts) + " of received expert buckets";
   }
   message += "; with " + format_bytes(plan.training_activations) + " of training activations and " +
              format_bytes(plan.generation_activations) +

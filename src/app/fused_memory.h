@@ -1,8 +1,9 @@
 // What a fused rank's device arena must hold, counted from the layout before any work: the
 // training phase holds the parameters, the reference (KL), gradients and AdamW's two moments;
 // with --mode fused-all and a learned reward model, both phases also hold its parameters;
-// the generation phase holds the parameters, the reference, the generation-layout copy (with a
-// layout switch), and the gradients and moments unless --offload moves them to host memory.
+// the generation phase holds the parameters, the reference, with a layout switch the expert
+// buckets its generation view receives (the view reuses every parameter the rank holds: no copy),
+// and the gradients and moments unless --offload moves them to host memory.
 // On top of these states come each phase's analytic activation peak (src/model/
 // activation_memory.h): generation's KV cache, prefill or decode activations, logits and sampling
 // buffers, or the reward model's scoring forward when larger; training's largest micro-batch,
@@ -24,6 +25,7 @@ struct FusedMemoryPlan {
   size_t offload_frees = 0;         // gradients and moments, what --offload takes out of generation
   size_t reference = 0;             // the frozen reference (KL), in both phases
   size_t reward_model = 0;          // the learned reward model (fused-all), in both phases
+  size_t received_experts = 0;      // a layout switch's received expert buckets (generation)
   size_t training_activations = 0;  // analytic peak of the largest training micro-batch
   size_t generation_activations = 0;  // analytic peak of generation, KV cache included
 

@@ -168,13 +168,14 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   const GenerationSettings sampling = sampling_settings(rl, task, run.seed);
   const AdvantageEstimator estimator = parse_advantage_estimator(rl.advantage);
   const int my_prompts = rl.prompts / replicas;
-  // A generation layout of its own: the switch fills a generation model of this rank's
-  // generation shard before each generation phase, and the phase's end drops it.
+  // A generation layout of its own: before each generation phase the switch builds a view of
+  // this rank's generation shard over the training parameters, receiving the experts it lacks into
+  // slots of a pool that the phase's end gives back.
   std::unique_ptr<ExpertLayoutSwitch> layout_switch;
   std::unique_ptr<RoleExpertParallel> generation_ep;
   if (switch_layouts) {
     layout_switch = std::make_unique<ExpertLayoutSwitch>(
-        all, links, experts, options.expert_parallel, generation_degree);
+        all, links, policy.config, options.expert_parallel, generation_degree);
     if (generation_degree > 1) {
       generation_ep = std::make_unique<RoleExpertParallel>(all, links, experts, generation_degree,
                                                            options.ep_dispatch);
@@ -188,8 +189,10 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   if (switch_layouts) {
     dir.log(
         "# layout switch: training EP %d, generation EP %d (experts moved rank to rank before "
-        "each generation phase)\n",
-        options.expert_parallel, generation_degree);
+        "each generation phase: %d expert buckets of %s into slots, %s per rank)\n",
+        options.expert_parallel, generation_degree, layout_switch->buckets_to_receive(),
+        format_bytes(layout_switch->bucket_bytes()).c_str(),
+        format_bytes(layout_switch->minimum_bytes()).c_str());
   }
   if (tp) {
     dir.log(
@@ -293,20 +296,23 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
       if (!layout_switch) {
         generate(model);
       } else {
-        // The generation model lives in the device arena only for this phase (the scope is
-        // declared first, so the model is gone before the arena rewinds).
-        ArenaScope generation_memory(policy.device->memory());
-        Transformer<float> generation(
-            policy.config, policy.device->ops(), policy.device->memory(), /*with_gradients=*/false,
-            generation_degree > 1 ? layout_switch->generation_shard(rank) : ExpertShard{});
+        // The received experts' slots live in the device arena only for this phase (the scope
+        // is declared first, so the pool and the view are gone before the arena rewinds).
+        ArenaScope generation_memory(device);
+        SlotPool received(device, layout_switch->bucket_bytes(),
+                          layout_switch->buckets_to_receive(), "received expert buckets");
+        GenerationExperts generation_experts;
         {
           TraceScope traced(trace, Phase::Reshard);
           traced.set_version(version);
-          traced.set_bytes(int64_t(layout_switch->to_generation(
-              model.parameters(), model.layout(), generation.parameters(), generation.layout())));
+          generation_experts =
+              layout_switch->to_generation(model.parameters(), model.layout(), received);
+          traced.set_bytes(int64_t(generation_experts.received_bytes));
         }
+        Transformer<float> generation(model, generation_experts.table);
         if (generation_ep) generation_ep->attach_reusing(generation);
         generate(generation);
+        layout_switch->to_training(generation_experts, received);
       }
     } catch (const OutOfDeviceMemory& error) {
       if (offload) throw;

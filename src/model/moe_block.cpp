@@ -15,10 +15,11 @@
 namespace rlf {
 
 template <typename T>
-MoeWeights<T> moe_weights(const ParameterLayout& layout, T* base, int layer) {
+MoeWeights<T> moe_weights(const ParameterLayout& layout, T* base, const ExpertTable<T>& experts,
+                          int layer) {
   const LayerOffsets& o = layout.layer(layer);
-  MoeWeights<T> w{base + o.router, base + o.w1, base + o.w3, base + o.w2};
-  w.first_expert = layout.first_expert();
+  MoeWeights<T> w{base + o.router, experts.w1(layer), experts.w3(layer), experts.w2(layer)};
+  w.first_expert = experts.shard().first;
   if (o.shared_w1 >= 0) {
     w.shared_w1 = base + o.shared_w1;
     w.shared_w3 = base + o.shared_w3;
@@ -27,8 +28,10 @@ MoeWeights<T> moe_weights(const ParameterLayout& layout, T* base, int layer) {
   return w;
 }
 
-template MoeWeights<float> moe_weights<float>(const ParameterLayout&, float*, int);
-template MoeWeights<double> moe_weights<double>(const ParameterLayout&, double*, int);
+template MoeWeights<float> moe_weights<float>(const ParameterLayout&, float*,
+                                              const ExpertTable<float>&, int);
+template MoeWeights<double> moe_weights<double>(const ParameterLayout&, double*,
+                                                const ExpertTable<double>&, int);
 
 template <typename T>
 MoeActivations<T> MoeBlock<T>::allocate(int N, bool expert_parallel) const {
@@ -87,8 +90,8 @@ void MoeBlock<T>::forward(const MoeWeights<T>& w, const T* x, T* out, int N, Moe
   }
   if (a.shared_y) {
     // The shared expert is a dense SwiGLU: one "expert" owning all N rows.
-    ops_.expert_ffn_forward(a.shared_y, a.shared_a, a.shared_b, x, w.shared_w1, w.shared_w3,
-                            w.shared_w2, a.shared_offsets, 1, C, shared_width_, device_);
+    ops_.expert_ffn_forward(a.shared_y, a.shared_a, a.shared_b, x, &w.shared_w1, &w.shared_w3,
+                            &w.shared_w2, a.shared_offsets, 1, C, shared_width_, device_);
     // Tensor parallelism: a partial sum over this rank's hidden units (row-parallel w2).
     if (tp_) tp_->allreduce_sum(a.shared_y, int64_t(N) * C);
     for (int64_t i = 0; i < int64_t(N) * C; ++i) out[i] += a.shared_y[i];
@@ -107,9 +110,9 @@ void MoeBlock<T>::backward(const MoeWeights<T>& w, const MoeWeights<T>& g, const
     // the group (column-parallel w1/w3) before it joins the routed experts' (replicated) one.
     const int64_t NC = int64_t(N) * C;
     T* dx_shared = tp_ ? device_.allocate_zeroed<T>(NC, "backward work") : dx;
-    ops_.expert_ffn_backward(dx_shared, g.shared_w1, g.shared_w3, g.shared_w2, dout, x, a.shared_a,
-                             a.shared_b, w.shared_w1, w.shared_w3, w.shared_w2, a.shared_offsets, 1,
-                             C, shared_width_, device_);
+    ops_.expert_ffn_backward(dx_shared, &g.shared_w1, &g.shared_w3, &g.shared_w2, dout, x,
+                             a.shared_a, a.shared_b, &w.shared_w1, &w.shared_w3, &w.shared_w2,
+                             a.shared_offsets, 1, C, shared_width_, device_);
     if (tp_) {
       tp_->allreduce_sum(dx_shared, NC);
       for (int64_t i = 0; i < NC; ++i) dx[i] += dx_shared[i];
@@ -164,8 +167,7 @@ void MoeBlock<T>::routed_forward_ep(const MoeWeights<T>& w, const T* x, T* out, 
     a.ffn_a = d.allocate<float>(size_t(R) * F, "activations");
     a.ffn_b = d.allocate<float>(size_t(R) * F, "activations");
     a.y = d.allocate<float>(size_t(R) * C, "activations");
-    const int64_t up = first * F * C, down = first * C * F;  // this rank's expert slices
-    ops_.expert_ffn_forward(a.y, a.ffn_a, a.ffn_b, a.xg, w.w1 + up, w.w3 + up, w.w2 + down,
+    ops_.expert_ffn_forward(a.y, a.ffn_a, a.ffn_b, a.xg, w.w1 + first, w.w3 + first, w.w2 + first,
                             a.expert_offsets, E_local, C, F, device_);
     const std::vector<float> combined = ep.combine(a.y, a.expert_weight);
     if (N > 0) std::memcpy(out, combined.data(), size_t(N) * C * sizeof(float));
@@ -186,11 +188,10 @@ void MoeBlock<T>::routed_backward_ep(const MoeWeights<T>& w, const MoeWeights<T>
     ep.combine_backward(dout, a.y, a.expert_weight, dy_local, dweight_v);
     std::memcpy(dweight, dweight_v.data(), dweight_v.size() * sizeof(float));
     const int64_t first = int64_t(ep.ep_rank()) * E_local - w.first_expert;
-    const int64_t up = first * F * C, down = first * C * F;
     float* dxg = device_.allocate_zeroed<float>(size_t(R) * C, "backward work");
-    ops_.expert_ffn_backward(dxg, g.w1 + up, g.w3 + up, g.w2 + down, dy_local.data(), a.xg, a.ffn_a,
-                             a.ffn_b, w.w1 + up, w.w3 + up, w.w2 + down, a.expert_offsets, E_local,
-                             C, F, device_);
+    ops_.expert_ffn_backward(dxg, g.w1 + first, g.w3 + first, g.w2 + first, dy_local.data(), a.xg,
+                             a.ffn_a, a.ffn_b, w.w1 + first, w.w3 + first, w.w2 + first,
+                             a.expert_offsets, E_local, C, F, device_);
     // dx[n] += (sum over k in slot order of the rows of (n, k)), as moe_gather_backward does.
     const std::vector<float> dx_tokens = ep.dispatch_backward(dxg);
     for (size_t i = 0; i < dx_tokens.size(); ++i) dx[i] += dx_tokens[i];
@@ -205,11 +206,10 @@ void MoeBlock<T>::routed_forward_overlapped(const MoeWeights<T>& w, const T* x, 
     (void)w, (void)x, (void)out, (void)N, (void)a, (void)overlap;
     throw std::logic_error("MoeBlock: expert parallelism needs float parameters");
   } else {
-    const int C = config_.d_model, F = config_.d_ff;
     const ExpertDispatcher& d = overlap.dispatcher(0);
     // This rank's first expert, counted from the first expert the weights hold.
     const int64_t first = int64_t(d.ep_rank()) * d.local_experts() - w.first_expert;
-    const LocalExperts local{w.w1 + first * F * C, w.w3 + first * F * C, w.w2 + first * C * F};
+    const LocalExperts local{w.w1 + first, w.w3 + first, w.w2 + first};
     overlap.forward(local, x, a.expert_idx, a.expert_weight, N, config_.top_k, out);
   }
 }
@@ -222,12 +222,10 @@ void MoeBlock<T>::routed_backward_overlapped(const MoeWeights<T>& w, const MoeWe
     (void)w, (void)g, (void)dout, (void)dx, (void)dweight, (void)overlap;
     throw std::logic_error("MoeBlock: expert parallelism needs float parameters");
   } else {
-    const int C = config_.d_model, F = config_.d_ff;
     const ExpertDispatcher& d = overlap.dispatcher(0);
     const int64_t first = int64_t(d.ep_rank()) * d.local_experts() - w.first_expert;
-    const int64_t up = first * F * C, down = first * C * F;
-    const LocalExperts local{w.w1 + up, w.w3 + up, w.w2 + down};
-    const LocalExpertGradients grads{g.w1 + up, g.w3 + up, g.w2 + down};
+    const LocalExperts local{w.w1 + first, w.w3 + first, w.w2 + first};
+    const LocalExpertGradients grads{g.w1 + first, g.w3 + first, g.w2 + first};
     overlap.backward(local, grads, dout, dx, dweight);
   }
 }

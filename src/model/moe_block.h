@@ -7,6 +7,7 @@
 #pragma once
 
 #include "kernels/ops.h"
+#include "src/model/expert_table.h"
 #include "src/model/model_config.h"
 #include "src/model/parameter_layout.h"
 
@@ -20,18 +21,21 @@ class TensorParallel;
 template <typename T>
 struct MoeWeights {
   T* router;               // [E, C]
-  T* w1;                   // [E, F, C]
-  T* w3;                   // [E, F, C]
-  T* w2;                   // [E, C, F]
+  T* const* w1;            // one pointer per stored expert to its [F, C] (ExpertTable)
+  T* const* w3;            // [F, C] each
+  T* const* w2;            // [C, F] each
   T* shared_w1 = nullptr;  // [S, C]; null without a shared expert
   T* shared_w3 = nullptr;  // [S, C]
   T* shared_w2 = nullptr;  // [C, S]
   int first_expert = 0;    // w1/w3/w2 start at this expert (an expert-sharded layout)
 };
 
-// Layer `layer`'s MoE tensors inside a flat buffer laid out by `layout` (parameters or gradients).
+// Layer `layer`'s MoE tensors: the router and shared expert inside a flat buffer laid out by
+// `layout`, the routed experts where `experts` points (parameters or gradients alike). Valid while
+// `experts` lives.
 template <typename T>
-MoeWeights<T> moe_weights(const ParameterLayout& layout, T* base, int layer);
+MoeWeights<T> moe_weights(const ParameterLayout& layout, T* base, const ExpertTable<T>& experts,
+                          int layer);
 
 // What forward saves for backward (pointers into the device arena). With expert parallelism the
 // routed-expert buffers (xg, ffn_a, ffn_b, y, expert_offsets) hold this rank's dispatched rows and
@@ -64,8 +68,8 @@ class MoeBlock {
   // allocated by forward).
   MoeActivations<T> allocate(int N, bool expert_parallel = false) const;
   // out[N, C] = routed experts (+ shared expert) applied to x[N, C]. With `ep` (collective over
-  // its EP group; float only) the routed experts are the dispatcher's: w.w1/w3/w2 still point at
-  // all E experts and only the slices of ep->ep_rank()'s local experts are read. `ep` keeps the
+  // its EP group; float only) the routed experts are the dispatcher's: w.w1/w3/w2 may still point
+  // at all E experts and only ep->ep_rank()'s local experts are read. `ep` keeps the
   // routing plan that backward needs, so every layer needs its own dispatcher.
   // With `overlap` (same EP group and experts as `ep`) the routed experts run chunked with their
   // transfers overlapped (src/model/overlapped_experts.h); backward must then get it too.
@@ -73,7 +77,7 @@ class MoeBlock {
                ExpertDispatcher* ep = nullptr, OverlappedExperts* overlap = nullptr) const;
   // Adds into dx[N, C] and the gradients `g` (same layout as the weights) given dout[N, C];
   // aux_weight scales the load-balancing loss's gradient. With `ep` (the one forward used, with
-  // no dispatch since) only the local experts' gradient slices are written.
+  // no dispatch since) only the local experts' gradients are written.
   void backward(const MoeWeights<T>& w, const MoeWeights<T>& g, const T* x,
                 const MoeActivations<T>& a, const T* dout, T* dx, int N, T aux_weight,
                 ExpertDispatcher* ep = nullptr, OverlappedExperts* overlap = nullptr) const;

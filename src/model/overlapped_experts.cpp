@@ -69,8 +69,8 @@ void OverlappedExperts::compute_forward(const LocalExperts& w, Chunk& chunk) {
   for_each_piece(chunk, [&](int e, int64_t r0, int rows) {
     const int piece[2] = {0, rows};
     ops_.expert_ffn_forward(chunk.y.data() + r0 * C, chunk.a.data() + r0 * F,
-                            chunk.b.data() + r0 * F, chunk.xg.data() + r0 * C, w.w1 + e * F * C,
-                            w.w3 + e * F * C, w.w2 + e * C * F, piece, 1, C_, F_, scratch_);
+                            chunk.b.data() + r0 * F, chunk.xg.data() + r0 * C, w.w1 + e, w.w3 + e,
+                            w.w2 + e, piece, 1, C_, F_, scratch_);
   });
 }
 
@@ -80,10 +80,10 @@ void OverlappedExperts::compute_backward(const LocalExperts& w, const LocalExper
   chunk.dxg.assign(size_t(R * C), 0.0f);
   for_each_piece(chunk, [&](int e, int64_t r0, int rows) {
     const int piece[2] = {0, rows};
-    ops_.expert_ffn_backward(chunk.dxg.data() + r0 * C, g.w1 + e * F * C, g.w3 + e * F * C,
-                             g.w2 + e * C * F, chunk.dy.data() + r0 * C, chunk.xg.data() + r0 * C,
-                             chunk.a.data() + r0 * F, chunk.b.data() + r0 * F, w.w1 + e * F * C,
-                             w.w3 + e * F * C, w.w2 + e * C * F, piece, 1, C_, F_, scratch_);
+    ops_.expert_ffn_backward(chunk.dxg.data() + r0 * C, g.w1 + e, g.w3 + e, g.w2 + e,
+                             chunk.dy.data() + r0 * C, chunk.xg.data() + r0 * C,
+                             chunk.a.data() + r0 * F, chunk.b.data() + r0 * F, w.w1 + e, w.w3 + e,
+                             w.w2 + e, piece, 1, C_, F_, scratch_);
   });
 }
 

@@ -25,12 +25,12 @@ namespace rlf {
 
 class Arena;
 
-// This rank's local experts: w1, w3 [E_local, F, C], w2 [E_local, C, F] (MoeWeights' layout).
+// This rank's local experts: E_local pointers each to w1, w3 [F, C] and w2 [C, F] (MoeWeights').
 struct LocalExperts {
-  const float *w1, *w3, *w2;
+  const float *const *w1, *const *w3, *const *w2;
 };
 struct LocalExpertGradients {
-  float *w1, *w3, *w2;
+  float *const *w1, *const *w3, *const *w2;
 };
 
 class OverlappedExperts {

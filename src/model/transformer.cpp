@@ -44,6 +44,7 @@ Transformer<T>::Transformer(const ModelConfig& config, const Ops<T>& ops, Arena&
   if (tp && tp->slice().splits_shared_expert())
     moe_.set_tensor_parallel(tp, layout_.shared_width());
   params_ = device_.allocate<T>(size_t(layout_.total()), "model parameters");
+  experts_ = ExpertTable<T>(layout_, params_);
   if (with_gradients) allocate_gradients();
 }
 
@@ -56,7 +57,29 @@ Transformer<T>::Transformer(const Transformer& shared, Arena& activations)
       moe_(config_, ops_, activations),
       tp_(shared.tp_),
       params_(shared.params_),
-      grads_(shared.grads_) {
+      grads_(shared.grads_),
+      experts_(shared.experts_),
+      expert_grads_(shared.expert_grads_) {
+  if (tp_ && tp_->slice().splits_shared_expert())
+    moe_.set_tensor_parallel(tp_, layout_.shared_width());
+}
+
+template <typename T>
+Transformer<T>::Transformer(const Transformer& storage, ExpertTable<T> experts)
+    : config_(storage.config_),
+      layout_(storage.layout_),
+      ops_(storage.ops_),
+      device_(storage.device_),
+      moe_(config_, ops_, device_),
+      tp_(storage.tp_),
+      params_(storage.params_),
+      experts_(std::move(experts)),
+      view_(true) {
+  if (experts_.layers() != config_.n_layers || !experts_.complete() ||
+      experts_.shard().first + experts_.shard().count > config_.n_experts) {
+    throw std::invalid_argument(
+        "Transformer: a view needs every expert of its shard on every layer");
+  }
   if (tp_ && tp_->slice().splits_shared_expert())
     moe_.set_tensor_parallel(tp_, layout_.shared_width());
 }
@@ -74,8 +97,9 @@ void Transformer<T>::set_expert_parallel(std::vector<ExpertDispatcher*> per_laye
     for (size_t m = 0; m < l; ++m) shared = shared || per_layer[l] == per_layer[m];
     if (shared) throw std::invalid_argument("Transformer: every layer needs its own dispatcher");
     const ExpertDispatcher& d = *per_layer[l];
-    if (layout_.expert_sharded() && (d.local_experts() != layout_.stored_experts() ||
-                                     d.ep_rank() * d.local_experts() != layout_.first_expert())) {
+    const ExpertShard stored = experts_.shard();
+    if (stored.count != config_.n_experts &&
+        (d.local_experts() != stored.count || d.ep_rank() * d.local_experts() != stored.first)) {
       throw std::invalid_argument(
           "Transformer: the dispatcher's local experts are not the experts this model stores");
     }
@@ -108,12 +132,15 @@ void Transformer<T>::tensor_parallel_sum(T* data, int64_t count) const {
 
 template <typename T>
 T* Transformer<T>::allocate_gradients() {
+  if (view_) throw std::logic_error("Transformer: a view has no gradients");
   grads_ = device_.allocate_zeroed<T>(size_t(layout_.total()), "parameter gradients");
+  expert_grads_ = ExpertTable<T>(layout_, grads_);
   return grads_;
 }
 
 template <typename T>
 void Transformer<T>::initialize(uint64_t seed) {
+  if (view_) throw std::logic_error("Transformer: a view does not own its parameters");
   initialize_parameters(params_, layout_, config_, seed);
 }
 
@@ -197,8 +224,8 @@ void Transformer<T>::layer_forward(int l, Layer& a, const T* x_in, T* x_out, int
                        device_);
   // Only a training forward (no cache) has a backward that pairs with the overlapped path.
   const bool training = mode.kind == AttentionMode::Packed && mode.cache == nullptr;
-  moe_.forward(moe_weights(layout_, params_, l), a.xn2, a.moe_out, N, a.moe, dispatcher(l),
-               training ? overlap(l) : nullptr);
+  moe_.forward(moe_weights(layout_, params_, experts_, l), a.xn2, a.moe_out, N, a.moe,
+               dispatcher(l), training ? overlap(l) : nullptr);
   for (int64_t i = 0; i < NC; ++i) x_out[i] = a.x_mid[i] + a.moe_out[i];
 }
 
@@ -207,7 +234,7 @@ const T* Transformer<T>::run(const int* tokens, const T* x_in, int N, const int*
                              const AttentionMode& mode, bool keep_activations, int first,
                              int last) {
   const int C = config_.d_model, V = config_.vocab_size;
-  if (layout_.expert_sharded() && expert_parallel_.empty()) {
+  if (experts_.shard().count != config_.n_experts && expert_parallel_.empty()) {
     throw std::logic_error(
         "Transformer: a model holding only some experts runs only with its "
         "expert-parallel dispatchers");
@@ -387,8 +414,9 @@ void Transformer<T>::layer_backward(int l, const Layer& a, T* dx, int N, const i
   T* dx_mid = device_.allocate<T>(size_t(NC), "backward work");
   std::memcpy(dx_mid, dx, size_t(NC) * sizeof(T));
   T* dxn2 = device_.allocate_zeroed<T>(NC, "backward work");
-  moe_.backward(moe_weights(layout_, params_, l), moe_weights(layout_, grads_, l), a.xn2, a.moe, dx,
-                dxn2, N, aux_weight, dispatcher(l), overlap(l));
+  moe_.backward(moe_weights(layout_, params_, experts_, l),
+                moe_weights(layout_, grads_, expert_grads_, l), a.xn2, a.moe, dx, dxn2, N,
+                aux_weight, dispatcher(l), overlap(l));
   ops_.rmsnorm_backward(dx_mid, grads_ + o.ffn_norm, dxn2, a.x_mid, params_ + o.ffn_norm, a.rstd2,
                         N, C, device_);
   // x_mid = x_in + att @ wo^T.

@@ -14,6 +14,10 @@
 // shared expert), runs attention on its heads only (the KV cache holds only them) and sums the
 // partial outputs over the TP group: every forward, backward, prefill and decode is collective
 // over the group, whose ranks must bring the same tokens. Float only.
+//
+// Routed experts are read through an ExpertTable (one pointer per expert), so a model can also be
+// a view: the replicated tensors of another model where they are, and experts wherever the table
+// points (RL Fusion's generation layout: held experts in place, received ones in pool slots).
 #pragma once
 
 #include <cstdint>
@@ -48,12 +52,21 @@ class Transformer {
   // micro-batch in flight, each in its own arena, so a micro-batch's activations are freed when
   // its backward ends whatever the order; their gradients add up in the one shared buffer.
   Transformer(const Transformer& shared, Arena& activations);
+  // A view for inference (no gradients, no parameters of its own): the replicated tensors of
+  // `storage` (not copied; it must outlive the view) and the routed experts `experts` points at,
+  // one table per layer (complete; its shard is the experts this model runs). Throws
+  // std::invalid_argument otherwise.
+  Transformer(const Transformer& storage, ExpertTable<T> experts);
   ~Transformer();
   Transformer(const Transformer&) = delete;
   Transformer& operator=(const Transformer&) = delete;
 
   const ModelConfig& config() const { return config_; }
+  // Where parameters() holds each tensor (a view: its storage's layout, whose experts the view
+  // need not run).
   const ParameterLayout& layout() const { return layout_; }
+  // The routed experts this model runs and where each one is.
+  const ExpertTable<T>& experts() const { return experts_; }
   const Ops<T>& ops() const { return ops_; }
   Arena& device() const { return device_; }
   T* parameters() const { return params_; }
@@ -82,10 +95,10 @@ class Transformer {
 
   // Allocates a zeroed gradient buffer at the top of the device arena (the constructor does so
   // when with_gradients): for a model built without gradients, or again after the arena was
-  // rewound past them (RL Fusion's offload). Returns it.
+  // rewound past them (RL Fusion's offload). Returns it. Not for a view (std::logic_error).
   T* allocate_gradients();
 
-  void initialize(uint64_t seed);
+  void initialize(uint64_t seed);  // not for a view (std::logic_error)
   void zero_gradients();
 
   // Training forward over S packed sequences (tokens[N], N = seq_offsets[S]); keeps activations
@@ -163,6 +176,8 @@ class Transformer {
   const TensorParallel* tp_ = nullptr;
   T* params_ = nullptr;
   T* grads_ = nullptr;
+  ExpertTable<T> experts_, expert_grads_;  // the routed experts in params_ / grads_ (or a view's)
+  bool view_ = false;
 
   // State of the last training forward.
   bool has_activations_ = false;

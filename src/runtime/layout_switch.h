@@ -1,27 +1,43 @@
 // RL Fusion's layout switch between the training and the generation expert layout of the same
 // ranks (fused mode). Every rank belongs to a training EP group of `train_degree` consecutive
-// ranks and a generation EP group of `generation_degree` consecutive ranks. Switching fills a
-// buffer holding this rank's generation shard: the replicated tensors from its own training
-// buffer, the experts it already owns copied locally, and every other expert of its generation
-// shard from the rank that owns it in its own training replica, one message per (owner,
-// receiver) pair. No rank receives an expert it will not store, and no rank assembles a whole
-// tensor it does not own in the generation layout. Generation does not change weights, so the
-// switch back to training is free: the generation buffer is simply dropped.
+// ranks and a generation EP group of `generation_degree` consecutive ranks.
+//
+// Parameter buckets: the switch copies nothing the rank already holds. Its generation view
+// (Transformer's view constructor) reads the replicated tensors and every expert both shards hold
+// where training keeps them; each expert of the generation shard that the training shard lacks is
+// one bucket (w1 | w3 | w2) received by MPI straight into a free slot of a SlotPool, which its
+// owner (the rank holding it in this rank's training replica) sends straight from its parameters
+// (a derived datatype over the three matrices: no pack, no staging). One message per (owner,
+// receiver) pair carries all of its buckets. No rank receives an expert it will not run, and no
+// rank assembles a whole tensor it does not own in the generation layout. Generation does not
+// change weights, so the switch back to training only gives the slots back.
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
+#include "kernels/slot_pool.h"
 #include "mpi_comm/topology.h"
+#include "src/model/expert_table.h"
+#include "src/model/model_config.h"
 #include "src/model/parameter_layout.h"
 
 namespace rlf {
+
+// A rank's generation experts: every expert of its generation shard on every layer, in place or
+// in a slot of the pool they came with.
+struct GenerationExperts {
+  ExpertTable<float> table;
+  std::vector<float*> received;  // the slots holding experts received from other ranks
+  uint64_t received_bytes = 0;   // bytes received from other ranks
+};
 
 class ExpertLayoutSwitch {
  public:
   // Collective over ranks.comm (the ranks that train and generate, in order). The degrees must
   // divide the rank count and the experts (validate_role_expert_parallel).
-  ExpertLayoutSwitch(const HierarchicalComm& ranks, Links& links, int experts, int train_degree,
-                     int generation_degree);
+  ExpertLayoutSwitch(const HierarchicalComm& ranks, Links& links, const ModelConfig& config,
+                     int train_degree, int generation_degree);
   ~ExpertLayoutSwitch();
   ExpertLayoutSwitch(const ExpertLayoutSwitch&) = delete;
   ExpertLayoutSwitch& operator=(const ExpertLayoutSwitch&) = delete;
@@ -29,20 +45,28 @@ class ExpertLayoutSwitch {
   ExpertShard training_shard(int rank) const;
   ExpertShard generation_shard(int rank) const;
 
-  // Collective. Fills `generation` (laid out by generation_layout, this rank's generation shard)
-  // from `training` (training_layout, this rank's training shard). Returns the bytes this rank
-  // received from other ranks.
-  uint64_t to_generation(const float* training, const ParameterLayout& training_layout,
-                         float* generation, const ParameterLayout& generation_layout);
-  // The least any switch must move to this rank: the bytes of the experts of its generation
-  // shard that its training shard does not hold.
-  uint64_t minimum_bytes(const ParameterLayout& generation_layout) const;
+  // The slots this rank's switch fills: one per layer and expert of its generation shard that its
+  // training shard does not hold; and the size of one (a bucket of expert_bucket_elements).
+  int buckets_to_receive() const;
+  size_t bucket_bytes() const { return bucket_bytes_; }
+  // The least any switch must move to this rank: those buckets' bytes.
+  uint64_t minimum_bytes() const;
+
+  // Collective. This rank's generation experts over `training` (the flat parameters laid out by
+  // `training_layout`, which must store exactly this rank's training shard): held experts in
+  // place, the others received into slots of `pool` (buckets_to_receive() of them must be free).
+  GenerationExperts to_generation(float* training, const ParameterLayout& training_layout,
+                                  SlotPool& pool);
+  // After the generation phase: the received slots go back to `pool`.
+  void to_training(GenerationExperts& generation, SlotPool& pool) const;
 
  private:
   MPI_Comm comm_ = MPI_COMM_NULL;
   Links& links_;
   std::vector<int> world_ranks_;
-  int rank_ = 0, experts_, train_degree_, generation_degree_;
+  int rank_ = 0, layers_, experts_, d_ff_, d_model_;
+  size_t bucket_bytes_;
+  int train_degree_, generation_degree_;
 };
 
 }  // namespace rlf

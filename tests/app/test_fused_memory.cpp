@@ -1,5 +1,6 @@
 // The fused memory plan's prefill bound: StaleSync's rollout pool re-prefills the partials it
-// resumes (prompt + response so far), so its prefill holds longer sequences than prompts.
+// resumes (prompt + response so far), so its prefill holds longer sequences than prompts; and a
+// layout switch's generation state: the training parameters plus the expert buckets received.
 #include <gtest/gtest.h>
 
 #include "src/app/fused_memory.h"
@@ -26,6 +27,32 @@ TEST(FusedMemoryPlan, ResumedPrefixesGrowOnlyThePrefill) {
   EXPECT_EQ(resumed.training_peak(), prompts.training_peak());
   // A prefill bound shorter than the prompts changes nothing.
   EXPECT_EQ(plan_for(config, 8, 4).generation_peak(), prompts.generation_peak());
+}
+
+TEST(FusedMemoryPlan, ALayoutSwitchHoldsOnlyTheExpertBucketsItReceives) {
+  const ModelConfig config = load_model_config("small");  // 16 experts, 4 layers
+  const ParameterLayout whole(config), half(config, ExpertShard{0, 8});
+  const FusedBatch batch{64, 8, 16, 8, true, 0};
+  const size_t bucket = 3 * size_t(config.d_ff) * size_t(config.d_model) * sizeof(float);
+  auto plan = [&](const ParameterLayout& training, const ParameterLayout& generation,
+                  bool offload) {
+    return plan_fused_memory(config, training, generation, true, false, nullptr, offload, batch);
+  };
+  // Training at EP 2, generation at EP 1: the 8 missing experts of 4 layers, in slots; the view
+  // reuses the training parameters, so the generation state is the generation layout's size.
+  const FusedMemoryPlan to_whole = plan(half, whole, false);
+  EXPECT_EQ(to_whole.received_experts, 4 * 8 * bucket);
+  EXPECT_EQ(to_whole.generation - to_whole.offload_frees,
+            (size_t(whole.total()) * sizeof(float) + 63) / 64 * 64);
+  EXPECT_EQ(plan(half, whole, true).generation, to_whole.generation - to_whole.offload_frees);
+  // Training at EP 1, generation at EP 2: every expert of the generation shard is held already.
+  const FusedMemoryPlan to_half = plan(whole, half, false);
+  EXPECT_EQ(to_half.received_experts, 0u);
+  EXPECT_EQ(to_half.generation, to_half.training);
+  // No switch, nothing received.
+  EXPECT_EQ(
+      plan_fused_memory(config, half, half, false, false, nullptr, false, batch).received_experts,
+      0u);
 }
 
 }  // namespace

@@ -43,6 +43,58 @@ inline Routing build_routing(const std::vector<int>& idx, int N, int E, int K) {
   return r;
 }
 
+// Expert weights or gradients as the grouped expert kernels take them: one pointer per expert to
+// its w1 [F, C], w3 [F, C] and w2 [C, F]. Consecutive: rows of three [E, F, C] / [E, C, F]
+// tensors (a flat parameter buffer). Otherwise parameter buckets: each expert's w1 | w3 | w2 in a
+// slot of its own, slots in a shuffled order with unused slots between them (a slot pool after
+// out-of-order give-backs).
+template <typename T>
+struct ExpertPointers {
+  ExpertPointers(const std::vector<T>& w1_rows, const std::vector<T>& w3_rows,
+                 const std::vector<T>& w2_rows, int experts, int F, int C, bool consecutive,
+                 uint64_t seed = 0)
+      : E(experts), FC(int64_t(F) * C) {
+    std::vector<size_t> first(3 * size_t(E));  // storage index of (expert, matrix)
+    if (consecutive) {
+      for (int e = 0; e < E; ++e)
+        for (int m = 0; m < 3; ++m) first[size_t(e) * 3 + m] = (size_t(m) * E + e) * FC;
+      storage.resize(3 * size_t(E) * FC);
+    } else {
+      // 2E slots: every other one unused, the experts in a random order over the rest.
+      std::vector<size_t> slot(2 * size_t(E));
+      std::iota(slot.begin(), slot.end(), size_t(0));
+      std::shuffle(slot.begin(), slot.end(), std::mt19937_64(seed));
+      for (int e = 0; e < E; ++e)
+        for (int m = 0; m < 3; ++m) first[size_t(e) * 3 + m] = (slot[size_t(e)] * 3 + m) * FC;
+      storage.assign(6 * size_t(E) * FC, T(-99));
+    }
+    const std::vector<T>* rows[3] = {&w1_rows, &w3_rows, &w2_rows};
+    std::vector<T*>* pointers[3] = {&w1, &w3, &w2};
+    for (int e = 0; e < E; ++e) {
+      for (int m = 0; m < 3; ++m) {
+        T* p = storage.data() + first[size_t(e) * 3 + m];
+        std::copy_n(rows[m]->begin() + e * FC, FC, p);
+        pointers[m]->push_back(p);
+      }
+    }
+  }
+  ExpertPointers(const ExpertPointers&) = delete;
+  ExpertPointers& operator=(const ExpertPointers&) = delete;
+
+  // Matrix m (0: w1, 1: w3, 2: w2) of every expert, back as a [E, ...] tensor.
+  std::vector<T> rows(int m) const {
+    const std::vector<T*>& p = m == 0 ? w1 : m == 1 ? w3 : w2;
+    std::vector<T> out(size_t(E) * FC);
+    for (int e = 0; e < E; ++e) std::copy_n(p[size_t(e)], FC, out.begin() + e * FC);
+    return out;
+  }
+
+  int E;
+  int64_t FC;
+  std::vector<T> storage;
+  std::vector<T*> w1, w3, w2;
+};
+
 // A packing: sequence lengths -> seq_offsets[S + 1].
 inline std::vector<int> offsets_for(const std::vector<int>& lengths) {
   std::vector<int> offsets(lengths.size() + 1, 0);

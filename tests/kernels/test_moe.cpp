@@ -20,6 +20,7 @@ namespace {
 
 using test::build_routing;
 using test::expect_close;
+using test::ExpertPointers;
 using test::random_assignment;
 using test::random_vector;
 using test::Routing;
@@ -231,61 +232,87 @@ TEST(ExpertFfn, CpuMatchesRef) {
   int index = 0;
   for (const auto& s : kFfnShapes) {
     const uint64_t seed = seed_for("ExpertFfn.CpuMatchesRef", index++);
-    const std::string what = "N=" + std::to_string(s.N) + " E=" + std::to_string(s.E) +
-                             " K=" + std::to_string(s.K) + " C=" + std::to_string(s.C) +
-                             " F=" + std::to_string(s.F);
     const Routing r = build_routing(random_assignment(s.N, s.E, s.K, seed, s.empty), s.N, s.E, s.K);
     const int M = r.M();
     const auto xg = random_vector<float>(size_t(M) * s.C, seed + 1);
     const auto W = random_ffn_weights<float>(s.E, s.C, s.F, seed + 2);
-    std::vector<float> y(size_t(M) * s.C), a(size_t(M) * s.F), b(a.size());
-    std::vector<float> y_cpu(y.size(), -7.0f), a_cpu(a.size(), -7.0f), b_cpu(a.size(), -7.0f);
-    ref::expert_ffn_forward(y.data(), a.data(), b.data(), xg.data(), W.w1.data(), W.w3.data(),
-                            W.w2.data(), r.offsets.data(), s.E, s.C, s.F);
-    cpu::expert_ffn_forward(y_cpu.data(), a_cpu.data(), b_cpu.data(), xg.data(), W.w1.data(),
-                            W.w3.data(), W.w2.data(), r.offsets.data(), s.E, s.C, s.F,
-                            scratch_arena());
-    expect_close(a_cpu, a, "ffn a " + what, 1e-5, 1e-4);
-    expect_close(b_cpu, b, "ffn b " + what, 1e-5, 1e-4);
-    expect_close(y_cpu, y, "ffn y " + what, 1e-5, 1e-4);
-
-    const auto dy = random_vector<float>(y.size(), seed + 3);
+    const auto dy = random_vector<float>(size_t(M) * s.C, seed + 3);
     const auto dxg0 = random_vector<float>(xg.size(), seed + 4);
     const auto dW0 = random_ffn_weights<float>(s.E, s.C, s.F, seed + 5);
-    auto dxg = dxg0, dw1 = dW0.w1, dw3 = dW0.w3, dw2 = dW0.w2;
-    auto dxg_c = dxg0, dw1_c = dW0.w1, dw3_c = dW0.w3, dw2_c = dW0.w2;
-    ref::expert_ffn_backward(dxg.data(), dw1.data(), dw3.data(), dw2.data(), dy.data(), xg.data(),
-                             a.data(), b.data(), W.w1.data(), W.w3.data(), W.w2.data(),
-                             r.offsets.data(), s.E, s.C, s.F);
-    cpu::expert_ffn_backward(dxg_c.data(), dw1_c.data(), dw3_c.data(), dw2_c.data(), dy.data(),
-                             xg.data(), a.data(), b.data(), W.w1.data(), W.w3.data(), W.w2.data(),
-                             r.offsets.data(), s.E, s.C, s.F, scratch_arena());
-    expect_close(dxg_c, dxg, "ffn dxg " + what, 1e-5, 1e-4);
-    expect_close(dw1_c, dw1, "ffn dw1 " + what, 1e-5, 1e-4);
-    expect_close(dw3_c, dw3, "ffn dw3 " + what, 1e-5, 1e-4);
-    expect_close(dw2_c, dw2, "ffn dw2 " + what, 1e-5, 1e-4);
-    // Empty experts get no weight gradient.
-    for (int e : s.empty) {
-      const size_t FC = size_t(s.F) * s.C;
-      EXPECT_TRUE(std::equal(dw1_c.begin() + e * FC, dw1_c.begin() + (e + 1) * FC,
-                             dW0.w1.begin() + e * FC));
-    }
+    // The reference on consecutive experts is the specification; the cpu kernel runs on them and
+    // on parameter buckets (every expert somewhere else, out of order).
+    const ExpertPointers<float> ref_w(W.w1, W.w3, W.w2, s.E, s.F, s.C, true);
+    std::vector<float> y(size_t(M) * s.C), a(size_t(M) * s.F), b(a.size());
+    ref::expert_ffn_forward(y.data(), a.data(), b.data(), xg.data(), ref_w.w1.data(),
+                            ref_w.w3.data(), ref_w.w2.data(), r.offsets.data(), s.E, s.C, s.F);
+    auto dxg = dxg0;
+    const ExpertPointers<float> ref_g(dW0.w1, dW0.w3, dW0.w2, s.E, s.F, s.C, true);
+    ref::expert_ffn_backward(dxg.data(), ref_g.w1.data(), ref_g.w3.data(), ref_g.w2.data(),
+                             dy.data(), xg.data(), a.data(), b.data(), ref_w.w1.data(),
+                             ref_w.w3.data(), ref_w.w2.data(), r.offsets.data(), s.E, s.C, s.F);
+    std::vector<std::vector<float>> first_layout;  // the cpu results on consecutive experts
+    for (bool consecutive : {true, false}) {
+      const std::string what = "N=" + std::to_string(s.N) + " E=" + std::to_string(s.E) +
+                               " K=" + std::to_string(s.K) + " C=" + std::to_string(s.C) +
+                               " F=" + std::to_string(s.F) +
+                               (consecutive ? " consecutive" : " buckets");
+      const ExpertPointers<float> w(W.w1, W.w3, W.w2, s.E, s.F, s.C, consecutive, seed + 6);
+      std::vector<float> y_cpu(y.size(), -7.0f), a_cpu(a.size(), -7.0f), b_cpu(a.size(), -7.0f);
+      cpu::expert_ffn_forward(y_cpu.data(), a_cpu.data(), b_cpu.data(), xg.data(), w.w1.data(),
+                              w.w3.data(), w.w2.data(), r.offsets.data(), s.E, s.C, s.F,
+                              scratch_arena());
+      expect_close(a_cpu, a, "ffn a " + what, 1e-5, 1e-4);
+      expect_close(b_cpu, b, "ffn b " + what, 1e-5, 1e-4);
+      expect_close(y_cpu, y, "ffn y " + what, 1e-5, 1e-4);
 
-    // Each gradient alone (the others null) gives the same bits as all together.
-    auto only_dxg = dxg0, only_dw1 = dW0.w1, only_dw3 = dW0.w3, only_dw2 = dW0.w2;
-    auto backward = [&](float* gx, float* g1, float* g3, float* g2) {
-      cpu::expert_ffn_backward(gx, g1, g3, g2, dy.data(), xg.data(), a.data(), b.data(),
-                               W.w1.data(), W.w3.data(), W.w2.data(), r.offsets.data(), s.E, s.C,
-                               s.F, scratch_arena());
-    };
-    backward(only_dxg.data(), nullptr, nullptr, nullptr);
-    backward(nullptr, only_dw1.data(), nullptr, nullptr);
-    backward(nullptr, nullptr, only_dw3.data(), nullptr);
-    backward(nullptr, nullptr, nullptr, only_dw2.data());
-    EXPECT_TRUE(same_bytes(only_dxg, dxg_c)) << what;
-    EXPECT_TRUE(same_bytes(only_dw1, dw1_c)) << what;
-    EXPECT_TRUE(same_bytes(only_dw3, dw3_c)) << what;
-    EXPECT_TRUE(same_bytes(only_dw2, dw2_c)) << what;
+      auto dxg_c = dxg0;
+      ExpertPointers<float> g(dW0.w1, dW0.w3, dW0.w2, s.E, s.F, s.C, consecutive, seed + 7);
+      cpu::expert_ffn_backward(dxg_c.data(), g.w1.data(), g.w3.data(), g.w2.data(), dy.data(),
+                               xg.data(), a.data(), b.data(), w.w1.data(), w.w3.data(), w.w2.data(),
+                               r.offsets.data(), s.E, s.C, s.F, scratch_arena());
+      expect_close(dxg_c, dxg, "ffn dxg " + what, 1e-5, 1e-4);
+      expect_close(g.rows(0), ref_g.rows(0), "ffn dw1 " + what, 1e-5, 1e-4);
+      expect_close(g.rows(1), ref_g.rows(1), "ffn dw3 " + what, 1e-5, 1e-4);
+      expect_close(g.rows(2), ref_g.rows(2), "ffn dw2 " + what, 1e-5, 1e-4);
+      // Empty experts get no weight gradient.
+      for (int e : s.empty) {
+        const size_t FC = size_t(s.F) * s.C;
+        EXPECT_TRUE(std::equal(g.w1[size_t(e)], g.w1[size_t(e)] + FC, dW0.w1.begin() + e * FC));
+      }
+      // Where the experts live changes no bit.
+      const std::vector<std::vector<float>> results = {y_cpu,     a_cpu,     b_cpu,    dxg_c,
+                                                       g.rows(0), g.rows(1), g.rows(2)};
+      if (consecutive) {
+        first_layout = results;
+      } else {
+        for (size_t i = 0; i < results.size(); ++i)
+          EXPECT_TRUE(same_bytes(results[i], first_layout[i])) << what << " result " << i;
+      }
+
+      // Each gradient alone (the others null) gives the same bits as all together.
+      auto only_dxg = dxg0;
+      ExpertPointers<float> only(dW0.w1, dW0.w3, dW0.w2, s.E, s.F, s.C, consecutive, seed + 8);
+      auto backward = [&](float* gx, float* const* g1, float* const* g3, float* const* g2) {
+        cpu::expert_ffn_backward(gx, g1, g3, g2, dy.data(), xg.data(), a.data(), b.data(),
+                                 w.w1.data(), w.w3.data(), w.w2.data(), r.offsets.data(), s.E, s.C,
+                                 s.F, scratch_arena());
+      };
+      backward(only_dxg.data(), nullptr, nullptr, nullptr);
+      backward(nullptr, only.w1.data(), nullptr, nullptr);
+      backward(nullptr, nullptr, only.w3.data(), nullptr);
+      backward(nullptr, nullptr, nullptr, only.w2.data());
+      EXPECT_TRUE(same_bytes(only_dxg, dxg_c)) << what;
+      EXPECT_TRUE(same_bytes(only.rows(0), g.rows(0))) << what;
+      EXPECT_TRUE(same_bytes(only.rows(1), g.rows(1))) << what;
+      EXPECT_TRUE(same_bytes(only.rows(2), g.rows(2))) << what;
+    }
+    // The reference reads buckets as it reads consecutive experts.
+    const ExpertPointers<float> ref_buckets(W.w1, W.w3, W.w2, s.E, s.F, s.C, false, seed + 9);
+    std::vector<float> y_b(y.size()), a_b(a.size()), b_b(a.size());
+    ref::expert_ffn_forward(y_b.data(), a_b.data(), b_b.data(), xg.data(), ref_buckets.w1.data(),
+                            ref_buckets.w3.data(), ref_buckets.w2.data(), r.offsets.data(), s.E,
+                            s.C, s.F);
+    EXPECT_TRUE(same_bytes(y_b, y));
   }
 }
 
@@ -298,17 +325,24 @@ TEST(ExpertFfn, RefGradientMatchesFiniteDifferences) {
   auto W = random_ffn_weights<double>(E, C, F, seed + 2);
   const auto ry = random_vector<double>(size_t(M) * C, seed + 3);
   std::vector<double> y(size_t(M) * C), a(size_t(M) * F), b(a.size());
+  const int64_t FC = int64_t(F) * C;
+  // The finite differences perturb W itself: the kernels read it through consecutive pointers.
+  const auto w1 = consecutive_experts<const double>(W.w1.data(), E, FC);
+  const auto w3 = consecutive_experts<const double>(W.w3.data(), E, FC);
+  const auto w2 = consecutive_experts<const double>(W.w2.data(), E, FC);
   auto loss = [&]() {
-    ref::expert_ffn_forward(y.data(), a.data(), b.data(), xg.data(), W.w1.data(), W.w3.data(),
-                            W.w2.data(), r.offsets.data(), E, C, F);
+    ref::expert_ffn_forward(y.data(), a.data(), b.data(), xg.data(), w1.data(), w3.data(),
+                            w2.data(), r.offsets.data(), E, C, F);
     return dot(ry, y);
   };
   loss();
   std::vector<double> dxg(xg.size(), 0.0), dw1(W.w1.size(), 0.0), dw3(W.w3.size(), 0.0),
       dw2(W.w2.size(), 0.0);
-  ref::expert_ffn_backward(dxg.data(), dw1.data(), dw3.data(), dw2.data(), ry.data(), xg.data(),
-                           a.data(), b.data(), W.w1.data(), W.w3.data(), W.w2.data(),
-                           r.offsets.data(), E, C, F);
+  ref::expert_ffn_backward(dxg.data(), consecutive_experts(dw1.data(), E, FC).data(),
+                           consecutive_experts(dw3.data(), E, FC).data(),
+                           consecutive_experts(dw2.data(), E, FC).data(), ry.data(), xg.data(),
+                           a.data(), b.data(), w1.data(), w3.data(), w2.data(), r.offsets.data(), E,
+                           C, F);
   test::expect_gradient_matches(xg, dxg, loss, "ffn dxg");
   test::expect_gradient_matches(W.w1, dw1, loss, "ffn dw1");
   test::expect_gradient_matches(W.w3, dw3, loss, "ffn dw3");
@@ -338,6 +372,10 @@ TEST(MoeLayer, RefCompositeGradientMatchesFiniteDifferences) {
       const auto rout = random_vector<double>(size_t(N) * C, seed + 3);
       const double aux_coef = 0.5;
       const int M = N * K;
+      const int64_t FC = int64_t(F) * C;
+      const auto w1 = consecutive_experts<const double>(W.w1.data(), E, FC);
+      const auto w3 = consecutive_experts<const double>(W.w3.data(), E, FC);
+      const auto w2 = consecutive_experts<const double>(W.w2.data(), E, FC);
 
       std::vector<int> idx(size_t(N) * K), offsets(E + 1), row_of(M), tok_of(M);
       std::vector<double> w(size_t(N) * K), probs(size_t(N) * E), xg(size_t(M) * C),
@@ -346,8 +384,8 @@ TEST(MoeLayer, RefCompositeGradientMatchesFiniteDifferences) {
         ref::router_forward(idx.data(), w.data(), probs.data(), logits.data(), N, E, K, normalize);
         moe_build_routing(offsets.data(), row_of.data(), tok_of.data(), idx.data(), N, E, K);
         ref::moe_gather(xg.data(), x.data(), tok_of.data(), M, C);
-        ref::expert_ffn_forward(y.data(), a.data(), b.data(), xg.data(), W.w1.data(), W.w3.data(),
-                                W.w2.data(), offsets.data(), E, C, F);
+        ref::expert_ffn_forward(y.data(), a.data(), b.data(), xg.data(), w1.data(), w3.data(),
+                                w2.data(), offsets.data(), E, C, F);
         ref::moe_combine(out.data(), y.data(), w.data(), row_of.data(), N, K, C);
         return dot(rout, out) +
                aux_coef * ref::router_aux_loss_forward(probs.data(), idx.data(), N, E, K);
@@ -360,9 +398,11 @@ TEST(MoeLayer, RefCompositeGradientMatchesFiniteDifferences) {
           dw1(W.w1.size(), 0.0), dw3(W.w3.size(), 0.0), dw2(W.w2.size(), 0.0);
       ref::moe_combine_backward(dy.data(), dw.data(), rout.data(), y.data(), w.data(),
                                 row_of.data(), N, K, C);
-      ref::expert_ffn_backward(dxg.data(), dw1.data(), dw3.data(), dw2.data(), dy.data(), xg.data(),
-                               a.data(), b.data(), W.w1.data(), W.w3.data(), W.w2.data(),
-                               offsets.data(), E, C, F);
+      ref::expert_ffn_backward(dxg.data(), consecutive_experts(dw1.data(), E, FC).data(),
+                               consecutive_experts(dw3.data(), E, FC).data(),
+                               consecutive_experts(dw2.data(), E, FC).data(), dy.data(), xg.data(),
+                               a.data(), b.data(), w1.data(), w3.data(), w2.data(), offsets.data(),
+                               E, C, F);
       ref::moe_gather_backward(dx.data(), dxg.data(), row_of.data(), N, K, C);
       ref::router_aux_loss_backward(dprobs.data(), aux_coef, idx.data(), N, E, K);
       ref::router_backward(dlogits.data(), dw.data(), dprobs.data(), probs.data(), idx.data(),
@@ -406,14 +446,18 @@ TEST(MoeKernels, CpuIsDeterministicAcrossThreadCounts) {
           std::vector<float>(W.w1.size(), 0.0f),   std::vector<float>(W.w3.size(), 0.0f),
           std::vector<float>(W.w2.size(), 0.0f),   std::vector<float>(size_t(N) * C, 0.0f)};
     cpu::moe_gather(o.xg.data(), x.data(), r.token_of_row.data(), M, C, s);
-    cpu::expert_ffn_forward(o.y.data(), o.a.data(), o.b.data(), o.xg.data(), W.w1.data(),
-                            W.w3.data(), W.w2.data(), r.offsets.data(), E, C, F, s);
+    const ExpertPointers<float> w(W.w1, W.w3, W.w2, E, F, C, true);
+    cpu::expert_ffn_forward(o.y.data(), o.a.data(), o.b.data(), o.xg.data(), w.w1.data(),
+                            w.w3.data(), w.w2.data(), r.offsets.data(), E, C, F, s);
     cpu::moe_combine(o.out.data(), o.y.data(), wt.data(), r.row_of_assignment.data(), N, K, C, s);
     cpu::moe_combine_backward(o.dy.data(), o.dwt.data(), dout.data(), o.y.data(), wt.data(),
                               r.row_of_assignment.data(), N, K, C, s);
-    cpu::expert_ffn_backward(o.dxg.data(), o.dw1.data(), o.dw3.data(), o.dw2.data(), o.dy.data(),
-                             o.xg.data(), o.a.data(), o.b.data(), W.w1.data(), W.w3.data(),
-                             W.w2.data(), r.offsets.data(), E, C, F, s);
+    const int64_t FC = int64_t(F) * C;
+    cpu::expert_ffn_backward(o.dxg.data(), consecutive_experts(o.dw1.data(), E, FC).data(),
+                             consecutive_experts(o.dw3.data(), E, FC).data(),
+                             consecutive_experts(o.dw2.data(), E, FC).data(), o.dy.data(),
+                             o.xg.data(), o.a.data(), o.b.data(), w.w1.data(), w.w3.data(),
+                             w.w2.data(), r.offsets.data(), E, C, F, s);
     cpu::moe_gather_backward(o.dx.data(), o.dxg.data(), r.row_of_assignment.data(), N, K, C, s);
     return o;
   };

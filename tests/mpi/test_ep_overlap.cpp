@@ -87,19 +87,25 @@ Result single_rank_reference(const Batch& b, int rank) {
   std::vector<float> xg(size_t(M) * kC), a(size_t(M) * kF), bb(size_t(M) * kF), y(size_t(M) * kC),
       out(size_t(N) * kC);
   ref::moe_gather(xg.data(), b.x.data(), token_of.data(), M, kC);
-  ref::expert_ffn_forward(y.data(), a.data(), bb.data(), xg.data(), b.w1.data(), b.w3.data(),
-                          b.w2.data(), offsets.data(), E, kC, kF);
+  const int64_t FC = kF * kC;
+  const auto w1 = consecutive_experts(b.w1.data(), E, FC),
+             w3 = consecutive_experts(b.w3.data(), E, FC),
+             w2 = consecutive_experts(b.w2.data(), E, FC);
+  ref::expert_ffn_forward(y.data(), a.data(), bb.data(), xg.data(), w1.data(), w3.data(), w2.data(),
+                          offsets.data(), E, kC, kF);
   ref::moe_combine(out.data(), y.data(), b.w.data(), row_of.data(), N, kK, kC);
   std::vector<float> dy(size_t(M) * kC, 0), dweight(size_t(M), 0), dxg(size_t(M) * kC, 0),
       dx(size_t(N) * kC, 0), dw1(b.w1.size(), 0), dw3(b.w3.size(), 0), dw2(b.w2.size(), 0);
   ref::moe_combine_backward(dy.data(), dweight.data(), b.dout.data(), y.data(), b.w.data(),
                             row_of.data(), N, kK, kC);
-  ref::expert_ffn_backward(dxg.data(), dw1.data(), dw3.data(), dw2.data(), dy.data(), xg.data(),
-                           a.data(), bb.data(), b.w1.data(), b.w3.data(), b.w2.data(),
-                           offsets.data(), E, kC, kF);
+  ref::expert_ffn_backward(dxg.data(), consecutive_experts(dw1.data(), E, FC).data(),
+                           consecutive_experts(dw3.data(), E, FC).data(),
+                           consecutive_experts(dw2.data(), E, FC).data(), dy.data(), xg.data(),
+                           a.data(), bb.data(), w1.data(), w3.data(), w2.data(), offsets.data(), E,
+                           kC, kF);
   ref::moe_gather_backward(dx.data(), dxg.data(), row_of.data(), N, kK, kC);
   const int64_t n0 = b.first_token[size_t(rank)], n1 = b.first_token[size_t(rank) + 1];
-  const int64_t e0 = int64_t(rank) * kExpertsPerRank, e1 = e0 + kExpertsPerRank, FC = kF * kC;
+  const int64_t e0 = int64_t(rank) * kExpertsPerRank, e1 = e0 + kExpertsPerRank;
   Result r;
   r.out.assign(out.begin() + n0 * kC, out.begin() + n1 * kC);
   r.dx.assign(dx.begin() + n0 * kC, dx.begin() + n1 * kC);
@@ -117,16 +123,22 @@ Result run_overlapped(const Batch& b, const HierarchicalComm& ep, Links& links, 
   const int64_t e0 = int64_t(rank) * kExpertsPerRank;
   Arena scratch("overlap test", 8 << 20);
   OverlappedExperts layer(ep, links, b.E, mode, chunks, kC, kF, ops, scratch);
-  const LocalExperts w{b.w1.data() + e0 * FC, b.w3.data() + e0 * FC, b.w2.data() + e0 * FC};
+  const auto w1 = consecutive_experts(b.w1.data() + e0 * FC, kExpertsPerRank, FC);
+  const auto w3 = consecutive_experts(b.w3.data() + e0 * FC, kExpertsPerRank, FC);
+  const auto w2 = consecutive_experts(b.w2.data() + e0 * FC, kExpertsPerRank, FC);
+  const LocalExperts w{w1.data(), w3.data(), w2.data()};
   Result r;
   r.out.assign(size_t(N) * kC, -1.0f);
   r.dx.assign(size_t(N) * kC, 0.0f);
   r.dweight.assign(size_t(N) * kK, -1.0f);
   for (auto* g : {&r.dw1, &r.dw3, &r.dw2}) g->assign(size_t(kExpertsPerRank * FC), 0.0f);
+  const auto g1 = consecutive_experts(r.dw1.data(), kExpertsPerRank, FC);
+  const auto g3 = consecutive_experts(r.dw3.data(), kExpertsPerRank, FC);
+  const auto g2 = consecutive_experts(r.dw2.data(), kExpertsPerRank, FC);
   layer.forward(w, b.x.data() + n0 * kC, b.idx.data() + n0 * kK, b.w.data() + n0 * kK, N, kK,
                 r.out.data());
-  layer.backward(w, {r.dw1.data(), r.dw3.data(), r.dw2.data()}, b.dout.data() + n0 * kC,
-                 r.dx.data(), r.dweight.data());
+  layer.backward(w, {g1.data(), g3.data(), g2.data()}, b.dout.data() + n0 * kC, r.dx.data(),
+                 r.dweight.data());
   return r;
 }
 

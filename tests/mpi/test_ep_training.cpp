@@ -13,6 +13,7 @@
 #include "mpi_comm/expert_dispatch.h"
 #include "mpi_comm/topology.h"
 #include "src/model/expert_parallel.h"
+#include "src/model/expert_table.h"
 #include "src/model/generation.h"
 #include "src/rl/rl_step.h"
 #include "src/rl/task.h"
@@ -278,7 +279,9 @@ TEST(ExpertLayoutSwitch, GenerationShardsGetExactlyTheirExpertsAndTheLeastBytes)
   const ParameterLayout whole_layout(config);
   std::vector<float> whole(size_t(whole_layout.total()));
   initialize_parameters(whole.data(), whole_layout, config, 13);
+  const ExpertTable<float> whole_experts(whole_layout, whole.data());
   const int rank = test::world_rank();
+  const size_t FC = size_t(config.d_ff) * config.d_model;
   int switches = 0;
   for (int train_degree : {1, 2, 4}) {
     for (int generation_degree : {1, 2, 4}) {
@@ -288,25 +291,48 @@ TEST(ExpertLayoutSwitch, GenerationShardsGetExactlyTheirExpertsAndTheLeastBytes)
       SCOPED_TRACE("training EP " + std::to_string(train_degree) + ", generation EP " +
                    std::to_string(generation_degree));
       ++switches;
-      ExpertLayoutSwitch layout_switch(ranks, links, config.n_experts, train_degree,
-                                       generation_degree);
+      ExpertLayoutSwitch layout_switch(ranks, links, config, train_degree, generation_degree);
       const ParameterLayout training_layout(config, layout_switch.training_shard(rank));
-      const ParameterLayout generation_layout(config, layout_switch.generation_shard(rank));
       std::vector<float> training(size_t(training_layout.total()));
       copy_common_parameters(whole.data(), whole_layout, training.data(), training_layout);
-      std::vector<float> generation(size_t(generation_layout.total()), -3.0f);
-      const uint64_t bytes = layout_switch.to_generation(training.data(), training_layout,
-                                                         generation.data(), generation_layout);
-      std::vector<float> want(size_t(generation_layout.total()), -3.0f);
-      copy_common_parameters(whole.data(), whole_layout, want.data(), generation_layout);
-      EXPECT_EQ(0, std::memcmp(generation.data(), want.data(), want.size() * sizeof(float)));
-      EXPECT_EQ(bytes, layout_switch.minimum_bytes(generation_layout));
+      const std::vector<float> before = training;
+      Arena device("switch", 4 << 20);
+      SlotPool pool(device, layout_switch.bucket_bytes(), layout_switch.buckets_to_receive(),
+                    "received experts");
+      GenerationExperts generation =
+          layout_switch.to_generation(training.data(), training_layout, pool);
+      // Every expert of the generation shard, on every layer, holds the whole model's weights;
+      // the ones the rank held are read where training keeps them, the others are in slots.
+      const ExpertShard wanted = layout_switch.generation_shard(rank);
+      EXPECT_EQ(generation.table.shard().first, wanted.first);
+      EXPECT_EQ(generation.table.shard().count, wanted.count);
+      ASSERT_TRUE(generation.table.complete());
+      const float* training_end = training.data() + training.size();
+      int in_place = 0;
+      for (int l = 0; l < config.n_layers; ++l) {
+        for (int s = 0; s < wanted.count; ++s) {
+          const size_t e = size_t(wanted.first + s);
+          EXPECT_EQ(0, std::memcmp(generation.table.w1(l)[s], whole_experts.w1(l)[e], FC * 4));
+          EXPECT_EQ(0, std::memcmp(generation.table.w3(l)[s], whole_experts.w3(l)[e], FC * 4));
+          EXPECT_EQ(0, std::memcmp(generation.table.w2(l)[s], whole_experts.w2(l)[e], FC * 4));
+          in_place += generation.table.w1(l)[s] >= training.data() &&
+                      generation.table.w1(l)[s] < training_end;
+        }
+      }
+      EXPECT_EQ(size_t(in_place) + generation.received.size(),
+                size_t(config.n_layers) * size_t(wanted.count));
+      EXPECT_EQ(int(generation.received.size()), layout_switch.buckets_to_receive());
+      EXPECT_EQ(pool.slots_in_use(), layout_switch.buckets_to_receive());
+      EXPECT_EQ(generation.received_bytes, layout_switch.minimum_bytes());
       // A generation shard larger than the training shard always needs experts from others.
       // (A smaller one may too: with consecutive groups, rank 2 holds experts 0-1 at training
       // EP 2 but needs expert 2 at generation EP 4.)
       if (generation_degree < train_degree) {
-        EXPECT_GT(bytes, 0u);
+        EXPECT_GT(generation.received_bytes, 0u);
       }
+      layout_switch.to_training(generation, pool);
+      EXPECT_EQ(pool.slots_in_use(), 0);
+      EXPECT_EQ(training, before);  // nothing written into the training parameters
     }
   }
   if (size == 1) {

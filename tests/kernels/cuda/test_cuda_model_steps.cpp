@@ -113,7 +113,10 @@ struct MiniModel {
     float *xg = buf(size_t(M) * C), *fa = buf(size_t(M) * F), *fb = buf(size_t(M) * F);
     float *y = buf(size_t(M) * C), *mo = buf(NC), *x3 = buf(NC), *xf = buf(NC), *rf = buf(N);
     ops.moe_gather(xg, xn2, tor, M, C, arena);
-    ops.expert_ffn_forward(y, fa, fb, xg, p + L.w1, p + L.w3, p + L.w2, eoff, E, C, F, arena);
+    const int64_t FC = int64_t(F) * C;
+    const auto w1 = consecutive_experts(p + L.w1, E, FC), w3 = consecutive_experts(p + L.w3, E, FC),
+               w2 = consecutive_experts(p + L.w2, E, FC);
+    ops.expert_ffn_forward(y, fa, fb, xg, w1.data(), w3.data(), w2.data(), eoff, E, C, F, arena);
     ops.moe_combine(mo, y, ew, roa, N, K, C, arena);
     for (int64_t i = 0; i < NC; ++i) x3[i] = x2[i] + mo[i];
     ops.rmsnorm_forward(xf, rf, x3, p + L.norm_f, N, C, kEps, arena);
@@ -137,8 +140,10 @@ struct MiniModel {
     float *dy = buf(size_t(M) * C), *dew = buf(size_t(N) * K), *dxg = buf(size_t(M) * C);
     float *dxn2 = buf(NC), *dprobs = buf(size_t(N) * E), *drl = buf(size_t(N) * E);
     ops.moe_combine_backward(dy, dew, dx3, y, ew, roa, N, K, C, arena);
-    ops.expert_ffn_backward(dxg, g + L.w1, g + L.w3, g + L.w2, dy, xg, fa, fb, p + L.w1, p + L.w3,
-                            p + L.w2, eoff, E, C, F, arena);
+    const auto g1 = consecutive_experts(g + L.w1, E, FC), g3 = consecutive_experts(g + L.w3, E, FC),
+               g2 = consecutive_experts(g + L.w2, E, FC);
+    ops.expert_ffn_backward(dxg, g1.data(), g3.data(), g2.data(), dy, xg, fa, fb, w1.data(),
+                            w3.data(), w2.data(), eoff, E, C, F, arena);
     ops.moe_gather_backward(dxn2, dxg, roa, N, K, C, arena);
     ops.router_aux_loss_backward(dprobs, kAuxWeight, idx, N, E, K, arena);
     ops.router_backward(drl, dew, dprobs, probs, idx, ew, N, E, K, true, arena);

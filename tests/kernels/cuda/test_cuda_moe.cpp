@@ -1,6 +1,6 @@
 // CUDA router and MoE kernels vs reference: top-k selection (ties), router backward with and
 // without renormalization, the load-balancing loss, gather/combine, and the grouped expert FFN
-// with empty experts and rows before the first expert.
+// with empty experts, rows before the first expert, and experts in parameter buckets.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -18,6 +18,7 @@ namespace {
 
 using test::build_routing;
 using test::expect_close;
+using test::ExpertPointers;
 using test::random_assignment;
 using test::random_vector;
 using test::Routing;
@@ -125,9 +126,6 @@ TEST_P(CudaMoe, ExpertFfnMatchesRef) {
     set_use_cublas(cublas);
     int index = 0;
     for (const auto& s : shapes) {
-      const std::string what = "N=" + std::to_string(s.N) + " E=" + std::to_string(s.E) +
-                               " C=" + std::to_string(s.C) + " F=" + std::to_string(s.F) +
-                               (cublas ? " cuBLAS" : " tiled");
       const uint64_t seed = seed_for("CudaMoe.ExpertFfn", index++);
       const Routing r =
           build_routing(random_assignment(s.N, s.E, s.K, seed, s.empty), s.N, s.E, s.K);
@@ -137,39 +135,54 @@ TEST_P(CudaMoe, ExpertFfnMatchesRef) {
       const auto w1 = random_vector<float>(FC, seed + 2, -0.3, 0.3);
       const auto w3 = random_vector<float>(FC, seed + 3, -0.3, 0.3);
       const auto w2 = random_vector<float>(FC, seed + 4, -0.3, 0.3);
-      std::vector<float> y_want(size_t(M) * s.C), a_want(size_t(M) * s.F), b_want(a_want.size());
-      std::vector<float> y(y_want.size(), -7.0f), a(a_want.size(), -7.0f), b(a_want.size(), -7.0f);
-      ref::expert_ffn_forward(y_want.data(), a_want.data(), b_want.data(), xg.data(), w1.data(),
-                              w3.data(), w2.data(), r.offsets.data(), s.E, s.C, s.F);
-      ops().expert_ffn_forward(y.data(), a.data(), b.data(), xg.data(), w1.data(), w3.data(),
-                               w2.data(), r.offsets.data(), s.E, s.C, s.F, arena());
-      expect_close(a, a_want, "ffn a " + what, 1e-5, 1e-4);
-      expect_close(b, b_want, "ffn b " + what, 1e-5, 1e-4);
-      expect_close(y, y_want, "ffn y " + what, 1e-5, 1e-4);
-
-      const auto dy = random_vector<float>(y.size(), seed + 5);
+      const auto dy = random_vector<float>(size_t(M) * s.C, seed + 5);
       const auto dxg0 = random_vector<float>(xg.size(), seed + 6);
       const auto g0 = random_vector<float>(3 * FC, seed + 7);
-      std::vector<float> dw1_want(g0.begin(), g0.begin() + FC),
-          dw3_want(g0.begin() + FC, g0.begin() + 2 * FC), dw2_want(g0.begin() + 2 * FC, g0.end());
-      auto dxg_want = dxg0, dxg = dxg0, dw1 = dw1_want, dw3 = dw3_want, dw2 = dw2_want;
-      ref::expert_ffn_backward(dxg_want.data(), dw1_want.data(), dw3_want.data(), dw2_want.data(),
-                               dy.data(), xg.data(), a_want.data(), b_want.data(), w1.data(),
-                               w3.data(), w2.data(), r.offsets.data(), s.E, s.C, s.F);
-      ops().expert_ffn_backward(dxg.data(), dw1.data(), dw3.data(), dw2.data(), dy.data(),
-                                xg.data(), a_want.data(), b_want.data(), w1.data(), w3.data(),
-                                w2.data(), r.offsets.data(), s.E, s.C, s.F, arena());
-      expect_close(dxg, dxg_want, "ffn dxg " + what, 1e-5, 1e-4);
-      expect_close(dw1, dw1_want, "ffn dw1 " + what, 1e-5, 1e-4);
-      expect_close(dw3, dw3_want, "ffn dw3 " + what, 1e-5, 1e-4);
-      expect_close(dw2, dw2_want, "ffn dw2 " + what, 1e-5, 1e-4);
+      const std::vector<float> dw1_0(g0.begin(), g0.begin() + FC),
+          dw3_0(g0.begin() + FC, g0.begin() + 2 * FC), dw2_0(g0.begin() + 2 * FC, g0.end());
+      // The reference on consecutive experts; the CUDA kernels on them and on parameter buckets
+      // (each expert's w1 | w3 | w2 in a slot of its own, out of order).
+      const ExpertPointers<float> ref_w(w1, w3, w2, s.E, s.F, s.C, true);
+      std::vector<float> y_want(size_t(M) * s.C), a_want(size_t(M) * s.F), b_want(a_want.size());
+      ref::expert_ffn_forward(y_want.data(), a_want.data(), b_want.data(), xg.data(),
+                              ref_w.w1.data(), ref_w.w3.data(), ref_w.w2.data(), r.offsets.data(),
+                              s.E, s.C, s.F);
+      auto dxg_want = dxg0;
+      const ExpertPointers<float> ref_g(dw1_0, dw3_0, dw2_0, s.E, s.F, s.C, true);
+      ref::expert_ffn_backward(dxg_want.data(), ref_g.w1.data(), ref_g.w3.data(), ref_g.w2.data(),
+                               dy.data(), xg.data(), a_want.data(), b_want.data(), ref_w.w1.data(),
+                               ref_w.w3.data(), ref_w.w2.data(), r.offsets.data(), s.E, s.C, s.F);
+      for (bool consecutive : {true, false}) {
+        const std::string what = "N=" + std::to_string(s.N) + " E=" + std::to_string(s.E) +
+                                 " C=" + std::to_string(s.C) + " F=" + std::to_string(s.F) +
+                                 (cublas ? " cuBLAS" : " tiled") +
+                                 (consecutive ? " consecutive" : " buckets");
+        const ExpertPointers<float> w(w1, w3, w2, s.E, s.F, s.C, consecutive, seed + 8);
+        std::vector<float> y(y_want.size(), -7.0f), a(a_want.size(), -7.0f),
+            b(a_want.size(), -7.0f);
+        ops().expert_ffn_forward(y.data(), a.data(), b.data(), xg.data(), w.w1.data(), w.w3.data(),
+                                 w.w2.data(), r.offsets.data(), s.E, s.C, s.F, arena());
+        expect_close(a, a_want, "ffn a " + what, 1e-5, 1e-4);
+        expect_close(b, b_want, "ffn b " + what, 1e-5, 1e-4);
+        expect_close(y, y_want, "ffn y " + what, 1e-5, 1e-4);
 
-      // One gradient alone (the others null) equals its value from the full call.
-      auto only_dw2 = std::vector<float>(g0.begin() + 2 * FC, g0.end());
-      ops().expert_ffn_backward(nullptr, nullptr, nullptr, only_dw2.data(), dy.data(), xg.data(),
-                                a_want.data(), b_want.data(), w1.data(), w3.data(), w2.data(),
-                                r.offsets.data(), s.E, s.C, s.F, arena());
-      expect_close(only_dw2, dw2, "ffn dw2 alone " + what, 0, 0);
+        auto dxg = dxg0;
+        ExpertPointers<float> g(dw1_0, dw3_0, dw2_0, s.E, s.F, s.C, consecutive, seed + 9);
+        ops().expert_ffn_backward(dxg.data(), g.w1.data(), g.w3.data(), g.w2.data(), dy.data(),
+                                  xg.data(), a_want.data(), b_want.data(), w.w1.data(), w.w3.data(),
+                                  w.w2.data(), r.offsets.data(), s.E, s.C, s.F, arena());
+        expect_close(dxg, dxg_want, "ffn dxg " + what, 1e-5, 1e-4);
+        expect_close(g.rows(0), ref_g.rows(0), "ffn dw1 " + what, 1e-5, 1e-4);
+        expect_close(g.rows(1), ref_g.rows(1), "ffn dw3 " + what, 1e-5, 1e-4);
+        expect_close(g.rows(2), ref_g.rows(2), "ffn dw2 " + what, 1e-5, 1e-4);
+
+        // One gradient alone (the others null) equals its value from the full call.
+        ExpertPointers<float> only(dw1_0, dw3_0, dw2_0, s.E, s.F, s.C, consecutive, seed + 10);
+        ops().expert_ffn_backward(nullptr, nullptr, nullptr, only.w2.data(), dy.data(), xg.data(),
+                                  a_want.data(), b_want.data(), w.w1.data(), w.w3.data(),
+                                  w.w2.data(), r.offsets.data(), s.E, s.C, s.F, arena());
+        expect_close(only.rows(2), g.rows(2), "ffn dw2 alone " + what, 0, 0);
+      }
     }
   }
 }
@@ -184,13 +197,14 @@ TEST_P(CudaMoe, ExpertFfnLeavesRowsBeforeTheFirstExpert) {
   const auto w1 = random_vector<float>(size_t(E) * F * C, seed + 1);
   const auto w3 = random_vector<float>(size_t(E) * F * C, seed + 2);
   const auto w2 = random_vector<float>(size_t(E) * C * F, seed + 3);
+  const ExpertPointers<float> w(w1, w3, w2, E, F, C, false, seed + 4);
   std::vector<float> y_want(size_t(M) * C, 42.0f), a_want(size_t(M) * F, 42.0f),
       b_want(a_want.size(), 42.0f);
   auto y = y_want, a = a_want, b = b_want;
-  ref::expert_ffn_forward(y_want.data(), a_want.data(), b_want.data(), xg.data(), w1.data(),
-                          w3.data(), w2.data(), offsets.data(), E, C, F);
-  ops().expert_ffn_forward(y.data(), a.data(), b.data(), xg.data(), w1.data(), w3.data(), w2.data(),
-                           offsets.data(), E, C, F, arena());
+  ref::expert_ffn_forward(y_want.data(), a_want.data(), b_want.data(), xg.data(), w.w1.data(),
+                          w.w3.data(), w.w2.data(), offsets.data(), E, C, F);
+  ops().expert_ffn_forward(y.data(), a.data(), b.data(), xg.data(), w.w1.data(), w.w3.data(),
+                           w.w2.data(), offsets.data(), E, C, F, arena());
   expect_close(y, y_want, "y", 1e-5, 1e-4);
   expect_close(a, a_want, "a", 1e-5, 1e-4);
 }

@@ -1,0 +1,117 @@
+// A Transformer view (parameter buckets): the replicated tensors of another model in place and
+// its routed experts wherever an ExpertTable points, here every expert moved into a slot of a
+// pool, out of order. The view computes what the model computes, bit for bit, and owns nothing.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <random>
+#include <stdexcept>
+#include <vector>
+
+#include "kernels/arena.h"
+#include "kernels/slot_pool.h"
+#include "src/model/expert_table.h"
+#include "src/model/generation.h"
+#include "src/model/transformer.h"
+#include "tests/tiny_policy.h"
+
+namespace rlf {
+namespace {
+
+// Every expert of `model` copied into a bucket w1 | w3 | w2 of `pool`, the slots taken in a
+// shuffled order, with every other slot given back unused.
+ExpertTable<float> experts_in_buckets(const Transformer<float>& model, SlotPool& pool) {
+  const ModelConfig& c = model.config();
+  const int64_t FC = int64_t(c.d_ff) * c.d_model;
+  std::vector<float*> slots;
+  for (int s = 0; s < pool.slots(); ++s) slots.push_back(pool.acquire_as<float>());
+  std::shuffle(slots.begin(), slots.end(), std::mt19937(11));
+  for (size_t s = 1; s < slots.size(); s += 2) pool.give_back(slots[s]);
+  ExpertTable<float> table(c.n_layers, model.experts().shard());
+  size_t next = 0;
+  for (int l = 0; l < c.n_layers; ++l) {
+    for (int e = 0; e < c.n_experts; ++e) {
+      float* bucket = slots[next];
+      next += 2;
+      std::memcpy(bucket, model.experts().w1(l)[e], size_t(FC) * sizeof(float));
+      std::memcpy(bucket + FC, model.experts().w3(l)[e], size_t(FC) * sizeof(float));
+      std::memcpy(bucket + 2 * FC, model.experts().w2(l)[e], size_t(FC) * sizeof(float));
+      table.set_bucket(l, e, bucket, c.d_ff, c.d_model);
+    }
+  }
+  return table;
+}
+
+TEST(GenerationView, ExpertsInBucketsComputeWhatTheFlatModelComputes) {
+  const ModelConfig config = test::tiny_policy_config();
+  Arena device("device", 16 << 20);
+  Transformer<float> model(config, cpu_ops(), device, /*with_gradients=*/false);
+  model.initialize(9);
+  const int buckets = config.n_layers * config.n_experts;
+  SlotPool pool(device, size_t(expert_bucket_elements(config)) * sizeof(float), 2 * buckets,
+                "expert buckets");
+  Transformer<float> view(model, experts_in_buckets(model, pool));
+  EXPECT_EQ(pool.slots_in_use(), buckets);
+  // No expert of the view is in the model's parameters; its replicated tensors are.
+  const float* begin = model.parameters();
+  const float* end = begin + model.parameter_count();
+  for (int l = 0; l < config.n_layers; ++l)
+    for (int e = 0; e < config.n_experts; ++e)
+      EXPECT_FALSE(view.experts().w1(l)[e] >= begin && view.experts().w1(l)[e] < end);
+  EXPECT_EQ(view.parameters(), model.parameters());
+
+  const std::vector<int> tokens = {1, 5, 9, 2, 7, 3, 3, 8, 4, 6, 1, 2};
+  const std::vector<int> offsets = {0, 5, 12};
+  const size_t logits = tokens.size() * size_t(config.vocab_size);
+  const float* flat = model.forward(tokens.data(), offsets.data(), 2);
+  const std::vector<float> want(flat, flat + logits);
+  model.release_activations();
+  const float* got = view.forward(tokens.data(), offsets.data(), 2);
+  EXPECT_EQ(0, std::memcmp(got, want.data(), logits * sizeof(float)));
+  view.release_activations();
+
+  GenerationSettings sampling;
+  sampling.max_new_tokens = 6;
+  sampling.seed = 4;
+  const std::vector<std::vector<int>> prompts = {{1, 2, 3}, {4, 5}, {6}};
+  const std::vector<int64_t> ids = {0, 1, 2};
+  const auto a = generate(model, prompts, ids, sampling);
+  const auto b = generate(view, prompts, ids, sampling);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].tokens, b[i].tokens);
+    EXPECT_EQ(0, std::memcmp(a[i].logprobs.data(), b[i].logprobs.data(),
+                             a[i].logprobs.size() * sizeof(float)));
+  }
+}
+
+TEST(GenerationView, AViewNeedsEveryExpertAndOwnsNothing) {
+  const ModelConfig config = test::tiny_policy_config();
+  Arena device("device", 16 << 20);
+  Transformer<float> model(config, cpu_ops(), device, /*with_gradients=*/false);
+  // A table missing an expert, or with a layer too few, is refused.
+  ExpertTable<float> incomplete = model.experts();
+  incomplete.set(1, 2, nullptr, nullptr, nullptr);
+  EXPECT_THROW(Transformer<float>(model, incomplete), std::invalid_argument);
+  EXPECT_THROW(Transformer<float>(model, ExpertTable<float>(1, {0, config.n_experts})),
+               std::invalid_argument);
+  // A view over a subset of the experts runs only with expert-parallel dispatchers, like a shard.
+  ExpertTable<float> two(config.n_layers, {2, 2});
+  for (int l = 0; l < config.n_layers; ++l)
+    for (int e = 2; e < 4; ++e)
+      two.set(l, e, model.experts().w1(l)[e], model.experts().w3(l)[e], model.experts().w2(l)[e]);
+  Transformer<float> shard_view(model, two);
+  const std::vector<int> tokens = {1, 2, 3}, offsets = {0, 3};
+  EXPECT_THROW(shard_view.forward(tokens.data(), offsets.data(), 1), std::logic_error);
+  // It has no gradients and no parameters of its own to initialize.
+  Transformer<float> view(model, model.experts());
+  EXPECT_THROW(view.allocate_gradients(), std::logic_error);
+  EXPECT_THROW(view.initialize(1), std::logic_error);
+  EXPECT_EQ(view.gradients(), nullptr);
+  // Table lookups outside the table are errors.
+  EXPECT_THROW(two.set(0, 0, nullptr, nullptr, nullptr), std::out_of_range);
+}
+
+}  // namespace
+}  // namespace rlf

@@ -1,0 +1,313 @@
+// RL Fusion's parameter buckets (src/runtime/layout_switch.h): the generation view of a layout
+// switch reuses the training parameters and receives only the experts a rank lacks into pool
+// slots. Against today's copied generation layout (a second flat model of the generation shard):
+// the same samples bit for bit; a train -> generate -> train round trip (with and without
+// offload) leaves every parameter and AdamW moment bit-identical to training without the
+// generation; the arena grows during the switch by exactly the received buckets, and the bytes
+// moved are the analytic minimum.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/arena.h"
+#include "kernels/slot_pool.h"
+#include "mpi_comm/topology.h"
+#include "src/model/expert_parallel.h"
+#include "src/model/expert_table.h"
+#include "src/model/generation.h"
+#include "src/model/optimizer.h"
+#include "src/rl/rl_step.h"
+#include "src/rl/task.h"
+#include "src/rl/tokenizer.h"
+#include "src/runtime/layout_switch.h"
+#include "src/runtime/role_expert_parallel.h"
+#include "src/runtime/training_offload.h"
+#include "tests/mpi/mpi_test_util.h"
+#include "tests/rl_batch.h"
+#include "tests/test_util.h"
+#include "tests/tiny_policy.h"
+
+namespace rlf {
+namespace {
+
+// Twelve experts: every EP degree up to 4 and 6 divides them, so the suite's rank counts give
+// nested switches (EP 4 -> 2, EP 2 -> 1, EP 1 -> 2) and, on 6 ranks, shards that only overlap
+// (EP 3 <-> 2).
+ModelConfig bucket_test_config() {
+  ModelConfig c = test::tiny_policy_config_without_aux_loss();
+  c.n_experts = 12;
+  c.validate("test");
+  return c;
+}
+
+struct Switch {
+  int train, generation;
+};
+
+std::vector<Switch> switches_for(int size, int experts) {
+  std::vector<Switch> out;
+  for (int train : {1, 2, 3, 4, 6})
+    for (int generation : {1, 2, 3, 4, 6})
+      if (train != generation && size % train == 0 && size % generation == 0 &&
+          experts % train == 0 && experts % generation == 0)
+        out.push_back({train, generation});
+  return out;
+}
+
+ExpertShard shard_at(int rank, int degree, int experts) {
+  return degree > 1 ? expert_shard_of(rank, degree, experts) : ExpertShard{};
+}
+
+size_t arena_bytes(int64_t floats) {
+  const size_t a = Arena::kAlignment;
+  return (size_t(floats) * sizeof(float) + a - 1) / a * a;
+}
+
+// A few prompts per rank (rank r brings 1 + r % 3 of them, so EP ranks finish apart).
+struct Prompts {
+  std::vector<std::vector<int>> tokens;
+  std::vector<int64_t> ids;
+};
+Prompts prompts_of_rank(const Task& task, int rank) {
+  Prompts p;
+  for (int i = 0; i <= rank % 3; ++i) {
+    std::vector<int> t{Tokenizer::kBos};
+    for (int c : Tokenizer::encode(task.sample(200 + rank * 10 + i).prompt)) t.push_back(c);
+    p.tokens.push_back(t);
+    p.ids.push_back(rank * 10 + i);
+  }
+  return p;
+}
+
+GenerationSettings sampling_for(const Task& task) {
+  GenerationSettings s;
+  s.eos_token = Tokenizer::kEos;
+  s.max_new_tokens = task.max_response_chars() + 1;
+  s.seed = 17;
+  return s;
+}
+
+bool same_samples(const std::vector<GeneratedSample>& a, const std::vector<GeneratedSample>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].tokens != b[i].tokens || a[i].logprobs.size() != b[i].logprobs.size() ||
+        std::memcmp(a[i].logprobs.data(), b[i].logprobs.data(),
+                    a[i].logprobs.size() * sizeof(float)) != 0)
+      return false;
+  }
+  return true;
+}
+
+// Every layout switch of the world's rank count, the ranks' communicator, and this rank's prompts.
+class ParameterBuckets : public ::testing::Test {
+ protected:
+  ParameterBuckets()
+      : config(bucket_test_config()),
+        cases(switches_for(test::world_size(), config.n_experts)),
+        task(make_task({"sort", 1, {}})),
+        links(test::virtual_node_list(test::world_size(), 1), LinkEmulation{}),
+        ranks(make_hierarchical(MPI_COMM_WORLD, links)),
+        prompts(prompts_of_rank(*task, test::world_rank())) {}
+  ~ParameterBuckets() override { free_hierarchical(ranks); }
+  void SetUp() override {
+    if (cases.empty()) GTEST_SKIP() << "no layout switch on " << test::world_size() << " rank(s)";
+  }
+
+  const ModelConfig config;
+  const std::vector<Switch> cases;
+  const std::unique_ptr<Task> task;
+  Links links;
+  HierarchicalComm ranks;
+  const Prompts prompts;
+};
+
+TEST_F(ParameterBuckets, TheBucketViewGeneratesWhatTheCopiedLayoutGeneratesBitForBit) {
+  const int rank = test::world_rank();
+  const ParameterLayout whole_layout(config);
+  std::vector<float> whole(size_t(whole_layout.total()));
+  initialize_parameters(whole.data(), whole_layout, config, 23);
+  const GenerationSettings sampling = sampling_for(*task);
+  for (const Switch& c : cases) {
+    SCOPED_TRACE("training EP " + std::to_string(c.train) + ", generation EP " +
+                 std::to_string(c.generation));
+    ExpertLayoutSwitch layout_switch(ranks, links, config, c.train, c.generation);
+    Arena device("device", 32 << 20), copied_device("copied", 32 << 20);
+    Transformer<float> training(config, cpu_ops(), device, /*with_gradients=*/true,
+                                shard_at(rank, c.train, config.n_experts));
+    copy_common_parameters(whole.data(), whole_layout, training.parameters(), training.layout());
+    // Today's copied layout: a second flat model of the generation shard, filled from the whole
+    // model (what the copying switch produced, tested against it before the buckets).
+    Transformer<float> copied(config, cpu_ops(), copied_device, /*with_gradients=*/false,
+                              shard_at(rank, c.generation, config.n_experts));
+    copy_common_parameters(whole.data(), whole_layout, copied.parameters(), copied.layout());
+    std::unique_ptr<RoleExpertParallel> generation_ep;
+    if (c.generation > 1) {
+      generation_ep = std::make_unique<RoleExpertParallel>(ranks, links, config.n_experts,
+                                                           c.generation, DispatchMode::Flat);
+      generation_ep->attach_reusing(copied);
+    }
+    const std::vector<GeneratedSample> want =
+        generate(copied, prompts.tokens, prompts.ids, sampling);
+
+    // The switch: the arena grows by the received buckets and nothing else.
+    const size_t before = device.used();
+    device.start_phase_peak();
+    ArenaScope generation_memory(device);
+    SlotPool pool(device, layout_switch.bucket_bytes(), layout_switch.buckets_to_receive(),
+                  "received expert buckets");
+    GenerationExperts experts =
+        layout_switch.to_generation(training.parameters(), training.layout(), pool);
+    const size_t switch_peak = device.phase_peak() - before;
+    Transformer<float> view(training, experts.table);
+    if (generation_ep) generation_ep->attach_reusing(view);
+    const std::vector<GeneratedSample> got = generate(view, prompts.tokens, prompts.ids, sampling);
+    EXPECT_TRUE(same_samples(got, want));
+    EXPECT_EQ(got.size(), prompts.tokens.size());
+
+    // Reshard bytes: exactly the buckets of the generation shard the training shard lacks.
+    const ExpertShard wanted = layout_switch.generation_shard(rank);
+    const ExpertShard held = shard_overlap(wanted, layout_switch.training_shard(rank));
+    const uint64_t bucket = 3 * uint64_t(config.d_ff) * uint64_t(config.d_model) * sizeof(float);
+    const uint64_t analytic =
+        uint64_t(config.n_layers) * uint64_t(wanted.count - std::max(held.count, 0)) * bucket;
+    EXPECT_EQ(experts.received_bytes, analytic);
+    EXPECT_EQ(layout_switch.minimum_bytes(), analytic);
+    // The peak during the switch: the received buckets exactly (a bucket is a whole number of
+    // arena alignments, so the pool adds no padding).
+    EXPECT_EQ(switch_peak, size_t(analytic));
+    // So the parameters a rank holds while generating are its training parameters plus those
+    // buckets: the generation layout's own size when the training shard lies inside the
+    // generation shard, and never more than that plus the training-only experts.
+    const size_t training_bytes = arena_bytes(training.layout().total());
+    const ParameterLayout generation_layout(config, shard_at(rank, c.generation, config.n_experts));
+    const ExpertShard own = layout_switch.training_shard(rank);
+    const uint64_t training_only =
+        uint64_t(config.n_layers) * uint64_t(own.count - std::max(held.count, 0)) * bucket;
+    EXPECT_EQ(training_bytes + switch_peak,
+              arena_bytes(generation_layout.total()) + size_t(training_only));
+    if (held.count == own.count) {
+      EXPECT_LE(training_bytes + switch_peak, arena_bytes(generation_layout.total()) + bucket);
+    }
+    layout_switch.to_training(experts, pool);
+    EXPECT_EQ(pool.slots_in_use(), 0);
+  }
+}
+
+// One fused rank's training state: the model (its training shard), sharded AdamW with a global
+// clipping norm, gradients reduced over the training layout.
+struct Learner {
+  Learner(const ModelConfig& config, const HierarchicalComm& ranks, Links& links, int degree,
+          bool offload)
+      : device("learner", 32 << 20),
+        host("host",
+             TrainingOffload::host_bytes(
+                 ParameterLayout(config, shard_at(test::world_rank(), degree, config.n_experts))
+                     .total())),
+        model(config, cpu_ops(), device, /*with_gradients=*/false,
+              shard_at(test::world_rank(), degree, config.n_experts)) {
+    const Arena::Mark before_state = device.mark();
+    model.allocate_gradients();
+    optimizer = std::make_unique<AdamW<float>>(model, AdamWHyper{}, 0.05f);
+    if (offload) {
+      offloader = std::make_unique<TrainingOffload>(model, *optimizer, before_state, host);
+    }
+    if (degree > 1) {
+      ep = std::make_unique<RoleExpertParallel>(ranks, links, config.n_experts, degree,
+                                                DispatchMode::Flat);
+      ep->attach(model);
+      optimizer->set_shard(ep->optimizer_shard(model.layout()));
+    }
+    hooks.sum = [](double x) {
+      MPI_Allreduce(MPI_IN_PLACE, &x, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+      return x;
+    };
+    hooks.reduce_gradients = [this] {
+      if (ep) {
+        ep->reduce_gradients(model.gradients(), model.layout());
+      } else {
+        MPI_Allreduce(MPI_IN_PLACE, model.gradients(), int(model.parameter_count()), MPI_FLOAT,
+                      MPI_SUM, MPI_COMM_WORLD);
+      }
+    };
+  }
+  void train(const std::vector<Rollout>& batch) {
+    RlStepSettings settings;
+    settings.group_size = test::kBatchGroupSize;
+    settings.micro_batch = 5;
+    std::vector<Rollout> share;
+    for (size_t i = 0; i < batch.size(); ++i)
+      if (int(i % size_t(test::world_size())) == test::world_rank()) share.push_back(batch[i]);
+    optimize_on_rollouts(model, *optimizer, share, settings, hooks);
+  }
+  std::vector<float> state() const {
+    const size_t n = size_t(model.parameter_count());
+    std::vector<float> s(model.parameters(), model.parameters() + n);
+    s.insert(s.end(), optimizer->first_moment(), optimizer->first_moment() + n);
+    s.insert(s.end(), optimizer->second_moment(), optimizer->second_moment() + n);
+    return s;
+  }
+
+  Arena device, host;
+  Transformer<float> model;
+  std::unique_ptr<AdamW<float>> optimizer;
+  std::unique_ptr<TrainingOffload> offloader;
+  std::unique_ptr<RoleExpertParallel> ep;
+  DataParallelHooks hooks;
+};
+
+TEST_F(ParameterBuckets, TrainGenerateTrainLeavesParametersAndOptimizerStateBitIdentical) {
+  Arena whole_device("whole", 32 << 20);
+  Transformer<float> whole(config, cpu_ops(), whole_device, /*with_gradients=*/false);
+  whole.initialize(31);
+  const std::vector<Rollout> first = test::global_rl_batch(whole, *task, 0);
+  const std::vector<Rollout> second = test::global_rl_batch(whole, *task, 1);
+  for (const Switch& c : cases) {
+    for (bool offload : {false, true}) {
+      SCOPED_TRACE("training EP " + std::to_string(c.train) + ", generation EP " +
+                   std::to_string(c.generation) + (offload ? ", offload" : ""));
+      Learner switched(config, ranks, links, c.train, offload);
+      Learner plain(config, ranks, links, c.train, false);
+      for (Learner* l : {&switched, &plain}) {
+        copy_common_parameters(whole.parameters(), whole.layout(), l->model.parameters(),
+                               l->model.layout());
+        l->train(first);
+      }
+      const std::vector<float> trained = switched.state();
+      ASSERT_EQ(trained, plain.state());
+      // Generation between the two steps, through the bucket view.
+      ExpertLayoutSwitch layout_switch(ranks, links, config, c.train, c.generation);
+      std::unique_ptr<RoleExpertParallel> generation_ep;
+      if (c.generation > 1) {
+        generation_ep = std::make_unique<RoleExpertParallel>(ranks, links, config.n_experts,
+                                                             c.generation, DispatchMode::Flat);
+      }
+      if (switched.offloader) switched.offloader->offload();
+      {
+        ArenaScope generation_memory(switched.device);
+        SlotPool pool(switched.device, layout_switch.bucket_bytes(),
+                      layout_switch.buckets_to_receive(), "received expert buckets");
+        GenerationExperts experts =
+            layout_switch.to_generation(switched.model.parameters(), switched.model.layout(), pool);
+        Transformer<float> view(switched.model, experts.table);
+        if (generation_ep) generation_ep->attach_reusing(view);
+        const std::vector<GeneratedSample> samples =
+            generate(view, prompts.tokens, prompts.ids, sampling_for(*task));
+        EXPECT_EQ(samples.size(), prompts.tokens.size());
+        layout_switch.to_training(experts, pool);
+      }
+      if (switched.offloader) switched.offloader->onload();
+      EXPECT_TRUE(switched.state() == trained) << "the generation phase changed the state";
+      switched.train(second);
+      plain.train(second);
+      EXPECT_TRUE(switched.state() == plain.state())
+          << "training after the generation phase differs from training without it";
+    }
+  }
+}
+
+}  // namespace
+}  // namespace rlf
