@@ -246,7 +246,10 @@ Row measure(const PipelineBenchOptions& o, const ModelConfig& config, Device& de
 
 std::string join(const std::vector<int>& values) {
   std::string out;
-  for (int v : values) out += (out.empty() ? "" : ",") + std::to_string(v);
+  for (int v : values) {
+    if (!out.empty()) out += ',';
+    out += std::to_string(v);
+  }
   return out;
 }
 

@@ -66,8 +66,12 @@ std::string cpu_lists_of_ranks() {
              MPI_COMM_WORLD);
   std::string out;
   for (int r = 0; rank == 0 && r < size; ++r) {
-    out +=
-        " " + std::to_string(r) + ":{" + std::string(all.data() + size_t(r) * sizeof buffer) + "}";
+    // Appended piece by piece: GCC 12's -Wrestrict misfires on `" " + std::string` chains.
+    out += ' ';
+    out += std::to_string(r);
+    out += ":{";
+    out += std::string(all.data() + size_t(r) * sizeof buffer);
+    out += '}';
   }
   return out;
 }
