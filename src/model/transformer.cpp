@@ -326,7 +326,8 @@ const T* Transformer<T>::forward_range(const int* tokens, const int* seq_offsets
   embedded_ = x_in == nullptr;
   if (embedded_) {
     tokens_ = device_.allocate<int>(size_t(N_), "batch tokens");
-    std::memcpy(tokens_, tokens, size_t(N_) * sizeof(int));
+    // An empty batch (an expert-parallel rank with nothing to bring) may pass no token pointer.
+    if (N_ > 0) std::memcpy(tokens_, tokens, size_t(N_) * sizeof(int));
   }
   positions_ = device_.allocate<int>(size_t(N_), "batch positions");
   for (int s = 0; s < S; ++s) {
