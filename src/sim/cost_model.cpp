@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <numeric>
 
 namespace rlf::sim {
 
@@ -205,16 +207,16 @@ double generation_step(const ModelShape& m, const ClusterConfig& c, const RlJob&
   return seconds;
 }
 
-// `resident`: bytes a generation device holds besides the generation weights and the KV cache.
-// The KV cache of a sequence is allocated at its longest; when a rank's sequences do not fit at
-// once, a synchronous phase runs them in waves and a StaleSync phase keeps a smaller batch full.
+// `resident`: bytes a generation device holds besides its generation weights (`weights` bytes)
+// and the KV cache. The KV cache of a sequence is allocated at its longest; when a rank's
+// sequences do not fit at once, a synchronous phase runs them in waves and a StaleSync phase keeps
+// a smaller batch full.
 Phase generation_cost(const ModelShape& m, const ClusterConfig& c, const RlJob& job,
-                      const Strategy& s, double resident) {
+                      const Strategy& s, double resident, double weights) {
   const Parallelism& g = s.generate;
   const double samples = double(job.samples());
   const double ranks = g.devices() / g.tp;  // attention data-parallel ranks
   const double per_rank = samples / ranks;
-  const double weights = generation_parameters(m, g) * job.parameter_bytes;
   const double kv_per_sequence = (job.prompt.mean + job.response.step_longest) * 2 * m.d_model *
                                  m.layers * job.activation_bytes / g.tp;
   const double room = std::floor((c.memory_bytes - resident - weights) / kv_per_sequence);
@@ -258,6 +260,32 @@ bool layouts_equal(const Parallelism& a, const Parallelism& b) {
   return a.tp == b.tp && a.pp == b.pp && a.ep == b.ep && a.dp == b.dp;
 }
 
+// The switch the runtime builds with parameter buckets (src/runtime/layout_switch.h): only the EP
+// degree changes, no TP or PP. Its generation view uses the training parameters in place and
+// receives into slots each expert of its generation shard that its training shard lacks.
+bool bucketed_switch(const Parallelism& train, const Parallelism& generate) {
+  return train.tp == 1 && generate.tp == 1 && train.pp == 1 && generate.pp == 1 &&
+         train.ep != generate.ep;
+}
+
+// Routed experts the busiest device receives in a bucketed switch. Rank r holds the block
+// r % degree of E / degree consecutive experts in either layout (expert_shard_of), so the ranks
+// repeat with period lcm(train EP, generation EP).
+double experts_received_in_switch(double experts, int train_ep, int generate_ep) {
+  const int64_t period = std::lcm(int64_t(train_ep), int64_t(generate_ep));
+  const double trained = experts / train_ep, generated = experts / generate_ep;
+  double most = 0;
+  for (int64_t r = 0; r < period; ++r) {
+    const double train_first = double(r % train_ep) * trained;
+    const double generate_first = double(r % generate_ep) * generated;
+    const double shared =
+        std::max(0.0, std::min(train_first + trained, generate_first + generated) -
+                          std::max(train_first, generate_first));
+    most = std::max(most, generated - shared);
+  }
+  return most;
+}
+
 }  // namespace
 
 bool feasible(const ModelConfig& config, const RlJob& job, const Strategy& s) {
@@ -284,17 +312,25 @@ Prediction predict(const ModelShape& m, const ClusterConfig& c, const RlJob& job
   const double train_params = training_parameters(m, s.train);
   const double gen_params = generation_parameters(m, s.generate);
   const bool fused = s.mode != Mode::Disaggregated;
-  // Fused: training states stay on the device through generation unless offloaded; a generation
-  // layout other than the training one is a second copy filled rank to rank.
+  // Fused: training states stay on the device through generation unless offloaded. A generation
+  // layout other than the training one keeps the training parameters and adds the generation
+  // weights, received rank to rank: for a bucketed switch only the experts the training shard
+  // lacks, for any other switch (one the runtime does not build) a whole second copy, an upper
+  // bound.
   const double movable = train_params * (job.gradient_bytes + job.optimizer_bytes);
   const bool switch_layout = fused && !layouts_equal(s.train, s.generate);
+  double generation_weights = gen_params * job.parameter_bytes;
+  if (switch_layout && bucketed_switch(s.train, s.generate)) {
+    generation_weights = experts_received_in_switch(m.experts, s.train.ep, s.generate.ep) *
+                         (m.routed / m.experts) * job.parameter_bytes;
+  }
   double resident = job.reward_model ? gen_params * job.parameter_bytes : 0;
   if (fused) {
     resident += (s.offload ? 0 : movable) +
                 (switch_layout ? train_params * job.parameter_bytes : 0) +
                 (job.reference ? train_params * job.parameter_bytes : 0);
   }
-  const Phase gen = generation_cost(m, c, job, s, resident);
+  const Phase gen = generation_cost(m, c, job, s, resident, generation_weights);
   out.generation = gen.seconds;
   out.sampler = gen.sampler;
   out.training = t.compute;
@@ -309,7 +345,7 @@ Prediction predict(const ModelShape& m, const ClusterConfig& c, const RlJob& job
   const Link& wide = c.link(c.level_spanned(s.devices()));
   if (fused) {
     out.swap = (s.offload ? 2 * movable / c.host_bandwidth : 0) +
-               (switch_layout ? wide.seconds(gen_params * job.parameter_bytes) : 0);
+               (switch_layout ? wide.seconds(generation_weights) : 0);
     if (s.mode == Mode::FusedAll && job.reward_model) {
       out.training_memory += gen_params * job.parameter_bytes;
     }

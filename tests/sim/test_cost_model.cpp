@@ -109,6 +109,45 @@ TEST(CostModel, OptimizerTimeIsLocalParametersOverItsRate) {
   EXPECT_DOUBLE_EQ(ep.optimizer, (m.replicated + m.routed / 2) / 1e6);
 }
 
+// A fused switch of the EP degree alone (parameter buckets): the generation view keeps the
+// training parameters and receives only the experts its training shard lacks, the busiest
+// device's count; tiny has 4 experts.
+TEST(CostModel, BucketedSwitchReceivesOnlyTheMissingExperts) {
+  const ModelShape m = model_shape(load_model_config("tiny"));
+  const RlJob job = fixed_job(8, 2, 8, 4, 4);
+  ClusterConfig c = flops_only();
+  c.intra_node = {1e9, 0};
+  const double expert_bytes = m.routed / 4 * job.parameter_bytes;
+  for (int devices : {2, 4}) {
+    Strategy same;
+    same.offload = false;
+    same.train = same.generate = {1, 1, 1, devices, devices};  // EP = DP = devices
+    Strategy half = same;
+    half.generate.ep = devices / 2;
+    // EP 2 -> 1: each rank holds 2 experts and generates with all 4 (receives 2). EP 4 -> 2: rank
+    // 1 trains expert 1 and generates with experts 2 and 3 (receives 2); rank 0 receives 1.
+    const double received = 2 * expert_bytes;
+    const Prediction kept = predict(m, c, job, same);
+    const Prediction switched = predict(m, c, job, half);
+    EXPECT_DOUBLE_EQ(kept.swap, 0);
+    EXPECT_NEAR(switched.swap, received / 1e9, 1e-18) << devices;
+    EXPECT_NEAR(switched.generation_memory - kept.generation_memory, received, 1e-6) << devices;
+    EXPECT_DOUBLE_EQ(switched.training_memory, kept.training_memory);
+  }
+  // Generating at a higher EP degree than training: rank 2 trains experts 0 and 1 (block 2 % 2)
+  // but generates with expert 2 (block 2 % 4), which it receives; ranks 0, 1 and 3 hold theirs.
+  Strategy wider;
+  wider.offload = false;
+  wider.train = {1, 1, 1, 2, 4};
+  wider.generate = {1, 1, 1, 4, 4};
+  Strategy narrow_kept = wider;
+  narrow_kept.generate = wider.train;
+  const Prediction p = predict(m, c, job, wider);
+  EXPECT_NEAR(p.swap, expert_bytes / 1e9, 1e-18);
+  EXPECT_NEAR(p.generation_memory, predict(m, c, job, narrow_kept).generation_memory + expert_bytes,
+              1e-6);
+}
+
 // The sampler: one row of V logits per response token a generation rank draws, each costing
 // V / sampler_rate + V log2 V / sampler_sort_rate; twice the response, twice the sampler time.
 TEST(CostModel, SamplerTimeIsDrawnTokensTimesRowCost) {
