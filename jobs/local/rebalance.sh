@@ -8,6 +8,9 @@
 #
 # Usage: jobs/local/rebalance.sh [BUILD_DIR] [RANKS] [extra bench options...]
 #   e.g. jobs/local/rebalance.sh build 2 --router-skew 6 --steps 24
+#        jobs/local/rebalance.sh build 2 --mode fused --ep-overlap-chunks 2
+#          (fused: each step generates on the migrated placement before training; training's
+#          experts in 2 overlapped chunks, whose dispatchers migrate with the rest)
 set -euo pipefail
 
 build=${1:-build}

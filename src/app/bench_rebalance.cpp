@@ -5,7 +5,10 @@
 // Printed: step time of the slowest rank, max/mean EP-rank load (tokens routed to each rank's
 // experts, the busiest rank of each layer summed over layers), migrations, and whether both runs
 // end with bit-identical weights (they must: no replicas). Times need one idle core per rank
-// (`mpiexec --bind-to core`, --threads 1).
+// (`mpiexec --bind-to core`, --threads 1). `--mode fused`: every step first generates from the
+// batch's prompts on the same ranks and placement (RL Fusion without a layout switch: the router
+// statistics and the step time include generation; the generated samples must match too);
+// `--ep-overlap-chunks C`: training's experts in C overlapped chunks, migrated with the rest.
 #include <mpi.h>
 
 #include <chrono>
@@ -24,6 +27,7 @@
 #include "src/app/options.h"
 #include "src/app/train_rebalance.h"
 #include "src/balance/expert_placement.h"
+#include "src/model/generation.h"
 #include "src/rl/rl_step.h"
 #include "src/rl/tokenizer.h"
 
@@ -37,6 +41,9 @@ struct RebalanceBenchOptions {
   int steps = 16, sequences = 8, length = 48;
   bool verbose = false;  // print every migration's log line
   float learning_rate = 1e-4f;
+  bool fused = false;        // --mode fused: generate before every training step
+  int generate_tokens = 16;  // new tokens per sample in fused mode
+  int overlap_chunks = 1;    // --ep-overlap-chunks
   RebalanceOptions rebalance;
 };
 
@@ -72,8 +79,28 @@ struct RunResult {
   std::vector<double> step_seconds;  // training + any migration, slowest rank
   std::vector<double> load_ratio;    // max/mean EP-rank load per step
   int migrations = 0, first_decision = 0;
-  std::vector<float> weights;  // the whole model, gathered on rank 0
+  std::vector<float> weights;    // the whole model, gathered on rank 0
+  std::vector<float> generated;  // fused: this rank's generated tokens and log-probs
 };
+
+// Fused mode's generation phase: `generate_tokens` sampled tokens after each prompt of `batch`;
+// appends the tokens and their log-probs to `out` (bit-compared between the runs).
+void generate_from(Transformer<float>& model, const std::vector<Rollout>& batch,
+                   const RebalanceBenchOptions& o, uint64_t seed, std::vector<float>& out) {
+  std::vector<std::vector<int>> prompts;
+  std::vector<int64_t> ids;
+  for (const Rollout& r : batch) {
+    prompts.push_back(r.prompt);
+    ids.push_back(r.sample_id);
+  }
+  GenerationSettings settings;
+  settings.max_new_tokens = o.generate_tokens;
+  settings.seed = seed;
+  for (const GeneratedSample& sample : generate(model, prompts, ids, settings)) {
+    out.insert(out.end(), sample.tokens.begin(), sample.tokens.end());
+    out.insert(out.end(), sample.logprobs.begin(), sample.logprobs.end());
+  }
+}
 
 RunResult train_run(const RebalanceBenchOptions& o, bool rebalance, const RunOptions& run,
                     const ModelConfig& config, Device& device, HierarchicalComm& world,
@@ -88,7 +115,7 @@ RunResult train_run(const RebalanceBenchOptions& o, bool rebalance, const RunOpt
     AdamWHyper hyper;
     hyper.learning_rate = o.learning_rate;
     AdamW<float> optimizer(model, hyper, 1.0f);
-    ep.attach(model);
+    ep.attach(model, o.overlap_chunks);
     optimizer.set_shard(ep.optimizer_shard(model.layout()));
     DataParallelHooks hooks;
     hooks.sum = [](double x) {
@@ -109,9 +136,11 @@ RunResult train_run(const RebalanceBenchOptions& o, bool rebalance, const RunOpt
       const std::vector<std::vector<int>> slots = ep.expert_slots();  // this step's placement
       MPI_Barrier(MPI_COMM_WORLD);
       const auto start = Clock::now();
+      if (o.fused) generate_from(model, batch, o, run.seed, result.generated);
       optimize_on_rollouts(model, optimizer, batch, step_settings, hooks);
-      const double train = std::chrono::duration<double>(Clock::now() - start).count();
-      const std::string migrated = rebalancer.end_of_step(step, train);
+      // Generation's tokens are counted too in fused mode: its seconds go with them.
+      const double routed = std::chrono::duration<double>(Clock::now() - start).count();
+      const std::string migrated = rebalancer.end_of_step(step, routed);
       if (world.rank() == 0 && o.verbose) std::fputs(migrated.c_str(), stdout);
       result.step_seconds.push_back(
           max_over_world(std::chrono::duration<double>(Clock::now() - start).count()));
@@ -168,6 +197,14 @@ int run_bench_rebalance_command(const std::vector<std::string>& args) {
   add("verbose", po::bool_switch(&o.verbose), "print every migration as `train` logs it");
   add("learning-rate", po::value(&o.learning_rate)->default_value(o.learning_rate),
       "AdamW learning rate (the larger, the faster the routing drifts between decisions)");
+  std::string mode = "disaggregated";
+  add("mode", po::value(&mode)->default_value(mode),
+      "disaggregated: the learners' training alone; fused: every step first generates from its "
+      "prompts on the same ranks and expert placement");
+  add("generate-tokens", po::value(&o.generate_tokens)->default_value(o.generate_tokens),
+      "--mode fused: new tokens per sample");
+  add("ep-overlap-chunks", po::value(&o.overlap_chunks)->default_value(o.overlap_chunks),
+      "training's routed experts in this many chunks, transfers overlapped with the expert FFN");
   description.add(bench);
   description.add(rebalance_options_description(o.rebalance));
   if (!parse_options("bench rebalance", args, description, run)) return 0;
@@ -183,11 +220,19 @@ int run_bench_rebalance_command(const std::vector<std::string>& args) {
   if (o.rebalance.every < 1) {
     throw ConfigError("bench rebalance: --rebalance-every must be >= 1 (the run to compare)");
   }
-  validate(o.rebalance, /*fused=*/false, size, /*overlap_chunks=*/1);
+  if (mode != "disaggregated" && mode != "fused") {
+    throw ConfigError("bench rebalance: --mode must be 'disaggregated' or 'fused', got '" + mode +
+                      "'");
+  }
+  o.fused = mode == "fused";
+  if (o.overlap_chunks < 1 || o.generate_tokens < 1) {
+    throw ConfigError("bench rebalance: --ep-overlap-chunks and --generate-tokens must be >= 1");
+  }
+  validate(o.rebalance, size);
   ModelConfig config = load_model_config(run.model);
   config.router_skew = o.rebalance.router_skew;
-  if (o.length > config.max_seq_len) {
-    throw ConfigError("--length must be <= the model's max_seq_len " +
+  if (o.length > config.max_seq_len || (o.fused && 4 + o.generate_tokens > config.max_seq_len)) {
+    throw ConfigError("--length and 4 + --generate-tokens must be <= the model's max_seq_len " +
                       std::to_string(config.max_seq_len));
   }
   if (config.n_experts % size != 0) {
@@ -206,9 +251,11 @@ int run_bench_rebalance_command(const std::vector<std::string>& args) {
   const size_t from = size_t(std::min(o.rebalance.every, o.steps - 1));
   const double still_s = mean_from(still.step_seconds, from);
   const double moved_s = mean_from(moved.step_seconds, from);
-  const bool same = rank != 0 || still.weights == moved.weights;
-  int all_same = same ? 1 : 0;
-  MPI_Allreduce(MPI_IN_PLACE, &all_same, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  // [weights, generated samples] equal on every rank.
+  int same[2] = {rank != 0 || still.weights == moved.weights ? 1 : 0,
+                 still.generated == moved.generated ? 1 : 0};
+  MPI_Allreduce(MPI_IN_PLACE, same, 2, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  const int all_same = same[0] && same[1] ? 1 : 0;
   if (rank == 0) {
     double load[1] = {-1};
     getloadavg(load, 1);
@@ -216,14 +263,15 @@ int run_bench_rebalance_command(const std::vector<std::string>& args) {
     std::printf(
         "# EP %d (the world), model %s (%d experts, %d layers, top-%d), router skew %g; %d steps "
         "of %d sequences x %d tokens per rank, the same in both runs, learning rate %g; "
-        "rebalance every %d steps, horizon %d, min gain %g; step time (training + migration, "
-        "slowest rank) and load: "
+        "rebalance every %d steps, horizon %d, min gain %g; %s, training's experts in %d overlap "
+        "chunk(s); step time (%straining + migration, slowest rank) and load: "
         "mean over steps %zu-%d; load average %.2f at the end (times need one idle core per "
         "rank)\n#\n",
         size, config.name.c_str(), config.n_experts, config.n_layers, config.top_k,
         double(o.rebalance.router_skew), o.steps, o.sequences, o.length, double(o.learning_rate),
-        o.rebalance.every, o.rebalance.horizon, o.rebalance.min_gain_ratio, from + 1, o.steps,
-        load[0]);
+        o.rebalance.every, o.rebalance.horizon, o.rebalance.min_gain_ratio,
+        o.fused ? "fused (every step generates first)" : "training only", o.overlap_chunks,
+        o.fused ? "generation + " : "", from + 1, o.steps, load[0]);
     std::printf("# %-11s %12s %14s %11s\n", "run", "step time", "EP-rank load", "migrations");
     std::printf("# %-11s %12s %14s %11s\n", "", "(ms)", "(max/mean)", "");
     for (const auto& [name, r] : {std::pair<const char*, const RunResult&>{"static", still},
@@ -231,18 +279,23 @@ int run_bench_rebalance_command(const std::vector<std::string>& args) {
       std::printf("  %-11s %12.2f %14.3f %11d\n", name, mean_from(r.step_seconds, from) * 1e3,
                   mean_from(r.load_ratio, from), r.migrations);
     }
-    std::printf("#\n# Final weights bit-identical            : %s\n", all_same ? "OK" : "FAIL");
+    std::printf("#\n# Final weights bit-identical            : %s\n", same[0] ? "OK" : "FAIL");
+    if (o.fused) {
+      std::printf("# Generated samples bit-identical        : %s\n", same[1] ? "OK" : "FAIL");
+    }
     std::printf("# Step time static/rebalanced           : %.3fx %s\n", still_s / moved_s,
                 still_s > moved_s ? "faster" : "NOT FASTER");
     if (run.json) {
       std::printf(
-          "{\"bench\":\"rebalance\",\"ranks\":%d,\"model\":\"%s\",\"router_skew\":%g,\"steps\":%d,"
+          "{\"bench\":\"rebalance\",\"ranks\":%d,\"model\":\"%s\",\"mode\":\"%s\","
+          "\"ep_overlap_chunks\":%d,\"router_skew\":%g,\"steps\":%d,"
           "\"rebalance_every\":%d,\"static_step_seconds\":%.6e,\"rebalanced_step_seconds\":%.6e,"
           "\"static_load_max_over_mean\":%.4f,\"rebalanced_load_max_over_mean\":%.4f,"
           "\"migrations\":%d,\"bit_identical\":%d,\"speedup\":%.4f}\n",
-          size, config.name.c_str(), double(o.rebalance.router_skew), o.steps, o.rebalance.every,
-          still_s, moved_s, mean_from(still.load_ratio, from), mean_from(moved.load_ratio, from),
-          moved.migrations, all_same, still_s / moved_s);
+          size, config.name.c_str(), o.fused ? "fused" : "disaggregated", o.overlap_chunks,
+          double(o.rebalance.router_skew), o.steps, o.rebalance.every, still_s, moved_s,
+          mean_from(still.load_ratio, from), mean_from(moved.load_ratio, from), moved.migrations,
+          all_same, still_s / moved_s);
     }
   }
   return all_same ? 0 : 1;

@@ -25,7 +25,7 @@ size_t arena_bytes(size_t floats) {
 FusedMemoryPlan plan_fused_memory(const ModelConfig& config, const ParameterLayout& training_layout,
                                   const ParameterLayout& generation_layout, bool layout_switch,
                                   bool reference, const ModelConfig* reward_model, bool offload,
-                                  const FusedBatch& batch) {
+                                  const FusedBatch& batch, bool experts_migrate) {
   const size_t reward_model_bytes = reward_model ? reward_model_parameter_bytes(*reward_model) : 0;
   const size_t params = arena_bytes(size_t(training_layout.total()));
   const size_t reference_bytes = reference ? params : 0;
@@ -34,10 +34,12 @@ FusedMemoryPlan plan_fused_memory(const ModelConfig& config, const ParameterLayo
   if (layout_switch) {
     // The generation view reuses the training parameters; only the experts of the generation
     // shard that the training shard lacks take memory, one pool slot each (layout_switch.h).
-    const int buckets = expert_buckets_missing(
-        {training_layout.first_expert(), training_layout.stored_experts()},
-        {generation_layout.first_expert(), generation_layout.stored_experts()},
-        expert_layers(generation_layout));
+    const ExpertShard held{training_layout.first_expert(), training_layout.stored_experts()};
+    const ExpertShard wanted{generation_layout.first_expert(), generation_layout.stored_experts()};
+    const int layers = expert_layers(generation_layout);
+    const int buckets = experts_migrate ? expert_buckets_missing_any_placement(
+                                              held.count, wanted, config.n_experts, layers)
+                                        : expert_buckets_missing(held, wanted, layers);
     plan.received_experts =
         SlotPool::region_bytes(size_t(expert_bucket_elements(config)) * sizeof(float), buckets);
   }

@@ -50,11 +50,12 @@ struct FusedBatch {
 
 // `training_layout` and `generation_layout` are this rank's; `reward_model` the config of a learned
 // reward model in the device arena (null: none there), which scores each generation's samples in
-// micro-batches after the KV cache is gone.
+// micro-batches after the KV cache is gone. `experts_migrate` (--rebalance-every): the training
+// placement can become any, so the switch's received buckets are counted for the worst one.
 FusedMemoryPlan plan_fused_memory(const ModelConfig& config, const ParameterLayout& training_layout,
                                   const ParameterLayout& generation_layout, bool layout_switch,
                                   bool reference, const ModelConfig* reward_model, bool offload,
-                                  const FusedBatch& batch);
+                                  const FusedBatch& batch, bool experts_migrate = false);
 
 // ConfigError naming both phases' states and analytic peaks (and the reference's and reward
 // model's shares), the --mode and the capacity when either peak does not fit `capacity` (and

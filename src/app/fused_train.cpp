@@ -29,6 +29,14 @@
 
 namespace rlf {
 
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace
+
 int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
                     const SftSchedule& sft, const RlOptions& rl, LayoutConfig layout,
                     const DisaggregatedOptions& options, bool fused_all,
@@ -91,7 +99,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
     memory_plan = plan_fused_memory(
         policy.config, policy.model->layout(), ParameterLayout(policy.config, generation_experts),
         switch_layouts, rl.kl_coef > 0, reward_model ? &*reward_model : nullptr, options.offload,
-        batch);
+        batch, /*experts_migrate=*/options.rebalance.every > 0);
     check_fused_memory_fit(memory_plan, policy.device->memory().capacity(), options.offload, mode);
   }
   // Before the learner state: with offload, the gradients and AdamW's moments must stay the top
@@ -138,11 +146,13 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
       model, all, links, options.expert_parallel, options.ep_dispatch, options.ep_overlap_chunks);
   start_learner_state(learner, policy, rl, ep.get());
   const TrainingState state{&model, learner.optimizer.get(), learner.reference.get()};
-  // Router statistics per step into the trace (no rebalancing in fused mode: validated).
-  std::unique_ptr<TrainRebalancer> router_statistics;
+  // Router statistics per step into the trace and, with --rebalance-every, experts moved
+  // between the training EP ranks (with their AdamW moments and the reference's weights).
+  std::unique_ptr<TrainRebalancer> rebalancer;
   if (ep) {
-    router_statistics = std::make_unique<TrainRebalancer>(
+    rebalancer = std::make_unique<TrainRebalancer>(
         options.rebalance, *ep, all, model, *learner.optimizer, learner.reference.get(), trace);
+    dir.log("%s", rebalancer->describe().c_str());
   }
   Arena& device = policy.device->memory();
   std::unique_ptr<Arena> host_memory;
@@ -176,6 +186,8 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   if (switch_layouts) {
     layout_switch = std::make_unique<ExpertLayoutSwitch>(
         all, links, policy.config, options.expert_parallel, generation_degree);
+    // After migrations training keeps experts where the rebalancer put them.
+    if (ep) layout_switch->follow_expert_slots(&ep->expert_slots());
     if (generation_degree > 1) {
       generation_ep = std::make_unique<RoleExpertParallel>(all, links, experts, generation_degree,
                                                            options.ep_dispatch);
@@ -189,10 +201,14 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   if (switch_layouts) {
     dir.log(
         "# layout switch: training EP %d, generation EP %d (experts moved rank to rank before "
-        "each generation phase: %d expert buckets of %s into slots, %s per rank)\n",
+        "each generation phase: %d expert buckets of %s into slots, %s per rank%s)\n",
         options.expert_parallel, generation_degree, layout_switch->buckets_to_receive(),
         format_bytes(layout_switch->bucket_bytes()).c_str(),
-        format_bytes(layout_switch->minimum_bytes()).c_str());
+        format_bytes(layout_switch->minimum_bytes()).c_str(),
+        options.rebalance.every > 0
+            ? ", at the starting placement: after migrations, the experts this rank's training "
+              "EP rank lacks, found by id through the placement"
+            : "");
   }
   if (tp) {
     dir.log(
@@ -292,6 +308,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
       traced.set_bytes(int64_t(offload->offload()));
     }
     device.start_phase_peak();
+    const auto generation_start = std::chrono::steady_clock::now();
     try {
       if (!layout_switch) {
         generate(model);
@@ -322,6 +339,9 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
                               " of gradients and optimizer state during generation");
     }
     generation_peak = std::max(generation_peak, device.phase_peak());
+    // The rebalancer's seconds go with the tokens it counts: generation's too when it runs on the
+    // training layout (its dispatchers count), training's always.
+    double routed_seconds = layout_switch ? 0.0 : seconds_since(generation_start);
     if (offload) {
       TraceScope traced(trace, Phase::Onload);
       traced.set_version(version);
@@ -348,15 +368,17 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
     if (train) {
       random_delay();
       device.start_phase_peak();
+      const auto training_start = std::chrono::steady_clock::now();
       const StepStats stats =
           train_on_rollouts_traced(model, *learner.optimizer, learner.reference.get(), rollouts,
                                    settings, parallel, version, replicas, trace);
       training_peak = std::max(training_peak, device.phase_peak());
+      routed_seconds += seconds_since(training_start);
       position.rl_tokens += int64_t(stats.tokens);
       position.step_rewards.push_back(stats.mean_reward());
       progress.step_done(step, stats);
     }
-    if (router_statistics) router_statistics->end_of_step(step, 0.0);
+    if (rebalancer) dir.log("%s", rebalancer->end_of_step(step, routed_seconds).c_str());
     stopped = saved.end_of_step(step, position, progress.seconds_since_start(), state, root,
                                 ep.get(), MPI_COMM_WORLD, dir);
   }
@@ -389,6 +411,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   end.rl_tokens = position.rl_tokens;
   end.run_start = run_start;
   end.memory_json = device_memory_json(generation_peak, training_peak, memory_plan);
+  end.migrations = rebalancer ? rebalancer->migrations() : 0;
   return finish_multi_rank_train(end, run, policy_options, sft, rl, options, policy, topology, dir,
                                  trace, result);
 }

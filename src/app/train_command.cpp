@@ -128,7 +128,7 @@ int run_train_command(const std::vector<std::string>& args) {
                       std::to_string(multi_rank.ep_overlap_chunks));
   }
   if (multi_rank.shard_capacity < 1) throw ConfigError("--queue-capacity must be >= 1");
-  validate(multi_rank.rebalance, fused, multi_rank.expert_parallel, multi_rank.ep_overlap_chunks);
+  validate(multi_rank.rebalance, multi_rank.expert_parallel);
   policy_options.router_skew = multi_rank.rebalance.router_skew;
   layout.links.validate();
   multi_rank.hierarchical_queue = queue_transfer == "hierarchical";

@@ -60,8 +60,7 @@ po::options_description rebalance_options_description(RebalanceOptions& o) {
   return d;
 }
 
-void validate(const RebalanceOptions& o, bool fused, int learner_expert_parallel,
-              int overlap_chunks) {
+void validate(const RebalanceOptions& o, int learner_expert_parallel) {
   if (o.every < 0) {
     throw ConfigError("--rebalance-every must be >= 0, got " + std::to_string(o.every));
   }
@@ -80,21 +79,11 @@ void validate(const RebalanceOptions& o, bool fused, int learner_expert_parallel
     throw ConfigError("--router-skew must be in [0, 50], got " + std::to_string(o.router_skew));
   }
   if (o.every == 0) return;
-  if (fused) {
-    throw ConfigError(
-        "--rebalance-every is not supported with --mode fused yet (its generation layout "
-        "switch addresses experts by slot); use --mode disaggregated");
-  }
   if (learner_expert_parallel < 2) {
     throw ConfigError(
         "--rebalance-every needs --expert-parallel >= 2 (experts to move between "
         "ranks), got " +
         std::to_string(learner_expert_parallel));
-  }
-  if (overlap_chunks > 1) {
-    throw ConfigError(
-        "--rebalance-every does not work with --ep-overlap-chunks > 1 yet (the "
-        "chunks' dispatchers keep the first placement)");
   }
 }
 
@@ -185,7 +174,12 @@ std::vector<std::vector<double>> TrainRebalancer::take_router_loads(int step) {
   const int E = model_.config().n_experts;
   std::vector<std::vector<double>> loads;
   for (int l = 0; l < model_.config().n_layers; ++l) {
-    const std::vector<int64_t> tokens = model_.expert_dispatcher(l)->take_expert_tokens();
+    std::vector<int64_t> tokens = model_.expert_dispatcher(l)->take_expert_tokens();
+    // With overlap chunks the training forwards dispatch through the chunks' dispatchers.
+    if (OverlappedExperts* overlap = model_.expert_overlap(l)) {
+      const std::vector<int64_t> chunked = overlap->take_expert_tokens();
+      for (size_t e = 0; e < chunked.size(); ++e) tokens[e] += chunked[e];
+    }
     loads.emplace_back(size_t(E), 0.0);
     for (int e = 0; e < E; ++e) {
       trace_.record_router_load({step, l, e, tokens[size_t(e)]});

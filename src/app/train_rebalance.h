@@ -32,10 +32,9 @@ struct RebalanceOptions {
 };
 
 po::options_description rebalance_options_description(RebalanceOptions& options);
-// ConfigError naming the option for a value out of range, or for --rebalance-every without the
-// layout it needs (`fused`: --mode fused; learner EP degree; overlap chunks).
-void validate(const RebalanceOptions& options, bool fused, int learner_expert_parallel,
-              int overlap_chunks);
+// ConfigError naming the option for a value out of range, or for --rebalance-every without
+// experts to move (learner EP degree < 2). Both modes and any --ep-overlap-chunks work.
+void validate(const RebalanceOptions& options, int learner_expert_parallel);
 // A log line naming the router skew ("" when off); the JSON fragment
 // `"router_skew":S,"rebalance_every":K,` (always).
 std::string describe_router_skew(const RebalanceOptions& options);

@@ -16,6 +16,11 @@ int expert_buckets_missing(ExpertShard held, ExpertShard wanted, int layers) {
   return layers * (wanted.count - std::max(both, 0));
 }
 
+int expert_buckets_missing_any_placement(int held_count, ExpertShard wanted, int experts,
+                                         int layers) {
+  return layers * std::min(wanted.count, std::max(experts - held_count, 0));
+}
+
 template <typename T>
 ExpertTable<T>::ExpertTable(const ParameterLayout& layout, T* base)
     : ExpertTable(expert_layers(layout), {layout.first_expert(), layout.stored_experts()}) {

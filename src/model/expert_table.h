@@ -19,6 +19,10 @@ int64_t expert_bucket_elements(const ModelConfig& config);
 // Buckets (layer, expert) of `wanted`'s experts on `layers` layers that `held` lacks: what a
 // layout switch from a rank holding `held` to one running `wanted` receives.
 int expert_buckets_missing(ExpertShard held, ExpertShard wanted, int layers);
+// The most such buckets when the held experts can be any `held_count` of the `experts` (a
+// training placement after expert migration): per layer, as many of `wanted`'s as fit outside.
+int expert_buckets_missing_any_placement(int held_count, ExpertShard wanted, int experts,
+                                         int layers);
 
 template <typename T>
 class ExpertTable {

@@ -27,6 +27,20 @@ OverlappedExperts::OverlappedExperts(const HierarchicalComm& ep, Links& links, i
   }
 }
 
+void OverlappedExperts::set_expert_slots(const std::vector<int>& slot_of) {
+  for (Chunk& chunk : chunks_) chunk.dispatcher->set_expert_slots(slot_of);
+}
+
+std::vector<int64_t> OverlappedExperts::take_expert_tokens() {
+  std::vector<int64_t> sum;
+  for (Chunk& chunk : chunks_) {
+    const std::vector<int64_t> tokens = chunk.dispatcher->take_expert_tokens();
+    sum.resize(tokens.size(), 0);
+    for (size_t e = 0; e < tokens.size(); ++e) sum[e] += tokens[e];
+  }
+  return sum;
+}
+
 // Chunk weights 1, 2, ..., 2, 1 (three chunks or more): the first chunk's dispatch and the last
 // chunk's combine have no computation to hide behind (the pipeline's fill and drain), so those
 // chunks are half the size of the others.

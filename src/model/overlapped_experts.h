@@ -43,6 +43,11 @@ class OverlappedExperts {
 
   int chunks() const { return int(chunks_.size()); }
   const ExpertDispatcher& dispatcher(int chunk) const { return *chunks_[size_t(chunk)].dispatcher; }
+  // Expert migration: every chunk's dispatcher routes by this expert -> slot table
+  // (ExpertDispatcher::set_expert_slots; between operations, the same table on every rank).
+  void set_expert_slots(const std::vector<int>& slot_of);
+  // Router statistics of every chunk since the last take, summed (by expert id).
+  std::vector<int64_t> take_expert_tokens();
 
   // Collective. out[N, C] (written) = sum over k of expert_weight[n, k] * FFN_{expert_idx[n, k]}
   // (x[n]), the experts run by their owners. Keeps what backward needs; expert_weight must stay

@@ -88,6 +88,8 @@ class Transformer {
   // (chunked, transfers overlapped with the expert FFN; same EP group and experts as the
   // dispatchers); prefill and decode keep the dispatchers. Empty: off. Not owned.
   void set_expert_overlap(std::vector<OverlappedExperts*> per_layer);
+  // Layer l's overlapped experts (null without overlap): the router statistics of its chunks.
+  OverlappedExperts* expert_overlap(int l) const { return overlap(l); }
   // With expert parallelism: whether `local` holds on any rank of the EP group (collective);
   // without: `local`. Generation asks it so a rank whose sequences are all done keeps stepping
   // with zero rows until every rank of the group is done.

@@ -72,8 +72,24 @@ ExpertShard ExpertLayoutSwitch::generation_shard(int rank) const {
   return expert_shard_of(rank, generation_degree_, experts_);
 }
 
+void ExpertLayoutSwitch::follow_expert_slots(const std::vector<std::vector<int>>* slot_of) {
+  slot_of_ = slot_of;
+}
+
+ExpertLayoutSwitch::Holder ExpertLayoutSwitch::holder(int layer, int expert) const {
+  const int local = experts_ / train_degree_;
+  const int slot =
+      slot_of_ && !slot_of_->empty() ? (*slot_of_)[size_t(layer)][size_t(expert)] : expert;
+  return {slot / local, slot % local};
+}
+
 int ExpertLayoutSwitch::buckets_to_receive() const {
-  return expert_buckets_missing(training_shard(rank_), generation_shard(rank_), layers_);
+  const ExpertShard wanted = generation_shard(rank_);
+  int missing = 0;
+  for (int l = 0; l < layers_; ++l)
+    for (int e = wanted.first; e < wanted.first + wanted.count; ++e)
+      missing += holder(l, e).ep_rank != rank_ % train_degree_;
+  return missing;
 }
 
 uint64_t ExpertLayoutSwitch::minimum_bytes() const {
@@ -95,20 +111,24 @@ GenerationExperts ExpertLayoutSwitch::to_generation(float* training,
         " free slots of " + std::to_string(pool.slot_bytes()) + " bytes, the switch needs " +
         std::to_string(buckets_to_receive()) + " of " + std::to_string(bucket_bytes()));
   }
+  // The training slots this rank stores, by index: which expert each holds is the placement's.
   const ExpertTable<float> held(training_layout, training);
   const int64_t FC = int64_t(d_ff_) * d_model_;
+  const int ep_rank = rank_ % train_degree_;
   GenerationExperts out{ExpertTable<float>(layers_, wanted), {}, 0};
-  // What this rank already holds, in place: the experts in both shards.
-  const ExpertShard both = shard_overlap(wanted, own);
+  // What this rank already holds, in place.
   for (int l = 0; l < layers_; ++l) {
-    for (int e = both.first; e < both.first + both.count; ++e) {
-      const size_t s = size_t(e - own.first);
-      out.table.set(l, e, held.w1(l)[s], held.w3(l)[s], held.w2(l)[s]);
+    for (int e = wanted.first; e < wanted.first + wanted.count; ++e) {
+      const Holder h = holder(l, e);
+      if (h.ep_rank == ep_rank) {
+        out.table.set(l, e, held.w1(l)[h.slot], held.w3(l)[h.slot], held.w2(l)[h.slot]);
+      }
     }
   }
   // Peers of the switch: the other ranks of this rank's training replica (every replica holds
-  // the same weights, so nothing crosses replicas). Each pair exchanges one message each way.
-  const int replica_first = rank_ / train_degree_ * train_degree_;
+  // the same weights in the same placement, so nothing crosses replicas). Each pair exchanges one
+  // message each way, its buckets in (layer, expert id) order on both sides.
+  const int replica_first = rank_ - ep_rank;
   struct Transfer {
     int peer;
     Blocks blocks;
@@ -117,32 +137,26 @@ GenerationExperts ExpertLayoutSwitch::to_generation(float* training,
   std::vector<Transfer> sends, receives;
   for (int peer = replica_first; peer < replica_first + train_degree_; ++peer) {
     if (peer == rank_) continue;
-    const ExpertShard mine_to_them = shard_overlap(own, generation_shard(peer));
-    if (mine_to_them.count > 0) {
-      Transfer send{peer, {}};
-      for (int l = 0; l < layers_; ++l) {
-        for (int e = mine_to_them.first; e < mine_to_them.first + mine_to_them.count; ++e) {
-          const size_t s = size_t(e - own.first);
-          send.blocks.add(held.w1(l)[s], FC);
-          send.blocks.add(held.w3(l)[s], FC);
-          send.blocks.add(held.w2(l)[s], FC);
-        }
+    Transfer send{peer, {}}, receive{peer, {}};
+    const ExpertShard theirs = generation_shard(peer);
+    for (int l = 0; l < layers_; ++l) {
+      for (int e = theirs.first; e < theirs.first + theirs.count; ++e) {
+        const Holder h = holder(l, e);
+        if (h.ep_rank != ep_rank) continue;
+        send.blocks.add(held.w1(l)[h.slot], FC);
+        send.blocks.add(held.w3(l)[h.slot], FC);
+        send.blocks.add(held.w2(l)[h.slot], FC);
       }
-      sends.push_back(std::move(send));
-    }
-    const ExpertShard theirs_to_me = shard_overlap(training_shard(peer), wanted);
-    if (theirs_to_me.count > 0) {
-      Transfer receive{peer, {}};
-      for (int l = 0; l < layers_; ++l) {
-        for (int e = theirs_to_me.first; e < theirs_to_me.first + theirs_to_me.count; ++e) {
-          float* slot = pool.acquire_as<float>();
-          out.received.push_back(slot);
-          out.table.set_bucket(l, e, slot, d_ff_, d_model_);
-          receive.blocks.add(slot, 3 * FC);
-        }
+      for (int e = wanted.first; e < wanted.first + wanted.count; ++e) {
+        if (holder(l, e).ep_rank != peer - replica_first) continue;
+        float* slot = pool.acquire_as<float>();
+        out.received.push_back(slot);
+        out.table.set_bucket(l, e, slot, d_ff_, d_model_);
+        receive.blocks.add(slot, 3 * FC);
       }
-      receives.push_back(std::move(receive));
     }
+    if (send.blocks.floats > 0) sends.push_back(std::move(send));
+    if (receive.blocks.floats > 0) receives.push_back(std::move(receive));
   }
   // Every transfer in flight at once: the pairs form no order that blocking calls could follow
   // without risking a cycle.

@@ -11,6 +11,11 @@
 // receiver) pair carries all of its buckets. No rank receives an expert it will not run, and no
 // rank assembles a whole tensor it does not own in the generation layout. Generation does not
 // change weights, so the switch back to training only gives the slots back.
+//
+// Generation addresses experts by id (generation EP rank g runs experts [g E / G, (g + 1) E / G)
+// with its dispatchers' identity tables); training keeps them where its placement says, which
+// after expert migration (EDPB, follow_expert_slots) is no longer slot = id: the switch finds each
+// wanted expert's holder through that placement, layer by layer.
 #pragma once
 
 #include <cstdint>
@@ -45,23 +50,39 @@ class ExpertLayoutSwitch {
   ExpertShard training_shard(int rank) const;
   ExpertShard generation_shard(int rank) const;
 
+  // The training placement the switch reads experts through after expert migration: [layer]
+  // [expert] -> slot of the training EP group (slot s on EP rank s / (E / train_degree), as
+  // RoleExpertParallel::expert_slots()), read at every call, so migrations between switches are
+  // followed. Null or empty (the default): expert e in slot e. Must outlive the switch.
+  void follow_expert_slots(const std::vector<std::vector<int>>* slot_of);
+
   // The slots this rank's switch fills: one per layer and expert of its generation shard that its
-  // training shard does not hold; and the size of one (a bucket of expert_bucket_elements).
+  // training EP rank does not hold (under the placement in force); and the size of one (a bucket
+  // of expert_bucket_elements).
   int buckets_to_receive() const;
   size_t bucket_bytes() const { return bucket_bytes_; }
   // The least any switch must move to this rank: those buckets' bytes.
   uint64_t minimum_bytes() const;
 
-  // Collective. This rank's generation experts over `training` (the flat parameters laid out by
-  // `training_layout`, which must store exactly this rank's training shard): held experts in
-  // place, the others received into slots of `pool` (buckets_to_receive() of them must be free).
+  // Collective. This rank's generation experts by expert id over `training` (the flat parameters
+  // laid out by `training_layout`, which must store exactly this rank's training slots): held
+  // experts in place, the others received into slots of `pool` (buckets_to_receive() of them
+  // must be free).
   GenerationExperts to_generation(float* training, const ParameterLayout& training_layout,
                                   SlotPool& pool);
   // After the generation phase: the received slots go back to `pool`.
   void to_training(GenerationExperts& generation, SlotPool& pool) const;
 
  private:
+  // Where training keeps expert `expert` of `layer`: its EP rank in the training group, and the
+  // index of the slot among that rank's slots.
+  struct Holder {
+    int ep_rank, slot;
+  };
+  Holder holder(int layer, int expert) const;
+
   MPI_Comm comm_ = MPI_COMM_NULL;
+  const std::vector<std::vector<int>>* slot_of_ = nullptr;
   Links& links_;
   std::vector<int> world_ranks_;
   int rank_ = 0, layers_, experts_, d_ff_, d_model_;

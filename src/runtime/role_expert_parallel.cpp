@@ -89,6 +89,7 @@ void RoleExpertParallel::attach(Transformer<float>& model, int overlap_chunks) {
     overlapped_.push_back(std::make_unique<OverlappedExperts>(
         ep_group_, links_, experts_, mode_, overlap_chunks, config.d_model, config.d_ff,
         model.ops(), model.device()));
+    overlapped_.back()->set_expert_slots(slot_of_[size_t(l)]);
     overlapped.push_back(overlapped_.back().get());
   }
   model.set_expert_overlap(std::move(overlapped));
@@ -110,9 +111,6 @@ void RoleExpertParallel::attach_reusing(Transformer<float>& model) {
 uint64_t RoleExpertParallel::migrate_experts(const std::vector<std::vector<int>>& slot_of,
                                              const ParameterLayout& layout,
                                              const std::vector<float*>& buffers) {
-  if (!overlapped_.empty()) {
-    throw std::logic_error("RoleExpertParallel::migrate_experts: not with overlap chunks");
-  }
   ensure_tables(expert_layers(layout));
   if (slot_of.size() != slot_of_.size()) {
     throw std::invalid_argument(
@@ -126,9 +124,12 @@ uint64_t RoleExpertParallel::migrate_experts(const std::vector<std::vector<int>>
     sent += move_expert_slots(slot_of_[l], slot_of[l], layout, experts_ / degree_, buffers,
                               ep_group_.comm, int(l));
   }
-  // attach and attach_reusing make the dispatchers a model's layers at a time.
+  // attach and attach_reusing make the dispatchers (and attach the overlapped chunks' ones) a
+  // model's layers at a time.
   for (size_t i = 0; i < dispatchers_.size(); ++i)
     dispatchers_[i]->set_expert_slots(slot_of[i % slot_of.size()]);
+  for (size_t i = 0; i < overlapped_.size(); ++i)
+    overlapped_[i]->set_expert_slots(slot_of[i % slot_of.size()]);
   slot_of_ = slot_of;
   return sent;
 }

@@ -74,8 +74,8 @@ class RoleExpertParallel {
   // layer has its own expert -> slot table (slot_of[l], a permutation of the experts); every
   // expert whose slot changes in a layer moves its slices of that layer's tensors in `buffers`
   // (laid out by `layout`: parameters, AdamW moments) to the rank of its new slot, and every
-  // dispatcher made by attach routes by its layer's table. Not with overlap chunks (their
-  // dispatchers keep the old table). Returns the bytes this rank sent.
+  // dispatcher made by attach (the overlap chunks' too) routes by its layer's table. Returns the
+  // bytes this rank sent.
   uint64_t migrate_experts(const std::vector<std::vector<int>>& slot_of,
                            const ParameterLayout& layout, const std::vector<float*>& buffers);
   // The same table for every layer.

@@ -1,8 +1,10 @@
 // EDPB inside `train` (docs/EDPB.md "Rebalancing in train"): expert-parallel learners of a
 // skewed model that migrate experts every step train exactly like the same run that never
 // migrates (the same per-step log rows and bit-identical final weights, actors fed by the
-// expert-id weight sync, the KL reference moving along); router statistics and migrations land
-// in the trace and the report; bad values are refused before any work.
+// expert-id weight sync, the KL reference moving along), in fused mode too (the generation layout
+// switch finds the experts through the placement) and with the training experts in overlap
+// chunks; router statistics and migrations land in the trace and the report; bad values are
+// refused before any work.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -10,6 +12,7 @@
 #include <sstream>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "tests/app/json_output.h"
@@ -30,10 +33,11 @@ std::string temp_dir(const std::string& name) {
   return dir;
 }
 
-const std::string kSkewedRun =
+const std::string kSkewed =
     "train --model tiny --task sort --sft-steps 30 --sft-learning-rate 0.01 --steps 5 "
     "--prompts 4 --group-size 4 --eval-prompts 16 --kl-coef 0.01 --log-every 1 --json "
-    "--learners 2 --actors 2 --expert-parallel 2 --router-skew 4 ";
+    "--router-skew 4 ";
+const std::string kSkewedRun = kSkewed + "--learners 2 --actors 2 --expert-parallel 2 ";
 
 // The progress rows' step, reward, accuracy, response length, KL and clip fraction (not the
 // timing columns).
@@ -53,16 +57,19 @@ std::vector<std::string> step_rows(const std::string& output) {
   return rows;
 }
 
-TEST(TrainRebalance, MigratingLearnersTrainLikeTheRunThatNeverMigrates) {
-  const std::string still_dir = temp_dir("still"), moved_dir = temp_dir("moved");
-  const CommandResult still = test::run_rlfusion(kSkewedRun + "--run-dir " + still_dir, 4);
-  ASSERT_EQ(still.exit_code, 0) << still.output;
+// `run` on `ranks` ranks twice, never migrating and migrating after every step: it migrated (so
+// the comparison can fail) and says so in the log and the summary, and both runs have the same
+// per-step rows and bit-identical saved weights. Returns the two run directories.
+std::pair<std::string, std::string> expect_migrating_run_trains_like_the_static_one(
+    const std::string& name, const std::string& run, int ranks) {
+  const std::string still_dir = temp_dir(name + "-still"), moved_dir = temp_dir(name + "-moved");
+  const CommandResult still = test::run_rlfusion(run + "--run-dir " + still_dir, ranks);
+  EXPECT_EQ(still.exit_code, 0) << still.output;
   const CommandResult moved = test::run_rlfusion(
-      kSkewedRun + "--rebalance-every 1 --rebalance-min-gain 0 --run-dir " + moved_dir, 4);
-  ASSERT_EQ(moved.exit_code, 0) << moved.output;
-  // It migrated (so the comparison can fail) and says so in the log and the summary.
+      run + "--rebalance-every 1 --rebalance-min-gain 0 --run-dir " + moved_dir, ranks);
+  EXPECT_EQ(moved.exit_code, 0) << moved.output;
   EXPECT_NE(moved.output.find("# migration after step"), std::string::npos) << moved.output;
-  EXPECT_GT(test::json_number(moved.output, "migrations"), 0);
+  EXPECT_GT(test::json_number(moved.output, "migrations"), 0) << moved.output;
   EXPECT_EQ(test::json_number(still.output, "migrations"), 0);
   EXPECT_EQ(test::json_number(moved.output, "router_skew"), 4);
   const std::vector<std::string> still_rows = step_rows(still.output);
@@ -70,6 +77,12 @@ TEST(TrainRebalance, MigratingLearnersTrainLikeTheRunThatNeverMigrates) {
   EXPECT_EQ(step_rows(moved.output), still_rows);
   EXPECT_EQ(test::read_tiny_parameters(moved_dir + "/model.h5"),
             test::read_tiny_parameters(still_dir + "/model.h5"));
+  return {still_dir, moved_dir};
+}
+
+TEST(TrainRebalance, MigratingLearnersTrainLikeTheRunThatNeverMigrates) {
+  const auto [still_dir, moved_dir] =
+      expect_migrating_run_trains_like_the_static_one("disaggregated", kSkewedRun, 4);
   // The report shows both runs' router statistics, and the moved run's migrations.
   const CommandResult report = test::run_rlfusion("report " + moved_dir);
   ASSERT_EQ(report.exit_code, 0) << report.output;
@@ -85,21 +98,48 @@ TEST(TrainRebalance, MigratingLearnersTrainLikeTheRunThatNeverMigrates) {
   EXPECT_NE(json.output.find("\"migrations\":[]"), std::string::npos) << json.output;
 }
 
+// Fused mode: training at EP 2 and generation through the layout switch at EP 1 (2 ranks: each
+// rank receives the experts its training EP rank lacks, wherever the rebalancer put them) and at
+// EP 4 (4 ranks, 2 replicas, training in overlap chunks: which ranks receive which expert changes
+// with the placement).
+TEST(TrainRebalance, FusedRanksMigratingTrainLikeTheRunThatNeverMigrates) {
+  expect_migrating_run_trains_like_the_static_one(
+      "fused-switch-1", kSkewed + "--mode fused --expert-parallel 2 --actor-expert-parallel 1 ", 2);
+  expect_migrating_run_trains_like_the_static_one(
+      "fused-switch-4",
+      kSkewed + "--mode fused --expert-parallel 2 --actor-expert-parallel 4 --ep-overlap-chunks 2 ",
+      4);
+}
+
+// Training's experts in overlap chunks (every chunk's dispatcher follows the migrations): fused
+// with generation on the training layout (2 ranks), disaggregated learners (4 ranks).
+TEST(TrainRebalance, OverlapChunksMigratingTrainLikeTheRunThatNeverMigrates) {
+  expect_migrating_run_trains_like_the_static_one(
+      "fused-chunks", kSkewed + "--mode fused --expert-parallel 2 --ep-overlap-chunks 2 ", 2);
+  expect_migrating_run_trains_like_the_static_one("disaggregated-chunks",
+                                                  kSkewedRun + "--ep-overlap-chunks 3 ", 4);
+}
+
 // bench rebalance's correctness verdict and load figures (never its times): the static run's
 // hot experts share EP rank 0, the rebalanced one moves them and ends with the same weights.
+// Also fused (generation before each step, on the migrated placement) with overlap chunks.
 TEST(TrainRebalance, BenchMigratesAndKeepsTheWeights) {
-  const CommandResult r = test::run_rlfusion(
-      "bench rebalance --model tiny --steps 6 --length 24 --rebalance-min-gain 0 --threads 1 "
-      "--json",
-      2);
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("Final weights bit-identical            : OK"), std::string::npos)
-      << r.output;
-  EXPECT_EQ(test::json_number(r.output, "bit_identical"), 1);
-  EXPECT_GT(test::json_number(r.output, "migrations"), 0);
-  EXPECT_LT(test::json_number(r.output, "rebalanced_load_max_over_mean"),
-            test::json_number(r.output, "static_load_max_over_mean"))
-      << r.output;
+  for (const std::string mode : {"", "--mode fused --generate-tokens 8 --ep-overlap-chunks 2 "}) {
+    const CommandResult r = test::run_rlfusion(
+        "bench rebalance --model tiny --steps 6 --length 24 --rebalance-min-gain 0 --threads 1 "
+        "--json " +
+            mode,
+        2);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("Final weights bit-identical            : OK"), std::string::npos)
+        << r.output;
+    EXPECT_EQ(r.output.find("FAIL"), std::string::npos) << r.output;
+    EXPECT_EQ(test::json_number(r.output, "bit_identical"), 1);
+    EXPECT_GT(test::json_number(r.output, "migrations"), 0);
+    EXPECT_LT(test::json_number(r.output, "rebalanced_load_max_over_mean"),
+              test::json_number(r.output, "static_load_max_over_mean"))
+        << r.output;
+  }
 }
 
 TEST(TrainRebalance, BadValuesAreRefusedBeforeAnyWork) {
@@ -110,7 +150,7 @@ TEST(TrainRebalance, BadValuesAreRefusedBeforeAnyWork) {
            {"--rebalance-every 2", 0, "--expert-parallel >= 2"},
            {"--rebalance-horizon 0", 0, "--rebalance-horizon"},
            {"--router-skew -1", 0, "--router-skew"},
-           {"--mode fused --expert-parallel 2 --rebalance-every 2", 2, "--mode fused"}}) {
+           {"--mode fused --rebalance-every 2", 2, "--expert-parallel >= 2"}}) {
     const CommandResult r = test::run_rlfusion(run + args, ranks);
     EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.output;
     EXPECT_NE(r.output.find(option), std::string::npos) << args << "\n" << r.output;

@@ -4,7 +4,8 @@
 // the same samples bit for bit; a train -> generate -> train round trip (with and without
 // offload) leaves every parameter and AdamW moment bit-identical to training without the
 // generation; the arena grows during the switch by exactly the received buckets, and the bytes
-// moved are the analytic minimum.
+// moved are the analytic minimum. After expert migration (EDPB) the switch finds each expert
+// through the training placement, layer by layer, and the view generates the same samples.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -116,6 +117,26 @@ class ParameterBuckets : public ::testing::Test {
   void SetUp() override {
     if (cases.empty()) GTEST_SKIP() << "no layout switch on " << test::world_size() << " rank(s)";
   }
+  // Today's copied layout: a second flat model of this rank's generation shard, filled by expert
+  // id from the whole model (what the copying switch produced, tested against it before the
+  // buckets); what it generates. `generation_ep` gets the generation EP group (null for EP 1),
+  // whose dispatchers the views then reuse.
+  std::vector<GeneratedSample> generate_from_copy(
+      const std::vector<float>& whole, int generation,
+      std::unique_ptr<RoleExpertParallel>& generation_ep) {
+    Arena device("copied", 32 << 20);
+    Transformer<float> copied(config, cpu_ops(), device, /*with_gradients=*/false,
+                              shard_at(test::world_rank(), generation, config.n_experts));
+    copy_common_parameters(whole.data(), ParameterLayout(config), copied.parameters(),
+                           copied.layout());
+    generation_ep.reset();
+    if (generation > 1) {
+      generation_ep = std::make_unique<RoleExpertParallel>(ranks, links, config.n_experts,
+                                                           generation, DispatchMode::Flat);
+      generation_ep->attach_reusing(copied);
+    }
+    return generate(copied, prompts.tokens, prompts.ids, sampling_for(*task));
+  }
 
   const ModelConfig config;
   const std::vector<Switch> cases;
@@ -135,23 +156,13 @@ TEST_F(ParameterBuckets, TheBucketViewGeneratesWhatTheCopiedLayoutGeneratesBitFo
     SCOPED_TRACE("training EP " + std::to_string(c.train) + ", generation EP " +
                  std::to_string(c.generation));
     ExpertLayoutSwitch layout_switch(ranks, links, config, c.train, c.generation);
-    Arena device("device", 32 << 20), copied_device("copied", 32 << 20);
+    Arena device("device", 32 << 20);
     Transformer<float> training(config, cpu_ops(), device, /*with_gradients=*/true,
                                 shard_at(rank, c.train, config.n_experts));
     copy_common_parameters(whole.data(), whole_layout, training.parameters(), training.layout());
-    // Today's copied layout: a second flat model of the generation shard, filled from the whole
-    // model (what the copying switch produced, tested against it before the buckets).
-    Transformer<float> copied(config, cpu_ops(), copied_device, /*with_gradients=*/false,
-                              shard_at(rank, c.generation, config.n_experts));
-    copy_common_parameters(whole.data(), whole_layout, copied.parameters(), copied.layout());
     std::unique_ptr<RoleExpertParallel> generation_ep;
-    if (c.generation > 1) {
-      generation_ep = std::make_unique<RoleExpertParallel>(ranks, links, config.n_experts,
-                                                           c.generation, DispatchMode::Flat);
-      generation_ep->attach_reusing(copied);
-    }
     const std::vector<GeneratedSample> want =
-        generate(copied, prompts.tokens, prompts.ids, sampling);
+        generate_from_copy(whole, c.generation, generation_ep);
 
     // The switch: the arena grows by the received buckets and nothing else.
     const size_t before = device.used();
@@ -195,6 +206,65 @@ TEST_F(ParameterBuckets, TheBucketViewGeneratesWhatTheCopiedLayoutGeneratesBitFo
     layout_switch.to_training(experts, pool);
     EXPECT_EQ(pool.slots_in_use(), 0);
   }
+}
+
+// Per-layer training placements no default layout has: layer 0 reversed, layer l rotated by l.
+std::vector<std::vector<int>> migrated_tables(int layers, int experts) {
+  std::vector<std::vector<int>> tables(size_t(layers), std::vector<int>(size_t(experts), 0));
+  for (int l = 0; l < layers; ++l)
+    for (int e = 0; e < experts; ++e)
+      tables[size_t(l)][size_t(e)] = l == 0 ? experts - 1 - e : (e + l) % experts;
+  return tables;
+}
+
+TEST_F(ParameterBuckets, AfterMigrationTheViewFindsEveryExpertThroughThePlacement) {
+  const int rank = test::world_rank();
+  const ParameterLayout whole_layout(config);
+  std::vector<float> whole(size_t(whole_layout.total()));
+  initialize_parameters(whole.data(), whole_layout, config, 29);
+  const GenerationSettings sampling = sampling_for(*task);
+  const std::vector<std::vector<int>> tables = migrated_tables(config.n_layers, config.n_experts);
+  bool any_case = false;
+  for (const Switch& c : cases) {
+    if (c.train < 2) continue;  // nothing to migrate
+    any_case = true;
+    SCOPED_TRACE("training EP " + std::to_string(c.train) + ", generation EP " +
+                 std::to_string(c.generation));
+    Arena device("device", 32 << 20);
+    Transformer<float> training(config, cpu_ops(), device, /*with_gradients=*/false,
+                                shard_at(rank, c.train, config.n_experts));
+    copy_common_parameters(whole.data(), whole_layout, training.parameters(), training.layout());
+    RoleExpertParallel training_ep(ranks, links, config.n_experts, c.train, DispatchMode::Flat);
+    training_ep.attach(training);
+    training_ep.migrate_experts(tables, training.layout(), {training.parameters()});
+    std::unique_ptr<RoleExpertParallel> generation_ep;
+    const std::vector<GeneratedSample> want =
+        generate_from_copy(whole, c.generation, generation_ep);
+
+    ExpertLayoutSwitch layout_switch(ranks, links, config, c.train, c.generation);
+    layout_switch.follow_expert_slots(&training_ep.expert_slots());
+    // The buckets to receive: the wanted experts whose slot is on another training EP rank.
+    const ExpertShard wanted = layout_switch.generation_shard(rank);
+    const int local = config.n_experts / c.train;
+    int missing = 0;
+    for (int l = 0; l < config.n_layers; ++l)
+      for (int e = wanted.first; e < wanted.first + wanted.count; ++e)
+        missing += tables[size_t(l)][size_t(e)] / local != rank % c.train;
+    EXPECT_EQ(layout_switch.buckets_to_receive(), missing);
+    EXPECT_LE(missing, expert_buckets_missing_any_placement(local, wanted, config.n_experts,
+                                                            config.n_layers));
+    ArenaScope generation_memory(device);
+    SlotPool pool(device, layout_switch.bucket_bytes(), layout_switch.buckets_to_receive(),
+                  "received expert buckets");
+    GenerationExperts experts =
+        layout_switch.to_generation(training.parameters(), training.layout(), pool);
+    EXPECT_EQ(experts.received_bytes, uint64_t(missing) * layout_switch.bucket_bytes());
+    Transformer<float> view(training, experts.table);
+    if (generation_ep) generation_ep->attach_reusing(view);
+    EXPECT_TRUE(same_samples(generate(view, prompts.tokens, prompts.ids, sampling), want));
+    layout_switch.to_training(experts, pool);
+  }
+  if (!any_case) GTEST_SKIP() << "no switch from a training EP degree >= 2";
 }
 
 // One fused rank's training state: the model (its training shard), sharded AdamW with a global
