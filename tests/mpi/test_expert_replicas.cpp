@@ -2,9 +2,9 @@
 // (hot experts replicated), the replicas copied in with their AdamW moments
 // (copy_experts_into_slots), the dispatcher splitting their tokens among the copies, the
 // replicas' gradients summed (sum_replica_gradients) and the norm counting each expert once
-// (counts_in_norm). Against the single-rank MoE computed on every rank from the global inputs:
-// outputs and input gradients bit for bit, weight gradients and two AdamW steps within 1e-4
-// relative; the replicas of an expert must stay bit-identical.
+// (counts_in_norm), in every dispatch mode. Against the single-rank MoE computed on every rank from
+// the global inputs: outputs and input gradients bit for bit, weight gradients and two AdamW steps
+// within 1e-4 relative; the replicas of an expert must stay bit-identical.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -130,7 +130,7 @@ void adam_step(AdamState& s, const float* grads, int64_t n, double norm, int ste
 TEST(ExpertReplicas, SplitTokensSumGradientsAndStayIdentical) {
   const int P = world_size(), rank = world_rank();
   const int E = 2 * P, own = 2, R = std::min(1, E - own), L = own + R;
-  Links links(test::virtual_node_list(P, 1), {});
+  Links links(test::virtual_node_list(P, P % 2 == 0 ? 2 : 1), {});
   HierarchicalComm h = make_hierarchical(MPI_COMM_WORLD, links);
   const Global g = make_global(P, E);
   const int M = g.N * kK;
@@ -157,11 +157,9 @@ TEST(ExpertReplicas, SplitTokensSumGradientsAndStayIdentical) {
                            in(full.w1), in(full.w3), in(full.w2), offsets.data(), E, kC, kF);
   ref::moe_gather_backward(ref_dx.data(), dxg.data(), row_of.data(), g.N, kK, kC);
 
-  // Expert parallel with replicas: the slots start in the default placement (with a first
-  // moment of 2 w and a second of w^2 as stand-ins), then the replicas of the hot experts are
-  // copied in from their holders (copy_experts_into_slots).
-  ExpertDispatcher d(h, links, E, DispatchMode::FlatDedup, 0, R);
-  ASSERT_EQ(d.local_experts(), L);
+  // Expert parallel with replicas: the slots start in another placement (with a first moment
+  // of 2 w and a second of w^2 as stand-ins), then the planned one's experts are copied in from
+  // their holders (copy_experts_into_slots).
   std::vector<int> start = default_slot_experts(E, P, R);
   for (int r = 0; r < P; ++r) {  // spare slots: the next rank's experts from its last one down
     for (int j = 0; j < R; ++j) start[size_t(r * L + own + j)] = ((r + 1) * own + own - 1 - j) % E;
@@ -184,7 +182,7 @@ TEST(ExpertReplicas, SplitTokensSumGradientsAndStayIdentical) {
   for (int i = 0; i < L; ++i) slot_ranges.push_back({{i * kSlotSize, kSlotSize}});
   const uint64_t copied =
       copy_experts_into_slots({start}, {table}, E, L, slot_ranges,
-                              {slots.data(), first_moment.data(), second_moment.data()}, d.comm());
+                              {slots.data(), first_moment.data(), second_moment.data()}, h.comm);
   for (int i = 0; i < L; ++i) {
     const int e = table[size_t(rank * L + i)];
     const float* w = g.weights.data() + e * kSlotSize;
@@ -208,48 +206,57 @@ TEST(ExpertReplicas, SplitTokensSumGradientsAndStayIdentical) {
   if (P > 1) {
     EXPECT_GT(remote_copies, 0u);
   }
-  d.set_slot_experts(table);
-  ExpertPointers local(slots.data(), L);
-  const int n0 = g.first_token[size_t(rank)], N = tokens_of(rank);
-  std::vector<float> rows =
-      d.dispatch(g.x.data() + int64_t(n0) * kC, g.idx.data() + int64_t(n0) * kK, N, kK, kC);
-  const int rows_here = d.local_rows();
-  std::vector<float> la(size_t(rows_here) * kF), lb(size_t(rows_here) * kF),
-      ly(size_t(rows_here) * kC);
-  ref::expert_ffn_forward(ly.data(), la.data(), lb.data(), rows.data(), in(local.w1), in(local.w3),
-                          in(local.w2), d.local_expert_offsets().data(), L, kC, kF);
-  const std::vector<float> out = d.combine(ly.data(), g.w.data() + int64_t(n0) * kK);
-  // Each assignment is computed by one replica with the expert's weights, row by row (the
-  // reference kernels), so outputs and input gradients keep the single copy's bits.
-  EXPECT_TRUE(same_bits(out.data(), ref_out.data() + int64_t(n0) * kC, out.size()));
+  // Every dispatch mode (hierarchical with two ranks per virtual node where they divide).
+  std::vector<float> grads;
+  for (DispatchMode mode :
+       {DispatchMode::Flat, DispatchMode::FlatDedup, DispatchMode::Hierarchical}) {
+    SCOPED_TRACE(dispatch_mode_name(mode));
+    ExpertDispatcher d(h, links, E, mode, 0, R);
+    ASSERT_EQ(d.local_experts(), L);
+    d.set_slot_experts(table);
+    ExpertPointers local(slots.data(), L);
+    const int n0 = g.first_token[size_t(rank)], N = tokens_of(rank);
+    std::vector<float> rows =
+        d.dispatch(g.x.data() + int64_t(n0) * kC, g.idx.data() + int64_t(n0) * kK, N, kK, kC);
+    const int rows_here = d.local_rows();
+    std::vector<float> la(size_t(rows_here) * kF), lb(size_t(rows_here) * kF),
+        ly(size_t(rows_here) * kC);
+    ref::expert_ffn_forward(ly.data(), la.data(), lb.data(), rows.data(), in(local.w1),
+                            in(local.w3), in(local.w2), d.local_expert_offsets().data(), L, kC, kF);
+    const std::vector<float> out = d.combine(ly.data(), g.w.data() + int64_t(n0) * kK);
+    // Each assignment is computed by one replica with the expert's weights, row by row (the
+    // reference kernels), so outputs and input gradients keep the single copy's bits.
+    EXPECT_TRUE(same_bits(out.data(), ref_out.data() + int64_t(n0) * kC, out.size()));
 
-  // Every replica of the hottest expert got a share of its rows (each rank with tokens routes
-  // most of them to expert 0 and starts its turns at a different replica).
-  for (int i = 0; i < L; ++i) {
-    if (table[size_t(rank * L + i)] == 0) {
-      EXPECT_GT(d.local_expert_offsets()[size_t(i) + 1], d.local_expert_offsets()[size_t(i)])
-          << "a replica of expert 0 got no rows";
+    // Every replica of the hottest expert got a share of its rows (each rank with tokens routes
+    // most of them to expert 0 and starts its turns at a different replica).
+    for (int i = 0; i < L; ++i) {
+      if (table[size_t(rank * L + i)] == 0) {
+        EXPECT_GT(d.local_expert_offsets()[size_t(i) + 1], d.local_expert_offsets()[size_t(i)])
+            << "a replica of expert 0 got no rows";
+      }
     }
-  }
 
-  std::vector<float> ldy, ldw;
-  d.combine_backward(g.dout.data() + int64_t(n0) * kC, ly.data(), g.w.data() + int64_t(n0) * kK,
-                     ldy, ldw);
-  EXPECT_TRUE(same_bits(ldw.data(), ref_dw.data() + int64_t(n0) * kK, ldw.size()));
-  std::vector<float> grads(slots.size(), 0.0f), ldxg(size_t(rows_here) * kC, 0.0f);
-  ExpertPointers local_grads(grads.data(), L);
-  ref::expert_ffn_backward(ldxg.data(), local_grads.w1.data(), local_grads.w3.data(),
-                           local_grads.w2.data(), ldy.data(), rows.data(), la.data(), lb.data(),
-                           in(local.w1), in(local.w3), in(local.w2),
-                           d.local_expert_offsets().data(), L, kC, kF);
-  const std::vector<float> dx = d.dispatch_backward(ldxg.data());
-  EXPECT_TRUE(same_bits(dx.data(), ref_dx.data() + int64_t(n0) * kC, dx.size()));
+    std::vector<float> ldy, ldw;
+    d.combine_backward(g.dout.data() + int64_t(n0) * kC, ly.data(), g.w.data() + int64_t(n0) * kK,
+                       ldy, ldw);
+    EXPECT_TRUE(same_bits(ldw.data(), ref_dw.data() + int64_t(n0) * kK, ldw.size()));
+    grads.assign(slots.size(), 0.0f);
+    std::vector<float> ldxg(size_t(rows_here) * kC, 0.0f);
+    ExpertPointers local_grads(grads.data(), L);
+    ref::expert_ffn_backward(ldxg.data(), local_grads.w1.data(), local_grads.w3.data(),
+                             local_grads.w2.data(), ldy.data(), rows.data(), la.data(), lb.data(),
+                             in(local.w1), in(local.w3), in(local.w2),
+                             d.local_expert_offsets().data(), L, kC, kF);
+    const std::vector<float> dx = d.dispatch_backward(ldxg.data());
+    EXPECT_TRUE(same_bits(dx.data(), ref_dx.data() + int64_t(n0) * kC, dx.size()));
 
-  sum_replica_gradients({table}, E, L, slot_ranges, grads.data(), d.comm());
-  for (int i = 0; i < L; ++i) {
-    const int e = table[size_t(rank * L + i)];
-    expect_near(grads.data() + i * kSlotSize, ref_grads.data() + e * kSlotSize, kSlotSize,
-                "summed expert gradient");
+    sum_replica_gradients({table}, E, L, slot_ranges, grads.data(), d.comm());
+    for (int i = 0; i < L; ++i) {
+      const int e = table[size_t(rank * L + i)];
+      expect_near(grads.data() + i * kSlotSize, ref_grads.data() + e * kSlotSize, kSlotSize,
+                  "summed expert gradient");
+    }
   }
 
   // Global norm with every expert once, then two clipped AdamW steps on every slot.
