@@ -99,11 +99,11 @@ class ExpertDispatcher {
   // order. Every rank of the group must set the same table between operations.
   void set_expert_slots(const std::vector<int>& slot_of);
   // The expert in every slot ([slots()], every expert in at least one, never twice on one rank;
-  // the default puts expert e in slot e and fills rank r's spare slots with the experts after
-  // its own). An expert in several slots (replicas) has its assignments split among them: this
-  // rank's i-th assignment of the expert in a dispatch (in token, then top-k order) goes to
-  // replica (i + ep_rank()) mod replicas, in ascending slot order. Each assignment is computed by
-  // exactly one replica, so with identical replica weights the outputs equal the single-copy ones.
+  // default_slot_experts until set). An expert in several slots (replicas) has its assignments
+  // split among them: this rank's i-th assignment of the expert in a dispatch (in token, then top-k
+  // order) goes to replica (i + ep_rank()) mod replicas, in ascending slot order. Each assignment
+  // is computed by exactly one replica, so with identical replica weights the outputs equal the
+  // single-copy ones.
   void set_slot_experts(std::vector<int> slot_expert);
   const std::vector<int>& slot_experts() const { return slot_expert_; }
   DispatchMode mode() const { return mode_; }
