@@ -191,7 +191,7 @@ int run_bench_migration_command(const std::vector<std::string>& args) {
       slot_ranges.push_back({{i * bucket, bucket}});
     }
     const ExpertCluster spare_cluster{1, size, L};
-    Placement start_placement{spare_cluster, E, start};
+    const Placement start_placement{spare_cluster, E, start};
     const Placement replicated = align_to(place_two_level(counts, spare_cluster), start_placement);
     for (int e = 0; e < E; ++e) replica_copies += std::max(0, replicated.replicas()[size_t(e)] - 1);
     replica_dispatcher =
@@ -235,8 +235,8 @@ int run_bench_migration_command(const std::vector<std::string>& args) {
     double rows_max = 0, rows_mean = 0;
     std::vector<float> out;
   } before, after, replicas;
-  // Warm-ups (untimed) give the rows and outputs; then the phases interleave (before, migrate,
-  // after, migrate back) so a machine whose load drifts hits both alike.
+  // Warm-ups (untimed) give the rows and outputs; then the phases interleave (replicas, before,
+  // migrate, after, migrate back) so a machine whose load drifts hits all alike.
   rows_of(step(), before.rows_max, before.rows_mean);
   before.out = out;
   const auto [migration_seconds, sent] = migrate(identity, slot_of);
