@@ -67,8 +67,29 @@ void validate_expert_parallel(int experts, int ep_size, int world_size) {
   }
 }
 
+void validate_redundant_slots(int redundant_slots, int experts, int ep_size, const char* option) {
+  const int own = experts / std::max(ep_size, 1);
+  if (redundant_slots < 0 || own + redundant_slots > experts) {
+    throw ConfigError(std::string(option) + " must be in [0, " + std::to_string(experts - own) +
+                      "] (a rank's " + std::to_string(own) +
+                      " experts plus its redundant slots hold distinct experts of the " +
+                      std::to_string(experts) + "), got " + std::to_string(redundant_slots));
+  }
+}
+
+std::vector<int> default_slot_experts(int experts, int ep_size, int redundant_slots) {
+  const int own = experts / ep_size, per_rank = own + redundant_slots;
+  std::vector<int> slot_expert(size_t(per_rank) * size_t(ep_size));
+  for (int r = 0; r < ep_size; ++r) {
+    for (int i = 0; i < per_rank; ++i)
+      slot_expert[size_t(r * per_rank + i)] = (r * own + i) % experts;
+  }
+  return slot_expert;
+}
+
 ExpertDispatcher::ExpertDispatcher(const HierarchicalComm& ep, Links& links, int experts,
-                                   DispatchMode mode, double intra_node_bandwidth)
+                                   DispatchMode mode, double intra_node_bandwidth,
+                                   int redundant_slots)
     : links_(links),
       world_ranks_(ep.world_ranks),
       experts_(experts),
@@ -77,6 +98,8 @@ ExpertDispatcher::ExpertDispatcher(const HierarchicalComm& ep, Links& links, int
   // Every check uses only what every rank of the group knows alike, and runs before the first
   // collective, so all ranks throw the same error.
   validate_expert_parallel(experts, ep.size(), ep.size());
+  validate_redundant_slots(redundant_slots, experts, ep.size(), "--redundant-experts");
+  slots_per_rank_ = experts / ep.size() + redundant_slots;
   if (!(intra_node_bandwidth >= 0) || !std::isfinite(intra_node_bandwidth)) {
     throw ConfigError("--intra-node-bandwidth must be a finite number of bytes per second >= 0");
   }
@@ -96,6 +119,7 @@ ExpertDispatcher::ExpertDispatcher(const HierarchicalComm& ep, Links& links, int
   }
   MPI_Comm_dup(ep.comm, &comm_);
   MPI_Comm_rank(comm_, &rank_);
+  set_slot_experts(default_slot_experts(experts, ep.size(), redundant_slots));
 }
 
 ExpertDispatcher::~ExpertDispatcher() {
@@ -464,17 +488,51 @@ void ExpertDispatcher::order_canonically() {
     local_offsets_[size_t(e) + 1] += local_offsets_[size_t(e)];
 }
 
-void ExpertDispatcher::set_expert_slots(std::vector<int> slot_of) {
-  check_idle();
+void ExpertDispatcher::set_expert_slots(const std::vector<int>& slot_of) {
   std::vector<int> sorted = slot_of;
   std::sort(sorted.begin(), sorted.end());
   for (int e = 0; e < experts_; ++e) {
-    if (sorted.size() != size_t(experts_) || sorted[size_t(e)] != e) {
+    if (sorted.size() != size_t(experts_) || sorted[size_t(e)] != e || slots() != experts_) {
       throw std::invalid_argument("ExpertDispatcher::set_expert_slots: not a permutation of the " +
-                                  std::to_string(experts_) + " experts");
+                                  std::to_string(experts_) + " experts' slots");
     }
   }
-  slot_of_ = std::move(slot_of);
+  std::vector<int> slot_expert(static_cast<size_t>(experts_));
+  for (int e = 0; e < experts_; ++e) slot_expert[size_t(slot_of[size_t(e)])] = e;
+  set_slot_experts(std::move(slot_expert));
+}
+
+void ExpertDispatcher::set_slot_experts(std::vector<int> slot_expert) {
+  check_idle();
+  if (slot_expert.size() != size_t(slots())) {
+    throw std::invalid_argument(
+        "ExpertDispatcher::set_slot_experts: " + std::to_string(slot_expert.size()) +
+        " entries for " + std::to_string(slots()) + " slots");
+  }
+  std::vector<std::vector<int>> replicas(static_cast<size_t>(experts_));
+  for (int s = 0; s < slots(); ++s) {
+    const int e = slot_expert[size_t(s)];
+    if (e < 0 || e >= experts_) {
+      throw std::invalid_argument("ExpertDispatcher::set_slot_experts: expert " +
+                                  std::to_string(e) + " outside [0, " + std::to_string(experts_) +
+                                  ")");
+    }
+    std::vector<int>& holders = replicas[size_t(e)];
+    if (!holders.empty() && owner_of(holders.back()) == owner_of(s)) {
+      throw std::invalid_argument("ExpertDispatcher::set_slot_experts: expert " +
+                                  std::to_string(e) + " twice on EP rank " +
+                                  std::to_string(owner_of(s)));
+    }
+    holders.push_back(s);
+  }
+  for (int e = 0; e < experts_; ++e) {
+    if (replicas[size_t(e)].empty()) {
+      throw std::invalid_argument("ExpertDispatcher::set_slot_experts: expert " +
+                                  std::to_string(e) + " has no slot");
+    }
+  }
+  slot_expert_ = std::move(slot_expert);
+  replicas_ = std::move(replicas);
 }
 
 std::vector<int64_t> ExpertDispatcher::take_expert_tokens() {
@@ -500,14 +558,16 @@ void ExpertDispatcher::begin_dispatch(const float* x, const int* expert_idx, int
   C_ = C;
   local_offsets_.clear();
   stages_.assign(mode_ == DispatchMode::Hierarchical ? 2 : 1, Stage{});
-  if (!slot_of_.empty()) {
-    slot_indices_.resize(size_t(N) * size_t(K));
-    for (size_t i = 0; i < slot_indices_.size(); ++i) {
-      slot_indices_[i] = slot_of_[size_t(expert_idx[i])];
-    }
-    expert_idx = slot_indices_.data();
+  // Every assignment to its expert's slot; a replicated expert's assignments in turn over its
+  // replicas, starting at a rank-dependent one so every replica gets a share of few tokens too.
+  slot_indices_.resize(size_t(N) * size_t(K));
+  std::vector<int> seen(static_cast<size_t>(experts_), 0);
+  for (size_t i = 0; i < slot_indices_.size(); ++i) {
+    const std::vector<int>& holders = replicas_[size_t(expert_idx[i])];
+    int& turn = seen[size_t(expert_idx[i])];
+    slot_indices_[i] = holders[size_t(turn++ + rank_) % holders.size()];
   }
-  plan_first_stage(expert_idx);
+  plan_first_stage(slot_indices_.data());
   f_.rows.assign(x, x + int64_t(N) * C);
   Steps steps;
   for (int s = 0; s < int(stages_.size()); ++s) {

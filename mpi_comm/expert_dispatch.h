@@ -4,6 +4,8 @@
 //
 // Sharding: E experts over P = ep.size() ranks, E % P == 0; EP rank r owns experts
 // [r E / P, (r + 1) E / P). Every rank brings N tokens of C floats, each routed to K experts.
+// Experts live in expert slots (E / P per rank, plus R redundant ones with replicas of hot
+// experts); below, a "local expert" is a local expert slot.
 //
 // Canonical order: the rows a rank receives are grouped by local expert, and inside an expert by
 // (source EP rank, token, slot) — exactly the order moe_build_routing gives on one rank holding
@@ -55,6 +57,12 @@ DispatchMode parse_dispatch_mode(const std::string& name, const char* option);
 
 // ConfigError (same text on every rank) unless ep_size >= 1 divides both experts and the world.
 void validate_expert_parallel(int experts, int ep_size, int world_size);
+// ConfigError naming `option` unless 0 <= redundant_slots and a rank's E / P + redundant_slots
+// slots fit distinct experts (a second replica of an expert on one rank would add no capacity).
+void validate_redundant_slots(int redundant_slots, int experts, int ep_size, const char* option);
+// The starting slot table with `redundant_slots` per rank: rank r's first E / P slots hold its
+// own experts in order, its spare slots the experts after them ((r + 1) E / P, ..., mod E).
+std::vector<int> default_slot_experts(int experts, int ep_size, int redundant_slots);
 
 // What the dispatcher moved, split into row payload and metadata (per sender, like Links).
 struct DispatchTraffic {
@@ -66,11 +74,13 @@ struct DispatchTraffic {
 class ExpertDispatcher {
  public:
   // Collective over ep.comm. `intra_node_bandwidth` (bytes/s, 0: off) emulates intra-node links
-  // the way Links emulates inter-node ones. Throws ConfigError (on every rank, before any
-  // collective) when the experts do not divide over the group, or in Hierarchical mode when
-  // nodes hold different numbers of EP ranks.
+  // the way Links emulates inter-node ones. `redundant_slots` R: every EP rank holds E / P + R
+  // slots, the spare ones for replicas of hot experts (validate_redundant_slots). Throws
+  // ConfigError (on every rank, before any collective) when the experts do not divide over the
+  // group, R is out of range, or in Hierarchical mode when nodes hold different numbers of EP
+  // ranks.
   ExpertDispatcher(const HierarchicalComm& ep, Links& links, int experts, DispatchMode mode,
-                   double intra_node_bandwidth = 0);
+                   double intra_node_bandwidth = 0, int redundant_slots = 0);
   ~ExpertDispatcher();
   ExpertDispatcher(const ExpertDispatcher&) = delete;
   ExpertDispatcher& operator=(const ExpertDispatcher&) = delete;
@@ -78,16 +88,24 @@ class ExpertDispatcher {
   int ep_size() const { return int(world_ranks_.size()); }
   int ep_rank() const { return rank_; }
   int experts() const { return experts_; }
-  int local_experts() const { return experts_ / ep_size(); }
-  // `expert` is a slot: slot s lives on EP rank s / local_experts() as its local expert
-  // s % local_experts().
-  int owner_of(int expert) const { return expert / local_experts(); }
-  // The slot of every expert (a permutation of [0, experts); identity until set): dispatch routes
-  // expert e's rows to slot_of[e], so experts can move between ranks (expert migration) while the
-  // router, the top-k order and the combine sum stay in expert order. Every rank of the group must
-  // set the same table between operations.
-  void set_expert_slots(std::vector<int> slot_of);
-  const std::vector<int>& expert_slots() const { return slot_of_; }
+  // The slots every rank holds (E / P + redundant slots); the expert FFN runs once per local slot.
+  int local_experts() const { return slots_per_rank_; }
+  int slots() const { return slots_per_rank_ * ep_size(); }
+  // Slot s lives on EP rank s / local_experts() as its local slot s % local_experts().
+  int owner_of(int slot) const { return slot / local_experts(); }
+  // The slot of every expert (a permutation of [0, experts); identity until set; only without
+  // redundant slots): dispatch routes expert e's rows to slot_of[e], so experts can move between
+  // ranks (expert migration) while the router, the top-k order and the combine sum stay in expert
+  // order. Every rank of the group must set the same table between operations.
+  void set_expert_slots(const std::vector<int>& slot_of);
+  // The expert in every slot ([slots()], every expert in at least one, never twice on one rank;
+  // default_slot_experts until set). An expert in several slots (replicas) has its assignments
+  // split among them: this rank's i-th assignment of the expert in a dispatch (in token, then top-k
+  // order) goes to replica (i + ep_rank()) mod replicas, in ascending slot order. Each assignment
+  // is computed by exactly one replica, so with identical replica weights the outputs equal the
+  // single-copy ones.
+  void set_slot_experts(std::vector<int> slot_expert);
+  const std::vector<int>& slot_experts() const { return slot_expert_; }
   DispatchMode mode() const { return mode_; }
   MPI_Comm comm() const { return comm_; }  // the EP group (a duplicate owned by the dispatcher)
 
@@ -198,9 +216,11 @@ class ExpertDispatcher {
   std::vector<Stage> stages_;
   std::vector<int> canonical_of_assign_;  // last stage's received assignment -> local row
   std::vector<int> local_offsets_;
-  std::vector<int> slot_of_;            // expert -> slot; empty: the identity
-  std::vector<int> slot_indices_;       // the last dispatch's expert_idx mapped to slots
-  std::vector<int64_t> expert_tokens_;  // assignments per expert since take_expert_tokens
+  int slots_per_rank_ = 0;
+  std::vector<int> slot_expert_;            // slot -> expert
+  std::vector<std::vector<int>> replicas_;  // expert -> its slots, ascending
+  std::vector<int> slot_indices_;           // the last dispatch's expert_idx mapped to slots
+  std::vector<int64_t> expert_tokens_;      // assignments per expert since take_expert_tokens
 
   // The operation in flight and its buffers (they must outlive its nonblocking messages).
   Operation operation_ = Operation::None;

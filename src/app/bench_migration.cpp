@@ -4,14 +4,21 @@
 // counts (src/balance/ two-level placement, no replicas) and moved rank to rank
 // (src/runtime/expert_migration.h; weights only here, tests/mpi/test_expert_migration.cpp moves
 // AdamW's moments too), and the step is timed again on the same tokens, the two placements
-// interleaved. The combined output must be bit-identical. Times: wall clock of the slowest rank.
+// interleaved. The combined output must be bit-identical. A third phase gives every rank
+// --redundant-slots spare slots: the same counts placed with replicas of the hot experts, the
+// replicas copied in rank to rank (copy_experts_into_slots), the dispatcher splitting a replicated
+// expert's tokens over its replicas; its output must match within float tolerance. Times: wall
+// clock of the slowest rank.
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <memory>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -45,6 +52,7 @@ double load_average() {
 
 struct MigrationBenchOptions {
   int tokens = 4096, experts_per_rank = 4, top_k = 2, hidden = 128, ffn = 512, repeats = 7;
+  int redundant_slots = 1;
   double zipf = 1.2;
 };
 
@@ -79,6 +87,8 @@ int run_bench_migration_command(const std::vector<std::string>& args) {
       "routing skew: expert e gets weight (e + 1)^-zipf, so the hot experts start on rank 0");
   add("repeats", po::value(&o.repeats)->default_value(o.repeats),
       "timed steps per phase (median, >= 3)");
+  add("redundant-slots", po::value(&o.redundant_slots)->default_value(o.redundant_slots),
+      "spare expert slots per rank for the replica phase (0: no replica phase)");
   description.add(bench);
   if (!parse_options("bench migration", args, description, run)) return 0;
   int rank = 0, size = 0;
@@ -93,6 +103,7 @@ int run_bench_migration_command(const std::vector<std::string>& args) {
   DriftingZipfOptions routing{E, N, K, o.zipf, 0, run.seed};
   routing.validate();
   if (size < 2) throw ConfigError("bench migration needs >= 2 ranks (EP = the world)");
+  validate_redundant_slots(o.redundant_slots, E, size, "--redundant-slots");
 
   Links links(std::vector<int>(size_t(size), 0), LinkEmulation{});
   HierarchicalComm ep = make_hierarchical(MPI_COMM_WORLD, links);
@@ -122,19 +133,21 @@ int run_bench_migration_command(const std::vector<std::string>& args) {
   ExpertDispatcher dispatcher(ep, links, E, DispatchMode::Flat);
   std::vector<float> out;
   double ffn_cpu_seconds = 0;  // of the last step
-  auto step = [&] {
+  // One forward of the layer through `d` with the experts of its local slots at `table`.
+  auto step_with = [&](ExpertDispatcher& d, const ExpertTable<float>& table) {
     ArenaScope scope(device.memory());
-    const std::vector<float> rows = dispatcher.dispatch(x.data(), idx.data(), N, K, C);
-    const int R = dispatcher.local_rows();
+    const std::vector<float> rows = d.dispatch(x.data(), idx.data(), N, K, C);
+    const int R = d.local_rows();
     std::vector<float> y(size_t(R) * C), a(size_t(R) * F), b(size_t(R) * F);
     const double cpu0 = process_cpu_seconds();
-    ops.expert_ffn_forward(y.data(), a.data(), b.data(), rows.data(), experts.w1(0), experts.w3(0),
-                           experts.w2(0), dispatcher.local_expert_offsets().data(), E_local, C, F,
+    ops.expert_ffn_forward(y.data(), a.data(), b.data(), rows.data(), table.w1(0), table.w3(0),
+                           table.w2(0), d.local_expert_offsets().data(), d.local_experts(), C, F,
                            device.memory());
     ffn_cpu_seconds = process_cpu_seconds() - cpu0;
-    out = dispatcher.combine(y.data(), gate.data());
+    out = d.combine(y.data(), gate.data());
     return R;
   };
+  auto step = [&] { return step_with(dispatcher, experts); };
   // Re-place from the measured counts (the router statistics of the step) and build the table.
   std::vector<double> counts(size_t(E), 0.0);
   for (int e : idx) counts[size_t(e)] += 1;
@@ -149,6 +162,49 @@ int run_bench_migration_command(const std::vector<std::string>& args) {
   }
   int moved = 0;
   for (int e = 0; e < E; ++e) moved += slot_of[size_t(e)] / E_local != e / E_local;
+
+  // Replica phase: E_local + R slots per rank, each a bucket w1 | w3 | w2. They start in the
+  // default slot table (the spare slots holding the next rank's first experts, filled from the
+  // full model every rank initializes alike), then take the two-level placement of the same
+  // counts on the larger cluster, the changed slots copied in rank to rank.
+  const int R_spare = o.redundant_slots, L = E_local + R_spare;
+  const int64_t bucket = expert_bucket_elements(config);
+  std::vector<float> slot_weights(size_t(L) * size_t(bucket));
+  ExpertTable<float> slot_table(1, ExpertShard{rank * L, L});
+  std::unique_ptr<ExpertDispatcher> replica_dispatcher;
+  double replica_sent = 0, replica_seconds = 0;
+  int replica_copies = 0;  // slots holding a second or later copy of an expert
+  if (R_spare > 0) {
+    const ParameterLayout full_layout(config);
+    std::vector<float> full(size_t(full_layout.total()));
+    initialize_parameters(full.data(), full_layout, config, run.seed);
+    const ExpertTable<float> full_experts(full_layout, full.data());
+    const std::vector<int> start = default_slot_experts(E, size, R_spare);
+    std::vector<std::vector<ParameterRange>> slot_ranges;
+    for (int i = 0; i < L; ++i) {
+      const int e = start[size_t(rank * L + i)];
+      float* b = slot_weights.data() + i * bucket;
+      std::copy_n(full_experts.w1(0)[e], F * C, b);
+      std::copy_n(full_experts.w3(0)[e], F * C, b + F * C);
+      std::copy_n(full_experts.w2(0)[e], C * F, b + 2 * F * C);
+      slot_table.set_bucket(0, rank * L + i, b, F, C);
+      slot_ranges.push_back({{i * bucket, bucket}});
+    }
+    const ExpertCluster spare_cluster{1, size, L};
+    const Placement start_placement{spare_cluster, E, start};
+    const Placement replicated = align_to(place_two_level(counts, spare_cluster), start_placement);
+    for (int e = 0; e < E; ++e) replica_copies += std::max(0, replicated.replicas()[size_t(e)] - 1);
+    replica_dispatcher =
+        std::make_unique<ExpertDispatcher>(ep, links, E, DispatchMode::Flat, 0, R_spare);
+    MPI_Barrier(MPI_COMM_WORLD);
+    const auto t0 = std::chrono::steady_clock::now();
+    replica_sent = double(copy_experts_into_slots({start}, {replicated.slot_expert}, E, L,
+                                                  slot_ranges, {slot_weights.data()}, ep.comm));
+    replica_dispatcher->set_slot_experts(replicated.slot_expert);
+    replica_seconds = max_over_world(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    MPI_Allreduce(MPI_IN_PLACE, &replica_sent, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  }
   // Moves the experts from table `from` to table `to`; returns (slowest seconds, bytes sent).
   auto migrate = [&](const std::vector<int>& from, const std::vector<int>& to) {
     MPI_Barrier(MPI_COMM_WORLD);
@@ -178,16 +234,28 @@ int run_bench_migration_command(const std::vector<std::string>& args) {
     std::vector<double> seconds, ffn_cpu;
     double rows_max = 0, rows_mean = 0;
     std::vector<float> out;
-  } before, after;
-  // Warm-ups (untimed) give the rows and outputs; then the phases interleave (before, migrate,
-  // after, migrate back) so a machine whose load drifts hits both alike.
+  } before, after, replicas;
+  // Warm-ups (untimed) give the rows and outputs; then the phases interleave (replicas, before,
+  // migrate, after, migrate back) so a machine whose load drifts hits all alike.
   rows_of(step(), before.rows_max, before.rows_mean);
   before.out = out;
   const auto [migration_seconds, sent] = migrate(identity, slot_of);
   rows_of(step(), after.rows_max, after.rows_mean);
   after.out = out;
   migrate(slot_of, identity);
+  if (replica_dispatcher) {
+    rows_of(step_with(*replica_dispatcher, slot_table), replicas.rows_max, replicas.rows_mean);
+    replicas.out = out;
+  }
   for (int r = 0; r < o.repeats; ++r) {
+    if (replica_dispatcher) {
+      MPI_Barrier(MPI_COMM_WORLD);
+      const auto t0 = std::chrono::steady_clock::now();
+      step_with(*replica_dispatcher, slot_table);
+      replicas.seconds.push_back(max_over_world(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()));
+      replicas.ffn_cpu.push_back(max_over_world(ffn_cpu_seconds));
+    }
     for (Phase* p : {&before, &after}) {
       const auto [wall, cpu] = timed_step();
       p->seconds.push_back(wall);
@@ -201,6 +269,16 @@ int run_bench_migration_command(const std::vector<std::string>& args) {
   }
   int same = before.out == after.out ? 1 : 0;
   MPI_Allreduce(MPI_IN_PLACE, &same, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  // Replicas change which rows an expert's GEMM sees together, so a blocked kernel may round a
+  // row differently: the largest difference relative to the output's largest magnitude.
+  double replica_error = 0, largest = 0;
+  for (size_t i = 0; i < replicas.out.size(); ++i) {
+    replica_error = std::max(replica_error, double(std::fabs(replicas.out[i] - before.out[i])));
+    largest = std::max(largest, double(std::fabs(before.out[i])));
+  }
+  MPI_Allreduce(MPI_IN_PLACE, &largest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  replica_error = max_over_world(replica_error) / std::max(largest, 1e-30);
+  const bool replicas_match = replica_error <= 1e-5;
   free_hierarchical(ep);
 
   const double before_s = median(before.seconds), after_s = median(after.seconds);
@@ -217,8 +295,11 @@ int run_bench_migration_command(const std::vector<std::string>& args) {
     std::printf("# %-8s %10s %12s %12s %12s %9s\n", "phase", "step wall", "expert FFN", "rows max",
                 "rows mean", "max/mean");
     std::printf("# %-8s %10s %12s %12s %12s %9s\n", "", "(ms)", "(CPU ms)", "(rows)", "(rows)", "");
-    for (const auto& [name, p] : {std::pair<const char*, const Phase&>{"before", before},
-                                  std::pair<const char*, const Phase&>{"after", after}}) {
+    std::vector<std::pair<const char*, const Phase*>> phases{{"before", &before},
+                                                             {"after", &after}};
+    if (replica_dispatcher) phases.emplace_back("replicas", &replicas);
+    for (const auto& [name, phase] : phases) {
+      const Phase& p = *phase;
       std::printf("  %-8s %10.2f %12.2f %12.0f %12.1f %9.3f\n", name, median(p.seconds) * 1e3,
                   median(p.ffn_cpu) * 1e3, p.rows_max, p.rows_mean, p.rows_max / p.rows_mean);
     }
@@ -230,18 +311,30 @@ int run_bench_migration_command(const std::vector<std::string>& args) {
         cpu_speedup, cpu_speedup > 1 ? "faster" : "NOT FASTER", before.rows_max / after.rows_max);
     std::printf("# Step wall time before/after           : %.2fx %s\n", speedup,
                 speedup > 1 ? "faster" : "NOT FASTER");
+    if (replica_dispatcher) {
+      std::printf(
+          "# Replicas (%d spare slot(s)/rank)       : %d extra copies, %.0f B sent, %.2f ms; rows "
+          "max after/replicas %.2fx; output within 1e-5 of before: %s (%.2e)\n",
+          R_spare, replica_copies, replica_sent, replica_seconds * 1e3,
+          after.rows_max / replicas.rows_max, replicas_match ? "OK" : "FAIL", replica_error);
+    }
     if (run.json) {
       std::printf(
           "{\"bench\":\"migration\",\"ranks\":%d,\"experts\":%d,\"tokens\":%d,\"top_k\":%d,"
           "\"zipf\":%g,\"before_seconds\":%.6e,\"after_seconds\":%.6e,\"before_rows_max\":%.0f,"
           "\"after_rows_max\":%.0f,\"rows_mean\":%.1f,\"moved_experts\":%d,\"sent_bytes\":%.0f,"
           "\"migration_seconds\":%.6e,\"bit_identical\":%d,\"speedup\":%.4f,"
-          "\"ffn_cpu_speedup\":%.4f}\n",
+          "\"ffn_cpu_speedup\":%.4f,\"redundant_slots\":%d,\"replica_copies\":%d,"
+          "\"replica_rows_max\":%.0f,\"replica_seconds\":%.6e,\"replica_sent_bytes\":%.0f,"
+          "\"replica_error\":%.3e,\"replica_match\":%d}\n",
           size, E, N, K, o.zipf, before_s, after_s, before.rows_max, after.rows_max,
-          before.rows_mean, moved, sent, migration_seconds, same, speedup, cpu_speedup);
+          before.rows_mean, moved, sent, migration_seconds, same, speedup, cpu_speedup, R_spare,
+          replica_copies, replicas.rows_max,
+          replicas.seconds.empty() ? 0 : median(replicas.seconds), replica_sent, replica_error,
+          replicas_match ? 1 : 0);
     }
   }
-  return same ? 0 : 1;
+  return same && replicas_match ? 0 : 1;
 }
 
 }  // namespace rlf

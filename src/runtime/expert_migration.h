@@ -13,6 +13,18 @@
 
 namespace rlf {
 
+// Collective over `ep_comm` (EP rank r holds slots [r L, (r + 1) L), L = local_slots).
+// old_slot_expert[l] and new_slot_expert[l]: the expert in every slot of layer l before and after
+// (dispatcher tables, replicas allowed). Every slot whose expert changes receives that expert's
+// slices of every buffer (parameters, AdamW moments, ...) from a slot that held it: one on its
+// own rank when there is one (a copy), else the old holders in turn by slot. slot_ranges[l L +
+// i]: where local slot i of layer l lies in each buffer. Returns the bytes this rank sent.
+uint64_t copy_experts_into_slots(const std::vector<std::vector<int>>& old_slot_expert,
+                                 const std::vector<std::vector<int>>& new_slot_expert, int experts,
+                                 int local_slots,
+                                 const std::vector<std::vector<ParameterRange>>& slot_ranges,
+                                 const std::vector<float*>& buffers, MPI_Comm ep_comm);
+
 // Collective over `ep_comm` (EP rank r stores slots [r L, (r + 1) L) with L = local_experts, as
 // `layout` says). `buffers`: flat buffers laid out by `layout` (parameters, first moment, second
 // moment, ...), the same list on every rank. Both tables are permutations of the experts; they

@@ -15,6 +15,16 @@
 
 namespace rlf::test {
 
+// Deterministic values from integers (a hash), so every rank can build a test's global inputs.
+inline uint64_t hash(uint64_t a, uint64_t b, uint64_t c) {
+  uint64_t h = a * 0x9E3779B97F4A7C15ull ^ (b + 0x632BE59BD9B4E019ull) * 0xC2B2AE3D27D4EB4Full ^
+               (c + 17) * 0x165667B19E3779F9ull;
+  h ^= h >> 29;
+  h *= 0xBF58476D1CE4E5B9ull;
+  h ^= h >> 32;
+  return h;
+}
+
 inline int world_rank() {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);

@@ -15,20 +15,11 @@
 namespace rlf {
 namespace {
 
+using test::hash;
 using test::world_rank;
 using test::world_size;
 
 constexpr int kK = 3, kC = 5;
-
-// Deterministic values from integers (a hash), so every rank can build the global inputs.
-uint64_t hash(uint64_t a, uint64_t b, uint64_t c) {
-  uint64_t h = a * 0x9E3779B97F4A7C15ull ^ (b + 0x632BE59BD9B4E019ull) * 0xC2B2AE3D27D4EB4Full ^
-               (c + 17) * 0x165667B19E3779F9ull;
-  h ^= h >> 29;
-  h *= 0xBF58476D1CE4E5B9ull;
-  h ^= h >> 32;
-  return h;
-}
 
 float value(uint64_t a, uint64_t b, uint64_t c) {
   return float(int64_t(hash(a, b, c) % 20001) - 10000) / 4093.0f;

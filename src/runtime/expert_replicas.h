@@ -1,0 +1,37 @@
+// Replicas of hot experts in EP training (redundant expert slots): an expert held in several
+// slots (on different EP ranks) gets its tokens split among them by the dispatcher, so each
+// replica computes the gradient of its share only. Summing the replicas' gradients (in slot
+// order, the same on every holder) gives every replica the same gradient, hence the same AdamW
+// update, so the replicas stay bit-identical and together train like the single copy.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "src/model/parameter_layout.h"
+
+namespace rlf {
+
+// Per layer, the slots of every expert in ascending order, from the slot tables
+// (slot_expert[layer][slot] -> expert).
+std::vector<std::vector<std::vector<int>>> replica_slots(
+    const std::vector<std::vector<int>>& slot_expert, int experts);
+
+// Collective over `ep_comm` (EP rank r holds slots [r L, (r + 1) L), L = local_slots).
+// slot_ranges[l * L + i]: where local slot i of layer l lies in `grads` (the routed-expert
+// tensors' slices). Every replicated expert's gradient becomes the sum of its replicas'
+// gradients, added in ascending slot order on every holder (so the holders get equal bits);
+// unreplicated experts are untouched. Returns the bytes this rank sent.
+uint64_t sum_replica_gradients(const std::vector<std::vector<int>>& slot_expert, int experts,
+                               int local_slots,
+                               const std::vector<std::vector<ParameterRange>>& slot_ranges,
+                               float* grads, MPI_Comm ep_comm);
+
+// For the global gradient norm: true for the local slots ([l * L + i]) whose expert is counted
+// here, the first replica (lowest slot) of each expert, so every expert counts once.
+std::vector<bool> counts_in_norm(const std::vector<std::vector<int>>& slot_expert, int experts,
+                                 int local_slots, int ep_rank);
+
+}  // namespace rlf
