@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -68,6 +69,42 @@ TEST(PipelineParallelTrain, TrainsLikeTheDataParallelFusedRun) {
     const std::vector<float> pp_model = test::read_tiny_parameters(dir + "/model.h5");
     EXPECT_LT(test::nmse(pp_model.data(), dp_model.data(), dp_model.size()), 1e-6);
   }
+}
+
+// The interleaved schedule (2 chunks per rank) on a 4-layer `tiny`: each rank's 16 samples in
+// micro-batches of 4 make 8 micro-batches per step; the data-parallel run's rewards at every step
+// and its saved model within float rounding.
+TEST(PipelineParallelTrain, InterleavedScheduleTrainsLikeTheDataParallelFusedRun) {
+  const std::string model_dir = temp_dir("model");
+  std::filesystem::create_directories(model_dir);
+  const std::string model = model_dir + "/tiny4.ini";
+  {
+    std::ofstream out(model);
+    out << "[model]\nname = tiny4\nvocab_size = 32\nd_model = 32\nn_layers = 4\nn_heads = 4\n"
+           "n_experts = 4\ntop_k = 2\nd_ff = 32\nshared_expert_d_ff = 16\nmax_seq_len = 128\n";
+  }
+  const std::string run = "train --model " + model +
+                          " --task sort --sft-steps 60 --sft-learning-rate 0.01 --steps 3 "
+                          "--prompts 8 --group-size 4 --eval-prompts 16 --log-every 1 --json "
+                          "--mode fused --micro-batch 4 ";
+  const std::string dp_dir = temp_dir("dp4"), pp_dir = temp_dir("pp4");
+  const Result dp = test::run_rlfusion(run + "--run-dir " + dp_dir, 2);
+  const Result pp =
+      test::run_rlfusion(run + "--pipeline-parallel 2 --virtual-stages 2 --run-dir " + pp_dir, 2);
+  ASSERT_EQ(dp.exit_code, 0) << dp.output;
+  ASSERT_EQ(pp.exit_code, 0) << pp.output;
+  EXPECT_NE(pp.output.find("# pipeline parallelism: PP 2 x 1 pipelines, interleaved 1F1B, 8 "
+                           "micro-batches per step, 2 virtual stage(s)"),
+            std::string::npos)
+      << pp.output;
+  EXPECT_NEAR(test::json_number(pp.output, "pipeline_bubble_formula"), 1.0 / 17.0, 1e-4);
+  const std::vector<std::string> want = test::step_rewards(dp.output);
+  ASSERT_EQ(want.size(), 3u) << dp.output;
+  EXPECT_EQ(test::step_rewards(pp.output), want) << pp.output;
+  const std::vector<float> dp_model = test::read_saved_parameters(dp_dir + "/model.h5");
+  const std::vector<float> pp_model = test::read_saved_parameters(pp_dir + "/model.h5");
+  ASSERT_EQ(pp_model.size(), dp_model.size());
+  EXPECT_LT(test::nmse(pp_model.data(), dp_model.data(), dp_model.size()), 1e-6);
 }
 
 TEST(PipelineParallelTrain, ShapesThatDoNotFitStopEveryRankBeforeOutput) {
