@@ -19,9 +19,7 @@ void validate_pipeline_parallel_train(const DisaggregatedOptions& options, bool 
   if (degree < 1) throw ConfigError(option + ": must be a positive integer");
   if (options.virtual_stages < 1) throw ConfigError("--virtual-stages must be >= 1");
   if (options.micro_batches < 0) {
-    throw ConfigError(
-        "--micro-batches must be >= 0 (0: each rank's samples in --micro-batch "
-        "pieces)");
+    throw ConfigError("--micro-batches must be >= 0 (0: pieces of --micro-batch)");
   }
   if (degree == 1) {
     if (options.virtual_stages != 1 || options.micro_batches != 0) {
