@@ -32,6 +32,12 @@ struct DisaggregatedOptions {
   // of the model (src/model/tensor_parallel.h); --tensor-parallel-attention-only.
   int tensor_parallel = 1;
   bool tensor_parallel_attention_only = false;
+  // --pipeline-parallel (fused): pipelines of this many consecutive ranks train one replica of
+  // the model, stage by stage (src/app/pipeline_parallel_train.h); --virtual-stages per rank;
+  // --micro-batches per pipeline and step (0: every rank's samples in --micro-batch pieces).
+  int pipeline_parallel = 1;
+  int virtual_stages = 1;
+  int micro_batches = 0;
   RebalanceOptions rebalance;  // --rebalance-* and --router-skew (EDPB)
 };
 

@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <optional>
+#include <string>
 
 #include "kernels/error.h"
 #include "src/app/build_info.h"
@@ -11,6 +13,7 @@
 #include "src/app/learned_reward.h"
 #include "src/app/learner_hooks.h"
 #include "src/app/learner_setup.h"
+#include "src/app/pipeline_parallel_train.h"
 #include "src/app/random_delay.h"
 #include "src/app/rl_progress.h"
 #include "src/app/tensor_parallel_train.h"
@@ -25,6 +28,7 @@
 #include "src/rl/rollout_pool.h"
 #include "src/runtime/expert_weight_sync.h"
 #include "src/runtime/layout_switch.h"
+#include "src/runtime/pipeline_layout_switch.h"
 #include "src/runtime/training_offload.h"
 
 namespace rlf {
@@ -60,6 +64,10 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
                       (tp ? " tensor-parallel groups" : " ranks") +
                       " (each generates and trains on its own block of prompts)");
   }
+  // Pipeline parallelism: pipelines of consecutive ranks train one replica stage by stage; every
+  // rank still generates its own block of prompts (generation is data-parallel over all ranks).
+  const std::unique_ptr<PipelineGroups> pp = make_train_pipeline(
+      options, model_config, rl.prompts / replicas * rl.group_size, rl.micro_batch, topology);
   const int experts = model_config.n_experts;
   validate_role_expert_parallel("--expert-parallel", options.expert_parallel,
                                 topology.ranks_of(Role::Learner), experts, options.ep_dispatch,
@@ -77,8 +85,9 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
                                       : ExpertShard{};
   // With offload the gradients are allocated later, next to AdamW's moments at the top of the
   // device arena, so that one rewind frees all three.
-  Policy policy =
-      make_policy(run, policy_options, /*with_gradients=*/!options.offload, own_experts, tp.get());
+  Policy policy = make_policy(
+      run, policy_options, /*with_gradients=*/!options.offload, own_experts, tp.get(),
+      pp ? stage_layer_shard(pp->chunks(pp->stage()), model_config.n_layers) : LayerShard{});
   FusedMemoryPlan memory_plan;
   {
     // Bad input stops every rank here, before any output: the analytic peaks must fit the arena.
@@ -100,6 +109,10 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         policy.config, policy.model->layout(), ParameterLayout(policy.config, generation_experts),
         switch_layouts, rl.kl_coef > 0, reward_model ? &*reward_model : nullptr, options.offload,
         batch, /*experts_migrate=*/options.rebalance.every > 0);
+    // A pipeline stage generates from a whole model of its own, the borrowed layers included.
+    if (pp) {
+      memory_plan.generation += size_t(ParameterLayout(policy.config).total()) * sizeof(float);
+    }
     check_fused_memory_fit(memory_plan, policy.device->memory().capacity(), options.offload, mode);
   }
   // Before the learner state: with offload, the gradients and AdamW's moments must stay the top
@@ -145,6 +158,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   std::unique_ptr<RoleExpertParallel> ep = attach_expert_parallel(
       model, all, links, options.expert_parallel, options.ep_dispatch, options.ep_overlap_chunks);
   start_learner_state(learner, policy, rl, ep.get());
+  if (pp) learner.optimizer->set_shard(pp->optimizer_shard(model.layout()));
   const TrainingState state{&model, learner.optimizer.get(), learner.reference.get()};
   // Router statistics per step into the trace and, with --rebalance-every, experts moved
   // between the training EP ranks (with their AdamW moments and the reference's weights).
@@ -172,8 +186,9 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   size_t generation_peak = 0, training_peak = 0;
   // With tensor parallelism the replicas' data-parallel groups sum the gradients and the step's
   // statistics (the ranks of a TP group hold the same samples).
-  const DataParallelHooks parallel =
-      learner_hooks(tp ? tp->data_parallel() : all, links, model, ep.get(), trace);
+  // With pipeline parallelism, the ranks holding the same stage (one per pipeline).
+  const DataParallelHooks parallel = learner_hooks(
+      pp ? pp->data_parallel() : (tp ? tp->data_parallel() : all), links, model, ep.get(), trace);
   const RlStepSettings settings = step_settings(rl);
   const GenerationSettings sampling = sampling_settings(rl, task, run.seed);
   const AdvantageEstimator estimator = parse_advantage_estimator(rl.advantage);
@@ -216,6 +231,33 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         "parameters\n",
         tp->degree(), tp->replicas(),
         tp->attention_only() ? "attention heads" : "attention heads and the shared expert",
+        (long long)model.parameter_count(), (long long)ParameterLayout(policy.config).total());
+  }
+  // A pipeline's samples reach its stages through DistQueue (one leader per pipeline asks).
+  std::unique_ptr<DistQueue> pipeline_queue;
+  std::unique_ptr<PipelineTrainer> pipeline_trainer;
+  MinibatchGradient pipeline_gradient;
+  if (pp) {
+    pipeline_queue = std::make_unique<DistQueue>(MPI_COMM_WORLD, topology,
+                                                 DistQueueConfig{options.shard_capacity});
+    pipeline_trainer = std::make_unique<PipelineTrainer>(
+        *pp, model, settings, my_prompts * rl.group_size, options.micro_batches > 0,
+        2 + task.max_prompt_chars() + task.max_response_chars());
+    pipeline_gradient = [&](const std::vector<const Rollout*>& minibatch, double normalizer,
+                            double all_samples) {
+      return pipeline_trainer->minibatch_gradient(minibatch, normalizer, all_samples);
+    };
+    const PipelineShape& shape = pp->shape();
+    dir.log(
+        "# pipeline parallelism: PP %d x %d pipelines, %s, %d micro-batches per step, %d virtual "
+        "stage(s) per rank (bubble formula %.1f%%); generation data-parallel on all %d ranks, each "
+        "borrowing the other stages' layers (%s) per phase; this rank stores %lld of %lld "
+        "parameters\n",
+        shape.stages, pp->replicas(), schedule_name(shape).c_str(), shape.micro_batches,
+        shape.virtual_stages, 100.0 * bubble_formula(shape), ranks,
+        format_bytes(size_t(ParameterLayout(policy.config).total() - model.parameter_count()) *
+                     sizeof(float))
+            .c_str(),
         (long long)model.parameter_count(), (long long)ParameterLayout(policy.config).total());
   }
   if (ep) {
@@ -310,7 +352,20 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
     device.start_phase_peak();
     const auto generation_start = std::chrono::steady_clock::now();
     try {
-      if (!layout_switch) {
+      if (pp) {
+        // The borrowed layers live in the device arena only for this phase (the scope is declared
+        // first, so the whole model is gone before the arena rewinds); the stage is only read.
+        ArenaScope generation_memory(device);
+        Transformer<float> whole(policy.config, policy.device->ops(), device,
+                                 /*with_gradients=*/false);
+        {
+          TraceScope traced(trace, Phase::Reshard);
+          traced.set_version(version);
+          traced.set_bytes(int64_t(
+              gather_pipeline_model(model.parameters(), *pp, whole.parameters(), whole.layout())));
+        }
+        generate(whole);
+      } else if (!layout_switch) {
         generate(model);
       } else {
         // The received experts' slots live in the device arena only for this phase (the scope
@@ -367,11 +422,16 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
     }
     if (train) {
       random_delay();
+      if (pp) {
+        TraceScope traced(trace, Phase::QueueGet);
+        traced.set_version(version);
+        rollouts = pipeline_rollouts(*pipeline_queue, *pp, rollouts, rl.group_size);
+      }
       device.start_phase_peak();
       const auto training_start = std::chrono::steady_clock::now();
-      const StepStats stats =
-          train_on_rollouts_traced(model, *learner.optimizer, learner.reference.get(), rollouts,
-                                   settings, parallel, version, replicas, trace);
+      const StepStats stats = train_on_rollouts_traced(
+          model, *learner.optimizer, learner.reference.get(), rollouts, settings, parallel, version,
+          pp ? pp->replicas() : replicas, trace, pipeline_gradient);
       training_peak = std::max(training_peak, device.phase_peak());
       routed_seconds += seconds_since(training_start);
       position.rl_tokens += int64_t(stats.tokens);
@@ -383,6 +443,30 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
                                 ep.get(), MPI_COMM_WORLD, dir);
   }
   if (stopped) return kExitCheckpointedOnSignal;
+  std::string pipeline_json;
+  if (pp) {
+    // Requests the shards served: every pipeline's leader asked once per shard and step.
+    DistQueueCounters served = pipeline_queue->counters();
+    pipeline_queue->close();
+    unsigned long long totals[2] = {served.get_requests, served.reply_bytes};
+    MPI_Allreduce(MPI_IN_PLACE, totals, 2, MPI_UNSIGNED_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
+    const double bubble = pipeline_trainer->measured_bubble();
+    const double formula = bubble_formula(pp->shape());
+    dir.log(
+        "# pipeline training steps of rank 0: %.3f s wall, %.3f s compute, %.3f s waiting: "
+        "measured bubble %.1f%% (formula (p-1)/(mv+p-1) %.1f%%); DistQueue served %llu get "
+        "requests, %llu reply bytes (one leader per pipeline)\n",
+        pipeline_trainer->wall_seconds(), pipeline_trainer->compute_seconds(),
+        pipeline_trainer->wait_seconds(), 100.0 * bubble, 100.0 * formula, totals[0], totals[1]);
+    char fields[256];
+    std::snprintf(fields, sizeof fields,
+                  "\"pipeline_parallel\":%d,\"virtual_stages\":%d,\"micro_batches\":%d,"
+                  "\"pipeline_bubble\":%.4f,\"pipeline_bubble_formula\":%.4f,"
+                  "\"queue_get_requests\":%llu,",
+                  pp->shape().stages, pp->shape().virtual_stages, pp->shape().micro_batches, bubble,
+                  formula, totals[0]);
+    pipeline_json = fields;
+  }
   if (pool) {
     // Rank 0's pool (each rank has its own; the counters of the others are alike).
     const PoolCounters& c = pool->counters();
@@ -406,11 +490,12 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   end.root = root;
   end.ep = ep.get();
   end.tensor_parallel = tp.get();
+  end.pipeline = pp.get();
   end.before_rl = position.before_rl;
   end.rl_seconds = position.rl_seconds + progress.seconds_since_start();
   end.rl_tokens = position.rl_tokens;
   end.run_start = run_start;
-  end.memory_json = device_memory_json(generation_peak, training_peak, memory_plan);
+  end.memory_json = device_memory_json(generation_peak, training_peak, memory_plan) + pipeline_json;
   end.migrations = rebalancer ? rebalancer->migrations() : 0;
   return finish_multi_rank_train(end, run, policy_options, sft, rl, options, policy, topology, dir,
                                  trace, result);

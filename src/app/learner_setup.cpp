@@ -21,7 +21,7 @@ WarmStart warm_start_learner(Policy& policy, const RunOptions& run,
     }
   };
   Transformer<float>& model = *policy.model;
-  if (!model.layout().expert_sharded() && !model.layout().tensor_slice().active()) {
+  if (!stores_part_of_model(model.layout())) {
     warm_start(model);
   } else {
     // Each rank warms up the whole model (the same on every rank) and keeps its part.

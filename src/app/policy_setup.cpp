@@ -6,6 +6,7 @@
 #include "src/model/expert_parallel.h"
 #include "src/model/tensor_parallel.h"
 #include "src/rl/tokenizer.h"
+#include "src/runtime/pipeline_layout_switch.h"
 
 namespace rlf {
 
@@ -24,10 +25,19 @@ po::options_description policy_options_description(PolicyOptions& o) {
   return d;
 }
 
+bool stores_part_of_model(const ParameterLayout& layout) {
+  // (a pipeline stage of two or more lacks the embedding or the head)
+  return layout.expert_sharded() || layout.tensor_slice().active() || !layout.stores_embedding() ||
+         !layout.stores_head();
+}
+
 void keep_own_part(const float* whole, const ParameterLayout& whole_layout,
                    Transformer<float>& model) {
-  if (model.layout().tensor_slice().active()) {
-    slice_parameters(whole, whole_layout, model.parameters(), model.layout());
+  const ParameterLayout& layout = model.layout();
+  if (layout.tensor_slice().active()) {
+    slice_parameters(whole, whole_layout, model.parameters(), layout);
+  } else if (!layout.stores_embedding() || !layout.stores_head()) {
+    copy_shared_tensors(whole, whole_layout, model.parameters(), layout);  // a pipeline stage
   } else {
     copy_common_parameters(whole, whole_layout, model.parameters(), model.layout());
   }
@@ -37,7 +47,7 @@ void load_starting_weights(Transformer<float>& model, const RunOptions& run,
                            const PolicyOptions& options) {
   if (options.init.empty()) {
     model.initialize(run.seed);
-  } else if (!model.layout().expert_sharded() && !model.layout().tensor_slice().active()) {
+  } else if (!stores_part_of_model(model.layout())) {
     load_parameters(options.init, model.layout(), model.parameters());
   } else {
     // Files hold the whole model: read it into host memory and keep this rank's part.
@@ -77,11 +87,11 @@ Policy make_policy_context(const RunOptions& run, const PolicyOptions& options) 
 }
 
 Policy make_policy(const RunOptions& run, const PolicyOptions& options, bool with_gradients,
-                   ExpertShard experts, const TensorParallel* tp) {
+                   ExpertShard experts, const TensorParallel* tp, const LayerShard& layers) {
   Policy policy = make_policy_context(run, options);
   const ModelConfig& c = policy.config;
   policy.model = std::make_unique<Transformer<float>>(
-      c, policy.device->ops(), policy.device->memory(), with_gradients, experts, LayerShard{}, tp);
+      c, policy.device->ops(), policy.device->memory(), with_gradients, experts, layers, tp);
   load_starting_weights(*policy.model, run, options);
   return policy;
 }

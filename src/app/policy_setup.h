@@ -45,10 +45,15 @@ std::map<std::string, std::string> run_metadata(const std::string& command, cons
 
 // Loads the task and model configs, checks they fit together (vocabulary, sequence length),
 // builds the device and the model (seeded, or loaded from options.init; with `experts`, only
-// those routed experts; with `tp`, its TP rank's slice), and checks that the run directory may
-// be written. Throws ConfigError on any bad input.
+// those routed experts; with `tp`, its TP rank's slice; with `layers`, a pipeline stage's layers),
+// and checks that the run directory may be written. Throws ConfigError on any bad input.
 Policy make_policy(const RunOptions& run, const PolicyOptions& options, bool with_gradients,
-                   ExpertShard experts = {}, const TensorParallel* tp = nullptr);
+                   ExpertShard experts = {}, const TensorParallel* tp = nullptr,
+                   const LayerShard& layers = {});
+
+// Whether `layout` stores only part of its model: some experts, a tensor slice or a pipeline
+// stage's layers.
+bool stores_part_of_model(const ParameterLayout& layout);
 
 // ConfigError unless the model's vocabulary holds the tokenizer's and its max_seq_len the task's
 // longest sequence; `model` names it in the message ("model 'tiny'").
@@ -63,7 +68,7 @@ void load_starting_weights(Transformer<float>& model, const RunOptions& run,
                            const PolicyOptions& options);
 
 // Copies into `model` its part of the whole-model buffer `whole` (laid out by `whole_layout`):
-// its experts, or its tensor-parallel slice.
+// its experts, its tensor-parallel slice or its pipeline stage's layers.
 void keep_own_part(const float* whole, const ParameterLayout& whole_layout,
                    Transformer<float>& model);
 

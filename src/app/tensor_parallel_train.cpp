@@ -17,10 +17,17 @@ void validate_tensor_parallel_train(const DisaggregatedOptions& options, bool fu
     }
     return;
   }
+  refuse_unsupported_with_model_parallelism(option, options, fused, world_size, rl, checkpoints);
+}
+
+void refuse_unsupported_with_model_parallelism(const std::string& option,
+                                               const DisaggregatedOptions& options, bool fused,
+                                               int world_size, const RlOptions& rl,
+                                               const CheckpointOptions& checkpoints) {
   auto refuse = [&](const std::string& what) {
     throw ConfigError(option + " is not supported " + what);
   };
-  if (world_size == 1) refuse("on one rank (mpiexec -n " + std::to_string(degree) + " or more)");
+  if (world_size == 1) refuse("on one rank (mpiexec -n 2 or more)");
   if (!fused) refuse("outside --mode fused");
   if (options.expert_parallel != 1 || options.actor_expert_parallel != 1) {
     refuse("with --expert-parallel / --actor-expert-parallel");

@@ -6,7 +6,7 @@ StepStats train_on_rollouts_traced(Transformer<float>& model, AdamW<float>& opti
                                    Transformer<float>* reference, std::vector<Rollout>& rollouts,
                                    const RlStepSettings& settings,
                                    const DataParallelHooks& parallel, int version, int learners,
-                                   TraceRecorder& trace) {
+                                   TraceRecorder& trace, const MinibatchGradient& gradient) {
   if (reference) {
     TraceScope traced(trace, Phase::Reference);
     traced.set_version(version);
@@ -22,7 +22,8 @@ StepStats train_on_rollouts_traced(Transformer<float>& model, AdamW<float>& opti
     trace.record_trained(r.sample_id, r.version_min, r.version_max, version);
   TraceScope traced(trace, Phase::Train);
   traced.set_version(version);
-  const StepStats stats = optimize_on_rollouts(model, optimizer, rollouts, settings, parallel);
+  const StepStats stats =
+      optimize_on_rollouts(model, optimizer, rollouts, settings, parallel, gradient);
   traced.set_tokens(int64_t(stats.tokens / double(learners)));
   return stats;
 }

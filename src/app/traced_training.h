@@ -11,11 +11,12 @@
 namespace rlf {
 
 // `reference` may be null. `learners` ranks share the step: the Train event counts this rank's
-// share of the tokens. Returns the step's statistics (summed over learners by `parallel`).
+// share of the tokens; `gradient` as optimize_on_rollouts takes it. Returns the step's statistics
+// (summed over learners by `parallel`).
 StepStats train_on_rollouts_traced(Transformer<float>& model, AdamW<float>& optimizer,
                                    Transformer<float>* reference, std::vector<Rollout>& rollouts,
                                    const RlStepSettings& settings,
                                    const DataParallelHooks& parallel, int version, int learners,
-                                   TraceRecorder& trace);
+                                   TraceRecorder& trace, const MinibatchGradient& gradient = {});
 
 }  // namespace rlf

@@ -16,6 +16,7 @@
 #include "src/app/fused_train.h"
 #include "src/app/layout_options.h"
 #include "src/app/learned_reward.h"
+#include "src/app/pipeline_parallel_train.h"
 #include "src/app/policy_setup.h"
 #include "src/app/rl_options.h"
 #include "src/app/rl_progress.h"
@@ -96,6 +97,18 @@ int run_train_command(const std::vector<std::string>& args) {
     add("tensor-parallel-attention-only",
         po::bool_switch(&multi_rank.tensor_parallel_attention_only),
         "with --tensor-parallel: cut only attention; the shared expert stays whole on every rank");
+    add("pipeline-parallel",
+        po::value(&multi_rank.pipeline_parallel)->default_value(multi_rank.pipeline_parallel),
+        "--mode fused: pipeline-parallel degree: pipelines of this many consecutive ranks train "
+        "one replica of the policy, each rank its stage's layers (1F1B, interleaved with "
+        "--virtual-stages); generation borrows the other stages' layers and runs data-parallel");
+    add("virtual-stages",
+        po::value(&multi_rank.virtual_stages)->default_value(multi_rank.virtual_stages),
+        "with --pipeline-parallel: model chunks per rank (> 1: interleaved 1F1B)");
+    add("micro-batches",
+        po::value(&multi_rank.micro_batches)->default_value(multi_rank.micro_batches),
+        "with --pipeline-parallel: micro-batches per pipeline and step (0: each rank's samples in "
+        "pieces of --micro-batch, as the data-parallel run trains them)");
     add("offload", po::bool_switch(&multi_rank.offload),
         "--mode fused: during generation, gradients and optimizer state leave device memory for "
         "host memory, and the generation phase gets their device memory");
@@ -146,6 +159,7 @@ int run_train_command(const std::vector<std::string>& args) {
         std::to_string(multi_rank.actor_expert_parallel) + " on 1 rank");
   }
   validate_tensor_parallel_train(multi_rank, mode == "fused", world_size, o, checkpoints);
+  validate_pipeline_parallel_train(multi_rank, mode == "fused", world_size, o, checkpoints);
   if (o.staleness > 0 && world_size == 1) {
     throw ConfigError(
         "--staleness " + std::to_string(o.staleness) +
@@ -160,6 +174,9 @@ int run_train_command(const std::vector<std::string>& args) {
   }
   if (baseline != "none" && multi_rank.tensor_parallel > 1) {
     throw ConfigError("--baseline is not supported with --tensor-parallel");
+  }
+  if (baseline != "none" && multi_rank.pipeline_parallel > 1) {
+    throw ConfigError("--baseline is not supported with --pipeline-parallel");
   }
   if (baseline != "none" && world_size == 1) {
     throw ConfigError("--baseline disaggregated needs a multi-rank run (an actor and a learner)");

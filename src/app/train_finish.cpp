@@ -10,6 +10,7 @@
 #include "src/app/learned_reward.h"
 #include "src/io/parameter_file.h"
 #include "src/io/trace_writer.h"
+#include "src/runtime/pipeline_layout_switch.h"
 
 namespace rlf {
 
@@ -45,7 +46,7 @@ int finish_multi_rank_train(const MultiRankTrainEnd& end, const RunOptions& run,
   // expert from its owner into a whole model in a temporary arena.
   std::unique_ptr<Arena> whole_memory;
   std::unique_ptr<Transformer<float>> whole;
-  if (end.root && (model.layout().expert_sharded() || end.tensor_parallel)) {
+  if (end.root && (model.layout().expert_sharded() || end.tensor_parallel || end.pipeline)) {
     whole_memory = std::make_unique<Arena>("whole model (evaluation)", run.device_memory_bytes(),
                                            policy.device->memory_kind());
     whole = std::make_unique<Transformer<float>>(policy.config, policy.device->ops(), *whole_memory,
@@ -63,6 +64,13 @@ int finish_multi_rank_train(const MultiRankTrainEnd& end, const RunOptions& run,
     gather_tensor_parallel(model.parameters(), model.layout(),
                            whole ? whole->parameters() : gathered.data(), whole_layout,
                            policy.config, *end.tensor_parallel);
+  }
+  if (end.pipeline) {
+    // Collective over the pipeline: every stage receives the others' layers (the layout switch).
+    const ParameterLayout whole_layout(policy.config);
+    std::vector<float> gathered(whole ? 0 : size_t(whole_layout.total()));
+    gather_pipeline_model(model.parameters(), *end.pipeline,
+                          whole ? whole->parameters() : gathered.data(), whole_layout);
   }
   if (end.root) {
     Transformer<float>& final_model = whole ? *whole : model;
@@ -90,6 +98,7 @@ int finish_multi_rank_train(const MultiRankTrainEnd& end, const RunOptions& run,
   metadata["staleness"] = std::to_string(rl.staleness);
   metadata["expert_parallel"] = std::to_string(options.expert_parallel);
   metadata["tensor_parallel"] = std::to_string(options.tensor_parallel);
+  metadata["pipeline_parallel"] = std::to_string(options.pipeline_parallel);
   write_trace(dir.file("trace.h5"), trace, MPI_COMM_WORLD, metadata);
   const double tokens_per_s = end.rl_seconds > 0 ? double(end.rl_tokens) / end.rl_seconds : 0.0;
   // Every figure as learner 0 (world rank 0 in every layout) has it.

@@ -13,6 +13,7 @@
 #include "src/io/run_directory.h"
 #include "src/io/trace.h"
 #include "src/model/tensor_parallel.h"
+#include "src/runtime/pipeline_groups.h"
 #include "src/runtime/role_expert_parallel.h"
 
 namespace rlf {
@@ -23,6 +24,7 @@ struct MultiRankTrainEnd {
   bool root = false;                 // learner 0: evaluates, saves, writes the run directory
   RoleExpertParallel* ep = nullptr;  // this rank's EP groups, or null
   const TensorParallel* tensor_parallel = nullptr;  // this rank's TP groups (fused), or null
+  const PipelineGroups* pipeline = nullptr;         // this rank's pipelines (fused), or null
   Evaluation before_rl;                             // meaningful on the root
   double rl_seconds = 0;
   int64_t rl_tokens = 0;  // trained tokens summed over learners

@@ -7,6 +7,18 @@
 
 namespace rlf {
 
+std::function<double(const std::vector<double>&)> sum_in_rank_order(MPI_Comm comm) {
+  return [comm](const std::vector<double>& per_slot) {
+    int ranks = 1;
+    MPI_Comm_size(comm, &ranks);
+    std::vector<double> all(size_t(ranks), 0.0);
+    MPI_Allgather(per_slot.data(), 1, MPI_DOUBLE, all.data(), 1, MPI_DOUBLE, comm);
+    double sum = 0;
+    for (double part : all) sum += part;
+    return sum;
+  };
+}
+
 template <typename T>
 AdamW<T>::AdamW(Transformer<T>& model, const AdamWHyper& hyper, float max_grad_norm)
     : model_(model), hyper_(hyper), max_grad_norm_(max_grad_norm) {

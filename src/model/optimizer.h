@@ -2,6 +2,8 @@
 // same device arena as the parameters (RL Fusion later offloads them to host memory).
 #pragma once
 
+#include <mpi.h>
+
 #include <functional>
 #include <optional>
 #include <vector>
@@ -24,6 +26,10 @@ struct OptimizerShard {
   // the sum over every expert of the group, added in expert-id order.
   std::function<double(const std::vector<double>&)> sum_over_group;
 };
+
+// A sum_over_group for shards whose group holds one slot per rank: gathers every rank's value
+// over `comm` and adds them in rank order, so every rank gets the same bits.
+std::function<double(const std::vector<double>&)> sum_in_rank_order(MPI_Comm comm);
 
 template <typename T>
 class AdamW {

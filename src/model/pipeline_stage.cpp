@@ -50,8 +50,26 @@ PipelineStage<T>::PipelineStage(const ModelConfig& config, const Ops<T>& ops, Ar
     : config_(config),
       chunks_(std::move(chunks)),
       activation_bytes_(activation_bytes),
-      model_(config, ops, device, /*with_gradients=*/true, ExpertShard{},
-             stage_layer_shard(chunks_, config.n_layers)) {}
+      owned_model_(std::make_unique<Transformer<T>>(config, ops, device, /*with_gradients=*/true,
+                                                    ExpertShard{},
+                                                    stage_layer_shard(chunks_, config.n_layers))),
+      model_(*owned_model_) {}
+
+template <typename T>
+PipelineStage<T>::PipelineStage(Transformer<T>& model, std::vector<LayerRange> chunks,
+                                size_t activation_bytes)
+    : config_(model.config()),
+      chunks_(std::move(chunks)),
+      activation_bytes_(activation_bytes),
+      model_(model) {
+  const ParameterLayout want(config_, ExpertShard{}, stage_layer_shard(chunks_, config_.n_layers));
+  const ParameterLayout& have = model.layout();
+  if (have.total() != want.total() || have.tensors().size() != want.tensors().size() ||
+      have.expert_sharded() || have.tensor_slice().active() || !model.gradients()) {
+    throw std::invalid_argument(
+        "PipelineStage: the model must hold exactly the chunks' layers, with gradients");
+  }
+}
 
 template <typename T>
 int PipelineStage<T>::take_slot() {
@@ -81,14 +99,15 @@ const T* PipelineStage<T>::forward(int index, int k, const PipelineMicroBatch<T>
   const T* out =
       view.forward_range(batch.tokens.data(), batch.seq_offsets.data(), batch.sequences(),
                          embeds(k) ? nullptr : x_in, range.first, range.last);
-  aux_loss_ += view.aux_loss();
+  aux_loss_ += view.aux_loss() * batch.aux_scale;
   InFlight entry{slot, nullptr};
   if (ends_model(k)) {
     const int N = batch.token_count(), V = config_.vocab_size;
     Arena& arena = *arenas_[size_t(slot)];
     entry.dlogits = arena.allocate_zeroed<T>(size_t(N) * V, "pipeline loss gradient");
-    loss_ += weighted_nll(model_.ops(), arena, out, batch.targets.data(), batch.weights.data(), N,
-                          V, entry.dlogits);
+    loss_ += loss_function_ ? loss_function_(index, out, N, V, arena, entry.dlogits)
+                            : weighted_nll(model_.ops(), arena, out, batch.targets.data(),
+                                           batch.weights.data(), N, V, entry.dlogits);
     out = nullptr;
   }
   in_flight_[key] = entry;

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <map>
 #include <memory>
 #include <utility>
@@ -21,11 +22,14 @@
 
 namespace rlf {
 
-// A micro-batch of packed sequences and its loss: sum_n weights[n] * -log p(targets[n]).
+// A micro-batch of packed sequences and its loss: sum_n weights[n] * -log p(targets[n]) (or the
+// stage's own loss function). aux_scale scales the step's router loss weight for this micro-batch
+// (RL weighs each micro-batch's load-balancing loss by its share of the step's samples).
 template <typename T>
 struct PipelineMicroBatch {
   std::vector<int> tokens, seq_offsets{0}, targets;
   std::vector<T> weights;
+  T aux_scale = T(1);
   int sequences() const { return int(seq_offsets.size()) - 1; }
   int token_count() const { return seq_offsets.back(); }
 };
@@ -39,6 +43,13 @@ struct LayerRange {
 // the final norm and head if one ends at layer n_layers.
 LayerShard stage_layer_shard(const std::vector<LayerRange>& chunks, int n_layers);
 
+// The loss of the chunk that ends the model on micro-batch `index`: from its `logits` [N, V] (in
+// `arena`, which the function may allocate from until the chunk's backward), writes d(loss) /
+// d(logits) into `dlogits` (zeroed) and returns the loss.
+template <typename T>
+using PipelineLoss =
+    std::function<T(int index, const T* logits, int N, int V, Arena& arena, T* dlogits)>;
+
 template <typename T>
 class PipelineStage {
  public:
@@ -47,8 +58,13 @@ class PipelineStage {
   // (reserved, not touched, until used). Throws std::invalid_argument on bad ranges.
   PipelineStage(const ModelConfig& config, const Ops<T>& ops, Arena& device,
                 std::vector<LayerRange> chunks, size_t activation_bytes);
+  // Over a model built elsewhere with gradients and the layout of the chunks
+  // (stage_layer_shard); it must outlive the stage. std::invalid_argument when the layout differs.
+  PipelineStage(Transformer<T>& model, std::vector<LayerRange> chunks, size_t activation_bytes);
 
   Transformer<T>& model() { return model_; }
+  // Replaces the weighted NLL of the micro-batches by `loss` (empty: back to the weighted NLL).
+  void set_loss(PipelineLoss<T> loss) { loss_function_ = std::move(loss); }
   int chunks() const { return int(chunks_.size()); }
   const LayerRange& chunk(int k) const { return chunks_[size_t(k)]; }
   bool embeds(int k) const { return chunk(k).first == 0; }
@@ -65,7 +81,8 @@ class PipelineStage {
   void backward(int index, int chunk, const T* dy, T aux_weight, T* dx_in);
 
   // Summed over the forwards since reset_losses(): the weighted NLL of the chunk that ends the
-  // model, and the router load-balancing loss of every chunk's layers (unscaled).
+  // model, and the router load-balancing loss of every chunk's layers (times each micro-batch's
+  // aux_scale, not the step's weight).
   T loss() const { return loss_; }
   T aux_loss() const { return aux_loss_; }
   void reset_losses() { loss_ = aux_loss_ = T(0); }
@@ -86,7 +103,9 @@ class PipelineStage {
   ModelConfig config_;
   std::vector<LayerRange> chunks_;
   size_t activation_bytes_;
-  Transformer<T> model_;
+  std::unique_ptr<Transformer<T>> owned_model_;  // null when the model was built elsewhere
+  Transformer<T>& model_;
+  PipelineLoss<T> loss_function_;
   std::vector<std::unique_ptr<Arena>> arenas_;
   std::vector<std::unique_ptr<Transformer<T>>> views_;  // one per arena, over model_'s weights
   std::vector<int> free_slots_;

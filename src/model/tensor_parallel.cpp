@@ -75,15 +75,7 @@ OptimizerShard TensorParallel::optimizer_shard(const ParameterLayout& layout) co
   shard.replicated = tensor_replicated_ranges(layout);
   shard.owned = tensor_parallel_ranges(layout);
   shard.owned_slots = {shard.owned};
-  const MPI_Comm comm = group_.comm;
-  const int ranks = slice_.size;
-  shard.sum_over_group = [comm, ranks](const std::vector<double>& per_slot) {
-    std::vector<double> all(size_t(ranks), 0.0);
-    MPI_Allgather(per_slot.data(), 1, MPI_DOUBLE, all.data(), 1, MPI_DOUBLE, comm);
-    double sum = 0;
-    for (double part : all) sum += part;
-    return sum;
-  };
+  shard.sum_over_group = sum_in_rank_order(group_.comm);
   return shard;
 }
 

@@ -8,27 +8,6 @@ namespace rlf {
 
 namespace {
 
-// Packed next-token batch: inputs = sequence[:-1], targets = sequence[1:]; response token t of
-// rollout r is predicted at row response_rows[r] + t.
-struct PackedRollouts {
-  std::vector<int> inputs, targets, offsets{0}, response_rows;
-};
-
-PackedRollouts pack(const std::vector<const Rollout*>& rollouts) {
-  PackedRollouts p;
-  for (const Rollout* r : rollouts) {
-    std::vector<int> sequence = r->prompt;
-    sequence.insert(sequence.end(), r->response.begin(), r->response.end());
-    p.response_rows.push_back(int(p.inputs.size()) + int(r->prompt.size()) - 1);
-    for (size_t t = 0; t + 1 < sequence.size(); ++t) {
-      p.inputs.push_back(sequence[t]);
-      p.targets.push_back(sequence[t + 1]);
-    }
-    p.offsets.push_back(int(p.inputs.size()));
-  }
-  return p;
-}
-
 // Logits divided by the sampling temperature, as the sampler saw them (in place).
 void apply_temperature(float* logits, int64_t count, float temperature) {
   if (temperature == 1.0f || temperature <= 0.0f) return;
@@ -47,10 +26,25 @@ const float* proximal_anchor(const Rollout& rollout, const PpoSettings& settings
 
 }  // namespace
 
+PackedRollouts pack_rollouts(const std::vector<const Rollout*>& rollouts) {
+  PackedRollouts p;
+  for (const Rollout* r : rollouts) {
+    std::vector<int> sequence = r->prompt;
+    sequence.insert(sequence.end(), r->response.begin(), r->response.end());
+    p.response_rows.push_back(int(p.inputs.size()) + int(r->prompt.size()) - 1);
+    for (size_t t = 0; t + 1 < sequence.size(); ++t) {
+      p.inputs.push_back(sequence[t]);
+      p.targets.push_back(sequence[t + 1]);
+    }
+    p.offsets.push_back(int(p.inputs.size()));
+  }
+  return p;
+}
+
 std::vector<std::vector<float>> response_logprobs(Transformer<float>& model,
                                                   const std::vector<const Rollout*>& rollouts,
                                                   float temperature) {
-  const PackedRollouts p = pack(rollouts);
+  const PackedRollouts p = pack_rollouts(rollouts);
   const int N = int(p.inputs.size()), V = model.config().vocab_size;
   Arena& device = model.device();
   const float* logits = model.forward(p.inputs.data(), p.offsets.data(), int(rollouts.size()));
@@ -70,23 +64,19 @@ std::vector<std::vector<float>> response_logprobs(Transformer<float>& model,
   return out;
 }
 
-PpoStats accumulate_policy_gradient(Transformer<float>& policy,
-                                    const std::vector<const Rollout*>& rollouts, double normalizer,
-                                    float temperature, const PpoSettings& settings,
-                                    float aux_weight) {
-  const PackedRollouts p = pack(rollouts);
-  const int N = int(p.inputs.size()), V = policy.config().vocab_size;
-  Arena& device = policy.device();
-  const float* logits = policy.forward(p.inputs.data(), p.offsets.data(), int(rollouts.size()));
-  // Work buffers sit above the activations and are released with them by backward().
-  float* scaled = device.allocate<float>(size_t(N) * V, "policy loss work");
+PpoStats policy_loss_gradient(const Ops<float>& ops, Arena& arena, const float* logits, int V,
+                              const PackedRollouts& p, const std::vector<const Rollout*>& rollouts,
+                              double normalizer, float temperature, const PpoSettings& settings,
+                              float* dlogits) {
+  const int N = int(p.inputs.size());
+  float* scaled = arena.allocate<float>(size_t(N) * V, "policy loss work");
   std::copy_n(logits, int64_t(N) * V, scaled);
   apply_temperature(scaled, int64_t(N) * V, temperature);
-  float* logp = device.allocate<float>(size_t(N), "policy loss work");
-  float* lse = device.allocate<float>(size_t(N), "policy loss work");
-  policy.ops().logprob_forward(logp, lse, scaled, p.targets.data(), N, V, device);
+  float* logp = arena.allocate<float>(size_t(N), "policy loss work");
+  float* lse = arena.allocate<float>(size_t(N), "policy loss work");
+  ops.logprob_forward(logp, lse, scaled, p.targets.data(), N, V, arena);
 
-  float* dlogp = device.allocate_zeroed<float>(size_t(N), "policy loss work");
+  float* dlogp = arena.allocate_zeroed<float>(size_t(N), "policy loss work");
   PpoStats total;
   for (size_t r = 0; r < rollouts.size(); ++r) {
     const Rollout& rollout = *rollouts[r];
@@ -102,10 +92,24 @@ PpoStats accumulate_policy_gradient(Transformer<float>& policy,
     total.kl_sum += s.kl_sum;
     total.ratio_sum += s.ratio_sum;
   }
-  float* dlogits = device.allocate_zeroed<float>(size_t(N) * V, "policy loss work");
-  policy.ops().logprob_backward(dlogits, dlogp, scaled, lse, p.targets.data(), N, V, device);
+  ops.logprob_backward(dlogits, dlogp, scaled, lse, p.targets.data(), N, V, arena);
   // d(logits / T) / d(logits) = 1 / T.
   apply_temperature(dlogits, int64_t(N) * V, temperature);
+  return total;
+}
+
+PpoStats accumulate_policy_gradient(Transformer<float>& policy,
+                                    const std::vector<const Rollout*>& rollouts, double normalizer,
+                                    float temperature, const PpoSettings& settings,
+                                    float aux_weight) {
+  const PackedRollouts p = pack_rollouts(rollouts);
+  const int N = int(p.inputs.size()), V = policy.config().vocab_size;
+  Arena& device = policy.device();
+  const float* logits = policy.forward(p.inputs.data(), p.offsets.data(), int(rollouts.size()));
+  // Work buffers sit above the activations and are released with them by backward().
+  float* dlogits = device.allocate_zeroed<float>(size_t(N) * V, "policy loss work");
+  const PpoStats total = policy_loss_gradient(policy.ops(), device, logits, V, p, rollouts,
+                                              normalizer, temperature, settings, dlogits);
   policy.backward(dlogits, aux_weight);
   return total;
 }

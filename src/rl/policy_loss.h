@@ -11,6 +11,22 @@
 
 namespace rlf {
 
+// Packed next-token batch: inputs = sequence[:-1], targets = sequence[1:]; response token t of
+// rollout r is predicted at row response_rows[r] + t.
+struct PackedRollouts {
+  std::vector<int> inputs, targets, offsets{0}, response_rows;
+};
+PackedRollouts pack_rollouts(const std::vector<const Rollout*>& rollouts);
+
+// The PPO-clip loss of `rollouts` (packed as `packed`) from the policy's `logits` [N, V]: adds
+// d(loss) / d(logits) into `dlogits` (N x V, zeroed by the caller). Work buffers come from `arena`
+// and stay allocated (the caller releases them with the activations). Divided by `normalizer` as
+// below.
+PpoStats policy_loss_gradient(const Ops<float>& ops, Arena& arena, const float* logits, int V,
+                              const PackedRollouts& packed,
+                              const std::vector<const Rollout*>& rollouts, double normalizer,
+                              float temperature, const PpoSettings& settings, float* dlogits);
+
 // Log-probs of every rollout's response tokens under `model` (forward only), per rollout.
 std::vector<std::vector<float>> response_logprobs(Transformer<float>& model,
                                                   const std::vector<const Rollout*>& rollouts,

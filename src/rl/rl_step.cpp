@@ -62,7 +62,8 @@ void attach_proximal_logprobs(Transformer<float>& policy, std::vector<Rollout>& 
 
 StepStats optimize_on_rollouts(Transformer<float>& policy, AdamW<float>& optimizer,
                                const std::vector<Rollout>& rollouts, const RlStepSettings& settings,
-                               const DataParallelHooks& parallel) {
+                               const DataParallelHooks& parallel,
+                               const MinibatchGradient& gradient) {
   StepStats stats;
   for (const Rollout& r : rollouts) {
     stats.samples += 1;
@@ -83,8 +84,15 @@ StepStats optimize_on_rollouts(Transformer<float>& policy, AdamW<float>& optimiz
     const double normalizer = parallel.sum(local_tokens);
     const double all_samples = parallel.sum(double(last - first));
     policy.zero_gradients();
+    if (gradient) {
+      std::vector<const Rollout*> minibatch;
+      for (size_t i = first; i < last; ++i) minibatch.push_back(&rollouts[i]);
+      const PpoStats s = gradient(minibatch, normalizer, all_samples);
+      stats.kl += s.kl_sum;
+      stats.clipped_tokens += s.clipped_tokens;
+    }
     const size_t micros =
-        parallel.micro_batches(ceil_div(last - first, size_t(settings.micro_batch)));
+        gradient ? 0 : parallel.micro_batches(ceil_div(last - first, size_t(settings.micro_batch)));
     for (size_t m = 0; m < micros; ++m) {
       const size_t begin = std::min(last, first + m * size_t(settings.micro_batch));
       const size_t end = std::min(last, begin + size_t(settings.micro_batch));

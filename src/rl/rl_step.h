@@ -62,9 +62,19 @@ void attach_proximal_logprobs(Transformer<float>& policy, std::vector<Rollout>& 
                               const RlStepSettings& settings,
                               const DataParallelHooks& parallel = {});
 
+// Adds the gradient of one minibatch's loss into the policy's gradients: the minibatch's
+// rollouts, the loss normalizer (its response tokens on every learner) and its sample count on
+// every learner (each micro-batch's router loss is weighted by its share of them). Returns the
+// PPO statistics of the minibatch's tokens.
+using MinibatchGradient = std::function<PpoStats(const std::vector<const Rollout*>& minibatch,
+                                                 double normalizer, double all_samples)>;
+
 // Trains on `rollouts` (whole prompt groups, consecutive) and returns the step's statistics.
+// `gradient` computes each minibatch's gradient (empty: forward and backward of `policy` in
+// micro-batches of settings.micro_batch; a pipeline-parallel stage runs its schedule instead).
 StepStats optimize_on_rollouts(Transformer<float>& policy, AdamW<float>& optimizer,
                                const std::vector<Rollout>& rollouts, const RlStepSettings& settings,
-                               const DataParallelHooks& parallel = {});
+                               const DataParallelHooks& parallel = {},
+                               const MinibatchGradient& gradient = {});
 
 }  // namespace rlf

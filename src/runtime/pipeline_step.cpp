@@ -216,7 +216,8 @@ PipelineStepStats run_pipeline_step(PipelineStage<T>& stage, const PipelineShape
       }
     } else {
       std::vector<T> dx(s > 0 ? rows : 0);
-      stage.backward(op.micro_batch, op.chunk, input.data(), aux_weight, dx.data());
+      stage.backward(op.micro_batch, op.chunk, input.data(), aux_weight * batch.aux_scale,
+                     dx.data());
       stats.compute_seconds += steady_seconds() - begin;
       if (s > 0) exchange.send(std::move(dx), PassKind::Backward, op.micro_batch, s - 1);
     }

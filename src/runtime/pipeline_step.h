@@ -24,7 +24,8 @@ std::vector<LayerRange> pipeline_rank_chunks(const PipelineShape& shape, int ran
 
 struct PipelineStepStats {
   // Summed over the pipeline (the same on every rank): the weighted NLL of every micro-batch plus
-  // aux_weight times the router load-balancing loss of every micro-batch and layer.
+  // aux_weight times the router load-balancing loss of every micro-batch (times its aux_scale) and
+  // layer.
   double loss = 0;
   double wall_seconds = 0;     // from a common start to a common end (quiet barriers)
   double compute_seconds = 0;  // inside this rank's forward and backward passes (and the loss)

@@ -20,4 +20,12 @@ inline std::vector<float> read_tiny_parameters(const std::string& path) {
   return params;
 }
 
+// The parameters of whichever model the file was saved with.
+inline std::vector<float> read_saved_parameters(const std::string& path) {
+  const ParameterLayout layout(parameter_file_model(path));
+  std::vector<float> params(size_t(layout.total()));
+  load_parameters(path, layout, params.data());
+  return params;
+}
+
 }  // namespace rlf::test

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/app/fused_train_runs.h"
 #include "tests/app/json_output.h"
 #include "tests/app/read_parameters.h"
 #include "tests/app/run_rlfusion.h"
@@ -20,32 +21,11 @@ namespace {
 using Result = test::CommandResult;
 
 std::string temp_dir(const std::string& name) {
-  const auto dir = std::filesystem::temp_directory_path() / ("rlfusion-tp-" + name);
-  std::filesystem::remove_all(dir);
-  return dir.string();
+  return test::fresh_temp_dir("tp-" + name);
 }
 
-const std::string kRun =
-    "train --model tiny --task sort --sft-steps 100 --sft-learning-rate 0.01 --steps 6 "
-    "--prompts 8 --group-size 4 --eval-prompts 32 --log-every 1 --json ";
-const std::string kFusedRun = kRun + "--mode fused ";
-
-// The per-step table's rows ("  step reward acc resp-len kl ..."): up to the KL column.
-std::vector<std::string> step_rewards(const std::string& output) {
-  std::vector<std::string> rows;
-  const size_t header = output.find("#   step   reward");
-  if (header == std::string::npos) return rows;
-  size_t line_start = output.find('\n', header);
-  while (line_start != std::string::npos) {
-    ++line_start;
-    const size_t line_end = output.find('\n', line_start);
-    const std::string line = output.substr(line_start, line_end - line_start);
-    if (line.empty() || line[0] == '#') break;
-    rows.push_back(line.substr(0, 44));  // step, reward, acc, resp-len, kl
-    line_start = line_end;
-  }
-  return rows;
-}
+const std::string& kFusedRun = test::kModelParallelFusedRun;
+using test::step_rewards;
 
 TEST(TensorParallelTrain, TrainsLikeTheDataParallelFusedRun) {
   const std::string dp_dir = temp_dir("dp");
@@ -113,37 +93,26 @@ TEST(TensorParallelTrain, StartsFromAParameterFileWithAKlReferenceLikeOneRank) {
 }
 
 TEST(TensorParallelTrain, DegreesThatDoNotFitStopEveryRankBeforeOutput) {
-  const std::string dir = temp_dir("bad");
-  struct Bad {
-    int ranks;
-    std::string options, message;
-  };
-  for (const Bad& bad : {
-           Bad{2, "--tensor-parallel 3",
-               "--tensor-parallel 3: does not divide the 2 ranks it is made of"},
-           Bad{4, "--tensor-parallel 8",
-               "--tensor-parallel 8: does not divide the 4 ranks it is made of"},
-           Bad{2, "--tensor-parallel 0", "--tensor-parallel 0: must be a positive integer"},
-           Bad{2, "--mode disaggregated --tensor-parallel 2",  // (kRun's default mode)
-               "--tensor-parallel 2 is not supported outside --mode fused"},
-           Bad{2, "--tensor-parallel 2 --expert-parallel 2",
-               "--tensor-parallel 2 is not supported with --expert-parallel"},
-           Bad{2, "--tensor-parallel 2 --offload",
-               "--tensor-parallel 2 is not supported with --offload"},
-           Bad{2, "--tensor-parallel 2 --checkpoint-every 2",
-               "--tensor-parallel 2 is not supported with --checkpoint-every"},
-           Bad{2, "--tensor-parallel-attention-only",
-               "--tensor-parallel-attention-only needs --tensor-parallel 2 or more"},
-           Bad{1, "--tensor-parallel 2", "--tensor-parallel 2 is not supported on one rank"},
-       }) {
-    SCOPED_TRACE(bad.options);
-    const bool fused = bad.options.find("--mode") == std::string::npos;
-    const Result r = test::run_rlfusion(
-        (fused ? kFusedRun : kRun) + bad.options + " --run-dir " + dir, bad.ranks);
-    EXPECT_EQ(r.exit_code, 2) << r.output;
-    EXPECT_NE(r.output.find(bad.message), std::string::npos) << r.output;
-  }
-  EXPECT_FALSE(std::filesystem::exists(dir));
+  test::expect_stops_before_output(
+      {
+          {2, "--tensor-parallel 3",
+           "--tensor-parallel 3: does not divide the 2 ranks it is made of"},
+          {4, "--tensor-parallel 8",
+           "--tensor-parallel 8: does not divide the 4 ranks it is made of"},
+          {2, "--tensor-parallel 0", "--tensor-parallel 0: must be a positive integer"},
+          {2, "--mode disaggregated --tensor-parallel 2",  // (disaggregated by default)
+           "--tensor-parallel 2 is not supported outside --mode fused"},
+          {2, "--tensor-parallel 2 --expert-parallel 2",
+           "--tensor-parallel 2 is not supported with --expert-parallel"},
+          {2, "--tensor-parallel 2 --offload",
+           "--tensor-parallel 2 is not supported with --offload"},
+          {2, "--tensor-parallel 2 --checkpoint-every 2",
+           "--tensor-parallel 2 is not supported with --checkpoint-every"},
+          {2, "--tensor-parallel-attention-only",
+           "--tensor-parallel-attention-only needs --tensor-parallel 2 or more"},
+          {1, "--tensor-parallel 2", "--tensor-parallel 2 is not supported on one rank"},
+      },
+      temp_dir("bad"));
 }
 
 }  // namespace

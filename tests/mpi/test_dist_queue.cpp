@@ -22,6 +22,7 @@
 #include "src/roles/dist_queue.h"
 #include "src/roles/queue_protocol.h"
 #include "src/roles/sample_packing.h"
+#include "src/runtime/pipeline_groups.h"
 #include "tests/mpi/mpi_test_util.h"
 #include "tests/queue_samples.h"
 
@@ -667,90 +668,123 @@ TEST(DistQueue, HierarchicalGetRangeGivesEachMemberItsRangeForFewerRequests) {
   }
 }
 
-// Tensor parallelism: every rank of a TP group trains the same samples. One leader per group
-// fetches them and fans them out inside the group, so the queue serves each sample once per
-// group: against every TP rank fetching its own copy (put once per rank under its own ids, same
-// contents), exactly 1/TP of the requests, reply bytes and samples served.
-TEST(DistQueue, TensorParallelLeaderGetCutsQueueLoadToOneOverTP) {
-  if (hierarchical_layouts().empty()) GTEST_SKIP() << "needs learner nodes of >= 2 ranks (4, 6)";
-  ModelConfig model;  // only its widths matter: 6 heads and a shared expert of 6 fit TP 2 and 3
+// A model-parallel group (a TP group, a pipeline) whose every rank trains the same samples: one
+// leader per group fetches them and fans them out inside the group, so the queue serves each
+// sample once per group. Against every rank of the group fetching its own copy (put once per rank
+// under its own ids, same contents): exactly 1/g of the requests, reply bytes and samples served.
+// `group` (null on non-learners) is this learner's group of g ranks, `replica` its index.
+void check_leader_get_cuts_queue_load(Topology& topology, int g, const HierarchicalComm* group,
+                                      int replica) {
+  const bool learner = topology.role() == Role::Learner;
+  DistQueue q(MPI_COMM_WORLD, topology, {.shard_capacity = 1024});
+  const auto& actors = topology.ranks_of(Role::Actor);
+  const auto& learners = topology.ranks_of(Role::Learner);
+  const int groups = int(learners.size()) / g;
+  const int64_t per_group = 3 * q.shards();  // every group's range spans every shard
+  const uint64_t seed = kSeed + 9;
+  // The samples of group k's batch: contents of ids [k per_group, (k + 1) per_group).
+  auto content = [&](int64_t id, int64_t as_id) {
+    QueueSample sample = scrambled_sample(seed, id);
+    sample.sample_id = as_id;
+    return sample;
+  };
+
+  // Phase 1, every rank of a group its own copy: rank m of group k gets ids
+  // base + (k g + m) per_group + j with the contents of group k's sample j.
+  // Phase 2, one leader per group: ids base + k per_group + j, the same contents.
+  auto run_phase = [&](int64_t base, bool leader_get) {
+    const int64_t copies = leader_get ? 1 : g;
+    if (topology.role() == Role::Actor) {
+      const int a = index_in(actors, world_rank());
+      std::vector<QueueSample> batch;
+      for (int64_t k = 0; k < groups; ++k)
+        for (int64_t m = 0; m < copies; ++m)
+          for (int64_t j = a; j < per_group; j += int64_t(actors.size()))
+            batch.push_back(content(k * per_group + j, base + (k * copies + m) * per_group + j));
+      q.put(std::move(batch));
+    }
+    q.reset_counters();
+    q.barrier();
+    if (learner) {
+      const int k = replica, m = group->rank();
+      const auto batch = leader_get
+                             ? q.get_range_replicated(base + k * per_group, per_group, *group)
+                             : q.get_range(base + (int64_t(k) * g + m) * per_group, per_group);
+      // Every rank of the group trains group k's samples, in canonical order.
+      const int64_t first = leader_get ? base + k * per_group : base + (k * g + m) * per_group;
+      std::vector<QueueSample> want;
+      for (int64_t j = 0; j < per_group; ++j) want.push_back(content(k * per_group + j, first + j));
+      queue_protocol::canonical_sort(want);
+      EXPECT_EQ(batch, want);
+    }
+    q.barrier();
+    return world_counters(q, topology.links());
+  };
+  const auto own_copies = run_phase(0, false);
+  const auto leader = run_phase(1000000, true);
+  q.close();
+
+  EXPECT_EQ(own_copies.get_requests, uint64_t(learners.size()) * uint64_t(q.shards()));
+  EXPECT_EQ(leader.get_requests * uint64_t(g), own_copies.get_requests);
+  EXPECT_EQ(leader.served * uint64_t(g), own_copies.served);
+  EXPECT_EQ(leader.reply_bytes * uint64_t(g), own_copies.reply_bytes);
+  // Requests are the same size either way: the servers receive exactly 1/g of the bytes.
+  EXPECT_EQ((leader.server_recv_bytes - leader.put_bytes) * uint64_t(g),
+            own_copies.server_recv_bytes - own_copies.put_bytes);
+}
+
+// Only the model's widths (and layers, for pipelines) matter: 6 heads and a shared expert of 6
+// fit TP 2 and 3, 6 layers PP 2 and 3.
+ModelConfig group_test_model() {
+  ModelConfig model;
   model.vocab_size = 8;
   model.d_model = 12;
-  model.n_layers = 1;
+  model.n_layers = 6;
   model.n_heads = 6;
   model.n_experts = 2;
   model.top_k = 1;
   model.d_ff = 4;
   model.shared_expert_d_ff = 6;
   model.max_seq_len = 8;
+  return model;
+}
+
+// Tensor parallelism: every rank of a TP group trains the same samples.
+TEST(DistQueue, TensorParallelLeaderGetCutsQueueLoadToOneOverTP) {
+  if (hierarchical_layouts().empty()) GTEST_SKIP() << "needs learner nodes of >= 2 ranks (4, 6)";
   for (const auto& [name, config] : hierarchical_layouts()) {
     SCOPED_TRACE(name);
     Topology topology(MPI_COMM_WORLD, config);
-    const bool learner = topology.role() == Role::Learner;
     const int g = config.ranks_per_node;  // TP degree: learners fill whole nodes here
     std::unique_ptr<TensorParallel> tp;
-    if (learner) {
-      tp = std::make_unique<TensorParallel>(topology.role_comm().comm, g, false, model,
+    if (topology.role() == Role::Learner) {
+      tp = std::make_unique<TensorParallel>(topology.role_comm().comm, g, false, group_test_model(),
                                             topology.links());
       ASSERT_EQ(tp->group().size(), g);
       ASSERT_EQ(tp->group().node_count(), 1) << "a TP group inside one node";
     }
-    DistQueue q(MPI_COMM_WORLD, topology, {.shard_capacity = 1024});
-    const auto& actors = topology.ranks_of(Role::Actor);
-    const auto& learners = topology.ranks_of(Role::Learner);
-    const int groups = int(learners.size()) / g;
-    const int64_t per_group = 3 * q.shards();  // every group's range spans every shard
-    const uint64_t seed = kSeed + 9;
-    // The samples of group k's batch: contents of ids [k per_group, (k + 1) per_group).
-    auto content = [&](int64_t id, int64_t as_id) {
-      QueueSample sample = scrambled_sample(seed, id);
-      sample.sample_id = as_id;
-      return sample;
-    };
+    check_leader_get_cuts_queue_load(topology, g, tp ? &tp->group() : nullptr,
+                                     tp ? tp->replica() : 0);
+  }
+}
 
-    // Phase 1, every TP rank its own copy: rank m of group k gets ids
-    // base + (k g + m) per_group + j with the contents of group k's sample j.
-    // Phase 2, one leader per group: ids base + k per_group + j, the same contents.
-    auto run_phase = [&](int64_t base, bool leader_get) {
-      const int64_t copies = leader_get ? 1 : g;
-      if (topology.role() == Role::Actor) {
-        const int a = index_in(actors, world_rank());
-        std::vector<QueueSample> batch;
-        for (int64_t k = 0; k < groups; ++k)
-          for (int64_t m = 0; m < copies; ++m)
-            for (int64_t j = a; j < per_group; j += int64_t(actors.size()))
-              batch.push_back(content(k * per_group + j, base + (k * copies + m) * per_group + j));
-        q.put(std::move(batch));
-      }
-      q.reset_counters();
-      q.barrier();
-      if (learner) {
-        const int k = tp->replica(), m = tp->rank();
-        const auto batch =
-            leader_get ? q.get_range_replicated(base + k * per_group, per_group, tp->group())
-                       : q.get_range(base + (int64_t(k) * g + m) * per_group, per_group);
-        // Every rank of the group trains group k's samples, in canonical order.
-        const int64_t first = leader_get ? base + k * per_group : base + (k * g + m) * per_group;
-        std::vector<QueueSample> want;
-        for (int64_t j = 0; j < per_group; ++j)
-          want.push_back(content(k * per_group + j, first + j));
-        queue_protocol::canonical_sort(want);
-        EXPECT_EQ(batch, want);
-      }
-      q.barrier();
-      return world_counters(q, topology.links());
-    };
-    const auto own_copies = run_phase(0, false);
-    const auto leader = run_phase(1000000, true);
-    q.close();
-
-    EXPECT_EQ(own_copies.get_requests, uint64_t(learners.size()) * uint64_t(q.shards()));
-    EXPECT_EQ(leader.get_requests * uint64_t(g), own_copies.get_requests);
-    EXPECT_EQ(leader.served * uint64_t(g), own_copies.served);
-    EXPECT_EQ(leader.reply_bytes * uint64_t(g), own_copies.reply_bytes);
-    // Requests are the same size either way: the servers receive exactly 1/TP of the bytes.
-    EXPECT_EQ((leader.server_recv_bytes - leader.put_bytes) * uint64_t(g),
-              own_copies.server_recv_bytes - own_copies.put_bytes);
+// Pipeline parallelism (train --pipeline-parallel): every stage of a pipeline trains the same
+// samples, so one leader per pipeline fetches them.
+TEST(DistQueue, PipelineLeaderGetCutsQueueLoadToOneOverPP) {
+  if (hierarchical_layouts().empty()) GTEST_SKIP() << "needs learner nodes of >= 2 ranks (4, 6)";
+  for (const auto& [name, config] : hierarchical_layouts()) {
+    SCOPED_TRACE(name);
+    Topology topology(MPI_COMM_WORLD, config);
+    const int p = config.ranks_per_node;  // a pipeline inside one node
+    std::unique_ptr<PipelineGroups> pp;
+    if (topology.role() == Role::Learner) {
+      pp = std::make_unique<PipelineGroups>(topology.role_comm().comm, PipelineShape{p, p, 1},
+                                            group_test_model(), topology.links());
+      ASSERT_EQ(pp->pipeline().size(), p);
+      ASSERT_EQ(pp->pipeline().node_count(), 1) << "a pipeline inside one node";
+    }
+    check_leader_get_cuts_queue_load(topology, p, pp ? &pp->pipeline() : nullptr,
+                                     pp ? pp->replica() : 0);
   }
 }
 

@@ -1,0 +1,164 @@
+#include "src/app/pipeline_parallel_train.h"
+
+#include <algorithm>
+#include <string>
+
+#include "kernels/error.h"
+#include "src/app/tensor_parallel_train.h"
+#include "src/model/activation_memory.h"
+#include "src/rl/policy_loss.h"
+#include "src/roles/rollout_samples.h"
+
+namespace rlf {
+
+void validate_pipeline_parallel_train(const DisaggregatedOptions& options, bool fused,
+                                      int world_size, const RlOptions& rl,
+                                      const CheckpointOptions& checkpoints) {
+  const int degree = options.pipeline_parallel;
+  const std::string option = "--pipeline-parallel " + std::to_string(degree);
+  if (degree < 1) throw ConfigError(option + ": must be a positive integer");
+  if (options.virtual_stages < 1) throw ConfigError("--virtual-stages must be >= 1");
+  if (options.micro_batches < 0) {
+    throw ConfigError("--micro-batches must be >= 0 (0: pieces of --micro-batch)");
+  }
+  if (degree == 1) {
+    if (options.virtual_stages != 1 || options.micro_batches != 0) {
+      throw ConfigError("--virtual-stages and --micro-batches need --pipeline-parallel 2 or more");
+    }
+    return;
+  }
+  refuse_unsupported_with_model_parallelism(option, options, fused, world_size, rl, checkpoints);
+  auto refuse = [&](const std::string& what) {
+    throw ConfigError(option + " is not supported " + what);
+  };
+  if (options.tensor_parallel != 1) refuse("with --tensor-parallel");
+  if (rl.kl_coef > 0) refuse("with --kl-coef (the reference model is not pipelined)");
+  if (rl.minibatches != 1) refuse("with --minibatches above 1");
+}
+
+std::unique_ptr<PipelineGroups> make_train_pipeline(const DisaggregatedOptions& options,
+                                                    const ModelConfig& config, int rank_samples,
+                                                    int micro_batch, Topology& topology) {
+  if (options.pipeline_parallel <= 1) return nullptr;
+  const int p = options.pipeline_parallel;
+  const int pipeline_samples = p * rank_samples;
+  const int micro_batches = options.micro_batches > 0
+                                ? options.micro_batches
+                                : p * ((rank_samples + micro_batch - 1) / micro_batch);
+  if (micro_batches > pipeline_samples) {
+    throw ConfigError("--micro-batches " + std::to_string(micro_batches) +
+                      ": a pipeline trains only " + std::to_string(pipeline_samples) +
+                      " samples per step (every micro-batch needs one)");
+  }
+  return std::make_unique<PipelineGroups>(topology.role_comm().comm,
+                                          PipelineShape{p, micro_batches, options.virtual_stages},
+                                          config, topology.links());
+}
+
+std::vector<Rollout> pipeline_rollouts(DistQueue& queue, const PipelineGroups& groups,
+                                       const std::vector<Rollout>& own, int group_size) {
+  queue.put(to_queue_samples(own, group_size));
+  // Every sample stored before any leader asks: one request per shard and pipeline, whatever the
+  // timing.
+  queue.barrier();
+  // The pipeline's ranks generated consecutive blocks of equal size, stage 0's first.
+  const int64_t block = int64_t(own.size());
+  const int64_t first = own.front().sample_id - int64_t(groups.stage()) * block;
+  std::vector<QueueSample> samples =
+      queue.get_range_replicated(first, block * groups.shape().stages, groups.pipeline());
+  // The shards live on ranks that train next: none leaves (and stops serving) before every
+  // pipeline has its samples.
+  queue.barrier();
+  return to_rollouts(samples);
+}
+
+namespace {
+
+size_t stage_activation_bytes(const ModelConfig& config, int sequences, int longest_sequence) {
+  // Every arena can hold a whole-model micro-batch: a bound for any chunk (pages untouched beyond
+  // what a chunk uses cost nothing).
+  return 2 * training_micro_batch_peak_bytes(config, ParameterLayout(config),
+                                             uniform_batch(sequences, longest_sequence));
+}
+
+}  // namespace
+
+PipelineTrainer::PipelineTrainer(const PipelineGroups& groups, Transformer<float>& model,
+                                 const RlStepSettings& settings, int rank_samples, bool equal_parts,
+                                 int longest_sequence)
+    : groups_(groups),
+      settings_(settings),
+      rank_samples_(rank_samples),
+      equal_parts_(equal_parts),
+      stage_(model, groups.chunks(groups.stage()),
+             stage_activation_bytes(model.config(),
+                                    equal_parts ? (groups.shape().stages * rank_samples +
+                                                   groups.shape().micro_batches - 1) /
+                                                      groups.shape().micro_batches
+                                                : std::min(settings.micro_batch, rank_samples),
+                                    longest_sequence)) {}
+
+std::vector<std::pair<size_t, size_t>> PipelineTrainer::micro_batch_bounds(size_t count) const {
+  std::vector<std::pair<size_t, size_t>> bounds;
+  if (equal_parts_) {
+    const size_t parts = size_t(groups_.shape().micro_batches);
+    for (size_t k = 0; k < parts; ++k)
+      bounds.emplace_back(k * count / parts, (k + 1) * count / parts);
+    return bounds;
+  }
+  // Each rank's block in --micro-batch pieces: the data-parallel run's micro-batches exactly.
+  const size_t block = size_t(rank_samples_), piece = size_t(settings_.micro_batch);
+  for (size_t begin = 0; begin < count; begin += block) {
+    const size_t end = std::min(count, begin + block);
+    for (size_t b = begin; b < end; b += piece) bounds.emplace_back(b, std::min(end, b + piece));
+  }
+  return bounds;
+}
+
+PpoStats PipelineTrainer::minibatch_gradient(const std::vector<const Rollout*>& minibatch,
+                                             double normalizer, double all_samples) {
+  const auto bounds = micro_batch_bounds(minibatch.size());
+  if (int(bounds.size()) != groups_.shape().micro_batches) {
+    throw std::logic_error("PipelineTrainer: " + std::to_string(minibatch.size()) +
+                           " samples do not make the pipeline's " +
+                           std::to_string(groups_.shape().micro_batches) + " micro-batches");
+  }
+  const float aux_coef = stage_.model().config().aux_loss_coef;
+  std::vector<std::vector<const Rollout*>> micro_rollouts;
+  std::vector<PackedRollouts> packed;
+  std::vector<PipelineMicroBatch<float>> batches;
+  for (const auto& [begin, end] : bounds) {
+    micro_rollouts.emplace_back(minibatch.begin() + std::ptrdiff_t(begin),
+                                minibatch.begin() + std::ptrdiff_t(end));
+    packed.push_back(pack_rollouts(micro_rollouts.back()));
+    PipelineMicroBatch<float> batch;
+    batch.tokens = packed.back().inputs;
+    batch.seq_offsets = packed.back().offsets;
+    batch.aux_scale = float(double(end - begin) / all_samples);
+    batches.push_back(std::move(batch));
+  }
+  PpoStats total;
+  const Ops<float>& ops = stage_.model().ops();
+  stage_.set_loss([&](int index, const float* logits, int, int V, Arena& arena, float* dlogits) {
+    const PpoStats s = policy_loss_gradient(ops, arena, logits, V, packed[size_t(index)],
+                                            micro_rollouts[size_t(index)], normalizer,
+                                            settings_.temperature, settings_.ppo, dlogits);
+    total.loss += s.loss;
+    total.clipped_tokens += s.clipped_tokens;
+    total.kl_sum += s.kl_sum;
+    total.ratio_sum += s.ratio_sum;
+    return float(s.loss);
+  });
+  const PipelineStepStats step = run_pipeline_step(stage_, groups_.shape(), batches, aux_coef,
+                                                   groups_.pipeline().comm, groups_.links());
+  stage_.set_loss({});
+  wall_seconds_ += step.wall_seconds;
+  wait_seconds_ += step.wait_seconds;
+  compute_seconds_ += step.compute_seconds;
+  // Only the last stage computed the loss: every stage returns the pipeline's statistics.
+  double sums[4] = {total.loss, total.clipped_tokens, total.kl_sum, total.ratio_sum};
+  MPI_Allreduce(MPI_IN_PLACE, sums, 4, MPI_DOUBLE, MPI_SUM, groups_.pipeline().comm);
+  return PpoStats{sums[0], sums[1], sums[2], sums[3]};
+}
+
+}  // namespace rlf

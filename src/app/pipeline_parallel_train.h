@@ -1,0 +1,84 @@
+// `train --mode fused --pipeline-parallel P`: pipelines of P consecutive ranks each train one
+// replica of the policy, every rank its stage's layers, with the 1F1B (or, with
+// --virtual-stages, interleaved) schedule over the step's micro-batches; gradients are summed over
+// the ranks holding the same stage. Generation runs data-parallel on every rank: before each
+// generation phase a rank borrows the other stages' layers (src/runtime/pipeline_layout_switch.h)
+// and frees them after. The samples of a pipeline reach its ranks through DistQueue, one leader
+// per pipeline fetching them for all of its stages.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "mpi_comm/topology.h"
+#include "src/app/disaggregated_train.h"
+#include "src/app/rl_options.h"
+#include "src/app/train_checkpoints.h"
+#include "src/model/pipeline_stage.h"
+#include "src/rl/rl_step.h"
+#include "src/roles/dist_queue.h"
+#include "src/runtime/pipeline_groups.h"
+#include "src/runtime/pipeline_step.h"
+
+namespace rlf {
+
+// ConfigError, the same on every rank before any work, for --pipeline-parallel outside what is
+// built: a degree, virtual stages or micro-batch count below their minimum, --virtual-stages or
+// --micro-batches without a pipeline, one rank, a multi-rank run that is not --mode fused, or
+// combined with tensor or expert parallelism, --offload, StaleSync, a learned reward model,
+// rebalancing, checkpoints, a KL term or --minibatches above 1.
+void validate_pipeline_parallel_train(const DisaggregatedOptions& options, bool fused,
+                                      int world_size, const RlOptions& rl,
+                                      const CheckpointOptions& checkpoints);
+
+// The pipelines over the fused ranks (null for --pipeline-parallel 1), each rank generating
+// `rank_samples` samples per step. Throws ConfigError on every rank when the degree does not
+// divide the ranks, P x V the model's layers, or the micro-batches do not fit the schedule or the
+// pipeline's samples.
+std::unique_ptr<PipelineGroups> make_train_pipeline(const DisaggregatedOptions& options,
+                                                    const ModelConfig& config, int rank_samples,
+                                                    int micro_batch, Topology& topology);
+
+// The samples a pipeline trains: every rank puts the rollouts it generated (sample ids
+// [first_sample, first_sample + rollouts.size()) of its own block) into `queue`, then one leader
+// per pipeline (per node of it) fetches the pipeline's consecutive blocks with
+// get_range_replicated and hands every stage the same samples, in canonical order. Collective
+// over the world.
+std::vector<Rollout> pipeline_rollouts(DistQueue& queue, const PipelineGroups& groups,
+                                       const std::vector<Rollout>& own, int group_size);
+
+// Trains a pipeline stage: each minibatch's samples are cut into the pipeline's micro-batches and
+// run through the schedule (run_pipeline_step); the last stage computes the PPO-clip loss from its
+// logits, and its statistics are summed over the pipeline. Also what the steps measured.
+class PipelineTrainer {
+ public:
+  // `model`: this rank's stage (layout groups.stage_layout(groups.stage()), with gradients);
+  // `rank_samples`: each rank's block of a pipeline's samples, which micro-batches of
+  // `micro_batch` cut unless the shape's micro-batch count was given (then equal parts).
+  PipelineTrainer(const PipelineGroups& groups, Transformer<float>& model,
+                  const RlStepSettings& settings, int rank_samples, bool equal_parts,
+                  int longest_sequence);
+
+  // optimize_on_rollouts' MinibatchGradient for this stage.
+  PpoStats minibatch_gradient(const std::vector<const Rollout*>& minibatch, double normalizer,
+                              double all_samples);
+
+  // Summed over the steps run so far, on this rank.
+  double wall_seconds() const { return wall_seconds_; }
+  double wait_seconds() const { return wait_seconds_; }
+  double compute_seconds() const { return compute_seconds_; }
+  double measured_bubble() const { return wall_seconds_ > 0 ? wait_seconds_ / wall_seconds_ : 0; }
+
+ private:
+  // [begin, end) of every micro-batch of a minibatch of `count` samples.
+  std::vector<std::pair<size_t, size_t>> micro_batch_bounds(size_t count) const;
+
+  const PipelineGroups& groups_;
+  RlStepSettings settings_;
+  int rank_samples_;
+  bool equal_parts_;
+  PipelineStage<float> stage_;
+  double wall_seconds_ = 0, wait_seconds_ = 0, compute_seconds_ = 0;
+};
+
+}  // namespace rlf

@@ -1,0 +1,29 @@
+// RL Fusion's layout switch for a pipeline-parallel policy (training at PP p, generation
+// data-parallel): before a generation phase every rank of a pipeline receives the layers of the
+// other stages into a whole model of its own (a buffer the phase frees), generates from it as a
+// replica, and trains again on its stage's own buffer, which the switch only reads; so the round
+// trip leaves the stage bit for bit as it was.
+#pragma once
+
+#include <cstdint>
+
+#include "src/model/parameter_layout.h"
+#include "src/runtime/pipeline_groups.h"
+
+namespace rlf {
+
+// Copies every tensor of `from` that `to_layout` also stores (tensors of the same model matched
+// by their whole-model names; layer-sharded, expert-whole, unsliced layouts).
+void copy_shared_tensors(const float* from, const ParameterLayout& from_layout, float* to,
+                         const ParameterLayout& to_layout);
+
+// Collective over groups.pipeline(): writes the whole model into `whole` (laid out by
+// `whole_layout`, the unsharded layout of the model): this rank's stage from `stage_params`
+// (laid out by groups.stage_layout(groups.stage())) by a local copy, every other stage's tensors
+// received from their stage (an allgather inside the pipeline). Every rank sends its stage to
+// each other rank of its pipeline, counted on groups.links(). Returns the bytes this rank
+// received: the model less its own stage.
+uint64_t gather_pipeline_model(const float* stage_params, const PipelineGroups& groups,
+                               float* whole, const ParameterLayout& whole_layout);
+
+}  // namespace rlf

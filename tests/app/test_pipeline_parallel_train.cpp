@@ -1,0 +1,142 @@
+// `train --mode fused --pipeline-parallel`: PP 2 on 2 ranks and PP 2 x DP 2 on 4 ranks train like
+// the data-parallel fused run of the same prompts (generation data-parallel on every rank from
+// the borrowed layers, training stage by stage under 1F1B): the same held-out accuracy before and
+// after RL, the same reward every step, and a saved whole model within float rounding of it. The
+// pipeline's samples come through DistQueue, one get per pipeline and shard each step. Shapes and
+// combinations that do not fit stop every rank with exit code 2 before any output.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "tests/app/fused_train_runs.h"
+#include "tests/app/json_output.h"
+#include "tests/app/read_parameters.h"
+#include "tests/app/run_rlfusion.h"
+#include "tests/test_util.h"
+
+namespace rlf {
+namespace {
+
+using Result = test::CommandResult;
+
+std::string temp_dir(const std::string& name) {
+  return test::fresh_temp_dir("pp-" + name);
+}
+
+const std::string& kFusedRun = test::kModelParallelFusedRun;
+
+TEST(PipelineParallelTrain, TrainsLikeTheDataParallelFusedRun) {
+  const std::string dp_dir = temp_dir("dp");
+  const Result dp = test::run_rlfusion(kFusedRun + "--run-dir " + dp_dir, 2);
+  ASSERT_EQ(dp.exit_code, 0) << dp.output;
+  const std::vector<float> dp_model = test::read_tiny_parameters(dp_dir + "/model.h5");
+  const std::vector<std::string> dp_steps = test::step_rewards(dp.output);
+  ASSERT_EQ(dp_steps.size(), 6u) << dp.output;
+  for (const int ranks : {2, 4}) {
+    SCOPED_TRACE(std::to_string(ranks) + " ranks");
+    const int pipelines = ranks / 2;
+    const std::string dir = temp_dir("pp");
+    const Result pp =
+        test::run_rlfusion(kFusedRun + "--pipeline-parallel 2 --run-dir " + dir, ranks);
+    ASSERT_EQ(pp.exit_code, 0) << pp.output;
+    EXPECT_EQ(test::json_number(pp.output, "pipeline_parallel"), 2);
+    // Each rank's 16 samples are one --micro-batch (64): two micro-batches per pipeline.
+    EXPECT_EQ(test::json_number(pp.output, "micro_batches"), 2);
+    EXPECT_NE(pp.output.find("# pipeline parallelism: PP 2 x " + std::to_string(pipelines) +
+                             " pipelines, 1F1B, 2 micro-batches per step"),
+              std::string::npos)
+        << pp.output;
+    // One leader per pipeline asks each of the 2 queue shards once a step (every stage fetching
+    // its own copy would ask twice as often).
+    EXPECT_EQ(test::json_number(pp.output, "queue_get_requests"), 6 * pipelines * 2);
+    const double bubble = test::json_number(pp.output, "pipeline_bubble");
+    EXPECT_GE(bubble, 0.0);
+    EXPECT_LT(bubble, 1.0);
+    EXPECT_NEAR(test::json_number(pp.output, "pipeline_bubble_formula"), 1.0 / 3.0, 1e-4);
+    // The same samples (sampling is keyed by sample id, generation runs the whole model) and the
+    // same data-parallel math with the same micro-batches.
+    EXPECT_EQ(test::json_number(pp.output, "heldout_accuracy_before_rl"),
+              test::json_number(dp.output, "heldout_accuracy_before_rl"));
+    EXPECT_NEAR(test::json_number(pp.output, "heldout_accuracy_after_rl"),
+                test::json_number(dp.output, "heldout_accuracy_after_rl"), 0.07);
+    EXPECT_EQ(test::step_rewards(pp.output), dp_steps) << pp.output;
+    // The saved model is the whole one, gathered from the stages: after 6 AdamW steps it is the
+    // data-parallel run's up to float rounding (a stage that trained other data, a misplaced
+    // layer or a norm that counted a stage twice is off by many orders more).
+    const std::vector<float> pp_model = test::read_tiny_parameters(dir + "/model.h5");
+    EXPECT_LT(test::nmse(pp_model.data(), dp_model.data(), dp_model.size()), 1e-6);
+  }
+}
+
+// The interleaved schedule (2 chunks per rank) on a 4-layer `tiny`: each rank's 16 samples in
+// micro-batches of 4 make 8 micro-batches per step; the data-parallel run's rewards at every step
+// and its saved model within float rounding.
+TEST(PipelineParallelTrain, InterleavedScheduleTrainsLikeTheDataParallelFusedRun) {
+  const std::string model_dir = temp_dir("model");
+  std::filesystem::create_directories(model_dir);
+  const std::string model = model_dir + "/tiny4.ini";
+  {
+    std::ofstream out(model);
+    out << "[model]\nname = tiny4\nvocab_size = 32\nd_model = 32\nn_layers = 4\nn_heads = 4\n"
+           "n_experts = 4\ntop_k = 2\nd_ff = 32\nshared_expert_d_ff = 16\nmax_seq_len = 128\n";
+  }
+  const std::string run = "train --model " + model +
+                          " --task sort --sft-steps 60 --sft-learning-rate 0.01 --steps 3 "
+                          "--prompts 8 --group-size 4 --eval-prompts 16 --log-every 1 --json "
+                          "--mode fused --micro-batch 4 ";
+  const std::string dp_dir = temp_dir("dp4"), pp_dir = temp_dir("pp4");
+  const Result dp = test::run_rlfusion(run + "--run-dir " + dp_dir, 2);
+  const Result pp =
+      test::run_rlfusion(run + "--pipeline-parallel 2 --virtual-stages 2 --run-dir " + pp_dir, 2);
+  ASSERT_EQ(dp.exit_code, 0) << dp.output;
+  ASSERT_EQ(pp.exit_code, 0) << pp.output;
+  EXPECT_NE(pp.output.find("# pipeline parallelism: PP 2 x 1 pipelines, interleaved 1F1B, 8 "
+                           "micro-batches per step, 2 virtual stage(s)"),
+            std::string::npos)
+      << pp.output;
+  EXPECT_NEAR(test::json_number(pp.output, "pipeline_bubble_formula"), 1.0 / 17.0, 1e-4);
+  const std::vector<std::string> want = test::step_rewards(dp.output);
+  ASSERT_EQ(want.size(), 3u) << dp.output;
+  EXPECT_EQ(test::step_rewards(pp.output), want) << pp.output;
+  const std::vector<float> dp_model = test::read_saved_parameters(dp_dir + "/model.h5");
+  const std::vector<float> pp_model = test::read_saved_parameters(pp_dir + "/model.h5");
+  ASSERT_EQ(pp_model.size(), dp_model.size());
+  EXPECT_LT(test::nmse(pp_model.data(), dp_model.data(), dp_model.size()), 1e-6);
+}
+
+TEST(PipelineParallelTrain, ShapesThatDoNotFitStopEveryRankBeforeOutput) {
+  test::expect_stops_before_output(
+      {
+          {2, "--pipeline-parallel 3", "--pipeline-parallel 3 must divide the world size 2"},
+          {2, "--pipeline-parallel 2 --virtual-stages 2",
+           "--pipeline-parallel 2 x --virtual-stages 2 = 4 model chunks must divide the "
+           "model's 2 layers"},
+          {2, "--pipeline-parallel 0", "--pipeline-parallel 0: must be a positive integer"},
+          {2, "--pipeline-parallel 2 --micro-batches 40",
+           "--micro-batches 40: a pipeline trains only 32 samples per step"},
+          {2, "--virtual-stages 2",
+           "--virtual-stages and --micro-batches need --pipeline-parallel 2 or more"},
+          {2, "--mode disaggregated --pipeline-parallel 2",
+           "--pipeline-parallel 2 is not supported outside --mode fused"},
+          {2, "--pipeline-parallel 2 --expert-parallel 2",
+           "--pipeline-parallel 2 is not supported with --expert-parallel"},
+          {2, "--pipeline-parallel 2 --tensor-parallel 2",
+           "--pipeline-parallel 2 is not supported with --tensor-parallel"},
+          {2, "--pipeline-parallel 2 --offload",
+           "--pipeline-parallel 2 is not supported with --offload"},
+          {2, "--pipeline-parallel 2 --staleness 1",
+           "--pipeline-parallel 2 is not supported with --staleness"},
+          {2, "--pipeline-parallel 2 --checkpoint-every 2",
+           "--pipeline-parallel 2 is not supported with --checkpoint-every"},
+          {2, "--pipeline-parallel 2 --kl-coef 0.05",
+           "--pipeline-parallel 2 is not supported with --kl-coef"},
+          {1, "--pipeline-parallel 2", "--pipeline-parallel 2 is not supported on one rank"},
+      },
+      temp_dir("bad"));
+}
+
+}  // namespace
+}  // namespace rlf

@@ -1,0 +1,155 @@
+// Pipeline parallelism inside `train` at every world size the suite runs (every PP degree that
+// divides it, 1 and 2 virtual stages): the layout switch that gives every stage the whole model
+// for generation assembles exactly the single-rank model from the stages, moves exactly the
+// layers a rank lacks (byte counters), and leaves the stage's own buffer bit for bit as it was;
+// AdamW over the stages, its clipping norm summed over the pipeline, takes the single-rank
+// model's clipped steps. Shapes that do not fit stop every rank with the same ConfigError.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/arena.h"
+#include "mpi_comm/links.h"
+#include "src/model/optimizer.h"
+#include "src/runtime/pipeline_groups.h"
+#include "src/runtime/pipeline_layout_switch.h"
+#include "tests/micro_model_config.h"
+#include "tests/mpi/mpi_test_util.h"
+#include "tests/test_util.h"
+
+namespace rlf {
+namespace {
+
+struct Shape {
+  int stages, virtual_stages;
+};
+
+// Every PP degree dividing the world, with v = 1 and 2, on a model of 2 p v layers.
+std::vector<Shape> shapes_for(int world) {
+  std::vector<Shape> shapes;
+  for (int p = 1; p <= world; ++p) {
+    if (world % p != 0) continue;
+    shapes.push_back({p, 1});
+    shapes.push_back({p, 2});
+  }
+  return shapes;
+}
+
+ModelConfig model_for(const Shape& s) {
+  ModelConfig config = test::micro_config();
+  config.n_layers = 2 * s.stages * s.virtual_stages;
+  return config;
+}
+
+std::string shape_name(const Shape& s) {
+  return "PP " + std::to_string(s.stages) + " v=" + std::to_string(s.virtual_stages);
+}
+
+TEST(PipelineLayoutSwitch, GathersTheWholeModelAndLeavesTheStageBitIdentical) {
+  const int world = test::world_size();
+  for (const Shape& s : shapes_for(world)) {
+    SCOPED_TRACE(shape_name(s));
+    const ModelConfig config = model_for(s);
+    const uint64_t seed = test::seed_for(shape_name(s), world);
+    Links links(test::virtual_node_list(world, 1), {});
+    PipelineGroups groups(MPI_COMM_WORLD, {s.stages, s.stages, s.virtual_stages}, config, links);
+    Arena device("stage", 16 << 20);
+    Transformer<float> stage(config, cpu_ops(), device, /*with_gradients=*/true, ExpertShard{},
+                             stage_layer_shard(groups.chunks(groups.stage()), config.n_layers));
+    stage.initialize(seed);
+    ASSERT_EQ(stage.layout().total(), groups.stage_layout(groups.stage()).total());
+    const std::vector<float> before(stage.parameters(),
+                                    stage.parameters() + stage.parameter_count());
+    Arena reference_device("reference", 16 << 20);
+    Transformer<float> reference(config, cpu_ops(), reference_device, /*with_gradients=*/false);
+    reference.initialize(seed);
+
+    {
+      // The generation phase: the whole model lives in the arena until the phase's scope ends.
+      ArenaScope generation_memory(device);
+      Transformer<float> whole(config, cpu_ops(), device, /*with_gradients=*/false);
+      const LinkCounters before_switch = links.counters();
+      const uint64_t received =
+          gather_pipeline_model(stage.parameters(), groups, whole.parameters(), whole.layout());
+      EXPECT_EQ(received,
+                uint64_t(whole.parameter_count() - stage.parameter_count()) * sizeof(float));
+      const LinkCounters& sent = links.counters();
+      EXPECT_EQ(sent.bytes[0] + sent.bytes[1] - before_switch.bytes[0] - before_switch.bytes[1],
+                uint64_t(stage.parameter_count()) * sizeof(float) * uint64_t(s.stages - 1));
+      EXPECT_EQ(std::memcmp(whole.parameters(), reference.parameters(),
+                            size_t(whole.parameter_count()) * sizeof(float)),
+                0)
+          << "the gathered model is not the single-rank initialization";
+      // Generation would write activations and caches next to it; scribble over the copy.
+      std::fill_n(whole.parameters(), whole.parameter_count(), 7.0f);
+    }
+    EXPECT_EQ(std::memcmp(stage.parameters(), before.data(), before.size() * sizeof(float)), 0)
+        << "the round trip changed the stage's own layers";
+    // The stage is exactly its part of the whole model.
+    std::vector<float> part(before.size(), 0.0f);
+    copy_shared_tensors(reference.parameters(), reference.layout(), part.data(), stage.layout());
+    EXPECT_EQ(std::memcmp(part.data(), before.data(), before.size() * sizeof(float)), 0);
+  }
+}
+
+TEST(PipelineLayoutSwitch, StageAdamWTakesTheSingleRankClippedSteps) {
+  const int world = test::world_size();
+  for (const Shape& s : shapes_for(world)) {
+    SCOPED_TRACE(shape_name(s));
+    const ModelConfig config = model_for(s);
+    const uint64_t seed = test::seed_for("adamw " + shape_name(s), world);
+    Links links(test::virtual_node_list(world, 1), {});
+    PipelineGroups groups(MPI_COMM_WORLD, {s.stages, s.stages, s.virtual_stages}, config, links);
+    Arena device("stage", 16 << 20), reference_device("reference", 16 << 20);
+    Transformer<float> stage(config, cpu_ops(), device, true, ExpertShard{},
+                             stage_layer_shard(groups.chunks(groups.stage()), config.n_layers));
+    Transformer<float> reference(config, cpu_ops(), reference_device, true);
+    stage.initialize(seed);
+    reference.initialize(seed);
+    AdamWHyper hyper;
+    hyper.learning_rate = 0.01f;
+    const float max_norm = 0.5f;  // far below the gradients' norm: every step clips
+    AdamW<float> stage_adamw(stage, hyper, max_norm), reference_adamw(reference, hyper, max_norm);
+    stage_adamw.set_shard(groups.optimizer_shard(stage.layout()));
+    std::mt19937 gen(static_cast<uint32_t>(seed));
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (int step = 0; step < 3; ++step) {
+      // The same whole-model gradient on every rank; each stage takes its part
+      // (tensor by tensor: the buffer's alignment gaps between tensors stay zero)
+      for (const ParameterTensor& t : reference.layout().tensors())
+        for (int64_t i = 0; i < t.numel; ++i) reference.gradients()[t.offset + i] = normal(gen);
+      copy_shared_tensors(reference.gradients(), reference.layout(), stage.gradients(),
+                          stage.layout());
+      const double norm = stage_adamw.step(), want = reference_adamw.step();
+      EXPECT_NEAR(norm, want, 1e-6 * want) << "step " << step;
+    }
+    std::vector<float> want(size_t(stage.parameter_count()), 0.0f);
+    copy_shared_tensors(reference.parameters(), reference.layout(), want.data(), stage.layout());
+    EXPECT_LT(test::nmse(stage.parameters(), want.data(), want.size()), 1e-10);
+  }
+}
+
+TEST(PipelineLayoutSwitch, ShapesThatDoNotFitStopEveryRank) {
+  const int world = test::world_size();
+  Links links(test::virtual_node_list(world, 1), {});
+  ModelConfig config = test::micro_config();
+  config.n_layers = 3;
+  test::expect_config_error_everywhere(
+      [&] {
+        PipelineGroups(MPI_COMM_WORLD, {world + 1, 1, 1}, config, links);
+      },
+      "--pipeline-parallel " + std::to_string(world + 1) + " must divide the world size");
+  test::expect_config_error_everywhere(
+      [&] {
+        PipelineGroups(MPI_COMM_WORLD, {1, 1, 2}, config, links);
+      },
+      "--pipeline-parallel 1 x --virtual-stages 2 = 2 model chunks must divide the model's 3");
+}
+
+}  // namespace
+}  // namespace rlf
