@@ -142,7 +142,7 @@ LayerCosts measure_layer_costs(const ModelConfig& config, Device& device,
 }
 
 struct RankStats {
-  double wall = 0, compute = 0, wait = 0, in_flight = 0;
+  double wall = 0, compute = 0, wait = 0, in_flight = 0, compute_cpu = 0;
 };
 
 struct Row {
@@ -231,12 +231,13 @@ Row measure(const PipelineBenchOptions& o, const ModelConfig& config, Device& de
   row.wrong = wrong;
   row.loss = loss;
 
-  std::vector<double> wall, compute, wait;
+  std::vector<double> wall, compute, wait, compute_cpu;
   for (int r = 0; r < o.repeats; ++r) {
     stage.model().zero_gradients();
     const PipelineStepStats s = run_pipeline_step(stage, shape, batches, aux, pipeline, links);
     wall.push_back(s.wall_seconds);
     compute.push_back(s.compute_seconds);
+    compute_cpu.push_back(s.compute_cpu_seconds);
     wait.push_back(s.wait_seconds);
   }
   // The repeat of median wall time, whole (its wait and compute belong together).
@@ -244,9 +245,10 @@ Row measure(const PipelineBenchOptions& o, const ModelConfig& config, Device& de
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return wall[a] < wall[b]; });
   const size_t mid = order[order.size() / 2];
-  const RankStats mine{wall[mid], compute[mid], wait[mid], double(stage.activation_arenas())};
+  const RankStats mine{wall[mid], compute[mid], wait[mid], double(stage.activation_arenas()),
+                       compute_cpu[mid]};
   row.ranks.resize(size_t(world));
-  MPI_Gather(&mine, 4, MPI_DOUBLE, row.ranks.data(), 4, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  MPI_Gather(&mine, 5, MPI_DOUBLE, row.ranks.data(), 5, MPI_DOUBLE, 0, MPI_COMM_WORLD);
   MPI_Comm_free(&pipeline);
   MPI_Comm_free(&data_parallel);
   return row;
@@ -352,20 +354,25 @@ int run_bench_pipeline_command(const std::vector<std::string>& args) {
         "activations, gradients and the slowest rank; formula = (p-1)/(m v + p-1); counted = "
         "idle slots / makespan of the schedule under unit costs\n#\n",
         o.repeats);
-    std::printf("# %-16s %2s %3s %-12s %4s %9s %9s %9s %8s %8s %6s %8s %9s %7s\n", "schedule", "v",
-                "m", "chunks", "rank", "wall", "compute", "wait", "bubble", "formula", "ratio",
-                "counted", "in-flight", "#wrong");
-    std::printf("# %-16s %2s %3s %-12s %4s %9s %9s %9s %8s %8s %6s %8s %9s %7s\n", "", "", "",
-                "(layers)", "", "(ms)", "(ms)", "(ms)", "(%)", "(%)", "(x)", "(%)", "(chunks)", "");
+    std::printf(
+        "# compute cpu = the process's CPU time in the same passes: well below compute, the rank "
+        "lost its core; apart between ranks, their chunks cost differently\n#\n");
+    std::printf("# %-16s %2s %3s %-12s %4s %9s %9s %9s %9s %8s %8s %6s %8s %9s %7s\n", "schedule",
+                "v", "m", "chunks", "rank", "wall", "compute", "cpu", "wait", "bubble", "formula",
+                "ratio", "counted", "in-flight", "#wrong");
+    std::printf("# %-16s %2s %3s %-12s %4s %9s %9s %9s %9s %8s %8s %6s %8s %9s %7s\n", "", "", "",
+                "(layers)", "", "(ms)", "(ms)", "(ms)", "(ms)", "(%)", "(%)", "(x)", "(%)",
+                "(chunks)", "");
     for (const Row& row : rows) {
       const std::string name = schedule_name({p, row.m, row.v});
       for (int r = 0; r < world; ++r) {
         const RankStats& s = row.ranks[size_t(r)];
         const double bubble = s.wall > 0 ? s.wait / s.wall : 0;
         std::printf(
-            "  %-16s %2d %3d %-12s %4d %9.2f %9.2f %9.2f %8.1f %8.1f %6.2f %8.1f %9.0f %7llu\n",
+            "  %-16s %2d %3d %-12s %4d %9.2f %9.2f %9.2f %9.2f %8.1f %8.1f %6.2f %8.1f %9.0f "
+            "%7llu\n",
             name.c_str(), row.v, row.m, join(row.boundaries).c_str(), r, s.wall * 1e3,
-            s.compute * 1e3, s.wait * 1e3, 100 * bubble, 100 * row.formula,
+            s.compute * 1e3, s.compute_cpu * 1e3, s.wait * 1e3, 100 * bubble, 100 * row.formula,
             row.formula > 0 ? bubble / row.formula : 0, 100 * row.counted, s.in_flight,
             (unsigned long long)row.wrong);
       }
@@ -402,10 +409,11 @@ int run_bench_pipeline_command(const std::vector<std::string>& args) {
       for (int r = 0; r < world; ++r) {
         const RankStats& s = row.ranks[size_t(r)];
         std::printf(
-            "%s{\"rank\":%d,\"wall_seconds\":%.6e,\"compute_seconds\":%.6e,\"wait_seconds\":%.6e,"
-            "\"bubble\":%.6f,\"in_flight\":%.0f}",
-            r ? "," : "", r, s.wall, s.compute, s.wait, s.wall > 0 ? s.wait / s.wall : 0,
-            s.in_flight);
+            "%s{\"rank\":%d,\"wall_seconds\":%.6e,\"compute_seconds\":%.6e,"
+            "\"compute_cpu_seconds\":%.6e,\"wait_seconds\":%.6e,\"bubble\":%.6f,\"in_flight\":%."
+            "0f}",
+            r ? "," : "", r, s.wall, s.compute, s.compute_cpu, s.wait,
+            s.wall > 0 ? s.wait / s.wall : 0, s.in_flight);
       }
       std::printf("]}");
     }

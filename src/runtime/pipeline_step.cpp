@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <list>
 #include <map>
 #include <stdexcept>
@@ -26,6 +27,13 @@ double wait_for(MPI_Request* request) {
     MPI_Test(request, &done, MPI_STATUS_IGNORE);
   }
   return steady_seconds() - begin;
+}
+
+// CPU seconds of every thread of this process (oneTBB's workers included).
+double process_cpu_seconds() {
+  timespec now{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &now);
+  return double(now.tv_sec) + 1e-9 * double(now.tv_nsec);
 }
 
 double quiet_barrier(MPI_Comm comm) {
@@ -206,11 +214,12 @@ PipelineStepStats run_pipeline_step(PipelineStage<T>& stage, const PipelineShape
     const int s = virtual_stage(shape, rank, op.chunk);
     std::vector<T> input;
     if (exchange.posted(i)) input = exchange.take_receive(i, stats.wait_seconds);
-    const double begin = steady_seconds();
+    const double begin = steady_seconds(), cpu_begin = process_cpu_seconds();
     const size_t rows = size_t(batch.token_count()) * size_t(row);
     if (op.kind == PassKind::Forward) {
       const T* out = stage.forward(op.micro_batch, op.chunk, batch, input.data());
       stats.compute_seconds += steady_seconds() - begin;
+      stats.compute_cpu_seconds += process_cpu_seconds() - cpu_begin;
       if (s < last_stage) {
         exchange.send(std::vector<T>(out, out + rows), PassKind::Forward, op.micro_batch, s + 1);
       }
@@ -219,6 +228,7 @@ PipelineStepStats run_pipeline_step(PipelineStage<T>& stage, const PipelineShape
       stage.backward(op.micro_batch, op.chunk, input.data(), aux_weight * batch.aux_scale,
                      dx.data());
       stats.compute_seconds += steady_seconds() - begin;
+      stats.compute_cpu_seconds += process_cpu_seconds() - cpu_begin;
       if (s > 0) exchange.send(std::move(dx), PassKind::Backward, op.micro_batch, s - 1);
     }
     exchange.test_sends();

@@ -29,6 +29,10 @@ struct PipelineStepStats {
   double loss = 0;
   double wall_seconds = 0;     // from a common start to a common end (quiet barriers)
   double compute_seconds = 0;  // inside this rank's forward and backward passes (and the loss)
+  // The process's CPU time over the same passes (all its threads): compute_seconds well above it
+  // means the rank lost its core to other processes; two ranks' CPU times apart mean their chunks
+  // cost differently.
+  double compute_cpu_seconds = 0;
   // Blocked: on the activations and gradients it receives, on its sends, and at the end for the
   // slowest rank (the time this rank has nothing to do).
   double wait_seconds = 0;
