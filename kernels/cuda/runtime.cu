@@ -13,7 +13,7 @@
 #include "kernels/cuda/runtime.h"
 
 #if !defined(RLF_CUDA_EMULATION) && defined(RLFUSION_HAVE_CUBLAS)
-#include <cublas_v2.h>
+#include "kernels/cuda/cublas_library.h"
 #endif
 
 namespace rlf::RLF_CUDA_NS {
@@ -58,7 +58,7 @@ struct Context {
 #if !defined(RLF_CUDA_EMULATION)
   cudaStream_t stream = nullptr;
 #if defined(RLFUSION_HAVE_CUBLAS)
-  cublasHandle_t cublas = nullptr;
+  cublasHandle_t cublas = nullptr;  // null where libcublas could not be opened
 #endif
 #endif
   struct Chunk {
@@ -75,11 +75,13 @@ Context& context() {
 #if !defined(RLF_CUDA_EMULATION)
     check(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), "cudaStreamCreate");
 #if defined(RLFUSION_HAVE_CUBLAS)
-    if (cublasCreate(&c->cublas) != CUBLAS_STATUS_SUCCESS) {
-      throw std::runtime_error("cuBLAS: cublasCreate failed");
+    if (const CublasFunctions* blas = cublas_functions()) {
+      if (blas->create(&c->cublas) != CUBLAS_STATUS_SUCCESS) {
+        throw std::runtime_error("cuBLAS: cublasCreate failed");
+      }
+      blas->set_stream(c->cublas, c->stream);
+      blas->set_math_mode(c->cublas, CUBLAS_DEFAULT_MATH);  // IEEE fp32, no TF32
     }
-    cublasSetStream(c->cublas, c->stream);
-    cublasSetMathMode(c->cublas, CUBLAS_DEFAULT_MATH);  // IEEE fp32, no TF32
 #endif
 #endif
     return c;
@@ -221,9 +223,9 @@ void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const fl
 #if !defined(RLF_CUDA_EMULATION) && defined(RLFUSION_HAVE_CUBLAS)
   if (use_cublas()) {
     // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T.
-    const cublasStatus_t status = cublasSgemm(context().cublas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                              trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha,
-                                              B, ldb, A, lda, &beta, C, ldc);
+    const cublasStatus_t status = cublas_functions()->sgemm(
+        context().cublas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+        N, M, K, &alpha, B, ldb, A, lda, &beta, C, ldc);
     if (status != CUBLAS_STATUS_SUCCESS) {
       throw std::runtime_error("cuBLAS: cublasSgemm failed with status " +
                                std::to_string(int(status)));
@@ -265,7 +267,7 @@ std::string kernel_image_error() {
 
 bool cublas_available() {
 #if !defined(RLF_CUDA_EMULATION) && defined(RLFUSION_HAVE_CUBLAS)
-  return true;
+  return detail::cublas_functions() != nullptr;
 #else
   return false;
 #endif
@@ -276,7 +278,9 @@ void set_use_cublas(bool on) {
 }
 
 bool use_cublas() {
-  return g_use_cublas;
+  // The first call opens libcublas (cublas_library.h); a build or machine without it uses the
+  // tiled kernel.
+  return g_use_cublas && cublas_available();
 }
 
 Workspace::Workspace(Arena& arena)
