@@ -55,10 +55,14 @@ test: build
 # that the other unit tests cover at smaller sizes; under the sanitizers they take 5 CPU minutes,
 # so only `make test` runs them. No nvcc here (RLFUSION_CUDA=OFF, as in test-fuzz): `make test`
 # builds the CUDA kernels once, and their emulated twins (tests/kernels/cuda) run under the
-# sanitizers all the same.
+# sanitizers all the same. -O1 with line tables only (-g1: file and line in every report, no
+# variable info) compiles the tree about twice as fast as -O2 -g (src/app/fused_train.cpp: 10.8
+# vs 22.8 CPU s); -O1 is the level AddressSanitizer's documentation recommends.
+ASAN_OPT_FLAGS ?= -O1 -g1 -DNDEBUG
 test-asan: deps
 	@cmake -S . -B $(BUILD)-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRLFUSION_CUDA=OFF \
-	  -DRLFUSION_SANITIZE=ON "-DRLFUSION_ARCH_FLAGS=$(ARCH_FLAGS)" $(CMAKE_ARGS) >/dev/null
+	  "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=$(ASAN_OPT_FLAGS)" -DRLFUSION_SANITIZE=ON \
+	  "-DRLFUSION_ARCH_FLAGS=$(ARCH_FLAGS)" $(CMAKE_ARGS) >/dev/null
 	@cmake --build $(BUILD)-asan -j $(JOBS) --target unit_tests
 	@cd $(BUILD)-asan && ctest -j $(JOBS) -L unit -E '^ActivationPeak\.' --output-on-failure --timeout 900
 
