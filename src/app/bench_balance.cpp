@@ -251,7 +251,8 @@ int run_bench_balance_command(const std::vector<std::string>& args) {
     m.min_gain_ratio = o.min_gain_ratio;
     r.validate(o.routing.experts);
     if (o.eplb_groups < 1 || o.routing.experts % o.eplb_groups != 0) {
-      throw ConfigError("--eplb-groups must divide --experts");
+      throw ConfigError("--eplb-groups " + std::to_string(o.eplb_groups) +
+                        " must divide --experts (" + std::to_string(o.routing.experts) + ")");
     }
     setups.push_back(r);
     if (o.redundant_slots == 0) break;

@@ -1,8 +1,9 @@
 // `rlfusion report RUN_DIR`: reads RUN_DIR/trace.h5 and prints throughput per step, each rank's
 // time breakdown with a verdict, and bytes per phase (definitions: docs/METRICS.md); `--json`
 // prints the same as JSON, `--csv` the breakdown as CSV, `--chrome FILE` also writes the timeline
-// for Perfetto / chrome://tracing. Every rank reads (so bad input is a ConfigError on every rank);
-// rank 0 prints and writes.
+// for Perfetto / chrome://tracing, `--routing-trace FILE` one layer's router statistics as the
+// text `bench balance --routing-trace` replays. Every rank reads (so bad input is a ConfigError on
+// every rank); rank 0 prints and writes.
 #include <mpi.h>
 
 #include <array>
@@ -15,7 +16,9 @@
 
 #include "kernels/error.h"
 #include "src/app/commands.h"
+#include "src/balance/routing_trace.h"
 #include "src/io/chrome_trace.h"
+#include "src/io/durable_file.h"
 #include "src/io/json_text.h"
 #include "src/io/router_summary.h"
 #include "src/io/trace_reader.h"
@@ -298,12 +301,45 @@ void print_csv(const TraceSummary& s) {
   }
 }
 
+// Where --chrome or --routing-trace will write: its directory must exist (checked before reading
+// the trace, so a typo costs nothing).
+void check_output_directory(const std::string& option, const std::string& file) {
+  const std::filesystem::path parent = std::filesystem::path(file).parent_path();
+  if (!parent.empty() && !std::filesystem::is_directory(parent)) {
+    throw ConfigError("report: " + option + " " + file + ": directory '" + parent.string() +
+                      "' does not exist");
+  }
+}
+
+// The layer's table, or a ConfigError saying what the trace holds instead.
+std::vector<std::vector<double>> routing_table(const TraceData& trace, int layer) {
+  const std::vector<int> layers = router_layers(trace);
+  if (layers.empty()) {
+    throw ConfigError(
+        "report: --routing-trace: the trace has no router statistics (expert-parallel `train` "
+        "runs record them)");
+  }
+  std::vector<std::vector<double>> steps = layer_routing(trace, layer);
+  if (steps.empty()) {
+    std::string present;
+    for (int l : layers) present += (present.empty() ? "" : ", ") + std::to_string(l);
+    throw ConfigError("report: --routing-layer " + std::to_string(layer) +
+                      ": the trace has router statistics for layers " + present);
+  }
+  if (steps.size() < 2) {
+    throw ConfigError("report: --routing-trace: layer " + std::to_string(layer) +
+                      " has statistics for 1 step; bench balance replays 2 or more");
+  }
+  return steps;
+}
+
 }  // namespace
 
 int run_report_command(const std::vector<std::string>& args) {
   std::string run_dir;
   bool json = false, csv = false;
-  std::string chrome;
+  std::string chrome, routing_trace;
+  int routing_layer = 0;
   po::options_description description("Report options");
   auto add = description.add_options();
   add("help,h", "print this help and exit");
@@ -312,13 +348,19 @@ int run_report_command(const std::vector<std::string>& args) {
   add("csv", po::bool_switch(&csv), "print the per-rank time breakdown as CSV instead");
   add("chrome", po::value(&chrome)->value_name("FILE"),
       "also write the timeline as Chrome trace JSON to FILE (open in ui.perfetto.dev)");
+  add("routing-trace", po::value(&routing_trace)->value_name("FILE"),
+      "also write one layer's tokens per expert per step (summed over ranks) to FILE, the text "
+      "`bench balance --routing-trace` replays");
+  add("routing-layer", po::value(&routing_layer)->default_value(0),
+      "the layer --routing-trace writes");
   po::positional_options_description positional;
   positional.add("run-dir", 1);
   po::variables_map vm;
   try {
     po::store(po::command_line_parser(args).options(description).positional(positional).run(), vm);
     if (vm.count("help")) {
-      std::cout << "usage: rlfusion report RUN_DIR [--json | --csv] [--chrome FILE]\n\n"
+      std::cout << "usage: rlfusion report RUN_DIR [--json | --csv] [--chrome FILE] "
+                   "[--routing-trace FILE [--routing-layer L]]\n\n"
                 << description << "\n";
       return 0;
     }
@@ -331,16 +373,15 @@ int run_report_command(const std::vector<std::string>& args) {
   if (!std::filesystem::exists(run_dir)) {
     throw ConfigError("report: run directory '" + run_dir + "' does not exist");
   }
-  if (!chrome.empty()) {
-    const std::filesystem::path parent = std::filesystem::path(chrome).parent_path();
-    if (!parent.empty() && !std::filesystem::is_directory(parent)) {
-      throw ConfigError("report: --chrome " + chrome + ": directory '" + parent.string() +
-                        "' does not exist");
-    }
-  }
+  if (!chrome.empty()) check_output_directory("--chrome", chrome);
+  if (!routing_trace.empty()) check_output_directory("--routing-trace", routing_trace);
+  if (routing_layer < 0) throw ConfigError("report: --routing-layer must be >= 0");
   const std::string path = std::filesystem::is_directory(run_dir) ? run_dir + "/trace.h5" : run_dir;
   const TraceData trace = read_trace(path);
   const TraceSummary summary = summarize(trace);
+  const std::vector<std::vector<double>> routing = routing_trace.empty()
+                                                       ? std::vector<std::vector<double>>{}
+                                                       : routing_table(trace, routing_layer);
 
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -350,6 +391,17 @@ int run_report_command(const std::vector<std::string>& args) {
     // On stderr, so the JSON and CSV twins stay machine-readable.
     std::fprintf(stderr, "# timeline: %s (%zu events; open in https://ui.perfetto.dev)\n",
                  chrome.c_str(), trace.event_count());
+  }
+  if (!routing_trace.empty()) {
+    write_text_atomically(
+        routing_trace,
+        routing_trace_text(routing, "router statistics of " + path + ", layer " +
+                                        std::to_string(routing_layer) +
+                                        ": tokens per expert per step, summed over ranks\n"
+                                        "replay: rlfusion bench balance --routing-trace " +
+                                        routing_trace));
+    std::fprintf(stderr, "# routing trace: %s (layer %d, %zu steps x %zu experts)\n",
+                 routing_trace.c_str(), routing_layer, routing.size(), routing.front().size());
   }
   if (json) {
     print_json(path, trace, summary);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <numeric>
 #include <sstream>
@@ -103,6 +104,24 @@ std::vector<std::vector<double>> read_routing_trace(const std::string& path) {
   }
   if (steps.size() < 2) throw ConfigError("routing trace '" + path + "': fewer than 2 steps");
   return steps;
+}
+
+std::string routing_trace_text(const std::vector<std::vector<double>>& steps,
+                               const std::string& comment) {
+  std::string text;
+  std::istringstream comment_lines(comment);
+  for (std::string line; std::getline(comment_lines, line);) text.append("# ").append(line) += '\n';
+  char number[32];
+  for (const std::vector<double>& step : steps) {
+    for (size_t e = 0; e < step.size(); ++e) {
+      // %.17g round-trips any double through std::stod; whole counts print as integers.
+      std::snprintf(number, sizeof number, "%.17g", step[e]);
+      if (e > 0) text += ',';
+      text += number;
+    }
+    text += "\n";
+  }
+  return text;
 }
 
 }  // namespace rlf

@@ -45,4 +45,9 @@ class DriftingZipfRouter {
 // fewer than 2 steps.
 std::vector<std::vector<double>> read_routing_trace(const std::string& path);
 
+// The text read_routing_trace reads back exactly: `comment` as '#' lines (one per line of it),
+// then one step per line (token counts printed exactly: they are whole numbers in practice).
+std::string routing_trace_text(const std::vector<std::vector<double>>& steps,
+                               const std::string& comment);
+
 }  // namespace rlf

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
+#include <utility>
 
 namespace rlf {
 
@@ -42,6 +44,32 @@ std::vector<LayerImbalance> layer_imbalance(const TraceData& trace) {
     layers.push_back(out);
   }
   return layers;
+}
+
+std::vector<int> router_layers(const TraceData& trace) {
+  std::set<int> layers;
+  for (const std::vector<RouterLoad>& rank : trace.router_loads) {
+    for (const RouterLoad& l : rank) layers.insert(l.layer);
+  }
+  return {layers.begin(), layers.end()};
+}
+
+std::vector<std::vector<double>> layer_routing(const TraceData& trace, int layer) {
+  int experts = 0;
+  std::map<int, std::map<int, int64_t>> tokens;  // [step][expert], summed over ranks
+  for (const std::vector<RouterLoad>& rank : trace.router_loads) {
+    for (const RouterLoad& l : rank) {
+      experts = std::max(experts, l.expert + 1);
+      if (l.layer == layer) tokens[l.step][l.expert] += l.tokens;
+    }
+  }
+  std::vector<std::vector<double>> steps;
+  for (const auto& [step, counts] : tokens) {
+    std::vector<double> row(size_t(experts), 0.0);
+    for (const auto& [expert, count] : counts) row[size_t(expert)] = double(count);
+    steps.push_back(std::move(row));
+  }
+  return steps;
 }
 
 std::vector<ExpertMigration> migrations_of(const TraceData& trace) {

@@ -25,6 +25,15 @@ struct LayerImbalance {
 // Layers in ascending order; empty when the trace has no router statistics.
 std::vector<LayerImbalance> layer_imbalance(const TraceData& trace);
 
+// Layers with router statistics, ascending.
+std::vector<int> router_layers(const TraceData& trace);
+
+// One layer's tokens per expert per step, summed over ranks: the table `bench balance
+// --routing-trace` replays (docs/EDPB.md). Steps ascending (those with statistics for the layer);
+// every row has one column per expert of the run (1 + the largest expert id of any layer), 0
+// where no token went. Empty when the layer has no statistics.
+std::vector<std::vector<double>> layer_routing(const TraceData& trace, int layer);
+
 // Migrations by step (ascending): bytes summed over ranks, the other fields from the lowest rank
 // that recorded the step.
 std::vector<ExpertMigration> migrations_of(const TraceData& trace);

@@ -96,6 +96,24 @@ TEST(TrainRebalance, MigratingLearnersTrainLikeTheRunThatNeverMigrates) {
   EXPECT_GT(test::json_number(json.output, "max_over_mean", layers), 1.2) << json.output;
   EXPECT_EQ(test::json_number(json.output, "steps", layers), 5) << json.output;
   EXPECT_NE(json.output.find("\"migrations\":[]"), std::string::npos) << json.output;
+  // The recorded routing, exported and replayed by bench balance; a layer the trace lacks stops.
+  const std::string routing = still_dir + "/routing_layer1.csv";
+  const CommandResult exported = test::run_rlfusion("report " + still_dir + " --routing-trace " +
+                                                    routing + " --routing-layer 1");
+  ASSERT_EQ(exported.exit_code, 0) << exported.output;
+  EXPECT_NE(exported.output.find("(layer 1, 5 steps x 4 experts)"), std::string::npos)
+      << exported.output;
+  const CommandResult replay =
+      test::run_rlfusion("bench balance --cost-model 1e-4,4e-6,2e-8 --routing-trace " + routing +
+                         " --nodes 1 --devices-per-node 2 --eplb-groups 2");
+  EXPECT_EQ(replay.exit_code, 0) << replay.output;
+  EXPECT_NE(replay.output.find(routing), std::string::npos) << replay.output;
+  const CommandResult missing = test::run_rlfusion("report " + still_dir + " --routing-trace " +
+                                                   routing + ".x --routing-layer 9");
+  EXPECT_EQ(missing.exit_code, 2) << missing.output;
+  EXPECT_NE(missing.output.find("router statistics for layers 0, 1"), std::string::npos)
+      << missing.output;
+  EXPECT_FALSE(fs::exists(routing + ".x"));
 }
 
 // Fused mode: training at EP 2 and generation through the layout switch at EP 1 (2 ranks: each

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "kernels/error.h"
 #include "src/balance/routing_trace.h"
@@ -37,6 +38,15 @@ TEST(RoutingTraceFile, ReadsStepsAndRejectsBadLines) {
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("line 3"), std::string::npos) << e.what();
   }
+  std::filesystem::remove_all(std::filesystem::path(write_file("x", "")).parent_path());
+}
+
+// What `report --routing-trace` writes reads back as the same table, the comment skipped.
+TEST(RoutingTraceFile, WrittenTextReadsBackExactly) {
+  const std::vector<std::vector<double>> steps = {{17, 0, 0, 1}, {20, 0.5, 0, 1}, {1e9, 3, 2, 1}};
+  const std::string text = routing_trace_text(steps, "from a trace\nsecond line");
+  EXPECT_EQ(text.rfind("# from a trace\n# second line\n17,0,0,1\n", 0), 0u) << text;
+  EXPECT_EQ(read_routing_trace(write_file("written.csv", text)), steps);
   std::filesystem::remove_all(std::filesystem::path(write_file("x", "")).parent_path());
 }
 
