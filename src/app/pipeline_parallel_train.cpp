@@ -54,7 +54,7 @@ std::unique_ptr<PipelineGroups> make_train_pipeline(const DisaggregatedOptions& 
   if (minibatches > 1 && (smallest_share == 0 || micro_batches > smallest_minibatch)) {
     throw ConfigError("--minibatches " + std::to_string(minibatches) + " with --micro-batches " +
                       std::to_string(options.micro_batches) +
-                      " (0: pieces of --micro-batch): " + "a pipeline's smallest minibatch holds " +
+                      " (0: pieces of --micro-batch): a pipeline's smallest minibatch holds " +
                       std::to_string(smallest_minibatch) + " samples, which cannot fill its " +
                       std::to_string(std::max(micro_batches, p)) +
                       " micro-batches (every micro-batch needs one)");
