@@ -66,8 +66,9 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   }
   // Pipeline parallelism: pipelines of consecutive ranks train one replica stage by stage; every
   // rank still generates its own block of prompts (generation is data-parallel over all ranks).
-  const std::unique_ptr<PipelineGroups> pp = make_train_pipeline(
-      options, model_config, rl.prompts / replicas * rl.group_size, rl.micro_batch, topology);
+  const std::unique_ptr<PipelineGroups> pp =
+      make_train_pipeline(options, model_config, rl.prompts / replicas * rl.group_size,
+                          rl.micro_batch, rl.group_size, rl.minibatches, topology);
   const int experts = model_config.n_experts;
   validate_role_expert_parallel("--expert-parallel", options.expert_parallel,
                                 topology.ranks_of(Role::Learner), experts, options.ep_dispatch,
@@ -189,7 +190,9 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   // With pipeline parallelism, the ranks holding the same stage (one per pipeline).
   const DataParallelHooks parallel = learner_hooks(
       pp ? pp->data_parallel() : (tp ? tp->data_parallel() : all), links, model, ep.get(), trace);
-  const RlStepSettings settings = step_settings(rl);
+  RlStepSettings settings = step_settings(rl);
+  // A pipeline trains its stages' blocks together: each minibatch takes its share of every block.
+  if (pp) settings.sample_blocks = pp->shape().stages;
   const GenerationSettings sampling = sampling_settings(rl, task, run.seed);
   const AdvantageEstimator estimator = parse_advantage_estimator(rl.advantage);
   const int my_prompts = rl.prompts / replicas;
@@ -298,6 +301,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   }
   // After the pool exists: a StaleSync checkpoint refills it with the samples in flight.
   saved.attach_pool(pool.get());
+  saved.attach_pipeline(pp.get());
   if (saved.resuming()) position = saved.load(state);
   RandomDelay random_delay(rl.random_delay_ms, run.seed, rank);
   RlProgress progress(dir, rl.steps, rl.log_every, policy.device->memory());
@@ -422,6 +426,14 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
     }
     if (train) {
       random_delay();
+      if (pp && learner.reference) {
+        // The reference's stages gathered into a whole model for this rank's own samples.
+        TraceScope traced(trace, Phase::Reference);
+        traced.set_version(version);
+        traced.set_bytes(int64_t(attach_pipeline_reference_logprobs(*learner.reference, *pp, device,
+                                                                    rollouts, settings.micro_batch,
+                                                                    settings.temperature)));
+      }
       if (pp) {
         TraceScope traced(trace, Phase::QueueGet);
         traced.set_version(version);
@@ -430,8 +442,8 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
       device.start_phase_peak();
       const auto training_start = std::chrono::steady_clock::now();
       const StepStats stats = train_on_rollouts_traced(
-          model, *learner.optimizer, learner.reference.get(), rollouts, settings, parallel, version,
-          pp ? pp->replicas() : replicas, trace, pipeline_gradient);
+          model, *learner.optimizer, pp ? nullptr : learner.reference.get(), rollouts, settings,
+          parallel, version, pp ? pp->replicas() : replicas, trace, pipeline_gradient);
       training_peak = std::max(training_peak, device.phase_peak());
       routed_seconds += seconds_since(training_start);
       position.rl_tokens += int64_t(stats.tokens);

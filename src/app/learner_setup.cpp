@@ -47,6 +47,22 @@ std::unique_ptr<RoleExpertParallel> attach_expert_parallel(Transformer<float>& m
   return ep;
 }
 
+namespace {
+
+// The layers `layout` stores: a pipeline stage's reference holds its stage's layers only.
+LayerShard stored_layers(const ParameterLayout& layout, int n_layers) {
+  LayerShard shard;
+  shard.embedding = layout.stores_embedding();
+  shard.head = layout.stores_head();
+  for (int layer = 0; layer < n_layers; ++layer) {
+    if (layout.stores_layer(layer)) shard.layers.push_back(layer);
+  }
+  if (int(shard.layers.size()) == n_layers) shard.layers.clear();
+  return shard;
+}
+
+}  // namespace
+
 LearnerState allocate_learner_state(Policy& policy, const RlOptions& rl) {
   LearnerState state;
   Transformer<float>& model = *policy.model;
@@ -54,8 +70,8 @@ LearnerState allocate_learner_state(Policy& policy, const RlOptions& rl) {
   if (rl.kl_coef > 0) {
     state.reference = std::make_unique<Transformer<float>>(
         policy.config, policy.device->ops(), policy.device->memory(), /*with_gradients=*/false,
-        ExpertShard{layout.first_expert(), layout.stored_experts()}, LayerShard{},
-        model.tensor_parallel());
+        ExpertShard{layout.first_expert(), layout.stored_experts()},
+        stored_layers(layout, policy.config.n_layers), model.tensor_parallel());
   }
   if (!model.gradients()) {
     state.gradients_mark = policy.device->memory().mark();

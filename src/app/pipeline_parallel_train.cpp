@@ -8,12 +8,12 @@
 #include "src/model/activation_memory.h"
 #include "src/rl/policy_loss.h"
 #include "src/roles/rollout_samples.h"
+#include "src/runtime/pipeline_layout_switch.h"
 
 namespace rlf {
 
 void validate_pipeline_parallel_train(const DisaggregatedOptions& options, bool fused,
-                                      int world_size, const RlOptions& rl,
-                                      const CheckpointOptions& checkpoints) {
+                                      int world_size, const RlOptions& rl) {
   const int degree = options.pipeline_parallel;
   const std::string option = "--pipeline-parallel " + std::to_string(degree);
   if (degree < 1) throw ConfigError(option + ": must be a positive integer");
@@ -27,32 +27,95 @@ void validate_pipeline_parallel_train(const DisaggregatedOptions& options, bool 
     }
     return;
   }
-  refuse_unsupported_with_model_parallelism(option, options, fused, world_size, rl, checkpoints);
-  auto refuse = [&](const std::string& what) {
-    throw ConfigError(option + " is not supported " + what);
-  };
-  if (options.tensor_parallel != 1) refuse("with --tensor-parallel");
-  if (rl.kl_coef > 0) refuse("with --kl-coef (the reference model is not pipelined)");
-  if (rl.minibatches != 1) refuse("with --minibatches above 1");
+  refuse_unsupported_with_model_parallelism(option, options, fused, world_size, rl);
+  if (options.tensor_parallel != 1) {
+    throw ConfigError(option + " is not supported with --tensor-parallel");
+  }
 }
 
 std::unique_ptr<PipelineGroups> make_train_pipeline(const DisaggregatedOptions& options,
                                                     const ModelConfig& config, int rank_samples,
-                                                    int micro_batch, Topology& topology) {
+                                                    int micro_batch, int group_size,
+                                                    int minibatches, Topology& topology) {
   if (options.pipeline_parallel <= 1) return nullptr;
   const int p = options.pipeline_parallel;
-  const int pipeline_samples = p * rank_samples;
+  // Each minibatch takes its share of every rank's block (minibatch_begin): the first share is
+  // the smallest.
+  const int smallest_share = int(minibatch_begin(size_t(rank_samples), group_size, minibatches, 1));
+  const int smallest_minibatch = p * smallest_share;
   const int micro_batches = options.micro_batches > 0
                                 ? options.micro_batches
-                                : p * ((rank_samples + micro_batch - 1) / micro_batch);
-  if (micro_batches > pipeline_samples) {
+                                : p * ((smallest_share + micro_batch - 1) / micro_batch);
+  if (minibatches == 1 && micro_batches > smallest_minibatch) {
     throw ConfigError("--micro-batches " + std::to_string(micro_batches) +
-                      ": a pipeline trains only " + std::to_string(pipeline_samples) +
+                      ": a pipeline trains only " + std::to_string(smallest_minibatch) +
                       " samples per step (every micro-batch needs one)");
+  }
+  if (minibatches > 1 && (smallest_share == 0 || micro_batches > smallest_minibatch)) {
+    throw ConfigError("--minibatches " + std::to_string(minibatches) + " with --micro-batches " +
+                      std::to_string(options.micro_batches) +
+                      " (0: pieces of --micro-batch): a pipeline's smallest minibatch holds " +
+                      std::to_string(smallest_minibatch) + " samples, which cannot fill its " +
+                      std::to_string(std::max(micro_batches, p)) +
+                      " micro-batches (every micro-batch needs one)");
   }
   return std::make_unique<PipelineGroups>(topology.role_comm().comm,
                                           PipelineShape{p, micro_batches, options.virtual_stages},
                                           config, topology.links());
+}
+
+uint64_t attach_pipeline_reference_logprobs(const Transformer<float>& reference_stage,
+                                            const PipelineGroups& groups, Arena& device,
+                                            std::vector<Rollout>& own, int micro_batch,
+                                            float temperature) {
+  ArenaScope reference_memory(device);
+  Transformer<float> whole(reference_stage.config(), reference_stage.ops(), device,
+                           /*with_gradients=*/false);
+  const uint64_t received = gather_pipeline_model(reference_stage.parameters(), groups,
+                                                  whole.parameters(), whole.layout());
+  attach_reference_logprobs(whole, own, micro_batch, temperature);
+  return received;
+}
+
+void gather_reference_logprobs(const std::vector<Rollout>& own, const PipelineGroups& groups,
+                               std::vector<Rollout>& pipeline_samples) {
+  const HierarchicalComm& pipeline = groups.pipeline();
+  std::vector<float> mine;
+  for (const Rollout& r : own) {
+    if (r.reference_logp.size() != r.response.size()) {
+      throw std::logic_error("gather_reference_logprobs: a rollout lacks its reference log-probs");
+    }
+    mine.insert(mine.end(), r.reference_logp.begin(), r.reference_logp.end());
+  }
+  const int stages = pipeline.size();
+  std::vector<int> counts(static_cast<size_t>(stages)), displacements(counts);
+  const int count = int(mine.size());
+  MPI_Allgather(&count, 1, MPI_INT, counts.data(), 1, MPI_INT, pipeline.comm);
+  int total = 0;
+  for (int s = 0; s < stages; ++s) {
+    displacements[size_t(s)] = total;
+    total += counts[size_t(s)];
+  }
+  std::vector<float> all(static_cast<size_t>(total));
+  MPI_Allgatherv(mine.data(), count, MPI_FLOAT, all.data(), counts.data(), displacements.data(),
+                 MPI_FLOAT, pipeline.comm);
+  for (int s = 0; s < stages; ++s) {
+    if (s != groups.stage()) {
+      groups.links().count_send(pipeline.world_ranks[size_t(s)], uint64_t(count) * sizeof(float));
+    }
+  }
+  size_t at = 0;
+  for (Rollout& r : pipeline_samples) {
+    if (at + r.response.size() > all.size()) {
+      throw std::logic_error("gather_reference_logprobs: the stages sent too few log-probs");
+    }
+    r.reference_logp.assign(all.begin() + std::ptrdiff_t(at),
+                            all.begin() + std::ptrdiff_t(at + r.response.size()));
+    at += r.response.size();
+  }
+  if (at != all.size()) {
+    throw std::logic_error("gather_reference_logprobs: the stages sent too many log-probs");
+  }
 }
 
 std::vector<Rollout> pipeline_rollouts(DistQueue& queue, const PipelineGroups& groups,
@@ -69,7 +132,9 @@ std::vector<Rollout> pipeline_rollouts(DistQueue& queue, const PipelineGroups& g
   // The shards live on ranks that train next: none leaves (and stops serving) before every
   // pipeline has its samples.
   queue.barrier();
-  return to_rollouts(samples);
+  std::vector<Rollout> rollouts = to_rollouts(samples);
+  if (!own.front().reference_logp.empty()) gather_reference_logprobs(own, groups, rollouts);
+  return rollouts;
 }
 
 namespace {
@@ -88,7 +153,6 @@ PipelineTrainer::PipelineTrainer(const PipelineGroups& groups, Transformer<float
                                  int longest_sequence)
     : groups_(groups),
       settings_(settings),
-      rank_samples_(rank_samples),
       equal_parts_(equal_parts),
       stage_(model, groups.chunks(groups.stage()),
              stage_activation_bytes(model.config(),
@@ -106,8 +170,10 @@ std::vector<std::pair<size_t, size_t>> PipelineTrainer::micro_batch_bounds(size_
       bounds.emplace_back(k * count / parts, (k + 1) * count / parts);
     return bounds;
   }
-  // Each rank's block in --micro-batch pieces: the data-parallel run's micro-batches exactly.
-  const size_t block = size_t(rank_samples_), piece = size_t(settings_.micro_batch);
+  // Each rank's block (its share of this minibatch) in --micro-batch pieces: the data-parallel
+  // run's micro-batches exactly.
+  const size_t block = count / size_t(groups_.shape().stages);
+  const size_t piece = size_t(settings_.micro_batch);
   for (size_t begin = 0; begin < count; begin += block) {
     const size_t end = std::min(count, begin + block);
     for (size_t b = begin; b < end; b += piece) bounds.emplace_back(b, std::min(end, b + piece));
@@ -118,10 +184,17 @@ std::vector<std::pair<size_t, size_t>> PipelineTrainer::micro_batch_bounds(size_
 PpoStats PipelineTrainer::minibatch_gradient(const std::vector<const Rollout*>& minibatch,
                                              double normalizer, double all_samples) {
   const auto bounds = micro_batch_bounds(minibatch.size());
-  if (int(bounds.size()) != groups_.shape().micro_batches) {
+  // This minibatch's micro-batches (in --micro-batch pieces a minibatch with a larger share of the
+  // groups may make more than the first).
+  PipelineShape shape = groups_.shape();
+  shape.micro_batches = int(bounds.size());
+  const bool blocks_equal = equal_parts_ || minibatch.size() % size_t(shape.stages) == 0;
+  if (bounds.empty() || !blocks_equal ||
+      std::any_of(bounds.begin(), bounds.end(),
+                  [](const auto& b) { return b.first == b.second; })) {
     throw std::logic_error("PipelineTrainer: " + std::to_string(minibatch.size()) +
-                           " samples do not make the pipeline's " +
-                           std::to_string(groups_.shape().micro_batches) + " micro-batches");
+                           " samples do not fill the pipeline's " + std::to_string(bounds.size()) +
+                           " micro-batches");
   }
   const float aux_coef = stage_.model().config().aux_loss_coef;
   std::vector<std::vector<const Rollout*>> micro_rollouts;
@@ -149,8 +222,8 @@ PpoStats PipelineTrainer::minibatch_gradient(const std::vector<const Rollout*>& 
     total.ratio_sum += s.ratio_sum;
     return float(s.loss);
   });
-  const PipelineStepStats step = run_pipeline_step(stage_, groups_.shape(), batches, aux_coef,
-                                                   groups_.pipeline().comm, groups_.links());
+  const PipelineStepStats step =
+      run_pipeline_step(stage_, shape, batches, aux_coef, groups_.pipeline().comm, groups_.links());
   stage_.set_loss({});
   wall_seconds_ += step.wall_seconds;
   wait_seconds_ += step.wait_seconds;

@@ -25,30 +25,49 @@ namespace rlf {
 // ConfigError, the same on every rank before any work, for --pipeline-parallel outside what is
 // built: a degree, virtual stages or micro-batch count below their minimum, --virtual-stages or
 // --micro-batches without a pipeline, one rank, a multi-rank run that is not --mode fused, or
-// combined with tensor or expert parallelism, --offload, StaleSync, a learned reward model,
-// rebalancing, checkpoints, a KL term or --minibatches above 1.
+// combined with tensor or expert parallelism, --offload, StaleSync, a learned reward model or
+// rebalancing.
 void validate_pipeline_parallel_train(const DisaggregatedOptions& options, bool fused,
-                                      int world_size, const RlOptions& rl,
-                                      const CheckpointOptions& checkpoints);
+                                      int world_size, const RlOptions& rl);
 
 // The pipelines over the fused ranks (null for --pipeline-parallel 1), each rank generating
-// `rank_samples` samples per step. Throws ConfigError on every rank when the degree does not
-// divide the ranks, P x V the model's layers, or the micro-batches do not fit the schedule or the
-// pipeline's samples.
+// `rank_samples` samples (prompt groups of `group_size`) per step, trained in `minibatches`
+// optimizer steps. Throws ConfigError on every rank when the degree does not divide the ranks,
+// P x V the model's layers, or the micro-batches do not fit the schedule or the pipeline's
+// smallest minibatch.
 std::unique_ptr<PipelineGroups> make_train_pipeline(const DisaggregatedOptions& options,
                                                     const ModelConfig& config, int rank_samples,
-                                                    int micro_batch, Topology& topology);
+                                                    int micro_batch, int group_size,
+                                                    int minibatches, Topology& topology);
+
+// The frozen reference's log-probs of this rank's own rollouts (Rollout::reference_logp), in
+// micro-batches of `micro_batch` as the data-parallel run computes them: the reference's stages
+// are gathered inside the pipeline (gather_pipeline_model) into a whole model in `device`, which
+// is freed on return. Collective over groups.pipeline(); returns the bytes received.
+uint64_t attach_pipeline_reference_logprobs(const Transformer<float>& reference_stage,
+                                            const PipelineGroups& groups, Arena& device,
+                                            std::vector<Rollout>& own, int micro_batch,
+                                            float temperature);
+
+// Every stage's reference log-probs of its own rollouts (`own`, which the stage generated: block
+// groups.stage() of the pipeline's samples) onto `pipeline_samples` (the stages' blocks in stage
+// order): an allgather inside the pipeline, counted on groups.links(). std::logic_error when the
+// log-probs do not cover the samples' responses exactly.
+void gather_reference_logprobs(const std::vector<Rollout>& own, const PipelineGroups& groups,
+                               std::vector<Rollout>& pipeline_samples);
 
 // The samples a pipeline trains: every rank puts the rollouts it generated (sample ids
 // [first_sample, first_sample + rollouts.size()) of its own block) into `queue`, then one leader
 // per pipeline (per node of it) fetches the pipeline's consecutive blocks with
 // get_range_replicated and hands every stage the same samples, in canonical order. Collective
-// over the world.
+// over the world. When `own` carries reference log-probs (a KL term), every stage's are gathered
+// inside the pipeline onto the pipeline's samples (the queue carries no reference log-probs).
 std::vector<Rollout> pipeline_rollouts(DistQueue& queue, const PipelineGroups& groups,
                                        const std::vector<Rollout>& own, int group_size);
 
 // Trains a pipeline stage: each minibatch's samples are cut into the pipeline's micro-batches and
-// run through the schedule (run_pipeline_step); the last stage computes the PPO-clip loss from its
+// run through the schedule (run_pipeline_step; with --micro-batch pieces a minibatch may make
+// fewer micro-batches than the step's first); the last stage computes the PPO-clip loss from its
 // logits, and its statistics are summed over the pipeline. Also what the steps measured.
 class PipelineTrainer {
  public:
@@ -70,12 +89,12 @@ class PipelineTrainer {
   double measured_bubble() const { return wall_seconds_ > 0 ? wait_seconds_ / wall_seconds_ : 0; }
 
  private:
-  // [begin, end) of every micro-batch of a minibatch of `count` samples.
+  // [begin, end) of every micro-batch of a minibatch of `count` samples (the stages' blocks'
+  // shares, stage 0's first).
   std::vector<std::pair<size_t, size_t>> micro_batch_bounds(size_t count) const;
 
   const PipelineGroups& groups_;
   RlStepSettings settings_;
-  int rank_samples_;
   bool equal_parts_;
   PipelineStage<float> stage_;
   double wall_seconds_ = 0, wait_seconds_ = 0, compute_seconds_ = 0;

@@ -17,13 +17,16 @@ void validate_tensor_parallel_train(const DisaggregatedOptions& options, bool fu
     }
     return;
   }
-  refuse_unsupported_with_model_parallelism(option, options, fused, world_size, rl, checkpoints);
+  refuse_unsupported_with_model_parallelism(option, options, fused, world_size, rl);
+  // A checkpoint holds the whole model; the TP slices are not gathered for it yet.
+  if (checkpoints.every > 0 || !checkpoints.resume.empty()) {
+    throw ConfigError(option + " is not supported with --checkpoint-every or --resume");
+  }
 }
 
 void refuse_unsupported_with_model_parallelism(const std::string& option,
                                                const DisaggregatedOptions& options, bool fused,
-                                               int world_size, const RlOptions& rl,
-                                               const CheckpointOptions& checkpoints) {
+                                               int world_size, const RlOptions& rl) {
   auto refuse = [&](const std::string& what) {
     throw ConfigError(option + " is not supported " + what);
   };
@@ -36,9 +39,6 @@ void refuse_unsupported_with_model_parallelism(const std::string& option,
   if (options.rebalance.every > 0) refuse("with --rebalance-every");
   if (rl.staleness > 0) refuse("with --staleness (StaleSync)");
   if (!rl.reward_model.empty()) refuse("with --reward-model");
-  if (checkpoints.every > 0 || !checkpoints.resume.empty()) {
-    refuse("with --checkpoint-every or --resume");
-  }
 }
 
 std::unique_ptr<TensorParallel> make_train_tensor_parallel(const DisaggregatedOptions& options,

@@ -16,11 +16,10 @@ namespace rlf {
 
 // ConfigError "<option> is not supported ..." for what no model-parallel fused layout (tensor or
 // pipeline parallelism) combines with yet: one rank, a multi-rank run that is not --mode fused,
-// expert parallelism, --offload, StaleSync, a learned reward model, rebalancing or checkpoints.
+// expert parallelism, --offload, StaleSync, a learned reward model or rebalancing.
 void refuse_unsupported_with_model_parallelism(const std::string& option,
                                                const DisaggregatedOptions& options, bool fused,
-                                               int world_size, const RlOptions& rl,
-                                               const CheckpointOptions& checkpoints);
+                                               int world_size, const RlOptions& rl);
 
 // ConfigError, the same on every rank before any work, for --tensor-parallel outside what is
 // built: a degree below 1, a multi-rank run that is not --mode fused, one rank, or combined with

@@ -5,6 +5,7 @@
 
 #include "kernels/error.h"
 #include "src/model/expert_parallel.h"
+#include "src/runtime/pipeline_layout_switch.h"
 
 namespace rlf {
 
@@ -28,6 +29,21 @@ std::array<float*, kBuffers> buffers_of(const TrainingState& state) {
 
 CheckpointTensors tensors_of(const std::array<float*, kBuffers>& b) {
   return {b[0], b[1], b[2], b[3]};
+}
+
+// A pipeline stage's buffers gathered into whole-model ones (laid out by `whole_layout`) on every
+// rank of its pipeline; collective over the pipeline. Null buffers stay empty.
+std::array<std::vector<float>, kBuffers> gather_whole_buffers(const TrainingState& state,
+                                                              const PipelineGroups& groups,
+                                                              const ParameterLayout& whole_layout) {
+  const std::array<float*, kBuffers> stage = buffers_of(state);
+  std::array<std::vector<float>, kBuffers> whole;
+  for (size_t b = 0; b < kBuffers; ++b) {
+    if (!stage[b]) continue;
+    whole[b].resize(size_t(whole_layout.total()));
+    gather_pipeline_model(stage[b], groups, whole[b].data(), whole_layout);
+  }
+  return whole;
 }
 
 // Every rank's in-flight samples on rank 0 of `comm` (index: rank; empty elsewhere). Flattened
@@ -146,7 +162,8 @@ void TrainCheckpoints::describe(RunDirectory& dir) const {
 
 RlPosition TrainCheckpoints::load(const TrainingState& state) const {
   const Transformer<float>& model = *state.model;
-  // With sharded experts only this rank's experts' rows are read (any EP degree).
+  // With sharded experts only this rank's experts' rows are read (any EP degree), with pipeline
+  // stages only the stage's tensors (any PP degree).
   const CheckpointCounters c =
       read_checkpoint(resume_.path, model.config(), model.layout(), tensors_of(buffers_of(state)));
   if (pool_) {
@@ -211,6 +228,19 @@ void TrainCheckpoints::save(const RlPosition& position, const TrainingState& sta
   c.group_size = rl_.group_size;
   c.staleness = rl_.staleness;
   const Transformer<float>& model = *state.model;
+  if (pipeline_) {
+    // The first pipeline assembles the whole model; the others hold the same values.
+    if (pipeline_->replica() != 0) return;
+    const ParameterLayout whole_layout(model.config());
+    std::array<std::vector<float>, kBuffers> whole =
+        gather_whole_buffers(state, *pipeline_, whole_layout);
+    std::array<float*, kBuffers> buffers{};
+    for (size_t b = 0; b < kBuffers; ++b) buffers[b] = whole[b].empty() ? nullptr : whole[b].data();
+    if (writer) {
+      write_checkpoint(run_.run_dir, model.config(), whole_layout, c, tensors_of(buffers));
+    }
+    return;
+  }
   if (!model.layout().expert_sharded()) {
     CheckpointTensors tensors = tensors_of(buffers_of(state));
     std::vector<std::vector<InFlightSample>> in_flight;

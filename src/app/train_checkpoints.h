@@ -1,10 +1,12 @@
 // Checkpoints and restart for `train` (one rank, disaggregated and fused runs, synchronous or
-// StaleSync, experts sharded or not): --checkpoint-every, --resume auto|PATH, and SIGTERM / SIGUSR1, which
-// make every rank agree at the next step boundary to write a checkpoint and stop with exit code 3.
-// The file format is src/io/checkpoint.h. A checkpoint always holds the whole model: with sharded
-// experts, the ranks of replica 0's EP group write it together through parallel HDF5, each its
-// own experts' rows, and each learner reads back only the experts it stores, so a checkpoint
-// loads at any EP degree and no rank ever holds another rank's experts.
+// StaleSync, experts sharded or not): --checkpoint-every, --resume auto|PATH, and SIGTERM /
+// SIGUSR1, which make every rank agree at the next step boundary to write a checkpoint and stop
+// with exit code 3. The file format is src/io/checkpoint.h. A checkpoint always holds the whole
+// model: with sharded experts, the ranks of replica 0's EP group write it together through parallel
+// HDF5, each its own experts' rows, and each learner reads back only the experts it stores, so a
+// checkpoint loads at any EP degree and no rank ever holds another rank's experts. With pipeline
+// stages the first pipeline gathers the whole model onto world rank 0, which writes it; each stage
+// reads back its own layers, so a checkpoint loads at any PP degree, or without pipelines.
 #pragma once
 
 #include <mpi.h>
@@ -23,6 +25,8 @@
 #include "src/runtime/role_expert_parallel.h"
 
 namespace rlf {
+
+class PipelineGroups;
 
 // `train` wrote a checkpoint after SIGTERM or SIGUSR1 and stopped: continue with --resume auto.
 inline constexpr int kExitCheckpointedOnSignal = 3;
@@ -74,6 +78,10 @@ class TrainCheckpoints {
     pool_ = pool;
     in_flight_ = true;
   }
+  // Pipeline parallelism: the training state holds this rank's stage. A checkpoint still holds
+  // the whole model: the first pipeline gathers every buffer from its stages and world rank 0
+  // writes it; load() reads only the stage's tensors. Call before the first step on every rank.
+  void attach_pipeline(const PipelineGroups* groups) { pipeline_ = groups; }
   // StaleSync (disaggregated): the actors' last batch, put into DistQueue and not yet taken, is
   // saved with each checkpoint (actor_end_of_step hands it over); trainers add nothing to it.
   void collect_in_flight() { in_flight_ = true; }
@@ -110,7 +118,8 @@ class TrainCheckpoints {
     return supported_ && step < rl_.steps &&
            (stopping || (options_.every > 0 && step % options_.every == 0));
   }
-  // With sharded experts: collective over replica 0's EP group (write_checkpoint_sharded).
+  // With sharded experts: collective over replica 0's EP group (write_checkpoint_sharded); with
+  // pipeline stages, over the first pipeline.
   void save(const RlPosition& position, const TrainingState& state, bool writer,
             RoleExpertParallel* ep, MPI_Comm comm) const;
   std::string stop_message(int step) const;
@@ -122,6 +131,7 @@ class TrainCheckpoints {
   ResumePoint resume_;
   bool watching_ = false;
   RolloutPool* pool_ = nullptr;
+  const PipelineGroups* pipeline_ = nullptr;
   bool in_flight_ = false;  // checkpoints gather every rank's samples in flight
 };
 

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <span>
+#include <stdexcept>
+#include <string>
 
 #include "src/rl/policy_loss.h"
 
@@ -52,6 +54,22 @@ size_t minibatch_begin(size_t rollouts, int group_size, int minibatches, int mb)
   return groups * size_t(mb) / size_t(minibatches) * size_t(group_size);
 }
 
+std::vector<size_t> minibatch_indices(size_t rollouts, const RlStepSettings& settings, int mb) {
+  const size_t blocks = size_t(std::max(1, settings.sample_blocks));
+  if (rollouts % blocks != 0) {
+    throw std::logic_error("minibatch_indices: " + std::to_string(rollouts) + " rollouts are not " +
+                           std::to_string(blocks) + " equal blocks");
+  }
+  const size_t block = rollouts / blocks;
+  std::vector<size_t> indices;
+  for (size_t b = 0; b < blocks; ++b) {
+    const size_t first = minibatch_begin(block, settings.group_size, settings.minibatches, mb);
+    const size_t last = minibatch_begin(block, settings.group_size, settings.minibatches, mb + 1);
+    for (size_t i = first; i < last; ++i) indices.push_back(b * block + i);
+  }
+  return indices;
+}
+
 void attach_proximal_logprobs(Transformer<float>& policy, std::vector<Rollout>& rollouts,
                               const RlStepSettings& settings, const DataParallelHooks& parallel) {
   const size_t first =
@@ -73,31 +91,28 @@ StepStats optimize_on_rollouts(Transformer<float>& policy, AdamW<float>& optimiz
     stats.tokens += double(r.prompt.size() + r.response.size());
   }
   for (int mb = 0; mb < settings.minibatches; ++mb) {
-    const size_t first =
-        minibatch_begin(rollouts.size(), settings.group_size, settings.minibatches, mb);
-    const size_t last =
-        minibatch_begin(rollouts.size(), settings.group_size, settings.minibatches, mb + 1);
+    std::vector<const Rollout*> minibatch;
+    for (const size_t i : minibatch_indices(rollouts.size(), settings, mb))
+      minibatch.push_back(&rollouts[i]);
     double local_tokens = 0;
-    for (size_t i = first; i < last; ++i) local_tokens += double(rollouts[i].response.size());
+    for (const Rollout* r : minibatch) local_tokens += double(r->response.size());
     // The normalizer counts the response tokens of the minibatch on every learner, so that the
     // summed gradient equals the gradient of the whole minibatch on one rank.
     const double normalizer = parallel.sum(local_tokens);
-    const double all_samples = parallel.sum(double(last - first));
+    const double all_samples = parallel.sum(double(minibatch.size()));
     policy.zero_gradients();
     if (gradient) {
-      std::vector<const Rollout*> minibatch;
-      for (size_t i = first; i < last; ++i) minibatch.push_back(&rollouts[i]);
       const PpoStats s = gradient(minibatch, normalizer, all_samples);
       stats.kl += s.kl_sum;
       stats.clipped_tokens += s.clipped_tokens;
     }
-    const size_t micros =
-        gradient ? 0 : parallel.micro_batches(ceil_div(last - first, size_t(settings.micro_batch)));
+    const size_t count = minibatch.size(), piece = size_t(settings.micro_batch);
+    const size_t micros = gradient ? 0 : parallel.micro_batches(ceil_div(count, piece));
     for (size_t m = 0; m < micros; ++m) {
-      const size_t begin = std::min(last, first + m * size_t(settings.micro_batch));
-      const size_t end = std::min(last, begin + size_t(settings.micro_batch));
-      std::vector<const Rollout*> micro;
-      for (size_t i = begin; i < end; ++i) micro.push_back(&rollouts[i]);
+      const size_t begin = std::min(count, m * piece);
+      const size_t end = std::min(count, begin + piece);
+      const std::vector<const Rollout*> micro(minibatch.begin() + std::ptrdiff_t(begin),
+                                              minibatch.begin() + std::ptrdiff_t(end));
       const float aux = policy.config().aux_loss_coef * float(double(end - begin) / all_samples);
       const PpoStats s = accumulate_policy_gradient(policy, micro, normalizer, settings.temperature,
                                                     settings.ppo, aux);

@@ -17,6 +17,10 @@ namespace rlf {
 struct RlStepSettings {
   int group_size = 8;
   int minibatches = 1;
+  // The step's rollouts are this many equal blocks of whole prompt groups, one per rank that
+  // generated them (a pipeline's stages), and each minibatch takes its share of every block, as
+  // those ranks would in a data-parallel run (1: the rollouts are one rank's).
+  int sample_blocks = 1;
   int micro_batch = 64;
   float temperature = 1.0f;
   // ppo.decoupled: StaleSync's objective, anchored at the policy of the step's start (ppo.h).
@@ -56,6 +60,9 @@ void attach_reference_logprobs(Transformer<float>& reference, std::vector<Rollou
 // The first rollout of minibatch `mb`: minibatches split the prompt groups evenly, and the last
 // takes everything left (a learner's share may end in a partial group).
 size_t minibatch_begin(size_t rollouts, int group_size, int minibatches, int mb);
+// The indices of minibatch `mb`'s rollouts: its share of each of settings.sample_blocks equal
+// blocks (minibatch_begin within the block), block by block.
+std::vector<size_t> minibatch_indices(size_t rollouts, const RlStepSettings& settings, int mb);
 // The decoupled objective's anchor for the rollouts after the first minibatch (whose optimizer
 // steps change the weights before they train): the current policy's log-probs, micro-batched.
 void attach_proximal_logprobs(Transformer<float>& policy, std::vector<Rollout>& rollouts,

@@ -22,6 +22,7 @@
 #include "tests/app/json_output.h"
 #include "tests/app/read_parameters.h"
 #include "tests/app/run_rlfusion.h"
+#include "tests/test_util.h"
 
 namespace rlf {
 namespace {
@@ -283,6 +284,48 @@ TEST(CheckpointRestart, ExpertParallelAfterMigrationResumesBitExact) {
                     straight.output.find("# migration after step 2:") != std::string::npos)
             << straight.output;
       });
+}
+
+// Pipeline parallelism (the KL term on: the reference is stored per stage too): the first
+// pipeline gathers its stages' parameters, moments and reference into the whole-model file, and
+// a resumed run ends bit for bit where the uninterrupted one does, at PP 2 and at PP 2 x DP 2.
+TEST(Checkpoint, FusedPipelineParallelResumeIsBitExact) {
+  const std::string pipeline = kRun + "--mode fused --pipeline-parallel 2 ";
+  expect_kill_and_resume_bit_exact("pipeline", 2, pipeline, "data");
+  expect_kill_and_resume_bit_exact("pipeline-dp", 4, pipeline, "data");
+}
+
+// The file is the whole model whatever wrote it: a pipeline-parallel run's checkpoint resumes in a
+// data-parallel fused run and the other way round, ending where an uninterrupted run of the
+// resuming layout does (within float rounding: the two layouts sum in different orders).
+TEST(Checkpoint, PipelineAndDataParallelCheckpointsResumeInEachOther) {
+  const std::string data_parallel = kRun + "--mode fused ";
+  const std::string pipeline = data_parallel + "--pipeline-parallel 2 ";
+  for (const bool pipeline_writes : {true, false}) {
+    SCOPED_TRACE(pipeline_writes ? "PP -> DP" : "DP -> PP");
+    const std::string& writer = pipeline_writes ? pipeline : data_parallel;
+    const std::string& reader = pipeline_writes ? data_parallel : pipeline;
+    const std::string written_dir = temp_dir("cross-written");
+    const std::string straight_dir = temp_dir("cross-straight");
+    const std::string resumed_dir = temp_dir("cross-resumed");
+    const CommandResult written =
+        test::run_rlfusion(writer + "--checkpoint-every 2 --run-dir " + written_dir, 2);
+    ASSERT_EQ(written.exit_code, 0) << written.output;
+    const CommandResult straight = test::run_rlfusion(reader + "--run-dir " + straight_dir, 2);
+    ASSERT_EQ(straight.exit_code, 0) << straight.output;
+    const CommandResult resumed = test::run_rlfusion(
+        reader + "--resume " + checkpoint_path(written_dir, 4) + " --run-dir " + resumed_dir, 2);
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+    EXPECT_NE(resumed.output.find("resuming from checkpoint " + checkpoint_path(written_dir, 4)),
+              std::string::npos)
+        << resumed.output;
+    EXPECT_EQ(test::json_number(resumed.output, "heldout_accuracy_before_rl"),
+              test::json_number(straight.output, "heldout_accuracy_before_rl"));
+    const std::vector<float> want = test::read_tiny_parameters(straight_dir + "/model.h5");
+    const std::vector<float> got = test::read_tiny_parameters(resumed_dir + "/model.h5");
+    ASSERT_EQ(got.size(), want.size());
+    EXPECT_LT(test::nmse(got.data(), want.data(), want.size()), 1e-6);
+  }
 }
 
 // A checkpoint holds the whole model, so it loads at another expert-parallel degree.

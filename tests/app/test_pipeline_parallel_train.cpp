@@ -3,7 +3,9 @@
 // the borrowed layers, training stage by stage under 1F1B): the same held-out accuracy before and
 // after RL, the same reward every step, and a saved whole model within float rounding of it. The
 // pipeline's samples come through DistQueue, one get per pipeline and shard each step. Shapes and
-// combinations that do not fit stop every rank with exit code 2 before any output.
+// combinations that do not fit stop every rank with exit code 2 before any output. (Several
+// minibatches, a KL term and checkpoints with PP: test_pipeline_parallel_state.cpp and
+// test_checkpoints.cpp.)
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -129,10 +131,14 @@ TEST(PipelineParallelTrain, ShapesThatDoNotFitStopEveryRankBeforeOutput) {
            "--pipeline-parallel 2 is not supported with --offload"},
           {2, "--pipeline-parallel 2 --staleness 1",
            "--pipeline-parallel 2 is not supported with --staleness"},
-          {2, "--pipeline-parallel 2 --checkpoint-every 2",
-           "--pipeline-parallel 2 is not supported with --checkpoint-every"},
-          {2, "--pipeline-parallel 2 --kl-coef 0.05",
-           "--pipeline-parallel 2 is not supported with --kl-coef"},
+          // Each rank's 4 prompts make no group for a fifth minibatch; 2 shares of 2 groups (16
+          // samples over the pipeline) cannot fill 20 micro-batches.
+          {2, "--pipeline-parallel 2 --minibatches 5",
+           "--minibatches 5 with --micro-batches 0 (0: pieces of --micro-batch): a pipeline's "
+           "smallest minibatch holds 0 samples"},
+          {2, "--pipeline-parallel 2 --minibatches 2 --micro-batches 20",
+           "--minibatches 2 with --micro-batches 20 (0: pieces of --micro-batch): a pipeline's "
+           "smallest minibatch holds 16 samples, which cannot fill its 20 micro-batches"},
           {1, "--pipeline-parallel 2", "--pipeline-parallel 2 is not supported on one rank"},
       },
       temp_dir("bad"));

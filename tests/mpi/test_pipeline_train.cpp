@@ -3,19 +3,30 @@
 // for generation assembles exactly the single-rank model from the stages, moves exactly the
 // layers a rank lacks (byte counters), and leaves the stage's own buffer bit for bit as it was;
 // AdamW over the stages, its clipping norm summed over the pipeline, takes the single-rank
-// model's clipped steps. Shapes that do not fit stop every rank with the same ConfigError.
+// model's clipped steps. Shapes that do not fit stop every rank with the same ConfigError. The
+// training state beyond the weights: the KL reference's log-probs computed from its stages and
+// shared over the pipeline are the single-rank reference's bit for bit, and a checkpoint written
+// from the stages holds the single-rank model, moments and reference, each stage reading back
+// exactly its own part.
 #include <gtest/gtest.h>
 #include <mpi.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "kernels/arena.h"
 #include "mpi_comm/links.h"
+#include "src/app/pipeline_parallel_train.h"
+#include "src/app/train_checkpoints.h"
+#include "src/io/checkpoint.h"
+#include "src/io/run_directory.h"
 #include "src/model/optimizer.h"
+#include "src/rl/rl_step.h"
 #include "src/runtime/pipeline_groups.h"
 #include "src/runtime/pipeline_layout_switch.h"
 #include "tests/micro_model_config.h"
@@ -149,6 +160,189 @@ TEST(PipelineLayoutSwitch, ShapesThatDoNotFitStopEveryRank) {
         PipelineGroups(MPI_COMM_WORLD, {1, 1, 2}, config, links);
       },
       "--pipeline-parallel 1 x --virtual-stages 2 = 2 model chunks must divide the model's 3");
+}
+
+// Block `block` of a pipeline's samples: `count` short rollouts over the micro model's vocabulary,
+// the same on every rank that makes it.
+std::vector<Rollout> sample_block(uint64_t seed, int block, int count) {
+  std::mt19937 gen(static_cast<uint32_t>(test::hash(seed, uint64_t(block), 0)));
+  std::uniform_int_distribution<int> token(1, 10), length(1, 6);
+  std::vector<Rollout> rollouts(static_cast<size_t>(count));
+  for (int i = 0; i < count; ++i) {
+    Rollout& r = rollouts[size_t(i)];
+    r.sample_id = int64_t(block) * count + i;
+    r.prompt.push_back(0);
+    for (int k = length(gen); k > 0; --k) r.prompt.push_back(token(gen));
+    for (int k = length(gen); k > 0; --k) r.response.push_back(token(gen));
+  }
+  return rollouts;
+}
+
+TEST(PipelineTrainState, ReferenceLogprobsFromTheStagesAreTheSingleRankOnes) {
+  const int world = test::world_size();
+  for (const Shape& s : shapes_for(world)) {
+    SCOPED_TRACE(shape_name(s));
+    const ModelConfig config = model_for(s);
+    const uint64_t seed = test::seed_for("reference " + shape_name(s), world);
+    Links links(test::virtual_node_list(world, 1), {});
+    PipelineGroups groups(MPI_COMM_WORLD, {s.stages, s.stages, s.virtual_stages}, config, links);
+    Arena device("stage", 16 << 20), whole_device("whole", 16 << 20);
+    Transformer<float> stage(config, cpu_ops(), device, /*with_gradients=*/false, ExpertShard{},
+                             stage_layer_shard(groups.chunks(groups.stage()), config.n_layers));
+    Transformer<float> whole(config, cpu_ops(), whole_device, /*with_gradients=*/false);
+    stage.initialize(seed);
+    whole.initialize(seed);
+    const int count = 5, micro_batch = 2;
+    const float temperature = 0.8f;
+    // Single rank: every block's log-probs from the whole reference, in the same micro-batches.
+    std::vector<Rollout> want;
+    for (int b = 0; b < s.stages; ++b) {
+      std::vector<Rollout> block = sample_block(seed, b, count);
+      attach_reference_logprobs(whole, block, micro_batch, temperature);
+      want.insert(want.end(), block.begin(), block.end());
+    }
+    std::vector<Rollout> own = sample_block(seed, groups.stage(), count);
+    const size_t used_before = device.used();
+    const uint64_t received =
+        attach_pipeline_reference_logprobs(stage, groups, device, own, micro_batch, temperature);
+    EXPECT_EQ(device.used(), used_before) << "the gathered reference outlived the call";
+    EXPECT_EQ(received,
+              uint64_t(whole.parameter_count() - stage.parameter_count()) * sizeof(float));
+    for (int i = 0; i < count; ++i) {
+      EXPECT_EQ(own[size_t(i)].reference_logp,
+                want[size_t(groups.stage() * count + i)].reference_logp)
+          << "own sample " << i;
+    }
+    // Every stage receives the whole pipeline's log-probs, in the stages' order.
+    std::vector<Rollout> pipeline_samples;
+    for (int b = 0; b < s.stages; ++b) {
+      const std::vector<Rollout> block = sample_block(seed, b, count);
+      pipeline_samples.insert(pipeline_samples.end(), block.begin(), block.end());
+    }
+    gather_reference_logprobs(own, groups, pipeline_samples);
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_EQ(pipeline_samples[i].reference_logp, want[i].reference_logp) << "sample " << i;
+    }
+  }
+}
+
+// `values` over every tensor of `layout`, each element from `gen`; alignment gaps stay zero.
+void fill_tensors(float* values, const ParameterLayout& layout, std::mt19937& gen, bool positive) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::fill_n(values, layout.total(), 0.0f);
+  for (const ParameterTensor& t : layout.tensors()) {
+    for (int64_t i = 0; i < t.numel; ++i) {
+      const float x = normal(gen);
+      values[t.offset + i] = positive ? x * x : x;
+    }
+  }
+}
+
+// Whether `a` and `b` (both laid out by `layout`) hold the same bits in every tensor.
+bool same_tensors(const float* a, const float* b, const ParameterLayout& layout) {
+  for (const ParameterTensor& t : layout.tensors()) {
+    if (std::memcmp(a + t.offset, b + t.offset, size_t(t.numel) * sizeof(float)) != 0) return false;
+  }
+  return true;
+}
+
+// A run directory with the same name on every rank, emptied by rank 0.
+std::string shared_run_dir(const std::string& name) {
+  int pid = int(getpid());
+  MPI_Bcast(&pid, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  const std::string dir = (std::filesystem::temp_directory_path() /
+                           ("rlfusion-mpi-" + name + "-" + std::to_string(pid)))
+                              .string();
+  if (test::world_rank() == 0) std::filesystem::remove_all(dir);
+  MPI_Barrier(MPI_COMM_WORLD);
+  return dir;
+}
+
+TEST(PipelineTrainState, CheckpointFromTheStagesHoldsTheWholeModel) {
+  const int world = test::world_size();
+  for (const Shape& s : shapes_for(world)) {
+    SCOPED_TRACE(shape_name(s));
+    const ModelConfig config = model_for(s);
+    const uint64_t seed = test::seed_for("checkpoint " + shape_name(s), world);
+    Links links(test::virtual_node_list(world, 1), {});
+    PipelineGroups groups(MPI_COMM_WORLD, {s.stages, s.stages, s.virtual_stages}, config, links);
+    const LayerShard shard = stage_layer_shard(groups.chunks(groups.stage()), config.n_layers);
+    Arena device("stage", 32 << 20), whole_device("whole", 32 << 20);
+    // The single-rank state: parameters, AdamW's moments and the reference, all different.
+    Transformer<float> whole(config, cpu_ops(), whole_device, /*with_gradients=*/true);
+    Transformer<float> whole_reference(config, cpu_ops(), whole_device, false);
+    whole.initialize(seed);
+    whole_reference.initialize(seed + 1);
+    AdamW<float> whole_adamw(whole, AdamWHyper{}, 1.0f);
+    std::mt19937 gen(static_cast<uint32_t>(seed));
+    fill_tensors(whole_adamw.first_moment(), whole.layout(), gen, false);
+    fill_tensors(whole_adamw.second_moment(), whole.layout(), gen, true);
+    // Each stage its part of it.
+    Transformer<float> stage(config, cpu_ops(), device, true, ExpertShard{}, shard);
+    Transformer<float> stage_reference(config, cpu_ops(), device, false, ExpertShard{}, shard);
+    AdamW<float> stage_adamw(stage, AdamWHyper{}, 1.0f);
+    const std::pair<const float*, float*> parts[] = {
+        {whole.parameters(), stage.parameters()},
+        {whole_adamw.first_moment(), stage_adamw.first_moment()},
+        {whole_adamw.second_moment(), stage_adamw.second_moment()},
+        {whole_reference.parameters(), stage_reference.parameters()}};
+    for (const auto& [from, to] : parts)
+      copy_shared_tensors(from, whole.layout(), to, stage.layout());
+
+    RunOptions run;
+    run.run_dir = shared_run_dir("pp-checkpoint");
+    run.seed = 7;
+    RlOptions rl;
+    rl.steps = 4;
+    rl.prompts = 4;
+    rl.group_size = 2;
+    rl.kl_coef = 0.1f;
+    CheckpointOptions every_step;
+    every_step.every = 1;
+    const bool root = test::world_rank() == 0;
+    {
+      TrainCheckpoints saved(every_step, run, rl, config, /*supported=*/true);
+      saved.attach_pipeline(&groups);
+      RunDirectory dir(run.run_dir, "", root);
+      RlPosition position;
+      position.step_rewards = {0.25};
+      const TrainingState state{&stage, &stage_adamw, &stage_reference};
+      EXPECT_FALSE(saved.end_of_step(1, position, 0.0, state, root, nullptr, MPI_COMM_WORLD, dir));
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    const std::string path = checkpoint_path(run.run_dir, 1);
+    // The file holds the whole model, as a data-parallel run writes it.
+    const int64_t total = whole.layout().total();
+    std::vector<float> parameters(static_cast<size_t>(total)), first(parameters),
+        second(parameters), reference(parameters);
+    const CheckpointCounters c =
+        read_checkpoint(path, config, whole.layout(),
+                        {parameters.data(), first.data(), second.data(), reference.data()});
+    EXPECT_EQ(c.step, 1);
+    EXPECT_TRUE(same_tensors(parameters.data(), whole.parameters(), whole.layout()));
+    EXPECT_TRUE(same_tensors(first.data(), whole_adamw.first_moment(), whole.layout()));
+    EXPECT_TRUE(same_tensors(second.data(), whole_adamw.second_moment(), whole.layout()));
+    EXPECT_TRUE(same_tensors(reference.data(), whole_reference.parameters(), whole.layout()));
+    // Each stage reads back exactly its part.
+    Transformer<float> restored(config, cpu_ops(), device, true, ExpertShard{}, shard);
+    Transformer<float> restored_reference(config, cpu_ops(), device, false, ExpertShard{}, shard);
+    AdamW<float> restored_adamw(restored, AdamWHyper{}, 1.0f);
+    CheckpointOptions resume;
+    resume.resume = path;
+    TrainCheckpoints loaded(resume, run, rl, config, /*supported=*/true);
+    loaded.attach_pipeline(&groups);
+    const RlPosition at = loaded.load({&restored, &restored_adamw, &restored_reference});
+    EXPECT_EQ(at.step, 1);
+    EXPECT_TRUE(same_tensors(restored.parameters(), stage.parameters(), stage.layout()));
+    EXPECT_TRUE(
+        same_tensors(restored_adamw.first_moment(), stage_adamw.first_moment(), stage.layout()));
+    EXPECT_TRUE(
+        same_tensors(restored_adamw.second_moment(), stage_adamw.second_moment(), stage.layout()));
+    EXPECT_TRUE(same_tensors(restored_reference.parameters(), stage_reference.parameters(),
+                             stage.layout()));
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (root) std::filesystem::remove_all(run.run_dir);
+  }
 }
 
 }  // namespace
