@@ -9,8 +9,12 @@
 // batch's prompts on the same ranks and placement (RL Fusion without a layout switch: the router
 // statistics and the step time include generation; the generated samples must match too);
 // `--ep-overlap-chunks C`: training's experts in C overlapped chunks, migrated with the rest.
+// `--redundant-experts R` (training only): a third run whose rebalancer also replicates hot
+// experts into R spare slots per rank; its weights must stay within float rounding of the
+// static run's (the replicas' gradient sum adds in another order).
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -79,6 +83,7 @@ struct RunResult {
   std::vector<double> step_seconds;  // training + any migration, slowest rank
   std::vector<double> load_ratio;    // max/mean EP-rank load per step
   int migrations = 0, first_decision = 0;
+  int replicated = 0;            // (layer, expert) pairs with more than one replica at the end
   std::vector<float> weights;    // the whole model, gathered on rank 0
   std::vector<float> generated;  // fused: this rank's generated tokens and log-probs
 };
@@ -102,20 +107,22 @@ void generate_from(Transformer<float>& model, const std::vector<Rollout>& batch,
   }
 }
 
-RunResult train_run(const RebalanceBenchOptions& o, bool rebalance, const RunOptions& run,
-                    const ModelConfig& config, Device& device, HierarchicalComm& world,
-                    Links& links) {
-  const int size = world.size(), E = config.n_experts, local = E / size;
+// `redundant` spare expert slots per rank (replicas of hot experts, placed by the rebalancer).
+RunResult train_run(const RebalanceBenchOptions& o, bool rebalance, int redundant,
+                    const RunOptions& run, const ModelConfig& config, Device& device,
+                    HierarchicalComm& world, Links& links) {
+  const int size = world.size(), E = config.n_experts;
   const Arena::Mark mark = device.memory().mark();
   RunResult result;
   {
-    RoleExpertParallel ep(world, links, E, size, DispatchMode::Flat);
+    RoleExpertParallel ep(world, links, E, size, DispatchMode::Flat, redundant);
     Transformer<float> model(config, device.ops(), device.memory(), true, ep.shard());
     model.initialize(run.seed);
     AdamWHyper hyper;
     hyper.learning_rate = o.learning_rate;
     AdamW<float> optimizer(model, hyper, 1.0f);
     ep.attach(model, o.overlap_chunks);
+    ep.fill_redundant_slots(model.parameters(), model.layout());
     optimizer.set_shard(ep.optimizer_shard(model.layout()));
     DataParallelHooks hooks;
     hooks.sum = [](double x) {
@@ -133,7 +140,7 @@ RunResult train_run(const RebalanceBenchOptions& o, bool rebalance, const RunOpt
     for (int step = 1; step <= o.steps; ++step) {
       const std::vector<Rollout> batch =
           synthetic_batch(o, run.seed, step, world.rank(), config.vocab_size);
-      const std::vector<std::vector<int>> slots = ep.expert_slots();  // this step's placement
+      const std::vector<std::vector<int>> slots = ep.slot_experts();  // this step's placement
       MPI_Barrier(MPI_COMM_WORLD);
       const auto start = Clock::now();
       if (o.fused) generate_from(model, batch, o, run.seed, result.generated);
@@ -146,7 +153,8 @@ RunResult train_run(const RebalanceBenchOptions& o, bool rebalance, const RunOpt
           max_over_world(std::chrono::duration<double>(Clock::now() - start).count()));
       // Tokens routed to each EP rank's experts during the step, over every rank's tokens, layer
       // by layer (each layer's exchange waits for its busiest rank): the busiest ranks' tokens
-      // summed over layers, over the mean rank's.
+      // summed over layers, over the mean rank's. A replicated expert's tokens count evenly
+      // split over its replicas (the dispatcher splits each rank's within one of even).
       const int L = config.n_layers;
       std::vector<double> per_expert(size_t(L) * E, 0.0);
       for (const RouterLoad& l : trace.router_loads()) {
@@ -155,16 +163,19 @@ RunResult train_run(const RebalanceBenchOptions& o, bool rebalance, const RunOpt
       MPI_Allreduce(MPI_IN_PLACE, per_expert.data(), L * E, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
       double busiest = 0, mean = 0;
       for (int layer = 0; layer < L; ++layer) {
-        std::vector<double> per_rank(size_t(size), 0.0);
-        for (int e = 0; e < E; ++e)
-          per_rank[size_t(slots[size_t(layer)][size_t(e)] / local)] +=
-              per_expert[size_t(layer) * E + size_t(e)];
+        Placement placed;
+        placed.cluster = {1, size, ep.local_slots()};
+        placed.experts = E;
+        placed.slot_expert = slots[size_t(layer)];
+        const std::vector<double> per_rank = placed.device_loads(std::vector<double>(
+            per_expert.begin() + int64_t(layer) * E, per_expert.begin() + int64_t(layer + 1) * E));
         busiest += max_of(per_rank);
         mean += mean_of(per_rank);
       }
       result.load_ratio.push_back(busiest / mean);
     }
     result.migrations = rebalancer.migrations();
+    result.replicated = ep.replicated_experts();
     const ParameterLayout full(config);
     result.weights.assign(world.rank() == 0 ? size_t(full.total()) : 0, 0.0f);
     ep.gather_full_model(model.parameters(), model.layout(), result.weights.data(), full);
@@ -229,6 +240,12 @@ int run_bench_rebalance_command(const std::vector<std::string>& args) {
     throw ConfigError("bench rebalance: --ep-overlap-chunks and --generate-tokens must be >= 1");
   }
   validate(o.rebalance, size);
+  const int redundant = o.rebalance.redundant_experts;
+  if (redundant > 0 && (o.fused || o.overlap_chunks > 1)) {
+    throw ConfigError(
+        "bench rebalance: --redundant-experts runs training only (no --mode fused or "
+        "--ep-overlap-chunks > 1)");
+  }
   ModelConfig config = load_model_config(run.model);
   config.router_skew = o.rebalance.router_skew;
   if (o.length > config.max_seq_len || (o.fused && 4 + o.generate_tokens > config.max_seq_len)) {
@@ -240,11 +257,17 @@ int run_bench_rebalance_command(const std::vector<std::string>& args) {
                       " ranks) must divide the model's " + std::to_string(config.n_experts) +
                       " experts");
   }
+  if (redundant > 0)
+    validate_redundant_slots(redundant, config.n_experts, size, "--redundant-experts");
   Links links(std::vector<int>(size_t(size), 0), LinkEmulation{});
   HierarchicalComm world = make_hierarchical(MPI_COMM_WORLD, links);
   Device device(Backend::Cpu, run.device_memory_bytes(), resolve_threads(run.threads));
-  const RunResult still = train_run(o, false, run, config, device, world, links);
-  const RunResult moved = train_run(o, true, run, config, device, world, links);
+  const RunResult still = train_run(o, false, 0, run, config, device, world, links);
+  const RunResult moved = train_run(o, true, 0, run, config, device, world, links);
+  // With replicas the gradient sums add in another order: the weights agree within rounding.
+  const RunResult replicas = redundant > 0
+                                 ? train_run(o, true, redundant, run, config, device, world, links)
+                                 : RunResult{};
   free_hierarchical(world);
 
   // Compared from the first step after the first decision on (both runs, the same steps).
@@ -255,7 +278,19 @@ int run_bench_rebalance_command(const std::vector<std::string>& args) {
   int same[2] = {rank != 0 || still.weights == moved.weights ? 1 : 0,
                  still.generated == moved.generated ? 1 : 0};
   MPI_Allreduce(MPI_IN_PLACE, same, 2, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  const int all_same = same[0] && same[1] ? 1 : 0;
+  double replica_error = 0, largest = 0;
+  if (rank == 0 && redundant > 0) {
+    for (size_t i = 0; i < still.weights.size(); ++i) {
+      replica_error =
+          std::max(replica_error, double(std::fabs(replicas.weights[i] - still.weights[i])));
+      largest = std::max(largest, double(std::fabs(still.weights[i])));
+    }
+    replica_error /= std::max(largest, 1e-30);
+  }
+  constexpr double kReplicaTolerance = 1e-4;  // of the largest weight
+  int replicas_close = rank != 0 || replica_error <= kReplicaTolerance ? 1 : 0;
+  MPI_Allreduce(MPI_IN_PLACE, &replicas_close, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  const int all_same = same[0] && same[1] && replicas_close ? 1 : 0;
   if (rank == 0) {
     double load[1] = {-1};
     getloadavg(load, 1);
@@ -279,9 +314,22 @@ int run_bench_rebalance_command(const std::vector<std::string>& args) {
       std::printf("  %-11s %12.2f %14.3f %11d\n", name, mean_from(r.step_seconds, from) * 1e3,
                   mean_from(r.load_ratio, from), r.migrations);
     }
+    if (redundant > 0) {
+      std::printf(
+          "  %-11s %12.2f %14.3f %11d   (%d redundant slot(s) per rank; %d (layer, "
+          "expert) pairs replicated at the end)\n",
+          "replicas", mean_from(replicas.step_seconds, from) * 1e3,
+          mean_from(replicas.load_ratio, from), replicas.migrations, redundant,
+          replicas.replicated);
+    }
     std::printf("#\n# Final weights bit-identical            : %s\n", same[0] ? "OK" : "FAIL");
     if (o.fused) {
       std::printf("# Generated samples bit-identical        : %s\n", same[1] ? "OK" : "FAIL");
+    }
+    if (redundant > 0) {
+      std::printf(
+          "# Final weights with replicas vs static : %.2e of the largest weight (<= %g) %s\n",
+          replica_error, kReplicaTolerance, replicas_close ? "OK" : "FAIL");
     }
     std::printf("# Step time static/rebalanced           : %.3fx %s\n", still_s / moved_s,
                 still_s > moved_s ? "faster" : "NOT FASTER");
@@ -291,11 +339,15 @@ int run_bench_rebalance_command(const std::vector<std::string>& args) {
           "\"ep_overlap_chunks\":%d,\"router_skew\":%g,\"steps\":%d,"
           "\"rebalance_every\":%d,\"static_step_seconds\":%.6e,\"rebalanced_step_seconds\":%.6e,"
           "\"static_load_max_over_mean\":%.4f,\"rebalanced_load_max_over_mean\":%.4f,"
-          "\"migrations\":%d,\"bit_identical\":%d,\"speedup\":%.4f}\n",
+          "\"migrations\":%d,\"bit_identical\":%d,\"speedup\":%.4f,\"redundant_experts\":%d,"
+          "\"replicas_load_max_over_mean\":%.4f,\"replicas_migrations\":%d,"
+          "\"replicated_experts\":%d,\"replicas_weight_error\":%.3e}\n",
           size, config.name.c_str(), o.fused ? "fused" : "disaggregated", o.overlap_chunks,
           double(o.rebalance.router_skew), o.steps, o.rebalance.every, still_s, moved_s,
           mean_from(still.load_ratio, from), mean_from(moved.load_ratio, from), moved.migrations,
-          all_same, still_s / moved_s);
+          same[0] && same[1] ? 1 : 0, still_s / moved_s, redundant,
+          redundant > 0 ? mean_from(replicas.load_ratio, from) : 0.0, replicas.migrations,
+          replicas.replicated, replica_error);
     }
   }
   return all_same ? 0 : 1;

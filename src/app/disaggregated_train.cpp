@@ -115,14 +115,20 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
   validate_role_expert_parallel("--actor-expert-parallel", options.actor_expert_parallel,
                                 topology.ranks_of(Role::Actor), experts, options.ep_dispatch,
                                 topology.links(), "actor");
-  // With expert parallelism a learner or actor stores only the experts it owns.
+  const int redundant = options.rebalance.redundant_experts;
+  if (redundant > 0) {
+    validate_redundant_slots(redundant, experts, options.expert_parallel, "--redundant-experts");
+  }
+  // With expert parallelism a learner or actor stores only the experts it owns (a learner also
+  // its spare slots for replicas).
   const int ep_degree = role == Role::Learner ? options.expert_parallel
                         : role == Role::Actor ? options.actor_expert_parallel
                                               : 1;
-  const ExpertShard own_experts =
+  ExpertShard own_experts =
       ep_degree > 1 ? expert_shard_of(index_in(topology.ranks_of(role), topology.world_rank()),
                                       ep_degree, experts)
                     : ExpertShard{};
+  if (role == Role::Learner) own_experts.redundant = redundant;
   Policy policy = make_policy(run, policy_options, role == Role::Learner, own_experts);
   // Synchronous checkpoints fall between steps with nothing in flight. With StaleSync the actors
   // are one batch ahead: the checkpoint of step k also holds batch k + 1, which every actor has
@@ -147,8 +153,9 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
   RandomDelay random_delay(rl.random_delay_ms, run.seed, topology.world_rank());
   std::unique_ptr<ExpertWeightSync> expert_weights;
   if (options.expert_parallel > 1 || options.actor_expert_parallel > 1) {
-    expert_weights = std::make_unique<ExpertWeightSync>(
-        MPI_COMM_WORLD, topology, experts, options.expert_parallel, options.actor_expert_parallel);
+    expert_weights = std::make_unique<ExpertWeightSync>(MPI_COMM_WORLD, topology, experts,
+                                                        options.expert_parallel,
+                                                        options.actor_expert_parallel, redundant);
   }
 
   dir.log("# rlfusion train (disaggregated, %s): %s\n",
@@ -188,7 +195,10 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
     Arena& device = policy.device->memory();
     // Only training has a backward to overlap with.
     ep = attach_expert_parallel(model, role_comm, links, ep_degree, options.ep_dispatch,
-                                role == Role::Learner ? options.ep_overlap_chunks : 1);
+                                role == Role::Learner ? options.ep_overlap_chunks : 1,
+                                role == Role::Learner ? redundant : 0);
+    // The spare slots get their starting replicas before the reference copies the weights.
+    if (role == Role::Learner && ep) ep->fill_redundant_slots(model.parameters(), model.layout());
     if (role == Role::Learner) start_learner_state(learner, policy, rl, ep.get());
     Transformer<float>* reference = learner.reference.get();
     AdamW<float>* optimizer = learner.optimizer.get();
@@ -234,11 +244,11 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
     if (options.expert_parallel > 1 || options.actor_expert_parallel > 1) {
       dir.log(
           "# expert parallelism: learners EP %d x %zu replicas, actors EP %d x %zu replicas, %s "
-          "dispatch, training's experts in %d overlap chunk(s); this rank stores %lld of %lld "
-          "parameters\n",
+          "dispatch, training's experts in %d overlap chunk(s), %d redundant expert slot(s) per "
+          "learner EP rank; this rank stores %lld of %lld parameters\n",
           options.expert_parallel, learners.size() / size_t(options.expert_parallel),
           options.actor_expert_parallel, actors.size() / size_t(options.actor_expert_parallel),
-          dispatch_mode_name(options.ep_dispatch), options.ep_overlap_chunks,
+          dispatch_mode_name(options.ep_dispatch), options.ep_overlap_chunks, redundant,
           (long long)parameter_count, (long long)ParameterLayout(policy.config).total());
     }
     if (rl.staleness > 0) {

@@ -39,10 +39,11 @@ WarmStart warm_start_learner(Policy& policy, const RunOptions& run,
 std::unique_ptr<RoleExpertParallel> attach_expert_parallel(Transformer<float>& model,
                                                            const HierarchicalComm& role,
                                                            Links& links, int degree,
-                                                           DispatchMode mode, int overlap_chunks) {
+                                                           DispatchMode mode, int overlap_chunks,
+                                                           int redundant_slots) {
   if (degree <= 1) return nullptr;
-  auto ep =
-      std::make_unique<RoleExpertParallel>(role, links, model.config().n_experts, degree, mode);
+  auto ep = std::make_unique<RoleExpertParallel>(role, links, model.config().n_experts, degree,
+                                                 mode, redundant_slots);
   ep->attach(model, overlap_chunks);
   return ep;
 }
@@ -70,7 +71,8 @@ LearnerState allocate_learner_state(Policy& policy, const RlOptions& rl) {
   if (rl.kl_coef > 0) {
     state.reference = std::make_unique<Transformer<float>>(
         policy.config, policy.device->ops(), policy.device->memory(), /*with_gradients=*/false,
-        ExpertShard{layout.first_expert(), layout.stored_experts()},
+        ExpertShard{layout.own_experts().first, layout.own_experts().count,
+                    layout.redundant_slots()},
         stored_layers(layout, policy.config.n_layers), model.tensor_parallel());
   }
   if (!model.gradients()) {

@@ -28,12 +28,11 @@ WarmStart warm_start_learner(Policy& policy, const RunOptions& run,
 
 // EP groups of `degree` consecutive ranks of `role` with one dispatcher per layer attached to
 // `model` (and, with overlap_chunks > 1, overlapped experts for training); null for degree 1.
+// `redundant_slots`: spare expert slots per EP rank (the model built with the slot-space shard).
 // Collective over role.comm.
-std::unique_ptr<RoleExpertParallel> attach_expert_parallel(Transformer<float>& model,
-                                                           const HierarchicalComm& role,
-                                                           Links& links, int degree,
-                                                           DispatchMode mode,
-                                                           int overlap_chunks = 1);
+std::unique_ptr<RoleExpertParallel> attach_expert_parallel(
+    Transformer<float>& model, const HierarchicalComm& role, Links& links, int degree,
+    DispatchMode mode, int overlap_chunks = 1, int redundant_slots = 0);
 
 struct LearnerState {
   std::unique_ptr<Transformer<float>> reference;  // frozen start of RL (KL term), or null

@@ -2,6 +2,7 @@
 
 #include <array>
 #include <csignal>
+#include <stdexcept>
 
 #include "kernels/error.h"
 #include "src/model/expert_parallel.h"
@@ -261,6 +262,11 @@ void TrainCheckpoints::save(const RlPosition& position, const TrainingState& sta
   // Replica 0's EP group writes the one file together, each rank its own experts (parallel
   // HDF5); the other data-parallel replicas hold the same values.
   if (ep->replica() != 0) return;
+  if (ep->redundant_slots() > 0) {
+    // train refuses --checkpoint-every and --resume with them; a signal still lands here.
+    throw std::runtime_error(
+        "checkpoints of learners with --redundant-experts are not supported (no file written)");
+  }
   // After expert migration a rank's slots hold any experts: the file stores them by expert id.
   tensors.expert_slots = &ep->expert_slots();
   write_checkpoint_sharded(run_.run_dir, model.config(), model.layout(), c, tensors,

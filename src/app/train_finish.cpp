@@ -138,7 +138,8 @@ int finish_multi_rank_train(const MultiRankTrainEnd& end, const RunOptions& run,
   char json[2048];
   std::snprintf(json, sizeof json,
                 "{\"command\":\"train\",\"mode\":\"%s\",\"task\":\"%s\",\"model\":\"%s\","
-                "\"seed\":%llu,%s%s%s\"migrations\":%d,\"ranks\":%d,\"expert_parallel\":%d,\"actor_"
+                "\"seed\":%llu,%s%s%s\"migrations\":%d,\"replicated_experts\":%d,\"ranks\":%d,"
+                "\"expert_parallel\":%d,\"actor_"
                 "expert_parallel\":%d,\"tensor_parallel\":%d,"
                 "\"staleness\":%d,\"sft_steps\":%d,\"rl_steps\":%d,"
                 "\"heldout_accuracy_before_rl\":%.4f,\"heldout_accuracy_after_rl\":%.4f,"
@@ -146,7 +147,8 @@ int finish_multi_rank_train(const MultiRankTrainEnd& end, const RunOptions& run,
                 "\"total_seconds\":%.3f}",
                 end.mode, policy.task->name().c_str(), policy.config.name.c_str(),
                 (unsigned long long)run.seed, reward_json(rl).c_str(), end.memory_json.c_str(),
-                router_skew_json(options.rebalance).c_str(), end.migrations, topology.world_size(),
+                router_skew_json(options.rebalance).c_str(), end.migrations,
+                end.ep && end.learner ? end.ep->replicated_experts() : 0, topology.world_size(),
                 options.expert_parallel, options.actor_expert_parallel, options.tensor_parallel,
                 rl.staleness, sft.steps, rl.steps, end.before_rl.accuracy(), after.accuracy(),
                 tokens_per_s, end.rl_seconds, figures[2], total_seconds);

@@ -22,19 +22,44 @@ double expert_bytes(const ParameterLayout& layout, int buffers) {
          buffers;
 }
 
-Placement placement_of(const std::vector<int>& slot_of, const ExpertCluster& cluster) {
+Placement placement_of(const std::vector<int>& slot_expert, int experts,
+                       const ExpertCluster& cluster) {
   Placement p;
   p.cluster = cluster;
-  p.experts = int(slot_of.size());
-  p.slot_expert.assign(slot_of.size(), 0);
-  for (size_t e = 0; e < slot_of.size(); ++e) p.slot_expert[size_t(slot_of[e])] = int(e);
+  p.experts = experts;
+  p.slot_expert = slot_expert;
   return p;
 }
 
-std::vector<int> slots_of(const Placement& p) {
-  std::vector<int> slot_of(size_t(p.experts), 0);
-  for (size_t s = 0; s < p.slot_expert.size(); ++s) slot_of[size_t(p.slot_expert[s])] = int(s);
-  return slot_of;
+// Whether no EP rank holds an expert twice: a second copy on one rank adds no capacity and the
+// dispatcher refuses it. (With replicas, incremental_moves' swaps can propose one.)
+bool one_replica_per_rank(const Placement& p) {
+  const int per_rank = p.cluster.slots_per_device;
+  for (size_t first = 0; first < p.slot_expert.size(); first += size_t(per_rank)) {
+    std::vector<int> held(p.slot_expert.begin() + int64_t(first),
+                          p.slot_expert.begin() + int64_t(first) + per_rank);
+    std::sort(held.begin(), held.end());
+    if (std::adjacent_find(held.begin(), held.end()) != held.end()) return false;
+  }
+  return true;
+}
+
+// (expert, EP rank) pairs of `after` that `before` lacks: each is one expert's bytes received by
+// a rank (a move, or a new replica).
+int experts_received(const std::vector<int>& before, const std::vector<int>& after,
+                     int slots_per_rank, int experts) {
+  auto held = [&](const std::vector<int>& table) {
+    std::vector<std::vector<bool>> on(size_t(experts),
+                                      std::vector<bool>(table.size() / size_t(slots_per_rank)));
+    for (size_t s = 0; s < table.size(); ++s)
+      on[size_t(table[s])][s / size_t(slots_per_rank)] = true;
+    return on;
+  };
+  const auto was = held(before), is = held(after);
+  int received = 0;
+  for (size_t e = 0; e < is.size(); ++e)
+    for (size_t r = 0; r < is[e].size(); ++r) received += is[e][r] && !was[e][r];
+  return received;
 }
 
 }  // namespace
@@ -57,6 +82,10 @@ po::options_description rebalance_options_description(RebalanceOptions& o) {
       "experiments: add -S x expert / (experts - 1) to every router's logits, so that the "
       "low-numbered experts (EP rank 0's at the start) get most tokens; changes the model; 0: "
       "off");
+  add("redundant-experts", po::value(&o.redundant_experts)->default_value(o.redundant_experts),
+      "with --expert-parallel >= 2 (disaggregated mode): this many spare expert slots per learner "
+      "EP rank, holding replicas of hot experts that split their tokens (placed by "
+      "--rebalance-every; at most experts - experts / EP)");
   return d;
 }
 
@@ -77,6 +106,16 @@ void validate(const RebalanceOptions& o, int learner_expert_parallel) {
   }
   if (!std::isfinite(o.router_skew) || o.router_skew < 0 || o.router_skew > 50) {
     throw ConfigError("--router-skew must be in [0, 50], got " + std::to_string(o.router_skew));
+  }
+  if (o.redundant_experts < 0) {
+    throw ConfigError("--redundant-experts must be >= 0, got " +
+                      std::to_string(o.redundant_experts));
+  }
+  if (o.redundant_experts > 0 && learner_expert_parallel < 2) {
+    throw ConfigError(
+        "--redundant-experts needs --expert-parallel >= 2 (replicas live on other EP ranks), "
+        "got " +
+        std::to_string(learner_expert_parallel));
   }
   if (o.every == 0) return;
   if (learner_expert_parallel < 2) {
@@ -99,8 +138,9 @@ std::string describe_router_skew(const RebalanceOptions& o) {
 
 std::string router_skew_json(const RebalanceOptions& o) {
   char json[160];
-  std::snprintf(json, sizeof json, "\"router_skew\":%g,\"rebalance_every\":%d,",
-                double(o.router_skew), o.every);
+  std::snprintf(json, sizeof json,
+                "\"router_skew\":%g,\"rebalance_every\":%d,\"redundant_experts\":%d,",
+                double(o.router_skew), o.every, o.redundant_experts);
   return json;
 }
 
@@ -122,8 +162,9 @@ TrainRebalancer::TrainRebalancer(const RebalanceOptions& options, RoleExpertPara
   if (reference_ && reference_->layout().total() != model.layout().total()) {
     throw std::logic_error("TrainRebalancer: the reference stores other experts than the policy");
   }
-  // One node: the planner charges every transfer at the one measured link rate.
-  cluster_ = {1, ep.degree(), c.n_experts / ep.degree()};
+  // One node: the planner charges every transfer at the one measured link rate. With redundant
+  // slots its proposals replicate the hot experts (place_two_level, incremental_moves).
+  cluster_ = {1, ep.degree(), ep.local_slots()};
   bytes_per_expert_ = expert_bytes(model.layout(), reference_ ? 4 : 3);
   // The routed experts' share of a token's matmul work: the part of the step's time that
   // follows the busiest EP rank's routed tokens.
@@ -161,12 +202,15 @@ double TrainRebalancer::measure_link_rate() const {
 std::string TrainRebalancer::describe() const {
   if (options_.every == 0) return "";
   char line[400];
-  std::snprintf(line, sizeof line,
-                "# rebalancing: every %d steps, horizon %d steps, migrate when gain > %g x cost; "
-                "EMA %g, one placement per layer; one expert of one layer (weights + AdamW "
-                "moments%s) %.3f MB over the measured link at %.3f GB/s; no replicas\n",
-                options_.every, options_.horizon, options_.min_gain_ratio, options_.smoothing,
-                reference_ ? " + reference" : "", bytes_per_expert_ / 1e6, link_rate_ / 1e9);
+  std::snprintf(
+      line, sizeof line,
+      "# rebalancing: every %d steps, horizon %d steps, migrate when gain > %g x cost; "
+      "EMA %g, one placement per layer; one expert of one layer (weights + AdamW "
+      "moments%s) %.3f MB over the measured link at %.3f GB/s; %d redundant slot(s) per EP "
+      "rank for replicas of hot experts\n",
+      options_.every, options_.horizon, options_.min_gain_ratio, options_.smoothing,
+      reference_ ? " + reference" : "", bytes_per_expert_ / 1e6, link_rate_ / 1e9,
+      ep_.redundant_slots());
   return line;
 }
 
@@ -198,8 +242,11 @@ MigrationPlan TrainRebalancer::plan(const Placement& current,
   m.seconds_per_token = expert_share_ * interval_seconds_ / interval_busiest_tokens_;
   m.horizon = options_.horizon;
   m.min_gain_ratio = options_.min_gain_ratio;
-  std::vector<Placement> proposals = incremental_moves(current, predicted, m, current.experts);
-  proposals.push_back(align_to(place_two_level(predicted, cluster_), current));
+  std::vector<Placement> proposals;
+  for (Placement& moved : incremental_moves(current, predicted, m, current.experts))
+    if (one_replica_per_rank(moved)) proposals.push_back(std::move(moved));
+  Placement fresh = align_to(place_two_level(predicted, cluster_), current);
+  if (one_replica_per_rank(fresh)) proposals.push_back(std::move(fresh));
   return best_plan(current, proposals, predicted, m);
 }
 
@@ -213,12 +260,12 @@ std::string TrainRebalancer::end_of_step(int step, double step_seconds) {
     flat.insert(flat.end(), layer.begin(), layer.end());
   MPI_Allreduce(MPI_IN_PLACE, flat.data(), int(flat.size()), MPI_DOUBLE, MPI_SUM, learners_.comm);
   MPI_Allreduce(MPI_IN_PLACE, &step_seconds, 1, MPI_DOUBLE, MPI_MAX, learners_.comm);
-  const std::vector<std::vector<int>>& slots = ep_.expert_slots();
+  const std::vector<std::vector<int>>& slots = ep_.slot_experts();
   std::vector<Placement> current;
   for (int l = 0; l < L; ++l) {
     loads[size_t(l)].assign(flat.begin() + int64_t(l) * E, flat.begin() + int64_t(l + 1) * E);
     predictors_[size_t(l)].observe(loads[size_t(l)]);
-    current.push_back(placement_of(slots[size_t(l)], cluster_));
+    current.push_back(placement_of(slots[size_t(l)], E, cluster_));
     interval_busiest_tokens_ += max_of(current.back().device_loads(loads[size_t(l)]));
   }
   interval_seconds_ += step_seconds;
@@ -239,11 +286,9 @@ std::string TrainRebalancer::end_of_step(int step, double step_seconds) {
       continue;
     }
     busiest_after += max_of(decided.target.device_loads(predicted));
-    new_slots[size_t(l)] = slots_of(decided.target);
-    for (int e = 0; e < E; ++e) {
-      record.experts_moved += slots[size_t(l)][size_t(e)] / cluster_.slots_per_device !=
-                              new_slots[size_t(l)][size_t(e)] / cluster_.slots_per_device;
-    }
+    new_slots[size_t(l)] = decided.target.slot_expert;
+    record.experts_moved +=
+        experts_received(slots[size_t(l)], new_slots[size_t(l)], cluster_.slots_per_device, E);
     record.predicted_gain_seconds += decided.gain_seconds;
     record.cost_seconds += decided.seconds;
   }
@@ -256,17 +301,18 @@ std::string TrainRebalancer::end_of_step(int step, double step_seconds) {
   if (reference_) buffers.push_back(reference_->parameters());
   {
     TraceScope traced(trace_, Phase::Migrate);
-    record.bytes = int64_t(ep_.migrate_experts(new_slots, model_.layout(), buffers));
+    record.bytes = int64_t(ep_.migrate_slots(new_slots, model_.layout(), buffers));
     traced.set_bytes(record.bytes);
   }
   trace_.record_migration(record);
   ++migrations_;
-  char line[320];
+  char line[400];
   std::snprintf(line, sizeof line,
-                "# migration after step %d: %d (layer, expert) pairs to other EP ranks, %.3f MB "
-                "sent by this rank; predicted gain %.4f s over %d steps vs cost %.4f s; predicted "
+                "# migration after step %d: %d (layer, expert) pairs to EP ranks that lacked them "
+                "(%d replicated), %.3f MB sent by this rank; predicted gain %.4f s over %d steps "
+                "vs cost %.4f s; predicted "
                 "max/mean EP-rank load (busiest per layer, summed) %.3f -> %.3f\n",
-                step, record.experts_moved, double(record.bytes) / 1e6,
+                step, record.experts_moved, ep_.replicated_experts(), double(record.bytes) / 1e6,
                 record.predicted_gain_seconds, options_.horizon, record.cost_seconds,
                 record.max_mean_before, record.max_mean_after);
   return line;

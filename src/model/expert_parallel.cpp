@@ -49,7 +49,7 @@ std::vector<ParameterRange> expert_slices(const ParameterLayout& layout, int fir
   std::vector<ParameterRange> ranges;
   for (const ParameterTensor& t : layout.tensors()) {
     if (!is_expert_tensor(t) || (layer >= 0 && tensor_layer(t) != layer)) continue;
-    const int64_t per_expert = t.numel / layout.stored_experts();
+    const int64_t per_expert = t.numel / t.shape[0];
     ranges.push_back({t.offset + per_expert * (first - layout.first_expert()), per_expert * count});
   }
   return ranges;
@@ -67,12 +67,16 @@ void copy_common_parameters(const float* src, const ParameterLayout& src_layout,
     std::memcpy(dst + to_tensors[i].offset, src + from_tensors[i].offset,
                 size_t(from_tensors[i].numel) * sizeof(float));
   }
-  const int first = std::max(src_layout.first_expert(), dst_layout.first_expert());
-  const int end = std::min(src_layout.first_expert() + src_layout.stored_experts(),
-                           dst_layout.first_expert() + dst_layout.stored_experts());
+  // By expert id: a layout with redundant slots holds its own experts in its first rows (its spare
+  // slots are filled by RoleExpertParallel::fill_redundant_slots).
+  const ExpertShard src_own = src_layout.own_experts(), dst_own = dst_layout.own_experts();
+  const int first = std::max(src_own.first, dst_own.first);
+  const int end = std::min(src_own.first + src_own.count, dst_own.first + dst_own.count);
   if (end <= first) return;
-  const std::vector<ParameterRange> from = expert_slices(src_layout, first, end - first);
-  const std::vector<ParameterRange> to = expert_slices(dst_layout, first, end - first);
+  const std::vector<ParameterRange> from =
+      expert_slices(src_layout, src_layout.first_expert() + first - src_own.first, end - first);
+  const std::vector<ParameterRange> to =
+      expert_slices(dst_layout, dst_layout.first_expert() + first - dst_own.first, end - first);
   for (size_t i = 0; i < from.size(); ++i)
     std::memcpy(dst + to[i].offset, src + from[i].offset, size_t(from[i].count) * sizeof(float));
 }

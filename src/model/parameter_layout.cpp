@@ -29,6 +29,15 @@ ParameterLayout::ParameterLayout(const ModelConfig& config, ExpertShard shard,
                                 ") are not within the " + std::to_string(config.n_experts) +
                                 " experts of the model");
   }
+  if (shard.redundant < 0 ||
+      (shard.redundant > 0 &&
+       (shard.first % shard.count != 0 || shard.count + shard.redundant > config.n_experts))) {
+    throw std::invalid_argument("ParameterLayout: " + std::to_string(shard.redundant) +
+                                " redundant slots beside experts [" + std::to_string(shard.first) +
+                                ", " + std::to_string(shard.first + shard.count) +
+                                ") do not fit distinct experts of the " +
+                                std::to_string(config.n_experts));
+  }
   const TensorSlice& tp = tensor_slice;
   if (tp.size < 1 || tp.rank < 0 || tp.rank >= tp.size || config.n_heads % tp.size != 0 ||
       (tp.splits_shared_expert() && S % tp.size != 0)) {
@@ -42,9 +51,14 @@ ParameterLayout::ParameterLayout(const ModelConfig& config, ExpertShard shard,
   attention_width_ = local_heads_ * config.head_dim();
   shared_width_ = int(tp.splits_shared_expert() ? S / tp.size : S);
   using Split = ParameterTensor::TensorSplit;
-  first_expert_ = shard.first;
-  stored_experts_ = shard.count;
-  sharded_ = shard.count != config.n_experts;
+  own_first_ = shard.first;
+  own_count_ = shard.count;
+  redundant_slots_ = shard.redundant;
+  // With redundant slots the rows are this EP rank's slots (ExpertShard).
+  stored_experts_ = shard.count + shard.redundant;
+  first_expert_ = shard.first / shard.count * stored_experts_;
+  if (shard.redundant == 0) first_expert_ = shard.first;
+  sharded_ = shard.count != config.n_experts || shard.redundant > 0;
   for (int l : layer_shard.layers) {
     if (l < 0 || l >= config.n_layers) {
       throw std::invalid_argument("ParameterLayout: layer " + std::to_string(l) +
@@ -52,7 +66,7 @@ ParameterLayout::ParameterLayout(const ModelConfig& config, ExpertShard shard,
                                   " layers of the model");
     }
   }
-  const int64_t L = shard.count, first = shard.first;
+  const int64_t L = stored_experts_, first = shard.first;
   storing_ = layer_shard.embedding;
   embedding_ = add("embedding", {V, C});
   for (int l = 0; l < config.n_layers; ++l) {
@@ -145,7 +159,11 @@ void initialize_parameters(T* params, const ParameterLayout& layout, const Model
     }
     const bool residual_output = t.name.ends_with("attn.wo") || t.name.ends_with(".w2");
     const double std = config.init_std * (residual_output ? residual_scale : 1.0);
-    for (int64_t i = 0; i < t.numel; ++i) {
+    // Spare expert slots stay zero: their replicas are copied in from the experts' holders.
+    const int64_t count = t.routed_expert && layout.redundant_slots() > 0
+                              ? t.numel / t.shape[0] * layout.own_experts().count
+                              : t.numel;
+    for (int64_t i = 0; i < count; ++i) {
       data[i] =
           T(std * philox_normal(seed, uint64_t(t.source_index), uint64_t(t.source_element(i))));
     }

@@ -43,9 +43,15 @@ struct ParameterTensor {
 // Which routed experts a layout stores: [first, first + count). count < 0: all of them. Expert
 // parallelism gives each rank of an EP group only its own experts, so a rank's buffers (weights,
 // gradients, optimizer moments) hold no copy of another rank's experts.
+// With `redundant` > 0 (an EP learner with replicas of hot experts, docs/EDPB.md) the layout
+// stores expert *slots* instead: EP rank r = first / count holds slots [r (count + redundant),
+// (r + 1) (count + redundant)) of the dispatcher's slot space, its first `count` rows its own
+// experts [first, first + count), the `redundant` spare rows whatever replicas the slot table
+// puts there (zero after initialize_parameters, until RoleExpertParallel fills them).
 struct ExpertShard {
   int first = 0;
   int count = -1;
+  int redundant = 0;
 };
 
 // Which layers a layout stores: pipeline parallelism gives each stage only its layers (and the
@@ -104,9 +110,14 @@ class ParameterLayout {
   bool stores_embedding() const { return embedding_ >= 0; }
   bool stores_head() const { return lm_head_ >= 0; }
   const ParameterTensor* find(const std::string& name) const;
-  // The routed experts stored: [first_expert(), first_expert() + stored_experts()).
+  // The routed experts stored: [first_expert(), first_expert() + stored_experts()), the rows of
+  // every routed-expert tensor. With redundant slots these are slot ids (ExpertShard).
   int first_expert() const { return first_expert_; }
   int stored_experts() const { return stored_experts_; }
+  // Spare slots per rank (0: the rows are expert ids) and the experts the first rows hold:
+  // [own_experts().first, + own_experts().count) in rows 0, 1, ...
+  int redundant_slots() const { return redundant_slots_; }
+  ExpertShard own_experts() const { return {own_first_, own_count_}; }
   bool expert_sharded() const { return sharded_; }
   // The tensor-parallel slice stored, and the widths it gives one rank: attention heads, their
   // width (heads x head_dim: the columns of Q, K, V and the KV cache), the shared expert's hidden
@@ -130,6 +141,7 @@ class ParameterLayout {
   int64_t total_ = 0;
   int64_t embedding_ = 0, final_norm_ = 0, lm_head_ = 0;
   int first_expert_ = 0, stored_experts_ = 0;
+  int redundant_slots_ = 0, own_first_ = 0, own_count_ = 0;
   bool sharded_ = false;
   bool storing_ = true;
   int64_t next_source_index_ = 0;

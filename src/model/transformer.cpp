@@ -98,7 +98,7 @@ void Transformer<T>::set_expert_parallel(std::vector<ExpertDispatcher*> per_laye
     if (shared) throw std::invalid_argument("Transformer: every layer needs its own dispatcher");
     const ExpertDispatcher& d = *per_layer[l];
     const ExpertShard stored = experts_.shard();
-    if (stored.count != config_.n_experts &&
+    if ((stored.count != config_.n_experts || layout_.redundant_slots() > 0) &&
         (d.local_experts() != stored.count || d.ep_rank() * d.local_experts() != stored.first)) {
       throw std::invalid_argument(
           "Transformer: the dispatcher's local experts are not the experts this model stores");
@@ -234,7 +234,8 @@ const T* Transformer<T>::run(const int* tokens, const T* x_in, int N, const int*
                              const AttentionMode& mode, bool keep_activations, int first,
                              int last) {
   const int C = config_.d_model, V = config_.vocab_size;
-  if (experts_.shard().count != config_.n_experts && expert_parallel_.empty()) {
+  if ((experts_.shard().count != config_.n_experts || layout_.redundant_slots() > 0) &&
+      expert_parallel_.empty()) {
     throw std::logic_error(
         "Transformer: a model holding only some experts runs only with its "
         "expert-parallel dispatchers");

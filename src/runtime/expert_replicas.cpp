@@ -35,6 +35,7 @@ std::vector<std::vector<std::vector<int>>> replica_slots(
     holders[l].assign(size_t(experts), {});
     for (size_t s = 0; s < slot_expert[l].size(); ++s) {
       const int e = slot_expert[l][s];
+      if (e == kEmptySlot) continue;
       if (e < 0 || e >= experts) {
         throw std::invalid_argument("replica_slots: expert " + std::to_string(e) + " outside [0, " +
                                     std::to_string(experts) + ")");

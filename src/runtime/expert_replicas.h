@@ -14,8 +14,12 @@
 
 namespace rlf {
 
+// A slot that holds no expert yet (a spare slot before its replica is copied in): it has nothing
+// to give, so copy_experts_into_slots never takes an expert from it.
+constexpr int kEmptySlot = -1;
+
 // Per layer, the slots of every expert in ascending order, from the slot tables
-// (slot_expert[layer][slot] -> expert).
+// (slot_expert[layer][slot] -> expert; kEmptySlot entries are skipped).
 std::vector<std::vector<std::vector<int>>> replica_slots(
     const std::vector<std::vector<int>>& slot_expert, int experts);
 

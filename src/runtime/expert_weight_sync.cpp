@@ -20,8 +20,12 @@ int index_of(const std::vector<int>& ranks, int world_rank) {
 }  // namespace
 
 ExpertWeightSync::ExpertWeightSync(MPI_Comm world, Topology& topology, int experts, int learner_ep,
-                                   int actor_ep)
-    : topology_(topology), experts_(experts), learner_ep_(learner_ep), actor_ep_(actor_ep) {
+                                   int actor_ep, int learner_redundant_slots)
+    : topology_(topology),
+      experts_(experts),
+      learner_ep_(learner_ep),
+      actor_ep_(actor_ep),
+      learner_redundant_slots_(learner_redundant_slots) {
   MPI_Comm_dup(world, &comm_);
 }
 
@@ -68,7 +72,7 @@ uint64_t ExpertWeightSync::sync(float* params, const ParameterLayout& layout,
   } else if (role == Role::Actor) {
     bytes += links.recv(slot_of.data(), table_bytes, learners.front(), kTableTag, comm_);
   }
-  const int local = experts_ / learner_ep_;
+  const int local = experts_ / learner_ep_ + learner_redundant_slots_;  // slots per learner
   // Layer by layer, the experts of `actor_shard` that learner `l` holds, in expert order, each
   // with its slices (from `slot` on the learner, `expert` on the actor): the message's content on
   // both sides.

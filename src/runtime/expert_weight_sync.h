@@ -5,7 +5,8 @@
 // No rank sends an expert it does not hold or receives one it does not store. Learners may have
 // moved experts between their slots (expert migration: learner 0 sends its expert -> slot tables,
 // one per layer, to every actor first); actors always store experts in the identity placement,
-// by expert id.
+// by expert id. With redundant slots on the learners (--redundant-experts R: E / learner_ep + R
+// slots per learner) the tables name each expert's first replica, which alone sends it.
 #pragma once
 
 #include <cstdint>
@@ -21,7 +22,8 @@ namespace rlf {
 class ExpertWeightSync {
  public:
   // Collective over `world` (the communicator `topology` was built on).
-  ExpertWeightSync(MPI_Comm world, Topology& topology, int experts, int learner_ep, int actor_ep);
+  ExpertWeightSync(MPI_Comm world, Topology& topology, int experts, int learner_ep, int actor_ep,
+                   int learner_redundant_slots = 0);
   ~ExpertWeightSync();
   ExpertWeightSync(const ExpertWeightSync&) = delete;
   ExpertWeightSync& operator=(const ExpertWeightSync&) = delete;
@@ -36,7 +38,7 @@ class ExpertWeightSync {
  private:
   Topology& topology_;
   MPI_Comm comm_ = MPI_COMM_NULL;
-  int experts_, learner_ep_, actor_ep_;
+  int experts_, learner_ep_, actor_ep_, learner_redundant_slots_;
 };
 
 }  // namespace rlf

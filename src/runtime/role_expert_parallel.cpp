@@ -9,6 +9,7 @@
 #include "kernels/error.h"
 #include "src/model/expert_parallel.h"
 #include "src/runtime/expert_migration.h"
+#include "src/runtime/expert_replicas.h"
 
 namespace rlf {
 
@@ -16,6 +17,13 @@ namespace {
 
 uint64_t bytes_sent(const LinkCounters& c) {
   return c.bytes[0] + c.bytes[1];
+}
+
+// Each expert's first replica (lowest slot) in a slot -> expert table.
+std::vector<int> first_replicas(const std::vector<int>& slot_expert, int experts) {
+  std::vector<int> slot_of(size_t(experts), -1);
+  for (size_t s = slot_expert.size(); s-- > 0;) slot_of[size_t(slot_expert[s])] = int(s);
+  return slot_of;
 }
 
 }  // namespace
@@ -46,8 +54,13 @@ void validate_role_expert_parallel(const char* what, int degree,
 }
 
 RoleExpertParallel::RoleExpertParallel(const HierarchicalComm& role, Links& links, int experts,
-                                       int degree, DispatchMode mode)
-    : role_(role), links_(links), experts_(experts), degree_(degree), mode_(mode) {
+                                       int degree, DispatchMode mode, int redundant_slots)
+    : role_(role),
+      links_(links),
+      experts_(experts),
+      degree_(degree),
+      redundant_(redundant_slots),
+      mode_(mode) {
   const int role_rank = role.rank();
   ep_rank_ = role_rank % degree;
   replica_ = role_rank / degree;
@@ -68,18 +81,42 @@ RoleExpertParallel::~RoleExpertParallel() {
 }
 
 void RoleExpertParallel::ensure_tables(int layers) {
-  if (!slot_of_.empty()) return;
-  slot_of_.assign(size_t(layers), std::vector<int>(size_t(experts_)));
-  for (std::vector<int>& table : slot_of_) std::iota(table.begin(), table.end(), 0);
+  if (!slot_expert_.empty()) return;
+  slot_expert_.assign(size_t(layers), default_slot_experts(experts_, degree_, redundant_));
+  slot_of_.assign(size_t(layers), first_replicas(slot_expert_.front(), experts_));
+}
+
+std::vector<std::vector<ParameterRange>> RoleExpertParallel::slot_ranges(
+    const ParameterLayout& layout) const {
+  std::vector<std::vector<ParameterRange>> ranges;
+  const int local = local_slots();
+  for (int l = 0; l < expert_layers(layout); ++l)
+    for (int i = 0; i < local; ++i)
+      ranges.push_back(expert_slices(layout, ep_rank_ * local + i, 1, l));
+  return ranges;
+}
+
+std::unique_ptr<ExpertDispatcher> RoleExpertParallel::make_dispatcher(int layer) {
+  auto d = std::make_unique<ExpertDispatcher>(ep_group_, links_, experts_, mode_, 0.0, redundant_);
+  // Without redundant slots the table is a permutation (the rebalancer's migrations).
+  if (redundant_ == 0) {
+    d->set_expert_slots(slot_of_[size_t(layer)]);
+  } else {
+    d->set_slot_experts(slot_expert_[size_t(layer)]);
+  }
+  return d;
 }
 
 void RoleExpertParallel::attach(Transformer<float>& model, int overlap_chunks) {
   const ModelConfig& config = model.config();
+  if (overlap_chunks > 1 && redundant_ > 0) {
+    throw std::invalid_argument(
+        "RoleExpertParallel: overlap chunks do not split a replicated expert's tokens");
+  }
   ensure_tables(config.n_layers);
   std::vector<ExpertDispatcher*> per_layer;
   for (int l = 0; l < config.n_layers; ++l) {
-    dispatchers_.push_back(std::make_unique<ExpertDispatcher>(ep_group_, links_, experts_, mode_));
-    dispatchers_.back()->set_expert_slots(slot_of_[size_t(l)]);
+    dispatchers_.push_back(make_dispatcher(l));
     per_layer.push_back(dispatchers_.back().get());
   }
   model.set_expert_parallel(std::move(per_layer));
@@ -99,39 +136,103 @@ void RoleExpertParallel::attach_reusing(Transformer<float>& model) {
   ensure_tables(model.config().n_layers);
   if (reused_.empty()) {
     for (int l = 0; l < model.config().n_layers; ++l) {
-      dispatchers_.push_back(
-          std::make_unique<ExpertDispatcher>(ep_group_, links_, experts_, mode_));
-      dispatchers_.back()->set_expert_slots(slot_of_[size_t(l)]);
+      dispatchers_.push_back(make_dispatcher(l));
       reused_.push_back(dispatchers_.back().get());
     }
   }
   model.set_expert_parallel(reused_);
 }
 
+uint64_t RoleExpertParallel::fill_redundant_slots(float* params, const ParameterLayout& layout) {
+  if (redundant_ == 0) return 0;
+  ensure_tables(expert_layers(layout));
+  // The spare slots hold nothing yet: every one receives its expert from a slot that has it.
+  std::vector<std::vector<int>> empty_spares = slot_expert_;
+  const int local = local_slots(), own = experts_ / degree_;
+  for (std::vector<int>& table : empty_spares)
+    for (size_t s = 0; s < table.size(); ++s)
+      if (int(s) % local >= own) table[s] = kEmptySlot;
+  return copy_experts_into_slots(empty_spares, slot_expert_, experts_, local, slot_ranges(layout),
+                                 {params}, ep_group_.comm);
+}
+
+uint64_t RoleExpertParallel::migrate_slots(const std::vector<std::vector<int>>& slot_expert,
+                                           const ParameterLayout& layout,
+                                           const std::vector<float*>& buffers) {
+  ensure_tables(expert_layers(layout));
+  if (slot_expert.size() != slot_expert_.size()) {
+    throw std::invalid_argument(
+        "RoleExpertParallel::migrate_slots: " + std::to_string(slot_expert.size()) +
+        " tables for " + std::to_string(slot_expert_.size()) + " layers");
+  }
+  // Every table is checked before any message; then the dispatchers follow.
+  for (const std::vector<int>& table : slot_expert) check_slot_table(table);
+  uint64_t sent = 0;
+  if (slot_expert != slot_expert_) {
+    sent = copy_experts_into_slots(slot_expert_, slot_expert, experts_, local_slots(),
+                                   slot_ranges(layout), buffers, ep_group_.comm);
+  }
+  slot_expert_ = slot_expert;
+  for (size_t l = 0; l < slot_expert_.size(); ++l)
+    slot_of_[l] = first_replicas(slot_expert_[l], experts_);
+  // attach and attach_reusing make the dispatchers (and attach the overlapped chunks' ones) a
+  // model's layers at a time.
+  const size_t layers = slot_expert_.size();
+  for (size_t i = 0; i < dispatchers_.size(); ++i) {
+    if (redundant_ == 0) {
+      dispatchers_[i]->set_expert_slots(slot_of_[i % layers]);
+    } else {
+      dispatchers_[i]->set_slot_experts(slot_expert_[i % layers]);
+    }
+  }
+  for (size_t i = 0; i < overlapped_.size(); ++i)
+    overlapped_[i]->set_expert_slots(slot_of_[i % layers]);
+  return sent;
+}
+
+void RoleExpertParallel::check_slot_table(const std::vector<int>& table) const {
+  const int local = local_slots();
+  bool valid = int(table.size()) == degree_ * local;
+  std::vector<int> held(size_t(experts_), 0);
+  for (size_t s = 0; valid && s < table.size(); ++s) {
+    const int e = table[s];
+    valid = e >= 0 && e < experts_;
+    if (!valid) break;
+    ++held[size_t(e)];
+    for (size_t t = s / size_t(local) * size_t(local); t < s; ++t) valid = valid && table[t] != e;
+  }
+  for (int count : held) valid = valid && count > 0;
+  if (!valid) {
+    throw std::invalid_argument(
+        "RoleExpertParallel::migrate_slots: a table must hold every expert, never twice on one "
+        "rank, in " +
+        std::to_string(degree_ * local) + " slots");
+  }
+}
+
 uint64_t RoleExpertParallel::migrate_experts(const std::vector<std::vector<int>>& slot_of,
                                              const ParameterLayout& layout,
                                              const std::vector<float*>& buffers) {
   ensure_tables(expert_layers(layout));
+  if (redundant_ > 0) {
+    throw std::logic_error(
+        "RoleExpertParallel::migrate_experts: with redundant slots, use migrate_slots");
+  }
   if (slot_of.size() != slot_of_.size()) {
     throw std::invalid_argument(
         "RoleExpertParallel::migrate_experts: " + std::to_string(slot_of.size()) + " tables for " +
         std::to_string(slot_of_.size()) + " layers");
   }
-  // Each changed layer's table is checked before its messages; then the dispatchers follow.
-  uint64_t sent = 0;
+  // As slot tables (a permutation's inverse); a table that is no permutation fails the check.
+  std::vector<std::vector<int>> slot_expert(slot_of.size(), std::vector<int>(size_t(experts_), -1));
   for (size_t l = 0; l < slot_of.size(); ++l) {
-    if (slot_of[l] == slot_of_[l]) continue;
-    sent += move_expert_slots(slot_of_[l], slot_of[l], layout, experts_ / degree_, buffers,
-                              ep_group_.comm, int(l));
+    for (int e = 0; e < experts_ && size_t(e) < slot_of[l].size(); ++e) {
+      const int s = slot_of[l][size_t(e)];
+      if (s >= 0 && s < experts_) slot_expert[l][size_t(s)] = e;
+    }
+    if (slot_of[l].size() != size_t(experts_)) slot_expert[l].clear();
   }
-  // attach and attach_reusing make the dispatchers (and attach the overlapped chunks' ones) a
-  // model's layers at a time.
-  for (size_t i = 0; i < dispatchers_.size(); ++i)
-    dispatchers_[i]->set_expert_slots(slot_of[i % slot_of.size()]);
-  for (size_t i = 0; i < overlapped_.size(); ++i)
-    overlapped_[i]->set_expert_slots(slot_of[i % slot_of.size()]);
-  slot_of_ = slot_of;
-  return sent;
+  return migrate_slots(slot_expert, layout, buffers);
 }
 
 uint64_t RoleExpertParallel::migrate_experts(const std::vector<int>& slot_of,
@@ -141,25 +242,33 @@ uint64_t RoleExpertParallel::migrate_experts(const std::vector<int>& slot_of,
   return migrate_experts(std::vector<std::vector<int>>(slot_of_.size(), slot_of), layout, buffers);
 }
 
+int RoleExpertParallel::replicated_experts() const {
+  int replicated = 0;
+  for (const auto& layer : replica_slots(slot_expert_, experts_))
+    for (const std::vector<int>& slots : layer) replicated += slots.size() > 1;
+  return replicated;
+}
+
 OptimizerShard RoleExpertParallel::optimizer_shard(const ParameterLayout& layout) const {
   OptimizerShard shard;
+  const int layers = expert_layers(layout), local = local_slots(), first = ep_rank_ * local;
   shard.replicated = replicated_ranges(layout);
-  shard.owned = expert_slices(layout, this->shard().first, this->shard().count);
-  const int layers = expert_layers(layout), local = this->shard().count;
+  shard.owned = expert_slices(layout, first, local);
   for (int l = 0; l < layers; ++l)
     for (int s = 0; s < local; ++s)
-      shard.owned_slots.push_back(expert_slices(layout, this->shard().first + s, 1, l));
-  // Each (layer, expert) entry has one nonzero term in the allreduce (its holder's), so the sum
-  // is exact and the total's grouping depends on layers and expert ids only. Reads the tables in
-  // force at each step.
-  shard.sum_over_group = [this, layers, local](const std::vector<double>& per_slot) {
+      shard.owned_slots.push_back(expert_slices(layout, first + s, 1, l));
+  // Each (layer, expert) entry has one nonzero term in the allreduce (its first replica's
+  // holder's, the slot counts_in_norm marks), so every expert counts once, the sum is exact and
+  // the total's grouping depends on layers and expert ids only. Reads the tables in force at
+  // each step.
+  shard.sum_over_group = [this, layers, local, first](const std::vector<double>& per_slot) {
     std::vector<double> per_expert(size_t(layers) * size_t(experts_), 0.0);
     for (int l = 0; l < layers; ++l) {
       for (int e = 0; e < experts_; ++e) {
         const int slot = slot_of_.empty() ? e : slot_of_[size_t(l)][size_t(e)];
         if (slot / local == ep_rank_) {
           per_expert[size_t(l) * size_t(experts_) + size_t(e)] =
-              per_slot[size_t(l) * size_t(local) + size_t(slot - this->shard().first)];
+              per_slot[size_t(l) * size_t(local) + size_t(slot - first)];
         }
       }
     }
@@ -174,40 +283,54 @@ OptimizerShard RoleExpertParallel::optimizer_shard(const ParameterLayout& layout
 
 uint64_t RoleExpertParallel::reduce_gradients(float* grads, const ParameterLayout& layout) {
   const uint64_t before = bytes_sent(links_.counters());
+  const int local = local_slots();
   allreduce_ranges(grads, replicated_ranges(layout), role_, links_);
-  allreduce_ranges(grads, expert_slices(layout, shard().first, shard().count), expert_data_group_,
+  allreduce_ranges(grads, expert_slices(layout, ep_rank_ * local, local), expert_data_group_,
                    links_);
-  return bytes_sent(links_.counters()) - before;
+  uint64_t replica_bytes = 0;
+  if (redundant_ > 0) {
+    ensure_tables(expert_layers(layout));
+    replica_bytes = sum_replica_gradients(slot_expert_, experts_, local, slot_ranges(layout), grads,
+                                          ep_group_.comm);
+  }
+  return bytes_sent(links_.counters()) - before + replica_bytes;
 }
 
 uint64_t RoleExpertParallel::gather_full_model(const float* params, const ParameterLayout& layout,
                                                float* full, const ParameterLayout& full_layout) {
   if (replica_ != 0) return 0;
   constexpr int kTag = 7301;
-  const int local = experts_ / degree_;
+  const int local = local_slots();
+  const std::vector<ParameterRange> mine = expert_slices(layout, ep_rank_ * local, local);
   if (ep_rank_ != 0) {
-    const std::vector<float> mine =
-        pack_ranges(params, expert_slices(layout, shard().first, local));
-    links_.send(mine.data(), mine.size() * sizeof(float), 0, kTag, ep_group_.comm);
-    return mine.size() * sizeof(float);
+    const std::vector<float> packed = pack_ranges(params, mine);
+    links_.send(packed.data(), packed.size() * sizeof(float), 0, kTag, ep_group_.comm);
+    return packed.size() * sizeof(float);
   }
   copy_common_parameters(params, layout, full, full_layout);
+  ensure_tables(expert_layers(layout));
+  // Every rank's slots laid out as rank 0's own (the same layout but for the slots' ids), then
+  // each expert from its first replica, layer by layer: the whole model does not depend on where
+  // the experts live nor on how many replicas they have.
   uint64_t received = 0;
-  for (int r = 1; r < degree_; ++r) {
-    const std::vector<ParameterRange> ranges = expert_slices(full_layout, r * local, local);
-    std::vector<float> theirs(size_t(ranges_size(ranges)));
-    received += links_.recv(theirs.data(), theirs.size() * sizeof(float), r, kTag, ep_group_.comm);
-    unpack_ranges(theirs.data(), ranges, full);
-  }
-  // After a migration the gathered slots hold experts in slot order: back to expert order,
-  // layer by layer.
-  for (size_t l = 0; l < slot_of_.size(); ++l) {
-    std::vector<std::vector<float>> by_slot(static_cast<size_t>(experts_));
-    for (int s = 0; s < experts_; ++s)
-      by_slot[size_t(s)] = pack_ranges(full, expert_slices(full_layout, s, 1, int(l)));
-    for (int e = 0; e < experts_; ++e) {
-      unpack_ranges(by_slot[size_t(slot_of_[l][size_t(e)])].data(),
-                    expert_slices(full_layout, e, 1, int(l)), full);
+  std::vector<float> theirs(size_t(layout.total()));
+  for (int r = 0; r < degree_; ++r) {
+    const float* slots = params;
+    if (r > 0) {
+      std::vector<float> packed(size_t(ranges_size(mine)));
+      received +=
+          links_.recv(packed.data(), packed.size() * sizeof(float), r, kTag, ep_group_.comm);
+      unpack_ranges(packed.data(), mine, theirs.data());
+      slots = theirs.data();
+    }
+    for (size_t l = 0; l < slot_of_.size(); ++l) {
+      for (int e = 0; e < experts_; ++e) {
+        const int slot = slot_of_[l][size_t(e)];
+        if (slot / local != r) continue;
+        const std::vector<float> one =
+            pack_ranges(slots, expert_slices(layout, slot % local, 1, int(l)));
+        unpack_ranges(one.data(), expert_slices(full_layout, e, 1, int(l)), full);
+      }
     }
   }
   return received;

@@ -8,9 +8,16 @@
 // group only; the optimizer updates only what the rank owns.
 //
 // Storage: a model built with shard() stores only this rank's experts (weights, gradients and
-// optimizer moments); a model with the full layout works too and then reads and updates only
-// its own experts' slices. gather_full_model assembles the whole model on EP rank 0 of replica 0
-// (learner 0 evaluates and saves it).
+// optimizer moments); a model with the full layout works too (without redundant slots) and then
+// reads and updates only its own experts' slices. gather_full_model assembles the whole model on
+// EP rank 0 of replica 0 (learner 0 evaluates and saves it).
+//
+// Redundant slots (`--redundant-experts R`, docs/EDPB.md): every EP rank holds E / degree + R
+// expert slots (shard() is then a slot-space ExpertShard), the spare ones replicas of hot experts
+// placed by the rebalancer. A replica's tokens are split over its holders by the dispatcher, its
+// gradient summed over them (sum_replica_gradients) so AdamW keeps every replica bit-identical,
+// the clipping norm counts each expert once (its first replica), and everything that leaves the
+// learners (the gathered model, checkpoints, the weight sync) takes each expert's first replica.
 #pragma once
 
 #include <memory>
@@ -34,9 +41,10 @@ void validate_role_expert_parallel(const char* what, int degree,
 
 class RoleExpertParallel {
  public:
-  // Collective over role.comm. `degree` must have passed validate_role_expert_parallel.
+  // Collective over role.comm. `degree` must have passed validate_role_expert_parallel and
+  // `redundant_slots` validate_redundant_slots.
   RoleExpertParallel(const HierarchicalComm& role, Links& links, int experts, int degree,
-                     DispatchMode mode);
+                     DispatchMode mode, int redundant_slots = 0);
   ~RoleExpertParallel();
   RoleExpertParallel(const RoleExpertParallel&) = delete;
   RoleExpertParallel& operator=(const RoleExpertParallel&) = delete;
@@ -44,8 +52,14 @@ class RoleExpertParallel {
   int degree() const { return degree_; }
   int ep_rank() const { return ep_rank_; }
   int replica() const { return replica_; }
-  // The experts this rank owns: [ep_rank() E / degree(), (ep_rank() + 1) E / degree()).
-  ExpertShard shard() const { return {ep_rank_ * (experts_ / degree_), experts_ / degree_}; }
+  // The experts this rank owns: [ep_rank() E / degree(), (ep_rank() + 1) E / degree()), and
+  // redundant_slots() spare slots (the layout a model built with it stores).
+  ExpertShard shard() const {
+    return {ep_rank_ * (experts_ / degree_), experts_ / degree_, redundant_};
+  }
+  int redundant_slots() const { return redundant_; }
+  // Expert slots per EP rank: E / degree() + redundant_slots().
+  int local_slots() const { return experts_ / degree_ + redundant_; }
   const HierarchicalComm& ep_group() const { return ep_group_; }
   const HierarchicalComm& expert_data_group() const { return expert_data_group_; }
 
@@ -57,11 +71,17 @@ class RoleExpertParallel {
   // Like attach, but every call gets the same dispatchers (made by the first call): for a model
   // rebuilt every generation phase, without new communicators each time.
   void attach_reusing(Transformer<float>& model);
-  // The shard AdamW updates on this rank (replicated tensors, own experts).
+  // After the parameters of a model built with shard() are set (initialized, loaded or copied
+  // from a whole model): every spare slot receives its expert from the rank that owns it (weights
+  // only: AdamW moments start at zero everywhere). Collective over the EP group; nothing to do
+  // without redundant slots. Returns the bytes this rank sent.
+  uint64_t fill_redundant_slots(float* params, const ParameterLayout& layout);
+  // The shard AdamW updates on this rank (replicated tensors, own expert slots). The clipping
+  // norm counts each expert once: its first replica's slot.
   OptimizerShard optimizer_shard(const ParameterLayout& layout) const;
-  // Sums the gradients of the replicated tensors over the role and those of this rank's experts
-  // over its expert-data-parallel group (collective over the role). Returns the bytes this rank
-  // sent.
+  // Sums the gradients of the replicated tensors over the role and those of this rank's expert
+  // slots over its expert-data-parallel group, then each replicated expert's over its replicas
+  // (collective over the role). Returns the bytes this rank sent.
   uint64_t reduce_gradients(float* grads, const ParameterLayout& layout);
   // Collective over replica 0's EP group (other replicas return at once): EP rank 0 of replica 0
   // gets the whole model in `full` (a full layout; ignored elsewhere): the replicated tensors
@@ -81,9 +101,18 @@ class RoleExpertParallel {
   // The same table for every layer.
   uint64_t migrate_experts(const std::vector<int>& slot_of, const ParameterLayout& layout,
                            const std::vector<float*>& buffers);
-  // The expert -> slot tables in force, [layer][expert] (identity until migrate_experts; empty
-  // before attach).
+  // The same with replicas: slot_expert[l] names the expert in every slot of layer l
+  // (degree() x local_slots(), ExpertDispatcher::set_slot_experts); every slot whose expert
+  // changes receives it from a holder (copy_experts_into_slots).
+  uint64_t migrate_slots(const std::vector<std::vector<int>>& slot_expert,
+                         const ParameterLayout& layout, const std::vector<float*>& buffers);
+  // The expert -> slot tables in force, [layer][expert]: each expert's first replica (identity
+  // until migrate_experts; empty before attach).
   const std::vector<std::vector<int>>& expert_slots() const { return slot_of_; }
+  // The slot -> expert tables in force, [layer][slot] (default_slot_experts until migrated).
+  const std::vector<std::vector<int>>& slot_experts() const { return slot_expert_; }
+  // (layer, expert) pairs held in more than one slot.
+  int replicated_experts() const;
 
   // Dispatch traffic of every dispatcher made by attach (payload and metadata, this rank).
   DispatchTraffic traffic() const;
@@ -91,14 +120,20 @@ class RoleExpertParallel {
  private:
   const HierarchicalComm& role_;
   Links& links_;
-  int experts_, degree_, ep_rank_, replica_;
+  int experts_, degree_, ep_rank_, replica_, redundant_;
   DispatchMode mode_;
   HierarchicalComm ep_group_, expert_data_group_;
   std::vector<std::unique_ptr<ExpertDispatcher>> dispatchers_;
   std::vector<std::unique_ptr<OverlappedExperts>> overlapped_;
   std::vector<ExpertDispatcher*> reused_;  // the dispatchers attach_reusing hands out
-  void ensure_tables(int layers);          // identity tables for `layers` layers, if none yet
-  std::vector<std::vector<int>> slot_of_;  // [layer][expert] -> slot
+  void ensure_tables(int layers);          // default tables for `layers` layers, if none yet
+  std::unique_ptr<ExpertDispatcher> make_dispatcher(int layer);  // routing by the layer's table
+  // std::invalid_argument unless `table` holds every expert, never twice on one rank.
+  void check_slot_table(const std::vector<int>& table) const;
+  // Where local slot i of layer l lies in a buffer laid out by `layout`, [l * local_slots() + i].
+  std::vector<std::vector<ParameterRange>> slot_ranges(const ParameterLayout& layout) const;
+  std::vector<std::vector<int>> slot_of_;      // [layer][expert] -> its first replica's slot
+  std::vector<std::vector<int>> slot_expert_;  // [layer][slot] -> expert
 };
 
 }  // namespace rlf

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "tests/app/json_output.h"
+#include "tests/app/progress_rows.h"
 #include "tests/app/read_parameters.h"
 #include "tests/app/run_rlfusion.h"
 
@@ -43,16 +44,10 @@ const std::string kSkewedRun = kSkewed + "--learners 2 --actors 2 --expert-paral
 // timing columns).
 std::vector<std::string> step_rows(const std::string& output) {
   std::vector<std::string> rows;
-  std::istringstream lines(output);
-  std::string line;
-  bool in_table = false;
-  while (std::getline(lines, line)) {
-    if (line.rfind("#   step", 0) == 0) in_table = true;
-    if (!in_table || line.empty() || line[0] == '#') continue;
-    std::istringstream fields(line);
-    std::string field, row;
-    for (int i = 0; i < 6 && fields >> field; ++i) row += field + " ";
-    if (!row.empty() && std::isdigit(static_cast<unsigned char>(row[0]))) rows.push_back(row);
+  for (const std::vector<std::string>& fields : test::progress_rows(output)) {
+    std::string row;
+    for (const std::string& field : fields) row += field + " ";
+    rows.push_back(row);
   }
   return rows;
 }
@@ -163,12 +158,20 @@ TEST(TrainRebalance, BenchMigratesAndKeepsTheWeights) {
 TEST(TrainRebalance, BadValuesAreRefusedBeforeAnyWork) {
   const std::string dir = temp_dir("bad");
   const std::string run = "train --model tiny --task sort --steps 2 --run-dir " + dir + " ";
+  const std::string kEp = "--learners 2 --actors 2 --expert-parallel 2 ";
   for (const auto& [args, ranks, option] : std::vector<std::tuple<std::string, int, std::string>>{
            {"--rebalance-every -1", 0, "--rebalance-every"},
            {"--rebalance-every 2", 0, "--expert-parallel >= 2"},
            {"--rebalance-horizon 0", 0, "--rebalance-horizon"},
            {"--router-skew -1", 0, "--router-skew"},
-           {"--mode fused --rebalance-every 2", 2, "--expert-parallel >= 2"}}) {
+           {"--mode fused --rebalance-every 2", 2, "--expert-parallel >= 2"},
+           // Replicas (--redundant-experts): the range and what they do not support yet.
+           {"--redundant-experts -1", 0, "--redundant-experts must be >= 0"},
+           {"--redundant-experts 1", 0, "--redundant-experts needs --expert-parallel >= 2"},
+           {kEp + "--redundant-experts 3", 4, "--redundant-experts"},
+           {kEp + "--redundant-experts 1 --ep-overlap-chunks 2", 4, "--ep-overlap-chunks"},
+           {kEp + "--redundant-experts 1 --checkpoint-every 1", 4, "--checkpoint-every"},
+           {"--mode fused --expert-parallel 2 --redundant-experts 1", 2, "--mode fused"}}) {
     const CommandResult r = test::run_rlfusion(run + args, ranks);
     EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.output;
     EXPECT_NE(r.output.find(option), std::string::npos) << args << "\n" << r.output;

@@ -1,0 +1,113 @@
+// Replicas of hot experts inside `train` (`--redundant-experts R`, docs/EDPB.md): disaggregated
+// EP learners of a skewed model with one spare slot per EP rank, rebalancing after every step,
+// end with replicated experts (summary.json counts them) and train like the same run without
+// replicas or rebalancing: the same per-step rows and model.h5 within float tolerance (the
+// replicas' gradient sum adds in another order, so not bit for bit; the saved model holds each
+// expert once, from its first replica). What replicas do not support is refused with exit code 2
+// before any work, naming the option (TrainRebalance.BadValuesAreRefusedBeforeAnyWork).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tests/app/fused_train_runs.h"
+#include "tests/app/json_output.h"
+#include "tests/app/progress_rows.h"
+#include "tests/app/read_parameters.h"
+#include "tests/app/run_rlfusion.h"
+
+namespace rlf {
+namespace {
+
+using test::CommandResult;
+
+std::string temp_dir(const std::string& name) {
+  return test::fresh_temp_dir("replicas-" + name + "-" + std::to_string(getpid()));
+}
+
+const std::string kSkewedRun =
+    "train --model tiny --task sort --sft-steps 30 --sft-learning-rate 0.01 --steps 5 "
+    "--prompts 4 --group-size 4 --eval-prompts 16 --kl-coef 0.01 --log-every 1 --json "
+    "--router-skew 4 --learners 2 --actors 2 --expert-parallel 2 ";
+
+// The progress rows' step, reward, accuracy, response length, KL and clip fraction, as numbers.
+std::vector<std::vector<double>> step_rows(const std::string& output) {
+  std::vector<std::vector<double>> rows;
+  for (const std::vector<std::string>& fields : test::progress_rows(output)) {
+    rows.emplace_back();
+    for (const std::string& field : fields) rows.back().push_back(std::stod(field));
+  }
+  return rows;
+}
+
+std::string file_text(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+TEST(TrainReplicas, ReplicatingLearnersTrainLikeTheSingleCopyRun) {
+  const std::string single_dir = temp_dir("single"), replica_dir = temp_dir("replicas");
+  const CommandResult single = test::run_rlfusion(kSkewedRun + "--run-dir " + single_dir, 4);
+  ASSERT_EQ(single.exit_code, 0) << single.output;
+  const CommandResult replicas = test::run_rlfusion(
+      kSkewedRun + "--redundant-experts 1 --rebalance-every 1 --rebalance-min-gain 0 --run-dir " +
+          replica_dir,
+      4);
+  ASSERT_EQ(replicas.exit_code, 0) << replicas.output;
+  // It replicated (so the comparisons below can fail): counted in summary.json.
+  const std::string summary = file_text(replica_dir + "/summary.json");
+  EXPECT_EQ(test::json_number(summary, "redundant_experts"), 1) << summary;
+  EXPECT_GT(test::json_number(summary, "replicated_experts"), 0) << summary;
+  EXPECT_GT(test::json_number(summary, "migrations"), 0) << summary;
+  EXPECT_EQ(test::json_number(file_text(single_dir + "/summary.json"), "replicated_experts"), 0);
+  // Per-step reward, accuracy, response length, KL and clip fraction: the printed figures agree
+  // within 1e-3 (relative, or absolute near 0); float rounding of the weights could only flip a
+  // sampled token whose uniform draw lies within rounding of a CDF boundary.
+  const std::vector<std::vector<double>> a = step_rows(single.output),
+                                         b = step_rows(replicas.output);
+  ASSERT_EQ(a.size(), 5u) << single.output;
+  ASSERT_EQ(b.size(), a.size()) << replicas.output;
+  for (size_t s = 0; s < a.size(); ++s) {
+    ASSERT_EQ(a[s].size(), b[s].size());
+    for (size_t i = 0; i < a[s].size(); ++i)
+      EXPECT_NEAR(b[s][i], a[s][i], 1e-3 * std::max(1.0, std::fabs(a[s][i])))
+          << "step row " << s + 1 << " column " << i;
+  }
+  // model.h5 (each expert once, from its first replica) within 1e-4 of the largest weight.
+  const std::vector<float> x = test::read_tiny_parameters(single_dir + "/model.h5");
+  const std::vector<float> y = test::read_tiny_parameters(replica_dir + "/model.h5");
+  ASSERT_EQ(x.size(), y.size());
+  double error = 0, largest = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    error = std::max(error, double(std::fabs(x[i] - y[i])));
+    largest = std::max(largest, double(std::fabs(x[i])));
+  }
+  EXPECT_LE(error, 1e-4 * largest);
+  EXPECT_GT(error, 0.0) << "bit-identical: were the replicas' gradients summed at all?";
+}
+
+// bench rebalance's third run: one spare slot per rank, the rebalancer replicating; its load and
+// weight verdicts (never its times).
+TEST(TrainReplicas, BenchRebalanceWithReplicasPrintsTheThreeRuns) {
+  const CommandResult r = test::run_rlfusion(
+      "bench rebalance --model tiny --steps 6 --length 24 --rebalance-min-gain 0 --threads 1 "
+      "--redundant-experts 1 --json",
+      2);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("FAIL"), std::string::npos) << r.output;
+  EXPECT_EQ(test::json_number(r.output, "bit_identical"), 1);
+  EXPECT_EQ(test::json_number(r.output, "redundant_experts"), 1);
+  EXPECT_GT(test::json_number(r.output, "replicas_migrations"), 0) << r.output;
+  EXPECT_GT(test::json_number(r.output, "replicated_experts"), 0) << r.output;
+  EXPECT_LE(test::json_number(r.output, "replicas_weight_error"), 1e-4) << r.output;
+}
+
+}  // namespace
+}  // namespace rlf
