@@ -31,19 +31,6 @@ Placement placement_of(const std::vector<int>& slot_expert, int experts,
   return p;
 }
 
-// Whether no EP rank holds an expert twice: a second copy on one rank adds no capacity and the
-// dispatcher refuses it. (With replicas, incremental_moves' swaps can propose one.)
-bool one_replica_per_rank(const Placement& p) {
-  const int per_rank = p.cluster.slots_per_device;
-  for (size_t first = 0; first < p.slot_expert.size(); first += size_t(per_rank)) {
-    std::vector<int> held(p.slot_expert.begin() + int64_t(first),
-                          p.slot_expert.begin() + int64_t(first) + per_rank);
-    std::sort(held.begin(), held.end());
-    if (std::adjacent_find(held.begin(), held.end()) != held.end()) return false;
-  }
-  return true;
-}
-
 // (expert, EP rank) pairs of `after` that `before` lacks: each is one expert's bytes received by
 // a rank (a move, or a new replica).
 int experts_received(const std::vector<int>& before, const std::vector<int>& after,
@@ -243,10 +230,12 @@ MigrationPlan TrainRebalancer::plan(const Placement& current,
   m.horizon = options_.horizon;
   m.min_gain_ratio = options_.min_gain_ratio;
   std::vector<Placement> proposals;
+  // Each proposal holds an expert at most once per EP rank (the dispatcher's rule); the check
+  // guards the table the dispatchers would refuse.
   for (Placement& moved : incremental_moves(current, predicted, m, current.experts))
-    if (one_replica_per_rank(moved)) proposals.push_back(std::move(moved));
+    if (moved.one_copy_per_device()) proposals.push_back(std::move(moved));
   Placement fresh = align_to(place_two_level(predicted, cluster_), current);
-  if (one_replica_per_rank(fresh)) proposals.push_back(std::move(fresh));
+  if (fresh.one_copy_per_device()) proposals.push_back(std::move(fresh));
   return best_plan(current, proposals, predicted, m);
 }
 

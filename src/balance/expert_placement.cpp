@@ -50,6 +50,17 @@ bool Placement::valid() const {
   return std::all_of(r.begin(), r.end(), [](int c) { return c >= 1; });
 }
 
+bool Placement::one_copy_per_device() const {
+  const size_t per_device = size_t(cluster.slots_per_device);
+  for (size_t first = 0; first + per_device <= slot_expert.size(); first += per_device) {
+    std::vector<int> held(slot_expert.begin() + ptrdiff_t(first),
+                          slot_expert.begin() + ptrdiff_t(first + per_device));
+    std::sort(held.begin(), held.end());
+    if (std::adjacent_find(held.begin(), held.end()) != held.end()) return false;
+  }
+  return true;
+}
+
 double max_of(const std::vector<double>& values) {
   return values.empty() ? 0.0 : *std::max_element(values.begin(), values.end());
 }

@@ -34,6 +34,9 @@ struct Placement {
   std::vector<double> device_loads(const std::vector<double>& expert_load) const;
   // Every expert has a slot and every slot an expert in [0, experts).
   bool valid() const;
+  // No device holds an expert twice: a second copy on one device adds no capacity (the EP
+  // dispatcher refuses such a table).
+  bool one_copy_per_device() const;
 };
 
 double max_of(const std::vector<double>& values);

@@ -54,21 +54,27 @@ std::vector<Placement> incremental_moves(const Placement& current,
         best = candidate;
       }
     };
+    auto holds = [&](int device, int expert) {
+      for (int t = device * spd; t < (device + 1) * spd; ++t) {
+        if (p.slot_expert[size_t(t)] == expert) return true;
+      }
+      return false;
+    };
     for (int i = hottest * spd; i < (hottest + 1) * spd; ++i) {
       for (int j = 0; j < slots; ++j) {
         const int other = j / spd;
         if (other == hottest) continue;
         const bool inter = c.node_of(other) != c.node_of(hottest);
-        Placement candidate = p;
-        std::swap(candidate.slot_expert[size_t(i)], candidate.slot_expert[size_t(j)]);
-        if (candidate.slot_expert[size_t(i)] != p.slot_expert[size_t(i)])
-          consider(candidate, inter);
-        // Re-replicate: slot j gives up a surplus replica for one more of slot i's expert.
         const int hot = p.slot_expert[size_t(i)], spare = p.slot_expert[size_t(j)];
-        bool other_holds_hot = false;
-        for (int t = other * spd; t < (other + 1) * spd; ++t) {
-          other_holds_hot |= p.slot_expert[size_t(t)] == hot;
+        const bool other_holds_hot = holds(other, hot);
+        // Swap the two slots' experts, unless either device already holds the expert it would
+        // receive (with replicas: a second copy on one device adds no capacity).
+        if (hot != spare && !other_holds_hot && !holds(hottest, spare)) {
+          Placement candidate = p;
+          std::swap(candidate.slot_expert[size_t(i)], candidate.slot_expert[size_t(j)]);
+          consider(candidate, inter);
         }
+        // Re-replicate: slot j gives up a surplus replica for one more of slot i's expert.
         if (replicas[size_t(spare)] >= 2 && !other_holds_hot) {
           Placement copy = p;
           copy.slot_expert[size_t(j)] = hot;

@@ -144,6 +144,33 @@ TEST(IncrementalMoves, EachMoveLowersTheMaximumOrTheSpread) {
   EXPECT_TRUE(plan.migrate);
 }
 
+// With spare slots, a swap must not hand a device an expert it already holds (a second copy adds
+// no capacity and the EP dispatcher refuses the table): over drifting skewed loads on clusters
+// with 1-2 spare slots, starting from placements that replicate the hot experts, no proposal of
+// any length holds an expert twice on a device.
+TEST(IncrementalMoves, NoProposalHoldsAnExpertTwiceOnADevice) {
+  int proposals = 0;
+  for (const ExpertCluster cluster : {ExpertCluster{1, 2, 5}, ExpertCluster{2, 2, 6},
+                                      ExpertCluster{1, 4, 4}, ExpertCluster{2, 4, 5}}) {
+    const int spare = cluster.devices() > 2 ? 2 : 1;
+    const int experts = cluster.devices() * (cluster.slots_per_device - spare);
+    DriftingZipfRouter router({experts, 2048, 2, 1.5, 6, uint64_t(experts)});
+    Placement current = place_two_level(router.next_step(), cluster);
+    ASSERT_TRUE(current.one_copy_per_device());
+    for (int step = 0; step < 8; ++step) {
+      const std::vector<double> load = router.next_step();
+      const std::vector<Placement> path = incremental_moves(current, load, options_with(1e9), 32);
+      for (const Placement& p : path) {
+        ASSERT_TRUE(p.valid());
+        EXPECT_TRUE(p.one_copy_per_device()) << "step " << step;
+        ++proposals;
+      }
+      if (!path.empty()) current = path.back();
+    }
+  }
+  EXPECT_GT(proposals, 20);
+}
+
 TEST(RoutingTrace, CountsAndDeterminism) {
   DriftingZipfRouter a({16, 500, 4, 1.2, 2, 7}), b({16, 500, 4, 1.2, 2, 7});
   for (int t = 0; t < 5; ++t) {
