@@ -31,20 +31,30 @@ void validate_pipeline_parallel_train(const DisaggregatedOptions& options, bool 
   auto refuse = [&](const std::string& what) {
     throw ConfigError(option + " is not supported " + what);
   };
-  if (options.tensor_parallel != 1) refuse("with --tensor-parallel");
+  // TP x PP: TP groups inside every stage; one replica of the model on T x P consecutive ranks.
+  const int model_ranks = options.tensor_parallel * degree;
+  if (options.tensor_parallel > 1 && world_size % model_ranks != 0) {
+    throw ConfigError("--tensor-parallel " + std::to_string(options.tensor_parallel) + " x " +
+                      option + " = " + std::to_string(model_ranks) +
+                      " ranks per model replica must divide the " + std::to_string(world_size) +
+                      " ranks");
+  }
   if (rl.kl_coef > 0) refuse("with --kl-coef (the reference model is not pipelined)");
   if (rl.minibatches != 1) refuse("with --minibatches above 1");
 }
 
 std::unique_ptr<PipelineGroups> make_train_pipeline(const DisaggregatedOptions& options,
                                                     const ModelConfig& config, int rank_samples,
-                                                    int micro_batch, Topology& topology) {
+                                                    int micro_batch, Topology& topology,
+                                                    const TensorParallel* tp) {
   if (options.pipeline_parallel <= 1) return nullptr;
   const int p = options.pipeline_parallel;
-  const int pipeline_samples = p * rank_samples;
+  // Every rank of a replica (T x P with TP) generated a block of the samples it trains.
+  const int model_ranks = p * (tp ? tp->degree() : 1);
+  const int pipeline_samples = model_ranks * rank_samples;
   const int micro_batches = options.micro_batches > 0
                                 ? options.micro_batches
-                                : p * ((rank_samples + micro_batch - 1) / micro_batch);
+                                : model_ranks * ((rank_samples + micro_batch - 1) / micro_batch);
   if (micro_batches > pipeline_samples) {
     throw ConfigError("--micro-batches " + std::to_string(micro_batches) +
                       ": a pipeline trains only " + std::to_string(pipeline_samples) +
@@ -52,7 +62,7 @@ std::unique_ptr<PipelineGroups> make_train_pipeline(const DisaggregatedOptions& 
   }
   return std::make_unique<PipelineGroups>(topology.role_comm().comm,
                                           PipelineShape{p, micro_batches, options.virtual_stages},
-                                          config, topology.links());
+                                          config, topology.links(), tp);
 }
 
 std::vector<Rollout> pipeline_rollouts(DistQueue& queue, const PipelineGroups& groups,
@@ -61,11 +71,13 @@ std::vector<Rollout> pipeline_rollouts(DistQueue& queue, const PipelineGroups& g
   // Every sample stored before any leader asks: one request per shard and pipeline, whatever the
   // timing.
   queue.barrier();
-  // The pipeline's ranks generated consecutive blocks of equal size, stage 0's first.
+  // The replica's ranks (consecutive: a pipeline, or T x P with TP) generated consecutive blocks
+  // of equal size, its rank 0's first.
+  const HierarchicalComm& replica = groups.model_parallel();
   const int64_t block = int64_t(own.size());
-  const int64_t first = own.front().sample_id - int64_t(groups.stage()) * block;
+  const int64_t first = own.front().sample_id - int64_t(replica.rank()) * block;
   std::vector<QueueSample> samples =
-      queue.get_range_replicated(first, block * groups.shape().stages, groups.pipeline());
+      queue.get_range_replicated(first, block * replica.size(), replica);
   // The shards live on ranks that train next: none leaves (and stops serving) before every
   // pipeline has its samples.
   queue.barrier();
@@ -92,7 +104,7 @@ PipelineTrainer::PipelineTrainer(const PipelineGroups& groups, Transformer<float
       equal_parts_(equal_parts),
       stage_(model, groups.chunks(groups.stage()),
              stage_activation_bytes(model.config(),
-                                    equal_parts ? (groups.shape().stages * rank_samples +
+                                    equal_parts ? (groups.model_parallel().size() * rank_samples +
                                                    groups.shape().micro_batches - 1) /
                                                       groups.shape().micro_batches
                                                 : std::min(settings.micro_batch, rank_samples),

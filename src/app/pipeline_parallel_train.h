@@ -25,8 +25,9 @@ namespace rlf {
 // ConfigError, the same on every rank before any work, for --pipeline-parallel outside what is
 // built: a degree, virtual stages or micro-batch count below their minimum, --virtual-stages or
 // --micro-batches without a pipeline, one rank, a multi-rank run that is not --mode fused, or
-// combined with tensor or expert parallelism, --offload, StaleSync, a learned reward model,
-// rebalancing, checkpoints, a KL term or --minibatches above 1.
+// combined with expert parallelism, --offload, StaleSync, a learned reward model, rebalancing,
+// checkpoints, a KL term or --minibatches above 1; with --tensor-parallel T, T x P not dividing
+// the ranks.
 void validate_pipeline_parallel_train(const DisaggregatedOptions& options, bool fused,
                                       int world_size, const RlOptions& rl,
                                       const CheckpointOptions& checkpoints);
@@ -35,15 +36,18 @@ void validate_pipeline_parallel_train(const DisaggregatedOptions& options, bool 
 // `rank_samples` samples per step. Throws ConfigError on every rank when the degree does not
 // divide the ranks, P x V the model's layers, or the micro-batches do not fit the schedule or the
 // pipeline's samples.
+// With `tp` (the TP groups over the same ranks), TP inside every stage: the pipelines cut the TP
+// replicas, and a model replica's T x P ranks train the samples all of them generated.
 std::unique_ptr<PipelineGroups> make_train_pipeline(const DisaggregatedOptions& options,
                                                     const ModelConfig& config, int rank_samples,
-                                                    int micro_batch, Topology& topology);
+                                                    int micro_batch, Topology& topology,
+                                                    const TensorParallel* tp = nullptr);
 
 // The samples a pipeline trains: every rank puts the rollouts it generated (sample ids
 // [first_sample, first_sample + rollouts.size()) of its own block) into `queue`, then one leader
-// per pipeline (per node of it) fetches the pipeline's consecutive blocks with
-// get_range_replicated and hands every stage the same samples, in canonical order. Collective
-// over the world.
+// per model replica (the pipeline, or its T x P ranks with TP; per node of it) fetches the
+// replica's consecutive blocks with get_range_replicated and hands every rank of it the same
+// samples, in canonical order. Collective over the world.
 std::vector<Rollout> pipeline_rollouts(DistQueue& queue, const PipelineGroups& groups,
                                        const std::vector<Rollout>& own, int group_size);
 
