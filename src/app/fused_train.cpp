@@ -254,8 +254,8 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
     dir.log(
         "# pipeline parallelism: PP %d x %d pipelines, %s, %d micro-batches per step, %d virtual "
         "stage(s) per rank (bubble formula %.1f%%); generation data-parallel on all %d ranks, each "
-        "borrowing the other stages' layers (%s) per phase; this rank stores %lld of %lld "
-        "parameters\n",
+        "borrowing the rest of the model (%s: other stages' layers, other TP ranks' slices) per "
+        "phase; this rank stores %lld of %lld parameters\n",
         shape.stages, pp->replicas(), schedule_name(shape).c_str(), shape.micro_batches,
         shape.virtual_stages, 100.0 * bubble_formula(shape), ranks,
         format_bytes(size_t(ParameterLayout(policy.config).total() - model.parameter_count()) *
