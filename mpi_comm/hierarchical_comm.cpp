@@ -58,4 +58,27 @@ void free_hierarchical(HierarchicalComm& h) {
   h = HierarchicalComm{};
 }
 
+ConsecutiveGroups split_consecutive_groups(MPI_Comm comm, int group_size, const Links& links) {
+  int rank = 0, size = 0;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  ConsecutiveGroups split;
+  split.group = rank / group_size;
+  split.groups = size / group_size;
+  split.place = rank % group_size;
+  MPI_Comm members = MPI_COMM_NULL, across = MPI_COMM_NULL;
+  MPI_Comm_split(comm, split.group, split.place, &members);
+  MPI_Comm_split(comm, split.place, split.group, &across);
+  split.members = make_hierarchical(members, links);
+  split.across = make_hierarchical(across, links);
+  MPI_Comm_free(&members);
+  MPI_Comm_free(&across);
+  return split;
+}
+
+void free_consecutive_groups(ConsecutiveGroups& groups) {
+  free_hierarchical(groups.across);
+  free_hierarchical(groups.members);
+}
+
 }  // namespace rlf

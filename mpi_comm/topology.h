@@ -114,4 +114,19 @@ HierarchicalComm make_hierarchical(MPI_Comm comm, const Links& links);
 // Frees the communicators of `h` (collective over h.comm) and leaves it empty.
 void free_hierarchical(HierarchicalComm& h);
 
+// `comm` cut into groups of `group_size` consecutive ranks (rank r: group r / group_size, place
+// r % group_size in it) and the communicators across them (the ranks with the same place, one per
+// group, in group order): how a model-parallel group (a TP group, a pipeline) and its
+// data-parallel replicas are laid out. Owns its communicators (free_consecutive_groups).
+struct ConsecutiveGroups {
+  int group = 0, groups = 1;  // this rank's group and their count
+  int place = 0;              // this rank's place in its group
+  HierarchicalComm members;   // this rank's group (rank = place)
+  HierarchicalComm across;    // the ranks with this rank's place (rank = group)
+};
+// Collective over `comm`; group_size must divide its size (checked by the caller's validation).
+ConsecutiveGroups split_consecutive_groups(MPI_Comm comm, int group_size, const Links& links);
+// Frees both communicators (collective over `comm` of the split).
+void free_consecutive_groups(ConsecutiveGroups& groups);
+
 }  // namespace rlf

@@ -55,20 +55,22 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   // train the same samples (ConfigError on every rank when the degree does not fit).
   const std::unique_ptr<TensorParallel> tp =
       make_train_tensor_parallel(options, model_config, topology);
-  const int replicas = tp ? tp->replicas() : ranks;
-  const int replica = tp ? tp->replica() : topology.world_rank();
+  // (With pipeline parallelism too, generation is data-parallel on every rank.)
+  const bool tp_generates = tp && options.pipeline_parallel <= 1;
+  const int replicas = tp_generates ? tp->replicas() : ranks;
+  const int replica = tp_generates ? tp->replica() : topology.world_rank();
   // Every rank checks the same inputs, so a bad value stops all of them before any work.
   if (rl.prompts % replicas != 0) {
     throw ConfigError(std::string("--mode ") + mode + ": --prompts " + std::to_string(rl.prompts) +
                       " must divide evenly among the " + std::to_string(replicas) +
-                      (tp ? " tensor-parallel groups" : " ranks") +
+                      (tp_generates ? " tensor-parallel groups" : " ranks") +
                       " (each generates and trains on its own block of prompts)");
   }
   // Pipeline parallelism: pipelines of consecutive ranks train one replica stage by stage; every
   // rank still generates its own block of prompts (generation is data-parallel over all ranks).
   const std::unique_ptr<PipelineGroups> pp =
       make_train_pipeline(options, model_config, rl.prompts / replicas * rl.group_size,
-                          rl.micro_batch, rl.group_size, rl.minibatches, topology);
+                          rl.micro_batch, rl.group_size, rl.minibatches, topology, tp.get());
   const int experts = model_config.n_experts;
   validate_role_expert_parallel("--expert-parallel", options.expert_parallel,
                                 topology.ranks_of(Role::Learner), experts, options.ep_dispatch,
@@ -230,9 +232,9 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   }
   if (tp) {
     dir.log(
-        "# tensor parallelism: TP %d x %d replicas (%s); this rank stores %lld of %lld "
+        "# tensor parallelism: TP %d x %d replicas%s (%s); this rank stores %lld of %lld "
         "parameters\n",
-        tp->degree(), tp->replicas(),
+        tp->degree(), tp->replicas(), pp ? " (the stages of the pipelines below)" : "",
         tp->attention_only() ? "attention heads" : "attention heads and the shared expert",
         (long long)model.parameter_count(), (long long)ParameterLayout(policy.config).total());
   }
@@ -254,8 +256,8 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
     dir.log(
         "# pipeline parallelism: PP %d x %d pipelines, %s, %d micro-batches per step, %d virtual "
         "stage(s) per rank (bubble formula %.1f%%); generation data-parallel on all %d ranks, each "
-        "borrowing the other stages' layers (%s) per phase; this rank stores %lld of %lld "
-        "parameters\n",
+        "borrowing the rest of the model (%s: other stages' layers, other TP ranks' slices) per "
+        "phase; this rank stores %lld of %lld parameters\n",
         shape.stages, pp->replicas(), schedule_name(shape).c_str(), shape.micro_batches,
         shape.virtual_stages, 100.0 * bubble_formula(shape), ranks,
         format_bytes(size_t(ParameterLayout(policy.config).total() - model.parameter_count()) *
@@ -467,16 +469,18 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
     dir.log(
         "# pipeline training steps of rank 0: %.3f s wall, %.3f s compute, %.3f s waiting: "
         "measured bubble %.1f%% (formula (p-1)/(mv+p-1) %.1f%%); DistQueue served %llu get "
-        "requests, %llu reply bytes (one leader per pipeline)\n",
+        "requests, %llu reply bytes (one leader per model replica: %d ranks)\n",
         pipeline_trainer->wall_seconds(), pipeline_trainer->compute_seconds(),
-        pipeline_trainer->wait_seconds(), 100.0 * bubble, 100.0 * formula, totals[0], totals[1]);
-    char fields[256];
+        pipeline_trainer->wait_seconds(), 100.0 * bubble, 100.0 * formula, totals[0], totals[1],
+        pp->model_parallel().size());
+    char fields[384];
     std::snprintf(fields, sizeof fields,
                   "\"pipeline_parallel\":%d,\"virtual_stages\":%d,\"micro_batches\":%d,"
                   "\"pipeline_bubble\":%.4f,\"pipeline_bubble_formula\":%.4f,"
-                  "\"queue_get_requests\":%llu,",
+                  "\"queue_get_requests\":%llu,\"queue_reply_bytes\":%llu,"
+                  "\"queue_replica_ranks\":%d,",
                   pp->shape().stages, pp->shape().virtual_stages, pp->shape().micro_batches, bubble,
-                  formula, totals[0]);
+                  formula, totals[0], totals[1], pp->model_parallel().size());
     pipeline_json = fields;
   }
   if (pool) {

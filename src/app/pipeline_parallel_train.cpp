@@ -28,24 +28,39 @@ void validate_pipeline_parallel_train(const DisaggregatedOptions& options, bool 
     return;
   }
   refuse_unsupported_with_model_parallelism(option, options, fused, world_size, rl);
-  if (options.tensor_parallel != 1) {
-    throw ConfigError(option + " is not supported with --tensor-parallel");
+  if (options.tensor_parallel > 1) {
+    // TP x PP: TP groups inside every stage; one replica of the model on T x P consecutive ranks.
+    const int model_ranks = options.tensor_parallel * degree;
+    const std::string both =
+        "--tensor-parallel " + std::to_string(options.tensor_parallel) + " x " + option;
+    if (world_size % model_ranks != 0) {
+      throw ConfigError(both + " = " + std::to_string(model_ranks) +
+                        " ranks per model replica must divide the " + std::to_string(world_size) +
+                        " ranks");
+    }
+    // The minibatch shares and the reference log-probs gathered inside the pipeline assume the
+    // pipeline is the model replica; with TP the replica is T x P ranks.
+    if (rl.kl_coef > 0) throw ConfigError(both + " is not supported with --kl-coef");
+    if (rl.minibatches != 1) throw ConfigError(both + " is not supported with --minibatches above 1");
   }
 }
 
 std::unique_ptr<PipelineGroups> make_train_pipeline(const DisaggregatedOptions& options,
                                                     const ModelConfig& config, int rank_samples,
                                                     int micro_batch, int group_size,
-                                                    int minibatches, Topology& topology) {
+                                                    int minibatches, Topology& topology,
+                                                    const TensorParallel* tp) {
   if (options.pipeline_parallel <= 1) return nullptr;
   const int p = options.pipeline_parallel;
-  // Each minibatch takes its share of every rank's block (minibatch_begin): the first share is
-  // the smallest.
+  // Every rank of a replica (T x P with TP) generated a block of the samples it trains. Each
+  // minibatch takes its share of every rank's block (minibatch_begin): the first share is the
+  // smallest.
+  const int model_ranks = p * (tp ? tp->degree() : 1);
   const int smallest_share = int(minibatch_begin(size_t(rank_samples), group_size, minibatches, 1));
-  const int smallest_minibatch = p * smallest_share;
+  const int smallest_minibatch = model_ranks * smallest_share;
   const int micro_batches = options.micro_batches > 0
                                 ? options.micro_batches
-                                : p * ((smallest_share + micro_batch - 1) / micro_batch);
+                                : model_ranks * ((smallest_share + micro_batch - 1) / micro_batch);
   if (minibatches == 1 && micro_batches > smallest_minibatch) {
     throw ConfigError("--micro-batches " + std::to_string(micro_batches) +
                       ": a pipeline trains only " + std::to_string(smallest_minibatch) +
@@ -61,7 +76,7 @@ std::unique_ptr<PipelineGroups> make_train_pipeline(const DisaggregatedOptions& 
   }
   return std::make_unique<PipelineGroups>(topology.role_comm().comm,
                                           PipelineShape{p, micro_batches, options.virtual_stages},
-                                          config, topology.links());
+                                          config, topology.links(), tp);
 }
 
 uint64_t attach_pipeline_reference_logprobs(const Transformer<float>& reference_stage,
@@ -124,11 +139,13 @@ std::vector<Rollout> pipeline_rollouts(DistQueue& queue, const PipelineGroups& g
   // Every sample stored before any leader asks: one request per shard and pipeline, whatever the
   // timing.
   queue.barrier();
-  // The pipeline's ranks generated consecutive blocks of equal size, stage 0's first.
+  // The replica's ranks (consecutive: a pipeline, or T x P with TP) generated consecutive blocks
+  // of equal size, its rank 0's first.
+  const HierarchicalComm& replica = groups.model_parallel();
   const int64_t block = int64_t(own.size());
-  const int64_t first = own.front().sample_id - int64_t(groups.stage()) * block;
+  const int64_t first = own.front().sample_id - int64_t(replica.rank()) * block;
   std::vector<QueueSample> samples =
-      queue.get_range_replicated(first, block * groups.shape().stages, groups.pipeline());
+      queue.get_range_replicated(first, block * replica.size(), replica);
   // The shards live on ranks that train next: none leaves (and stops serving) before every
   // pipeline has its samples.
   queue.barrier();
@@ -156,7 +173,7 @@ PipelineTrainer::PipelineTrainer(const PipelineGroups& groups, Transformer<float
       equal_parts_(equal_parts),
       stage_(model, groups.chunks(groups.stage()),
              stage_activation_bytes(model.config(),
-                                    equal_parts ? (groups.shape().stages * rank_samples +
+                                    equal_parts ? (groups.model_parallel().size() * rank_samples +
                                                    groups.shape().micro_batches - 1) /
                                                       groups.shape().micro_batches
                                                 : std::min(settings.micro_batch, rank_samples),

@@ -25,8 +25,8 @@ namespace rlf {
 // ConfigError, the same on every rank before any work, for --pipeline-parallel outside what is
 // built: a degree, virtual stages or micro-batch count below their minimum, --virtual-stages or
 // --micro-batches without a pipeline, one rank, a multi-rank run that is not --mode fused, or
-// combined with tensor or expert parallelism, --offload, StaleSync, a learned reward model or
-// rebalancing.
+// combined with expert parallelism, --offload, StaleSync, a learned reward model or rebalancing;
+// with --tensor-parallel T, T x P not dividing the ranks, a KL term or --minibatches above 1.
 void validate_pipeline_parallel_train(const DisaggregatedOptions& options, bool fused,
                                       int world_size, const RlOptions& rl);
 
@@ -34,11 +34,14 @@ void validate_pipeline_parallel_train(const DisaggregatedOptions& options, bool 
 // `rank_samples` samples (prompt groups of `group_size`) per step, trained in `minibatches`
 // optimizer steps. Throws ConfigError on every rank when the degree does not divide the ranks,
 // P x V the model's layers, or the micro-batches do not fit the schedule or the pipeline's
-// smallest minibatch.
+// smallest minibatch. With `tp` (the TP groups over the same ranks), TP inside every stage: the
+// pipelines cut the TP replicas, and a model replica's T x P ranks train the samples all of them
+// generated.
 std::unique_ptr<PipelineGroups> make_train_pipeline(const DisaggregatedOptions& options,
                                                     const ModelConfig& config, int rank_samples,
                                                     int micro_batch, int group_size,
-                                                    int minibatches, Topology& topology);
+                                                    int minibatches, Topology& topology,
+                                                    const TensorParallel* tp = nullptr);
 
 // The frozen reference's log-probs of this rank's own rollouts (Rollout::reference_logp), in
 // micro-batches of `micro_batch` as the data-parallel run computes them: the reference's stages
@@ -58,10 +61,11 @@ void gather_reference_logprobs(const std::vector<Rollout>& own, const PipelineGr
 
 // The samples a pipeline trains: every rank puts the rollouts it generated (sample ids
 // [first_sample, first_sample + rollouts.size()) of its own block) into `queue`, then one leader
-// per pipeline (per node of it) fetches the pipeline's consecutive blocks with
-// get_range_replicated and hands every stage the same samples, in canonical order. Collective
-// over the world. When `own` carries reference log-probs (a KL term), every stage's are gathered
-// inside the pipeline onto the pipeline's samples (the queue carries no reference log-probs).
+// per model replica (the pipeline, or its T x P ranks with TP; per node of it) fetches the
+// replica's consecutive blocks with get_range_replicated and hands every rank of it the same
+// samples, in canonical order. Collective over the world. When `own` carries reference log-probs
+// (a KL term; not with TP), every stage's are gathered inside the pipeline onto the pipeline's
+// samples (the queue carries no reference log-probs).
 std::vector<Rollout> pipeline_rollouts(DistQueue& queue, const PipelineGroups& groups,
                                        const std::vector<Rollout>& own, int group_size);
 

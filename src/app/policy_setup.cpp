@@ -1,5 +1,7 @@
 #include "src/app/policy_setup.h"
 
+#include <vector>
+
 #include "kernels/error.h"
 #include "src/io/parameter_file.h"
 #include "src/io/run_directory.h"
@@ -35,7 +37,15 @@ void keep_own_part(const float* whole, const ParameterLayout& whole_layout,
                    Transformer<float>& model) {
   const ParameterLayout& layout = model.layout();
   if (layout.tensor_slice().active()) {
-    slice_parameters(whole, whole_layout, model.parameters(), layout);
+    const ParameterLayout unsliced = with_tensor_slice(model.config(), layout, TensorSlice{});
+    if (unsliced.tensors().size() == whole_layout.tensors().size()) {
+      slice_parameters(whole, whole_layout, model.parameters(), layout);
+    } else {
+      // A TP slice of a pipeline stage: the stage's whole tensors, then the rank's slice of them.
+      std::vector<float> stage(size_t(unsliced.total()), 0.0f);
+      copy_shared_tensors(whole, whole_layout, stage.data(), unsliced);
+      slice_parameters(stage.data(), unsliced, model.parameters(), layout);
+    }
   } else if (!layout.stores_embedding() || !layout.stores_head()) {
     copy_shared_tensors(whole, whole_layout, model.parameters(), layout);  // a pipeline stage
   } else {

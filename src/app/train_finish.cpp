@@ -57,8 +57,9 @@ int finish_multi_rank_train(const MultiRankTrainEnd& end, const RunOptions& run,
     end.ep->gather_full_model(model.parameters(), model.layout(),
                               whole ? whole->parameters() : nullptr, whole_layout);
   }
-  if (end.tensor_parallel) {
-    // Collective over the TP group: every rank of it assembles the whole model.
+  if (end.tensor_parallel && !end.pipeline) {
+    // Collective over the TP group: every rank of it assembles the whole model. (With a pipeline
+    // too, gather_pipeline_model assembles each stage's TP slices first.)
     const ParameterLayout whole_layout(policy.config);
     std::vector<float> gathered(whole ? 0 : size_t(whole_layout.total()));
     gather_tensor_parallel(model.parameters(), model.layout(),

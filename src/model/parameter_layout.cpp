@@ -19,7 +19,7 @@ bool LayerShard::stores_layer(int layer) const {
 
 ParameterLayout::ParameterLayout(const ModelConfig& config, ExpertShard shard,
                                  LayerShard layer_shard, TensorSlice tensor_slice)
-    : tensor_slice_(tensor_slice) {
+    : tensor_slice_(tensor_slice), layer_shard_(layer_shard) {
   const int64_t C = config.d_model, V = config.vocab_size, E = config.n_experts, F = config.d_ff;
   const int64_t S = config.shared_expert_d_ff;
   if (shard.count < 0) shard = {0, config.n_experts};

@@ -123,6 +123,8 @@ class ParameterLayout {
   // width (heads x head_dim: the columns of Q, K, V and the KV cache), the shared expert's hidden
   // units.
   const TensorSlice& tensor_slice() const { return tensor_slice_; }
+  // The layers stored (as given: empty layers = all of them).
+  const LayerShard& layer_shard() const { return layer_shard_; }
   int local_heads() const { return local_heads_; }
   int attention_width() const { return attention_width_; }
   int shared_width() const { return shared_width_; }
@@ -146,6 +148,7 @@ class ParameterLayout {
   bool storing_ = true;
   int64_t next_source_index_ = 0;
   TensorSlice tensor_slice_;
+  LayerShard layer_shard_;
   int local_heads_ = 0, attention_width_ = 0, shared_width_ = 0;
 };
 

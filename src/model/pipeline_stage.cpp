@@ -62,10 +62,12 @@ PipelineStage<T>::PipelineStage(Transformer<T>& model, std::vector<LayerRange> c
       chunks_(std::move(chunks)),
       activation_bytes_(activation_bytes),
       model_(model) {
-  const ParameterLayout want(config_, ExpertShard{}, stage_layer_shard(chunks_, config_.n_layers));
+  // With tensor parallelism, the model's TP slice of those layers (it runs the TP collectives).
+  const ParameterLayout want(config_, ExpertShard{}, stage_layer_shard(chunks_, config_.n_layers),
+                             model.layout().tensor_slice());
   const ParameterLayout& have = model.layout();
   if (have.total() != want.total() || have.tensors().size() != want.tensors().size() ||
-      have.expert_sharded() || have.tensor_slice().active() || !model.gradients()) {
+      have.expert_sharded() || !model.gradients()) {
     throw std::invalid_argument(
         "PipelineStage: the model must hold exactly the chunks' layers, with gradients");
   }

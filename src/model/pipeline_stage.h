@@ -59,7 +59,8 @@ class PipelineStage {
   PipelineStage(const ModelConfig& config, const Ops<T>& ops, Arena& device,
                 std::vector<LayerRange> chunks, size_t activation_bytes);
   // Over a model built elsewhere with gradients and the layout of the chunks
-  // (stage_layer_shard); it must outlive the stage. std::invalid_argument when the layout differs.
+  // (stage_layer_shard; with tensor parallelism, its TP slice of them); it must outlive the stage.
+  // std::invalid_argument when the layout differs.
   PipelineStage(Transformer<T>& model, std::vector<LayerRange> chunks, size_t activation_bytes);
 
   Transformer<T>& model() { return model_; }

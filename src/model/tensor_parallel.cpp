@@ -39,31 +39,21 @@ void validate_tensor_parallel(const ModelConfig& config, int degree, bool attent
 TensorParallel::TensorParallel(MPI_Comm comm, int degree, bool attention_only,
                                const ModelConfig& config, Links& links)
     : links_(links) {
-  int rank = 0, size = 0;
-  MPI_Comm_rank(comm, &rank);
+  int size = 0;
   MPI_Comm_size(comm, &size);
   validate_tensor_parallel(config, degree, attention_only, size);
-  slice_ = {rank % degree, degree, attention_only};
-  replica_ = rank / degree;
-  replicas_ = size / degree;
-  MPI_Comm group = MPI_COMM_NULL, data_parallel = MPI_COMM_NULL;
-  MPI_Comm_split(comm, replica_, slice_.rank, &group);
-  MPI_Comm_split(comm, slice_.rank, replica_, &data_parallel);
-  group_ = make_hierarchical(group, links);
-  data_parallel_ = make_hierarchical(data_parallel, links);
-  MPI_Comm_free(&group);
-  MPI_Comm_free(&data_parallel);
+  groups_ = split_consecutive_groups(comm, degree, links);
+  slice_ = {groups_.place, degree, attention_only};
 }
 
 TensorParallel::~TensorParallel() {
-  free_hierarchical(data_parallel_);
-  free_hierarchical(group_);
+  free_consecutive_groups(groups_);
 }
 
 void TensorParallel::allreduce_sum(float* data, int64_t count) const {
   counters_.allreduces += 1;
   counters_.allreduced_elements += count;
-  if (slice_.size > 1) flat_allreduce_sum(data, count, group_, links_);
+  if (slice_.size > 1) flat_allreduce_sum(data, count, groups_.members, links_);
 }
 
 void TensorParallel::allreduce_sum(double*, int64_t) const {
@@ -75,14 +65,14 @@ OptimizerShard TensorParallel::optimizer_shard(const ParameterLayout& layout) co
   shard.replicated = tensor_replicated_ranges(layout);
   shard.owned = tensor_parallel_ranges(layout);
   shard.owned_slots = {shard.owned};
-  shard.sum_over_group = sum_in_rank_order(group_.comm);
+  shard.sum_over_group = sum_in_rank_order(groups_.members.comm);
   return shard;
 }
 
 ParameterLayout with_tensor_slice(const ModelConfig& config, const ParameterLayout& like,
                                   TensorSlice slice) {
   return ParameterLayout(config, ExpertShard{like.first_expert(), like.stored_experts()},
-                         LayerShard{}, slice);
+                         like.layer_shard(), slice);
 }
 
 namespace {

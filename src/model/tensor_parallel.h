@@ -74,11 +74,11 @@ class TensorParallel {
   // The slice of the parameters this rank holds (the layout of its Transformer).
   const TensorSlice& slice() const { return slice_; }
   // TP group index (which replica of the model this rank helps hold) and their count.
-  int replica() const { return replica_; }
-  int replicas() const { return replicas_; }
-  const HierarchicalComm& group() const { return group_; }
+  int replica() const { return groups_.group; }
+  int replicas() const { return groups_.groups; }
+  const HierarchicalComm& group() const { return groups_.members; }
   // The ranks with this rank's TP rank, one per replica (data parallelism over the replicas).
-  const HierarchicalComm& data_parallel() const { return data_parallel_; }
+  const HierarchicalComm& data_parallel() const { return groups_.across; }
   Links& links() const { return links_; }
 
   // Sum of data[count] over the TP group, in place; bit-identical on every rank (ring
@@ -98,13 +98,12 @@ class TensorParallel {
 
  private:
   TensorSlice slice_;
-  int replica_ = 0, replicas_ = 1;
-  HierarchicalComm group_, data_parallel_;
+  ConsecutiveGroups groups_;
   Links& links_;
   mutable TensorParallelCounters counters_;
 };
 
-// The layout of `config` with `like`'s expert shard and the tensor slice `slice`.
+// The layout of `config` with `like`'s expert and layer shards and the tensor slice `slice`.
 ParameterLayout with_tensor_slice(const ModelConfig& config, const ParameterLayout& like,
                                   TensorSlice slice);
 
@@ -114,14 +113,16 @@ std::vector<ParameterRange> tensor_parallel_ranges(const ParameterLayout& layout
 std::vector<ParameterRange> tensor_replicated_ranges(const ParameterLayout& layout);
 
 // A rank's slice of a whole-model buffer: every tensor of `slice_layout` copied from its elements
-// in `whole` (laid out by `whole_layout`: the same model and experts, no tensor slice). Pure.
+// in `whole` (laid out by `whole_layout`: the same model, experts and layers, no tensor slice).
+// Pure.
 template <typename T>
 void slice_parameters(const T* whole, const ParameterLayout& whole_layout, T* slice,
                       const ParameterLayout& slice_layout);
 
 // The whole-model buffer from every TP rank's slice (collective over tp.group(); every rank gets
 // it): cut tensors assembled from the ranks' slices, whole ones copied from this rank's buffer.
-// `slice_layout` is this rank's layout, `whole_layout` the same model without a tensor slice.
+// `slice_layout` is this rank's layout, `whole_layout` the same model without a tensor slice (with
+// a layer shard, a pipeline stage: the stage's layers unsliced).
 void gather_tensor_parallel(const float* slice, const ParameterLayout& slice_layout, float* whole,
                             const ParameterLayout& whole_layout, const ModelConfig& config,
                             const TensorParallel& tp);

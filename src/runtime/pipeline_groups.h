@@ -2,6 +2,13 @@
 // stage order) and data-parallel groups across them (the ranks holding the same stage, one per
 // pipeline), which layers each stage holds, and AdamW over a stage (the clipping norm over the
 // whole pipeline).
+//
+// With tensor parallelism inside every stage (TP x PP), rank r of the communicator is TP rank
+// r % T of stage (r / T) % p of replica r / (T p): TP innermost (a TP group is T consecutive
+// ranks), then the pipeline, then data parallelism. A pipeline is then the p ranks with the same TP
+// rank and replica (activations go between matching TP ranks of consecutive stages: every TP rank
+// holds the whole hidden rows), and the model-parallel group, T p consecutive ranks, holds one
+// replica of the model.
 #pragma once
 
 #include <mpi.h>
@@ -12,6 +19,7 @@
 #include "src/model/optimizer.h"
 #include "src/model/parameter_layout.h"
 #include "src/model/pipeline_stage.h"
+#include "src/model/tensor_parallel.h"
 #include "src/runtime/pipeline_schedule.h"
 
 namespace rlf {
@@ -22,38 +30,52 @@ class PipelineGroups {
   // data-parallel groups across them. The layers are cut into shape.chunks() equal chunks (virtual
   // stage s holds layers [s L / (p v), (s + 1) L / (p v))). Throws ConfigError on every rank
   // (validate_pipeline) when the shape does not fit the model's layers or the ranks of `comm`.
-  // `links` (not owned) counts every message.
-  PipelineGroups(MPI_Comm comm, const PipelineShape& shape, const ModelConfig& config,
-                 Links& links);
+  // `links` (not owned) counts every message. With `tp` (not owned; its TP groups cut `comm` into
+  // T consecutive ranks), the pipelines cut its replicas (tp->data_parallel(), T p consecutive
+  // ranks of `comm` per pipeline replica) and the shape must fit size(comm) / T.
+  PipelineGroups(MPI_Comm comm, const PipelineShape& shape, const ModelConfig& config, Links& links,
+                 const TensorParallel* tp = nullptr);
   ~PipelineGroups();
   PipelineGroups(const PipelineGroups&) = delete;
   PipelineGroups& operator=(const PipelineGroups&) = delete;
 
   const PipelineShape& shape() const { return shape_; }
-  int stage() const { return stage_; }  // this rank's place in its pipeline
-  int replica() const { return replica_; }
-  int replicas() const { return replicas_; }
+  const ModelConfig& config() const { return config_; }
+  int stage() const { return groups_.place; }  // this rank's place in its pipeline
+  int replica() const { return groups_.group; }
+  int replicas() const { return groups_.groups; }
   // This rank's pipeline (rank = stage) and its data-parallel group (rank = replica).
-  const HierarchicalComm& pipeline() const { return pipeline_; }
-  const HierarchicalComm& data_parallel() const { return data_parallel_; }
+  const HierarchicalComm& pipeline() const { return groups_.members; }
+  const HierarchicalComm& data_parallel() const { return groups_.across; }
   Links& links() const { return links_; }
+  // The TP group inside this rank's stage (null without TP).
+  const TensorParallel* tensor_parallel() const { return tp_; }
+  // The ranks holding one replica of the model: the pipeline, or with TP the T p ranks of its TP
+  // groups (rank = TP rank + T stage); every one of them trains the same samples.
+  const HierarchicalComm& model_parallel() const {
+    return tp_ ? model_parallel_.members : groups_.members;
+  }
 
-  // The chunks stage `stage` runs, in its local order, and the layout that stores them.
+  // The chunks stage `stage` runs, in its local order, and the layout that stores them (whole
+  // tensors: with TP each rank stores its slice of it, ParameterLayout's TensorSlice).
   std::vector<LayerRange> chunks(int stage) const;
   ParameterLayout stage_layout(int stage) const;
 
   // AdamW over this rank's stage: every parameter it stores is its own, and the clipping norm
   // sums the stages' squared norms over the pipeline in stage order, so it counts every parameter
   // of the model once and is bit-identical on every stage (and, the stages' gradients being
-  // summed over the data-parallel groups first, on every pipeline).
+  // summed over the data-parallel groups first, on every pipeline). With TP the whole tensors of a
+  // stage (the same on its TP ranks) count on TP rank 0 only and the cut ones on every TP rank,
+  // summed over the model-parallel group in rank order.
   OptimizerShard optimizer_shard(const ParameterLayout& layout) const;
 
  private:
   PipelineShape shape_;
   ModelConfig config_;
   std::vector<int> boundaries_;
-  int stage_ = 0, replica_ = 0, replicas_ = 1;
-  HierarchicalComm pipeline_, data_parallel_;
+  const TensorParallel* tp_ = nullptr;
+  ConsecutiveGroups groups_;          // pipelines (members) and data parallelism (across)
+  ConsecutiveGroups model_parallel_;  // with TP: the T p ranks of a replica (members)
   Links& links_;
 };
 

@@ -1,8 +1,9 @@
-// RL Fusion's layout switch for a pipeline-parallel policy (training at PP p, generation
-// data-parallel): before a generation phase every rank of a pipeline receives the layers of the
-// other stages into a whole model of its own (a buffer the phase frees), generates from it as a
-// replica, and trains again on its stage's own buffer, which the switch only reads; so the round
-// trip leaves the stage bit for bit as it was.
+// RL Fusion's layout switch for a pipeline-parallel policy (training at PP p, or TP T x PP p,
+// generation data-parallel): before a generation phase every rank of a pipeline receives the
+// layers of the other stages (with TP first the other TP ranks' slices of its own stage) into a
+// whole model of its own (a buffer the phase frees), generates from it as a replica, and trains
+// again on its stage's own buffer, which the switch only reads; so the round trip leaves the stage
+// bit for bit as it was.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +24,11 @@ void copy_shared_tensors(const float* from, const ParameterLayout& from_layout, 
 // received from their stage (an allgather inside the pipeline). Every rank sends its stage to
 // each other rank of its pipeline, counted on groups.links(). Returns the bytes this rank
 // received: the model less its own stage.
+// With TP (groups.tensor_parallel()), collective over the model-parallel group: `stage_params`
+// is this rank's slice of its stage (the layout of groups.stage_layout(stage) with its
+// TensorSlice); the TP group first assembles the stage's whole tensors (an allgather of the cut
+// tensors' slices, counted: each rank sends its slices to the T - 1 others), then every TP rank's
+// pipeline gathers the stages as above. The bytes received then add the other TP ranks' slices.
 uint64_t gather_pipeline_model(const float* stage_params, const PipelineGroups& groups,
                                float* whole, const ParameterLayout& whole_layout);
 

@@ -6,10 +6,13 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
+#include "tests/app/read_parameters.h"
 #include "tests/app/run_rlfusion.h"
+#include "tests/test_util.h"
 
 namespace rlf::test {
 
@@ -61,6 +64,35 @@ inline void expect_stops_before_output(const std::vector<BadOptions>& bad, const
     EXPECT_NE(r.output.find(b.message), std::string::npos) << r.output;
   }
   EXPECT_FALSE(std::filesystem::exists(dir));
+}
+
+// The run the interleaved-schedule tests compare: a 4-layer `tiny` (written into `model_dir`, so
+// that 2 stages hold 2 chunks each) on `sort`, 60 SFT steps, 3 RL steps of 8 prompts x 4 samples
+// in micro-batches of 4, fused.
+inline std::string interleaved_fused_run(const std::string& model_dir) {
+  std::filesystem::create_directories(model_dir);
+  const std::string model = model_dir + "/tiny4.ini";
+  std::ofstream out(model);
+  out << "[model]\nname = tiny4\nvocab_size = 32\nd_model = 32\nn_layers = 4\nn_heads = 4\n"
+         "n_experts = 4\ntop_k = 2\nd_ff = 32\nshared_expert_d_ff = 16\nmax_seq_len = 128\n";
+  return "train --model " + model +
+         " --task sort --sft-steps 60 --sft-learning-rate 0.01 --steps 3 --prompts 8 "
+         "--group-size 4 --eval-prompts 16 --log-every 1 --json --mode fused --micro-batch 4 ";
+}
+
+// `run` (saved into `dir`) trained like the data-parallel run `dp` (saved into `dp_dir`): its
+// `steps` per-step rows and a saved model within float rounding (normalized squared error below
+// 1e-6: a misplaced layer or slice, or a stage that trained other data, is off by many orders
+// more).
+inline void expect_trains_like(const CommandResult& dp, const std::string& dp_dir,
+                               const CommandResult& run, const std::string& dir, size_t steps) {
+  const std::vector<std::string> want = step_rewards(dp.output);
+  ASSERT_EQ(want.size(), steps) << dp.output;
+  EXPECT_EQ(step_rewards(run.output), want) << run.output;
+  const std::vector<float> dp_model = read_saved_parameters(dp_dir + "/model.h5");
+  const std::vector<float> model = read_saved_parameters(dir + "/model.h5");
+  ASSERT_EQ(model.size(), dp_model.size());
+  EXPECT_LT(nmse(model.data(), dp_model.data(), dp_model.size()), 1e-6);
 }
 
 }  // namespace rlf::test

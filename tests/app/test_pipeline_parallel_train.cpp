@@ -8,8 +8,6 @@
 // test_checkpoints.cpp.)
 #include <gtest/gtest.h>
 
-#include <filesystem>
-#include <fstream>
 #include <string>
 #include <vector>
 
@@ -77,18 +75,7 @@ TEST(PipelineParallelTrain, TrainsLikeTheDataParallelFusedRun) {
 // micro-batches of 4 make 8 micro-batches per step; the data-parallel run's rewards at every step
 // and its saved model within float rounding.
 TEST(PipelineParallelTrain, InterleavedScheduleTrainsLikeTheDataParallelFusedRun) {
-  const std::string model_dir = temp_dir("model");
-  std::filesystem::create_directories(model_dir);
-  const std::string model = model_dir + "/tiny4.ini";
-  {
-    std::ofstream out(model);
-    out << "[model]\nname = tiny4\nvocab_size = 32\nd_model = 32\nn_layers = 4\nn_heads = 4\n"
-           "n_experts = 4\ntop_k = 2\nd_ff = 32\nshared_expert_d_ff = 16\nmax_seq_len = 128\n";
-  }
-  const std::string run = "train --model " + model +
-                          " --task sort --sft-steps 60 --sft-learning-rate 0.01 --steps 3 "
-                          "--prompts 8 --group-size 4 --eval-prompts 16 --log-every 1 --json "
-                          "--mode fused --micro-batch 4 ";
+  const std::string run = test::interleaved_fused_run(temp_dir("model"));
   const std::string dp_dir = temp_dir("dp4"), pp_dir = temp_dir("pp4");
   const Result dp = test::run_rlfusion(run + "--run-dir " + dp_dir, 2);
   const Result pp =
@@ -100,13 +87,7 @@ TEST(PipelineParallelTrain, InterleavedScheduleTrainsLikeTheDataParallelFusedRun
             std::string::npos)
       << pp.output;
   EXPECT_NEAR(test::json_number(pp.output, "pipeline_bubble_formula"), 1.0 / 17.0, 1e-4);
-  const std::vector<std::string> want = test::step_rewards(dp.output);
-  ASSERT_EQ(want.size(), 3u) << dp.output;
-  EXPECT_EQ(test::step_rewards(pp.output), want) << pp.output;
-  const std::vector<float> dp_model = test::read_saved_parameters(dp_dir + "/model.h5");
-  const std::vector<float> pp_model = test::read_saved_parameters(pp_dir + "/model.h5");
-  ASSERT_EQ(pp_model.size(), dp_model.size());
-  EXPECT_LT(test::nmse(pp_model.data(), dp_model.data(), dp_model.size()), 1e-6);
+  test::expect_trains_like(dp, dp_dir, pp, pp_dir, 3);
 }
 
 TEST(PipelineParallelTrain, ShapesThatDoNotFitStopEveryRankBeforeOutput) {
@@ -126,7 +107,8 @@ TEST(PipelineParallelTrain, ShapesThatDoNotFitStopEveryRankBeforeOutput) {
           {2, "--pipeline-parallel 2 --expert-parallel 2",
            "--pipeline-parallel 2 is not supported with --expert-parallel"},
           {2, "--pipeline-parallel 2 --tensor-parallel 2",
-           "--pipeline-parallel 2 is not supported with --tensor-parallel"},
+           "--tensor-parallel 2 x --pipeline-parallel 2 = 4 ranks per model replica must divide "
+           "the 2 ranks"},
           {2, "--pipeline-parallel 2 --offload",
            "--pipeline-parallel 2 is not supported with --offload"},
           {2, "--pipeline-parallel 2 --staleness 1",

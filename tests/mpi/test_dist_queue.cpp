@@ -788,5 +788,34 @@ TEST(DistQueue, PipelineLeaderGetCutsQueueLoadToOneOverPP) {
   }
 }
 
+// TP x PP inside `train` (--tensor-parallel 2 --pipeline-parallel 2): every rank of a model
+// replica, T x P = 4 ranks, trains the same samples, so one leader per replica fetches them: the
+// queue's load falls to exactly 1/(T x P). The replica sits inside one node (a replica spread
+// over n nodes has a leader per node: 1/(T x P / n)).
+TEST(DistQueue, TensorPipelineLeaderGetCutsQueueLoadToOneOverTPxPP) {
+  if (world_size() != 6) GTEST_SKIP() << "needs 4 learners on one node and an actor (6 ranks)";
+  const std::vector<QueueLayout> layouts = {
+      {"4 learners and 2 actors on one node, learner-hosted shards", layout(4, 2, 0, 2, 6)},
+      {"4 learners, an actor and a queue rank on one node", layout(4, 1, 1, 2, 6)}};
+  for (const auto& [name, config] : layouts) {
+    SCOPED_TRACE(name);
+    Topology topology(MPI_COMM_WORLD, config);
+    std::unique_ptr<TensorParallel> tp;
+    std::unique_ptr<PipelineGroups> pp;
+    if (topology.role() == Role::Learner) {
+      const MPI_Comm learners = topology.role_comm().comm;
+      tp = std::make_unique<TensorParallel>(learners, 2, false, group_test_model(),
+                                            topology.links());
+      pp = std::make_unique<PipelineGroups>(learners, PipelineShape{2, 2, 1}, group_test_model(),
+                                            topology.links(), tp.get());
+      ASSERT_EQ(pp->model_parallel().size(), 4);
+      ASSERT_EQ(pp->pipeline().size(), 2);
+      ASSERT_EQ(pp->model_parallel().node_count(), 1) << "a model replica inside one node";
+    }
+    check_leader_get_cuts_queue_load(topology, 4, pp ? &pp->model_parallel() : nullptr,
+                                     pp ? pp->replica() : 0);
+  }
+}
+
 }  // namespace
 }  // namespace rlf
