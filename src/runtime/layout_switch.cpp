@@ -1,46 +1,17 @@
 #include "src/runtime/layout_switch.h"
 
 #include <algorithm>
-#include <climits>
 #include <stdexcept>
 #include <string>
 
 #include "src/model/expert_parallel.h"
+#include "src/runtime/memory_blocks.h"
 
 namespace rlf {
 
 namespace {
 
 constexpr int kTag = 7501;
-
-// Pieces of memory one message carries, in order: (first float, floats).
-struct Blocks {
-  std::vector<MPI_Aint> addresses;
-  std::vector<int> lengths;
-  uint64_t floats = 0;
-
-  void add(const float* data, int64_t count) {
-    MPI_Aint address;
-    MPI_Get_address(data, &address);
-    floats += uint64_t(count);
-    // A piece that continues the previous one extends it (consecutive slots, w1 | w3 | w2).
-    if (!lengths.empty() &&
-        addresses.back() + MPI_Aint(lengths.back()) * MPI_Aint(sizeof(float)) == address &&
-        int64_t(lengths.back()) + count <= INT_MAX) {
-      lengths.back() += int(count);
-      return;
-    }
-    addresses.push_back(address);
-    lengths.push_back(int(count));
-  }
-  // A datatype over the pieces at their absolute addresses (used from MPI_BOTTOM).
-  MPI_Datatype type() const {
-    MPI_Datatype t;
-    MPI_Type_create_hindexed(int(lengths.size()), lengths.data(), addresses.data(), MPI_FLOAT, &t);
-    MPI_Type_commit(&t);
-    return t;
-  }
-};
 
 }  // namespace
 
@@ -131,7 +102,7 @@ GenerationExperts ExpertLayoutSwitch::to_generation(float* training,
   const int replica_first = rank_ - ep_rank;
   struct Transfer {
     int peer;
-    Blocks blocks;
+    MemoryBlocks blocks;
     MPI_Datatype type = MPI_DATATYPE_NULL;
   };
   std::vector<Transfer> sends, receives;
