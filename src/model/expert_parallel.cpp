@@ -11,17 +11,26 @@
 namespace rlf {
 
 std::vector<float> pack_ranges(const float* data, const std::vector<ParameterRange>& ranges) {
-  std::vector<float> packed;
-  for (const ParameterRange& r : ranges)
-    packed.insert(packed.end(), data + r.offset, data + r.offset + r.count);
+  std::vector<float> packed(size_t(ranges_size(ranges)));
+  pack_ranges_into(data, ranges, packed.data());
   return packed;
 }
 
-void unpack_ranges(const float* packed, const std::vector<ParameterRange>& ranges, float* data) {
+float* pack_ranges_into(const float* data, const std::vector<ParameterRange>& ranges, float* out) {
+  for (const ParameterRange& r : ranges) {
+    std::memcpy(out, data + r.offset, size_t(r.count) * sizeof(float));
+    out += r.count;
+  }
+  return out;
+}
+
+const float* unpack_ranges(const float* packed, const std::vector<ParameterRange>& ranges,
+                           float* data) {
   for (const ParameterRange& r : ranges) {
     std::memcpy(data + r.offset, packed, size_t(r.count) * sizeof(float));
     packed += r.count;
   }
+  return packed;
 }
 
 int64_t ranges_size(const std::vector<ParameterRange>& ranges) {

@@ -33,7 +33,11 @@ std::vector<ParameterRange> expert_slices(const ParameterLayout& layout, int fir
 
 // The elements of `ranges` of `data`, one after another; and back.
 std::vector<float> pack_ranges(const float* data, const std::vector<ParameterRange>& ranges);
-void unpack_ranges(const float* packed, const std::vector<ParameterRange>& ranges, float* data);
+// pack_ranges into a buffer the caller keeps; returns the end of what it wrote.
+float* pack_ranges_into(const float* data, const std::vector<ParameterRange>& ranges, float* out);
+// The inverse of pack_ranges; returns the end of what it read from `packed`.
+const float* unpack_ranges(const float* packed, const std::vector<ParameterRange>& ranges,
+                           float* data);
 int64_t ranges_size(const std::vector<ParameterRange>& ranges);  // elements in all ranges
 
 // Copies from `src` into `dst` every replicated tensor and every expert slice both layouts store

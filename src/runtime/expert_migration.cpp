@@ -1,7 +1,6 @@
 #include "src/runtime/expert_migration.h"
 
 #include <algorithm>
-#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -65,15 +64,12 @@ uint64_t copy_experts_into_slots(const std::vector<std::vector<int>>& old_slot_e
   if (staging.size() < staged) staging.resize(staged);
   for (const Copy& out : outgoing) {
     float* to = staging.data() + out.offset;
-    for (const float* buffer : buffers) {
-      for (const ParameterRange& r : local(out.layer, out.source)) {
-        std::memcpy(to, buffer + r.offset, size_t(r.count) * sizeof(float));
-        to += r.count;
-      }
-    }
+    for (const float* buffer : buffers)
+      to = pack_ranges_into(buffer, local(out.layer, out.source), to);
   }
   // A received expert lands straight in its slot's slices of every buffer (a datatype over them,
-  // in the staged order); a copy inside this rank comes from the staging buffer.
+  // in the staged order); a copy inside this rank comes from the staging buffer. Both ends of
+  // every pair post their messages in (layer, target slot) order, so one tag suffices.
   constexpr int kTag = 7401;
   std::vector<MPI_Request> requests;
   std::vector<MPI_Datatype> types;
@@ -94,10 +90,8 @@ uint64_t copy_experts_into_slots(const std::vector<std::vector<int>>& old_slot_e
     const int64_t count = ranges_size(local(out.layer, out.source)) * int64_t(buffers.size());
     if (out.target / local_slots == rank) {  // a copy inside this rank: no message
       const float* from = staging.data() + out.offset;
-      for (float* buffer : buffers) {
-        unpack_ranges(from, local(out.layer, out.target), buffer);
-        from += ranges_size(local(out.layer, out.target));
-      }
+      for (float* buffer : buffers)
+        from = unpack_ranges(from, local(out.layer, out.target), buffer);
       continue;
     }
     requests.emplace_back();
