@@ -3,10 +3,11 @@
 // training steps of the model cut into p v chunks and reports, per rank, the measured bubble
 // (time the rank waited for activations, gradients and the slowest rank, over the step's wall
 // time) beside the formula (p - 1) / (m v + p - 1), their ratio, and the schedule's counted
-// bubble (idle slots under unit costs). The first step of each row is checked against the
-// single-rank model (loss and every gradient: #wrong). --balance measured assigns layers to
-// chunks by their measured cost (src/balance/stage_balance.h). nccl-tests style: '#' header with
-// units, fixed columns, verdict lines and a --json twin.
+// bubble (idle slots under unit costs) and the bubble simulated with the measured pass times of
+// every virtual stage (what the stages' cost imbalance allows). The first step of each row is
+// checked against the single-rank model (loss and every gradient: #wrong). --balance measured
+// assigns layers to chunks by their measured cost (src/balance/stage_balance.h). nccl-tests style:
+// '#' header with units, fixed columns, verdict lines and a --json twin.
 #include <mpi.h>
 #include <unistd.h>
 
@@ -143,6 +144,8 @@ LayerCosts measure_layer_costs(const ModelConfig& config, Device& device,
 
 struct RankStats {
   double wall = 0, compute = 0, wait = 0, in_flight = 0, compute_cpu = 0;
+  // The schedule simulated with every stage's measured pass times (rank 0 fills it).
+  double simulated = 0;
 };
 
 struct Row {
@@ -150,6 +153,8 @@ struct Row {
   std::vector<int> boundaries;
   std::vector<RankStats> ranks;  // rank 0 only
   double formula = 0, counted = 0;
+  // Mean seconds of one forward / backward pass of each virtual stage (p v entries), measured.
+  std::vector<double> forward_pass, backward_pass;
   uint64_t wrong = 0;
   double loss = 0;
 };
@@ -232,6 +237,7 @@ Row measure(const PipelineBenchOptions& o, const ModelConfig& config, Device& de
   row.loss = loss;
 
   std::vector<double> wall, compute, wait, compute_cpu;
+  std::vector<std::vector<double>> passes;  // per repeat: forward then backward seconds by chunk
   for (int r = 0; r < o.repeats; ++r) {
     stage.model().zero_gradients();
     const PipelineStepStats s = run_pipeline_step(stage, shape, batches, aux, pipeline, links);
@@ -239,16 +245,43 @@ Row measure(const PipelineBenchOptions& o, const ModelConfig& config, Device& de
     compute.push_back(s.compute_seconds);
     compute_cpu.push_back(s.compute_cpu_seconds);
     wait.push_back(s.wait_seconds);
+    passes.push_back(s.forward_seconds);
+    passes.back().insert(passes.back().end(), s.backward_seconds.begin(), s.backward_seconds.end());
   }
   // The repeat of median wall time, whole (its wait and compute belong together).
   std::vector<size_t> order(wall.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return wall[a] < wall[b]; });
   const size_t mid = order[order.size() / 2];
-  const RankStats mine{wall[mid], compute[mid], wait[mid], double(stage.activation_arenas()),
-                       compute_cpu[mid]};
+  const RankStats mine{wall[mid],        compute[mid], wait[mid], double(stage.activation_arenas()),
+                       compute_cpu[mid], 0.0};
   row.ranks.resize(size_t(world));
-  MPI_Gather(&mine, 5, MPI_DOUBLE, row.ranks.data(), 5, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  MPI_Gather(&mine, 6, MPI_DOUBLE, row.ranks.data(), 6, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  // Every virtual stage's mean pass time (the median step's, averaged over the data-parallel
+  // pipelines), then the schedule simulated with them: the bubble these stage costs allow with
+  // messages taking no time. Measured against it, what is left is the runtime's own overhead.
+  std::vector<double> all_passes(size_t(world) * 2 * size_t(v));
+  MPI_Gather(passes[mid].data(), 2 * v, MPI_DOUBLE, all_passes.data(), 2 * v, MPI_DOUBLE, 0,
+             MPI_COMM_WORLD);
+  if (rank == 0) {
+    const int p = shape.stages, pipelines = world / p;
+    row.forward_pass.assign(size_t(shape.chunks()), 0.0);
+    row.backward_pass.assign(size_t(shape.chunks()), 0.0);
+    for (int r = 0; r < world; ++r) {
+      for (int k = 0; k < v; ++k) {
+        const size_t s = size_t(virtual_stage(shape, r % p, k));
+        const double* mine_passes = all_passes.data() + size_t(r) * 2 * size_t(v);
+        row.forward_pass[s] += mine_passes[k] / (double(m) * pipelines);
+        row.backward_pass[s] += mine_passes[v + k] / (double(m) * pipelines);
+      }
+    }
+    std::vector<std::vector<PipelineOp>> schedules;
+    for (int r = 0; r < p; ++r) schedules.push_back(pipeline_schedule(shape, r));
+    const ScheduleTiming simulated =
+        simulate_schedule(shape, schedules, row.forward_pass, row.backward_pass);
+    for (int r = 0; r < world; ++r)
+      row.ranks[size_t(r)].simulated = simulated.bubble_fraction(r % p);
+  }
   MPI_Comm_free(&pipeline);
   MPI_Comm_free(&data_parallel);
   return row;
@@ -259,6 +292,16 @@ std::string join(const std::vector<int>& values) {
   for (int v : values) {
     if (!out.empty()) out += ',';
     out += std::to_string(v);
+  }
+  return out;
+}
+
+std::string join(const std::vector<double>& seconds) {
+  std::string out;
+  char number[32];
+  for (double s : seconds) {
+    std::snprintf(number, sizeof number, "%s%.6e", out.empty() ? "" : ",", s);
+    out += number;
   }
   return out;
 }
@@ -356,34 +399,43 @@ int run_bench_pipeline_command(const std::vector<std::string>& args) {
         o.repeats);
     std::printf(
         "# compute cpu = the process's CPU time in the same passes: well below compute, the rank "
-        "lost its core; apart between ranks, their chunks cost differently\n#\n");
-    std::printf("# %-16s %2s %3s %-12s %4s %9s %9s %9s %9s %8s %8s %6s %8s %9s %7s\n", "schedule",
-                "v", "m", "chunks", "rank", "wall", "compute", "cpu", "wait", "bubble", "formula",
-                "ratio", "counted", "in-flight", "#wrong");
-    std::printf("# %-16s %2s %3s %-12s %4s %9s %9s %9s %9s %8s %8s %6s %8s %9s %7s\n", "", "", "",
-                "(layers)", "", "(ms)", "(ms)", "(ms)", "(ms)", "(%)", "(%)", "(x)", "(%)",
-                "(chunks)", "");
+        "lost its core; apart between ranks, their chunks cost differently\n");
+    std::printf(
+        "# simulated = the bubble of the same schedule with every virtual stage's measured mean "
+        "forward and backward pass times and messages taking no time: apart from formula, the "
+        "stages cost differently; measured apart from simulated, the runtime's own overhead "
+        "(messages, wake-ups)\n#\n");
+    std::printf("# %-16s %2s %3s %-12s %4s %9s %9s %9s %9s %8s %8s %6s %9s %8s %9s %7s\n",
+                "schedule", "v", "m", "chunks", "rank", "wall", "compute", "cpu", "wait", "bubble",
+                "formula", "ratio", "simulated", "counted", "in-flight", "#wrong");
+    std::printf("# %-16s %2s %3s %-12s %4s %9s %9s %9s %9s %8s %8s %6s %9s %8s %9s %7s\n", "", "",
+                "", "(layers)", "", "(ms)", "(ms)", "(ms)", "(ms)", "(%)", "(%)", "(x)", "(%)",
+                "(%)", "(chunks)", "");
     for (const Row& row : rows) {
       const std::string name = schedule_name({p, row.m, row.v});
       for (int r = 0; r < world; ++r) {
         const RankStats& s = row.ranks[size_t(r)];
         const double bubble = s.wall > 0 ? s.wait / s.wall : 0;
         std::printf(
-            "  %-16s %2d %3d %-12s %4d %9.2f %9.2f %9.2f %9.2f %8.1f %8.1f %6.2f %8.1f %9.0f "
-            "%7llu\n",
+            "  %-16s %2d %3d %-12s %4d %9.2f %9.2f %9.2f %9.2f %8.1f %8.1f %6.2f %9.1f %8.1f "
+            "%9.0f %7llu\n",
             name.c_str(), row.v, row.m, join(row.boundaries).c_str(), r, s.wall * 1e3,
             s.compute * 1e3, s.compute_cpu * 1e3, s.wait * 1e3, 100 * bubble, 100 * row.formula,
-            row.formula > 0 ? bubble / row.formula : 0, 100 * row.counted, s.in_flight,
-            (unsigned long long)row.wrong);
+            row.formula > 0 ? bubble / row.formula : 0, 100 * s.simulated, 100 * row.counted,
+            s.in_flight, (unsigned long long)row.wrong);
       }
     }
     std::printf("#\n# Pipeline vs single-rank model (loss and gradients) : %llu wrong %s\n",
                 (unsigned long long)wrong, wrong ? "FAIL" : "OK");
-    double worst = 0;
+    double worst = 0, worst_simulated = 0, worst_stages = 0;
     for (const Row& row : rows) {
       for (const RankStats& s : row.ranks) {
         if (row.formula > 0 && s.wall > 0) {
           worst = std::max(worst, std::fabs(s.wait / s.wall / row.formula - 1));
+          worst_stages = std::max(worst_stages, std::fabs(s.simulated / row.formula - 1));
+        }
+        if (s.simulated > 0 && s.wall > 0) {
+          worst_simulated = std::max(worst_simulated, std::fabs(s.wait / s.wall / s.simulated - 1));
         }
       }
     }
@@ -391,6 +443,11 @@ int run_bench_pipeline_command(const std::vector<std::string>& args) {
         "# Measured bubble vs formula: worst |ratio - 1| = %.0f%% (goal <= 10%% on idle cores; "
         "the counted bubble equals the formula exactly)\n",
         100 * worst);
+    std::printf(
+        "# Simulated with the measured pass times vs formula: worst |ratio - 1| = %.0f%% (the "
+        "stages' cost imbalance); measured vs simulated: worst |ratio - 1| = %.0f%% (the "
+        "runtime's overhead)\n",
+        100 * worst_stages, 100 * worst_simulated);
   }
   if (run.json && rank == 0) {
     std::printf(
@@ -403,17 +460,19 @@ int run_bench_pipeline_command(const std::vector<std::string>& args) {
       const Row& row = rows[i];
       std::printf(
           "%s{\"virtual_stages\":%d,\"micro_batches\":%d,\"boundaries\":[%s],\"formula\":%.6f,"
-          "\"counted\":%.6f,\"loss\":%.8g,\"wrong\":%llu,\"ranks\":[",
+          "\"counted\":%.6f,\"loss\":%.8g,\"wrong\":%llu,\"forward_pass_seconds\":[%s],"
+          "\"backward_pass_seconds\":[%s],\"ranks\":[",
           i ? "," : "", row.v, row.m, join(row.boundaries).c_str(), row.formula, row.counted,
-          row.loss, (unsigned long long)row.wrong);
+          row.loss, (unsigned long long)row.wrong, join(row.forward_pass).c_str(),
+          join(row.backward_pass).c_str());
       for (int r = 0; r < world; ++r) {
         const RankStats& s = row.ranks[size_t(r)];
         std::printf(
             "%s{\"rank\":%d,\"wall_seconds\":%.6e,\"compute_seconds\":%.6e,"
-            "\"compute_cpu_seconds\":%.6e,\"wait_seconds\":%.6e,\"bubble\":%.6f,\"in_flight\":%."
-            "0f}",
+            "\"compute_cpu_seconds\":%.6e,\"wait_seconds\":%.6e,\"bubble\":%.6f,"
+            "\"simulated_bubble\":%.6f,\"in_flight\":%.0f}",
             r ? "," : "", r, s.wall, s.compute, s.compute_cpu, s.wait,
-            s.wall > 0 ? s.wait / s.wall : 0, s.in_flight);
+            s.wall > 0 ? s.wait / s.wall : 0, s.simulated, s.in_flight);
       }
       std::printf("]}");
     }

@@ -204,6 +204,8 @@ PipelineStepStats run_pipeline_step(PipelineStage<T>& stage, const PipelineShape
   constexpr size_t kLookahead = 2;
 
   PipelineStepStats stats;
+  stats.forward_seconds.assign(size_t(shape.virtual_stages), 0.0);
+  stats.backward_seconds.assign(size_t(shape.virtual_stages), 0.0);
   stage.reset_losses();
   quiet_barrier(pipeline);
   const double start = steady_seconds();
@@ -218,7 +220,9 @@ PipelineStepStats run_pipeline_step(PipelineStage<T>& stage, const PipelineShape
     const size_t rows = size_t(batch.token_count()) * size_t(row);
     if (op.kind == PassKind::Forward) {
       const T* out = stage.forward(op.micro_batch, op.chunk, batch, input.data());
-      stats.compute_seconds += steady_seconds() - begin;
+      const double pass = steady_seconds() - begin;
+      stats.forward_seconds[size_t(op.chunk)] += pass;
+      stats.compute_seconds += pass;
       stats.compute_cpu_seconds += process_cpu_seconds() - cpu_begin;
       if (s < last_stage) {
         exchange.send(std::vector<T>(out, out + rows), PassKind::Forward, op.micro_batch, s + 1);
@@ -227,7 +231,9 @@ PipelineStepStats run_pipeline_step(PipelineStage<T>& stage, const PipelineShape
       std::vector<T> dx(s > 0 ? rows : 0);
       stage.backward(op.micro_batch, op.chunk, input.data(), aux_weight * batch.aux_scale,
                      dx.data());
-      stats.compute_seconds += steady_seconds() - begin;
+      const double pass = steady_seconds() - begin;
+      stats.backward_seconds[size_t(op.chunk)] += pass;
+      stats.compute_seconds += pass;
       stats.compute_cpu_seconds += process_cpu_seconds() - cpu_begin;
       if (s > 0) exchange.send(std::move(dx), PassKind::Backward, op.micro_batch, s - 1);
     }

@@ -33,6 +33,9 @@ struct PipelineStepStats {
   // means the rank lost its core to other processes; two ranks' CPU times apart mean their chunks
   // cost differently.
   double compute_cpu_seconds = 0;
+  // compute_seconds by local chunk (0 .. v - 1): what the schedule's passes of each virtual stage
+  // cost on this rank, for simulate_schedule with measured costs.
+  std::vector<double> forward_seconds, backward_seconds;
   // Blocked: on the activations and gradients it receives, on its sends, and at the end for the
   // slowest rank (the time this rank has nothing to do).
   double wait_seconds = 0;

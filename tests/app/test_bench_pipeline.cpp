@@ -1,19 +1,36 @@
 // End-to-end: `rlfusion bench pipeline --json` under mpiexec on the tiny model (2 ranks: 1F1B and
 // interleaved; measured stage balancing; 4 ranks as PP 2 x DP 2), checked on the JSON twin: every
 // row's first step equal to the single-rank model (#wrong 0), the formula and the counted bubble
-// equal, a bubble and times per rank. Times of an oversubscribed run are not asserted. Bad shapes
-// and options stop every rank with exit code 2 and one message before any work.
+// equal, a bubble and times per rank, the pass times adding up to each rank's compute time and
+// the simulated bubble being the schedule's with those pass times. Times of an oversubscribed run
+// are not asserted. Bad shapes and options stop every rank with exit code 2 and one message
+// before any work.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "kernels/error.h"
+#include "src/runtime/pipeline_schedule.h"
 #include "tests/app/json_output.h"
 #include "tests/app/run_rlfusion.h"
 
 namespace rlf {
 namespace {
+
+// The numbers of the array after "key": at or after `from`.
+std::vector<double> json_numbers(const std::string& json, const std::string& key, size_t from) {
+  const size_t at = json.find("\"" + key + "\":[", from);
+  if (at == std::string::npos) return {};
+  const size_t begin = at + key.size() + 4;
+  std::stringstream list(json.substr(begin, json.find(']', begin) - begin));
+  std::vector<double> values;
+  std::string item;
+  while (std::getline(list, item, ',')) values.push_back(std::stod(item));
+  return values;
+}
 
 const std::string kTiny =
     "bench pipeline --model tiny --sequences 2 --length 8 --repeats 1 --json ";
@@ -40,6 +57,30 @@ TEST(BenchPipeline, TwoRanksOneFOneBAndInterleavedEqualTheSingleRankModel) {
       EXPECT_GT(test::json_number(json, key, at), 0) << key;
     }
     EXPECT_GE(test::json_number(json, "bubble", at), 0);
+    // Each virtual stage's mean pass times: m passes of every chunk make up each rank's compute
+    // time, and the simulated bubble is the schedule's with them.
+    const PipelineShape shape{2, m, v};
+    const std::vector<double> forward = json_numbers(json, "forward_pass_seconds", at);
+    const std::vector<double> backward = json_numbers(json, "backward_pass_seconds", at);
+    ASSERT_EQ(int(forward.size()), shape.chunks()) << json;
+    ASSERT_EQ(int(backward.size()), shape.chunks()) << json;
+    const ScheduleTiming simulated = simulate_schedule(
+        shape, {pipeline_schedule(shape, 0), pipeline_schedule(shape, 1)}, forward, backward);
+    size_t rank_at = json.find("\"ranks\":[", at);
+    for (int rank = 0; rank < 2; ++rank) {
+      rank_at = json.find("{\"rank\":" + std::to_string(rank), rank_at);
+      ASSERT_NE(rank_at, std::string::npos) << json;
+      double passes = 0;
+      for (int k = 0; k < v; ++k) {
+        const size_t stage = size_t(virtual_stage(shape, rank, k));
+        passes += m * (forward[stage] + backward[stage]);
+      }
+      EXPECT_NEAR(passes, test::json_number(json, "compute_seconds", rank_at), 1e-5 * passes)
+          << "v=" << v << " m=" << m << " rank " << rank;
+      EXPECT_NEAR(test::json_number(json, "simulated_bubble", rank_at),
+                  simulated.bubble_fraction(rank), 1e-4)
+          << "v=" << v << " m=" << m << " rank " << rank;
+    }
   }
 }
 
