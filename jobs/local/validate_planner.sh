@@ -5,23 +5,58 @@
 # every case of jobs/local/planner_validation_cases.csv with `rlfusion train`, collects the
 # measured step time (the trace's RL wall time / steps), the link counters' bytes, the device-memory peaks and
 # the token totals into $OUT/measured.csv, and prints `rlfusion plan --validate`'s table of
-# predicted vs measured. Run from the repository root after `make build`; ~3-5 minutes on 2 idle
-# cores. Times are only meaningful with every rank on its own idle core.
-#   RLFUSION=build/src/rlfusion  CASES=jobs/local/planner_validation_cases.csv  OUT=runs/validate_planner
+# predicted vs measured. Run from the repository root after `make build`; ~5 minutes on 2 idle
+# cores with 3 repeats. Times are only meaningful with every rank on its own idle core.
+#
+# Repeats: this shared VM's speed moves between runs (the same case measured 25-31% apart in two
+# idle runs, calibrated rates 1.6x apart), so each calibration is made REPEATS times and every
+# rate is the median of its measurements, and each case runs REPEATS times and the run with the
+# median step time is the case's measurement (its other columns, deterministic, are the same).
+#   RLFUSION=build/src/rlfusion  CASES=jobs/local/planner_validation_cases.csv  OUT=runs/validate_planner  REPEATS=3
 set -euo pipefail
 RLFUSION=${RLFUSION:-build/src/rlfusion}
 CASES=${CASES:-jobs/local/planner_validation_cases.csv}
 OUT=${OUT:-runs/validate_planner}
 PYTHON=${PYTHON:-python3}
+REPEATS=${REPEATS:-3}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 mkdir -p "$OUT"
+[ "$REPEATS" -ge 1 ] 2>/dev/null || { echo "REPEATS must be an integer >= 1, got '$REPEATS'" >&2; exit 2; }
 
-echo "# calibrating this machine -> $OUT/cluster.ini (2 ranks), $OUT/cluster-1rank.ini (1 rank)"
-mpiexec -n 2 --bind-to core "$RLFUSION" bench calibrate --output "$OUT/cluster.ini" < /dev/null
+# calibrate RANKS FILE: REPEATS calibrations on RANKS ranks merged into FILE, every number the
+# median of its measurements (element by element for the rate grids).
+calibrate() {
+  local ranks=$1 file=$2 r
+  for r in $(seq "$REPEATS"); do
+    mpiexec -n "$ranks" --bind-to core "$RLFUSION" bench calibrate --output "$file.$r" \
+      < /dev/null > "$file.$r.calibrate" 2>&1 || { cat "$file.$r.calibrate"; exit 1; }
+  done
+  "$PYTHON" - "$file" "$REPEATS" <<'PY'
+import statistics, sys
+out, repeats = sys.argv[1], int(sys.argv[2])
+files = [open(f"{out}.{r}").read().splitlines() for r in range(1, repeats + 1)]
+merged = []
+for i, line in enumerate(files[0]):
+    key, sep, value = line.partition(" = ")
+    if not sep or line.startswith("#"):
+        merged.append(line)
+        continue
+    try:
+        columns = [[float(x) for x in f[i].partition(" = ")[2].split()] for f in files]
+    except ValueError:
+        merged.append(line)
+        continue
+    merged.append(key + " = " + " ".join(f"{statistics.median(c):.6g}" for c in zip(*columns)))
+merged.insert(1, f"# The median of {repeats} calibrations ({out}.1 .. {out}.{repeats}), number by number.")
+open(out, "w").write("\n".join(merged) + "\n")
+PY
+}
+
+echo "# calibrating this machine ($REPEATS times each) -> $OUT/cluster.ini (2 ranks), $OUT/cluster-1rank.ini (1 rank)"
+calibrate 2 "$OUT/cluster.ini"
 # One-rank cases run alone on the machine: their rates measured the same way (no second rank
 # sharing the memory bandwidth).
-mpiexec -n 1 --bind-to core "$RLFUSION" bench calibrate --output "$OUT/cluster-1rank.ini" \
-  < /dev/null > "$OUT/cluster-1rank.calibrate" 2>&1
+calibrate 1 "$OUT/cluster-1rank.ini"
 
 MEASURED="$OUT/measured.csv"
 echo "case,cluster,task,model,mode,ranks,ranks_per_node,actors,expert_parallel,actor_expert_parallel,staleness,offload,inter_bandwidth,inter_latency,prompts,group_size,micro_batch,reference,queue_shards,steps,trained_tokens,response_tokens,step_s,intra_bytes,inter_bytes,generation_peak,training_peak,generate_s,train_s" > "$MEASURED"
@@ -30,7 +65,7 @@ grep -v '^#' "$CASES" | tail -n +2 | while IFS=, read -r name ranks rpn mode sta
   dir="$OUT/$name"
   args=(train --model "$model" --task "$task" --sft-steps 0 --steps "$steps" --prompts "$prompts"
         --group-size "$group" --micro-batch "$micro" --eval-prompts 10 --eval-every 0
-        --log-every "$steps" --run-dir "$dir" --overwrite)
+        --log-every "$steps" --overwrite)
   actors=0
   cluster="$OUT/cluster.ini"
   [ "$ranks" = 1 ] && cluster="$OUT/cluster-1rank.ini"
@@ -53,11 +88,15 @@ grep -v '^#' "$CASES" | tail -n +2 | while IFS=, read -r name ranks rpn mode sta
     [ "$lat" != 0 ] && args+=(--inter-node-latency "$lat")
     [ "$mode" = disaggregated ] && actors=1
   fi
-  echo "# case $name: mpiexec -n $ranks rlfusion ${args[*]}"
-  mpiexec -n "$ranks" --bind-to core "$RLFUSION" "${args[@]}" < /dev/null > "$dir.stdout" 2>&1 || {
-    echo "case $name failed:"; tail -5 "$dir.stdout"; exit 1; }
-  "$RLFUSION" report "$dir" --json < /dev/null > "$dir.report.json"
-  "$PYTHON" - "$dir" "$name,$cluster,$task,$model,$mode,$ranks,$rpn,$actors,$ep,$aep,$stale,$offload,$bw,$lat,$prompts,$group,$micro,0,2,$steps" >> "$MEASURED" <<'PY'
+  echo "# case $name ($REPEATS runs): mpiexec -n $ranks rlfusion ${args[*]} --run-dir $dir-runN"
+  rows="$dir.rows"
+  : > "$rows"
+  for r in $(seq "$REPEATS"); do
+    run="$dir-run$r"
+    mpiexec -n "$ranks" --bind-to core "$RLFUSION" "${args[@]}" --run-dir "$run" < /dev/null \
+      > "$run.stdout" 2>&1 || { echo "case $name failed:"; tail -5 "$run.stdout"; exit 1; }
+    "$RLFUSION" report "$run" --json < /dev/null > "$run.report.json"
+    "$PYTHON" - "$run" "$name,$cluster,$task,$model,$mode,$ranks,$rpn,$actors,$ep,$aep,$stale,$offload,$bw,$lat,$prompts,$group,$micro,0,2,$steps" >> "$rows" <<'PY'
 import json, re, sys
 run, prefix = sys.argv[1], sys.argv[2]
 summary = json.load(open(run + "/summary.json"))
@@ -78,6 +117,10 @@ print(f'{prefix},{report["total"]["tokens"]},{generated},{step_s:.6f},{counter("
       f'{counter("inter")},{peaks.get("generation", 0)},{peaks.get("training", 0)},'
       f'{generate_s:.6f},{train_s:.6f}')
 PY
+  done
+  # The run with the median step time (column 23, step_s) stands for the case.
+  sort -t, -k23,23g "$rows" | sed -n "$(( (REPEATS + 1) / 2 ))p" >> "$MEASURED"
+  echo "#   step times (s): $(cut -d, -f23 "$rows" | tr '\n' ' ')"
 done
 
 echo "# measured: $MEASURED"
