@@ -193,8 +193,9 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   const DataParallelHooks parallel = learner_hooks(
       pp ? pp->data_parallel() : (tp ? tp->data_parallel() : all), links, model, ep.get(), trace);
   RlStepSettings settings = step_settings(rl);
-  // A pipeline trains its stages' blocks together: each minibatch takes its share of every block.
-  if (pp) settings.sample_blocks = pp->shape().stages;
+  // A pipeline trains its replica's blocks together (its stages', with TP every TP rank's of them):
+  // each minibatch takes its share of every block.
+  if (pp) settings.sample_blocks = pp->model_parallel().size();
   const GenerationSettings sampling = sampling_settings(rl, task, run.seed);
   const AdvantageEstimator estimator = parse_advantage_estimator(rl.advantage);
   const int my_prompts = rl.prompts / replicas;
