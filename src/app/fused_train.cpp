@@ -124,8 +124,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
       load_learned_reward(rl, policy.device->ops(), fused_all ? &policy.device->memory() : nullptr,
                           run.device_memory_bytes());
   // Checkpoints are taken between steps; with StaleSync each rank's rollout pool goes with them.
-  // (Not with tensor parallelism: a checkpoint holds the whole model; validated.)
-  TrainCheckpoints saved(checkpoints, run, rl, policy.config, /*supported=*/!tp);
+  TrainCheckpoints saved(checkpoints, run, rl, policy.config, /*supported=*/true);
   RunDirectory dir(run.run_dir, resolved_config, /*writer=*/root, saved.resuming());
   TraceRecorder trace(MPI_COMM_WORLD);
   trace.set_memory_source(&policy.device->memory());
@@ -305,6 +304,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   // After the pool exists: a StaleSync checkpoint refills it with the samples in flight.
   saved.attach_pool(pool.get());
   saved.attach_pipeline(pp.get());
+  saved.attach_tensor_parallel(tp.get());
   if (saved.resuming()) position = saved.load(state);
   RandomDelay random_delay(rl.random_delay_ms, run.seed, rank);
   RlProgress progress(dir, rl.steps, rl.log_every, policy.device->memory());
