@@ -24,4 +24,15 @@ inline ModelConfig micro_config() {
   return c;
 }
 
+// The micro model with `n_layers` layers, 6 heads and a shared expert of 12: TP 1, 2 and 3 fit.
+inline ModelConfig tensor_parallel_micro_config(int n_layers) {
+  ModelConfig config = micro_config();
+  config.d_model = 12;
+  config.n_heads = 6;
+  config.shared_expert_d_ff = 12;
+  config.n_layers = n_layers;
+  config.validate("test");
+  return config;
+}
+
 }  // namespace rlf::test

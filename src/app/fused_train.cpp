@@ -124,8 +124,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
       load_learned_reward(rl, policy.device->ops(), fused_all ? &policy.device->memory() : nullptr,
                           run.device_memory_bytes());
   // Checkpoints are taken between steps; with StaleSync each rank's rollout pool goes with them.
-  // (Not with tensor parallelism: a checkpoint holds the whole model; validated.)
-  TrainCheckpoints saved(checkpoints, run, rl, policy.config, /*supported=*/!tp);
+  TrainCheckpoints saved(checkpoints, run, rl, policy.config, /*supported=*/true);
   RunDirectory dir(run.run_dir, resolved_config, /*writer=*/root, saved.resuming());
   TraceRecorder trace(MPI_COMM_WORLD);
   trace.set_memory_source(&policy.device->memory());
@@ -193,8 +192,9 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   const DataParallelHooks parallel = learner_hooks(
       pp ? pp->data_parallel() : (tp ? tp->data_parallel() : all), links, model, ep.get(), trace);
   RlStepSettings settings = step_settings(rl);
-  // A pipeline trains its stages' blocks together: each minibatch takes its share of every block.
-  if (pp) settings.sample_blocks = pp->shape().stages;
+  // A pipeline trains its replica's blocks together (its stages', with TP every TP rank's of them):
+  // each minibatch takes its share of every block.
+  if (pp) settings.sample_blocks = pp->model_parallel().size();
   const GenerationSettings sampling = sampling_settings(rl, task, run.seed);
   const AdvantageEstimator estimator = parse_advantage_estimator(rl.advantage);
   const int my_prompts = rl.prompts / replicas;
@@ -304,6 +304,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   // After the pool exists: a StaleSync checkpoint refills it with the samples in flight.
   saved.attach_pool(pool.get());
   saved.attach_pipeline(pp.get());
+  saved.attach_tensor_parallel(tp.get());
   if (saved.resuming()) position = saved.load(state);
   RandomDelay random_delay(rl.random_delay_ms, run.seed, rank);
   RlProgress progress(dir, rl.steps, rl.log_every, policy.device->memory());

@@ -38,10 +38,6 @@ void validate_pipeline_parallel_train(const DisaggregatedOptions& options, bool 
                         " ranks per model replica must divide the " + std::to_string(world_size) +
                         " ranks");
     }
-    // The minibatch shares and the reference log-probs gathered inside the pipeline assume the
-    // pipeline is the model replica; with TP the replica is T x P ranks.
-    if (rl.kl_coef > 0) throw ConfigError(both + " is not supported with --kl-coef");
-    if (rl.minibatches != 1) throw ConfigError(both + " is not supported with --minibatches above 1");
   }
 }
 
@@ -94,7 +90,9 @@ uint64_t attach_pipeline_reference_logprobs(const Transformer<float>& reference_
 
 void gather_reference_logprobs(const std::vector<Rollout>& own, const PipelineGroups& groups,
                                std::vector<Rollout>& pipeline_samples) {
-  const HierarchicalComm& pipeline = groups.pipeline();
+  // The replica's ranks (with TP: every TP rank of every stage) generated its blocks, in rank
+  // order.
+  const HierarchicalComm& replica = groups.model_parallel();
   std::vector<float> mine;
   for (const Rollout& r : own) {
     if (r.reference_logp.size() != r.response.size()) {
@@ -102,34 +100,34 @@ void gather_reference_logprobs(const std::vector<Rollout>& own, const PipelineGr
     }
     mine.insert(mine.end(), r.reference_logp.begin(), r.reference_logp.end());
   }
-  const int stages = pipeline.size();
-  std::vector<int> counts(static_cast<size_t>(stages)), displacements(counts);
+  const int ranks = replica.size();
+  std::vector<int> counts(static_cast<size_t>(ranks)), displacements(counts);
   const int count = int(mine.size());
-  MPI_Allgather(&count, 1, MPI_INT, counts.data(), 1, MPI_INT, pipeline.comm);
+  MPI_Allgather(&count, 1, MPI_INT, counts.data(), 1, MPI_INT, replica.comm);
   int total = 0;
-  for (int s = 0; s < stages; ++s) {
-    displacements[size_t(s)] = total;
-    total += counts[size_t(s)];
+  for (int r = 0; r < ranks; ++r) {
+    displacements[size_t(r)] = total;
+    total += counts[size_t(r)];
   }
   std::vector<float> all(static_cast<size_t>(total));
   MPI_Allgatherv(mine.data(), count, MPI_FLOAT, all.data(), counts.data(), displacements.data(),
-                 MPI_FLOAT, pipeline.comm);
-  for (int s = 0; s < stages; ++s) {
-    if (s != groups.stage()) {
-      groups.links().count_send(pipeline.world_ranks[size_t(s)], uint64_t(count) * sizeof(float));
+                 MPI_FLOAT, replica.comm);
+  for (int r = 0; r < ranks; ++r) {
+    if (r != replica.rank()) {
+      groups.links().count_send(replica.world_ranks[size_t(r)], uint64_t(count) * sizeof(float));
     }
   }
   size_t at = 0;
   for (Rollout& r : pipeline_samples) {
     if (at + r.response.size() > all.size()) {
-      throw std::logic_error("gather_reference_logprobs: the stages sent too few log-probs");
+      throw std::logic_error("gather_reference_logprobs: the replica sent too few log-probs");
     }
     r.reference_logp.assign(all.begin() + std::ptrdiff_t(at),
                             all.begin() + std::ptrdiff_t(at + r.response.size()));
     at += r.response.size();
   }
   if (at != all.size()) {
-    throw std::logic_error("gather_reference_logprobs: the stages sent too many log-probs");
+    throw std::logic_error("gather_reference_logprobs: the replica sent too many log-probs");
   }
 }
 
@@ -187,9 +185,9 @@ std::vector<std::pair<size_t, size_t>> PipelineTrainer::micro_batch_bounds(size_
       bounds.emplace_back(k * count / parts, (k + 1) * count / parts);
     return bounds;
   }
-  // Each rank's block (its share of this minibatch) in --micro-batch pieces: the data-parallel
-  // run's micro-batches exactly.
-  const size_t block = count / size_t(groups_.shape().stages);
+  // Each rank's block (its share of this minibatch; with TP every TP rank of every stage
+  // generated one) in --micro-batch pieces: the data-parallel run's micro-batches exactly.
+  const size_t block = count / size_t(groups_.model_parallel().size());
   const size_t piece = size_t(settings_.micro_batch);
   for (size_t begin = 0; begin < count; begin += block) {
     const size_t end = std::min(count, begin + block);
@@ -205,7 +203,8 @@ PpoStats PipelineTrainer::minibatch_gradient(const std::vector<const Rollout*>& 
   // groups may make more than the first).
   PipelineShape shape = groups_.shape();
   shape.micro_batches = int(bounds.size());
-  const bool blocks_equal = equal_parts_ || minibatch.size() % size_t(shape.stages) == 0;
+  const bool blocks_equal =
+      equal_parts_ || minibatch.size() % size_t(groups_.model_parallel().size()) == 0;
   if (bounds.empty() || !blocks_equal ||
       std::any_of(bounds.begin(), bounds.end(),
                   [](const auto& b) { return b.first == b.second; })) {

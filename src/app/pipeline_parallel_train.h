@@ -26,7 +26,7 @@ namespace rlf {
 // built: a degree, virtual stages or micro-batch count below their minimum, --virtual-stages or
 // --micro-batches without a pipeline, one rank, a multi-rank run that is not --mode fused, or
 // combined with expert parallelism, --offload, StaleSync, a learned reward model or rebalancing;
-// with --tensor-parallel T, T x P not dividing the ranks, a KL term or --minibatches above 1.
+// with --tensor-parallel T, T x P not dividing the ranks.
 void validate_pipeline_parallel_train(const DisaggregatedOptions& options, bool fused,
                                       int world_size, const RlOptions& rl);
 
@@ -45,16 +45,18 @@ std::unique_ptr<PipelineGroups> make_train_pipeline(const DisaggregatedOptions& 
 
 // The frozen reference's log-probs of this rank's own rollouts (Rollout::reference_logp), in
 // micro-batches of `micro_batch` as the data-parallel run computes them: the reference's stages
-// are gathered inside the pipeline (gather_pipeline_model) into a whole model in `device`, which
-// is freed on return. Collective over groups.pipeline(); returns the bytes received.
+// (with TP, their TP slices) are gathered inside the model replica (gather_pipeline_model) into a
+// whole model in `device`, which is freed on return. Collective over groups.model_parallel();
+// returns the bytes received.
 uint64_t attach_pipeline_reference_logprobs(const Transformer<float>& reference_stage,
                                             const PipelineGroups& groups, Arena& device,
                                             std::vector<Rollout>& own, int micro_batch,
                                             float temperature);
 
-// Every stage's reference log-probs of its own rollouts (`own`, which the stage generated: block
-// groups.stage() of the pipeline's samples) onto `pipeline_samples` (the stages' blocks in stage
-// order): an allgather inside the pipeline, counted on groups.links(). std::logic_error when the
+// Every rank's reference log-probs of its own rollouts (`own`, which the rank generated: block
+// groups.model_parallel().rank() of the replica's samples; without TP the stage's block) onto
+// `pipeline_samples` (the replica's blocks in rank order): an allgather inside the model replica
+// (the pipeline, or its T x P ranks with TP), counted on groups.links(). std::logic_error when the
 // log-probs do not cover the samples' responses exactly.
 void gather_reference_logprobs(const std::vector<Rollout>& own, const PipelineGroups& groups,
                                std::vector<Rollout>& pipeline_samples);
@@ -64,8 +66,8 @@ void gather_reference_logprobs(const std::vector<Rollout>& own, const PipelineGr
 // per model replica (the pipeline, or its T x P ranks with TP; per node of it) fetches the
 // replica's consecutive blocks with get_range_replicated and hands every rank of it the same
 // samples, in canonical order. Collective over the world. When `own` carries reference log-probs
-// (a KL term; not with TP), every stage's are gathered inside the pipeline onto the pipeline's
-// samples (the queue carries no reference log-probs).
+// (a KL term), every rank's are gathered inside the model replica onto its samples (the queue
+// carries no reference log-probs).
 std::vector<Rollout> pipeline_rollouts(DistQueue& queue, const PipelineGroups& groups,
                                        const std::vector<Rollout>& own, int group_size);
 
@@ -93,8 +95,8 @@ class PipelineTrainer {
   double measured_bubble() const { return wall_seconds_ > 0 ? wait_seconds_ / wall_seconds_ : 0; }
 
  private:
-  // [begin, end) of every micro-batch of a minibatch of `count` samples (the stages' blocks'
-  // shares, stage 0's first).
+  // [begin, end) of every micro-batch of a minibatch of `count` samples (the shares of the blocks
+  // of the replica's ranks, its rank 0's first).
   std::vector<std::pair<size_t, size_t>> micro_batch_bounds(size_t count) const;
 
   const PipelineGroups& groups_;

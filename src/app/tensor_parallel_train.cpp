@@ -7,7 +7,7 @@
 namespace rlf {
 
 void validate_tensor_parallel_train(const DisaggregatedOptions& options, bool fused, int world_size,
-                                    const RlOptions& rl, const CheckpointOptions& checkpoints) {
+                                    const RlOptions& rl) {
   const int degree = options.tensor_parallel;
   const std::string option = "--tensor-parallel " + std::to_string(degree);
   if (degree < 1) throw ConfigError(option + ": must be a positive integer");
@@ -18,10 +18,6 @@ void validate_tensor_parallel_train(const DisaggregatedOptions& options, bool fu
     return;
   }
   refuse_unsupported_with_model_parallelism(option, options, fused, world_size, rl);
-  // A checkpoint holds the whole model; the TP slices are not gathered for it yet.
-  if (checkpoints.every > 0 || !checkpoints.resume.empty()) {
-    throw ConfigError(option + " is not supported with --checkpoint-every or --resume");
-  }
 }
 
 void refuse_unsupported_with_model_parallelism(const std::string& option,

@@ -9,7 +9,6 @@
 #include "mpi_comm/topology.h"
 #include "src/app/disaggregated_train.h"
 #include "src/app/rl_options.h"
-#include "src/app/train_checkpoints.h"
 #include "src/model/tensor_parallel.h"
 
 namespace rlf {
@@ -23,9 +22,9 @@ void refuse_unsupported_with_model_parallelism(const std::string& option,
 
 // ConfigError, the same on every rank before any work, for --tensor-parallel outside what is
 // built: a degree below 1, a multi-rank run that is not --mode fused, one rank, or combined with
-// expert parallelism, --offload, StaleSync, a learned reward model, rebalancing or checkpoints.
+// expert parallelism, --offload, StaleSync, a learned reward model or rebalancing.
 void validate_tensor_parallel_train(const DisaggregatedOptions& options, bool fused, int world_size,
-                                    const RlOptions& rl, const CheckpointOptions& checkpoints);
+                                    const RlOptions& rl);
 
 // The TP groups over the fused ranks (null for --tensor-parallel 1). Throws ConfigError on every
 // rank when the degree does not divide the ranks, the model's heads or its shared expert.

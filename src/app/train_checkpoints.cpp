@@ -6,6 +6,7 @@
 
 #include "kernels/error.h"
 #include "src/model/expert_parallel.h"
+#include "src/model/tensor_parallel.h"
 #include "src/runtime/pipeline_layout_switch.h"
 
 namespace rlf {
@@ -32,19 +33,40 @@ CheckpointTensors tensors_of(const std::array<float*, kBuffers>& b) {
   return {b[0], b[1], b[2], b[3]};
 }
 
-// A pipeline stage's buffers gathered into whole-model ones (laid out by `whole_layout`) on every
-// rank of its pipeline; collective over the pipeline. Null buffers stay empty.
-std::array<std::vector<float>, kBuffers> gather_whole_buffers(const TrainingState& state,
-                                                              const PipelineGroups& groups,
-                                                              const ParameterLayout& whole_layout) {
-  const std::array<float*, kBuffers> stage = buffers_of(state);
+// The training state's buffers, each assembled by `gather` (this rank's part -> the whole-model
+// buffer laid out by `whole_layout`; collective over the model replica). Null buffers stay empty.
+std::array<std::vector<float>, kBuffers> gather_whole_buffers(
+    const TrainingState& state, const ParameterLayout& whole_layout,
+    const std::function<void(const float* part, float* whole)>& gather) {
+  const std::array<float*, kBuffers> parts = buffers_of(state);
   std::array<std::vector<float>, kBuffers> whole;
   for (size_t b = 0; b < kBuffers; ++b) {
-    if (!stage[b]) continue;
+    if (!parts[b]) continue;
     whole[b].resize(size_t(whole_layout.total()));
-    gather_pipeline_model(stage[b], groups, whole[b].data(), whole_layout);
+    gather(parts[b], whole[b].data());
   }
   return whole;
+}
+
+// A tensor-parallel rank's buffers from a checkpoint: the whole tensors of the layers it stores
+// (its stage's with PP) read into temporary buffers, then its slice of each taken.
+CheckpointCounters read_tensor_slices(const std::string& path, const TrainingState& state) {
+  const Transformer<float>& model = *state.model;
+  const ParameterLayout unsliced = with_tensor_slice(model.config(), model.layout(), TensorSlice{});
+  const std::array<float*, kBuffers> slices = buffers_of(state);
+  std::array<std::vector<float>, kBuffers> whole;
+  std::array<float*, kBuffers> whole_buffers{};
+  for (size_t b = 0; b < kBuffers; ++b) {
+    if (!slices[b]) continue;
+    whole[b].resize(size_t(unsliced.total()));
+    whole_buffers[b] = whole[b].data();
+  }
+  const CheckpointCounters c =
+      read_checkpoint(path, model.config(), unsliced, tensors_of(whole_buffers));
+  for (size_t b = 0; b < kBuffers; ++b) {
+    if (slices[b]) slice_parameters(whole_buffers[b], unsliced, slices[b], model.layout());
+  }
+  return c;
 }
 
 // Every rank's in-flight samples on rank 0 of `comm` (index: rank; empty elsewhere). Flattened
@@ -164,9 +186,12 @@ void TrainCheckpoints::describe(RunDirectory& dir) const {
 RlPosition TrainCheckpoints::load(const TrainingState& state) const {
   const Transformer<float>& model = *state.model;
   // With sharded experts only this rank's experts' rows are read (any EP degree), with pipeline
-  // stages only the stage's tensors (any PP degree).
-  const CheckpointCounters c =
-      read_checkpoint(resume_.path, model.config(), model.layout(), tensors_of(buffers_of(state)));
+  // stages only the stage's tensors (any PP degree), with TP the rank's slices of them (any TP
+  // degree).
+  const CheckpointCounters c = model.layout().tensor_slice().active()
+                                   ? read_tensor_slices(resume_.path, state)
+                                   : read_checkpoint(resume_.path, model.config(), model.layout(),
+                                                     tensors_of(buffers_of(state)));
   if (pool_) {
     int rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -229,12 +254,21 @@ void TrainCheckpoints::save(const RlPosition& position, const TrainingState& sta
   c.group_size = rl_.group_size;
   c.staleness = rl_.staleness;
   const Transformer<float>& model = *state.model;
-  if (pipeline_) {
-    // The first pipeline assembles the whole model; the others hold the same values.
-    if (pipeline_->replica() != 0) return;
+  if (pipeline_ || tensor_parallel_) {
+    // The first model replica (pipeline, TP group or both) assembles the whole model; the others
+    // hold the same values.
+    if ((pipeline_ ? pipeline_->replica() : tensor_parallel_->replica()) != 0) return;
     const ParameterLayout whole_layout(model.config());
     std::array<std::vector<float>, kBuffers> whole =
-        gather_whole_buffers(state, *pipeline_, whole_layout);
+        gather_whole_buffers(state, whole_layout, [&](const float* part, float* whole_buffer) {
+          if (pipeline_) {
+            // (with TP, every stage's TP slices first)
+            gather_pipeline_model(part, *pipeline_, whole_buffer, whole_layout);
+          } else {
+            gather_tensor_parallel(part, model.layout(), whole_buffer, whole_layout, model.config(),
+                                   *tensor_parallel_);
+          }
+        });
     std::array<float*, kBuffers> buffers{};
     for (size_t b = 0; b < kBuffers; ++b) buffers[b] = whole[b].empty() ? nullptr : whole[b].data();
     if (writer) {

@@ -6,7 +6,10 @@
 // HDF5, each its own experts' rows, and each learner reads back only the experts it stores, so a
 // checkpoint loads at any EP degree and no rank ever holds another rank's experts. With pipeline
 // stages the first pipeline gathers the whole model onto world rank 0, which writes it; each stage
-// reads back its own layers, so a checkpoint loads at any PP degree, or without pipelines.
+// reads back its own layers, so a checkpoint loads at any PP degree, or without pipelines. With
+// tensor parallelism the first TP group (with PP too: the first model replica) gathers the TP
+// slices into the whole tensors; each rank reads back the whole tensors of its layers and keeps its
+// slice, so a checkpoint loads at any TP degree, with or without pipelines.
 #pragma once
 
 #include <mpi.h>
@@ -27,6 +30,7 @@
 namespace rlf {
 
 class PipelineGroups;
+class TensorParallel;
 
 // `train` wrote a checkpoint after SIGTERM or SIGUSR1 and stopped: continue with --resume auto.
 inline constexpr int kExitCheckpointedOnSignal = 3;
@@ -82,6 +86,11 @@ class TrainCheckpoints {
   // the whole model: the first pipeline gathers every buffer from its stages and world rank 0
   // writes it; load() reads only the stage's tensors. Call before the first step on every rank.
   void attach_pipeline(const PipelineGroups* groups) { pipeline_ = groups; }
+  // Tensor parallelism (`tp`: the TP groups, null for none): the training state holds this rank's
+  // slice. Without pipelines the first TP group gathers every buffer's slices and world rank 0
+  // writes the whole model (with pipelines attach_pipeline's gather assembles the slices too);
+  // load() keeps the rank's slice of what it reads. Call before the first step on every rank.
+  void attach_tensor_parallel(const TensorParallel* tp) { tensor_parallel_ = tp; }
   // StaleSync (disaggregated): the actors' last batch, put into DistQueue and not yet taken, is
   // saved with each checkpoint (actor_end_of_step hands it over); trainers add nothing to it.
   void collect_in_flight() { in_flight_ = true; }
@@ -119,7 +128,7 @@ class TrainCheckpoints {
            (stopping || (options_.every > 0 && step % options_.every == 0));
   }
   // With sharded experts: collective over replica 0's EP group (write_checkpoint_sharded); with
-  // pipeline stages, over the first pipeline.
+  // pipeline stages or TP, over the first model replica.
   void save(const RlPosition& position, const TrainingState& state, bool writer,
             RoleExpertParallel* ep, MPI_Comm comm) const;
   std::string stop_message(int step) const;
@@ -132,6 +141,7 @@ class TrainCheckpoints {
   bool watching_ = false;
   RolloutPool* pool_ = nullptr;
   const PipelineGroups* pipeline_ = nullptr;
+  const TensorParallel* tensor_parallel_ = nullptr;
   bool in_flight_ = false;  // checkpoints gather every rank's samples in flight
 };
 

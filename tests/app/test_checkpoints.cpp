@@ -1,8 +1,9 @@
 // Checkpoints and restart: the CRC-64 and the file format on their own, then the rlfusion binary
-// on one rank, two (disaggregated, fused) and four (sharded experts): a run killed with SIGKILL in
-// the middle of writing a checkpoint resumes from the previous one and ends bit for bit where an
-// uninterrupted run does; SIGUSR1 / SIGTERM checkpoint and stop with exit code 3; damaged,
-// truncated and wrong-shape files are refused with exit code 2 (or skipped by --resume auto).
+// on one rank, two (disaggregated, fused, PP, TP) and four (sharded experts, TP x PP): a run killed
+// with SIGKILL in the middle of writing a checkpoint resumes from the previous one and ends bit for
+// bit where an uninterrupted run does; SIGUSR1 / SIGTERM checkpoint and stop with exit code 3;
+// damaged, truncated and wrong-shape files are refused with exit code 2 (or skipped by --resume
+// auto).
 #include <gtest/gtest.h>
 #include <hdf5.h>
 #include <unistd.h>
@@ -295,26 +296,44 @@ TEST(Checkpoint, FusedPipelineParallelResumeIsBitExact) {
   expect_kill_and_resume_bit_exact("pipeline-dp", 4, pipeline, "data");
 }
 
-// The file is the whole model whatever wrote it: a pipeline-parallel run's checkpoint resumes in a
-// data-parallel fused run and the other way round, ending where an uninterrupted run of the
-// resuming layout does (within float rounding: the two layouts sum in different orders).
-TEST(Checkpoint, PipelineAndDataParallelCheckpointsResumeInEachOther) {
+// Tensor parallelism (the KL term on: the reference is sliced too): the first TP group (with
+// pipelines, the first TP x PP replica) gathers its ranks' slices of the parameters, moments and
+// reference into the whole-model file, each rank loads back its slice, and a resumed run ends bit
+// for bit where the uninterrupted one does, at TP 2 on 2 ranks and TP 2 x PP 2 on 4.
+TEST(Checkpoint, FusedTensorParallelResumeIsBitExact) {
+  const std::string tensor = kRun + "--mode fused --tensor-parallel 2 ";
+  expect_kill_and_resume_bit_exact("tensor", 2, tensor, "data");
+  expect_kill_and_resume_bit_exact("tensor-pipeline", 4, tensor + "--pipeline-parallel 2 ", "data");
+}
+
+// The file is the whole model whatever wrote it: a checkpoint of the fused run with
+// `model_parallel` (its options) on `ranks` ranks resumes in a data-parallel fused run on
+// `data_parallel_ranks` (as many replicas, so the same samples and the same math) and the other
+// way round, ending where an uninterrupted run of the resuming layout does (within float rounding:
+// the two layouts sum in different orders).
+void expect_resumes_in_data_parallel_and_back(const std::string& name,
+                                              const std::string& model_parallel, int ranks,
+                                              int data_parallel_ranks) {
   const std::string data_parallel = kRun + "--mode fused ";
-  const std::string pipeline = data_parallel + "--pipeline-parallel 2 ";
-  for (const bool pipeline_writes : {true, false}) {
-    SCOPED_TRACE(pipeline_writes ? "PP -> DP" : "DP -> PP");
-    const std::string& writer = pipeline_writes ? pipeline : data_parallel;
-    const std::string& reader = pipeline_writes ? data_parallel : pipeline;
-    const std::string written_dir = temp_dir("cross-written");
-    const std::string straight_dir = temp_dir("cross-straight");
-    const std::string resumed_dir = temp_dir("cross-resumed");
+  const std::string layout = data_parallel + model_parallel;
+  for (const bool model_parallel_writes : {true, false}) {
+    SCOPED_TRACE(model_parallel + (model_parallel_writes ? "-> DP" : "<- DP"));
+    const std::string& writer = model_parallel_writes ? layout : data_parallel;
+    const std::string& reader = model_parallel_writes ? data_parallel : layout;
+    const int writer_ranks = model_parallel_writes ? ranks : data_parallel_ranks;
+    const int reader_ranks = model_parallel_writes ? data_parallel_ranks : ranks;
+    const std::string written_dir = temp_dir(name + "-written");
+    const std::string straight_dir = temp_dir(name + "-straight");
+    const std::string resumed_dir = temp_dir(name + "-resumed");
     const CommandResult written =
-        test::run_rlfusion(writer + "--checkpoint-every 2 --run-dir " + written_dir, 2);
+        test::run_rlfusion(writer + "--checkpoint-every 2 --run-dir " + written_dir, writer_ranks);
     ASSERT_EQ(written.exit_code, 0) << written.output;
-    const CommandResult straight = test::run_rlfusion(reader + "--run-dir " + straight_dir, 2);
+    const CommandResult straight =
+        test::run_rlfusion(reader + "--run-dir " + straight_dir, reader_ranks);
     ASSERT_EQ(straight.exit_code, 0) << straight.output;
     const CommandResult resumed = test::run_rlfusion(
-        reader + "--resume " + checkpoint_path(written_dir, 4) + " --run-dir " + resumed_dir, 2);
+        reader + "--resume " + checkpoint_path(written_dir, 4) + " --run-dir " + resumed_dir,
+        reader_ranks);
     ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
     EXPECT_NE(resumed.output.find("resuming from checkpoint " + checkpoint_path(written_dir, 4)),
               std::string::npos)
@@ -326,6 +345,20 @@ TEST(Checkpoint, PipelineAndDataParallelCheckpointsResumeInEachOther) {
     ASSERT_EQ(got.size(), want.size());
     EXPECT_LT(test::nmse(got.data(), want.data(), want.size()), 1e-6);
   }
+}
+
+TEST(Checkpoint, PipelineAndDataParallelCheckpointsResumeInEachOther) {
+  expect_resumes_in_data_parallel_and_back("cross-pp", "--pipeline-parallel 2 ", 2, 2);
+}
+
+// Each TP rank writes and reads its slices of the whole tensors: TP 2 on 2 ranks (one replica)
+// <-> one rank, and TP 2 x PP 2 <-> DP on 4 ranks (every rank generates its block in both). (TP 2
+// against DP 2 would compare other runs: with the KL term their sampled tokens part under float
+// rounding within the 6 steps.)
+TEST(Checkpoint, TensorParallelAndDataParallelCheckpointsResumeInEachOther) {
+  expect_resumes_in_data_parallel_and_back("cross-tp", "--tensor-parallel 2 ", 2, 1);
+  expect_resumes_in_data_parallel_and_back("cross-tp-pp",
+                                           "--tensor-parallel 2 --pipeline-parallel 2 ", 4, 4);
 }
 
 // A checkpoint holds the whole model, so it loads at another expert-parallel degree.

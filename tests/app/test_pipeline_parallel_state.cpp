@@ -3,7 +3,8 @@
 // rank's block) and a KL term (the frozen reference stored per stage, its log-probs computed from
 // its stages gathered for each rank's own samples). PP 2 on 2 ranks and PP 2 x DP 2 on 4 ranks
 // train like the data-parallel fused run on as many ranks: the same reward every step, the same KL
-// within rounding and a saved whole model within float rounding. (Checkpoints with PP:
+// within rounding and a saved whole model within float rounding; so does TP 2 x PP 2 on 4 ranks
+// (TP inside the stages: the model replica is 4 ranks). (Checkpoints with PP and TP:
 // test_checkpoints.cpp.)
 #include <gtest/gtest.h>
 
@@ -42,13 +43,17 @@ std::vector<StepRow> step_rows(const std::string& output) {
   return rows;
 }
 
-// Runs `options` data-parallel and with --pipeline-parallel 2 on each of `ranks_list` (the same
-// rank count: each rank generates the same block of prompts in both layouts, and minibatch `k`
-// is every rank's share `k`) and checks the pipeline run against the data-parallel one.
-// `last_rows`: the last data-parallel run's rows.
-void expect_pipelines_train_like_data_parallel(const std::string& name, const std::string& options,
-                                               const std::vector<int>& ranks_list,
-                                               std::vector<StepRow>& last_rows) {
+const std::string kPipeline = "--pipeline-parallel 2 ";
+const std::string kTensorPipeline = "--tensor-parallel 2 --pipeline-parallel 2 ";
+
+// Runs `options` data-parallel and with `layout` (the model-parallel options) on each of
+// `ranks_list` (the same rank count: each rank generates the same block of prompts in both
+// layouts, and minibatch `k` is every rank's share `k`) and checks the model-parallel run against
+// the data-parallel one. `last_rows`: the last data-parallel run's rows.
+void expect_layout_trains_like_data_parallel(const std::string& name, const std::string& options,
+                                             const std::string& layout,
+                                             const std::vector<int>& ranks_list,
+                                             std::vector<StepRow>& last_rows) {
   for (const int ranks : ranks_list) {
     SCOPED_TRACE(name + " on " + std::to_string(ranks) + " ranks");
     const std::string dp_dir = test::fresh_temp_dir("pp-state-dp-" + name);
@@ -57,7 +62,7 @@ void expect_pipelines_train_like_data_parallel(const std::string& name, const st
         test::run_rlfusion(test::kModelParallelFusedRun + options + "--run-dir " + dp_dir, ranks);
     ASSERT_EQ(dp.exit_code, 0) << dp.output;
     const Result pp = test::run_rlfusion(
-        test::kModelParallelFusedRun + options + "--pipeline-parallel 2 --run-dir " + dir, ranks);
+        test::kModelParallelFusedRun + options + layout + "--run-dir " + dir, ranks);
     ASSERT_EQ(pp.exit_code, 0) << pp.output;
     last_rows = step_rows(dp.output);
     const std::vector<StepRow>& want = last_rows;
@@ -83,24 +88,46 @@ void expect_pipelines_train_like_data_parallel(const std::string& name, const st
 // minibatch).
 TEST(PipelineParallelState, MinibatchesTrainLikeTheDataParallelFusedRun) {
   std::vector<StepRow> rows;
-  expect_pipelines_train_like_data_parallel("minibatches", "--minibatches 2 ", {2, 4}, rows);
+  expect_layout_trains_like_data_parallel("minibatches", "--minibatches 2 ", kPipeline, {2, 4},
+                                          rows);
 }
 
 // Minibatches of unequal shares (1, 1 and 2 of each rank's 4 groups) in --micro-batch pieces of 4
 // samples: 2, 2 and 4 micro-batches through the pipeline in the same RL step.
 TEST(PipelineParallelState, UnequalMinibatchesTrainLikeTheDataParallelFusedRun) {
   std::vector<StepRow> rows;
-  expect_pipelines_train_like_data_parallel("unequal", "--minibatches 3 --micro-batch 4 ", {2},
-                                            rows);
+  expect_layout_trains_like_data_parallel("unequal", "--minibatches 3 --micro-batch 4 ", kPipeline,
+                                          {2}, rows);
 }
 
-// A KL term: the reference stays the warm-started policy, so the KL column is zero at step 1 and
-// grows after; every stage's reference holds only its layers.
-TEST(PipelineParallelState, KlTermTrainsLikeTheDataParallelFusedRun) {
+// A KL term with `layout` on each of `ranks_list`: the reference stays the warm-started policy, so
+// the KL column is zero at step 1 and grows after.
+void expect_kl_term_trains_like_data_parallel(const std::string& name, const std::string& layout,
+                                              const std::vector<int>& ranks_list) {
   std::vector<StepRow> rows;
-  expect_pipelines_train_like_data_parallel("kl", "--kl-coef 0.05 ", {2, 4}, rows);
+  expect_layout_trains_like_data_parallel(name, "--kl-coef 0.05 ", layout, ranks_list, rows);
   ASSERT_EQ(rows.size(), 6u);
   EXPECT_GT(rows.back().kl, 0.0) << "the KL term never moved: the comparison would not see it";
+}
+
+// Every stage's reference holds only its layers.
+TEST(PipelineParallelState, KlTermTrainsLikeTheDataParallelFusedRun) {
+  expect_kl_term_trains_like_data_parallel("kl", kPipeline, {2, 4});
+}
+
+// TP inside the stages (TP 2 x PP 2 on 4 ranks: one model replica): its samples are the blocks
+// of its 4 ranks, and minibatch `k` takes each one's share `k` (each rank's 2 groups, one per
+// minibatch), as the data-parallel run on 4 ranks does.
+TEST(TensorPipelineState, MinibatchesTrainLikeTheDataParallelFusedRun) {
+  std::vector<StepRow> rows;
+  expect_layout_trains_like_data_parallel("tp-minibatches", "--minibatches 2 ", kTensorPipeline,
+                                          {4}, rows);
+}
+
+// A KL term at TP 2 x PP 2: every rank stores its TP slice of its stage of the reference; the
+// replica gathers it for each rank's own samples, whose log-probs go to all 4 ranks of the replica.
+TEST(TensorPipelineState, KlTermTrainsLikeTheDataParallelFusedRun) {
+  expect_kl_term_trains_like_data_parallel("tp-kl", kTensorPipeline, {4});
 }
 
 }  // namespace

@@ -5,16 +5,13 @@
 // AdamW over the stages, its clipping norm summed over the pipeline, takes the single-rank
 // model's clipped steps. Shapes that do not fit stop every rank with the same ConfigError. The
 // training state beyond the weights: the KL reference's log-probs computed from its stages and
-// shared over the pipeline are the single-rank reference's bit for bit, and a checkpoint written
-// from the stages holds the single-rank model, moments and reference, each stage reading back
-// exactly its own part.
+// shared over the pipeline are the single-rank reference's bit for bit. (Checkpoints written from
+// the stages: test_model_parallel_checkpoint.cpp.)
 #include <gtest/gtest.h>
 #include <mpi.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
-#include <filesystem>
 #include <random>
 #include <string>
 #include <vector>
@@ -22,9 +19,6 @@
 #include "kernels/arena.h"
 #include "mpi_comm/links.h"
 #include "src/app/pipeline_parallel_train.h"
-#include "src/app/train_checkpoints.h"
-#include "src/io/checkpoint.h"
-#include "src/io/run_directory.h"
 #include "src/model/optimizer.h"
 #include "src/rl/rl_step.h"
 #include "src/runtime/pipeline_groups.h"
@@ -223,125 +217,6 @@ TEST(PipelineTrainState, ReferenceLogprobsFromTheStagesAreTheSingleRankOnes) {
     for (size_t i = 0; i < want.size(); ++i) {
       EXPECT_EQ(pipeline_samples[i].reference_logp, want[i].reference_logp) << "sample " << i;
     }
-  }
-}
-
-// `values` over every tensor of `layout`, each element from `gen`; alignment gaps stay zero.
-void fill_tensors(float* values, const ParameterLayout& layout, std::mt19937& gen, bool positive) {
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::fill_n(values, layout.total(), 0.0f);
-  for (const ParameterTensor& t : layout.tensors()) {
-    for (int64_t i = 0; i < t.numel; ++i) {
-      const float x = normal(gen);
-      values[t.offset + i] = positive ? x * x : x;
-    }
-  }
-}
-
-// Whether `a` and `b` (both laid out by `layout`) hold the same bits in every tensor.
-bool same_tensors(const float* a, const float* b, const ParameterLayout& layout) {
-  for (const ParameterTensor& t : layout.tensors()) {
-    if (std::memcmp(a + t.offset, b + t.offset, size_t(t.numel) * sizeof(float)) != 0) return false;
-  }
-  return true;
-}
-
-// A run directory with the same name on every rank, emptied by rank 0.
-std::string shared_run_dir(const std::string& name) {
-  int pid = int(getpid());
-  MPI_Bcast(&pid, 1, MPI_INT, 0, MPI_COMM_WORLD);
-  const std::string dir = (std::filesystem::temp_directory_path() /
-                           ("rlfusion-mpi-" + name + "-" + std::to_string(pid)))
-                              .string();
-  if (test::world_rank() == 0) std::filesystem::remove_all(dir);
-  MPI_Barrier(MPI_COMM_WORLD);
-  return dir;
-}
-
-TEST(PipelineTrainState, CheckpointFromTheStagesHoldsTheWholeModel) {
-  const int world = test::world_size();
-  for (const Shape& s : shapes_for(world)) {
-    SCOPED_TRACE(shape_name(s));
-    const ModelConfig config = model_for(s);
-    const uint64_t seed = test::seed_for("checkpoint " + shape_name(s), world);
-    Links links(test::virtual_node_list(world, 1), {});
-    PipelineGroups groups(MPI_COMM_WORLD, {s.stages, s.stages, s.virtual_stages}, config, links);
-    const LayerShard shard = stage_layer_shard(groups.chunks(groups.stage()), config.n_layers);
-    Arena device("stage", 32 << 20), whole_device("whole", 32 << 20);
-    // The single-rank state: parameters, AdamW's moments and the reference, all different.
-    Transformer<float> whole(config, cpu_ops(), whole_device, /*with_gradients=*/true);
-    Transformer<float> whole_reference(config, cpu_ops(), whole_device, false);
-    whole.initialize(seed);
-    whole_reference.initialize(seed + 1);
-    AdamW<float> whole_adamw(whole, AdamWHyper{}, 1.0f);
-    std::mt19937 gen(static_cast<uint32_t>(seed));
-    fill_tensors(whole_adamw.first_moment(), whole.layout(), gen, false);
-    fill_tensors(whole_adamw.second_moment(), whole.layout(), gen, true);
-    // Each stage its part of it.
-    Transformer<float> stage(config, cpu_ops(), device, true, ExpertShard{}, shard);
-    Transformer<float> stage_reference(config, cpu_ops(), device, false, ExpertShard{}, shard);
-    AdamW<float> stage_adamw(stage, AdamWHyper{}, 1.0f);
-    const std::pair<const float*, float*> parts[] = {
-        {whole.parameters(), stage.parameters()},
-        {whole_adamw.first_moment(), stage_adamw.first_moment()},
-        {whole_adamw.second_moment(), stage_adamw.second_moment()},
-        {whole_reference.parameters(), stage_reference.parameters()}};
-    for (const auto& [from, to] : parts)
-      copy_shared_tensors(from, whole.layout(), to, stage.layout());
-
-    RunOptions run;
-    run.run_dir = shared_run_dir("pp-checkpoint");
-    run.seed = 7;
-    RlOptions rl;
-    rl.steps = 4;
-    rl.prompts = 4;
-    rl.group_size = 2;
-    rl.kl_coef = 0.1f;
-    CheckpointOptions every_step;
-    every_step.every = 1;
-    const bool root = test::world_rank() == 0;
-    {
-      TrainCheckpoints saved(every_step, run, rl, config, /*supported=*/true);
-      saved.attach_pipeline(&groups);
-      RunDirectory dir(run.run_dir, "", root);
-      RlPosition position;
-      position.step_rewards = {0.25};
-      const TrainingState state{&stage, &stage_adamw, &stage_reference};
-      EXPECT_FALSE(saved.end_of_step(1, position, 0.0, state, root, nullptr, MPI_COMM_WORLD, dir));
-    }
-    MPI_Barrier(MPI_COMM_WORLD);
-    const std::string path = checkpoint_path(run.run_dir, 1);
-    // The file holds the whole model, as a data-parallel run writes it.
-    const int64_t total = whole.layout().total();
-    std::vector<float> parameters(static_cast<size_t>(total)), first(parameters),
-        second(parameters), reference(parameters);
-    const CheckpointCounters c =
-        read_checkpoint(path, config, whole.layout(),
-                        {parameters.data(), first.data(), second.data(), reference.data()});
-    EXPECT_EQ(c.step, 1);
-    EXPECT_TRUE(same_tensors(parameters.data(), whole.parameters(), whole.layout()));
-    EXPECT_TRUE(same_tensors(first.data(), whole_adamw.first_moment(), whole.layout()));
-    EXPECT_TRUE(same_tensors(second.data(), whole_adamw.second_moment(), whole.layout()));
-    EXPECT_TRUE(same_tensors(reference.data(), whole_reference.parameters(), whole.layout()));
-    // Each stage reads back exactly its part.
-    Transformer<float> restored(config, cpu_ops(), device, true, ExpertShard{}, shard);
-    Transformer<float> restored_reference(config, cpu_ops(), device, false, ExpertShard{}, shard);
-    AdamW<float> restored_adamw(restored, AdamWHyper{}, 1.0f);
-    CheckpointOptions resume;
-    resume.resume = path;
-    TrainCheckpoints loaded(resume, run, rl, config, /*supported=*/true);
-    loaded.attach_pipeline(&groups);
-    const RlPosition at = loaded.load({&restored, &restored_adamw, &restored_reference});
-    EXPECT_EQ(at.step, 1);
-    EXPECT_TRUE(same_tensors(restored.parameters(), stage.parameters(), stage.layout()));
-    EXPECT_TRUE(
-        same_tensors(restored_adamw.first_moment(), stage_adamw.first_moment(), stage.layout()));
-    EXPECT_TRUE(
-        same_tensors(restored_adamw.second_moment(), stage_adamw.second_moment(), stage.layout()));
-    EXPECT_TRUE(same_tensors(restored_reference.parameters(), stage_reference.parameters(),
-                             stage.layout()));
-    MPI_Barrier(MPI_COMM_WORLD);
-    if (root) std::filesystem::remove_all(run.run_dir);
   }
 }
 

@@ -56,15 +56,9 @@ std::vector<Case> cases_for(int world) {
   }
 }
 
-// 6 heads and a shared expert of 12 fit TP 1, 2 and 3; 2 p v layers.
+// 2 p v layers.
 ModelConfig model_for(const Case& c) {
-  ModelConfig config = test::micro_config();
-  config.d_model = 12;
-  config.n_heads = 6;
-  config.shared_expert_d_ff = 12;
-  config.n_layers = 2 * c.stages * c.virtual_stages;
-  config.validate("test");
-  return config;
+  return test::tensor_parallel_micro_config(2 * c.stages * c.virtual_stages);
 }
 
 // The layers of one pipeline stage, TP-sliced, over the groups of a case.
