@@ -145,13 +145,12 @@ int run_train_command(const std::vector<std::string>& args) {
   if (multi_rank.rebalance.redundant_experts > 0) {
     // Replicas live in the training ranks' slot-space shards; what has no replica support says
     // so.
-    const char* unsupported = multi_rank.ep_overlap_chunks > 1 ? "--ep-overlap-chunks > 1"
-                              : checkpoints.every > 0            ? "--checkpoint-every"
-                              : !checkpoints.resume.empty()      ? "--resume"
-                                                                 : nullptr;
+    const char* unsupported = checkpoints.every > 0         ? "--checkpoint-every"
+                              : !checkpoints.resume.empty() ? "--resume"
+                                                            : nullptr;
     if (unsupported) {
       throw ConfigError(std::string("--redundant-experts is not supported with ") + unsupported +
-                        " (replicas of hot experts train without overlap chunks or checkpoints)");
+                        " (checkpoints do not record where the replicas of hot experts are)");
     }
   }
   policy_options.router_skew = multi_rank.rebalance.router_skew;

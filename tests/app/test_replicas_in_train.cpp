@@ -4,8 +4,9 @@
 // the same per-step rows and model.h5 within float rounding (the replicas' gradient sum adds in
 // another order, so not bit for bit; the saved model holds each expert once, from its first
 // replica). Disaggregated learners, fused ranks (generation on the training layout, or through the
-// layout switch taking one copy of each expert). What replicas do not support is refused with
-// exit code 2 before any work, naming the option (TrainRebalance.BadValuesAreRefusedBeforeAnyWork).
+// layout switch taking one copy of each expert) and training's experts in overlap chunks. What
+// replicas do not support is refused with exit code 2 before any work, naming the option
+// (TrainRebalance.BadValuesAreRefusedBeforeAnyWork).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -111,6 +112,13 @@ TEST(TrainReplicas, FusedRanksWithReplicasTrainLikeTheSingleCopyRun) {
   expect_replicas_train_like_the_single_copy("fused", kSkewedFused, 2);
   expect_replicas_train_like_the_single_copy("fused-switch-1",
                                              kSkewedFused + "--actor-expert-parallel 1 ", 2);
+}
+
+// Training's experts in overlap chunks: every chunk's dispatcher splits its replicated experts'
+// tokens and follows the migrations.
+TEST(TrainReplicas, OverlapChunksWithReplicasTrainLikeTheSingleCopyRun) {
+  expect_replicas_train_like_the_single_copy("fused-chunks",
+                                             kSkewedFused + "--ep-overlap-chunks 2 ", 2);
 }
 
 // bench rebalance's third run: one spare slot per rank, the rebalancer replicating; its load and
