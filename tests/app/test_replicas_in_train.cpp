@@ -115,10 +115,12 @@ TEST(TrainReplicas, FusedRanksWithReplicasTrainLikeTheSingleCopyRun) {
 }
 
 // Training's experts in overlap chunks: every chunk's dispatcher splits its replicated experts'
-// tokens and follows the migrations.
+// tokens and follows the migrations (fused ranks, and disaggregated learners).
 TEST(TrainReplicas, OverlapChunksWithReplicasTrainLikeTheSingleCopyRun) {
   expect_replicas_train_like_the_single_copy("fused-chunks",
                                              kSkewedFused + "--ep-overlap-chunks 2 ", 2);
+  expect_replicas_train_like_the_single_copy("disaggregated-chunks",
+                                             kSkewedRun + "--ep-overlap-chunks 2 ", 4);
 }
 
 // bench rebalance's third run: one spare slot per rank, the rebalancer replicating; its load and
