@@ -34,12 +34,16 @@ FusedMemoryPlan plan_fused_memory(const ModelConfig& config, const ParameterLayo
   if (layout_switch) {
     // The generation view reuses the training parameters; only the experts of the generation
     // shard that the training shard lacks take memory, one pool slot each (layout_switch.h).
+    // Training holds experts [first, first + count) at the default placement without replicas;
+    // after migrations or with redundant slots (replicas), any stored_experts() distinct ones (a
+    // rank's slots never hold an expert twice).
     const ExpertShard held{training_layout.first_expert(), training_layout.stored_experts()};
     const ExpertShard wanted{generation_layout.first_expert(), generation_layout.stored_experts()};
     const int layers = expert_layers(generation_layout);
-    const int buckets = experts_migrate ? expert_buckets_missing_any_placement(
-                                              held.count, wanted, config.n_experts, layers)
-                                        : expert_buckets_missing(held, wanted, layers);
+    const bool any_placement = experts_migrate || training_layout.redundant_slots() > 0;
+    const int buckets = any_placement ? expert_buckets_missing_any_placement(
+                                            held.count, wanted, config.n_experts, layers)
+                                      : expert_buckets_missing(held, wanted, layers);
     plan.received_experts =
         SlotPool::region_bytes(size_t(expert_bucket_elements(config)) * sizeof(float), buckets);
   }

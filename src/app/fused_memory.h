@@ -51,7 +51,8 @@ struct FusedBatch {
 // `training_layout` and `generation_layout` are this rank's; `reward_model` the config of a learned
 // reward model in the device arena (null: none there), which scores each generation's samples in
 // micro-batches after the KV cache is gone. `experts_migrate` (--rebalance-every): the training
-// placement can become any, so the switch's received buckets are counted for the worst one.
+// placement can become any, so the switch's received buckets are counted for the worst one (so
+// too with the redundant slots of a slot-space training layout: its replicas are the planner's).
 FusedMemoryPlan plan_fused_memory(const ModelConfig& config, const ParameterLayout& training_layout,
                                   const ParameterLayout& generation_layout, bool layout_switch,
                                   bool reference, const ModelConfig* reward_model, bool offload,

@@ -83,9 +83,15 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   const bool switch_layouts = generation_degree != options.expert_parallel;
   const int rank = topology.world_rank();
   const bool root = rank == 0;
-  const ExpertShard own_experts = options.expert_parallel > 1
-                                      ? expert_shard_of(rank, options.expert_parallel, experts)
-                                      : ExpertShard{};
+  // With --redundant-experts every training EP rank also holds spare slots for replicas.
+  const int redundant = options.rebalance.redundant_experts;
+  if (redundant > 0) {
+    validate_redundant_slots(redundant, experts, options.expert_parallel, "--redundant-experts");
+  }
+  ExpertShard own_experts = options.expert_parallel > 1
+                                ? expert_shard_of(rank, options.expert_parallel, experts)
+                                : ExpertShard{};
+  own_experts.redundant = redundant;
   // With offload the gradients are allocated later, next to AdamW's moments at the top of the
   // device arena, so that one rewind frees all three.
   Policy policy = make_policy(
@@ -157,8 +163,11 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   const Task& task = *policy.task;
   const HierarchicalComm& all = topology.role_comm();
   Links& links = topology.links();
-  std::unique_ptr<RoleExpertParallel> ep = attach_expert_parallel(
-      model, all, links, options.expert_parallel, options.ep_dispatch, options.ep_overlap_chunks);
+  std::unique_ptr<RoleExpertParallel> ep =
+      attach_expert_parallel(model, all, links, options.expert_parallel, options.ep_dispatch,
+                             options.ep_overlap_chunks, redundant);
+  // The spare slots get their starting replicas before the reference copies the weights.
+  if (ep) ep->fill_redundant_slots(model.parameters(), model.layout());
   start_learner_state(learner, policy, rl, ep.get());
   if (pp) learner.optimizer->set_shard(pp->optimizer_shard(model.layout()));
   const TrainingState state{&model, learner.optimizer.get(), learner.reference.get()};
@@ -205,9 +214,9 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   std::unique_ptr<RoleExpertParallel> generation_ep;
   if (switch_layouts) {
     layout_switch = std::make_unique<ExpertLayoutSwitch>(
-        all, links, policy.config, options.expert_parallel, generation_degree);
-    // After migrations training keeps experts where the rebalancer put them.
-    if (ep) layout_switch->follow_expert_slots(&ep->expert_slots());
+        all, links, policy.config, options.expert_parallel, generation_degree, redundant);
+    // After migrations training keeps experts (and their replicas) where the rebalancer put them.
+    if (ep) layout_switch->follow_slot_experts(&ep->slot_experts());
     if (generation_degree > 1) {
       generation_ep = std::make_unique<RoleExpertParallel>(all, links, experts, generation_degree,
                                                            options.ep_dispatch);
@@ -268,9 +277,10 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   if (ep) {
     dir.log(
         "# expert parallelism: EP %d x %d replicas, %s dispatch, training's experts in %d "
-        "overlap chunk(s); this rank stores %lld of %lld parameters\n",
+        "overlap chunk(s), %d redundant expert slot(s) per EP rank; this rank stores %lld of "
+        "%lld parameters\n",
         options.expert_parallel, ranks / options.expert_parallel,
-        dispatch_mode_name(options.ep_dispatch), options.ep_overlap_chunks,
+        dispatch_mode_name(options.ep_dispatch), options.ep_overlap_chunks, redundant,
         (long long)model.parameter_count(), (long long)ParameterLayout(policy.config).total());
   }
   // StaleSync: this rank's samples live in a pool across generation phases. A phase ends at the

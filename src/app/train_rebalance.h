@@ -29,15 +29,15 @@ struct RebalanceOptions {
   double min_gain_ratio = 2.0;  // --rebalance-min-gain: migrate when gain > this x cost
   double smoothing = 0.3;       // --rebalance-smoothing: EMA weight of the newest step's loads
   float router_skew = 0.0f;     // --router-skew (src/model/router_skew.h; 0: off)
-  // --redundant-experts: spare expert slots per learner EP rank for replicas of hot experts
-  // (disaggregated mode; 0 <= R <= E - E / EP, checked where the experts are known).
+  // --redundant-experts: spare expert slots per training EP rank for replicas of hot experts
+  // (disaggregated or fused, any --ep-overlap-chunks, no checkpoints; 0 <= R <= E - E / EP,
+  // checked where the experts are known).
   int redundant_experts = 0;
 };
 
 po::options_description rebalance_options_description(RebalanceOptions& options);
 // ConfigError naming the option for a value out of range, or for --rebalance-every or
-// --redundant-experts without experts to move (learner EP degree < 2). Both modes and any
-// --ep-overlap-chunks work without redundant slots.
+// --redundant-experts without experts to move (learner EP degree < 2).
 void validate(const RebalanceOptions& options, int learner_expert_parallel);
 // A log line naming the router skew ("" when off); the JSON fragment
 // `"router_skew":S,"rebalance_every":K,"redundant_experts":R,` (always).

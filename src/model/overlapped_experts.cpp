@@ -14,21 +14,25 @@ namespace rlf {
 OverlappedExperts::OverlappedExperts(const HierarchicalComm& ep, Links& links, int experts,
                                      DispatchMode mode, int chunks, int d_model, int d_ff,
                                      const Ops<float>& ops, Arena& scratch,
-                                     double intra_node_bandwidth)
+                                     double intra_node_bandwidth, int redundant_slots)
     : ops_(ops), scratch_(scratch), C_(d_model), F_(d_ff) {
   if (chunks < 1) {
     throw ConfigError("--chunks must be >= 1 (1: no overlap), got " + std::to_string(chunks));
   }
   chunks_.resize(size_t(chunks));
   for (Chunk& chunk : chunks_) {
-    chunk.dispatcher =
-        std::make_unique<ExpertDispatcher>(ep, links, experts, mode, intra_node_bandwidth);
+    chunk.dispatcher = std::make_unique<ExpertDispatcher>(ep, links, experts, mode,
+                                                          intra_node_bandwidth, redundant_slots);
     chains_.push_back(&chunk.dispatcher->chain());
   }
 }
 
 void OverlappedExperts::set_expert_slots(const std::vector<int>& slot_of) {
   for (Chunk& chunk : chunks_) chunk.dispatcher->set_expert_slots(slot_of);
+}
+
+void OverlappedExperts::set_slot_experts(const std::vector<int>& slot_expert) {
+  for (Chunk& chunk : chunks_) chunk.dispatcher->set_slot_experts(slot_expert);
 }
 
 std::vector<int64_t> OverlappedExperts::take_expert_tokens() {

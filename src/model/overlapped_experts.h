@@ -35,17 +35,21 @@ struct LocalExpertGradients {
 
 class OverlappedExperts {
  public:
-  // Collective over ep.comm (one dispatcher per chunk). Throws ConfigError (on every rank) when
+  // Collective over ep.comm (one dispatcher per chunk, each with `redundant_slots` spare slots
+  // per rank: the local experts are then E / P + R slots). Throws ConfigError (on every rank) when
   // chunks < 1 or the dispatcher rejects the layout.
   OverlappedExperts(const HierarchicalComm& ep, Links& links, int experts, DispatchMode mode,
                     int chunks, int d_model, int d_ff, const Ops<float>& ops, Arena& scratch,
-                    double intra_node_bandwidth = 0);
+                    double intra_node_bandwidth = 0, int redundant_slots = 0);
 
   int chunks() const { return int(chunks_.size()); }
   const ExpertDispatcher& dispatcher(int chunk) const { return *chunks_[size_t(chunk)].dispatcher; }
   // Expert migration: every chunk's dispatcher routes by this expert -> slot table
   // (ExpertDispatcher::set_expert_slots; between operations, the same table on every rank).
   void set_expert_slots(const std::vector<int>& slot_of);
+  // The same with replicas: the expert in every slot (ExpertDispatcher::set_slot_experts); each
+  // chunk's dispatcher splits a replicated expert's assignments of its chunk over the replicas.
+  void set_slot_experts(const std::vector<int>& slot_expert);
   // Router statistics of every chunk since the last take, summed (by expert id).
   std::vector<int64_t> take_expert_tokens();
 

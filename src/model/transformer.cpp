@@ -234,8 +234,10 @@ const T* Transformer<T>::run(const int* tokens, const T* x_in, int N, const int*
                              const AttentionMode& mode, bool keep_activations, int first,
                              int last) {
   const int C = config_.d_model, V = config_.vocab_size;
-  if ((experts_.shard().count != config_.n_experts || layout_.redundant_slots() > 0) &&
-      expert_parallel_.empty()) {
+  // A slot-space layout's rows are slots, not expert ids; a view addresses its experts by id
+  // whatever the layout it reads them from.
+  const bool slot_space = !view_ && layout_.redundant_slots() > 0;
+  if ((experts_.shard().count != config_.n_experts || slot_space) && expert_parallel_.empty()) {
     throw std::logic_error(
         "Transformer: a model holding only some experts runs only with its "
         "expert-parallel dispatchers");

@@ -4,7 +4,9 @@
 #include <stdexcept>
 #include <string>
 
+#include "mpi_comm/expert_dispatch.h"
 #include "src/model/expert_parallel.h"
+#include "src/runtime/expert_replicas.h"
 #include "src/runtime/memory_blocks.h"
 
 namespace rlf {
@@ -17,7 +19,7 @@ constexpr int kTag = 7501;
 
 ExpertLayoutSwitch::ExpertLayoutSwitch(const HierarchicalComm& ranks, Links& links,
                                        const ModelConfig& config, int train_degree,
-                                       int generation_degree)
+                                       int generation_degree, int redundant_slots)
     : links_(links),
       world_ranks_(ranks.world_ranks),
       layers_(config.n_layers),
@@ -26,7 +28,9 @@ ExpertLayoutSwitch::ExpertLayoutSwitch(const HierarchicalComm& ranks, Links& lin
       d_model_(config.d_model),
       bucket_bytes_(size_t(expert_bucket_elements(config)) * sizeof(float)),
       train_degree_(train_degree),
-      generation_degree_(generation_degree) {
+      generation_degree_(generation_degree),
+      local_slots_(config.n_experts / train_degree + redundant_slots),
+      redundant_(redundant_slots) {
   MPI_Comm_dup(ranks.comm, &comm_);
   MPI_Comm_rank(comm_, &rank_);
 }
@@ -36,30 +40,45 @@ ExpertLayoutSwitch::~ExpertLayoutSwitch() {
 }
 
 ExpertShard ExpertLayoutSwitch::training_shard(int rank) const {
-  return expert_shard_of(rank, train_degree_, experts_);
+  ExpertShard shard = expert_shard_of(rank, train_degree_, experts_);
+  shard.redundant = redundant_;
+  return shard;
 }
 
 ExpertShard ExpertLayoutSwitch::generation_shard(int rank) const {
   return expert_shard_of(rank, generation_degree_, experts_);
 }
 
-void ExpertLayoutSwitch::follow_expert_slots(const std::vector<std::vector<int>>* slot_of) {
-  slot_of_ = slot_of;
+void ExpertLayoutSwitch::follow_slot_experts(const std::vector<std::vector<int>>* slot_expert) {
+  slot_expert_ = slot_expert;
 }
 
-ExpertLayoutSwitch::Holder ExpertLayoutSwitch::holder(int layer, int expert) const {
-  const int local = experts_ / train_degree_;
-  const int slot =
-      slot_of_ && !slot_of_->empty() ? (*slot_of_)[size_t(layer)][size_t(expert)] : expert;
-  return {slot / local, slot % local};
+ExpertLayoutSwitch::Replicas ExpertLayoutSwitch::replicas() const {
+  if (slot_expert_ && !slot_expert_->empty()) return replica_slots(*slot_expert_, experts_);
+  return replica_slots(
+      std::vector<std::vector<int>>(size_t(layers_),
+                                    default_slot_experts(experts_, train_degree_, redundant_)),
+      experts_);
+}
+
+ExpertLayoutSwitch::Holder ExpertLayoutSwitch::holder(const Replicas& replicas, int layer,
+                                                      int expert, int receiver) const {
+  const std::vector<int>& slots = replicas[size_t(layer)][size_t(expert)];
+  // Replicas are bit-identical: a copy the receiver holds costs nothing, else the first one.
+  const auto own = std::find_if(slots.begin(), slots.end(),
+                                [&](int slot) { return slot / local_slots_ == receiver; });
+  const int slot = own != slots.end() ? *own : slots.front();
+  return {slot / local_slots_, slot % local_slots_};
 }
 
 int ExpertLayoutSwitch::buckets_to_receive() const {
   const ExpertShard wanted = generation_shard(rank_);
+  const Replicas placed = replicas();
+  const int ep_rank = rank_ % train_degree_;
   int missing = 0;
   for (int l = 0; l < layers_; ++l)
     for (int e = wanted.first; e < wanted.first + wanted.count; ++e)
-      missing += holder(l, e).ep_rank != rank_ % train_degree_;
+      missing += holder(placed, l, e, ep_rank).ep_rank != ep_rank;
   return missing;
 }
 
@@ -70,11 +89,12 @@ uint64_t ExpertLayoutSwitch::minimum_bytes() const {
 GenerationExperts ExpertLayoutSwitch::to_generation(float* training,
                                                     const ParameterLayout& training_layout,
                                                     SlotPool& pool) {
-  const ExpertShard own = training_shard(rank_), wanted = generation_shard(rank_);
-  if (training_layout.first_expert() != own.first ||
-      training_layout.stored_experts() != own.count) {
+  const ExpertShard wanted = generation_shard(rank_);
+  const int ep_rank = rank_ % train_degree_;
+  if (training_layout.first_expert() != ep_rank * local_slots_ ||
+      training_layout.stored_experts() != local_slots_) {
     throw std::invalid_argument(
-        "ExpertLayoutSwitch: the training layout must store exactly this rank's training experts");
+        "ExpertLayoutSwitch: the training layout must store exactly this rank's training slots");
   }
   if (pool.free_slots() < buckets_to_receive() || pool.slot_bytes() < bucket_bytes()) {
     throw std::invalid_argument(
@@ -85,12 +105,12 @@ GenerationExperts ExpertLayoutSwitch::to_generation(float* training,
   // The training slots this rank stores, by index: which expert each holds is the placement's.
   const ExpertTable<float> held(training_layout, training);
   const int64_t FC = int64_t(d_ff_) * d_model_;
-  const int ep_rank = rank_ % train_degree_;
+  const Replicas placed = replicas();
   GenerationExperts out{ExpertTable<float>(layers_, wanted), {}, 0};
   // What this rank already holds, in place.
   for (int l = 0; l < layers_; ++l) {
     for (int e = wanted.first; e < wanted.first + wanted.count; ++e) {
-      const Holder h = holder(l, e);
+      const Holder h = holder(placed, l, e, ep_rank);
       if (h.ep_rank == ep_rank) {
         out.table.set(l, e, held.w1(l)[h.slot], held.w3(l)[h.slot], held.w2(l)[h.slot]);
       }
@@ -112,14 +132,14 @@ GenerationExperts ExpertLayoutSwitch::to_generation(float* training,
     const ExpertShard theirs = generation_shard(peer);
     for (int l = 0; l < layers_; ++l) {
       for (int e = theirs.first; e < theirs.first + theirs.count; ++e) {
-        const Holder h = holder(l, e);
+        const Holder h = holder(placed, l, e, peer - replica_first);
         if (h.ep_rank != ep_rank) continue;
         send.blocks.add(held.w1(l)[h.slot], FC);
         send.blocks.add(held.w3(l)[h.slot], FC);
         send.blocks.add(held.w2(l)[h.slot], FC);
       }
       for (int e = wanted.first; e < wanted.first + wanted.count; ++e) {
-        if (holder(l, e).ep_rank != peer - replica_first) continue;
+        if (holder(placed, l, e, ep_rank).ep_rank != peer - replica_first) continue;
         float* slot = pool.acquire_as<float>();
         out.received.push_back(slot);
         out.table.set_bucket(l, e, slot, d_ff_, d_model_);

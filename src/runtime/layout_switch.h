@@ -14,8 +14,10 @@
 //
 // Generation addresses experts by id (generation EP rank g runs experts [g E / G, (g + 1) E / G)
 // with its dispatchers' identity tables); training keeps them where its placement says, which
-// after expert migration (EDPB, follow_expert_slots) is no longer slot = id: the switch finds each
-// wanted expert's holder through that placement, layer by layer.
+// after expert migration (EDPB, follow_slot_experts) is no longer slot = id: the switch finds each
+// wanted expert's holder through that placement, layer by layer. With redundant training slots
+// (replicas of hot experts, bit-identical copies) it takes one copy of each expert: the
+// receiver's own when its training EP rank holds one, else the first replica (lowest slot).
 #pragma once
 
 #include <cstdint>
@@ -40,25 +42,27 @@ struct GenerationExperts {
 class ExpertLayoutSwitch {
  public:
   // Collective over ranks.comm (the ranks that train and generate, in order). The degrees must
-  // divide the rank count and the experts (validate_role_expert_parallel).
+  // divide the rank count and the experts (validate_role_expert_parallel); every training EP
+  // rank holds E / train_degree + `redundant_slots` expert slots (validate_redundant_slots).
   ExpertLayoutSwitch(const HierarchicalComm& ranks, Links& links, const ModelConfig& config,
-                     int train_degree, int generation_degree);
+                     int train_degree, int generation_degree, int redundant_slots = 0);
   ~ExpertLayoutSwitch();
   ExpertLayoutSwitch(const ExpertLayoutSwitch&) = delete;
   ExpertLayoutSwitch& operator=(const ExpertLayoutSwitch&) = delete;
 
+  // The training slots `rank` stores (a slot-space shard with redundant slots).
   ExpertShard training_shard(int rank) const;
   ExpertShard generation_shard(int rank) const;
 
   // The training placement the switch reads experts through after expert migration: [layer]
-  // [expert] -> slot of the training EP group (slot s on EP rank s / (E / train_degree), as
-  // RoleExpertParallel::expert_slots()), read at every call, so migrations between switches are
-  // followed. Null or empty (the default): expert e in slot e. Must outlive the switch.
-  void follow_expert_slots(const std::vector<std::vector<int>>* slot_of);
+  // [slot] -> expert of the training EP group (slot s on EP rank s / (E / train_degree + R), as
+  // RoleExpertParallel::slot_experts()), read at every call, so migrations between switches are
+  // followed. Null or empty (the default): default_slot_experts. Must outlive the switch.
+  void follow_slot_experts(const std::vector<std::vector<int>>* slot_expert);
 
   // The slots this rank's switch fills: one per layer and expert of its generation shard that its
-  // training EP rank does not hold (under the placement in force); and the size of one (a bucket
-  // of expert_bucket_elements).
+  // training EP rank holds no copy of (under the placement in force); and the size of one (a
+  // bucket of expert_bucket_elements).
   int buckets_to_receive() const;
   size_t bucket_bytes() const { return bucket_bytes_; }
   // The least any switch must move to this rank: those buckets' bytes.
@@ -74,20 +78,23 @@ class ExpertLayoutSwitch {
   void to_training(GenerationExperts& generation, SlotPool& pool) const;
 
  private:
-  // Where training keeps expert `expert` of `layer`: its EP rank in the training group, and the
-  // index of the slot among that rank's slots.
+  // The copy of expert `expert` of `layer` that training EP rank `receiver` takes: its EP rank in
+  // the training group, and the index of the slot among that rank's slots. `replicas` is
+  // replica_slots() of the placement in force.
   struct Holder {
     int ep_rank, slot;
   };
-  Holder holder(int layer, int expert) const;
+  using Replicas = std::vector<std::vector<std::vector<int>>>;
+  Replicas replicas() const;
+  Holder holder(const Replicas& replicas, int layer, int expert, int receiver) const;
 
   MPI_Comm comm_ = MPI_COMM_NULL;
-  const std::vector<std::vector<int>>* slot_of_ = nullptr;
+  const std::vector<std::vector<int>>* slot_expert_ = nullptr;
   Links& links_;
   std::vector<int> world_ranks_;
   int rank_ = 0, layers_, experts_, d_ff_, d_model_;
   size_t bucket_bytes_;
-  int train_degree_, generation_degree_;
+  int train_degree_, generation_degree_, local_slots_, redundant_;
 };
 
 }  // namespace rlf

@@ -26,6 +26,19 @@ std::vector<int> first_replicas(const std::vector<int>& slot_expert, int experts
   return slot_of;
 }
 
+// Routes `dispatcher` (an ExpertDispatcher or every chunk of an OverlappedExperts) by a layer's
+// tables: the permutation without redundant slots (the rebalancer's migrations), else the expert
+// in every slot.
+template <typename Dispatcher>
+void route_by_tables(Dispatcher& dispatcher, int redundant_slots, const std::vector<int>& slot_of,
+                     const std::vector<int>& slot_expert) {
+  if (redundant_slots == 0) {
+    dispatcher.set_expert_slots(slot_of);
+  } else {
+    dispatcher.set_slot_experts(slot_expert);
+  }
+}
+
 }  // namespace
 
 void validate_role_expert_parallel(const char* what, int degree,
@@ -98,21 +111,12 @@ std::vector<std::vector<ParameterRange>> RoleExpertParallel::slot_ranges(
 
 std::unique_ptr<ExpertDispatcher> RoleExpertParallel::make_dispatcher(int layer) {
   auto d = std::make_unique<ExpertDispatcher>(ep_group_, links_, experts_, mode_, 0.0, redundant_);
-  // Without redundant slots the table is a permutation (the rebalancer's migrations).
-  if (redundant_ == 0) {
-    d->set_expert_slots(slot_of_[size_t(layer)]);
-  } else {
-    d->set_slot_experts(slot_expert_[size_t(layer)]);
-  }
+  route_by_tables(*d, redundant_, slot_of_[size_t(layer)], slot_expert_[size_t(layer)]);
   return d;
 }
 
 void RoleExpertParallel::attach(Transformer<float>& model, int overlap_chunks) {
   const ModelConfig& config = model.config();
-  if (overlap_chunks > 1 && redundant_ > 0) {
-    throw std::invalid_argument(
-        "RoleExpertParallel: overlap chunks do not split a replicated expert's tokens");
-  }
   ensure_tables(config.n_layers);
   std::vector<ExpertDispatcher*> per_layer;
   for (int l = 0; l < config.n_layers; ++l) {
@@ -125,8 +129,8 @@ void RoleExpertParallel::attach(Transformer<float>& model, int overlap_chunks) {
   for (int l = 0; l < config.n_layers; ++l) {
     overlapped_.push_back(std::make_unique<OverlappedExperts>(
         ep_group_, links_, experts_, mode_, overlap_chunks, config.d_model, config.d_ff,
-        model.ops(), model.device()));
-    overlapped_.back()->set_expert_slots(slot_of_[size_t(l)]);
+        model.ops(), model.device(), 0.0, redundant_));
+    route_by_tables(*overlapped_.back(), redundant_, slot_of_[size_t(l)], slot_expert_[size_t(l)]);
     overlapped.push_back(overlapped_.back().get());
   }
   model.set_expert_overlap(std::move(overlapped));
@@ -178,15 +182,10 @@ uint64_t RoleExpertParallel::migrate_slots(const std::vector<std::vector<int>>& 
   // attach and attach_reusing make the dispatchers (and attach the overlapped chunks' ones) a
   // model's layers at a time.
   const size_t layers = slot_expert_.size();
-  for (size_t i = 0; i < dispatchers_.size(); ++i) {
-    if (redundant_ == 0) {
-      dispatchers_[i]->set_expert_slots(slot_of_[i % layers]);
-    } else {
-      dispatchers_[i]->set_slot_experts(slot_expert_[i % layers]);
-    }
-  }
+  for (size_t i = 0; i < dispatchers_.size(); ++i)
+    route_by_tables(*dispatchers_[i], redundant_, slot_of_[i % layers], slot_expert_[i % layers]);
   for (size_t i = 0; i < overlapped_.size(); ++i)
-    overlapped_[i]->set_expert_slots(slot_of_[i % layers]);
+    route_by_tables(*overlapped_[i], redundant_, slot_of_[i % layers], slot_expert_[i % layers]);
   return sent;
 }
 

@@ -169,9 +169,10 @@ TEST(TrainRebalance, BadValuesAreRefusedBeforeAnyWork) {
            {"--redundant-experts -1", 0, "--redundant-experts must be >= 0"},
            {"--redundant-experts 1", 0, "--redundant-experts needs --expert-parallel >= 2"},
            {kEp + "--redundant-experts 3", 4, "--redundant-experts"},
-           {kEp + "--redundant-experts 1 --ep-overlap-chunks 2", 4, "--ep-overlap-chunks"},
            {kEp + "--redundant-experts 1 --checkpoint-every 1", 4, "--checkpoint-every"},
-           {"--mode fused --expert-parallel 2 --redundant-experts 1", 2, "--mode fused"}}) {
+           {"--mode fused --expert-parallel 2 --redundant-experts 1 --resume auto", 2,
+            "--redundant-experts is not supported with --resume"},
+           {"--mode fused --expert-parallel 2 --redundant-experts 4", 2, "--redundant-experts"}}) {
     const CommandResult r = test::run_rlfusion(run + args, ranks);
     EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.output;
     EXPECT_NE(r.output.find(option), std::string::npos) << args << "\n" << r.output;

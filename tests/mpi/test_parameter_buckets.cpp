@@ -5,10 +5,12 @@
 // offload) leaves every parameter and AdamW moment bit-identical to training without the
 // generation; the arena grows during the switch by exactly the received buckets, and the bytes
 // moved are the analytic minimum. After expert migration (EDPB) the switch finds each expert
-// through the training placement, layer by layer, and the view generates the same samples.
+// through the training placement, layer by layer, with replicas of hot experts too (one copy of
+// each, the rank's own if it holds one), and the view generates the same samples.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -208,63 +210,97 @@ TEST_F(ParameterBuckets, TheBucketViewGeneratesWhatTheCopiedLayoutGeneratesBitFo
   }
 }
 
-// Per-layer training placements no default layout has: layer 0 reversed, layer l rotated by l.
-std::vector<std::vector<int>> migrated_tables(int layers, int experts) {
-  std::vector<std::vector<int>> tables(size_t(layers), std::vector<int>(size_t(experts), 0));
-  for (int l = 0; l < layers; ++l)
-    for (int e = 0; e < experts; ++e)
-      tables[size_t(l)][size_t(e)] = l == 0 ? experts - 1 - e : (e + l) % experts;
+// Per-layer training placements no default layout has, as slot -> expert tables of `train` EP
+// ranks with `redundant` spare slots each: the own slots by a permutation (layer 0 reversed, layer
+// l rotated by l), then rank r's spare slot j holds the expert in the first own slot of rank
+// r + 1 + j (so with R = 1 every rank holds a replica, the first one or a later one).
+std::vector<std::vector<int>> migrated_tables(int layers, int experts, int train, int redundant) {
+  const int count = experts / train, local = count + redundant;
+  std::vector<std::vector<int>> tables(size_t(layers), std::vector<int>(size_t(train * local)));
+  for (int l = 0; l < layers; ++l) {
+    std::vector<int>& table = tables[size_t(l)];
+    for (int e = 0; e < experts; ++e) {
+      const int slot = l == 0 ? experts - 1 - e : (e + l) % experts;  // among the own slots
+      table[size_t(slot / count * local + slot % count)] = e;
+    }
+    for (int r = 0; r < train; ++r)
+      for (int j = 0; j < redundant; ++j)
+        table[size_t(r * local + count + j)] = table[size_t((r + 1 + j) % train * local)];
+  }
   return tables;
 }
 
+// After per-layer migrations, without and with replicas (one spare slot per training EP rank): the
+// switch finds every wanted expert through the placement, takes one copy of each (the one its
+// training EP rank holds, if any), receives exactly the others and generates what the copy by
+// expert id generates.
 TEST_F(ParameterBuckets, AfterMigrationTheViewFindsEveryExpertThroughThePlacement) {
   const int rank = test::world_rank();
   const ParameterLayout whole_layout(config);
   std::vector<float> whole(size_t(whole_layout.total()));
   initialize_parameters(whole.data(), whole_layout, config, 29);
   const GenerationSettings sampling = sampling_for(*task);
-  const std::vector<std::vector<int>> tables = migrated_tables(config.n_layers, config.n_experts);
   bool any_case = false;
-  for (const Switch& c : cases) {
-    if (c.train < 2) continue;  // nothing to migrate
-    any_case = true;
-    SCOPED_TRACE("training EP " + std::to_string(c.train) + ", generation EP " +
-                 std::to_string(c.generation));
-    Arena device("device", 32 << 20);
-    Transformer<float> training(config, cpu_ops(), device, /*with_gradients=*/false,
-                                shard_at(rank, c.train, config.n_experts));
-    copy_common_parameters(whole.data(), whole_layout, training.parameters(), training.layout());
-    RoleExpertParallel training_ep(ranks, links, config.n_experts, c.train, DispatchMode::Flat);
-    training_ep.attach(training);
-    training_ep.migrate_experts(tables, training.layout(), {training.parameters()});
-    std::unique_ptr<RoleExpertParallel> generation_ep;
-    const std::vector<GeneratedSample> want =
-        generate_from_copy(whole, c.generation, generation_ep);
+  int later_replicas_used = 0;
+  for (const int redundant : {0, 1}) {
+    for (const Switch& c : cases) {
+      if (c.train < 2) continue;  // nothing to migrate
+      any_case = true;
+      SCOPED_TRACE("training EP " + std::to_string(c.train) + " with " + std::to_string(redundant) +
+                   " spare slot(s), generation EP " + std::to_string(c.generation));
+      const std::vector<std::vector<int>> tables =
+          migrated_tables(config.n_layers, config.n_experts, c.train, redundant);
+      Arena device("device", 32 << 20);
+      ExpertShard training_slots = shard_at(rank, c.train, config.n_experts);
+      training_slots.redundant = redundant;
+      Transformer<float> training(config, cpu_ops(), device, /*with_gradients=*/false,
+                                  training_slots);
+      copy_common_parameters(whole.data(), whole_layout, training.parameters(), training.layout());
+      RoleExpertParallel training_ep(ranks, links, config.n_experts, c.train, DispatchMode::Flat,
+                                     redundant);
+      training_ep.attach(training);
+      training_ep.fill_redundant_slots(training.parameters(), training.layout());
+      training_ep.migrate_slots(tables, training.layout(), {training.parameters()});
+      std::unique_ptr<RoleExpertParallel> generation_ep;
+      const std::vector<GeneratedSample> want =
+          generate_from_copy(whole, c.generation, generation_ep);
 
-    ExpertLayoutSwitch layout_switch(ranks, links, config, c.train, c.generation);
-    layout_switch.follow_expert_slots(&training_ep.expert_slots());
-    // The buckets to receive: the wanted experts whose slot is on another training EP rank.
-    const ExpertShard wanted = layout_switch.generation_shard(rank);
-    const int local = config.n_experts / c.train;
-    int missing = 0;
-    for (int l = 0; l < config.n_layers; ++l)
-      for (int e = wanted.first; e < wanted.first + wanted.count; ++e)
-        missing += tables[size_t(l)][size_t(e)] / local != rank % c.train;
-    EXPECT_EQ(layout_switch.buckets_to_receive(), missing);
-    EXPECT_LE(missing, expert_buckets_missing_any_placement(local, wanted, config.n_experts,
-                                                            config.n_layers));
-    ArenaScope generation_memory(device);
-    SlotPool pool(device, layout_switch.bucket_bytes(), layout_switch.buckets_to_receive(),
-                  "received expert buckets");
-    GenerationExperts experts =
-        layout_switch.to_generation(training.parameters(), training.layout(), pool);
-    EXPECT_EQ(experts.received_bytes, uint64_t(missing) * layout_switch.bucket_bytes());
-    Transformer<float> view(training, experts.table);
-    if (generation_ep) generation_ep->attach_reusing(view);
-    EXPECT_TRUE(same_samples(generate(view, prompts.tokens, prompts.ids, sampling), want));
-    layout_switch.to_training(experts, pool);
+      ExpertLayoutSwitch layout_switch(ranks, links, config, c.train, c.generation, redundant);
+      layout_switch.follow_slot_experts(&training_ep.slot_experts());
+      // The buckets to receive: the wanted experts of which this training EP rank holds no copy.
+      const ExpertShard wanted = layout_switch.generation_shard(rank);
+      const int local = config.n_experts / c.train + redundant, ep_rank = rank % c.train;
+      int missing = 0, replicas_used = 0;
+      for (int l = 0; l < config.n_layers; ++l) {
+        const std::vector<int>& table = tables[size_t(l)];
+        for (int e = wanted.first; e < wanted.first + wanted.count; ++e) {
+          const auto first = std::find(table.begin(), table.end(), e);
+          const auto own =
+              std::find(table.begin() + ep_rank * local, table.begin() + (ep_rank + 1) * local, e);
+          missing += own == table.begin() + (ep_rank + 1) * local;
+          replicas_used += own != table.begin() + (ep_rank + 1) * local && own != first;
+        }
+      }
+      EXPECT_EQ(layout_switch.buckets_to_receive(), missing);
+      EXPECT_LE(missing, expert_buckets_missing_any_placement(local, wanted, config.n_experts,
+                                                              config.n_layers));
+      ArenaScope generation_memory(device);
+      SlotPool pool(device, layout_switch.bucket_bytes(), layout_switch.buckets_to_receive(),
+                    "received expert buckets");
+      GenerationExperts experts =
+          layout_switch.to_generation(training.parameters(), training.layout(), pool);
+      EXPECT_EQ(experts.received_bytes, uint64_t(missing) * layout_switch.bucket_bytes());
+      Transformer<float> view(training, experts.table);
+      if (generation_ep) generation_ep->attach_reusing(view);
+      EXPECT_TRUE(same_samples(generate(view, prompts.tokens, prompts.ids, sampling), want));
+      layout_switch.to_training(experts, pool);
+      later_replicas_used += replicas_used;
+    }
   }
   if (!any_case) GTEST_SKIP() << "no switch from a training EP degree >= 2";
+  // Some view ran a replica other than the first (where the rank's own copy saved a bucket).
+  MPI_Allreduce(MPI_IN_PLACE, &later_replicas_used, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  EXPECT_GT(later_replicas_used, 0);
 }
 
 // One fused rank's training state: the model (its training shard), sharded AdamW with a global

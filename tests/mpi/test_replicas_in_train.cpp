@@ -6,7 +6,8 @@
 // experts). Then training: a learner with one redundant slot per rank and the rebalancer
 // replicating the hot experts of a skewed router against a learner without replicas on the same
 // batches: the loss on a fixed batch and the gathered weights agree within float rounding (the
-// replicas' gradient sum adds in another order), with gradient clipping on.
+// replicas' gradient sum adds in another order), with gradient clipping on; again with the
+// training experts in overlap chunks (every chunk's dispatcher splitting replicated experts).
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -131,7 +132,8 @@ TEST(ReplicaShard, SlotShardHoldsItsExpertsAndGathersTheWholeModel) {
   free_hierarchical(world);
 }
 
-// One EP learner over the world (EP = ranks): the policy, AdamW with clipping.
+// One EP learner over the world (EP = ranks): the policy, AdamW with clipping; its training
+// experts in `overlap_chunks` chunks.
 struct Learner {
   Arena device;
   RoleExpertParallel ep;
@@ -140,13 +142,13 @@ struct Learner {
   DataParallelHooks hooks;
 
   Learner(const char* name, const ModelConfig& config, HierarchicalComm& world, Links& links,
-          int redundant)
+          int redundant, int overlap_chunks)
       : device(name, 64 << 20),
         ep(world, links, config.n_experts, world.size(), DispatchMode::Flat, redundant),
         model(config, cpu_ops(), device, true, ep.shard()),
         optimizer(model, AdamWHyper{}, /*max_grad_norm=*/0.05f) {
     model.initialize(5);
-    ep.attach(model);
+    ep.attach(model, overlap_chunks);
     ep.fill_redundant_slots(model.parameters(), model.layout());
     optimizer.set_shard(ep.optimizer_shard(model.layout()));
     hooks.sum = [](double x) {
@@ -157,9 +159,8 @@ struct Learner {
   }
 };
 
-TEST(ReplicaShard, TrainingWithReplicasMatchesTheSingleCopy) {
+void expect_training_with_replicas_to_match_the_single_copy(int overlap_chunks) {
   const int rank = test::world_rank(), size = test::world_size();
-  if (size < 2) GTEST_SKIP() << "replicas need EP >= 2";
   const std::unique_ptr<Task> task = make_task({"sort", 1, {}});
   Links links(test::virtual_node_list(size, 1), LinkEmulation{});
   HierarchicalComm world = make_hierarchical(MPI_COMM_WORLD, links);
@@ -168,8 +169,8 @@ TEST(ReplicaShard, TrainingWithReplicasMatchesTheSingleCopy) {
     Arena generator_device("generator", 64 << 20);
     Transformer<float> generator(config, cpu_ops(), generator_device, false);
     generator.initialize(5);
-    Learner single("single", config, world, links, 0),
-        replicas("replicas", config, world, links, 1);
+    Learner single("single", config, world, links, 0, overlap_chunks),
+        replicas("replicas", config, world, links, 1, overlap_chunks);
     RebalanceOptions options;
     options.every = 1;
     options.horizon = 4;
@@ -239,6 +240,18 @@ TEST(ReplicaShard, TrainingWithReplicasMatchesTheSingleCopy) {
     EXPECT_GT(most_replicated, 0);
   }
   free_hierarchical(world);
+}
+
+TEST(ReplicaShard, TrainingWithReplicasMatchesTheSingleCopy) {
+  if (test::world_size() < 2) GTEST_SKIP() << "replicas need EP >= 2";
+  expect_training_with_replicas_to_match_the_single_copy(1);
+}
+
+// Three chunks: the training forwards and backwards dispatch only through the chunks'
+// dispatchers, which need the spare slots and every migration's slot tables.
+TEST(ReplicaShard, TrainingWithReplicasInOverlapChunksMatchesTheSingleCopy) {
+  if (test::world_size() < 2) GTEST_SKIP() << "replicas need EP >= 2";
+  expect_training_with_replicas_to_match_the_single_copy(3);
 }
 
 }  // namespace
