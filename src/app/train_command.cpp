@@ -80,7 +80,8 @@ int run_train_command(const std::vector<std::string>& args) {
     add("expert-parallel",
         po::value(&multi_rank.expert_parallel)->default_value(multi_rank.expert_parallel),
         "expert-parallel degree of the learners: EP groups of this many consecutive learner "
-        "ranks share the routed experts");
+        "ranks share the routed experts (with --pipeline-parallel: one stage's ranks in this "
+        "many consecutive pipelines)");
     add("actor-expert-parallel",
         po::value(&multi_rank.actor_expert_parallel)
             ->default_value(multi_rank.actor_expert_parallel),
