@@ -37,7 +37,6 @@ void validate_pipeline_expert_parallel(const std::string& option,
   };
   if (options.ep_overlap_chunks > 1) refuse("--ep-overlap-chunks above 1");
   if (rl.kl_coef > 0) refuse("--kl-coef");
-  if (rl.minibatches != 1) refuse("--minibatches above 1");
   if (checkpoints.every > 0 || !checkpoints.resume.empty()) {
     refuse("--checkpoint-every or --resume");
   }

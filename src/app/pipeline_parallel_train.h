@@ -29,7 +29,7 @@ namespace rlf {
 // combined with --offload, StaleSync, a learned reward model or rebalancing; with
 // --tensor-parallel T, T x P not dividing the ranks, a KL term or --minibatches above 1; with
 // --expert-parallel E, E not dividing the pipelines, another --actor-expert-parallel,
-// --ep-overlap-chunks above 1, a KL term, --minibatches above 1 or checkpoints.
+// --ep-overlap-chunks above 1, a KL term or checkpoints.
 void validate_pipeline_parallel_train(const DisaggregatedOptions& options, bool fused,
                                       int world_size, const RlOptions& rl,
                                       const CheckpointOptions& checkpoints);

@@ -42,13 +42,14 @@ std::vector<StepRow> step_rows(const std::string& output) {
   return rows;
 }
 
-// Runs `options` data-parallel and with --pipeline-parallel 2 on each of `ranks_list` (the same
-// rank count: each rank generates the same block of prompts in both layouts, and minibatch `k`
-// is every rank's share `k`) and checks the pipeline run against the data-parallel one.
-// `last_rows`: the last data-parallel run's rows.
+// Runs `options` data-parallel and with --pipeline-parallel 2 (and `pipeline_options`) on each of
+// `ranks_list` (the same rank count: each rank generates the same block of prompts in both
+// layouts, and minibatch `k` is every rank's share `k`) and checks the pipeline run against the
+// data-parallel one. `last_rows`: the last data-parallel run's rows.
 void expect_pipelines_train_like_data_parallel(const std::string& name, const std::string& options,
                                                const std::vector<int>& ranks_list,
-                                               std::vector<StepRow>& last_rows) {
+                                               std::vector<StepRow>& last_rows,
+                                               const std::string& pipeline_options = "") {
   for (const int ranks : ranks_list) {
     SCOPED_TRACE(name + " on " + std::to_string(ranks) + " ranks");
     const std::string dp_dir = test::fresh_temp_dir("pp-state-dp-" + name);
@@ -57,7 +58,9 @@ void expect_pipelines_train_like_data_parallel(const std::string& name, const st
         test::run_rlfusion(test::kModelParallelFusedRun + options + "--run-dir " + dp_dir, ranks);
     ASSERT_EQ(dp.exit_code, 0) << dp.output;
     const Result pp = test::run_rlfusion(
-        test::kModelParallelFusedRun + options + "--pipeline-parallel 2 --run-dir " + dir, ranks);
+        test::kModelParallelFusedRun + options + "--pipeline-parallel 2 " + pipeline_options +
+            "--run-dir " + dir,
+        ranks);
     ASSERT_EQ(pp.exit_code, 0) << pp.output;
     last_rows = step_rows(dp.output);
     const std::vector<StepRow>& want = last_rows;
@@ -84,6 +87,14 @@ void expect_pipelines_train_like_data_parallel(const std::string& name, const st
 TEST(PipelineParallelState, MinibatchesTrainLikeTheDataParallelFusedRun) {
   std::vector<StepRow> rows;
   expect_pipelines_train_like_data_parallel("minibatches", "--minibatches 2 ", {2, 4}, rows);
+}
+
+// The same with expert parallelism inside the stages (PP 2 x EP 2 on 4 ranks): every pipeline's
+// minibatch makes as many micro-batches, so the EP mates' dispatches stay in step.
+TEST(PipelineParallelState, MinibatchesWithExpertParallelismTrainLikeTheDataParallelFusedRun) {
+  std::vector<StepRow> rows;
+  expect_pipelines_train_like_data_parallel("minibatches-ep", "--minibatches 2 ", {4}, rows,
+                                            "--expert-parallel 2 ");
 }
 
 // Minibatches of unequal shares (1, 1 and 2 of each rank's 4 groups) in --micro-batch pieces of 4
