@@ -85,10 +85,10 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   const bool switch_layouts = generation_degree != options.expert_parallel;
   const int rank = topology.world_rank();
   const bool root = rank == 0;
-  const ExpertShard own_experts =
-      pp ? pp->expert_shard()
-         : options.expert_parallel > 1 ? expert_shard_of(rank, options.expert_parallel, experts)
-                                       : ExpertShard{};
+  const ExpertShard own_experts = pp ? pp->expert_shard()
+                                  : options.expert_parallel > 1
+                                      ? expert_shard_of(rank, options.expert_parallel, experts)
+                                      : ExpertShard{};
   // With offload the gradients are allocated later, next to AdamW's moments at the top of the
   // device arena, so that one rewind frees all three.
   Policy policy = make_policy(
@@ -97,10 +97,10 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   FusedMemoryPlan memory_plan;
   {
     // Bad input stops every rank here, before any output: the analytic peaks must fit the arena.
-    const ExpertShard generation_experts =
-        pp ? pp->expert_shard()
-        : generation_degree > 1 ? expert_shard_of(rank, generation_degree, experts)
-                                : ExpertShard{};
+    const ExpertShard generation_experts = pp ? pp->expert_shard()
+                                           : generation_degree > 1
+                                               ? expert_shard_of(rank, generation_degree, experts)
+                                               : ExpertShard{};
     const Task& task = *policy.task;
     const int longest = 2 + task.max_prompt_chars() + task.max_response_chars();
     const std::optional<ModelConfig> reward_model =
@@ -442,9 +442,9 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         // The reference's stages gathered into a whole model for this rank's own samples.
         TraceScope traced(trace, Phase::Reference);
         traced.set_version(version);
-        traced.set_bytes(int64_t(attach_pipeline_reference_logprobs(*learner.reference, *pp, device,
-                                                                    rollouts, settings.micro_batch,
-                                                                    settings.temperature)));
+        traced.set_bytes(int64_t(attach_pipeline_reference_logprobs(
+            *learner.reference, *pp, device, rollouts, settings.micro_batch, settings.temperature,
+            ep.get())));
       }
       if (pp) {
         TraceScope traced(trace, Phase::QueueGet);

@@ -17,12 +17,13 @@ namespace {
 // PP x EP (validate_pipeline_parallel_train's EP part).
 void validate_pipeline_expert_parallel(const std::string& option,
                                        const DisaggregatedOptions& options, int world_size,
-                                       const RlOptions& rl, const CheckpointOptions& checkpoints) {
+                                       const CheckpointOptions& checkpoints) {
   const int degree = options.expert_parallel;
   const std::string both = option + " x --expert-parallel " + std::to_string(degree);
   // Generation runs on the whole model with the training EP groups' experts.
   if (options.actor_expert_parallel != degree) {
-    throw ConfigError(both + ": --actor-expert-parallel must be the same degree (generation runs "
+    throw ConfigError(both +
+                      ": --actor-expert-parallel must be the same degree (generation runs "
                       "on the training EP groups), got " +
                       std::to_string(options.actor_expert_parallel));
   }
@@ -36,7 +37,6 @@ void validate_pipeline_expert_parallel(const std::string& option,
     throw ConfigError(both + " is not supported with " + what);
   };
   if (options.ep_overlap_chunks > 1) refuse("--ep-overlap-chunks above 1");
-  if (rl.kl_coef > 0) refuse("--kl-coef");
   if (checkpoints.every > 0 || !checkpoints.resume.empty()) {
     refuse("--checkpoint-every or --resume");
   }
@@ -77,7 +77,7 @@ void validate_pipeline_parallel_train(const DisaggregatedOptions& options, bool 
     if (rl.minibatches != 1) throw ConfigError(both + " is not supported with --minibatches above 1");
   }
   if (options.expert_parallel > 1 || options.actor_expert_parallel > 1) {
-    validate_pipeline_expert_parallel(option, options, world_size, rl, checkpoints);
+    validate_pipeline_expert_parallel(option, options, world_size, checkpoints);
   }
 }
 
@@ -118,12 +118,14 @@ std::unique_ptr<PipelineGroups> make_train_pipeline(const DisaggregatedOptions& 
 uint64_t attach_pipeline_reference_logprobs(const Transformer<float>& reference_stage,
                                             const PipelineGroups& groups, Arena& device,
                                             std::vector<Rollout>& own, int micro_batch,
-                                            float temperature) {
+                                            float temperature, RoleExpertParallel* ep) {
   ArenaScope reference_memory(device);
   Transformer<float> whole(reference_stage.config(), reference_stage.ops(), device,
-                           /*with_gradients=*/false);
+                           /*with_gradients=*/false, groups.expert_shard());
   const uint64_t received = gather_pipeline_model(reference_stage.parameters(), groups,
                                                   whole.parameters(), whole.layout());
+  // (The EP mates generated as many samples: their forwards come in step.)
+  if (ep) ep->attach_reusing(whole);
   attach_reference_logprobs(whole, own, micro_batch, temperature);
   return received;
 }

@@ -29,7 +29,7 @@ namespace rlf {
 // combined with --offload, StaleSync, a learned reward model or rebalancing; with
 // --tensor-parallel T, T x P not dividing the ranks, a KL term or --minibatches above 1; with
 // --expert-parallel E, E not dividing the pipelines, another --actor-expert-parallel,
-// --ep-overlap-chunks above 1, a KL term or checkpoints.
+// --ep-overlap-chunks above 1 or checkpoints.
 void validate_pipeline_parallel_train(const DisaggregatedOptions& options, bool fused,
                                       int world_size, const RlOptions& rl,
                                       const CheckpointOptions& checkpoints);
@@ -50,11 +50,13 @@ std::unique_ptr<PipelineGroups> make_train_pipeline(const DisaggregatedOptions& 
 // The frozen reference's log-probs of this rank's own rollouts (Rollout::reference_logp), in
 // micro-batches of `micro_batch` as the data-parallel run computes them: the reference's stages
 // are gathered inside the pipeline (gather_pipeline_model) into a whole model in `device`, which
-// is freed on return. Collective over groups.pipeline(); returns the bytes received.
+// is freed on return. Collective over groups.pipeline(); returns the bytes received. With `ep`
+// (EP inside the stages) the whole model holds the pipeline's experts and runs over the EP group
+// (collective over it too).
 uint64_t attach_pipeline_reference_logprobs(const Transformer<float>& reference_stage,
                                             const PipelineGroups& groups, Arena& device,
                                             std::vector<Rollout>& own, int micro_batch,
-                                            float temperature);
+                                            float temperature, RoleExpertParallel* ep = nullptr);
 
 // Every stage's reference log-probs of its own rollouts (`own`, which the stage generated: block
 // groups.stage() of the pipeline's samples) onto `pipeline_samples` (the stages' blocks in stage

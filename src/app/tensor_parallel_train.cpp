@@ -19,7 +19,8 @@ void validate_tensor_parallel_train(const DisaggregatedOptions& options, bool fu
   }
   refuse_unsupported_with_model_parallelism(option, options, fused, world_size, rl);
   if (options.expert_parallel != 1 || options.actor_expert_parallel != 1) {
-    throw ConfigError(option + " is not supported with --expert-parallel / --actor-expert-parallel");
+    throw ConfigError(option +
+                      " is not supported with --expert-parallel / --actor-expert-parallel");
   }
   // A checkpoint holds the whole model; the TP slices are not gathered for it yet.
   if (checkpoints.every > 0 || !checkpoints.resume.empty()) {

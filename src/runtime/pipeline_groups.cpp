@@ -71,8 +71,8 @@ OptimizerShard PipelineGroups::optimizer_shard(const ParameterLayout& layout,
   return shard;
 }
 
-OptimizerShard PipelineGroups::expert_parallel_optimizer_shard(
-    const ParameterLayout& layout, const RoleExpertParallel& ep) const {
+OptimizerShard PipelineGroups::expert_parallel_optimizer_shard(const ParameterLayout& layout,
+                                                               const RoleExpertParallel& ep) const {
   // The EP shard counts the stage's experts over the EP group; its replicated (dense) tensors
   // become the first norm slot, so that the stage's whole squared norm is summed over the
   // pipeline.

@@ -1,9 +1,9 @@
 // `train --mode fused --pipeline-parallel` with the training state beyond one optimizer step on the
 // policy: several minibatches per RL step (each run through the schedule, as its share of every
 // rank's block) and a KL term (the frozen reference stored per stage, its log-probs computed from
-// its stages gathered for each rank's own samples). PP 2 on 2 ranks and PP 2 x DP 2 on 4 ranks
-// train like the data-parallel fused run on as many ranks: the same reward every step, the same KL
-// within rounding and a saved whole model within float rounding. (Checkpoints with PP:
+// its stages gathered for each rank's own samples). PP 2 on 2 ranks, PP 2 x DP 2 and PP 2 x EP 2
+// on 4 ranks train like the data-parallel fused run on as many ranks: the same reward every step,
+// the same KL within rounding and a saved whole model within float rounding. (Checkpoints with PP:
 // test_checkpoints.cpp.)
 #include <gtest/gtest.h>
 
@@ -57,10 +57,10 @@ void expect_pipelines_train_like_data_parallel(const std::string& name, const st
     const Result dp =
         test::run_rlfusion(test::kModelParallelFusedRun + options + "--run-dir " + dp_dir, ranks);
     ASSERT_EQ(dp.exit_code, 0) << dp.output;
-    const Result pp = test::run_rlfusion(
-        test::kModelParallelFusedRun + options + "--pipeline-parallel 2 " + pipeline_options +
-            "--run-dir " + dir,
-        ranks);
+    const Result pp =
+        test::run_rlfusion(test::kModelParallelFusedRun + options + "--pipeline-parallel 2 " +
+                               pipeline_options + "--run-dir " + dir,
+                           ranks);
     ASSERT_EQ(pp.exit_code, 0) << pp.output;
     last_rows = step_rows(dp.output);
     const std::vector<StepRow>& want = last_rows;
@@ -110,6 +110,16 @@ TEST(PipelineParallelState, UnequalMinibatchesTrainLikeTheDataParallelFusedRun) 
 TEST(PipelineParallelState, KlTermTrainsLikeTheDataParallelFusedRun) {
   std::vector<StepRow> rows;
   expect_pipelines_train_like_data_parallel("kl", "--kl-coef 0.05 ", {2, 4}, rows);
+  ASSERT_EQ(rows.size(), 6u);
+  EXPECT_GT(rows.back().kl, 0.0) << "the KL term never moved: the comparison would not see it";
+}
+
+// The same with expert parallelism inside the stages (PP 2 x EP 2 on 4 ranks): the reference's
+// stages hold the pipeline's experts, and its gathered whole model runs over the EP groups.
+TEST(PipelineParallelState, KlTermWithExpertParallelismTrainsLikeTheDataParallelFusedRun) {
+  std::vector<StepRow> rows;
+  expect_pipelines_train_like_data_parallel("kl-ep", "--kl-coef 0.05 ", {4}, rows,
+                                            "--expert-parallel 2 ");
   ASSERT_EQ(rows.size(), 6u);
   EXPECT_GT(rows.back().kl, 0.0) << "the KL term never moved: the comparison would not see it";
 }

@@ -127,8 +127,6 @@ TEST(PipelineParallelTrain, ShapesThatDoNotFitStopEveryRankBeforeOutput) {
           {4, "--pipeline-parallel 2 --expert-parallel 2 --ep-overlap-chunks 2",
            "--pipeline-parallel 2 x --expert-parallel 2 is not supported with --ep-overlap-chunks "
            "above 1"},
-          {4, "--pipeline-parallel 2 --expert-parallel 2 --kl-coef 0.01",
-           "--pipeline-parallel 2 x --expert-parallel 2 is not supported with --kl-coef"},
           {4, "--pipeline-parallel 2 --expert-parallel 2 --checkpoint-every 2",
            "--pipeline-parallel 2 x --expert-parallel 2 is not supported with --checkpoint-every "
            "or --resume"},

@@ -28,8 +28,8 @@ inline PipelineStepBeside pipeline_step_beside_reference(
     Links& links, uint64_t seed, PipelineStage<float>::ExpertDispatchers dispatchers = {}) {
   const int m = groups.shape().micro_batches;
   const float aux_weight = stage.config().aux_loss_coef;
-  const auto all = random_micro_batches<float>(m * groups.replicas(), stage.config().vocab_size, 9,
-                                               seed);
+  const auto all =
+      random_micro_batches<float>(m * groups.replicas(), stage.config().vocab_size, 9, seed);
   PipelineStepBeside result;
   result.own.assign(all.begin() + groups.replica() * m, all.begin() + (groups.replica() + 1) * m);
   result.reference_loss = reference_step(reference, all, aux_weight);

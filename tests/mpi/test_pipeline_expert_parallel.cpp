@@ -153,8 +153,8 @@ void check_step(const Case& c) {
   if (rank.ep) {
     rank.ep->reduce_gradients(stage.gradients(), stage.layout());
   } else {
-    MPI_Allreduce(MPI_IN_PLACE, stage.gradients(), int(stage.parameter_count()), MPI_FLOAT,
-                  MPI_SUM, groups.data_parallel().comm);
+    MPI_Allreduce(MPI_IN_PLACE, stage.gradients(), int(stage.parameter_count()), MPI_FLOAT, MPI_SUM,
+                  groups.data_parallel().comm);
   }
   EXPECT_NEAR(step.loss, step.reference_loss, 1e-6 + 1e-5 * std::abs(step.reference_loss));
   // Every rank's gradients: its part of the single-rank model's (float reassociation of the
@@ -208,8 +208,8 @@ void check_step(const Case& c) {
   const PipelineMicroBatch<float>& batch = step.own.front();
   const int V = config.vocab_size;
   const std::vector<float> want_logits = [&] {
-    const float* l = reference.forward(batch.tokens.data(), batch.seq_offsets.data(),
-                                       batch.sequences());
+    const float* l =
+        reference.forward(batch.tokens.data(), batch.seq_offsets.data(), batch.sequences());
     return std::vector<float>(l, l + size_t(batch.token_count()) * size_t(V));
   }();
   const float* logits =
@@ -275,8 +275,9 @@ TEST(PipelineExpertParallel, ShapesThatDoNotFitStopEveryRank) {
         [&] {
           PipelineGroups(MPI_COMM_WORLD, {1, 1, 1}, config, links, nullptr, 4);
         },
-        "must divide both the " + std::to_string(world) + " pipelines (the ranks of a stage) and "
-        "the model's 6 experts");
+        "must divide both the " + std::to_string(world) +
+            " pipelines (the ranks of a stage) and "
+            "the model's 6 experts");
   }
 }
 
