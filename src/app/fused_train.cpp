@@ -72,14 +72,16 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
       make_train_pipeline(options, model_config, rl.prompts / replicas * rl.group_size,
                           rl.micro_batch, rl.group_size, rl.minibatches, topology, tp.get());
   const int experts = model_config.n_experts;
-  validate_role_expert_parallel("--expert-parallel", options.expert_parallel,
-                                topology.ranks_of(Role::Learner), experts, options.ep_dispatch,
-                                topology.links(), "fused");
+  // With pipeline parallelism the EP groups are ranks of one stage in consecutive pipelines (its
+  // data-parallel group): generation and training both run on them.
+  const std::vector<int> ep_ranks =
+      pp ? pp->data_parallel().world_ranks : topology.ranks_of(Role::Learner);
+  validate_role_expert_parallel("--expert-parallel", options.expert_parallel, ep_ranks, experts,
+                                options.ep_dispatch, topology.links(), "fused");
   // In fused mode the actors' degree is the generation layout's.
   const int generation_degree = options.actor_expert_parallel;
-  validate_role_expert_parallel("--actor-expert-parallel", generation_degree,
-                                topology.ranks_of(Role::Learner), experts, options.ep_dispatch,
-                                topology.links(), "fused");
+  validate_role_expert_parallel("--actor-expert-parallel", generation_degree, ep_ranks, experts,
+                                options.ep_dispatch, topology.links(), "fused");
   const bool switch_layouts = generation_degree != options.expert_parallel;
   const int rank = topology.world_rank();
   const bool root = rank == 0;
@@ -88,7 +90,8 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   if (redundant > 0) {
     validate_redundant_slots(redundant, experts, options.expert_parallel, "--redundant-experts");
   }
-  ExpertShard own_experts = options.expert_parallel > 1
+  ExpertShard own_experts = pp ? pp->expert_shard()
+                            : options.expert_parallel > 1
                                 ? expert_shard_of(rank, options.expert_parallel, experts)
                                 : ExpertShard{};
   own_experts.redundant = redundant;
@@ -100,8 +103,10 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   FusedMemoryPlan memory_plan;
   {
     // Bad input stops every rank here, before any output: the analytic peaks must fit the arena.
-    const ExpertShard generation_experts =
-        generation_degree > 1 ? expert_shard_of(rank, generation_degree, experts) : ExpertShard{};
+    const ExpertShard generation_experts = pp ? pp->expert_shard()
+                                           : generation_degree > 1
+                                               ? expert_shard_of(rank, generation_degree, experts)
+                                               : ExpertShard{};
     const Task& task = *policy.task;
     const int longest = 2 + task.max_prompt_chars() + task.max_response_chars();
     const std::optional<ModelConfig> reward_model =
@@ -118,10 +123,9 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         policy.config, policy.model->layout(), ParameterLayout(policy.config, generation_experts),
         switch_layouts, rl.kl_coef > 0, reward_model ? &*reward_model : nullptr, options.offload,
         batch, /*experts_migrate=*/options.rebalance.every > 0);
-    // A pipeline stage generates from a whole model of its own, the borrowed layers included.
-    if (pp) {
-      memory_plan.generation += size_t(ParameterLayout(policy.config).total()) * sizeof(float);
-    }
+    // A pipeline stage generates from a whole model of its own (with EP, every layer with the
+    // pipeline's experts), the borrowed layers included.
+    if (pp) memory_plan.generation += size_t(pp->generation_layout().total()) * sizeof(float);
     check_fused_memory_fit(memory_plan, policy.device->memory().capacity(), options.offload, mode);
   }
   // Before the learner state: with offload, the gradients and AdamW's moments must stay the top
@@ -164,17 +168,18 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   const HierarchicalComm& all = topology.role_comm();
   Links& links = topology.links();
   std::unique_ptr<RoleExpertParallel> ep =
-      attach_expert_parallel(model, all, links, options.expert_parallel, options.ep_dispatch,
-                             options.ep_overlap_chunks, redundant);
+      attach_expert_parallel(model, pp ? pp->data_parallel() : all, links, options.expert_parallel,
+                             options.ep_dispatch, options.ep_overlap_chunks, redundant);
   // The spare slots get their starting replicas before the reference copies the weights.
   if (ep) ep->fill_redundant_slots(model.parameters(), model.layout());
   start_learner_state(learner, policy, rl, ep.get());
-  if (pp) learner.optimizer->set_shard(pp->optimizer_shard(model.layout()));
+  if (pp) learner.optimizer->set_shard(pp->optimizer_shard(model.layout(), ep.get()));
   const TrainingState state{&model, learner.optimizer.get(), learner.reference.get()};
   // Router statistics per step into the trace and, with --rebalance-every, experts moved
   // between the training EP ranks (with their AdamW moments and the reference's weights).
+  // (Not with pipeline parallelism: its stages hold different layers; rebalancing is refused.)
   std::unique_ptr<TrainRebalancer> rebalancer;
-  if (ep) {
+  if (ep && !pp) {
     rebalancer = std::make_unique<TrainRebalancer>(
         options.rebalance, *ep, all, model, *learner.optimizer, learner.reference.get(), trace);
     dir.log("%s", rebalancer->describe().c_str());
@@ -256,7 +261,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
                                                  DistQueueConfig{options.shard_capacity});
     pipeline_trainer = std::make_unique<PipelineTrainer>(
         *pp, model, settings, my_prompts * rl.group_size, options.micro_batches > 0,
-        2 + task.max_prompt_chars() + task.max_response_chars());
+        2 + task.max_prompt_chars() + task.max_response_chars(), ep.get());
     pipeline_gradient = [&](const std::vector<const Rollout*>& minibatch, double normalizer,
                             double all_samples) {
       return pipeline_trainer->minibatch_gradient(minibatch, normalizer, all_samples);
@@ -269,17 +274,18 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         "phase; this rank stores %lld of %lld parameters\n",
         shape.stages, pp->replicas(), schedule_name(shape).c_str(), shape.micro_batches,
         shape.virtual_stages, 100.0 * bubble_formula(shape), ranks,
-        format_bytes(size_t(ParameterLayout(policy.config).total() - model.parameter_count()) *
+        format_bytes(size_t(pp->generation_layout().total() - model.parameter_count()) *
                      sizeof(float))
             .c_str(),
         (long long)model.parameter_count(), (long long)ParameterLayout(policy.config).total());
   }
   if (ep) {
     dir.log(
-        "# expert parallelism: EP %d x %d replicas, %s dispatch, training's experts in %d "
+        "# expert parallelism: EP %d x %d replicas%s, %s dispatch, training's experts in %d "
         "overlap chunk(s), %d redundant expert slot(s) per EP rank; this rank stores %lld of "
         "%lld parameters\n",
-        options.expert_parallel, ranks / options.expert_parallel,
+        options.expert_parallel, (pp ? pp->replicas() : ranks) / options.expert_parallel,
+        pp ? " (EP groups: a stage's ranks in consecutive pipelines; generation on them too)" : "",
         dispatch_mode_name(options.ep_dispatch), options.ep_overlap_chunks, redundant,
         (long long)model.parameter_count(), (long long)ParameterLayout(policy.config).total());
   }
@@ -372,15 +378,18 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
       if (pp) {
         // The borrowed layers live in the device arena only for this phase (the scope is declared
         // first, so the whole model is gone before the arena rewinds); the stage is only read.
+        // With EP the whole model holds the pipeline's experts only and generates collectively
+        // over the training EP groups (its own dispatchers, made once).
         ArenaScope generation_memory(device);
         Transformer<float> whole(policy.config, policy.device->ops(), device,
-                                 /*with_gradients=*/false);
+                                 /*with_gradients=*/false, pp->expert_shard());
         {
           TraceScope traced(trace, Phase::Reshard);
           traced.set_version(version);
           traced.set_bytes(int64_t(
               gather_pipeline_model(model.parameters(), *pp, whole.parameters(), whole.layout())));
         }
+        if (ep) ep->attach_reusing(whole);
         generate(whole);
       } else if (!layout_switch) {
         generate(model);
@@ -443,9 +452,9 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         // The reference's stages gathered into a whole model for this rank's own samples.
         TraceScope traced(trace, Phase::Reference);
         traced.set_version(version);
-        traced.set_bytes(int64_t(attach_pipeline_reference_logprobs(*learner.reference, *pp, device,
-                                                                    rollouts, settings.micro_batch,
-                                                                    settings.temperature)));
+        traced.set_bytes(int64_t(attach_pipeline_reference_logprobs(
+            *learner.reference, *pp, device, rollouts, settings.micro_batch, settings.temperature,
+            ep.get())));
       }
       if (pp) {
         TraceScope traced(trace, Phase::QueueGet);

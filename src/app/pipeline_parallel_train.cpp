@@ -12,8 +12,42 @@
 
 namespace rlf {
 
+namespace {
+
+// PP x EP (validate_pipeline_parallel_train's EP part).
+void validate_pipeline_expert_parallel(const std::string& option,
+                                       const DisaggregatedOptions& options, int world_size,
+                                       const CheckpointOptions& checkpoints) {
+  const int degree = options.expert_parallel;
+  const std::string both = option + " x --expert-parallel " + std::to_string(degree);
+  // Generation runs on the whole model with the training EP groups' experts.
+  if (options.actor_expert_parallel != degree) {
+    throw ConfigError(both +
+                      ": --actor-expert-parallel must be the same degree (generation runs "
+                      "on the training EP groups), got " +
+                      std::to_string(options.actor_expert_parallel));
+  }
+  const int pipelines = world_size / options.pipeline_parallel;
+  if (world_size % options.pipeline_parallel == 0 && pipelines % degree != 0) {
+    throw ConfigError(both + ": the EP degree must divide the " + std::to_string(pipelines) +
+                      " pipelines (an EP group is the ranks of one stage in " +
+                      std::to_string(degree) + " pipelines)");
+  }
+  auto refuse = [&](const std::string& what) {
+    throw ConfigError(both + " is not supported with " + what);
+  };
+  if (options.ep_overlap_chunks > 1) refuse("--ep-overlap-chunks above 1");
+  if (options.rebalance.redundant_experts > 0) refuse("--redundant-experts");
+  if (checkpoints.every > 0 || !checkpoints.resume.empty()) {
+    refuse("--checkpoint-every or --resume");
+  }
+}
+
+}  // namespace
+
 void validate_pipeline_parallel_train(const DisaggregatedOptions& options, bool fused,
-                                      int world_size, const RlOptions& rl) {
+                                      int world_size, const RlOptions& rl,
+                                      const CheckpointOptions& checkpoints) {
   const int degree = options.pipeline_parallel;
   const std::string option = "--pipeline-parallel " + std::to_string(degree);
   if (degree < 1) throw ConfigError(option + ": must be a positive integer");
@@ -38,6 +72,9 @@ void validate_pipeline_parallel_train(const DisaggregatedOptions& options, bool 
                         " ranks per model replica must divide the " + std::to_string(world_size) +
                         " ranks");
     }
+  }
+  if (options.expert_parallel > 1 || options.actor_expert_parallel > 1) {
+    validate_pipeline_expert_parallel(option, options, world_size, checkpoints);
   }
 }
 
@@ -72,18 +109,20 @@ std::unique_ptr<PipelineGroups> make_train_pipeline(const DisaggregatedOptions& 
   }
   return std::make_unique<PipelineGroups>(topology.role_comm().comm,
                                           PipelineShape{p, micro_batches, options.virtual_stages},
-                                          config, topology.links(), tp);
+                                          config, topology.links(), tp, options.expert_parallel);
 }
 
 uint64_t attach_pipeline_reference_logprobs(const Transformer<float>& reference_stage,
                                             const PipelineGroups& groups, Arena& device,
                                             std::vector<Rollout>& own, int micro_batch,
-                                            float temperature) {
+                                            float temperature, RoleExpertParallel* ep) {
   ArenaScope reference_memory(device);
   Transformer<float> whole(reference_stage.config(), reference_stage.ops(), device,
-                           /*with_gradients=*/false);
+                           /*with_gradients=*/false, groups.expert_shard());
   const uint64_t received = gather_pipeline_model(reference_stage.parameters(), groups,
                                                   whole.parameters(), whole.layout());
+  // (The EP mates generated as many samples: their forwards come in step.)
+  if (ep) ep->attach_reusing(whole);
   attach_reference_logprobs(whole, own, micro_batch, temperature);
   return received;
 }
@@ -165,7 +204,7 @@ size_t stage_activation_bytes(const ModelConfig& config, int sequences, int long
 
 PipelineTrainer::PipelineTrainer(const PipelineGroups& groups, Transformer<float>& model,
                                  const RlStepSettings& settings, int rank_samples, bool equal_parts,
-                                 int longest_sequence)
+                                 int longest_sequence, RoleExpertParallel* ep)
     : groups_(groups),
       settings_(settings),
       equal_parts_(equal_parts),
@@ -175,7 +214,13 @@ PipelineTrainer::PipelineTrainer(const PipelineGroups& groups, Transformer<float
                                                    groups.shape().micro_batches - 1) /
                                                       groups.shape().micro_batches
                                                 : std::min(settings.micro_batch, rank_samples),
-                                    longest_sequence)) {}
+                                    longest_sequence)) {
+  if (ep) {
+    const int layers = model.config().n_layers;
+    stage_.set_expert_dispatchers(
+        [ep, layers](int slot) { return ep->view_dispatchers(slot, layers); });
+  }
+}
 
 std::vector<std::pair<size_t, size_t>> PipelineTrainer::micro_batch_bounds(size_t count) const {
   std::vector<std::pair<size_t, size_t>> bounds;
@@ -211,6 +256,20 @@ PpoStats PipelineTrainer::minibatch_gradient(const std::vector<const Rollout*>& 
     throw std::logic_error("PipelineTrainer: " + std::to_string(minibatch.size()) +
                            " samples do not fill the pipeline's " + std::to_string(bounds.size()) +
                            " micro-batches");
+  }
+  if (stage_.model().expert_parallel()) {
+    // Every MoE layer's dispatch and combine are collective over the stage's EP group, whose ranks
+    // (one per pipeline) run the same schedule: with as many micro-batches their collectives come
+    // in the same order. Every pipeline trains as many samples, so the counts agree; checked over
+    // the stage's data-parallel group (a superset of the EP group) rather than assumed.
+    long long most_and_least[2] = {(long long)bounds.size(), -(long long)bounds.size()};
+    MPI_Allreduce(MPI_IN_PLACE, most_and_least, 2, MPI_LONG_LONG, MPI_MAX,
+                  groups_.data_parallel().comm);
+    if (most_and_least[0] != -most_and_least[1]) {
+      throw std::logic_error("PipelineTrainer: the pipelines of an EP group cut " +
+                             std::to_string(-most_and_least[1]) + " to " +
+                             std::to_string(most_and_least[0]) + " micro-batches");
+    }
   }
   const float aux_coef = stage_.model().config().aux_loss_coef;
   std::vector<std::vector<const Rollout*>> micro_rollouts;

@@ -19,16 +19,20 @@
 #include "src/roles/dist_queue.h"
 #include "src/runtime/pipeline_groups.h"
 #include "src/runtime/pipeline_step.h"
+#include "src/runtime/role_expert_parallel.h"
 
 namespace rlf {
 
 // ConfigError, the same on every rank before any work, for --pipeline-parallel outside what is
 // built: a degree, virtual stages or micro-batch count below their minimum, --virtual-stages or
 // --micro-batches without a pipeline, one rank, a multi-rank run that is not --mode fused, or
-// combined with expert parallelism, --offload, StaleSync, a learned reward model or rebalancing;
-// with --tensor-parallel T, T x P not dividing the ranks.
+// combined with --offload, StaleSync, a learned reward model or rebalancing; with
+// --tensor-parallel T, T x P not dividing the ranks; with --expert-parallel E, E not dividing the
+// pipelines, another --actor-expert-parallel, --ep-overlap-chunks above 1, --redundant-experts
+// or checkpoints.
 void validate_pipeline_parallel_train(const DisaggregatedOptions& options, bool fused,
-                                      int world_size, const RlOptions& rl);
+                                      int world_size, const RlOptions& rl,
+                                      const CheckpointOptions& checkpoints);
 
 // The pipelines over the fused ranks (null for --pipeline-parallel 1), each rank generating
 // `rank_samples` samples (prompt groups of `group_size`) per step, trained in `minibatches`
@@ -36,7 +40,7 @@ void validate_pipeline_parallel_train(const DisaggregatedOptions& options, bool 
 // P x V the model's layers, or the micro-batches do not fit the schedule or the pipeline's
 // smallest minibatch. With `tp` (the TP groups over the same ranks), TP inside every stage: the
 // pipelines cut the TP replicas, and a model replica's T x P ranks train the samples all of them
-// generated.
+// generated. With --expert-parallel, EP inside every stage (PipelineGroups).
 std::unique_ptr<PipelineGroups> make_train_pipeline(const DisaggregatedOptions& options,
                                                     const ModelConfig& config, int rank_samples,
                                                     int micro_batch, int group_size,
@@ -47,11 +51,12 @@ std::unique_ptr<PipelineGroups> make_train_pipeline(const DisaggregatedOptions& 
 // micro-batches of `micro_batch` as the data-parallel run computes them: the reference's stages
 // (with TP, their TP slices) are gathered inside the model replica (gather_pipeline_model) into a
 // whole model in `device`, which is freed on return. Collective over groups.model_parallel();
-// returns the bytes received.
+// returns the bytes received. With `ep` (EP inside the stages) the whole model holds the
+// pipeline's experts and runs over the EP group (collective over it too).
 uint64_t attach_pipeline_reference_logprobs(const Transformer<float>& reference_stage,
                                             const PipelineGroups& groups, Arena& device,
                                             std::vector<Rollout>& own, int micro_batch,
-                                            float temperature);
+                                            float temperature, RoleExpertParallel* ep = nullptr);
 
 // Every rank's reference log-probs of its own rollouts (`own`, which the rank generated: block
 // groups.model_parallel().rank() of the replica's samples; without TP the stage's block) onto
@@ -72,17 +77,20 @@ std::vector<Rollout> pipeline_rollouts(DistQueue& queue, const PipelineGroups& g
                                        const std::vector<Rollout>& own, int group_size);
 
 // Trains a pipeline stage: each minibatch's samples are cut into the pipeline's micro-batches and
-// run through the schedule (run_pipeline_step; with --micro-batch pieces a minibatch may make
+// run through the schedule (with EP inside the stage, in step with its EP mates: the same count
+// of micro-batches, checked) (run_pipeline_step; with --micro-batch pieces a minibatch may make
 // fewer micro-batches than the step's first); the last stage computes the PPO-clip loss from its
 // logits, and its statistics are summed over the pipeline. Also what the steps measured.
 class PipelineTrainer {
  public:
   // `model`: this rank's stage (layout groups.stage_layout(groups.stage()), with gradients);
   // `rank_samples`: each rank's block of a pipeline's samples, which micro-batches of
-  // `micro_batch` cut unless the shape's micro-batch count was given (then equal parts).
+  // `micro_batch` cut unless the shape's micro-batch count was given (then equal parts). With
+  // `ep` (EP inside the stage, made over groups.data_parallel()), every micro-batch chunk in
+  // flight dispatches through dispatchers of its own (RoleExpertParallel::view_dispatchers).
   PipelineTrainer(const PipelineGroups& groups, Transformer<float>& model,
                   const RlStepSettings& settings, int rank_samples, bool equal_parts,
-                  int longest_sequence);
+                  int longest_sequence, RoleExpertParallel* ep = nullptr);
 
   // optimize_on_rollouts' MinibatchGradient for this stage.
   PpoStats minibatch_gradient(const std::vector<const Rollout*>& minibatch, double normalizer,

@@ -18,6 +18,10 @@ void validate_tensor_parallel_train(const DisaggregatedOptions& options, bool fu
     return;
   }
   refuse_unsupported_with_model_parallelism(option, options, fused, world_size, rl);
+  if (options.expert_parallel != 1 || options.actor_expert_parallel != 1) {
+    throw ConfigError(option +
+                      " is not supported with --expert-parallel / --actor-expert-parallel");
+  }
 }
 
 void refuse_unsupported_with_model_parallelism(const std::string& option,
@@ -28,9 +32,6 @@ void refuse_unsupported_with_model_parallelism(const std::string& option,
   };
   if (world_size == 1) refuse("on one rank (mpiexec -n 2 or more)");
   if (!fused) refuse("outside --mode fused");
-  if (options.expert_parallel != 1 || options.actor_expert_parallel != 1) {
-    refuse("with --expert-parallel / --actor-expert-parallel");
-  }
   if (options.offload) refuse("with --offload");
   if (options.rebalance.every > 0) refuse("with --rebalance-every");
   if (rl.staleness > 0) refuse("with --staleness (StaleSync)");

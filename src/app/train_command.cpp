@@ -80,7 +80,8 @@ int run_train_command(const std::vector<std::string>& args) {
     add("expert-parallel",
         po::value(&multi_rank.expert_parallel)->default_value(multi_rank.expert_parallel),
         "expert-parallel degree of the learners: EP groups of this many consecutive learner "
-        "ranks share the routed experts");
+        "ranks share the routed experts (with --pipeline-parallel: one stage's ranks in this "
+        "many consecutive pipelines)");
     add("actor-expert-parallel",
         po::value(&multi_rank.actor_expert_parallel)
             ->default_value(multi_rank.actor_expert_parallel),
@@ -170,7 +171,7 @@ int run_train_command(const std::vector<std::string>& args) {
         std::to_string(multi_rank.actor_expert_parallel) + " on 1 rank");
   }
   validate_tensor_parallel_train(multi_rank, mode == "fused", world_size, o);
-  validate_pipeline_parallel_train(multi_rank, mode == "fused", world_size, o);
+  validate_pipeline_parallel_train(multi_rank, mode == "fused", world_size, o, checkpoints);
   if (o.staleness > 0 && world_size == 1) {
     throw ConfigError(
         "--staleness " + std::to_string(o.staleness) +

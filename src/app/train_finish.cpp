@@ -52,7 +52,7 @@ int finish_multi_rank_train(const MultiRankTrainEnd& end, const RunOptions& run,
     whole = std::make_unique<Transformer<float>>(policy.config, policy.device->ops(), *whole_memory,
                                                  /*with_gradients=*/false);
   }
-  if (end.ep && end.learner) {
+  if (end.ep && end.learner && !end.pipeline) {
     const ParameterLayout whole_layout(policy.config);
     end.ep->gather_full_model(model.parameters(), model.layout(),
                               whole ? whole->parameters() : nullptr, whole_layout);
@@ -67,11 +67,25 @@ int finish_multi_rank_train(const MultiRankTrainEnd& end, const RunOptions& run,
                            policy.config, *end.tensor_parallel);
   }
   if (end.pipeline) {
+    // With EP inside the stages, each stage's experts first come together on its rank of the first
+    // pipeline (collective over the stage's first EP group); that pipeline then gathers.
+    const float* stage = model.parameters();
+    std::vector<float> stage_experts;
+    if (end.ep) {
+      const ParameterLayout stage_layout =
+          end.pipeline->stage_layout(end.pipeline->stage(), ExpertShard{});
+      stage_experts.resize(size_t(stage_layout.total()));
+      end.ep->gather_full_model(model.parameters(), model.layout(), stage_experts.data(),
+                                stage_layout);
+      stage = stage_experts.data();
+    }
     // Collective over the pipeline: every stage receives the others' layers (the layout switch).
-    const ParameterLayout whole_layout(policy.config);
-    std::vector<float> gathered(whole ? 0 : size_t(whole_layout.total()));
-    gather_pipeline_model(model.parameters(), *end.pipeline,
-                          whole ? whole->parameters() : gathered.data(), whole_layout);
+    if (!end.ep || end.pipeline->replica() == 0) {
+      const ParameterLayout whole_layout(policy.config);
+      std::vector<float> gathered(whole ? 0 : size_t(whole_layout.total()));
+      gather_pipeline_model(stage, *end.pipeline, whole ? whole->parameters() : gathered.data(),
+                            whole_layout);
+    }
   }
   if (end.root) {
     Transformer<float>& final_model = whole ? *whole : model;

@@ -62,12 +62,13 @@ PipelineStage<T>::PipelineStage(Transformer<T>& model, std::vector<LayerRange> c
       chunks_(std::move(chunks)),
       activation_bytes_(activation_bytes),
       model_(model) {
-  // With tensor parallelism, the model's TP slice of those layers (it runs the TP collectives).
-  const ParameterLayout want(config_, ExpertShard{}, stage_layer_shard(chunks_, config_.n_layers),
-                             model.layout().tensor_slice());
+  // With tensor parallelism, the model's TP slice of those layers (it runs the TP collectives);
+  // with expert parallelism, its experts (the views run them with dispatchers of their own).
   const ParameterLayout& have = model.layout();
+  const ParameterLayout want(config_, have.own_experts(),
+                             stage_layer_shard(chunks_, config_.n_layers), have.tensor_slice());
   if (have.total() != want.total() || have.tensors().size() != want.tensors().size() ||
-      have.expert_sharded() || !model.gradients()) {
+      have.redundant_slots() > 0 || !model.gradients()) {
     throw std::invalid_argument(
         "PipelineStage: the model must hold exactly the chunks' layers, with gradients");
   }
@@ -80,6 +81,7 @@ int PipelineStage<T>::take_slot() {
     arenas_.push_back(
         std::make_unique<Arena>("pipeline activations " + std::to_string(slot), activation_bytes_));
     views_.push_back(std::make_unique<Transformer<T>>(model_, *arenas_.back()));
+    if (dispatchers_) views_.back()->set_expert_parallel(dispatchers_(slot));
     return slot;
   }
   const int slot = free_slots_.back();

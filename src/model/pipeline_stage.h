@@ -59,9 +59,17 @@ class PipelineStage {
   PipelineStage(const ModelConfig& config, const Ops<T>& ops, Arena& device,
                 std::vector<LayerRange> chunks, size_t activation_bytes);
   // Over a model built elsewhere with gradients and the layout of the chunks
-  // (stage_layer_shard; with tensor parallelism, its TP slice of them); it must outlive the stage.
-  // std::invalid_argument when the layout differs.
+  // (stage_layer_shard; with tensor parallelism, its TP slice of them; with expert parallelism,
+  // its experts); it must outlive the stage. std::invalid_argument when the layout differs.
   PipelineStage(Transformer<T>& model, std::vector<LayerRange> chunks, size_t activation_bytes);
+
+  // With expert parallelism: `per_slot(slot)` gives the per-layer dispatchers of activation arena
+  // `slot`'s model view, asked once per arena when it is made (before its first forward). A
+  // dispatcher keeps the plan of its last dispatch for the backward, so every micro-batch chunk in
+  // flight needs dispatchers of its own. Making them is collective over the EP group: its ranks
+  // run the same schedule, so they make their arenas at the same passes.
+  using ExpertDispatchers = std::function<std::vector<ExpertDispatcher*>(int slot)>;
+  void set_expert_dispatchers(ExpertDispatchers per_slot) { dispatchers_ = std::move(per_slot); }
 
   Transformer<T>& model() { return model_; }
   // Replaces the weighted NLL of the micro-batches by `loss` (empty: back to the weighted NLL).
@@ -107,6 +115,7 @@ class PipelineStage {
   std::unique_ptr<Transformer<T>> owned_model_;  // null when the model was built elsewhere
   Transformer<T>& model_;
   PipelineLoss<T> loss_function_;
+  ExpertDispatchers dispatchers_;
   std::vector<std::unique_ptr<Arena>> arenas_;
   std::vector<std::unique_ptr<Transformer<T>>> views_;  // one per arena, over model_'s weights
   std::vector<int> free_slots_;

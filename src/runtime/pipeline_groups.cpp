@@ -1,12 +1,17 @@
 #include "src/runtime/pipeline_groups.h"
 
+#include <string>
+
+#include "kernels/error.h"
 #include "src/balance/stage_balance.h"
+#include "src/model/expert_parallel.h"
 #include "src/runtime/pipeline_step.h"
+#include "src/runtime/role_expert_parallel.h"
 
 namespace rlf {
 
 PipelineGroups::PipelineGroups(MPI_Comm comm, const PipelineShape& shape, const ModelConfig& config,
-                               Links& links, const TensorParallel* tp)
+                               Links& links, const TensorParallel* tp, int expert_parallel)
     : shape_(shape), config_(config), tp_(tp), links_(links) {
   // With TP the stages of a pipeline are TP replicas with the same TP rank.
   const MPI_Comm replicas = tp ? tp->data_parallel().comm : comm;
@@ -14,7 +19,21 @@ PipelineGroups::PipelineGroups(MPI_Comm comm, const PipelineShape& shape, const 
   MPI_Comm_size(replicas, &size);
   validate_pipeline(shape, config.n_layers, size);
   boundaries_ = uniform_boundaries(config.n_layers, shape.chunks());
+  if (expert_parallel > 1) {
+    const std::string option = "--expert-parallel " + std::to_string(expert_parallel);
+    const int pipelines = size / shape.stages;
+    if (tp) throw ConfigError(option + " is not supported with --tensor-parallel");
+    if (pipelines % expert_parallel != 0 || config.n_experts % expert_parallel != 0) {
+      throw ConfigError(option + " with --pipeline-parallel " + std::to_string(shape.stages) +
+                        " must divide both the " + std::to_string(pipelines) +
+                        " pipelines (the ranks of a stage) and the model's " +
+                        std::to_string(config.n_experts) + " experts");
+    }
+  }
   groups_ = split_consecutive_groups(replicas, shape.stages, links);
+  if (expert_parallel > 1) {
+    experts_ = expert_shard_of(groups_.group, expert_parallel, config.n_experts);
+  }
   if (tp) model_parallel_ = split_consecutive_groups(comm, tp->degree() * shape.stages, links);
 }
 
@@ -27,12 +46,13 @@ std::vector<LayerRange> PipelineGroups::chunks(int stage) const {
   return pipeline_rank_chunks(shape_, stage, boundaries_);
 }
 
-ParameterLayout PipelineGroups::stage_layout(int stage) const {
-  return ParameterLayout(config_, ExpertShard{},
-                         stage_layer_shard(chunks(stage), config_.n_layers));
+ParameterLayout PipelineGroups::stage_layout(int stage, ExpertShard experts) const {
+  return ParameterLayout(config_, experts, stage_layer_shard(chunks(stage), config_.n_layers));
 }
 
-OptimizerShard PipelineGroups::optimizer_shard(const ParameterLayout& layout) const {
+OptimizerShard PipelineGroups::optimizer_shard(const ParameterLayout& layout,
+                                               const RoleExpertParallel* ep) const {
+  if (ep) return expert_parallel_optimizer_shard(layout, *ep);
   OptimizerShard shard;
   shard.owned = {{0, layout.total()}};
   if (!tp_) {
@@ -47,6 +67,26 @@ OptimizerShard PipelineGroups::optimizer_shard(const ParameterLayout& layout) co
   const bool counts_whole = tp_->rank() == 0;
   shard.sum_over_group = [sum, counts_whole](const std::vector<double>& per_slot) {
     return sum({(counts_whole ? per_slot[0] : 0.0) + per_slot[1]});
+  };
+  return shard;
+}
+
+OptimizerShard PipelineGroups::expert_parallel_optimizer_shard(const ParameterLayout& layout,
+                                                               const RoleExpertParallel& ep) const {
+  // The EP shard counts the stage's experts over the EP group; its replicated (dense) tensors
+  // become the first norm slot, so that the stage's whole squared norm is summed over the
+  // pipeline.
+  OptimizerShard shard = ep.optimizer_shard(layout);
+  const std::vector<ParameterRange> dense = std::move(shard.replicated);
+  shard.replicated.clear();
+  shard.owned.insert(shard.owned.begin(), dense.begin(), dense.end());
+  shard.owned_slots.insert(shard.owned_slots.begin(), dense);
+  const auto stage_experts = shard.sum_over_group;
+  const auto over_pipeline = sum_in_rank_order(pipeline().comm);
+  shard.sum_over_group = [stage_experts, over_pipeline](const std::vector<double>& per_slot) {
+    const double stage =
+        per_slot.front() + stage_experts(std::vector<double>(per_slot.begin() + 1, per_slot.end()));
+    return over_pipeline({stage});
   };
   return shard;
 }

@@ -9,6 +9,10 @@
 // rank and replica (activations go between matching TP ranks of consecutive stages: every TP rank
 // holds the whole hidden rows), and the model-parallel group, T p consecutive ranks, holds one
 // replica of the model.
+//
+// With expert parallelism inside every stage (PP x EP), the EP groups are E consecutive replicas
+// of a stage's data-parallel group: every rank of pipeline r stores the experts of EP rank r % E
+// (and the E p consecutive ranks of E pipelines hold one replica of the model).
 #pragma once
 
 #include <mpi.h>
@@ -24,6 +28,8 @@
 
 namespace rlf {
 
+class RoleExpertParallel;
+
 class PipelineGroups {
  public:
   // Collective over `comm`: splits it into pipelines of shape.stages consecutive ranks and the
@@ -32,9 +38,11 @@ class PipelineGroups {
   // (validate_pipeline) when the shape does not fit the model's layers or the ranks of `comm`.
   // `links` (not owned) counts every message. With `tp` (not owned; its TP groups cut `comm` into
   // T consecutive ranks), the pipelines cut its replicas (tp->data_parallel(), T p consecutive
-  // ranks of `comm` per pipeline replica) and the shape must fit size(comm) / T.
+  // ranks of `comm` per pipeline replica) and the shape must fit size(comm) / T. With
+  // `expert_parallel` E > 1 every stage stores only its EP rank's experts; E must divide the
+  // pipelines and the experts (ConfigError on every rank), and excludes `tp`.
   PipelineGroups(MPI_Comm comm, const PipelineShape& shape, const ModelConfig& config, Links& links,
-                 const TensorParallel* tp = nullptr);
+                 const TensorParallel* tp = nullptr, int expert_parallel = 1);
   ~PipelineGroups();
   PipelineGroups(const PipelineGroups&) = delete;
   PipelineGroups& operator=(const PipelineGroups&) = delete;
@@ -57,23 +65,37 @@ class PipelineGroups {
   }
 
   // The chunks stage `stage` runs, in its local order, and the layout that stores them (whole
-  // tensors: with TP each rank stores its slice of it, ParameterLayout's TensorSlice).
+  // tensors: with TP each rank stores its slice of it, ParameterLayout's TensorSlice; with EP
+  // this pipeline's experts, or the given ones).
   std::vector<LayerRange> chunks(int stage) const;
-  ParameterLayout stage_layout(int stage) const;
+  ParameterLayout stage_layout(int stage) const { return stage_layout(stage, experts_); }
+  ParameterLayout stage_layout(int stage, ExpertShard experts) const;
+  // The experts every stage of this pipeline stores (all of them without EP), and the layout of
+  // every layer with them: what the layout switch assembles for generation.
+  ExpertShard expert_shard() const { return experts_; }
+  ParameterLayout generation_layout() const { return ParameterLayout(config_, experts_); }
 
   // AdamW over this rank's stage: every parameter it stores is its own, and the clipping norm
   // sums the stages' squared norms over the pipeline in stage order, so it counts every parameter
   // of the model once and is bit-identical on every stage (and, the stages' gradients being
   // summed over the data-parallel groups first, on every pipeline). With TP the whole tensors of a
   // stage (the same on its TP ranks) count on TP rank 0 only and the cut ones on every TP rank,
-  // summed over the model-parallel group in rank order.
-  OptimizerShard optimizer_shard(const ParameterLayout& layout) const;
+  // summed over the model-parallel group in rank order. With `ep` (EP inside the stages, made over
+  // data_parallel()), AdamW updates the stage's dense tensors and this rank's experts; the stage's
+  // squared norm adds the dense tensors (the same on its EP ranks) to every expert of the stage
+  // once (summed over the EP group), and the stages' norms are summed over the pipeline.
+  OptimizerShard optimizer_shard(const ParameterLayout& layout,
+                                 const RoleExpertParallel* ep = nullptr) const;
 
  private:
+  OptimizerShard expert_parallel_optimizer_shard(const ParameterLayout& layout,
+                                                 const RoleExpertParallel& ep) const;
+
   PipelineShape shape_;
   ModelConfig config_;
   std::vector<int> boundaries_;
   const TensorParallel* tp_ = nullptr;
+  ExpertShard experts_;
   ConsecutiveGroups groups_;          // pipelines (members) and data parallelism (across)
   ConsecutiveGroups model_parallel_;  // with TP: the T p ranks of a replica (members)
   Links& links_;

@@ -9,14 +9,20 @@ namespace rlf {
 
 void copy_shared_tensors(const float* from, const ParameterLayout& from_layout, float* to,
                          const ParameterLayout& to_layout) {
+  // A target that stores some of the experts of a source storing all of them takes their rows.
+  const bool own_expert_rows = !from_layout.expert_sharded() && to_layout.expert_sharded() &&
+                               to_layout.redundant_slots() == 0;
   for (const ParameterTensor& source : from_layout.tensors()) {
     const ParameterTensor* target = to_layout.find(source.name);
     if (!target) continue;
-    if (target->numel != source.numel) {
+    const bool rows = own_expert_rows && is_expert_tensor(source);
+    const int64_t skip = rows ? source.numel / source.shape[0] * to_layout.first_expert() : 0;
+    if (rows ? skip + target->numel > source.numel : target->numel != source.numel) {
       throw std::invalid_argument("copy_shared_tensors: tensor " + source.name +
                                   " has another size in the two layouts");
     }
-    std::memcpy(to + target->offset, from + source.offset, size_t(source.numel) * sizeof(float));
+    std::memcpy(to + target->offset, from + source.offset + skip,
+                size_t(target->numel) * sizeof(float));
   }
 }
 
@@ -53,11 +59,14 @@ uint64_t gather_pipeline_model(const float* stage_params, const PipelineGroups& 
   }
   const HierarchicalComm& pipeline = groups.pipeline();
   const int stages = pipeline.size(), own = groups.stage();
+  // The stages hold the experts the whole model holds (with EP, the pipeline's own).
+  const ExpertShard experts =
+      whole_layout.expert_sharded() ? whole_layout.own_experts() : ExpertShard{};
   std::vector<ParameterLayout> layouts;
   std::vector<int> counts, displacements;
   int64_t total = 0;
   for (int s = 0; s < stages; ++s) {
-    layouts.push_back(groups.stage_layout(s));
+    layouts.push_back(groups.stage_layout(s, experts));
     counts.push_back(int(layouts.back().total()));
     displacements.push_back(int(total));
     total += layouts.back().total();

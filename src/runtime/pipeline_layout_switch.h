@@ -14,21 +14,24 @@
 namespace rlf {
 
 // Copies every tensor of `from` that `to_layout` also stores (tensors of the same model matched
-// by their whole-model names; layer-sharded, expert-whole, unsliced layouts).
+// by their whole-model names; layer-sharded, unsliced layouts that store the same experts, or a
+// `to_layout` storing some experts, without redundant slots, of a `from` storing all).
 void copy_shared_tensors(const float* from, const ParameterLayout& from_layout, float* to,
                          const ParameterLayout& to_layout);
 
 // Collective over groups.pipeline(): writes the whole model into `whole` (laid out by
 // `whole_layout`, the unsharded layout of the model): this rank's stage from `stage_params`
 // (laid out by groups.stage_layout(groups.stage())) by a local copy, every other stage's tensors
-// received from their stage (an allgather inside the pipeline). Every rank sends its stage to
-// each other rank of its pipeline, counted on groups.links(). Returns the bytes this rank
-// received: the model less its own stage.
-// With TP (groups.tensor_parallel()), collective over the model-parallel group: `stage_params`
-// is this rank's slice of its stage (the layout of groups.stage_layout(stage) with its
-// TensorSlice); the TP group first assembles the stage's whole tensors (an allgather of the cut
-// tensors' slices, counted: each rank sends its slices to the T - 1 others), then every TP rank's
-// pipeline gathers the stages as above. The bytes received then add the other TP ranks' slices.
+// received from their stage (an allgather inside the pipeline). The stages hold the experts
+// `whole_layout` holds: with EP inside the stages, groups.generation_layout() (every layer, the
+// pipeline's experts), or with every expert a whole stage that RoleExpertParallel gathered. Every
+// rank sends its stage to each other rank of its pipeline, counted on groups.links(). Returns the
+// bytes this rank received: the model less its own stage. With TP (groups.tensor_parallel()),
+// collective over the model-parallel group: `stage_params` is this rank's slice of its stage (the
+// layout of groups.stage_layout(stage) with its TensorSlice); the TP group first assembles the
+// stage's whole tensors (an allgather of the cut tensors' slices, counted: each rank sends its
+// slices to the T - 1 others), then every TP rank's pipeline gathers the stages as above. The bytes
+// received then add the other TP ranks' slices.
 uint64_t gather_pipeline_model(const float* stage_params, const PipelineGroups& groups,
                                float* whole, const ParameterLayout& whole_layout);
 

@@ -118,12 +118,7 @@ std::unique_ptr<ExpertDispatcher> RoleExpertParallel::make_dispatcher(int layer)
 void RoleExpertParallel::attach(Transformer<float>& model, int overlap_chunks) {
   const ModelConfig& config = model.config();
   ensure_tables(config.n_layers);
-  std::vector<ExpertDispatcher*> per_layer;
-  for (int l = 0; l < config.n_layers; ++l) {
-    dispatchers_.push_back(make_dispatcher(l));
-    per_layer.push_back(dispatchers_.back().get());
-  }
-  model.set_expert_parallel(std::move(per_layer));
+  model.set_expert_parallel(make_dispatcher_set(config.n_layers));
   if (overlap_chunks <= 1) return;
   std::vector<OverlappedExperts*> overlapped;
   for (int l = 0; l < config.n_layers; ++l) {
@@ -138,13 +133,23 @@ void RoleExpertParallel::attach(Transformer<float>& model, int overlap_chunks) {
 
 void RoleExpertParallel::attach_reusing(Transformer<float>& model) {
   ensure_tables(model.config().n_layers);
-  if (reused_.empty()) {
-    for (int l = 0; l < model.config().n_layers; ++l) {
-      dispatchers_.push_back(make_dispatcher(l));
-      reused_.push_back(dispatchers_.back().get());
-    }
-  }
+  if (reused_.empty()) reused_ = make_dispatcher_set(model.config().n_layers);
   model.set_expert_parallel(reused_);
+}
+
+std::vector<ExpertDispatcher*> RoleExpertParallel::view_dispatchers(int index, int layers) {
+  ensure_tables(layers);
+  while (int(view_sets_.size()) <= index) view_sets_.push_back(make_dispatcher_set(layers));
+  return view_sets_[size_t(index)];
+}
+
+std::vector<ExpertDispatcher*> RoleExpertParallel::make_dispatcher_set(int layers) {
+  std::vector<ExpertDispatcher*> set;
+  for (int l = 0; l < layers; ++l) {
+    dispatchers_.push_back(make_dispatcher(l));
+    set.push_back(dispatchers_.back().get());
+  }
+  return set;
 }
 
 uint64_t RoleExpertParallel::fill_redundant_slots(float* params, const ParameterLayout& layout) {

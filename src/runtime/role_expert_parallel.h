@@ -71,6 +71,10 @@ class RoleExpertParallel {
   // Like attach, but every call gets the same dispatchers (made by the first call): for a model
   // rebuilt every generation phase, without new communicators each time.
   void attach_reusing(Transformer<float>& model);
+  // The `index`-th set of `layers` per-layer dispatchers for views of a model (a pipeline stage's
+  // micro-batch chunks in flight, PipelineStage::set_expert_dispatchers: each keeps its own
+  // dispatch plan), made on first use (collective over the EP group); migrations reach them too.
+  std::vector<ExpertDispatcher*> view_dispatchers(int index, int layers);
   // After the parameters of a model built with shard() are set (initialized, loaded or copied
   // from a whole model): every spare slot receives its expert from the rank that owns it (weights
   // only: AdamW moments start at zero everywhere). Collective over the EP group; nothing to do
@@ -126,8 +130,11 @@ class RoleExpertParallel {
   std::vector<std::unique_ptr<ExpertDispatcher>> dispatchers_;
   std::vector<std::unique_ptr<OverlappedExperts>> overlapped_;
   std::vector<ExpertDispatcher*> reused_;  // the dispatchers attach_reusing hands out
+  std::vector<std::vector<ExpertDispatcher*>> view_sets_;  // view_dispatchers' sets
   void ensure_tables(int layers);          // default tables for `layers` layers, if none yet
   std::unique_ptr<ExpertDispatcher> make_dispatcher(int layer);  // routing by the layer's table
+  // One new dispatcher per layer (kept in dispatchers_, so migrations reach them).
+  std::vector<ExpertDispatcher*> make_dispatcher_set(int layers);
   // std::invalid_argument unless `table` holds every expert, never twice on one rank.
   void check_slot_table(const std::vector<int>& table) const;
   // Where local slot i of layer l lies in a buffer laid out by `layout`, [l * local_slots() + i].

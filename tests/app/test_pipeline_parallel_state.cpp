@@ -1,10 +1,10 @@
 // `train --mode fused --pipeline-parallel` with the training state beyond one optimizer step on the
 // policy: several minibatches per RL step (each run through the schedule, as its share of every
 // rank's block) and a KL term (the frozen reference stored per stage, its log-probs computed from
-// its stages gathered for each rank's own samples). PP 2 on 2 ranks and PP 2 x DP 2 on 4 ranks
-// train like the data-parallel fused run on as many ranks: the same reward every step, the same KL
-// within rounding and a saved whole model within float rounding; so does TP 2 x PP 2 on 4 ranks
-// (TP inside the stages: the model replica is 4 ranks). (Checkpoints with PP and TP:
+// its stages gathered for each rank's own samples). PP 2 on 2 ranks, PP 2 x DP 2 and PP 2 x EP 2
+// on 4 ranks train like the data-parallel fused run on as many ranks: the same reward every step,
+// the same KL within rounding and a saved whole model within float rounding; so does TP 2 x PP 2
+// on 4 ranks (TP inside the stages: the model replica is 4 ranks). (Checkpoints with PP and TP:
 // test_checkpoints.cpp.)
 #include <gtest/gtest.h>
 
@@ -44,6 +44,7 @@ std::vector<StepRow> step_rows(const std::string& output) {
 }
 
 const std::string kPipeline = "--pipeline-parallel 2 ";
+const std::string kPipelineExperts = "--pipeline-parallel 2 --expert-parallel 2 ";
 const std::string kTensorPipeline = "--tensor-parallel 2 --pipeline-parallel 2 ";
 
 // Runs `options` data-parallel and with `layout` (the model-parallel options) on each of
@@ -92,6 +93,14 @@ TEST(PipelineParallelState, MinibatchesTrainLikeTheDataParallelFusedRun) {
                                           rows);
 }
 
+// The same with expert parallelism inside the stages (PP 2 x EP 2 on 4 ranks): every pipeline's
+// minibatch makes as many micro-batches, so the EP mates' dispatches stay in step.
+TEST(PipelineParallelState, MinibatchesWithExpertParallelismTrainLikeTheDataParallelFusedRun) {
+  std::vector<StepRow> rows;
+  expect_layout_trains_like_data_parallel("minibatches-ep", "--minibatches 2 ", kPipelineExperts,
+                                          {4}, rows);
+}
+
 // Minibatches of unequal shares (1, 1 and 2 of each rank's 4 groups) in --micro-batch pieces of 4
 // samples: 2, 2 and 4 micro-batches through the pipeline in the same RL step.
 TEST(PipelineParallelState, UnequalMinibatchesTrainLikeTheDataParallelFusedRun) {
@@ -113,6 +122,12 @@ void expect_kl_term_trains_like_data_parallel(const std::string& name, const std
 // Every stage's reference holds only its layers.
 TEST(PipelineParallelState, KlTermTrainsLikeTheDataParallelFusedRun) {
   expect_kl_term_trains_like_data_parallel("kl", kPipeline, {2, 4});
+}
+
+// The same with expert parallelism inside the stages (PP 2 x EP 2 on 4 ranks): the reference's
+// stages hold the pipeline's experts, and its gathered whole model runs over the EP groups.
+TEST(PipelineParallelState, KlTermWithExpertParallelismTrainsLikeTheDataParallelFusedRun) {
+  expect_kl_term_trains_like_data_parallel("kl-ep", kPipelineExperts, {4});
 }
 
 // TP inside the stages (TP 2 x PP 2 on 4 ranks: one model replica): its samples are the blocks

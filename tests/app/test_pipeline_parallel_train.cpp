@@ -1,5 +1,6 @@
-// `train --mode fused --pipeline-parallel`: PP 2 on 2 ranks and PP 2 x DP 2 on 4 ranks train like
-// the data-parallel fused run of the same prompts (generation data-parallel on every rank from
+// `train --mode fused --pipeline-parallel`: PP 2 on 2 ranks, PP 2 x DP 2 on 4 ranks and PP 2 x EP 2
+// on 4 ranks (expert parallelism inside the stages) train like the data-parallel fused run of the
+// same prompts (generation data-parallel on every rank from
 // the borrowed layers, training stage by stage under 1F1B): the same held-out accuracy before and
 // after RL, the same reward every step, and a saved whole model within float rounding of it. The
 // pipeline's samples come through DistQueue, one get per pipeline and shard each step. Shapes and
@@ -35,13 +36,26 @@ TEST(PipelineParallelTrain, TrainsLikeTheDataParallelFusedRun) {
   const std::vector<float> dp_model = test::read_tiny_parameters(dp_dir + "/model.h5");
   const std::vector<std::string> dp_steps = test::step_rewards(dp.output);
   ASSERT_EQ(dp_steps.size(), 6u) << dp.output;
-  for (const int ranks : {2, 4}) {
-    SCOPED_TRACE(std::to_string(ranks) + " ranks");
+  struct Layout {
+    int ranks;
+    std::string options;
+  };
+  for (const Layout& layout : {Layout{2, ""}, Layout{4, ""}, Layout{4, "--expert-parallel 2 "}}) {
+    const int ranks = layout.ranks;
+    SCOPED_TRACE(std::to_string(ranks) + " ranks " + layout.options);
     const int pipelines = ranks / 2;
     const std::string dir = temp_dir("pp");
-    const Result pp =
-        test::run_rlfusion(kFusedRun + "--pipeline-parallel 2 --run-dir " + dir, ranks);
+    const Result pp = test::run_rlfusion(
+        kFusedRun + "--pipeline-parallel 2 " + layout.options + "--run-dir " + dir, ranks);
     ASSERT_EQ(pp.exit_code, 0) << pp.output;
+    if (!layout.options.empty()) {
+      // Each stage's ranks of the 2 pipelines are one EP group holding 2 of `tiny`'s 4 experts.
+      EXPECT_EQ(test::json_number(pp.output, "expert_parallel"), 2);
+      EXPECT_NE(pp.output.find("# expert parallelism: EP 2 x 1 replicas (EP groups: a stage's "
+                               "ranks in consecutive pipelines"),
+                std::string::npos)
+          << pp.output;
+    }
     EXPECT_EQ(test::json_number(pp.output, "pipeline_parallel"), 2);
     // Each rank's 16 samples are one --micro-batch (64): two micro-batches per pipeline.
     EXPECT_EQ(test::json_number(pp.output, "micro_batches"), 2);
@@ -105,7 +119,21 @@ TEST(PipelineParallelTrain, ShapesThatDoNotFitStopEveryRankBeforeOutput) {
           {2, "--mode disaggregated --pipeline-parallel 2",
            "--pipeline-parallel 2 is not supported outside --mode fused"},
           {2, "--pipeline-parallel 2 --expert-parallel 2",
-           "--pipeline-parallel 2 is not supported with --expert-parallel"},
+           "--pipeline-parallel 2 x --expert-parallel 2: the EP degree must divide the 1 "
+           "pipelines"},
+          {4, "--pipeline-parallel 2 --expert-parallel 2 --actor-expert-parallel 1",
+           "--pipeline-parallel 2 x --expert-parallel 2: --actor-expert-parallel must be the same "
+           "degree"},
+          {4, "--pipeline-parallel 2 --expert-parallel 2 --ep-overlap-chunks 2",
+           "--pipeline-parallel 2 x --expert-parallel 2 is not supported with --ep-overlap-chunks "
+           "above 1"},
+          {4, "--pipeline-parallel 2 --expert-parallel 2 --checkpoint-every 2",
+           "--pipeline-parallel 2 x --expert-parallel 2 is not supported with --checkpoint-every "
+           "or --resume"},
+          {4, "--pipeline-parallel 2 --expert-parallel 2 --rebalance-every 1",
+           "--pipeline-parallel 2 is not supported with --rebalance-every"},
+          {4, "--pipeline-parallel 2 --tensor-parallel 2 --expert-parallel 2",
+           "--tensor-parallel 2 is not supported with --expert-parallel"},
           {2, "--pipeline-parallel 2 --tensor-parallel 2",
            "--tensor-parallel 2 x --pipeline-parallel 2 = 4 ranks per model replica must divide "
            "the 2 ranks"},

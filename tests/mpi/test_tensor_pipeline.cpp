@@ -11,7 +11,6 @@
 #include <mpi.h>
 
 #include <cstring>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -25,6 +24,8 @@
 #include "src/runtime/pipeline_step.h"
 #include "tests/micro_model_config.h"
 #include "tests/mpi/mpi_test_util.h"
+#include "tests/mpi/pipeline_replica_step.h"
+#include "tests/mpi/sharded_adamw_steps.h"
 #include "tests/pipeline_batches.h"
 #include "tests/test_util.h"
 
@@ -116,22 +117,11 @@ void check_step(const Case& c) {
   ASSERT_EQ(std::memcmp(init.data(), stage.parameters(), init.size() * sizeof(float)), 0);
 
   // Every replica's micro-batches (the same on every rank); the single-rank model runs them all.
-  const float aux_weight = config.aux_loss_coef;
-  const auto all = test::random_micro_batches<float>(c.micro_batches * groups.replicas(),
-                                                     config.vocab_size, 9, seed);
-  const std::vector<PipelineMicroBatch<float>> mine(
-      all.begin() + groups.replica() * c.micro_batches,
-      all.begin() + (groups.replica() + 1) * c.micro_batches);
-  const double want_loss = test::reference_step(reference, all, aux_weight);
-  PipelineStage<float> pipeline_stage(stage, groups.chunks(groups.stage()), 8 << 20);
-  stage.zero_gradients();
-  const PipelineStepStats stats = run_pipeline_step(pipeline_stage, groups.shape(), mine,
-                                                    aux_weight, groups.pipeline().comm, rank.links);
+  const test::PipelineStepBeside step =
+      test::pipeline_step_beside_reference(stage, reference, groups, rank.links, seed);
   MPI_Allreduce(MPI_IN_PLACE, stage.gradients(), int(stage.parameter_count()), MPI_FLOAT, MPI_SUM,
                 groups.data_parallel().comm);
-  double loss = stats.loss;
-  MPI_Allreduce(MPI_IN_PLACE, &loss, 1, MPI_DOUBLE, MPI_SUM, groups.data_parallel().comm);
-  EXPECT_NEAR(loss, want_loss, 1e-6 + 1e-5 * std::abs(want_loss));
+  EXPECT_NEAR(step.loss, step.reference_loss, 1e-6 + 1e-5 * std::abs(step.reference_loss));
   // The gradient of every tensor, gathered over the TP group and the pipeline: the whole model's,
   // up to the float reassociation of the TP partial sums (a few elements of 1e-4 differ by 1e-6
   // at TP 2 x PP 2; a misplaced slice or layer is off by the gradient's whole size).
@@ -177,26 +167,10 @@ void check_adamw(const Case& c) {
   Transformer<float> reference(config, cpu_ops(), reference_device, true);
   stage.initialize(seed);
   reference.initialize(seed);
-  AdamWHyper hyper;
-  hyper.learning_rate = 0.01f;
-  const float max_norm = 0.5f;  // far below the gradients' norm: every step clips
-  AdamW<float> stage_adamw(stage, hyper, max_norm), reference_adamw(reference, hyper, max_norm);
-  stage_adamw.set_shard(rank.groups.optimizer_shard(stage.layout()));
-  std::mt19937 gen(static_cast<uint32_t>(seed));
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (int step = 0; step < 3; ++step) {
-    // The same whole-model gradient on every rank; each takes its slice of its stage.
-    for (const ParameterTensor& t : reference.layout().tensors())
-      for (int64_t i = 0; i < t.numel; ++i) reference.gradients()[t.offset + i] = normal(gen);
-    const std::vector<float> part =
-        rank.own_part(reference.gradients(), reference.layout(), stage.layout());
-    std::memcpy(stage.gradients(), part.data(), part.size() * sizeof(float));
-    const double norm = stage_adamw.step(), want = reference_adamw.step();
-    EXPECT_NEAR(norm, want, 1e-6 * want) << "step " << step;
-  }
-  const std::vector<float> want =
-      rank.own_part(reference.parameters(), reference.layout(), stage.layout());
-  EXPECT_LT(test::nmse(stage.parameters(), want.data(), want.size()), 1e-10);
+  test::expect_single_rank_clipped_steps(
+      stage, rank.groups.optimizer_shard(stage.layout()), reference,
+      [&](const float* whole) { return rank.own_part(whole, reference.layout(), stage.layout()); },
+      seed);
 }
 
 TEST(TensorPipeline, StepAndLayoutSwitchEqualTheSingleRankModel) {

@@ -1,0 +1,46 @@
+// The pipeline step of the model-parallel MPI tests beside the single-rank step: every pipeline
+// runs its share of the same fresh micro-batches, the single-rank model all of them.
+#pragma once
+
+#include <mpi.h>
+
+#include <vector>
+
+#include "src/model/pipeline_stage.h"
+#include "src/runtime/pipeline_groups.h"
+#include "src/runtime/pipeline_step.h"
+#include "tests/pipeline_batches.h"
+
+namespace rlf::test {
+
+struct PipelineStepBeside {
+  double loss = 0;            // the pipelines' losses summed over the data-parallel group
+  double reference_loss = 0;  // the single-rank step's
+  std::vector<PipelineMicroBatch<float>> own;  // this pipeline's micro-batches
+};
+
+// groups.shape().micro_batches fresh micro-batches (from `seed`) per pipeline, the same on every
+// rank: this rank's pipeline runs its own through the schedule on `stage` (gradients zeroed
+// first, left unreduced; with `dispatchers`, its micro-batch chunks dispatch over an EP group),
+// the single-rank `reference` runs all of them (its gradients).
+inline PipelineStepBeside pipeline_step_beside_reference(
+    Transformer<float>& stage, Transformer<float>& reference, const PipelineGroups& groups,
+    Links& links, uint64_t seed, PipelineStage<float>::ExpertDispatchers dispatchers = {}) {
+  const int m = groups.shape().micro_batches;
+  const float aux_weight = stage.config().aux_loss_coef;
+  const auto all =
+      random_micro_batches<float>(m * groups.replicas(), stage.config().vocab_size, 9, seed);
+  PipelineStepBeside result;
+  result.own.assign(all.begin() + groups.replica() * m, all.begin() + (groups.replica() + 1) * m);
+  result.reference_loss = reference_step(reference, all, aux_weight);
+  PipelineStage<float> pipeline_stage(stage, groups.chunks(groups.stage()), 8 << 20);
+  pipeline_stage.set_expert_dispatchers(std::move(dispatchers));
+  stage.zero_gradients();
+  result.loss = run_pipeline_step(pipeline_stage, groups.shape(), result.own, aux_weight,
+                                  groups.pipeline().comm, links)
+                    .loss;
+  MPI_Allreduce(MPI_IN_PLACE, &result.loss, 1, MPI_DOUBLE, MPI_SUM, groups.data_parallel().comm);
+  return result;
+}
+
+}  // namespace rlf::test

@@ -1,0 +1,285 @@
+// Expert parallelism inside every pipeline stage (PP x EP x DP, train --pipeline-parallel P
+// --expert-parallel E) at every world size the suite runs: the EP groups are E consecutive
+// pipelines' ranks of one stage, every rank stores its stage's layers with its EP rank's experts
+// (seeded exactly as its part of the single-rank initialization). On fresh random micro-batches
+// the pipeline step, its MoE layers dispatching over the EP groups, and the two-level gradient
+// reduction (dense tensors over the stage's data-parallel group, experts over the ranks holding
+// the same ones) give the single-rank loss and every gradient (each rank's part, and the whole
+// model gathered as train saves it: experts over the EP group, then the stages over the first
+// pipeline). The layout switch to generation assembles every layer with the pipeline's experts
+// bit for bit with counted bytes, and that model, generating collectively over the EP group,
+// gives the single-rank logits. AdamW per stage with the clipping norm over pipeline x EP takes
+// the single-rank clipped steps.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/arena.h"
+#include "mpi_comm/links.h"
+#include "src/model/expert_parallel.h"
+#include "src/model/optimizer.h"
+#include "src/model/pipeline_stage.h"
+#include "src/runtime/pipeline_groups.h"
+#include "src/runtime/pipeline_layout_switch.h"
+#include "src/runtime/pipeline_step.h"
+#include "src/runtime/role_expert_parallel.h"
+#include "tests/micro_model_config.h"
+#include "tests/mpi/mpi_test_util.h"
+#include "tests/mpi/pipeline_replica_step.h"
+#include "tests/mpi/sharded_adamw_steps.h"
+#include "tests/pipeline_batches.h"
+#include "tests/test_util.h"
+
+namespace rlf {
+namespace {
+
+struct Case {
+  int stages, ep, virtual_stages, micro_batches;
+};
+
+std::string case_name(const Case& c) {
+  return "PP " + std::to_string(c.stages) + " x EP " + std::to_string(c.ep) +
+         " v=" + std::to_string(c.virtual_stages) + " m=" + std::to_string(c.micro_batches);
+}
+
+// PP x EP x DP layouts of every world size the suite runs (DP = world / PP, a multiple of EP).
+std::vector<Case> cases_for(int world) {
+  switch (world) {
+    case 1:
+      return {{1, 1, 2, 2}};
+    case 2:
+      return {{1, 2, 1, 2}, {2, 1, 1, 2}};
+    case 4:
+      return {{2, 2, 1, 2}, {2, 2, 2, 4}, {1, 2, 1, 3}, {2, 1, 1, 3}};
+    case 6:
+      return {{3, 2, 1, 3}, {2, 3, 1, 2}, {2, 3, 2, 4}, {1, 3, 1, 2}};
+    default:
+      return {};
+  }
+}
+
+// 6 experts fit EP 1, 2 and 3; 2 p v layers.
+ModelConfig model_for(const Case& c) {
+  ModelConfig config = test::micro_config();
+  config.n_experts = 6;
+  config.n_layers = 2 * c.stages * c.virtual_stages;
+  config.validate("test");
+  return config;
+}
+
+// One rank's stage: its layers with its pipeline's experts, the EP group over its stage's
+// data-parallel group (null at EP 1).
+struct PipelineExpertRank {
+  Links links;
+  PipelineGroups groups;
+  std::unique_ptr<RoleExpertParallel> ep;
+
+  PipelineExpertRank(const Case& c, const ModelConfig& config)
+      : links(test::virtual_node_list(test::world_size(), 1), {}),
+        groups(MPI_COMM_WORLD, {c.stages, c.micro_batches, c.virtual_stages}, config, links,
+               nullptr, c.ep) {
+    if (c.ep > 1) {
+      ep = std::make_unique<RoleExpertParallel>(groups.data_parallel(), links, config.n_experts,
+                                                c.ep, DispatchMode::Flat);
+    }
+  }
+
+  Transformer<float> make_stage(const ModelConfig& config, Arena& device) const {
+    return Transformer<float>(config, cpu_ops(), device, /*with_gradients=*/true,
+                              groups.expert_shard(),
+                              stage_layer_shard(groups.chunks(groups.stage()), config.n_layers));
+  }
+
+  // This rank's part of a whole-model buffer (its stage's layers, its experts), zero between
+  // tensors; with `layout` the generation layout, every layer with its experts.
+  std::vector<float> own_part(const float* whole, const ParameterLayout& whole_layout,
+                              const ParameterLayout& layout) const {
+    std::vector<float> part(size_t(layout.total()), 0.0f);
+    copy_shared_tensors(whole, whole_layout, part.data(), layout);
+    return part;
+  }
+
+  // What train saves: each stage's experts gathered onto the first pipeline, which gathers the
+  // stages into `whole` (there only; returns whether this rank holds it).
+  bool gather_whole(const float* stage, const ParameterLayout& layout, float* whole,
+                    const ParameterLayout& whole_layout) const {
+    std::vector<float> stage_experts;
+    if (ep) {
+      const ParameterLayout every_expert = groups.stage_layout(groups.stage(), ExpertShard{});
+      stage_experts.assign(size_t(every_expert.total()), 0.0f);
+      ep->gather_full_model(stage, layout, stage_experts.data(), every_expert);
+      stage = stage_experts.data();
+    }
+    if (groups.replica() != 0) return false;
+    gather_pipeline_model(stage, groups, whole, whole_layout);
+    return true;
+  }
+};
+
+uint64_t link_bytes(const Links& links) {
+  return links.counters().bytes[0] + links.counters().bytes[1];
+}
+
+void check_step(const Case& c) {
+  SCOPED_TRACE(case_name(c));
+  const int world = test::world_size();
+  const ModelConfig config = model_for(c);
+  const uint64_t seed = test::seed_for(case_name(c), world);
+  PipelineExpertRank rank(c, config);
+  const PipelineGroups& groups = rank.groups;
+  ASSERT_EQ(groups.replicas(), world / c.stages);
+  Arena device("stage", 16 << 20);
+  Transformer<float> stage = rank.make_stage(config, device);
+  stage.initialize(seed);
+  Arena ref_device("reference", 64 << 20);
+  Transformer<float> reference(config, cpu_ops(), ref_device, /*with_gradients=*/true);
+  reference.initialize(seed);
+  // The seeded stage is exactly its part of the single-rank initialization.
+  const std::vector<float> init =
+      rank.own_part(reference.parameters(), reference.layout(), stage.layout());
+  ASSERT_EQ(std::memcmp(init.data(), stage.parameters(), init.size() * sizeof(float)), 0);
+
+  // Every pipeline's micro-batches (the same on every rank); the single-rank model runs them all.
+  PipelineStage<float>::ExpertDispatchers dispatchers;
+  if (rank.ep) {
+    dispatchers = [&](int slot) { return rank.ep->view_dispatchers(slot, config.n_layers); };
+  }
+  const test::PipelineStepBeside step = test::pipeline_step_beside_reference(
+      stage, reference, groups, rank.links, seed, std::move(dispatchers));
+  if (rank.ep) {
+    rank.ep->reduce_gradients(stage.gradients(), stage.layout());
+  } else {
+    MPI_Allreduce(MPI_IN_PLACE, stage.gradients(), int(stage.parameter_count()), MPI_FLOAT, MPI_SUM,
+                  groups.data_parallel().comm);
+  }
+  EXPECT_NEAR(step.loss, step.reference_loss, 1e-6 + 1e-5 * std::abs(step.reference_loss));
+  // Every rank's gradients: its part of the single-rank model's (float reassociation of the
+  // sums over pipelines only; a token sent to the wrong expert or a gradient summed over the
+  // wrong group is off by the gradient's whole size).
+  const std::vector<float> want_part =
+      rank.own_part(reference.gradients(), reference.layout(), stage.layout());
+  for (const ParameterTensor& t : stage.layout().tensors()) {
+    test::expect_close(stage.gradients() + t.offset, want_part.data() + t.offset, size_t(t.numel),
+                       "gradient of " + t.name, 1e-5, 1e-3);
+  }
+  // The whole gradient, gathered as train gathers the model it saves.
+  std::vector<float> gradient(size_t(reference.parameter_count()), 0.0f);
+  if (rank.gather_whole(stage.gradients(), stage.layout(), gradient.data(), reference.layout())) {
+    for (const ParameterTensor& t : reference.layout().tensors()) {
+      const float *got = gradient.data() + t.offset, *want = reference.gradients() + t.offset;
+      test::expect_close(got, want, size_t(t.numel), "gathered gradient of " + t.name, 1e-5, 1e-3);
+      EXPECT_LT(test::nmse(got, want, size_t(t.numel)), 1e-8) << "gradient of " << t.name;
+    }
+  }
+
+  // The layout switch to generation, on the parameters: every layer with the pipeline's experts.
+  const std::vector<float> before(stage.parameters(), stage.parameters() + stage.parameter_count());
+  const ParameterLayout generation_layout = groups.generation_layout();
+  Arena generation_device("generation", 16 << 20);
+  Transformer<float> generation(config, cpu_ops(), generation_device, /*with_gradients=*/false,
+                                groups.expert_shard());
+  std::fill_n(generation.parameters(), generation.parameter_count(), 7.0f);
+  const uint64_t sent_before = link_bytes(rank.links);
+  const uint64_t received =
+      gather_pipeline_model(stage.parameters(), groups, generation.parameters(), generation_layout);
+  uint64_t other_stages = 0;
+  for (int s = 0; s < c.stages; ++s) {
+    if (s != groups.stage())
+      other_stages += uint64_t(groups.stage_layout(s).total()) * sizeof(float);
+  }
+  EXPECT_EQ(received, other_stages);
+  EXPECT_EQ(link_bytes(rank.links) - sent_before,
+            uint64_t(stage.parameter_count()) * sizeof(float) * uint64_t(c.stages - 1));
+  const std::vector<float> want_generation =
+      rank.own_part(reference.parameters(), reference.layout(), generation_layout);
+  EXPECT_EQ(std::memcmp(generation.parameters(), want_generation.data(),
+                        want_generation.size() * sizeof(float)),
+            0)
+      << "the switch did not assemble the single-rank model's layers with this rank's experts";
+  EXPECT_EQ(std::memcmp(stage.parameters(), before.data(), before.size() * sizeof(float)), 0)
+      << "the layout switch changed the stage";
+  // That model, over the EP group (dispatchers of its own), computes the single-rank logits of
+  // this pipeline's first micro-batch.
+  if (rank.ep) rank.ep->attach_reusing(generation);
+  const PipelineMicroBatch<float>& batch = step.own.front();
+  const int V = config.vocab_size;
+  const std::vector<float> want_logits = [&] {
+    const float* l =
+        reference.forward(batch.tokens.data(), batch.seq_offsets.data(), batch.sequences());
+    return std::vector<float>(l, l + size_t(batch.token_count()) * size_t(V));
+  }();
+  const float* logits =
+      generation.forward(batch.tokens.data(), batch.seq_offsets.data(), batch.sequences());
+  test::expect_close(logits, want_logits.data(), want_logits.size(), "generation logits", 1e-5,
+                     1e-4);
+
+  // The whole model as train saves it: the single-rank model bit for bit.
+  std::vector<float> whole(size_t(reference.parameter_count()), 7.0f);
+  if (rank.gather_whole(stage.parameters(), stage.layout(), whole.data(), reference.layout())) {
+    EXPECT_EQ(std::memcmp(whole.data(), reference.parameters(), whole.size() * sizeof(float)), 0)
+        << "the gathered model is not the single-rank model";
+  }
+}
+
+void check_adamw(const Case& c) {
+  SCOPED_TRACE("AdamW " + case_name(c));
+  const ModelConfig config = model_for(c);
+  const uint64_t seed = test::seed_for("adamw " + case_name(c), test::world_size());
+  PipelineExpertRank rank(c, config);
+  Arena device("stage", 16 << 20), reference_device("reference", 16 << 20);
+  Transformer<float> stage = rank.make_stage(config, device);
+  Transformer<float> reference(config, cpu_ops(), reference_device, true);
+  stage.initialize(seed);
+  reference.initialize(seed);
+  test::expect_single_rank_clipped_steps(
+      stage, rank.groups.optimizer_shard(stage.layout(), rank.ep.get()), reference,
+      [&](const float* whole) { return rank.own_part(whole, reference.layout(), stage.layout()); },
+      seed);
+}
+
+// Runs `check` on every case of this world size, stopping at the first that fails on a rank.
+void for_every_case(void (*check)(const Case&)) {
+  const std::vector<Case> cases = cases_for(test::world_size());
+  if (cases.empty()) GTEST_SKIP() << "no PP x EP case at this world size";
+  for (const Case& c : cases) {
+    check(c);
+    ASSERT_TRUE(test::on_every_rank(!::testing::Test::HasFailure())) << case_name(c);
+  }
+}
+
+TEST(PipelineExpertParallel, StepGradientsAndLayoutSwitchEqualTheSingleRankModel) {
+  for_every_case(check_step);
+}
+
+TEST(PipelineExpertParallel, AdamWPerStageTakesTheSingleRankClippedSteps) {
+  for_every_case(check_adamw);
+}
+
+TEST(PipelineExpertParallel, ShapesThatDoNotFitStopEveryRank) {
+  const int world = test::world_size();
+  Links links(test::virtual_node_list(world, 1), {});
+  const ModelConfig config = model_for({1, 1, 1, 1});
+  // EP not dividing the pipelines (the ranks of a stage).
+  test::expect_config_error_everywhere(
+      [&] {
+        PipelineGroups(MPI_COMM_WORLD, {1, 1, 1}, config, links, nullptr, world + 1);
+      },
+      "--expert-parallel " + std::to_string(world + 1) + " with --pipeline-parallel 1 must divide");
+  // EP not dividing the experts.
+  if (world % 4 == 0) {
+    test::expect_config_error_everywhere(
+        [&] {
+          PipelineGroups(MPI_COMM_WORLD, {1, 1, 1}, config, links, nullptr, 4);
+        },
+        "must divide both the " + std::to_string(world) +
+            " pipelines (the ranks of a stage) and "
+            "the model's 6 experts");
+  }
+}
+
+}  // namespace
+}  // namespace rlf
