@@ -144,14 +144,19 @@ void Links::sendrecv(const void* send_data, uint64_t send_bytes, int dest, void*
   emulate(world_rank_of(status.MPI_SOURCE, comm), uint64_t(received));
 }
 
-void wait_with_backoff(MPI_Request* request, MPI_Status* status) {
-  constexpr auto kLongestSleep = std::chrono::microseconds(1000);
+void wait_with_backoff(MPI_Request* request, MPI_Status* status,
+                       std::chrono::microseconds longest_sleep) {
   auto sleep = std::chrono::microseconds(1);
   int done = 0;
   MPI_Test(request, &done, status);
+  const double polled_until = steady_seconds() + kPollBeforeSleepSeconds;
+  while (!done && steady_seconds() < polled_until) {
+    std::this_thread::yield();
+    MPI_Test(request, &done, status);
+  }
   while (!done) {
     std::this_thread::sleep_for(sleep);
-    sleep = std::min(sleep * 2, kLongestSleep);
+    sleep = std::min(sleep * 2, longest_sleep);
     MPI_Test(request, &done, status);
   }
 }

@@ -55,6 +55,9 @@ double SplitPhaseChain::ready_in(double unknown) const {
 void progress_until_finished(SplitPhaseChain& target, const std::vector<SplitPhaseChain*>& chains) {
   constexpr double kShortest = 1e-6, kLongest = 1e-3;
   double backoff = kShortest;
+  // Nothing known to be ready: poll (yielding the core) for kPollBeforeSleepSeconds after the
+  // last step that moved before sleeping; a known emulated deadline is still slept to.
+  double quiet_since = steady_seconds();
   for (;;) {
     // The target first: a step it posts now is ahead of the others' for the emulated link.
     if (target.progress()) return;
@@ -63,16 +66,27 @@ void progress_until_finished(SplitPhaseChain& target, const std::vector<SplitPha
       steps_before += chain->steps_run();
       chain->progress();
     }
+    const bool polling = steady_seconds() - quiet_since < kPollBeforeSleepSeconds;
+    const double unknown = polling ? 0.0 : backoff;
     double sleep = std::numeric_limits<double>::infinity();
     for (const SplitPhaseChain* chain : chains) {
-      if (!chain->finished()) sleep = std::min(sleep, chain->ready_in(backoff));
+      if (!chain->finished()) sleep = std::min(sleep, chain->ready_in(unknown));
     }
-    sleep = std::min(sleep, target.ready_in(backoff));
-    std::this_thread::sleep_for(std::chrono::duration<double>(sleep));
+    sleep = std::min(sleep, target.ready_in(unknown));
+    if (sleep > 0) {
+      std::this_thread::sleep_for(std::chrono::duration<double>(sleep));
+    } else {
+      std::this_thread::yield();
+    }
     size_t steps_after = target.steps_run();
     for (const SplitPhaseChain* chain : chains) steps_after += chain->steps_run();
     // Something moved: the next messages may come soon too.
-    backoff = steps_after != steps_before ? kShortest : std::min(2 * backoff, kLongest);
+    if (steps_after != steps_before) {
+      backoff = kShortest;
+      quiet_since = steady_seconds();
+    } else if (!polling) {
+      backoff = std::min(2 * backoff, kLongest);
+    }
   }
 }
 

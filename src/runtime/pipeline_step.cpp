@@ -13,19 +13,12 @@ namespace rlf {
 
 namespace {
 
-// Waits for `request` with short back-off sleeps (at most 50 us: a pipeline's messages gate
+// Waits for `request`: polls, then back-off sleeps of at most 50 us (a pipeline's messages gate
 // compute, so the wake-up delay adds to the bubble, while busy-polling would take a core that
 // another rank may share). Returns the seconds waited.
 double wait_for(MPI_Request* request) {
   const double begin = steady_seconds();
-  auto sleep = std::chrono::microseconds(1);
-  int done = 0;
-  MPI_Test(request, &done, MPI_STATUS_IGNORE);
-  while (!done) {
-    std::this_thread::sleep_for(sleep);
-    sleep = std::min(sleep * 2, std::chrono::microseconds(50));
-    MPI_Test(request, &done, MPI_STATUS_IGNORE);
-  }
+  wait_with_backoff(request, MPI_STATUS_IGNORE, std::chrono::microseconds(50));
   return steady_seconds() - begin;
 }
 
