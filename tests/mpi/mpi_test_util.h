@@ -44,6 +44,11 @@ inline bool on_every_rank(bool flag) {
   return all == 1;
 }
 
+// Bytes this rank's links counted, both link classes together.
+inline uint64_t link_bytes(const Links& links) {
+  return links.counters().bytes[0] + links.counters().bytes[1];
+}
+
 // The counters of every rank added up (counters are per sender, so this is every message once).
 inline LinkCounters world_total(const LinkCounters& mine) {
   LinkCounters total;

@@ -120,10 +120,6 @@ struct PipelineExpertRank {
   }
 };
 
-uint64_t link_bytes(const Links& links) {
-  return links.counters().bytes[0] + links.counters().bytes[1];
-}
-
 void check_step(const Case& c) {
   SCOPED_TRACE(case_name(c));
   const int world = test::world_size();
@@ -183,7 +179,7 @@ void check_step(const Case& c) {
   Transformer<float> generation(config, cpu_ops(), generation_device, /*with_gradients=*/false,
                                 groups.expert_shard());
   std::fill_n(generation.parameters(), generation.parameter_count(), 7.0f);
-  const uint64_t sent_before = link_bytes(rank.links);
+  const uint64_t sent_before = test::link_bytes(rank.links);
   const uint64_t received =
       gather_pipeline_model(stage.parameters(), groups, generation.parameters(), generation_layout);
   uint64_t other_stages = 0;
@@ -192,7 +188,7 @@ void check_step(const Case& c) {
       other_stages += uint64_t(groups.stage_layout(s).total()) * sizeof(float);
   }
   EXPECT_EQ(received, other_stages);
-  EXPECT_EQ(link_bytes(rank.links) - sent_before,
+  EXPECT_EQ(test::link_bytes(rank.links) - sent_before,
             uint64_t(stage.parameter_count()) * sizeof(float) * uint64_t(c.stages - 1));
   const std::vector<float> want_generation =
       rank.own_part(reference.parameters(), reference.layout(), generation_layout);

@@ -92,10 +92,6 @@ struct TensorPipelineRank {
   }
 };
 
-uint64_t link_bytes(const Links& links) {
-  return links.counters().bytes[0] + links.counters().bytes[1];
-}
-
 void check_step(const Case& c) {
   SCOPED_TRACE(case_name(c));
   const int world = test::world_size();
@@ -136,7 +132,7 @@ void check_step(const Case& c) {
   // The layout switch to data-parallel generation, on the parameters.
   const std::vector<float> before(stage.parameters(), stage.parameters() + stage.parameter_count());
   std::vector<float> whole(size_t(reference.parameter_count()), 7.0f);
-  const uint64_t sent_before = link_bytes(rank.links);
+  const uint64_t sent_before = test::link_bytes(rank.links);
   const uint64_t received =
       gather_pipeline_model(stage.parameters(), groups, whole.data(), reference.layout());
   int64_t cut = 0;
@@ -149,7 +145,7 @@ void check_step(const Case& c) {
   }
   EXPECT_EQ(received, other_stages + uint64_t(cut) * sizeof(float) * uint64_t(c.tp - 1));
   EXPECT_EQ(
-      link_bytes(rank.links) - sent_before,
+      test::link_bytes(rank.links) - sent_before,
       own_stage * uint64_t(c.stages - 1) + uint64_t(cut) * sizeof(float) * uint64_t(c.tp - 1));
   EXPECT_EQ(std::memcmp(whole.data(), reference.parameters(), whole.size() * sizeof(float)), 0)
       << "the gathered model is not the single-rank model";
