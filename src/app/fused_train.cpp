@@ -8,6 +8,7 @@
 #include <string>
 
 #include "kernels/error.h"
+#include "mpi_comm/wait_policy.h"
 #include "src/app/build_info.h"
 #include "src/app/fused_memory.h"
 #include "src/app/learned_reward.h"
@@ -147,6 +148,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
           policy.config.name.c_str(), policy.config.parameter_count() / 1e6,
           policy.task->name().c_str(), (unsigned long long)run.seed, dir.path().c_str());
   dir.log("%s", topology.layout_table().c_str());
+  dir.log("# %s\n", describe_wait_policy().c_str());
   dir.log("%s", describe_learned_reward(rl, learned.get()).c_str());
   dir.log("%s", describe_router_skew(options.rebalance).c_str());
   saved.describe(dir);
