@@ -1,5 +1,6 @@
 #include "src/runtime/role_expert_parallel.h"
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <numeric>
@@ -103,7 +104,10 @@ std::vector<std::vector<ParameterRange>> RoleExpertParallel::slot_ranges(
     const ParameterLayout& layout) const {
   std::vector<std::vector<ParameterRange>> ranges;
   const int local = local_slots();
-  for (int l = 0; l < expert_layers(layout); ++l)
+  // Every layer with a table (a pipeline stage's layout stores only some: the others' ranges are
+  // empty).
+  const int layers = std::max(expert_layers(layout), int(slot_expert_.size()));
+  for (int l = 0; l < layers; ++l)
     for (int i = 0; i < local; ++i)
       ranges.push_back(expert_slices(layout, ep_rank_ * local + i, 1, l));
   return ranges;
