@@ -344,6 +344,16 @@ uint64_t RoleExpertParallel::gather_full_model(const float* params, const Parame
   return received;
 }
 
+std::vector<int64_t> RoleExpertParallel::take_view_expert_tokens(int layer) {
+  std::vector<int64_t> tokens(size_t(experts_), 0);
+  for (const std::vector<ExpertDispatcher*>& set : view_sets_) {
+    if (layer >= int(set.size())) continue;
+    const std::vector<int64_t> taken = set[size_t(layer)]->take_expert_tokens();
+    for (size_t e = 0; e < taken.size(); ++e) tokens[e] += taken[e];
+  }
+  return tokens;
+}
+
 DispatchTraffic RoleExpertParallel::traffic() const {
   std::vector<const ExpertDispatcher*> all;
   for (const auto& d : dispatchers_) all.push_back(d.get());
