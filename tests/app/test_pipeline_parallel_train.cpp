@@ -130,8 +130,8 @@ TEST(PipelineParallelTrain, ShapesThatDoNotFitStopEveryRankBeforeOutput) {
           {4, "--pipeline-parallel 2 --expert-parallel 2 --redundant-experts 1",
            "--pipeline-parallel 2 x --expert-parallel 2 is not supported with "
            "--redundant-experts"},
-          {4, "--pipeline-parallel 2 --expert-parallel 2 --rebalance-every 1",
-           "--pipeline-parallel 2 is not supported with --rebalance-every"},
+          {2, "--pipeline-parallel 2 --rebalance-every 1",
+           "--rebalance-every needs --expert-parallel >= 2"},
           {4, "--pipeline-parallel 2 --tensor-parallel 2 --expert-parallel 2",
            "--tensor-parallel 2 is not supported with --expert-parallel"},
           {2, "--pipeline-parallel 2 --tensor-parallel 2",
