@@ -306,6 +306,22 @@ TEST(Checkpoint, FusedPipelineExpertParallelResumeIsBitExact) {
                                    "data");
 }
 
+// The same after migrations: every stage's EP group moved its own layer's experts (skewed router,
+// no threshold) before the checkpoint of step 2, which still holds the experts by id; the resumed
+// run starts at the identity placement and ends bit for bit where the uninterrupted one does.
+TEST(CheckpointRestart, PipelineExpertParallelAfterMigrationResumesBitExact) {
+  expect_kill_and_resume_bit_exact(
+      "pipeline-experts-migrated", 4,
+      kRun +
+          "--mode fused --pipeline-parallel 2 --expert-parallel 2 --router-skew 4 "
+          "--rebalance-every 1 --rebalance-min-gain 0 ",
+      "data", [](const CommandResult& straight) {
+        EXPECT_TRUE(straight.output.find("# migration after step 1:") != std::string::npos ||
+                    straight.output.find("# migration after step 2:") != std::string::npos)
+            << straight.output;
+      });
+}
+
 // Tensor parallelism (the KL term on: the reference is sliced too): the first TP group (with
 // pipelines, the first TP x PP replica) gathers its ranks' slices of the parameters, moments and
 // reference into the whole-model file, each rank loads back its slice, and a resumed run ends bit
