@@ -78,6 +78,8 @@ void progress_until_finished(SplitPhaseChain& target, const std::vector<SplitPha
       steps_before += chain->steps_run();
       chain->progress();
     }
+    // `chains` may hold the target: done now, it must not sleep (or yield the core) first.
+    if (target.finished()) return;
     const bool polling = steady_seconds() - quiet_since < poll_before_sleep_seconds();
     const double unknown = polling ? 0.0 : backoff;
     double sleep = std::numeric_limits<double>::infinity();
