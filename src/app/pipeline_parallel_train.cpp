@@ -223,9 +223,9 @@ PipelineTrainer::PipelineTrainer(const PipelineGroups& groups, Transformer<float
   }
   if (ep && overlap_chunks > 1) {
     const ModelConfig config = model.config();
-    const Ops<float>& ops = model.ops();
-    stage_.set_expert_overlap([ep, config, overlap_chunks, &ops](int, Arena& arena) {
-      return ep->make_view_overlap(config, overlap_chunks, ops, arena);
+    const Ops<float>* ops = &model.ops();
+    stage_.set_expert_overlap([ep, config, overlap_chunks, ops](int, Arena& arena) {
+      return ep->make_view_overlap(config, overlap_chunks, *ops, arena);
     });
   }
 }
