@@ -8,6 +8,8 @@
 // checked against the single-rank model (loss and every gradient: #wrong). --balance measured
 // assigns layers to chunks by their measured cost (src/balance/stage_balance.h). nccl-tests style:
 // '#' header with units, fixed columns, verdict lines and a --json twin.
+#include "src/app/bench_pipeline.h"
+
 #include <mpi.h>
 #include <unistd.h>
 
@@ -24,7 +26,6 @@
 #include "kernels/error.h"
 #include "kernels/rng.h"
 #include "mpi_comm/links.h"
-#include "src/app/bench_pipeline.h"
 #include "src/app/bench_timing.h"
 #include "src/app/build_info.h"
 #include "src/app/commands.h"

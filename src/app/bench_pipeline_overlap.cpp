@@ -44,13 +44,15 @@ void validate_pipeline_overlap_options(const PipelineBenchOptions& o, const Mode
                       "model's " + std::to_string(config.n_experts) + " experts");
   }
   if (o.overlap_chunks < 2) {
-    throw ConfigError("--ep-overlap-chunks must be >= 2 with --expert-parallel (the overlapped "
-                      "run beside the plain one), got " +
-                      std::to_string(o.overlap_chunks));
+    throw ConfigError(
+        "--ep-overlap-chunks must be >= 2 with --expert-parallel (the overlapped "
+        "run beside the plain one), got " +
+        std::to_string(o.overlap_chunks));
   }
   if (o.balance != "uniform") {
-    throw ConfigError("--balance measured is not supported with --expert-parallel (the PP x EP "
-                      "rows cut the layers evenly)");
+    throw ConfigError(
+        "--balance measured is not supported with --expert-parallel (the PP x EP "
+        "rows cut the layers evenly)");
   }
   LinkEmulation{o.inter_node_bandwidth, 0}.validate();
 }
@@ -154,7 +156,9 @@ Row measure(const PipelineBenchOptions& o, const ModelConfig& config, Device& de
   return row;
 }
 
-double hidden(const RunStats& r) { return hidden_fraction({r.in_flight, r.exposed}); }
+double hidden(const RunStats& r) {
+  return hidden_fraction({r.in_flight, r.exposed});
+}
 
 // (plain exposed - overlapped exposed) / plain communication: `bench overlap`'s hidden fraction,
 // per rank.
@@ -204,9 +208,10 @@ void print_table(const PipelineBenchOptions& o, const ModelConfig& config, int p
           (unsigned long long)row.wrong);
     }
   }
-  std::printf("#\n# Overlapped vs plain step (loss and gradients, 1e-5 + 1e-4 |plain|) : %llu "
-              "wrong %s\n",
-              (unsigned long long)wrong, wrong ? "FAIL" : "OK");
+  std::printf(
+      "#\n# Overlapped vs plain step (loss and gradients, 1e-5 + 1e-4 |plain|) : %llu "
+      "wrong %s\n",
+      (unsigned long long)wrong, wrong ? "FAIL" : "OK");
 }
 
 void print_json(const PipelineBenchOptions& o, const ModelConfig& config, int p,
@@ -222,9 +227,10 @@ void print_json(const PipelineBenchOptions& o, const ModelConfig& config, int p,
       o.sequences, o.length, o.inter_node_bandwidth, load);
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& row = rows[i];
-    std::printf("%s{\"virtual_stages\":%d,\"micro_batches\":%d,\"loss\":%.8g,\"wrong\":%llu,"
-                "\"ranks\":[",
-                i ? "," : "", row.v, row.m, row.loss, (unsigned long long)row.wrong);
+    std::printf(
+        "%s{\"virtual_stages\":%d,\"micro_batches\":%d,\"loss\":%.8g,\"wrong\":%llu,"
+        "\"ranks\":[",
+        i ? "," : "", row.v, row.m, row.loss, (unsigned long long)row.wrong);
     for (int r = 0; r < world; ++r) {
       const RankStats& s = row.ranks[size_t(r)];
       std::printf(

@@ -72,7 +72,8 @@ void validate_pipeline_parallel_train(const DisaggregatedOptions& options, bool 
   } else if (options.ep_overlap_chunks > 1) {
     // Overlap chunks hide the EP exchanges of the stages' MoE layers: without EP there are none.
     throw ConfigError(option + " with --ep-overlap-chunks " +
-                      std::to_string(options.ep_overlap_chunks) + " needs --expert-parallel 2 or "
+                      std::to_string(options.ep_overlap_chunks) +
+                      " needs --expert-parallel 2 or "
                       "more (the chunks overlap the stages' EP dispatch and combine)");
   }
 }
@@ -203,8 +204,7 @@ size_t stage_activation_bytes(const ModelConfig& config, int sequences, int long
 
 PipelineTrainer::PipelineTrainer(const PipelineGroups& groups, Transformer<float>& model,
                                  const RlStepSettings& settings, int rank_samples, bool equal_parts,
-                                 int longest_sequence, RoleExpertParallel* ep,
-                                 int overlap_chunks)
+                                 int longest_sequence, RoleExpertParallel* ep, int overlap_chunks)
     : groups_(groups),
       settings_(settings),
       equal_parts_(equal_parts),

@@ -147,8 +147,9 @@ class RoleExpertParallel {
   std::vector<std::unique_ptr<OverlappedExperts>> overlapped_;
   std::vector<ExpertDispatcher*> reused_;  // the dispatchers attach_reusing hands out
   std::vector<std::vector<ExpertDispatcher*>> view_sets_;  // view_dispatchers' sets
-  std::vector<std::vector<OverlappedExperts*>> view_overlap_sets_;  // make_view_overlap's sets
-  void ensure_tables(int layers);          // default tables for `layers` layers, if none yet
+  // make_view_overlap's sets.
+  std::vector<std::vector<OverlappedExperts*>> view_overlap_sets_;
+  void ensure_tables(int layers);  // default tables for `layers` layers, if none yet
   std::unique_ptr<ExpertDispatcher> make_dispatcher(int layer);  // routing by the layer's table
   // One new dispatcher per layer (kept in dispatchers_, so migrations reach them).
   std::vector<ExpertDispatcher*> make_dispatcher_set(int layers);

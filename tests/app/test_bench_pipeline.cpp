@@ -3,8 +3,8 @@
 // row's first step equal to the single-rank model (#wrong 0), the formula and the counted bubble
 // equal, a bubble and times per rank, the pass times adding up to each rank's compute time and
 // the simulated bubble being the schedule's with those pass times; PP 2 x EP 2 on 4 ranks without
-// and with overlap chunks, the overlapped step equal to the plain one. Times of an oversubscribed run
-// are not asserted. Bad shapes and options stop every rank with exit code 2 and one message
+// and with overlap chunks, the overlapped step equal to the plain one. Times of an oversubscribed
+// run are not asserted. Bad shapes and options stop every rank with exit code 2 and one message
 // before any work.
 #include <gtest/gtest.h>
 
@@ -108,8 +108,9 @@ TEST(BenchPipeline, TwoDataParallelPipelinesOnFourRanks) {
 // communication timed in both runs.
 TEST(BenchPipeline, ExpertParallelRowsRunWithAndWithoutOverlap) {
   const test::CommandResult r =
-      test::run_rlfusion(kTiny + "--layers 4 --pipeline-parallel 2 --micro-batches 2 "
-                                 "--virtual-stages 1,2 --expert-parallel 2 --ep-overlap-chunks 2",
+      test::run_rlfusion(kTiny +
+                             "--layers 4 --pipeline-parallel 2 --micro-batches 2 "
+                             "--virtual-stages 1,2 --expert-parallel 2 --ep-overlap-chunks 2",
                          4);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("0 wrong OK"), std::string::npos) << r.output;

@@ -1,6 +1,6 @@
 // `train --mode fused --pipeline-parallel`: PP 2 on 2 ranks, PP 2 x DP 2 on 4 ranks and PP 2 x EP 2
-// on 4 ranks (expert parallelism inside the stages, also with --ep-overlap-chunks 2: every MoE layer
-// of every micro-batch in overlapped chunks) train like the data-parallel fused run of the
+// on 4 ranks (expert parallelism inside the stages, also with --ep-overlap-chunks 2: every MoE
+// layer of every micro-batch in overlapped chunks) train like the data-parallel fused run of the
 // same prompts (generation data-parallel on every rank from
 // the borrowed layers, training stage by stage under 1F1B): the same held-out accuracy before and
 // after RL, the same reward every step, and a saved whole model within float rounding of it. The

@@ -16,6 +16,7 @@
 
 #include <cstring>
 #include <memory>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -246,11 +247,12 @@ void check_adamw(const Case& c) {
 // routed experts in 2 or 3 chunks whose dispatch and combine overlap the expert FFN (the views'
 // own OverlappedExperts). The loss and every gradient equal the single-rank model's and, within
 // float rounding (the expert weight gradients sum their rows chunk by chunk, and the FFN's GEMMs
-// round rows by how many they get), the same step without overlap; the EP communication time is counted. At EP 1 (one rank, or PP x DP)
-// the EP group is the rank alone: the chunks' exchanges are with itself.
+// round rows by how many they get), the same step without overlap; the EP communication time is
+// counted, and the chunks' dispatches are the stage's router statistics. At EP 1 (one rank, or
+// PP x DP) the EP group is the rank alone: the chunks' exchanges are with itself.
 void check_overlap(const Case& c) {
   SCOPED_TRACE("overlap " + case_name(c));
-  const ModelConfig config = model_for(c);
+  const ModelConfig config = test::pipeline_expert_model(c);
   const uint64_t seed = test::seed_for("overlap " + case_name(c), test::world_size());
   PipelineExpertRank rank(c, config);
   RoleExpertParallel ep(rank.groups.data_parallel(), rank.links, config.n_experts, c.ep,
@@ -269,6 +271,16 @@ void check_overlap(const Case& c) {
   EXPECT_GT(after.in_flight - before.in_flight, 0.0) << "no EP communication was timed";
   EXPECT_GT(after.exposed - before.exposed, 0.0) << "no exposed EP communication was timed";
   ep.reduce_gradients(stage.gradients(), stage.layout());
+  // The stage's router statistics, each of its layers: what the plain step dispatched.
+  const std::vector<LayerRange> stage_chunks = rank.groups.chunks(rank.groups.stage());
+  auto stage_tokens = [&] {
+    std::vector<std::vector<int64_t>> tokens;
+    for (const LayerRange& range : stage_chunks)
+      for (int l = range.first; l < range.last; ++l)
+        tokens.push_back(ep.take_view_expert_tokens(l));
+    return tokens;
+  };
+  const std::vector<std::vector<int64_t>> plain_tokens = stage_tokens();
   const std::vector<float> plain_gradients(stage.gradients(),
                                            stage.gradients() + stage.parameter_count());
   const std::vector<float> want_part =
@@ -284,6 +296,19 @@ void check_overlap(const Case& c) {
     const test::PipelineStepBeside overlapped = test::pipeline_step_beside_reference(
         stage, reference, rank.groups, rank.links, seed, dispatchers, overlap);
     ep.reduce_gradients(stage.gradients(), stage.layout());
+    // The chunks' dispatches are the stage's router statistics: as many assignments per layer as
+    // the plain step's, and at the model's first layer (the embedding's rows, the same bits in
+    // both steps) the same experts.
+    const std::vector<std::vector<int64_t>> tokens = stage_tokens();
+    ASSERT_EQ(tokens.size(), plain_tokens.size());
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      EXPECT_EQ(std::accumulate(tokens[i].begin(), tokens[i].end(), int64_t(0)),
+                std::accumulate(plain_tokens[i].begin(), plain_tokens[i].end(), int64_t(0)))
+          << "router statistics of the stage's layer " << i;
+    }
+    if (stage_chunks.front().first == 0) {
+      EXPECT_EQ(tokens.front(), plain_tokens.front());
+    }
     // The views ran their MoE layers through the overlapped chunks (not the plain dispatchers).
     ASSERT_FALSE(made.empty()) << "the stage made no view with overlap chunks";
     double overlapped_flight = 0;
@@ -295,8 +320,8 @@ void check_overlap(const Case& c) {
                 1e-6 + 1e-5 * std::abs(overlapped.reference_loss));
     EXPECT_NEAR(overlapped.loss, plain.loss, 1e-7 + 1e-6 * std::abs(plain.loss));
     for (const ParameterTensor& t : stage.layout().tensors()) {
-      test::expect_close(stage.gradients() + t.offset, want_part.data() + t.offset,
-                         size_t(t.numel), "gradient of " + t.name, 1e-5, 1e-3);
+      test::expect_close(stage.gradients() + t.offset, want_part.data() + t.offset, size_t(t.numel),
+                         "gradient of " + t.name, 1e-5, 1e-3);
       // The chunks' GEMMs get fewer rows: Eigen's blocking rounds them differently (bit for bit
       // with the reference kernels, test_ep_overlap.cpp), and the layers below carry that on.
       const float *got = stage.gradients() + t.offset, *want = plain_gradients.data() + t.offset;
