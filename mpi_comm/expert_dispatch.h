@@ -149,6 +149,8 @@ class ExpertDispatcher {
   // The operation in flight, for waiting on several dispatchers at once
   // (progress_until_finished).
   SplitPhaseChain& chain() { return chain_; }
+  // Its operations' communication time so far (SplitPhaseChain::Time).
+  const SplitPhaseChain::Time& communication_time() const { return chain_.time(); }
 
   const DispatchTraffic& traffic() const { return traffic_; }
   void reset_traffic() { traffic_ = DispatchTraffic{}; }

@@ -14,11 +14,13 @@ namespace rlf {
 
 void SplitPhaseChain::start(std::vector<Step> steps) {
   if (!finished()) throw std::logic_error("SplitPhaseChain: a chain is still in flight");
+  started_at_ = steady_seconds();
   steps_ = std::move(steps);
   next_ = 0;
   requests_.clear();
   deadline_ = 0;
-  progress();
+  advance();
+  time_.exposed += steady_seconds() - started_at_;
 }
 
 void SplitPhaseChain::complete_no_earlier_than(double deadline) {
@@ -26,6 +28,14 @@ void SplitPhaseChain::complete_no_earlier_than(double deadline) {
 }
 
 bool SplitPhaseChain::progress() {
+  if (finished()) return true;
+  const double begin = steady_seconds();
+  const bool done = advance();
+  time_.exposed += steady_seconds() - begin;
+  return done;
+}
+
+bool SplitPhaseChain::advance() {
   while (!finished()) {
     if (!requests_.empty()) {
       int done = 0;
@@ -36,6 +46,7 @@ bool SplitPhaseChain::progress() {
     if (steady_seconds() < deadline_) return false;
     if (next_ == steps_.size()) {
       steps_.clear();  // releases what the steps captured
+      time_.in_flight += steady_seconds() - started_at_;
       break;
     }
     deadline_ = 0;
@@ -67,6 +78,8 @@ void progress_until_finished(SplitPhaseChain& target, const std::vector<SplitPha
       steps_before += chain->steps_run();
       chain->progress();
     }
+    // `chains` may hold the target: done now, it must not sleep (or yield the core) first.
+    if (target.finished()) return;
     const bool polling = steady_seconds() - quiet_since < poll_before_sleep_seconds();
     const double unknown = polling ? 0.0 : backoff;
     double sleep = std::numeric_limits<double>::infinity();
@@ -74,11 +87,13 @@ void progress_until_finished(SplitPhaseChain& target, const std::vector<SplitPha
       if (!chain->finished()) sleep = std::min(sleep, chain->ready_in(unknown));
     }
     sleep = std::min(sleep, target.ready_in(unknown));
+    const double idle_from = steady_seconds();
     if (sleep > 0) {
       std::this_thread::sleep_for(std::chrono::duration<double>(sleep));
     } else {
       std::this_thread::yield();
     }
+    target.add_exposed(steady_seconds() - idle_from);
     size_t steps_after = target.steps_run();
     for (const SplitPhaseChain* chain : chains) steps_after += chain->steps_run();
     // Something moved: the next messages may come soon too.

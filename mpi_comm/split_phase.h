@@ -19,6 +19,16 @@ class SplitPhaseChain {
  public:
   using Step = std::function<void()>;
 
+  // Where the chains' time went, summed since construction (what an overlap hides): in_flight,
+  // each chain from its start to the progress call that saw it finish (completion is seen only
+  // inside such calls, so a chain driven between pieces of work counts up to one piece late);
+  // exposed, the caller's time spent on it outside any other work: inside start() and progress()
+  // (its steps' CPU work and MPI's), and the sleeps of progress_until_finished waiting for it.
+  // A blocking exchange (start, then progress_until_finished) is exposed from start to finish.
+  struct Time {
+    double in_flight = 0, exposed = 0;
+  };
+
   // Runs steps[0] now. Throws std::logic_error when a chain is still in flight.
   void start(std::vector<Step> steps);
   // Tests the outstanding requests (MPI_Testall drives Open MPI's progress engine) and runs the
@@ -31,6 +41,9 @@ class SplitPhaseChain {
   // `unknown` while MPI requests are outstanding (their completion cannot be predicted); else
   // what is left of the deadline.
   double ready_in(double unknown) const;
+  const Time& time() const { return time_; }
+  // progress_until_finished: the time it slept (or yielded) waiting for this chain.
+  void add_exposed(double seconds) { time_.exposed += seconds; }
 
   // For steps: a request they posted, and the earliest time (steady_seconds()) the step may
   // complete.
@@ -42,7 +55,17 @@ class SplitPhaseChain {
   size_t next_ = 0, steps_run_ = 0;
   std::vector<MPI_Request> requests_;
   double deadline_ = 0;
+  double started_at_ = 0;
+  Time time_;
+  bool advance();  // progress() without the timing
 };
+
+// The share of the communication time that did not hold the caller up: 1 - exposed / in_flight
+// (0 without communication; about 0 for blocking exchanges, below 0 when driving the chains cost
+// more than they ran beside other work).
+inline double hidden_fraction(const SplitPhaseChain::Time& t) {
+  return t.in_flight > 0 ? 1 - t.exposed / t.in_flight : 0;
+}
 
 // Drives every chain of `chains` until `target` has finished, sleeping between rounds, never
 // spinning: back-off sleeps from 1 us to 1 ms while MPI requests are outstanding, and at most

@@ -8,6 +8,8 @@
 // checked against the single-rank model (loss and every gradient: #wrong). --balance measured
 // assigns layers to chunks by their measured cost (src/balance/stage_balance.h). nccl-tests style:
 // '#' header with units, fixed columns, verdict lines and a --json twin.
+#include "src/app/bench_pipeline.h"
+
 #include <mpi.h>
 #include <unistd.h>
 
@@ -38,14 +40,6 @@
 namespace rlf {
 
 namespace {
-
-struct PipelineBenchOptions {
-  int pipeline_parallel = 0;  // 0: every rank in one pipeline
-  std::string micro_batches = "2,4,8", virtual_stages = "1,2";
-  int layers = 8;  // 0: the model's
-  int sequences = 2, length = 32, repeats = 3;
-  std::string balance = "uniform";
-};
 
 std::vector<int> parse_list(const std::string& text, const std::string& option) {
   std::vector<int> out;
@@ -86,8 +80,8 @@ void validate(const PipelineBenchOptions& o, const ModelConfig& model, int world
   }
 }
 
-// One micro-batch of `sequences` x `length` random tokens, next-token targets, weights 1 / (the
-// step's tokens).
+}  // namespace
+
 std::vector<PipelineMicroBatch<float>> make_batches(const PipelineBenchOptions& o, int m, int vocab,
                                                     uint64_t seed) {
   std::vector<PipelineMicroBatch<float>> batches(static_cast<size_t>(m));
@@ -108,6 +102,8 @@ std::vector<PipelineMicroBatch<float>> make_batches(const PipelineBenchOptions& 
   }
   return batches;
 }
+
+namespace {
 
 // Seconds of one micro-batch's forward + backward through each layer alone (the first with the
 // embedding, the last with the final norm, head and loss), median of 3 after a warm-up, on this
@@ -329,6 +325,14 @@ int run_bench_pipeline_command(const std::vector<std::string>& args) {
       "layers per chunk: uniform, or measured (stage balancing by measured per-layer cost)");
   add("repeats", po::value(&o.repeats)->default_value(o.repeats),
       "timed steps per row after a checked one (the median step is reported)");
+  add("expert-parallel", po::value(&o.expert_parallel)->default_value(o.expert_parallel),
+      "EP degree inside every stage (> 1: PP x EP rows, each step run without and with "
+      "--ep-overlap-chunks on the same data, their hidden fractions and the ratio)");
+  add("ep-overlap-chunks", po::value(&o.overlap_chunks)->default_value(o.overlap_chunks),
+      "with --expert-parallel: overlap chunks per MoE layer in the overlapped run (>= 2)");
+  add("inter-node-bandwidth",
+      po::value(&o.inter_node_bandwidth)->default_value(o.inter_node_bandwidth),
+      "with --expert-parallel: bytes/s of the emulated links, every rank its own node (0: none)");
   description.add(bench);
   if (!parse_options("bench pipeline", args, description, run)) return 0;
 
@@ -340,10 +344,15 @@ int run_bench_pipeline_command(const std::vector<std::string>& args) {
   if (o.layers > 0) config.n_layers = o.layers;
   config.validate("--model " + run.model + " --layers " + std::to_string(config.n_layers));
   validate(o, config, world);
+  validate_pipeline_overlap_options(o, config, world);
   const std::vector<int> vs = parse_list(o.virtual_stages, "--virtual-stages");
   const std::vector<int> ms = parse_list(o.micro_batches, "--micro-batches");
   const int p = o.pipeline_parallel > 0 ? o.pipeline_parallel : world;
   Device device(run.backend_kind(), run.device_memory_bytes(), resolve_threads(run.threads));
+  if (o.expert_parallel > 1) {
+    const uint64_t wrong = run_pipeline_overlap_rows(o, config, device, vs, ms, run.seed, run.json);
+    return wrong ? 1 : 0;
+  }
   Links links(std::vector<int>(size_t(world), 0), {});  // one node: no emulation
   double load[1] = {-1};
   if (getloadavg(load, 1) != 1) load[0] = -1;

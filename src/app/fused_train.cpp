@@ -14,6 +14,7 @@
 #include "src/app/learned_reward.h"
 #include "src/app/learner_hooks.h"
 #include "src/app/learner_setup.h"
+#include "src/app/pipeline_ep_overlap_report.h"
 #include "src/app/pipeline_parallel_train.h"
 #include "src/app/random_delay.h"
 #include "src/app/rl_progress.h"
@@ -171,7 +172,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   Links& links = topology.links();
   std::unique_ptr<RoleExpertParallel> ep =
       attach_expert_parallel(model, pp ? pp->data_parallel() : all, links, options.expert_parallel,
-                             options.ep_dispatch, options.ep_overlap_chunks, redundant);
+                             options.ep_dispatch, pp ? 1 : options.ep_overlap_chunks, redundant);
   // The spare slots get their starting replicas before the reference copies the weights.
   if (ep) ep->fill_redundant_slots(model.parameters(), model.layout());
   start_learner_state(learner, policy, rl, ep.get());
@@ -267,7 +268,8 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
                                                  DistQueueConfig{options.shard_capacity});
     pipeline_trainer = std::make_unique<PipelineTrainer>(
         *pp, model, settings, my_prompts * rl.group_size, options.micro_batches > 0,
-        2 + task.max_prompt_chars() + task.max_response_chars(), ep.get());
+        2 + task.max_prompt_chars() + task.max_response_chars(), ep.get(),
+        options.ep_overlap_chunks);
     pipeline_gradient = [&](const std::vector<const Rollout*>& minibatch, double normalizer,
                             double all_samples) {
       return pipeline_trainer->minibatch_gradient(minibatch, normalizer, all_samples);
@@ -509,6 +511,10 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
                   pp->shape().stages, pp->shape().virtual_stages, pp->shape().micro_batches, bubble,
                   formula, totals[0], totals[1], pp->model_parallel().size());
     pipeline_json = fields;
+    if (ep) {
+      pipeline_json += pipeline_ep_overlap_report(pipeline_trainer->ep_communication(),
+                                                  options.ep_overlap_chunks, dir);
+    }
   }
   if (pool) {
     // Rank 0's pool (each rank has its own; the counters of the others are alike).

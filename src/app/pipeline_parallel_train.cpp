@@ -35,7 +35,6 @@ void validate_pipeline_expert_parallel(const std::string& option,
   auto refuse = [&](const std::string& what) {
     throw ConfigError(both + " is not supported with " + what);
   };
-  if (options.ep_overlap_chunks > 1) refuse("--ep-overlap-chunks above 1");
   if (options.rebalance.redundant_experts > 0) refuse("--redundant-experts");
 }
 
@@ -70,6 +69,12 @@ void validate_pipeline_parallel_train(const DisaggregatedOptions& options, bool 
   }
   if (options.expert_parallel > 1 || options.actor_expert_parallel > 1) {
     validate_pipeline_expert_parallel(option, options, world_size);
+  } else if (options.ep_overlap_chunks > 1) {
+    // Overlap chunks hide the EP exchanges of the stages' MoE layers: without EP there are none.
+    throw ConfigError(option + " with --ep-overlap-chunks " +
+                      std::to_string(options.ep_overlap_chunks) +
+                      " needs --expert-parallel 2 or "
+                      "more (the chunks overlap the stages' EP dispatch and combine)");
   }
 }
 
@@ -199,7 +204,7 @@ size_t stage_activation_bytes(const ModelConfig& config, int sequences, int long
 
 PipelineTrainer::PipelineTrainer(const PipelineGroups& groups, Transformer<float>& model,
                                  const RlStepSettings& settings, int rank_samples, bool equal_parts,
-                                 int longest_sequence, RoleExpertParallel* ep)
+                                 int longest_sequence, RoleExpertParallel* ep, int overlap_chunks)
     : groups_(groups),
       settings_(settings),
       equal_parts_(equal_parts),
@@ -209,11 +214,19 @@ PipelineTrainer::PipelineTrainer(const PipelineGroups& groups, Transformer<float
                                                    groups.shape().micro_batches - 1) /
                                                       groups.shape().micro_batches
                                                 : std::min(settings.micro_batch, rank_samples),
-                                    longest_sequence)) {
+                                    longest_sequence)),
+      ep_(ep) {
   if (ep) {
     const int layers = model.config().n_layers;
     stage_.set_expert_dispatchers(
         [ep, layers](int slot) { return ep->view_dispatchers(slot, layers); });
+  }
+  if (ep && overlap_chunks > 1) {
+    const ModelConfig config = model.config();
+    const Ops<float>* ops = &model.ops();
+    stage_.set_expert_overlap([ep, config, overlap_chunks, ops](int, Arena& arena) {
+      return ep->make_view_overlap(config, overlap_chunks, *ops, arena);
+    });
   }
 }
 
@@ -292,9 +305,15 @@ PpoStats PipelineTrainer::minibatch_gradient(const std::vector<const Rollout*>& 
     total.ratio_sum += s.ratio_sum;
     return float(s.loss);
   });
+  const SplitPhaseChain::Time ep_before = ep_ ? ep_->communication_time() : SplitPhaseChain::Time{};
   const PipelineStepStats step =
       run_pipeline_step(stage_, shape, batches, aux_coef, groups_.pipeline().comm, groups_.links());
   stage_.set_loss({});
+  if (ep_) {
+    const SplitPhaseChain::Time ep_after = ep_->communication_time();
+    ep_communication_.in_flight += ep_after.in_flight - ep_before.in_flight;
+    ep_communication_.exposed += ep_after.exposed - ep_before.exposed;
+  }
   wall_seconds_ += step.wall_seconds;
   wait_seconds_ += step.wait_seconds;
   compute_seconds_ += step.compute_seconds;

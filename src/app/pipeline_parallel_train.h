@@ -28,7 +28,8 @@ namespace rlf {
 // --micro-batches without a pipeline, one rank, a multi-rank run that is not --mode fused, or
 // combined with --offload, StaleSync, a learned reward model or (without EP) rebalancing; with
 // --tensor-parallel T, T x P not dividing the ranks; with --expert-parallel E, E not dividing the
-// pipelines, another --actor-expert-parallel, --ep-overlap-chunks above 1 or --redundant-experts.
+// pipelines, another --actor-expert-parallel or --redundant-experts; without --expert-parallel,
+// --ep-overlap-chunks above 1.
 void validate_pipeline_parallel_train(const DisaggregatedOptions& options, bool fused,
                                       int world_size, const RlOptions& rl);
 
@@ -85,10 +86,13 @@ class PipelineTrainer {
   // `rank_samples`: each rank's block of a pipeline's samples, which micro-batches of
   // `micro_batch` cut unless the shape's micro-batch count was given (then equal parts). With
   // `ep` (EP inside the stage, made over groups.data_parallel()), every micro-batch chunk in
-  // flight dispatches through dispatchers of its own (RoleExpertParallel::view_dispatchers).
+  // flight dispatches through dispatchers of its own (RoleExpertParallel::view_dispatchers);
+  // `overlap_chunks` > 1 (--ep-overlap-chunks) runs every MoE layer's routed experts in that many
+  // chunks whose dispatch and combine overlap the expert FFN (OverlappedExperts of its own per
+  // micro-batch chunk in flight).
   PipelineTrainer(const PipelineGroups& groups, Transformer<float>& model,
                   const RlStepSettings& settings, int rank_samples, bool equal_parts,
-                  int longest_sequence, RoleExpertParallel* ep = nullptr);
+                  int longest_sequence, RoleExpertParallel* ep = nullptr, int overlap_chunks = 1);
 
   // optimize_on_rollouts' MinibatchGradient for this stage.
   PpoStats minibatch_gradient(const std::vector<const Rollout*>& minibatch, double normalizer,
@@ -99,6 +103,8 @@ class PipelineTrainer {
   double wait_seconds() const { return wait_seconds_; }
   double compute_seconds() const { return compute_seconds_; }
   double measured_bubble() const { return wall_seconds_ > 0 ? wait_seconds_ / wall_seconds_ : 0; }
+  // With EP: the schedule runs' EP communication time and its exposed part (hidden_fraction).
+  const SplitPhaseChain::Time& ep_communication() const { return ep_communication_; }
 
  private:
   // [begin, end) of every micro-batch of a minibatch of `count` samples (the shares of the blocks
@@ -109,7 +115,9 @@ class PipelineTrainer {
   RlStepSettings settings_;
   bool equal_parts_;
   PipelineStage<float> stage_;
+  RoleExpertParallel* ep_;
   double wall_seconds_ = 0, wait_seconds_ = 0, compute_seconds_ = 0;
+  SplitPhaseChain::Time ep_communication_;
 };
 
 }  // namespace rlf

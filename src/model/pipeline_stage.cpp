@@ -82,6 +82,7 @@ int PipelineStage<T>::take_slot() {
         std::make_unique<Arena>("pipeline activations " + std::to_string(slot), activation_bytes_));
     views_.push_back(std::make_unique<Transformer<T>>(model_, *arenas_.back()));
     if (dispatchers_) views_.back()->set_expert_parallel(dispatchers_(slot));
+    if (overlap_) views_.back()->set_expert_overlap(overlap_(slot, *arenas_.back()));
     return slot;
   }
   const int slot = free_slots_.back();

@@ -70,6 +70,14 @@ class PipelineStage {
   // run the same schedule, so they make their arenas at the same passes.
   using ExpertDispatchers = std::function<std::vector<ExpertDispatcher*>(int slot)>;
   void set_expert_dispatchers(ExpertDispatchers per_slot) { dispatchers_ = std::move(per_slot); }
+  // With expert parallelism and overlap chunks: `per_slot(slot, arena)` gives the per-layer
+  // OverlappedExperts of activation arena `slot`'s view (its FFN work buffers in `arena`), asked
+  // once per arena right after its dispatchers: every MoE layer of every micro-batch chunk then
+  // runs its routed experts in chunks whose dispatch and combine overlap the expert FFN, each
+  // view with its own (they keep the chunks' plans and rows for the backward). Collective over
+  // the EP group, like the dispatchers.
+  using ExpertOverlap = std::function<std::vector<OverlappedExperts*>(int slot, Arena& arena)>;
+  void set_expert_overlap(ExpertOverlap per_slot) { overlap_ = std::move(per_slot); }
 
   Transformer<T>& model() { return model_; }
   // Replaces the weighted NLL of the micro-batches by `loss` (empty: back to the weighted NLL).
@@ -116,6 +124,7 @@ class PipelineStage {
   Transformer<T>& model_;
   PipelineLoss<T> loss_function_;
   ExpertDispatchers dispatchers_;
+  ExpertOverlap overlap_;
   std::vector<std::unique_ptr<Arena>> arenas_;
   std::vector<std::unique_ptr<Transformer<T>>> views_;  // one per arena, over model_'s weights
   std::vector<int> free_slots_;

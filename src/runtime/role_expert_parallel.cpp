@@ -124,15 +124,31 @@ void RoleExpertParallel::attach(Transformer<float>& model, int overlap_chunks) {
   ensure_tables(config.n_layers);
   model.set_expert_parallel(make_dispatcher_set(config.n_layers));
   if (overlap_chunks <= 1) return;
-  std::vector<OverlappedExperts*> overlapped;
+  model.set_expert_overlap(make_overlap_set(config, overlap_chunks, model.ops(), model.device()));
+}
+
+std::vector<OverlappedExperts*> RoleExpertParallel::make_overlap_set(const ModelConfig& config,
+                                                                     int chunks,
+                                                                     const Ops<float>& ops,
+                                                                     Arena& scratch) {
+  std::vector<OverlappedExperts*> set;
   for (int l = 0; l < config.n_layers; ++l) {
-    overlapped_.push_back(std::make_unique<OverlappedExperts>(
-        ep_group_, links_, experts_, mode_, overlap_chunks, config.d_model, config.d_ff,
-        model.ops(), model.device(), 0.0, redundant_));
+    overlapped_.push_back(std::make_unique<OverlappedExperts>(ep_group_, links_, experts_, mode_,
+                                                              chunks, config.d_model, config.d_ff,
+                                                              ops, scratch, 0.0, redundant_));
     route_by_tables(*overlapped_.back(), redundant_, slot_of_[size_t(l)], slot_expert_[size_t(l)]);
-    overlapped.push_back(overlapped_.back().get());
+    set.push_back(overlapped_.back().get());
   }
-  model.set_expert_overlap(std::move(overlapped));
+  return set;
+}
+
+std::vector<OverlappedExperts*> RoleExpertParallel::make_view_overlap(const ModelConfig& config,
+                                                                      int chunks,
+                                                                      const Ops<float>& ops,
+                                                                      Arena& scratch) {
+  ensure_tables(config.n_layers);
+  view_overlap_sets_.push_back(make_overlap_set(config, chunks, ops, scratch));
+  return view_overlap_sets_.back();
 }
 
 void RoleExpertParallel::attach_reusing(Transformer<float>& model) {
@@ -344,23 +360,49 @@ uint64_t RoleExpertParallel::gather_full_model(const float* params, const Parame
   return received;
 }
 
-std::vector<int64_t> RoleExpertParallel::take_view_expert_tokens(int layer) {
-  std::vector<int64_t> tokens(size_t(experts_), 0);
-  for (const std::vector<ExpertDispatcher*>& set : view_sets_) {
+namespace {
+
+// The layer's router statistics of every set (ExpertDispatchers or OverlappedExperts), added
+// into `tokens`.
+template <typename Dispatcher>
+void add_layer_tokens(const std::vector<std::vector<Dispatcher*>>& sets, int layer,
+                      std::vector<int64_t>& tokens) {
+  for (const std::vector<Dispatcher*>& set : sets) {
     if (layer >= int(set.size())) continue;
     const std::vector<int64_t> taken = set[size_t(layer)]->take_expert_tokens();
     for (size_t e = 0; e < taken.size(); ++e) tokens[e] += taken[e];
   }
+}
+
+}  // namespace
+
+std::vector<int64_t> RoleExpertParallel::take_view_expert_tokens(int layer) {
+  std::vector<int64_t> tokens(size_t(experts_), 0);
+  add_layer_tokens(view_sets_, layer, tokens);
+  add_layer_tokens(view_overlap_sets_, layer, tokens);
   return tokens;
 }
 
-DispatchTraffic RoleExpertParallel::traffic() const {
+std::vector<const ExpertDispatcher*> RoleExpertParallel::all_dispatchers() const {
   std::vector<const ExpertDispatcher*> all;
   for (const auto& d : dispatchers_) all.push_back(d.get());
   for (const auto& o : overlapped_)
     for (int c = 0; c < o->chunks(); ++c) all.push_back(&o->dispatcher(c));
+  return all;
+}
+
+SplitPhaseChain::Time RoleExpertParallel::communication_time() const {
+  SplitPhaseChain::Time sum;
+  for (const ExpertDispatcher* d : all_dispatchers()) {
+    sum.in_flight += d->communication_time().in_flight;
+    sum.exposed += d->communication_time().exposed;
+  }
+  return sum;
+}
+
+DispatchTraffic RoleExpertParallel::traffic() const {
   DispatchTraffic sum;
-  for (const ExpertDispatcher* d : all) {
+  for (const ExpertDispatcher* d : all_dispatchers()) {
     const DispatchTraffic& t = d->traffic();
     for (size_t c = 0; c < 2; ++c) {
       sum.payload.bytes[c] += t.payload.bytes[c];

@@ -75,6 +75,12 @@ class RoleExpertParallel {
   // micro-batch chunks in flight, PipelineStage::set_expert_dispatchers: each keeps its own
   // dispatch plan), made on first use (collective over the EP group); migrations reach them too.
   std::vector<ExpertDispatcher*> view_dispatchers(int index, int layers);
+  // With overlap chunks inside a pipeline stage: one new OverlappedExperts of `chunks` chunks per
+  // layer of `config` for one view (PipelineStage::set_expert_overlap), its FFN work buffers in
+  // `scratch` (the view's activation arena: it must outlive them, so a stage asks once per
+  // arena). Collective over the EP group; kept here, so migrations reach them.
+  std::vector<OverlappedExperts*> make_view_overlap(const ModelConfig& config, int chunks,
+                                                    const Ops<float>& ops, Arena& scratch);
   // After the parameters of a model built with shard() are set (initialized, loaded or copied
   // from a whole model): every spare slot receives its expert from the rank that owns it (weights
   // only: AdamW moments start at zero everywhere). Collective over the EP group; nothing to do
@@ -119,12 +125,17 @@ class RoleExpertParallel {
   int replicated_experts() const;
 
   // Layer `layer`'s (token, expert) assignments per expert dispatched through every set of
-  // view_dispatchers since the last call (a pipeline stage's router statistics: every micro-batch
+  // view_dispatchers and of make_view_overlap (whose chunks dispatch instead of the view's
+  // dispatchers) since the last call (a pipeline stage's router statistics: every micro-batch
   // chunk's forwards), [expert].
   std::vector<int64_t> take_view_expert_tokens(int layer);
 
   // Dispatch traffic of every dispatcher made by attach (payload and metadata, this rank).
   DispatchTraffic traffic() const;
+  // The communication time of every dispatcher made here (overlap chunks' too), summed
+  // (SplitPhaseChain::Time, this rank): differences around a phase give its EP communication
+  // time and the part of it that was exposed.
+  SplitPhaseChain::Time communication_time() const;
 
  private:
   const HierarchicalComm& role_;
@@ -136,10 +147,17 @@ class RoleExpertParallel {
   std::vector<std::unique_ptr<OverlappedExperts>> overlapped_;
   std::vector<ExpertDispatcher*> reused_;  // the dispatchers attach_reusing hands out
   std::vector<std::vector<ExpertDispatcher*>> view_sets_;  // view_dispatchers' sets
-  void ensure_tables(int layers);          // default tables for `layers` layers, if none yet
+  // make_view_overlap's sets.
+  std::vector<std::vector<OverlappedExperts*>> view_overlap_sets_;
+  void ensure_tables(int layers);  // default tables for `layers` layers, if none yet
   std::unique_ptr<ExpertDispatcher> make_dispatcher(int layer);  // routing by the layer's table
   // One new dispatcher per layer (kept in dispatchers_, so migrations reach them).
   std::vector<ExpertDispatcher*> make_dispatcher_set(int layers);
+  // One OverlappedExperts per layer of `config` (kept in overlapped_).
+  std::vector<OverlappedExperts*> make_overlap_set(const ModelConfig& config, int chunks,
+                                                   const Ops<float>& ops, Arena& scratch);
+  // Every dispatcher made here, the overlap chunks' included.
+  std::vector<const ExpertDispatcher*> all_dispatchers() const;
   // std::invalid_argument unless `table` holds every expert, never twice on one rank.
   void check_slot_table(const std::vector<int>& table) const;
   // Where local slot i of layer l lies in a buffer laid out by `layout`, [l * local_slots() + i].

@@ -2,8 +2,9 @@
 // interleaved; measured stage balancing; 4 ranks as PP 2 x DP 2), checked on the JSON twin: every
 // row's first step equal to the single-rank model (#wrong 0), the formula and the counted bubble
 // equal, a bubble and times per rank, the pass times adding up to each rank's compute time and
-// the simulated bubble being the schedule's with those pass times. Times of an oversubscribed run
-// are not asserted. Bad shapes and options stop every rank with exit code 2 and one message
+// the simulated bubble being the schedule's with those pass times; PP 2 x EP 2 on 4 ranks without
+// and with overlap chunks, the overlapped step equal to the plain one. Times of an oversubscribed
+// run are not asserted. Bad shapes and options stop every rank with exit code 2 and one message
 // before any work.
 #include <gtest/gtest.h>
 
@@ -102,6 +103,41 @@ TEST(BenchPipeline, TwoDataParallelPipelinesOnFourRanks) {
   EXPECT_NE(json.find("\"rank\":3"), std::string::npos) << json;
 }
 
+// PP 2 x DP 2 with EP 2 inside the stages: each row's step without and with 2 overlap chunks per
+// MoE layer on the same data, the overlapped gradients equal to the plain ones, every rank's EP
+// communication timed in both runs.
+TEST(BenchPipeline, ExpertParallelRowsRunWithAndWithoutOverlap) {
+  const test::CommandResult r =
+      test::run_rlfusion(kTiny +
+                             "--layers 4 --pipeline-parallel 2 --micro-batches 2 "
+                             "--virtual-stages 1,2 --expert-parallel 2 --ep-overlap-chunks 2",
+                         4);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("0 wrong OK"), std::string::npos) << r.output;
+  const std::string json = test::json_line(r.output, "pipeline_ep_overlap");
+  ASSERT_FALSE(json.empty()) << r.output;
+  EXPECT_EQ(test::json_number(json, "expert_parallel"), 2);
+  EXPECT_EQ(test::json_number(json, "ep_overlap_chunks"), 2);
+  EXPECT_EQ(test::json_number(json, "wrong"), 0);
+  size_t at = 0;
+  for (int v : {1, 2}) {
+    at = json.find("{\"virtual_stages\":" + std::to_string(v), at);
+    ASSERT_NE(at, std::string::npos) << json;
+    for (int rank = 0; rank < 4; ++rank) {
+      const size_t rank_at = json.find("{\"rank\":" + std::to_string(rank), at);
+      ASSERT_NE(rank_at, std::string::npos) << json;
+      const size_t plain = json.find("\"plain\":", rank_at);
+      const size_t overlapped = json.find("\"overlapped\":", rank_at);
+      for (size_t run : {plain, overlapped}) {
+        EXPECT_GT(test::json_number(json, "wall_seconds", run), 0) << json;
+        EXPECT_GT(test::json_number(json, "communication_seconds", run), 0) << json;
+        EXPECT_GE(test::json_number(json, "exposed_seconds", run), 0) << json;
+        EXPECT_LE(test::json_number(json, "hidden_fraction", run), 1) << json;
+      }
+    }
+  }
+}
+
 TEST(BenchPipeline, BadShapesStopEveryRankWithExitCodeTwo) {
   for (const auto& [args, ranks, message] :
        {std::tuple<std::string, int, std::string>{"--layers 4 --virtual-stages 3", 2,
@@ -111,7 +147,13 @@ TEST(BenchPipeline, BadShapesStopEveryRankWithExitCodeTwo) {
         {"--layers 8 --virtual-stages 2 --micro-batches 2", 4, "multiple of --pipeline-parallel 4"},
         {"--layers 6 --pipeline-parallel 3", 2, "must divide the world size 2"},
         {"--layers 4 --balance greedy", 2, "--balance"},
-        {"--layers 4 --micro-batches 2,x", 2, "--micro-batches"}}) {
+        {"--layers 4 --micro-batches 2,x", 2, "--micro-batches"},
+        {"--layers 4 --pipeline-parallel 2 --expert-parallel 2", 2,
+         "--expert-parallel 2 must divide both the 1 pipelines"},
+        {"--layers 4 --pipeline-parallel 2 --expert-parallel 2 --ep-overlap-chunks 1", 4,
+         "--ep-overlap-chunks must be >= 2 with --expert-parallel"},
+        {"--layers 4 --pipeline-parallel 2 --expert-parallel 2 --balance measured", 4,
+         "--balance measured is not supported with --expert-parallel"}}) {
     const test::CommandResult r = test::run_rlfusion(kTiny + args, ranks);
     EXPECT_EQ(r.exit_code, kExitConfigError) << args << "\n" << r.output;
     EXPECT_NE(r.output.find(message), std::string::npos) << args << "\n" << r.output;

@@ -1,5 +1,6 @@
 // `train --mode fused --pipeline-parallel`: PP 2 on 2 ranks, PP 2 x DP 2 on 4 ranks and PP 2 x EP 2
-// on 4 ranks (expert parallelism inside the stages) train like the data-parallel fused run of the
+// on 4 ranks (expert parallelism inside the stages, also with --ep-overlap-chunks 2: every MoE
+// layer of every micro-batch in overlapped chunks) train like the data-parallel fused run of the
 // same prompts (generation data-parallel on every rank from
 // the borrowed layers, training stage by stage under 1F1B): the same held-out accuracy before and
 // after RL, the same reward every step, and a saved whole model within float rounding of it. The
@@ -9,6 +10,7 @@
 // test_checkpoints.cpp.)
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -40,7 +42,8 @@ TEST(PipelineParallelTrain, TrainsLikeTheDataParallelFusedRun) {
     int ranks;
     std::string options;
   };
-  for (const Layout& layout : {Layout{2, ""}, Layout{4, ""}, Layout{4, "--expert-parallel 2 "}}) {
+  for (const Layout& layout : {Layout{2, ""}, Layout{4, ""}, Layout{4, "--expert-parallel 2 "},
+                               Layout{4, "--expert-parallel 2 --ep-overlap-chunks 2 "}}) {
     const int ranks = layout.ranks;
     SCOPED_TRACE(std::to_string(ranks) + " ranks " + layout.options);
     const int pipelines = ranks / 2;
@@ -55,6 +58,23 @@ TEST(PipelineParallelTrain, TrainsLikeTheDataParallelFusedRun) {
                                "ranks in consecutive pipelines"),
                 std::string::npos)
           << pp.output;
+      // The schedule's EP communication per rank, with or without overlap chunks: timed (in
+      // flight > 0 on every rank), its exposed part, and the hidden fraction between them.
+      const int chunks = layout.options.find("--ep-overlap-chunks 2") != std::string::npos ? 2 : 1;
+      EXPECT_EQ(test::json_number(pp.output, "ep_overlap_chunks"), chunks);
+      EXPECT_NE(pp.output.find("# PP x EP communication in the schedule, " +
+                               std::to_string(chunks) + " overlap chunk(s) per MoE layer"),
+                std::string::npos)
+          << pp.output;
+      // summary.json's per-rank arrays (rank 0's value first).
+      auto first_of = [&](const std::string& key) {
+        const size_t at = pp.output.find("\"" + key + "\":[");
+        return at == std::string::npos ? std::nan("")
+                                       : std::stod(pp.output.substr(at + key.size() + 4));
+      };
+      EXPECT_GT(first_of("ep_communication_seconds"), 0.0) << pp.output;
+      EXPECT_GE(first_of("ep_exposed_seconds"), 0.0) << pp.output;
+      EXPECT_LE(first_of("ep_hidden_fraction"), 1.0) << pp.output;
     }
     EXPECT_EQ(test::json_number(pp.output, "pipeline_parallel"), 2);
     // Each rank's 16 samples are one --micro-batch (64): two micro-batches per pipeline.
@@ -124,9 +144,10 @@ TEST(PipelineParallelTrain, ShapesThatDoNotFitStopEveryRankBeforeOutput) {
           {4, "--pipeline-parallel 2 --expert-parallel 2 --actor-expert-parallel 1",
            "--pipeline-parallel 2 x --expert-parallel 2: --actor-expert-parallel must be the same "
            "degree"},
-          {4, "--pipeline-parallel 2 --expert-parallel 2 --ep-overlap-chunks 2",
-           "--pipeline-parallel 2 x --expert-parallel 2 is not supported with --ep-overlap-chunks "
-           "above 1"},
+          {2, "--pipeline-parallel 2 --ep-overlap-chunks 2",
+           "--pipeline-parallel 2 with --ep-overlap-chunks 2 needs --expert-parallel 2 or more"},
+          {4, "--pipeline-parallel 2 --expert-parallel 2 --ep-overlap-chunks 0",
+           "--ep-overlap-chunks must be >= 1, got 0"},
           {4, "--pipeline-parallel 2 --expert-parallel 2 --redundant-experts 1",
            "--pipeline-parallel 2 x --expert-parallel 2 is not supported with "
            "--redundant-experts"},

@@ -21,11 +21,13 @@ struct PipelineStepBeside {
 
 // groups.shape().micro_batches fresh micro-batches (from `seed`) per pipeline, the same on every
 // rank: this rank's pipeline runs its own through the schedule on `stage` (gradients zeroed
-// first, left unreduced; with `dispatchers`, its micro-batch chunks dispatch over an EP group),
-// the single-rank `reference` runs all of them (its gradients).
+// first, left unreduced; with `dispatchers`, its micro-batch chunks dispatch over an EP group;
+// with `overlap` too, their MoE layers run in overlapped chunks), the single-rank `reference`
+// runs all of them (its gradients).
 inline PipelineStepBeside pipeline_step_beside_reference(
     Transformer<float>& stage, Transformer<float>& reference, const PipelineGroups& groups,
-    Links& links, uint64_t seed, PipelineStage<float>::ExpertDispatchers dispatchers = {}) {
+    Links& links, uint64_t seed, PipelineStage<float>::ExpertDispatchers dispatchers = {},
+    PipelineStage<float>::ExpertOverlap overlap = {}) {
   const int m = groups.shape().micro_batches;
   const float aux_weight = stage.config().aux_loss_coef;
   const auto all =
@@ -35,6 +37,7 @@ inline PipelineStepBeside pipeline_step_beside_reference(
   result.reference_loss = reference_step(reference, all, aux_weight);
   PipelineStage<float> pipeline_stage(stage, groups.chunks(groups.stage()), 8 << 20);
   pipeline_stage.set_expert_dispatchers(std::move(dispatchers));
+  pipeline_stage.set_expert_overlap(std::move(overlap));
   stage.zero_gradients();
   result.loss = run_pipeline_step(pipeline_stage, groups.shape(), result.own, aux_weight,
                                   groups.pipeline().comm, links)
