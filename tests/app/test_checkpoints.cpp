@@ -296,7 +296,8 @@ TEST(CheckpointRestart, ExpertParallelAfterMigrationResumesBitExact) {
 // (replicas included) and the rebalancer's predictors and interval; a run killed while writing
 // checkpoint 4 resumes from checkpoint 2 at its placement and ends bit for bit where the
 // uninterrupted run does (at the default placement the replicas' token split, and so the math,
-// would differ). Disaggregated learners (EP 2 x 1 with 2 actors) and fused ranks (EP 2).
+// would differ). Disaggregated learners (EP 2 x 1 with 2 actors) and fused ranks (EP 2, generation
+// on the training layout or through the layout switch).
 void expect_replica_resume_bit_exact(const std::string& name, const std::string& layout) {
   SCOPED_TRACE(name);
   const std::string args =
@@ -328,6 +329,9 @@ void expect_replica_resume_bit_exact(const std::string& name, const std::string&
 TEST(CheckpointRestart, ReplicasResumeBitExact) {
   expect_replica_resume_bit_exact("replicas", "--learners 2 --actors 2 --expert-parallel 2 ");
   expect_replica_resume_bit_exact("replicas-fused", "--mode fused --expert-parallel 2 ");
+  // Generation through the layout switch (EP 2 -> 1), which follows the adopted tables.
+  expect_replica_resume_bit_exact("replicas-fused-switch",
+                                  "--mode fused --expert-parallel 2 --actor-expert-parallel 1 ");
 }
 
 // A checkpoint with replicas resumes without them (--redundant-experts 0) and at another EP
