@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "kernels/error.h"
+#include "mpi_comm/wait_policy.h"
 
 namespace rlf {
 
@@ -149,7 +150,7 @@ void wait_with_backoff(MPI_Request* request, MPI_Status* status,
   auto sleep = std::chrono::microseconds(1);
   int done = 0;
   MPI_Test(request, &done, status);
-  const double polled_until = steady_seconds() + kPollBeforeSleepSeconds;
+  const double polled_until = steady_seconds() + poll_before_sleep_seconds();
   while (!done && steady_seconds() < polled_until) {
     std::this_thread::yield();
     MPI_Test(request, &done, status);

@@ -89,17 +89,9 @@ class Links {
 // Seconds on the steady clock: the time base of emulation deadlines.
 double steady_seconds();
 
-// How long a wait polls (MPI_Test, yielding the core between tests) before it starts to sleep.
-// A sleep on this VM lasts 50-100 us however short it is asked to be (timer granularity and
-// slack: sleep_for(1 us) measured 96 us on the idle machine), so a wait that slept at once paid
-// that for every message that came a few microseconds late, and expert parallelism's ~100
-// dispatch and combine synchronizations per step paid it ~100 times. Yielding keeps an
-// oversubscribed core free for the rank being waited for.
-inline constexpr double kPollBeforeSleepSeconds = 100e-6;
-
 // Waits for `request` without taking a core for long: MPI_Test polls for
-// kPollBeforeSleepSeconds, yielding between tests, then sleeps that grow from 1 us to
-// `longest_sleep`.
+// poll_before_sleep_seconds() (wait_policy.h: without end when every rank has a core of its own),
+// yielding between tests, then sleeps that grow from 1 us to `longest_sleep`.
 void wait_with_backoff(MPI_Request* request, MPI_Status* status,
                        std::chrono::microseconds longest_sleep = std::chrono::microseconds(1000));
 

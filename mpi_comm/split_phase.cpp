@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "mpi_comm/links.h"
+#include "mpi_comm/wait_policy.h"
 
 namespace rlf {
 
@@ -55,7 +56,7 @@ double SplitPhaseChain::ready_in(double unknown) const {
 void progress_until_finished(SplitPhaseChain& target, const std::vector<SplitPhaseChain*>& chains) {
   constexpr double kShortest = 1e-6, kLongest = 1e-3;
   double backoff = kShortest;
-  // Nothing known to be ready: poll (yielding the core) for kPollBeforeSleepSeconds after the
+  // Nothing known to be ready: poll (yielding the core) for poll_before_sleep_seconds() after the
   // last step that moved before sleeping; a known emulated deadline is still slept to.
   double quiet_since = steady_seconds();
   for (;;) {
@@ -66,7 +67,7 @@ void progress_until_finished(SplitPhaseChain& target, const std::vector<SplitPha
       steps_before += chain->steps_run();
       chain->progress();
     }
-    const bool polling = steady_seconds() - quiet_since < kPollBeforeSleepSeconds;
+    const bool polling = steady_seconds() - quiet_since < poll_before_sleep_seconds();
     const double unknown = polling ? 0.0 : backoff;
     double sleep = std::numeric_limits<double>::infinity();
     for (const SplitPhaseChain* chain : chains) {

@@ -31,6 +31,7 @@
 #include "mpi_comm/links.h"
 #include "src/app/bench_timing.h"
 #include "src/app/build_info.h"
+#include "src/app/calibrate_expert_exchange.h"
 #include "src/app/commands.h"
 #include "src/app/options.h"
 #include "src/model/transformer.h"
@@ -513,6 +514,12 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
     c.intra_node = {intra.bandwidth, intra.latency};
     intra_method = "MPI ping-pong, 2 ranks, Links";
   }
+  ExpertExchangeCost exchange;
+  if (ranks == 2) {
+    exchange = measure_expert_exchange(c.intra_node, repeats);
+    c.expert_exchange_overhead = exchange.overhead;
+    c.expert_exchange_row_seconds = exchange.row_seconds;
+  }
   c.intra_supernode = c.inter_supernode = c.intra_node;
   std::string inter_method = "no emulation: as intra-node";
   if (ranks == 2 && emulation.enabled()) {
@@ -531,7 +538,9 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
       "1024 rows; layer_rate_* and decode_rate_*: the measured points the fits were made of; "
       "kernel overhead from a 1-token forward of a 1-layer d_model-8 model; "
       "optimizer_rate: gradient norm + AdamW over 4M parameters; sampler: top-p sampling of 64 "
-      "rows at V = 16 .. 4096; copy bandwidth from memcpy of 128 MiB; links: %s; %s.",
+      "rows at V = 16 .. 4096; copy bandwidth from memcpy of 128 MiB; links: %s; %s; "
+      "expert exchange (2 ranks): the runtime's dispatcher, 8 and 256 tokens top-2 of 4 experts, "
+      "beyond the link time.",
       build_info().c_str(), ranks, resolve_threads(run.threads), intra_method.c_str(),
       inter_method.c_str());
   const std::string text = sim::cluster_config_ini(c, comment);
@@ -548,12 +557,14 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
         "\"matmul_nmse\":%.3g,"
         "\"kernel_overhead_s\":%.6g,\"memory_bandwidth\":%.6g,\"intra_node_bandwidth\":%.6g,"
         "\"intra_node_latency_s\":%.6g,\"inter_node_bandwidth\":%.6g,"
-        "\"inter_node_latency_s\":%.6g,\"output\":\"%s\",\"ok\":%s}\n",
+        "\"inter_node_latency_s\":%.6g,\"expert_exchange_overhead_s\":%.6g,"
+        "\"expert_exchange_row_seconds\":%.6g,\"output\":\"%s\",\"ok\":%s}\n",
         c.matmul_flops, c.half_rate_rows, c.half_rate_width, c.decode_flops,
         c.decode_half_rate_rows, c.decode_half_rate_width, c.optimizer_rate, c.sampler_rate,
         c.sampler_sort_rate, matmul.nmse, c.kernel_overhead, c.memory_bandwidth,
         c.intra_node.bandwidth, c.intra_node.latency, c.inter_supernode.bandwidth,
-        c.inter_supernode.latency, output.c_str(), matmul_ok ? "true" : "false");
+        c.inter_supernode.latency, c.expert_exchange_overhead, c.expert_exchange_row_seconds,
+        output.c_str(), matmul_ok ? "true" : "false");
     return matmul_ok ? 0 : 1;
   }
   std::printf("# rlfusion bench calibrate: %s\n", build_info().c_str());
@@ -600,6 +611,15 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
   quantity("intra-node latency", c.intra_node.latency * 1e6, 2, "us", intra_method);
   quantity("inter-node bandwidth", c.inter_supernode.bandwidth / 1e9, 3, "GB/s", inter_method);
   quantity("inter-node latency", c.inter_supernode.latency * 1e6, 2, "us", inter_method);
+  if (ranks == 2) {
+    char method[160];
+    std::snprintf(method, sizeof method,
+                  "dispatcher, %d / %d tokens: %.1f / %.1f us per operation, less link time",
+                  exchange.small_tokens, exchange.large_tokens, exchange.small_seconds * 1e6,
+                  exchange.large_seconds * 1e6);
+    quantity("EP exchange overhead", c.expert_exchange_overhead * 1e6, 2, "us", method);
+    quantity("EP exchange per row", c.expert_exchange_row_seconds * 1e9, 2, "ns", "same fit");
+  }
   std::printf("# matmul check: %s; wrote %s (reads back)\n", matmul_ok ? "OK" : "WRONG",
               output.c_str());
   return matmul_ok ? 0 : 1;

@@ -7,6 +7,7 @@
 
 #include "kernels/error.h"
 #include "mpi_comm/hierarchical_collectives.h"
+#include "mpi_comm/wait_policy.h"
 #include "src/app/build_info.h"
 #include "src/app/learned_reward.h"
 #include "src/app/learner_hooks.h"
@@ -164,6 +165,7 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
           policy.config.name.c_str(), policy.config.parameter_count() / 1e6,
           policy.task->name().c_str(), (unsigned long long)run.seed, dir.path().c_str());
   dir.log("%s", topology.layout_table().c_str());
+  dir.log("# %s\n", describe_wait_policy().c_str());
   dir.log("%s", describe_router_skew(options.rebalance).c_str());
   saved.describe(dir);
 

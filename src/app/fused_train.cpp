@@ -8,6 +8,7 @@
 #include <string>
 
 #include "kernels/error.h"
+#include "mpi_comm/wait_policy.h"
 #include "src/app/build_info.h"
 #include "src/app/fused_memory.h"
 #include "src/app/learned_reward.h"
@@ -147,6 +148,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
           policy.config.name.c_str(), policy.config.parameter_count() / 1e6,
           policy.task->name().c_str(), (unsigned long long)run.seed, dir.path().c_str());
   dir.log("%s", topology.layout_table().c_str());
+  dir.log("# %s\n", describe_wait_policy().c_str());
   dir.log("%s", describe_learned_reward(rl, learned.get()).c_str());
   dir.log("%s", describe_router_skew(options.rebalance).c_str());
   saved.describe(dir);
@@ -176,12 +178,16 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   if (pp) learner.optimizer->set_shard(pp->optimizer_shard(model.layout(), ep.get()));
   const TrainingState state{&model, learner.optimizer.get(), learner.reference.get()};
   // Router statistics per step into the trace and, with --rebalance-every, experts moved
-  // between the training EP ranks (with their AdamW moments and the reference's weights).
-  // (Not with pipeline parallelism: its stages hold different layers; rebalancing is refused.)
+  // between the training EP ranks (with their AdamW moments and the reference's weights). With
+  // pipeline stages each stage records its own layers from every micro-batch chunk's dispatchers
+  // (training's forwards), and its EP group moves the experts of its own layers.
   std::unique_ptr<TrainRebalancer> rebalancer;
-  if (ep && !pp) {
-    rebalancer = std::make_unique<TrainRebalancer>(
-        options.rebalance, *ep, all, model, *learner.optimizer, learner.reference.get(), trace);
+  if (ep) {
+    TrainRebalancer::LayerExpertTokens stage_tokens;
+    if (pp) stage_tokens = [&ep](int layer) { return ep->take_view_expert_tokens(layer); };
+    rebalancer =
+        std::make_unique<TrainRebalancer>(options.rebalance, *ep, all, model, *learner.optimizer,
+                                          learner.reference.get(), trace, std::move(stage_tokens));
     dir.log("%s", rebalancer->describe().c_str());
   }
   Arena& device = policy.device->memory();
@@ -426,7 +432,8 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
     generation_peak = std::max(generation_peak, device.phase_peak());
     // The rebalancer's seconds go with the tokens it counts: generation's too when it runs on the
     // training layout (its dispatchers count), training's always.
-    double routed_seconds = layout_switch ? 0.0 : seconds_since(generation_start);
+    // (With pipeline stages only training's forwards count.)
+    double routed_seconds = layout_switch || pp ? 0.0 : seconds_since(generation_start);
     if (offload) {
       TraceScope traced(trace, Phase::Onload);
       traced.set_version(version);

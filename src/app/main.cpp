@@ -14,6 +14,7 @@
 #include "src/app/build_info.h"
 #include "src/app/commands.h"
 #include "src/app/launch_check.h"
+#include "mpi_comm/wait_policy.h"
 
 namespace {
 
@@ -93,6 +94,7 @@ int main(int argc, char** argv) {
   int code = 0;
   try {
     rlf::check_launch(MPI_COMM_WORLD);  // world size vs the launch (singletons): exit 2
+    rlf::choose_wait_policy(MPI_COMM_WORLD);
     code = dispatch(std::vector<std::string>(argv + 1, argv + argc));
   } catch (const rlf::ConfigError& e) {
     if (rank == 0) std::fprintf(stderr, "rlfusion: error: %s\n", e.what());

@@ -16,8 +16,7 @@ namespace {
 
 // PP x EP (validate_pipeline_parallel_train's EP part).
 void validate_pipeline_expert_parallel(const std::string& option,
-                                       const DisaggregatedOptions& options, int world_size,
-                                       const CheckpointOptions& checkpoints) {
+                                       const DisaggregatedOptions& options, int world_size) {
   const int degree = options.expert_parallel;
   const std::string both = option + " x --expert-parallel " + std::to_string(degree);
   // Generation runs on the whole model with the training EP groups' experts.
@@ -38,16 +37,12 @@ void validate_pipeline_expert_parallel(const std::string& option,
   };
   if (options.ep_overlap_chunks > 1) refuse("--ep-overlap-chunks above 1");
   if (options.rebalance.redundant_experts > 0) refuse("--redundant-experts");
-  if (checkpoints.every > 0 || !checkpoints.resume.empty()) {
-    refuse("--checkpoint-every or --resume");
-  }
 }
 
 }  // namespace
 
 void validate_pipeline_parallel_train(const DisaggregatedOptions& options, bool fused,
-                                      int world_size, const RlOptions& rl,
-                                      const CheckpointOptions& checkpoints) {
+                                      int world_size, const RlOptions& rl) {
   const int degree = options.pipeline_parallel;
   const std::string option = "--pipeline-parallel " + std::to_string(degree);
   if (degree < 1) throw ConfigError(option + ": must be a positive integer");
@@ -74,7 +69,7 @@ void validate_pipeline_parallel_train(const DisaggregatedOptions& options, bool 
     }
   }
   if (options.expert_parallel > 1 || options.actor_expert_parallel > 1) {
-    validate_pipeline_expert_parallel(option, options, world_size, checkpoints);
+    validate_pipeline_expert_parallel(option, options, world_size);
   }
 }
 

@@ -26,13 +26,11 @@ namespace rlf {
 // ConfigError, the same on every rank before any work, for --pipeline-parallel outside what is
 // built: a degree, virtual stages or micro-batch count below their minimum, --virtual-stages or
 // --micro-batches without a pipeline, one rank, a multi-rank run that is not --mode fused, or
-// combined with --offload, StaleSync, a learned reward model or rebalancing; with
+// combined with --offload, StaleSync, a learned reward model or (without EP) rebalancing; with
 // --tensor-parallel T, T x P not dividing the ranks; with --expert-parallel E, E not dividing the
-// pipelines, another --actor-expert-parallel, --ep-overlap-chunks above 1, --redundant-experts
-// or checkpoints.
+// pipelines, another --actor-expert-parallel, --ep-overlap-chunks above 1 or --redundant-experts.
 void validate_pipeline_parallel_train(const DisaggregatedOptions& options, bool fused,
-                                      int world_size, const RlOptions& rl,
-                                      const CheckpointOptions& checkpoints);
+                                      int world_size, const RlOptions& rl);
 
 // The pipelines over the fused ranks (null for --pipeline-parallel 1), each rank generating
 // `rank_samples` samples (prompt groups of `group_size`) per step, trained in `minibatches`

@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "kernels/error.h"
+#include "src/app/pipeline_expert_checkpoint.h"
 #include "src/app/train_rebalance.h"
 #include "src/model/expert_parallel.h"
 #include "src/model/tensor_parallel.h"
@@ -294,6 +295,12 @@ void TrainCheckpoints::save(const RlPosition& position, const TrainingState& sta
   c.group_size = rl_.group_size;
   c.staleness = rl_.staleness;
   const Transformer<float>& model = *state.model;
+  if (pipeline_ && ep) {
+    // PP x EP: the first EP replica's pipelines gather their stages, their first stages write.
+    write_pipeline_expert_checkpoint(run_.run_dir, model.config(), c, tensors_of(buffers_of(state)),
+                                     *pipeline_, *ep);
+    return;
+  }
   if (pipeline_ || tensor_parallel_) {
     // The first model replica (pipeline, TP group or both) assembles the whole model; the others
     // hold the same values.

@@ -9,7 +9,10 @@
 // reads back its own layers, so a checkpoint loads at any PP degree, or without pipelines. With
 // tensor parallelism the first TP group (with PP too: the first model replica) gathers the TP
 // slices into the whole tensors; each rank reads back the whole tensors of its layers and keeps its
-// slice, so a checkpoint loads at any TP degree, with or without pipelines.
+// slice, so a checkpoint loads at any TP degree, with or without pipelines. With EP inside the
+// pipeline stages (PP x EP) the first EP replica's pipelines each gather their stages and their
+// first stages write the file together as one EP group (src/app/pipeline_expert_checkpoint.h);
+// each rank reads back its stage's layers and its experts' rows.
 // With expert parallelism (no pipelines, no TP) the file also holds the expert placement in force
 // (slot tables, replicas of hot experts included) and the rebalancer's state (src/io/
 // checkpoint_placement.h): a resume with the same EP degree and spare slots adopts the placement

@@ -160,7 +160,7 @@ int run_train_command(const std::vector<std::string>& args) {
         std::to_string(multi_rank.actor_expert_parallel) + " on 1 rank");
   }
   validate_tensor_parallel_train(multi_rank, mode == "fused", world_size, o);
-  validate_pipeline_parallel_train(multi_rank, mode == "fused", world_size, o, checkpoints);
+  validate_pipeline_parallel_train(multi_rank, mode == "fused", world_size, o);
   if (o.staleness > 0 && world_size == 1) {
     throw ConfigError(
         "--staleness " + std::to_string(o.staleness) +

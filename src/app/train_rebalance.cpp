@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <stdexcept>
+#include <utility>
 
 #include "kernels/arena.h"
 #include "kernels/error.h"
@@ -168,7 +169,7 @@ std::string router_skew_json(const RebalanceOptions& o) {
 TrainRebalancer::TrainRebalancer(const RebalanceOptions& options, RoleExpertParallel& ep,
                                  const HierarchicalComm& learners, Transformer<float>& model,
                                  AdamW<float>& optimizer, Transformer<float>* reference,
-                                 TraceRecorder& trace)
+                                 TraceRecorder& trace, LayerExpertTokens expert_tokens)
     : options_(options),
       ep_(ep),
       learners_(learners),
@@ -176,6 +177,7 @@ TrainRebalancer::TrainRebalancer(const RebalanceOptions& options, RoleExpertPara
       optimizer_(optimizer),
       reference_(reference),
       trace_(trace),
+      expert_tokens_(std::move(expert_tokens)),
       predictors_(
           size_t(model.config().n_layers),
           LoadPredictor(model.config().n_experts, LoadPredictorOptions{options.smoothing, 0.0})) {
@@ -183,10 +185,12 @@ TrainRebalancer::TrainRebalancer(const RebalanceOptions& options, RoleExpertPara
   if (reference_ && reference_->layout().total() != model.layout().total()) {
     throw std::logic_error("TrainRebalancer: the reference stores other experts than the policy");
   }
-  // One node: the planner charges every transfer at the one measured link rate. With redundant
+  // One node: the planner charges every transfer at the one link rate. With redundant
   // slots its proposals replicate the hot experts (place_two_level, incremental_moves).
   cluster_ = {1, ep.degree(), ep.local_slots()};
-  bytes_per_expert_ = expert_bytes(model.layout(), reference_ ? 4 : 3);
+  // (Of the whole model's layout: every layer's experts are alike, and a pipeline stage may not
+  // store layer 0.)
+  bytes_per_expert_ = expert_bytes(ParameterLayout(c), reference_ ? 4 : 3);
   // The routed experts' share of a token's matmul work: the part of the step's time that
   // follows the busiest EP rank's routed tokens.
   expert_share_ =
@@ -198,6 +202,8 @@ TrainRebalancer::TrainRebalancer(const RebalanceOptions& options, RoleExpertPara
       double(arena.capacity() - arena.used()) + cluster_.slots_per_device * bytes_per_expert_;
   measured_ = options_.rates == "measured";
   if (options_.every == 0) return;
+  // Every learner plans with the same free memory (pipeline stages use different amounts).
+  MPI_Allreduce(MPI_IN_PLACE, &arena_bytes_, 1, MPI_DOUBLE, MPI_MIN, learners_.comm);
   if (measured_) {
     link_rate_ = measure_link_rate();
   } else {
@@ -289,13 +295,20 @@ std::vector<std::vector<double>> TrainRebalancer::take_router_loads(int step) {
   const int E = model_.config().n_experts;
   std::vector<std::vector<double>> loads;
   for (int l = 0; l < model_.config().n_layers; ++l) {
-    std::vector<int64_t> tokens = model_.expert_dispatcher(l)->take_expert_tokens();
-    // With overlap chunks the training forwards dispatch through the chunks' dispatchers.
-    if (OverlappedExperts* overlap = model_.expert_overlap(l)) {
-      const std::vector<int64_t> chunked = overlap->take_expert_tokens();
-      for (size_t e = 0; e < chunked.size(); ++e) tokens[e] += chunked[e];
-    }
     loads.emplace_back(size_t(E), 0.0);
+    // (A pipeline stage's other layers: their stages record them.)
+    if (!model_.layout().stores_layer(l)) continue;
+    std::vector<int64_t> tokens;
+    if (expert_tokens_) {
+      tokens = expert_tokens_(l);
+    } else {
+      tokens = model_.expert_dispatcher(l)->take_expert_tokens();
+      // With overlap chunks the training forwards dispatch through the chunks' dispatchers.
+      if (OverlappedExperts* overlap = model_.expert_overlap(l)) {
+        const std::vector<int64_t> chunked = overlap->take_expert_tokens();
+        for (size_t e = 0; e < chunked.size(); ++e) tokens[e] += chunked[e];
+      }
+    }
     for (int e = 0; e < E; ++e) {
       trace_.record_router_load({step, l, e, tokens[size_t(e)]});
       loads.back()[size_t(e)] = double(tokens[size_t(e)]);

@@ -13,6 +13,7 @@
 // reproducible).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -74,13 +75,22 @@ std::string router_skew_json(const RebalanceOptions& options);
 
 class TrainRebalancer {
  public:
+  // A layer's (token, expert) assignments on this rank since the last call, [expert].
+  using LayerExpertTokens = std::function<std::vector<int64_t>(int layer)>;
+
   // Collective over `learners` (all learner ranks; with every > 0 and measured rates it times a
   // transfer of one expert's bytes between the EP ranks: the link rate migration costs are
   // charged at).
   // `reference` may be null. Everything referenced must outlive the rebalancer.
+  // `expert_tokens`: where the router statistics come from (default: the model's dispatchers and
+  // overlap chunks). With pipeline stages (a layer-sharded `model`, its EP group over the stage's
+  // ranks, `learners` every stage's ranks) only the layers the stage stores are recorded; every
+  // rank decides every layer's placement on the loads summed over all of them, and each EP group
+  // moves the experts of its own layers while its dispatchers follow every layer's table.
   TrainRebalancer(const RebalanceOptions& options, RoleExpertParallel& ep,
                   const HierarchicalComm& learners, Transformer<float>& model,
-                  AdamW<float>& optimizer, Transformer<float>* reference, TraceRecorder& trace);
+                  AdamW<float>& optimizer, Transformer<float>* reference, TraceRecorder& trace,
+                  LayerExpertTokens expert_tokens = {});
 
   // After RL step `step`, which took `step_seconds` on this rank (only measured rates use it;
   // collective over the learners when rebalancing): records the step's router statistics; every
@@ -113,6 +123,7 @@ class TrainRebalancer {
   AdamW<float>& optimizer_;
   Transformer<float>* reference_;
   TraceRecorder& trace_;
+  LayerExpertTokens expert_tokens_;
   ExpertCluster cluster_;
   std::vector<LoadPredictor> predictors_;  // one per layer
   // One expert of one layer: its weights + AdamW moments (+ reference weights).

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "kernels/error.h"
+#include "mpi_comm/wait_policy.h"
 #include "src/roles/queue_protocol.h"
 #include "src/roles/sample_packing.h"
 
@@ -22,7 +23,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::microseconds;
 
-// Idle waits poll (yielding the core) for kPollBeforeSleepSeconds after the loop last made
+// Idle waits poll (yielding the core) for poll_before_sleep_seconds() after the loop last made
 // progress, then sleep 1 us, 2 us, ... up to 1 ms (like wait_with_backoff, whose comment says why
 // they poll first): short waits stay short, long ones cost a core almost nothing.
 class Backoff {
@@ -32,7 +33,7 @@ class Backoff {
     quiet_since_ = steady_seconds();
   }
   void wait() {
-    if (steady_seconds() - quiet_since_ < kPollBeforeSleepSeconds) {
+    if (steady_seconds() - quiet_since_ < poll_before_sleep_seconds()) {
       std::this_thread::yield();
       return;
     }

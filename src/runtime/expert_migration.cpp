@@ -38,6 +38,9 @@ uint64_t copy_experts_into_slots(const std::vector<std::vector<int>>& old_slot_e
     if (new_slot_expert[l].size() != old_slot_expert[l].size()) {
       throw std::invalid_argument("copy_experts_into_slots: tables of different slot counts");
     }
+    // A layer the ranks do not store (a pipeline stage's EP group follows every layer's table,
+    // moving only its own layers' experts): nothing to copy, no message.
+    if (slot_ranges[l * size_t(local_slots)].empty()) continue;
     for (size_t s = 0; s < new_slot_expert[l].size(); ++s) {
       const int expert = new_slot_expert[l][s], target = int(s);
       if (expert == old_slot_expert[l][s]) continue;

@@ -1,5 +1,6 @@
 #include "src/runtime/role_expert_parallel.h"
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <numeric>
@@ -103,7 +104,10 @@ std::vector<std::vector<ParameterRange>> RoleExpertParallel::slot_ranges(
     const ParameterLayout& layout) const {
   std::vector<std::vector<ParameterRange>> ranges;
   const int local = local_slots();
-  for (int l = 0; l < expert_layers(layout); ++l)
+  // Every layer with a table (a pipeline stage's layout stores only some: the others' ranges are
+  // empty).
+  const int layers = std::max(expert_layers(layout), int(slot_expert_.size()));
+  for (int l = 0; l < layers; ++l)
     for (int i = 0; i < local; ++i)
       ranges.push_back(expert_slices(layout, ep_rank_ * local + i, 1, l));
   return ranges;
@@ -353,6 +357,16 @@ uint64_t RoleExpertParallel::gather_full_model(const float* params, const Parame
     }
   }
   return received;
+}
+
+std::vector<int64_t> RoleExpertParallel::take_view_expert_tokens(int layer) {
+  std::vector<int64_t> tokens(size_t(experts_), 0);
+  for (const std::vector<ExpertDispatcher*>& set : view_sets_) {
+    if (layer >= int(set.size())) continue;
+    const std::vector<int64_t> taken = set[size_t(layer)]->take_expert_tokens();
+    for (size_t e = 0; e < taken.size(); ++e) tokens[e] += taken[e];
+  }
+  return tokens;
 }
 
 DispatchTraffic RoleExpertParallel::traffic() const {

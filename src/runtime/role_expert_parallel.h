@@ -122,6 +122,11 @@ class RoleExpertParallel {
   // (layer, expert) pairs held in more than one slot.
   int replicated_experts() const;
 
+  // Layer `layer`'s (token, expert) assignments per expert dispatched through every set of
+  // view_dispatchers since the last call (a pipeline stage's router statistics: every micro-batch
+  // chunk's forwards), [expert].
+  std::vector<int64_t> take_view_expert_tokens(int layer);
+
   // Dispatch traffic of every dispatcher made by attach (payload and metadata, this rank).
   DispatchTraffic traffic() const;
 

@@ -60,6 +60,8 @@ void ClusterConfig::validate(const std::string& source) const {
   positive(memory_bandwidth, "memory_bandwidth");
   positive(host_bandwidth, "host_bandwidth");
   non_negative(kernel_overhead, "kernel_overhead");
+  non_negative(expert_exchange_overhead, "expert_exchange_overhead");
+  non_negative(expert_exchange_row_seconds, "expert_exchange_row_seconds");
   positive(optimizer_rate, "optimizer_rate");
   positive(sampler_rate, "sampler_rate");
   positive(sampler_sort_rate, "sampler_sort_rate");
@@ -105,6 +107,8 @@ ClusterConfig load_cluster_config(const std::string& name_or_path) {
   add("cluster.intra_supernode_latency", po::value(&c.intra_supernode.latency)->required());
   add("cluster.inter_supernode_bandwidth", po::value(&c.inter_supernode.bandwidth)->required());
   add("cluster.inter_supernode_latency", po::value(&c.inter_supernode.latency)->required());
+  add("cluster.expert_exchange_overhead", po::value(&c.expert_exchange_overhead));
+  add("cluster.expert_exchange_row_seconds", po::value(&c.expert_exchange_row_seconds));
   // The optional measured rate grids: rows, widths and rates, all three or none.
   struct TableKeys {
     const char* key;
@@ -163,13 +167,15 @@ std::string cluster_config_ini(const ClusterConfig& c, const std::string& commen
       "intra_node_bandwidth = %.6g\n"
       "intra_node_latency = %.6g\nintra_supernode_bandwidth = %.6g\n"
       "intra_supernode_latency = %.6g\ninter_supernode_bandwidth = %.6g\n"
-      "inter_supernode_latency = %.6g\n",
+      "inter_supernode_latency = %.6g\nexpert_exchange_overhead = %.6g\n"
+      "expert_exchange_row_seconds = %.6g\n",
       c.name.c_str(), c.devices_per_node, c.nodes_per_supernode, c.supernodes, c.matmul_flops,
       c.half_rate_rows, c.half_rate_width, c.decode_flops, c.decode_half_rate_rows,
       c.decode_half_rate_width, c.memory_bytes, c.memory_bandwidth, c.host_bandwidth,
       c.kernel_overhead, c.optimizer_rate, c.sampler_rate, c.sampler_sort_rate,
       c.intra_node.bandwidth, c.intra_node.latency, c.intra_supernode.bandwidth,
-      c.intra_supernode.latency, c.inter_supernode.bandwidth, c.inter_supernode.latency);
+      c.intra_supernode.latency, c.inter_supernode.bandwidth, c.inter_supernode.latency,
+      c.expert_exchange_overhead, c.expert_exchange_row_seconds);
   out << buffer;
   const std::pair<const char*, const RateTable*> tables[] = {{"layer_rate", &c.layer_table},
                                                              {"decode_rate", &c.decode_table}};

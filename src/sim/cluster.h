@@ -72,6 +72,15 @@ struct ClusterConfig {
     return vocab / sampler_rate + vocab * std::log2(vocab) / sampler_sort_rate;
   }
   Link intra_node, intra_supernode, inter_supernode;
+  // An expert-parallel exchange (dispatch, combine or a backward) beyond its link time: routing
+  // bookkeeping, counts and metadata, packing and unpacking rows, the split-phase chain. Seconds
+  // per operation plus seconds per (token, slot) assignment it handles. Optional keys (0: the
+  // link time alone); `bench calibrate` measures them on the runtime's own dispatcher.
+  double expert_exchange_overhead = 0;
+  double expert_exchange_row_seconds = 0;
+  double expert_exchange_seconds(double assignments) const {
+    return expert_exchange_overhead + assignments * expert_exchange_row_seconds;
+  }
 
   static double hockney(double rows, double width, double peak, double half_rows,
                         double half_width) {

@@ -142,9 +142,14 @@ Training training_cost(const ModelShape& m, const ClusterConfig& c, const RlJob&
     const Link& link = c.link(c.level_spanned(int64_t(p.ep) * p.tp));
     const double rows = micro_tokens / p.tp * remote_rows(m, p.ep, s.dispatch);
     const double one = link.seconds(rows * m.d_model * ab, kExchangeRounds);
-    const double total = micro_batches * layers_per_stage * collectives_per_layer * one;
+    const double operations = micro_batches * layers_per_stage * collectives_per_layer;
+    const double total = operations * one;
     const double expert_compute = tokens * 2 * m.expert_matmul * passes / (devices * rate);
-    t.all_to_all = s.ep_overlap ? std::max(0.0, total - expert_compute) : total;
+    // The dispatcher's own work (bookkeeping, packing) runs on the rank's core: overlap hides
+    // only the link time behind the experts.
+    const double software =
+        operations * c.expert_exchange_seconds(micro_tokens / p.tp * m.top_k);
+    t.all_to_all = (s.ep_overlap ? std::max(0.0, total - expert_compute) : total) + software;
   }
   const Link& dp_link = c.link(c.level_spanned(int64_t(p.devices())));
   const double expert_dp = double(p.dp) * p.tp / p.ep;
@@ -202,7 +207,8 @@ double generation_step(const ModelShape& m, const ClusterConfig& c, const RlJob&
     const Link& link = c.link(c.level_spanned(g.ep));
     seconds +=
         2 * m.layers *
-        link.seconds(tokens * m.top_k * (g.ep - 1.0) / g.ep * m.d_model * ab, kExchangeRounds);
+        (link.seconds(tokens * m.top_k * (g.ep - 1.0) / g.ep * m.d_model * ab, kExchangeRounds) +
+         c.expert_exchange_seconds(tokens * m.top_k));
   }
   return seconds;
 }

@@ -1,9 +1,9 @@
 // Checkpoints and restart: the CRC-64 and the file format on their own, then the rlfusion binary
-// on one rank, two (disaggregated, fused, PP, TP) and four (sharded experts, TP x PP): a run killed
-// with SIGKILL in the middle of writing a checkpoint resumes from the previous one and ends bit for
-// bit where an uninterrupted run does; SIGUSR1 / SIGTERM checkpoint and stop with exit code 3;
-// damaged, truncated and wrong-shape files are refused with exit code 2 (or skipped by --resume
-// auto).
+// on one rank, two (disaggregated, fused, PP, TP) and four (sharded experts, TP x PP, PP x EP): a
+// run killed with SIGKILL in the middle of writing a checkpoint resumes from the previous one and
+// ends bit for bit where an uninterrupted run does; SIGUSR1 / SIGTERM checkpoint and stop with exit
+// code 3; damaged, truncated and wrong-shape files are refused with exit code 2 (or skipped by
+// --resume auto).
 #include <gtest/gtest.h>
 #include <hdf5.h>
 #include <unistd.h>
@@ -369,6 +369,32 @@ TEST(Checkpoint, FusedPipelineParallelResumeIsBitExact) {
   expect_kill_and_resume_bit_exact("pipeline-dp", 4, pipeline, "data");
 }
 
+// PP x EP (the KL term on): the first EP replica's pipelines gather their stages and their first
+// stages write the experts' rows together; every rank reads back its stage's layers and its
+// experts' rows, and a resumed run ends bit for bit where the uninterrupted one does (PP 2 x EP 2
+// on 4 ranks).
+TEST(Checkpoint, FusedPipelineExpertParallelResumeIsBitExact) {
+  expect_kill_and_resume_bit_exact("pipeline-experts", 4,
+                                   kRun + "--mode fused --pipeline-parallel 2 --expert-parallel 2 ",
+                                   "data");
+}
+
+// The same after migrations: every stage's EP group moved its own layer's experts (skewed router,
+// no threshold) before the checkpoint of step 2, which still holds the experts by id; the resumed
+// run starts at the identity placement and ends bit for bit where the uninterrupted one does.
+TEST(CheckpointRestart, PipelineExpertParallelAfterMigrationResumesBitExact) {
+  expect_kill_and_resume_bit_exact(
+      "pipeline-experts-migrated", 4,
+      kRun +
+          "--mode fused --pipeline-parallel 2 --expert-parallel 2 --router-skew 4 "
+          "--rebalance-every 1 --rebalance-min-gain 0 ",
+      "data", [](const CommandResult& straight) {
+        EXPECT_TRUE(straight.output.find("# migration after step 1:") != std::string::npos ||
+                    straight.output.find("# migration after step 2:") != std::string::npos)
+            << straight.output;
+      });
+}
+
 // Tensor parallelism (the KL term on: the reference is sliced too): the first TP group (with
 // pipelines, the first TP x PP replica) gathers its ranks' slices of the parameters, moments and
 // reference into the whole-model file, each rank loads back its slice, and a resumed run ends bit
@@ -384,11 +410,13 @@ TEST(Checkpoint, FusedTensorParallelResumeIsBitExact) {
 // `data_parallel_ranks` (as many replicas, so the same samples and the same math) and the other
 // way round, ending where an uninterrupted run of the resuming layout does (within float rounding:
 // the two layouts sum in different orders).
+// `other`: the options of the other layout (default: none, plain data parallelism).
 void expect_resumes_in_data_parallel_and_back(const std::string& name,
                                               const std::string& model_parallel, int ranks,
-                                              int data_parallel_ranks) {
-  const std::string data_parallel = kRun + "--mode fused ";
-  const std::string layout = data_parallel + model_parallel;
+                                              int data_parallel_ranks,
+                                              const std::string& other = "") {
+  const std::string data_parallel = kRun + "--mode fused " + other;
+  const std::string layout = kRun + "--mode fused " + model_parallel;
   for (const bool model_parallel_writes : {true, false}) {
     SCOPED_TRACE(model_parallel + (model_parallel_writes ? "-> DP" : "<- DP"));
     const std::string& writer = model_parallel_writes ? layout : data_parallel;
@@ -422,6 +450,14 @@ void expect_resumes_in_data_parallel_and_back(const std::string& name,
 
 TEST(Checkpoint, PipelineAndDataParallelCheckpointsResumeInEachOther) {
   expect_resumes_in_data_parallel_and_back("cross-pp", "--pipeline-parallel 2 ", 2, 2);
+}
+
+// PP x EP: every rank writes and reads its stage's layers with its experts' rows: PP 2 x EP 2 <->
+// DP on 4 ranks, and <-> EP 2 (no pipelines) on 4 ranks.
+TEST(Checkpoint, PipelineExpertParallelCheckpointsResumeInOtherLayouts) {
+  const std::string layout = "--pipeline-parallel 2 --expert-parallel 2 ";
+  expect_resumes_in_data_parallel_and_back("cross-pp-ep", layout, 4, 4);
+  expect_resumes_in_data_parallel_and_back("cross-pp-ep-ep", layout, 4, 4, "--expert-parallel 2 ");
 }
 
 // Each TP rank writes and reads its slices of the whole tensors: TP 2 on 2 ranks (one replica)

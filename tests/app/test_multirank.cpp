@@ -3,6 +3,7 @@
 // rejected with exit code 2 before any output.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
@@ -24,8 +25,10 @@ Result mpirun(int ranks, const std::string& args) {
   return test::run_rlfusion(args, ranks);
 }
 
+// The process id keeps two checkouts running the suite at once out of each other's directories.
 std::string temp_dir(const std::string& name) {
-  const auto dir = std::filesystem::temp_directory_path() / ("rlfusion-mpi-" + name);
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("rlfusion-mpi-" + std::to_string(getpid()) + "-" + name);
   std::filesystem::remove_all(dir);
   return dir.string();
 }

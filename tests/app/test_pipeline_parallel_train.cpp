@@ -127,11 +127,11 @@ TEST(PipelineParallelTrain, ShapesThatDoNotFitStopEveryRankBeforeOutput) {
           {4, "--pipeline-parallel 2 --expert-parallel 2 --ep-overlap-chunks 2",
            "--pipeline-parallel 2 x --expert-parallel 2 is not supported with --ep-overlap-chunks "
            "above 1"},
-          {4, "--pipeline-parallel 2 --expert-parallel 2 --checkpoint-every 2",
-           "--pipeline-parallel 2 x --expert-parallel 2 is not supported with --checkpoint-every "
-           "or --resume"},
-          {4, "--pipeline-parallel 2 --expert-parallel 2 --rebalance-every 1",
-           "--pipeline-parallel 2 is not supported with --rebalance-every"},
+          {4, "--pipeline-parallel 2 --expert-parallel 2 --redundant-experts 1",
+           "--pipeline-parallel 2 x --expert-parallel 2 is not supported with "
+           "--redundant-experts"},
+          {2, "--pipeline-parallel 2 --rebalance-every 1",
+           "--rebalance-every needs --expert-parallel >= 2"},
           {4, "--pipeline-parallel 2 --tensor-parallel 2 --expert-parallel 2",
            "--tensor-parallel 2 is not supported with --expert-parallel"},
           {2, "--pipeline-parallel 2 --tensor-parallel 2",

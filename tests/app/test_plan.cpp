@@ -94,5 +94,21 @@ TEST(BenchCalibrate, WritesAClusterFileThePlannerReads) {
   EXPECT_NE(plan.output.find("predicted throughput"), std::string::npos) << plan.output;
 }
 
+// With 2 ranks calibrate also measures the links and the EP dispatcher's cost beyond its link
+// time (per operation and per routed row), and writes them.
+TEST(BenchCalibrate, TwoRanksMeasureTheLinkAndTheExpertExchange) {
+  const std::string dir = scratch("calibrate2");
+  const auto r =
+      run_rlfusion("bench calibrate --repeats 3 --output " + dir + "/machine.ini", /*ranks=*/2);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const sim::ClusterConfig c = sim::load_cluster_config(dir + "/machine.ini");
+  EXPECT_EQ(c.devices(), 2);
+  EXPECT_GT(c.intra_node.latency, 0);
+  // A dispatch of 256 tokens costs more than one of 8: the per-row term is measured, and the
+  // model's exchange time grows with the rows.
+  EXPECT_GT(c.expert_exchange_seconds(512), c.expert_exchange_seconds(16));
+  EXPECT_NE(r.output.find("EP exchange overhead"), std::string::npos) << r.output;
+}
+
 }  // namespace
 }  // namespace rlf

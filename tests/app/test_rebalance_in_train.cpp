@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <sstream>
 #include <string>
 #include <tuple>
@@ -131,6 +133,46 @@ TEST(TrainRebalance, OverlapChunksMigratingTrainLikeTheRunThatNeverMigrates) {
       "fused-chunks", kSkewed + "--mode fused --expert-parallel 2 --ep-overlap-chunks 2 ", 2);
   expect_migrating_run_trains_like_the_static_one("disaggregated-chunks",
                                                   kSkewedRun + "--ep-overlap-chunks 3 ", 4);
+}
+
+// PP 2 x EP 2 on 4 ranks: each stage's EP groups move the experts of its own layer (with their
+// AdamW moments and KL reference) in every micro-batch chunk's dispatchers and the generation
+// model's, and training stays bit-identical. Each stage records its layer's router statistics
+// from its micro-batch chunks' dispatchers (training's forwards): summed over the ranks, every
+// layer counts each trained input token top_k (2) times.
+TEST(TrainRebalance, PipelineStagesMigratingTrainLikeTheRunThatNeverMigrates) {
+  const auto [still_dir, moved_dir] = expect_migrating_run_trains_like_the_static_one(
+      "pipeline-experts", kSkewed + "--mode fused --pipeline-parallel 2 --expert-parallel 2 ", 4);
+  const CommandResult still = test::run_rlfusion("report " + still_dir + " --json");
+  ASSERT_EQ(still.exit_code, 0) << still.output;
+  const CommandResult run_summary = test::run_rlfusion("report " + still_dir);
+  ASSERT_EQ(run_summary.exit_code, 0) << run_summary.output;
+  EXPECT_NE(run_summary.output.find("# expert load per layer"), std::string::npos)
+      << run_summary.output;
+  // The trained input tokens: every sample's prompt and response less its last token, over 5
+  // steps of 16 samples. The summary gives the trained tokens (prompt + response) as
+  // rl_tokens_per_s x rl_seconds, printed to 0.1 and 0.001: `rounding` bounds the product's error.
+  // Generation's forwards counted too, or a micro-batch chunk's dispatchers left out, would be off
+  // by a large share of the tokens.
+  std::ifstream summary_file(still_dir + "/summary.json");
+  const std::string summary((std::istreambuf_iterator<char>(summary_file)),
+                            std::istreambuf_iterator<char>());
+  const double per_second = test::json_number(summary, "rl_tokens_per_s");
+  const double seconds = test::json_number(summary, "rl_seconds");
+  const double inputs = per_second * seconds - 5.0 * 16;
+  const double rounding = 0.05 * seconds + 0.0005 * per_second + 0.01;
+  ASSERT_GT(inputs, 20 * rounding) << summary;
+  std::vector<double> assignments;
+  for (const int layer : {0, 1}) {
+    const size_t at = still.output.find("{\"layer\":" + std::to_string(layer) + ",");
+    ASSERT_NE(at, std::string::npos) << "no router statistics for layer " << layer << still.output;
+    EXPECT_EQ(test::json_number(still.output, "steps", at), 5) << still.output;
+    assignments.push_back(test::json_number(still.output, "assignments", at));
+    EXPECT_NEAR(assignments.back(), 2 * inputs, 2 * rounding)
+        << "layer " << layer << ": " << still.output;
+  }
+  // Every token passes both layers: exactly as many assignments.
+  EXPECT_EQ(assignments[0], assignments[1]);
 }
 
 // bench rebalance's correctness verdict and load figures (never its times): the static run's

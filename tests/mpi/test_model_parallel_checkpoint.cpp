@@ -26,6 +26,7 @@
 #include "src/runtime/pipeline_groups.h"
 #include "src/runtime/pipeline_layout_switch.h"
 #include "tests/micro_model_config.h"
+#include "tests/mpi/checkpoint_state.h"
 #include "tests/mpi/mpi_test_util.h"
 #include "tests/test_util.h"
 
@@ -66,38 +67,6 @@ std::vector<Case> cases_for(int world) {
   return cases;
 }
 
-// `values` over every tensor of `layout`, each element from `gen`; alignment gaps stay zero.
-void fill_tensors(float* values, const ParameterLayout& layout, std::mt19937& gen, bool positive) {
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::fill_n(values, layout.total(), 0.0f);
-  for (const ParameterTensor& t : layout.tensors()) {
-    for (int64_t i = 0; i < t.numel; ++i) {
-      const float x = normal(gen);
-      values[t.offset + i] = positive ? x * x : x;
-    }
-  }
-}
-
-// Whether `a` and `b` (both laid out by `layout`) hold the same bits in every tensor.
-bool same_tensors(const float* a, const float* b, const ParameterLayout& layout) {
-  for (const ParameterTensor& t : layout.tensors()) {
-    if (std::memcmp(a + t.offset, b + t.offset, size_t(t.numel) * sizeof(float)) != 0) return false;
-  }
-  return true;
-}
-
-// A run directory with the same name on every rank, emptied by rank 0.
-std::string shared_run_dir(const std::string& name) {
-  int pid = int(getpid());
-  MPI_Bcast(&pid, 1, MPI_INT, 0, MPI_COMM_WORLD);
-  const std::string dir = (std::filesystem::temp_directory_path() /
-                           ("rlfusion-mpi-" + name + "-" + std::to_string(pid)))
-                              .string();
-  if (test::world_rank() == 0) std::filesystem::remove_all(dir);
-  MPI_Barrier(MPI_COMM_WORLD);
-  return dir;
-}
-
 // A rank's training state (its part of the parameters, AdamW's moments and the reference), or
 // the single-rank one.
 struct State {
@@ -117,8 +86,6 @@ struct State {
             reference.parameters()};
   }
 };
-
-constexpr const char* kBufferNames[] = {"parameters", "first moment", "second moment", "reference"};
 
 void check_checkpoint(const Case& c) {
   SCOPED_TRACE(case_name(c));
@@ -143,8 +110,8 @@ void check_checkpoint(const Case& c) {
   whole.model.initialize(seed);
   whole.reference.initialize(seed + 1);
   std::mt19937 gen(static_cast<uint32_t>(seed));
-  fill_tensors(whole.adamw.first_moment(), whole.model.layout(), gen, false);
-  fill_tensors(whole.adamw.second_moment(), whole.model.layout(), gen, true);
+  test::fill_tensors(whole.adamw.first_moment(), whole.model.layout(), gen, false);
+  test::fill_tensors(whole.adamw.second_moment(), whole.model.layout(), gen, true);
   // Each rank its part of it: its stage's tensors, with TP its slice of them.
   State mine(config, device, layers, tp);
   const ParameterLayout& layout = mine.model.layout();
@@ -156,55 +123,20 @@ void check_checkpoint(const Case& c) {
   }
 
   RunOptions run;
-  run.run_dir = shared_run_dir("model-parallel-checkpoint");
+  run.run_dir = test::shared_run_dir("model-parallel-checkpoint");
   run.seed = 7;
-  RlOptions rl;
-  rl.steps = 4;
-  rl.prompts = 4;
-  rl.group_size = 2;
-  rl.kl_coef = 0.1f;
-  const bool root = test::world_rank() == 0;
   auto attach = [&](TrainCheckpoints& checkpoints) {
     checkpoints.attach_pipeline(pipeline.get());
     checkpoints.attach_tensor_parallel(tp);
   };
-  {
-    CheckpointOptions every_step;
-    every_step.every = 1;
-    TrainCheckpoints saved(every_step, run, rl, config, /*supported=*/true);
-    attach(saved);
-    RunDirectory dir(run.run_dir, "", root);
-    RlPosition position;
-    position.step_rewards = {0.25};
-    EXPECT_FALSE(
-        saved.end_of_step(1, position, 0.0, mine.training(), root, nullptr, MPI_COMM_WORLD, dir));
-  }
-  MPI_Barrier(MPI_COMM_WORLD);
-  const std::string path = checkpoint_path(run.run_dir, 1);
-  // The file holds the whole model, as a single-rank run writes it.
-  const ParameterLayout& whole_layout = whole.model.layout();
-  std::array<std::vector<float>, 4> read;
-  for (std::vector<float>& buffer : read) buffer.resize(size_t(whole_layout.total()));
-  const CheckpointCounters counters = read_checkpoint(
-      path, config, whole_layout, {read[0].data(), read[1].data(), read[2].data(), read[3].data()});
-  EXPECT_EQ(counters.step, 1);
-  for (size_t b = 0; b < 4; ++b) {
-    EXPECT_TRUE(same_tensors(read[b].data(), whole.buffers()[b], whole_layout))
-        << "the file's " << kBufferNames[b] << " are not the single-rank ones";
-  }
-  // Every rank reads back exactly its part.
+  // The file holds the whole model, as a single-rank run writes it; every rank reads back
+  // exactly its part.
+  const std::string path = test::expect_checkpoint_holds(
+      run, config, mine.training(), nullptr, attach, whole.buffers(), whole.model.layout());
   State restored(config, device, layers, tp);
-  CheckpointOptions resume;
-  resume.resume = path;
-  TrainCheckpoints loaded(resume, run, rl, config, /*supported=*/true);
-  attach(loaded);
-  EXPECT_EQ(loaded.load(restored.training()).step, 1);
-  for (size_t b = 0; b < 4; ++b) {
-    EXPECT_TRUE(same_tensors(restored.buffers()[b], mine.buffers()[b], layout))
-        << "the loaded " << kBufferNames[b] << " are not this rank's part";
-  }
-  MPI_Barrier(MPI_COMM_WORLD);
-  if (root) std::filesystem::remove_all(run.run_dir);
+  const std::array<float*, 4> own = mine.buffers();
+  test::expect_checkpoint_loads(path, run, config, restored.training(), attach, restored.buffers(),
+                                {own[0], own[1], own[2], own[3]}, layout);
 }
 
 TEST(ModelParallelCheckpoint, HoldsTheWholeModelAndLoadsEveryRanksPart) {

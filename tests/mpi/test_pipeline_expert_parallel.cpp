@@ -6,10 +6,11 @@
 // reduction (dense tensors over the stage's data-parallel group, experts over the ranks holding
 // the same ones) give the single-rank loss and every gradient (each rank's part, and the whole
 // model gathered as train saves it: experts over the EP group, then the stages over the first
-// pipeline). The layout switch to generation assembles every layer with the pipeline's experts
-// bit for bit with counted bytes, and that model, generating collectively over the EP group,
-// gives the single-rank logits. AdamW per stage with the clipping norm over pipeline x EP takes
-// the single-rank clipped steps.
+// pipeline), and the micro-batch chunks' dispatchers count every token top_k times per layer (the
+// router statistics). The layout switch to generation assembles every layer with the pipeline's
+// experts bit for bit with counted bytes, and that model, generating collectively over the EP
+// group, gives the single-rank logits. AdamW per stage with the clipping norm over pipeline x EP
+// takes the single-rank clipped steps.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -29,6 +30,7 @@
 #include "src/runtime/role_expert_parallel.h"
 #include "tests/micro_model_config.h"
 #include "tests/mpi/mpi_test_util.h"
+#include "tests/mpi/pipeline_expert_cases.h"
 #include "tests/mpi/pipeline_replica_step.h"
 #include "tests/mpi/sharded_adamw_steps.h"
 #include "tests/pipeline_batches.h"
@@ -37,14 +39,8 @@
 namespace rlf {
 namespace {
 
-struct Case {
-  int stages, ep, virtual_stages, micro_batches;
-};
-
-std::string case_name(const Case& c) {
-  return "PP " + std::to_string(c.stages) + " x EP " + std::to_string(c.ep) +
-         " v=" + std::to_string(c.virtual_stages) + " m=" + std::to_string(c.micro_batches);
-}
+using Case = test::PipelineExpertCase;
+using test::case_name;
 
 // PP x EP x DP layouts of every world size the suite runs (DP = world / PP, a multiple of EP).
 std::vector<Case> cases_for(int world) {
@@ -60,15 +56,6 @@ std::vector<Case> cases_for(int world) {
     default:
       return {};
   }
-}
-
-// 6 experts fit EP 1, 2 and 3; 2 p v layers.
-ModelConfig model_for(const Case& c) {
-  ModelConfig config = test::micro_config();
-  config.n_experts = 6;
-  config.n_layers = 2 * c.stages * c.virtual_stages;
-  config.validate("test");
-  return config;
 }
 
 // One rank's stage: its layers with its pipeline's experts, the EP group over its stage's
@@ -123,7 +110,7 @@ struct PipelineExpertRank {
 void check_step(const Case& c) {
   SCOPED_TRACE(case_name(c));
   const int world = test::world_size();
-  const ModelConfig config = model_for(c);
+  const ModelConfig config = test::pipeline_expert_model(c);
   const uint64_t seed = test::seed_for(case_name(c), world);
   PipelineExpertRank rank(c, config);
   const PipelineGroups& groups = rank.groups;
@@ -147,6 +134,23 @@ void check_step(const Case& c) {
   const test::PipelineStepBeside step = test::pipeline_step_beside_reference(
       stage, reference, groups, rank.links, seed, std::move(dispatchers));
   if (rank.ep) {
+    // Router statistics (train's trace with PP x EP): every stage's micro-batch chunks' dispatchers
+    // counted its layers' (token, expert) assignments; over the world every layer counts each
+    // token of every pipeline top_k times.
+    long long tokens = 0;
+    for (const PipelineMicroBatch<float>& batch : step.own) tokens += batch.token_count();
+    MPI_Allreduce(MPI_IN_PLACE, &tokens, 1, MPI_LONG_LONG, MPI_SUM, groups.data_parallel().comm);
+    std::vector<long long> assignments(size_t(config.n_layers), 0);
+    for (int l = 0; l < config.n_layers; ++l) {
+      if (!stage.layout().stores_layer(l)) continue;
+      for (const int64_t n : rank.ep->take_view_expert_tokens(l)) assignments[size_t(l)] += n;
+    }
+    MPI_Allreduce(MPI_IN_PLACE, assignments.data(), config.n_layers, MPI_LONG_LONG, MPI_SUM,
+                  MPI_COMM_WORLD);
+    for (int l = 0; l < config.n_layers; ++l) {
+      EXPECT_EQ(assignments[size_t(l)], tokens * config.top_k)
+          << "router statistics of layer " << l;
+    }
     rank.ep->reduce_gradients(stage.gradients(), stage.layout());
   } else {
     MPI_Allreduce(MPI_IN_PLACE, stage.gradients(), int(stage.parameter_count()), MPI_FLOAT, MPI_SUM,
@@ -223,7 +227,7 @@ void check_step(const Case& c) {
 
 void check_adamw(const Case& c) {
   SCOPED_TRACE("AdamW " + case_name(c));
-  const ModelConfig config = model_for(c);
+  const ModelConfig config = test::pipeline_expert_model(c);
   const uint64_t seed = test::seed_for("adamw " + case_name(c), test::world_size());
   PipelineExpertRank rank(c, config);
   Arena device("stage", 16 << 20), reference_device("reference", 16 << 20);
@@ -258,7 +262,7 @@ TEST(PipelineExpertParallel, AdamWPerStageTakesTheSingleRankClippedSteps) {
 TEST(PipelineExpertParallel, ShapesThatDoNotFitStopEveryRank) {
   const int world = test::world_size();
   Links links(test::virtual_node_list(world, 1), {});
-  const ModelConfig config = model_for({1, 1, 1, 1});
+  const ModelConfig config = test::pipeline_expert_model({1, 1, 1, 1});
   // EP not dividing the pipelines (the ranks of a stage).
   test::expect_config_error_everywhere(
       [&] {

@@ -278,6 +278,38 @@ TEST(CostModel, ExpertParallelExchangesByHand) {
   EXPECT_NEAR(predict(m, c, job, s).all_to_all, 1 * 2 * 4 * 3 * 1e-3, 1e-12);
 }
 
+// The dispatcher's own work (cluster keys expert_exchange_*): per operation a fixed cost plus a
+// cost per (token, slot) assignment it handles, in training (not hidden by --ep-overlap) and in
+// every decode and prefill step of an EP generation layout.
+TEST(CostModel, ExpertExchangeSoftwareCostByHand) {
+  const ModelShape m = model_shape(load_model_config("tiny"));
+  const RlJob job = fixed_job(4, 2, 2, 4, 4);  // 2 micro-batches of 2 samples x 8 tokens a rank
+  ClusterConfig c = flops_only();
+  Strategy s;
+  s.mode = Mode::Fused;
+  s.offload = false;
+  s.train.dp = s.generate.dp = 2;
+  s.train.ep = 2;
+  const Prediction links_only = predict(m, c, job, s);
+  EXPECT_NEAR(links_only.all_to_all, 0, 1e-12);  // free links
+  c.expert_exchange_overhead = 1e-3;
+  c.expert_exchange_row_seconds = 1e-6;
+  const Prediction p = predict(m, c, job, s);
+  // 2 micro-batches x 2 layers x 4 operations, each 1 ms + 16 tokens x top-2 x 1 us.
+  EXPECT_NEAR(p.all_to_all, 2 * 2 * 4 * (1e-3 + 32e-6), 1e-12);
+  s.ep_overlap = true;  // nothing to hide: the software cost stays
+  EXPECT_NEAR(predict(m, c, job, s).all_to_all, p.all_to_all, 1e-12);
+  // Generation with EP 2: every step (one prefill of 4 samples x 4 prompt tokens a rank, then 4
+  // decode steps of 4 rows a rank) pays 2 operations per layer.
+  s.ep_overlap = false;
+  s.generate.ep = 2;
+  const double before = predict(m, flops_only(), job, s).generation;
+  const double after = predict(m, c, job, s).generation;
+  const double prefill = 2 * 2 * (1e-3 + 16 * 2 * 1e-6);
+  const double decode = 4 * 2 * 2 * (1e-3 + 4 * 2 * 1e-6);
+  EXPECT_NEAR(after - before, prefill + decode, 1e-12);
+}
+
 TEST(CostModel, StaleSyncOverlapsDisaggregatedAndCutsFused) {
   const ModelShape m = model_shape(load_model_config("small"));
   RlJob job = fixed_job(8, 4, 4, 16, 0);

@@ -89,6 +89,25 @@ TEST(ClusterConfig, ImpossibleFieldsAreNamed) {
   }
 }
 
+// The EP exchange's software cost is optional (0: the link time alone), written back when set,
+// and never negative.
+TEST(ClusterConfig, ExpertExchangeKeysAreOptional) {
+  ClusterConfig c = load_cluster_config(test::write_scratch("no_exchange.ini", kCluster));
+  EXPECT_EQ(c.expert_exchange_seconds(100), 0);
+  c.expert_exchange_overhead = 3e-6;
+  c.expert_exchange_row_seconds = 2e-8;
+  const ClusterConfig back =
+      load_cluster_config(test::write_scratch("exchange.ini", cluster_config_ini(c, "")));
+  EXPECT_DOUBLE_EQ(back.expert_exchange_overhead, 3e-6);
+  EXPECT_DOUBLE_EQ(back.expert_exchange_row_seconds, 2e-8);
+  EXPECT_DOUBLE_EQ(back.expert_exchange_seconds(100), 3e-6 + 100 * 2e-8);
+  for (const std::string key : {"expert_exchange_overhead", "expert_exchange_row_seconds"}) {
+    const std::string message = test::cluster_error_of(
+        std::string(kCluster) + key + " = -1e-6\n", "bad_" + key + ".ini");
+    EXPECT_NE(message.find("cluster." + key), std::string::npos) << key << ": " << message;
+  }
+}
+
 TEST(ClusterConfig, UnknownKeyAndMalformedValueAreErrors) {
   EXPECT_NE(
       test::cluster_error_of(std::string(kCluster) + "nvlink = 1\n", "unknown.ini").find("nvlink"),

@@ -1,0 +1,29 @@
+// `bench calibrate`'s measurement of an expert-parallel exchange's cost beyond its link time.
+//
+// The ping-pong gives a link's latency and bandwidth, but an EP dispatch or combine is more than
+// its messages: the dispatcher counts and sorts the routing, exchanges counts and metadata, packs
+// rows into send buffers and unpacks them in canonical order, and drives the split-phase chain.
+// On small batches (decode steps, a tiny model's micro-batches) that software cost is most of an
+// exchange, and the link model alone predicted EP steps at half their measured time. So the
+// runtime's own ExpertDispatcher is timed on 2 ranks at two batch sizes, and what the link model
+// does not explain is split into a fixed cost per operation and a cost per routed row.
+#pragma once
+
+#include "src/sim/cluster.h"
+
+namespace rlf {
+
+struct ExpertExchangeCost {
+  double overhead = 0;     // seconds per operation (dispatch, combine or a backward) beyond link
+  double row_seconds = 0;  // seconds per (token, slot) assignment the operation handles
+  double small_seconds = 0, large_seconds = 0;  // measured per operation, the two batches
+  int small_tokens = 0, large_tokens = 0;
+};
+
+// Collective over MPI_COMM_WORLD, which must have 2 ranks: ExpertDispatcher (flat, 4 experts,
+// top-2, rows of 32 floats) over the runtime's Links without emulation, the four operations of a
+// trained MoE layer in a row; per operation, the slowest rank's median over 10 x `repeats` runs.
+// `link`: the measured intra-node link the cost model charges the messages on.
+ExpertExchangeCost measure_expert_exchange(const sim::Link& link, int repeats);
+
+}  // namespace rlf

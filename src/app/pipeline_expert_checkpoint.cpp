@@ -1,0 +1,45 @@
+#include "src/app/pipeline_expert_checkpoint.h"
+
+#include <array>
+#include <stdexcept>
+#include <vector>
+
+#include "src/runtime/pipeline_layout_switch.h"
+
+namespace rlf {
+
+void write_pipeline_expert_checkpoint(const std::string& run_dir, const ModelConfig& config,
+                                      const CheckpointCounters& counters,
+                                      const CheckpointTensors& stage, const PipelineGroups& groups,
+                                      const RoleExpertParallel& ep) {
+  if (ep.redundant_slots() > 0) {
+    // train refuses --redundant-experts with pipelines; this guards the file format.
+    throw std::runtime_error(
+        "checkpoints of PP x EP with --redundant-experts are not supported (no file written)");
+  }
+  // The other EP replicas hold the same values.
+  if (ep.replica() != 0) return;
+  // Every layer with this pipeline's experts (slot rows in the placement in force), each buffer
+  // gathered from the pipeline's stages.
+  const ParameterLayout pipeline_layout = groups.generation_layout();
+  const std::array<float*, 4> parts = {stage.parameters, stage.first_moment, stage.second_moment,
+                                       stage.reference};
+  std::array<std::vector<float>, 4> whole;
+  std::array<float*, 4> buffers{};
+  for (size_t b = 0; b < parts.size(); ++b) {
+    if (!parts[b]) continue;
+    whole[b].resize(size_t(pipeline_layout.total()));
+    gather_pipeline_model(parts[b], groups, whole[b].data(), pipeline_layout);
+    buffers[b] = whole[b].data();
+  }
+  // The first stages of the E pipelines are one EP group (world rank 0 its rank 0): together they
+  // hold every expert of every layer once.
+  if (groups.stage() != 0) return;
+  CheckpointTensors tensors{buffers[0], buffers[1], buffers[2], buffers[3]};
+  // Every stage's EP group follows every layer's table (TrainRebalancer), so the first stage's
+  // tables place the experts of all layers.
+  if (!ep.slot_experts().empty()) tensors.slot_experts = &ep.slot_experts();
+  write_checkpoint_sharded(run_dir, config, pipeline_layout, counters, tensors, ep.ep_group().comm);
+}
+
+}  // namespace rlf
