@@ -213,8 +213,13 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
                                                      *optimizer, reference, trace);
       dir.log("%s", rebalancer->describe().c_str());
     }
-    // Every learner reads the checkpoint; actors get its weights from the first weight sync.
-    if (role == Role::Learner && saved.resuming()) position = saved.load(state);
+    // Every learner reads the checkpoint (and its expert placement and rebalancer state); actors
+    // get its weights from the first weight sync.
+    saved.attach_rebalancer(rebalancer.get());
+    if (role == Role::Learner && saved.resuming()) {
+      position = saved.load(state, ep.get());
+      dir.log("%s", position.placement_note.c_str());
+    }
     // Actors learn where the run stands from the root (rank 0 of compute_ranks: learner 0 is
     // world rank 0 in every layout).
     MPI_Bcast(&position.step, 1, MPI_INT, 0, compute_ranks);

@@ -329,7 +329,11 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   saved.attach_pool(pool.get());
   saved.attach_pipeline(pp.get());
   saved.attach_tensor_parallel(tp.get());
-  if (saved.resuming()) position = saved.load(state);
+  saved.attach_rebalancer(rebalancer.get());
+  if (saved.resuming()) {
+    position = saved.load(state, ep.get());
+    dir.log("%s", position.placement_note.c_str());
+  }
   RandomDelay random_delay(rl.random_delay_ms, run.seed, rank);
   RlProgress progress(dir, rl.steps, rl.log_every, policy.device->memory());
   // The warm start (SFT, evaluation) takes a different time on every rank: RL starts together,

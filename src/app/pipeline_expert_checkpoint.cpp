@@ -38,7 +38,7 @@ void write_pipeline_expert_checkpoint(const std::string& run_dir, const ModelCon
   CheckpointTensors tensors{buffers[0], buffers[1], buffers[2], buffers[3]};
   // Every stage's EP group follows every layer's table (TrainRebalancer), so the first stage's
   // tables place the experts of all layers.
-  if (!ep.expert_slots().empty()) tensors.expert_slots = &ep.expert_slots();
+  if (!ep.slot_experts().empty()) tensors.slot_experts = &ep.slot_experts();
   write_checkpoint_sharded(run_dir, config, pipeline_layout, counters, tensors, ep.ep_group().comm);
 }
 

@@ -20,7 +20,7 @@ namespace rlf {
 // groups.stage_layout(groups.stage()); null buffers are not stored). Collective over the
 // pipelines of EP replica 0 (ep.replica() == 0; other ranks return at once): each gathers its
 // stages (collective over the pipeline, counted on groups.links()), then the first stages' EP
-// group writes (write_checkpoint_sharded, the experts by id through ep.expert_slots(): every
+// group writes (write_checkpoint_sharded, the experts by id through ep.slot_experts(): every
 // stage's EP group follows every layer's placement). `ep`: EP over groups.data_parallel(),
 // without redundant slots (std::runtime_error otherwise, before any message).
 void write_pipeline_expert_checkpoint(const std::string& run_dir, const ModelConfig& config,

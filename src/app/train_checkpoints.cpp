@@ -6,6 +6,7 @@
 
 #include "kernels/error.h"
 #include "src/app/pipeline_expert_checkpoint.h"
+#include "src/app/train_rebalance.h"
 #include "src/model/expert_parallel.h"
 #include "src/model/tensor_parallel.h"
 #include "src/runtime/pipeline_layout_switch.h"
@@ -165,6 +166,8 @@ TrainCheckpoints::TrainCheckpoints(const CheckpointOptions& options, const RunOp
     throw ConfigError("checkpoint '" + resume_.path + "' is at step " + std::to_string(c.step) +
                       ", not before --steps " + std::to_string(rl_.steps) + ": nothing to resume");
   }
+  // Checked here, before any work (ConfigError when inconsistent).
+  saved_placement_ = read_checkpoint_placement(resume_.path, model);
 }
 
 TrainCheckpoints::~TrainCheckpoints() {
@@ -184,15 +187,51 @@ void TrainCheckpoints::describe(RunDirectory& dir) const {
   }
 }
 
-RlPosition TrainCheckpoints::load(const TrainingState& state) const {
+std::string TrainCheckpoints::adopt_placement(RoleExpertParallel& ep, int layers) const {
+  char line[400];
+  if (!saved_placement_) {
+    std::snprintf(line, sizeof line,
+                  "# the checkpoint holds no expert placement: resuming at the default one\n");
+    return line;
+  }
+  const CheckpointPlacement& saved = *saved_placement_;
+  if (!placement_fits(saved, ep.degree(), ep.local_slots())) {
+    std::snprintf(
+        line, sizeof line,
+        "# the checkpoint's expert placement (EP %d, %d slots per rank) does not fit this "
+        "run's (EP %d, %d slots per rank): resuming at the default placement, the experts "
+        "read by id (not bit-exact with the run that wrote it)\n",
+        saved.ep_degree, saved.slots_per_rank, ep.degree(), ep.local_slots());
+    return line;
+  }
+  ep.adopt_slots(saved.slot_experts, layers);
+  std::snprintf(line, sizeof line,
+                "# resuming at the checkpoint's expert placement (EP %d, %d slots per rank, %d "
+                "replicated (layer, expert) pairs)\n",
+                saved.ep_degree, saved.slots_per_rank, ep.replicated_experts());
+  return line;
+}
+
+RlPosition TrainCheckpoints::load(const TrainingState& state, RoleExpertParallel* ep) const {
   const Transformer<float>& model = *state.model;
+  std::string note;
+  CheckpointTensors tensors = tensors_of(buffers_of(state));
+  if (ep && model.layout().expert_sharded() && !pipeline_ && !tensor_parallel_) {
+    note = adopt_placement(*ep, expert_layers(model.layout()));
+    // Every slot this rank stores (spare ones too) from its expert's rows.
+    tensors.slot_experts = &ep->slot_experts();
+    if (rebalancer_ && saved_placement_ && saved_placement_->has_rebalancer) {
+      rebalancer_->restore(saved_placement_->rebalancer);
+      note += "# the rebalancer continues from the checkpoint's load predictors and interval\n";
+    }
+  }
   // With sharded experts only this rank's experts' rows are read (any EP degree), with pipeline
   // stages only the stage's tensors (any PP degree), with TP the rank's slices of them (any TP
   // degree).
-  const CheckpointCounters c = model.layout().tensor_slice().active()
-                                   ? read_tensor_slices(resume_.path, state)
-                                   : read_checkpoint(resume_.path, model.config(), model.layout(),
-                                                     tensors_of(buffers_of(state)));
+  const CheckpointCounters c =
+      model.layout().tensor_slice().active()
+          ? read_tensor_slices(resume_.path, state)
+          : read_checkpoint(resume_.path, model.config(), model.layout(), tensors);
   if (pool_) {
     int rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -208,6 +247,7 @@ RlPosition TrainCheckpoints::load(const TrainingState& state) const {
   p.before_rl.prompts = c.before_rl_prompts;
   p.before_rl.correct = c.before_rl_correct;
   p.step_rewards = c.step_rewards;
+  p.placement_note = note;
   return p;
 }
 
@@ -303,13 +343,18 @@ void TrainCheckpoints::save(const RlPosition& position, const TrainingState& sta
   // Replica 0's EP group writes the one file together, each rank its own experts (parallel
   // HDF5); the other data-parallel replicas hold the same values.
   if (ep->replica() != 0) return;
-  if (ep->redundant_slots() > 0) {
-    // train refuses --checkpoint-every and --resume with them; a signal still lands here.
-    throw std::runtime_error(
-        "checkpoints of learners with --redundant-experts are not supported (no file written)");
+  // After expert migration a rank's slots hold any experts, with spare slots replicas: the file
+  // stores each expert once by id, and the placement (with the rebalancer's state) beside it.
+  tensors.slot_experts = &ep->slot_experts();
+  CheckpointPlacement placement;
+  placement.ep_degree = ep->degree();
+  placement.slots_per_rank = ep->local_slots();
+  placement.slot_experts = ep->slot_experts();
+  if (rebalancer_ && rebalancer_->rebalancing()) {
+    placement.has_rebalancer = true;
+    placement.rebalancer = rebalancer_->state();
   }
-  // After expert migration a rank's slots hold any experts: the file stores them by expert id.
-  tensors.expert_slots = &ep->expert_slots();
+  tensors.placement = &placement;
   write_checkpoint_sharded(run_.run_dir, model.config(), model.layout(), c, tensors,
                            ep->ep_group().comm);
 }

@@ -13,11 +13,16 @@
 // pipeline stages (PP x EP) the first EP replica's pipelines each gather their stages and their
 // first stages write the file together as one EP group (src/app/pipeline_expert_checkpoint.h);
 // each rank reads back its stage's layers and its experts' rows.
+// With expert parallelism (no pipelines, no TP) the file also holds the expert placement in force
+// (slot tables, replicas of hot experts included) and the rebalancer's state (src/io/
+// checkpoint_placement.h): a resume with the same EP degree and spare slots adopts the placement
+// and continues bit for bit; any other resumes at its default placement (the log says which).
 #pragma once
 
 #include <mpi.h>
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,6 +39,7 @@ namespace rlf {
 
 class PipelineGroups;
 class TensorParallel;
+class TrainRebalancer;
 
 // `train` wrote a checkpoint after SIGTERM or SIGUSR1 and stopped: continue with --resume auto.
 inline constexpr int kExitCheckpointedOnSignal = 3;
@@ -61,6 +67,9 @@ struct RlPosition {
   double rl_seconds = 0;  // before this process started its RL loop
   Evaluation initial, before_rl;
   std::vector<double> step_rewards;
+  // load() with expert parallelism: a log line saying which expert placement the run resumes
+  // at ("" otherwise).
+  std::string placement_note;
 };
 
 class TrainCheckpoints {
@@ -94,6 +103,9 @@ class TrainCheckpoints {
   // writes the whole model (with pipelines attach_pipeline's gather assembles the slices too);
   // load() keeps the rank's slice of what it reads. Call before the first step on every rank.
   void attach_tensor_parallel(const TensorParallel* tp) { tensor_parallel_ = tp; }
+  // Expert-parallel learners that rebalance: checkpoints save `rebalancer`'s state (the same on
+  // every learner) and load() restores it. Call before load() on every learner.
+  void attach_rebalancer(TrainRebalancer* rebalancer) { rebalancer_ = rebalancer; }
   // StaleSync (disaggregated): the actors' last batch, put into DistQueue and not yet taken, is
   // saved with each checkpoint (actor_end_of_step hands it over); trainers add nothing to it.
   void collect_in_flight() { in_flight_ = true; }
@@ -101,8 +113,11 @@ class TrainCheckpoints {
   std::vector<InFlightSample> saved_in_flight(int rank) const;
   // Logs which checkpoint the run continues from and the ones --resume auto passed over.
   void describe(RunDirectory& dir) const;
-  // Reads the checkpoint into a trainer's state (the experts its model stores).
-  RlPosition load(const TrainingState& state) const;
+  // Reads the checkpoint into a trainer's state (the experts its model stores). With `ep` (no
+  // pipelines, no TP) the saved placement is put in force first when it fits the EP group
+  // (RoleExpertParallel::adopt_slots) and every slot, spare ones included, is read from its
+  // expert's rows.
+  RlPosition load(const TrainingState& state, RoleExpertParallel* ep = nullptr) const;
 
   // From here on SIGTERM and SIGUSR1 only set a flag (until destroyed).
   void watch_signals();
@@ -135,6 +150,9 @@ class TrainCheckpoints {
   void save(const RlPosition& position, const TrainingState& state, bool writer,
             RoleExpertParallel* ep, MPI_Comm comm) const;
   std::string stop_message(int step) const;
+  // load() with expert parallelism: puts the saved placement in force when it fits `ep`; returns
+  // the log line saying which placement the run resumes at.
+  std::string adopt_placement(RoleExpertParallel& ep, int layers) const;
 
   CheckpointOptions options_;
   const RunOptions& run_;
@@ -146,6 +164,8 @@ class TrainCheckpoints {
   const PipelineGroups* pipeline_ = nullptr;
   const TensorParallel* tensor_parallel_ = nullptr;
   bool in_flight_ = false;  // checkpoints gather every rank's samples in flight
+  TrainRebalancer* rebalancer_ = nullptr;
+  std::optional<CheckpointPlacement> saved_placement_;  // the resumed checkpoint's, if any
 };
 
 }  // namespace rlf

@@ -143,17 +143,6 @@ int run_train_command(const std::vector<std::string>& args) {
   }
   if (multi_rank.shard_capacity < 1) throw ConfigError("--queue-capacity must be >= 1");
   validate(multi_rank.rebalance, multi_rank.expert_parallel);
-  if (multi_rank.rebalance.redundant_experts > 0) {
-    // Replicas live in the training ranks' slot-space shards; what has no replica support says
-    // so.
-    const char* unsupported = checkpoints.every > 0         ? "--checkpoint-every"
-                              : !checkpoints.resume.empty() ? "--resume"
-                                                            : nullptr;
-    if (unsupported) {
-      throw ConfigError(std::string("--redundant-experts is not supported with ") + unsupported +
-                        " (checkpoints do not record where the replicas of hot experts are)");
-    }
-  }
   policy_options.router_skew = multi_rank.rebalance.router_skew;
   layout.links.validate();
   multi_rank.hierarchical_queue = queue_transfer == "hierarchical";

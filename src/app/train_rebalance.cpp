@@ -12,6 +12,7 @@
 #include "kernels/error.h"
 #include "src/balance/incremental_rebalance.h"
 #include "src/model/expert_parallel.h"
+#include "src/sim/cluster.h"
 
 namespace rlf {
 
@@ -63,7 +64,7 @@ po::options_description rebalance_options_description(RebalanceOptions& o) {
       "steps a new expert placement is expected to serve (the gain is counted over them)");
   add("rebalance-min-gain", po::value(&o.min_gain_ratio)->default_value(o.min_gain_ratio),
       "migrate only when the predicted gain over the horizon exceeds this many times the "
-      "transfer time at the measured link rate");
+      "transfer time at the link rate (see --rebalance-rates)");
   add("rebalance-smoothing", po::value(&o.smoothing)->default_value(o.smoothing),
       "weight of the newest step in the expert loads' moving average, in (0, 1]");
   add("router-skew", po::value(&o.router_skew)->default_value(o.router_skew),
@@ -74,6 +75,15 @@ po::options_description rebalance_options_description(RebalanceOptions& o) {
       "with --expert-parallel >= 2 (disaggregated mode): this many spare expert slots per learner "
       "EP rank, holding replicas of hot experts that split their tokens (placed by "
       "--rebalance-every; at most experts - experts / EP)");
+  add("rebalance-rates", po::value(&o.rates)->default_value(o.rates),
+      "what the rebalancer charges transfers and routed tokens at: counted (fixed rates applied "
+      "to counted bytes, FLOPs and router loads: two runs with one seed, and a resumed run, "
+      "migrate alike) or measured (the link timed at start, the steps' wall time: decisions vary "
+      "from run to run, not reproducible)");
+  add("rebalance-cluster", po::value(&o.cluster),
+      "with counted rates: a cluster file (e.g. from `rlfusion bench calibrate`) whose "
+      "matmul_flops and link bandwidth (of the level an EP group spans) the rebalancer charges; "
+      "default: 20 GFLOP/s per EP rank and a 2 GB/s link");
   return d;
 }
 
@@ -105,6 +115,16 @@ void validate(const RebalanceOptions& o, int learner_expert_parallel) {
         "got " +
         std::to_string(learner_expert_parallel));
   }
+  if (o.rates != "counted" && o.rates != "measured") {
+    throw ConfigError("--rebalance-rates must be counted or measured, got '" + o.rates + "'");
+  }
+  if (!o.cluster.empty()) {
+    if (o.rates == "measured") {
+      throw ConfigError(
+          "--rebalance-cluster gives counted rates: it cannot go with --rebalance-rates measured");
+    }
+    counted_rebalance_rates(o, std::max(learner_expert_parallel, 1));  // reads and checks it
+  }
   if (o.every == 0) return;
   if (learner_expert_parallel < 2) {
     throw ConfigError(
@@ -112,6 +132,20 @@ void validate(const RebalanceOptions& o, int learner_expert_parallel) {
         "ranks), got " +
         std::to_string(learner_expert_parallel));
   }
+}
+
+RebalanceRates counted_rebalance_rates(const RebalanceOptions& o, int ep_degree) {
+  RebalanceRates rates;
+  if (o.cluster.empty()) return rates;
+  const sim::ClusterConfig cluster = sim::load_cluster_config(o.cluster);
+  cluster.validate(o.cluster);
+  rates.flops = cluster.matmul_flops;
+  rates.link_bandwidth = cluster.link(cluster.level_spanned(ep_degree)).bandwidth;
+  if (!(rates.flops > 0) || !(rates.link_bandwidth > 0)) {
+    throw ConfigError("--rebalance-cluster '" + o.cluster +
+                      "': matmul_flops and the link bandwidth must be > 0");
+  }
+  return rates;
 }
 
 std::string describe_router_skew(const RebalanceOptions& o) {
@@ -151,7 +185,7 @@ TrainRebalancer::TrainRebalancer(const RebalanceOptions& options, RoleExpertPara
   if (reference_ && reference_->layout().total() != model.layout().total()) {
     throw std::logic_error("TrainRebalancer: the reference stores other experts than the policy");
   }
-  // One node: the planner charges every transfer at the one measured link rate. With redundant
+  // One node: the planner charges every transfer at the one link rate. With redundant
   // slots its proposals replicate the hot experts (place_two_level, incremental_moves).
   cluster_ = {1, ep.degree(), ep.local_slots()};
   // (Of the whole model's layout: every layer's experts are alike, and a pipeline stage may not
@@ -161,14 +195,52 @@ TrainRebalancer::TrainRebalancer(const RebalanceOptions& options, RoleExpertPara
   // follows the busiest EP rank's routed tokens.
   expert_share_ =
       double(c.n_layers) * c.top_k * 3.0 * c.d_model * c.d_ff / double(c.active_parameter_count());
+  // Forward (2 FLOPs per weight) and backward (4) of the expert's three d_model x d_ff matrices.
+  flops_per_routed_token_ = 6.0 * 3.0 * c.d_model * c.d_ff;
   const Arena& arena = model.device();
   arena_bytes_ =
       double(arena.capacity() - arena.used()) + cluster_.slots_per_device * bytes_per_expert_;
-  if (options_.every > 0) {
+  measured_ = options_.rates == "measured";
+  if (options_.every == 0) return;
+  // Every learner plans with the same free memory (pipeline stages use different amounts).
+  MPI_Allreduce(MPI_IN_PLACE, &arena_bytes_, 1, MPI_DOUBLE, MPI_MIN, learners_.comm);
+  if (measured_) {
     link_rate_ = measure_link_rate();
-    // Every learner plans with the same free memory (pipeline stages use different amounts).
-    MPI_Allreduce(MPI_IN_PLACE, &arena_bytes_, 1, MPI_DOUBLE, MPI_MIN, learners_.comm);
+  } else {
+    const RebalanceRates rates = counted_rebalance_rates(options_, ep.degree());
+    link_rate_ = rates.link_bandwidth;
+    flops_ = rates.flops;
   }
+}
+
+double TrainRebalancer::seconds_per_token() const {
+  if (!measured_) return flops_per_routed_token_ / flops_;
+  return expert_share_ * interval_seconds_ / interval_busiest_tokens_;
+}
+
+RebalancerState TrainRebalancer::state() const {
+  RebalancerState s;
+  for (const LoadPredictor& p : predictors_) {
+    s.level.push_back(p.level());
+    s.trend.push_back(p.trend());
+  }
+  s.predictor_steps = predictors_.empty() ? 0 : predictors_.front().steps_observed();
+  s.interval_seconds = interval_seconds_;
+  s.interval_busiest_tokens = interval_busiest_tokens_;
+  s.migrations = migrations_;
+  return s;
+}
+
+void TrainRebalancer::restore(const RebalancerState& s) {
+  if (s.level.size() != predictors_.size() || s.trend.size() != predictors_.size()) {
+    throw ConfigError("the rebalancer's saved state has " + std::to_string(s.level.size()) +
+                      " layers, the model " + std::to_string(predictors_.size()));
+  }
+  for (size_t l = 0; l < predictors_.size(); ++l)
+    predictors_[l].restore(s.level[l], s.trend[l], s.predictor_steps);
+  interval_seconds_ = s.interval_seconds;
+  interval_busiest_tokens_ = s.interval_busiest_tokens;
+  migrations_ = s.migrations;
 }
 
 double TrainRebalancer::measure_link_rate() const {
@@ -196,16 +268,26 @@ double TrainRebalancer::measure_link_rate() const {
 
 std::string TrainRebalancer::describe() const {
   if (options_.every == 0) return "";
-  char line[400];
-  std::snprintf(
-      line, sizeof line,
-      "# rebalancing: every %d steps, horizon %d steps, migrate when gain > %g x cost; "
-      "EMA %g, one placement per layer; one expert of one layer (weights + AdamW "
-      "moments%s) %.3f MB over the measured link at %.3f GB/s; %d redundant slot(s) per EP "
-      "rank for replicas of hot experts\n",
-      options_.every, options_.horizon, options_.min_gain_ratio, options_.smoothing,
-      reference_ ? " + reference" : "", bytes_per_expert_ / 1e6, link_rate_ / 1e9,
-      ep_.redundant_slots());
+  char rates[160];
+  if (measured_) {
+    std::snprintf(rates, sizeof rates,
+                  "the steps' measured wall time (measured rates: decisions not reproducible)");
+  } else {
+    std::snprintf(rates, sizeof rates, "%.0f FLOPs each per layer at %.3g GFLOP/s (%s)",
+                  flops_per_routed_token_, flops_ / 1e9,
+                  options_.cluster.empty() ? "default rates" : options_.cluster.c_str());
+  }
+  const std::string rates_text = rates;
+  char line[640];
+  std::snprintf(line, sizeof line,
+                "# rebalancing: every %d steps, horizon %d steps, migrate when gain > %g x cost; "
+                "EMA %g, one placement per layer; one expert of one layer (weights + AdamW "
+                "moments%s) %.3f MB over the %s link at %.3f GB/s; routed tokens charged at %s; %d "
+                "redundant slot(s) per EP rank for replicas of hot experts\n",
+                options_.every, options_.horizon, options_.min_gain_ratio, options_.smoothing,
+                reference_ ? " + reference" : "", bytes_per_expert_ / 1e6,
+                measured_ ? "measured" : "counted", link_rate_ / 1e9, rates_text.c_str(),
+                ep_.redundant_slots());
   return line;
 }
 
@@ -241,7 +323,7 @@ MigrationPlan TrainRebalancer::plan(const Placement& current,
   m.bytes_per_expert = bytes_per_expert_;
   m.intra_node_bandwidth = m.inter_node_bandwidth = link_rate_;
   m.arena_bytes = arena_bytes_;
-  m.seconds_per_token = expert_share_ * interval_seconds_ / interval_busiest_tokens_;
+  m.seconds_per_token = seconds_per_token();
   m.horizon = options_.horizon;
   m.min_gain_ratio = options_.min_gain_ratio;
   std::vector<Placement> proposals;
@@ -263,7 +345,12 @@ std::string TrainRebalancer::end_of_step(int step, double step_seconds) {
   for (const std::vector<double>& layer : loads)
     flat.insert(flat.end(), layer.begin(), layer.end());
   MPI_Allreduce(MPI_IN_PLACE, flat.data(), int(flat.size()), MPI_DOUBLE, MPI_SUM, learners_.comm);
-  MPI_Allreduce(MPI_IN_PLACE, &step_seconds, 1, MPI_DOUBLE, MPI_MAX, learners_.comm);
+  // Counted rates ignore the wall time (a measured quantity), so the decisions are reproducible.
+  if (measured_) {
+    MPI_Allreduce(MPI_IN_PLACE, &step_seconds, 1, MPI_DOUBLE, MPI_MAX, learners_.comm);
+  } else {
+    step_seconds = 0;
+  }
   const std::vector<std::vector<int>>& slots = ep_.slot_experts();
   std::vector<Placement> current;
   for (int l = 0; l < L; ++l) {

@@ -2,10 +2,15 @@
 // records its router statistics per step into the trace, and with --rebalance-every K the
 // learners feed the loads summed over all of them to one load predictor per layer every step
 // and, every K steps, let the migration planner decide for each layer whether moving its experts
-// between the EP ranks pays off over the horizon at the measured link rate; if so the experts
-// move live, rank to rank, with their AdamW moments (and the frozen reference's weights). Every
-// decision is the same on every learner (the same summed loads, pure functions), so the DP replicas
-// keep one placement.
+// between the EP ranks pays off over the horizon; if so the experts move live, rank to rank, with
+// their AdamW moments (and the frozen reference's weights). Every decision is the same on every
+// learner (the same summed loads, pure functions), so the DP replicas keep one placement.
+// By default (--rebalance-rates counted) the decisions are reproducible: the planner charges
+// transfers and routed tokens at fixed rates (a cluster file's, or the documented constants
+// below) applied to counted bytes, FLOPs and router loads, so two runs with one seed migrate alike
+// and a resumed run (its rebalancer's state is in the checkpoint) decides as the uninterrupted one.
+// `measured` charges the link rate timed at start and the steps' wall time instead (not
+// reproducible).
 #pragma once
 
 #include <functional>
@@ -17,6 +22,7 @@
 #include "src/app/options.h"
 #include "src/balance/load_predictor.h"
 #include "src/balance/migration_planner.h"
+#include "src/io/checkpoint_placement.h"
 #include "src/io/trace.h"
 #include "src/model/optimizer.h"
 #include "src/model/transformer.h"
@@ -34,11 +40,33 @@ struct RebalanceOptions {
   // (disaggregated or fused, any --ep-overlap-chunks, no checkpoints; 0 <= R <= E - E / EP,
   // checked where the experts are known).
   int redundant_experts = 0;
+  // --rebalance-rates: "counted" (fixed rates: reproducible) or "measured" (timed: not).
+  std::string rates = "counted";
+  // --rebalance-cluster: a cluster file (src/sim/cluster.h, e.g. from `rlfusion bench calibrate`)
+  // whose compute rate and link (the level an EP group spans) the counted rates take; "": the
+  // default rates.
+  std::string cluster;
 };
+
+// Counted rates without a cluster file: a CPU rank's sustained matmul rate and a shared-memory
+// MPI link, rounded (docs/EDPB.md "Reproducible decisions").
+inline constexpr double kDefaultRebalanceFlops = 20e9;         // FLOP/s per EP rank
+inline constexpr double kDefaultRebalanceLinkBandwidth = 2e9;  // bytes/s per EP rank
+
+// The rates counted decisions charge: FLOP/s per EP rank and the EP group's link in bytes/s.
+struct RebalanceRates {
+  double flops = kDefaultRebalanceFlops;
+  double link_bandwidth = kDefaultRebalanceLinkBandwidth;
+};
+// From --rebalance-cluster (the link of the level `ep_degree` consecutive ranks span), else the
+// defaults. ConfigError naming the file when it cannot be read or is invalid.
+RebalanceRates counted_rebalance_rates(const RebalanceOptions& options, int ep_degree);
 
 po::options_description rebalance_options_description(RebalanceOptions& options);
 // ConfigError naming the option for a value out of range, or for --rebalance-every or
-// --redundant-experts without experts to move (learner EP degree < 2).
+// --redundant-experts without experts to move (learner EP degree < 2), an unknown
+// --rebalance-rates, or a --rebalance-cluster file that cannot be read or is invalid (or given
+// with measured rates).
 void validate(const RebalanceOptions& options, int learner_expert_parallel);
 // A log line naming the router skew ("" when off); the JSON fragment
 // `"router_skew":S,"rebalance_every":K,"redundant_experts":R,` (always).
@@ -50,8 +78,9 @@ class TrainRebalancer {
   // A layer's (token, expert) assignments on this rank since the last call, [expert].
   using LayerExpertTokens = std::function<std::vector<int64_t>(int layer)>;
 
-  // Collective over `learners` (all learner ranks; with every > 0 it times a transfer of one
-  // expert's bytes between the EP ranks: the link rate migration costs are charged at).
+  // Collective over `learners` (all learner ranks; with every > 0 and measured rates it times a
+  // transfer of one expert's bytes between the EP ranks: the link rate migration costs are
+  // charged at).
   // `reference` may be null. Everything referenced must outlive the rebalancer.
   // `expert_tokens`: where the router statistics come from (default: the model's dispatchers and
   // overlap chunks). With pipeline stages (a layer-sharded `model`, its EP group over the stage's
@@ -63,12 +92,18 @@ class TrainRebalancer {
                   AdamW<float>& optimizer, Transformer<float>* reference, TraceRecorder& trace,
                   LayerExpertTokens expert_tokens = {});
 
-  // After RL step `step`, which took `step_seconds` on this rank (collective over the learners
-  // when rebalancing): records the step's router statistics; every `every` steps decides and
-  // maybe migrates. Returns a log line for a migration, else "".
+  // After RL step `step`, which took `step_seconds` on this rank (only measured rates use it;
+  // collective over the learners when rebalancing): records the step's router statistics; every
+  // `every` steps decides and maybe migrates. Returns a log line for a migration, else "".
   std::string end_of_step(int step, double step_seconds);
 
   int migrations() const { return migrations_; }
+  bool rebalancing() const { return options_.every > 0; }
+  // The predictors and interval accumulators, for checkpoints; restore() continues from them
+  // (the placement itself lives in the RoleExpertParallel). ConfigError for a state of another
+  // model shape.
+  RebalancerState state() const;
+  void restore(const RebalancerState& state);
   double link_bytes_per_second() const { return link_rate_; }
   // "# rebalancing: ..." describing the settings, for the run's log ("" when off).
   std::string describe() const;
@@ -78,6 +113,8 @@ class TrainRebalancer {
   std::vector<std::vector<double>> take_router_loads(int step);
   MigrationPlan plan(const Placement& current, const std::vector<double>& predicted) const;
   double measure_link_rate() const;
+  // Seconds the step spends per routed token of the busiest EP rank, per layer.
+  double seconds_per_token() const;
 
   RebalanceOptions options_;
   RoleExpertParallel& ep_;
@@ -91,6 +128,10 @@ class TrainRebalancer {
   std::vector<LoadPredictor> predictors_;  // one per layer
   // One expert of one layer: its weights + AdamW moments (+ reference weights).
   double bytes_per_expert_ = 0, link_rate_ = 0, expert_share_ = 0, arena_bytes_ = 0;
+  bool measured_ = false;  // --rebalance-rates measured
+  // Counted rates: FLOPs one routed token costs one expert of one layer in a training step
+  // (forward and backward of its three matrices) and the FLOP/s they run at.
+  double flops_per_routed_token_ = 0, flops_ = 0;
   // Since the last decision: the slowest learner's step seconds and the busiest EP rank's tokens
   // summed over layers (each layer's exchange waits for its busiest rank).
   double interval_seconds_ = 0, interval_busiest_tokens_ = 0;

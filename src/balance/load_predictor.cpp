@@ -44,6 +44,18 @@ void LoadPredictor::observe(const std::vector<double>& tokens_per_expert) {
   ++steps_;
 }
 
+void LoadPredictor::restore(const std::vector<double>& level, const std::vector<double>& trend,
+                            int steps) {
+  if (level.size() != level_.size() || trend.size() != trend_.size() || steps < 0) {
+    throw ConfigError("load predictor: a saved state of " + std::to_string(level.size()) +
+                      " experts and " + std::to_string(steps) + " steps for " +
+                      std::to_string(level_.size()) + " experts");
+  }
+  level_ = level;
+  trend_ = trend;
+  steps_ = steps;
+}
+
 std::vector<double> LoadPredictor::predict(int horizon) const {
   if (horizon < 1) throw ConfigError("--horizon must be >= 1, got " + std::to_string(horizon));
   std::vector<double> out(level_.size());

@@ -27,6 +27,12 @@ class LoadPredictor {
   std::vector<double> predict(int horizon) const;
 
   int steps_observed() const { return steps_; }
+  // The state, for checkpoints: restore(level(), trend(), steps_observed()) on a predictor of the
+  // same experts and options continues exactly where this one stands. ConfigError for arrays of
+  // another size or a negative step count.
+  const std::vector<double>& level() const { return level_; }
+  const std::vector<double>& trend() const { return trend_; }
+  void restore(const std::vector<double>& level, const std::vector<double>& trend, int steps);
 
  private:
   LoadPredictorOptions options_;

@@ -28,8 +28,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Format 2: CRC-32C checksums (format 1 had CRC-64/XZ).
-constexpr const char* kFormat = "rlfusion-checkpoint-2";
+// Format 3: an expert-parallel run's placement and rebalancer state in /placement (format 2 had
+// none: such a file resumes at the default placement; format 1 had CRC-64/XZ checksums).
+constexpr const char* kFormat = "rlfusion-checkpoint-3";
+constexpr const char* kFormatWithoutPlacement = "rlfusion-checkpoint-2";
 constexpr const char* kSidecarSuffix = ".crc32c";
 constexpr const char* kCrcAttribute = "crc32c";
 constexpr const char* kLatest = "latest";
@@ -150,11 +152,18 @@ struct Writers {
   int rank = 0;
   std::vector<int> first_expert;  // of every rank of comm
   hid_t transfer = H5P_DEFAULT;   // dataset transfer properties of every write
-  // [layer][slot] -> the expert it holds (empty: the identity, no migration)
+  // [layer][slot] -> the expert it holds (empty: the identity, no migration, no spare slots)
   std::vector<std::vector<int>> expert_of_slot;
+  // [layer][expert] -> its first replica's slot (the lowest), the one whose rows are written
+  std::vector<std::vector<int>> first_slot;
 
   int expert_at(const ParameterTensor& t, int slot) const {
     return expert_of_slot.empty() ? slot : expert_of_slot[size_t(tensor_layer(t))][size_t(slot)];
+  }
+  // Whether `slot` holds the copy of its expert that goes into the file.
+  bool writes_slot(const ParameterTensor& t, int slot) const {
+    return first_slot.empty() ||
+           first_slot[size_t(tensor_layer(t))][size_t(expert_at(t, slot))] == slot;
   }
 };
 
@@ -208,13 +217,24 @@ void write_rows(hid_t set, const std::vector<hsize_t>& shape, hsize_t first, hsi
 void write_expert_rows(hid_t set, const std::vector<hsize_t>& shape, const ParameterTensor& t,
                        int first_slot, const float* data, const Writers& writers) {
   const int rows = int(t.shape[0]);
-  std::vector<std::pair<int, int>> by_expert;  // (expert, local row)
-  for (int j = 0; j < rows; ++j) by_expert.push_back({writers.expert_at(t, first_slot + j), j});
+  std::vector<std::pair<int, int>> by_expert;  // (expert, local row), first replicas only
+  for (int j = 0; j < rows; ++j) {
+    if (writers.writes_slot(t, first_slot + j))
+      by_expert.push_back({writers.expert_at(t, first_slot + j), j});
+  }
   std::sort(by_expert.begin(), by_expert.end());
   const size_t each = size_t(t.numel / t.shape[0]);
-  std::vector<float> packed(size_t(rows) * each);
+  std::vector<float> packed(std::max<size_t>(by_expert.size(), 1) * each);
   Handle file_space{H5Dget_space(set), H5Sclose};
   check(H5Sselect_none(file_space.id), "selecting nothing");
+  if (by_expert.empty()) {  // every slot here holds a later replica: join with nothing
+    Handle memory_space{H5Scopy(file_space.id), H5Sclose};
+    check(H5Sselect_none(memory_space.id), "selecting nothing");
+    check(H5Dwrite(set, H5T_NATIVE_FLOAT, memory_space.id, file_space.id, writers.transfer,
+                   packed.data()),
+          "joining a collective write");
+    return;
+  }
   std::vector<hsize_t> start(shape.size(), 0), count = shape;
   count[0] = 1;
   for (size_t i = 0; i < by_expert.size(); ++i) {
@@ -224,7 +244,7 @@ void write_expert_rows(hid_t set, const std::vector<hsize_t>& shape, const Param
                               nullptr),
           "selecting expert rows");
   }
-  count[0] = hsize_t(rows);
+  count[0] = hsize_t(by_expert.size());
   Handle memory_space{H5Screate_simple(int(count.size()), count.data(), nullptr), H5Sclose};
   check(H5Dwrite(set, H5T_NATIVE_FLOAT, memory_space.id, file_space.id, writers.transfer,
                  packed.data()),
@@ -291,8 +311,9 @@ void write_tensors(hid_t parent, const char* name, const ModelConfig& config,
       crcs[i].assign(size_t(config.n_experts), 0);
       for (int r = 0; r < size; ++r) {
         for (int j = 0; j < rows; ++j) {
-          const int expert = writers.expert_at(tensors[i], writers.first_expert[size_t(r)] + j);
-          crcs[i][size_t(expert)] = all[size_t(r * rows + j)];
+          const int slot = writers.first_expert[size_t(r)] + j;
+          if (!writers.writes_slot(tensors[i], slot)) continue;
+          crcs[i][size_t(writers.expert_at(tensors[i], slot))] = all[size_t(r * rows + j)];
         }
       }
     }
@@ -338,13 +359,17 @@ uint32_t copy_and_crc(float* to, const unsigned char* from, size_t bytes) {
 }
 
 // Every tensor of the layout into `data` (of a routed-expert tensor, the rows of the experts the
-// layout stores: a checkpoint loads at any expert-parallel degree). This thread reads the
-// metadata through HDF5 (which is not thread-safe); the rows of contiguous datasets are copied
+// layout stores: a checkpoint loads at any expert-parallel degree; with `slot_experts`, row j of
+// layer l gets expert slot_experts[l][first_expert() + j], replicas included). This thread reads
+// the metadata through HDF5 (which is not thread-safe); the rows of contiguous datasets are copied
 // from the verified mapping of the file by worker threads, each piece checked against its
 // CRC-32C as it is copied (any other dataset is read by HDF5 here and checked by a worker).
 void read_tensors(hid_t parent, const std::string& path, const char* name,
                   const ModelConfig& config, const ParameterLayout& layout, float* data,
-                  const MappedFile& mapped) {
+                  const MappedFile& mapped, const std::vector<std::vector<int>>* slot_experts) {
+  if (slot_experts == nullptr && layout.redundant_slots() > 0) {
+    throw std::invalid_argument("read_checkpoint: spare expert slots need slot_experts");
+  }
   Handle group = open_group(parent, path, name);
   const std::vector<ParameterTensor>& tensors = layout.tensors();
   std::vector<std::vector<uint32_t>> expected(tensors.size()), found(tensors.size());
@@ -364,23 +389,34 @@ void read_tensors(hid_t parent, const std::string& path, const char* name,
       std::vector<hsize_t> dims(size_t(std::max(0, H5Sget_simple_extent_ndims(space.id))));
       H5Sget_simple_extent_dims(space.id, dims.data(), nullptr);
       if (dims != shape) throw ConfigError(where + " has another shape than the configured model");
-      const hsize_t first = t.routed_expert ? hsize_t(layout.first_expert()) : 0;
-      const unsigned char* source = contiguous_rows(set.id, shape, first, mapped);
-      if (!source) read_rows(set.id, shape, first, hsize_t(t.shape[0]), data + t.offset);
-      std::vector<uint32_t> all =
-          read_crc_attribute(set.id, where, t.routed_expert ? size_t(config.n_experts) : 1);
+      // The file row of each stored row (piece): one for a replicated tensor.
+      std::vector<hsize_t> file_rows(1, 0);
       if (t.routed_expert) {
-        all = std::vector<uint32_t>(all.begin() + long(first),
-                                    all.begin() + long(first) + long(t.shape[0]));
+        file_rows.resize(size_t(t.shape[0]));
+        for (size_t j = 0; j < file_rows.size(); ++j) {
+          const size_t slot = size_t(layout.first_expert()) + j;
+          file_rows[j] =
+              hsize_t(slot_experts ? (*slot_experts)[size_t(tensor_layer(t))][slot] : int(slot));
+        }
       }
-      expected[i] = std::move(all);
-      const size_t pieces = expected[i].size();
+      const size_t pieces = file_rows.size();
       const size_t piece_bytes = size_t(t.numel) / pieces * sizeof(float);
+      const unsigned char* base = contiguous_rows(set.id, shape, 0, mapped);
+      if (!base) {
+        for (size_t k = 0; k < pieces; ++k) {
+          read_rows(set.id, shape, file_rows[k], t.routed_expert ? 1 : hsize_t(t.shape[0]),
+                    data + t.offset + k * piece_bytes / sizeof(float));
+        }
+      }
+      const std::vector<uint32_t> all =
+          read_crc_attribute(set.id, where, t.routed_expert ? size_t(config.n_experts) : 1);
+      for (hsize_t row : file_rows) expected[i].push_back(all[size_t(row)]);
       found[i].resize(pieces);
       for (size_t k = 0; k < pieces; ++k) {
+        const unsigned char* source = base ? base + file_rows[k] * piece_bytes : nullptr;
         copies.run([&, i, k, source, piece_bytes] {
           float* to = data + tensors[i].offset + k * piece_bytes / sizeof(float);
-          found[i][k] = copy_and_crc(to, source ? source + k * piece_bytes : nullptr, piece_bytes);
+          found[i][k] = copy_and_crc(to, source, piece_bytes);
         });
       }
     }
@@ -554,6 +590,39 @@ void write_in_flight(hid_t file, const std::vector<std::vector<InFlightSample>>&
   }
 }
 
+// /placement: the EP group's shape as attributes, the slot tables [layer][slot] as a dataset, and,
+// for a run that rebalances, /placement/rebalancer: its counters as attributes, the predictors'
+// levels and trends [layer][expert] as datasets. Each dataset carries its CRC-32C. Collective with
+// several writers (every rank passes the same placement; rank 0's values are written).
+void write_placement(hid_t file, const CheckpointPlacement& p, const Writers& writers) {
+  Handle group = create_group(file, "placement");
+  write_int_attribute(group.id, "ep_degree", p.ep_degree);
+  write_int_attribute(group.id, "slots_per_rank", p.slots_per_rank);
+  std::vector<int32_t> tables;
+  for (const std::vector<int>& layer : p.slot_experts)
+    tables.insert(tables.end(), layer.begin(), layer.end());
+  write_checked_array(
+      group.id, "slot_experts", H5T_STD_I32LE, H5T_NATIVE_INT32, tables.data(),
+      {hsize_t(p.slot_experts.size()), hsize_t(int64_t(p.ep_degree) * p.slots_per_rank)},
+      crc32c(tables.data(), tables.size() * sizeof(int32_t)), writers);
+  if (!p.has_rebalancer) return;
+  const RebalancerState& r = p.rebalancer;
+  Handle rebalancer = create_group(group.id, "rebalancer");
+  write_int_attribute(rebalancer.id, "predictor_steps", r.predictor_steps);
+  write_int_attribute(rebalancer.id, "migrations", r.migrations);
+  write_double_attribute(rebalancer.id, "interval_seconds", r.interval_seconds);
+  write_double_attribute(rebalancer.id, "interval_busiest_tokens", r.interval_busiest_tokens);
+  for (const auto& [name, values] : {std::pair{"level", &r.level}, std::pair{"trend", &r.trend}}) {
+    std::vector<double> flat;
+    for (const std::vector<double>& layer : *values)
+      flat.insert(flat.end(), layer.begin(), layer.end());
+    const hsize_t experts = values->empty() ? 0 : hsize_t(values->front().size());
+    write_checked_array(rebalancer.id, name, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, flat.data(),
+                        {hsize_t(values->size()), experts},
+                        crc32c(flat.data(), flat.size() * sizeof(double)), writers);
+  }
+}
+
 // The checkpoint file at `path`: by this process alone (writers.comm null, `access` default), or
 // collectively by an EP group through MPI-IO (`access` with the MPI-IO driver).
 void write_checkpoint_file(const std::string& path, const ModelConfig& config,
@@ -584,6 +653,7 @@ void write_checkpoint_file(const std::string& path, const ModelConfig& config,
     static const std::vector<std::vector<InFlightSample>> kNone;
     write_in_flight(file.id, tensors.in_flight ? *tensors.in_flight : kNone, writers);
   }
+  if (tensors.placement) write_placement(file.id, *tensors.placement, writers);
 }
 
 // Keeps `current` and the newest checkpoint before it; removes every other checkpoint (older
@@ -723,23 +793,31 @@ void write_checkpoint_sharded(const std::string& run_dir, const ModelConfig& con
   const int first = layout.first_expert();
   writers.first_expert.resize(size_t(size));
   MPI_Allgather(&first, 1, MPI_INT, writers.first_expert.data(), 1, MPI_INT, comm);
-  if (tensors.expert_slots) {
-    for (const std::vector<int>& slot_of : *tensors.expert_slots) {
-      std::vector<int> expert_of(slot_of.size(), -1);
-      for (size_t e = 0; e < slot_of.size(); ++e) {
-        if (slot_of.size() != size_t(config.n_experts) || slot_of[e] < 0 ||
-            slot_of[e] >= config.n_experts || expert_of[size_t(slot_of[e])] != -1) {
-          throw std::invalid_argument(
-              "write_checkpoint_sharded: an expert -> slot table is not a permutation of the "
-              "model's experts");
-        }
-        expert_of[size_t(slot_of[e])] = int(e);
+  if (tensors.slot_experts) {
+    // Every layer's table over the group's slots; each expert's rows come from its first replica.
+    const int slots = size * int(layout.stored_experts());
+    for (const std::vector<int>& table : *tensors.slot_experts) {
+      std::vector<int> first_slot(size_t(config.n_experts), -1);
+      bool valid = int(table.size()) == slots;
+      for (int slot = 0; valid && slot < slots; ++slot) {
+        const int e = table[size_t(slot)];
+        valid = e >= 0 && e < config.n_experts;
+        if (valid && first_slot[size_t(e)] < 0) first_slot[size_t(e)] = slot;
       }
-      writers.expert_of_slot.push_back(std::move(expert_of));
+      for (int slot : first_slot) valid = valid && slot >= 0;
+      if (!valid) {
+        throw std::invalid_argument(
+            "write_checkpoint_sharded: a slot table must hold every expert in the group's " +
+            std::to_string(slots) + " slots");
+      }
+      writers.expert_of_slot.push_back(table);
+      writers.first_slot.push_back(std::move(first_slot));
     }
     if (int(writers.expert_of_slot.size()) != expert_layers(layout)) {
-      throw std::invalid_argument("write_checkpoint_sharded: one expert -> slot table per layer");
+      throw std::invalid_argument("write_checkpoint_sharded: one slot table per layer");
     }
+  } else if (layout.redundant_slots() > 0) {
+    throw std::invalid_argument("write_checkpoint_sharded: spare expert slots need slot_experts");
   }
   const CheckpointCounters agreed = broadcast_counters(counters, comm);
   const double start = seconds_now();
@@ -832,9 +910,10 @@ namespace {
 // The checks of check_checkpoint on an open file.
 CheckpointCounters check_open_checkpoint(hid_t file, const std::string& path,
                                          const ModelConfig& config, bool with_reference) {
-  if (read_string_attribute(file, "format") != kFormat) {
-    throw ConfigError(label(path) + " is not an rlfusion checkpoint (format '" +
-                      read_string_attribute(file, "format") + "', expected '" + kFormat + "')");
+  const std::string format = read_string_attribute(file, "format");
+  if (format != kFormat && format != kFormatWithoutPlacement) {
+    throw ConfigError(label(path) + " is not an rlfusion checkpoint (format '" + format +
+                      "', expected '" + kFormat + "' or '" + kFormatWithoutPlacement + "')");
   }
   const ModelConfig written = read_model_attributes(file, label(path));
   const int64_t written_total = ParameterLayout(written).total();
@@ -873,12 +952,15 @@ CheckpointCounters read_checkpoint(const std::string& path, const ModelConfig& c
   Handle file{open_read_only(path, "checkpoint"), H5Fclose};
   const CheckpointCounters counters =
       check_open_checkpoint(file.id, path, config, tensors.reference != nullptr);
-  read_tensors(file.id, path, "parameters", config, layout, tensors.parameters, *mapped);
+  const std::vector<std::vector<int>>* slots = tensors.slot_experts;
+  read_tensors(file.id, path, "parameters", config, layout, tensors.parameters, *mapped, slots);
   Handle optimizer = open_group(file.id, path, "optimizer");
-  read_tensors(optimizer.id, path, "first_moment", config, layout, tensors.first_moment, *mapped);
-  read_tensors(optimizer.id, path, "second_moment", config, layout, tensors.second_moment, *mapped);
+  read_tensors(optimizer.id, path, "first_moment", config, layout, tensors.first_moment, *mapped,
+               slots);
+  read_tensors(optimizer.id, path, "second_moment", config, layout, tensors.second_moment, *mapped,
+               slots);
   if (tensors.reference) {
-    read_tensors(file.id, path, "reference", config, layout, tensors.reference, *mapped);
+    read_tensors(file.id, path, "reference", config, layout, tensors.reference, *mapped, slots);
   }
   if (times) times->data = std::chrono::duration<double>(Clock::now() - verified).count();
   return counters;
@@ -912,6 +994,51 @@ std::vector<InFlightSample> read_in_flight(const std::string& path, int rank) {
   std::vector<InFlightSample> samples =
       PackedInFlight::unpack(table.data(), table.size(), tokens.data(), logp.data());
   return samples;
+}
+
+std::optional<CheckpointPlacement> read_checkpoint_placement(const std::string& path,
+                                                             const ModelConfig& config) {
+  Handle file{open_read_only(path, "checkpoint"), H5Fclose};
+  if (H5Lexists(file.id, "placement", H5P_DEFAULT) <= 0) return std::nullopt;
+  const std::string where = label(path) + " placement";
+  Handle group = open_group(file.id, path, "placement");
+  CheckpointPlacement p;
+  p.ep_degree = int(read_number_attribute(group.id, where, "ep_degree"));
+  p.slots_per_rank = int(read_number_attribute(group.id, where, "slots_per_rank"));
+  const int layers = expert_layers(ParameterLayout(config)), experts = config.n_experts;
+  if (p.ep_degree < 1 || p.slots_per_rank < 1 || p.slots_per_rank > experts) {
+    throw ConfigError(where + " has EP degree " + std::to_string(p.ep_degree) + " and " +
+                      std::to_string(p.slots_per_rank) + " slots per rank: the file is damaged");
+  }
+  const size_t slots = size_t(p.ep_degree) * size_t(p.slots_per_rank);
+  const std::vector<int32_t> tables = read_checked_array<int32_t>(
+      group.id, where, "slot_experts", H5T_NATIVE_INT32, hsize_t(size_t(layers) * slots));
+  for (int l = 0; l < layers; ++l) {
+    p.slot_experts.emplace_back(tables.begin() + long(size_t(l) * slots),
+                                tables.begin() + long(size_t(l + 1) * slots));
+  }
+  if (H5Lexists(group.id, "rebalancer", H5P_DEFAULT) > 0) {
+    p.has_rebalancer = true;
+    Handle rebalancer = open_group(group.id, path, "rebalancer");
+    const std::string at = where + " rebalancer";
+    RebalancerState& r = p.rebalancer;
+    r.predictor_steps = int(read_number_attribute(rebalancer.id, at, "predictor_steps"));
+    r.migrations = int(read_number_attribute(rebalancer.id, at, "migrations"));
+    r.interval_seconds = read_number_attribute(rebalancer.id, at, "interval_seconds");
+    r.interval_busiest_tokens = read_number_attribute(rebalancer.id, at, "interval_busiest_tokens");
+    for (const auto& [name, values] :
+         {std::pair{"level", &r.level}, std::pair{"trend", &r.trend}}) {
+      const std::vector<double> flat = read_checked_array<double>(
+          rebalancer.id, at, name, H5T_NATIVE_DOUBLE, hsize_t(layers) * hsize_t(experts));
+      for (int l = 0; l < layers; ++l) {
+        values->emplace_back(flat.begin() + long(l) * experts,
+                             flat.begin() + long(l + 1) * experts);
+      }
+    }
+  }
+  const std::string problem = placement_problem(p, layers, experts);
+  if (!problem.empty()) throw ConfigError(where + " is inconsistent (" + problem + ")");
+  return p;
 }
 
 ResumePoint find_resume_point(const std::string& resume, const std::string& run_dir) {

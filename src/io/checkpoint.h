@@ -11,9 +11,11 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "src/io/checkpoint_placement.h"
 #include "src/io/in_flight_sample.h"
 #include "src/model/model_config.h"
 #include "src/model/parameter_layout.h"
@@ -49,12 +51,16 @@ struct CheckpointTensors {
   // Writing only: every rank's StaleSync samples in flight (index: rank), or null for none; saved
   // in /in_flight/rank_NNNNN. write_checkpoint_sharded takes them from its rank 0.
   const std::vector<std::vector<InFlightSample>>* in_flight = nullptr;
-  // Writing with write_checkpoint_sharded after expert migration: each layer's expert -> slot
-  // table in force, [layer][expert] (slot s is row s - first_expert() of the rank storing it);
-  // null: the identity. The file holds experts by global id whatever the placement, and
-  // read_checkpoint fills slots in the identity placement (a resumed run starts there; the math
-  // does not depend on it).
-  const std::vector<std::vector<int>>* expert_slots = nullptr;
+  // With a sharded layout (write_checkpoint_sharded, read_checkpoint): each layer's slot ->
+  // expert table in force, [layer][slot] over the EP group's slots (a rank's layout stores slots
+  // [first_expert(), first_expert() + stored_experts())); null: the identity (no migration, no
+  // spare slots). The file holds every expert once, by global id, whatever the placement: the
+  // writers write each expert's first replica (its lowest slot; replicas are bit-identical), a
+  // reader fills every slot it stores (spare slots too) from its expert's rows.
+  const std::vector<std::vector<int>>* slot_experts = nullptr;
+  // Writing: the expert placement and the rebalancer's state, saved in /placement (with
+  // write_checkpoint_sharded every rank passes the same; rank 0's is written), or null.
+  const CheckpointPlacement* placement = nullptr;
 };
 
 // RUN_DIR/checkpoints/step_NNNNNN.h5
@@ -113,6 +119,12 @@ CheckpointCounters read_checkpoint(const std::string& path, const ModelConfig& c
 // Rank `rank`'s in-flight samples of a checkpoint that read_checkpoint has verified; ConfigError
 // naming the file when it holds none for that rank or they do not match their checksums.
 std::vector<InFlightSample> read_in_flight(const std::string& path, int rank);
+
+// The expert placement and rebalancer state of a checkpoint that read_checkpoint has verified, or
+// none (written without expert parallelism, or by format 2). ConfigError naming the file when
+// they are inconsistent (placement_problem) or do not match their checksums.
+std::optional<CheckpointPlacement> read_checkpoint_placement(const std::string& path,
+                                                             const ModelConfig& config);
 
 struct ResumePoint {
   std::string path;                  // the checkpoint to load; "" to start from scratch

@@ -93,7 +93,7 @@ struct ExpertMigration {
   int32_t experts_moved = 0;  // (layer, expert) pairs whose EP rank changed (the whole group)
   int64_t bytes = 0;          // sent by this rank (weights, AdamW moments, reference weights)
   double predicted_gain_seconds = 0;  // over the horizon, on the predicted loads (all layers)
-  double cost_seconds = 0;            // modelled transfer time at the measured link rate
+  double cost_seconds = 0;            // modelled transfer time at the charged link rate
   // Predicted EP-rank load of the old and the new placement: the busiest rank of each layer,
   // summed over layers, over the mean rank's.
   double max_mean_before = 0;

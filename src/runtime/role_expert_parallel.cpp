@@ -201,6 +201,22 @@ uint64_t RoleExpertParallel::migrate_slots(const std::vector<std::vector<int>>& 
     sent = copy_experts_into_slots(slot_expert_, slot_expert, experts_, local_slots(),
                                    slot_ranges(layout), buffers, ep_group_.comm);
   }
+  route_by(slot_expert);
+  return sent;
+}
+
+void RoleExpertParallel::adopt_slots(const std::vector<std::vector<int>>& slot_expert, int layers) {
+  ensure_tables(layers);
+  if (slot_expert.size() != slot_expert_.size()) {
+    throw std::invalid_argument(
+        "RoleExpertParallel::adopt_slots: " + std::to_string(slot_expert.size()) + " tables for " +
+        std::to_string(slot_expert_.size()) + " layers");
+  }
+  for (const std::vector<int>& table : slot_expert) check_slot_table(table);
+  route_by(slot_expert);
+}
+
+void RoleExpertParallel::route_by(const std::vector<std::vector<int>>& slot_expert) {
   slot_expert_ = slot_expert;
   for (size_t l = 0; l < slot_expert_.size(); ++l)
     slot_of_[l] = first_replicas(slot_expert_[l], experts_);
@@ -211,7 +227,6 @@ uint64_t RoleExpertParallel::migrate_slots(const std::vector<std::vector<int>>& 
     route_by_tables(*dispatchers_[i], redundant_, slot_of_[i % layers], slot_expert_[i % layers]);
   for (size_t i = 0; i < overlapped_.size(); ++i)
     route_by_tables(*overlapped_[i], redundant_, slot_of_[i % layers], slot_expert_[i % layers]);
-  return sent;
 }
 
 void RoleExpertParallel::check_slot_table(const std::vector<int>& table) const {

@@ -116,6 +116,10 @@ class RoleExpertParallel {
   // changes receives it from a holder (copy_experts_into_slots).
   uint64_t migrate_slots(const std::vector<std::vector<int>>& slot_expert,
                          const ParameterLayout& layout, const std::vector<float*>& buffers);
+  // The tables of a checkpoint (the same on every rank of the EP group, `layers` of them) put in
+  // force without moving anything: the caller then fills every slot with its expert (reading it
+  // from the file). Checked like migrate_slots' tables (std::invalid_argument); no communication.
+  void adopt_slots(const std::vector<std::vector<int>>& slot_expert, int layers);
   // The expert -> slot tables in force, [layer][expert]: each expert's first replica (identity
   // until migrate_experts; empty before attach).
   const std::vector<std::vector<int>>& expert_slots() const { return slot_of_; }
@@ -150,6 +154,8 @@ class RoleExpertParallel {
   // make_view_overlap's sets.
   std::vector<std::vector<OverlappedExperts*>> view_overlap_sets_;
   void ensure_tables(int layers);  // default tables for `layers` layers, if none yet
+  // Puts checked tables in force: the first-replica tables and every dispatcher's routing.
+  void route_by(const std::vector<std::vector<int>>& slot_expert);
   std::unique_ptr<ExpertDispatcher> make_dispatcher(int layer);  // routing by the layer's table
   // One new dispatcher per layer (kept in dispatchers_, so migrations reach them).
   std::vector<ExpertDispatcher*> make_dispatcher_set(int layers);

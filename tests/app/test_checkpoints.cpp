@@ -8,11 +8,13 @@
 #include <hdf5.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -20,6 +22,7 @@
 #include "kernels/error.h"
 #include "src/io/checkpoint.h"
 #include "src/io/durable_file.h"
+#include "src/model/model_config.h"
 #include "tests/app/json_output.h"
 #include "tests/app/read_parameters.h"
 #include "tests/app/run_rlfusion.h"
@@ -270,8 +273,9 @@ TEST(Checkpoint, FusedStaleSyncWithExpertParallelismResumeIsBitExact) {
 }
 
 // Learners that migrate experts every step (skewed router, no threshold) checkpoint after a
-// migration: the file holds the experts by id, the resumed run starts at the identity placement
-// (and migrates again), and ends bit for bit where the uninterrupted run does.
+// migration: the file holds the experts by id and the placement beside them, the resumed run
+// continues at that placement with the rebalancer's state, and ends bit for bit where the
+// uninterrupted run does.
 TEST(CheckpointRestart, ExpertParallelAfterMigrationResumesBitExact) {
   const std::string layout =
       "--learners 2 --actors 2 --expert-parallel 2 --router-skew 4 --rebalance-every 1 "
@@ -285,6 +289,75 @@ TEST(CheckpointRestart, ExpertParallelAfterMigrationResumesBitExact) {
                     straight.output.find("# migration after step 2:") != std::string::npos)
             << straight.output;
       });
+}
+
+// Replicas of hot experts (--redundant-experts 1, rebalancing after every step at the default
+// counted rates and threshold): the checkpoint holds every expert once by id, the slot tables
+// (replicas included) and the rebalancer's predictors and interval; a run killed while writing
+// checkpoint 4 resumes from checkpoint 2 at its placement and ends bit for bit where the
+// uninterrupted run does (at the default placement the replicas' token split, and so the math,
+// would differ). Disaggregated learners (EP 2 x 1 with 2 actors) and fused ranks (EP 2, generation
+// on the training layout or through the layout switch).
+void expect_replica_resume_bit_exact(const std::string& name, const std::string& layout) {
+  SCOPED_TRACE(name);
+  const std::string args =
+      kRun + layout + "--router-skew 4 --redundant-experts 1 --rebalance-every 1 ";
+  expect_kill_and_resume_bit_exact(
+      name, layout.find("fused") == std::string::npos ? 4 : 2, args, "data",
+      [](const CommandResult& straight) {
+        EXPECT_NE(straight.output.find("# migration after step 1:"), std::string::npos)
+            << straight.output;
+      });
+  const std::string dir = temp_dir_name(name + "-killed");
+  const std::optional<CheckpointPlacement> saved =
+      read_checkpoint_placement(checkpoint_path(dir, 2), load_model_config("tiny"));
+  ASSERT_TRUE(saved.has_value());
+  EXPECT_EQ(saved->ep_degree, 2);
+  EXPECT_TRUE(saved->has_rebalancer);
+  EXPECT_EQ(saved->rebalancer.predictor_steps, 2);
+  EXPECT_GT(saved->rebalancer.migrations, 0);
+  // The saved tables hold a replica (an expert in two slots), so the placement mattered.
+  bool replicated = false;
+  for (const std::vector<int>& table : saved->slot_experts) {
+    std::vector<int> sorted = table;
+    std::sort(sorted.begin(), sorted.end());
+    replicated = replicated || std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end();
+  }
+  EXPECT_TRUE(replicated);
+}
+
+TEST(CheckpointRestart, ReplicasResumeBitExact) {
+  expect_replica_resume_bit_exact("replicas", "--learners 2 --actors 2 --expert-parallel 2 ");
+  expect_replica_resume_bit_exact("replicas-fused", "--mode fused --expert-parallel 2 ");
+  // Generation through the layout switch (EP 2 -> 1), which follows the adopted tables.
+  expect_replica_resume_bit_exact("replicas-fused-switch",
+                                  "--mode fused --expert-parallel 2 --actor-expert-parallel 1 ");
+}
+
+// A checkpoint with replicas resumes without them (--redundant-experts 0) and at another EP
+// degree: at the default placement, the experts read by id, and the log says so.
+TEST(CheckpointRestart, ReplicaCheckpointResumesWithoutReplicas) {
+  const std::string dir = temp_dir("replicas-written");
+  const std::string fused = kRun + "--mode fused --router-skew 4 --rebalance-every 1 ";
+  const CommandResult written = test::run_rlfusion(
+      fused + "--expert-parallel 2 --redundant-experts 1 --checkpoint-every 2 --run-dir " + dir, 2);
+  ASSERT_EQ(written.exit_code, 0) << written.output;
+  for (const auto& [layout, ranks] : std::vector<std::pair<std::string, int>>{
+           {"--expert-parallel 2 ", 2}, {"--learners 1 --actors 1 ", 2}}) {
+    SCOPED_TRACE(layout);
+    const std::string run = layout.find("learners") == std::string::npos
+                                ? fused + layout
+                                : kRun + "--router-skew 4 " + layout;
+    const CommandResult resumed = test::run_rlfusion(
+        run + "--resume " + checkpoint_path(dir, 4) + " --run-dir " + temp_dir("replicas-into"),
+        ranks);
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+    EXPECT_NE(resumed.output.find("resuming from checkpoint"), std::string::npos);
+    if (layout.find("expert-parallel") != std::string::npos) {
+      EXPECT_NE(resumed.output.find("resuming at the default placement"), std::string::npos)
+          << resumed.output;
+    }
+  }
 }
 
 // Pipeline parallelism (the KL term on: the reference is stored per stage too): the first

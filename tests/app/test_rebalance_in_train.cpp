@@ -207,14 +207,19 @@ TEST(TrainRebalance, BadValuesAreRefusedBeforeAnyWork) {
            {"--rebalance-horizon 0", 0, "--rebalance-horizon"},
            {"--router-skew -1", 0, "--router-skew"},
            {"--mode fused --rebalance-every 2", 2, "--expert-parallel >= 2"},
-           // Replicas (--redundant-experts): the range and what they do not support yet.
+           // Replicas (--redundant-experts): the range.
            {"--redundant-experts -1", 0, "--redundant-experts must be >= 0"},
            {"--redundant-experts 1", 0, "--redundant-experts needs --expert-parallel >= 2"},
            {kEp + "--redundant-experts 3", 4, "--redundant-experts"},
-           {kEp + "--redundant-experts 1 --checkpoint-every 1", 4, "--checkpoint-every"},
-           {"--mode fused --expert-parallel 2 --redundant-experts 1 --resume auto", 2,
-            "--redundant-experts is not supported with --resume"},
-           {"--mode fused --expert-parallel 2 --redundant-experts 4", 2, "--redundant-experts"}}) {
+           {"--mode fused --expert-parallel 2 --redundant-experts 4", 2, "--redundant-experts"},
+           // The rates the decisions charge: a known kind, a readable and valid cluster file,
+           // which gives counted rates only.
+           {"--rebalance-rates timed", 0, "--rebalance-rates must be counted or measured"},
+           {"--rebalance-cluster " + dir + "-missing.ini", 0, "cannot be read"},
+           {"--rebalance-cluster cloudmatrix-384 --rebalance-rates measured", 0,
+            "--rebalance-cluster gives counted rates"},
+           {kEp + "--rebalance-every 1 --rebalance-cluster " + dir + "-missing.ini", 4,
+            "cannot be read"}}) {
     const CommandResult r = test::run_rlfusion(run + args, ranks);
     EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.output;
     EXPECT_NE(r.output.find(option), std::string::npos) << args << "\n" << r.output;

@@ -124,6 +124,28 @@ TEST(LoadPredictor, FollowsLevelAndTrend) {
   EXPECT_EQ(down.predict(10)[0], 0);
 }
 
+// A checkpoint's predictor state: a predictor restored from another's level, trend and step
+// count predicts what the original does, bit for bit, from then on.
+TEST(LoadPredictor, RestoredStateContinuesExactly) {
+  const LoadPredictorOptions options{0.3, 0.2};
+  LoadPredictor original(3, options), restored(3, options);
+  original.observe({10, 20, 30});
+  original.observe({12, 17, 31.5});
+  restored.restore(original.level(), original.trend(), original.steps_observed());
+  EXPECT_EQ(restored.steps_observed(), 2);
+  for (const std::vector<double>& step : {std::vector<double>{9, 25, 33}, {1, 2, 3}}) {
+    original.observe(step);
+    restored.observe(step);
+    EXPECT_EQ(restored.predict(7), original.predict(7));
+  }
+  // A fresh predictor's first observation sets the level: without the restore it differs.
+  LoadPredictor fresh(3, options);
+  fresh.observe({1, 2, 3});
+  EXPECT_NE(fresh.predict(7), original.predict(7));
+  EXPECT_THROW(restored.restore({1, 2}, {0, 0}, 1), ConfigError);
+  EXPECT_THROW(restored.restore({1, 2, 3}, {0, 0, 0}, -1), ConfigError);
+}
+
 TEST(IncrementalMoves, EachMoveLowersTheMaximumOrTheSpread) {
   DriftingZipfRouter router({64, 4096, 8, 1.2, 1, 3});
   const std::vector<double> load = router.next_step();

@@ -12,20 +12,13 @@
 #include "src/io/checkpoint.h"
 #include "src/model/expert_parallel.h"
 #include "src/model/parameter_layout.h"
-#include "tests/micro_model_config.h"
+#include "tests/mpi/checkpoint_test_util.h"
 #include "tests/mpi/mpi_test_util.h"
 
 namespace rlf {
 namespace {
 
 namespace fs = std::filesystem;
-
-ModelConfig twelve_experts() {
-  ModelConfig c = test::micro_config();
-  c.n_experts = 12;  // divisible by every rank count the MPI tests run at (1, 2, 4, 6)
-  c.validate("test");
-  return c;
-}
 
 // The three buffers a checkpoint holds, seeded so that a shard is the slice of the whole model.
 struct State {
@@ -39,21 +32,8 @@ struct State {
   CheckpointTensors tensors() { return {parameters.data(), first.data(), second.data(), nullptr}; }
 };
 
-// A run directory shared by the world (rank 0's name, unique per test process).
-std::string shared_run_dir() {
-  char name[256] = {};
-  if (test::world_rank() == 0) {
-    const std::string dir =
-        (fs::temp_directory_path() / ("rlfusion-mpi-ckpt-" + std::to_string(getpid()))).string();
-    fs::remove_all(dir);
-    dir.copy(name, sizeof name - 1);
-  }
-  MPI_Bcast(name, sizeof name, MPI_CHAR, 0, MPI_COMM_WORLD);
-  return name;
-}
-
 TEST(ShardedCheckpoint, EqualsTheWholeModelAndLoadsAtAnyExpertParallelDegree) {
-  const ModelConfig config = twelve_experts();
+  const ModelConfig config = test::twelve_experts();
   const int rank = test::world_rank(), size = test::world_size();
   const int local = config.n_experts / size;
   const ParameterLayout own(config, {rank * local, local});
@@ -62,7 +42,7 @@ TEST(ShardedCheckpoint, EqualsTheWholeModelAndLoadsAtAnyExpertParallelDegree) {
   counters.step = 3;
   counters.step_rewards = {0.25, 0.5, 0.75};
   counters.rl_seconds = 1.0 + rank;  // differs per rank: rank 0's is written
-  const std::string dir = shared_run_dir();
+  const std::string dir = test::shared_run_dir("rlfusion-mpi-ckpt");
   write_checkpoint_sharded(dir, config, own, counters, mine.tensors(), MPI_COMM_WORLD);
   const std::string path = checkpoint_path(dir, 3);
 
@@ -103,7 +83,7 @@ TEST(ShardedCheckpoint, EqualsTheWholeModelAndLoadsAtAnyExpertParallelDegree) {
 // layers' slots are rotated by the layer index): the file still stores them by expert id, equal
 // to the whole model, with per-expert checksums that a reader at the identity placement checks.
 TEST(ShardedCheckpoint, WritesExpertsByIdAfterMigration) {
-  const ModelConfig config = twelve_experts();
+  const ModelConfig config = test::twelve_experts();
   const int rank = test::world_rank(), size = test::world_size();
   const int E = config.n_experts, local = E / size;
   const ParameterLayout whole(config), own(config, {rank * local, local});
@@ -130,9 +110,13 @@ TEST(ShardedCheckpoint, WritesExpertsByIdAfterMigration) {
   }
   CheckpointCounters counters;
   counters.step = 5;
-  const std::string dir = shared_run_dir();
+  const std::string dir = test::shared_run_dir("rlfusion-mpi-ckpt");
+  // The writers take the slot -> expert tables (the permutations' inverses).
+  std::vector<std::vector<int>> slot_expert(slot_of.size(), std::vector<int>(size_t(E)));
+  for (size_t l = 0; l < slot_of.size(); ++l)
+    for (int e = 0; e < E; ++e) slot_expert[l][size_t(slot_of[l][size_t(e)])] = e;
   CheckpointTensors tensors = mine.tensors();
-  tensors.expert_slots = &slot_of;
+  tensors.slot_experts = &slot_expert;
   write_checkpoint_sharded(dir, config, own, counters, tensors, MPI_COMM_WORLD);
   const std::string path = checkpoint_path(dir, 5);
   State read_whole(config, whole);
