@@ -67,9 +67,11 @@ inline double hidden_fraction(const SplitPhaseChain::Time& t) {
   return t.in_flight > 0 ? 1 - t.exposed / t.in_flight : 0;
 }
 
-// Drives every chain of `chains` until `target` has finished, sleeping between rounds, never
-// spinning: back-off sleeps from 1 us to 1 ms while MPI requests are outstanding, and at most
-// until the nearest deadline; when only deadlines are left, one sleep to the nearest.
+// Drives every chain of `chains` until `target` has finished. Between rounds it yields the core
+// while polling (poll_before_sleep_seconds(), wait_policy.h: without end when every rank has a
+// core of its own), then sleeps: back-off sleeps from 1 us to 1 ms while MPI requests are
+// outstanding, and at most until the nearest deadline; when only deadlines are left, one sleep
+// to the nearest.
 void progress_until_finished(SplitPhaseChain& target, const std::vector<SplitPhaseChain*>& chains);
 
 }  // namespace rlf
