@@ -4,6 +4,7 @@
 // (jobs/local/validate_planner.sh). Runs on one rank; every figure is a prediction of the model in
 // src/sim/ (docs/DEPLOYMIND.md).
 #include <cstdio>
+#include <iterator>
 #include <string>
 
 #include "kernels/error.h"
@@ -65,13 +66,16 @@ std::vector<int> parse_int_list(const std::string& text, const std::string& opti
 
 void print_prediction(const Strategy& s, const Prediction& p, const ClusterConfig& cluster,
                       const RlJob& job, bool json) {
-  const double parts[] = {p.generation,    p.training, p.tensor_parallel, p.pipeline, p.all_to_all,
-                          p.gradient_sync, p.swap,     p.weight_sync,     p.queue};
-  const char* names[] = {"generation",    "training", "tensor_parallel", "pipeline", "all_to_all",
-                         "gradient_sync", "swap",     "weight_sync",     "queue"};
+  const double parts[] = {p.generation,  p.training,    p.tensor_parallel, p.pipeline,
+                          p.all_to_all,  p.expert_wait, p.gradient_sync,   p.swap,
+                          p.weight_sync, p.queue};
+  const char* names[] = {"generation",  "training",    "tensor_parallel", "pipeline",
+                         "all_to_all",  "expert_wait", "gradient_sync",   "swap",
+                         "weight_sync", "queue"};
   if (json) {
     std::printf("{\"command\":\"plan\",\"strategy\":\"%s\",\"parts_s\":{", s.describe().c_str());
-    for (size_t i = 0; i < 9; ++i) std::printf("%s\"%s\":%.6g", i ? "," : "", names[i], parts[i]);
+    for (size_t i = 0; i < std::size(parts); ++i)
+      std::printf("%s\"%s\":%.6g", i ? "," : "", names[i], parts[i]);
     std::printf(
         "},\"step_s\":%.6g,\"tokens_per_s\":%.6g,\"training_memory_bytes\":%.6g,"
         "\"generation_memory_bytes\":%.6g,\"memory_capacity_bytes\":%.6g,\"fits\":%s}\n",
@@ -82,7 +86,7 @@ void print_prediction(const Strategy& s, const Prediction& p, const ClusterConfi
   std::printf("# strategy: %s on %d devices\n", s.describe().c_str(), s.devices());
   std::printf("# %-16s %12s %9s\n", "part", "time", "share");
   std::printf("# %-16s %12s %9s\n", "", "(s/step)", "(%)");
-  for (size_t i = 0; i < 9; ++i)
+  for (size_t i = 0; i < std::size(parts); ++i)
     std::printf("  %-16s %12.4f %9.1f\n", names[i], parts[i], 100 * parts[i] / p.step);
   std::printf("  %-16s %12.4f %9s\n", "step", p.step,
               s.mode == Mode::Disaggregated && s.staleness > 0 ? "(overlap)" : "");
@@ -181,8 +185,7 @@ void print_table(int number, const std::vector<TableRow>& rows, bool json) {
                     row.published_tokens_per_second / base_published);
     }
     const Prediction& p = row.result.best[0].prediction;
-    const double training =
-        p.training + p.tensor_parallel + p.pipeline + p.all_to_all + p.gradient_sync;
+    const double training = p.training_total();
     std::printf("  %-32s %10d %12.0f %8.2f %12s %8s %8.1f %8.1f %8.1f  %-40s %s\n",
                 row.setting.c_str(), row.supernodes, predicted, base > 0 ? predicted / base : 0.0,
                 published, published_ratio, p.step, p.generation, training,

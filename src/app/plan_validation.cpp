@@ -207,8 +207,7 @@ void print_parts(const std::vector<Outcome>& outcomes) {
       std::snprintf(generation, sizeof generation, "%.3f", 1e3 * o.measured_generation);
     if (o.measured_training >= 0)
       std::snprintf(training, sizeof training, "%.3f", 1e3 * o.measured_training);
-    const double trained =
-        p.training + p.tensor_parallel + p.pipeline + p.all_to_all + p.gradient_sync;
+    const double trained = p.training_total();
     std::printf("  %-26s %10s %10.3f %10.3f %10s %10.3f %10.3f\n", o.name.c_str(), generation,
                 1e3 * p.generation, 1e3 * p.sampler, training, 1e3 * trained, 1e3 * p.optimizer);
   }

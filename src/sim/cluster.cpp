@@ -62,6 +62,7 @@ void ClusterConfig::validate(const std::string& source) const {
   non_negative(kernel_overhead, "kernel_overhead");
   non_negative(expert_exchange_overhead, "expert_exchange_overhead");
   non_negative(expert_exchange_row_seconds, "expert_exchange_row_seconds");
+  non_negative(expert_exchange_lockstep, "expert_exchange_lockstep");
   positive(optimizer_rate, "optimizer_rate");
   positive(sampler_rate, "sampler_rate");
   positive(sampler_sort_rate, "sampler_sort_rate");
@@ -109,6 +110,7 @@ ClusterConfig load_cluster_config(const std::string& name_or_path) {
   add("cluster.inter_supernode_latency", po::value(&c.inter_supernode.latency)->required());
   add("cluster.expert_exchange_overhead", po::value(&c.expert_exchange_overhead));
   add("cluster.expert_exchange_row_seconds", po::value(&c.expert_exchange_row_seconds));
+  add("cluster.expert_exchange_lockstep", po::value(&c.expert_exchange_lockstep));
   // The optional measured rate grids: rows, widths and rates, all three or none.
   struct TableKeys {
     const char* key;
@@ -168,14 +170,14 @@ std::string cluster_config_ini(const ClusterConfig& c, const std::string& commen
       "intra_node_latency = %.6g\nintra_supernode_bandwidth = %.6g\n"
       "intra_supernode_latency = %.6g\ninter_supernode_bandwidth = %.6g\n"
       "inter_supernode_latency = %.6g\nexpert_exchange_overhead = %.6g\n"
-      "expert_exchange_row_seconds = %.6g\n",
+      "expert_exchange_row_seconds = %.6g\nexpert_exchange_lockstep = %.6g\n",
       c.name.c_str(), c.devices_per_node, c.nodes_per_supernode, c.supernodes, c.matmul_flops,
       c.half_rate_rows, c.half_rate_width, c.decode_flops, c.decode_half_rate_rows,
       c.decode_half_rate_width, c.memory_bytes, c.memory_bandwidth, c.host_bandwidth,
       c.kernel_overhead, c.optimizer_rate, c.sampler_rate, c.sampler_sort_rate,
       c.intra_node.bandwidth, c.intra_node.latency, c.intra_supernode.bandwidth,
       c.intra_supernode.latency, c.inter_supernode.bandwidth, c.inter_supernode.latency,
-      c.expert_exchange_overhead, c.expert_exchange_row_seconds);
+      c.expert_exchange_overhead, c.expert_exchange_row_seconds, c.expert_exchange_lockstep);
   out << buffer;
   const std::pair<const char*, const RateTable*> tables[] = {{"layer_rate", &c.layer_table},
                                                              {"decode_rate", &c.decode_table}};

@@ -81,6 +81,11 @@ struct ClusterConfig {
   double expert_exchange_seconds(double assignments) const {
     return expert_exchange_overhead + assignments * expert_exchange_row_seconds;
   }
+  // What an EP exchange costs beyond that when the ranks reach it from equal work of their own,
+  // as they do at every MoE layer (lock-step): the spread of equal work's finishing times and the
+  // latency of noticing the peer's messages. Seconds per EP operation; optional (0: none), measured
+  // by `bench calibrate` on 2 ranks (calibrate_expert_exchange.h).
+  double expert_exchange_lockstep = 0;
 
   static double hockney(double rows, double width, double peak, double half_rows,
                         double half_width) {

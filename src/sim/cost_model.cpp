@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <numeric>
 
+#include "src/sim/expert_load.h"
+
 namespace rlf::sim {
 
 ModelShape model_shape(const ModelConfig& c) {
@@ -84,7 +86,7 @@ double generation_parameters(const ModelShape& m, const Parallelism& g) {
 
 struct Training {
   double compute = 0, optimizer = 0, tensor_parallel = 0, pipeline = 0, all_to_all = 0,
-         gradient_sync = 0;
+         expert_wait = 0, gradient_sync = 0;
   double memory = 0;
 };
 
@@ -150,6 +152,13 @@ Training training_cost(const ModelShape& m, const ClusterConfig& c, const RlJob&
     const double software =
         operations * c.expert_exchange_seconds(micro_tokens / p.tp * m.top_k);
     t.all_to_all = (s.ep_overlap ? std::max(0.0, total - expert_compute) : total) + software;
+    // Every operation synchronizes the group: the expert FFN runs at the busiest rank's routed
+    // rows (expert_load.h), not the mean's, and the ranks meet in lock-step at each operation.
+    const double mean_rows = micro_tokens / p.tp * m.top_k;
+    const double busiest_rows =
+        busiest_rank_rows(micro_tokens / p.tp * p.ep, m.top_k, m.experts, p.ep);
+    const double imbalance = mean_rows > 0 ? busiest_rows / mean_rows - 1 : 0.0;
+    t.expert_wait = busiest * expert_compute * imbalance + operations * c.expert_exchange_lockstep;
   }
   const Link& dp_link = c.link(c.level_spanned(int64_t(p.devices())));
   const double expert_dp = double(p.dp) * p.tp / p.ep;
@@ -192,7 +201,11 @@ double generation_step(const ModelShape& m, const ClusterConfig& c, const RlJob&
   const double kv = tokens * context * 2 * m.d_model * m.layers * ab / g.tp;
   const double elementwise = tokens * m.layers * kElementwiseValuesPerLayer * m.d_model * ab;
   const double dense_flops = tokens * 2 * (m.active_matmul - m.expert_matmul) / g.tp;
-  const double expert_flops = group_tokens * 2 * m.expert_matmul / g.ep;
+  // With EP the step's expert FFN runs at the busiest rank's routed rows (expert_load.h).
+  const double expert_flops = m.top_k > 0
+                                  ? 2 * m.expert_matmul / m.top_k *
+                                        busiest_rank_rows(group_tokens, m.top_k, m.experts, g.ep)
+                                  : 0.0;
   const double attention_flops = tokens * 4 * m.layers * m.d_model * context / g.tp;
   double seconds =
       std::max((weights + kv + elementwise) / c.memory_bandwidth,
@@ -208,7 +221,7 @@ double generation_step(const ModelShape& m, const ClusterConfig& c, const RlJob&
     seconds +=
         2 * m.layers *
         (link.seconds(tokens * m.top_k * (g.ep - 1.0) / g.ep * m.d_model * ab, kExchangeRounds) +
-         c.expert_exchange_seconds(tokens * m.top_k));
+         c.expert_exchange_seconds(tokens * m.top_k) + c.expert_exchange_lockstep);
   }
   return seconds;
 }
@@ -344,6 +357,7 @@ Prediction predict(const ModelShape& m, const ClusterConfig& c, const RlJob& job
   out.tensor_parallel = t.tensor_parallel;
   out.pipeline = t.pipeline;
   out.all_to_all = t.all_to_all;
+  out.expert_wait = t.expert_wait;
   out.gradient_sync = t.gradient_sync;
   const double samples = double(job.samples());
   const double queue_bytes =
@@ -362,8 +376,7 @@ Prediction predict(const ModelShape& m, const ClusterConfig& c, const RlJob& job
     out.weight_sync = wide.seconds(std::max(received, sent), std::ceil(received / (4 << 20)));
     out.queue = wide.seconds(queue_bytes / std::min(s.train.dp, s.generate.devices()), 2);
   }
-  const double training_total =
-      out.training + out.tensor_parallel + out.pipeline + out.all_to_all + out.gradient_sync;
+  const double training_total = out.training_total();
   if (!fused && s.staleness > 0) {
     out.step = std::max(out.generation + out.queue, training_total + out.weight_sync);
   } else {

@@ -56,6 +56,9 @@ struct Prediction {
   double tensor_parallel = 0;  // training's TP all-reduces
   double pipeline = 0;         // pipeline bubble + stage-to-stage transfers
   double all_to_all = 0;       // training's EP dispatch/combine not hidden by compute
+  // Training's EP ranks waiting for each other: the busiest rank's routed rows beyond the mean's
+  // and the lock-step cost of every operation (generation's are inside `generation`).
+  double expert_wait = 0;
   double gradient_sync = 0;    // data-parallel gradient all-reduce
   double swap = 0;             // fused: offload, onload, layout switch
   double weight_sync = 0;      // disaggregated: learners -> actors
@@ -66,6 +69,10 @@ struct Prediction {
   double training_memory = 0;
   double generation_memory = 0;
   bool fits = false;  // both peaks within the cluster's device memory
+  // Training's parts together: what the training phase adds to a step.
+  double training_total() const {
+    return training + tensor_parallel + pipeline + all_to_all + expert_wait + gradient_sync;
+  }
 };
 
 // Whether `s` is a layout this model and job can run (degrees divide what they split).

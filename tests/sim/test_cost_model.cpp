@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "src/model/model_config.h"
 #include "src/sim/cost_model.h"
@@ -257,17 +258,27 @@ TEST(CostModel, PipelineBubbleIsMegatronFraction) {
   EXPECT_NEAR(b.pipeline, a.training / 4 * 3.0 / 64, 1e-12);
 }
 
-TEST(CostModel, ExpertParallelExchangesByHand) {
-  const ModelShape m = model_shape(load_model_config("tiny"));
-  const RlJob job =
-      fixed_job(4, 2, 2, 4, 4);  // 8 samples, 2 data-parallel ranks: 2 micro-batches each
+// tiny on 2 devices where only the matmul rate costs time, fused, generation data-parallel and
+// training with EP 2; 8 samples of 4 + 4 tokens, micro-batches of 2: 2 micro-batches of 16
+// tokens a rank.
+struct TinyExpertParallel {
+  ModelShape m = model_shape(load_model_config("tiny"));
+  RlJob job = fixed_job(4, 2, 2, 4, 4);
   ClusterConfig c = flops_only();
+  Strategy s = [] {
+    Strategy s;
+    s.mode = Mode::Fused;
+    s.offload = false;
+    s.train.dp = s.generate.dp = 2;
+    s.train.ep = 2;
+    return s;
+  }();
+};
+
+TEST(CostModel, ExpertParallelExchangesByHand) {
+  TinyExpertParallel tiny;
+  auto& [m, job, c, s] = tiny;
   c.intra_node.latency = 1e-3;  // only message latency costs: 2 ranks fit a node
-  Strategy s;
-  s.mode = Mode::Fused;
-  s.offload = false;
-  s.train.dp = s.generate.dp = 2;
-  s.train.ep = 2;
   const Prediction p = predict(m, c, job, s);
   // 2 micro-batches x 2 layers x 4 stages (dispatch, combine, their backward) x 3 rounds of
   // messages x 1 ms.
@@ -282,14 +293,8 @@ TEST(CostModel, ExpertParallelExchangesByHand) {
 // cost per (token, slot) assignment it handles, in training (not hidden by --ep-overlap) and in
 // every decode and prefill step of an EP generation layout.
 TEST(CostModel, ExpertExchangeSoftwareCostByHand) {
-  const ModelShape m = model_shape(load_model_config("tiny"));
-  const RlJob job = fixed_job(4, 2, 2, 4, 4);  // 2 micro-batches of 2 samples x 8 tokens a rank
-  ClusterConfig c = flops_only();
-  Strategy s;
-  s.mode = Mode::Fused;
-  s.offload = false;
-  s.train.dp = s.generate.dp = 2;
-  s.train.ep = 2;
+  TinyExpertParallel tiny;
+  auto& [m, job, c, s] = tiny;
   const Prediction links_only = predict(m, c, job, s);
   EXPECT_NEAR(links_only.all_to_all, 0, 1e-12);  // free links
   c.expert_exchange_overhead = 1e-3;
@@ -308,6 +313,43 @@ TEST(CostModel, ExpertExchangeSoftwareCostByHand) {
   const double prefill = 2 * 2 * (1e-3 + 16 * 2 * 1e-6);
   const double decode = 4 * 2 * 2 * (1e-3 + 4 * 2 * 1e-6);
   EXPECT_NEAR(after - before, prefill + decode, 1e-12);
+}
+
+// The EP ranks' waits for each other (expert_load.h, cluster key expert_exchange_lockstep): the
+// expert FFN charged at the busiest rank's expected rows, and a lock-step cost per operation.
+TEST(CostModel, ExpertWaitByHand) {
+  TinyExpertParallel tiny;
+  auto& [m, job, c, s] = tiny;
+  const Prediction uniform = predict(m, c, job, s);
+  // A micro-batch's exchange: 2 ranks x 16 tokens x top-2 = 64 rows, 32 a rank on average; the
+  // busiest rank's expected 32 + E[max of 2 normals] x sqrt(32 x (4 - 2) / (4 - 1)). Expert FLOPs
+  // per device: 64 tokens x 2 x (2 layers x top-2 x 3 x 32 x 32) x 3 passes / 2 devices at 1e9.
+  const double expert_seconds = 64 * 2 * 12288.0 * 3 / (2 * 1e9);
+  const double excess = std::sqrt(32 * 2.0 / 3) / std::sqrt(M_PI) / 32;
+  EXPECT_NEAR(uniform.expert_wait, expert_seconds * excess, 1e-12);
+  c.expert_exchange_lockstep = 1e-3;
+  const Prediction p = predict(m, c, job, s);
+  // 2 micro-batches x 2 layers x 4 operations, each 1 ms in lock-step.
+  EXPECT_NEAR(p.expert_wait, expert_seconds * excess + 16e-3, 1e-12);
+  EXPECT_NEAR(p.step - uniform.step, 16e-3, 1e-12);
+  EXPECT_NEAR(p.training_total(), p.training + p.all_to_all + p.expert_wait + p.gradient_sync,
+              1e-15);
+  // Generation with EP 2 (one prefill of 4 samples x 4 prompt tokens a rank, then 4 decode steps
+  // of 4 rows a rank): its expert FFN at the busiest rank's rows (32 and 8 group tokens), one
+  // lock-step per operation, 2 a layer.
+  s.train.ep = 1;
+  s.generate.ep = 2;
+  Strategy data_parallel = s;
+  data_parallel.generate.ep = 1;
+  const double busiest_excess_rows =
+      std::sqrt(32 * 2.0 / 3) / std::sqrt(M_PI) + 4 * std::sqrt(8 * 2.0 / 3) / std::sqrt(M_PI);
+  // A row through the experts of every layer: 2 layers x 3 x 32 x 32 weights, 2 FLOPs each.
+  const double row_seconds = 2 * 2 * 3 * 32 * 32 / 1e9;
+  EXPECT_NEAR(predict(m, flops_only(), job, s).generation -
+                  predict(m, flops_only(), job, data_parallel).generation,
+              busiest_excess_rows * row_seconds, 1e-12);
+  EXPECT_NEAR(predict(m, c, job, s).generation - predict(m, flops_only(), job, s).generation,
+              (1 + 4) * 2 * 2 * 1e-3, 1e-12);
 }
 
 TEST(CostModel, StaleSyncOverlapsDisaggregatedAndCutsFused) {

@@ -89,23 +89,30 @@ TEST(ClusterConfig, ImpossibleFieldsAreNamed) {
   }
 }
 
-// The EP exchange's software cost is optional (0: the link time alone), written back when set,
-// and never negative.
+// The EP exchange's software cost and its lock-step cost are optional (0: the link time alone),
+// written back when set, never negative, and a malformed value names its key.
 TEST(ClusterConfig, ExpertExchangeKeysAreOptional) {
   ClusterConfig c = load_cluster_config(test::write_scratch("no_exchange.ini", kCluster));
   EXPECT_EQ(c.expert_exchange_seconds(100), 0);
+  EXPECT_EQ(c.expert_exchange_lockstep, 0);
   c.expert_exchange_overhead = 3e-6;
   c.expert_exchange_row_seconds = 2e-8;
+  c.expert_exchange_lockstep = 4e-6;
   const ClusterConfig back =
       load_cluster_config(test::write_scratch("exchange.ini", cluster_config_ini(c, "")));
   EXPECT_DOUBLE_EQ(back.expert_exchange_overhead, 3e-6);
   EXPECT_DOUBLE_EQ(back.expert_exchange_row_seconds, 2e-8);
+  EXPECT_DOUBLE_EQ(back.expert_exchange_lockstep, 4e-6);
   EXPECT_DOUBLE_EQ(back.expert_exchange_seconds(100), 3e-6 + 100 * 2e-8);
-  for (const std::string key : {"expert_exchange_overhead", "expert_exchange_row_seconds"}) {
+  for (const std::string key :
+       {"expert_exchange_overhead", "expert_exchange_row_seconds", "expert_exchange_lockstep"}) {
     const std::string message = test::cluster_error_of(
         std::string(kCluster) + key + " = -1e-6\n", "bad_" + key + ".ini");
     EXPECT_NE(message.find("cluster." + key), std::string::npos) << key << ": " << message;
   }
+  const std::string malformed = test::cluster_error_of(
+      std::string(kCluster) + "expert_exchange_lockstep = soon\n", "malformed_lockstep.ini");
+  EXPECT_NE(malformed.find("expert_exchange_lockstep"), std::string::npos) << malformed;
 }
 
 TEST(ClusterConfig, UnknownKeyAndMalformedValueAreErrors) {

@@ -1,0 +1,68 @@
+#include "src/sim/expert_load.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+
+namespace rlf::sim {
+
+namespace {
+
+constexpr int kTabulated = 1024;
+// Quadrature of E[max] = integral of x n phi(x) Phi(x)^(n - 1) over [-kSpan, kSpan] (trapezoid;
+// the integrand is smooth and below 1e-20 at the ends for every tabulated n).
+constexpr double kSpan = 12;
+constexpr int kPoints = 4801;
+
+double phi(double x) {
+  return std::exp(-0.5 * x * x) / std::sqrt(2 * M_PI);
+}
+double cdf(double x) {
+  return 0.5 * std::erfc(-x / std::sqrt(2.0));
+}
+
+// One pass over the points serves every n: Phi^(n - 1) is built by multiplication.
+std::array<double, kTabulated + 1> tabulate() {
+  std::array<double, kTabulated + 1> table{};
+  const double h = 2 * kSpan / (kPoints - 1);
+  for (int i = 0; i < kPoints; ++i) {
+    const double x = -kSpan + i * h;
+    const double weight = (i == 0 || i == kPoints - 1) ? 0.5 * h : h;
+    const double density = x * phi(x) * weight, below = cdf(x);
+    double power = 1;  // Phi(x)^(n - 1)
+    for (int n = 1; n <= kTabulated; ++n) {
+      table[size_t(n)] += n * density * power;
+      power *= below;
+    }
+  }
+  table[1] = 0;  // the mean of one normal, exactly
+  return table;
+}
+
+double integrate(int n) {
+  const double h = 2 * kSpan / (kPoints - 1);
+  double sum = 0;
+  for (int i = 0; i < kPoints; ++i) {
+    const double x = -kSpan + i * h;
+    const double weight = (i == 0 || i == kPoints - 1) ? 0.5 * h : h;
+    sum += n * x * phi(x) * std::pow(cdf(x), n - 1) * weight;
+  }
+  return sum;
+}
+
+}  // namespace
+
+double expected_max_of_normals(int n) {
+  if (n <= 1) return 0;
+  static const std::array<double, kTabulated + 1> table = tabulate();
+  return n <= kTabulated ? table[size_t(n)] : integrate(n);
+}
+
+double busiest_rank_rows(double tokens, double top_k, double experts, int ranks) {
+  const double mean = tokens * top_k / std::max(1, ranks);
+  if (ranks <= 1 || experts <= 1 || tokens <= 0) return mean;
+  const double variance = mean * std::max(0.0, experts - top_k) / (experts - 1);
+  return mean + expected_max_of_normals(ranks) * std::sqrt(variance);
+}
+
+}  // namespace rlf::sim
