@@ -519,6 +519,7 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
     exchange = measure_expert_exchange(c.intra_node, repeats);
     c.expert_exchange_overhead = exchange.overhead;
     c.expert_exchange_row_seconds = exchange.row_seconds;
+    c.expert_exchange_lockstep = exchange.lockstep;
   }
   c.intra_supernode = c.inter_supernode = c.intra_node;
   std::string inter_method = "no emulation: as intra-node";
@@ -540,7 +541,8 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
       "optimizer_rate: gradient norm + AdamW over 4M parameters; sampler: top-p sampling of 64 "
       "rows at V = 16 .. 4096; copy bandwidth from memcpy of 128 MiB; links: %s; %s; "
       "expert exchange (2 ranks): the runtime's dispatcher, 8 and 256 tokens top-2 of 4 experts, "
-      "beyond the link time.",
+      "beyond the link time; its lock-step cost: each operation after equal work on both ranks, "
+      "beyond the work and the operation alone.",
       build_info().c_str(), ranks, resolve_threads(run.threads), intra_method.c_str(),
       inter_method.c_str());
   const std::string text = sim::cluster_config_ini(c, comment);
@@ -558,13 +560,14 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
         "\"kernel_overhead_s\":%.6g,\"memory_bandwidth\":%.6g,\"intra_node_bandwidth\":%.6g,"
         "\"intra_node_latency_s\":%.6g,\"inter_node_bandwidth\":%.6g,"
         "\"inter_node_latency_s\":%.6g,\"expert_exchange_overhead_s\":%.6g,"
-        "\"expert_exchange_row_seconds\":%.6g,\"output\":\"%s\",\"ok\":%s}\n",
+        "\"expert_exchange_row_seconds\":%.6g,\"expert_exchange_lockstep_s\":%.6g,"
+        "\"output\":\"%s\",\"ok\":%s}\n",
         c.matmul_flops, c.half_rate_rows, c.half_rate_width, c.decode_flops,
         c.decode_half_rate_rows, c.decode_half_rate_width, c.optimizer_rate, c.sampler_rate,
         c.sampler_sort_rate, matmul.nmse, c.kernel_overhead, c.memory_bandwidth,
         c.intra_node.bandwidth, c.intra_node.latency, c.inter_supernode.bandwidth,
         c.inter_supernode.latency, c.expert_exchange_overhead, c.expert_exchange_row_seconds,
-        output.c_str(), matmul_ok ? "true" : "false");
+        c.expert_exchange_lockstep, output.c_str(), matmul_ok ? "true" : "false");
     return matmul_ok ? 0 : 1;
   }
   std::printf("# rlfusion bench calibrate: %s\n", build_info().c_str());
@@ -619,6 +622,11 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
                   exchange.large_seconds * 1e6);
     quantity("EP exchange overhead", c.expert_exchange_overhead * 1e6, 2, "us", method);
     quantity("EP exchange per row", c.expert_exchange_row_seconds * 1e9, 2, "ns", "same fit");
+    std::snprintf(method, sizeof method,
+                  "%d tokens, each operation after equal work: %.1f us - work %.1f - alone %.1f",
+                  exchange.small_tokens, exchange.lockstep_period * 1e6,
+                  exchange.work_seconds * 1e6, exchange.exchange_seconds * 1e6);
+    quantity("EP lock-step", c.expert_exchange_lockstep * 1e6, 2, "us", method);
   }
   std::printf("# matmul check: %s; wrote %s (reads back)\n", matmul_ok ? "OK" : "WRONG",
               output.c_str());

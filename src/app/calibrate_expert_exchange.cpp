@@ -2,6 +2,7 @@
 
 #include <mpi.h>
 
+#include <Eigen/Dense>
 #include <algorithm>
 #include <vector>
 
@@ -20,30 +21,42 @@ double median_of(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// Seconds per operation of dispatch, combine, combine_backward and dispatch_backward of `tokens`
-// tokens per rank; and the rows that crossed to the other rank (each rank's routing is the same).
-double time_operations(ExpertDispatcher& dispatcher, int tokens, int runs, double* remote_rows) {
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  std::vector<float> x(size_t(tokens) * kWidth, 0.5f), weight(size_t(tokens) * kTopK, 0.5f);
-  std::vector<int> expert(size_t(tokens) * kTopK);
-  // Token n goes to experts n and n + 1 (mod 4): the two ranks each own two experts, so half of
-  // the assignments cross, as with uniform routing.
-  for (int n = 0; n < tokens; ++n) {
-    expert[size_t(n) * kTopK] = n % kExperts;
-    expert[size_t(n) * kTopK + 1] = (n + 1) % kExperts;
+// `tokens` tokens per rank of kWidth floats; token n goes to experts n and n + 1 (mod 4): the two
+// ranks each own two experts, so half of the assignments cross, as with uniform routing.
+struct Batch {
+  int tokens = 0;
+  std::vector<float> x, weight;
+  std::vector<int> expert;
+  explicit Batch(int n)
+      : tokens(n),
+        x(size_t(n) * kWidth, 0.5f),
+        weight(size_t(n) * kTopK, 0.5f),
+        expert(size_t(n) * kTopK) {
+    for (int i = 0; i < n; ++i) {
+      expert[size_t(i) * kTopK] = i % kExperts;
+      expert[size_t(i) * kTopK + 1] = (i + 1) % kExperts;
+    }
   }
-  *remote_rows = 0;
-  for (int e : expert) *remote_rows += (e / (kExperts / 2)) != rank ? 1 : 0;
+  // Rows that cross to the other rank.
+  double remote_rows(int rank) const {
+    double rows = 0;
+    for (int e : expert) rows += (e / (kExperts / 2)) != rank ? 1 : 0;
+    return rows;
+  }
+};
+
+// Seconds per operation of dispatch, combine, combine_backward and dispatch_backward of the
+// batch, the four back to back after a barrier: the slowest rank's median over `runs`.
+double time_operations(ExpertDispatcher& dispatcher, const Batch& batch, int runs) {
   std::vector<double> samples;
   std::vector<float> dy, dweight;
   for (int run = 0; run <= runs; ++run) {
     MPI_Barrier(MPI_COMM_WORLD);
     const double start = MPI_Wtime();
-    const std::vector<float> rows = dispatcher.dispatch(x.data(), expert.data(), tokens, kTopK,
-                                                        kWidth);
-    const std::vector<float> out = dispatcher.combine(rows.data(), weight.data());
-    dispatcher.combine_backward(out.data(), rows.data(), weight.data(), dy, dweight);
+    const std::vector<float> rows =
+        dispatcher.dispatch(batch.x.data(), batch.expert.data(), batch.tokens, kTopK, kWidth);
+    const std::vector<float> out = dispatcher.combine(rows.data(), batch.weight.data());
+    dispatcher.combine_backward(out.data(), rows.data(), batch.weight.data(), dy, dweight);
     const std::vector<float> dx = dispatcher.dispatch_backward(dy.data());
     double seconds = (MPI_Wtime() - start) / 4;
     MPI_Allreduce(MPI_IN_PLACE, &seconds, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
@@ -52,23 +65,90 @@ double time_operations(ExpertDispatcher& dispatcher, int tokens, int runs, doubl
   return median_of(samples);
 }
 
+// The equal work before each operation in lock-step: a 128 x 64 by 64 x 128 float product
+// (2 MFLOP, tens of microseconds on a CPU core: the order of a tiny model's compute between two
+// MoE exchanges).
+class EqualWork {
+ public:
+  EqualWork()
+      : a_(Eigen::MatrixXf::Constant(128, 64, 0.5f)),
+        b_(Eigen::MatrixXf::Constant(64, 128, 0.25f)),
+        c_(128, 128) {}
+  void run() {
+    c_.noalias() = a_ * b_;
+    a_(0, 0) = c_(0, 0) * 1e-6f;  // the next product depends on this one
+  }
+
+ private:
+  Eigen::MatrixXf a_, b_, c_;
+};
+
+enum class Loop { Work, Exchange, Both };
+
+// This rank's median seconds per iteration of a loop of `iterations` (after a barrier and a
+// warm-up iteration): the work alone, an operation alone (dispatch and combine alternating), or
+// the work then an operation. Each iteration is timed on its own, so a rank descheduled now and
+// then (a loaded machine) moves a few samples, not the median.
+double median_iteration(Loop kind, ExpertDispatcher& dispatcher, const Batch& batch,
+                        EqualWork& work, int iterations) {
+  std::vector<float> rows;
+  std::vector<double> seconds;
+  MPI_Barrier(MPI_COMM_WORLD);
+  double last = MPI_Wtime();
+  for (int i = 0; i <= iterations; ++i) {
+    if (kind != Loop::Exchange) work.run();
+    if (kind != Loop::Work) {
+      if (i % 2 == 0)
+        rows =
+            dispatcher.dispatch(batch.x.data(), batch.expert.data(), batch.tokens, kTopK, kWidth);
+      else
+        dispatcher.combine(rows.data(), batch.weight.data());
+    }
+    const double now = MPI_Wtime();
+    if (i > 0) seconds.push_back(now - last);
+    last = now;
+  }
+  return median_of(seconds);
+}
+
+// The lock-step cost: the three loops, the work the ranks' mean (what equal work costs one rank),
+// the operation alone and the lock-step period the slowest rank's.
+void measure_lockstep(ExpertDispatcher& dispatcher, const Batch& batch, int iterations,
+                      ExpertExchangeCost& cost) {
+  EqualWork work;
+  double medians[3];
+  for (Loop kind : {Loop::Work, Loop::Exchange, Loop::Both})
+    medians[int(kind)] = median_iteration(kind, dispatcher, batch, work, iterations);
+  MPI_Allreduce(MPI_IN_PLACE, &medians[int(Loop::Work)], 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  MPI_Allreduce(MPI_IN_PLACE, &medians[int(Loop::Exchange)], 2, MPI_DOUBLE, MPI_MAX,
+                MPI_COMM_WORLD);
+  cost.work_seconds = medians[int(Loop::Work)] / 2;
+  cost.exchange_seconds = medians[int(Loop::Exchange)];
+  cost.lockstep_period = medians[int(Loop::Both)];
+  cost.lockstep = std::max(0.0, cost.lockstep_period - cost.work_seconds - cost.exchange_seconds);
+}
+
 }  // namespace
 
 ExpertExchangeCost measure_expert_exchange(const sim::Link& link, int repeats) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   Links links({0, 1}, LinkEmulation{});
   HierarchicalComm ep = make_hierarchical(MPI_COMM_WORLD, links);
   ExpertExchangeCost cost;
   {
     ExpertDispatcher dispatcher(ep, links, kExperts, DispatchMode::Flat);
-    cost.small_tokens = 8;
-    cost.large_tokens = 256;
-    double small_remote = 0, large_remote = 0;
-    cost.small_seconds = time_operations(dispatcher, cost.small_tokens, 10 * repeats, &small_remote);
-    cost.large_seconds = time_operations(dispatcher, cost.large_tokens, 10 * repeats, &large_remote);
+    const Batch small(8), large(256);
+    cost.small_tokens = small.tokens;
+    cost.large_tokens = large.tokens;
+    cost.small_seconds = time_operations(dispatcher, small, 10 * repeats);
+    cost.large_seconds = time_operations(dispatcher, large, 10 * repeats);
     // What the cost model already charges: the remote rows over the link, in its exchange rounds.
     const double row_bytes = kWidth * sizeof(float);
-    const double small_link = link.seconds(small_remote * row_bytes, sim::kExchangeRounds);
-    const double large_link = link.seconds(large_remote * row_bytes, sim::kExchangeRounds);
+    const double small_link =
+        link.seconds(small.remote_rows(rank) * row_bytes, sim::kExchangeRounds);
+    const double large_link =
+        link.seconds(large.remote_rows(rank) * row_bytes, sim::kExchangeRounds);
     const double small_rows = double(cost.small_tokens) * kTopK;
     const double large_rows = double(cost.large_tokens) * kTopK;
     cost.row_seconds = std::max(0.0, ((cost.large_seconds - large_link) -
@@ -76,6 +156,7 @@ ExpertExchangeCost measure_expert_exchange(const sim::Link& link, int repeats) {
                                          (large_rows - small_rows));
     cost.overhead =
         std::max(0.0, cost.small_seconds - small_link - cost.row_seconds * small_rows);
+    measure_lockstep(dispatcher, small, 200 * repeats, cost);
   }
   free_hierarchical(ep);
   return cost;

@@ -7,6 +7,12 @@
 // exchange, and the link model alone predicted EP steps at half their measured time. So the
 // runtime's own ExpertDispatcher is timed on 2 ranks at two batch sizes, and what the link model
 // does not explain is split into a fixed cost per operation and a cost per routed row.
+//
+// Those operations run back to back, the ranks already in step. In a run each operation follows
+// work of the rank's own (a layer's attention, its experts), and equal work does not finish at
+// the same moment on two cores; the early rank then waits and must notice the late one's
+// messages. That lock-step cost is measured apart: the same operations each after an equal
+// matrix product on both ranks, less the product alone and the operations alone.
 #pragma once
 
 #include "src/sim/cluster.h"
@@ -18,11 +24,18 @@ struct ExpertExchangeCost {
   double row_seconds = 0;  // seconds per (token, slot) assignment the operation handles
   double small_seconds = 0, large_seconds = 0;  // measured per operation, the two batches
   int small_tokens = 0, large_tokens = 0;
+  // Seconds per operation when every operation follows equal work on both ranks, beyond the work
+  // and the operation alone (never below 0); and the three medians it is made of, per operation.
+  double lockstep = 0;
+  double work_seconds = 0, exchange_seconds = 0, lockstep_period = 0;
 };
 
 // Collective over MPI_COMM_WORLD, which must have 2 ranks: ExpertDispatcher (flat, 4 experts,
 // top-2, rows of 32 floats) over the runtime's Links without emulation, the four operations of a
 // trained MoE layer in a row; per operation, the slowest rank's median over 10 x `repeats` runs.
+// Then the lock-step cost at the small batch: loops of 200 x `repeats` iterations of the equal
+// work alone, of an operation alone (dispatch and combine alternating) and of the work then an
+// operation, each iteration timed on its own; per loop the median iteration.
 // `link`: the measured intra-node link the cost model charges the messages on.
 ExpertExchangeCost measure_expert_exchange(const sim::Link& link, int repeats);
 

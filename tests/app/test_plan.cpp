@@ -94,8 +94,8 @@ TEST(BenchCalibrate, WritesAClusterFileThePlannerReads) {
   EXPECT_NE(plan.output.find("predicted throughput"), std::string::npos) << plan.output;
 }
 
-// With 2 ranks calibrate also measures the links and the EP dispatcher's cost beyond its link
-// time (per operation and per routed row), and writes them.
+// With 2 ranks calibrate also measures the links, the EP dispatcher's cost beyond its link
+// time (per operation and per routed row) and its lock-step cost after equal work, and writes them.
 TEST(BenchCalibrate, TwoRanksMeasureTheLinkAndTheExpertExchange) {
   const std::string dir = scratch("calibrate2");
   const auto r =
@@ -108,6 +108,15 @@ TEST(BenchCalibrate, TwoRanksMeasureTheLinkAndTheExpertExchange) {
   // model's exchange time grows with the rows.
   EXPECT_GT(c.expert_exchange_seconds(512), c.expert_exchange_seconds(16));
   EXPECT_NE(r.output.find("EP exchange overhead"), std::string::npos) << r.output;
+  // The lock-step cost is written (never below 0: equal work may leave nothing to wait for) and
+  // printed with the three medians it is made of.
+  std::ifstream file(dir + "/machine.ini");
+  const std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("\nexpert_exchange_lockstep = "), std::string::npos) << text;
+  EXPECT_GE(c.expert_exchange_lockstep, 0);
+  EXPECT_LT(c.expert_exchange_lockstep, 1);
+  EXPECT_NE(r.output.find("EP lock-step"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("each operation after equal work"), std::string::npos) << r.output;
 }
 
 }  // namespace
