@@ -84,18 +84,20 @@ class EqualWork {
 };
 
 enum class Loop { Work, Exchange, Both };
+// Iterations of one loop in a round; the rounds alternate the three loops, so the machine's
+// drift (other jobs starting, stopping) hits them alike.
+constexpr int kIterationsPerLoop = 20;
 
-// This rank's median seconds per iteration of a loop of `iterations` (after a barrier and a
-// warm-up iteration): the work alone, an operation alone (dispatch and combine alternating), or
-// the work then an operation. Each iteration is timed on its own, so a rank descheduled now and
-// then (a loaded machine) moves a few samples, not the median.
-double median_iteration(Loop kind, ExpertDispatcher& dispatcher, const Batch& batch,
-                        EqualWork& work, int iterations) {
+// Appends to `seconds` the duration of each of kIterationsPerLoop iterations (after a barrier and
+// a warm-up iteration) of the work alone, an operation alone (dispatch and combine alternating),
+// or the work then an operation. Each iteration is timed on its own, so a rank descheduled now and
+// then (a loaded machine) moves a few samples, not their median.
+void time_iterations(Loop kind, ExpertDispatcher& dispatcher, const Batch& batch, EqualWork& work,
+                     std::vector<double>& seconds) {
   std::vector<float> rows;
-  std::vector<double> seconds;
   MPI_Barrier(MPI_COMM_WORLD);
   double last = MPI_Wtime();
-  for (int i = 0; i <= iterations; ++i) {
+  for (int i = 0; i <= kIterationsPerLoop; ++i) {
     if (kind != Loop::Exchange) work.run();
     if (kind != Loop::Work) {
       if (i % 2 == 0)
@@ -108,17 +110,20 @@ double median_iteration(Loop kind, ExpertDispatcher& dispatcher, const Batch& ba
     if (i > 0) seconds.push_back(now - last);
     last = now;
   }
-  return median_of(seconds);
 }
 
-// The lock-step cost: the three loops, the work the ranks' mean (what equal work costs one rank),
-// the operation alone and the lock-step period the slowest rank's.
-void measure_lockstep(ExpertDispatcher& dispatcher, const Batch& batch, int iterations,
+// The lock-step cost over `rounds` rounds of the three loops: per loop this rank's median
+// iteration; the work the ranks' mean (what equal work costs one rank), the operation alone and
+// the lock-step period the slowest rank's.
+void measure_lockstep(ExpertDispatcher& dispatcher, const Batch& batch, int rounds,
                       ExpertExchangeCost& cost) {
   EqualWork work;
+  std::vector<double> seconds[3];
+  for (int r = 0; r < rounds; ++r)
+    for (Loop kind : {Loop::Work, Loop::Exchange, Loop::Both})
+      time_iterations(kind, dispatcher, batch, work, seconds[int(kind)]);
   double medians[3];
-  for (Loop kind : {Loop::Work, Loop::Exchange, Loop::Both})
-    medians[int(kind)] = median_iteration(kind, dispatcher, batch, work, iterations);
+  for (int k = 0; k < 3; ++k) medians[k] = median_of(seconds[k]);
   MPI_Allreduce(MPI_IN_PLACE, &medians[int(Loop::Work)], 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
   MPI_Allreduce(MPI_IN_PLACE, &medians[int(Loop::Exchange)], 2, MPI_DOUBLE, MPI_MAX,
                 MPI_COMM_WORLD);
@@ -156,7 +161,7 @@ ExpertExchangeCost measure_expert_exchange(const sim::Link& link, int repeats) {
                                          (large_rows - small_rows));
     cost.overhead =
         std::max(0.0, cost.small_seconds - small_link - cost.row_seconds * small_rows);
-    measure_lockstep(dispatcher, small, 200 * repeats, cost);
+    measure_lockstep(dispatcher, small, 10 * repeats, cost);
   }
   free_hierarchical(ep);
   return cost;

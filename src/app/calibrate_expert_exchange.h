@@ -33,9 +33,9 @@ struct ExpertExchangeCost {
 // Collective over MPI_COMM_WORLD, which must have 2 ranks: ExpertDispatcher (flat, 4 experts,
 // top-2, rows of 32 floats) over the runtime's Links without emulation, the four operations of a
 // trained MoE layer in a row; per operation, the slowest rank's median over 10 x `repeats` runs.
-// Then the lock-step cost at the small batch: loops of 200 x `repeats` iterations of the equal
-// work alone, of an operation alone (dispatch and combine alternating) and of the work then an
-// operation, each iteration timed on its own; per loop the median iteration.
+// Then the lock-step cost at the small batch: 10 x `repeats` rounds of three loops of 20
+// iterations, the equal work alone, an operation alone (dispatch and combine alternating) and the
+// work then an operation, each iteration timed on its own; per loop the median iteration.
 // `link`: the measured intra-node link the cost model charges the messages on.
 ExpertExchangeCost measure_expert_exchange(const sim::Link& link, int repeats);
 
