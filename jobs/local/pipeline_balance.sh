@@ -7,8 +7,8 @@
 # the RL seconds, from summary.json. Needs one idle core per rank for the times to mean anything
 # (the load average is printed first). Every run trains the same model up to float rounding.
 #
-# Usage: jobs/local/pipeline_balance.sh [BUILD_DIR] [extra train options...]
-#   e.g. jobs/local/pipeline_balance.sh build --steps 6 --virtual-stages 2
+# Usage: [STEPS=4] jobs/local/pipeline_balance.sh [BUILD_DIR] [other train options...]
+#   e.g. STEPS=8 jobs/local/pipeline_balance.sh build --virtual-stages 2 --micro-batches 4
 set -euo pipefail
 
 build=${1:-build}
@@ -41,7 +41,7 @@ printf '# %-9s %-16s %-24s %-18s %-14s %s\n' balance "layers/chunk" "stage compu
   "pipeline wall (s)" "bubble" "rl_seconds"
 for balance in uniform counted measured; do
   mpiexec -n 2 --bind-to core --map-by core "$rlfusion" train --model "$model" --task sort \
-    --sft-steps 0 --steps 4 --prompts 16 --group-size 4 --micro-batch 4 --eval-prompts 0 \
+    --sft-steps 0 --steps "${STEPS:-4}" --prompts 16 --group-size 4 --micro-batch 4 --eval-prompts 0 \
     --mode fused --pipeline-parallel 2 --threads 1 --seed 7 --json --run-dir "$work/$balance" \
     --pipeline-balance "$balance" "$@" >"$work/$balance.log" 2>&1 ||
     { echo "$balance: failed, see $work/$balance.log" >&2; exit 1; }
