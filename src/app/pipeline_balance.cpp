@@ -58,17 +58,17 @@ std::vector<int> pipeline_balance_boundaries(const std::string& balance, const P
                                              const StageCostProbe& probe, MPI_Comm comm) {
   validate_pipeline_balance(balance, shape.chunks());
   if (balance == "uniform") return {};
-  if (is_layer_list(balance)) {
-    std::vector<int> boundaries = {0};
-    for (int layers : parse_integer_list(balance, 0, 1 << 20)) boundaries.push_back(boundaries.back() + layers);
-    return boundaries;
-  }
+  if (is_layer_list(balance)) return chunk_boundaries(parse_integer_list(balance, 0, 1 << 20));
   if (shape.chunks() > config.n_layers) {
     throw ConfigError("--pipeline-balance " + balance + ": --pipeline-parallel " +
                       std::to_string(shape.stages) + " x --virtual-stages " +
                       std::to_string(shape.virtual_stages) + " = " +
                       std::to_string(shape.chunks()) + " model chunks must not exceed the model's " +
                       std::to_string(config.n_layers) + " layers");
+  }
+  if (balance == "counted") {
+    return balance_boundaries(counted_layer_costs(config, probe.sequences, probe.length),
+                              shape.chunks());
   }
   // Measured: a device of its own, freed before the run makes its policy's.
   Device device(probe.backend, probe.device_memory_bytes, probe.threads);

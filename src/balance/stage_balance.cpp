@@ -84,4 +84,10 @@ std::string layers_per_chunk(const std::vector<int>& boundaries) {
   return out;
 }
 
+std::vector<int> chunk_boundaries(const std::vector<int>& layers) {
+  std::vector<int> boundaries = {0};
+  for (int count : layers) boundaries.push_back(boundaries.back() + count);
+  return boundaries;
+}
+
 }  // namespace rlf

@@ -28,5 +28,7 @@ std::vector<int> balance_boundaries(const LayerCosts& costs, int chunks);
 // The layers of each chunk under `boundaries`, comma-separated in chunk order ("3,1"): how
 // `train --pipeline-balance` pins a cut.
 std::string layers_per_chunk(const std::vector<int>& boundaries);
+// The boundaries of chunks holding `layers` layers each, in chunk order (its prefix sums from 0).
+std::vector<int> chunk_boundaries(const std::vector<int>& layers);
 
 }  // namespace rlf

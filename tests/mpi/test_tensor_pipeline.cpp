@@ -18,6 +18,7 @@
 
 #include "kernels/arena.h"
 #include "mpi_comm/links.h"
+#include "src/balance/stage_balance.h"
 #include "src/model/optimizer.h"
 #include "src/model/pipeline_stage.h"
 #include "src/model/tensor_parallel.h"
@@ -54,10 +55,7 @@ std::string case_name(const Case& c) {
 
 // The chunk boundaries of an uneven case (empty: PipelineGroups' equal chunks).
 std::vector<int> boundaries_of(const Case& c) {
-  if (c.layers_per_chunk.empty()) return {};
-  std::vector<int> boundaries = {0};
-  for (int layers : c.layers_per_chunk) boundaries.push_back(boundaries.back() + layers);
-  return boundaries;
+  return c.layers_per_chunk.empty() ? std::vector<int>{} : chunk_boundaries(c.layers_per_chunk);
 }
 
 // TP x PP x DP layouts of every world size the suite runs (DP = world / (TP x PP)).
