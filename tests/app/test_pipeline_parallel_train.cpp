@@ -126,20 +126,30 @@ TEST(PipelineParallelTrain, InterleavedScheduleTrainsLikeTheDataParallelFusedRun
 }
 
 // Stage balancing (--pipeline-balance) on the 4-layer `tiny` over PP 2: pinned at 3 + 1 layers
-// (the head's stage holds one), by counted FLOPs and by measured times. Each cut trains like the
-// data-parallel run (its rewards at every step and its saved model within float rounding: a
-// layer trained on the wrong stage or lost at the boundary is off by far more), and the log and
-// summary.json give the layers per chunk (what pins a measured cut) and each stage's compute time.
+// (the head's stage holds one), by counted FLOPs and by measured times on 2 ranks, and pinned
+// uneven cuts with EP 2 (3 + 1) and TP 2 (1 + 3) inside the stages on 4 ranks. Each cut trains
+// like the data-parallel run (its rewards at every step and its saved model within float
+// rounding: a layer trained on the wrong stage or lost at the boundary is off by far more), and the
+// log and summary.json give the layers per chunk (what pins a measured cut) and each stage's
+// compute time.
 TEST(PipelineParallelTrain, BalancedStagesTrainLikeTheDataParallelFusedRun) {
   const std::string run = test::interleaved_fused_run(temp_dir("model-balance"));
   const std::string dp_dir = temp_dir("dp-balance");
   const Result dp = test::run_rlfusion(run + "--run-dir " + dp_dir, 2);
   ASSERT_EQ(dp.exit_code, 0) << dp.output;
-  for (const std::string balance : {"3,1", "counted", "measured"}) {
-    SCOPED_TRACE(balance);
+  struct Cut {
+    int ranks;
+    std::string balance, options;
+  };
+  for (const Cut& cut : {Cut{2, "3,1", ""}, Cut{2, "counted", ""}, Cut{2, "measured", ""},
+                         Cut{4, "3,1", "--expert-parallel 2 "},
+                         Cut{4, "1,3", "--tensor-parallel 2 "}}) {
+    const std::string& balance = cut.balance;
+    SCOPED_TRACE(balance + " " + cut.options);
     const std::string dir = temp_dir("pp-balance");
-    const Result pp = test::run_rlfusion(
-        run + "--pipeline-parallel 2 --pipeline-balance " + balance + " --run-dir " + dir, 2);
+    const Result pp = test::run_rlfusion(run + "--pipeline-parallel 2 " + cut.options +
+                                             "--pipeline-balance " + balance + " --run-dir " + dir,
+                                         cut.ranks);
     ASSERT_EQ(pp.exit_code, 0) << pp.output;
     const size_t at = pp.output.find("\"pipeline_layers_per_chunk\":[");
     ASSERT_NE(at, std::string::npos) << pp.output;
