@@ -297,11 +297,10 @@ int run_bench_pipeline_command(const std::vector<std::string>& args) {
   if (getloadavg(load, 1) != 1) load[0] = -1;
 
   // Stage balancing: the same costs on every rank (measured: each layer's slowest rank).
-  const LayerCosts costs =
-      o.balance == "uniform"
-          ? LayerCosts{}
-          : agreed_layer_costs(o.balance, config, device, o.sequences, o.length, run.seed,
-                               MPI_COMM_WORLD);
+  const LayerCosts costs = o.balance == "uniform"
+                               ? LayerCosts{}
+                               : agreed_layer_costs(o.balance, config, device, o.sequences,
+                                                    o.length, run.seed, MPI_COMM_WORLD);
 
   std::vector<Row> rows;
   for (int v : vs) {

@@ -51,9 +51,9 @@ void validate_pipeline_overlap_options(const PipelineBenchOptions& o, const Mode
         std::to_string(o.overlap_chunks));
   }
   if (o.balance != "uniform") {
-    throw ConfigError(
-        "--balance " + o.balance + " is not supported with --expert-parallel (the PP x EP "
-        "rows cut the layers evenly)");
+    throw ConfigError("--balance " + o.balance +
+                      " is not supported with --expert-parallel (the PP x EP "
+                      "rows cut the layers evenly)");
   }
   LinkEmulation{o.inter_node_bandwidth, 0}.validate();
 }
@@ -108,8 +108,8 @@ Row measure(const PipelineBenchOptions& o, const ModelConfig& config, Device& de
   row.v = shape.virtual_stages;
   row.m = shape.micro_batches;
   const int m = shape.micro_batches;
-  const auto all = random_micro_batches(m * groups.replicas(), o.sequences, o.length,
-                                        config.vocab_size, seed);
+  const auto all =
+      random_micro_batches(m * groups.replicas(), o.sequences, o.length, config.vocab_size, seed);
   const std::vector<PipelineMicroBatch<float>> batches(all.begin() + groups.replica() * m,
                                                        all.begin() + (groups.replica() + 1) * m);
   ArenaScope scope(device.memory());

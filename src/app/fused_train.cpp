@@ -71,10 +71,9 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   }
   // Pipeline parallelism: pipelines of consecutive ranks train one replica stage by stage; every
   // rank still generates its own block of prompts (generation is data-parallel over all ranks).
-  const std::unique_ptr<PipelineGroups> pp =
-      make_train_pipeline(options, model_config, rl.prompts / replicas * rl.group_size,
-                          rl.micro_batch, rl.group_size, rl.minibatches, topology,
-                          stage_cost_probe(run, policy_options, rl.micro_batch), tp.get());
+  const std::unique_ptr<PipelineGroups> pp = make_train_pipeline(
+      options, model_config, rl.prompts / replicas * rl.group_size, rl.micro_batch, rl.group_size,
+      rl.minibatches, topology, stage_cost_probe(run, policy_options, rl.micro_batch), tp.get());
   const int experts = model_config.n_experts;
   // With pipeline parallelism the EP groups are ranks of one stage in consecutive pipelines (its
   // data-parallel group): generation and training both run on them.
@@ -519,9 +518,9 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
                   pp->shape().stages, pp->shape().virtual_stages, pp->shape().micro_batches, bubble,
                   formula, totals[0], totals[1], pp->model_parallel().size());
     pipeline_json = fields;
-    pipeline_json += pipeline_stage_report(*pp, options.pipeline_balance,
-                                           pipeline_trainer->compute_seconds(),
-                                           pipeline_trainer->wall_seconds(), dir);
+    pipeline_json +=
+        pipeline_stage_report(*pp, options.pipeline_balance, pipeline_trainer->compute_seconds(),
+                              pipeline_trainer->wall_seconds(), dir);
     if (ep) {
       pipeline_json += pipeline_ep_overlap_report(pipeline_trainer->ep_communication(),
                                                   options.ep_overlap_chunks, dir);

@@ -44,8 +44,9 @@ void validate_pipeline_balance(const std::string& balance, int chunks) {
                       "as comma-separated integers >= 1 (e.g. 3,1)");
   }
   if (int(counts.size()) != chunks) {
-    throw ConfigError(given + ": needs one layer count per model chunk (--pipeline-parallel x "
-                              "--virtual-stages = " +
+    throw ConfigError(given +
+                      ": needs one layer count per model chunk (--pipeline-parallel x "
+                      "--virtual-stages = " +
                       std::to_string(chunks) + "), got " + std::to_string(counts.size()));
   }
   if (std::find(counts.begin(), counts.end(), 0) != counts.end()) {
@@ -54,17 +55,17 @@ void validate_pipeline_balance(const std::string& balance, int chunks) {
 }
 
 std::vector<int> pipeline_balance_boundaries(const std::string& balance, const PipelineShape& shape,
-                                             const ModelConfig& config,
-                                             const StageCostProbe& probe, MPI_Comm comm) {
+                                             const ModelConfig& config, const StageCostProbe& probe,
+                                             MPI_Comm comm) {
   validate_pipeline_balance(balance, shape.chunks());
   if (balance == "uniform") return {};
   if (is_layer_list(balance)) return chunk_boundaries(parse_integer_list(balance, 0, 1 << 20));
   if (shape.chunks() > config.n_layers) {
-    throw ConfigError("--pipeline-balance " + balance + ": --pipeline-parallel " +
-                      std::to_string(shape.stages) + " x --virtual-stages " +
-                      std::to_string(shape.virtual_stages) + " = " +
-                      std::to_string(shape.chunks()) + " model chunks must not exceed the model's " +
-                      std::to_string(config.n_layers) + " layers");
+    throw ConfigError(
+        "--pipeline-balance " + balance + ": --pipeline-parallel " + std::to_string(shape.stages) +
+        " x --virtual-stages " + std::to_string(shape.virtual_stages) + " = " +
+        std::to_string(shape.chunks()) + " model chunks must not exceed the model's " +
+        std::to_string(config.n_layers) + " layers");
   }
   if (balance == "counted") {
     return balance_boundaries(counted_layer_costs(config, probe.sequences, probe.length),
@@ -72,14 +73,13 @@ std::vector<int> pipeline_balance_boundaries(const std::string& balance, const P
   }
   // Measured: a device of its own, freed before the run makes its policy's.
   Device device(probe.backend, probe.device_memory_bytes, probe.threads);
-  return balance_boundaries(agreed_layer_costs(balance, config, device, probe.sequences,
-                                               probe.length, probe.seed, comm),
-                            shape.chunks());
+  return balance_boundaries(
+      agreed_layer_costs(balance, config, device, probe.sequences, probe.length, probe.seed, comm),
+      shape.chunks());
 }
 
-LayerCosts agreed_layer_costs(const std::string& balance, const ModelConfig& config,
-                              Device& device, int sequences, int length, uint64_t seed,
-                              MPI_Comm comm) {
+LayerCosts agreed_layer_costs(const std::string& balance, const ModelConfig& config, Device& device,
+                              int sequences, int length, uint64_t seed, MPI_Comm comm) {
   if (balance == "counted") return counted_layer_costs(config, sequences, length);
   const auto batch = random_micro_batches(1, sequences, length, config.vocab_size, seed + 7);
   LayerCosts costs = measure_layer_costs(config, device, batch[0], seed,

@@ -31,7 +31,8 @@ struct StageCostProbe {
   uint64_t seed = 1;
   int sequences = 1, length = 2;
 };
-StageCostProbe stage_cost_probe(const RunOptions& run, const PolicyOptions& policy, int micro_batch);
+StageCostProbe stage_cost_probe(const RunOptions& run, const PolicyOptions& policy,
+                                int micro_batch);
 
 // ConfigError (the same on every rank: arithmetic on the option only) unless `balance` is uniform,
 // counted, measured or `chunks` comma-separated layer counts >= 1.
@@ -43,15 +44,14 @@ void validate_pipeline_balance(const std::string& balance, int chunks);
 // maximum over the ranks, so every rank balances the same numbers). ConfigError on every rank when
 // balancing asks for more chunks than layers.
 std::vector<int> pipeline_balance_boundaries(const std::string& balance, const PipelineShape& shape,
-                                             const ModelConfig& config,
-                                             const StageCostProbe& probe, MPI_Comm comm);
+                                             const ModelConfig& config, const StageCostProbe& probe,
+                                             MPI_Comm comm);
 
-// The per-layer costs that `balance` (counted or measured) weighs, the same on every rank of `comm`:
-// counted FLOPs of `sequences` x `length`-token micro-batches; or measured (collective over
+// The per-layer costs that `balance` (counted or measured) weighs, the same on every rank of
+// `comm`: counted FLOPs of `sequences` x `length`-token micro-batches; or measured (collective over
 // `comm`): every rank times each layer's forward + backward on one seeded random micro-batch of
 // that shape on `device`, and each layer's cost is its slowest rank's time.
-LayerCosts agreed_layer_costs(const std::string& balance, const ModelConfig& config,
-                              Device& device, int sequences, int length, uint64_t seed,
-                              MPI_Comm comm);
+LayerCosts agreed_layer_costs(const std::string& balance, const ModelConfig& config, Device& device,
+                              int sequences, int length, uint64_t seed, MPI_Comm comm);
 
 }  // namespace rlf

@@ -40,9 +40,10 @@ void validate_pipeline_parallel_train(const DisaggregatedOptions& options, bool 
 // with `measured` every fused rank first times the layers on `probe`'s micro-batch). Throws
 // ConfigError on every rank when the degree does not divide the ranks, P x V the model's layers
 // (uniform chunks) or the layers per chunk do not add up to them, or the micro-batches do not fit
-// the schedule or the pipeline's smallest minibatch. With `tp` (the TP groups over the same ranks), TP inside every stage: the
-// pipelines cut the TP replicas, and a model replica's T x P ranks train the samples all of them
-// generated. With --expert-parallel, EP inside every stage (PipelineGroups).
+// the schedule or the pipeline's smallest minibatch. With `tp` (the TP groups over the same ranks),
+// TP inside every stage: the pipelines cut the TP replicas, and a model replica's T x P ranks train
+// the samples all of them generated. With --expert-parallel, EP inside every stage
+// (PipelineGroups).
 std::unique_ptr<PipelineGroups> make_train_pipeline(const DisaggregatedOptions& options,
                                                     const ModelConfig& config, int rank_samples,
                                                     int micro_batch, int group_size,

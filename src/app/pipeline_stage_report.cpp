@@ -19,9 +19,10 @@ std::string pipeline_stage_report(const PipelineGroups& groups, const std::strin
     std::snprintf(field, sizeof field, "%s%.4f", s ? "," : "", stages[s]);
     seconds += field;
   }
-  dir.log("# pipeline stages (--pipeline-balance %s): layers per chunk %s; compute seconds by "
-          "stage %s\n",
-          balance.c_str(), layers.c_str(), seconds.c_str());
+  dir.log(
+      "# pipeline stages (--pipeline-balance %s): layers per chunk %s; compute seconds by "
+      "stage %s\n",
+      balance.c_str(), layers.c_str(), seconds.c_str());
   char wall[64];
   std::snprintf(wall, sizeof wall, "\"pipeline_steps_wall_seconds\":%.4f,", wall_seconds);
   return "\"pipeline_balance\":\"" + balance + "\",\"pipeline_layers_per_chunk\":[" + layers +

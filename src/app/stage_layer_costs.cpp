@@ -33,10 +33,10 @@ LayerCosts counted_layer_costs(const ModelConfig& config, int sequences, int len
   const double C = config.d_model, tokens = double(sequences) * length;
   const double context = 0.5 * (length + 1);
   // Forward FLOPs per token: 2 per multiply-add of every matrix a token passes through.
-  const double layer_forward = 2 * (4 * C * C + C * config.n_experts +
-                                    3 * C * config.d_ff * config.top_k +
-                                    3 * C * config.shared_expert_d_ff) +
-                               4 * C * context;
+  const double layer_forward =
+      2 * (4 * C * C + C * config.n_experts + 3 * C * config.d_ff * config.top_k +
+           3 * C * config.shared_expert_d_ff) +
+      4 * C * context;
   const double head_forward = 2 * C * config.vocab_size;
   // The backward computes the gradients of both inputs and weights: twice the forward.
   LayerCosts costs;

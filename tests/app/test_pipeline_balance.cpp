@@ -60,8 +60,9 @@ TEST(PipelineBalance, ModesAndListsOfOneCountPerChunkPass) {
   EXPECT_EQ(config_error("1,1,1,5", 4), "");
   EXPECT_NE(config_error("fast", 2).find("expected uniform, counted, measured or the layers"),
             std::string::npos);
-  EXPECT_NE(config_error("3,1,1", 2).find("needs one layer count per model chunk "
-                                          "(--pipeline-parallel x --virtual-stages = 2), got 3"),
+  EXPECT_NE(config_error("3,1,1", 2)
+                .find("needs one layer count per model chunk "
+                      "(--pipeline-parallel x --virtual-stages = 2), got 3"),
             std::string::npos);
   EXPECT_NE(config_error("4,0", 2).find("every model chunk needs at least one layer"),
             std::string::npos);

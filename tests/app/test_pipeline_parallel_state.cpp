@@ -132,8 +132,8 @@ TEST(PipelineParallelState, UnevenStagesWithMinibatchesAndKlTrainLikeTheDataPara
   std::string run = test::kModelParallelFusedRun;
   run.replace(run.find("--model tiny "), 13,
               "--model " + test::write_tiny4_model(test::fresh_temp_dir("pp-state-tiny4")) + " ");
-  expect_kl_term_trains_like_data_parallel("uneven", "--pipeline-parallel 2 --pipeline-balance 3,1 ",
-                                           {2}, "--minibatches 2 ", run);
+  expect_kl_term_trains_like_data_parallel(
+      "uneven", "--pipeline-parallel 2 --pipeline-balance 3,1 ", {2}, "--minibatches 2 ", run);
 }
 
 // The same with expert parallelism inside the stages (PP 2 x EP 2 on 4 ranks): the reference's

@@ -141,9 +141,9 @@ TEST(PipelineParallelTrain, BalancedStagesTrainLikeTheDataParallelFusedRun) {
     int ranks;
     std::string balance, options;
   };
-  for (const Cut& cut : {Cut{2, "3,1", ""}, Cut{2, "counted", ""}, Cut{2, "measured", ""},
-                         Cut{4, "3,1", "--expert-parallel 2 "},
-                         Cut{4, "1,3", "--tensor-parallel 2 "}}) {
+  for (const Cut& cut :
+       {Cut{2, "3,1", ""}, Cut{2, "counted", ""}, Cut{2, "measured", ""},
+        Cut{4, "3,1", "--expert-parallel 2 "}, Cut{4, "1,3", "--tensor-parallel 2 "}}) {
     const std::string& balance = cut.balance;
     SCOPED_TRACE(balance + " " + cut.options);
     const std::string dir = temp_dir("pp-balance");
@@ -159,9 +159,9 @@ TEST(PipelineParallelTrain, BalancedStagesTrainLikeTheDataParallelFusedRun) {
     if (balance != "measured") {
       EXPECT_EQ(layers, want);
     }
-    EXPECT_NE(pp.output.find("layers per chunk " + layers + " (--pipeline-balance " + balance +
-                             ")"),
-              std::string::npos)
+    EXPECT_NE(
+        pp.output.find("layers per chunk " + layers + " (--pipeline-balance " + balance + ")"),
+        std::string::npos)
         << pp.output;
     EXPECT_NE(pp.output.find("\"pipeline_balance\":\"" + balance + "\""), std::string::npos);
     EXPECT_NE(pp.output.find("\"pipeline_stage_compute_seconds\":["), std::string::npos);
@@ -197,8 +197,9 @@ TEST(PipelineParallelTrain, ShapesThatDoNotFitStopEveryRankBeforeOutput) {
            "each model chunk"},
           {2, "--pipeline-parallel 2 --pipeline-balance 1,x",
            "--pipeline-balance '1,x': expected uniform, counted, measured"},
-          {2, "--pipeline-parallel 2 --virtual-stages 2 --micro-batches 2 --pipeline-balance "
-              "counted",
+          {2,
+           "--pipeline-parallel 2 --virtual-stages 2 --micro-batches 2 --pipeline-balance "
+           "counted",
            "--pipeline-balance counted: --pipeline-parallel 2 x --virtual-stages 2 = 4 model "
            "chunks must not exceed the model's 2 layers"},
           {2, "--mode disaggregated --pipeline-parallel 2",

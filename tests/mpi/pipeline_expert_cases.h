@@ -37,8 +37,8 @@ inline std::vector<int> case_boundaries(const PipelineExpertCase& c) {
 inline ModelConfig pipeline_expert_model(const PipelineExpertCase& c) {
   ModelConfig config = micro_config();
   config.n_experts = 6;
-  config.n_layers = c.layers_per_chunk.empty() ? 2 * c.stages * c.virtual_stages
-                                               : case_boundaries(c).back();
+  config.n_layers =
+      c.layers_per_chunk.empty() ? 2 * c.stages * c.virtual_stages : case_boundaries(c).back();
   config.validate("test");
   return config;
 }

@@ -64,14 +64,27 @@ std::vector<Case> cases_for(int world) {
     case 1:
       return {{1, 1, 2, 2}, {1, 1, 2, 2, {3, 1}}};
     case 2:
-      return {{2, 1, 1, 2}, {1, 2, 1, 2}, {2, 1, 2, 2}, {1, 2, 1, 2, {3, 1}},
+      return {{2, 1, 1, 2},
+              {1, 2, 1, 2},
+              {2, 1, 2, 2},
+              {1, 2, 1, 2, {3, 1}},
               {1, 2, 2, 2, {1, 3, 2, 1}}};
     case 4:
-      return {{2, 2, 1, 2}, {2, 2, 2, 4}, {2, 1, 1, 3}, {2, 2, 1, 3},
-              {1, 4, 1, 4, {2, 1, 1, 3}}, {2, 2, 1, 2, {1, 3}}, {1, 2, 1, 3, {3, 2}}};
+      return {{2, 2, 1, 2},
+              {2, 2, 2, 4},
+              {2, 1, 1, 3},
+              {2, 2, 1, 3},
+              {1, 4, 1, 4, {2, 1, 1, 3}},
+              {2, 2, 1, 2, {1, 3}},
+              {1, 2, 1, 3, {3, 2}}};
     case 6:
-      return {{2, 3, 1, 3}, {3, 2, 1, 2}, {2, 1, 2, 2}, {3, 2, 2, 4},
-              {1, 3, 1, 3, {1, 2, 3}}, {2, 3, 1, 3, {2, 1, 1}}, {1, 2, 2, 2, {2, 1, 1, 3}}};
+      return {{2, 3, 1, 3},
+              {3, 2, 1, 2},
+              {2, 1, 2, 2},
+              {3, 2, 2, 4},
+              {1, 3, 1, 3, {1, 2, 3}},
+              {2, 3, 1, 3, {2, 1, 1}},
+              {1, 2, 2, 2, {2, 1, 1, 3}}};
     default:
       return {};
   }
@@ -80,8 +93,8 @@ std::vector<Case> cases_for(int world) {
 // 2 p v layers, or the uneven chunks' sum.
 ModelConfig model_for(const Case& c) {
   const std::vector<int> boundaries = boundaries_of(c);
-  return test::tensor_parallel_micro_config(
-      boundaries.empty() ? 2 * c.stages * c.virtual_stages : boundaries.back());
+  return test::tensor_parallel_micro_config(boundaries.empty() ? 2 * c.stages * c.virtual_stages
+                                                               : boundaries.back());
 }
 
 // The layers of one pipeline stage, TP-sliced, over the groups of a case.
