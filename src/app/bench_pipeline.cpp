@@ -5,8 +5,9 @@
 // time) beside the formula (p - 1) / (m v + p - 1), their ratio, and the schedule's counted
 // bubble (idle slots under unit costs) and the bubble simulated with the measured pass times of
 // every virtual stage (what the stages' cost imbalance allows). The first step of each row is
-// checked against the single-rank model (loss and every gradient: #wrong). --balance measured
-// assigns layers to chunks by their measured cost (src/balance/stage_balance.h). nccl-tests style:
+// checked against the single-rank model (loss and every gradient: #wrong). --balance counted or
+// measured assigns layers to chunks by their counted FLOPs or measured cost
+// (src/balance/stage_balance.h, src/app/pipeline_balance.h). nccl-tests style:
 // '#' header with units, fixed columns, verdict lines and a --json twin.
 #include "src/app/bench_pipeline.h"
 
@@ -18,7 +19,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -29,7 +29,10 @@
 #include "src/app/bench_timing.h"
 #include "src/app/build_info.h"
 #include "src/app/commands.h"
+#include "src/app/integer_list.h"
 #include "src/app/options.h"
+#include "src/app/pipeline_balance.h"
+#include "src/app/stage_layer_costs.h"
 #include "src/balance/stage_balance.h"
 #include "src/model/activation_memory.h"
 #include "src/model/pipeline_stage.h"
@@ -42,19 +45,11 @@ namespace rlf {
 namespace {
 
 std::vector<int> parse_list(const std::string& text, const std::string& option) {
-  std::vector<int> out;
-  std::stringstream in(text);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    char* end = nullptr;
-    const long value = std::strtol(item.c_str(), &end, 10);
-    if (item.empty() || *end != '\0' || value < 1 || value > 4096) {
-      throw ConfigError(option + " must be a comma-separated list of integers >= 1, got '" + text +
-                        "'");
-    }
-    out.push_back(int(value));
+  std::vector<int> out = parse_integer_list(text, 1, 4096);
+  if (out.empty()) {
+    throw ConfigError(option + " must be a comma-separated list of integers >= 1, got '" + text +
+                      "'");
   }
-  if (out.empty()) throw ConfigError(option + " must list at least one value");
   return out;
 }
 
@@ -65,8 +60,8 @@ void validate(const PipelineBenchOptions& o, const ModelConfig& model, int world
     throw ConfigError("--sequences must be >= 1 and --length in [2, " +
                       std::to_string(model.max_seq_len) + "] (the model's max_seq_len)");
   }
-  if (o.balance != "uniform" && o.balance != "measured") {
-    throw ConfigError("--balance must be uniform or measured, got '" + o.balance + "'");
+  if (o.balance != "uniform" && o.balance != "measured" && o.balance != "counted") {
+    throw ConfigError("--balance must be uniform, counted or measured, got '" + o.balance + "'");
   }
   if (o.pipeline_parallel < 0) {
     throw ConfigError("--pipeline-parallel must be >= 0 (0: the world size), got " +
@@ -75,67 +70,9 @@ void validate(const PipelineBenchOptions& o, const ModelConfig& model, int world
   const int p = o.pipeline_parallel > 0 ? o.pipeline_parallel : world;
   for (int v : parse_list(o.virtual_stages, "--virtual-stages")) {
     for (int m : parse_list(o.micro_batches, "--micro-batches")) {
-      validate_pipeline({p, m, v}, model.n_layers, world, o.balance == "measured");
+      validate_pipeline({p, m, v}, model.n_layers, world, o.balance != "uniform");
     }
   }
-}
-
-}  // namespace
-
-std::vector<PipelineMicroBatch<float>> make_batches(const PipelineBenchOptions& o, int m, int vocab,
-                                                    uint64_t seed) {
-  std::vector<PipelineMicroBatch<float>> batches(static_cast<size_t>(m));
-  const float weight = 1.0f / float(int64_t(m) * o.sequences * o.length);
-  for (int b = 0; b < m; ++b) {
-    PipelineMicroBatch<float>& batch = batches[size_t(b)];
-    for (int s = 0; s < o.sequences; ++s) {
-      for (int t = 0; t <= o.length; ++t) {
-        const int token =
-            int(philox_uniform(seed, uint64_t(b * o.sequences + s), uint64_t(t)) * float(vocab)) %
-            vocab;
-        if (t < o.length) batch.tokens.push_back(token);
-        if (t > 0) batch.targets.push_back(token);
-      }
-      batch.seq_offsets.push_back(int(batch.tokens.size()));
-    }
-    batch.weights.assign(batch.tokens.size(), weight);
-  }
-  return batches;
-}
-
-namespace {
-
-// Seconds of one micro-batch's forward + backward through each layer alone (the first with the
-// embedding, the last with the final norm, head and loss), median of 3 after a warm-up, on this
-// rank. The hidden rows fed to a layer are random: identical rows would all route to the same
-// top-k experts, a grouped FFN far cheaper than the spread routing of real activations (the
-// embedding's layer then looked twice as heavy as the rest). Every pass uses the same activation
-// arena, warmed by the first, so no timed pass pays for first-touch page faults.
-LayerCosts measure_layer_costs(const ModelConfig& config, Device& device,
-                               const PipelineMicroBatch<float>& batch, uint64_t seed) {
-  LayerCosts costs;
-  ArenaScope scope(device.memory());
-  const int64_t rows = int64_t(batch.token_count()) * config.d_model;
-  std::vector<float> x(static_cast<size_t>(rows)), dy(static_cast<size_t>(rows));
-  for (int64_t i = 0; i < rows; ++i) {
-    x[size_t(i)] = 2 * philox_uniform(seed + 1, uint64_t(i), 0) - 1;
-    dy[size_t(i)] = 1e-3f * (2 * philox_uniform(seed + 2, uint64_t(i), 0) - 1);
-  }
-  std::vector<float> dx(static_cast<size_t>(rows));
-  for (int l = 0; l < config.n_layers; ++l) {
-    PipelineStage<float> layer(config, device.ops(), device.memory(), {{l, l + 1}},
-                               size_t(64) << 20);
-    layer.model().initialize(seed);
-    std::vector<double> seconds;
-    for (int r = 0; r < 4; ++r) {
-      const double begin = steady_seconds();
-      layer.forward(0, 0, batch, x.data());
-      layer.backward(0, 0, dy.data(), 0.0f, dx.data());
-      if (r > 0) seconds.push_back(steady_seconds() - begin);
-    }
-    costs.layer.push_back(median(seconds));
-  }
-  return costs;
 }
 
 struct RankStats {
@@ -208,7 +145,8 @@ Row measure(const PipelineBenchOptions& o, const ModelConfig& config, Device& de
   row.boundaries = boundaries;
   row.formula = bubble_formula(shape);
   row.counted = simulate_unit_schedule(shape).bubble_fraction(0);
-  const auto all = make_batches(o, m * (world / shape.stages), config.vocab_size, seed);
+  const auto all = random_micro_batches(m * (world / shape.stages), o.sequences, o.length,
+                                        config.vocab_size, seed);
   const std::vector<PipelineMicroBatch<float>> batches(all.begin() + replica * m,
                                                        all.begin() + (replica + 1) * m);
   // Every arena can hold a whole-model micro-batch: a bound for any chunk (pages untouched
@@ -322,7 +260,8 @@ int run_bench_pipeline_command(const std::vector<std::string>& args) {
       "sequences per micro-batch");
   add("length", po::value(&o.length)->default_value(o.length), "tokens per sequence");
   add("balance", po::value(&o.balance)->default_value(o.balance),
-      "layers per chunk: uniform, or measured (stage balancing by measured per-layer cost)");
+      "layers per chunk: uniform, counted (stage balancing by counted per-layer FLOPs) or "
+      "measured (by per-layer forward+backward times, each layer's slowest rank)");
   add("repeats", po::value(&o.repeats)->default_value(o.repeats),
       "timed steps per row after a checked one (the median step is reported)");
   add("expert-parallel", po::value(&o.expert_parallel)->default_value(o.expert_parallel),
@@ -357,23 +296,18 @@ int run_bench_pipeline_command(const std::vector<std::string>& args) {
   double load[1] = {-1};
   if (getloadavg(load, 1) != 1) load[0] = -1;
 
-  // Stage balancing: rank 0 measures the layers, every rank gets the same costs.
-  std::vector<double> layer_seconds(size_t(config.n_layers), 1.0);
-  if (o.balance == "measured") {
-    if (rank == 0) {
-      const auto one = make_batches(o, 1, config.vocab_size, run.seed + 7);
-      layer_seconds = measure_layer_costs(config, device, one[0], run.seed).layer;
-    }
-    MPI_Bcast(layer_seconds.data(), config.n_layers, MPI_DOUBLE, 0, MPI_COMM_WORLD);
-  }
-  const LayerCosts costs{layer_seconds, 0, 0};
+  // Stage balancing: the same costs on every rank (measured: each layer's slowest rank).
+  const LayerCosts costs = o.balance == "uniform"
+                               ? LayerCosts{}
+                               : agreed_layer_costs(o.balance, config, device, o.sequences,
+                                                    o.length, run.seed, MPI_COMM_WORLD);
 
   std::vector<Row> rows;
   for (int v : vs) {
     const int chunks = p * v;
-    const std::vector<int> boundaries = o.balance == "measured"
-                                            ? balance_boundaries(costs, chunks)
-                                            : uniform_boundaries(config.n_layers, chunks);
+    const std::vector<int> boundaries = o.balance == "uniform"
+                                            ? uniform_boundaries(config.n_layers, chunks)
+                                            : balance_boundaries(costs, chunks);
     for (int m : ms) {
       rows.push_back(measure(o, config, device, {p, m, v}, boundaries, links, run.seed));
     }
@@ -390,9 +324,13 @@ int run_bench_pipeline_command(const std::vector<std::string>& args) {
         world, p, world / p, config.name.c_str(), config.n_layers, config.d_model, config.n_experts,
         config.top_k, o.sequences, o.length, o.balance.c_str());
     if (o.balance == "measured") {
-      std::printf("# measured forward+backward per layer (ms):");
-      for (double s : layer_seconds) std::printf(" %.2f", s * 1e3);
+      std::printf("# measured forward+backward per layer, slowest rank (ms):");
+      for (double s : costs.layer) std::printf(" %.2f", s * 1e3);
       std::printf("\n");
+    } else if (o.balance == "counted") {
+      std::printf("# counted forward+backward per layer (MFLOP):");
+      for (double f : costs.layer) std::printf(" %.1f", f * 1e-6);
+      std::printf("; the head %.1f MFLOP more on the last\n", costs.last_extra * 1e-6);
     }
     std::printf("# each rank: %s; CPUs of rank r:", device.describe().c_str());
     std::printf("%s", cpus.c_str());

@@ -1,4 +1,4 @@
-// `rlfusion bench pipeline`'s options and micro-batches, shared by its PP (x DP) rows
+// `rlfusion bench pipeline`'s options, shared by its PP (x DP) rows
 // (bench_pipeline.cpp) and its PP x EP overlap rows (bench_pipeline_overlap.cpp).
 #pragma once
 
@@ -24,11 +24,6 @@ struct PipelineBenchOptions {
   int expert_parallel = 1, overlap_chunks = 2;
   double inter_node_bandwidth = 0;  // with EP: each rank its own node, links emulated
 };
-
-// `m` micro-batches of `sequences` x `length` random tokens, next-token targets, weights
-// 1 / (the step's tokens).
-std::vector<PipelineMicroBatch<float>> make_batches(const PipelineBenchOptions& o, int m, int vocab,
-                                                    uint64_t seed);
 
 // ConfigError, the same on every rank, for the PP x EP options: EP not dividing the pipelines or
 // the experts, overlap chunks below 2, measured balancing (the EP rows cut the layers evenly), a

@@ -21,6 +21,7 @@
 #include "src/app/bench_pipeline.h"
 #include "src/app/bench_timing.h"
 #include "src/app/build_info.h"
+#include "src/app/stage_layer_costs.h"
 #include "src/model/activation_memory.h"
 #include "src/model/overlapped_experts.h"
 #include "src/runtime/pipeline_groups.h"
@@ -50,9 +51,9 @@ void validate_pipeline_overlap_options(const PipelineBenchOptions& o, const Mode
         std::to_string(o.overlap_chunks));
   }
   if (o.balance != "uniform") {
-    throw ConfigError(
-        "--balance measured is not supported with --expert-parallel (the PP x EP "
-        "rows cut the layers evenly)");
+    throw ConfigError("--balance " + o.balance +
+                      " is not supported with --expert-parallel (the PP x EP "
+                      "rows cut the layers evenly)");
   }
   LinkEmulation{o.inter_node_bandwidth, 0}.validate();
 }
@@ -107,7 +108,8 @@ Row measure(const PipelineBenchOptions& o, const ModelConfig& config, Device& de
   row.v = shape.virtual_stages;
   row.m = shape.micro_batches;
   const int m = shape.micro_batches;
-  const auto all = make_batches(o, m * groups.replicas(), config.vocab_size, seed);
+  const auto all =
+      random_micro_batches(m * groups.replicas(), o.sequences, o.length, config.vocab_size, seed);
   const std::vector<PipelineMicroBatch<float>> batches(all.begin() + groups.replica() * m,
                                                        all.begin() + (groups.replica() + 1) * m);
   ArenaScope scope(device.memory());

@@ -38,6 +38,9 @@ struct DisaggregatedOptions {
   int pipeline_parallel = 1;
   int virtual_stages = 1;
   int micro_batches = 0;
+  // --pipeline-balance: layers per chunk, uniform | counted | measured | a list
+  // (pipeline_balance.h)
+  std::string pipeline_balance = "uniform";
   RebalanceOptions rebalance;  // --rebalance-* and --router-skew (EDPB)
 };
 

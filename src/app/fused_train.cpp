@@ -16,6 +16,7 @@
 #include "src/app/learner_setup.h"
 #include "src/app/pipeline_ep_overlap_report.h"
 #include "src/app/pipeline_parallel_train.h"
+#include "src/app/pipeline_stage_report.h"
 #include "src/app/random_delay.h"
 #include "src/app/rl_progress.h"
 #include "src/app/tensor_parallel_train.h"
@@ -70,9 +71,9 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   }
   // Pipeline parallelism: pipelines of consecutive ranks train one replica stage by stage; every
   // rank still generates its own block of prompts (generation is data-parallel over all ranks).
-  const std::unique_ptr<PipelineGroups> pp =
-      make_train_pipeline(options, model_config, rl.prompts / replicas * rl.group_size,
-                          rl.micro_batch, rl.group_size, rl.minibatches, topology, tp.get());
+  const std::unique_ptr<PipelineGroups> pp = make_train_pipeline(
+      options, model_config, rl.prompts / replicas * rl.group_size, rl.micro_batch, rl.group_size,
+      rl.minibatches, topology, stage_cost_probe(run, policy_options, rl.micro_batch), tp.get());
   const int experts = model_config.n_experts;
   // With pipeline parallelism the EP groups are ranks of one stage in consecutive pipelines (its
   // data-parallel group): generation and training both run on them.
@@ -277,11 +278,13 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
     const PipelineShape& shape = pp->shape();
     dir.log(
         "# pipeline parallelism: PP %d x %d pipelines, %s, %d micro-batches per step, %d virtual "
-        "stage(s) per rank (bubble formula %.1f%%); generation data-parallel on all %d ranks, each "
-        "borrowing the rest of the model (%s: other stages' layers, other TP ranks' slices) per "
-        "phase; this rank stores %lld of %lld parameters\n",
+        "stage(s) per rank (bubble formula %.1f%%), layers per chunk %s (--pipeline-balance %s); "
+        "generation data-parallel on all %d ranks, each borrowing the rest of the model (%s: "
+        "other stages' layers, other TP ranks' slices) per phase; this rank stores %lld of %lld "
+        "parameters\n",
         shape.stages, pp->replicas(), schedule_name(shape).c_str(), shape.micro_batches,
-        shape.virtual_stages, 100.0 * bubble_formula(shape), ranks,
+        shape.virtual_stages, 100.0 * bubble_formula(shape),
+        layers_per_chunk(pp->boundaries()).c_str(), options.pipeline_balance.c_str(), ranks,
         format_bytes(size_t(pp->generation_layout().total() - model.parameter_count()) *
                      sizeof(float))
             .c_str(),
@@ -515,6 +518,9 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
                   pp->shape().stages, pp->shape().virtual_stages, pp->shape().micro_batches, bubble,
                   formula, totals[0], totals[1], pp->model_parallel().size());
     pipeline_json = fields;
+    pipeline_json +=
+        pipeline_stage_report(*pp, options.pipeline_balance, pipeline_trainer->compute_seconds(),
+                              pipeline_trainer->wall_seconds(), dir);
     if (ep) {
       pipeline_json += pipeline_ep_overlap_report(pipeline_trainer->ep_communication(),
                                                   options.ep_overlap_chunks, dir);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
 
 #include "kernels/error.h"
 #include "src/app/tensor_parallel_train.h"
@@ -50,11 +51,15 @@ void validate_pipeline_parallel_train(const DisaggregatedOptions& options, bool 
     throw ConfigError("--micro-batches must be >= 0 (0: pieces of --micro-batch)");
   }
   if (degree == 1) {
-    if (options.virtual_stages != 1 || options.micro_batches != 0) {
-      throw ConfigError("--virtual-stages and --micro-batches need --pipeline-parallel 2 or more");
+    if (options.virtual_stages != 1 || options.micro_batches != 0 ||
+        options.pipeline_balance != "uniform") {
+      throw ConfigError(
+          "--virtual-stages, --micro-batches and --pipeline-balance need --pipeline-parallel 2 or "
+          "more");
     }
     return;
   }
+  validate_pipeline_balance(options.pipeline_balance, degree * options.virtual_stages);
   refuse_unsupported_with_model_parallelism(option, options, fused, world_size, rl);
   if (options.tensor_parallel > 1) {
     // TP x PP: TP groups inside every stage; one replica of the model on T x P consecutive ranks.
@@ -82,6 +87,7 @@ std::unique_ptr<PipelineGroups> make_train_pipeline(const DisaggregatedOptions& 
                                                     const ModelConfig& config, int rank_samples,
                                                     int micro_batch, int group_size,
                                                     int minibatches, Topology& topology,
+                                                    const StageCostProbe& probe,
                                                     const TensorParallel* tp) {
   if (options.pipeline_parallel <= 1) return nullptr;
   const int p = options.pipeline_parallel;
@@ -107,9 +113,12 @@ std::unique_ptr<PipelineGroups> make_train_pipeline(const DisaggregatedOptions& 
                       std::to_string(std::max(micro_batches, p)) +
                       " micro-batches (every micro-batch needs one)");
   }
-  return std::make_unique<PipelineGroups>(topology.role_comm().comm,
-                                          PipelineShape{p, micro_batches, options.virtual_stages},
-                                          config, topology.links(), tp, options.expert_parallel);
+  const PipelineShape shape{p, micro_batches, options.virtual_stages};
+  std::vector<int> boundaries = pipeline_balance_boundaries(options.pipeline_balance, shape, config,
+                                                            probe, topology.role_comm().comm);
+  return std::make_unique<PipelineGroups>(topology.role_comm().comm, shape, config,
+                                          topology.links(), tp, options.expert_parallel,
+                                          std::move(boundaries));
 }
 
 uint64_t attach_pipeline_reference_logprobs(const Transformer<float>& reference_stage,
@@ -191,16 +200,11 @@ std::vector<Rollout> pipeline_rollouts(DistQueue& queue, const PipelineGroups& g
   return rollouts;
 }
 
-namespace {
-
 size_t stage_activation_bytes(const ModelConfig& config, int sequences, int longest_sequence) {
-  // Every arena can hold a whole-model micro-batch: a bound for any chunk (pages untouched beyond
-  // what a chunk uses cost nothing).
+  // (Pages untouched beyond what a chunk uses cost nothing.)
   return 2 * training_micro_batch_peak_bytes(config, ParameterLayout(config),
                                              uniform_batch(sequences, longest_sequence));
 }
-
-}  // namespace
 
 PipelineTrainer::PipelineTrainer(const PipelineGroups& groups, Transformer<float>& model,
                                  const RlStepSettings& settings, int rank_samples, bool equal_parts,

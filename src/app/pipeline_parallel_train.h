@@ -12,6 +12,7 @@
 
 #include "mpi_comm/topology.h"
 #include "src/app/disaggregated_train.h"
+#include "src/app/pipeline_balance.h"
 #include "src/app/rl_options.h"
 #include "src/app/train_checkpoints.h"
 #include "src/model/pipeline_stage.h"
@@ -35,16 +36,24 @@ void validate_pipeline_parallel_train(const DisaggregatedOptions& options, bool 
 
 // The pipelines over the fused ranks (null for --pipeline-parallel 1), each rank generating
 // `rank_samples` samples (prompt groups of `group_size`) per step, trained in `minibatches`
-// optimizer steps. Throws ConfigError on every rank when the degree does not divide the ranks,
-// P x V the model's layers, or the micro-batches do not fit the schedule or the pipeline's
-// smallest minibatch. With `tp` (the TP groups over the same ranks), TP inside every stage: the
-// pipelines cut the TP replicas, and a model replica's T x P ranks train the samples all of them
-// generated. With --expert-parallel, EP inside every stage (PipelineGroups).
+// optimizer steps, the layers cut into chunks by --pipeline-balance (src/app/pipeline_balance.h;
+// with `measured` every fused rank first times the layers on `probe`'s micro-batch). Throws
+// ConfigError on every rank when the degree does not divide the ranks, P x V the model's layers
+// (uniform chunks) or the layers per chunk do not add up to them, or the micro-batches do not fit
+// the schedule or the pipeline's smallest minibatch. With `tp` (the TP groups over the same ranks),
+// TP inside every stage: the pipelines cut the TP replicas, and a model replica's T x P ranks train
+// the samples all of them generated. With --expert-parallel, EP inside every stage
+// (PipelineGroups).
 std::unique_ptr<PipelineGroups> make_train_pipeline(const DisaggregatedOptions& options,
                                                     const ModelConfig& config, int rank_samples,
                                                     int micro_batch, int group_size,
                                                     int minibatches, Topology& topology,
+                                                    const StageCostProbe& probe,
                                                     const TensorParallel* tp = nullptr);
+
+// Bytes of a pipeline stage's activation arena for micro-batches of `sequences` sequences of up to
+// `longest_sequence` tokens: room for a whole-model micro-batch, a bound for any chunk.
+size_t stage_activation_bytes(const ModelConfig& config, int sequences, int longest_sequence);
 
 // The frozen reference's log-probs of this rank's own rollouts (Rollout::reference_logp), in
 // micro-batches of `micro_batch` as the data-parallel run computes them: the reference's stages

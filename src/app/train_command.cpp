@@ -110,6 +110,11 @@ int run_train_command(const std::vector<std::string>& args) {
         po::value(&multi_rank.micro_batches)->default_value(multi_rank.micro_batches),
         "with --pipeline-parallel: micro-batches per pipeline and step (0: each rank's samples in "
         "pieces of --micro-batch, as the data-parallel run trains them)");
+    add("pipeline-balance",
+        po::value(&multi_rank.pipeline_balance)->default_value(multi_rank.pipeline_balance),
+        "with --pipeline-parallel: layers per model chunk: uniform | counted (balanced on counted "
+        "FLOPs) | measured (balanced on layers timed before RL; not reproducible across runs) | "
+        "the layers of each chunk in chunk order, e.g. 3,1");
     add("offload", po::bool_switch(&multi_rank.offload),
         "--mode fused: during generation, gradients and optimizer state leave device memory for "
         "host memory, and the generation phase gets their device memory");

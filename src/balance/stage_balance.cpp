@@ -75,4 +75,19 @@ std::vector<int> balance_boundaries(const LayerCosts& costs, int chunks) {
   return b;
 }
 
+std::string layers_per_chunk(const std::vector<int>& boundaries) {
+  std::string out;
+  for (size_t c = 1; c < boundaries.size(); ++c) {
+    if (c > 1) out += ',';
+    out += std::to_string(boundaries[c] - boundaries[c - 1]);
+  }
+  return out;
+}
+
+std::vector<int> chunk_boundaries(const std::vector<int>& layers) {
+  std::vector<int> boundaries = {0};
+  for (int count : layers) boundaries.push_back(boundaries.back() + count);
+  return boundaries;
+}
+
 }  // namespace rlf

@@ -3,6 +3,7 @@
 // functions; `rlfusion bench pipeline` measures the costs and runs the assignment.
 #pragma once
 
+#include <string>
 #include <vector>
 
 namespace rlf {
@@ -24,5 +25,10 @@ std::vector<double> chunk_costs(const LayerCosts& costs, const std::vector<int>&
 // minimize the largest chunk cost (exact: dynamic programming over split points). Among optimal
 // splits, the one whose earlier chunks are as large as possible.
 std::vector<int> balance_boundaries(const LayerCosts& costs, int chunks);
+// The layers of each chunk under `boundaries`, comma-separated in chunk order ("3,1"): how
+// `train --pipeline-balance` pins a cut.
+std::string layers_per_chunk(const std::vector<int>& boundaries);
+// The boundaries of chunks holding `layers` layers each, in chunk order (its prefix sums from 0).
+std::vector<int> chunk_boundaries(const std::vector<int>& layers);
 
 }  // namespace rlf

@@ -1,6 +1,7 @@
 #include "src/runtime/pipeline_groups.h"
 
 #include <string>
+#include <utility>
 
 #include "kernels/error.h"
 #include "src/balance/stage_balance.h"
@@ -11,14 +12,19 @@
 namespace rlf {
 
 PipelineGroups::PipelineGroups(MPI_Comm comm, const PipelineShape& shape, const ModelConfig& config,
-                               Links& links, const TensorParallel* tp, int expert_parallel)
-    : shape_(shape), config_(config), tp_(tp), links_(links) {
+                               Links& links, const TensorParallel* tp, int expert_parallel,
+                               std::vector<int> boundaries)
+    : shape_(shape), config_(config), boundaries_(std::move(boundaries)), tp_(tp), links_(links) {
   // With TP the stages of a pipeline are TP replicas with the same TP rank.
   const MPI_Comm replicas = tp ? tp->data_parallel().comm : comm;
   int size = 0;
   MPI_Comm_size(replicas, &size);
-  validate_pipeline(shape, config.n_layers, size);
-  boundaries_ = uniform_boundaries(config.n_layers, shape.chunks());
+  validate_pipeline(shape, config.n_layers, size, /*balanced=*/!boundaries_.empty());
+  if (boundaries_.empty()) {
+    boundaries_ = uniform_boundaries(config.n_layers, shape.chunks());
+  } else {
+    validate_chunk_boundaries(boundaries_, shape, config.n_layers);
+  }
   if (expert_parallel > 1) {
     const std::string option = "--expert-parallel " + std::to_string(expert_parallel);
     const int pipelines = size / shape.stages;

@@ -33,16 +33,20 @@ class RoleExpertParallel;
 class PipelineGroups {
  public:
   // Collective over `comm`: splits it into pipelines of shape.stages consecutive ranks and the
-  // data-parallel groups across them. The layers are cut into shape.chunks() equal chunks (virtual
-  // stage s holds layers [s L / (p v), (s + 1) L / (p v))). Throws ConfigError on every rank
-  // (validate_pipeline) when the shape does not fit the model's layers or the ranks of `comm`.
+  // data-parallel groups across them. The layers are cut into shape.chunks() chunks at
+  // `boundaries` (p v + 1 layer indices, virtual stage s holding [boundaries[s],
+  // boundaries[s + 1]), e.g. from stage balancing), or with none into equal chunks (virtual stage s
+  // holds layers [s L / (p v), (s + 1) L / (p v))). Throws ConfigError on every rank
+  // (validate_pipeline, validate_chunk_boundaries) when the shape or the boundaries do not fit the
+  // model's layers or the ranks of `comm`.
   // `links` (not owned) counts every message. With `tp` (not owned; its TP groups cut `comm` into
   // T consecutive ranks), the pipelines cut its replicas (tp->data_parallel(), T p consecutive
   // ranks of `comm` per pipeline replica) and the shape must fit size(comm) / T. With
   // `expert_parallel` E > 1 every stage stores only its EP rank's experts; E must divide the
   // pipelines and the experts (ConfigError on every rank), and excludes `tp`.
   PipelineGroups(MPI_Comm comm, const PipelineShape& shape, const ModelConfig& config, Links& links,
-                 const TensorParallel* tp = nullptr, int expert_parallel = 1);
+                 const TensorParallel* tp = nullptr, int expert_parallel = 1,
+                 std::vector<int> boundaries = {});
   ~PipelineGroups();
   PipelineGroups(const PipelineGroups&) = delete;
   PipelineGroups& operator=(const PipelineGroups&) = delete;
@@ -64,6 +68,8 @@ class PipelineGroups {
     return tp_ ? model_parallel_.members : groups_.members;
   }
 
+  // The chunk boundaries: p v + 1 layer indices, virtual stage s holding [b[s], b[s + 1]).
+  const std::vector<int>& boundaries() const { return boundaries_; }
   // The chunks stage `stage` runs, in its local order, and the layout that stores them (whole
   // tensors: with TP each rank stores its slice of it, ParameterLayout's TensorSlice; with EP
   // this pipeline's experts, or the given ones).

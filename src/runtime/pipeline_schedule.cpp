@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "kernels/error.h"
+#include "src/balance/stage_balance.h"
 
 namespace rlf {
 
@@ -58,6 +59,27 @@ void validate_pipeline(const PipelineShape& s, int n_layers, int world_size, boo
                       " must be a multiple of --pipeline-parallel " + p + " (at least " + p +
                       ") for the interleaved schedule (--virtual-stages " + v +
                       "): it runs micro-batches in groups of " + p);
+  }
+}
+
+void validate_chunk_boundaries(const std::vector<int>& boundaries, const PipelineShape& s,
+                               int n_layers) {
+  bool empty_chunk = false;
+  for (size_t c = 1; c < boundaries.size(); ++c) {
+    empty_chunk = empty_chunk || boundaries[c] <= boundaries[c - 1];
+  }
+  const std::string given = "--pipeline-balance " + layers_per_chunk(boundaries) + ": ";
+  if (int(boundaries.size()) != s.chunks() + 1) {
+    throw ConfigError(given + "needs one layer count per model chunk, --pipeline-parallel " +
+                      std::to_string(s.stages) + " x --virtual-stages " +
+                      std::to_string(s.virtual_stages) + " = " + std::to_string(s.chunks()) +
+                      ", got " + std::to_string(int(boundaries.size()) - 1));
+  }
+  if (empty_chunk) throw ConfigError(given + "every chunk needs at least one layer");
+  if (boundaries.front() != 0 || boundaries.back() != n_layers) {
+    throw ConfigError(given + "the chunks hold " +
+                      std::to_string(boundaries.back() - boundaries.front()) +
+                      " layers, the model has " + std::to_string(n_layers));
   }
 }
 

@@ -30,6 +30,11 @@ std::string schedule_name(const PipelineShape& shape);
 // with v > 1, m a multiple of p (the interleaved schedule runs micro-batches in groups of p).
 void validate_pipeline(const PipelineShape& shape, int n_layers, int world_size,
                        bool balanced = false);
+// ConfigError unless `boundaries` cut the model's layers into the shape's p v chunks of
+// consecutive layers: p v + 1 indices from 0 to `n_layers`, every chunk at least one layer (the
+// message names --pipeline-balance and gives the layers per chunk).
+void validate_chunk_boundaries(const std::vector<int>& boundaries, const PipelineShape& shape,
+                               int n_layers);
 
 enum class PassKind { Forward, Backward };
 

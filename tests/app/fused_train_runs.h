@@ -66,16 +66,21 @@ inline void expect_stops_before_output(const std::vector<BadOptions>& bad, const
   EXPECT_FALSE(std::filesystem::exists(dir));
 }
 
-// The run the interleaved-schedule tests compare: a 4-layer `tiny` (written into `model_dir`, so
-// that 2 stages hold 2 chunks each) on `sort`, 60 SFT steps, 3 RL steps of 8 prompts x 4 samples
-// in micro-batches of 4, fused.
-inline std::string interleaved_fused_run(const std::string& model_dir) {
+// A 4-layer `tiny` written into `model_dir` (2 stages can hold 2 chunks each, or uneven chunks);
+// returns the model file's path.
+inline std::string write_tiny4_model(const std::string& model_dir) {
   std::filesystem::create_directories(model_dir);
   const std::string model = model_dir + "/tiny4.ini";
   std::ofstream out(model);
   out << "[model]\nname = tiny4\nvocab_size = 32\nd_model = 32\nn_layers = 4\nn_heads = 4\n"
          "n_experts = 4\ntop_k = 2\nd_ff = 32\nshared_expert_d_ff = 16\nmax_seq_len = 128\n";
-  return "train --model " + model +
+  return model;
+}
+
+// The run the interleaved-schedule tests compare: the 4-layer `tiny` (write_tiny4_model) on
+// `sort`, 60 SFT steps, 3 RL steps of 8 prompts x 4 samples in micro-batches of 4, fused.
+inline std::string interleaved_fused_run(const std::string& model_dir) {
+  return "train --model " + write_tiny4_model(model_dir) +
          " --task sort --sft-steps 60 --sft-learning-rate 0.01 --steps 3 --prompts 8 "
          "--group-size 4 --eval-prompts 16 --log-every 1 --json --mode fused --micro-batch 4 ";
 }

@@ -93,6 +93,18 @@ TEST(BenchPipeline, MeasuredStageBalancingKeepsTheResult) {
   EXPECT_EQ(test::json_number(test::json_line(r.output, "pipeline"), "wrong"), 0) << r.output;
 }
 
+// Counted FLOPs: 5 identical layers and the head on the last chunk give 3 + 2 layers, every run.
+TEST(BenchPipeline, CountedStageBalancingPutsTheHeadOnTheSmallerChunk) {
+  const test::CommandResult r = test::run_rlfusion(
+      kTiny + "--layers 5 --micro-batches 2 --virtual-stages 1 --balance counted", 2);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("counted forward+backward per layer (MFLOP)"), std::string::npos)
+      << r.output;
+  const std::string json = test::json_line(r.output, "pipeline");
+  EXPECT_NE(json.find("\"boundaries\":[0,3,5]"), std::string::npos) << json;
+  EXPECT_EQ(test::json_number(json, "wrong"), 0) << r.output;
+}
+
 TEST(BenchPipeline, TwoDataParallelPipelinesOnFourRanks) {
   const test::CommandResult r = test::run_rlfusion(
       kTiny + "--layers 4 --pipeline-parallel 2 --micro-batches 2 --virtual-stages 2", 4);

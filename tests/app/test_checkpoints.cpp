@@ -23,6 +23,7 @@
 #include "src/io/checkpoint.h"
 #include "src/io/durable_file.h"
 #include "src/model/model_config.h"
+#include "tests/app/fused_train_runs.h"
 #include "tests/app/json_output.h"
 #include "tests/app/read_parameters.h"
 #include "tests/app/run_rlfusion.h"
@@ -64,8 +65,8 @@ std::string summary_line(const std::string& output, const std::string& row) {
 // The same final weights, held-out accuracies and per-step rewards (summary rows).
 void expect_same_run(const CommandResult& straight, const std::string& straight_dir,
                      const CommandResult& resumed, const std::string& resumed_dir) {
-  EXPECT_EQ(test::read_tiny_parameters(straight_dir + "/model.h5"),
-            test::read_tiny_parameters(resumed_dir + "/model.h5"));
+  EXPECT_EQ(test::read_saved_parameters(straight_dir + "/model.h5"),
+            test::read_saved_parameters(resumed_dir + "/model.h5"));
   for (const char* key : {"heldout_accuracy_before_rl", "heldout_accuracy_after_rl"}) {
     EXPECT_EQ(test::json_number(straight.output, key), test::json_number(resumed.output, key))
         << key;
@@ -410,13 +411,15 @@ TEST(Checkpoint, FusedTensorParallelResumeIsBitExact) {
 // `data_parallel_ranks` (as many replicas, so the same samples and the same math) and the other
 // way round, ending where an uninterrupted run of the resuming layout does (within float rounding:
 // the two layouts sum in different orders).
-// `other`: the options of the other layout (default: none, plain data parallelism).
+// `other`: the options of the other layout (default: none, plain data parallelism); `run`: the
+// training run both layouts make (default kRun).
 void expect_resumes_in_data_parallel_and_back(const std::string& name,
                                               const std::string& model_parallel, int ranks,
                                               int data_parallel_ranks,
-                                              const std::string& other = "") {
-  const std::string data_parallel = kRun + "--mode fused " + other;
-  const std::string layout = kRun + "--mode fused " + model_parallel;
+                                              const std::string& other = "",
+                                              const std::string& run = kRun) {
+  const std::string data_parallel = run + "--mode fused " + other;
+  const std::string layout = run + "--mode fused " + model_parallel;
   for (const bool model_parallel_writes : {true, false}) {
     SCOPED_TRACE(model_parallel + (model_parallel_writes ? "-> DP" : "<- DP"));
     const std::string& writer = model_parallel_writes ? layout : data_parallel;
@@ -441,8 +444,8 @@ void expect_resumes_in_data_parallel_and_back(const std::string& name,
         << resumed.output;
     EXPECT_EQ(test::json_number(resumed.output, "heldout_accuracy_before_rl"),
               test::json_number(straight.output, "heldout_accuracy_before_rl"));
-    const std::vector<float> want = test::read_tiny_parameters(straight_dir + "/model.h5");
-    const std::vector<float> got = test::read_tiny_parameters(resumed_dir + "/model.h5");
+    const std::vector<float> want = test::read_saved_parameters(straight_dir + "/model.h5");
+    const std::vector<float> got = test::read_saved_parameters(resumed_dir + "/model.h5");
     ASSERT_EQ(got.size(), want.size());
     EXPECT_LT(test::nmse(got.data(), want.data(), want.size()), 1e-6);
   }
@@ -450,6 +453,18 @@ void expect_resumes_in_data_parallel_and_back(const std::string& name,
 
 TEST(Checkpoint, PipelineAndDataParallelCheckpointsResumeInEachOther) {
   expect_resumes_in_data_parallel_and_back("cross-pp", "--pipeline-parallel 2 ", 2, 2);
+}
+
+// Stage balancing (the 4-layer `tiny`, PP 2 cut 3 + 1 layers, the KL term on): the first pipeline
+// gathers its uneven stages into the whole-model file and a killed run resumes bit for bit; the
+// file of an even cut (2 + 2) resumes in the uneven one and the other way round, each stage
+// reading its layers by name (within float rounding of the resuming cut's straight run).
+TEST(Checkpoint, UnevenPipelineStagesResumeBitExactAndAcrossCuts) {
+  const std::string run = train_args(6, test::write_tiny4_model(temp_dir("tiny4")));
+  const std::string uneven = "--pipeline-parallel 2 --pipeline-balance 3,1 ";
+  expect_kill_and_resume_bit_exact("pipeline-uneven", 2, run + "--mode fused " + uneven, "data");
+  expect_resumes_in_data_parallel_and_back("cross-cut", uneven, 2, 2, "--pipeline-parallel 2 ",
+                                           run);
 }
 
 // PP x EP: every rank writes and reads its stage's layers with its experts' rows: PP 2 x EP 2 <->

@@ -4,7 +4,8 @@
 // its stages gathered for each rank's own samples). PP 2 on 2 ranks, PP 2 x DP 2 and PP 2 x EP 2
 // on 4 ranks train like the data-parallel fused run on as many ranks: the same reward every step,
 // the same KL within rounding and a saved whole model within float rounding; so does TP 2 x PP 2
-// on 4 ranks (TP inside the stages: the model replica is 4 ranks). (Checkpoints with PP and TP:
+// on 4 ranks (TP inside the stages: the model replica is 4 ranks), and PP 2 with uneven stages
+// (--pipeline-balance 3,1). (Checkpoints with PP and TP:
 // test_checkpoints.cpp.)
 #include <gtest/gtest.h>
 
@@ -50,20 +51,19 @@ const std::string kTensorPipeline = "--tensor-parallel 2 --pipeline-parallel 2 "
 // Runs `options` data-parallel and with `layout` (the model-parallel options) on each of
 // `ranks_list` (the same rank count: each rank generates the same block of prompts in both
 // layouts, and minibatch `k` is every rank's share `k`) and checks the model-parallel run against
-// the data-parallel one. `last_rows`: the last data-parallel run's rows.
-void expect_layout_trains_like_data_parallel(const std::string& name, const std::string& options,
-                                             const std::string& layout,
-                                             const std::vector<int>& ranks_list,
-                                             std::vector<StepRow>& last_rows) {
+// the data-parallel one. `last_rows`: the last data-parallel run's rows. `run`: the training run
+// both layouts make.
+void expect_layout_trains_like_data_parallel(
+    const std::string& name, const std::string& options, const std::string& layout,
+    const std::vector<int>& ranks_list, std::vector<StepRow>& last_rows,
+    const std::string& run = test::kModelParallelFusedRun) {
   for (const int ranks : ranks_list) {
     SCOPED_TRACE(name + " on " + std::to_string(ranks) + " ranks");
     const std::string dp_dir = test::fresh_temp_dir("pp-state-dp-" + name);
     const std::string dir = test::fresh_temp_dir("pp-state-" + name);
-    const Result dp =
-        test::run_rlfusion(test::kModelParallelFusedRun + options + "--run-dir " + dp_dir, ranks);
+    const Result dp = test::run_rlfusion(run + options + "--run-dir " + dp_dir, ranks);
     ASSERT_EQ(dp.exit_code, 0) << dp.output;
-    const Result pp = test::run_rlfusion(
-        test::kModelParallelFusedRun + options + layout + "--run-dir " + dir, ranks);
+    const Result pp = test::run_rlfusion(run + options + layout + "--run-dir " + dir, ranks);
     ASSERT_EQ(pp.exit_code, 0) << pp.output;
     last_rows = step_rows(dp.output);
     const std::vector<StepRow>& want = last_rows;
@@ -77,8 +77,8 @@ void expect_layout_trains_like_data_parallel(const std::string& name, const std:
     // After 6 x minibatches AdamW steps the saved whole model is the data-parallel run's up to
     // float rounding (another minibatch split, a reference of other weights or a KL term left
     // out is off by orders more).
-    const std::vector<float> dp_model = test::read_tiny_parameters(dp_dir + "/model.h5");
-    const std::vector<float> pp_model = test::read_tiny_parameters(dir + "/model.h5");
+    const std::vector<float> dp_model = test::read_saved_parameters(dp_dir + "/model.h5");
+    const std::vector<float> pp_model = test::read_saved_parameters(dir + "/model.h5");
     ASSERT_EQ(pp_model.size(), dp_model.size());
     EXPECT_LT(test::nmse(pp_model.data(), dp_model.data(), dp_model.size()), 1e-6);
   }
@@ -109,12 +109,14 @@ TEST(PipelineParallelState, UnequalMinibatchesTrainLikeTheDataParallelFusedRun) 
                                           {2}, rows);
 }
 
-// A KL term with `layout` on each of `ranks_list`: the reference stays the warm-started policy, so
-// the KL column is zero at step 1 and grows after.
-void expect_kl_term_trains_like_data_parallel(const std::string& name, const std::string& layout,
-                                              const std::vector<int>& ranks_list) {
+// A KL term with `layout` on each of `ranks_list` (with `options` more, in `run`): the reference
+// stays the warm-started policy, so the KL column is zero at step 1 and grows after.
+void expect_kl_term_trains_like_data_parallel(
+    const std::string& name, const std::string& layout, const std::vector<int>& ranks_list,
+    const std::string& options = "", const std::string& run = test::kModelParallelFusedRun) {
   std::vector<StepRow> rows;
-  expect_layout_trains_like_data_parallel(name, "--kl-coef 0.05 ", layout, ranks_list, rows);
+  expect_layout_trains_like_data_parallel(name, "--kl-coef 0.05 " + options, layout, ranks_list,
+                                          rows, run);
   ASSERT_EQ(rows.size(), 6u);
   EXPECT_GT(rows.back().kl, 0.0) << "the KL term never moved: the comparison would not see it";
 }
@@ -122,6 +124,16 @@ void expect_kl_term_trains_like_data_parallel(const std::string& name, const std
 // Every stage's reference holds only its layers.
 TEST(PipelineParallelState, KlTermTrainsLikeTheDataParallelFusedRun) {
   expect_kl_term_trains_like_data_parallel("kl", kPipeline, {2, 4});
+}
+
+// Uneven stages (--pipeline-balance 3,1 on the 4-layer `tiny`) with 2 minibatches and a KL term:
+// each stage's reference holds its 3 or 1 layers.
+TEST(PipelineParallelState, UnevenStagesWithMinibatchesAndKlTrainLikeTheDataParallelFusedRun) {
+  std::string run = test::kModelParallelFusedRun;
+  run.replace(run.find("--model tiny "), 13,
+              "--model " + test::write_tiny4_model(test::fresh_temp_dir("pp-state-tiny4")) + " ");
+  expect_kl_term_trains_like_data_parallel(
+      "uneven", "--pipeline-parallel 2 --pipeline-balance 3,1 ", {2}, "--minibatches 2 ", run);
 }
 
 // The same with expert parallelism inside the stages (PP 2 x EP 2 on 4 ranks): the reference's

@@ -5,7 +5,8 @@
 // the borrowed layers, training stage by stage under 1F1B): the same held-out accuracy before and
 // after RL, the same reward every step, and a saved whole model within float rounding of it. The
 // pipeline's samples come through DistQueue, one get per pipeline and shard each step. Shapes and
-// combinations that do not fit stop every rank with exit code 2 before any output. (Several
+// combinations that do not fit stop every rank with exit code 2 before any output. Stage balancing
+// (--pipeline-balance: uneven chunks) trains like the data-parallel run too. (Several
 // minibatches, a KL term and checkpoints with PP: test_pipeline_parallel_state.cpp and
 // test_checkpoints.cpp.)
 #include <gtest/gtest.h>
@@ -124,6 +125,50 @@ TEST(PipelineParallelTrain, InterleavedScheduleTrainsLikeTheDataParallelFusedRun
   test::expect_trains_like(dp, dp_dir, pp, pp_dir, 3);
 }
 
+// Stage balancing (--pipeline-balance) on the 4-layer `tiny` over PP 2: pinned at 3 + 1 layers
+// (the head's stage holds one), by counted FLOPs and by measured times on 2 ranks, and pinned
+// uneven cuts with EP 2 (3 + 1) and TP 2 (1 + 3) inside the stages on 4 ranks. Each cut trains
+// like the data-parallel run (its rewards at every step and its saved model within float
+// rounding: a layer trained on the wrong stage or lost at the boundary is off by far more), and the
+// log and summary.json give the layers per chunk (what pins a measured cut) and each stage's
+// compute time.
+TEST(PipelineParallelTrain, BalancedStagesTrainLikeTheDataParallelFusedRun) {
+  const std::string run = test::interleaved_fused_run(temp_dir("model-balance"));
+  const std::string dp_dir = temp_dir("dp-balance");
+  const Result dp = test::run_rlfusion(run + "--run-dir " + dp_dir, 2);
+  ASSERT_EQ(dp.exit_code, 0) << dp.output;
+  struct Cut {
+    int ranks;
+    std::string balance, options;
+  };
+  for (const Cut& cut :
+       {Cut{2, "3,1", ""}, Cut{2, "counted", ""}, Cut{2, "measured", ""},
+        Cut{4, "3,1", "--expert-parallel 2 "}, Cut{4, "1,3", "--tensor-parallel 2 "}}) {
+    const std::string& balance = cut.balance;
+    SCOPED_TRACE(balance + " " + cut.options);
+    const std::string dir = temp_dir("pp-balance");
+    const Result pp = test::run_rlfusion(run + "--pipeline-parallel 2 " + cut.options +
+                                             "--pipeline-balance " + balance + " --run-dir " + dir,
+                                         cut.ranks);
+    ASSERT_EQ(pp.exit_code, 0) << pp.output;
+    const size_t at = pp.output.find("\"pipeline_layers_per_chunk\":[");
+    ASSERT_NE(at, std::string::npos) << pp.output;
+    const std::string layers = pp.output.substr(at + 29, pp.output.find(']', at) - at - 29);
+    // (Counted: 4 identical layers and a head of 32 words weigh 2 + 2.)
+    const std::string want = balance == "counted" ? "2,2" : balance;
+    if (balance != "measured") {
+      EXPECT_EQ(layers, want);
+    }
+    EXPECT_NE(
+        pp.output.find("layers per chunk " + layers + " (--pipeline-balance " + balance + ")"),
+        std::string::npos)
+        << pp.output;
+    EXPECT_NE(pp.output.find("\"pipeline_balance\":\"" + balance + "\""), std::string::npos);
+    EXPECT_NE(pp.output.find("\"pipeline_stage_compute_seconds\":["), std::string::npos);
+    test::expect_trains_like(dp, dp_dir, pp, dir, 3);
+  }
+}
+
 TEST(PipelineParallelTrain, ShapesThatDoNotFitStopEveryRankBeforeOutput) {
   test::expect_stops_before_output(
       {
@@ -135,7 +180,28 @@ TEST(PipelineParallelTrain, ShapesThatDoNotFitStopEveryRankBeforeOutput) {
           {2, "--pipeline-parallel 2 --micro-batches 40",
            "--micro-batches 40: a pipeline trains only 32 samples per step"},
           {2, "--virtual-stages 2",
-           "--virtual-stages and --micro-batches need --pipeline-parallel 2 or more"},
+           "--virtual-stages, --micro-batches and --pipeline-balance need --pipeline-parallel 2 "
+           "or more"},
+          {2, "--pipeline-balance counted",
+           "--virtual-stages, --micro-batches and --pipeline-balance need --pipeline-parallel 2 "
+           "or more"},
+          {2, "--pipeline-parallel 2 --pipeline-balance 2",
+           "--pipeline-balance '2': needs one layer count per model chunk (--pipeline-parallel x "
+           "--virtual-stages = 2), got 1"},
+          {2, "--pipeline-parallel 2 --pipeline-balance 2,0",
+           "--pipeline-balance '2,0': every model chunk needs at least one layer"},
+          {2, "--pipeline-parallel 2 --pipeline-balance 2,1",
+           "--pipeline-balance 2,1: the chunks hold 3 layers, the model has 2"},
+          {2, "--pipeline-parallel 2 --pipeline-balance fastest",
+           "--pipeline-balance 'fastest': expected uniform, counted, measured or the layers of "
+           "each model chunk"},
+          {2, "--pipeline-parallel 2 --pipeline-balance 1,x",
+           "--pipeline-balance '1,x': expected uniform, counted, measured"},
+          {2,
+           "--pipeline-parallel 2 --virtual-stages 2 --micro-batches 2 --pipeline-balance "
+           "counted",
+           "--pipeline-balance counted: --pipeline-parallel 2 x --virtual-stages 2 = 4 model "
+           "chunks must not exceed the model's 2 layers"},
           {2, "--mode disaggregated --pipeline-parallel 2",
            "--pipeline-parallel 2 is not supported outside --mode fused"},
           {2, "--pipeline-parallel 2 --expert-parallel 2",

@@ -80,6 +80,13 @@ TEST(StageBalance, TheHeadMovesLayersToEarlierStages) {
   EXPECT_EQ(chunk_costs(c, {0, 5, 8}), (std::vector<double>{5.0, 5.0}));
 }
 
+TEST(StageBalance, LayersPerChunkAndChunkBoundariesAreInverse) {
+  EXPECT_EQ(chunk_boundaries({3, 1}), (std::vector<int>{0, 3, 4}));
+  EXPECT_EQ(layers_per_chunk({0, 3, 4}), "3,1");
+  EXPECT_EQ(layers_per_chunk(chunk_boundaries({1, 2, 3, 1})), "1,2,3,1");
+  EXPECT_EQ(layers_per_chunk(uniform_boundaries(8, 4)), "2,2,2,2");
+}
+
 TEST(StageBalance, BadChunkCountsThrow) {
   LayerCosts c;
   c.layer.assign(3, 1.0);

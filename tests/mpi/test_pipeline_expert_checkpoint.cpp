@@ -37,17 +37,17 @@ namespace {
 using Case = test::PipelineExpertCase;
 
 // PP x EP x DP layouts (DP = world / PP, a multiple of EP) of every world size the suite runs,
-// each with P micro-batches (unused: no step runs).
+// each with P micro-batches (unused: no step runs), and uneven chunks (stage balancing).
 std::vector<Case> cases_for(int world) {
   switch (world) {
     case 1:
       return {{1, 1, 1, 1}};
     case 2:
-      return {{2, 1, 1, 2}, {1, 2, 1, 1}};
+      return {{2, 1, 1, 2}, {1, 2, 1, 1}, {2, 1, 1, 2, {1, 3}}};
     case 4:
-      return {{2, 2, 1, 2}, {2, 2, 2, 2}, {1, 2, 1, 1}};
+      return {{2, 2, 1, 2}, {2, 2, 2, 2}, {1, 2, 1, 1}, {2, 2, 1, 2, {3, 1}}};
     case 6:
-      return {{3, 2, 1, 3}, {2, 3, 1, 2}, {2, 3, 2, 2}};
+      return {{3, 2, 1, 3}, {2, 3, 1, 2}, {2, 3, 2, 2}, {3, 2, 1, 3, {1, 1, 2}}};
     default:
       return {};
   }
@@ -94,7 +94,7 @@ void check_checkpoint(const Case& c) {
   if (c.stages > 1) {
     pipeline = std::make_unique<PipelineGroups>(
         MPI_COMM_WORLD, PipelineShape{c.stages, c.micro_batches, c.virtual_stages}, config, links,
-        nullptr, c.ep);
+        nullptr, c.ep, test::case_boundaries(c));
   }
   HierarchicalComm world_comm = make_hierarchical(MPI_COMM_WORLD, links);
   std::unique_ptr<RoleExpertParallel> ep;

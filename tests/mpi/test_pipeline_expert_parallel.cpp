@@ -10,7 +10,7 @@
 // router statistics). The layout switch to generation assembles every layer with the pipeline's
 // experts bit for bit with counted bytes, and that model, generating collectively over the EP
 // group, gives the single-rank logits. AdamW per stage with the clipping norm over pipeline x EP
-// takes the single-rank clipped steps.
+// takes the single-rank clipped steps. Also with uneven chunks (stage balancing's boundaries).
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -50,11 +50,16 @@ std::vector<Case> cases_for(int world) {
     case 1:
       return {{1, 1, 2, 2}};
     case 2:
-      return {{1, 2, 1, 2}, {2, 1, 1, 2}};
+      return {{1, 2, 1, 2}, {2, 1, 1, 2}, {2, 1, 1, 2, {3, 1}}};
     case 4:
-      return {{2, 2, 1, 2}, {2, 2, 2, 4}, {1, 2, 1, 3}, {2, 1, 1, 3}};
+      return {{2, 2, 1, 2}, {2, 2, 2, 4}, {1, 2, 1, 3}, {2, 1, 1, 3}, {2, 2, 1, 2, {1, 3}}};
     case 6:
-      return {{3, 2, 1, 3}, {2, 3, 1, 2}, {2, 3, 2, 4}, {1, 3, 1, 2}};
+      return {{3, 2, 1, 3},
+              {2, 3, 1, 2},
+              {2, 3, 2, 4},
+              {1, 3, 1, 2},
+              {3, 2, 1, 3, {2, 1, 3}},
+              {2, 3, 2, 4, {1, 2, 2, 1}}};
     default:
       return {};
   }
@@ -70,7 +75,7 @@ struct PipelineExpertRank {
   PipelineExpertRank(const Case& c, const ModelConfig& config)
       : links(test::virtual_node_list(test::world_size(), 1), {}),
         groups(MPI_COMM_WORLD, {c.stages, c.micro_batches, c.virtual_stages}, config, links,
-               nullptr, c.ep) {
+               nullptr, c.ep, test::case_boundaries(c)) {
     if (c.ep > 1) {
       ep = std::make_unique<RoleExpertParallel>(groups.data_parallel(), links, config.n_experts,
                                                 c.ep, DispatchMode::Flat);

@@ -154,6 +154,24 @@ TEST(PipelineLayoutSwitch, ShapesThatDoNotFitStopEveryRank) {
         PipelineGroups(MPI_COMM_WORLD, {1, 1, 2}, config, links);
       },
       "--pipeline-parallel 1 x --virtual-stages 2 = 2 model chunks must divide the model's 3");
+  // Chunk boundaries (stage balancing) need not cut equal chunks, but must cut the layers.
+  EXPECT_NO_THROW(PipelineGroups(MPI_COMM_WORLD, {1, 1, 2}, config, links, nullptr, 1, {0, 2, 3}));
+  test::expect_config_error_everywhere(
+      [&] {
+        PipelineGroups(MPI_COMM_WORLD, {1, 1, 2}, config, links, nullptr, 1, {0, 1, 2, 3});
+      },
+      "--pipeline-balance 1,1,1: needs one layer count per model chunk, --pipeline-parallel 1 x "
+      "--virtual-stages 2 = 2, got 3");
+  test::expect_config_error_everywhere(
+      [&] {
+        PipelineGroups(MPI_COMM_WORLD, {1, 1, 2}, config, links, nullptr, 1, {0, 3, 3});
+      },
+      "--pipeline-balance 3,0: every chunk needs at least one layer");
+  test::expect_config_error_everywhere(
+      [&] {
+        PipelineGroups(MPI_COMM_WORLD, {1, 1, 2}, config, links, nullptr, 1, {0, 1, 2});
+      },
+      "--pipeline-balance 1,1: the chunks hold 2 layers, the model has 3");
 }
 
 // Block `block` of a pipeline's samples: `count` short rollouts over the micro model's vocabulary,

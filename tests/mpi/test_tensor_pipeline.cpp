@@ -6,7 +6,9 @@
 // single-rank model's; the layout switch to data-parallel generation assembles exactly the
 // single-rank model, moves exactly the bytes a rank lacks and leaves the slice bit for bit as it
 // was; AdamW over the slices, its clipping norm counting every element once, takes the
-// single-rank model's clipped steps. Shapes that do not fit stop every rank with the same error.
+// single-rank model's clipped steps; also with uneven chunks (stage balancing's boundaries, as
+// `train --pipeline-balance` cuts them, TP 1 and 2). Shapes that do not fit stop every rank with
+// the same error.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -16,6 +18,7 @@
 
 #include "kernels/arena.h"
 #include "mpi_comm/links.h"
+#include "src/balance/stage_balance.h"
 #include "src/model/optimizer.h"
 #include "src/model/pipeline_stage.h"
 #include "src/model/tensor_parallel.h"
@@ -34,32 +37,64 @@ namespace {
 
 struct Case {
   int tp, stages, virtual_stages, micro_batches;
+  // Layers of each chunk in virtual-stage order (stage balancing); empty: 2 per chunk.
+  std::vector<int> layers_per_chunk = {};
 };
 
 std::string case_name(const Case& c) {
-  return "TP " + std::to_string(c.tp) + " x PP " + std::to_string(c.stages) +
-         " v=" + std::to_string(c.virtual_stages) + " m=" + std::to_string(c.micro_batches);
+  std::string name = "TP " + std::to_string(c.tp) + " x PP " + std::to_string(c.stages) +
+                     " v=" + std::to_string(c.virtual_stages) +
+                     " m=" + std::to_string(c.micro_batches);
+  if (!c.layers_per_chunk.empty()) name += " layers per chunk";
+  for (int layers : c.layers_per_chunk) {
+    name += ' ';
+    name += std::to_string(layers);
+  }
+  return name;
+}
+
+// The chunk boundaries of an uneven case (empty: PipelineGroups' equal chunks).
+std::vector<int> boundaries_of(const Case& c) {
+  return c.layers_per_chunk.empty() ? std::vector<int>{} : chunk_boundaries(c.layers_per_chunk);
 }
 
 // TP x PP x DP layouts of every world size the suite runs (DP = world / (TP x PP)).
 std::vector<Case> cases_for(int world) {
   switch (world) {
     case 1:
-      return {{1, 1, 2, 2}};
+      return {{1, 1, 2, 2}, {1, 1, 2, 2, {3, 1}}};
     case 2:
-      return {{2, 1, 1, 2}, {1, 2, 1, 2}, {2, 1, 2, 2}};
+      return {{2, 1, 1, 2},
+              {1, 2, 1, 2},
+              {2, 1, 2, 2},
+              {1, 2, 1, 2, {3, 1}},
+              {1, 2, 2, 2, {1, 3, 2, 1}}};
     case 4:
-      return {{2, 2, 1, 2}, {2, 2, 2, 4}, {2, 1, 1, 3}, {2, 2, 1, 3}};
+      return {{2, 2, 1, 2},
+              {2, 2, 2, 4},
+              {2, 1, 1, 3},
+              {2, 2, 1, 3},
+              {1, 4, 1, 4, {2, 1, 1, 3}},
+              {2, 2, 1, 2, {1, 3}},
+              {1, 2, 1, 3, {3, 2}}};
     case 6:
-      return {{2, 3, 1, 3}, {3, 2, 1, 2}, {2, 1, 2, 2}, {3, 2, 2, 4}};
+      return {{2, 3, 1, 3},
+              {3, 2, 1, 2},
+              {2, 1, 2, 2},
+              {3, 2, 2, 4},
+              {1, 3, 1, 3, {1, 2, 3}},
+              {2, 3, 1, 3, {2, 1, 1}},
+              {1, 2, 2, 2, {2, 1, 1, 3}}};
     default:
       return {};
   }
 }
 
-// 2 p v layers.
+// 2 p v layers, or the uneven chunks' sum.
 ModelConfig model_for(const Case& c) {
-  return test::tensor_parallel_micro_config(2 * c.stages * c.virtual_stages);
+  const std::vector<int> boundaries = boundaries_of(c);
+  return test::tensor_parallel_micro_config(boundaries.empty() ? 2 * c.stages * c.virtual_stages
+                                                               : boundaries.back());
 }
 
 // The layers of one pipeline stage, TP-sliced, over the groups of a case.
@@ -72,7 +107,8 @@ struct TensorPipelineRank {
   TensorPipelineRank(const Case& c, const ModelConfig& config)
       : links(test::virtual_node_list(test::world_size(), 1), {}),
         tp(MPI_COMM_WORLD, c.tp, /*attention_only=*/false, config, links),
-        groups(MPI_COMM_WORLD, {c.stages, c.micro_batches, c.virtual_stages}, config, links, &tp),
+        groups(MPI_COMM_WORLD, {c.stages, c.micro_batches, c.virtual_stages}, config, links, &tp,
+               /*expert_parallel=*/1, boundaries_of(c)),
         stage_whole(groups.stage_layout(groups.stage())) {}
 
   Transformer<float> make_stage(const ModelConfig& config, Arena& device) const {
@@ -101,6 +137,17 @@ void check_step(const Case& c) {
   const PipelineGroups& groups = rank.groups;
   ASSERT_EQ(groups.model_parallel().size(), c.tp * c.stages);
   ASSERT_EQ(groups.replicas(), world / (c.tp * c.stages));
+  if (!c.layers_per_chunk.empty()) {
+    // Chunk k of this stage is virtual stage k p + stage: that entry of the layer list.
+    const std::vector<int> b = boundaries_of(c);
+    const std::vector<LayerRange> chunks = groups.chunks(groups.stage());
+    ASSERT_EQ(int(chunks.size()), c.virtual_stages);
+    for (int k = 0; k < c.virtual_stages; ++k) {
+      const size_t s = size_t(k * c.stages + groups.stage());
+      EXPECT_EQ(chunks[size_t(k)].first, b[s]) << "chunk " << k;
+      EXPECT_EQ(chunks[size_t(k)].last, b[s + 1]) << "chunk " << k;
+    }
+  }
   Arena device("stage", 16 << 20);
   Transformer<float> stage = rank.make_stage(config, device);
   stage.initialize(seed);
