@@ -123,7 +123,8 @@ void validate(const RebalanceOptions& o, int learner_expert_parallel) {
       throw ConfigError(
           "--rebalance-cluster gives counted rates: it cannot go with --rebalance-rates measured");
     }
-    counted_rebalance_rates(o, std::max(learner_expert_parallel, 1));  // reads and checks it
+    const int ep_degree = std::max(learner_expert_parallel, 1);
+    counted_rebalance_rates(o, ep_degree, ep_degree);  // reads and checks it
   }
   if (o.every == 0) return;
   if (learner_expert_parallel < 2) {
@@ -134,18 +135,32 @@ void validate(const RebalanceOptions& o, int learner_expert_parallel) {
   }
 }
 
-RebalanceRates counted_rebalance_rates(const RebalanceOptions& o, int ep_degree) {
+RebalanceRates counted_rebalance_rates(const RebalanceOptions& o, int ep_degree,
+                                       int ranks_per_node) {
   RebalanceRates rates;
   if (o.cluster.empty()) return rates;
   const sim::ClusterConfig cluster = sim::load_cluster_config(o.cluster);
   cluster.validate(o.cluster);
   rates.flops = cluster.matmul_flops;
-  rates.link_bandwidth = cluster.link(cluster.level_spanned(ep_degree)).bandwidth;
-  if (!(rates.flops > 0) || !(rates.link_bandwidth > 0)) {
+  rates.intra_node_bandwidth = cluster.link(cluster.level_spanned(ranks_per_node)).bandwidth;
+  rates.inter_node_bandwidth = cluster.link(cluster.level_spanned(ep_degree)).bandwidth;
+  if (!(rates.flops > 0) || !(rates.intra_node_bandwidth > 0) ||
+      !(rates.inter_node_bandwidth > 0)) {
     throw ConfigError("--rebalance-cluster '" + o.cluster +
                       "': matmul_flops and the link bandwidth must be > 0");
   }
   return rates;
+}
+
+ExpertCluster ep_cluster(const HierarchicalComm& ep_group, int slots_per_rank) {
+  const int ranks = ep_group.size(), nodes = ep_group.node_count();
+  const ExpertCluster one_node{1, ranks, slots_per_rank};
+  if (nodes <= 1 || ranks % nodes != 0) return one_node;
+  const int per_node = ranks / nodes;
+  for (int r = 0; r < ranks; ++r) {
+    if (ep_group.leader_index_of[size_t(r)] != r / per_node) return one_node;
+  }
+  return {nodes, per_node, slots_per_rank};
 }
 
 std::string describe_router_skew(const RebalanceOptions& o) {
@@ -185,9 +200,10 @@ TrainRebalancer::TrainRebalancer(const RebalanceOptions& options, RoleExpertPara
   if (reference_ && reference_->layout().total() != model.layout().total()) {
     throw std::logic_error("TrainRebalancer: the reference stores other experts than the policy");
   }
-  // One node: the planner charges every transfer at the one link rate. With redundant
-  // slots its proposals replicate the hot experts (place_two_level, incremental_moves).
-  cluster_ = {1, ep.degree(), ep.local_slots()};
+  // The EP group's nodes: moves inside a node are charged the intra-node link, moves between
+  // nodes the inter-node one. With redundant slots the proposals replicate the hot experts
+  // (place_two_level, incremental_moves).
+  cluster_ = ep_cluster(ep.ep_group(), ep.local_slots());
   // (Of the whole model's layout: every layer's experts are alike, and a pipeline stage may not
   // store layer 0.)
   bytes_per_expert_ = expert_bytes(ParameterLayout(c), reference_ ? 4 : 3);
@@ -205,12 +221,24 @@ TrainRebalancer::TrainRebalancer(const RebalanceOptions& options, RoleExpertPara
   // Every learner plans with the same free memory (pipeline stages use different amounts).
   MPI_Allreduce(MPI_IN_PLACE, &arena_bytes_, 1, MPI_DOUBLE, MPI_MIN, learners_.comm);
   if (measured_) {
-    link_rate_ = measure_link_rate();
-  } else {
-    const RebalanceRates rates = counted_rebalance_rates(options_, ep.degree());
-    link_rate_ = rates.link_bandwidth;
-    flops_ = rates.flops;
+    // One rate for both levels: the ring crosses the nodes, so it is the slowest link's.
+    intra_link_rate_ = inter_link_rate_ = measure_link_rate();
+    return;
   }
+  const RebalanceRates rates =
+      counted_rebalance_rates(options_, ep.degree(), cluster_.devices_per_node);
+  flops_ = rates.flops;
+  intra_link_rate_ = rates.intra_node_bandwidth;
+  // Emulated inter-node messages take their delay on top of the transfer itself (one message
+  // per expert).
+  const double inter_seconds = bytes_per_expert_ / rates.inter_node_bandwidth +
+                               ep.links().emulation().delay_seconds(uint64_t(bytes_per_expert_));
+  inter_link_rate_ = bytes_per_expert_ / inter_seconds;
+  // A group over nodes of unequal shares is planned as one node at the slower rate.
+  const std::vector<int>& node_of_rank = ep.ep_group().leader_index_of;
+  const bool spans_nodes =
+      std::any_of(node_of_rank.begin(), node_of_rank.end(), [](int node) { return node > 0; });
+  if (cluster_.nodes == 1 && spans_nodes) intra_link_rate_ = inter_link_rate_;
 }
 
 double TrainRebalancer::seconds_per_token() const {
@@ -278,16 +306,21 @@ std::string TrainRebalancer::describe() const {
                   options_.cluster.empty() ? "default rates" : options_.cluster.c_str());
   }
   const std::string rates_text = rates;
-  char line[640];
+  char cluster[200];
+  std::snprintf(cluster, sizeof cluster,
+                "the EP group planned as %d node(s) x %d EP ranks, %.3f GB/s between nodes",
+                cluster_.nodes, cluster_.devices_per_node, inter_link_rate_ / 1e9);
+  const std::string cluster_text = cluster;
+  char line[800];
   std::snprintf(line, sizeof line,
                 "# rebalancing: every %d steps, horizon %d steps, migrate when gain > %g x cost; "
                 "EMA %g, one placement per layer; one expert of one layer (weights + AdamW "
-                "moments%s) %.3f MB over the %s link at %.3f GB/s; routed tokens charged at %s; %d "
-                "redundant slot(s) per EP rank for replicas of hot experts\n",
+                "moments%s) %.3f MB over the %s link at %.3f GB/s (%s); routed tokens charged at "
+                "%s; %d redundant slot(s) per EP rank for replicas of hot experts\n",
                 options_.every, options_.horizon, options_.min_gain_ratio, options_.smoothing,
                 reference_ ? " + reference" : "", bytes_per_expert_ / 1e6,
-                measured_ ? "measured" : "counted", link_rate_ / 1e9, rates_text.c_str(),
-                ep_.redundant_slots());
+                measured_ ? "measured" : "counted", intra_link_rate_ / 1e9, cluster_text.c_str(),
+                rates_text.c_str(), ep_.redundant_slots());
   return line;
 }
 
@@ -317,23 +350,16 @@ std::vector<std::vector<double>> TrainRebalancer::take_router_loads(int step) {
   return loads;
 }
 
-MigrationPlan TrainRebalancer::plan(const Placement& current,
-                                    const std::vector<double>& predicted) const {
+MigrationOptions TrainRebalancer::migration_options() const {
   MigrationOptions m;
   m.bytes_per_expert = bytes_per_expert_;
-  m.intra_node_bandwidth = m.inter_node_bandwidth = link_rate_;
+  m.intra_node_bandwidth = intra_link_rate_;
+  m.inter_node_bandwidth = inter_link_rate_;
   m.arena_bytes = arena_bytes_;
   m.seconds_per_token = seconds_per_token();
   m.horizon = options_.horizon;
   m.min_gain_ratio = options_.min_gain_ratio;
-  std::vector<Placement> proposals;
-  // Each proposal holds an expert at most once per EP rank (the dispatcher's rule); the check
-  // guards the table the dispatchers would refuse.
-  for (Placement& moved : incremental_moves(current, predicted, m, current.experts))
-    if (moved.one_copy_per_device()) proposals.push_back(std::move(moved));
-  Placement fresh = align_to(place_two_level(predicted, cluster_), current);
-  if (fresh.one_copy_per_device()) proposals.push_back(std::move(fresh));
-  return best_plan(current, proposals, predicted, m);
+  return m;
 }
 
 std::string TrainRebalancer::end_of_step(int step, double step_seconds) {
@@ -368,7 +394,8 @@ std::string TrainRebalancer::end_of_step(int step, double step_seconds) {
   double busiest_before = 0, busiest_after = 0, mean = 0;
   for (int l = 0; l < L; ++l) {
     const std::vector<double> predicted = predictors_[size_t(l)].predict(options_.horizon);
-    const MigrationPlan decided = plan(current[size_t(l)], predicted);
+    const MigrationPlan decided =
+        plan_rebalance(current[size_t(l)], predicted, migration_options(), E);
     const std::vector<double> before = current[size_t(l)].device_loads(predicted);
     busiest_before += max_of(before);
     mean += mean_of(before);
