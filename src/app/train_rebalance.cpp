@@ -350,6 +350,40 @@ std::vector<std::vector<double>> TrainRebalancer::take_router_loads(int step) {
   return loads;
 }
 
+std::string TrainRebalancer::place_generation(int step, RoleExpertParallel& generation) const {
+  if (options_.every == 0 || step % options_.every != 0 || predictors_.empty() ||
+      predictors_.front().steps_observed() == 0) {
+    return "";
+  }
+  const int E = model_.config().n_experts, L = int(predictors_.size());
+  const ExpertCluster cluster = ep_cluster(generation.ep_group(), generation.local_slots());
+  const Placement by_id = placement_of(default_slot_experts(E, generation.degree(), 0), E, cluster);
+  std::vector<std::vector<int>> tables;
+  double busiest_before = 0, busiest_after = 0, mean = 0;
+  int replaced = 0;
+  for (int l = 0; l < L; ++l) {
+    const std::vector<double> predicted = predictors_[size_t(l)].predict(options_.horizon);
+    const Placement fresh = align_to(place_two_level(predicted, cluster), by_id);
+    const std::vector<double> before = by_id.device_loads(predicted);
+    const double after = max_of(fresh.device_loads(predicted));
+    const bool better = after < max_of(before);
+    tables.push_back(better ? fresh.slot_expert : by_id.slot_expert);
+    replaced += better;
+    busiest_before += max_of(before);
+    busiest_after += better ? after : max_of(before);
+    mean += mean_of(before);
+  }
+  generation.adopt_slots(tables, L);
+  char line[300];
+  std::snprintf(line, sizeof line,
+                "# generation placement after step %d: %d of %d layers re-placed on %d generation "
+                "EP ranks; predicted max/mean generation EP-rank load (busiest per layer, summed) "
+                "%.3f at the default placement -> %.3f\n",
+                step, replaced, L, generation.degree(), mean > 0 ? busiest_before / mean : 1.0,
+                mean > 0 ? busiest_after / mean : 1.0);
+  return line;
+}
+
 MigrationOptions TrainRebalancer::migration_options() const {
   MigrationOptions m;
   m.bytes_per_expert = bytes_per_expert_;

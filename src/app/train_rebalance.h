@@ -107,6 +107,16 @@ class TrainRebalancer {
   // `every` steps decides and maybe migrates. Returns a log line for a migration, else "".
   std::string end_of_step(int step, double step_seconds);
 
+  // Fused mode with a generation layout of its own (`generation`: its EP group, no replicas):
+  // after a decision step (the steps end_of_step decides at), places every layer's experts for
+  // generation from the same predicted loads (place_two_level on the generation group's nodes,
+  // renumbered to keep experts at their default slots where it can; a layer keeps the default
+  // placement unless that lowers its busiest generation EP rank) and gives `generation` the
+  // tables (its dispatchers route by them; the layout switch follows them). Generation computes
+  // the same rows either way, only on other ranks. Returns a log line with the predicted max/mean
+  // generation EP-rank load before and after ("" when no decision was due).
+  std::string place_generation(int step, RoleExpertParallel& generation) const;
+
   int migrations() const { return migrations_; }
   bool rebalancing() const { return options_.every > 0; }
   // The predictors and interval accumulators, for checkpoints; restore() continues from them
