@@ -82,8 +82,9 @@ po::options_description rebalance_options_description(RebalanceOptions& o) {
       "from run to run, not reproducible)");
   add("rebalance-cluster", po::value(&o.cluster),
       "with counted rates: a cluster file (e.g. from `rlfusion bench calibrate`) whose "
-      "matmul_flops and link bandwidth (of the level an EP group spans) the rebalancer charges; "
-      "default: 20 GFLOP/s per EP rank and a 2 GB/s link");
+      "matmul_flops and link bandwidths (inside a node: the level a node's EP ranks span; between "
+      "nodes: the level the EP group spans) the rebalancer charges; default: 20 GFLOP/s per EP "
+      "rank and a 2 GB/s link");
   return d;
 }
 

@@ -43,8 +43,8 @@ struct RebalanceOptions {
   // --rebalance-rates: "counted" (fixed rates: reproducible) or "measured" (timed: not).
   std::string rates = "counted";
   // --rebalance-cluster: a cluster file (src/sim/cluster.h, e.g. from `rlfusion bench calibrate`)
-  // whose compute rate and link (the level an EP group spans) the counted rates take; "": the
-  // default rates.
+  // whose compute rate and links (inside a node: the level a node's EP ranks span; between nodes:
+  // the level the EP group spans) the counted rates take; "": the default rates.
   std::string cluster;
 };
 

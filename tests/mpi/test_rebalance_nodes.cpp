@@ -3,7 +3,7 @@
 // of 2 EP ranks, moves between nodes are charged the emulated inter-node rate, and its decision
 // after one step of known router counts is the single-process plan_rebalance on that cluster
 // (at 4 ranks: the two-level placement on 2 nodes itself), the same tables on every rank. A group
-// whose nodes hold unequal shares is planned as one node.
+// whose nodes hold unequal shares is planned as one node; a cluster file gives each level its link.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -131,6 +131,20 @@ TEST(RebalanceNodes, UnequalNodesArePlannedAsOneNode) {
     EXPECT_DOUBLE_EQ(m.intra_node_bandwidth, m.inter_node_bandwidth);
   }
   free_hierarchical(world);
+}
+
+// A cluster file's two links: inside a node the level a node's EP ranks span, between nodes the
+// level the whole EP group spans (CloudMatrix: 392 GB/s inside a supernode of 384 devices, 50 GB/s
+// between supernodes).
+TEST(RebalanceNodes, ACountedClusterFileGivesEachLevelItsLink) {
+  RebalanceOptions options;
+  options.cluster = "cloudmatrix-384";
+  const RebalanceRates spanning = counted_rebalance_rates(options, 768, 384);
+  EXPECT_EQ(spanning.intra_node_bandwidth, 392e9);
+  EXPECT_EQ(spanning.inter_node_bandwidth, 50e9);
+  const RebalanceRates inside = counted_rebalance_rates(options, 16, 8);
+  EXPECT_EQ(inside.intra_node_bandwidth, 392e9);
+  EXPECT_EQ(inside.inter_node_bandwidth, 392e9);
 }
 
 }  // namespace
