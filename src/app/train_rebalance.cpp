@@ -221,18 +221,22 @@ TrainRebalancer::TrainRebalancer(const RebalanceOptions& options, RoleExpertPara
   if (options_.every == 0) return;
   // Every learner plans with the same free memory (pipeline stages use different amounts).
   MPI_Allreduce(MPI_IN_PLACE, &arena_bytes_, 1, MPI_DOUBLE, MPI_MIN, learners_.comm);
+  double inter_bandwidth = 0;
   if (measured_) {
-    // One rate for both levels: the ring crosses the nodes, so it is the slowest link's.
-    intra_link_rate_ = inter_link_rate_ = measure_link_rate();
-    return;
+    // The ring over the whole group crosses the nodes (the slowest link); the rings inside the
+    // nodes (every node's ranks at once) time the intra-node link.
+    inter_bandwidth = measure_link_rate(ep.ep_group().comm);
+    intra_link_rate_ = measure_link_rate(ep.ep_group().intra);
+  } else {
+    const RebalanceRates rates =
+        counted_rebalance_rates(options_, ep.degree(), cluster_.devices_per_node);
+    flops_ = rates.flops;
+    intra_link_rate_ = rates.intra_node_bandwidth;
+    inter_bandwidth = rates.inter_node_bandwidth;
   }
-  const RebalanceRates rates =
-      counted_rebalance_rates(options_, ep.degree(), cluster_.devices_per_node);
-  flops_ = rates.flops;
-  intra_link_rate_ = rates.intra_node_bandwidth;
   // Emulated inter-node messages take their delay on top of the transfer itself (one message
-  // per expert).
-  const double inter_seconds = bytes_per_expert_ / rates.inter_node_bandwidth +
+  // per expert; the measured test transfers go over MPI directly, without it).
+  const double inter_seconds = bytes_per_expert_ / inter_bandwidth +
                                ep.links().emulation().delay_seconds(uint64_t(bytes_per_expert_));
   inter_link_rate_ = bytes_per_expert_ / inter_seconds;
   // A group over nodes of unequal shares is planned as one node at the slower rate.
@@ -272,11 +276,12 @@ void TrainRebalancer::restore(const RebalancerState& s) {
   migrations_ = s.migrations;
 }
 
-double TrainRebalancer::measure_link_rate() const {
-  // Each EP rank sends one expert's bytes to the next and receives from the previous one; the
-  // best of three rounds, the slowest rank's time.
-  const MPI_Comm group = ep_.ep_group().comm;
-  const int size = ep_.degree(), rank = ep_.ep_rank();
+double TrainRebalancer::measure_link_rate(MPI_Comm group) const {
+  // Each rank of `group` sends one expert's bytes to the next and receives from the previous one;
+  // the best of three rounds, the slowest rank's time.
+  int size = 0, rank = 0;
+  MPI_Comm_size(group, &size);
+  MPI_Comm_rank(group, &rank);
   std::vector<float> out(size_t(bytes_per_expert_ / sizeof(float)), 1.0f), in(out.size());
   double best = 1e30;
   for (int round = 0; round < 3; ++round) {

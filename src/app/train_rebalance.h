@@ -134,7 +134,9 @@ class TrainRebalancer {
  private:
   // This step's tokens per layer and expert, [layer][expert] (also recorded in the trace).
   std::vector<std::vector<double>> take_router_loads(int step);
-  double measure_link_rate() const;
+  // Bytes/s of a ring transfer of one expert over `group` (collective over it, then the minimum
+  // over the learners).
+  double measure_link_rate(MPI_Comm group) const;
   // Seconds the step spends per routed token of the busiest EP rank, per layer.
   double seconds_per_token() const;
 
