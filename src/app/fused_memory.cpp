@@ -36,7 +36,8 @@ FusedMemoryPlan plan_fused_memory(const ModelConfig& config, const ParameterLayo
     // shard that the training shard lacks take memory, one pool slot each (layout_switch.h).
     // Training holds experts [first, first + count) at the default placement without replicas;
     // after migrations or with redundant slots (replicas), any stored_experts() distinct ones (a
-    // rank's slots never hold an expert twice).
+    // rank's slots never hold an expert twice). With rebalancing, generation's slots may hold any
+    // of the experts too (TrainRebalancer::place_generation): the count alone bounds the buckets.
     const ExpertShard held{training_layout.first_expert(), training_layout.stored_experts()};
     const ExpertShard wanted{generation_layout.first_expert(), generation_layout.stored_experts()};
     const int layers = expert_layers(generation_layout);

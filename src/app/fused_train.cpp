@@ -233,6 +233,8 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
     if (generation_degree > 1) {
       generation_ep = std::make_unique<RoleExpertParallel>(all, links, experts, generation_degree,
                                                            options.ep_dispatch);
+      // With rebalancing, generation's experts are placed by load too (place_generation).
+      layout_switch->follow_generation_slots(&generation_ep->slot_experts());
     }
   }
 
@@ -489,6 +491,8 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
       progress.step_done(step, stats);
     }
     if (rebalancer) dir.log("%s", rebalancer->end_of_step(step, routed_seconds).c_str());
+    if (rebalancer && generation_ep && !pp)
+      dir.log("%s", rebalancer->place_generation(step, *generation_ep).c_str());
     stopped = saved.end_of_step(step, position, progress.seconds_since_start(), state, root,
                                 ep.get(), MPI_COMM_WORLD, dir);
   }

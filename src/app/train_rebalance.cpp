@@ -82,8 +82,9 @@ po::options_description rebalance_options_description(RebalanceOptions& o) {
       "from run to run, not reproducible)");
   add("rebalance-cluster", po::value(&o.cluster),
       "with counted rates: a cluster file (e.g. from `rlfusion bench calibrate`) whose "
-      "matmul_flops and link bandwidth (of the level an EP group spans) the rebalancer charges; "
-      "default: 20 GFLOP/s per EP rank and a 2 GB/s link");
+      "matmul_flops and link bandwidths (inside a node: the level a node's EP ranks span; between "
+      "nodes: the level the EP group spans) the rebalancer charges; default: 20 GFLOP/s per EP "
+      "rank and a 2 GB/s link");
   return d;
 }
 
@@ -123,7 +124,8 @@ void validate(const RebalanceOptions& o, int learner_expert_parallel) {
       throw ConfigError(
           "--rebalance-cluster gives counted rates: it cannot go with --rebalance-rates measured");
     }
-    counted_rebalance_rates(o, std::max(learner_expert_parallel, 1));  // reads and checks it
+    const int ep_degree = std::max(learner_expert_parallel, 1);
+    counted_rebalance_rates(o, ep_degree, ep_degree);  // reads and checks it
   }
   if (o.every == 0) return;
   if (learner_expert_parallel < 2) {
@@ -134,18 +136,32 @@ void validate(const RebalanceOptions& o, int learner_expert_parallel) {
   }
 }
 
-RebalanceRates counted_rebalance_rates(const RebalanceOptions& o, int ep_degree) {
+RebalanceRates counted_rebalance_rates(const RebalanceOptions& o, int ep_degree,
+                                       int ranks_per_node) {
   RebalanceRates rates;
   if (o.cluster.empty()) return rates;
   const sim::ClusterConfig cluster = sim::load_cluster_config(o.cluster);
   cluster.validate(o.cluster);
   rates.flops = cluster.matmul_flops;
-  rates.link_bandwidth = cluster.link(cluster.level_spanned(ep_degree)).bandwidth;
-  if (!(rates.flops > 0) || !(rates.link_bandwidth > 0)) {
+  rates.intra_node_bandwidth = cluster.link(cluster.level_spanned(ranks_per_node)).bandwidth;
+  rates.inter_node_bandwidth = cluster.link(cluster.level_spanned(ep_degree)).bandwidth;
+  if (!(rates.flops > 0) || !(rates.intra_node_bandwidth > 0) ||
+      !(rates.inter_node_bandwidth > 0)) {
     throw ConfigError("--rebalance-cluster '" + o.cluster +
                       "': matmul_flops and the link bandwidth must be > 0");
   }
   return rates;
+}
+
+ExpertCluster ep_cluster(const HierarchicalComm& ep_group, int slots_per_rank) {
+  const int ranks = ep_group.size(), nodes = ep_group.node_count();
+  const ExpertCluster one_node{1, ranks, slots_per_rank};
+  if (nodes <= 1 || ranks % nodes != 0) return one_node;
+  const int per_node = ranks / nodes;
+  for (int r = 0; r < ranks; ++r) {
+    if (ep_group.leader_index_of[size_t(r)] != r / per_node) return one_node;
+  }
+  return {nodes, per_node, slots_per_rank};
 }
 
 std::string describe_router_skew(const RebalanceOptions& o) {
@@ -185,9 +201,10 @@ TrainRebalancer::TrainRebalancer(const RebalanceOptions& options, RoleExpertPara
   if (reference_ && reference_->layout().total() != model.layout().total()) {
     throw std::logic_error("TrainRebalancer: the reference stores other experts than the policy");
   }
-  // One node: the planner charges every transfer at the one link rate. With redundant
-  // slots its proposals replicate the hot experts (place_two_level, incremental_moves).
-  cluster_ = {1, ep.degree(), ep.local_slots()};
+  // The EP group's nodes: moves inside a node are charged the intra-node link, moves between
+  // nodes the inter-node one. With redundant slots the proposals replicate the hot experts
+  // (place_two_level, incremental_moves).
+  cluster_ = ep_cluster(ep.ep_group(), ep.local_slots());
   // (Of the whole model's layout: every layer's experts are alike, and a pipeline stage may not
   // store layer 0.)
   bytes_per_expert_ = expert_bytes(ParameterLayout(c), reference_ ? 4 : 3);
@@ -204,13 +221,29 @@ TrainRebalancer::TrainRebalancer(const RebalanceOptions& options, RoleExpertPara
   if (options_.every == 0) return;
   // Every learner plans with the same free memory (pipeline stages use different amounts).
   MPI_Allreduce(MPI_IN_PLACE, &arena_bytes_, 1, MPI_DOUBLE, MPI_MIN, learners_.comm);
+  double inter_bandwidth = 0;
   if (measured_) {
-    link_rate_ = measure_link_rate();
+    // The ring over the whole group crosses the nodes (the slowest link); the rings inside the
+    // nodes (every node's ranks at once) time the intra-node link.
+    inter_bandwidth = measure_link_rate(ep.ep_group().comm);
+    intra_link_rate_ = measure_link_rate(ep.ep_group().intra);
   } else {
-    const RebalanceRates rates = counted_rebalance_rates(options_, ep.degree());
-    link_rate_ = rates.link_bandwidth;
+    const RebalanceRates rates =
+        counted_rebalance_rates(options_, ep.degree(), cluster_.devices_per_node);
     flops_ = rates.flops;
+    intra_link_rate_ = rates.intra_node_bandwidth;
+    inter_bandwidth = rates.inter_node_bandwidth;
   }
+  // Emulated inter-node messages take their delay on top of the transfer itself (one message
+  // per expert; the measured test transfers go over MPI directly, without it).
+  const double inter_seconds = bytes_per_expert_ / inter_bandwidth +
+                               ep.links().emulation().delay_seconds(uint64_t(bytes_per_expert_));
+  inter_link_rate_ = bytes_per_expert_ / inter_seconds;
+  // A group over nodes of unequal shares is planned as one node at the slower rate.
+  const std::vector<int>& node_of_rank = ep.ep_group().leader_index_of;
+  const bool spans_nodes =
+      std::any_of(node_of_rank.begin(), node_of_rank.end(), [](int node) { return node > 0; });
+  if (cluster_.nodes == 1 && spans_nodes) intra_link_rate_ = inter_link_rate_;
 }
 
 double TrainRebalancer::seconds_per_token() const {
@@ -243,11 +276,12 @@ void TrainRebalancer::restore(const RebalancerState& s) {
   migrations_ = s.migrations;
 }
 
-double TrainRebalancer::measure_link_rate() const {
-  // Each EP rank sends one expert's bytes to the next and receives from the previous one; the
-  // best of three rounds, the slowest rank's time.
-  const MPI_Comm group = ep_.ep_group().comm;
-  const int size = ep_.degree(), rank = ep_.ep_rank();
+double TrainRebalancer::measure_link_rate(MPI_Comm group) const {
+  // Each rank of `group` sends one expert's bytes to the next and receives from the previous one;
+  // the best of three rounds, the slowest rank's time.
+  int size = 0, rank = 0;
+  MPI_Comm_size(group, &size);
+  MPI_Comm_rank(group, &rank);
   std::vector<float> out(size_t(bytes_per_expert_ / sizeof(float)), 1.0f), in(out.size());
   double best = 1e30;
   for (int round = 0; round < 3; ++round) {
@@ -278,16 +312,21 @@ std::string TrainRebalancer::describe() const {
                   options_.cluster.empty() ? "default rates" : options_.cluster.c_str());
   }
   const std::string rates_text = rates;
-  char line[640];
+  char cluster[200];
+  std::snprintf(cluster, sizeof cluster,
+                "the EP group planned as %d node(s) x %d EP ranks, %.3f GB/s between nodes",
+                cluster_.nodes, cluster_.devices_per_node, inter_link_rate_ / 1e9);
+  const std::string cluster_text = cluster;
+  char line[800];
   std::snprintf(line, sizeof line,
                 "# rebalancing: every %d steps, horizon %d steps, migrate when gain > %g x cost; "
                 "EMA %g, one placement per layer; one expert of one layer (weights + AdamW "
-                "moments%s) %.3f MB over the %s link at %.3f GB/s; routed tokens charged at %s; %d "
-                "redundant slot(s) per EP rank for replicas of hot experts\n",
+                "moments%s) %.3f MB over the %s link at %.3f GB/s (%s); routed tokens charged at "
+                "%s; %d redundant slot(s) per EP rank for replicas of hot experts\n",
                 options_.every, options_.horizon, options_.min_gain_ratio, options_.smoothing,
                 reference_ ? " + reference" : "", bytes_per_expert_ / 1e6,
-                measured_ ? "measured" : "counted", link_rate_ / 1e9, rates_text.c_str(),
-                ep_.redundant_slots());
+                measured_ ? "measured" : "counted", intra_link_rate_ / 1e9, cluster_text.c_str(),
+                rates_text.c_str(), ep_.redundant_slots());
   return line;
 }
 
@@ -317,23 +356,50 @@ std::vector<std::vector<double>> TrainRebalancer::take_router_loads(int step) {
   return loads;
 }
 
-MigrationPlan TrainRebalancer::plan(const Placement& current,
-                                    const std::vector<double>& predicted) const {
+std::string TrainRebalancer::place_generation(int step, RoleExpertParallel& generation) const {
+  if (options_.every == 0 || step % options_.every != 0 || predictors_.empty() ||
+      predictors_.front().steps_observed() == 0) {
+    return "";
+  }
+  const int E = model_.config().n_experts, L = int(predictors_.size());
+  const ExpertCluster cluster = ep_cluster(generation.ep_group(), generation.local_slots());
+  const Placement by_id = placement_of(default_slot_experts(E, generation.degree(), 0), E, cluster);
+  std::vector<std::vector<int>> tables;
+  double busiest_before = 0, busiest_after = 0, mean = 0;
+  int replaced = 0;
+  for (int l = 0; l < L; ++l) {
+    const std::vector<double> predicted = predictors_[size_t(l)].predict(options_.horizon);
+    const Placement fresh = align_to(place_two_level(predicted, cluster), by_id);
+    const std::vector<double> before = by_id.device_loads(predicted);
+    const double after = max_of(fresh.device_loads(predicted));
+    const bool better = after < max_of(before);
+    tables.push_back(better ? fresh.slot_expert : by_id.slot_expert);
+    replaced += better;
+    busiest_before += max_of(before);
+    busiest_after += better ? after : max_of(before);
+    mean += mean_of(before);
+  }
+  generation.adopt_slots(tables, L);
+  char line[300];
+  std::snprintf(line, sizeof line,
+                "# generation placement after step %d: %d of %d layers re-placed on %d generation "
+                "EP ranks; predicted max/mean generation EP-rank load (busiest per layer, summed) "
+                "%.3f at the default placement -> %.3f\n",
+                step, replaced, L, generation.degree(), mean > 0 ? busiest_before / mean : 1.0,
+                mean > 0 ? busiest_after / mean : 1.0);
+  return line;
+}
+
+MigrationOptions TrainRebalancer::migration_options() const {
   MigrationOptions m;
   m.bytes_per_expert = bytes_per_expert_;
-  m.intra_node_bandwidth = m.inter_node_bandwidth = link_rate_;
+  m.intra_node_bandwidth = intra_link_rate_;
+  m.inter_node_bandwidth = inter_link_rate_;
   m.arena_bytes = arena_bytes_;
   m.seconds_per_token = seconds_per_token();
   m.horizon = options_.horizon;
   m.min_gain_ratio = options_.min_gain_ratio;
-  std::vector<Placement> proposals;
-  // Each proposal holds an expert at most once per EP rank (the dispatcher's rule); the check
-  // guards the table the dispatchers would refuse.
-  for (Placement& moved : incremental_moves(current, predicted, m, current.experts))
-    if (moved.one_copy_per_device()) proposals.push_back(std::move(moved));
-  Placement fresh = align_to(place_two_level(predicted, cluster_), current);
-  if (fresh.one_copy_per_device()) proposals.push_back(std::move(fresh));
-  return best_plan(current, proposals, predicted, m);
+  return m;
 }
 
 std::string TrainRebalancer::end_of_step(int step, double step_seconds) {
@@ -368,7 +434,8 @@ std::string TrainRebalancer::end_of_step(int step, double step_seconds) {
   double busiest_before = 0, busiest_after = 0, mean = 0;
   for (int l = 0; l < L; ++l) {
     const std::vector<double> predicted = predictors_[size_t(l)].predict(options_.horizon);
-    const MigrationPlan decided = plan(current[size_t(l)], predicted);
+    const MigrationPlan decided =
+        plan_rebalance(current[size_t(l)], predicted, migration_options(), E);
     const std::vector<double> before = current[size_t(l)].device_loads(predicted);
     busiest_before += max_of(before);
     mean += mean_of(before);

@@ -43,8 +43,8 @@ struct RebalanceOptions {
   // --rebalance-rates: "counted" (fixed rates: reproducible) or "measured" (timed: not).
   std::string rates = "counted";
   // --rebalance-cluster: a cluster file (src/sim/cluster.h, e.g. from `rlfusion bench calibrate`)
-  // whose compute rate and link (the level an EP group spans) the counted rates take; "": the
-  // default rates.
+  // whose compute rate and links (inside a node: the level a node's EP ranks span; between nodes:
+  // the level the EP group spans) the counted rates take; "": the default rates.
   std::string cluster;
 };
 
@@ -53,14 +53,24 @@ struct RebalanceOptions {
 inline constexpr double kDefaultRebalanceFlops = 20e9;         // FLOP/s per EP rank
 inline constexpr double kDefaultRebalanceLinkBandwidth = 2e9;  // bytes/s per EP rank
 
-// The rates counted decisions charge: FLOP/s per EP rank and the EP group's link in bytes/s.
+// The rates counted decisions charge: FLOP/s per EP rank and the links between EP ranks in
+// bytes/s, inside a node and between nodes (before link emulation's delays).
 struct RebalanceRates {
   double flops = kDefaultRebalanceFlops;
-  double link_bandwidth = kDefaultRebalanceLinkBandwidth;
+  double intra_node_bandwidth = kDefaultRebalanceLinkBandwidth;
+  double inter_node_bandwidth = kDefaultRebalanceLinkBandwidth;
 };
-// From --rebalance-cluster (the link of the level `ep_degree` consecutive ranks span), else the
-// defaults. ConfigError naming the file when it cannot be read or is invalid.
-RebalanceRates counted_rebalance_rates(const RebalanceOptions& options, int ep_degree);
+// From --rebalance-cluster (inside a node: the link of the level `ranks_per_node` consecutive
+// ranks span; between nodes: the level `ep_degree` consecutive ranks span), else the defaults.
+// ConfigError naming the file when it cannot be read or is invalid.
+RebalanceRates counted_rebalance_rates(const RebalanceOptions& options, int ep_degree,
+                                       int ranks_per_node);
+
+// The EP group as the planner's cluster (device = EP rank, `slots_per_rank` slots each): its
+// nodes (real, or virtual with --ranks-per-node) when every node holds the same number of
+// consecutive EP ranks, so that place_two_level keeps hot experts' replicas and moves inside
+// nodes; else one node.
+ExpertCluster ep_cluster(const HierarchicalComm& ep_group, int slots_per_rank);
 
 po::options_description rebalance_options_description(RebalanceOptions& options);
 // ConfigError naming the option for a value out of range, or for --rebalance-every or
@@ -97,6 +107,16 @@ class TrainRebalancer {
   // `every` steps decides and maybe migrates. Returns a log line for a migration, else "".
   std::string end_of_step(int step, double step_seconds);
 
+  // Fused mode with a generation layout of its own (`generation`: its EP group, no replicas):
+  // after a decision step (the steps end_of_step decides at), places every layer's experts for
+  // generation from the same predicted loads (place_two_level on the generation group's nodes,
+  // renumbered to keep experts at their default slots where it can; a layer keeps the default
+  // placement unless that lowers its busiest generation EP rank) and gives `generation` the
+  // tables (its dispatchers route by them; the layout switch follows them). Generation computes
+  // the same rows either way, only on other ranks. Returns a log line with the predicted max/mean
+  // generation EP-rank load before and after ("" when no decision was due).
+  std::string place_generation(int step, RoleExpertParallel& generation) const;
+
   int migrations() const { return migrations_; }
   bool rebalancing() const { return options_.every > 0; }
   // The predictors and interval accumulators, for checkpoints; restore() continues from them
@@ -104,15 +124,19 @@ class TrainRebalancer {
   // model shape.
   RebalancerState state() const;
   void restore(const RebalancerState& state);
-  double link_bytes_per_second() const { return link_rate_; }
+  // The cluster the planner places on (the EP group's nodes, ep_cluster) and the options it plans
+  // a layer's migration with at the next decision (its rates, arena, horizon and threshold).
+  const ExpertCluster& cluster() const { return cluster_; }
+  MigrationOptions migration_options() const;
   // "# rebalancing: ..." describing the settings, for the run's log ("" when off).
   std::string describe() const;
 
  private:
   // This step's tokens per layer and expert, [layer][expert] (also recorded in the trace).
   std::vector<std::vector<double>> take_router_loads(int step);
-  MigrationPlan plan(const Placement& current, const std::vector<double>& predicted) const;
-  double measure_link_rate() const;
+  // Bytes/s of a ring transfer of one expert over `group` (collective over it, then the minimum
+  // over the learners).
+  double measure_link_rate(MPI_Comm group) const;
   // Seconds the step spends per routed token of the busiest EP rank, per layer.
   double seconds_per_token() const;
 
@@ -127,7 +151,10 @@ class TrainRebalancer {
   ExpertCluster cluster_;
   std::vector<LoadPredictor> predictors_;  // one per layer
   // One expert of one layer: its weights + AdamW moments (+ reference weights).
-  double bytes_per_expert_ = 0, link_rate_ = 0, expert_share_ = 0, arena_bytes_ = 0;
+  double bytes_per_expert_ = 0, expert_share_ = 0, arena_bytes_ = 0;
+  // Bytes/s a migration is charged inside a node and between nodes (with link emulation, the
+  // inter-node rate includes its delay).
+  double intra_link_rate_ = 0, inter_link_rate_ = 0;
   bool measured_ = false;  // --rebalance-rates measured
   // Counted rates: FLOPs one routed token costs one expert of one layer in a training step
   // (forward and backward of its three matrices) and the FLOP/s they run at.

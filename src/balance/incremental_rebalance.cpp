@@ -114,4 +114,11 @@ MigrationPlan best_plan(const Placement& current, const std::vector<Placement>& 
   return best;
 }
 
+MigrationPlan plan_rebalance(const Placement& current, const std::vector<double>& predicted_load,
+                             const MigrationOptions& options, int max_moves) {
+  std::vector<Placement> proposals = incremental_moves(current, predicted_load, options, max_moves);
+  proposals.push_back(align_to(place_two_level(predicted_load, current.cluster), current));
+  return best_plan(current, proposals, predicted_load, options);
+}
+
 }  // namespace rlf

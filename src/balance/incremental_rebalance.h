@@ -13,7 +13,10 @@
 namespace rlf {
 
 // Placements after 1, 2, ... moves (at most `max_moves`; fewer when no move lowers the maximum
-// device load). Moves across nodes are charged the inter-node bandwidth of `options`.
+// device load). Moves across nodes are charged the inter-node bandwidth of `options`. Every
+// placement keeps each device's slot count, holds every expert, never holds an expert twice on
+// one device (a second copy there adds no capacity) when `current` does not, and has a maximum
+// device load no higher than the placement before it.
 std::vector<Placement> incremental_moves(const Placement& current,
                                          const std::vector<double>& predicted_load,
                                          const MigrationOptions& options, int max_moves);
@@ -23,5 +26,11 @@ std::vector<Placement> incremental_moves(const Placement& current,
 // fitted the arena, else for the arena ("no change" when every proposal is the current placement).
 MigrationPlan best_plan(const Placement& current, const std::vector<Placement>& proposals,
                         const std::vector<double>& predicted_load, const MigrationOptions& options);
+
+// Ours at a decision point: the best plan (best_plan) among the incremental moves from
+// `current` and the fresh two-level placement on `current`'s cluster, renumbered to move as
+// little as possible (align_to).
+MigrationPlan plan_rebalance(const Placement& current, const std::vector<double>& predicted_load,
+                             const MigrationOptions& options, int max_moves);
 
 }  // namespace rlf

@@ -40,9 +40,7 @@ MigrationPlan decide(BalancePolicy policy, const RebalanceOptions& o,
   std::vector<double> expected;
   if (policy == BalancePolicy::Ours) {
     expected = predictor.predict(o.interval);
-    std::vector<Placement> proposals = incremental_moves(current, expected, migration, o.max_moves);
-    proposals.push_back(align_to(place_two_level(expected, o.cluster), current));
-    return best_plan(current, proposals, expected, migration);
+    return plan_rebalance(current, expected, migration, o.max_moves);
   }
   // EPLB: the mean of the last `interval` steps (or fewer at the start).
   const size_t first = step + 1 >= size_t(o.interval) ? step + 1 - size_t(o.interval) : 0;

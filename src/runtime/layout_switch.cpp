@@ -53,6 +53,15 @@ void ExpertLayoutSwitch::follow_slot_experts(const std::vector<std::vector<int>>
   slot_expert_ = slot_expert;
 }
 
+void ExpertLayoutSwitch::follow_generation_slots(const std::vector<std::vector<int>>* slot_expert) {
+  generation_slot_expert_ = slot_expert;
+}
+
+int ExpertLayoutSwitch::generation_expert(int layer, int slot) const {
+  if (!generation_slot_expert_ || generation_slot_expert_->empty()) return slot;
+  return (*generation_slot_expert_)[size_t(layer)][size_t(slot)];
+}
+
 ExpertLayoutSwitch::Replicas ExpertLayoutSwitch::replicas() const {
   if (slot_expert_ && !slot_expert_->empty()) return replica_slots(*slot_expert_, experts_);
   return replica_slots(
@@ -77,8 +86,8 @@ int ExpertLayoutSwitch::buckets_to_receive() const {
   const int ep_rank = rank_ % train_degree_;
   int missing = 0;
   for (int l = 0; l < layers_; ++l)
-    for (int e = wanted.first; e < wanted.first + wanted.count; ++e)
-      missing += holder(placed, l, e, ep_rank).ep_rank != ep_rank;
+    for (int s = wanted.first; s < wanted.first + wanted.count; ++s)
+      missing += holder(placed, l, generation_expert(l, s), ep_rank).ep_rank != ep_rank;
   return missing;
 }
 
@@ -107,18 +116,18 @@ GenerationExperts ExpertLayoutSwitch::to_generation(float* training,
   const int64_t FC = int64_t(d_ff_) * d_model_;
   const Replicas placed = replicas();
   GenerationExperts out{ExpertTable<float>(layers_, wanted), {}, 0};
-  // What this rank already holds, in place.
+  // What this rank already holds, in place (the table's entry s: the expert of generation slot s).
   for (int l = 0; l < layers_; ++l) {
-    for (int e = wanted.first; e < wanted.first + wanted.count; ++e) {
-      const Holder h = holder(placed, l, e, ep_rank);
+    for (int s = wanted.first; s < wanted.first + wanted.count; ++s) {
+      const Holder h = holder(placed, l, generation_expert(l, s), ep_rank);
       if (h.ep_rank == ep_rank) {
-        out.table.set(l, e, held.w1(l)[h.slot], held.w3(l)[h.slot], held.w2(l)[h.slot]);
+        out.table.set(l, s, held.w1(l)[h.slot], held.w3(l)[h.slot], held.w2(l)[h.slot]);
       }
     }
   }
   // Peers of the switch: the other ranks of this rank's training replica (every replica holds
   // the same weights in the same placement, so nothing crosses replicas). Each pair exchanges one
-  // message each way, its buckets in (layer, expert id) order on both sides.
+  // message each way, its buckets in (layer, generation slot) order on both sides.
   const int replica_first = rank_ - ep_rank;
   struct Transfer {
     int peer;
@@ -131,19 +140,20 @@ GenerationExperts ExpertLayoutSwitch::to_generation(float* training,
     Transfer send{peer, {}}, receive{peer, {}};
     const ExpertShard theirs = generation_shard(peer);
     for (int l = 0; l < layers_; ++l) {
-      for (int e = theirs.first; e < theirs.first + theirs.count; ++e) {
-        const Holder h = holder(placed, l, e, peer - replica_first);
+      for (int s = theirs.first; s < theirs.first + theirs.count; ++s) {
+        const Holder h = holder(placed, l, generation_expert(l, s), peer - replica_first);
         if (h.ep_rank != ep_rank) continue;
         send.blocks.add(held.w1(l)[h.slot], FC);
         send.blocks.add(held.w3(l)[h.slot], FC);
         send.blocks.add(held.w2(l)[h.slot], FC);
       }
-      for (int e = wanted.first; e < wanted.first + wanted.count; ++e) {
-        if (holder(placed, l, e, ep_rank).ep_rank != peer - replica_first) continue;
-        float* slot = pool.acquire_as<float>();
-        out.received.push_back(slot);
-        out.table.set_bucket(l, e, slot, d_ff_, d_model_);
-        receive.blocks.add(slot, 3 * FC);
+      for (int s = wanted.first; s < wanted.first + wanted.count; ++s) {
+        if (holder(placed, l, generation_expert(l, s), ep_rank).ep_rank != peer - replica_first)
+          continue;
+        float* bucket = pool.acquire_as<float>();
+        out.received.push_back(bucket);
+        out.table.set_bucket(l, s, bucket, d_ff_, d_model_);
+        receive.blocks.add(bucket, 3 * FC);
       }
     }
     if (send.blocks.floats > 0) sends.push_back(std::move(send));

@@ -13,7 +13,9 @@
 // change weights, so the switch back to training only gives the slots back.
 //
 // Generation addresses experts by id (generation EP rank g runs experts [g E / G, (g + 1) E / G)
-// with its dispatchers' identity tables); training keeps them where its placement says, which
+// with its dispatchers' identity tables, or, with a generation placement of its own
+// (follow_generation_slots, EDPB), the experts of its slots [g E / G, (g + 1) E / G) in that
+// placement's tables, layer by layer); training keeps them where its placement says, which
 // after expert migration (EDPB, follow_slot_experts) is no longer slot = id: the switch finds each
 // wanted expert's holder through that placement, layer by layer. With redundant training slots
 // (replicas of hot experts, bit-identical copies) it takes one copy of each expert: the
@@ -59,6 +61,12 @@ class ExpertLayoutSwitch {
   // RoleExpertParallel::slot_experts()), read at every call, so migrations between switches are
   // followed. Null or empty (the default): default_slot_experts. Must outlive the switch.
   void follow_slot_experts(const std::vector<std::vector<int>>* slot_expert);
+  // The generation placement: [layer][slot] -> expert of the generation EP group (slot s on
+  // generation EP rank s / (E / generation_degree), no replicas; the tables the generation
+  // dispatchers route by), read at every call. Null or empty (the default): expert = slot. The
+  // generation view's table is then indexed by slot: entry s holds the expert of slot s.
+  // Must outlive the switch.
+  void follow_generation_slots(const std::vector<std::vector<int>>* slot_expert);
 
   // The slots this rank's switch fills: one per layer and expert of its generation shard that its
   // training EP rank holds no copy of (under the placement in force); and the size of one (a
@@ -87,9 +95,12 @@ class ExpertLayoutSwitch {
   using Replicas = std::vector<std::vector<std::vector<int>>>;
   Replicas replicas() const;
   Holder holder(const Replicas& replicas, int layer, int expert, int receiver) const;
+  // The expert in generation slot `slot` of `layer` under the generation placement in force.
+  int generation_expert(int layer, int slot) const;
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   const std::vector<std::vector<int>>* slot_expert_ = nullptr;
+  const std::vector<std::vector<int>>* generation_slot_expert_ = nullptr;
   Links& links_;
   std::vector<int> world_ranks_;
   int rank_ = 0, layers_, experts_, d_ff_, d_model_;

@@ -61,6 +61,8 @@ class RoleExpertParallel {
   // Expert slots per EP rank: E / degree() + redundant_slots().
   int local_slots() const { return experts_ / degree_ + redundant_; }
   const HierarchicalComm& ep_group() const { return ep_group_; }
+  // The links (node of every rank, emulation) the EP group's transfers go over.
+  const Links& links() const { return links_; }
   const HierarchicalComm& expert_data_group() const { return expert_data_group_; }
 
   // Gives `model` one new dispatcher per layer over this rank's EP group (collective over it);

@@ -72,8 +72,8 @@ std::pair<std::string, std::string> expect_migrating_run_trains_like_the_static_
   const std::vector<std::string> still_rows = step_rows(still.output);
   EXPECT_EQ(still_rows.size(), 5u) << still.output;
   EXPECT_EQ(step_rows(moved.output), still_rows);
-  EXPECT_EQ(test::read_tiny_parameters(moved_dir + "/model.h5"),
-            test::read_tiny_parameters(still_dir + "/model.h5"));
+  EXPECT_EQ(test::read_saved_parameters(moved_dir + "/model.h5"),
+            test::read_saved_parameters(still_dir + "/model.h5"));
   return {still_dir, moved_dir};
 }
 
@@ -124,6 +124,53 @@ TEST(TrainRebalance, FusedRanksMigratingTrainLikeTheRunThatNeverMigrates) {
       "fused-switch-4",
       kSkewed + "--mode fused --expert-parallel 2 --actor-expert-parallel 4 --ep-overlap-chunks 2 ",
       4);
+}
+
+// kSkewed on the tiny model with 8 experts (every EP rank of EP 4 holds 2, so a permutation can
+// move them), the model written to a temporary file named after `name`.
+std::string skewed_with_eight_experts(const std::string& name) {
+  const std::string model = temp_dir(name) + ".ini";
+  std::ifstream tiny(std::string(RLFUSION_SOURCE_DIR) + "/inputs/models/tiny.ini");
+  std::ofstream out(model);
+  std::string line;
+  while (std::getline(tiny, line))
+    out << (line.rfind("n_experts", 0) == 0 ? "n_experts = 8" : line) << "\n";
+  return std::string(kSkewed).replace(kSkewed.find("--model tiny"), 12, "--model " + model);
+}
+
+std::string log_of(const std::string& run_dir) {
+  std::ifstream log(run_dir + "/log.txt");
+  return std::string((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+}
+
+// EP 4 over 2 virtual nodes of 2 ranks (fused, 4 ranks): the rebalancer plans on the two nodes,
+// moves between them charged the emulated inter-node link, and training stays bit-identical.
+TEST(TrainRebalance, TwoVirtualNodesMigratingTrainLikeTheRunThatNeverMigrates) {
+  const std::string run = skewed_with_eight_experts("tiny8-nodes") +
+                          "--mode fused --expert-parallel 4 --ranks-per-node 2 "
+                          "--inter-node-bandwidth 1e9 ";
+  const auto [still_dir, moved_dir] =
+      expect_migrating_run_trains_like_the_static_one("two-nodes", run, 4);
+  const std::string text = log_of(moved_dir);
+  EXPECT_NE(text.find("planned as 2 node(s) x 2 EP ranks"), std::string::npos) << text;
+}
+
+// Fused mode with a generation layout of its own (training EP 4, generation EP 2 on 4 ranks;
+// training EP 2, generation EP 4): with rebalancing, generation's experts are placed by the
+// predicted loads too, the switch fetching each from wherever training holds it; the rows and
+// the saved weights equal the run that never rebalances.
+TEST(TrainRebalance, FusedGenerationPlacementTrainsLikeTheRunThatNeverRebalances) {
+  for (const std::string degrees : {"--expert-parallel 4 --actor-expert-parallel 2 ",
+                                    "--expert-parallel 2 --actor-expert-parallel 4 "}) {
+    SCOPED_TRACE(degrees);
+    const std::string name = degrees.find("parallel 4 --") != std::string::npos ? "4-2" : "2-4";
+    const auto [still_dir, moved_dir] = expect_migrating_run_trains_like_the_static_one(
+        "generation-placement-" + name,
+        skewed_with_eight_experts("tiny8-" + name) + "--mode fused " + degrees, 4);
+    const std::string text = log_of(moved_dir);
+    EXPECT_NE(text.find("# generation placement after step 1:"), std::string::npos) << text;
+    EXPECT_EQ(log_of(still_dir).find("# generation placement"), std::string::npos);
+  }
 }
 
 // Training's experts in overlap chunks (every chunk's dispatcher follows the migrations): fused

@@ -13,16 +13,12 @@
 #include "src/balance/eplb_baseline.h"
 #include "src/balance/expert_placement.h"
 #include "src/balance/greedy_packing.h"
+#include "tests/balance/random_loads.h"
 
 namespace rlf {
 namespace {
 
-std::vector<double> zipf_loads(int experts, double s, std::mt19937_64& g) {
-  std::vector<double> w(static_cast<size_t>(experts));
-  for (int e = 0; e < experts; ++e) w[size_t(e)] = 1000 * std::pow(e + 1.0, -s);
-  std::shuffle(w.begin(), w.end(), g);
-  return w;
-}
+using test::zipf_loads;
 
 TEST(GreedyPacking, RespectsCapacityAndKeys) {
   const std::vector<double> w{9, 9, 5, 4, 3, 3};

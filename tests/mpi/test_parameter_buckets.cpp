@@ -6,7 +6,8 @@
 // generation; the arena grows during the switch by exactly the received buckets, and the bytes
 // moved are the analytic minimum. After expert migration (EDPB) the switch finds each expert
 // through the training placement, layer by layer, with replicas of hot experts too (one copy of
-// each, the rank's own if it holds one), and the view generates the same samples.
+// each, the rank's own if it holds one), and the view generates the same samples; so it does with
+// a generation placement of its own (generation's experts placed by load).
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -19,6 +20,7 @@
 #include "kernels/arena.h"
 #include "kernels/slot_pool.h"
 #include "mpi_comm/topology.h"
+#include "src/balance/expert_placement.h"
 #include "src/model/expert_parallel.h"
 #include "src/model/expert_table.h"
 #include "src/model/generation.h"
@@ -140,6 +142,37 @@ class ParameterBuckets : public ::testing::Test {
     return generate(copied, prompts.tokens, prompts.ids, sampling_for(*task));
   }
 
+  // Switches `training` (in `device`) to generation, expecting exactly `missing` buckets received
+  // (and no more than the worst placement's), and generates with the view: the samples `want`.
+  void expect_view_generates(ExpertLayoutSwitch& layout_switch, Transformer<float>& training,
+                             Arena& device, RoleExpertParallel* generation_ep, int missing,
+                             const std::vector<GeneratedSample>& want) {
+    const ExpertShard wanted = layout_switch.generation_shard(test::world_rank());
+    EXPECT_EQ(layout_switch.buckets_to_receive(), missing);
+    EXPECT_LE(missing,
+              expert_buckets_missing_any_placement(training.layout().stored_experts(), wanted,
+                                                   config.n_experts, config.n_layers));
+    ArenaScope generation_memory(device);
+    SlotPool pool(device, layout_switch.bucket_bytes(), layout_switch.buckets_to_receive(),
+                  "received expert buckets");
+    GenerationExperts experts =
+        layout_switch.to_generation(training.parameters(), training.layout(), pool);
+    EXPECT_EQ(experts.received_bytes, uint64_t(missing) * layout_switch.bucket_bytes());
+    Transformer<float> view(training, experts.table);
+    if (generation_ep) generation_ep->attach_reusing(view);
+    EXPECT_TRUE(
+        same_samples(generate(view, prompts.tokens, prompts.ids, sampling_for(*task)), want));
+    layout_switch.to_training(experts, pool);
+  }
+
+  // The whole model's parameters, initialized from `seed`.
+  std::vector<float> whole_model(uint64_t seed) const {
+    const ParameterLayout layout(config);
+    std::vector<float> whole(size_t(layout.total()));
+    initialize_parameters(whole.data(), layout, config, seed);
+    return whole;
+  }
+
   const ModelConfig config;
   const std::vector<Switch> cases;
   const std::unique_ptr<Task> task;
@@ -151,8 +184,7 @@ class ParameterBuckets : public ::testing::Test {
 TEST_F(ParameterBuckets, TheBucketViewGeneratesWhatTheCopiedLayoutGeneratesBitForBit) {
   const int rank = test::world_rank();
   const ParameterLayout whole_layout(config);
-  std::vector<float> whole(size_t(whole_layout.total()));
-  initialize_parameters(whole.data(), whole_layout, config, 23);
+  const std::vector<float> whole = whole_model(23);
   const GenerationSettings sampling = sampling_for(*task);
   for (const Switch& c : cases) {
     SCOPED_TRACE("training EP " + std::to_string(c.train) + ", generation EP " +
@@ -237,9 +269,7 @@ std::vector<std::vector<int>> migrated_tables(int layers, int experts, int train
 TEST_F(ParameterBuckets, AfterMigrationTheViewFindsEveryExpertThroughThePlacement) {
   const int rank = test::world_rank();
   const ParameterLayout whole_layout(config);
-  std::vector<float> whole(size_t(whole_layout.total()));
-  initialize_parameters(whole.data(), whole_layout, config, 29);
-  const GenerationSettings sampling = sampling_for(*task);
+  const std::vector<float> whole = whole_model(29);
   bool any_case = false;
   int later_replicas_used = 0;
   for (const int redundant : {0, 1}) {
@@ -281,19 +311,7 @@ TEST_F(ParameterBuckets, AfterMigrationTheViewFindsEveryExpertThroughThePlacemen
           replicas_used += own != table.begin() + (ep_rank + 1) * local && own != first;
         }
       }
-      EXPECT_EQ(layout_switch.buckets_to_receive(), missing);
-      EXPECT_LE(missing, expert_buckets_missing_any_placement(local, wanted, config.n_experts,
-                                                              config.n_layers));
-      ArenaScope generation_memory(device);
-      SlotPool pool(device, layout_switch.bucket_bytes(), layout_switch.buckets_to_receive(),
-                    "received expert buckets");
-      GenerationExperts experts =
-          layout_switch.to_generation(training.parameters(), training.layout(), pool);
-      EXPECT_EQ(experts.received_bytes, uint64_t(missing) * layout_switch.bucket_bytes());
-      Transformer<float> view(training, experts.table);
-      if (generation_ep) generation_ep->attach_reusing(view);
-      EXPECT_TRUE(same_samples(generate(view, prompts.tokens, prompts.ids, sampling), want));
-      layout_switch.to_training(experts, pool);
+      expect_view_generates(layout_switch, training, device, generation_ep.get(), missing, want);
       later_replicas_used += replicas_used;
     }
   }
@@ -301,6 +319,75 @@ TEST_F(ParameterBuckets, AfterMigrationTheViewFindsEveryExpertThroughThePlacemen
   // Some view ran a replica other than the first (where the rank's own copy saved a bucket).
   MPI_Allreduce(MPI_IN_PLACE, &later_replicas_used, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
   EXPECT_GT(later_replicas_used, 0);
+}
+
+// A generation placement of its own (EDPB in fused mode): per layer, the experts placed on the
+// generation EP ranks by the two-level placement of skewed loads (a different ranking per
+// layer), over a training placement at the default and after per-layer migrations. The
+// dispatchers route by the generation tables, the switch fetches each generation slot's expert
+// by id from wherever training holds it, receives exactly the slots' experts its training EP
+// rank lacks, and the view generates the same tokens and log-probs as the default placement.
+TEST_F(ParameterBuckets, AGenerationPlacementGeneratesWhatTheDefaultOneGenerates) {
+  const std::vector<float> whole = whole_model(31);
+  const int rank = test::world_rank(), E = config.n_experts;
+  int moved_slots = 0;
+  bool any_case = false;
+  for (const bool migrated : {false, true}) {
+    for (const Switch& c : cases) {
+      if (c.generation < 2 || (migrated && c.train < 2)) continue;
+      any_case = true;
+      SCOPED_TRACE("training EP " + std::to_string(c.train) + (migrated ? " migrated" : "") +
+                   ", generation EP " + std::to_string(c.generation));
+      std::vector<std::vector<int>> generation_tables;
+      for (int l = 0; l < config.n_layers; ++l) {
+        std::vector<double> load(static_cast<size_t>(E));
+        for (int e = 0; e < E; ++e) load[size_t(e)] = 1000.0 / (1 + (e * (l + 5)) % E);
+        const ExpertCluster cluster{1, c.generation, E / c.generation};
+        generation_tables.push_back(place_two_level(load, cluster).slot_expert);
+        for (int s = 0; s < E; ++s) moved_slots += generation_tables.back()[size_t(s)] != s;
+      }
+      Arena device("device", 32 << 20);
+      Transformer<float> training(config, cpu_ops(), device, /*with_gradients=*/false,
+                                  shard_at(rank, c.train, E));
+      copy_common_parameters(whole.data(), ParameterLayout(config), training.parameters(),
+                             training.layout());
+      std::unique_ptr<RoleExpertParallel> training_ep;
+      if (c.train > 1) {
+        training_ep =
+            std::make_unique<RoleExpertParallel>(ranks, links, E, c.train, DispatchMode::Flat);
+        training_ep->attach(training);
+        if (migrated) {
+          training_ep->migrate_slots(migrated_tables(config.n_layers, E, c.train, 0),
+                                     training.layout(), {training.parameters()});
+        }
+      }
+      std::unique_ptr<RoleExpertParallel> generation_ep;
+      const std::vector<GeneratedSample> want =
+          generate_from_copy(whole, c.generation, generation_ep);
+
+      ExpertLayoutSwitch layout_switch(ranks, links, config, c.train, c.generation);
+      if (training_ep) layout_switch.follow_slot_experts(&training_ep->slot_experts());
+      generation_ep->adopt_slots(generation_tables, config.n_layers);
+      layout_switch.follow_generation_slots(&generation_ep->slot_experts());
+      // The buckets: the experts of this rank's generation slots its training EP rank lacks.
+      const ExpertShard slots = layout_switch.generation_shard(rank);
+      const ExpertShard own = layout_switch.training_shard(rank);
+      int missing = 0;
+      for (int l = 0; l < config.n_layers; ++l) {
+        const std::vector<int> training_table =
+            training_ep ? training_ep->slot_experts()[size_t(l)] : default_slot_experts(E, 1, 0);
+        for (int s = slots.first; s < slots.first + slots.count; ++s) {
+          const int e = generation_tables[size_t(l)][size_t(s)];
+          const auto held = std::find(training_table.begin() + own.first,
+                                      training_table.begin() + own.first + own.count, e);
+          missing += held == training_table.begin() + own.first + own.count;
+        }
+      }
+      expect_view_generates(layout_switch, training, device, generation_ep.get(), missing, want);
+    }
+  }
+  if (!any_case) GTEST_SKIP() << "no switch to a generation EP degree >= 2";
+  EXPECT_GT(moved_slots, 0);  // the placements are not the default one
 }
 
 // One fused rank's training state: the model (its training shard), sharded AdamW with a global
