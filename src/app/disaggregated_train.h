@@ -39,6 +39,8 @@ struct DisaggregatedOptions {
   int virtual_stages = 1;
   int micro_batches = 0;
   RebalanceOptions rebalance;  // --rebalance-* and --router-skew (EDPB)
+  // --reorder-samples off | counted | measured: data reordering (src/app/sample_reordering.h)
+  std::string reorder_samples = "off";
 };
 
 int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_options,
