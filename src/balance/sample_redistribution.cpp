@@ -6,6 +6,7 @@
 #include <string>
 
 #include "src/balance/data_reordering.h"
+#include "src/balance/greedy_packing.h"
 
 namespace rlf {
 
@@ -43,6 +44,33 @@ std::vector<int> match_bins_to_ranks(const std::vector<std::vector<int>>& bins,
     taken[size_t(p.rank)] = true;
   }
   return rank_of_bin;
+}
+
+// Costliest first (ties by position), each sample stays on its source rank while that rank's load
+// stays within `target` (the greedy plan's slowest rank), else goes to the least-loaded rank
+// (ties by rank): often as fast as the greedy plan with far fewer samples moved.
+std::vector<int> stay_first(const std::vector<double>& costs, const std::vector<int>& source_of,
+                            int ranks, double target) {
+  std::vector<int> order(costs.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return costs[size_t(a)] > costs[size_t(b)]; });
+  std::vector<double> load(size_t(ranks), 0.0);
+  std::vector<int> rank_of(costs.size());
+  for (int i : order) {
+    int to = source_of[size_t(i)];
+    if (load[size_t(to)] + costs[size_t(i)] > target)
+      to = int(std::min_element(load.begin(), load.end()) - load.begin());
+    rank_of[size_t(i)] = to;
+    load[size_t(to)] += costs[size_t(i)];
+  }
+  return rank_of;
+}
+
+int moves(const std::vector<int>& rank_of, const std::vector<int>& source_of) {
+  int moved = 0;
+  for (size_t i = 0; i < rank_of.size(); ++i) moved += rank_of[i] != source_of[i];
+  return moved;
 }
 
 }  // namespace
@@ -90,23 +118,29 @@ RedistributionPlan plan_redistribution(const std::vector<int64_t>& sample_ids,
     canonical_source[p] = source_rank[size_t(canonical[p])];
   }
   const RankAssignment greedy = assign_samples_to_ranks(canonical_costs, ranks);
+  const std::vector<int> rank_of_bin =
+      match_bins_to_ranks(greedy.samples, canonical_source, canonical_costs, ranks);
+  std::vector<int> matched(n);
+  for (int b = 0; b < ranks; ++b) {
+    for (int p : greedy.samples[size_t(b)]) matched[size_t(p)] = rank_of_bin[size_t(b)];
+  }
+  const std::vector<int> staying =
+      stay_first(canonical_costs, canonical_source, ranks, largest(greedy.load));
+  const std::vector<double> matched_load = bin_loads(canonical_costs, matched, ranks);
+  const std::vector<double> staying_load = bin_loads(canonical_costs, staying, ranks);
+  const bool stay = largest(staying_load) <= largest(matched_load) &&
+                    moves(staying, canonical_source) <= moves(matched, canonical_source);
+  const std::vector<int>& chosen = stay ? staying : matched;
 
   RedistributionPlan plan;
   plan.in_order_load.assign(size_t(ranks), 0.0);
   for (size_t i = 0; i < n; ++i) plan.in_order_load[size_t(source_rank[i])] += costs[i];
   plan.lower_bound = assignment_lower_bound(costs, ranks);
-  const std::vector<int> rank_of_bin =
-      match_bins_to_ranks(greedy.samples, canonical_source, canonical_costs, ranks);
-  plan.load.assign(size_t(ranks), 0.0);
-  for (int b = 0; b < ranks; ++b)
-    plan.load[size_t(rank_of_bin[size_t(b)])] = greedy.load[size_t(b)];
+  plan.load = stay ? staying_load : matched_load;
   plan.reordered = plan.slowest() < plan.in_order_slowest();
   plan.destination = source_rank;
   if (plan.reordered) {
-    for (int b = 0; b < ranks; ++b) {
-      for (int p : greedy.samples[size_t(b)])
-        plan.destination[size_t(canonical[size_t(p)])] = rank_of_bin[size_t(b)];
-    }
+    for (size_t p = 0; p < n; ++p) plan.destination[size_t(canonical[p])] = chosen[p];
   } else {
     plan.load = plan.in_order_load;
   }

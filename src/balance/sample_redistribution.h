@@ -1,8 +1,10 @@
 // Planning one step's data reordering across data-parallel ranks: every rank knows every sample
 // of the step (id, the rank holding it, its predicted cost), and every rank computes the same
 // plan from that — the greedy assignment (data_reordering.h) in canonical sample-id order, its
-// bins matched to the ranks that already hold most of their cost so that few samples move, and
-// kept only when it predicts a faster slowest rank than leaving the samples where they are.
+// bins matched to the ranks that already hold most of their cost; or, when it is as fast and moves
+// fewer samples, the same greedy pass letting each sample stay on its rank while that rank stays
+// within the greedy plan's slowest load. A plan is kept only when it predicts a faster slowest
+// rank than leaving the samples where they are.
 // A pure function of its inputs, so ranks agree without further messages.
 #pragma once
 

@@ -89,6 +89,33 @@ TEST(ReorderInTrain, FusedExpertParallelRanksTrainLikeInOrder) {
   expect_reordered_like_in_order(run_three("fused-ep", 2, "--mode fused --expert-parallel 2"));
 }
 
+TEST(ReorderInTrain, ExpertParallelLearnersTrainLikeInOrder) {
+  expect_reordered_like_in_order(
+      run_three("disaggregated-ep", 3,
+                "--learners 2 --actors 1 --expert-parallel 2 --actor-expert-parallel 1"));
+}
+
+TEST(ReorderInTrain, MeasuredCostsChangeThePlanNotTheMath) {
+  // Measured plans follow the machine's timing (not reproducible), but whichever plan a step
+  // makes, it trains the in-order step's samples with its normalizer.
+  const std::string in_order_dir = test::fresh_temp_dir("reorder-measured-off");
+  const std::string dir = test::fresh_temp_dir("reorder-measured");
+  const CommandResult in_order =
+      test::run_rlfusion(kHeavyTailRun + "--mode fused --run-dir " + in_order_dir, 2);
+  const CommandResult measured = test::run_rlfusion(
+      kHeavyTailRun + "--mode fused --reorder-samples measured --run-dir " + dir, 2);
+  ASSERT_EQ(in_order.exit_code, 0) << in_order.output;
+  ASSERT_EQ(measured.exit_code, 0) << measured.output;
+  EXPECT_NE(measured.output.find("# data reordering (measured) over 4 steps"), std::string::npos)
+      << measured.output;
+  EXPECT_EQ(test::progress_rows(measured.output), test::progress_rows(in_order.output))
+      << measured.output;
+  const std::vector<float> want = test::read_saved_parameters(in_order_dir + "/model.h5");
+  const std::vector<float> got = test::read_saved_parameters(dir + "/model.h5");
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_LT(test::nmse(got.data(), want.data(), want.size()), 1e-6);
+}
+
 TEST(ReorderInTrain, UnsupportedValuesAndCombinationsStopEveryRankBeforeOutput) {
   const std::string dir = test::fresh_temp_dir("reorder-bad");
   test::expect_stops_before_output(

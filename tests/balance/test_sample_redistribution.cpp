@@ -125,6 +125,17 @@ TEST(SampleRedistribution, BalancedSharesStayWhereTheyAre) {
   EXPECT_DOUBLE_EQ(skewed.in_order_slowest(), 13);
 }
 
+TEST(SampleRedistribution, SamplesStayWhenTheGreedyLoadAllowsIt) {
+  // Six equal samples, four on rank 0: the greedy bins alternate (three would move after
+  // matching), but moving one sample reaches the same slowest rank.
+  const RedistributionPlan plan =
+      plan_redistribution({0, 1, 2, 3, 4, 5}, {0, 0, 0, 0, 1, 1}, {4, 4, 4, 4, 4, 4}, 2);
+  EXPECT_TRUE(plan.reordered);
+  EXPECT_DOUBLE_EQ(plan.slowest(), 12);
+  EXPECT_EQ(plan.moved, 1);
+  EXPECT_EQ(plan.destination[3], 1);  // the last of rank 0's samples, costliest first
+}
+
 TEST(SampleRedistribution, EmptyStepsAndRanksWithoutSamples) {
   const RedistributionPlan empty = plan_redistribution({}, {}, {}, 3);
   EXPECT_EQ(empty.trained.size(), 3u);
