@@ -13,9 +13,6 @@
 
 namespace rlf {
 
-namespace {
-
-// MPI counts are ints; a larger message must be split into buckets by its caller.
 int checked_count(uint64_t bytes, const char* what) {
   if (bytes > uint64_t(INT_MAX)) {
     throw std::length_error(std::string(what) + ": a message of " + std::to_string(bytes) +
@@ -23,6 +20,8 @@ int checked_count(uint64_t bytes, const char* what) {
   }
   return int(bytes);
 }
+
+namespace {
 
 void sleep_seconds(double seconds) {
   if (seconds > 0) std::this_thread::sleep_for(std::chrono::duration<double>(seconds));

@@ -75,9 +75,10 @@ class Links {
   const LinkCounters& counters() const { return counters_; }
   void reset_counters() { counters_ = LinkCounters{}; }
 
- private:
+  // The rank of the Links' world that is `rank` of `comm` (for counting nonblocking transfers).
   int world_rank_of(int rank, MPI_Comm comm) const;
 
+ private:
   std::vector<int> node_of_;
   MPI_Comm world_;
   LinkEmulation emulation_;
@@ -85,6 +86,10 @@ class Links {
   int my_world_rank_ = 0;
   double port_free_at_ = 0;  // steady_seconds() when the emulated incoming port is idle again
 };
+
+// `bytes` as an MPI count; std::length_error naming `what` when it exceeds an int (a larger
+// message must be split into buckets by its caller).
+int checked_count(uint64_t bytes, const char* what);
 
 // Seconds on the steady clock: the time base of emulation deadlines.
 double steady_seconds();

@@ -19,6 +19,7 @@ int run_bench_checkpoint_command(const std::vector<std::string>& args);
 int run_bench_balance_command(const std::vector<std::string>& args);
 int run_bench_migration_command(const std::vector<std::string>& args);
 int run_bench_rebalance_command(const std::vector<std::string>& args);
+int run_bench_reorder_command(const std::vector<std::string>& args);
 int run_bench_pipeline_command(const std::vector<std::string>& args);
 int run_report_command(const std::vector<std::string>& args);
 int run_plan_command(const std::vector<std::string>& args);

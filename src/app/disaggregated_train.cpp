@@ -14,6 +14,7 @@
 #include "src/app/learner_setup.h"
 #include "src/app/random_delay.h"
 #include "src/app/rl_progress.h"
+#include "src/app/sample_reordering.h"
 #include "src/app/traced_training.h"
 #include "src/app/train_finish.h"
 #include "src/io/parameter_file.h"
@@ -178,6 +179,7 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
   bool stopped = false;
   std::unique_ptr<RoleExpertParallel> ep;  // EP groups of this rank's role, when degree > 1
   int migrations = 0;
+  std::string reordering_json;  // summary.json fields of --reorder-samples (learners)
 
   if (role != Role::Queue) {
     LearnerState learner;
@@ -223,7 +225,18 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
     // Actors learn where the run stands from the root (rank 0 of compute_ranks: learner 0 is
     // world rank 0 in every layout).
     MPI_Bcast(&position.step, 1, MPI_INT, 0, compute_ranks);
-    const DataParallelHooks parallel = learner_hooks(role_comm, links, model, ep.get(), trace);
+    // --reorder-samples: the learners move each step's samples between them before training.
+    std::unique_ptr<SampleReordering> reordering;
+    const ReorderCosts reorder_costs = parse_reorder_costs(options.reorder_samples);
+    if (role == Role::Learner && reorder_costs != ReorderCosts::Off) {
+      reordering = std::make_unique<SampleReordering>(reorder_costs, policy.config, role_comm.comm,
+                                                      links, trace, rl.log_every);
+      dir.log("%s", reordering->describe().c_str());
+    }
+    const DataParallelHooks learners_hooks =
+        learner_hooks(role_comm, links, model, ep.get(), trace);
+    const DataParallelHooks parallel =
+        reordering ? reordering->timed(learners_hooks) : learners_hooks;
     const RlStepSettings settings = step_settings(rl);
     const GenerationSettings sampling = sampling_settings(rl, task, run.seed);
     const AdvantageEstimator estimator = parse_advantage_estimator(rl.advantage);
@@ -354,14 +367,17 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
         serving_barrier(compute_ranks, queue);
         if (sends_weights) sync_weights(version);
       }
+      if (reordering) rollouts = reordering->reorder(std::move(rollouts), rl.group_size, version);
       random_delay();
       const auto train_start = Clock::now();
       const StepStats stats =
           train_on_rollouts_traced(model, *optimizer, reference, rollouts, settings, parallel,
                                    version, int(learners.size()), trace);
+      const double train_seconds =
+          std::chrono::duration<double>(Clock::now() - train_start).count();
+      if (reordering) dir.log("%s", reordering->end_of_step(step, train_seconds).c_str());
       if (rebalancer) {
-        const double seconds = std::chrono::duration<double>(Clock::now() - train_start).count();
-        dir.log("%s", rebalancer->end_of_step(step, seconds).c_str());
+        dir.log("%s", rebalancer->end_of_step(step, train_seconds).c_str());
         migrations = rebalancer->migrations();
       }
       if (schedule.lag == 0 && sends_weights) sync_weights(version + 1);
@@ -372,6 +388,10 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
                                   ep.get(), compute_ranks, dir, serve_while_waiting);
     }
     rl_seconds = position.rl_seconds + progress.seconds_since_start();
+    if (reordering) {
+      dir.log("%s", reordering->summary().c_str());
+      reordering_json = reordering->summary_json();
+    }
   }
   queue.close();
   if (compute_ranks != MPI_COMM_NULL) MPI_Comm_free(&compute_ranks);
@@ -388,6 +408,7 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
   end.rl_tokens = position.rl_tokens;
   end.run_start = run_start;
   end.migrations = migrations;
+  end.memory_json = reordering_json;
   return finish_multi_rank_train(end, run, policy_options, sft, rl, options, policy, topology, dir,
                                  trace, result);
 }

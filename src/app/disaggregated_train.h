@@ -42,6 +42,8 @@ struct DisaggregatedOptions {
   // (pipeline_balance.h)
   std::string pipeline_balance = "uniform";
   RebalanceOptions rebalance;  // --rebalance-* and --router-skew (EDPB)
+  // --reorder-samples off | counted | measured: data reordering (src/app/sample_reordering.h)
+  std::string reorder_samples = "off";
 };
 
 int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_options,

@@ -68,9 +68,10 @@ FusedMemoryPlan plan_fused_memory(const ModelConfig& config, const ParameterLayo
             uniform_batch(std::min(batch.micro_batch, batch.samples), batch.max_sequence)));
   }
   // A training input is its sequence without the last token.
+  const int trained = batch.training_samples > 0 ? batch.training_samples : batch.samples;
   plan.training_activations = training_micro_batch_peak_bytes(
       config, training_layout,
-      uniform_batch(std::min(batch.micro_batch, batch.samples), batch.max_sequence - 1));
+      uniform_batch(std::min(batch.micro_batch, trained), batch.max_sequence - 1));
   return plan;
 }
 

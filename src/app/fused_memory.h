@@ -46,6 +46,9 @@ struct FusedBatch {
   int micro_batch = 1;
   bool sampled = true;
   int longest_prefill = 0;
+  // Samples one rank may train in a step when that differs from what it generates (data
+  // reordering can bring it any of the step's samples); 0: `samples`.
+  int training_samples = 0;
 };
 
 // `training_layout` and `generation_layout` are this rank's; `reward_model` the config of a learned

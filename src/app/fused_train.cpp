@@ -19,6 +19,7 @@
 #include "src/app/pipeline_stage_report.h"
 #include "src/app/random_delay.h"
 #include "src/app/rl_progress.h"
+#include "src/app/sample_reordering.h"
 #include "src/app/tensor_parallel_train.h"
 #include "src/app/traced_training.h"
 #include "src/app/train_finish.h"
@@ -116,12 +117,15 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         fused_all && !rl.reward_model.empty()
             ? std::optional<ModelConfig>(parameter_file_model(rl.reward_model))
             : std::nullopt;
+    // With --reorder-samples a rank may train any of the step's samples.
+    const bool reordered = parse_reorder_costs(options.reorder_samples) != ReorderCosts::Off;
     const FusedBatch batch{rl.prompts / replicas * rl.group_size,
                            1 + task.max_prompt_chars(),
                            longest,
                            rl.micro_batch,
                            rl.temperature > 0,
-                           rl.staleness > 0 ? longest - 1 : 0};
+                           rl.staleness > 0 ? longest - 1 : 0,
+                           reordered ? rl.prompts * rl.group_size : 0};
     memory_plan = plan_fused_memory(
         policy.config, policy.model->layout(), ParameterLayout(policy.config, generation_experts),
         switch_layouts, rl.kl_coef > 0, reward_model ? &*reward_model : nullptr, options.offload,
@@ -211,8 +215,19 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   // With tensor parallelism the replicas' data-parallel groups sum the gradients and the step's
   // statistics (the ranks of a TP group hold the same samples).
   // With pipeline parallelism, the ranks holding the same stage (one per pipeline).
-  const DataParallelHooks parallel = learner_hooks(
+  const DataParallelHooks data_parallel_hooks = learner_hooks(
       pp ? pp->data_parallel() : (tp ? tp->data_parallel() : all), links, model, ep.get(), trace);
+  // --reorder-samples (refused with TP and PP): the ranks move the samples they generated between
+  // them before training.
+  std::unique_ptr<SampleReordering> reordering;
+  const ReorderCosts reorder_costs = parse_reorder_costs(options.reorder_samples);
+  if (reorder_costs != ReorderCosts::Off) {
+    reordering = std::make_unique<SampleReordering>(reorder_costs, policy.config, all.comm, links,
+                                                    trace, rl.log_every);
+    dir.log("%s", reordering->describe().c_str());
+  }
+  const DataParallelHooks parallel =
+      reordering ? reordering->timed(data_parallel_hooks) : data_parallel_hooks;
   RlStepSettings settings = step_settings(rl);
   // A pipeline trains its replica's blocks together (its stages', with TP every TP rank's of them):
   // each minibatch takes its share of every block.
@@ -465,6 +480,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
       }
     }
     if (train) {
+      if (reordering) rollouts = reordering->reorder(std::move(rollouts), rl.group_size, version);
       random_delay();
       if (pp && learner.reference) {
         // The reference's stages gathered into a whole model for this rank's own samples.
@@ -485,7 +501,9 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
           model, *learner.optimizer, pp ? nullptr : learner.reference.get(), rollouts, settings,
           parallel, version, pp ? pp->replicas() : replicas, trace, pipeline_gradient);
       training_peak = std::max(training_peak, device.phase_peak());
-      routed_seconds += seconds_since(training_start);
+      const double training_seconds = seconds_since(training_start);
+      if (reordering) dir.log("%s", reordering->end_of_step(step, training_seconds).c_str());
+      routed_seconds += training_seconds;
       position.rl_tokens += int64_t(stats.tokens);
       position.step_rewards.push_back(stats.mean_reward());
       progress.step_done(step, stats);
@@ -540,6 +558,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         (long long)c.cut_samples, (long long)c.recomputed_prefix_tokens,
         (long long)c.regenerated_samples, (long long)c.dropped_groups, pool->in_flight_samples());
   }
+  if (reordering) dir.log("%s", reordering->summary().c_str());
   dir.log(
       "# device memory peaks of learner 0: generation %s (analytic %s), training %s (analytic %s), "
       "capacity %s\n",
@@ -558,7 +577,8 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   end.rl_seconds = position.rl_seconds + progress.seconds_since_start();
   end.rl_tokens = position.rl_tokens;
   end.run_start = run_start;
-  end.memory_json = device_memory_json(generation_peak, training_peak, memory_plan) + pipeline_json;
+  end.memory_json = device_memory_json(generation_peak, training_peak, memory_plan) +
+                    pipeline_json + (reordering ? reordering->summary_json() : "");
   end.migrations = rebalancer ? rebalancer->migrations() : 0;
   return finish_multi_rank_train(end, run, policy_options, sft, rl, options, policy, topology, dir,
                                  trace, result);

@@ -34,6 +34,8 @@ const char* kUsage =
     "  bench balance   EDPB: expert placement and migration vs EPLB, data reordering (max/mean)\n"
     "  bench migration experts moved rank to rank under skewed routing: step time before/after\n"
     "  bench rebalance EP training with a skewed router, static vs --rebalance-every: step time\n"
+    "  bench reorder   data reordering across data-parallel learners: slowest rank in order vs\n"
+    "                  reordered, against max(mean, costliest sample)\n"
     "  bench pipeline  pipeline parallelism, 1F1B and interleaved: measured bubble vs formula\n"
     "  bench calibrate measured rates and links of this machine -> a cluster file for plan\n"
     "  plan            performance model and strategy search (DeployMind); --table 1|2\n"
@@ -69,6 +71,7 @@ int dispatch(const std::vector<std::string>& words) {
         {"balance", rlf::run_bench_balance_command},
         {"migration", rlf::run_bench_migration_command},
         {"rebalance", rlf::run_bench_rebalance_command},
+        {"reorder", rlf::run_bench_reorder_command},
         {"pipeline", rlf::run_bench_pipeline_command},
         {"calibrate", rlf::run_bench_calibrate_command},
     };

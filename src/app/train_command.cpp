@@ -20,6 +20,7 @@
 #include "src/app/policy_setup.h"
 #include "src/app/rl_options.h"
 #include "src/app/rl_progress.h"
+#include "src/app/sample_reordering.h"
 #include "src/app/sft_phase.h"
 #include "src/app/tensor_parallel_train.h"
 #include "src/app/traced_training.h"
@@ -127,6 +128,7 @@ int run_train_command(const std::vector<std::string>& args) {
     description.add(d);
   }
   description.add(rebalance_options_description(multi_rank.rebalance));
+  description.add(reorder_options_description(multi_rank.reorder_samples));
   po::variables_map parsed;
   if (!parse_options("train", args, description, run, &parsed)) return 0;
   validate(sft, "sft-");
@@ -166,6 +168,7 @@ int run_train_command(const std::vector<std::string>& args) {
   }
   validate_tensor_parallel_train(multi_rank, mode == "fused", world_size, o);
   validate_pipeline_parallel_train(multi_rank, mode == "fused", world_size, o);
+  validate_sample_reordering(multi_rank, o, world_size);
   if (o.staleness > 0 && world_size == 1) {
     throw ConfigError(
         "--staleness " + std::to_string(o.staleness) +

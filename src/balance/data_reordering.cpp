@@ -12,34 +12,48 @@
 
 namespace rlf {
 
+std::optional<SampleCostModel> fit_batch_cost_model(
+    const std::vector<BatchCostObservation>& observations) {
+  const Eigen::Index n = Eigen::Index(observations.size());
+  Eigen::MatrixXd a(n, 3);
+  Eigen::VectorXd b(n);
+  for (Eigen::Index i = 0; i < n; ++i) {
+    const BatchCostObservation& o = observations[size_t(i)];
+    if (!std::isfinite(o.samples) || !std::isfinite(o.tokens) || !std::isfinite(o.squared_tokens) ||
+        !std::isfinite(o.seconds)) {
+      throw ConfigError("cost model: a length or time is not a finite number");
+    }
+    a.row(i) << o.samples, o.tokens, o.squared_tokens;
+    b(i) = o.seconds;
+  }
+  if (n < 3) return std::nullopt;
+  // Columns scaled to comparable magnitudes keep the QR well conditioned at long lengths.
+  Eigen::Vector3d scale;
+  for (int c = 0; c < 3; ++c) {
+    const double largest = a.col(c).cwiseAbs().maxCoeff();
+    scale(c) = largest > 0 ? largest : 1.0;
+  }
+  const Eigen::MatrixXd scaled = a * scale.cwiseInverse().asDiagonal();
+  const Eigen::ColPivHouseholderQR<Eigen::MatrixXd> qr(scaled);
+  if (qr.rank() < 3) return std::nullopt;
+  const Eigen::Vector3d c = qr.solve(b).cwiseQuotient(scale);
+  return SampleCostModel{c(0), c(1), c(2)};
+}
+
 SampleCostModel fit_sample_cost_model(const std::vector<double>& lengths,
                                       const std::vector<double>& seconds) {
   if (lengths.size() != seconds.size()) {
     throw ConfigError("cost model: " + std::to_string(lengths.size()) + " lengths and " +
                       std::to_string(seconds.size()) + " times");
   }
-  for (size_t i = 0; i < lengths.size(); ++i) {
-    if (!std::isfinite(lengths[i]) || !std::isfinite(seconds[i])) {
-      throw ConfigError("cost model: a length or time is not a finite number");
-    }
-  }
-  if (std::set<double>(lengths.begin(), lengths.end()).size() < 3) {
+  std::vector<BatchCostObservation> samples;
+  for (size_t i = 0; i < lengths.size(); ++i)
+    samples.push_back({1, lengths[i], lengths[i] * lengths[i], seconds[i]});
+  const std::optional<SampleCostModel> fit = fit_batch_cost_model(samples);
+  if (std::set<double>(lengths.begin(), lengths.end()).size() < 3 || !fit) {
     throw ConfigError("cost model: fitting 1, length and length^2 needs >= 3 distinct lengths");
   }
-  const Eigen::Index n = Eigen::Index(lengths.size());
-  // Columns scaled to comparable magnitudes keep the QR well conditioned at long lengths.
-  const double scale = *std::max_element(lengths.begin(), lengths.end());
-  Eigen::MatrixXd a(n, 3);
-  Eigen::VectorXd b(n);
-  for (Eigen::Index i = 0; i < n; ++i) {
-    const double x = lengths[size_t(i)] / scale;
-    a(i, 0) = 1;
-    a(i, 1) = x;
-    a(i, 2) = x * x;
-    b(i) = seconds[size_t(i)];
-  }
-  const Eigen::Vector3d c = a.colPivHouseholderQr().solve(b);
-  return {c(0), c(1) / scale, c(2) / (scale * scale)};
+  return *fit;
 }
 
 namespace {

@@ -4,6 +4,7 @@
 // rank. The global batch is unchanged (every sample on exactly one rank); only who runs what moves.
 #pragma once
 
+#include <optional>
 #include <vector>
 
 namespace rlf {
@@ -15,6 +16,19 @@ struct SampleCostModel {
     return fixed + per_token * length + per_token_squared * length * length;
   }
 };
+
+// A measured batch of samples (one rank's share of a step): how many samples, the sum of their
+// lengths and of their squared lengths, and its seconds. A batch costs the sum of its samples'
+// costs, so batches fit the per-sample model as well as single samples do.
+struct BatchCostObservation {
+  double samples = 0, tokens = 0, squared_tokens = 0, seconds = 0;
+};
+
+// Least squares of seconds against (samples, tokens, squared tokens) (Eigen, column-pivoting QR,
+// columns scaled to comparable magnitudes). nullopt when the observations do not determine the
+// three coefficients (numerical rank < 3); ConfigError when a value is not finite.
+std::optional<SampleCostModel> fit_batch_cost_model(
+    const std::vector<BatchCostObservation>& observations);
 
 // Least squares over (length, seconds) pairs (Eigen, column-pivoting QR). ConfigError when the
 // sizes differ, a value is not finite, or fewer than 3 distinct lengths make the fit singular.

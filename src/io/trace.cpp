@@ -38,6 +38,8 @@ const char* phase_name(Phase phase) {
       return "reshard";
     case Phase::Migrate:
       return "migrate";
+    case Phase::Reorder:
+      return "reorder";
     case Phase::Proximal:
       return "proximal";
   }

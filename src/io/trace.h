@@ -39,8 +39,9 @@ enum class Phase : int32_t {
   Reshard,   // weights from the training to the generation layout
   Proximal,  // StaleSync: the policy's own log-probs of the step's samples (decoupled objective)
   Migrate,   // EDPB: routed experts moved between EP ranks (weights and AdamW moments)
+  Reorder,   // EDPB: a step's samples moved between data-parallel ranks (data reordering)
 };
-inline constexpr int kPhaseCount = int(Phase::Migrate) + 1;
+inline constexpr int kPhaseCount = int(Phase::Reorder) + 1;
 
 // "generate", "queue_put", ...: the names in trace.h5, report tables and JSON.
 const char* phase_name(Phase phase);

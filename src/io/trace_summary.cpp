@@ -42,6 +42,7 @@ TimeCategory time_category(Phase phase) {
     case Phase::Onload:
     case Phase::Reshard:
     case Phase::Migrate:
+    case Phase::Reorder:
       return TimeCategory::Communication;
     case Phase::Idle:
       return TimeCategory::Idle;

@@ -632,6 +632,16 @@ TEST(Checkpoint, DisaggregatedStaleSyncSigusr1CheckpointsAndStops) {
                                       "--staleness 1 --ranks-per-node 1 ", "USR1");
 }
 
+// Data reordering with counted costs is a pure function of each step's samples: a resumed run
+// makes the same plans and ends bit for bit where the uninterrupted one does.
+TEST(Checkpoint, ReorderedLearnersAndFusedRanksResumeIsBitExact) {
+  expect_kill_and_resume_bit_exact("reorder-disaggregated", 3,
+                                   kRun + "--learners 2 --actors 1 --reorder-samples counted ",
+                                   "data");
+  expect_kill_and_resume_bit_exact("reorder-fused", 2,
+                                   kRun + "--mode fused --reorder-samples counted ", "data");
+}
+
 TEST(Checkpoint, FusedStaleSyncSigusr1CheckpointsAndStops) {
   expect_signal_checkpoints_and_stops("stale-sigusr1", 2, "--mode fused --staleness 1 ", "USR1");
 }

@@ -55,5 +55,20 @@ TEST(FusedMemoryPlan, ALayoutSwitchHoldsOnlyTheExpertBucketsItReceives) {
       0u);
 }
 
+TEST(FusedMemoryPlan, ReorderedTrainingCountsMicroBatchesOfTheWholeStep) {
+  // 4 samples generated per rank in micro-batches of 8: after data reordering a rank may train up
+  // to 8 of the step's 16 samples in one micro-batch; generation is unchanged.
+  const ModelConfig config = load_model_config("tiny");
+  const ParameterLayout layout(config);
+  const FusedBatch own{4, 8, 16, 8, true, 0}, reordered{4, 8, 16, 8, true, 0, 16},
+      eight{8, 8, 16, 8, true, 0};
+  auto plan = [&](const FusedBatch& batch) {
+    return plan_fused_memory(config, layout, layout, false, false, nullptr, false, batch);
+  };
+  EXPECT_GT(plan(reordered).training_activations, plan(own).training_activations);
+  EXPECT_EQ(plan(reordered).training_activations, plan(eight).training_activations);
+  EXPECT_EQ(plan(reordered).generation_peak(), plan(own).generation_peak());
+}
+
 }  // namespace
 }  // namespace rlf
