@@ -9,9 +9,11 @@
 # cores with 3 repeats. Times are only meaningful with every rank on its own idle core.
 #
 # Repeats: this shared VM's speed moves between runs (the same case measured 25-31% apart in two
-# idle runs, calibrated rates 1.6x apart), so each calibration is made REPEATS times and every
-# rate is the median of its measurements, and each case runs REPEATS times and the run with the
-# median step time is the case's measurement (its other columns, deterministic, are the same).
+# idle runs, calibrated rates 1.6x apart), so the job runs REPEATS rounds, each a calibration (2
+# ranks and 1) followed by one run of every case: a slow or fast stretch of the machine then
+# touches the rates and the runs alike instead of only the calibration or only a few cases. Every
+# rate is the median of its REPEATS measurements, and the run with the median step time stands for
+# each case (its other columns, deterministic, are the same).
 #   RLFUSION=build/src/rlfusion  CASES=jobs/local/planner_validation_cases.csv  OUT=runs/validate_planner  REPEATS=3
 set -euo pipefail
 RLFUSION=${RLFUSION:-build/src/rlfusion}
@@ -23,15 +25,17 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 mkdir -p "$OUT"
 [ "$REPEATS" -ge 1 ] 2>/dev/null || { echo "REPEATS must be an integer >= 1, got '$REPEATS'" >&2; exit 2; }
 
-# calibrate RANKS FILE: REPEATS calibrations on RANKS ranks merged into FILE, every number the
-# median of its measurements (element by element for the rate grids).
-calibrate() {
-  local ranks=$1 file=$2 r
-  for r in $(seq "$REPEATS"); do
-    mpiexec -n "$ranks" --bind-to core "$RLFUSION" bench calibrate --output "$file.$r" \
-      < /dev/null > "$file.$r.calibrate" 2>&1 || { cat "$file.$r.calibrate"; exit 1; }
-  done
-  "$PYTHON" - "$file" "$REPEATS" <<'PY'
+# calibrate_once RANKS FILE R: round R's calibration on RANKS ranks into FILE.R.
+calibrate_once() {
+  local ranks=$1 file=$2 r=$3
+  mpiexec -n "$ranks" --bind-to core "$RLFUSION" bench calibrate --output "$file.$r" \
+    < /dev/null > "$file.$r.calibrate" 2>&1 || { cat "$file.$r.calibrate"; exit 1; }
+}
+
+# merge_calibrations FILE: the REPEATS rounds' FILE.1 .. FILE.REPEATS merged into FILE, every
+# number the median of its measurements (element by element for the rate grids).
+merge_calibrations() {
+  "$PYTHON" - "$1" "$REPEATS" <<'PY'
 import statistics, sys
 out, repeats = sys.argv[1], int(sys.argv[2])
 files = [open(f"{out}.{r}").read().splitlines() for r in range(1, repeats + 1)]
@@ -52,33 +56,33 @@ open(out, "w").write("\n".join(merged) + "\n")
 PY
 }
 
-echo "# calibrating this machine ($REPEATS times each) -> $OUT/cluster.ini (2 ranks), $OUT/cluster-1rank.ini (1 rank)"
-calibrate 2 "$OUT/cluster.ini"
-# One-rank cases run alone on the machine: their rates measured the same way (no second rank
-# sharing the memory bandwidth).
-calibrate 1 "$OUT/cluster-1rank.ini"
-
 MEASURED="$OUT/measured.csv"
 echo "case,cluster,task,model,mode,ranks,ranks_per_node,actors,expert_parallel,actor_expert_parallel,staleness,offload,inter_bandwidth,inter_latency,prompts,group_size,micro_batch,reference,queue_shards,steps,trained_tokens,response_tokens,step_s,intra_bytes,inter_bytes,generation_peak,training_peak,generate_s,train_s" > "$MEASURED"
+mapfile -t CASE_LINES < <(grep -v '^#' "$CASES" | tail -n +2)
 
-grep -v '^#' "$CASES" | tail -n +2 | while IFS=, read -r name ranks rpn mode stale ep aep offload bw lat model task prompts group micro steps; do
-  dir="$OUT/$name"
-  args=(train --model "$model" --task "$task" --sft-steps 0 --steps "$steps" --prompts "$prompts"
+# cluster_of NAME RANKS BW LAT: the cluster file a case is predicted with. One-rank cases run
+# alone on the machine, so their rates come from the one-rank calibration (no second rank
+# sharing the memory bandwidth); a case that emulates links gets the two-rank rates with its
+# emulated link (composed after the rounds).
+cluster_of() {
+  if [ "$3" != 0 ] || [ "$4" != 0 ]; then echo "$OUT/cluster-$1.ini"
+  elif [ "$2" = 1 ]; then echo "$OUT/cluster-1rank.ini"
+  else echo "$OUT/cluster.ini"; fi
+}
+
+# run_case LINE R: round R's run of one case, its row appended to $OUT/NAME.rows.
+run_case() {
+  local name ranks rpn mode stale ep aep offload bw lat model task prompts group micro steps
+  IFS=, read -r name ranks rpn mode stale ep aep offload bw lat model task prompts group micro steps <<< "$1"
+  local r=$2 dir="$OUT/$name" actors=0 cluster
+  cluster=$(cluster_of "$name" "$ranks" "$bw" "$lat")
+  local args=(train --model "$model" --task "$task" --sft-steps 0 --steps "$steps" --prompts "$prompts"
         --group-size "$group" --micro-batch "$micro" --eval-prompts 10 --eval-every 0
         --log-every "$steps" --overwrite)
-  actors=0
-  cluster="$OUT/cluster.ini"
-  [ "$ranks" = 1 ] && cluster="$OUT/cluster-1rank.ini"
-  if [ "$bw" != 0 ] || [ "$lat" != 0 ]; then
-    # The case's emulated link, measured by the calibration's ping-pong through the emulation; the
-    # compute rates stay those of the two-rank calibration above, so every two-rank case is
-    # predicted from one measurement of the machine (separate calibrations of the same idle
-    # machine differ by up to 1.6x in their rates).
-    cluster="$OUT/cluster-$name.ini"
+  if [ "$r" = 1 ] && { [ "$bw" != 0 ] || [ "$lat" != 0 ]; }; then
+    # The case's emulated link, measured by the calibration's ping-pong through the emulation.
     mpiexec -n 2 --bind-to core "$RLFUSION" bench calibrate --output "$OUT/links-$name.ini" \
       --inter-node-bandwidth "$bw" --inter-node-latency "$lat" < /dev/null > "$dir.calibrate" 2>&1
-    { grep -v -E '^(intra|inter)_supernode_' "$OUT/cluster.ini"
-      grep -E '^(intra|inter)_supernode_' "$OUT/links-$name.ini"; } > "$cluster"
   fi
   if [ "$ranks" -gt 1 ]; then
     args+=(--mode "$mode" --staleness "$stale" --ranks-per-node "$rpn" --expert-parallel "$ep"
@@ -88,15 +92,13 @@ grep -v '^#' "$CASES" | tail -n +2 | while IFS=, read -r name ranks rpn mode sta
     [ "$lat" != 0 ] && args+=(--inter-node-latency "$lat")
     [ "$mode" = disaggregated ] && actors=1
   fi
-  echo "# case $name ($REPEATS runs): mpiexec -n $ranks rlfusion ${args[*]} --run-dir $dir-runN"
-  rows="$dir.rows"
-  : > "$rows"
-  for r in $(seq "$REPEATS"); do
-    run="$dir-run$r"
-    mpiexec -n "$ranks" --bind-to core "$RLFUSION" "${args[@]}" --run-dir "$run" < /dev/null \
-      > "$run.stdout" 2>&1 || { echo "case $name failed:"; tail -5 "$run.stdout"; exit 1; }
-    "$RLFUSION" report "$run" --json < /dev/null > "$run.report.json"
-    "$PYTHON" - "$run" "$name,$cluster,$task,$model,$mode,$ranks,$rpn,$actors,$ep,$aep,$stale,$offload,$bw,$lat,$prompts,$group,$micro,0,2,$steps" >> "$rows" <<'PY'
+  [ "$r" = 1 ] && : > "$dir.rows"
+  echo "# round $r, case $name: mpiexec -n $ranks rlfusion ${args[*]} --run-dir $dir-run$r"
+  local run="$dir-run$r"
+  mpiexec -n "$ranks" --bind-to core "$RLFUSION" "${args[@]}" --run-dir "$run" < /dev/null \
+    > "$run.stdout" 2>&1 || { echo "case $name failed:"; tail -5 "$run.stdout"; exit 1; }
+  "$RLFUSION" report "$run" --json < /dev/null > "$run.report.json"
+  "$PYTHON" - "$run" "$name,$cluster,$task,$model,$mode,$ranks,$rpn,$actors,$ep,$aep,$stale,$offload,$bw,$lat,$prompts,$group,$micro,0,2,$steps" >> "$dir.rows" <<'PY'
 import json, re, sys
 run, prefix = sys.argv[1], sys.argv[2]
 summary = json.load(open(run + "/summary.json"))
@@ -121,10 +123,28 @@ print(f'{prefix},{report["total"]["tokens"]},{generated},{step_s:.6f},{counter("
       f'{counter("inter")},{peaks.get("generation", 0)},{peaks.get("training", 0)},'
       f'{generate_s:.6f},{train_s:.6f}')
 PY
-  done
+}
+
+for r in $(seq "$REPEATS"); do
+  echo "# round $r of $REPEATS: calibrating this machine ($OUT/cluster.ini.$r on 2 ranks, $OUT/cluster-1rank.ini.$r on 1), then every case once"
+  calibrate_once 2 "$OUT/cluster.ini" "$r"
+  calibrate_once 1 "$OUT/cluster-1rank.ini" "$r"
+  for line in "${CASE_LINES[@]}"; do run_case "$line" "$r"; done
+done
+merge_calibrations "$OUT/cluster.ini"
+merge_calibrations "$OUT/cluster-1rank.ini"
+
+for line in "${CASE_LINES[@]}"; do
+  IFS=, read -r name ranks _ _ _ _ _ _ bw lat _ <<< "$line"
+  if [ "$bw" != 0 ] || [ "$lat" != 0 ]; then
+    # The compute rates stay those of the two-rank calibration, so every two-rank case is
+    # predicted from one (median) measurement of the machine; only the link is the case's own.
+    { grep -v -E '^(intra|inter)_supernode_' "$OUT/cluster.ini"
+      grep -E '^(intra|inter)_supernode_' "$OUT/links-$name.ini"; } > "$(cluster_of "$name" "$ranks" "$bw" "$lat")"
+  fi
   # The run with the median step time (column 23, step_s) stands for the case.
-  sort -t, -k23,23g "$rows" | sed -n "$(( (REPEATS + 1) / 2 ))p" >> "$MEASURED"
-  echo "#   step times (s): $(cut -d, -f23 "$rows" | tr '\n' ' ')"
+  sort -t, -k23,23g "$OUT/$name.rows" | sed -n "$(( (REPEATS + 1) / 2 ))p" >> "$MEASURED"
+  echo "# $name step times (s), rounds 1..$REPEATS: $(cut -d, -f23 "$OUT/$name.rows" | tr '\n' ' ')"
 done
 
 echo "# measured: $MEASURED"
