@@ -52,16 +52,21 @@ struct BadOptions {
 };
 
 // Each of `bad` (added to the fused run, or to the disaggregated one when it names --mode) stops
-// every rank with exit code 2 and its message, before the run directory `dir` exists.
+// every rank with exit code 2 and its message, before the run directory `dir` exists. The runs
+// stop before any work, so they run a few at once (run_rlfusion_concurrently).
 inline void expect_stops_before_output(const std::vector<BadOptions>& bad, const std::string& dir) {
+  std::vector<RlfusionRun> runs;
   for (const BadOptions& b : bad) {
-    SCOPED_TRACE(b.options);
     const bool fused = b.options.find("--mode") == std::string::npos;
-    const CommandResult r = run_rlfusion(
-        (fused ? kModelParallelFusedRun : kModelParallelRun) + b.options + " --run-dir " + dir,
-        b.ranks);
-    EXPECT_EQ(r.exit_code, 2) << r.output;
-    EXPECT_NE(r.output.find(b.message), std::string::npos) << r.output;
+    runs.push_back(
+        {(fused ? kModelParallelFusedRun : kModelParallelRun) + b.options + " --run-dir " + dir,
+         b.ranks});
+  }
+  const std::vector<CommandResult> results = run_rlfusion_concurrently(runs);
+  for (size_t i = 0; i < bad.size(); ++i) {
+    SCOPED_TRACE(bad[i].options);
+    EXPECT_EQ(results[i].exit_code, 2) << results[i].output;
+    EXPECT_NE(results[i].output.find(bad[i].message), std::string::npos) << results[i].output;
   }
   EXPECT_FALSE(std::filesystem::exists(dir));
 }

@@ -5,8 +5,11 @@
 #include <sys/wait.h>
 
 #include <array>
+#include <atomic>
 #include <cstdio>
 #include <string>
+#include <thread>
+#include <vector>
 
 namespace rlf::test {
 
@@ -36,6 +39,32 @@ inline CommandResult run_rlfusion(const std::string& args, int ranks = 0,
       ranks > 0 ? "mpiexec -n " + std::to_string(ranks) + " --oversubscribe " : std::string();
   return run_in_source_tree("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " +
                             environment + " " + launcher + RLFUSION_BINARY " " + args);
+}
+
+struct RlfusionRun {
+  std::string args;
+  int ranks = 0;
+};
+
+// Every run of `runs` (as run_rlfusion), `concurrency` at a time; results in the order of `runs`.
+// For the many short runs of the bad-input tests: each spends most of its second waiting on
+// MPI's start-up (the launcher, the daemon, the wire-up), not computing, so a few at once take a
+// fraction of the time one after another does. Plain threads, not oneTBB: each one blocks in
+// popen.
+inline std::vector<CommandResult> run_rlfusion_concurrently(const std::vector<RlfusionRun>& runs,
+                                                            int concurrency = 4) {
+  std::vector<CommandResult> results(runs.size());
+  std::atomic<size_t> next{0};
+  std::vector<std::thread> workers;
+  for (int w = 0; w < concurrency; ++w) {
+    workers.emplace_back([&] {
+      for (size_t i = next++; i < runs.size(); i = next++) {
+        results[i] = run_rlfusion(runs[i].args, runs[i].ranks);
+      }
+    });
+  }
+  for (std::thread& worker : workers) worker.join();
+  return results;
 }
 
 }  // namespace rlf::test

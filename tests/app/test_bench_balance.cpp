@@ -6,6 +6,8 @@
 
 #include <cmath>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "kernels/error.h"
 #include "tests/app/json_output.h"
@@ -53,11 +55,23 @@ TEST(BenchBalance, MeetsTheTargetsOnTheIssueSetting) {
 }
 
 TEST(BenchBalance, BadOptionsAreConfigErrors) {
-  for (const std::string args :
-       {"--horizon 0", "--min-gain-ratio -1", "--min-gain-ratio nan", "--rebalance-interval 0",
-        "--level-smoothing 0", "--trend-smoothing 2", "--migration-intra-bandwidth 0",
-        "--devices-per-node 3", "--eplb-groups 7", "--cost-model 1,2", "--repeats 2"}) {
-    const test::CommandResult r = test::run_rlfusion("bench balance " + args);
+  const std::vector<std::string> cases = {"--horizon 0",
+                                          "--min-gain-ratio -1",
+                                          "--min-gain-ratio nan",
+                                          "--rebalance-interval 0",
+                                          "--level-smoothing 0",
+                                          "--trend-smoothing 2",
+                                          "--migration-intra-bandwidth 0",
+                                          "--devices-per-node 3",
+                                          "--eplb-groups 7",
+                                          "--cost-model 1,2",
+                                          "--repeats 2"};
+  std::vector<test::RlfusionRun> runs;
+  for (const std::string& args : cases) runs.push_back({"bench balance " + args});
+  const std::vector<test::CommandResult> results = test::run_rlfusion_concurrently(runs);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const std::string& args = cases[i];
+    const test::CommandResult& r = results[i];
     EXPECT_EQ(r.exit_code, kExitConfigError) << args << ": " << r.output;
     EXPECT_EQ(r.output.find("# part 1"), std::string::npos) << args;  // before any work
   }

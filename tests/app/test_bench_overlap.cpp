@@ -6,6 +6,8 @@
 
 #include <cmath>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "kernels/error.h"
 #include "tests/app/json_output.h"
@@ -54,12 +56,18 @@ TEST(BenchOverlap, FourRanksHierarchicalOnTwoNodes) {
 }
 
 TEST(BenchOverlap, BadOptionsStopWithExitCodeTwo) {
-  for (const auto& [args, option] : {std::pair<std::string, std::string>{"--chunks 0", "--chunks"},
-                                     {"--mode ring", "--mode"},
-                                     {"--ranks-per-node 3", "--ranks-per-node"},
-                                     {"--experts 7", "--experts"},
-                                     {"--repeats 1", "--repeats"}}) {
-    const test::CommandResult r = test::run_rlfusion(kSmall + args, 2);
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--chunks 0", "--chunks"},
+      {"--mode ring", "--mode"},
+      {"--ranks-per-node 3", "--ranks-per-node"},
+      {"--experts 7", "--experts"},
+      {"--repeats 1", "--repeats"}};
+  std::vector<test::RlfusionRun> runs;
+  for (const auto& [args, option] : cases) runs.push_back({kSmall + args, 2});
+  const std::vector<test::CommandResult> results = test::run_rlfusion_concurrently(runs);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const auto& [args, option] = cases[i];
+    const test::CommandResult& r = results[i];
     EXPECT_EQ(r.exit_code, kExitConfigError) << args << "\n" << r.output;
     EXPECT_NE(r.output.find(option), std::string::npos) << args << "\n" << r.output;
     EXPECT_EQ(r.output.find("{\"bench\""), std::string::npos) << args;

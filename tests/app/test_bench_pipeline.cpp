@@ -151,22 +151,26 @@ TEST(BenchPipeline, ExpertParallelRowsRunWithAndWithoutOverlap) {
 }
 
 TEST(BenchPipeline, BadShapesStopEveryRankWithExitCodeTwo) {
-  for (const auto& [args, ranks, message] :
-       {std::tuple<std::string, int, std::string>{"--layers 4 --virtual-stages 3", 2,
-                                                  "--virtual-stages 3"},
-        {"--layers 6 --virtual-stages 2", 2, "divide the model's 6 layers"},
-        {"--layers 4 --virtual-stages 2 --micro-batches 3", 2, "--micro-batches 3"},
-        {"--layers 8 --virtual-stages 2 --micro-batches 2", 4, "multiple of --pipeline-parallel 4"},
-        {"--layers 6 --pipeline-parallel 3", 2, "must divide the world size 2"},
-        {"--layers 4 --balance greedy", 2, "--balance"},
-        {"--layers 4 --micro-batches 2,x", 2, "--micro-batches"},
-        {"--layers 4 --pipeline-parallel 2 --expert-parallel 2", 2,
-         "--expert-parallel 2 must divide both the 1 pipelines"},
-        {"--layers 4 --pipeline-parallel 2 --expert-parallel 2 --ep-overlap-chunks 1", 4,
-         "--ep-overlap-chunks must be >= 2 with --expert-parallel"},
-        {"--layers 4 --pipeline-parallel 2 --expert-parallel 2 --balance measured", 4,
-         "--balance measured is not supported with --expert-parallel"}}) {
-    const test::CommandResult r = test::run_rlfusion(kTiny + args, ranks);
+  const std::vector<std::tuple<std::string, int, std::string>> cases = {
+      {"--layers 4 --virtual-stages 3", 2, "--virtual-stages 3"},
+      {"--layers 6 --virtual-stages 2", 2, "divide the model's 6 layers"},
+      {"--layers 4 --virtual-stages 2 --micro-batches 3", 2, "--micro-batches 3"},
+      {"--layers 8 --virtual-stages 2 --micro-batches 2", 4, "multiple of --pipeline-parallel 4"},
+      {"--layers 6 --pipeline-parallel 3", 2, "must divide the world size 2"},
+      {"--layers 4 --balance greedy", 2, "--balance"},
+      {"--layers 4 --micro-batches 2,x", 2, "--micro-batches"},
+      {"--layers 4 --pipeline-parallel 2 --expert-parallel 2", 2,
+       "--expert-parallel 2 must divide both the 1 pipelines"},
+      {"--layers 4 --pipeline-parallel 2 --expert-parallel 2 --ep-overlap-chunks 1", 4,
+       "--ep-overlap-chunks must be >= 2 with --expert-parallel"},
+      {"--layers 4 --pipeline-parallel 2 --expert-parallel 2 --balance measured", 4,
+       "--balance measured is not supported with --expert-parallel"}};
+  std::vector<test::RlfusionRun> runs;
+  for (const auto& [args, ranks, message] : cases) runs.push_back({kTiny + args, ranks});
+  const std::vector<test::CommandResult> results = test::run_rlfusion_concurrently(runs);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const auto& [args, ranks, message] = cases[i];
+    const test::CommandResult& r = results[i];
     EXPECT_EQ(r.exit_code, kExitConfigError) << args << "\n" << r.output;
     EXPECT_NE(r.output.find(message), std::string::npos) << args << "\n" << r.output;
     EXPECT_EQ(r.output.find("# rlfusion bench pipeline"), std::string::npos) << args;

@@ -248,26 +248,31 @@ TEST(TrainRebalance, BadValuesAreRefusedBeforeAnyWork) {
   const std::string dir = temp_dir("bad");
   const std::string run = "train --model tiny --task sort --steps 2 --run-dir " + dir + " ";
   const std::string kEp = "--learners 2 --actors 2 --expert-parallel 2 ";
-  for (const auto& [args, ranks, option] : std::vector<std::tuple<std::string, int, std::string>>{
-           {"--rebalance-every -1", 0, "--rebalance-every"},
-           {"--rebalance-every 2", 0, "--expert-parallel >= 2"},
-           {"--rebalance-horizon 0", 0, "--rebalance-horizon"},
-           {"--router-skew -1", 0, "--router-skew"},
-           {"--mode fused --rebalance-every 2", 2, "--expert-parallel >= 2"},
-           // Replicas (--redundant-experts): the range.
-           {"--redundant-experts -1", 0, "--redundant-experts must be >= 0"},
-           {"--redundant-experts 1", 0, "--redundant-experts needs --expert-parallel >= 2"},
-           {kEp + "--redundant-experts 3", 4, "--redundant-experts"},
-           {"--mode fused --expert-parallel 2 --redundant-experts 4", 2, "--redundant-experts"},
-           // The rates the decisions charge: a known kind, a readable and valid cluster file,
-           // which gives counted rates only.
-           {"--rebalance-rates timed", 0, "--rebalance-rates must be counted or measured"},
-           {"--rebalance-cluster " + dir + "-missing.ini", 0, "cannot be read"},
-           {"--rebalance-cluster cloudmatrix-384 --rebalance-rates measured", 0,
-            "--rebalance-cluster gives counted rates"},
-           {kEp + "--rebalance-every 1 --rebalance-cluster " + dir + "-missing.ini", 4,
-            "cannot be read"}}) {
-    const CommandResult r = test::run_rlfusion(run + args, ranks);
+  const std::vector<std::tuple<std::string, int, std::string>> cases = {
+      {"--rebalance-every -1", 0, "--rebalance-every"},
+      {"--rebalance-every 2", 0, "--expert-parallel >= 2"},
+      {"--rebalance-horizon 0", 0, "--rebalance-horizon"},
+      {"--router-skew -1", 0, "--router-skew"},
+      {"--mode fused --rebalance-every 2", 2, "--expert-parallel >= 2"},
+      // Replicas (--redundant-experts): the range.
+      {"--redundant-experts -1", 0, "--redundant-experts must be >= 0"},
+      {"--redundant-experts 1", 0, "--redundant-experts needs --expert-parallel >= 2"},
+      {kEp + "--redundant-experts 3", 4, "--redundant-experts"},
+      {"--mode fused --expert-parallel 2 --redundant-experts 4", 2, "--redundant-experts"},
+      // The rates the decisions charge: a known kind, a readable and valid cluster file,
+      // which gives counted rates only.
+      {"--rebalance-rates timed", 0, "--rebalance-rates must be counted or measured"},
+      {"--rebalance-cluster " + dir + "-missing.ini", 0, "cannot be read"},
+      {"--rebalance-cluster cloudmatrix-384 --rebalance-rates measured", 0,
+       "--rebalance-cluster gives counted rates"},
+      {kEp + "--rebalance-every 1 --rebalance-cluster " + dir + "-missing.ini", 4,
+       "cannot be read"}};
+  std::vector<test::RlfusionRun> runs;
+  for (const auto& [args, ranks, option] : cases) runs.push_back({run + args, ranks});
+  const std::vector<CommandResult> results = test::run_rlfusion_concurrently(runs);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const auto& [args, ranks, option] = cases[i];
+    const CommandResult& r = results[i];
     EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.output;
     EXPECT_NE(r.output.find(option), std::string::npos) << args << "\n" << r.output;
   }
