@@ -662,6 +662,13 @@ TEST(Checkpoint, DisaggregatedStaleSyncSigusr1CheckpointsAndStops) {
                                       "--staleness 1 --ranks-per-node 1 ", "USR1");
 }
 
+// Actors two steps ahead: the signal's stop is agreed at a step end the actors reach after their
+// put two batches later; the resumed run puts both batches again.
+TEST(Checkpoint, DisaggregatedDeeperStaleSyncSigusr1CheckpointsAndStops) {
+  expect_signal_checkpoints_and_stops("disaggregated-stale-2-sigusr1", 2,
+                                      "--staleness 2 --ranks-per-node 1 ", "USR1");
+}
+
 // Data reordering with counted costs is a pure function of each step's samples: a resumed run
 // makes the same plans and ends bit for bit where the uninterrupted one does.
 TEST(Checkpoint, ReorderedLearnersAndFusedRanksResumeIsBitExact) {
