@@ -211,7 +211,8 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
                  &compute_ranks);
   // Deeper pipelines: learner 0 posts versions without waiting for the actors.
   std::unique_ptr<PostedWeightSync> posted_weights;
-  if (schedule.lag >= 2) posted_weights = std::make_unique<PostedWeightSync>(weights);
+  if (schedule.lag >= 2)
+    posted_weights = std::make_unique<PostedWeightSync>(weights, topology.links());
   RandomDelay random_delay(rl.random_delay_ms, run.seed, topology.world_rank());
   std::unique_ptr<ExpertWeightSync> expert_weights;
   if (options.expert_parallel > 1 || options.actor_expert_parallel > 1) {
