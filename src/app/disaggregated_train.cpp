@@ -151,14 +151,6 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
   Topology topology(MPI_COMM_WORLD, layout);
   validate_layout_fit(rl, topology);
   const StaleSchedule schedule = StaleSchedule::of(rl.staleness, rl.steps);
-  // The experts' weight sync (rank to rank, blocking) has no posted variant: the learners would
-  // wait for actors several steps ahead.
-  if (rl.staleness >= 2 && (options.expert_parallel > 1 || options.actor_expert_parallel > 1)) {
-    throw ConfigError("--staleness " + std::to_string(rl.staleness) +
-                      " (actors more than one step ahead) does not work with --expert-parallel "
-                      "or --actor-expert-parallel > 1 in disaggregated mode: use --staleness 1, "
-                      "or no expert parallelism");
-  }
   if (schedule.lag >= 1) {
     validate_queue_holds_pipeline(rl, schedule.lag, topology.queue_shards(),
                                   options.shard_capacity);
@@ -321,20 +313,29 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
       serve_until_complete(requests, queue);
     };
     // The version the actors generate a batch with: blocking with one step of lag (both sides
-    // meet first in a barrier that serves DistQueue), posted by learner 0 with more.
+    // meet first in a barrier that serves DistQueue), posted by the learners that send it with
+    // more (learner 0; with sharded experts the learners of replica 0 too).
     auto send_pipelined_weights = [&](int version) {
       if (!posted_weights) {
         serving_barrier(compute_ranks, queue);
         if (role == Role::Actor || root || expert_weights) sync_weights(version);
         return;
       }
-      if (role == Role::Learner && !root) return;
+      if (role == Role::Learner && !root && !expert_weights) return;
       TraceScope traced(trace, Phase::WeightSync);
       traced.set_version(version);
-      traced.set_bytes(
-          int64_t(role == Role::Actor
-                      ? posted_weights->receive(model.parameters(), parameter_count, serving_wait)
-                      : posted_weights->post(model.parameters(), parameter_count, serving_wait)));
+      float* params = model.parameters();
+      if (role == Role::Actor) {
+        traced.set_bytes(int64_t(
+            expert_weights
+                ? expert_weights->receive(params, model.layout(), *posted_weights, serving_wait)
+                : posted_weights->receive(params, parameter_count, serving_wait)));
+        return;
+      }
+      traced.set_bytes(int64_t(
+          expert_weights ? expert_weights->post(params, model.layout(), *posted_weights,
+                                                ep ? &ep->expert_slots() : nullptr, serving_wait)
+                         : posted_weights->post(params, parameter_count, serving_wait)));
     };
     dir.log(
         "# RL: %d steps x %d prompts x %d samples on %zu actors and %zu learners, %s queue "
@@ -475,7 +476,10 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
       stopped = saved.end_of_step(step, position, progress.seconds_since_start(), state, root,
                                   ep.get(), compute_ranks, dir, serve_while_waiting);
     }
-    if (posted_weights && role == Role::Learner) posted_weights->finish(serving_wait);
+    if (posted_weights && role == Role::Learner) {
+      posted_weights->finish(serving_wait);
+      if (expert_weights) expert_weights->finish(serving_wait);
+    }
     rl_seconds = position.rl_seconds + progress.seconds_since_start();
     if (reordering) {
       dir.log("%s", reordering->summary().c_str());

@@ -599,6 +599,12 @@ TEST(Checkpoint, DisaggregatedDeeperStaleSyncResumeWithEveryQueuedBatchIsBitExac
                                    kRun + "--staleness 3 --learners 1 --actors 1 --queue-ranks 1 ",
                                    "data");
   expect_checkpoint_holds_batches("disaggregated-stale-3", 3, 3, 3);
+  // Sharded experts on learners and actors: the learners of replica 0 post their experts.
+  expect_kill_and_resume_bit_exact("disaggregated-stale-2-ep", 4,
+                                   kRun +
+                                       "--staleness 2 --learners 2 --actors 2 "
+                                       "--expert-parallel 2 --actor-expert-parallel 2 ",
+                                   "data");
 }
 
 // Starts the run in the background, sends `signal` to `target` (the rank, or mpiexec, which
