@@ -3,7 +3,10 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <deque>
+#include <map>
 #include <memory>
+#include <span>
 
 #include "kernels/error.h"
 #include "mpi_comm/hierarchical_collectives.h"
@@ -31,6 +34,7 @@
 #include "src/roles/rollout_samples.h"
 #include "src/roles/sample_packing.h"
 #include "src/runtime/expert_weight_sync.h"
+#include "src/runtime/posted_weight_sync.h"
 #include "src/runtime/role_expert_parallel.h"
 #include "src/runtime/weight_sync.h"
 
@@ -64,12 +68,12 @@ int index_in(const std::vector<int>& ranks, int world_rank) {
   return int(std::find(ranks.begin(), ranks.end(), world_rank) - ranks.begin());
 }
 
-// Completes a nonblocking collective while serving the queue shards this rank hosts: a learner
+// Completes nonblocking MPI requests while serving the queue shards this rank hosts: a learner
 // blocked in a plain collective could not answer another learner still collecting its batch.
-void serve_until_complete(MPI_Request& request, DistQueue& queue) {
+void serve_until_complete(std::span<MPI_Request> requests, DistQueue& queue) {
   queue.serve_until([&] {
     int done = 0;
-    MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+    MPI_Testall(int(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE);
     return done != 0;
   });
 }
@@ -78,23 +82,64 @@ void serve_until_complete(MPI_Request& request, DistQueue& queue) {
 void serving_barrier(MPI_Comm comm, DistQueue& queue) {
   MPI_Request request;
   MPI_Ibarrier(comm, &request);
-  serve_until_complete(request, queue);
+  serve_until_complete(std::span(&request, 1), queue);
 }
 
 // StaleSync's schedule in disaggregated mode (docs/STALESYNC.md). With a bound s >= 1 actors run
-// one step ahead: batch k is generated with version k - 2 while learners train batch k - 1, so
-// generation and training overlap and every sample is at most one version stale when trained.
-// The versions are fixed by the step number, never by timing, so a seed fixes the run. s = 0 is
-// the synchronous schedule: batch k from version k - 1, weights sent after every step.
+// L = s steps ahead: batch k is generated with version k - 1 - L while learners train batch
+// k - L, and a learner trains batch k at version v = k - 1, so its oldest token is v - L = v - s:
+// the deepest lag the bound allows. (A lag of steps - 1 already generates every batch with
+// version 0, so L stops there.) The versions are fixed by the step number, never by timing, so a
+// seed fixes the run. s = 0 is the synchronous schedule: batch k from version k - 1, weights sent
+// after every step.
 struct StaleSchedule {
-  int lag = 0;    // steps the actors run ahead (0 or 1)
+  int lag = 0;    // steps the actors run ahead
   int steps = 0;  // RL steps of the run
 
+  static StaleSchedule of(int staleness, int steps) {
+    return {staleness == 0 ? 0 : std::max(1, std::min(staleness, steps - 1)), steps};
+  }
   int generation_version(int step) const { return std::max(0, step - 1 - lag); }
-  // After putting batch `step`, actors receive the version they generate the next batch with;
-  // learners send it once they have taken batch `step` (their parameters are version step - 1
-  // then), so neither side waits on the other's queue traffic.
-  bool pipelined_sync_after(int step) const { return lag == 1 && step >= 2 && step < steps; }
+  // Learners send version step - 1 once they have taken batch `step` (their parameters are that
+  // version then); actors receive it before generating batch step + lag, the first that needs
+  // it. Version 0 comes with the first sync, and nothing needs a version after batch `steps`.
+  bool pipelined_sync_after(int step) const { return lag >= 1 && step >= 2 && step + lag <= steps; }
+};
+
+// Actors put `lag` batches ahead before they agree to the learners' end of a step, and the
+// learners take the next batch only after it: every shard must hold its share of `lag` batches,
+// or the run would wait forever. Modulo sharding puts at most ceil(n / shards) of n consecutive
+// sample ids in one shard.
+void validate_queue_holds_pipeline(const RlOptions& rl, int lag, int shards, int64_t capacity) {
+  const int64_t samples = int64_t(lag) * rl.prompts * rl.group_size;
+  const int64_t per_shard = (samples + shards - 1) / shards;
+  if (per_shard > capacity) {
+    throw ConfigError("--queue-capacity " + std::to_string(capacity) + " is too small for " +
+                      "--staleness " + std::to_string(rl.staleness) + ": the actors put " +
+                      std::to_string(lag) + " batch(es) ahead, up to " + std::to_string(per_shard) +
+                      " samples in one of the " + std::to_string(shards) +
+                      " DistQueue shards; use --queue-capacity >= " + std::to_string(per_shard));
+  }
+}
+
+// StaleSync actors keep the batches they put until the learners have agreed to the end of the
+// step before them: a checkpoint of that step holds them (they are in DistQueue, not trained).
+class QueuedBatches {
+ public:
+  void add(int step, std::vector<InFlightSample> samples) {
+    batches_.emplace_back(step, std::move(samples));
+  }
+  // The batches after `step`, in step order; forgets the others (trained by then).
+  std::vector<InFlightSample> after(int step) {
+    while (!batches_.empty() && batches_.front().first <= step) batches_.pop_front();
+    std::vector<InFlightSample> samples;
+    for (const auto& [batch_step, batch] : batches_)
+      samples.insert(samples.end(), batch.begin(), batch.end());
+    return samples;
+  }
+
+ private:
+  std::deque<std::pair<int, std::vector<InFlightSample>>> batches_;
 };
 
 }  // namespace
@@ -105,6 +150,11 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
                             TrainResult* result, const CheckpointOptions& checkpoints) {
   Topology topology(MPI_COMM_WORLD, layout);
   validate_layout_fit(rl, topology);
+  const StaleSchedule schedule = StaleSchedule::of(rl.staleness, rl.steps);
+  if (schedule.lag >= 1) {
+    validate_queue_holds_pipeline(rl, schedule.lag, topology.queue_shards(),
+                                  options.shard_capacity);
+  }
   const Role role = topology.role();
   const bool root = topology.world_rank() == topology.ranks_of(Role::Learner).front();
   // Every rank checks the same inputs, so a bad value stops all of them before any work. Queue
@@ -133,8 +183,8 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
   if (role == Role::Learner) own_experts.redundant = redundant;
   Policy policy = make_policy(run, policy_options, role == Role::Learner, own_experts);
   // Synchronous checkpoints fall between steps with nothing in flight. With StaleSync the actors
-  // are one batch ahead: the checkpoint of step k also holds batch k + 1, which every actor has
-  // put before it agrees to step k's end (and no learner has taken).
+  // are L batches ahead: the checkpoint of step k also holds batches k + 1 .. k + L, which every
+  // actor has put before it agrees to step k's end (and no learner has taken).
   const int compute_rank_count =
       int(topology.ranks_of(Role::Learner).size() + topology.ranks_of(Role::Actor).size());
   TrainCheckpoints saved(checkpoints, run, rl, policy.config, /*supported=*/true,
@@ -151,7 +201,10 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
   MPI_Comm compute_ranks = MPI_COMM_NULL;
   MPI_Comm_split(MPI_COMM_WORLD, role == Role::Queue ? MPI_UNDEFINED : 0, topology.world_rank(),
                  &compute_ranks);
-  const StaleSchedule schedule{rl.staleness > 0 ? 1 : 0, rl.steps};
+  // Deeper pipelines: learner 0 posts versions without waiting for the actors.
+  std::unique_ptr<PostedWeightSync> posted_weights;
+  if (schedule.lag >= 2)
+    posted_weights = std::make_unique<PostedWeightSync>(weights, topology.links());
   RandomDelay random_delay(rl.random_delay_ms, run.seed, topology.world_rank());
   std::unique_ptr<ExpertWeightSync> expert_weights;
   if (options.expert_parallel > 1 || options.actor_expert_parallel > 1) {
@@ -256,6 +309,34 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
                                      role == Role::Learner && ep ? &ep->expert_slots() : nullptr)
               : weights.broadcast(model.parameters(), parameter_count)));
     };
+    const PostedWeightSync::Wait serving_wait = [&](std::vector<MPI_Request>& requests) {
+      serve_until_complete(requests, queue);
+    };
+    // The version the actors generate a batch with: blocking with one step of lag (both sides
+    // meet first in a barrier that serves DistQueue), posted by the learners that send it with
+    // more (learner 0; with sharded experts the learners of replica 0 too).
+    auto send_pipelined_weights = [&](int version) {
+      if (!posted_weights) {
+        serving_barrier(compute_ranks, queue);
+        if (role == Role::Actor || root || expert_weights) sync_weights(version);
+        return;
+      }
+      if (role == Role::Learner && !root && !expert_weights) return;
+      TraceScope traced(trace, Phase::WeightSync);
+      traced.set_version(version);
+      float* params = model.parameters();
+      if (role == Role::Actor) {
+        traced.set_bytes(int64_t(
+            expert_weights
+                ? expert_weights->receive(params, model.layout(), *posted_weights, serving_wait)
+                : posted_weights->receive(params, parameter_count, serving_wait)));
+        return;
+      }
+      traced.set_bytes(int64_t(
+          expert_weights ? expert_weights->post(params, model.layout(), *posted_weights,
+                                                ep ? &ep->expert_slots() : nullptr, serving_wait)
+                         : posted_weights->post(params, parameter_count, serving_wait)));
+    };
     dir.log(
         "# RL: %d steps x %d prompts x %d samples on %zu actors and %zu learners, %s queue "
         "transfer\n",
@@ -273,37 +354,48 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
     }
     if (rl.staleness > 0) {
       dir.log(
-          "# StaleSync: bound %d; actors generate batch k with version k - 2 while learners train "
-          "batch k - 1 (decoupled objective, importance weights capped at %g)\n",
-          rl.staleness, double(rl.importance_cap));
+          "# StaleSync: bound %d; actors generate batch k with version k - %d while learners train "
+          "batch k - %d%s (decoupled objective, importance weights capped at %g)\n",
+          rl.staleness, schedule.lag + 1, schedule.lag,
+          posted_weights ? ", learner 0 posting each version without waiting" : "",
+          double(rl.importance_cap));
     }
-    // A StaleSync actor resuming puts the batch the checkpoint saved instead of generating it
-    // (its weights, version k, are one version newer than the ones that generated it).
-    std::vector<Rollout> restored_batch;
-    if (role == Role::Actor && saved.resuming() && schedule.lag == 1) {
-      restored_batch =
-          unscored_rollouts(saved.saved_in_flight(topology.world_rank()), task, rl.group_size);
-      score_rollouts(task, rl.group_size, estimator, restored_batch, rollout_reward(learned));
+    // A StaleSync actor resuming puts the batches the checkpoint saved instead of generating them
+    // (its weights, version k, are newer than the ones that generated them), each at its step.
+    std::map<int, std::vector<Rollout>> restored_batches;
+    if (role == Role::Actor && saved.resuming() && schedule.lag >= 1) {
+      for (Rollout& r :
+           unscored_rollouts(saved.saved_in_flight(topology.world_rank()), task, rl.group_size)) {
+        const int64_t prompt = r.sample_id / rl.group_size;
+        restored_batches[int(prompt / rl.prompts) + 1].push_back(std::move(r));
+      }
+      for (auto& [batch_step, batch] : restored_batches)
+        score_rollouts(task, rl.group_size, estimator, batch, rollout_reward(learned));
     }
-    std::vector<InFlightSample> last_put;  // the batch an actor put last (StaleSync)
+    QueuedBatches queued;  // an actor's batches in DistQueue (StaleSync)
     RlProgress progress(dir, rl.steps, rl.log_every, device);
     sync_weights(position.step);
     progress.start();
     saved.watch_signals();
     // Ranks that host queue shards keep serving them while they wait for the others.
     const auto serve_while_waiting = [&](MPI_Request& request) {
-      serve_until_complete(request, queue);
+      serve_until_complete(std::span(&request, 1), queue);
     };
     for (int step = position.step + 1; step <= rl.steps && !stopped; ++step) {
       const int version = step - 1;
       if (role == Role::Actor) {
         const int generator = schedule.generation_version(step);
+        // The learners sent this batch's version at step `step - lag` (in this process).
+        const int sent_at = step - schedule.lag;
+        if (sent_at > position.step && schedule.pipelined_sync_after(sent_at)) {
+          send_pipelined_weights(generator);
+        }
         const auto [first, count] =
             actor_prompts(int64_t(version) * rl.prompts, rl.prompts,
                           index_in(actors, topology.world_rank()), int(actors.size()));
         std::vector<Rollout> rollouts;
-        if (step == position.step + 1 && !restored_batch.empty()) {
-          rollouts = std::move(restored_batch);
+        if (const auto restored = restored_batches.find(step); restored != restored_batches.end()) {
+          rollouts = std::move(restored->second);
         } else {
           random_delay();
           TraceScope traced(trace, Phase::Generate);
@@ -312,7 +404,7 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
                                        generator, estimator, rollout_reward(learned));
           for (const Rollout& r : rollouts) traced.add_tokens(int64_t(r.response.size()));
         }
-        if (schedule.lag == 1) last_put = to_in_flight(rollouts, rl.group_size);
+        if (schedule.lag >= 1) queued.add(step, to_in_flight(rollouts, rl.group_size));
         {
           TraceScope traced(trace, Phase::QueuePut);
           traced.set_version(generator);
@@ -325,18 +417,18 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
           stopped = saved.stop_agreed(step, compute_ranks, serve_while_waiting);
           continue;
         }
-        // One step ahead: this batch is put, so agree to the learners' previous step's end (a
-        // checkpoint of it saves this batch) before the weight sync that needs them.
-        if (step - 1 > position.step) {
-          stopped = saved.actor_end_of_step(step - 1, last_put, compute_ranks, serve_while_waiting);
+        // `lag` steps ahead: this batch is put, so agree to the end of the learners' step
+        // `sent_at` (a checkpoint of it saves the batches put after it); the learners send the
+        // next version after that.
+        if (sent_at > position.step) {
+          stopped = saved.actor_end_of_step(sent_at, queued.after(sent_at), compute_ranks,
+                                            serve_while_waiting);
         }
-        if (!stopped && schedule.pipelined_sync_after(step)) {
-          serving_barrier(compute_ranks, queue);
-          sync_weights(step - 1);
-        }
-        // The learners' last step ends after the actors' last put.
-        if (!stopped && step == rl.steps) {
-          saved.actor_end_of_step(step, {}, compute_ranks, serve_while_waiting);
+        // The learners' last steps end after the actors' last put.
+        for (int end = std::max(sent_at, position.step) + 1;
+             !stopped && step == rl.steps && end <= rl.steps; ++end) {
+          stopped =
+              saved.actor_end_of_step(end, queued.after(end), compute_ranks, serve_while_waiting);
         }
         continue;
       }
@@ -363,10 +455,7 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
       serving_barrier(role_comm.comm, queue);
       // With sharded experts every learner of replica 0 sends its own experts to the actors.
       const bool sends_weights = root || expert_weights;
-      if (schedule.pipelined_sync_after(step)) {
-        serving_barrier(compute_ranks, queue);
-        if (sends_weights) sync_weights(version);
-      }
+      if (schedule.pipelined_sync_after(step)) send_pipelined_weights(version);
       if (reordering) rollouts = reordering->reorder(std::move(rollouts), rl.group_size, version);
       random_delay();
       const auto train_start = Clock::now();
@@ -386,6 +475,10 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
       progress.step_done(step, stats);
       stopped = saved.end_of_step(step, position, progress.seconds_since_start(), state, root,
                                   ep.get(), compute_ranks, dir, serve_while_waiting);
+    }
+    if (posted_weights && role == Role::Learner) {
+      posted_weights->finish(serving_wait);
+      if (expert_weights) expert_weights->finish(serving_wait);
     }
     rl_seconds = position.rl_seconds + progress.seconds_since_start();
     if (reordering) {

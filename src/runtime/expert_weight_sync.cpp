@@ -33,6 +33,99 @@ ExpertWeightSync::~ExpertWeightSync() {
   if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
 
+ExpertWeightSync::Plan ExpertWeightSync::plan(
+    const ParameterLayout& layout, const std::vector<std::vector<int>>* learner_slots) const {
+  Plan plan;
+  const std::vector<int>& learners = topology_.ranks_of(Role::Learner);
+  const int me = topology_.world_rank();
+  plan.learner_index = index_of(learners, me);
+  plan.role = topology_.role();
+  plan.sender =
+      plan.role == Role::Learner && plan.learner_index >= 0 && plan.learner_index < learner_ep_;
+  // The learners' expert -> slot tables, [layer * experts + expert]: learner 0 tells every actor.
+  plan.layers = expert_layers(layout);
+  plan.slot_of.resize(static_cast<size_t>(plan.layers) * size_t(experts_));
+  for (size_t i = 0; i < plan.slot_of.size(); ++i) plan.slot_of[i] = int(i % size_t(experts_));
+  if (plan.role == Role::Learner && learner_slots && !learner_slots->empty()) {
+    for (int l = 0; l < plan.layers; ++l) {
+      std::copy((*learner_slots)[size_t(l)].begin(), (*learner_slots)[size_t(l)].end(),
+                plan.slot_of.begin() + int64_t(l) * experts_);
+    }
+  }
+  return plan;
+}
+
+std::vector<ParameterRange> ExpertWeightSync::shared_slices(const Plan& plan,
+                                                            const ParameterLayout& layout, int l,
+                                                            ExpertShard actor_shard,
+                                                            bool by_slot) const {
+  const int local = experts_ / learner_ep_ + learner_redundant_slots_;  // slots per learner
+  std::vector<ParameterRange> ranges;
+  for (int layer = 0; layer < plan.layers; ++layer) {
+    for (int e = actor_shard.first; e < actor_shard.first + actor_shard.count; ++e) {
+      const int slot = plan.slot_of[size_t(layer) * size_t(experts_) + size_t(e)];
+      if (slot / local != l) continue;
+      const std::vector<ParameterRange> one = expert_slices(layout, by_slot ? slot : e, 1, layer);
+      ranges.insert(ranges.end(), one.begin(), one.end());
+    }
+  }
+  return ranges;
+}
+
+uint64_t ExpertWeightSync::receive_routed(float* params, const ParameterLayout& layout) {
+  const std::vector<int>& learners = topology_.ranks_of(Role::Learner);
+  const std::vector<int>& actors = topology_.ranks_of(Role::Actor);
+  Links& links = topology_.links();
+  Plan plan = this->plan(layout, nullptr);
+  uint64_t bytes = links.recv(plan.slot_of.data(), plan.slot_of.size() * sizeof(int),
+                              learners.front(), kTableTag, comm_);
+  const ExpertShard mine =
+      expert_shard_of(index_of(actors, topology_.world_rank()), actor_ep_, experts_);
+  for (int l = 0; l < learner_ep_; ++l) {
+    const std::vector<ParameterRange> ranges = shared_slices(plan, layout, l, mine, false);
+    if (ranges.empty()) continue;
+    std::vector<float> slices(size_t(ranges_size(ranges)));
+    bytes +=
+        links.recv(slices.data(), slices.size() * sizeof(float), learners[size_t(l)], kTag, comm_);
+    unpack_ranges(slices.data(), ranges, params);
+  }
+  return bytes;
+}
+
+uint64_t ExpertWeightSync::send_routed(const Plan& plan, const float* params,
+                                       const ParameterLayout& layout, bool posted) {
+  const std::vector<int>& actors = topology_.ranks_of(Role::Actor);
+  Links& links = topology_.links();
+  uint64_t bytes = 0;
+  // Posted: every message from a buffer of its own that outlives the call, sent without waiting.
+  auto send = [&](auto buffer, int actor, int tag) {
+    const uint64_t n = buffer.size() * sizeof(buffer[0]);
+    if (!posted) {
+      links.send(buffer.data(), n, actor, tag, comm_);
+    } else {
+      links.count_send(actor, n);
+      auto owned = std::make_shared<decltype(buffer)>(std::move(buffer));
+      pending_.requests.emplace_back();
+      MPI_Isend(owned->data(), checked_count(n, "ExpertWeightSync"), MPI_BYTE, actor, tag, comm_,
+                &pending_.requests.back());
+      pending_.buffers.push_back(std::move(owned));
+    }
+    bytes += n;
+  };
+  if (plan.learner_index == 0) {
+    for (int actor : actors) send(plan.slot_of, actor, kTableTag);
+  }
+  // Sends go actor by actor and receives learner by learner: a fixed order on both sides, so
+  // the blocking point-to-point messages cannot wait on each other in a cycle.
+  for (size_t a = 0; a < actors.size(); ++a) {
+    const std::vector<ParameterRange> ranges = shared_slices(
+        plan, layout, plan.learner_index, expert_shard_of(int(a), actor_ep_, experts_), true);
+    if (ranges.empty()) continue;
+    send(pack_ranges(params, ranges), actors[a], kTag);
+  }
+  return bytes;
+}
+
 uint64_t ExpertWeightSync::sync(float* params, const ParameterLayout& layout,
                                 WeightSync& replicated,
                                 const std::vector<std::vector<int>>* learner_slots) {
@@ -46,71 +139,40 @@ uint64_t ExpertWeightSync::sync(float* params, const ParameterLayout& layout,
     bytes += replicated.broadcast(packed.data(), int64_t(packed.size()));
     if (role == Role::Actor) unpack_ranges(packed.data(), ranges, params);
   }
-  const std::vector<int>& learners = topology_.ranks_of(Role::Learner);
-  const std::vector<int>& actors = topology_.ranks_of(Role::Actor);
-  const int me = topology_.world_rank();
-  Links& links = topology_.links();
-  const int learner_index = index_of(learners, me);
-  const bool sender = role == Role::Learner && learner_index >= 0 && learner_index < learner_ep_;
-  if (role != Role::Actor && !sender) return bytes;
-  // The learners' expert -> slot tables, [layer * experts + expert]: learner 0 tells every actor.
-  const int layers = expert_layers(layout);
-  std::vector<int> slot_of(static_cast<size_t>(layers) * size_t(experts_));
-  for (size_t i = 0; i < slot_of.size(); ++i) slot_of[i] = int(i % size_t(experts_));
-  if (role == Role::Learner && learner_slots && !learner_slots->empty()) {
-    for (int l = 0; l < layers; ++l) {
-      std::copy((*learner_slots)[size_t(l)].begin(), (*learner_slots)[size_t(l)].end(),
-                slot_of.begin() + int64_t(l) * experts_);
-    }
+  if (role == Role::Actor) return bytes + receive_routed(params, layout);
+  const Plan plan = this->plan(layout, learner_slots);
+  return plan.sender ? bytes + send_routed(plan, params, layout, /*posted=*/false) : bytes;
+}
+
+uint64_t ExpertWeightSync::post(const float* params, const ParameterLayout& layout,
+                                PostedWeightSync& replicated,
+                                const std::vector<std::vector<int>>* learner_slots,
+                                const PostedWeightSync::Wait& wait) {
+  const Plan plan = this->plan(layout, learner_slots);
+  if (!plan.sender) return 0;
+  finish(wait);
+  uint64_t bytes = 0;
+  if (replicated.member()) {
+    const std::vector<float> packed = pack_ranges(params, replicated_ranges(layout));
+    bytes += replicated.post(packed.data(), int64_t(packed.size()), wait);
   }
-  const uint64_t table_bytes = slot_of.size() * sizeof(int);
-  if (learner_index == 0) {
-    for (int actor : actors) {
-      links.send(slot_of.data(), table_bytes, actor, kTableTag, comm_);
-      bytes += table_bytes;
-    }
-  } else if (role == Role::Actor) {
-    bytes += links.recv(slot_of.data(), table_bytes, learners.front(), kTableTag, comm_);
-  }
-  const int local = experts_ / learner_ep_ + learner_redundant_slots_;  // slots per learner
-  // Layer by layer, the experts of `actor_shard` that learner `l` holds, in expert order, each
-  // with its slices (from `slot` on the learner, `expert` on the actor): the message's content on
-  // both sides.
-  auto shared_slices = [&](int l, ExpertShard actor_shard, bool by_slot) {
-    std::vector<ParameterRange> ranges;
-    for (int layer = 0; layer < layers; ++layer) {
-      for (int e = actor_shard.first; e < actor_shard.first + actor_shard.count; ++e) {
-        const int slot = slot_of[size_t(layer) * size_t(experts_) + size_t(e)];
-        if (slot / local != l) continue;
-        const std::vector<ParameterRange> one = expert_slices(layout, by_slot ? slot : e, 1, layer);
-        ranges.insert(ranges.end(), one.begin(), one.end());
-      }
-    }
-    return ranges;
-  };
-  // Sends go actor by actor and receives learner by learner: a fixed order on both sides, so
-  // the blocking point-to-point messages cannot wait on each other in a cycle.
-  if (sender) {
-    for (size_t a = 0; a < actors.size(); ++a) {
-      const std::vector<ParameterRange> ranges = shared_slices(
-          learner_index, expert_shard_of(int(a), actor_ep_, experts_), /*by_slot=*/true);
-      if (ranges.empty()) continue;
-      const std::vector<float> slices = pack_ranges(params, ranges);
-      links.send(slices.data(), slices.size() * sizeof(float), actors[a], kTag, comm_);
-      bytes += slices.size() * sizeof(float);
-    }
-  } else {
-    const ExpertShard mine = expert_shard_of(index_of(actors, me), actor_ep_, experts_);
-    for (int l = 0; l < learner_ep_; ++l) {
-      const std::vector<ParameterRange> ranges = shared_slices(l, mine, /*by_slot=*/false);
-      if (ranges.empty()) continue;
-      std::vector<float> slices(size_t(ranges_size(ranges)));
-      bytes += links.recv(slices.data(), slices.size() * sizeof(float), learners[size_t(l)], kTag,
-                          comm_);
-      unpack_ranges(slices.data(), ranges, params);
-    }
-  }
-  return bytes;
+  return bytes + send_routed(plan, params, layout, /*posted=*/true);
+}
+
+uint64_t ExpertWeightSync::receive(float* params, const ParameterLayout& layout,
+                                   PostedWeightSync& replicated,
+                                   const PostedWeightSync::Wait& wait) {
+  const std::vector<ParameterRange> ranges = replicated_ranges(layout);
+  std::vector<float> packed(size_t(ranges_size(ranges)));
+  const uint64_t bytes = replicated.receive(packed.data(), int64_t(packed.size()), wait);
+  unpack_ranges(packed.data(), ranges, params);
+  return bytes + receive_routed(params, layout);
+}
+
+void ExpertWeightSync::finish(const PostedWeightSync::Wait& wait) {
+  if (pending_.requests.empty()) return;
+  wait(pending_.requests);
+  pending_ = {};
 }
 
 }  // namespace rlf

@@ -10,11 +10,13 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "mpi_comm/topology.h"
 #include "src/model/expert_parallel.h"
 #include "src/model/parameter_layout.h"
+#include "src/runtime/posted_weight_sync.h"
 #include "src/runtime/weight_sync.h"
 
 namespace rlf {
@@ -35,10 +37,51 @@ class ExpertWeightSync {
   uint64_t sync(float* params, const ParameterLayout& layout, WeightSync& replicated,
                 const std::vector<std::vector<int>>* learner_slots = nullptr);
 
+  // StaleSync's deeper pipelines (posted_weight_sync.h): the same messages, sent without waiting.
+  // Learners of replica 0 complete their previous post (`wait`), then post this version from
+  // buffers of their own (learner 0 the replicated tensors through `replicated`); every other
+  // learner returns at once. Returns the bytes posted.
+  uint64_t post(const float* params, const ParameterLayout& layout, PostedWeightSync& replicated,
+                const std::vector<std::vector<int>>* learner_slots,
+                const PostedWeightSync::Wait& wait);
+  // Actors: the next posted version into `params`, complete when it returns.
+  uint64_t receive(float* params, const ParameterLayout& layout, PostedWeightSync& replicated,
+                   const PostedWeightSync::Wait& wait);
+  // Learners: completes the last post.
+  void finish(const PostedWeightSync::Wait& wait);
+
  private:
+  // Who this rank is in the sync, and the learners' expert -> slot tables (the identity off
+  // learner 0 until an actor receives them).
+  struct Plan {
+    Role role = Role::Queue;
+    int learner_index = -1;
+    bool sender = false;  // a learner of replica 0
+    int layers = 0;
+    std::vector<int> slot_of;  // [layer * experts + expert]
+  };
+  Plan plan(const ParameterLayout& layout,
+            const std::vector<std::vector<int>>* learner_slots) const;
+  // Layer by layer, the experts of `actor_shard` that learner `l` holds, in expert order, each
+  // with its slices (from `slot` on the learner, `expert` on the actor): the message's content on
+  // both sides.
+  std::vector<ParameterRange> shared_slices(const Plan& plan, const ParameterLayout& layout, int l,
+                                            ExpertShard actor_shard, bool by_slot) const;
+  // A sender's tables (learner 0) and expert slices to every actor, blocking or posted.
+  uint64_t send_routed(const Plan& plan, const float* params, const ParameterLayout& layout,
+                       bool posted);
+  // An actor's tables and expert slices, learner by learner.
+  uint64_t receive_routed(float* params, const ParameterLayout& layout);
+
+  struct Pending {
+    std::vector<MPI_Request> requests;
+    std::vector<std::shared_ptr<const void>> buffers;
+  };
+
   Topology& topology_;
   MPI_Comm comm_ = MPI_COMM_NULL;
   int experts_, learner_ep_, actor_ep_, learner_redundant_slots_;
+  Pending pending_;  // a learner's last post
 };
 
 }  // namespace rlf

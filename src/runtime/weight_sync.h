@@ -19,6 +19,8 @@ class WeightSync {
 
   // Learner 0 and the actors take part; every other rank returns at once.
   bool member() const { return group_.comm != MPI_COMM_NULL; }
+  // Learner 0 (rank 0, the root) and the actors, world-rank order; MPI_COMM_NULL elsewhere.
+  MPI_Comm comm() const { return group_.comm; }
   // Root (learner 0) sends params[count]; actors receive into it. Returns the bytes this rank
   // sent or received.
   uint64_t broadcast(float* params, int64_t count);

@@ -571,6 +571,42 @@ TEST(Checkpoint, DisaggregatedStaleSyncResumeWithTheQueuedBatchIsBitExact) {
       << other.output;
 }
 
+// With bound s the actors run s batches ahead: the checkpoint of step k holds batches k + 1 ..
+// k + s (batch b generated with version max(0, b - 1 - s)), which the actors put again on resume,
+// each at its step.
+void expect_checkpoint_holds_batches(const std::string& name, int staleness, int first_batch,
+                                     int batches) {
+  const std::string path = checkpoint_path(temp_dir_name(name + "-killed"), 2);
+  EXPECT_TRUE(read_in_flight(path, 0).empty());
+  const std::vector<InFlightSample> queued = read_in_flight(path, 1);
+  ASSERT_EQ(queued.size(), size_t(batches) * 16u);  // 4 prompts x 4 samples per batch
+  for (const InFlightSample& s : queued) {
+    const int batch = int(s.prompt_id / 4) + 1;
+    EXPECT_TRUE(s.finished);
+    EXPECT_GE(batch, first_batch);
+    EXPECT_LT(batch, first_batch + batches);
+    EXPECT_EQ(s.version_min, std::max(0, batch - 1 - staleness)) << "prompt " << s.prompt_id;
+    EXPECT_EQ(s.version_max, s.version_min);
+  }
+}
+
+TEST(Checkpoint, DisaggregatedDeeperStaleSyncResumeWithEveryQueuedBatchIsBitExact) {
+  expect_kill_and_resume_bit_exact("disaggregated-stale-2", 2,
+                                   kRun + "--staleness 2 --ranks-per-node 1 ", "data");
+  expect_checkpoint_holds_batches("disaggregated-stale-2", 2, 3, 2);
+  // A dedicated queue rank (not in the gather of the samples in flight).
+  expect_kill_and_resume_bit_exact("disaggregated-stale-3", 3,
+                                   kRun + "--staleness 3 --learners 1 --actors 1 --queue-ranks 1 ",
+                                   "data");
+  expect_checkpoint_holds_batches("disaggregated-stale-3", 3, 3, 3);
+  // Sharded experts on learners and actors: the learners of replica 0 post their experts.
+  expect_kill_and_resume_bit_exact("disaggregated-stale-2-ep", 4,
+                                   kRun +
+                                       "--staleness 2 --learners 2 --actors 2 "
+                                       "--expert-parallel 2 --actor-expert-parallel 2 ",
+                                   "data");
+}
+
 // Starts the run in the background, sends `signal` to `target` (the rank, or mpiexec, which
 // forwards SIGUSR1 to every rank) once step 2's progress line is in the log, and expects a
 // checkpoint and exit code 3; --resume auto then finishes it bit for bit like a straight run.
@@ -630,6 +666,13 @@ TEST(Checkpoint, DisaggregatedStaleSyncExpertParallelWithQueueRankResumeIsBitExa
 TEST(Checkpoint, DisaggregatedStaleSyncSigusr1CheckpointsAndStops) {
   expect_signal_checkpoints_and_stops("disaggregated-stale-sigusr1", 2,
                                       "--staleness 1 --ranks-per-node 1 ", "USR1");
+}
+
+// Actors two steps ahead: the signal's stop is agreed at a step end the actors reach after their
+// put two batches later; the resumed run puts both batches again.
+TEST(Checkpoint, DisaggregatedDeeperStaleSyncSigusr1CheckpointsAndStops) {
+  expect_signal_checkpoints_and_stops("disaggregated-stale-2-sigusr1", 2,
+                                      "--staleness 2 --ranks-per-node 1 ", "USR1");
 }
 
 // Data reordering with counted costs is a pure function of each step's samples: a resumed run

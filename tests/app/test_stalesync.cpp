@@ -6,10 +6,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "src/io/trace_reader.h"
 #include "tests/app/json_output.h"
@@ -123,6 +126,53 @@ TEST(StaleSync, UnderRandomDelaysNoSampleIsTrainedBeyondTheBoundAndEachExactlyOn
   }
 }
 
+// The report's histogram row: staleness, then trained samples.
+std::string report_row(int staleness, int samples) {
+  char row[64];
+  std::snprintf(row, sizeof row, "  %9d %12d", staleness, samples);
+  return row;
+}
+
+// Pipelines deeper than one step: with bound s the actors run s steps ahead, batch k generated
+// with version max(0, k - 1 - s) and trained at version k - 1, so batch k is min(k - 1, s)
+// versions stale, and the learners post each version without waiting for the actors. Under random
+// delays, checked from the traces: nothing beyond the bound, each sample once, exactly the
+// schedule's histogram (in the report too), and the same weights whatever the timing.
+TEST(StaleSync, DeeperPipelinesRunSStepsAheadWithinTheBoundReproducibly) {
+  // With expert parallelism the learners of replica 0 post their experts to the actors too.
+  const std::vector<std::pair<int, std::string>> runs = {
+      {2, "--learners 2 --actors 2 --queue-transfer flat"},
+      {3, "--learners 1 --actors 2 --queue-ranks 1 --queue-transfer hierarchical"},
+      {2, "--learners 2 --actors 2 --expert-parallel 2"}};
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const auto& [staleness, layout] = runs[i];
+    const std::string args = layout + " --staleness " + std::to_string(staleness) + " ";
+    SCOPED_TRACE(args);
+    const std::string a_name = "deep-a" + std::to_string(i), b_name = "deep-b" + std::to_string(i);
+    const Result a = train(4, a_name, args + "--random-delay-ms 1");
+    ASSERT_EQ(a.exit_code, 0) << a.output;
+    const Result b = train(4, b_name, args + "--random-delay-ms 8");
+    ASSERT_EQ(b.exit_code, 0) << b.output;
+    EXPECT_EQ(differing_parameters(a_name, b_name), 0u);
+    const auto by_staleness = expect_bound_and_exactly_once(b_name, staleness);
+    std::map<int, int> schedule;
+    for (int k = 1; k <= kSteps; ++k) schedule[std::min(k - 1, staleness)] += kPrompts * kGroup;
+    EXPECT_EQ(by_staleness, schedule);
+    const Result report = test::run_rlfusion("report " + run_path(b_name), 1);
+    ASSERT_EQ(report.exit_code, 0) << report.output;
+    EXPECT_NE(report.output.find(report_row(staleness, schedule.at(staleness))), std::string::npos)
+        << report.output;
+  }
+  // Sharded experts train like the data-parallel run of the same schedule (up to float rounding).
+  const auto ep = test::read_tiny_parameters(run_path("deep-b2") + "/model.h5");
+  const auto dp = test::read_tiny_parameters(run_path("deep-b0") + "/model.h5");
+  ASSERT_EQ(ep.size(), dp.size());
+  double largest = 0;
+  for (size_t i = 0; i < ep.size(); ++i)
+    largest = std::max(largest, double(std::fabs(ep[i] - dp[i])));
+  EXPECT_LT(largest, 1e-4);
+}
+
 TEST(StaleSync, TimingNeverChangesTheWeights) {
   // A dedicated queue rank, and delays of different lengths: the versions are fixed by step
   // numbers, so the same seed gives the same weights.
@@ -190,15 +240,18 @@ TEST(StaleSync, FusedWithExpertParallelismTrainsLikeWithout) {
             trained_within_bound("fused-dp", 1).times_trained);
 }
 
-TEST(StaleSync, BenchModesComparesItWithTheSynchronousRunAndItsOverlapBound) {
+// `bench modes --staleness s`: the StaleSync row and its ratio against the overlap bound.
+void expect_bench_modes_against_the_overlap_bound(int staleness) {
   const std::string dir = temp_dir("bench");
   const Result r = test::run_rlfusion(
       "bench modes --model tiny --steps 3 --prompts 8 --group-size 4 --eval-prompts 8 "
-      "--staleness 1 --json --run-dir " +
-          dir,
+      "--staleness " +
+          std::to_string(staleness) + " --json --run-dir " + dir,
       2);
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("  disaggregated s=1 "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("  disaggregated s=" + std::to_string(staleness) + " "),
+            std::string::npos)
+      << r.output;
   EXPECT_NE(r.output.find("realized"), std::string::npos) << r.output;
   const double g = test::json_number(r.output, "generate_seconds");
   const double t = test::json_number(r.output, "train_seconds");
@@ -208,6 +261,13 @@ TEST(StaleSync, BenchModesComparesItWithTheSynchronousRunAndItsOverlapBound) {
   EXPECT_NEAR(test::json_number(r.output, "overlap_bound"), (g + t) / std::max(g, t), 1e-2);
   EXPECT_GT(test::json_number(r.output, "stale_tokens_per_s"), 0.0);
   EXPECT_TRUE(std::filesystem::exists(dir + "/disaggregated-stale/trace.h5"));
+}
+
+TEST(StaleSync, BenchModesComparesItWithTheSynchronousRunAndItsOverlapBound) {
+  for (const int staleness : {1, 2}) {
+    SCOPED_TRACE(staleness);
+    expect_bench_modes_against_the_overlap_bound(staleness);
+  }
 }
 
 // What `make run` does: the synchronous disaggregated baseline, then fused StaleSync, in one job.
@@ -236,11 +296,13 @@ TEST(StaleSync, BaselineRunsFirstAndTheTableShowsTheSpeedUp) {
 }
 
 TEST(StaleSync, BadBoundsStopEveryRankBeforeAnyOutput) {
-  for (const auto& [args, message] :
-       std::map<std::string, std::string>{{"--staleness -1", "--staleness"},
-                                          {"--finish-threshold 0", "--finish-threshold"},
-                                          {"--finish-threshold 1.5", "--finish-threshold"},
-                                          {"--stale-policy keep", "--stale-policy"}}) {
+  for (const auto& [args, message] : std::map<std::string, std::string>{
+           {"--staleness -1", "--staleness"},
+           {"--finish-threshold 0", "--finish-threshold"},
+           {"--finish-threshold 1.5", "--finish-threshold"},
+           {"--stale-policy keep", "--stale-policy"},
+           // Three batches of 32 samples in 2 shards: 48 each.
+           {"--staleness 3 --queue-capacity 40", "--queue-capacity >= 48"}}) {
     SCOPED_TRACE(args);
     const std::string dir = temp_dir("bad");
     const Result r = test::run_rlfusion(kRun + args + " --run-dir " + dir, 2);

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <memory>
 
 #include "kernels/arena.h"
@@ -20,6 +21,7 @@
 #include "src/rl/tokenizer.h"
 #include "src/runtime/expert_weight_sync.h"
 #include "src/runtime/layout_switch.h"
+#include "src/runtime/posted_weight_sync.h"
 #include "src/runtime/role_expert_parallel.h"
 #include "tests/mpi/mpi_test_util.h"
 #include "tests/rl_batch.h"
@@ -222,7 +224,10 @@ TEST(ExpertParallelActors, EpGroupsGenerateWhatOneRankGenerates) {
   free_hierarchical(actors);
 }
 
-TEST(ExpertWeightSync, EveryActorGetsTheWeightsItStoresFromTheirOwners) {
+// Half learners, half actors (one per virtual node); for every pair of EP degrees that fit,
+// `check(sync, replicated, mine, learner)` with this rank's layout `mine`.
+void for_each_expert_weight_sync(const std::function<void(Topology&, ExpertWeightSync&, WeightSync&,
+                                                          const ParameterLayout&, bool)>& check) {
   const int size = test::world_size();
   if (size < 2 || size % 2 != 0) GTEST_SKIP() << "needs an even world of at least 2 ranks";
   const int half = size / 2;
@@ -232,9 +237,6 @@ TEST(ExpertWeightSync, EveryActorGetsTheWeightsItStoresFromTheirOwners) {
   layout.ranks_per_node = 1;
   Topology topology(MPI_COMM_WORLD, layout);
   const ModelConfig config = test::tiny_policy_config();
-  const ParameterLayout whole_layout(config);
-  std::vector<float> whole(size_t(whole_layout.total()));
-  initialize_parameters(whole.data(), whole_layout, config, 5);
   WeightSync replicated(MPI_COMM_WORLD, topology);
   const int role_rank = topology.role_comm().rank();
   for (int learner_ep : {1, 2, 4}) {
@@ -248,27 +250,79 @@ TEST(ExpertWeightSync, EveryActorGetsTheWeightsItStoresFromTheirOwners) {
       const int degree = learner ? learner_ep : actor_ep;
       const ExpertShard shard =
           degree > 1 ? expert_shard_of(role_rank, degree, config.n_experts) : ExpertShard{};
-      const ParameterLayout mine(config, shard);
-      std::vector<float> params(size_t(mine.total()), -7.0f);
-      // Learners hold the trained weights; actors start from something else.
-      if (learner) copy_common_parameters(whole.data(), whole_layout, params.data(), mine);
-      const uint64_t bytes = sync.sync(params.data(), mine, replicated);
-      std::vector<float> want(size_t(mine.total()), -7.0f);
-      copy_common_parameters(whole.data(), whole_layout, want.data(), mine);
-      EXPECT_EQ(0, std::memcmp(params.data(), want.data(), want.size() * sizeof(float)));
-      // An actor receives exactly what it stores, the replicated tensors and its own experts,
-      // plus learner 0's expert -> slot tables (an int per layer and expert).
-      if (!learner) {
-        const uint64_t tables = uint64_t(expert_layers(mine)) * uint64_t(config.n_experts) * 4;
-        EXPECT_EQ(
-            bytes,
-            uint64_t(ranges_size(replicated_ranges(mine)) +
-                     ranges_size(expert_slices(mine, mine.first_expert(), mine.stored_experts()))) *
-                    sizeof(float) +
-                tables);
-      }
+      check(topology, sync, replicated, ParameterLayout(config, shard), learner);
     }
   }
+}
+
+// The whole model of `version`, as one rank would hold it.
+std::vector<float> whole_model(int version) {
+  const ModelConfig config = test::tiny_policy_config();
+  const ParameterLayout whole_layout(config);
+  std::vector<float> whole(size_t(whole_layout.total()));
+  initialize_parameters(whole.data(), whole_layout, config, uint64_t(4 + version));
+  return whole;
+}
+
+// `mine`'s share of version `version`'s whole model (-7 where nothing is common).
+std::vector<float> share_of(int version, const ParameterLayout& mine) {
+  const ParameterLayout whole_layout(test::tiny_policy_config());
+  std::vector<float> share(size_t(mine.total()), -7.0f);
+  copy_common_parameters(whole_model(version).data(), whole_layout, share.data(), mine);
+  return share;
+}
+
+// An actor receives exactly what it stores, the replicated tensors and its own experts, plus
+// learner 0's expert -> slot tables (an int per layer and expert).
+uint64_t actor_bytes(const ParameterLayout& mine) {
+  const uint64_t tables =
+      uint64_t(expert_layers(mine)) * uint64_t(test::tiny_policy_config().n_experts) * 4;
+  return uint64_t(ranges_size(replicated_ranges(mine)) +
+                  ranges_size(expert_slices(mine, mine.first_expert(), mine.stored_experts()))) *
+             sizeof(float) +
+         tables;
+}
+
+TEST(ExpertWeightSync, EveryActorGetsTheWeightsItStoresFromTheirOwners) {
+  for_each_expert_weight_sync([](Topology&, ExpertWeightSync& sync, WeightSync& replicated,
+                                 const ParameterLayout& mine, bool learner) {
+    // Learners hold the trained weights; actors start from something else.
+    std::vector<float> params =
+        learner ? share_of(1, mine) : std::vector<float>(size_t(mine.total()), -7.0f);
+    const uint64_t bytes = sync.sync(params.data(), mine, replicated);
+    EXPECT_EQ(params, share_of(1, mine));
+    if (!learner) {
+      EXPECT_EQ(bytes, actor_bytes(mine));
+    }
+  });
+}
+
+// StaleSync's deeper pipelines: the learners post versions without waiting and overwrite their
+// parameters at once (as training does); every actor later receives each version, in order,
+// exactly as the blocking sync would have given it.
+TEST(ExpertWeightSync, PostedVersionsArriveInOrderAsTheyWereWhenPosted) {
+  for_each_expert_weight_sync([](Topology& topology, ExpertWeightSync& sync, WeightSync& replicated,
+                                 const ParameterLayout& mine, bool learner) {
+    PostedWeightSync posted(replicated, topology.links());
+    const auto wait_all = [](std::vector<MPI_Request>& requests) {
+      MPI_Waitall(int(requests.size()), requests.data(), MPI_STATUSES_IGNORE);
+    };
+    std::vector<float> params(size_t(mine.total()), -7.0f);
+    for (int version = 1; version <= 3; ++version) {
+      if (learner) {
+        params = share_of(version, mine);
+        sync.post(params.data(), mine, posted, nullptr, wait_all);
+        std::fill(params.begin(), params.end(), -2.0f);
+      } else {
+        EXPECT_EQ(sync.receive(params.data(), mine, posted, wait_all), actor_bytes(mine));
+        EXPECT_EQ(params, share_of(version, mine)) << "version " << version;
+      }
+    }
+    if (learner) {
+      posted.finish(wait_all);
+      sync.finish(wait_all);
+    }
+  });
 }
 
 TEST(ExpertLayoutSwitch, GenerationShardsGetExactlyTheirExpertsAndTheLeastBytes) {
