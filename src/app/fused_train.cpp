@@ -146,9 +146,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
       load_learned_reward(rl, policy.device->ops(), fused_all ? &policy.device->memory() : nullptr,
                           run.device_memory_bytes());
   // Checkpoints are taken between steps; with StaleSync each rank's rollout pool goes with them.
-  // (Not at TP x EP yet: refused before any work, and signals keep their default action.)
-  TrainCheckpoints saved(checkpoints, run, rl, policy.config,
-                         /*supported=*/!(tp && options.expert_parallel > 1));
+  TrainCheckpoints saved(checkpoints, run, rl, policy.config, /*supported=*/true);
   RunDirectory dir(run.run_dir, resolved_config, /*writer=*/root, saved.resuming());
   TraceRecorder trace(MPI_COMM_WORLD);
   trace.set_memory_source(&policy.device->memory());

@@ -58,17 +58,6 @@ void validate_experts_with_model_parallelism(const std::string& option,
   }
 }
 
-void refuse_tensor_expert_checkpoints(const DisaggregatedOptions& options,
-                                      const CheckpointOptions& checkpoints) {
-  if (options.tensor_parallel <= 1 || options.expert_parallel <= 1) return;
-  if (checkpoints.every > 0 || !checkpoints.resume.empty()) {
-    throw ConfigError("--tensor-parallel " + std::to_string(options.tensor_parallel) +
-                      " x --expert-parallel " + std::to_string(options.expert_parallel) +
-                      " is not supported with --checkpoint-every or --resume (no checkpoints at "
-                      "TP x EP yet)");
-  }
-}
-
 void refuse_unsupported_with_model_parallelism(const std::string& option,
                                                const DisaggregatedOptions& options, bool fused,
                                                int world_size, const RlOptions& rl) {

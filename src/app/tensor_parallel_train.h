@@ -9,7 +9,6 @@
 #include "mpi_comm/topology.h"
 #include "src/app/disaggregated_train.h"
 #include "src/app/rl_options.h"
-#include "src/app/train_checkpoints.h"
 #include "src/model/tensor_parallel.h"
 
 namespace rlf {
@@ -39,10 +38,6 @@ void validate_experts_with_model_parallelism(const std::string& option,
                                              const DisaggregatedOptions& options, int world_size,
                                              int replica_ranks, const std::string& replicas,
                                              const std::string& members);
-
-// ConfigError for checkpoints (--checkpoint-every, --resume) at TP x EP: not built yet.
-void refuse_tensor_expert_checkpoints(const DisaggregatedOptions& options,
-                                      const CheckpointOptions& checkpoints);
 
 // The TP groups over the fused ranks (null for --tensor-parallel 1). Throws ConfigError on every
 // rank when the degree does not divide the ranks, the model's heads or its shared expert.

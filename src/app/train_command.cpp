@@ -176,7 +176,6 @@ int run_train_command(const std::vector<std::string>& args) {
         "ranks cut the long tail (mpiexec -n 2 or more)");
   }
   validate_checkpoint_options(checkpoints);
-  refuse_tensor_expert_checkpoints(multi_rank, checkpoints);
   // The reward model file is read on every rank, so a bad one stops all of them here.
   validate_reward_model(o, *make_task(load_task_config(policy_options.task, run.seed)));
   if (baseline != "none" && baseline != "disaggregated") {

@@ -123,9 +123,6 @@ TEST(TensorParallelTrain, DegreesThatDoNotFitStopEveryRankBeforeOutput) {
            "--tensor-parallel 2 x --expert-parallel 2 is not supported with --redundant-experts"},
           {4, "--tensor-parallel 2 --expert-parallel 2 --rebalance-every 1",
            "--tensor-parallel 2 is not supported with --rebalance-every"},
-          {4, "--tensor-parallel 2 --expert-parallel 2 --checkpoint-every 2",
-           "--tensor-parallel 2 x --expert-parallel 2 is not supported with --checkpoint-every "
-           "or --resume"},
           {2, "--tensor-parallel 2 --offload",
            "--tensor-parallel 2 is not supported with --offload"},
           {2, "--tensor-parallel-attention-only",
