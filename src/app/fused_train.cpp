@@ -195,7 +195,16 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   std::unique_ptr<TrainRebalancer> rebalancer;
   if (ep) {
     TrainRebalancer::LayerExpertTokens stage_tokens;
-    if (pp) stage_tokens = [&ep](int layer) { return ep->take_view_expert_tokens(layer); };
+    if (pp) {
+      stage_tokens = [&ep](int layer) { return ep->take_view_expert_tokens(layer); };
+    } else if (tp && tp->rank() != 0) {
+      // Every rank of a TP group dispatches the group's tokens: TP rank 0 counts them.
+      stage_tokens = [&model](int layer) {
+        std::vector<int64_t> tokens = model.expert_dispatcher(layer)->take_expert_tokens();
+        std::fill(tokens.begin(), tokens.end(), 0);
+        return tokens;
+      };
+    }
     rebalancer =
         std::make_unique<TrainRebalancer>(options.rebalance, *ep, all, model, *learner.optimizer,
                                           learner.reference.get(), trace, std::move(stage_tokens));

@@ -101,6 +101,31 @@ TEST(TensorParallelTrain, StartsFromAParameterFileWithAKlReferenceLikeOneRank) {
   EXPECT_EQ(step_rewards(tp.output), want) << tp.output;
 }
 
+// Router statistics at TP x EP: every rank of a TP group dispatches the group's tokens and TP rank
+// 0 counts them, so `report` gives each layer the assignments of the EP 2 run of the same samples
+// on 2 ranks (counted on every TP rank they would be twice as many).
+TEST(TensorParallelTrain, ExpertParallelRouterStatisticsCountEveryTokenOnce) {
+  std::vector<double> want;
+  for (const auto& [ranks, options] : {std::pair<int, std::string>{2, "--expert-parallel 2 "},
+                                       {4, "--tensor-parallel 2 --expert-parallel 2 "}}) {
+    SCOPED_TRACE(options);
+    const std::string dir = temp_dir("router-" + std::to_string(ranks));
+    const Result run = test::run_rlfusion(kFusedRun + options + "--run-dir " + dir, ranks);
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    const Result report = test::run_rlfusion("report " + dir + " --json");
+    ASSERT_EQ(report.exit_code, 0) << report.output;
+    std::vector<double> assignments;
+    for (const int layer : {0, 1}) {
+      const size_t at = report.output.find("{\"layer\":" + std::to_string(layer) + ",");
+      ASSERT_NE(at, std::string::npos) << report.output;
+      assignments.push_back(test::json_number(report.output, "assignments", at));
+    }
+    ASSERT_GT(assignments[0], 0) << report.output;
+    if (want.empty()) want = assignments;
+    EXPECT_EQ(assignments, want) << report.output;
+  }
+}
+
 TEST(TensorParallelTrain, DegreesThatDoNotFitStopEveryRankBeforeOutput) {
   test::expect_stops_before_output(
       {
