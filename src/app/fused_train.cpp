@@ -77,9 +77,12 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
       rl.minibatches, topology, stage_cost_probe(run, policy_options, rl.micro_batch), tp.get());
   const int experts = model_config.n_experts;
   // With pipeline parallelism the EP groups are ranks of one stage in consecutive pipelines (its
-  // data-parallel group): generation and training both run on them.
+  // data-parallel group), with tensor parallelism the ranks with the same TP rank in consecutive
+  // TP groups (its data-parallel group): generation and training both run on them.
+  const HierarchicalComm* ep_role =
+      pp ? &pp->data_parallel() : (tp ? &tp->data_parallel() : nullptr);
   const std::vector<int> ep_ranks =
-      pp ? pp->data_parallel().world_ranks : topology.ranks_of(Role::Learner);
+      ep_role ? ep_role->world_ranks : topology.ranks_of(Role::Learner);
   validate_role_expert_parallel("--expert-parallel", options.expert_parallel, ep_ranks, experts,
                                 options.ep_dispatch, topology.links(), "fused");
   // In fused mode the actors' degree is the generation layout's.
@@ -94,9 +97,11 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   if (redundant > 0) {
     validate_redundant_slots(redundant, experts, options.expert_parallel, "--redundant-experts");
   }
+  // (With TP the EP rank is the TP group's: its place among the TP groups.)
+  const int ep_place = tp ? tp->replica() : rank;
   ExpertShard own_experts = pp ? pp->expert_shard()
                             : options.expert_parallel > 1
-                                ? expert_shard_of(rank, options.expert_parallel, experts)
+                                ? expert_shard_of(ep_place, options.expert_parallel, experts)
                                 : ExpertShard{};
   own_experts.redundant = redundant;
   // With offload the gradients are allocated later, next to AdamW's moments at the top of the
@@ -107,10 +112,10 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   FusedMemoryPlan memory_plan;
   {
     // Bad input stops every rank here, before any output: the analytic peaks must fit the arena.
-    const ExpertShard generation_experts = pp ? pp->expert_shard()
-                                           : generation_degree > 1
-                                               ? expert_shard_of(rank, generation_degree, experts)
-                                               : ExpertShard{};
+    const ExpertShard generation_experts =
+        pp                      ? pp->expert_shard()
+        : generation_degree > 1 ? expert_shard_of(ep_place, generation_degree, experts)
+                                : ExpertShard{};
     const Task& task = *policy.task;
     const int longest = 2 + task.max_prompt_chars() + task.max_response_chars();
     const std::optional<ModelConfig> reward_model =
@@ -176,7 +181,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   const HierarchicalComm& all = topology.role_comm();
   Links& links = topology.links();
   std::unique_ptr<RoleExpertParallel> ep =
-      attach_expert_parallel(model, pp ? pp->data_parallel() : all, links, options.expert_parallel,
+      attach_expert_parallel(model, ep_role ? *ep_role : all, links, options.expert_parallel,
                              options.ep_dispatch, pp ? 1 : options.ep_overlap_chunks, redundant);
   // The spare slots get their starting replicas before the reference copies the weights.
   if (ep) ep->fill_redundant_slots(model.parameters(), model.layout());
@@ -190,7 +195,16 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   std::unique_ptr<TrainRebalancer> rebalancer;
   if (ep) {
     TrainRebalancer::LayerExpertTokens stage_tokens;
-    if (pp) stage_tokens = [&ep](int layer) { return ep->take_view_expert_tokens(layer); };
+    if (pp) {
+      stage_tokens = [&ep](int layer) { return ep->take_view_expert_tokens(layer); };
+    } else if (tp && tp->rank() != 0) {
+      // Every rank of a TP group dispatches the group's tokens: TP rank 0 counts them.
+      stage_tokens = [&model](int layer) {
+        std::vector<int64_t> tokens = model.expert_dispatcher(layer)->take_expert_tokens();
+        std::fill(tokens.begin(), tokens.end(), 0);
+        return tokens;
+      };
+    }
     rebalancer =
         std::make_unique<TrainRebalancer>(options.rebalance, *ep, all, model, *learner.optimizer,
                                           learner.reference.get(), trace, std::move(stage_tokens));
@@ -312,8 +326,11 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         "# expert parallelism: EP %d x %d replicas%s, %s dispatch, training's experts in %d "
         "overlap chunk(s), %d redundant expert slot(s) per EP rank; this rank stores %lld of "
         "%lld parameters\n",
-        options.expert_parallel, (pp ? pp->replicas() : ranks) / options.expert_parallel,
-        pp ? " (EP groups: a stage's ranks in consecutive pipelines; generation on them too)" : "",
+        options.expert_parallel, ep->expert_data_group().size(),
+        pp   ? " (EP groups: a stage's ranks in consecutive pipelines; generation on them too)"
+        : tp ? " (EP groups: the ranks of one TP rank in consecutive TP groups, each expert on "
+               "every rank of its TP group; generation on them too)"
+             : "",
         dispatch_mode_name(options.ep_dispatch), options.ep_overlap_chunks, redundant,
         (long long)model.parameter_count(), (long long)ParameterLayout(policy.config).total());
   }

@@ -4,6 +4,7 @@
 
 #include "src/model/expert_parallel.h"
 #include "src/model/tensor_parallel.h"
+#include "src/runtime/tensor_expert_parallel.h"
 
 namespace rlf {
 
@@ -97,8 +98,9 @@ void start_learner_state(LearnerState& state, Policy& policy, const RlOptions& r
     if (state.reference) ep->attach(*state.reference);
     state.optimizer->set_shard(ep->optimizer_shard(layout));
   }
-  if (model.tensor_parallel()) {
-    state.optimizer->set_shard(model.tensor_parallel()->optimizer_shard(layout));
+  if (const TensorParallel* tp = model.tensor_parallel()) {
+    state.optimizer->set_shard(ep ? tensor_expert_optimizer_shard(layout, *tp, *ep)
+                                  : tp->optimizer_shard(layout));
   }
 }
 

@@ -13,34 +13,6 @@
 
 namespace rlf {
 
-namespace {
-
-// PP x EP (validate_pipeline_parallel_train's EP part).
-void validate_pipeline_expert_parallel(const std::string& option,
-                                       const DisaggregatedOptions& options, int world_size) {
-  const int degree = options.expert_parallel;
-  const std::string both = option + " x --expert-parallel " + std::to_string(degree);
-  // Generation runs on the whole model with the training EP groups' experts.
-  if (options.actor_expert_parallel != degree) {
-    throw ConfigError(both +
-                      ": --actor-expert-parallel must be the same degree (generation runs "
-                      "on the training EP groups), got " +
-                      std::to_string(options.actor_expert_parallel));
-  }
-  const int pipelines = world_size / options.pipeline_parallel;
-  if (world_size % options.pipeline_parallel == 0 && pipelines % degree != 0) {
-    throw ConfigError(both + ": the EP degree must divide the " + std::to_string(pipelines) +
-                      " pipelines (an EP group is the ranks of one stage in " +
-                      std::to_string(degree) + " pipelines)");
-  }
-  auto refuse = [&](const std::string& what) {
-    throw ConfigError(both + " is not supported with " + what);
-  };
-  if (options.rebalance.redundant_experts > 0) refuse("--redundant-experts");
-}
-
-}  // namespace
-
 void validate_pipeline_parallel_train(const DisaggregatedOptions& options, bool fused,
                                       int world_size, const RlOptions& rl) {
   const int degree = options.pipeline_parallel;
@@ -73,7 +45,9 @@ void validate_pipeline_parallel_train(const DisaggregatedOptions& options, bool 
     }
   }
   if (options.expert_parallel > 1 || options.actor_expert_parallel > 1) {
-    validate_pipeline_expert_parallel(option, options, world_size);
+    // An EP group is the ranks of one stage in E consecutive pipelines.
+    validate_experts_with_model_parallelism(option, options, world_size, degree, "pipelines",
+                                            "the ranks of one stage");
   } else if (options.ep_overlap_chunks > 1) {
     // Overlap chunks hide the EP exchanges of the stages' MoE layers: without EP there are none.
     throw ConfigError(option + " with --ep-overlap-chunks " +

@@ -38,10 +38,11 @@ void keep_own_part(const float* whole, const ParameterLayout& whole_layout,
   const ParameterLayout& layout = model.layout();
   if (layout.tensor_slice().active()) {
     const ParameterLayout unsliced = with_tensor_slice(model.config(), layout, TensorSlice{});
-    if (unsliced.tensors().size() == whole_layout.tensors().size()) {
+    if (unsliced.tensors().size() == whole_layout.tensors().size() && !layout.expert_sharded()) {
       slice_parameters(whole, whole_layout, model.parameters(), layout);
     } else {
-      // A TP slice of a pipeline stage: the stage's whole tensors, then the rank's slice of them.
+      // A TP slice of a pipeline stage or of an EP rank's experts: the stage's whole tensors (the
+      // rank's experts' rows), then the rank's slice of them.
       std::vector<float> stage(size_t(unsliced.total()), 0.0f);
       copy_shared_tensors(whole, whole_layout, stage.data(), unsliced);
       slice_parameters(stage.data(), unsliced, model.parameters(), layout);

@@ -18,9 +18,43 @@ void validate_tensor_parallel_train(const DisaggregatedOptions& options, bool fu
     return;
   }
   refuse_unsupported_with_model_parallelism(option, options, fused, world_size, rl);
-  if (options.expert_parallel != 1 || options.actor_expert_parallel != 1) {
-    throw ConfigError(option +
-                      " is not supported with --expert-parallel / --actor-expert-parallel");
+  if (options.expert_parallel == 1 && options.actor_expert_parallel == 1) return;
+  // TP x EP: an EP group is the ranks with the same TP rank in E consecutive TP groups.
+  validate_experts_with_model_parallelism(option, options, world_size, degree,
+                                          "tensor-parallel groups",
+                                          "the ranks with the same TP rank");
+  const std::string both =
+      option + " x --expert-parallel " + std::to_string(options.expert_parallel);
+  if (options.pipeline_parallel > 1) {
+    throw ConfigError(both +
+                      " is not supported with --pipeline-parallel (TP x EP x PP is not built)");
+  }
+  if (options.ep_overlap_chunks > 1) {
+    throw ConfigError(both + " is not supported with --ep-overlap-chunks above 1");
+  }
+}
+
+void validate_experts_with_model_parallelism(const std::string& option,
+                                             const DisaggregatedOptions& options, int world_size,
+                                             int replica_ranks, const std::string& replicas,
+                                             const std::string& members) {
+  const int degree = options.expert_parallel;
+  const std::string both = option + " x --expert-parallel " + std::to_string(degree);
+  // Generation runs on the training EP groups.
+  if (options.actor_expert_parallel != degree) {
+    throw ConfigError(both +
+                      ": --actor-expert-parallel must be the same degree (generation runs "
+                      "on the training EP groups), got " +
+                      std::to_string(options.actor_expert_parallel));
+  }
+  const int groups = world_size / replica_ranks;
+  if (world_size % replica_ranks == 0 && groups % degree != 0) {
+    throw ConfigError(both + ": the EP degree must divide the " + std::to_string(groups) + " " +
+                      replicas + " (an EP group is " + members + " in " + std::to_string(degree) +
+                      " " + replicas + ")");
+  }
+  if (options.rebalance.redundant_experts > 0) {
+    throw ConfigError(both + " is not supported with --redundant-experts");
   }
 }
 

@@ -301,6 +301,40 @@ void TrainCheckpoints::save(const RlPosition& position, const TrainingState& sta
                                      *pipeline_, *ep);
     return;
   }
+  // Replica 0's EP group writes the one file together, each rank its own experts by id (parallel
+  // HDF5), with the placement (and the rebalancer's state) beside them.
+  auto write_expert_rows = [&](CheckpointTensors tensors, const ParameterLayout& layout) {
+    // After expert migration a rank's slots hold any experts, with spare slots replicas: the
+    // file stores each expert once by id.
+    tensors.slot_experts = &ep->slot_experts();
+    CheckpointPlacement placement;
+    placement.ep_degree = ep->degree();
+    placement.slots_per_rank = ep->local_slots();
+    placement.slot_experts = ep->slot_experts();
+    if (rebalancer_ && rebalancer_->rebalancing()) {
+      placement.has_rebalancer = true;
+      placement.rebalancer = rebalancer_->state();
+    }
+    tensors.placement = &placement;
+    write_checkpoint_sharded(run_.run_dir, model.config(), layout, c, tensors, ep->ep_group().comm);
+  };
+  if (tensor_parallel_ && ep) {
+    // TP x EP: the first EP replica's TP groups assemble their slices (every rank then holds the
+    // whole dense tensors and its experts), and TP rank 0's EP group, world rank 0's, writes.
+    if (ep->replica() != 0) return;
+    const ParameterLayout unsliced =
+        with_tensor_slice(model.config(), model.layout(), TensorSlice{});
+    std::array<std::vector<float>, kBuffers> whole =
+        gather_whole_buffers(state, unsliced, [&](const float* part, float* whole_buffer) {
+          gather_tensor_parallel(part, model.layout(), whole_buffer, unsliced, model.config(),
+                                 *tensor_parallel_);
+        });
+    if (tensor_parallel_->rank() != 0) return;
+    std::array<float*, kBuffers> buffers{};
+    for (size_t b = 0; b < kBuffers; ++b) buffers[b] = whole[b].empty() ? nullptr : whole[b].data();
+    write_expert_rows(tensors_of(buffers), unsliced);
+    return;
+  }
   if (pipeline_ || tensor_parallel_) {
     // The first model replica (pipeline, TP group or both) assembles the whole model; the others
     // hold the same values.
@@ -340,23 +374,9 @@ void TrainCheckpoints::save(const RlPosition& position, const TrainingState& sta
     in_flight = gather_in_flight(pool_ ? pool_->saved_samples() : kNothingInFlight, comm);
   }
   if (writer && in_flight_) tensors.in_flight = &in_flight;
-  // Replica 0's EP group writes the one file together, each rank its own experts (parallel
-  // HDF5); the other data-parallel replicas hold the same values.
+  // (The other data-parallel replicas hold the same values.)
   if (ep->replica() != 0) return;
-  // After expert migration a rank's slots hold any experts, with spare slots replicas: the file
-  // stores each expert once by id, and the placement (with the rebalancer's state) beside it.
-  tensors.slot_experts = &ep->slot_experts();
-  CheckpointPlacement placement;
-  placement.ep_degree = ep->degree();
-  placement.slots_per_rank = ep->local_slots();
-  placement.slot_experts = ep->slot_experts();
-  if (rebalancer_ && rebalancer_->rebalancing()) {
-    placement.has_rebalancer = true;
-    placement.rebalancer = rebalancer_->state();
-  }
-  tensors.placement = &placement;
-  write_checkpoint_sharded(run_.run_dir, model.config(), model.layout(), c, tensors,
-                           ep->ep_group().comm);
+  write_expert_rows(tensors, model.layout());
 }
 
 bool TrainCheckpoints::end_of_step(int step, const RlPosition& position, double seconds,

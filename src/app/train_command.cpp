@@ -95,7 +95,8 @@ int run_train_command(const std::vector<std::string>& args) {
         po::value(&multi_rank.tensor_parallel)->default_value(multi_rank.tensor_parallel),
         "--mode fused: tensor-parallel degree: groups of this many consecutive ranks hold one "
         "replica of the policy, each rank its share of the attention heads and of the shared "
-        "expert (Megatron-style), and generate and train the same samples");
+        "expert (Megatron-style), and generate and train the same samples; with --expert-parallel "
+        "E the routed experts are sharded over the ranks of one TP rank in E TP groups");
     add("tensor-parallel-attention-only",
         po::bool_switch(&multi_rank.tensor_parallel_attention_only),
         "with --tensor-parallel: cut only attention; the shared expert stays whole on every rank");

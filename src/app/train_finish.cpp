@@ -11,6 +11,7 @@
 #include "src/io/parameter_file.h"
 #include "src/io/trace_writer.h"
 #include "src/runtime/pipeline_layout_switch.h"
+#include "src/runtime/tensor_expert_parallel.h"
 
 namespace rlf {
 
@@ -52,12 +53,16 @@ int finish_multi_rank_train(const MultiRankTrainEnd& end, const RunOptions& run,
     whole = std::make_unique<Transformer<float>>(policy.config, policy.device->ops(), *whole_memory,
                                                  /*with_gradients=*/false);
   }
-  if (end.ep && end.learner && !end.pipeline) {
+  if (end.ep && end.tensor_parallel && !end.pipeline) {
+    // TP x EP: the experts come together on the first TP group, which assembles the slices.
+    gather_tensor_expert_parallel(
+        model.parameters(), model.layout(), whole ? whole->parameters() : nullptr,
+        ParameterLayout(policy.config), policy.config, *end.tensor_parallel, *end.ep);
+  } else if (end.ep && end.learner && !end.pipeline) {
     const ParameterLayout whole_layout(policy.config);
     end.ep->gather_full_model(model.parameters(), model.layout(),
                               whole ? whole->parameters() : nullptr, whole_layout);
-  }
-  if (end.tensor_parallel && !end.pipeline) {
+  } else if (end.tensor_parallel && !end.pipeline) {
     // Collective over the TP group: every rank of it assembles the whole model. (With a pipeline
     // too, gather_pipeline_model assembles each stage's TP slices first.)
     const ParameterLayout whole_layout(policy.config);

@@ -77,10 +77,16 @@ ParameterLayout with_tensor_slice(const ModelConfig& config, const ParameterLayo
 
 namespace {
 
-std::vector<ParameterRange> merged_ranges(const ParameterLayout& layout, bool cut) {
+bool is_cut(const ParameterTensor& t) {
+  return t.tp_split != ParameterTensor::TensorSplit::None;
+}
+
+// The tensors of `layout` that `keep` selects, adjacent ones merged.
+template <typename Keep>
+std::vector<ParameterRange> merged_ranges(const ParameterLayout& layout, Keep keep) {
   std::vector<ParameterRange> ranges;
   for (const ParameterTensor& t : layout.tensors()) {
-    if ((t.tp_split != ParameterTensor::TensorSplit::None) != cut) continue;
+    if (!keep(t)) continue;
     if (!ranges.empty() && ranges.back().offset + ranges.back().count == t.offset) {
       ranges.back().count += t.numel;
     } else {
@@ -103,11 +109,16 @@ void check_same_model(const ParameterLayout& whole, const ParameterLayout& slice
 }  // namespace
 
 std::vector<ParameterRange> tensor_parallel_ranges(const ParameterLayout& layout) {
-  return merged_ranges(layout, true);
+  return merged_ranges(layout, is_cut);
 }
 
 std::vector<ParameterRange> tensor_replicated_ranges(const ParameterLayout& layout) {
-  return merged_ranges(layout, false);
+  return merged_ranges(layout, [](const ParameterTensor& t) { return !is_cut(t); });
+}
+
+std::vector<ParameterRange> tensor_replicated_dense_ranges(const ParameterLayout& layout) {
+  return merged_ranges(layout,
+                       [](const ParameterTensor& t) { return !is_cut(t) && !is_expert_tensor(t); });
 }
 
 template <typename T>

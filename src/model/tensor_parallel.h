@@ -111,6 +111,9 @@ ParameterLayout with_tensor_slice(const ModelConfig& config, const ParameterLayo
 // (whole on every rank of the group).
 std::vector<ParameterRange> tensor_parallel_ranges(const ParameterLayout& layout);
 std::vector<ParameterRange> tensor_replicated_ranges(const ParameterLayout& layout);
+// The whole tensors other than the routed experts' (with expert parallelism the experts are
+// sharded over the EP group, not replicated).
+std::vector<ParameterRange> tensor_replicated_dense_ranges(const ParameterLayout& layout);
 
 // A rank's slice of a whole-model buffer: every tensor of `slice_layout` copied from its elements
 // in `whole` (laid out by `whole_layout`: the same model, experts and layers, no tensor slice).

@@ -1,9 +1,9 @@
 // Checkpoints and restart: the CRC-64 and the file format on their own, then the rlfusion binary
-// on one rank, two (disaggregated, fused, PP, TP) and four (sharded experts, TP x PP, PP x EP): a
-// run killed with SIGKILL in the middle of writing a checkpoint resumes from the previous one and
-// ends bit for bit where an uninterrupted run does; SIGUSR1 / SIGTERM checkpoint and stop with exit
-// code 3; damaged, truncated and wrong-shape files are refused with exit code 2 (or skipped by
-// --resume auto).
+// on one rank, two (disaggregated, fused, PP, TP) and four (sharded experts, TP x PP, PP x EP,
+// TP x EP): a run killed with SIGKILL in the middle of writing a checkpoint resumes from the
+// previous one and ends bit for bit where an uninterrupted run does; SIGUSR1 / SIGTERM checkpoint
+// and stop with exit code 3; damaged, truncated and wrong-shape files are refused with exit code 2
+// (or skipped by --resume auto).
 #include <gtest/gtest.h>
 #include <hdf5.h>
 #include <unistd.h>
@@ -483,6 +483,21 @@ TEST(Checkpoint, TensorParallelAndDataParallelCheckpointsResumeInEachOther) {
   expect_resumes_in_data_parallel_and_back("cross-tp", "--tensor-parallel 2 ", 2, 1);
   expect_resumes_in_data_parallel_and_back("cross-tp-pp",
                                            "--tensor-parallel 2 --pipeline-parallel 2 ", 4, 4);
+}
+
+// TP x EP (TP 2 x EP 2 on 4 ranks, KL on): the first EP replica's TP groups assemble their slices
+// and TP rank 0's EP group writes the experts' rows by id; a run killed while writing checkpoint 4
+// resumes from checkpoint 2 bit for bit, and the file resumes in EP 2 on 2 ranks (the same two
+// generating groups) and the other way round (without the KL term, whose float rounding would
+// part the two layouts' sampled tokens within the 6 steps).
+TEST(Checkpoint, TensorExpertParallelResumesBitExactAndInAnExpertParallelRun) {
+  const std::string tensor_expert = "--tensor-parallel 2 --expert-parallel 2 ";
+  expect_kill_and_resume_bit_exact("tensor-expert", 4, kRun + "--mode fused " + tensor_expert,
+                                   "data");
+  std::string without_kl = kRun;
+  without_kl.erase(without_kl.find("--kl-coef 0.01 "), std::string("--kl-coef 0.01 ").size());
+  expect_resumes_in_data_parallel_and_back("cross-tp-ep", tensor_expert, 4, 2,
+                                           "--expert-parallel 2 ", without_kl);
 }
 
 // A checkpoint holds the whole model, so it loads at another expert-parallel degree.

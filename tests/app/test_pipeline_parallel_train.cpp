@@ -220,7 +220,8 @@ TEST(PipelineParallelTrain, ShapesThatDoNotFitStopEveryRankBeforeOutput) {
           {2, "--pipeline-parallel 2 --rebalance-every 1",
            "--rebalance-every needs --expert-parallel >= 2"},
           {4, "--pipeline-parallel 2 --tensor-parallel 2 --expert-parallel 2",
-           "--tensor-parallel 2 is not supported with --expert-parallel"},
+           "--tensor-parallel 2 x --expert-parallel 2 is not supported with --pipeline-parallel "
+           "(TP x EP x PP is not built)"},
           {2, "--pipeline-parallel 2 --tensor-parallel 2",
            "--tensor-parallel 2 x --pipeline-parallel 2 = 4 ranks per model replica must divide "
            "the 2 ranks"},

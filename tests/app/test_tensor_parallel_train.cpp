@@ -1,7 +1,7 @@
-// `train --mode fused --tensor-parallel`: TP 2 on 2 ranks and TP 2 x DP 2 on 4 ranks (and TP on
-// attention only) train like the data-parallel fused run of the same prompts: the same held-out
-// accuracy before and after RL, the same reward every step, and a saved whole model within float
-// rounding of it. Degrees and combinations that do not fit stop every rank with exit code 2
+// `train --mode fused --tensor-parallel`: TP 2 on 2 ranks, TP 2 x DP 2 and TP 2 x EP 2 on 4 ranks
+// (and TP on attention only) train like the data-parallel fused run of the same prompts: the same
+// held-out accuracy before and after RL, the same reward every step, and a saved whole model within
+// float rounding of it. Degrees and combinations that do not fit stop every rank with exit code 2
 // before any output.
 #include <gtest/gtest.h>
 
@@ -36,13 +36,18 @@ TEST(TensorParallelTrain, TrainsLikeTheDataParallelFusedRun) {
   ASSERT_EQ(dp_steps.size(), 6u) << dp.output;
   struct Layout {
     int ranks;
-    std::string options, log;
+    std::string options, log, expert_log;
   };
   for (const Layout& layout :
-       {Layout{2, "--tensor-parallel 2", "TP 2 x 1 replicas (attention heads and the shared"},
-        Layout{4, "--tensor-parallel 2", "TP 2 x 2 replicas"},
+       {Layout{2, "--tensor-parallel 2", "TP 2 x 1 replicas (attention heads and the shared", ""},
+        Layout{4, "--tensor-parallel 2", "TP 2 x 2 replicas", ""},
         Layout{2, "--tensor-parallel 2 --tensor-parallel-attention-only",
-               "TP 2 x 1 replicas (attention heads)"}}) {
+               "TP 2 x 1 replicas (attention heads)", ""},
+        // TP x EP: each TP rank's EP group is that TP rank of both TP groups; the two TP groups
+        // generate and train what the two data-parallel ranks do.
+        Layout{
+            4, "--tensor-parallel 2 --expert-parallel 2", "TP 2 x 2 replicas",
+            "EP 2 x 1 replicas (EP groups: the ranks of one TP rank in consecutive TP groups"}}) {
     SCOPED_TRACE(std::to_string(layout.ranks) + " ranks " + layout.options);
     const std::string dir = temp_dir("tp");
     const Result tp =
@@ -51,6 +56,10 @@ TEST(TensorParallelTrain, TrainsLikeTheDataParallelFusedRun) {
     EXPECT_EQ(test::json_number(tp.output, "tensor_parallel"), 2);
     EXPECT_NE(tp.output.find("# tensor parallelism: " + layout.log), std::string::npos)
         << tp.output;
+    if (!layout.expert_log.empty()) {
+      EXPECT_NE(tp.output.find("# expert parallelism: " + layout.expert_log), std::string::npos)
+          << tp.output;
+    }
     // The same samples (sampling is keyed by sample id, the logits equal up to float rounding)
     // and the same data-parallel math.
     EXPECT_EQ(test::json_number(tp.output, "heldout_accuracy_before_rl"),
@@ -92,6 +101,31 @@ TEST(TensorParallelTrain, StartsFromAParameterFileWithAKlReferenceLikeOneRank) {
   EXPECT_EQ(step_rewards(tp.output), want) << tp.output;
 }
 
+// Router statistics at TP x EP: every rank of a TP group dispatches the group's tokens and TP rank
+// 0 counts them, so `report` gives each layer the assignments of the EP 2 run of the same samples
+// on 2 ranks (counted on every TP rank they would be twice as many).
+TEST(TensorParallelTrain, ExpertParallelRouterStatisticsCountEveryTokenOnce) {
+  std::vector<double> want;
+  for (const auto& [ranks, options] : {std::pair<int, std::string>{2, "--expert-parallel 2 "},
+                                       {4, "--tensor-parallel 2 --expert-parallel 2 "}}) {
+    SCOPED_TRACE(options);
+    const std::string dir = temp_dir("router-" + std::to_string(ranks));
+    const Result run = test::run_rlfusion(kFusedRun + options + "--run-dir " + dir, ranks);
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    const Result report = test::run_rlfusion("report " + dir + " --json");
+    ASSERT_EQ(report.exit_code, 0) << report.output;
+    std::vector<double> assignments;
+    for (const int layer : {0, 1}) {
+      const size_t at = report.output.find("{\"layer\":" + std::to_string(layer) + ",");
+      ASSERT_NE(at, std::string::npos) << report.output;
+      assignments.push_back(test::json_number(report.output, "assignments", at));
+    }
+    ASSERT_GT(assignments[0], 0) << report.output;
+    if (want.empty()) want = assignments;
+    EXPECT_EQ(assignments, want) << report.output;
+  }
+}
+
 TEST(TensorParallelTrain, DegreesThatDoNotFitStopEveryRankBeforeOutput) {
   test::expect_stops_before_output(
       {
@@ -103,7 +137,17 @@ TEST(TensorParallelTrain, DegreesThatDoNotFitStopEveryRankBeforeOutput) {
           {2, "--mode disaggregated --tensor-parallel 2",  // (disaggregated by default)
            "--tensor-parallel 2 is not supported outside --mode fused"},
           {2, "--tensor-parallel 2 --expert-parallel 2",
-           "--tensor-parallel 2 is not supported with --expert-parallel"},
+           "--tensor-parallel 2 x --expert-parallel 2: the EP degree must divide the 1 "
+           "tensor-parallel groups"},
+          {4, "--tensor-parallel 2 --expert-parallel 2 --actor-expert-parallel 1",
+           "--tensor-parallel 2 x --expert-parallel 2: --actor-expert-parallel must be the same "
+           "degree"},
+          {4, "--tensor-parallel 2 --expert-parallel 2 --ep-overlap-chunks 2",
+           "--tensor-parallel 2 x --expert-parallel 2 is not supported with --ep-overlap-chunks"},
+          {4, "--tensor-parallel 2 --expert-parallel 2 --redundant-experts 1",
+           "--tensor-parallel 2 x --expert-parallel 2 is not supported with --redundant-experts"},
+          {4, "--tensor-parallel 2 --expert-parallel 2 --rebalance-every 1",
+           "--tensor-parallel 2 is not supported with --rebalance-every"},
           {2, "--tensor-parallel 2 --offload",
            "--tensor-parallel 2 is not supported with --offload"},
           {2, "--tensor-parallel-attention-only",
