@@ -132,7 +132,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         batch, /*experts_migrate=*/options.rebalance.every > 0);
     // A pipeline stage generates from a whole model of its own (with EP, every layer with the
     // pipeline's experts), the borrowed layers included.
-    if (pp) memory_plan.generation += size_t(pp->generation_layout().total()) * sizeof(float);
+    if (pp) add_pipeline_generation_model(memory_plan, pp->generation_layout().total());
     check_fused_memory_fit(memory_plan, policy.device->memory().capacity(), options.offload, mode);
   }
   // Before the learner state: with offload, the gradients and AdamW's moments must stay the top

@@ -32,7 +32,6 @@ void refuse_unsupported_with_model_parallelism(const std::string& option,
   };
   if (world_size == 1) refuse("on one rank (mpiexec -n 2 or more)");
   if (!fused) refuse("outside --mode fused");
-  if (options.offload) refuse("with --offload");
   // (PP x EP rebalances each stage's layers over its EP groups; TP refuses EP.)
   const bool pipeline_experts = options.pipeline_parallel > 1 && options.expert_parallel > 1;
   if (options.rebalance.every > 0 && !pipeline_experts) refuse("with --rebalance-every");

@@ -15,8 +15,9 @@ namespace rlf {
 
 // ConfigError "<option> is not supported ..." for what no model-parallel fused layout (tensor or
 // pipeline parallelism) combines with yet: one rank, a multi-rank run that is not --mode fused,
-// --offload, StaleSync, a learned reward model or rebalancing. (Expert parallelism: refused with
-// TP by validate_tensor_parallel_train; with PP see validate_pipeline_parallel_train.)
+// StaleSync, a learned reward model or rebalancing (--offload works with both). (Expert
+// parallelism: refused with TP by validate_tensor_parallel_train; with PP see
+// validate_pipeline_parallel_train.)
 void refuse_unsupported_with_model_parallelism(const std::string& option,
                                                const DisaggregatedOptions& options, bool fused,
                                                int world_size, const RlOptions& rl);

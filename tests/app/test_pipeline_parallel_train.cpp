@@ -224,8 +224,6 @@ TEST(PipelineParallelTrain, ShapesThatDoNotFitStopEveryRankBeforeOutput) {
           {2, "--pipeline-parallel 2 --tensor-parallel 2",
            "--tensor-parallel 2 x --pipeline-parallel 2 = 4 ranks per model replica must divide "
            "the 2 ranks"},
-          {2, "--pipeline-parallel 2 --offload",
-           "--pipeline-parallel 2 is not supported with --offload"},
           {2, "--pipeline-parallel 2 --staleness 1",
            "--pipeline-parallel 2 is not supported with --staleness"},
           // Each rank's 4 prompts make no group for a fifth minibatch; 2 shares of 2 groups (16

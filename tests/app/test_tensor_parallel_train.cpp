@@ -104,8 +104,6 @@ TEST(TensorParallelTrain, DegreesThatDoNotFitStopEveryRankBeforeOutput) {
            "--tensor-parallel 2 is not supported outside --mode fused"},
           {2, "--tensor-parallel 2 --expert-parallel 2",
            "--tensor-parallel 2 is not supported with --expert-parallel"},
-          {2, "--tensor-parallel 2 --offload",
-           "--tensor-parallel 2 is not supported with --offload"},
           {2, "--tensor-parallel-attention-only",
            "--tensor-parallel-attention-only needs --tensor-parallel 2 or more"},
           {1, "--tensor-parallel 2", "--tensor-parallel 2 is not supported on one rank"},
