@@ -324,6 +324,8 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   PoolSettings pool_settings;
   const StalePolicy stale_policy =
       rl.stale_policy == "drop" ? StalePolicy::Drop : StalePolicy::Regenerate;
+  // With TP the ranks of a TP group hold alike pools (the same prompts, tokens sampled from the
+  // same logits by sample id) and so decide alike: every prefill and decode is collective over it.
   if (rl.staleness > 0) {
     pool = std::make_unique<RolloutPool>(task, rl.group_size, estimator);
     pool->set_learned_reward(rollout_reward(learned));
