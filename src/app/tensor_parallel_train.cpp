@@ -35,13 +35,8 @@ void refuse_unsupported_with_model_parallelism(const std::string& option,
   // (PP x EP rebalances each stage's layers over its EP groups; TP refuses EP.)
   const bool pipeline_experts = options.pipeline_parallel > 1 && options.expert_parallel > 1;
   if (options.rebalance.every > 0 && !pipeline_experts) refuse("with --rebalance-every");
-  // StaleSync with TP: the ranks of a TP group hold the same pool and make the same decisions.
-  // With PP, generation's pools are every rank's own while a pipeline trains its ranks' equal
-  // blocks of samples together (pipeline_rollouts): not built.
-  if (rl.staleness > 0 && options.pipeline_parallel > 1) {
-    throw ConfigError("--pipeline-parallel " + std::to_string(options.pipeline_parallel) +
-                      " is not supported with --staleness (StaleSync)");
-  }
+  // (StaleSync with TP: the ranks of a TP group hold the same pool and make the same decisions;
+  // with PP: validate_pipeline_parallel_train.)
   if (!rl.reward_model.empty()) refuse("with --reward-model");
 }
 

@@ -15,8 +15,8 @@ namespace rlf {
 
 // ConfigError "<option> is not supported ..." for what no model-parallel fused layout (tensor or
 // pipeline parallelism) combines with yet: one rank, a multi-rank run that is not --mode fused,
-// a learned reward model, rebalancing, or StaleSync with PP (--offload works with both, StaleSync
-// with TP). (Expert parallelism: refused with TP by validate_tensor_parallel_train; with PP see
+// a learned reward model or rebalancing (--offload and StaleSync work with both). (Expert
+// parallelism: refused with TP by validate_tensor_parallel_train; with PP see
 // validate_pipeline_parallel_train.)
 void refuse_unsupported_with_model_parallelism(const std::string& option,
                                                const DisaggregatedOptions& options, bool fused,
@@ -24,7 +24,7 @@ void refuse_unsupported_with_model_parallelism(const std::string& option,
 
 // ConfigError, the same on every rank before any work, for --tensor-parallel outside what is
 // built: a degree below 1, a multi-rank run that is not --mode fused, one rank, or combined with
-// expert parallelism, a learned reward model, rebalancing or (with --pipeline-parallel) StaleSync.
+// expert parallelism, a learned reward model or rebalancing.
 void validate_tensor_parallel_train(const DisaggregatedOptions& options, bool fused, int world_size,
                                     const RlOptions& rl);
 

@@ -423,6 +423,16 @@ TEST(Checkpoint, FusedTensorParallelStaleSyncWithOffloadResumeIsBitExact) {
   }
 }
 
+// Fused StaleSync with pipelines: every rank's own pool (generation is data-parallel) is saved and
+// refilled; PP 2 with --offload on 2 ranks and TP 2 x PP 2 on 4.
+TEST(Checkpoint, FusedPipelineParallelStaleSyncResumeIsBitExact) {
+  const std::string stale = kRun + "--mode fused --staleness 1 --finish-threshold 0.75 ";
+  expect_kill_and_resume_bit_exact("pipeline-stale", 2, stale + "--pipeline-parallel 2 --offload ",
+                                   "data");
+  expect_kill_and_resume_bit_exact("tensor-pipeline-stale", 4,
+                                   stale + "--tensor-parallel 2 --pipeline-parallel 2 ", "data");
+}
+
 // The file is the whole model whatever wrote it: a checkpoint of the fused run with
 // `model_parallel` (its options) on `ranks` ranks resumes in a data-parallel fused run on
 // `data_parallel_ranks` (as many replicas, so the same samples and the same math) and the other
