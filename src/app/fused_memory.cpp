@@ -75,6 +75,11 @@ FusedMemoryPlan plan_fused_memory(const ModelConfig& config, const ParameterLayo
   return plan;
 }
 
+void add_pipeline_generation_model(FusedMemoryPlan& plan, int64_t parameters) {
+  plan.generation_model = arena_bytes(size_t(parameters));
+  plan.generation += plan.generation_model;
+}
+
 void check_fused_memory_fit(const FusedMemoryPlan& plan, size_t capacity, bool offload,
                             const std::string& mode) {
   if (plan.training_peak() <= capacity && plan.generation_peak() <= capacity) return;
@@ -89,6 +94,10 @@ void check_fused_memory_fit(const FusedMemoryPlan& plan, size_t capacity, bool o
   if (plan.received_experts > 0) {
     message += ", the generation state with the layout switch's " +
                format_bytes(plan.received_experts) + " of received expert buckets";
+  }
+  if (plan.generation_model > 0) {
+    message += ", the generation state with the pipeline's whole generation model's " +
+               format_bytes(plan.generation_model);
   }
   message += "; with " + format_bytes(plan.training_activations) + " of training activations and " +
              format_bytes(plan.generation_activations) +

@@ -26,6 +26,7 @@ struct FusedMemoryPlan {
   size_t reference = 0;             // the frozen reference (KL), in both phases
   size_t reward_model = 0;          // the learned reward model (fused-all), in both phases
   size_t received_experts = 0;      // a layout switch's received expert buckets (generation)
+  size_t generation_model = 0;      // a pipeline stage's whole generation model (generation)
   size_t training_activations = 0;  // analytic peak of the largest training micro-batch
   size_t generation_activations = 0;  // analytic peak of generation, KV cache included
 
@@ -60,6 +61,12 @@ FusedMemoryPlan plan_fused_memory(const ModelConfig& config, const ParameterLayo
                                   const ParameterLayout& generation_layout, bool layout_switch,
                                   bool reference, const ModelConfig* reward_model, bool offload,
                                   const FusedBatch& batch, bool experts_migrate = false);
+
+// With pipeline parallelism a stage generates from a whole model of `parameters` of its own (every
+// layer, with EP the pipeline's experts: PipelineGroups::generation_layout), gathered into the
+// device arena next to the stage for the generation phase only (the stage's gradients and moments
+// still leave with --offload: they are the stage's, not the whole model's).
+void add_pipeline_generation_model(FusedMemoryPlan& plan, int64_t parameters);
 
 // ConfigError naming both phases' states and analytic peaks (and the reference's and reward
 // model's shares), the --mode and the capacity when either peak does not fit `capacity` (and

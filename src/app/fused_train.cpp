@@ -137,7 +137,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         batch, /*experts_migrate=*/options.rebalance.every > 0);
     // A pipeline stage generates from a whole model of its own (with EP, every layer with the
     // pipeline's experts), the borrowed layers included.
-    if (pp) memory_plan.generation += size_t(pp->generation_layout().total()) * sizeof(float);
+    if (pp) add_pipeline_generation_model(memory_plan, pp->generation_layout().total());
     check_fused_memory_fit(memory_plan, policy.device->memory().capacity(), options.offload, mode);
   }
   // Before the learner state: with offload, the gradients and AdamW's moments must stay the top
@@ -245,7 +245,8 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   RlStepSettings settings = step_settings(rl);
   // A pipeline trains its replica's blocks together (its stages', with TP every TP rank's of them):
   // each minibatch takes its share of every block.
-  if (pp) settings.sample_blocks = pp->model_parallel().size();
+  // (StaleSync: the ranks' blocks differ, and one minibatch takes them all.)
+  if (pp && rl.staleness == 0) settings.sample_blocks = pp->model_parallel().size();
   const GenerationSettings sampling = sampling_settings(rl, task, run.seed);
   const AdvantageEstimator estimator = parse_advantage_estimator(rl.advantage);
   const int my_prompts = rl.prompts / replicas;
@@ -298,10 +299,11 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   if (pp) {
     pipeline_queue = std::make_unique<DistQueue>(MPI_COMM_WORLD, topology,
                                                  DistQueueConfig{options.shard_capacity});
+    // (With StaleSync a rank's block may hold up to the step's samples: finished lookahead groups.)
     pipeline_trainer = std::make_unique<PipelineTrainer>(
-        *pp, model, settings, my_prompts * rl.group_size, options.micro_batches > 0,
-        2 + task.max_prompt_chars() + task.max_response_chars(), ep.get(),
-        options.ep_overlap_chunks);
+        *pp, model, settings, (rl.staleness > 0 ? rl.prompts : my_prompts) * rl.group_size,
+        options.micro_batches > 0, 2 + task.max_prompt_chars() + task.max_response_chars(),
+        ep.get(), options.ep_overlap_chunks);
     pipeline_gradient = [&](const std::vector<const Rollout*>& minibatch, double normalizer,
                             double all_samples) {
       return pipeline_trainer->minibatch_gradient(minibatch, normalizer, all_samples);
@@ -341,6 +343,8 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   PoolSettings pool_settings;
   const StalePolicy stale_policy =
       rl.stale_policy == "drop" ? StalePolicy::Drop : StalePolicy::Regenerate;
+  // With TP the ranks of a TP group hold alike pools (the same prompts, tokens sampled from the
+  // same logits by sample id) and so decide alike: every prefill and decode is collective over it.
   if (rl.staleness > 0) {
     pool = std::make_unique<RolloutPool>(task, rl.group_size, estimator);
     pool->set_learned_reward(rollout_reward(learned));
@@ -510,7 +514,15 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
       if (pp) {
         TraceScope traced(trace, Phase::QueueGet);
         traced.set_version(version);
-        rollouts = pipeline_rollouts(*pipeline_queue, *pp, rollouts, rl.group_size);
+        if (pool) {
+          // Every rank finished its own count of groups: the replica's ranks exchange them.
+          std::vector<size_t> blocks;
+          rollouts = gather_replica_rollouts(*pp, rollouts, rl.group_size,
+                                             learner.reference != nullptr, blocks);
+          pipeline_trainer->set_blocks(std::move(blocks));
+        } else {
+          rollouts = pipeline_rollouts(*pipeline_queue, *pp, rollouts, rl.group_size);
+        }
       }
       device.start_phase_peak();
       const auto training_start = std::chrono::steady_clock::now();

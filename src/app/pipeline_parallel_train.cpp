@@ -9,9 +9,41 @@
 #include "src/model/activation_memory.h"
 #include "src/rl/policy_loss.h"
 #include "src/roles/rollout_samples.h"
+#include "src/roles/sample_packing.h"
 #include "src/runtime/pipeline_layout_switch.h"
 
 namespace rlf {
+
+namespace {
+
+// Every rank's `mine` over the model replica (the pipeline, or its T x P ranks with TP), in rank
+// order, counted on groups.links(); `displacements[r]` receives where rank r's part starts.
+template <typename T>
+std::vector<T> allgather_in_replica(const PipelineGroups& groups, const std::vector<T>& mine,
+                                    MPI_Datatype type, std::vector<int>& displacements) {
+  const HierarchicalComm& replica = groups.model_parallel();
+  const int ranks = replica.size();
+  std::vector<int> counts(static_cast<size_t>(ranks));
+  displacements.assign(static_cast<size_t>(ranks), 0);
+  const int count = int(mine.size());
+  MPI_Allgather(&count, 1, MPI_INT, counts.data(), 1, MPI_INT, replica.comm);
+  int total = 0;
+  for (int r = 0; r < ranks; ++r) {
+    displacements[size_t(r)] = total;
+    total += counts[size_t(r)];
+  }
+  std::vector<T> all(static_cast<size_t>(total));
+  MPI_Allgatherv(mine.data(), count, type, all.data(), counts.data(), displacements.data(), type,
+                 replica.comm);
+  for (int r = 0; r < ranks; ++r) {
+    if (r != replica.rank()) {
+      groups.links().count_send(replica.world_ranks[size_t(r)], uint64_t(count) * sizeof(T));
+    }
+  }
+  return all;
+}
+
+}  // namespace
 
 void validate_pipeline_parallel_train(const DisaggregatedOptions& options, bool fused,
                                       int world_size, const RlOptions& rl) {
@@ -43,6 +75,17 @@ void validate_pipeline_parallel_train(const DisaggregatedOptions& options, bool 
                         " ranks per model replica must divide the " + std::to_string(world_size) +
                         " ranks");
     }
+  }
+  if (rl.staleness > 0) {
+    // StaleSync: a pipeline trains its ranks' varying counts of finished groups, each rank's block
+    // in --micro-batch pieces (gather_replica_rollouts), in one minibatch on every schedule.
+    auto refuse_stale = [&](const std::string& what) {
+      throw ConfigError(option + " with --staleness (StaleSync) is not supported " + what);
+    };
+    if (options.expert_parallel > 1) refuse_stale("with --expert-parallel");
+    if (options.virtual_stages > 1) refuse_stale("with --virtual-stages");
+    if (options.micro_batches > 0) refuse_stale("with --micro-batches");
+    if (rl.minibatches > 1) refuse_stale("with --minibatches");
   }
   if (options.expert_parallel > 1 || options.actor_expert_parallel > 1) {
     // An EP group is the ranks of one stage in E consecutive pipelines.
@@ -114,7 +157,6 @@ void gather_reference_logprobs(const std::vector<Rollout>& own, const PipelineGr
                                std::vector<Rollout>& pipeline_samples) {
   // The replica's ranks (with TP: every TP rank of every stage) generated its blocks, in rank
   // order.
-  const HierarchicalComm& replica = groups.model_parallel();
   std::vector<float> mine;
   for (const Rollout& r : own) {
     if (r.reference_logp.size() != r.response.size()) {
@@ -122,23 +164,8 @@ void gather_reference_logprobs(const std::vector<Rollout>& own, const PipelineGr
     }
     mine.insert(mine.end(), r.reference_logp.begin(), r.reference_logp.end());
   }
-  const int ranks = replica.size();
-  std::vector<int> counts(static_cast<size_t>(ranks)), displacements(counts);
-  const int count = int(mine.size());
-  MPI_Allgather(&count, 1, MPI_INT, counts.data(), 1, MPI_INT, replica.comm);
-  int total = 0;
-  for (int r = 0; r < ranks; ++r) {
-    displacements[size_t(r)] = total;
-    total += counts[size_t(r)];
-  }
-  std::vector<float> all(static_cast<size_t>(total));
-  MPI_Allgatherv(mine.data(), count, MPI_FLOAT, all.data(), counts.data(), displacements.data(),
-                 MPI_FLOAT, replica.comm);
-  for (int r = 0; r < ranks; ++r) {
-    if (r != replica.rank()) {
-      groups.links().count_send(replica.world_ranks[size_t(r)], uint64_t(count) * sizeof(float));
-    }
-  }
+  std::vector<int> displacements;
+  const std::vector<float> all = allgather_in_replica(groups, mine, MPI_FLOAT, displacements);
   size_t at = 0;
   for (Rollout& r : pipeline_samples) {
     if (at + r.response.size() > all.size()) {
@@ -171,6 +198,28 @@ std::vector<Rollout> pipeline_rollouts(DistQueue& queue, const PipelineGroups& g
   queue.barrier();
   std::vector<Rollout> rollouts = to_rollouts(samples);
   if (!own.front().reference_logp.empty()) gather_reference_logprobs(own, groups, rollouts);
+  return rollouts;
+}
+
+std::vector<Rollout> gather_replica_rollouts(const PipelineGroups& groups,
+                                             const std::vector<Rollout>& own, int group_size,
+                                             bool reference, std::vector<size_t>& blocks) {
+  std::vector<int> displacements;
+  const std::vector<std::byte> all = allgather_in_replica(
+      groups, pack_samples(to_queue_samples(own, group_size)), MPI_BYTE, displacements);
+  const size_t ranks = displacements.size();
+  std::vector<QueueSample> samples;
+  blocks.assign(ranks, 0);
+  for (size_t r = 0; r < ranks; ++r) {
+    const size_t end = r + 1 < ranks ? size_t(displacements[r + 1]) : all.size();
+    const size_t before = samples.size();
+    unpack_samples_into(std::span<const std::byte>(all).subspan(size_t(displacements[r]),
+                                                                end - size_t(displacements[r])),
+                        samples);
+    blocks[r] = samples.size() - before;
+  }
+  std::vector<Rollout> rollouts = to_rollouts(samples);
+  if (reference) gather_reference_logprobs(own, groups, rollouts);
   return rollouts;
 }
 
@@ -210,6 +259,18 @@ PipelineTrainer::PipelineTrainer(const PipelineGroups& groups, Transformer<float
 
 std::vector<std::pair<size_t, size_t>> PipelineTrainer::micro_batch_bounds(size_t count) const {
   std::vector<std::pair<size_t, size_t>> bounds;
+  if (!blocks_.empty()) {
+    // StaleSync: the ranks' blocks as they came, each in --micro-batch pieces.
+    size_t begin = 0;
+    for (const size_t block : blocks_) {
+      const size_t end = std::min(count, begin + block);
+      for (size_t b = begin; b < end; b += size_t(settings_.micro_batch)) {
+        bounds.emplace_back(b, std::min(end, b + size_t(settings_.micro_batch)));
+      }
+      begin = end;
+    }
+    return bounds;
+  }
   if (equal_parts_) {
     const size_t parts = size_t(groups_.shape().micro_batches);
     for (size_t k = 0; k < parts; ++k)
@@ -230,12 +291,15 @@ std::vector<std::pair<size_t, size_t>> PipelineTrainer::micro_batch_bounds(size_
 PpoStats PipelineTrainer::minibatch_gradient(const std::vector<const Rollout*>& minibatch,
                                              double normalizer, double all_samples) {
   const auto bounds = micro_batch_bounds(minibatch.size());
+  // (StaleSync: a pipeline whose ranks finished no group this step adds nothing; all of its ranks
+  // hold the same samples, so they skip the schedule together.)
+  if (bounds.empty() && !blocks_.empty()) return PpoStats{};
   // This minibatch's micro-batches (in --micro-batch pieces a minibatch with a larger share of the
   // groups may make more than the first).
   PipelineShape shape = groups_.shape();
   shape.micro_batches = int(bounds.size());
-  const bool blocks_equal =
-      equal_parts_ || minibatch.size() % size_t(groups_.model_parallel().size()) == 0;
+  const bool blocks_equal = equal_parts_ || !blocks_.empty() ||
+                            minibatch.size() % size_t(groups_.model_parallel().size()) == 0;
   if (bounds.empty() || !blocks_equal ||
       std::any_of(bounds.begin(), bounds.end(),
                   [](const auto& b) { return b.first == b.second; })) {

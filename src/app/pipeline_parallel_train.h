@@ -27,10 +27,11 @@ namespace rlf {
 // ConfigError, the same on every rank before any work, for --pipeline-parallel outside what is
 // built: a degree, virtual stages or micro-batch count below their minimum, --virtual-stages or
 // --micro-batches without a pipeline, one rank, a multi-rank run that is not --mode fused, or
-// combined with --offload, StaleSync, a learned reward model or (without EP) rebalancing; with
+// combined with a learned reward model or (without EP) rebalancing; with
 // --tensor-parallel T, T x P not dividing the ranks; with --expert-parallel E, E not dividing the
 // pipelines, another --actor-expert-parallel or --redundant-experts; without --expert-parallel,
-// --ep-overlap-chunks above 1.
+// --ep-overlap-chunks above 1; StaleSync with --expert-parallel, --virtual-stages, --micro-batches
+// or --minibatches above 1.
 void validate_pipeline_parallel_train(const DisaggregatedOptions& options, bool fused,
                                       int world_size, const RlOptions& rl);
 
@@ -84,6 +85,15 @@ void gather_reference_logprobs(const std::vector<Rollout>& own, const PipelineGr
 std::vector<Rollout> pipeline_rollouts(DistQueue& queue, const PipelineGroups& groups,
                                        const std::vector<Rollout>& own, int group_size);
 
+// StaleSync: the samples a model replica (the pipeline, or its T x P ranks with TP) trains, when
+// every rank finished its own varying count of groups: an allgather of the ranks' rollouts
+// (packed as DistQueue's, counted on groups.links()) inside the replica, in rank order; `blocks`
+// receives each rank's count. With `reference` (a KL term), every rank's reference log-probs are
+// gathered onto the samples too. Collective over groups.model_parallel().
+std::vector<Rollout> gather_replica_rollouts(const PipelineGroups& groups,
+                                             const std::vector<Rollout>& own, int group_size,
+                                             bool reference, std::vector<size_t>& blocks);
+
 // Trains a pipeline stage: each minibatch's samples are cut into the pipeline's micro-batches and
 // run through the schedule (with EP inside the stage, in step with its EP mates: the same count
 // of micro-batches, checked) (run_pipeline_step; with --micro-batch pieces a minibatch may make
@@ -102,6 +112,11 @@ class PipelineTrainer {
   PipelineTrainer(const PipelineGroups& groups, Transformer<float>& model,
                   const RlStepSettings& settings, int rank_samples, bool equal_parts,
                   int longest_sequence, RoleExpertParallel* ep = nullptr, int overlap_chunks = 1);
+
+  // StaleSync (one minibatch a step): the next minibatches' per-rank block sizes
+  // (gather_replica_rollouts), which the micro-batches follow instead of equal blocks; a pipeline
+  // with no samples skips the schedule.
+  void set_blocks(std::vector<size_t> blocks) { blocks_ = std::move(blocks); }
 
   // optimize_on_rollouts' MinibatchGradient for this stage.
   PpoStats minibatch_gradient(const std::vector<const Rollout*>& minibatch, double normalizer,
@@ -123,6 +138,7 @@ class PipelineTrainer {
   const PipelineGroups& groups_;
   RlStepSettings settings_;
   bool equal_parts_;
+  std::vector<size_t> blocks_;  // StaleSync: each rank's block (empty: equal blocks)
   PipelineStage<float> stage_;
   RoleExpertParallel* ep_;
   double wall_seconds_ = 0, wait_seconds_ = 0, compute_seconds_ = 0;

@@ -32,6 +32,10 @@ void validate_tensor_parallel_train(const DisaggregatedOptions& options, bool fu
   if (options.ep_overlap_chunks > 1) {
     throw ConfigError(both + " is not supported with --ep-overlap-chunks above 1");
   }
+  // Offload and StaleSync were built for TP and for EP each alone; their combination with TP x EP
+  // is untested, so it is refused rather than assumed.
+  if (options.offload) throw ConfigError(both + " is not supported with --offload");
+  if (rl.staleness > 0) throw ConfigError(both + " is not supported with --staleness above 0");
 }
 
 void validate_experts_with_model_parallelism(const std::string& option,
@@ -66,11 +70,11 @@ void refuse_unsupported_with_model_parallelism(const std::string& option,
   };
   if (world_size == 1) refuse("on one rank (mpiexec -n 2 or more)");
   if (!fused) refuse("outside --mode fused");
-  if (options.offload) refuse("with --offload");
   // (PP x EP rebalances each stage's layers over its EP groups; TP refuses EP.)
   const bool pipeline_experts = options.pipeline_parallel > 1 && options.expert_parallel > 1;
   if (options.rebalance.every > 0 && !pipeline_experts) refuse("with --rebalance-every");
-  if (rl.staleness > 0) refuse("with --staleness (StaleSync)");
+  // (StaleSync with TP: the ranks of a TP group hold the same pool and make the same decisions;
+  // with PP: validate_pipeline_parallel_train.)
   if (!rl.reward_model.empty()) refuse("with --reward-model");
 }
 

@@ -15,17 +15,18 @@ namespace rlf {
 
 // ConfigError "<option> is not supported ..." for what no model-parallel fused layout (tensor or
 // pipeline parallelism) combines with yet: one rank, a multi-rank run that is not --mode fused,
-// --offload, StaleSync, a learned reward model or rebalancing. (Expert parallelism: with TP see
-// validate_tensor_parallel_train; with PP validate_pipeline_parallel_train.)
+// a learned reward model or rebalancing (--offload and StaleSync work with both). (Expert
+// parallelism: with TP see validate_tensor_parallel_train; with PP
+// validate_pipeline_parallel_train.)
 void refuse_unsupported_with_model_parallelism(const std::string& option,
                                                const DisaggregatedOptions& options, bool fused,
                                                int world_size, const RlOptions& rl);
 
 // ConfigError, the same on every rank before any work, for --tensor-parallel outside what is
 // built: a degree below 1, a multi-rank run that is not --mode fused, one rank, or combined with
-// --offload, StaleSync, a learned reward model or rebalancing. With --expert-parallel E (TP x EP):
-// E must divide the TP groups and equal --actor-expert-parallel; refused with
-// --pipeline-parallel, --redundant-experts and --ep-overlap-chunks above 1.
+// a learned reward model or rebalancing. With --expert-parallel E (TP x EP): E must divide the
+// TP groups and equal --actor-expert-parallel; refused with --pipeline-parallel,
+// --redundant-experts, --ep-overlap-chunks above 1, --offload and StaleSync.
 void validate_tensor_parallel_train(const DisaggregatedOptions& options, bool fused, int world_size,
                                     const RlOptions& rl);
 

@@ -295,6 +295,15 @@ void TrainCheckpoints::save(const RlPosition& position, const TrainingState& sta
   c.group_size = rl_.group_size;
   c.staleness = rl_.staleness;
   const Transformer<float>& model = *state.model;
+  // With StaleSync every rank's pool goes to world rank 0 (collective: before any rank returns),
+  // which writes it into the file (with TP each rank of a TP group saves its own alike pool).
+  // Model-parallel layouts save samples in flight only with a pool (fused StaleSync).
+  const bool model_parallel = pipeline_ || tensor_parallel_;
+  const bool with_in_flight = in_flight_ && (pool_ || !model_parallel);
+  std::vector<std::vector<InFlightSample>> in_flight;
+  if (with_in_flight) {
+    in_flight = gather_in_flight(pool_ ? pool_->saved_samples() : kNothingInFlight, comm);
+  }
   if (pipeline_ && ep) {
     // PP x EP: the first EP replica's pipelines gather their stages, their first stages write.
     write_pipeline_expert_checkpoint(run_.run_dir, model.config(), c, tensors_of(buffers_of(state)),
@@ -332,10 +341,12 @@ void TrainCheckpoints::save(const RlPosition& position, const TrainingState& sta
     if (tensor_parallel_->rank() != 0) return;
     std::array<float*, kBuffers> buffers{};
     for (size_t b = 0; b < kBuffers; ++b) buffers[b] = whole[b].empty() ? nullptr : whole[b].data();
-    write_expert_rows(tensors_of(buffers), unsliced);
+    CheckpointTensors tensors = tensors_of(buffers);
+    if (writer && with_in_flight) tensors.in_flight = &in_flight;
+    write_expert_rows(tensors, unsliced);
     return;
   }
-  if (pipeline_ || tensor_parallel_) {
+  if (model_parallel) {
     // The first model replica (pipeline, TP group or both) assembles the whole model; the others
     // hold the same values.
     if ((pipeline_ ? pipeline_->replica() : tensor_parallel_->replica()) != 0) return;
@@ -352,29 +363,19 @@ void TrainCheckpoints::save(const RlPosition& position, const TrainingState& sta
         });
     std::array<float*, kBuffers> buffers{};
     for (size_t b = 0; b < kBuffers; ++b) buffers[b] = whole[b].empty() ? nullptr : whole[b].data();
-    if (writer) {
-      write_checkpoint(run_.run_dir, model.config(), whole_layout, c, tensors_of(buffers));
-    }
+    CheckpointTensors tensors = tensors_of(buffers);
+    if (writer && with_in_flight) tensors.in_flight = &in_flight;
+    if (writer) write_checkpoint(run_.run_dir, model.config(), whole_layout, c, tensors);
     return;
   }
+  CheckpointTensors tensors = tensors_of(buffers_of(state));
+  if (writer && with_in_flight) tensors.in_flight = &in_flight;
   if (!model.layout().expert_sharded()) {
-    CheckpointTensors tensors = tensors_of(buffers_of(state));
-    std::vector<std::vector<InFlightSample>> in_flight;
-    if (in_flight_) {
-      in_flight = gather_in_flight(pool_ ? pool_->saved_samples() : kNothingInFlight, comm);
-      tensors.in_flight = &in_flight;
-    }
     if (writer) write_checkpoint(run_.run_dir, model.config(), model.layout(), c, tensors);
     return;
   }
-  // Every rank's pool goes to world rank 0 first (EP rank 0 of replica 0, the group's rank 0).
-  CheckpointTensors tensors = tensors_of(buffers_of(state));
-  std::vector<std::vector<InFlightSample>> in_flight;
-  if (in_flight_) {
-    in_flight = gather_in_flight(pool_ ? pool_->saved_samples() : kNothingInFlight, comm);
-  }
-  if (writer && in_flight_) tensors.in_flight = &in_flight;
-  // (The other data-parallel replicas hold the same values.)
+  // (World rank 0, which holds the pools, is EP rank 0 of replica 0, the group's rank 0.)
+  // The other data-parallel replicas hold the same values.
   if (ep->replica() != 0) return;
   write_expert_rows(tensors, model.layout());
 }

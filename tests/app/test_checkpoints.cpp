@@ -406,6 +406,33 @@ TEST(Checkpoint, FusedTensorParallelResumeIsBitExact) {
   expect_kill_and_resume_bit_exact("tensor-pipeline", 4, tensor + "--pipeline-parallel 2 ", "data");
 }
 
+// Fused StaleSync with TP (TP 2 x 2 replicas): every rank's pool is saved (a TP group's ranks hold
+// alike ones) and each rank refills its own on resume; with --offload the training state of the
+// slices leaves the arena every phase as well.
+TEST(Checkpoint, FusedTensorParallelStaleSyncWithOffloadResumeIsBitExact) {
+  expect_kill_and_resume_bit_exact(
+      "tensor-stale", 4,
+      kRun + "--mode fused --tensor-parallel 2 --staleness 1 --finish-threshold 0.75 --offload ",
+      "data");
+  // The checkpoint held every rank's samples in flight, alike within each TP group.
+  const std::string path = checkpoint_path(temp_dir_name("tensor-stale-killed"), 2);
+  for (int rank = 0; rank < 4; rank += 2) {
+    const std::vector<InFlightSample> leader = read_in_flight(path, rank);
+    EXPECT_FALSE(leader.empty()) << rank;
+    EXPECT_TRUE(read_in_flight(path, rank + 1) == leader) << rank;
+  }
+}
+
+// Fused StaleSync with pipelines: every rank's own pool (generation is data-parallel) is saved and
+// refilled; PP 2 with --offload on 2 ranks and TP 2 x PP 2 on 4.
+TEST(Checkpoint, FusedPipelineParallelStaleSyncResumeIsBitExact) {
+  const std::string stale = kRun + "--mode fused --staleness 1 --finish-threshold 0.75 ";
+  expect_kill_and_resume_bit_exact("pipeline-stale", 2, stale + "--pipeline-parallel 2 --offload ",
+                                   "data");
+  expect_kill_and_resume_bit_exact("tensor-pipeline-stale", 4,
+                                   stale + "--tensor-parallel 2 --pipeline-parallel 2 ", "data");
+}
+
 // The file is the whole model whatever wrote it: a checkpoint of the fused run with
 // `model_parallel` (its options) on `ranks` ranks resumes in a data-parallel fused run on
 // `data_parallel_ranks` (as many replicas, so the same samples and the same math) and the other

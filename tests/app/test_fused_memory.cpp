@@ -1,8 +1,14 @@
 // The fused memory plan's prefill bound: StaleSync's rollout pool re-prefills the partials it
 // resumes (prompt + response so far), so its prefill holds longer sequences than prompts; and a
-// layout switch's generation state: the training parameters plus the expert buckets received.
+// layout switch's generation state: the training parameters plus the expert buckets received; a
+// pipeline stage's: its own state plus the whole generation model, with --offload less only the
+// stage's gradients and moments.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <string>
+
+#include "kernels/error.h"
 #include "src/app/fused_memory.h"
 #include "src/model/model_config.h"
 
@@ -53,6 +59,42 @@ TEST(FusedMemoryPlan, ALayoutSwitchHoldsOnlyTheExpertBucketsItReceives) {
   EXPECT_EQ(
       plan_fused_memory(config, half, half, false, false, nullptr, false, batch).received_experts,
       0u);
+}
+
+TEST(FusedMemoryPlan, APipelineStageGeneratesFromAWholeModelAndOffloadsOnlyItsOwnState) {
+  const ModelConfig config = load_model_config("small");  // 4 layers
+  // The first of two stages, its TP 2 slice: layers 0 and 1 with the embedding, no head.
+  const ParameterLayout stage(config, ExpertShard{}, LayerShard{{0, 1}, true, false},
+                              TensorSlice{0, 2, false});
+  const ParameterLayout whole(config);
+  const FusedBatch batch{16, 8, 16, 4, true, 0};
+  auto plan = [&](bool offload) {
+    FusedMemoryPlan p =
+        plan_fused_memory(config, stage, whole, false, false, nullptr, offload, batch);
+    add_pipeline_generation_model(p, whole.total());
+    return p;
+  };
+  auto aligned = [](int64_t floats) { return (size_t(floats) * sizeof(float) + 63) / 64 * 64; };
+  const FusedMemoryPlan kept = plan(false), offloaded = plan(true);
+  EXPECT_EQ(kept.generation_model, aligned(whole.total()));
+  EXPECT_EQ(kept.offload_frees, 3 * aligned(stage.total()));
+  EXPECT_EQ(kept.generation, 4 * aligned(stage.total()) + aligned(whole.total()));
+  EXPECT_EQ(offloaded.generation, aligned(stage.total()) + aligned(whole.total()));
+  // The whole model is generation's only: training holds the stage's state.
+  EXPECT_EQ(offloaded.training, 4 * aligned(stage.total()));
+  // A capacity between the two generation peaks: --offload is named as the way to fit.
+  const size_t capacity = std::max(kept.training_peak(), offloaded.generation_peak());
+  ASSERT_LT(capacity, kept.generation_peak());
+  try {
+    check_fused_memory_fit(kept, capacity, false);
+    FAIL() << "expected a ConfigError";
+  } catch (const ConfigError& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find("the pipeline's whole generation model's"), std::string::npos)
+        << message;
+    EXPECT_NE(message.find("--offload would free"), std::string::npos) << message;
+  }
+  EXPECT_NO_THROW(check_fused_memory_fit(offloaded, capacity, true));
 }
 
 TEST(FusedMemoryPlan, ReorderedTrainingCountsMicroBatchesOfTheWholeStep) {

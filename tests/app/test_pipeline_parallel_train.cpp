@@ -225,10 +225,9 @@ TEST(PipelineParallelTrain, ShapesThatDoNotFitStopEveryRankBeforeOutput) {
           {2, "--pipeline-parallel 2 --tensor-parallel 2",
            "--tensor-parallel 2 x --pipeline-parallel 2 = 4 ranks per model replica must divide "
            "the 2 ranks"},
-          {2, "--pipeline-parallel 2 --offload",
-           "--pipeline-parallel 2 is not supported with --offload"},
-          {2, "--pipeline-parallel 2 --staleness 1",
-           "--pipeline-parallel 2 is not supported with --staleness"},
+          {2, "--pipeline-parallel 2 --staleness 1 --minibatches 2",
+           "--pipeline-parallel 2 with --staleness (StaleSync) is not supported with "
+           "--minibatches"},
           // Each rank's 4 prompts make no group for a fifth minibatch; 2 shares of 2 groups (16
           // samples over the pipeline) cannot fill 20 micro-batches.
           {2, "--pipeline-parallel 2 --minibatches 5",

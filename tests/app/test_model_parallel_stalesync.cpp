@@ -1,0 +1,131 @@
+// Fused StaleSync (`--staleness`) with model parallelism. TP: every rank of a TP group holds the
+// same rollout pool and makes the same decisions (generation is collective over the group), so
+// its ranks train the same samples; the TP replicas train different numbers of finished groups
+// per step. PP (and TP x PP): generation is data-parallel, every rank its own pool; a pipeline
+// gathers its ranks' finished groups and trains them together, each rank's block in --micro-batch
+// pieces. s = 0 is the synchronous run bit for bit; s = 1 keeps the bound (checked from the
+// trace), trains every sample once (the ranks of a model replica the same ones), is reproducible
+// whatever the timing, and trains the samples the data-parallel run with the same pools trains, to
+// float rounding.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "src/io/trace_reader.h"
+#include "tests/app/fused_train_runs.h"
+#include "tests/app/progress_rows.h"
+#include "tests/app/read_parameters.h"
+#include "tests/app/run_rlfusion.h"
+#include "tests/test_util.h"
+
+namespace rlf {
+namespace {
+
+using Result = test::CommandResult;
+
+// Per sample id, the version it was trained at; each rank of a model replica (`degree` consecutive
+// ranks: a TP group, a pipeline) must have trained the same samples in the same order, within the
+// bound, and each sample is trained by one replica only.
+std::map<int64_t, int> trained_by_model_replicas(const std::string& dir, int degree, int staleness,
+                                                 int* stale_samples) {
+  const TraceData trace = read_trace(dir + "/trace.h5");
+  std::map<int64_t, int> trained;
+  *stale_samples = 0;
+  for (size_t rank = 0; rank < trace.samples.size(); ++rank) {
+    const std::vector<TrainedSample>& samples = trace.samples[rank];
+    const size_t leader = rank - rank % size_t(degree);
+    if (rank != leader) {
+      const std::vector<TrainedSample>& want = trace.samples[leader];
+      EXPECT_EQ(samples.size(), want.size()) << "rank " << rank;
+      for (size_t i = 0; i < std::min(samples.size(), want.size()); ++i) {
+        EXPECT_EQ(samples[i].sample_id, want[i].sample_id) << "rank " << rank;
+        EXPECT_EQ(samples[i].version_min, want[i].version_min) << "rank " << rank;
+        EXPECT_EQ(samples[i].trained_version, want[i].trained_version) << "rank " << rank;
+      }
+      continue;
+    }
+    for (const TrainedSample& s : samples) {
+      EXPECT_GE(s.staleness(), 0) << "sample " << s.sample_id;
+      EXPECT_LE(s.staleness(), staleness) << "sample " << s.sample_id;
+      EXPECT_TRUE(trained.emplace(s.sample_id, s.trained_version).second)
+          << "sample " << s.sample_id << " trained twice";
+      *stale_samples += s.staleness() > 0;
+    }
+  }
+  return trained;
+}
+
+TEST(ModelParallelStaleSync, ZeroStalenessIsTheSynchronousRunBitForBit) {
+  for (const std::string layout : {"--tensor-parallel 2 ", "--pipeline-parallel 2 "}) {
+    SCOPED_TRACE(layout);
+    const std::string run = test::kModelParallelFusedRun + layout;
+    const std::string sync_dir = test::fresh_temp_dir("mp-stale-sync");
+    const std::string zero_dir = test::fresh_temp_dir("mp-stale-zero");
+    const Result sync = test::run_rlfusion(run + "--run-dir " + sync_dir, 2);
+    const Result zero =
+        test::run_rlfusion(run + "--staleness 0 --random-delay-ms 4 --run-dir " + zero_dir, 2);
+    ASSERT_EQ(sync.exit_code, 0) << sync.output;
+    ASSERT_EQ(zero.exit_code, 0) << zero.output;
+    EXPECT_EQ(test::progress_rows(zero.output), test::progress_rows(sync.output));
+    EXPECT_EQ(test::read_saved_parameters(zero_dir + "/model.h5"),
+              test::read_saved_parameters(sync_dir + "/model.h5"));
+  }
+}
+
+// The heavy-tailed task after a warm start: phases are cut and samples resume across them. On 4
+// ranks: TP 2 x DP 2 (each replica's pool is the pool of one rank of the data-parallel run on 2
+// ranks), PP 2 x DP 2 and TP 2 x PP 2 (every rank's pool is one rank's of the data-parallel run on
+// 4 ranks: the same prompts, slots and sampling keys).
+TEST(ModelParallelStaleSync, KeepsTheBoundReproduciblyAndTrainsTheDataParallelRunsSamples) {
+  const std::string run =
+      "train --model tiny --task sort-heavytail --sft-steps 150 --sft-learning-rate 0.01 "
+      "--steps 8 --prompts 8 --group-size 4 --eval-prompts 16 --log-every 4 --mode fused "
+      "--staleness 1 --kl-coef 0.01 ";
+  struct Layout {
+    std::string options;
+    int replica_ranks, data_parallel_ranks;
+  };
+  for (const Layout& layout :
+       {Layout{"--tensor-parallel 2 ", 2, 2}, Layout{"--pipeline-parallel 2 ", 2, 4},
+        Layout{"--tensor-parallel 2 --pipeline-parallel 2 ", 4, 4}}) {
+    SCOPED_TRACE(layout.options);
+    const std::string a_dir = test::fresh_temp_dir("mp-stale-a");
+    const std::string b_dir = test::fresh_temp_dir("mp-stale-b");
+    const std::string dp_dir = test::fresh_temp_dir("mp-stale-dp");
+    const Result a =
+        test::run_rlfusion(run + layout.options + "--random-delay-ms 2 --run-dir " + a_dir, 4);
+    ASSERT_EQ(a.exit_code, 0) << a.output;
+    const Result b = test::run_rlfusion(run + layout.options + "--run-dir " + b_dir, 4);
+    ASSERT_EQ(b.exit_code, 0) << b.output;
+    const Result dp = test::run_rlfusion(run + "--run-dir " + dp_dir, layout.data_parallel_ranks);
+    ASSERT_EQ(dp.exit_code, 0) << dp.output;
+    EXPECT_NE(a.output.find("StaleSync pool of rank 0"), std::string::npos) << a.output;
+    // The same seed, other timing: the same weights bit for bit.
+    EXPECT_EQ(test::read_saved_parameters(a_dir + "/model.h5"),
+              test::read_saved_parameters(b_dir + "/model.h5"));
+
+    int stale = 0, dp_stale = 0;
+    const std::map<int64_t, int> trained =
+        trained_by_model_replicas(a_dir, layout.replica_ranks, 1, &stale);
+    const int total = 8 * 8 * 4;
+    // What the last phases left unfinished is not trained; everything else is, some resumed.
+    EXPECT_GT(int(trained.size()), total * 3 / 4);
+    EXPECT_LE(int(trained.size()), total);
+    EXPECT_GT(stale, 0) << "no sample was resumed across a cut";
+    // The data-parallel run's pools made the same decisions: the same samples at the same
+    // versions, and the same weights up to the float rounding of the model-parallel sums.
+    EXPECT_EQ(trained_by_model_replicas(dp_dir, 1, 1, &dp_stale), trained);
+    EXPECT_EQ(dp_stale, stale);
+    const std::vector<float> model = test::read_saved_parameters(a_dir + "/model.h5");
+    const std::vector<float> dp_model = test::read_saved_parameters(dp_dir + "/model.h5");
+    ASSERT_EQ(model.size(), dp_model.size());
+    EXPECT_LT(test::nmse(model.data(), dp_model.data(), dp_model.size()), 1e-6);
+  }
+}
+
+}  // namespace
+}  // namespace rlf
