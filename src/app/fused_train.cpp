@@ -16,6 +16,7 @@
 #include "src/app/learner_setup.h"
 #include "src/app/pipeline_ep_overlap_report.h"
 #include "src/app/pipeline_parallel_train.h"
+#include "src/app/pipeline_reference.h"
 #include "src/app/pipeline_stage_report.h"
 #include "src/app/random_delay.h"
 #include "src/app/rl_progress.h"
@@ -133,6 +134,12 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
     // A pipeline stage generates from a whole model of its own (with EP, every layer with the
     // pipeline's experts), the borrowed layers included.
     if (pp) memory_plan.generation += size_t(pp->generation_layout().total()) * sizeof(float);
+    // The KL reference's log-probs: through the pipeline its stage is all a rank holds (counted
+    // in the plan); with EP inside the stages a whole copy gathered from them for the reference
+    // phase, before training's activations.
+    if (pp && rl.kl_coef > 0 && options.expert_parallel > 1) {
+      memory_plan.training += size_t(pp->generation_layout().total()) * sizeof(float);
+    }
     check_fused_memory_fit(memory_plan, policy.device->memory().capacity(), options.offload, mode);
   }
   // Before the learner state: with offload, the gradients and AdamW's moments must stay the top
@@ -482,8 +489,9 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
     if (train) {
       if (reordering) rollouts = reordering->reorder(std::move(rollouts), rl.group_size, version);
       random_delay();
-      if (pp && learner.reference) {
-        // The reference's stages gathered into a whole model for this rank's own samples.
+      if (pp && learner.reference && ep) {
+        // PP x EP: the reference's stages gathered into a whole model for this rank's own samples
+        // (its MoE layers dispatch over the EP group in step with the EP mates).
         TraceScope traced(trace, Phase::Reference);
         traced.set_version(version);
         traced.set_bytes(int64_t(attach_pipeline_reference_logprobs(
@@ -494,6 +502,14 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         TraceScope traced(trace, Phase::QueueGet);
         traced.set_version(version);
         rollouts = pipeline_rollouts(*pipeline_queue, *pp, rollouts, rl.group_size);
+      }
+      if (pp && learner.reference && !ep) {
+        // A forward-only pass over the reference's stages on the pipeline's samples.
+        TraceScope traced(trace, Phase::Reference);
+        traced.set_version(version);
+        traced.set_bytes(int64_t(pipeline_reference_logprobs(
+            *learner.reference, *pp, rollouts, settings.micro_batch, settings.temperature,
+            2 + task.max_prompt_chars() + task.max_response_chars())));
       }
       device.start_phase_peak();
       const auto training_start = std::chrono::steady_clock::now();
