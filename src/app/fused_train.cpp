@@ -16,6 +16,7 @@
 #include "src/app/learner_setup.h"
 #include "src/app/pipeline_ep_overlap_report.h"
 #include "src/app/pipeline_parallel_train.h"
+#include "src/app/pipeline_reference.h"
 #include "src/app/pipeline_stage_report.h"
 #include "src/app/random_delay.h"
 #include "src/app/rl_progress.h"
@@ -138,6 +139,12 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
     // A pipeline stage generates from a whole model of its own (with EP, every layer with the
     // pipeline's experts), the borrowed layers included.
     if (pp) add_pipeline_generation_model(memory_plan, pp->generation_layout().total());
+    // The KL reference's log-probs: through the pipeline its stage is all a rank holds (counted
+    // in the plan); with EP inside the stages, or StaleSync's unequal blocks, a whole copy
+    // gathered from the stages for the reference phase, before training's activations.
+    if (pp && rl.kl_coef > 0 && (options.expert_parallel > 1 || rl.staleness > 0)) {
+      memory_plan.training += size_t(pp->generation_layout().total()) * sizeof(float);
+    }
     check_fused_memory_fit(memory_plan, policy.device->memory().capacity(), options.offload, mode);
   }
   // Before the learner state: with offload, the gradients and AdamW's moments must stay the top
@@ -503,8 +510,13 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
     if (train) {
       if (reordering) rollouts = reordering->reorder(std::move(rollouts), rl.group_size, version);
       random_delay();
-      if (pp && learner.reference) {
-        // The reference's stages gathered into a whole model for this rank's own samples.
+      // PP x EP and PP StaleSync take the reference's log-probs from a whole copy gathered from
+      // its stages, on each rank's own samples (PP x EP: its MoE layers dispatch over the EP
+      // group in step with the EP mates; StaleSync: the ranks' blocks differ in size, which the
+      // pipeline pass's equal blocks do not allow); the other layouts pass them through the
+      // pipeline below.
+      const bool gathered_reference = pp && learner.reference && (ep || pool);
+      if (gathered_reference) {
         TraceScope traced(trace, Phase::Reference);
         traced.set_version(version);
         traced.set_bytes(int64_t(attach_pipeline_reference_logprobs(
@@ -517,12 +529,20 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         if (pool) {
           // Every rank finished its own count of groups: the replica's ranks exchange them.
           std::vector<size_t> blocks;
-          rollouts = gather_replica_rollouts(*pp, rollouts, rl.group_size,
-                                             learner.reference != nullptr, blocks);
+          rollouts = gather_replica_rollouts(*pp, rollouts, rl.group_size, gathered_reference,
+                                             blocks);
           pipeline_trainer->set_blocks(std::move(blocks));
         } else {
           rollouts = pipeline_rollouts(*pipeline_queue, *pp, rollouts, rl.group_size);
         }
+      }
+      if (pp && learner.reference && !gathered_reference) {
+        // A forward-only pass over the reference's stages on the pipeline's samples.
+        TraceScope traced(trace, Phase::Reference);
+        traced.set_version(version);
+        traced.set_bytes(int64_t(pipeline_reference_logprobs(
+            *learner.reference, *pp, rollouts, settings.micro_batch, settings.temperature,
+            2 + task.max_prompt_chars() + task.max_response_chars())));
       }
       device.start_phase_peak();
       const auto training_start = std::chrono::steady_clock::now();

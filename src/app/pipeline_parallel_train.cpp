@@ -223,6 +223,19 @@ std::vector<Rollout> gather_replica_rollouts(const PipelineGroups& groups,
   return rollouts;
 }
 
+std::vector<std::pair<size_t, size_t>> block_pieces(size_t count, int blocks, int piece) {
+  std::vector<std::pair<size_t, size_t>> bounds;
+  const size_t block = count / size_t(blocks);
+  if (block == 0) return bounds;
+  for (size_t begin = 0; begin < count; begin += block) {
+    const size_t end = std::min(count, begin + block);
+    for (size_t b = begin; b < end; b += size_t(piece)) {
+      bounds.emplace_back(b, std::min(end, b + size_t(piece)));
+    }
+  }
+  return bounds;
+}
+
 size_t stage_activation_bytes(const ModelConfig& config, int sequences, int longest_sequence) {
   // (Pages untouched beyond what a chunk uses cost nothing.)
   return 2 * training_micro_batch_peak_bytes(config, ParameterLayout(config),
@@ -279,13 +292,7 @@ std::vector<std::pair<size_t, size_t>> PipelineTrainer::micro_batch_bounds(size_
   }
   // Each rank's block (its share of this minibatch; with TP every TP rank of every stage
   // generated one) in --micro-batch pieces: the data-parallel run's micro-batches exactly.
-  const size_t block = count / size_t(groups_.model_parallel().size());
-  const size_t piece = size_t(settings_.micro_batch);
-  for (size_t begin = 0; begin < count; begin += block) {
-    const size_t end = std::min(count, begin + block);
-    for (size_t b = begin; b < end; b += piece) bounds.emplace_back(b, std::min(end, b + piece));
-  }
-  return bounds;
+  return block_pieces(count, groups_.model_parallel().size(), settings_.micro_batch);
 }
 
 PpoStats PipelineTrainer::minibatch_gradient(const std::vector<const Rollout*>& minibatch,

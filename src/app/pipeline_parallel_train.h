@@ -8,6 +8,7 @@
 #pragma once
 
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "mpi_comm/topology.h"
@@ -51,6 +52,11 @@ std::unique_ptr<PipelineGroups> make_train_pipeline(const DisaggregatedOptions& 
                                                     int minibatches, Topology& topology,
                                                     const StageCostProbe& probe,
                                                     const TensorParallel* tp = nullptr);
+
+// [begin, end) of the micro-batches of `count` samples made of `blocks` equal blocks (the model
+// replica's ranks' samples, in rank order), each block in pieces of `piece` samples: the
+// micro-batches in which the data-parallel run computes each rank's own samples.
+std::vector<std::pair<size_t, size_t>> block_pieces(size_t count, int blocks, int piece);
 
 // Bytes of a pipeline stage's activation arena for micro-batches of `sequences` sequences of up to
 // `longest_sequence` tokens: room for a whole-model micro-batch, a bound for any chunk.

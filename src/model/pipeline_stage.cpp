@@ -68,9 +68,8 @@ PipelineStage<T>::PipelineStage(Transformer<T>& model, std::vector<LayerRange> c
   const ParameterLayout want(config_, have.own_experts(),
                              stage_layer_shard(chunks_, config_.n_layers), have.tensor_slice());
   if (have.total() != want.total() || have.tensors().size() != want.tensors().size() ||
-      have.redundant_slots() > 0 || !model.gradients()) {
-    throw std::invalid_argument(
-        "PipelineStage: the model must hold exactly the chunks' layers, with gradients");
+      have.redundant_slots() > 0) {
+    throw std::invalid_argument("PipelineStage: the model must hold exactly the chunks' layers");
   }
 }
 
@@ -109,7 +108,10 @@ const T* PipelineStage<T>::forward(int index, int k, const PipelineMicroBatch<T>
   if (ends_model(k)) {
     const int N = batch.token_count(), V = config_.vocab_size;
     Arena& arena = *arenas_[size_t(slot)];
-    entry.dlogits = arena.allocate_zeroed<T>(size_t(N) * V, "pipeline loss gradient");
+    // A forward-only stage (no gradients) has no loss gradient to keep.
+    if (model_.gradients()) {
+      entry.dlogits = arena.allocate_zeroed<T>(size_t(N) * V, "pipeline loss gradient");
+    }
     loss_ += loss_function_ ? loss_function_(index, out, N, V, arena, entry.dlogits)
                             : weighted_nll(model_.ops(), arena, out, batch.targets.data(),
                                            batch.weights.data(), N, V, entry.dlogits);
@@ -126,11 +128,25 @@ void PipelineStage<T>::backward(int index, int k, const T* dy, T aux_weight, T* 
     throw std::logic_error("PipelineStage: backward of micro-batch " + std::to_string(index) +
                            " chunk " + std::to_string(k) + " before its forward");
   }
+  if (!model_.gradients()) throw std::logic_error("PipelineStage: backward without gradients");
   const InFlight entry = found->second;
   in_flight_.erase(found);
   views_[size_t(entry.slot)]->backward_range(ends_model(k) ? entry.dlogits : dy, aux_weight,
                                              embeds(k) ? nullptr : dx_in);
   free_slots_.push_back(entry.slot);
+}
+
+template <typename T>
+void PipelineStage<T>::release(int index, int k) {
+  auto found = in_flight_.find(std::pair(index, k));
+  if (found == in_flight_.end()) {
+    throw std::logic_error("PipelineStage: release of micro-batch " + std::to_string(index) +
+                           " chunk " + std::to_string(k) + " before its forward");
+  }
+  const int slot = found->second.slot;
+  in_flight_.erase(found);
+  views_[size_t(slot)]->release_activations();
+  free_slots_.push_back(slot);
 }
 
 template <typename T>

@@ -58,9 +58,10 @@ class PipelineStage {
   // (reserved, not touched, until used). Throws std::invalid_argument on bad ranges.
   PipelineStage(const ModelConfig& config, const Ops<T>& ops, Arena& device,
                 std::vector<LayerRange> chunks, size_t activation_bytes);
-  // Over a model built elsewhere with gradients and the layout of the chunks
+  // Over a model built elsewhere with the layout of the chunks
   // (stage_layer_shard; with tensor parallelism, its TP slice of them; with expert parallelism,
-  // its experts); it must outlive the stage. std::invalid_argument when the layout differs.
+  // its experts); it must outlive the stage. std::invalid_argument when the layout differs. A
+  // model without gradients makes a forward-only stage (forward and release, no backward).
   PipelineStage(Transformer<T>& model, std::vector<LayerRange> chunks, size_t activation_bytes);
 
   // With expert parallelism: `per_slot(slot)` gives the per-layer dispatchers of activation arena
@@ -96,6 +97,10 @@ class PipelineStage {
   // (ignored when the chunk ends the model: the loss's own); writes the gradient of x_in into
   // `dx_in` (unless the chunk embeds). Gradients add up in model().gradients().
   void backward(int index, int chunk, const T* dy, T aux_weight, T* dx_in);
+
+  // Ends micro-batch `index`'s `chunk` without a backward (a forward-only pass): its activations
+  // and arena are freed, so the result of its forward is no longer valid.
+  void release(int index, int chunk);
 
   // Summed over the forwards since reset_losses(): the weighted NLL of the chunk that ends the
   // model, and the router load-balancing loss of every chunk's layers (times each micro-batch's

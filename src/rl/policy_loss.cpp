@@ -41,25 +41,32 @@ PackedRollouts pack_rollouts(const std::vector<const Rollout*>& rollouts) {
   return p;
 }
 
-std::vector<std::vector<float>> response_logprobs(Transformer<float>& model,
-                                                  const std::vector<const Rollout*>& rollouts,
-                                                  float temperature) {
-  const PackedRollouts p = pack_rollouts(rollouts);
-  const int N = int(p.inputs.size()), V = model.config().vocab_size;
-  Arena& device = model.device();
-  const float* logits = model.forward(p.inputs.data(), p.offsets.data(), int(rollouts.size()));
-  // Work buffers sit above the activations and go with them.
-  float* scaled = device.allocate<float>(size_t(N) * V, "log-prob work");
+std::vector<std::vector<float>> response_logprobs_from_logits(
+    const Ops<float>& ops, Arena& arena, const float* logits, int V, const PackedRollouts& p,
+    const std::vector<const Rollout*>& rollouts, float temperature) {
+  const int N = int(p.inputs.size());
+  float* scaled = arena.allocate<float>(size_t(N) * V, "log-prob work");
   std::copy_n(logits, int64_t(N) * V, scaled);
   apply_temperature(scaled, int64_t(N) * V, temperature);
-  float* logp = device.allocate<float>(size_t(N), "log-prob work");
-  float* lse = device.allocate<float>(size_t(N), "log-prob work");
-  model.ops().logprob_forward(logp, lse, scaled, p.targets.data(), N, V, device);
+  float* logp = arena.allocate<float>(size_t(N), "log-prob work");
+  float* lse = arena.allocate<float>(size_t(N), "log-prob work");
+  ops.logprob_forward(logp, lse, scaled, p.targets.data(), N, V, arena);
   std::vector<std::vector<float>> out;
   for (size_t r = 0; r < rollouts.size(); ++r) {
     const float* first = logp + p.response_rows[r];
     out.emplace_back(first, first + rollouts[r]->response.size());
   }
+  return out;
+}
+
+std::vector<std::vector<float>> response_logprobs(Transformer<float>& model,
+                                                  const std::vector<const Rollout*>& rollouts,
+                                                  float temperature) {
+  const PackedRollouts p = pack_rollouts(rollouts);
+  const float* logits = model.forward(p.inputs.data(), p.offsets.data(), int(rollouts.size()));
+  // Work buffers sit above the activations and go with them.
+  auto out = response_logprobs_from_logits(model.ops(), model.device(), logits,
+                                           model.config().vocab_size, p, rollouts, temperature);
   model.release_activations();
   return out;
 }

@@ -27,6 +27,11 @@ PpoStats policy_loss_gradient(const Ops<float>& ops, Arena& arena, const float* 
                               const std::vector<const Rollout*>& rollouts, double normalizer,
                               float temperature, const PpoSettings& settings, float* dlogits);
 
+// Log-probs of every rollout's response tokens (packed as `packed`) from a model's `logits` [N, V]
+// at `temperature`, per rollout; work buffers from `arena` stay allocated (as above).
+std::vector<std::vector<float>> response_logprobs_from_logits(
+    const Ops<float>& ops, Arena& arena, const float* logits, int V, const PackedRollouts& packed,
+    const std::vector<const Rollout*>& rollouts, float temperature);
 // Log-probs of every rollout's response tokens under `model` (forward only), per rollout.
 std::vector<std::vector<float>> response_logprobs(Transformer<float>& model,
                                                   const std::vector<const Rollout*>& rollouts,

@@ -97,6 +97,14 @@ std::vector<PipelineOp> pipeline_schedule(const PipelineShape& s, int rank) {
   return ops;
 }
 
+std::vector<PipelineOp> forward_only_schedule(const PipelineShape& shape, int rank) {
+  std::vector<PipelineOp> forwards;
+  for (const PipelineOp& op : pipeline_schedule(shape, rank)) {
+    if (op.kind == PassKind::Forward) forwards.push_back(op);
+  }
+  return forwards;
+}
+
 int in_flight_bound(const PipelineShape& s, int rank) {
   return std::min(warmup_forwards(s, rank) + 1, s.micro_batches * s.virtual_stages);
 }

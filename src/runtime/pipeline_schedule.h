@@ -64,6 +64,11 @@ inline int chunk_of_virtual_stage(const PipelineShape& s, int stage) {
 // chunks in reverse.
 std::vector<PipelineOp> pipeline_schedule(const PipelineShape& shape, int rank);
 
+// The forwards of pipeline_schedule(shape, rank) in its order, no backward (m v passes): a
+// forward-only pass over the stages (the KL reference's log-probs). A subsequence of a schedule
+// that does not deadlock does not either: every forward waits only for forwards.
+std::vector<PipelineOp> forward_only_schedule(const PipelineShape& shape, int rank);
+
 // The most chunk activations `rank` holds at once (forwards done whose backward is not): the
 // warm-up plus one. 1F1B: min(p - r, m) micro-batches; interleaved: min(2 (p - r - 1) + (v - 1) p
 // + 1, m v) chunks of 1/v of the rank's layers each.

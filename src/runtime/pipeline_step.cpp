@@ -165,10 +165,14 @@ std::vector<LayerRange> pipeline_rank_chunks(const PipelineShape& shape, int ran
   return chunks;
 }
 
+namespace {
+
+// Runs this rank's passes of a schedule (`forward_only`: forward_only_schedule, each forward's
+// micro-batch chunk released once its result is sent; else pipeline_schedule).
 template <typename T>
-PipelineStepStats run_pipeline_step(PipelineStage<T>& stage, const PipelineShape& shape,
-                                    const std::vector<PipelineMicroBatch<T>>& batches, T aux_weight,
-                                    MPI_Comm pipeline, Links& links) {
+PipelineStepStats run_schedule(PipelineStage<T>& stage, const PipelineShape& shape,
+                               const std::vector<PipelineMicroBatch<T>>& batches, T aux_weight,
+                               MPI_Comm pipeline, Links& links, bool forward_only) {
   int rank = 0, size = 0;
   MPI_Comm_rank(pipeline, &rank);
   MPI_Comm_size(pipeline, &size);
@@ -178,7 +182,8 @@ PipelineStepStats run_pipeline_step(PipelineStage<T>& stage, const PipelineShape
         "run_pipeline_step: the pipeline needs p ranks, v chunks per stage and m micro-batches");
   }
   const int last_stage = shape.chunks() - 1;
-  const std::vector<PipelineOp> ops = pipeline_schedule(shape, rank);
+  const std::vector<PipelineOp> ops =
+      forward_only ? forward_only_schedule(shape, rank) : pipeline_schedule(shape, rank);
   const int64_t row = stage.model().config().d_model;
   StepExchange<T> exchange(shape, pipeline, links, row);
   // The receive pass `i` needs, if any.
@@ -220,6 +225,7 @@ PipelineStepStats run_pipeline_step(PipelineStage<T>& stage, const PipelineShape
       if (s < last_stage) {
         exchange.send(std::vector<T>(out, out + rows), PassKind::Forward, op.micro_batch, s + 1);
       }
+      if (forward_only) stage.release(op.micro_batch, op.chunk);
     } else {
       std::vector<T> dx(s > 0 ? rows : 0);
       stage.backward(op.micro_batch, op.chunk, input.data(), aux_weight * batch.aux_scale,
@@ -244,11 +250,30 @@ PipelineStepStats run_pipeline_step(PipelineStage<T>& stage, const PipelineShape
   return stats;
 }
 
+}  // namespace
+
+template <typename T>
+PipelineStepStats run_pipeline_step(PipelineStage<T>& stage, const PipelineShape& shape,
+                                    const std::vector<PipelineMicroBatch<T>>& batches, T aux_weight,
+                                    MPI_Comm pipeline, Links& links) {
+  return run_schedule(stage, shape, batches, aux_weight, pipeline, links, /*forward_only=*/false);
+}
+
+template <typename T>
+PipelineStepStats run_pipeline_forward(PipelineStage<T>& stage, const PipelineShape& shape,
+                                       const std::vector<PipelineMicroBatch<T>>& batches,
+                                       MPI_Comm pipeline, Links& links) {
+  return run_schedule(stage, shape, batches, T(0), pipeline, links, /*forward_only=*/true);
+}
+
 template PipelineStepStats run_pipeline_step<float>(PipelineStage<float>&, const PipelineShape&,
                                                     const std::vector<PipelineMicroBatch<float>>&,
                                                     float, MPI_Comm, Links&);
 template PipelineStepStats run_pipeline_step<double>(PipelineStage<double>&, const PipelineShape&,
                                                      const std::vector<PipelineMicroBatch<double>>&,
                                                      double, MPI_Comm, Links&);
+template PipelineStepStats run_pipeline_forward<float>(
+    PipelineStage<float>&, const PipelineShape&, const std::vector<PipelineMicroBatch<float>>&,
+    MPI_Comm, Links&);
 
 }  // namespace rlf

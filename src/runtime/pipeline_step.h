@@ -54,4 +54,14 @@ PipelineStepStats run_pipeline_step(PipelineStage<T>& stage, const PipelineShape
                                     const std::vector<PipelineMicroBatch<T>>& batches, T aux_weight,
                                     MPI_Comm pipeline, Links& links);
 
+// A forward-only pass of the same stage over the step's micro-batches: every forward of the
+// schedule, no backward (forward_only_schedule), each micro-batch chunk's activations freed once
+// its result is sent on, so at most one is held. The chunk that ends the model runs the stage's
+// loss function (PipelineStage::set_loss) on its logits. Collective over `pipeline`, like
+// run_pipeline_step; nothing is written into gradients (the stage may have none).
+template <typename T>
+PipelineStepStats run_pipeline_forward(PipelineStage<T>& stage, const PipelineShape& shape,
+                                       const std::vector<PipelineMicroBatch<T>>& batches,
+                                       MPI_Comm pipeline, Links& links);
+
 }  // namespace rlf

@@ -121,9 +121,19 @@ void expect_kl_term_trains_like_data_parallel(
   EXPECT_GT(rows.back().kl, 0.0) << "the KL term never moved: the comparison would not see it";
 }
 
-// Every stage's reference holds only its layers.
+// Every stage's reference holds only its layers; its log-probs come through the pipeline.
 TEST(PipelineParallelState, KlTermTrainsLikeTheDataParallelFusedRun) {
   expect_kl_term_trains_like_data_parallel("kl", kPipeline, {2, 4});
+}
+
+// Virtual stages (PP 2 v 2 on the 4-layer `tiny`): the reference's forward-only pass runs its
+// chunks in the interleaved order.
+TEST(PipelineParallelState, KlTermWithVirtualStagesTrainsLikeTheDataParallelFusedRun) {
+  std::string run = test::kModelParallelFusedRun;
+  run.replace(run.find("--model tiny "), 13,
+              "--model " + test::write_tiny4_model(test::fresh_temp_dir("pp-state-kl-v2")) + " ");
+  expect_kl_term_trains_like_data_parallel("kl-virtual", kPipeline + "--virtual-stages 2 ", {2}, "",
+                                           run);
 }
 
 // Uneven stages (--pipeline-balance 3,1 on the 4-layer `tiny`) with 2 minibatches and a KL term:
@@ -152,7 +162,8 @@ TEST(TensorPipelineState, MinibatchesTrainLikeTheDataParallelFusedRun) {
 }
 
 // A KL term at TP 2 x PP 2: every rank stores its TP slice of its stage of the reference; the
-// replica gathers it for each rank's own samples, whose log-probs go to all 4 ranks of the replica.
+// forward-only pass runs the replica's samples through the stages (the TP collectives inside the
+// layers), and the last stage's log-probs go to every rank of its pipeline.
 TEST(TensorPipelineState, KlTermTrainsLikeTheDataParallelFusedRun) {
   expect_kl_term_trains_like_data_parallel("tp-kl", kTensorPipeline, {4});
 }

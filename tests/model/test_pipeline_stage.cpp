@@ -113,6 +113,39 @@ TEST(PipelineLayout, AStageRefusesLayersItDoesNotStore) {
                std::invalid_argument);
 }
 
+// A stage over a model without gradients runs forward only: each micro-batch's forward released
+// after use reuses one activation arena, its last chunk's loss function sees the whole model's
+// logits, and a backward is refused.
+TEST(PipelineLayout, AForwardOnlyStageReleasesEachForwardAndRefusesBackward) {
+  const ModelConfig config = deep_micro(4);
+  Arena device("device", 16 << 20), whole_device("whole", 16 << 20);
+  Transformer<float> model(config, cpu_ops(), device, /*with_gradients=*/false, ExpertShard{},
+                           stage_layer_shard({{0, 4}}, config.n_layers));
+  Transformer<float> whole(config, cpu_ops(), whole_device, /*with_gradients=*/false);
+  model.initialize(3);
+  whole.initialize(3);
+  PipelineStage<float> stage(model, {{0, 4}}, 4 << 20);
+  const auto batches = test::random_micro_batches<float>(3, config.vocab_size, 7, 5);
+  std::vector<float> logits;
+  stage.set_loss([&](int, const float* out, int N, int V, Arena&, float* dlogits) {
+    EXPECT_EQ(dlogits, nullptr) << "a forward-only stage keeps no loss gradient";
+    logits.assign(out, out + int64_t(N) * V);
+    return 0.0f;
+  });
+  for (int m = 0; m < 3; ++m) {
+    const auto& b = batches[size_t(m)];
+    EXPECT_EQ(stage.forward(m, 0, b, nullptr), nullptr);
+    const float* want = whole.forward(b.tokens.data(), b.seq_offsets.data(), b.sequences());
+    ASSERT_EQ(logits.size(), size_t(b.token_count()) * size_t(config.vocab_size));
+    EXPECT_EQ(0, std::memcmp(logits.data(), want, logits.size() * sizeof(float))) << m;
+    whole.release_activations();
+    if (m < 2) stage.release(m, 0);
+  }
+  EXPECT_EQ(stage.activation_arenas(), 1);
+  EXPECT_THROW(stage.backward(2, 0, nullptr, 0.0f, nullptr), std::logic_error);
+  EXPECT_THROW(stage.release(0, 0), std::logic_error);
+}
+
 // The pipeline in one process: rank r's stage runs its passes in its schedule's order; the
 // ranks are interleaved in the order of the unit-cost simulation (a valid global order).
 template <typename T>

@@ -5,12 +5,14 @@
 // AdamW over the stages, its clipping norm summed over the pipeline, takes the single-rank
 // model's clipped steps. Shapes that do not fit stop every rank with the same ConfigError. The
 // training state beyond the weights: the KL reference's log-probs computed from its stages and
-// shared over the pipeline are the single-rank reference's bit for bit. (Checkpoints written from
-// the stages: test_model_parallel_checkpoint.cpp.)
+// shared over the pipeline are the single-rank reference's bit for bit, both gathered into a whole
+// copy and through a forward-only pass over the reference's stages (with TP within rounding).
+// (Checkpoints written from the stages: test_model_parallel_checkpoint.cpp.)
 #include <gtest/gtest.h>
 #include <mpi.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <string>
@@ -19,7 +21,9 @@
 #include "kernels/arena.h"
 #include "mpi_comm/links.h"
 #include "src/app/pipeline_parallel_train.h"
+#include "src/app/pipeline_reference.h"
 #include "src/model/optimizer.h"
+#include "src/model/tensor_parallel.h"
 #include "src/rl/rl_step.h"
 #include "src/runtime/pipeline_groups.h"
 #include "src/runtime/pipeline_layout_switch.h"
@@ -234,6 +238,82 @@ TEST(PipelineTrainState, ReferenceLogprobsFromTheStagesAreTheSingleRankOnes) {
     gather_reference_logprobs(own, groups, pipeline_samples);
     for (size_t i = 0; i < want.size(); ++i) {
       EXPECT_EQ(pipeline_samples[i].reference_logp, want[i].reference_logp) << "sample " << i;
+    }
+  }
+}
+
+struct ReferenceCase {
+  int tp, stages, virtual_stages;
+};
+
+// Every PP degree dividing the world (v = 1 and 2), and TP x PP layouts (DP = world / (TP x PP)).
+std::vector<ReferenceCase> reference_cases_for(int world) {
+  std::vector<ReferenceCase> cases;
+  for (const Shape& s : shapes_for(world)) cases.push_back({1, s.stages, s.virtual_stages});
+  if (world == 4) cases.insert(cases.end(), {{2, 2, 1}, {2, 2, 2}});
+  if (world == 6) cases.insert(cases.end(), {{2, 3, 1}, {3, 2, 1}});
+  return cases;
+}
+
+TEST(PipelineTrainState, ReferenceLogprobsThroughThePipelineAreTheSingleRankOnes) {
+  const int world = test::world_size();
+  for (const ReferenceCase& c : reference_cases_for(world)) {
+    const std::string name = "TP " + std::to_string(c.tp) + " x PP " + std::to_string(c.stages) +
+                             " v=" + std::to_string(c.virtual_stages);
+    SCOPED_TRACE(name);
+    const ModelConfig config = test::tensor_parallel_micro_config(2 * c.stages * c.virtual_stages);
+    const uint64_t seed = test::seed_for("reference pipeline " + name, world);
+    Links links(test::virtual_node_list(world, 1), {});
+    TensorParallel tp_groups(MPI_COMM_WORLD, c.tp, /*attention_only=*/false, config, links);
+    const TensorParallel* tp = c.tp > 1 ? &tp_groups : nullptr;
+    const int count = 5, micro_batch = 2;
+    // m: every block of the replica in pieces of micro_batch.
+    const int blocks = c.tp * c.stages, pieces = (count + micro_batch - 1) / micro_batch;
+    PipelineGroups groups(MPI_COMM_WORLD, {c.stages, blocks * pieces, c.virtual_stages}, config,
+                          links, tp);
+    Arena device("stage", 16 << 20), whole_device("whole", 16 << 20);
+    Transformer<float> stage(config, cpu_ops(), device, /*with_gradients=*/false, ExpertShard{},
+                             stage_layer_shard(groups.chunks(groups.stage()), config.n_layers), tp);
+    Transformer<float> whole(config, cpu_ops(), whole_device, /*with_gradients=*/false);
+    stage.initialize(seed);
+    whole.initialize(seed);
+    const float temperature = 0.8f;
+    // The replica's samples (replicas differ), and the single rank's log-probs of them: every
+    // block from the whole reference in pieces of micro_batch, as the data-parallel run does.
+    const int replica = groups.model_parallel().world_ranks[0] / blocks;
+    std::vector<Rollout> samples, want;
+    for (int b = 0; b < blocks; ++b) {
+      std::vector<Rollout> block = sample_block(seed, replica * blocks + b, count);
+      samples.insert(samples.end(), block.begin(), block.end());
+      attach_reference_logprobs(whole, block, micro_batch, temperature);
+      want.insert(want.end(), block.begin(), block.end());
+    }
+    const size_t used_before = device.used();
+    const uint64_t sent =
+        pipeline_reference_logprobs(stage, groups, samples, micro_batch, temperature, 13);
+    EXPECT_EQ(device.used(), used_before) << "the pass left memory in the device arena";
+    // The activations sent: every micro-batch's rows out of every chunk but the model's last.
+    uint64_t tokens = 0;
+    for (const Rollout& r : samples) tokens += r.prompt.size() + r.response.size() - 1;
+    int sending_chunks = 0;
+    for (int k = 0; k < c.virtual_stages; ++k) {
+      sending_chunks +=
+          virtual_stage(groups.shape(), groups.stage(), k) + 1 < groups.shape().chunks();
+    }
+    EXPECT_EQ(sent, tokens * uint64_t(sending_chunks) * uint64_t(config.d_model) * sizeof(float));
+    for (size_t i = 0; i < want.size(); ++i) {
+      if (c.tp == 1) {
+        // The same arithmetic in the same micro-batches, layer by layer: bit for bit.
+        EXPECT_EQ(samples[i].reference_logp, want[i].reference_logp) << "sample " << i;
+        continue;
+      }
+      // TP sums the slices' partial products in another order: float rounding.
+      ASSERT_EQ(samples[i].reference_logp.size(), want[i].reference_logp.size());
+      for (size_t t = 0; t < want[i].reference_logp.size(); ++t) {
+        EXPECT_NEAR(samples[i].reference_logp[t], want[i].reference_logp[t],
+                    1e-5f * (1.0f + std::abs(want[i].reference_logp[t])))
+            << "sample " << i << " token " << t;
+      }
     }
   }
 }

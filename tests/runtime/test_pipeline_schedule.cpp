@@ -102,6 +102,29 @@ TEST(PipelineSchedule, UnitCostsIdleExactlyTheFormulaOnEveryRank) {
   }
 }
 
+// The forward-only pass (the KL reference's): every forward once, in the schedule's order, and
+// the stages never deadlock.
+TEST(PipelineSchedule, ForwardOnlyRunsEveryForwardOnceWithoutDeadlock) {
+  for (const PipelineShape& s : shapes()) {
+    SCOPED_TRACE(name(s));
+    std::vector<std::vector<PipelineOp>> schedules;
+    for (int r = 0; r < s.stages; ++r) {
+      schedules.push_back(forward_only_schedule(s, r));
+      std::vector<PipelineOp> forwards;
+      for (const PipelineOp& op : pipeline_schedule(s, r)) {
+        if (op.kind == PassKind::Forward) forwards.push_back(op);
+      }
+      EXPECT_EQ(schedules.back(), forwards);
+      EXPECT_EQ(int(forwards.size()), s.micro_batches * s.virtual_stages);
+    }
+    const std::vector<double> unit(size_t(s.chunks()), 1.0);
+    const ScheduleTiming t = simulate_schedule(s, schedules, unit, unit);
+    // All forwards, no backward: the last virtual stage's last forward ends after m v + p v - 1
+    // slots at most.
+    EXPECT_LE(t.makespan, double(s.micro_batches * s.virtual_stages + s.chunks() - 1));
+  }
+}
+
 TEST(PipelineSchedule, SimulationRespectsDependenciesAcrossStages) {
   for (const PipelineShape& s : shapes()) {
     SCOPED_TRACE(name(s));
