@@ -59,22 +59,35 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   // train the same samples (ConfigError on every rank when the degree does not fit).
   const std::unique_ptr<TensorParallel> tp =
       make_train_tensor_parallel(options, model_config, topology);
-  // (With pipeline parallelism too, generation is data-parallel on every rank.)
-  const bool tp_generates = tp && options.pipeline_parallel <= 1;
+  // With pipeline parallelism too, generation is data-parallel on every rank, or with
+  // --actor-tensor-parallel T collective over the training TP groups (each rank then trains its
+  // share of its group's samples).
+  const bool pipeline_tp_generation =
+      tp && options.pipeline_parallel > 1 && generation_tensor_parallel(options) == tp->degree();
+  const bool tp_generates = tp && (options.pipeline_parallel <= 1 || pipeline_tp_generation);
   const int replicas = tp_generates ? tp->replicas() : ranks;
   const int replica = tp_generates ? tp->replica() : topology.world_rank();
+  // A pipeline trains one block of prompts per rank, whatever generated them.
+  const int training_blocks = options.pipeline_parallel > 1 ? ranks : replicas;
   // Every rank checks the same inputs, so a bad value stops all of them before any work.
-  if (rl.prompts % replicas != 0) {
+  if (rl.prompts % training_blocks != 0) {
     throw ConfigError(std::string("--mode ") + mode + ": --prompts " + std::to_string(rl.prompts) +
-                      " must divide evenly among the " + std::to_string(replicas) +
-                      (tp_generates ? " tensor-parallel groups" : " ranks") +
+                      " must divide evenly among the " + std::to_string(training_blocks) +
+                      (training_blocks == ranks ? " ranks" : " tensor-parallel groups") +
                       " (each generates and trains on its own block of prompts)");
   }
+  const int trained_prompts = rl.prompts / training_blocks;
   // Pipeline parallelism: pipelines of consecutive ranks train one replica stage by stage; every
-  // rank still generates its own block of prompts (generation is data-parallel over all ranks).
+  // rank trains its own block of prompts.
   const std::unique_ptr<PipelineGroups> pp = make_train_pipeline(
-      options, model_config, rl.prompts / replicas * rl.group_size, rl.micro_batch, rl.group_size,
+      options, model_config, trained_prompts * rl.group_size, rl.micro_batch, rl.group_size,
       rl.minibatches, topology, stage_cost_probe(run, policy_options, rl.micro_batch), tp.get());
+  // The model a pipeline rank generates from: every layer (with TP generation, its TP slice).
+  const ParameterLayout pipeline_generation_layout =
+      !pp ? ParameterLayout(model_config)
+      : pipeline_tp_generation
+          ? with_tensor_slice(model_config, pp->generation_layout(), tp->slice())
+          : pp->generation_layout();
   const int experts = model_config.n_experts;
   // With pipeline parallelism the EP groups are ranks of one stage in consecutive pipelines (its
   // data-parallel group): generation and training both run on them.
@@ -119,20 +132,24 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
             : std::nullopt;
     // With --reorder-samples a rank may train any of the step's samples.
     const bool reordered = parse_reorder_costs(options.reorder_samples) != ReorderCosts::Off;
-    const FusedBatch batch{rl.prompts / replicas * rl.group_size,
-                           1 + task.max_prompt_chars(),
-                           longest,
-                           rl.micro_batch,
-                           rl.temperature > 0,
-                           rl.staleness > 0 ? longest - 1 : 0,
-                           reordered ? rl.prompts * rl.group_size : 0};
-    memory_plan = plan_fused_memory(
-        policy.config, policy.model->layout(), ParameterLayout(policy.config, generation_experts),
-        switch_layouts, rl.kl_coef > 0, reward_model ? &*reward_model : nullptr, options.offload,
-        batch, /*experts_migrate=*/options.rebalance.every > 0);
+    const FusedBatch batch{
+        rl.prompts / replicas * rl.group_size,
+        1 + task.max_prompt_chars(),
+        longest,
+        rl.micro_batch,
+        rl.temperature > 0,
+        rl.staleness > 0 ? longest - 1 : 0,
+        reordered ? rl.prompts * rl.group_size : trained_prompts * rl.group_size};
+    const ParameterLayout generation_layout =
+        pipeline_tp_generation ? pipeline_generation_layout
+                               : ParameterLayout(policy.config, generation_experts);
+    memory_plan = plan_fused_memory(policy.config, policy.model->layout(), generation_layout,
+                                    switch_layouts, rl.kl_coef > 0,
+                                    reward_model ? &*reward_model : nullptr, options.offload, batch,
+                                    /*experts_migrate=*/options.rebalance.every > 0);
     // A pipeline stage generates from a whole model of its own (with EP, every layer with the
-    // pipeline's experts), the borrowed layers included.
-    if (pp) memory_plan.generation += size_t(pp->generation_layout().total()) * sizeof(float);
+    // pipeline's experts; with TP generation, its TP slice), the borrowed layers included.
+    if (pp) memory_plan.generation += size_t(pipeline_generation_layout.total()) * sizeof(float);
     check_fused_memory_fit(memory_plan, policy.device->memory().capacity(), options.offload, mode);
   }
   // Before the learner state: with offload, the gradients and AdamW's moments must stay the top
@@ -212,6 +229,8 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         format_bytes(offload->device_bytes()).c_str());
   }
   size_t generation_peak = 0, training_peak = 0;
+  // Bytes this rank received in the pipeline layout switches of the run.
+  uint64_t pipeline_switch_bytes = 0;
   // With tensor parallelism the replicas' data-parallel groups sum the gradients and the step's
   // statistics (the ranks of a TP group hold the same samples).
   // With pipeline parallelism, the ranks holding the same stage (one per pipeline).
@@ -234,6 +253,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   if (pp) settings.sample_blocks = pp->model_parallel().size();
   const GenerationSettings sampling = sampling_settings(rl, task, run.seed);
   const AdvantageEstimator estimator = parse_advantage_estimator(rl.advantage);
+  // The prompts this rank generates (with TP generation, its TP group's) per step.
   const int my_prompts = rl.prompts / replicas;
   // A generation layout of its own: before each generation phase the switch builds a view of
   // this rank's generation shard over the training parameters, receiving the experts it lacks into
@@ -254,9 +274,9 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   }
 
   dir.log(
-      "# RL: %d steps x %d prompts x %d samples on %d fused ranks (each generates and trains "
+      "# RL: %d steps x %d prompts x %d samples on %d fused ranks (each generates %d and trains "
       "%d prompts per step)\n",
-      rl.steps, rl.prompts, rl.group_size, ranks, my_prompts);
+      rl.steps, rl.prompts, rl.group_size, ranks, my_prompts, trained_prompts);
   if (switch_layouts) {
     dir.log(
         "# layout switch: training EP %d, generation EP %d (experts moved rank to rank before "
@@ -285,7 +305,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
     pipeline_queue = std::make_unique<DistQueue>(MPI_COMM_WORLD, topology,
                                                  DistQueueConfig{options.shard_capacity});
     pipeline_trainer = std::make_unique<PipelineTrainer>(
-        *pp, model, settings, my_prompts * rl.group_size, options.micro_batches > 0,
+        *pp, model, settings, trained_prompts * rl.group_size, options.micro_batches > 0,
         2 + task.max_prompt_chars() + task.max_response_chars(), ep.get(),
         options.ep_overlap_chunks);
     pipeline_gradient = [&](const std::vector<const Rollout*>& minibatch, double normalizer,
@@ -293,19 +313,27 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
       return pipeline_trainer->minibatch_gradient(minibatch, normalizer, all_samples);
     };
     const PipelineShape& shape = pp->shape();
+    const std::string borrowed = format_bytes(
+        size_t(pipeline_generation_layout.total() - model.parameter_count()) * sizeof(float));
+    const std::string generation =
+        pipeline_tp_generation
+            ? "generation at TP " + std::to_string(tp->degree()) + " on " +
+                  std::to_string(tp->replicas()) +
+                  " TP groups (--actor-tensor-parallel), each rank borrowing its TP slice of the "
+                  "other stages (" +
+                  borrowed + ")"
+            : "generation data-parallel on all " + std::to_string(ranks) +
+                  " ranks, each borrowing the rest of the model (" + borrowed +
+                  ": other stages' layers, other TP ranks' slices)";
     dir.log(
         "# pipeline parallelism: PP %d x %d pipelines, %s, %d micro-batches per step, %d virtual "
         "stage(s) per rank (bubble formula %.1f%%), layers per chunk %s (--pipeline-balance %s); "
-        "generation data-parallel on all %d ranks, each borrowing the rest of the model (%s: "
-        "other stages' layers, other TP ranks' slices) per phase; this rank stores %lld of %lld "
-        "parameters\n",
+        "%s per phase; this rank stores %lld of %lld parameters\n",
         shape.stages, pp->replicas(), schedule_name(shape).c_str(), shape.micro_batches,
         shape.virtual_stages, 100.0 * bubble_formula(shape),
-        layers_per_chunk(pp->boundaries()).c_str(), options.pipeline_balance.c_str(), ranks,
-        format_bytes(size_t(pp->generation_layout().total() - model.parameter_count()) *
-                     sizeof(float))
-            .c_str(),
-        (long long)model.parameter_count(), (long long)ParameterLayout(policy.config).total());
+        layers_per_chunk(pp->boundaries()).c_str(), options.pipeline_balance.c_str(),
+        generation.c_str(), (long long)model.parameter_count(),
+        (long long)ParameterLayout(policy.config).total());
   }
   if (ep) {
     dir.log(
@@ -412,17 +440,24 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         // first, so the whole model is gone before the arena rewinds); the stage is only read.
         // With EP the whole model holds the pipeline's experts only and generates collectively
         // over the training EP groups (its own dispatchers, made once).
+        // With TP generation the whole model is this rank's TP slice of every layer, generating
+        // collectively over the training TP group; each rank then keeps its share of the group's
+        // samples: exactly the block the data-parallel layout gives it.
         ArenaScope generation_memory(device);
         Transformer<float> whole(policy.config, policy.device->ops(), device,
-                                 /*with_gradients=*/false, pp->expert_shard());
+                                 /*with_gradients=*/false, pp->expert_shard(), LayerShard{},
+                                 pipeline_tp_generation ? tp.get() : nullptr);
         {
           TraceScope traced(trace, Phase::Reshard);
           traced.set_version(version);
-          traced.set_bytes(int64_t(
-              gather_pipeline_model(model.parameters(), *pp, whole.parameters(), whole.layout())));
+          const uint64_t received =
+              gather_pipeline_model(model.parameters(), *pp, whole.parameters(), whole.layout());
+          traced.set_bytes(int64_t(received));
+          pipeline_switch_bytes += received;
         }
         if (ep) ep->attach_reusing(whole);
         generate(whole);
+        if (pipeline_tp_generation) rollouts = tensor_parallel_share(std::move(rollouts), *tp);
       } else if (!layout_switch) {
         generate(model);
       } else {
@@ -531,14 +566,20 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         pipeline_trainer->wall_seconds(), pipeline_trainer->compute_seconds(),
         pipeline_trainer->wait_seconds(), 100.0 * bubble, 100.0 * formula, totals[0], totals[1],
         pp->model_parallel().size());
-    char fields[384];
+    dir.log("# pipeline layout switch of rank 0: %s received over the run (generation at TP %d)\n",
+            format_bytes(size_t(pipeline_switch_bytes)).c_str(),
+            pipeline_tp_generation ? tp->degree() : 1);
+    char fields[512];
     std::snprintf(fields, sizeof fields,
                   "\"pipeline_parallel\":%d,\"virtual_stages\":%d,\"micro_batches\":%d,"
                   "\"pipeline_bubble\":%.4f,\"pipeline_bubble_formula\":%.4f,"
                   "\"queue_get_requests\":%llu,\"queue_reply_bytes\":%llu,"
-                  "\"queue_replica_ranks\":%d,",
+                  "\"queue_replica_ranks\":%d,\"actor_tensor_parallel\":%d,"
+                  "\"pipeline_switch_bytes\":%llu,",
                   pp->shape().stages, pp->shape().virtual_stages, pp->shape().micro_batches, bubble,
-                  formula, totals[0], totals[1], pp->model_parallel().size());
+                  formula, totals[0], totals[1], pp->model_parallel().size(),
+                  pipeline_tp_generation ? tp->degree() : 1,
+                  (unsigned long long)pipeline_switch_bytes);
     pipeline_json = fields;
     pipeline_json +=
         pipeline_stage_report(*pp, options.pipeline_balance, pipeline_trainer->compute_seconds(),

@@ -1,16 +1,59 @@
 #include "src/app/tensor_parallel_train.h"
 
+#include <iterator>
+#include <stdexcept>
 #include <string>
 
 #include "kernels/error.h"
 
 namespace rlf {
 
+int generation_tensor_parallel(const DisaggregatedOptions& options) {
+  if (options.actor_tensor_parallel != 0) return options.actor_tensor_parallel;
+  return options.pipeline_parallel > 1 ? 1 : options.tensor_parallel;
+}
+
+namespace {
+
+// --actor-tensor-parallel G against the training layout (validate_tensor_parallel_train).
+void validate_generation_tensor_parallel(const DisaggregatedOptions& options) {
+  const int generation = generation_tensor_parallel(options);
+  const int training = options.tensor_parallel;
+  const std::string option = "--actor-tensor-parallel " + std::to_string(generation);
+  const std::string with = " with --tensor-parallel " + std::to_string(training);
+  if (generation < 1) throw ConfigError(option + ": must be a positive integer (0: the default)");
+  if (generation == 1 && training == 1) return;
+  if (training == 1) {
+    throw ConfigError(option + " needs --tensor-parallel " + std::to_string(generation) +
+                      " (generation runs on the training TP groups)");
+  }
+  if (training % generation != 0) {
+    throw ConfigError(option + with +
+                      ": must divide the training TP degree (a generation TP "
+                      "group regroups the slices of a training one)");
+  }
+  if (options.pipeline_parallel <= 1 && generation != training) {
+    throw ConfigError(option + with +
+                      " is not supported without --pipeline-parallel: generation runs on the "
+                      "training TP groups (use --actor-tensor-parallel " +
+                      std::to_string(training) + ")");
+  }
+  if (generation != 1 && generation != training) {
+    throw ConfigError(option + with + " x --pipeline-parallel " +
+                      std::to_string(options.pipeline_parallel) +
+                      " is not supported: generation after a pipeline runs at TP 1 "
+                      "(data-parallel) or at the training TP degree");
+  }
+}
+
+}  // namespace
+
 void validate_tensor_parallel_train(const DisaggregatedOptions& options, bool fused, int world_size,
                                     const RlOptions& rl) {
   const int degree = options.tensor_parallel;
   const std::string option = "--tensor-parallel " + std::to_string(degree);
   if (degree < 1) throw ConfigError(option + ": must be a positive integer");
+  validate_generation_tensor_parallel(options);
   if (degree == 1) {
     if (options.tensor_parallel_attention_only) {
       throw ConfigError("--tensor-parallel-attention-only needs --tensor-parallel 2 or more");
@@ -47,6 +90,19 @@ std::unique_ptr<TensorParallel> make_train_tensor_parallel(const DisaggregatedOp
   return std::make_unique<TensorParallel>(topology.role_comm().comm, options.tensor_parallel,
                                           options.tensor_parallel_attention_only, config,
                                           topology.links());
+}
+
+std::vector<Rollout> tensor_parallel_share(std::vector<Rollout> group_samples,
+                                           const TensorParallel& tp) {
+  const size_t parts = size_t(tp.degree());
+  if (group_samples.size() % parts != 0) {
+    throw std::logic_error("tensor_parallel_share: " + std::to_string(group_samples.size()) +
+                           " samples do not split among " + std::to_string(parts) + " TP ranks");
+  }
+  const size_t share = group_samples.size() / parts, first = share * size_t(tp.rank());
+  return std::vector<Rollout>(
+      std::make_move_iterator(group_samples.begin() + std::ptrdiff_t(first)),
+      std::make_move_iterator(group_samples.begin() + std::ptrdiff_t(first + share)));
 }
 
 }  // namespace rlf

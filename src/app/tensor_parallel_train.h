@@ -10,6 +10,7 @@
 #include "src/app/disaggregated_train.h"
 #include "src/app/rl_options.h"
 #include "src/model/tensor_parallel.h"
+#include "src/rl/rollout.h"
 
 namespace rlf {
 
@@ -21,9 +22,15 @@ void refuse_unsupported_with_model_parallelism(const std::string& option,
                                                const DisaggregatedOptions& options, bool fused,
                                                int world_size, const RlOptions& rl);
 
+// The TP degree of the generation layout: --actor-tensor-parallel, or by default the training TP
+// degree without a pipeline and 1 (data-parallel generation) with one.
+int generation_tensor_parallel(const DisaggregatedOptions& options);
+
 // ConfigError, the same on every rank before any work, for --tensor-parallel outside what is
 // built: a degree below 1, a multi-rank run that is not --mode fused, one rank, or combined with
-// expert parallelism, --offload, StaleSync, a learned reward model or rebalancing.
+// expert parallelism, --offload, StaleSync, a learned reward model or rebalancing; and for an
+// --actor-tensor-parallel G that is not built: G below 1, G > 1 without --tensor-parallel, G not
+// dividing the training degree T, G != T without a pipeline, or 1 < G < T with one.
 void validate_tensor_parallel_train(const DisaggregatedOptions& options, bool fused, int world_size,
                                     const RlOptions& rl);
 
@@ -32,5 +39,12 @@ void validate_tensor_parallel_train(const DisaggregatedOptions& options, bool fu
 std::unique_ptr<TensorParallel> make_train_tensor_parallel(const DisaggregatedOptions& options,
                                                            const ModelConfig& config,
                                                            Topology& topology);
+
+// This rank's share of the samples its TP group generated together (`group_samples`, in
+// canonical order, whole prompt groups): the TP ranks take consecutive equal parts in TP-rank
+// order, so with TP groups of consecutive ranks each rank holds the block the data-parallel layout
+// would have generated on it. std::logic_error when the samples do not split evenly.
+std::vector<Rollout> tensor_parallel_share(std::vector<Rollout> group_samples,
+                                           const TensorParallel& tp);
 
 }  // namespace rlf

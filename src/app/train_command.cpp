@@ -99,6 +99,13 @@ int run_train_command(const std::vector<std::string>& args) {
     add("tensor-parallel-attention-only",
         po::bool_switch(&multi_rank.tensor_parallel_attention_only),
         "with --tensor-parallel: cut only attention; the shared expert stays whole on every rank");
+    add("actor-tensor-parallel",
+        po::value(&multi_rank.actor_tensor_parallel)
+            ->default_value(multi_rank.actor_tensor_parallel),
+        "--mode fused: tensor-parallel degree of generation (0: --tensor-parallel, or 1 with "
+        "--pipeline-parallel: data-parallel generation); with --pipeline-parallel, the same as "
+        "--tensor-parallel makes each rank borrow only its TP slice of the other stages and "
+        "generate with its TP group");
     add("pipeline-parallel",
         po::value(&multi_rank.pipeline_parallel)->default_value(multi_rank.pipeline_parallel),
         "--mode fused: pipeline-parallel degree: pipelines of this many consecutive ranks train "

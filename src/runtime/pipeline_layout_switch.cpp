@@ -53,7 +53,17 @@ uint64_t gather_pipeline_model(const float* stage_params, const PipelineGroups& 
                                float* whole, const ParameterLayout& whole_layout) {
   std::vector<float> stage;
   uint64_t received = 0;
-  if (groups.tensor_parallel()) {
+  // A sliced whole model (generation at the training TP degree) takes the stages' slices as they
+  // are; otherwise the TP group first assembles its stage's whole tensors.
+  const TensorSlice slice = whole_layout.tensor_slice();
+  if (slice.active()) {
+    const TensorParallel* tp = groups.tensor_parallel();
+    if (!tp || tp->slice().rank != slice.rank || tp->slice().size != slice.size ||
+        tp->slice().attention_only != slice.attention_only) {
+      throw std::invalid_argument(
+          "gather_pipeline_model: a sliced whole model needs this rank's training TP slice");
+    }
+  } else if (groups.tensor_parallel()) {
     received += gather_stage_slices(stage_params, groups, stage);
     stage_params = stage.data();
   }
@@ -66,7 +76,9 @@ uint64_t gather_pipeline_model(const float* stage_params, const PipelineGroups& 
   std::vector<int> counts, displacements;
   int64_t total = 0;
   for (int s = 0; s < stages; ++s) {
-    layouts.push_back(groups.stage_layout(s, experts));
+    const ParameterLayout stage_layout = groups.stage_layout(s, experts);
+    layouts.push_back(slice.active() ? with_tensor_slice(groups.config(), stage_layout, slice)
+                                     : stage_layout);
     counts.push_back(int(layouts.back().total()));
     displacements.push_back(int(total));
     total += layouts.back().total();

@@ -1,7 +1,9 @@
-// RL Fusion's layout switch for a pipeline-parallel policy (training at PP p, or TP T x PP p,
-// generation data-parallel): before a generation phase every rank of a pipeline receives the
-// layers of the other stages (with TP first the other TP ranks' slices of its own stage) into a
-// whole model of its own (a buffer the phase frees), generates from it as a replica, and trains
+// RL Fusion's layout switch for a pipeline-parallel policy (training at PP p, or TP T x PP p;
+// generation data-parallel, or at TP T): before a generation phase every rank of a pipeline
+// receives the layers of the other stages (with TP first the other TP ranks' slices of its own
+// stage, or with generation at TP T only its own TP slice of the other stages) into a whole model
+// of its own (a buffer the phase frees), generates from it (as a replica, or with its TP group),
+// and trains
 // again on its stage's own buffer, which the switch only reads; so the round trip leaves the stage
 // bit for bit as it was.
 #pragma once
@@ -31,7 +33,10 @@ void copy_shared_tensors(const float* from, const ParameterLayout& from_layout, 
 // layout of groups.stage_layout(stage) with its TensorSlice); the TP group first assembles the
 // stage's whole tensors (an allgather of the cut tensors' slices, counted: each rank sends its
 // slices to the T - 1 others), then every TP rank's pipeline gathers the stages as above. The bytes
-// received then add the other TP ranks' slices.
+// received then add the other TP ranks' slices. A `whole_layout` with this rank's TP slice
+// (generation at the training TP degree, --actor-tensor-parallel T) skips the TP allgather: the
+// pipeline gathers the other stages' slices only, each stage sending its slice (counted), and
+// `whole` is this rank's TP slice of the whole model (std::invalid_argument for another slice).
 uint64_t gather_pipeline_model(const float* stage_params, const PipelineGroups& groups,
                                float* whole, const ParameterLayout& whole_layout);
 

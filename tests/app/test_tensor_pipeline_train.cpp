@@ -4,8 +4,10 @@
 // held-out accuracy before RL and after, the same reward every step, and a saved whole model
 // within float rounding of it; under 1F1B and, on a 4-layer model, the interleaved schedule. The
 // replica's samples come through DistQueue, one get per replica and shard each step: 1/(TP x PP)
-// of every rank fetching its own copy. Shapes that do not fit stop every rank with exit code 2
-// before any output.
+// of every rank fetching its own copy. With --actor-tensor-parallel 2 generation runs at TP 2 after
+// the switch (each rank borrowing only its TP slice of the other stage) and trains the same, with
+// fewer switch bytes than the default data-parallel generation. Shapes and degrees that do not fit
+// stop every rank with exit code 2 before any output.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -56,6 +58,29 @@ TEST(TensorPipelineTrain, TrainsLikeTheDataParallelFusedRun) {
   // The saved model is the whole one, gathered from the stages' TP slices (a norm that counted a
   // whole tensor twice is off too).
   test::expect_trains_like(dp, dp_dir, run, dir, 6);
+  EXPECT_EQ(test::json_number(run.output, "actor_tensor_parallel"), 1);
+
+  // Generation at TP 2: the same samples (each TP group generates the prompts of its two ranks,
+  // which then train one half each), the same training.
+  const std::string tp_dir = temp_dir("tp-pp-gen-tp");
+  const Result tp_generation =
+      test::run_rlfusion(kFusedRun +
+                             "--tensor-parallel 2 --pipeline-parallel 2 --actor-tensor-parallel 2 "
+                             "--run-dir " +
+                             tp_dir,
+                         4);
+  ASSERT_EQ(tp_generation.exit_code, 0) << tp_generation.output;
+  EXPECT_EQ(test::json_number(tp_generation.output, "actor_tensor_parallel"), 2);
+  EXPECT_NE(
+      tp_generation.output.find("generation at TP 2 on 2 TP groups (--actor-tensor-parallel)"),
+      std::string::npos)
+      << tp_generation.output;
+  test::expect_trains_like(dp, dp_dir, tp_generation, tp_dir, 6);
+  // Rank 0 receives its TP slice of the other stage, not the other stage whole and its TP mate's
+  // slices of its own.
+  const double switch_bytes = test::json_number(tp_generation.output, "pipeline_switch_bytes");
+  EXPECT_GT(switch_bytes, 0);
+  EXPECT_LT(switch_bytes, test::json_number(run.output, "pipeline_switch_bytes"));
 }
 
 // Interleaved 1F1B (2 chunks per rank) inside TP 2 on a 4-layer `tiny`: each rank's 8 samples in
@@ -89,6 +114,18 @@ TEST(TensorPipelineTrain, ShapesThatDoNotFitStopEveryRankBeforeOutput) {
            "layers"},
           {6, "--tensor-parallel 3 --pipeline-parallel 2",
            "--tensor-parallel 3: does not divide the 4 attention heads of model tiny"},
+          {4, "--tensor-parallel 2 --pipeline-parallel 2 --actor-tensor-parallel 4",
+           "--actor-tensor-parallel 4 with --tensor-parallel 2: must divide the training TP "
+           "degree"},
+          {4, "--tensor-parallel 4 --pipeline-parallel 2 --actor-tensor-parallel 2",
+           "--actor-tensor-parallel 2 with --tensor-parallel 4 x --pipeline-parallel 2 is not "
+           "supported"},
+          {2, "--tensor-parallel 2 --actor-tensor-parallel 1",
+           "--actor-tensor-parallel 1 with --tensor-parallel 2 is not supported without "
+           "--pipeline-parallel"},
+          {2, "--actor-tensor-parallel 2", "--actor-tensor-parallel 2 needs --tensor-parallel 2"},
+          {4, "--tensor-parallel 2 --pipeline-parallel 2 --actor-tensor-parallel -1",
+           "--actor-tensor-parallel -1: must be a positive integer"},
       },
       temp_dir("bad"));
 }

@@ -25,6 +25,7 @@
 #include "src/model/optimizer.h"
 #include "src/model/tensor_parallel.h"
 #include "src/model/transformer.h"
+#include "tests/mpi/generation_equality.h"
 #include "tests/mpi/mpi_test_util.h"
 #include "tests/test_util.h"
 
@@ -403,20 +404,7 @@ void check_generation(const Case& c, int index) {
                              prompts.tokens.begin() + prompts.offsets[size_t(s) + 1]);
     ids.push_back(int64_t(tp.replica()) * 100 + s);
   }
-  for (float temperature : {1.0f, 0.0f}) {
-    GenerationSettings settings;
-    settings.max_new_tokens = 10;
-    settings.temperature = temperature;
-    settings.seed = seed;
-    const auto want = generate(reference, prompt_list, ids, settings);
-    const auto got = generate(model, prompt_list, ids, settings);
-    ASSERT_EQ(got.size(), want.size());
-    for (size_t s = 0; s < want.size(); ++s) {
-      EXPECT_EQ(got[s].tokens, want[s].tokens)
-          << "sequence " << s << " temperature " << temperature;
-      test::expect_close(got[s].logprobs, want[s].logprobs, "log-probs", 1e-5, 1e-5);
-    }
-  }
+  test::expect_generates_like(model, reference, prompt_list, ids, seed, 10);
 }
 
 TEST(TensorParallelModel, GenerationMatchesSingleRank) {

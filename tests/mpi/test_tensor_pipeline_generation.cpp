@@ -1,0 +1,161 @@
+// Generation at the training TP degree after a TP x PP layout switch (train --tensor-parallel T
+// --pipeline-parallel P --actor-tensor-parallel T) at every world size the suite runs with TP: the
+// switch gives each rank exactly its TP slice of the single-rank model, bit for bit, receiving only
+// its TP slice of the other stages (counted, and fewer bytes than the switch to data-parallel
+// generation), and leaves the stage bit for bit as it was; generation collective over the TP group
+// from that slice gives the single-rank model's tokens and log-probs; a slice other than the
+// rank's training one is refused.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/arena.h"
+#include "mpi_comm/links.h"
+#include "src/model/tensor_parallel.h"
+#include "src/runtime/pipeline_groups.h"
+#include "src/runtime/pipeline_layout_switch.h"
+#include "tests/micro_model_config.h"
+#include "tests/mpi/generation_equality.h"
+#include "tests/mpi/mpi_test_util.h"
+#include "tests/test_util.h"
+
+namespace rlf {
+namespace {
+
+struct Case {
+  int tp, stages;
+};
+
+std::string case_name(const Case& c) {
+  return "TP " + std::to_string(c.tp) + " x PP " + std::to_string(c.stages);
+}
+
+// TP x PP x DP layouts of every world size the suite runs (DP = world / (TP x PP)); TP 2 or more,
+// the generation layout being TP T.
+std::vector<Case> cases_for(int world) {
+  switch (world) {
+    case 2:
+      return {{2, 1}};
+    case 4:
+      return {{2, 2}, {2, 1}};
+    case 6:
+      return {{2, 3}, {3, 2}, {2, 1}};
+    default:
+      return {};
+  }
+}
+
+struct Ranks {
+  Links links;
+  TensorParallel tp;
+  PipelineGroups groups;
+
+  Ranks(const Case& c, const ModelConfig& config)
+      : links(test::virtual_node_list(test::world_size(), 1), {}),
+        tp(MPI_COMM_WORLD, c.tp, /*attention_only=*/false, config, links),
+        groups(MPI_COMM_WORLD, {c.stages, c.stages, 1}, config, links, &tp) {}
+};
+
+// Bytes of this rank's TP slice of stage `stage`.
+uint64_t slice_bytes(const PipelineGroups& groups, const TensorParallel& tp, int stage) {
+  return uint64_t(
+             with_tensor_slice(groups.config(), groups.stage_layout(stage), tp.slice()).total()) *
+         sizeof(float);
+}
+
+void check_switch_and_generation(const Case& c) {
+  SCOPED_TRACE(case_name(c));
+  const ModelConfig config = test::tensor_parallel_micro_config(2 * c.stages);
+  const uint64_t seed =
+      test::seed_for("TensorPipelineGeneration " + case_name(c), test::world_size());
+  Ranks ranks(c, config);
+  const PipelineGroups& groups = ranks.groups;
+  Arena stage_device("stage", 16 << 20), device("generation", 64 << 20),
+      reference_device("reference", 64 << 20);
+  Transformer<float> stage(config, cpu_ops(), stage_device, /*with_gradients=*/false, ExpertShard{},
+                           stage_layer_shard(groups.chunks(groups.stage()), config.n_layers),
+                           &ranks.tp);
+  stage.initialize(seed);
+  Transformer<float> reference(config, cpu_ops(), reference_device, /*with_gradients=*/false);
+  reference.initialize(seed);
+
+  // The switch: this rank's TP slice of every layer.
+  Transformer<float> whole(config, cpu_ops(), device, /*with_gradients=*/false, ExpertShard{},
+                           LayerShard{}, &ranks.tp);
+  std::fill_n(whole.parameters(), whole.parameter_count(), 7.0f);
+  const std::vector<float> before(stage.parameters(), stage.parameters() + stage.parameter_count());
+  const uint64_t sent_before = test::link_bytes(ranks.links);
+  const uint64_t received =
+      gather_pipeline_model(stage.parameters(), groups, whole.parameters(), whole.layout());
+  const uint64_t sent = test::link_bytes(ranks.links) - sent_before;
+  std::vector<float> want(size_t(whole.parameter_count()), 0.0f);
+  slice_parameters(reference.parameters(), reference.layout(), want.data(), whole.layout());
+  EXPECT_EQ(std::memcmp(whole.parameters(), want.data(), want.size() * sizeof(float)), 0)
+      << "the switch did not give this rank its TP slice of the single-rank model";
+  EXPECT_EQ(std::memcmp(stage.parameters(), before.data(), before.size() * sizeof(float)), 0)
+      << "the layout switch changed the stage";
+  // Each stage's slice goes to the P - 1 other stages of its pipeline; nothing inside the TP group.
+  uint64_t other_slices = 0;
+  for (int s = 0; s < c.stages; ++s) {
+    if (s != groups.stage()) other_slices += slice_bytes(groups, ranks.tp, s);
+  }
+  EXPECT_EQ(received, other_slices);
+  EXPECT_EQ(sent, slice_bytes(groups, ranks.tp, groups.stage()) * uint64_t(c.stages - 1));
+  // The switch to data-parallel generation (the whole model on every rank) moves more.
+  {
+    ArenaScope scope(device);
+    Transformer<float> replica(config, cpu_ops(), device, /*with_gradients=*/false);
+    const uint64_t data_parallel_received =
+        gather_pipeline_model(stage.parameters(), groups, replica.parameters(), replica.layout());
+    EXPECT_LT(received, data_parallel_received);
+    EXPECT_EQ(std::memcmp(replica.parameters(), reference.parameters(),
+                          size_t(reference.parameter_count()) * sizeof(float)),
+              0);
+  }
+
+  // Generation collective over the TP group (each group its own prompts) against the single-rank
+  // model: sampled and greedy.
+  std::vector<std::vector<int>> prompts;
+  std::vector<int64_t> ids;
+  const uint64_t prompt_seed = seed + uint64_t(ranks.tp.replica()) * 7;
+  const std::vector<int> lengths = test::random_ints(5, prompt_seed, 1, 6);
+  for (size_t s = 0; s < lengths.size(); ++s) {
+    prompts.push_back(
+        test::random_ints(size_t(lengths[s]), prompt_seed + 31 * s + 1, 0, config.vocab_size - 1));
+    ids.push_back(int64_t(ranks.tp.replica()) * 100 + int64_t(s));
+  }
+  test::expect_generates_like(whole, reference, prompts, ids, seed, 12);
+}
+
+TEST(TensorPipelineGeneration, SwitchToTrainingTpDegreeGeneratesLikeTheSingleRankModel) {
+  const std::vector<Case> cases = cases_for(test::world_size());
+  if (cases.empty()) GTEST_SKIP() << "TP generation on 2, 4 and 6 ranks";
+  for (const Case& c : cases) {
+    check_switch_and_generation(c);
+    ASSERT_TRUE(test::on_every_rank(!::testing::Test::HasFailure())) << case_name(c);
+  }
+}
+
+// A whole model sliced otherwise than the rank's training slice would mix heads: refused before
+// any message.
+TEST(TensorPipelineGeneration, AnotherSliceIsRefused) {
+  if (test::world_size() % 2 != 0) GTEST_SKIP() << "needs TP 2";
+  const Case c{2, 1};
+  const ModelConfig config = test::tensor_parallel_micro_config(2);
+  Ranks ranks(c, config);
+  Arena device("stage", 16 << 20);
+  Transformer<float> stage(config, cpu_ops(), device, /*with_gradients=*/false, ExpertShard{},
+                           LayerShard{}, &ranks.tp);
+  const TensorSlice other{1 - ranks.tp.rank(), 2, false};
+  const ParameterLayout wrong(config, ExpertShard{}, LayerShard{}, other);
+  std::vector<float> whole(size_t(wrong.total()));
+  EXPECT_THROW(gather_pipeline_model(stage.parameters(), ranks.groups, whole.data(), wrong),
+               std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace rlf
