@@ -59,21 +59,24 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   // train the same samples (ConfigError on every rank when the degree does not fit).
   const std::unique_ptr<TensorParallel> tp =
       make_train_tensor_parallel(options, model_config, topology);
-  // With pipeline parallelism too, generation is data-parallel on every rank, or with
-  // --actor-tensor-parallel T collective over the training TP groups (each rank then trains its
-  // share of its group's samples).
-  const bool pipeline_tp_generation =
-      tp && options.pipeline_parallel > 1 && generation_tensor_parallel(options) == tp->degree();
-  const bool tp_generates = tp && (options.pipeline_parallel <= 1 || pipeline_tp_generation);
+  // Generation runs collectively over the training TP groups at --actor-tensor-parallel T, else
+  // data-parallel on every rank from a whole model of its own: with a pipeline, each rank trains
+  // its own block of the samples whoever generated them (a TP rank its share of its group's);
+  // without one, a TP group trains the samples its ranks generated.
+  const bool pipelined = options.pipeline_parallel > 1;
+  const int generation_tp = tp ? generation_tensor_parallel(options) : 1;
+  const bool tp_generates = tp && generation_tp == tp->degree();
+  const bool pipeline_tp_generation = tp_generates && pipelined;
+  const bool tp_whole_generation = tp && !pipelined && generation_tp == 1;
   const int replicas = tp_generates ? tp->replicas() : ranks;
   const int replica = tp_generates ? tp->replica() : topology.world_rank();
-  // A pipeline trains one block of prompts per rank, whatever generated them.
-  const int training_blocks = options.pipeline_parallel > 1 ? ranks : replicas;
+  const int training_blocks = pipelined ? ranks : tp ? tp->replicas() : ranks;
   // Every rank checks the same inputs, so a bad value stops all of them before any work.
-  if (rl.prompts % training_blocks != 0) {
+  const int prompt_blocks = std::max(replicas, training_blocks);
+  if (rl.prompts % prompt_blocks != 0) {
     throw ConfigError(std::string("--mode ") + mode + ": --prompts " + std::to_string(rl.prompts) +
-                      " must divide evenly among the " + std::to_string(training_blocks) +
-                      (training_blocks == ranks ? " ranks" : " tensor-parallel groups") +
+                      " must divide evenly among the " + std::to_string(prompt_blocks) +
+                      (prompt_blocks == ranks ? " ranks" : " tensor-parallel groups") +
                       " (each generates and trains on its own block of prompts)");
   }
   const int trained_prompts = rl.prompts / training_blocks;
@@ -82,8 +85,10 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   const std::unique_ptr<PipelineGroups> pp = make_train_pipeline(
       options, model_config, trained_prompts * rl.group_size, rl.micro_batch, rl.group_size,
       rl.minibatches, topology, stage_cost_probe(run, policy_options, rl.micro_batch), tp.get());
-  // The model a pipeline rank generates from: every layer (with TP generation, its TP slice).
-  const ParameterLayout pipeline_generation_layout =
+  // The model a pipeline rank, or a TP rank generating data-parallel, generates from: every layer
+  // (with TP generation, its TP slice).
+  const bool borrows_whole_model = pp || tp_whole_generation;
+  const ParameterLayout whole_generation_layout =
       !pp ? ParameterLayout(model_config)
       : pipeline_tp_generation
           ? with_tensor_slice(model_config, pp->generation_layout(), tp->slice())
@@ -141,15 +146,18 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         rl.staleness > 0 ? longest - 1 : 0,
         reordered ? rl.prompts * rl.group_size : trained_prompts * rl.group_size};
     const ParameterLayout generation_layout =
-        pipeline_tp_generation ? pipeline_generation_layout
+        pipeline_tp_generation ? whole_generation_layout
                                : ParameterLayout(policy.config, generation_experts);
     memory_plan = plan_fused_memory(policy.config, policy.model->layout(), generation_layout,
                                     switch_layouts, rl.kl_coef > 0,
                                     reward_model ? &*reward_model : nullptr, options.offload, batch,
                                     /*experts_migrate=*/options.rebalance.every > 0);
     // A pipeline stage generates from a whole model of its own (with EP, every layer with the
-    // pipeline's experts; with TP generation, its TP slice), the borrowed layers included.
-    if (pp) memory_plan.generation += size_t(pipeline_generation_layout.total()) * sizeof(float);
+    // pipeline's experts; with TP generation, its TP slice), the borrowed layers included; so does
+    // a TP rank generating data-parallel.
+    if (borrows_whole_model) {
+      memory_plan.generation += size_t(whole_generation_layout.total()) * sizeof(float);
+    }
     check_fused_memory_fit(memory_plan, policy.device->memory().capacity(), options.offload, mode);
   }
   // Before the learner state: with offload, the gradients and AdamW's moments must stay the top
@@ -229,8 +237,8 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         format_bytes(offload->device_bytes()).c_str());
   }
   size_t generation_peak = 0, training_peak = 0;
-  // Bytes this rank received in the pipeline layout switches of the run.
-  uint64_t pipeline_switch_bytes = 0;
+  // Bytes this rank received in the model-parallel layout switches of the run (PP or TP).
+  uint64_t generation_switch_bytes = 0;
   // With tensor parallelism the replicas' data-parallel groups sum the gradients and the step's
   // statistics (the ranks of a TP group hold the same samples).
   // With pipeline parallelism, the ranks holding the same stage (one per pipeline).
@@ -314,7 +322,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
     };
     const PipelineShape& shape = pp->shape();
     const std::string borrowed = format_bytes(
-        size_t(pipeline_generation_layout.total() - model.parameter_count()) * sizeof(float));
+        size_t(whole_generation_layout.total() - model.parameter_count()) * sizeof(float));
     const std::string generation =
         pipeline_tp_generation
             ? "generation at TP " + std::to_string(tp->degree()) + " on " +
@@ -453,11 +461,30 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
           const uint64_t received =
               gather_pipeline_model(model.parameters(), *pp, whole.parameters(), whole.layout());
           traced.set_bytes(int64_t(received));
-          pipeline_switch_bytes += received;
+          generation_switch_bytes += received;
         }
         if (ep) ep->attach_reusing(whole);
         generate(whole);
         if (pipeline_tp_generation) rollouts = tensor_parallel_share(std::move(rollouts), *tp);
+      } else if (tp_whole_generation) {
+        // TP T -> DP: every rank generates its own block from the whole model, assembled inside
+        // its TP group for the phase; the group then trains the samples of all its ranks.
+        ArenaScope generation_memory(device);
+        Transformer<float> whole(policy.config, policy.device->ops(), device,
+                                 /*with_gradients=*/false);
+        {
+          TraceScope traced(trace, Phase::Reshard);
+          traced.set_version(version);
+          const uint64_t received =
+              counted_gather_tensor_parallel(model.parameters(), model.layout(), whole.parameters(),
+                                             whole.layout(), policy.config, *tp);
+          traced.set_bytes(int64_t(received));
+          generation_switch_bytes += received;
+        }
+        generate(whole);
+        TraceScope traced(trace, Phase::QueueGet);
+        traced.set_version(version);
+        rollouts = gather_tensor_parallel_rollouts(rollouts, *tp, rl.group_size);
       } else if (!layout_switch) {
         generate(model);
       } else {
@@ -534,7 +561,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
       const auto training_start = std::chrono::steady_clock::now();
       const StepStats stats = train_on_rollouts_traced(
           model, *learner.optimizer, pp ? nullptr : learner.reference.get(), rollouts, settings,
-          parallel, version, pp ? pp->replicas() : replicas, trace, pipeline_gradient);
+          parallel, version, pp ? pp->replicas() : training_blocks, trace, pipeline_gradient);
       training_peak = std::max(training_peak, device.phase_peak());
       const double training_seconds = seconds_since(training_start);
       if (reordering) dir.log("%s", reordering->end_of_step(step, training_seconds).c_str());
@@ -550,7 +577,13 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
                                 ep.get(), MPI_COMM_WORLD, dir);
   }
   if (stopped) return kExitCheckpointedOnSignal;
-  std::string pipeline_json;
+  std::string parallel_json;
+  if (pp || tp) {
+    dir.log("# layout switch of rank 0: %s received over the run (generation at TP %d)\n",
+            format_bytes(size_t(generation_switch_bytes)).c_str(), generation_tp);
+    parallel_json = "\"actor_tensor_parallel\":" + std::to_string(generation_tp) +
+                    ",\"generation_switch_bytes\":" + std::to_string(generation_switch_bytes) + ",";
+  }
   if (pp) {
     // Requests the shards served: every pipeline's leader asked once per shard and step.
     DistQueueCounters served = pipeline_queue->counters();
@@ -566,26 +599,20 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         pipeline_trainer->wall_seconds(), pipeline_trainer->compute_seconds(),
         pipeline_trainer->wait_seconds(), 100.0 * bubble, 100.0 * formula, totals[0], totals[1],
         pp->model_parallel().size());
-    dir.log("# pipeline layout switch of rank 0: %s received over the run (generation at TP %d)\n",
-            format_bytes(size_t(pipeline_switch_bytes)).c_str(),
-            pipeline_tp_generation ? tp->degree() : 1);
-    char fields[512];
+    char fields[384];
     std::snprintf(fields, sizeof fields,
                   "\"pipeline_parallel\":%d,\"virtual_stages\":%d,\"micro_batches\":%d,"
                   "\"pipeline_bubble\":%.4f,\"pipeline_bubble_formula\":%.4f,"
                   "\"queue_get_requests\":%llu,\"queue_reply_bytes\":%llu,"
-                  "\"queue_replica_ranks\":%d,\"actor_tensor_parallel\":%d,"
-                  "\"pipeline_switch_bytes\":%llu,",
+                  "\"queue_replica_ranks\":%d,",
                   pp->shape().stages, pp->shape().virtual_stages, pp->shape().micro_batches, bubble,
-                  formula, totals[0], totals[1], pp->model_parallel().size(),
-                  pipeline_tp_generation ? tp->degree() : 1,
-                  (unsigned long long)pipeline_switch_bytes);
-    pipeline_json = fields;
-    pipeline_json +=
+                  formula, totals[0], totals[1], pp->model_parallel().size());
+    parallel_json += fields;
+    parallel_json +=
         pipeline_stage_report(*pp, options.pipeline_balance, pipeline_trainer->compute_seconds(),
                               pipeline_trainer->wall_seconds(), dir);
     if (ep) {
-      pipeline_json += pipeline_ep_overlap_report(pipeline_trainer->ep_communication(),
+      parallel_json += pipeline_ep_overlap_report(pipeline_trainer->ep_communication(),
                                                   options.ep_overlap_chunks, dir);
     }
   }
@@ -619,7 +646,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   end.rl_tokens = position.rl_tokens;
   end.run_start = run_start;
   end.memory_json = device_memory_json(generation_peak, training_peak, memory_plan) +
-                    pipeline_json + (reordering ? reordering->summary_json() : "");
+                    parallel_json + (reordering ? reordering->summary_json() : "");
   end.migrations = rebalancer ? rebalancer->migrations() : 0;
   return finish_multi_rank_train(end, run, policy_options, sft, rl, options, policy, topology, dir,
                                  trace, result);

@@ -1,10 +1,13 @@
 #include "src/app/tensor_parallel_train.h"
 
 #include <iterator>
+#include <span>
 #include <stdexcept>
 #include <string>
 
 #include "kernels/error.h"
+#include "src/roles/rollout_samples.h"
+#include "src/roles/sample_packing.h"
 
 namespace rlf {
 
@@ -32,17 +35,10 @@ void validate_generation_tensor_parallel(const DisaggregatedOptions& options) {
                       ": must divide the training TP degree (a generation TP "
                       "group regroups the slices of a training one)");
   }
-  if (options.pipeline_parallel <= 1 && generation != training) {
-    throw ConfigError(option + with +
-                      " is not supported without --pipeline-parallel: generation runs on the "
-                      "training TP groups (use --actor-tensor-parallel " +
-                      std::to_string(training) + ")");
-  }
   if (generation != 1 && generation != training) {
-    throw ConfigError(option + with + " x --pipeline-parallel " +
-                      std::to_string(options.pipeline_parallel) +
-                      " is not supported: generation after a pipeline runs at TP 1 "
-                      "(data-parallel) or at the training TP degree");
+    throw ConfigError(option + with +
+                      " is not supported: generation runs at TP 1 (data-parallel) or at the "
+                      "training TP degree");
   }
 }
 
@@ -103,6 +99,32 @@ std::vector<Rollout> tensor_parallel_share(std::vector<Rollout> group_samples,
   return std::vector<Rollout>(
       std::make_move_iterator(group_samples.begin() + std::ptrdiff_t(first)),
       std::make_move_iterator(group_samples.begin() + std::ptrdiff_t(first + share)));
+}
+
+std::vector<Rollout> gather_tensor_parallel_rollouts(const std::vector<Rollout>& own,
+                                                     const TensorParallel& tp, int group_size) {
+  const std::vector<std::byte> mine = pack_samples(to_queue_samples(own, group_size));
+  const HierarchicalComm& group = tp.group();
+  const int ranks = group.size();
+  std::vector<int> counts(static_cast<size_t>(ranks)), displacements(counts);
+  const int count = int(mine.size());
+  MPI_Allgather(&count, 1, MPI_INT, counts.data(), 1, MPI_INT, group.comm);
+  int total = 0;
+  for (int r = 0; r < ranks; ++r) {
+    displacements[size_t(r)] = total;
+    total += counts[size_t(r)];
+  }
+  std::vector<std::byte> all(static_cast<size_t>(total));
+  MPI_Allgatherv(mine.data(), count, MPI_BYTE, all.data(), counts.data(), displacements.data(),
+                 MPI_BYTE, group.comm);
+  std::vector<QueueSample> samples;
+  for (int r = 0; r < ranks; ++r) {
+    if (r != group.rank()) tp.links().count_send(group.world_ranks[size_t(r)], uint64_t(count));
+    unpack_samples_into(std::span<const std::byte>(all.data() + displacements[size_t(r)],
+                                                   size_t(counts[size_t(r)])),
+                        samples);
+  }
+  return to_rollouts(samples);
 }
 
 }  // namespace rlf

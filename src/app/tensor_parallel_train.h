@@ -23,14 +23,14 @@ void refuse_unsupported_with_model_parallelism(const std::string& option,
                                                int world_size, const RlOptions& rl);
 
 // The TP degree of the generation layout: --actor-tensor-parallel, or by default the training TP
-// degree without a pipeline and 1 (data-parallel generation) with one.
+// degree without a pipeline and 1 (data-parallel generation) with one. 1 or the training degree.
 int generation_tensor_parallel(const DisaggregatedOptions& options);
 
 // ConfigError, the same on every rank before any work, for --tensor-parallel outside what is
 // built: a degree below 1, a multi-rank run that is not --mode fused, one rank, or combined with
 // expert parallelism, --offload, StaleSync, a learned reward model or rebalancing; and for an
 // --actor-tensor-parallel G that is not built: G below 1, G > 1 without --tensor-parallel, G not
-// dividing the training degree T, G != T without a pipeline, or 1 < G < T with one.
+// dividing the training degree T, or 1 < G < T.
 void validate_tensor_parallel_train(const DisaggregatedOptions& options, bool fused, int world_size,
                                     const RlOptions& rl);
 
@@ -46,5 +46,13 @@ std::unique_ptr<TensorParallel> make_train_tensor_parallel(const DisaggregatedOp
 // would have generated on it. std::logic_error when the samples do not split evenly.
 std::vector<Rollout> tensor_parallel_share(std::vector<Rollout> group_samples,
                                            const TensorParallel& tp);
+
+// The samples a TP group trains when its ranks generated data-parallel (--actor-tensor-parallel 1
+// without a pipeline): every rank's own samples (`own`, its block of the group's prompts) packed
+// as DistQueue's and allgathered over tp.group(), in TP-rank order, which is canonical order since
+// the ranks hold consecutive blocks. Counted on tp.links() (each rank's pack to the T - 1 others).
+// Collective over the TP group.
+std::vector<Rollout> gather_tensor_parallel_rollouts(const std::vector<Rollout>& own,
+                                                     const TensorParallel& tp, int group_size);
 
 }  // namespace rlf

@@ -126,5 +126,10 @@ void slice_parameters(const T* whole, const ParameterLayout& whole_layout, T* sl
 void gather_tensor_parallel(const float* slice, const ParameterLayout& slice_layout, float* whole,
                             const ParameterLayout& whole_layout, const ModelConfig& config,
                             const TensorParallel& tp);
+// gather_tensor_parallel as a layout switch: every rank's cut tensors counted on tp.links() as
+// sent to each of the T - 1 others. Returns the bytes this rank received.
+uint64_t counted_gather_tensor_parallel(const float* slice, const ParameterLayout& slice_layout,
+                                        float* whole, const ParameterLayout& whole_layout,
+                                        const ModelConfig& config, const TensorParallel& tp);
 
 }  // namespace rlf

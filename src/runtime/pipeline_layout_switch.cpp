@@ -29,22 +29,15 @@ void copy_shared_tensors(const float* from, const ParameterLayout& from_layout, 
 namespace {
 
 // The whole tensors of this rank's stage from its TP group's slices (an allgather inside the
-// group, each rank's slices counted once per other TP rank). Returns the bytes received.
+// group, counted). Returns the bytes received.
 uint64_t gather_stage_slices(const float* slice, const PipelineGroups& groups,
                              std::vector<float>& stage) {
   const TensorParallel& tp = *groups.tensor_parallel();
   const ParameterLayout stage_layout = groups.stage_layout(groups.stage());
   const ParameterLayout slice_layout = with_tensor_slice(groups.config(), stage_layout, tp.slice());
   stage.assign(size_t(stage_layout.total()), 0.0f);
-  gather_tensor_parallel(slice, slice_layout, stage.data(), stage_layout, groups.config(), tp);
-  uint64_t cut_bytes = 0;
-  for (const ParameterRange& r : tensor_parallel_ranges(slice_layout))
-    cut_bytes += uint64_t(r.count) * sizeof(float);
-  const HierarchicalComm& group = tp.group();
-  for (int r = 0; r < group.size(); ++r) {
-    if (r != tp.rank()) groups.links().count_send(group.world_ranks[size_t(r)], cut_bytes);
-  }
-  return cut_bytes * uint64_t(group.size() - 1);
+  return counted_gather_tensor_parallel(slice, slice_layout, stage.data(), stage_layout,
+                                        groups.config(), tp);
 }
 
 }  // namespace

@@ -78,9 +78,9 @@ TEST(TensorPipelineTrain, TrainsLikeTheDataParallelFusedRun) {
   test::expect_trains_like(dp, dp_dir, tp_generation, tp_dir, 6);
   // Rank 0 receives its TP slice of the other stage, not the other stage whole and its TP mate's
   // slices of its own.
-  const double switch_bytes = test::json_number(tp_generation.output, "pipeline_switch_bytes");
+  const double switch_bytes = test::json_number(tp_generation.output, "generation_switch_bytes");
   EXPECT_GT(switch_bytes, 0);
-  EXPECT_LT(switch_bytes, test::json_number(run.output, "pipeline_switch_bytes"));
+  EXPECT_LT(switch_bytes, test::json_number(run.output, "generation_switch_bytes"));
 }
 
 // Interleaved 1F1B (2 chunks per rank) inside TP 2 on a 4-layer `tiny`: each rank's 8 samples in
@@ -118,11 +118,9 @@ TEST(TensorPipelineTrain, ShapesThatDoNotFitStopEveryRankBeforeOutput) {
            "--actor-tensor-parallel 4 with --tensor-parallel 2: must divide the training TP "
            "degree"},
           {4, "--tensor-parallel 4 --pipeline-parallel 2 --actor-tensor-parallel 2",
-           "--actor-tensor-parallel 2 with --tensor-parallel 4 x --pipeline-parallel 2 is not "
-           "supported"},
-          {2, "--tensor-parallel 2 --actor-tensor-parallel 1",
-           "--actor-tensor-parallel 1 with --tensor-parallel 2 is not supported without "
-           "--pipeline-parallel"},
+           "--actor-tensor-parallel 2 with --tensor-parallel 4 is not supported"},
+          {4, "--tensor-parallel 4 --actor-tensor-parallel 2",
+           "--actor-tensor-parallel 2 with --tensor-parallel 4 is not supported"},
           {2, "--actor-tensor-parallel 2", "--actor-tensor-parallel 2 needs --tensor-parallel 2"},
           {4, "--tensor-parallel 2 --pipeline-parallel 2 --actor-tensor-parallel -1",
            "--actor-tensor-parallel -1: must be a positive integer"},
