@@ -4,7 +4,9 @@
 // its TP slice of the other stages (counted, and fewer bytes than the switch to data-parallel
 // generation), and leaves the stage bit for bit as it was; generation collective over the TP group
 // from that slice gives the single-rank model's tokens and log-probs; a slice other than the
-// rank's training one is refused.
+// rank's training one is refused. Without a pipeline, the switch TP T -> DP
+// (--actor-tensor-parallel 1) gives every rank the single-rank model bit for bit with the counted
+// bytes, and a TP group gathers its ranks' samples in canonical order.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -15,7 +17,10 @@
 
 #include "kernels/arena.h"
 #include "mpi_comm/links.h"
+#include "src/app/tensor_parallel_train.h"
 #include "src/model/tensor_parallel.h"
+#include "src/roles/rollout_samples.h"
+#include "src/roles/sample_packing.h"
 #include "src/runtime/pipeline_groups.h"
 #include "src/runtime/pipeline_layout_switch.h"
 #include "tests/micro_model_config.h"
@@ -155,6 +160,103 @@ TEST(TensorPipelineGeneration, AnotherSliceIsRefused) {
   std::vector<float> whole(size_t(wrong.total()));
   EXPECT_THROW(gather_pipeline_model(stage.parameters(), ranks.groups, whole.data(), wrong),
                std::invalid_argument);
+}
+
+// TP degrees without a pipeline (TP x DP) of every world size the suite runs with TP.
+std::vector<int> tensor_degrees_for(int world) {
+  switch (world) {
+    case 2:
+    case 4:
+      return {2};
+    case 6:
+      return {2, 3};
+    default:
+      return {};
+  }
+}
+
+TEST(TensorPipelineGeneration, TensorToDataParallelSwitchGivesEveryRankTheSingleRankModel) {
+  const std::vector<int> degrees = tensor_degrees_for(test::world_size());
+  if (degrees.empty()) GTEST_SKIP() << "TP on 2, 4 and 6 ranks";
+  const ModelConfig config = test::tensor_parallel_micro_config(2);
+  for (int degree : degrees) {
+    SCOPED_TRACE("TP " + std::to_string(degree) + " -> DP");
+    const uint64_t seed = test::seed_for("TensorToDataParallel", degree);
+    Links links(test::virtual_node_list(test::world_size(), 1), {});
+    TensorParallel tp(MPI_COMM_WORLD, degree, /*attention_only=*/false, config, links);
+    Arena slice_device("slice", 16 << 20), device("whole", 16 << 20),
+        reference_device("reference", 16 << 20);
+    Transformer<float> slice(config, cpu_ops(), slice_device, /*with_gradients=*/false, {}, {},
+                             &tp);
+    Transformer<float> whole(config, cpu_ops(), device, /*with_gradients=*/false);
+    Transformer<float> reference(config, cpu_ops(), reference_device, /*with_gradients=*/false);
+    slice.initialize(seed);
+    reference.initialize(seed);
+    std::fill_n(whole.parameters(), whole.parameter_count(), 7.0f);
+    const std::vector<float> before(slice.parameters(),
+                                    slice.parameters() + slice.parameter_count());
+    const uint64_t sent_before = test::link_bytes(links);
+    const uint64_t received = counted_gather_tensor_parallel(
+        slice.parameters(), slice.layout(), whole.parameters(), whole.layout(), config, tp);
+    uint64_t cut_bytes = 0;
+    for (const ParameterRange& r : tensor_parallel_ranges(slice.layout()))
+      cut_bytes += uint64_t(r.count) * sizeof(float);
+    EXPECT_EQ(received, cut_bytes * uint64_t(degree - 1));
+    EXPECT_EQ(test::link_bytes(links) - sent_before, cut_bytes * uint64_t(degree - 1));
+    // Every tensor (the alignment gaps between them, 7 here, are not written).
+    for (const ParameterTensor& t : reference.layout().tensors()) {
+      EXPECT_EQ(std::memcmp(whole.parameters() + t.offset, reference.parameters() + t.offset,
+                            size_t(t.numel) * sizeof(float)),
+                0)
+          << t.name << " of the gathered model is not the single-rank model's";
+    }
+    EXPECT_EQ(std::memcmp(slice.parameters(), before.data(), before.size() * sizeof(float)), 0)
+        << "the switch changed the slice";
+    ASSERT_TRUE(test::on_every_rank(!::testing::Test::HasFailure()));
+  }
+}
+
+// Rank `rank`'s block of a step's samples: 2 prompts x 2 responses of varying lengths.
+std::vector<Rollout> rank_block(int rank) {
+  std::vector<Rollout> block;
+  for (int i = 0; i < 4; ++i) {
+    Rollout r;
+    r.sample_id = int64_t(rank) * 4 + i;
+    r.task_sample.id = r.sample_id / 2;
+    r.prompt = {1, 2 + rank, 3};
+    r.response = test::random_ints(size_t(1 + (rank + i) % 5), uint64_t(r.sample_id) + 11, 0, 9);
+    r.behaviour_logp.assign(r.response.size(), -0.25f * float(i + 1));
+    r.version_min = r.version_max = 3;
+    r.reward = 0.5 * i;
+    r.advantage = 0.125 * (i - rank);
+    block.push_back(r);
+  }
+  return block;
+}
+
+TEST(TensorPipelineGeneration, TensorParallelGroupGathersItsRanksSamplesInOrder) {
+  const std::vector<int> degrees = tensor_degrees_for(test::world_size());
+  if (degrees.empty()) GTEST_SKIP() << "TP on 2, 4 and 6 ranks";
+  const ModelConfig config = test::tensor_parallel_micro_config(2);
+  for (int degree : degrees) {
+    SCOPED_TRACE("TP " + std::to_string(degree));
+    Links links(test::virtual_node_list(test::world_size(), 1), {});
+    TensorParallel tp(MPI_COMM_WORLD, degree, /*attention_only=*/false, config, links);
+    const std::vector<Rollout> own = rank_block(test::world_rank());
+    const uint64_t sent_before = test::link_bytes(links);
+    const std::vector<Rollout> got = gather_tensor_parallel_rollouts(own, tp, 2);
+    EXPECT_EQ(test::link_bytes(links) - sent_before,
+              packed_bytes(to_queue_samples(own, 2)) * uint64_t(degree - 1));
+    // The group's ranks' blocks in rank order: what DistQueue would hand the group.
+    std::vector<QueueSample> want;
+    for (int r = 0; r < degree; ++r) {
+      const std::vector<QueueSample> block =
+          to_queue_samples(rank_block(tp.replica() * degree + r), 2);
+      want.insert(want.end(), block.begin(), block.end());
+    }
+    EXPECT_EQ(to_queue_samples(got, 2), want);
+    ASSERT_TRUE(test::on_every_rank(!::testing::Test::HasFailure()));
+  }
 }
 
 }  // namespace
