@@ -60,16 +60,27 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   const std::unique_ptr<TensorParallel> tp =
       make_train_tensor_parallel(options, model_config, topology);
   // Generation runs collectively over the training TP groups at --actor-tensor-parallel T, else
-  // data-parallel on every rank from a whole model of its own: with a pipeline, each rank trains
-  // its own block of the samples whoever generated them (a TP rank its share of its group's);
-  // without one, a TP group trains the samples its ranks generated.
+  // data-parallel on every rank from a whole model of its own, or (TP alone, 1 < G < T) over TP
+  // groups of G consecutive ranks from regrouped slices: with a pipeline, each rank trains its own
+  // block of the samples whoever generated them (a TP rank its share of its group's); without
+  // one, a TP group trains the samples its ranks generated.
   const bool pipelined = options.pipeline_parallel > 1;
   const int generation_tp = tp ? generation_tensor_parallel(options) : 1;
   const bool tp_generates = tp && generation_tp == tp->degree();
   const bool pipeline_tp_generation = tp_generates && pipelined;
-  const bool tp_whole_generation = tp && !pipelined && generation_tp == 1;
-  const int replicas = tp_generates ? tp->replicas() : ranks;
-  const int replica = tp_generates ? tp->replica() : topology.world_rank();
+  const bool tp_regrouped_generation = tp && !pipelined && generation_tp < tp->degree();
+  const std::unique_ptr<TensorParallel> generation_groups =
+      tp_regrouped_generation && generation_tp > 1
+          ? std::make_unique<TensorParallel>(topology.role_comm().comm, generation_tp,
+                                             options.tensor_parallel_attention_only, model_config,
+                                             topology.links())
+          : nullptr;
+  const int replicas = tp_generates        ? tp->replicas()
+                       : generation_groups ? generation_groups->replicas()
+                                           : ranks;
+  const int replica = tp_generates        ? tp->replica()
+                      : generation_groups ? generation_groups->replica()
+                                          : topology.world_rank();
   const int training_blocks = pipelined ? ranks : tp ? tp->replicas() : ranks;
   // Every rank checks the same inputs, so a bad value stops all of them before any work.
   const int prompt_blocks = std::max(replicas, training_blocks);
@@ -85,11 +96,12 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   const std::unique_ptr<PipelineGroups> pp = make_train_pipeline(
       options, model_config, trained_prompts * rl.group_size, rl.micro_batch, rl.group_size,
       rl.minibatches, topology, stage_cost_probe(run, policy_options, rl.micro_batch), tp.get());
-  // The model a pipeline rank, or a TP rank generating data-parallel, generates from: every layer
-  // (with TP generation, its TP slice).
-  const bool borrows_whole_model = pp || tp_whole_generation;
+  // The model a pipeline rank, or a TP rank generating at a lower TP degree, generates from: every
+  // layer (with TP generation, its TP slice).
+  const bool borrows_whole_model = pp || tp_regrouped_generation;
   const ParameterLayout whole_generation_layout =
-      !pp ? ParameterLayout(model_config)
+      !pp ? ParameterLayout(model_config, ExpertShard{}, LayerShard{},
+                            generation_groups ? generation_groups->slice() : TensorSlice{})
       : pipeline_tp_generation
           ? with_tensor_slice(model_config, pp->generation_layout(), tp->slice())
           : pp->generation_layout();
@@ -146,8 +158,9 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         rl.staleness > 0 ? longest - 1 : 0,
         reordered ? rl.prompts * rl.group_size : trained_prompts * rl.group_size};
     const ParameterLayout generation_layout =
-        pipeline_tp_generation ? whole_generation_layout
-                               : ParameterLayout(policy.config, generation_experts);
+        pipeline_tp_generation || generation_groups
+            ? whole_generation_layout
+            : ParameterLayout(policy.config, generation_experts);
     memory_plan = plan_fused_memory(policy.config, policy.model->layout(), generation_layout,
                                     switch_layouts, rl.kl_coef > 0,
                                     reward_model ? &*reward_model : nullptr, options.offload, batch,
@@ -466,22 +479,28 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         if (ep) ep->attach_reusing(whole);
         generate(whole);
         if (pipeline_tp_generation) rollouts = tensor_parallel_share(std::move(rollouts), *tp);
-      } else if (tp_whole_generation) {
-        // TP T -> DP: every rank generates its own block from the whole model, assembled inside
-        // its TP group for the phase; the group then trains the samples of all its ranks.
+      } else if (tp_regrouped_generation) {
+        // TP T -> TP G (1: DP): every rank generates from its generation slice (G = 1: the whole
+        // model), regrouped inside its TP group for the phase, with its generation TP group; each
+        // keeps its share (its data-parallel block), and the training TP group then trains the
+        // samples of all its ranks.
         ArenaScope generation_memory(device);
-        Transformer<float> whole(policy.config, policy.device->ops(), device,
-                                 /*with_gradients=*/false);
+        Transformer<float> generator(policy.config, policy.device->ops(), device,
+                                     /*with_gradients=*/false, ExpertShard{}, LayerShard{},
+                                     generation_groups.get());
         {
           TraceScope traced(trace, Phase::Reshard);
           traced.set_version(version);
           const uint64_t received =
-              counted_gather_tensor_parallel(model.parameters(), model.layout(), whole.parameters(),
-                                             whole.layout(), policy.config, *tp);
+              regroup_tensor_slices(model.parameters(), model.layout(), generator.parameters(),
+                                    generator.layout(), policy.config, *tp);
           traced.set_bytes(int64_t(received));
           generation_switch_bytes += received;
         }
-        generate(whole);
+        generate(generator);
+        if (generation_groups) {
+          rollouts = tensor_parallel_share(std::move(rollouts), *generation_groups);
+        }
         TraceScope traced(trace, Phase::QueueGet);
         traced.set_version(version);
         rollouts = gather_tensor_parallel_rollouts(rollouts, *tp, rl.group_size);

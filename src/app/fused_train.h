@@ -9,8 +9,9 @@
 // (src/runtime/layout_switch.h). With --tensor-parallel T (and --pipeline-parallel P),
 // --actor-tensor-parallel G sets generation's TP degree: G = T generates over the training TP
 // groups (after a pipeline, from each rank's TP slice of every layer), G = 1 data-parallel from a
-// whole model gathered for the phase (src/runtime/pipeline_layout_switch.h, src/model/
-// tensor_parallel.h); each rank then trains the block of samples the data-parallel layout gives it.
+// whole model gathered for the phase, and without a pipeline any G dividing T over groups of G
+// consecutive ranks from regrouped slices (src/runtime/pipeline_layout_switch.h,
+// src/model/tensor_parallel.h); the samples then reach the ranks that train them.
 //
 // `fused_all` (--mode fused-all): the frozen reference (--kl-coef > 0) and the learned reward model
 // (--reward-model) live in the same device arena as the policy on every rank, and the memory plan

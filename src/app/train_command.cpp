@@ -102,11 +102,11 @@ int run_train_command(const std::vector<std::string>& args) {
     add("actor-tensor-parallel",
         po::value(&multi_rank.actor_tensor_parallel)
             ->default_value(multi_rank.actor_tensor_parallel),
-        "--mode fused: tensor-parallel degree of generation, 1 or --tensor-parallel (0: "
-        "--tensor-parallel, or 1 with --pipeline-parallel); 1: every rank generates "
-        "data-parallel from the whole model gathered for the phase; --tensor-parallel with "
-        "--pipeline-parallel: each rank borrows only its TP slice of the other stages and "
-        "generates with its TP group");
+        "--mode fused: tensor-parallel degree of generation, dividing --tensor-parallel (0: "
+        "--tensor-parallel, or 1 with --pipeline-parallel); below it, groups of this many "
+        "consecutive ranks generate from slices regrouped for the phase (1: data-parallel from "
+        "the whole model); with --pipeline-parallel 1 or --tensor-parallel, which makes each "
+        "rank borrow only its TP slice of the other stages and generate with its TP group");
     add("pipeline-parallel",
         po::value(&multi_rank.pipeline_parallel)->default_value(multi_rank.pipeline_parallel),
         "--mode fused: pipeline-parallel degree: pipelines of this many consecutive ranks train "

@@ -1,10 +1,10 @@
 // `train --mode fused --tensor-parallel`: TP 2 on 2 ranks and TP 2 x DP 2 on 4 ranks (and TP on
 // attention only) train like the data-parallel fused run of the same prompts: the same held-out
 // accuracy before and after RL, the same reward every step, and a saved whole model within float
-// rounding of it; so does TP 2 x DP 2 generating data-parallel (--actor-tensor-parallel 1: each
+// rounding of it; so do TP 2 x DP 2 generating data-parallel (--actor-tensor-parallel 1: each
 // rank generates its block from the whole model gathered for the phase, counted, and its TP group
-// trains both ranks' samples). Degrees and combinations that do not fit stop every rank with exit
-// code 2 before any output.
+// trains both ranks' samples) and TP 4 generating at TP 2 (slices regrouped for the phase). Degrees
+// and combinations that do not fit stop every rank with exit code 2 before any output.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -39,28 +39,27 @@ TEST(TensorParallelTrain, TrainsLikeTheDataParallelFusedRun) {
   struct Layout {
     int ranks;
     std::string options, log;
+    int tp = 2, generation_tp = 2;
   };
   for (const Layout& layout :
        {Layout{2, "--tensor-parallel 2", "TP 2 x 1 replicas (attention heads and the shared"},
         Layout{4, "--tensor-parallel 2", "TP 2 x 2 replicas"},
         Layout{2, "--tensor-parallel 2 --tensor-parallel-attention-only",
                "TP 2 x 1 replicas (attention heads)"},
-        Layout{4, "--tensor-parallel 2 --actor-tensor-parallel 1", "TP 2 x 2 replicas"}}) {
+        Layout{4, "--tensor-parallel 2 --actor-tensor-parallel 1", "TP 2 x 2 replicas", 2, 1},
+        Layout{4, "--tensor-parallel 4 --actor-tensor-parallel 2", "TP 4 x 1 replicas", 4, 2}}) {
     SCOPED_TRACE(std::to_string(layout.ranks) + " ranks " + layout.options);
     const std::string dir = temp_dir("tp");
     const Result tp =
         test::run_rlfusion(kFusedRun + layout.options + " --run-dir " + dir, layout.ranks);
     ASSERT_EQ(tp.exit_code, 0) << tp.output;
-    EXPECT_EQ(test::json_number(tp.output, "tensor_parallel"), 2);
+    EXPECT_EQ(test::json_number(tp.output, "tensor_parallel"), layout.tp);
     EXPECT_NE(tp.output.find("# tensor parallelism: " + layout.log), std::string::npos)
         << tp.output;
-    // Generation at TP 2 runs on the training slices; at TP 1 each phase gathers the other TP
-    // rank's slices.
-    const bool data_parallel_generation =
-        layout.options.find("--actor-tensor-parallel 1") != std::string::npos;
-    EXPECT_EQ(test::json_number(tp.output, "actor_tensor_parallel"),
-              data_parallel_generation ? 1 : 2);
-    if (data_parallel_generation) {
+    // Generation at the training degree runs on the training slices; at a lower one each phase
+    // regroups the TP mates' slices.
+    EXPECT_EQ(test::json_number(tp.output, "actor_tensor_parallel"), layout.generation_tp);
+    if (layout.generation_tp < layout.tp) {
       EXPECT_GT(test::json_number(tp.output, "generation_switch_bytes"), 0);
     } else {
       EXPECT_EQ(test::json_number(tp.output, "generation_switch_bytes"), 0);

@@ -118,9 +118,8 @@ TEST(TensorPipelineTrain, ShapesThatDoNotFitStopEveryRankBeforeOutput) {
            "--actor-tensor-parallel 4 with --tensor-parallel 2: must divide the training TP "
            "degree"},
           {4, "--tensor-parallel 4 --pipeline-parallel 2 --actor-tensor-parallel 2",
-           "--actor-tensor-parallel 2 with --tensor-parallel 4 is not supported"},
-          {4, "--tensor-parallel 4 --actor-tensor-parallel 2",
-           "--actor-tensor-parallel 2 with --tensor-parallel 4 is not supported"},
+           "--actor-tensor-parallel 2 with --tensor-parallel 4 x --pipeline-parallel 2 is not "
+           "supported"},
           {2, "--actor-tensor-parallel 2", "--actor-tensor-parallel 2 needs --tensor-parallel 2"},
           {4, "--tensor-parallel 2 --pipeline-parallel 2 --actor-tensor-parallel -1",
            "--actor-tensor-parallel -1: must be a positive integer"},

@@ -162,57 +162,105 @@ TEST(TensorPipelineGeneration, AnotherSliceIsRefused) {
                std::invalid_argument);
 }
 
-// TP degrees without a pipeline (TP x DP) of every world size the suite runs with TP.
+// TP degrees without a pipeline (TP x DP) of every world size the suite runs (TP 1: the trivial
+// switch).
 std::vector<int> tensor_degrees_for(int world) {
   switch (world) {
+    case 1:
+      return {1};
     case 2:
-    case 4:
       return {2};
+    case 4:
+      return {2, 4};
     case 6:
-      return {2, 3};
+      return {2, 3, 6};
     default:
       return {};
   }
 }
 
-TEST(TensorPipelineGeneration, TensorToDataParallelSwitchGivesEveryRankTheSingleRankModel) {
+// A model whose heads (12) and shared expert width (12) TP 2, 3, 4 and 6 divide.
+ModelConfig regroup_config() {
+  ModelConfig config = test::tensor_parallel_micro_config(2);
+  config.d_model = 24;
+  config.n_heads = 12;
+  config.validate("test");
+  return config;
+}
+
+// TP T -> TP G for every G dividing T (G = 1: data-parallel, the whole model on every rank).
+void check_regroup(int degree, int generation_degree) {
+  SCOPED_TRACE("TP " + std::to_string(degree) + " -> TP " + std::to_string(generation_degree));
+  const ModelConfig config = regroup_config();
+  const uint64_t seed = test::seed_for("Regroup", degree * 10 + generation_degree);
+  Links links(test::virtual_node_list(test::world_size(), 1), {});
+  TensorParallel tp(MPI_COMM_WORLD, degree, /*attention_only=*/false, config, links);
+  TensorParallel generation(MPI_COMM_WORLD, generation_degree, /*attention_only=*/false, config,
+                            links);
+  Arena slice_device("slice", 16 << 20), device("generation", 64 << 20),
+      reference_device("reference", 64 << 20);
+  Transformer<float> slice(config, cpu_ops(), slice_device, /*with_gradients=*/false, {}, {}, &tp);
+  Transformer<float> generator(config, cpu_ops(), device, /*with_gradients=*/false, {}, {},
+                               generation_degree > 1 ? &generation : nullptr);
+  Transformer<float> reference(config, cpu_ops(), reference_device, /*with_gradients=*/false);
+  slice.initialize(seed);
+  reference.initialize(seed);
+  std::fill_n(generator.parameters(), generator.parameter_count(), 7.0f);
+  const std::vector<float> before(slice.parameters(), slice.parameters() + slice.parameter_count());
+  const uint64_t sent_before = test::link_bytes(links);
+  const uint64_t received = regroup_tensor_slices(
+      slice.parameters(), slice.layout(), generator.parameters(), generator.layout(), config, tp);
+  const uint64_t sent = test::link_bytes(links) - sent_before;
+  // Every tensor of the generation slice (the alignment gaps, 7 here, are not written).
+  std::vector<float> want(size_t(generator.parameter_count()), 0.0f);
+  slice_parameters(reference.parameters(), reference.layout(), want.data(), generator.layout());
+  for (const ParameterTensor& t : generator.layout().tensors()) {
+    EXPECT_EQ(std::memcmp(generator.parameters() + t.offset, want.data() + t.offset,
+                          size_t(t.numel) * sizeof(float)),
+              0)
+        << t.name << " is not this rank's generation slice of the single-rank model";
+  }
+  EXPECT_EQ(std::memcmp(slice.parameters(), before.data(), before.size() * sizeof(float)), 0)
+      << "the switch changed the training slice";
+  // Rank t needs training slices [(t % G) T / G, (t % G + 1) T / G) and sends its own to the
+  // ranks needing it; every cut pack is the same size.
+  uint64_t cut_bytes = 0;
+  for (const ParameterRange& r : tensor_parallel_ranges(slice.layout()))
+    cut_bytes += uint64_t(r.count) * sizeof(float);
+  const int t = tp.rank(), per_target = degree / generation_degree;
+  uint64_t givers = 0, takers = 0;
+  for (int r = 0; r < degree; ++r) {
+    if (r == t) continue;
+    givers += r / per_target == t % generation_degree ? 1 : 0;
+    takers += t / per_target == r % generation_degree ? 1 : 0;
+  }
+  EXPECT_EQ(received, givers * cut_bytes);
+  EXPECT_EQ(sent, takers * cut_bytes);
+  if (generation_degree == 1) {
+    // The data-parallel switch moves the most: every other slice.
+    EXPECT_EQ(received, uint64_t(degree - 1) * cut_bytes);
+  }
+  // Generation over the generation TP groups (each its own prompts) = the single-rank model's.
+  std::vector<std::vector<int>> prompts;
+  std::vector<int64_t> ids;
+  for (int s = 0; s < 3; ++s) {
+    prompts.push_back(test::random_ints(size_t(2 + s),
+                                        seed + uint64_t(generation.replica()) * 7 + uint64_t(s), 0,
+                                        config.vocab_size - 1));
+    ids.push_back(int64_t(generation.replica()) * 100 + s);
+  }
+  test::expect_generates_like(generator, reference, prompts, ids, seed, 8);
+}
+
+TEST(TensorPipelineGeneration, RegroupToADividingDegreeGivesEveryRankItsSliceOfTheSingleRankModel) {
   const std::vector<int> degrees = tensor_degrees_for(test::world_size());
   if (degrees.empty()) GTEST_SKIP() << "TP on 2, 4 and 6 ranks";
-  const ModelConfig config = test::tensor_parallel_micro_config(2);
   for (int degree : degrees) {
-    SCOPED_TRACE("TP " + std::to_string(degree) + " -> DP");
-    const uint64_t seed = test::seed_for("TensorToDataParallel", degree);
-    Links links(test::virtual_node_list(test::world_size(), 1), {});
-    TensorParallel tp(MPI_COMM_WORLD, degree, /*attention_only=*/false, config, links);
-    Arena slice_device("slice", 16 << 20), device("whole", 16 << 20),
-        reference_device("reference", 16 << 20);
-    Transformer<float> slice(config, cpu_ops(), slice_device, /*with_gradients=*/false, {}, {},
-                             &tp);
-    Transformer<float> whole(config, cpu_ops(), device, /*with_gradients=*/false);
-    Transformer<float> reference(config, cpu_ops(), reference_device, /*with_gradients=*/false);
-    slice.initialize(seed);
-    reference.initialize(seed);
-    std::fill_n(whole.parameters(), whole.parameter_count(), 7.0f);
-    const std::vector<float> before(slice.parameters(),
-                                    slice.parameters() + slice.parameter_count());
-    const uint64_t sent_before = test::link_bytes(links);
-    const uint64_t received = counted_gather_tensor_parallel(
-        slice.parameters(), slice.layout(), whole.parameters(), whole.layout(), config, tp);
-    uint64_t cut_bytes = 0;
-    for (const ParameterRange& r : tensor_parallel_ranges(slice.layout()))
-      cut_bytes += uint64_t(r.count) * sizeof(float);
-    EXPECT_EQ(received, cut_bytes * uint64_t(degree - 1));
-    EXPECT_EQ(test::link_bytes(links) - sent_before, cut_bytes * uint64_t(degree - 1));
-    // Every tensor (the alignment gaps between them, 7 here, are not written).
-    for (const ParameterTensor& t : reference.layout().tensors()) {
-      EXPECT_EQ(std::memcmp(whole.parameters() + t.offset, reference.parameters() + t.offset,
-                            size_t(t.numel) * sizeof(float)),
-                0)
-          << t.name << " of the gathered model is not the single-rank model's";
+    for (int generation_degree = 1; generation_degree <= degree; ++generation_degree) {
+      if (degree % generation_degree != 0) continue;
+      check_regroup(degree, generation_degree);
+      ASSERT_TRUE(test::on_every_rank(!::testing::Test::HasFailure()));
     }
-    EXPECT_EQ(std::memcmp(slice.parameters(), before.data(), before.size() * sizeof(float)), 0)
-        << "the switch changed the slice";
-    ASSERT_TRUE(test::on_every_rank(!::testing::Test::HasFailure()));
   }
 }
 
@@ -237,7 +285,7 @@ std::vector<Rollout> rank_block(int rank) {
 TEST(TensorPipelineGeneration, TensorParallelGroupGathersItsRanksSamplesInOrder) {
   const std::vector<int> degrees = tensor_degrees_for(test::world_size());
   if (degrees.empty()) GTEST_SKIP() << "TP on 2, 4 and 6 ranks";
-  const ModelConfig config = test::tensor_parallel_micro_config(2);
+  const ModelConfig config = regroup_config();
   for (int degree : degrees) {
     SCOPED_TRACE("TP " + std::to_string(degree));
     Links links(test::virtual_node_list(test::world_size(), 1), {});
