@@ -67,20 +67,19 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   const bool pipelined = options.pipeline_parallel > 1;
   const int generation_tp = tp ? generation_tensor_parallel(options) : 1;
   const bool tp_generates = tp && generation_tp == tp->degree();
-  const bool pipeline_tp_generation = tp_generates && pipelined;
   const bool tp_regrouped_generation = tp && !pipelined && generation_tp < tp->degree();
+  // Generation TP groups of their own for 1 < G < T.
   const std::unique_ptr<TensorParallel> generation_groups =
-      tp_regrouped_generation && generation_tp > 1
+      tp && generation_tp > 1 && generation_tp < tp->degree()
           ? std::make_unique<TensorParallel>(topology.role_comm().comm, generation_tp,
                                              options.tensor_parallel_attention_only, model_config,
                                              topology.links())
           : nullptr;
-  const int replicas = tp_generates        ? tp->replicas()
-                       : generation_groups ? generation_groups->replicas()
-                                           : ranks;
-  const int replica = tp_generates        ? tp->replica()
-                      : generation_groups ? generation_groups->replica()
-                                          : topology.world_rank();
+  // The TP groups generation runs over (null: data-parallel).
+  const TensorParallel* generation_tp_groups = tp_generates ? tp.get() : generation_groups.get();
+  const int replicas = generation_tp_groups ? generation_tp_groups->replicas() : ranks;
+  const int replica =
+      generation_tp_groups ? generation_tp_groups->replica() : topology.world_rank();
   const int training_blocks = pipelined ? ranks : tp ? tp->replicas() : ranks;
   // Every rank checks the same inputs, so a bad value stops all of them before any work.
   const int prompt_blocks = std::max(replicas, training_blocks);
@@ -99,12 +98,12 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   // The model a pipeline rank, or a TP rank generating at a lower TP degree, generates from: every
   // layer (with TP generation, its TP slice).
   const bool borrows_whole_model = pp || tp_regrouped_generation;
+  const ParameterLayout unsliced_generation_layout =
+      pp ? pp->generation_layout() : ParameterLayout(model_config);
   const ParameterLayout whole_generation_layout =
-      !pp ? ParameterLayout(model_config, ExpertShard{}, LayerShard{},
-                            generation_groups ? generation_groups->slice() : TensorSlice{})
-      : pipeline_tp_generation
-          ? with_tensor_slice(model_config, pp->generation_layout(), tp->slice())
-          : pp->generation_layout();
+      generation_tp_groups ? with_tensor_slice(model_config, unsliced_generation_layout,
+                                               generation_tp_groups->slice())
+                           : unsliced_generation_layout;
   const int experts = model_config.n_experts;
   // With pipeline parallelism the EP groups are ranks of one stage in consecutive pipelines (its
   // data-parallel group): generation and training both run on them.
@@ -158,9 +157,8 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         rl.staleness > 0 ? longest - 1 : 0,
         reordered ? rl.prompts * rl.group_size : trained_prompts * rl.group_size};
     const ParameterLayout generation_layout =
-        pipeline_tp_generation || generation_groups
-            ? whole_generation_layout
-            : ParameterLayout(policy.config, generation_experts);
+        borrows_whole_model ? whole_generation_layout
+                            : ParameterLayout(policy.config, generation_experts);
     memory_plan = plan_fused_memory(policy.config, policy.model->layout(), generation_layout,
                                     switch_layouts, rl.kl_coef > 0,
                                     reward_model ? &*reward_model : nullptr, options.offload, batch,
@@ -337,12 +335,12 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
     const std::string borrowed = format_bytes(
         size_t(whole_generation_layout.total() - model.parameter_count()) * sizeof(float));
     const std::string generation =
-        pipeline_tp_generation
-            ? "generation at TP " + std::to_string(tp->degree()) + " on " +
-                  std::to_string(tp->replicas()) +
-                  " TP groups (--actor-tensor-parallel), each rank borrowing its TP slice of the "
-                  "other stages (" +
-                  borrowed + ")"
+        generation_tp_groups
+            ? "generation at TP " + std::to_string(generation_tp) + " on " +
+                  std::to_string(replicas) +
+                  " TP groups (--actor-tensor-parallel), each rank borrowing its generation TP "
+                  "slice of the other stages (" +
+                  borrowed + (tp_generates ? ")" : ", and of its own from its TP mates)")
             : "generation data-parallel on all " + std::to_string(ranks) +
                   " ranks, each borrowing the rest of the model (" + borrowed +
                   ": other stages' layers, other TP ranks' slices)";
@@ -461,13 +459,13 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         // first, so the whole model is gone before the arena rewinds); the stage is only read.
         // With EP the whole model holds the pipeline's experts only and generates collectively
         // over the training EP groups (its own dispatchers, made once).
-        // With TP generation the whole model is this rank's TP slice of every layer, generating
-        // collectively over the training TP group; each rank then keeps its share of the group's
-        // samples: exactly the block the data-parallel layout gives it.
+        // With TP generation the whole model is this rank's generation TP slice of every layer,
+        // generating collectively over its generation TP group; each rank then keeps its share of
+        // the group's samples: exactly the block the data-parallel layout gives it.
         ArenaScope generation_memory(device);
         Transformer<float> whole(policy.config, policy.device->ops(), device,
                                  /*with_gradients=*/false, pp->expert_shard(), LayerShard{},
-                                 pipeline_tp_generation ? tp.get() : nullptr);
+                                 generation_tp_groups);
         {
           TraceScope traced(trace, Phase::Reshard);
           traced.set_version(version);
@@ -478,7 +476,9 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         }
         if (ep) ep->attach_reusing(whole);
         generate(whole);
-        if (pipeline_tp_generation) rollouts = tensor_parallel_share(std::move(rollouts), *tp);
+        if (generation_tp_groups) {
+          rollouts = tensor_parallel_share(std::move(rollouts), *generation_tp_groups);
+        }
       } else if (tp_regrouped_generation) {
         // TP T -> TP G (1: DP): every rank generates from its generation slice (G = 1: the whole
         // model), regrouped inside its TP group for the phase, with its generation TP group; each

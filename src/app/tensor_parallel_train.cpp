@@ -35,12 +35,6 @@ void validate_generation_tensor_parallel(const DisaggregatedOptions& options) {
                       ": must divide the training TP degree (a generation TP "
                       "group regroups the slices of a training one)");
   }
-  if (options.pipeline_parallel > 1 && generation != 1 && generation != training) {
-    throw ConfigError(option + with + " x --pipeline-parallel " +
-                      std::to_string(options.pipeline_parallel) +
-                      " is not supported: generation after a pipeline runs at TP 1 "
-                      "(data-parallel) or at the training TP degree");
-  }
 }
 
 }  // namespace

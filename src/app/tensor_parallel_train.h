@@ -24,14 +24,14 @@ void refuse_unsupported_with_model_parallelism(const std::string& option,
 
 // The TP degree of the generation layout: --actor-tensor-parallel, or by default the training TP
 // degree without a pipeline and 1 (data-parallel generation) with one. It divides the training
-// degree (validate_tensor_parallel_train), and with a pipeline is 1 or the training degree.
+// degree (validate_tensor_parallel_train).
 int generation_tensor_parallel(const DisaggregatedOptions& options);
 
 // ConfigError, the same on every rank before any work, for --tensor-parallel outside what is
 // built: a degree below 1, a multi-rank run that is not --mode fused, one rank, or combined with
 // expert parallelism, --offload, StaleSync, a learned reward model or rebalancing; and for an
-// --actor-tensor-parallel G that is not built: G below 1, G > 1 without --tensor-parallel, G not
-// dividing the training degree T, or 1 < G < T with a pipeline.
+// --actor-tensor-parallel G that is not built: G below 1, G > 1 without --tensor-parallel, or G not
+// dividing the training degree T.
 void validate_tensor_parallel_train(const DisaggregatedOptions& options, bool fused, int world_size,
                                     const RlOptions& rl);
 

@@ -103,10 +103,10 @@ int run_train_command(const std::vector<std::string>& args) {
         po::value(&multi_rank.actor_tensor_parallel)
             ->default_value(multi_rank.actor_tensor_parallel),
         "--mode fused: tensor-parallel degree of generation, dividing --tensor-parallel (0: "
-        "--tensor-parallel, or 1 with --pipeline-parallel); below it, groups of this many "
-        "consecutive ranks generate from slices regrouped for the phase (1: data-parallel from "
-        "the whole model); with --pipeline-parallel 1 or --tensor-parallel, which makes each "
-        "rank borrow only its TP slice of the other stages and generate with its TP group");
+        "--tensor-parallel, or 1 with --pipeline-parallel): groups of this many consecutive "
+        "ranks generate from TP slices regrouped for the phase (1: data-parallel from the whole "
+        "model), with --pipeline-parallel each rank borrowing only its slice of the other "
+        "stages");
     add("pipeline-parallel",
         po::value(&multi_rank.pipeline_parallel)->default_value(multi_rank.pipeline_parallel),
         "--mode fused: pipeline-parallel degree: pipelines of this many consecutive ranks train "

@@ -187,20 +187,6 @@ void gather_tensor_parallel(const float* slice, const ParameterLayout& slice_lay
   }
 }
 
-uint64_t counted_gather_tensor_parallel(const float* slice, const ParameterLayout& slice_layout,
-                                        float* whole, const ParameterLayout& whole_layout,
-                                        const ModelConfig& config, const TensorParallel& tp) {
-  gather_tensor_parallel(slice, slice_layout, whole, whole_layout, config, tp);
-  uint64_t cut_bytes = 0;
-  for (const ParameterRange& r : tensor_parallel_ranges(slice_layout))
-    cut_bytes += uint64_t(r.count) * sizeof(float);
-  const HierarchicalComm& group = tp.group();
-  for (int r = 0; r < group.size(); ++r) {
-    if (r != tp.rank()) tp.links().count_send(group.world_ranks[size_t(r)], cut_bytes);
-  }
-  return cut_bytes * uint64_t(group.size() - 1);
-}
-
 uint64_t regroup_tensor_slices(const float* slice, const ParameterLayout& slice_layout,
                                float* target, const ParameterLayout& target_layout,
                                const ModelConfig& config, const TensorParallel& tp) {

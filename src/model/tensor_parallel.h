@@ -126,20 +126,16 @@ void slice_parameters(const T* whole, const ParameterLayout& whole_layout, T* sl
 void gather_tensor_parallel(const float* slice, const ParameterLayout& slice_layout, float* whole,
                             const ParameterLayout& whole_layout, const ModelConfig& config,
                             const TensorParallel& tp);
-// gather_tensor_parallel as a layout switch: every rank's cut tensors counted on tp.links() as
-// sent to each of the T - 1 others. Returns the bytes this rank received.
+
 // The layout switch from TP degree T (tp) to a degree G dividing it, with generation TP groups of G
-// consecutive ranks: `target` (laid out by `target_layout`, the same model and experts with
-// TensorSlice {tp.rank() % G, G}) gets generation slice tp.rank() % G, made of training slices
-// [(t % G) T / G, (t % G + 1) T / G): each rank receives only those of its TP mates (an all-to-all
-// inside tp.group(), counted on tp.links()). G = 1 gives the whole model, G = T this rank's own
-// slice. Collective over tp.group(); std::invalid_argument for another target slice. Returns the
-// bytes this rank received.
+// consecutive ranks: `target` (laid out by `target_layout`, the same model, experts and layers as
+// `slice_layout` with TensorSlice {tp.rank() % G, G}) gets generation slice tp.rank() % G, made of
+// training slices [(t % G) T / G, (t % G + 1) T / G): each rank receives only those of its TP
+// mates (an all-to-all inside tp.group(), each slice counted on tp.links()). G = 1 gives the whole
+// tensors, G = T this rank's own slice. Collective over tp.group(); std::invalid_argument for
+// another target slice. Returns the bytes this rank received.
 uint64_t regroup_tensor_slices(const float* slice, const ParameterLayout& slice_layout,
                                float* target, const ParameterLayout& target_layout,
                                const ModelConfig& config, const TensorParallel& tp);
-uint64_t counted_gather_tensor_parallel(const float* slice, const ParameterLayout& slice_layout,
-                                        float* whole, const ParameterLayout& whole_layout,
-                                        const ModelConfig& config, const TensorParallel& tp);
 
 }  // namespace rlf

@@ -28,16 +28,20 @@ void copy_shared_tensors(const float* from, const ParameterLayout& from_layout, 
 
 namespace {
 
-// The whole tensors of this rank's stage from its TP group's slices (an allgather inside the
-// group, counted). Returns the bytes received.
-uint64_t gather_stage_slices(const float* slice, const PipelineGroups& groups,
-                             std::vector<float>& stage) {
+// This rank's stage at the TP slice `slice` (inactive: whole tensors), regrouped inside its TP
+// group from the training slices (counted). Returns the bytes received.
+uint64_t regroup_stage(const float* training_slice, const PipelineGroups& groups, TensorSlice slice,
+                       std::vector<float>& stage) {
   const TensorParallel& tp = *groups.tensor_parallel();
   const ParameterLayout stage_layout = groups.stage_layout(groups.stage());
-  const ParameterLayout slice_layout = with_tensor_slice(groups.config(), stage_layout, tp.slice());
-  stage.assign(size_t(stage_layout.total()), 0.0f);
-  return counted_gather_tensor_parallel(slice, slice_layout, stage.data(), stage_layout,
-                                        groups.config(), tp);
+  const ParameterLayout from = with_tensor_slice(groups.config(), stage_layout, tp.slice());
+  const ParameterLayout to = with_tensor_slice(groups.config(), stage_layout, slice);
+  stage.assign(size_t(to.total()), 0.0f);
+  return regroup_tensor_slices(training_slice, from, stage.data(), to, groups.config(), tp);
+}
+
+bool same_slice(const TensorSlice& a, const TensorSlice& b) {
+  return a.rank == b.rank && a.size == b.size && a.attention_only == b.attention_only;
 }
 
 }  // namespace
@@ -46,18 +50,15 @@ uint64_t gather_pipeline_model(const float* stage_params, const PipelineGroups& 
                                float* whole, const ParameterLayout& whole_layout) {
   std::vector<float> stage;
   uint64_t received = 0;
-  // A sliced whole model (generation at the training TP degree) takes the stages' slices as they
-  // are; otherwise the TP group first assembles its stage's whole tensors.
+  // With TP the stage is first regrouped inside the TP group to the whole model's slice (whole
+  // tensors for an unsliced one); at the training slice nothing moves.
   const TensorSlice slice = whole_layout.tensor_slice();
-  if (slice.active()) {
-    const TensorParallel* tp = groups.tensor_parallel();
-    if (!tp || tp->slice().rank != slice.rank || tp->slice().size != slice.size ||
-        tp->slice().attention_only != slice.attention_only) {
-      throw std::invalid_argument(
-          "gather_pipeline_model: a sliced whole model needs this rank's training TP slice");
-    }
-  } else if (groups.tensor_parallel()) {
-    received += gather_stage_slices(stage_params, groups, stage);
+  const TensorParallel* tp = groups.tensor_parallel();
+  if (slice.active() && !tp) {
+    throw std::invalid_argument("gather_pipeline_model: a sliced whole model needs TP stages");
+  }
+  if (tp && !same_slice(slice, tp->slice())) {
+    received += regroup_stage(stage_params, groups, slice, stage);
     stage_params = stage.data();
   }
   const HierarchicalComm& pipeline = groups.pipeline();

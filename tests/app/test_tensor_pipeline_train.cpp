@@ -6,8 +6,9 @@
 // replica's samples come through DistQueue, one get per replica and shard each step: 1/(TP x PP)
 // of every rank fetching its own copy. With --actor-tensor-parallel 2 generation runs at TP 2 after
 // the switch (each rank borrowing only its TP slice of the other stage) and trains the same, with
-// fewer switch bytes than the default data-parallel generation. Shapes and degrees that do not fit
-// stop every rank with exit code 2 before any output.
+// fewer switch bytes than the default data-parallel generation; so does TP 4 x PP 2 on 8 ranks
+// generating at TP 2 (slices regrouped inside each stage's TP group). Shapes and degrees that do
+// not fit stop every rank with exit code 2 before any output.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -81,6 +82,19 @@ TEST(TensorPipelineTrain, TrainsLikeTheDataParallelFusedRun) {
   const double switch_bytes = test::json_number(tp_generation.output, "generation_switch_bytes");
   EXPECT_GT(switch_bytes, 0);
   EXPECT_LT(switch_bytes, test::json_number(run.output, "generation_switch_bytes"));
+
+  // TP 4 x PP 2 on 8 ranks generating at TP 2: each rank regroups its stage's slices with its TP
+  // mates, borrows its TP 2 slice of the other stage, and trains its share of its pair's samples.
+  const std::string regrouped_dir = temp_dir("tp4-pp-gen-tp2");
+  const Result regrouped = test::run_rlfusion(
+      kFusedRun + "--tensor-parallel 4 --pipeline-parallel 2 --actor-tensor-parallel 2 --run-dir " +
+          regrouped_dir,
+      8);
+  ASSERT_EQ(regrouped.exit_code, 0) << regrouped.output;
+  EXPECT_NE(regrouped.output.find("generation at TP 2 on 4 TP groups (--actor-tensor-parallel)"),
+            std::string::npos)
+      << regrouped.output;
+  test::expect_trains_like(dp, dp_dir, regrouped, regrouped_dir, 6);
 }
 
 // Interleaved 1F1B (2 chunks per rank) inside TP 2 on a 4-layer `tiny`: each rank's 8 samples in
@@ -117,9 +131,6 @@ TEST(TensorPipelineTrain, ShapesThatDoNotFitStopEveryRankBeforeOutput) {
           {4, "--tensor-parallel 2 --pipeline-parallel 2 --actor-tensor-parallel 4",
            "--actor-tensor-parallel 4 with --tensor-parallel 2: must divide the training TP "
            "degree"},
-          {4, "--tensor-parallel 4 --pipeline-parallel 2 --actor-tensor-parallel 2",
-           "--actor-tensor-parallel 2 with --tensor-parallel 4 x --pipeline-parallel 2 is not "
-           "supported"},
           {2, "--actor-tensor-parallel 2", "--actor-tensor-parallel 2 needs --tensor-parallel 2"},
           {4, "--tensor-parallel 2 --pipeline-parallel 2 --actor-tensor-parallel -1",
            "--actor-tensor-parallel -1: must be a positive integer"},

@@ -1,12 +1,12 @@
-// Generation at the training TP degree after a TP x PP layout switch (train --tensor-parallel T
-// --pipeline-parallel P --actor-tensor-parallel T) at every world size the suite runs with TP: the
-// switch gives each rank exactly its TP slice of the single-rank model, bit for bit, receiving only
-// its TP slice of the other stages (counted, and fewer bytes than the switch to data-parallel
-// generation), and leaves the stage bit for bit as it was; generation collective over the TP group
-// from that slice gives the single-rank model's tokens and log-probs; a slice other than the
-// rank's training one is refused. Without a pipeline, the switch TP T -> DP
-// (--actor-tensor-parallel 1) gives every rank the single-rank model bit for bit with the counted
-// bytes, and a TP group gathers its ranks' samples in canonical order.
+// Generation at a TP degree G dividing the training one after a TP (x PP) layout switch (train
+// --tensor-parallel T [--pipeline-parallel P] --actor-tensor-parallel G) at every world size the
+// suite runs: the switch gives each rank exactly its generation TP slice of the single-rank model,
+// bit for bit, receiving only the training slices it lacks from its TP mates and its generation
+// slice of the other stages (counted; at G = T nothing inside the TP group, and fewer bytes than
+// the switch to data-parallel generation), and leaves the stage bit for bit as it was; generation
+// collective over the G-rank groups gives the single-rank model's tokens and log-probs; a slice
+// other than the rank's is refused. Without a pipeline, every G dividing T (G = 1: the whole
+// model), and a TP group gathers its ranks' samples in canonical order.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -31,24 +31,52 @@
 namespace rlf {
 namespace {
 
+// A model of `layers` layers whose heads (12) and shared expert width (12) TP 2, 3, 4 and 6
+// divide.
+ModelConfig regroup_config(int layers = 2) {
+  ModelConfig config = test::tensor_parallel_micro_config(layers);
+  config.d_model = 24;
+  config.n_heads = 12;
+  config.validate("test");
+  return config;
+}
+
+// Rank t of a training TP group of `degree` needs training slices [(t % G) T / G, (t % G + 1) T /
+// G) for generation slice t % G: how many of its TP mates it receives from, and sends to.
+struct RegroupPeers {
+  uint64_t givers = 0, takers = 0;
+};
+
+RegroupPeers regroup_peers(int degree, int generation_degree, int t) {
+  const int per_target = degree / generation_degree;
+  RegroupPeers peers;
+  for (int r = 0; r < degree; ++r) {
+    if (r == t) continue;
+    peers.givers += r / per_target == t % generation_degree ? 1 : 0;
+    peers.takers += t / per_target == r % generation_degree ? 1 : 0;
+  }
+  return peers;
+}
+
 struct Case {
-  int tp, stages;
+  int tp, stages, generation;
 };
 
 std::string case_name(const Case& c) {
-  return "TP " + std::to_string(c.tp) + " x PP " + std::to_string(c.stages);
+  return "TP " + std::to_string(c.tp) + " x PP " + std::to_string(c.stages) + " -> TP " +
+         std::to_string(c.generation);
 }
 
-// TP x PP x DP layouts of every world size the suite runs (DP = world / (TP x PP)); TP 2 or more,
-// the generation layout being TP T.
+// TP x PP x DP layouts of every world size the suite runs (DP = world / (TP x PP)), TP 2 or more,
+// and generation TP degrees G > 1 dividing T (G = 1: the TensorPipeline tests).
 std::vector<Case> cases_for(int world) {
   switch (world) {
     case 2:
-      return {{2, 1}};
+      return {{2, 1, 2}};
     case 4:
-      return {{2, 2}, {2, 1}};
+      return {{2, 2, 2}, {2, 1, 2}, {4, 1, 2}, {4, 1, 4}};
     case 6:
-      return {{2, 3}, {3, 2}, {2, 1}};
+      return {{2, 3, 2}, {3, 2, 3}, {2, 1, 2}, {6, 1, 2}, {6, 1, 3}};
     default:
       return {};
   }
@@ -65,16 +93,16 @@ struct Ranks {
         groups(MPI_COMM_WORLD, {c.stages, c.stages, 1}, config, links, &tp) {}
 };
 
-// Bytes of this rank's TP slice of stage `stage`.
-uint64_t slice_bytes(const PipelineGroups& groups, const TensorParallel& tp, int stage) {
-  return uint64_t(
-             with_tensor_slice(groups.config(), groups.stage_layout(stage), tp.slice()).total()) *
+// Bytes of this rank's generation TP slice of stage `stage`.
+uint64_t slice_bytes(const PipelineGroups& groups, const TensorParallel& generation, int stage) {
+  return uint64_t(with_tensor_slice(groups.config(), groups.stage_layout(stage), generation.slice())
+                      .total()) *
          sizeof(float);
 }
 
 void check_switch_and_generation(const Case& c) {
   SCOPED_TRACE(case_name(c));
-  const ModelConfig config = test::tensor_parallel_micro_config(2 * c.stages);
+  const ModelConfig config = regroup_config(2 * c.stages);
   const uint64_t seed =
       test::seed_for("TensorPipelineGeneration " + case_name(c), test::world_size());
   Ranks ranks(c, config);
@@ -88,9 +116,11 @@ void check_switch_and_generation(const Case& c) {
   Transformer<float> reference(config, cpu_ops(), reference_device, /*with_gradients=*/false);
   reference.initialize(seed);
 
-  // The switch: this rank's TP slice of every layer.
+  // The switch: this rank's generation TP slice of every layer.
+  TensorParallel generation(MPI_COMM_WORLD, c.generation, /*attention_only=*/false, config,
+                            ranks.links);
   Transformer<float> whole(config, cpu_ops(), device, /*with_gradients=*/false, ExpertShard{},
-                           LayerShard{}, &ranks.tp);
+                           LayerShard{}, &generation);
   std::fill_n(whole.parameters(), whole.parameter_count(), 7.0f);
   const std::vector<float> before(stage.parameters(), stage.parameters() + stage.parameter_count());
   const uint64_t sent_before = test::link_bytes(ranks.links);
@@ -100,16 +130,22 @@ void check_switch_and_generation(const Case& c) {
   std::vector<float> want(size_t(whole.parameter_count()), 0.0f);
   slice_parameters(reference.parameters(), reference.layout(), want.data(), whole.layout());
   EXPECT_EQ(std::memcmp(whole.parameters(), want.data(), want.size() * sizeof(float)), 0)
-      << "the switch did not give this rank its TP slice of the single-rank model";
+      << "the switch did not give this rank its generation slice of the single-rank model";
   EXPECT_EQ(std::memcmp(stage.parameters(), before.data(), before.size() * sizeof(float)), 0)
       << "the layout switch changed the stage";
-  // Each stage's slice goes to the P - 1 other stages of its pipeline; nothing inside the TP group.
+  // Inside the TP group only the training slices a rank lacks (none at G = T), then each stage's
+  // generation slice to the P - 1 other stages of its pipeline.
+  uint64_t cut_bytes = 0;
+  for (const ParameterRange& r : tensor_parallel_ranges(stage.layout()))
+    cut_bytes += uint64_t(r.count) * sizeof(float);
+  const RegroupPeers peers = regroup_peers(c.tp, c.generation, ranks.tp.rank());
   uint64_t other_slices = 0;
   for (int s = 0; s < c.stages; ++s) {
-    if (s != groups.stage()) other_slices += slice_bytes(groups, ranks.tp, s);
+    if (s != groups.stage()) other_slices += slice_bytes(groups, generation, s);
   }
-  EXPECT_EQ(received, other_slices);
-  EXPECT_EQ(sent, slice_bytes(groups, ranks.tp, groups.stage()) * uint64_t(c.stages - 1));
+  EXPECT_EQ(received, peers.givers * cut_bytes + other_slices);
+  EXPECT_EQ(sent, peers.takers * cut_bytes +
+                      slice_bytes(groups, generation, groups.stage()) * uint64_t(c.stages - 1));
   // The switch to data-parallel generation (the whole model on every rank) moves more.
   {
     ArenaScope scope(device);
@@ -126,17 +162,17 @@ void check_switch_and_generation(const Case& c) {
   // model: sampled and greedy.
   std::vector<std::vector<int>> prompts;
   std::vector<int64_t> ids;
-  const uint64_t prompt_seed = seed + uint64_t(ranks.tp.replica()) * 7;
+  const uint64_t prompt_seed = seed + uint64_t(generation.replica()) * 7;
   const std::vector<int> lengths = test::random_ints(5, prompt_seed, 1, 6);
   for (size_t s = 0; s < lengths.size(); ++s) {
     prompts.push_back(
         test::random_ints(size_t(lengths[s]), prompt_seed + 31 * s + 1, 0, config.vocab_size - 1));
-    ids.push_back(int64_t(ranks.tp.replica()) * 100 + int64_t(s));
+    ids.push_back(int64_t(generation.replica()) * 100 + int64_t(s));
   }
   test::expect_generates_like(whole, reference, prompts, ids, seed, 12);
 }
 
-TEST(TensorPipelineGeneration, SwitchToTrainingTpDegreeGeneratesLikeTheSingleRankModel) {
+TEST(TensorPipelineGeneration, SwitchToAGenerationTpDegreeGeneratesLikeTheSingleRankModel) {
   const std::vector<Case> cases = cases_for(test::world_size());
   if (cases.empty()) GTEST_SKIP() << "TP generation on 2, 4 and 6 ranks";
   for (const Case& c : cases) {
@@ -149,7 +185,7 @@ TEST(TensorPipelineGeneration, SwitchToTrainingTpDegreeGeneratesLikeTheSingleRan
 // any message.
 TEST(TensorPipelineGeneration, AnotherSliceIsRefused) {
   if (test::world_size() % 2 != 0) GTEST_SKIP() << "needs TP 2";
-  const Case c{2, 1};
+  const Case c{2, 1, 2};
   const ModelConfig config = test::tensor_parallel_micro_config(2);
   Ranks ranks(c, config);
   Arena device("stage", 16 << 20);
@@ -177,15 +213,6 @@ std::vector<int> tensor_degrees_for(int world) {
     default:
       return {};
   }
-}
-
-// A model whose heads (12) and shared expert width (12) TP 2, 3, 4 and 6 divide.
-ModelConfig regroup_config() {
-  ModelConfig config = test::tensor_parallel_micro_config(2);
-  config.d_model = 24;
-  config.n_heads = 12;
-  config.validate("test");
-  return config;
 }
 
 // TP T -> TP G for every G dividing T (G = 1: data-parallel, the whole model on every rank).
@@ -227,15 +254,9 @@ void check_regroup(int degree, int generation_degree) {
   uint64_t cut_bytes = 0;
   for (const ParameterRange& r : tensor_parallel_ranges(slice.layout()))
     cut_bytes += uint64_t(r.count) * sizeof(float);
-  const int t = tp.rank(), per_target = degree / generation_degree;
-  uint64_t givers = 0, takers = 0;
-  for (int r = 0; r < degree; ++r) {
-    if (r == t) continue;
-    givers += r / per_target == t % generation_degree ? 1 : 0;
-    takers += t / per_target == r % generation_degree ? 1 : 0;
-  }
-  EXPECT_EQ(received, givers * cut_bytes);
-  EXPECT_EQ(sent, takers * cut_bytes);
+  const RegroupPeers peers = regroup_peers(degree, generation_degree, tp.rank());
+  EXPECT_EQ(received, peers.givers * cut_bytes);
+  EXPECT_EQ(sent, peers.takers * cut_bytes);
   if (generation_degree == 1) {
     // The data-parallel switch moves the most: every other slice.
     EXPECT_EQ(received, uint64_t(degree - 1) * cut_bytes);
