@@ -59,11 +59,11 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   // train the same samples (ConfigError on every rank when the degree does not fit).
   const std::unique_ptr<TensorParallel> tp =
       make_train_tensor_parallel(options, model_config, topology);
-  // Generation runs collectively over the training TP groups at --actor-tensor-parallel T, else
-  // data-parallel on every rank from a whole model of its own, or (TP alone, 1 < G < T) over TP
-  // groups of G consecutive ranks from regrouped slices: with a pipeline, each rank trains its own
-  // block of the samples whoever generated them (a TP rank its share of its group's); without
-  // one, a TP group trains the samples its ranks generated.
+  // Generation runs collectively over the training TP groups at --actor-tensor-parallel T, over
+  // TP groups of G consecutive ranks from regrouped slices at 1 < G < T, else data-parallel on
+  // every rank from a whole model of its own: with a pipeline, each rank trains its own block of
+  // the samples whoever generated them (a TP rank its share of its group's); without one, a TP
+  // group trains the samples its ranks generated.
   const bool pipelined = options.pipeline_parallel > 1;
   const int generation_tp = tp ? generation_tensor_parallel(options) : 1;
   const bool tp_generates = tp && generation_tp == tp->degree();
