@@ -32,6 +32,9 @@ struct DisaggregatedOptions {
   // of the model (src/model/tensor_parallel.h); --tensor-parallel-attention-only.
   int tensor_parallel = 1;
   bool tensor_parallel_attention_only = false;
+  // --actor-tensor-parallel (fused): the generation layout's TP degree (0: --tensor-parallel
+  // without a pipeline, 1 with one; generation_tensor_parallel resolves it).
+  int actor_tensor_parallel = 0;
   // --pipeline-parallel (fused): pipelines of this many consecutive ranks train one replica of
   // the model, stage by stage (src/app/pipeline_parallel_train.h); --virtual-stages per rank;
   // --micro-batches per pipeline and step (0: every rank's samples in --micro-batch pieces).

@@ -60,22 +60,51 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   // train the same samples (ConfigError on every rank when the degree does not fit).
   const std::unique_ptr<TensorParallel> tp =
       make_train_tensor_parallel(options, model_config, topology);
-  // (With pipeline parallelism too, generation is data-parallel on every rank.)
-  const bool tp_generates = tp && options.pipeline_parallel <= 1;
-  const int replicas = tp_generates ? tp->replicas() : ranks;
-  const int replica = tp_generates ? tp->replica() : topology.world_rank();
+  // Generation runs collectively over the training TP groups at --actor-tensor-parallel T, over
+  // TP groups of G consecutive ranks from regrouped slices at 1 < G < T, else data-parallel on
+  // every rank from a whole model of its own: with a pipeline, each rank trains its own block of
+  // the samples whoever generated them (a TP rank its share of its group's); without one, a TP
+  // group trains the samples its ranks generated.
+  const bool pipelined = options.pipeline_parallel > 1;
+  const int generation_tp = tp ? generation_tensor_parallel(options) : 1;
+  const bool tp_generates = tp && generation_tp == tp->degree();
+  const bool tp_regrouped_generation = tp && !pipelined && generation_tp < tp->degree();
+  // Generation TP groups of their own for 1 < G < T.
+  const std::unique_ptr<TensorParallel> generation_groups =
+      tp && generation_tp > 1 && generation_tp < tp->degree()
+          ? std::make_unique<TensorParallel>(topology.role_comm().comm, generation_tp,
+                                             options.tensor_parallel_attention_only, model_config,
+                                             topology.links())
+          : nullptr;
+  // The TP groups generation runs over (null: data-parallel).
+  const TensorParallel* generation_tp_groups = tp_generates ? tp.get() : generation_groups.get();
+  const int replicas = generation_tp_groups ? generation_tp_groups->replicas() : ranks;
+  const int replica =
+      generation_tp_groups ? generation_tp_groups->replica() : topology.world_rank();
+  const int training_blocks = pipelined ? ranks : tp ? tp->replicas() : ranks;
   // Every rank checks the same inputs, so a bad value stops all of them before any work.
-  if (rl.prompts % replicas != 0) {
+  const int prompt_blocks = std::max(replicas, training_blocks);
+  if (rl.prompts % prompt_blocks != 0) {
     throw ConfigError(std::string("--mode ") + mode + ": --prompts " + std::to_string(rl.prompts) +
-                      " must divide evenly among the " + std::to_string(replicas) +
-                      (tp_generates ? " tensor-parallel groups" : " ranks") +
+                      " must divide evenly among the " + std::to_string(prompt_blocks) +
+                      (prompt_blocks == ranks ? " ranks" : " tensor-parallel groups") +
                       " (each generates and trains on its own block of prompts)");
   }
+  const int trained_prompts = rl.prompts / training_blocks;
   // Pipeline parallelism: pipelines of consecutive ranks train one replica stage by stage; every
-  // rank still generates its own block of prompts (generation is data-parallel over all ranks).
+  // rank trains its own block of prompts.
   const std::unique_ptr<PipelineGroups> pp = make_train_pipeline(
-      options, model_config, rl.prompts / replicas * rl.group_size, rl.micro_batch, rl.group_size,
+      options, model_config, trained_prompts * rl.group_size, rl.micro_batch, rl.group_size,
       rl.minibatches, topology, stage_cost_probe(run, policy_options, rl.micro_batch), tp.get());
+  // The model a pipeline rank, or a TP rank generating at a lower TP degree, generates from: every
+  // layer (with TP generation, its TP slice).
+  const bool borrows_whole_model = pp || tp_regrouped_generation;
+  const ParameterLayout unsliced_generation_layout =
+      pp ? pp->generation_layout() : ParameterLayout(model_config);
+  const ParameterLayout whole_generation_layout =
+      generation_tp_groups ? with_tensor_slice(model_config, unsliced_generation_layout,
+                                               generation_tp_groups->slice())
+                           : unsliced_generation_layout;
   const int experts = model_config.n_experts;
   // With pipeline parallelism the EP groups are ranks of one stage in consecutive pipelines (its
   // data-parallel group), with tensor parallelism the ranks with the same TP rank in consecutive
@@ -125,20 +154,25 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
             : std::nullopt;
     // With --reorder-samples a rank may train any of the step's samples.
     const bool reordered = parse_reorder_costs(options.reorder_samples) != ReorderCosts::Off;
-    const FusedBatch batch{rl.prompts / replicas * rl.group_size,
-                           1 + task.max_prompt_chars(),
-                           longest,
-                           rl.micro_batch,
-                           rl.temperature > 0,
-                           rl.staleness > 0 ? longest - 1 : 0,
-                           reordered ? rl.prompts * rl.group_size : 0};
-    memory_plan = plan_fused_memory(
-        policy.config, policy.model->layout(), ParameterLayout(policy.config, generation_experts),
-        switch_layouts, rl.kl_coef > 0, reward_model ? &*reward_model : nullptr, options.offload,
-        batch, /*experts_migrate=*/options.rebalance.every > 0);
+    const FusedBatch batch{
+        rl.prompts / replicas * rl.group_size,
+        1 + task.max_prompt_chars(),
+        longest,
+        rl.micro_batch,
+        rl.temperature > 0,
+        rl.staleness > 0 ? longest - 1 : 0,
+        reordered ? rl.prompts * rl.group_size : trained_prompts * rl.group_size};
+    const ParameterLayout generation_layout =
+        borrows_whole_model ? whole_generation_layout
+                            : ParameterLayout(policy.config, generation_experts);
+    memory_plan = plan_fused_memory(policy.config, policy.model->layout(), generation_layout,
+                                    switch_layouts, rl.kl_coef > 0,
+                                    reward_model ? &*reward_model : nullptr, options.offload, batch,
+                                    /*experts_migrate=*/options.rebalance.every > 0);
     // A pipeline stage generates from a whole model of its own (with EP, every layer with the
-    // pipeline's experts), the borrowed layers included.
-    if (pp) add_pipeline_generation_model(memory_plan, pp->generation_layout().total());
+    // pipeline's experts; with TP generation, its TP slice), the borrowed layers included; so does
+    // a TP rank generating data-parallel.
+    if (borrows_whole_model) add_pipeline_generation_model(memory_plan, whole_generation_layout.total());
     // The KL reference's log-probs: through the pipeline its stage is all a rank holds (counted
     // in the plan); with EP inside the stages, or StaleSync's unequal blocks, a whole copy
     // gathered from the stages for the reference phase, before training's activations.
@@ -233,6 +267,8 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         format_bytes(offload->device_bytes()).c_str());
   }
   size_t generation_peak = 0, training_peak = 0;
+  // Bytes this rank received in the model-parallel layout switches of the run (PP or TP).
+  uint64_t generation_switch_bytes = 0;
   // With tensor parallelism the replicas' data-parallel groups sum the gradients and the step's
   // statistics (the ranks of a TP group hold the same samples).
   // With pipeline parallelism, the ranks holding the same stage (one per pipeline).
@@ -256,6 +292,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   if (pp && rl.staleness == 0) settings.sample_blocks = pp->model_parallel().size();
   const GenerationSettings sampling = sampling_settings(rl, task, run.seed);
   const AdvantageEstimator estimator = parse_advantage_estimator(rl.advantage);
+  // The prompts this rank generates (with TP generation, its TP group's) per step.
   const int my_prompts = rl.prompts / replicas;
   // A generation layout of its own: before each generation phase the switch builds a view of
   // this rank's generation shard over the training parameters, receiving the experts it lacks into
@@ -276,9 +313,9 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   }
 
   dir.log(
-      "# RL: %d steps x %d prompts x %d samples on %d fused ranks (each generates and trains "
+      "# RL: %d steps x %d prompts x %d samples on %d fused ranks (each generates %d and trains "
       "%d prompts per step)\n",
-      rl.steps, rl.prompts, rl.group_size, ranks, my_prompts);
+      rl.steps, rl.prompts, rl.group_size, ranks, my_prompts, trained_prompts);
   if (switch_layouts) {
     dir.log(
         "# layout switch: training EP %d, generation EP %d (experts moved rank to rank before "
@@ -308,7 +345,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
                                                  DistQueueConfig{options.shard_capacity});
     // (With StaleSync a rank's block may hold up to the step's samples: finished lookahead groups.)
     pipeline_trainer = std::make_unique<PipelineTrainer>(
-        *pp, model, settings, (rl.staleness > 0 ? rl.prompts : my_prompts) * rl.group_size,
+        *pp, model, settings, (rl.staleness > 0 ? rl.prompts : trained_prompts) * rl.group_size,
         options.micro_batches > 0, 2 + task.max_prompt_chars() + task.max_response_chars(),
         ep.get(), options.ep_overlap_chunks);
     pipeline_gradient = [&](const std::vector<const Rollout*>& minibatch, double normalizer,
@@ -316,19 +353,27 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
       return pipeline_trainer->minibatch_gradient(minibatch, normalizer, all_samples);
     };
     const PipelineShape& shape = pp->shape();
+    const std::string borrowed = format_bytes(
+        size_t(whole_generation_layout.total() - model.parameter_count()) * sizeof(float));
+    const std::string generation =
+        generation_tp_groups
+            ? "generation at TP " + std::to_string(generation_tp) + " on " +
+                  std::to_string(replicas) +
+                  " TP groups (--actor-tensor-parallel), each rank borrowing its generation TP "
+                  "slice of the other stages (" +
+                  borrowed + (tp_generates ? ")" : ", and of its own from its TP mates)")
+            : "generation data-parallel on all " + std::to_string(ranks) +
+                  " ranks, each borrowing the rest of the model (" + borrowed +
+                  ": other stages' layers, other TP ranks' slices)";
     dir.log(
         "# pipeline parallelism: PP %d x %d pipelines, %s, %d micro-batches per step, %d virtual "
         "stage(s) per rank (bubble formula %.1f%%), layers per chunk %s (--pipeline-balance %s); "
-        "generation data-parallel on all %d ranks, each borrowing the rest of the model (%s: "
-        "other stages' layers, other TP ranks' slices) per phase; this rank stores %lld of %lld "
-        "parameters\n",
+        "%s per phase; this rank stores %lld of %lld parameters\n",
         shape.stages, pp->replicas(), schedule_name(shape).c_str(), shape.micro_batches,
         shape.virtual_stages, 100.0 * bubble_formula(shape),
-        layers_per_chunk(pp->boundaries()).c_str(), options.pipeline_balance.c_str(), ranks,
-        format_bytes(size_t(pp->generation_layout().total() - model.parameter_count()) *
-                     sizeof(float))
-            .c_str(),
-        (long long)model.parameter_count(), (long long)ParameterLayout(policy.config).total());
+        layers_per_chunk(pp->boundaries()).c_str(), options.pipeline_balance.c_str(),
+        generation.c_str(), (long long)model.parameter_count(),
+        (long long)ParameterLayout(policy.config).total());
   }
   if (ep) {
     dir.log(
@@ -440,17 +485,51 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         // first, so the whole model is gone before the arena rewinds); the stage is only read.
         // With EP the whole model holds the pipeline's experts only and generates collectively
         // over the training EP groups (its own dispatchers, made once).
+        // With TP generation the whole model is this rank's generation TP slice of every layer,
+        // generating collectively over its generation TP group; each rank then keeps its share of
+        // the group's samples: exactly the block the data-parallel layout gives it.
         ArenaScope generation_memory(device);
         Transformer<float> whole(policy.config, policy.device->ops(), device,
-                                 /*with_gradients=*/false, pp->expert_shard());
+                                 /*with_gradients=*/false, pp->expert_shard(), LayerShard{},
+                                 generation_tp_groups);
         {
           TraceScope traced(trace, Phase::Reshard);
           traced.set_version(version);
-          traced.set_bytes(int64_t(
-              gather_pipeline_model(model.parameters(), *pp, whole.parameters(), whole.layout())));
+          const uint64_t received =
+              gather_pipeline_model(model.parameters(), *pp, whole.parameters(), whole.layout());
+          traced.set_bytes(int64_t(received));
+          generation_switch_bytes += received;
         }
         if (ep) ep->attach_reusing(whole);
         generate(whole);
+        if (generation_tp_groups) {
+          rollouts = tensor_parallel_share(std::move(rollouts), *generation_tp_groups);
+        }
+      } else if (tp_regrouped_generation) {
+        // TP T -> TP G (1: DP): every rank generates from its generation slice (G = 1: the whole
+        // model), regrouped inside its TP group for the phase, with its generation TP group; each
+        // keeps its share (its data-parallel block), and the training TP group then trains the
+        // samples of all its ranks.
+        ArenaScope generation_memory(device);
+        Transformer<float> generator(policy.config, policy.device->ops(), device,
+                                     /*with_gradients=*/false, ExpertShard{}, LayerShard{},
+                                     generation_groups.get());
+        {
+          TraceScope traced(trace, Phase::Reshard);
+          traced.set_version(version);
+          const uint64_t received =
+              regroup_tensor_slices(model.parameters(), model.layout(), generator.parameters(),
+                                    generator.layout(), policy.config, *tp);
+          traced.set_bytes(int64_t(received));
+          generation_switch_bytes += received;
+        }
+        generate(generator);
+        if (generation_groups) {
+          rollouts = tensor_parallel_share(std::move(rollouts), *generation_groups);
+        }
+        TraceScope traced(trace, Phase::QueueGet);
+        traced.set_version(version);
+        rollouts = gather_tensor_parallel_rollouts(rollouts, *tp, rl.group_size);
       } else if (!layout_switch) {
         generate(model);
       } else {
@@ -548,7 +627,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
       const auto training_start = std::chrono::steady_clock::now();
       const StepStats stats = train_on_rollouts_traced(
           model, *learner.optimizer, pp ? nullptr : learner.reference.get(), rollouts, settings,
-          parallel, version, pp ? pp->replicas() : replicas, trace, pipeline_gradient);
+          parallel, version, pp ? pp->replicas() : training_blocks, trace, pipeline_gradient);
       training_peak = std::max(training_peak, device.phase_peak());
       const double training_seconds = seconds_since(training_start);
       if (reordering) dir.log("%s", reordering->end_of_step(step, training_seconds).c_str());
@@ -564,7 +643,13 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
                                 ep.get(), MPI_COMM_WORLD, dir);
   }
   if (stopped) return kExitCheckpointedOnSignal;
-  std::string pipeline_json;
+  std::string parallel_json;
+  if (pp || tp) {
+    dir.log("# layout switch of rank 0: %s received over the run (generation at TP %d)\n",
+            format_bytes(size_t(generation_switch_bytes)).c_str(), generation_tp);
+    parallel_json = "\"actor_tensor_parallel\":" + std::to_string(generation_tp) +
+                    ",\"generation_switch_bytes\":" + std::to_string(generation_switch_bytes) + ",";
+  }
   if (pp) {
     // Requests the shards served: every pipeline's leader asked once per shard and step.
     DistQueueCounters served = pipeline_queue->counters();
@@ -588,12 +673,12 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
                   "\"queue_replica_ranks\":%d,",
                   pp->shape().stages, pp->shape().virtual_stages, pp->shape().micro_batches, bubble,
                   formula, totals[0], totals[1], pp->model_parallel().size());
-    pipeline_json = fields;
-    pipeline_json +=
+    parallel_json += fields;
+    parallel_json +=
         pipeline_stage_report(*pp, options.pipeline_balance, pipeline_trainer->compute_seconds(),
                               pipeline_trainer->wall_seconds(), dir);
     if (ep) {
-      pipeline_json += pipeline_ep_overlap_report(pipeline_trainer->ep_communication(),
+      parallel_json += pipeline_ep_overlap_report(pipeline_trainer->ep_communication(),
                                                   options.ep_overlap_chunks, dir);
     }
   }
@@ -627,7 +712,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   end.rl_tokens = position.rl_tokens;
   end.run_start = run_start;
   end.memory_json = device_memory_json(generation_peak, training_peak, memory_plan) +
-                    pipeline_json + (reordering ? reordering->summary_json() : "");
+                    parallel_json + (reordering ? reordering->summary_json() : "");
   end.migrations = rebalancer ? rebalancer->migrations() : 0;
   return finish_multi_rank_train(end, run, policy_options, sft, rl, options, policy, topology, dir,
                                  trace, result);

@@ -6,7 +6,12 @@
 // buffer, so there is no weight sync at all. With --expert-parallel D the routed experts are
 // sharded over EP groups of D consecutive ranks; --actor-expert-parallel G != D gives generation
 // its own layout (EP groups of G ranks), switched to rank to rank before each generation phase
-// (src/runtime/layout_switch.h).
+// (src/runtime/layout_switch.h). With --tensor-parallel T (and --pipeline-parallel P),
+// --actor-tensor-parallel G (dividing T) sets generation's TP degree: groups of G consecutive
+// ranks generate from each rank's G slice of every layer, regrouped inside the TP group and, with a
+// pipeline, gathered over it for the phase (G = T: the training TP groups; G = 1: data-parallel
+// from the whole model; src/runtime/pipeline_layout_switch.h, src/model/tensor_parallel.h); the
+// samples then reach the ranks that train them.
 //
 // `fused_all` (--mode fused-all): the frozen reference (--kl-coef > 0) and the learned reward model
 // (--reward-model) live in the same device arena as the policy on every rank, and the memory plan

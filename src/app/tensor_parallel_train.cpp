@@ -1,16 +1,61 @@
 #include "src/app/tensor_parallel_train.h"
 
+#include <iterator>
+#include <span>
+#include <stdexcept>
 #include <string>
 
 #include "kernels/error.h"
+#include "src/roles/rollout_samples.h"
+#include "src/roles/sample_packing.h"
 
 namespace rlf {
+
+int generation_tensor_parallel(const DisaggregatedOptions& options) {
+  if (options.actor_tensor_parallel != 0) return options.actor_tensor_parallel;
+  return options.pipeline_parallel > 1 ? 1 : options.tensor_parallel;
+}
+
+namespace {
+
+// --actor-tensor-parallel G against the training layout (validate_tensor_parallel_train).
+void validate_generation_tensor_parallel(const DisaggregatedOptions& options, const RlOptions& rl) {
+  const int generation = generation_tensor_parallel(options);
+  const int training = options.tensor_parallel;
+  const std::string option = "--actor-tensor-parallel " + std::to_string(generation);
+  const std::string with = " with --tensor-parallel " + std::to_string(training);
+  if (generation < 1) throw ConfigError(option + ": must be a positive integer (0: the default)");
+  if (generation == 1 && training == 1) return;
+  if (training == 1) {
+    throw ConfigError(option + " needs --tensor-parallel " + std::to_string(generation) +
+                      " (generation runs on the training TP groups)");
+  }
+  if (training % generation != 0) {
+    throw ConfigError(option + with +
+                      ": must divide the training TP degree (a generation TP "
+                      "group regroups the slices of a training one)");
+  }
+  // A generation degree of its own was built and tested for synchronous runs without offload or
+  // expert parallelism; those combinations are refused rather than assumed.
+  const int default_degree = options.pipeline_parallel > 1 ? 1 : training;
+  if (generation != default_degree) {
+    auto refuse = [&](const std::string& what) {
+      throw ConfigError(option + with + " is not supported with " + what);
+    };
+    if (rl.staleness > 0) refuse("--staleness above 0");
+    if (options.offload) refuse("--offload");
+    if (options.expert_parallel > 1) refuse("--expert-parallel");
+  }
+}
+
+}  // namespace
 
 void validate_tensor_parallel_train(const DisaggregatedOptions& options, bool fused, int world_size,
                                     const RlOptions& rl) {
   const int degree = options.tensor_parallel;
   const std::string option = "--tensor-parallel " + std::to_string(degree);
   if (degree < 1) throw ConfigError(option + ": must be a positive integer");
+  validate_generation_tensor_parallel(options, rl);
   if (degree == 1) {
     if (options.tensor_parallel_attention_only) {
       throw ConfigError("--tensor-parallel-attention-only needs --tensor-parallel 2 or more");
@@ -85,6 +130,45 @@ std::unique_ptr<TensorParallel> make_train_tensor_parallel(const DisaggregatedOp
   return std::make_unique<TensorParallel>(topology.role_comm().comm, options.tensor_parallel,
                                           options.tensor_parallel_attention_only, config,
                                           topology.links());
+}
+
+std::vector<Rollout> tensor_parallel_share(std::vector<Rollout> group_samples,
+                                           const TensorParallel& tp) {
+  const size_t parts = size_t(tp.degree());
+  if (group_samples.size() % parts != 0) {
+    throw std::logic_error("tensor_parallel_share: " + std::to_string(group_samples.size()) +
+                           " samples do not split among " + std::to_string(parts) + " TP ranks");
+  }
+  const size_t share = group_samples.size() / parts, first = share * size_t(tp.rank());
+  return std::vector<Rollout>(
+      std::make_move_iterator(group_samples.begin() + std::ptrdiff_t(first)),
+      std::make_move_iterator(group_samples.begin() + std::ptrdiff_t(first + share)));
+}
+
+std::vector<Rollout> gather_tensor_parallel_rollouts(const std::vector<Rollout>& own,
+                                                     const TensorParallel& tp, int group_size) {
+  const std::vector<std::byte> mine = pack_samples(to_queue_samples(own, group_size));
+  const HierarchicalComm& group = tp.group();
+  const int ranks = group.size();
+  std::vector<int> counts(static_cast<size_t>(ranks)), displacements(counts);
+  const int count = int(mine.size());
+  MPI_Allgather(&count, 1, MPI_INT, counts.data(), 1, MPI_INT, group.comm);
+  int total = 0;
+  for (int r = 0; r < ranks; ++r) {
+    displacements[size_t(r)] = total;
+    total += counts[size_t(r)];
+  }
+  std::vector<std::byte> all(static_cast<size_t>(total));
+  MPI_Allgatherv(mine.data(), count, MPI_BYTE, all.data(), counts.data(), displacements.data(),
+                 MPI_BYTE, group.comm);
+  std::vector<QueueSample> samples;
+  for (int r = 0; r < ranks; ++r) {
+    if (r != group.rank()) tp.links().count_send(group.world_ranks[size_t(r)], uint64_t(count));
+    unpack_samples_into(std::span<const std::byte>(all.data() + displacements[size_t(r)],
+                                                   size_t(counts[size_t(r)])),
+                        samples);
+  }
+  return to_rollouts(samples);
 }
 
 }  // namespace rlf

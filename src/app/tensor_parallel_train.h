@@ -10,6 +10,7 @@
 #include "src/app/disaggregated_train.h"
 #include "src/app/rl_options.h"
 #include "src/model/tensor_parallel.h"
+#include "src/rl/rollout.h"
 
 namespace rlf {
 
@@ -22,11 +23,19 @@ void refuse_unsupported_with_model_parallelism(const std::string& option,
                                                const DisaggregatedOptions& options, bool fused,
                                                int world_size, const RlOptions& rl);
 
+// The TP degree of the generation layout: --actor-tensor-parallel, or by default the training TP
+// degree without a pipeline and 1 (data-parallel generation) with one. It divides the training
+// degree (validate_tensor_parallel_train).
+int generation_tensor_parallel(const DisaggregatedOptions& options);
+
 // ConfigError, the same on every rank before any work, for --tensor-parallel outside what is
 // built: a degree below 1, a multi-rank run that is not --mode fused, one rank, or combined with
 // a learned reward model or rebalancing. With --expert-parallel E (TP x EP): E must divide the
 // TP groups and equal --actor-expert-parallel; refused with --pipeline-parallel,
-// --redundant-experts, --ep-overlap-chunks above 1, --offload and StaleSync.
+// --redundant-experts, --ep-overlap-chunks above 1, --offload and StaleSync. And for an
+// --actor-tensor-parallel G that is not built: G below 1, G > 1 without --tensor-parallel, G not
+// dividing the training degree T, or a G other than the default with StaleSync, --offload or
+// expert parallelism.
 void validate_tensor_parallel_train(const DisaggregatedOptions& options, bool fused, int world_size,
                                     const RlOptions& rl);
 
@@ -45,5 +54,20 @@ void validate_experts_with_model_parallelism(const std::string& option,
 std::unique_ptr<TensorParallel> make_train_tensor_parallel(const DisaggregatedOptions& options,
                                                            const ModelConfig& config,
                                                            Topology& topology);
+
+// This rank's share of the samples its TP group generated together (`group_samples`, in
+// canonical order, whole prompt groups): the TP ranks take consecutive equal parts in TP-rank
+// order, so with TP groups of consecutive ranks each rank holds the block the data-parallel layout
+// would have generated on it. std::logic_error when the samples do not split evenly.
+std::vector<Rollout> tensor_parallel_share(std::vector<Rollout> group_samples,
+                                           const TensorParallel& tp);
+
+// The samples a TP group trains when its ranks generated data-parallel (--actor-tensor-parallel 1
+// without a pipeline): every rank's own samples (`own`, its block of the group's prompts) packed
+// as DistQueue's and allgathered over tp.group(), in TP-rank order, which is canonical order since
+// the ranks hold consecutive blocks. Counted on tp.links() (each rank's pack to the T - 1 others).
+// Collective over the TP group.
+std::vector<Rollout> gather_tensor_parallel_rollouts(const std::vector<Rollout>& own,
+                                                     const TensorParallel& tp, int group_size);
 
 }  // namespace rlf

@@ -100,6 +100,14 @@ int run_train_command(const std::vector<std::string>& args) {
     add("tensor-parallel-attention-only",
         po::bool_switch(&multi_rank.tensor_parallel_attention_only),
         "with --tensor-parallel: cut only attention; the shared expert stays whole on every rank");
+    add("actor-tensor-parallel",
+        po::value(&multi_rank.actor_tensor_parallel)
+            ->default_value(multi_rank.actor_tensor_parallel),
+        "--mode fused: tensor-parallel degree of generation, dividing --tensor-parallel (0: "
+        "--tensor-parallel, or 1 with --pipeline-parallel): groups of this many consecutive "
+        "ranks generate from TP slices regrouped for the phase (1: data-parallel from the whole "
+        "model), with --pipeline-parallel each rank borrowing only its slice of the other "
+        "stages");
     add("pipeline-parallel",
         po::value(&multi_rank.pipeline_parallel)->default_value(multi_rank.pipeline_parallel),
         "--mode fused: pipeline-parallel degree: pipelines of this many consecutive ranks train "

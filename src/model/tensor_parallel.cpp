@@ -106,6 +106,42 @@ void check_same_model(const ParameterLayout& whole, const ParameterLayout& slice
   }
 }
 
+// The cut tensors of `packed` (slice `layout`'s, in layout order) written into their elements of
+// `whole` (laid out by `whole_layout`).
+void unpack_cut_tensors(const float* packed, const ParameterLayout& layout, float* whole,
+                        const ParameterLayout& whole_layout) {
+  for (size_t k = 0; k < layout.tensors().size(); ++k) {
+    const ParameterTensor& t = layout.tensors()[k];
+    if (t.tp_split == ParameterTensor::TensorSplit::None) continue;
+    const ParameterTensor& w = whole_layout.tensors()[k];
+    for (int64_t i = 0; i < t.numel; ++i) whole[w.offset + t.source_element(i)] = packed[i];
+    packed += t.numel;
+  }
+}
+
+// The tensors tensor parallelism leaves whole, from a slice into the whole layout.
+void copy_replicated_tensors(const float* slice, const ParameterLayout& slice_layout, float* whole,
+                             const ParameterLayout& whole_layout) {
+  const auto& tensors = slice_layout.tensors();
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    const ParameterTensor& t = tensors[k];
+    if (t.tp_split == ParameterTensor::TensorSplit::None) {
+      std::memcpy(whole + whole_layout.tensors()[k].offset, slice + t.offset,
+                  size_t(t.numel) * sizeof(float));
+    }
+  }
+}
+
+// This rank's cut tensors packed in layout order.
+std::vector<float> pack_cut_tensors(const float* slice, const ParameterLayout& layout) {
+  std::vector<float> packed;
+  for (const ParameterTensor& t : layout.tensors()) {
+    if (t.tp_split != ParameterTensor::TensorSplit::None)
+      packed.insert(packed.end(), slice + t.offset, slice + t.offset + t.numel);
+  }
+  return packed;
+}
+
 }  // namespace
 
 std::vector<ParameterRange> tensor_parallel_ranges(const ParameterLayout& layout) {
@@ -148,34 +184,74 @@ void gather_tensor_parallel(const float* slice, const ParameterLayout& slice_lay
                             const ParameterLayout& whole_layout, const ModelConfig& config,
                             const TensorParallel& tp) {
   check_same_model(whole_layout, slice_layout);
-  using Split = ParameterTensor::TensorSplit;
-  const auto& tensors = slice_layout.tensors();
-  std::vector<float> mine;
-  for (size_t k = 0; k < tensors.size(); ++k) {
-    const ParameterTensor& t = tensors[k];
-    if (t.tp_split == Split::None) {
-      std::memcpy(whole + whole_layout.tensors()[k].offset, slice + t.offset,
-                  size_t(t.numel) * sizeof(float));
-    } else {
-      mine.insert(mine.end(), slice + t.offset, slice + t.offset + t.numel);
-    }
-  }
+  copy_replicated_tensors(slice, slice_layout, whole, whole_layout);
+  const std::vector<float> mine = pack_cut_tensors(slice, slice_layout);
   // Every rank's slices are the same size (equal blocks).
   std::vector<float> all(mine.size() * size_t(tp.degree()));
   MPI_Allgather(mine.data(), int(mine.size()), MPI_FLOAT, all.data(), int(mine.size()), MPI_FLOAT,
                 tp.group().comm);
   for (int r = 0; r < tp.degree(); ++r) {
-    const ParameterLayout layout =
-        with_tensor_slice(config, slice_layout, {r, tp.degree(), tp.attention_only()});
-    const float* packed = all.data() + size_t(r) * mine.size();
-    for (size_t k = 0; k < tensors.size(); ++k) {
-      const ParameterTensor& t = layout.tensors()[k];
-      if (t.tp_split == Split::None) continue;
-      const ParameterTensor& w = whole_layout.tensors()[k];
-      for (int64_t i = 0; i < t.numel; ++i) whole[w.offset + t.source_element(i)] = packed[i];
-      packed += t.numel;
+    unpack_cut_tensors(
+        all.data() + size_t(r) * mine.size(),
+        with_tensor_slice(config, slice_layout, {r, tp.degree(), tp.attention_only()}), whole,
+        whole_layout);
+  }
+}
+
+uint64_t regroup_tensor_slices(const float* slice, const ParameterLayout& slice_layout,
+                               float* target, const ParameterLayout& target_layout,
+                               const ModelConfig& config, const TensorParallel& tp) {
+  const TensorSlice wanted = target_layout.tensor_slice();
+  const int degree = tp.degree(), rank = tp.rank();
+  if (wanted.size < 1 || degree % wanted.size != 0 || wanted.rank != rank % wanted.size ||
+      wanted.attention_only != tp.attention_only()) {
+    throw std::invalid_argument(
+        "regroup_tensor_slices: the target must be slice rank % G of a degree G dividing the TP "
+        "degree");
+  }
+  // Training slice r is part of generation slice r / per_target; rank t needs generation slice
+  // t % G, so it takes training slices [(t % G) per_target, (t % G + 1) per_target).
+  const int per_target = degree / wanted.size;
+  auto needs = [&](int taker, int giver) { return giver / per_target == taker % wanted.size; };
+  const std::vector<float> mine = pack_cut_tensors(slice, slice_layout);
+  const int count = int(mine.size());  // every rank's cut tensors are the same size
+  std::vector<int> send_counts(size_t(degree), 0), receive_counts(size_t(degree), 0),
+      send_displacements(size_t(degree), 0), receive_displacements(size_t(degree), 0);
+  int received = 0;
+  for (int r = 0; r < degree; ++r) {
+    if (r == rank) continue;
+    if (needs(r, rank)) send_counts[size_t(r)] = count;
+    if (needs(rank, r)) {
+      receive_counts[size_t(r)] = count;
+      receive_displacements[size_t(r)] = received;
+      received += count;
     }
   }
+  std::vector<float> incoming(static_cast<size_t>(received));
+  MPI_Alltoallv(mine.data(), send_counts.data(), send_displacements.data(), MPI_FLOAT,
+                incoming.data(), receive_counts.data(), receive_displacements.data(), MPI_FLOAT,
+                tp.group().comm);
+  const HierarchicalComm& group = tp.group();
+  for (int r = 0; r < degree; ++r) {
+    if (send_counts[size_t(r)] > 0) {
+      tp.links().count_send(group.world_ranks[size_t(r)], uint64_t(count) * sizeof(float));
+    }
+  }
+  // The wanted slices assembled into whole tensors, then the target's slice of them (whole
+  // tensors copied from this rank's).
+  const ParameterLayout whole_layout = with_tensor_slice(config, slice_layout, TensorSlice{});
+  std::vector<float> whole(size_t(whole_layout.total()), 0.0f);
+  copy_replicated_tensors(slice, slice_layout, whole.data(), whole_layout);
+  for (int r = 0; r < degree; ++r) {
+    if (!needs(rank, r)) continue;
+    const float* packed =
+        r == rank ? mine.data() : incoming.data() + receive_displacements[size_t(r)];
+    unpack_cut_tensors(packed,
+                       with_tensor_slice(config, slice_layout, {r, degree, tp.attention_only()}),
+                       whole.data(), whole_layout);
+  }
+  slice_parameters(whole.data(), whole_layout, target, target_layout);
+  return uint64_t(received) * sizeof(float);
 }
 
 }  // namespace rlf

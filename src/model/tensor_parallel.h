@@ -130,4 +130,15 @@ void gather_tensor_parallel(const float* slice, const ParameterLayout& slice_lay
                             const ParameterLayout& whole_layout, const ModelConfig& config,
                             const TensorParallel& tp);
 
+// The layout switch from TP degree T (tp) to a degree G dividing it, with generation TP groups of G
+// consecutive ranks: `target` (laid out by `target_layout`, the same model, experts and layers as
+// `slice_layout` with TensorSlice {tp.rank() % G, G}) gets generation slice tp.rank() % G, made of
+// training slices [(t % G) T / G, (t % G + 1) T / G): each rank receives only those of its TP
+// mates (an all-to-all inside tp.group(), each slice counted on tp.links()). G = 1 gives the whole
+// tensors, G = T this rank's own slice. Collective over tp.group(); std::invalid_argument for
+// another target slice. Returns the bytes this rank received.
+uint64_t regroup_tensor_slices(const float* slice, const ParameterLayout& slice_layout,
+                               float* target, const ParameterLayout& target_layout,
+                               const ModelConfig& config, const TensorParallel& tp);
+
 }  // namespace rlf

@@ -28,23 +28,20 @@ void copy_shared_tensors(const float* from, const ParameterLayout& from_layout, 
 
 namespace {
 
-// The whole tensors of this rank's stage from its TP group's slices (an allgather inside the
-// group, each rank's slices counted once per other TP rank). Returns the bytes received.
-uint64_t gather_stage_slices(const float* slice, const PipelineGroups& groups,
-                             std::vector<float>& stage) {
+// This rank's stage at the TP slice `slice` (inactive: whole tensors), regrouped inside its TP
+// group from the training slices (counted). Returns the bytes received.
+uint64_t regroup_stage(const float* training_slice, const PipelineGroups& groups, TensorSlice slice,
+                       std::vector<float>& stage) {
   const TensorParallel& tp = *groups.tensor_parallel();
   const ParameterLayout stage_layout = groups.stage_layout(groups.stage());
-  const ParameterLayout slice_layout = with_tensor_slice(groups.config(), stage_layout, tp.slice());
-  stage.assign(size_t(stage_layout.total()), 0.0f);
-  gather_tensor_parallel(slice, slice_layout, stage.data(), stage_layout, groups.config(), tp);
-  uint64_t cut_bytes = 0;
-  for (const ParameterRange& r : tensor_parallel_ranges(slice_layout))
-    cut_bytes += uint64_t(r.count) * sizeof(float);
-  const HierarchicalComm& group = tp.group();
-  for (int r = 0; r < group.size(); ++r) {
-    if (r != tp.rank()) groups.links().count_send(group.world_ranks[size_t(r)], cut_bytes);
-  }
-  return cut_bytes * uint64_t(group.size() - 1);
+  const ParameterLayout from = with_tensor_slice(groups.config(), stage_layout, tp.slice());
+  const ParameterLayout to = with_tensor_slice(groups.config(), stage_layout, slice);
+  stage.assign(size_t(to.total()), 0.0f);
+  return regroup_tensor_slices(training_slice, from, stage.data(), to, groups.config(), tp);
+}
+
+bool same_slice(const TensorSlice& a, const TensorSlice& b) {
+  return a.rank == b.rank && a.size == b.size && a.attention_only == b.attention_only;
 }
 
 }  // namespace
@@ -53,8 +50,15 @@ uint64_t gather_pipeline_model(const float* stage_params, const PipelineGroups& 
                                float* whole, const ParameterLayout& whole_layout) {
   std::vector<float> stage;
   uint64_t received = 0;
-  if (groups.tensor_parallel()) {
-    received += gather_stage_slices(stage_params, groups, stage);
+  // With TP the stage is first regrouped inside the TP group to the whole model's slice (whole
+  // tensors for an unsliced one); at the training slice nothing moves.
+  const TensorSlice slice = whole_layout.tensor_slice();
+  const TensorParallel* tp = groups.tensor_parallel();
+  if (slice.active() && !tp) {
+    throw std::invalid_argument("gather_pipeline_model: a sliced whole model needs TP stages");
+  }
+  if (tp && !same_slice(slice, tp->slice())) {
+    received += regroup_stage(stage_params, groups, slice, stage);
     stage_params = stage.data();
   }
   const HierarchicalComm& pipeline = groups.pipeline();
@@ -66,7 +70,9 @@ uint64_t gather_pipeline_model(const float* stage_params, const PipelineGroups& 
   std::vector<int> counts, displacements;
   int64_t total = 0;
   for (int s = 0; s < stages; ++s) {
-    layouts.push_back(groups.stage_layout(s, experts));
+    const ParameterLayout stage_layout = groups.stage_layout(s, experts);
+    layouts.push_back(slice.active() ? with_tensor_slice(groups.config(), stage_layout, slice)
+                                     : stage_layout);
     counts.push_back(int(layouts.back().total()));
     displacements.push_back(int(total));
     total += layouts.back().total();

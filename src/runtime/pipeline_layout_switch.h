@@ -1,7 +1,9 @@
-// RL Fusion's layout switch for a pipeline-parallel policy (training at PP p, or TP T x PP p,
-// generation data-parallel): before a generation phase every rank of a pipeline receives the
-// layers of the other stages (with TP first the other TP ranks' slices of its own stage) into a
-// whole model of its own (a buffer the phase frees), generates from it as a replica, and trains
+// RL Fusion's layout switch for a pipeline-parallel policy (training at PP p, or TP T x PP p;
+// generation data-parallel, or at TP T): before a generation phase every rank of a pipeline
+// receives the layers of the other stages (with TP first the other TP ranks' slices of its own
+// stage, or with generation at TP T only its own TP slice of the other stages) into a whole model
+// of its own (a buffer the phase frees), generates from it (as a replica, or with its TP group),
+// and trains
 // again on its stage's own buffer, which the switch only reads; so the round trip leaves the stage
 // bit for bit as it was.
 #pragma once
@@ -31,7 +33,11 @@ void copy_shared_tensors(const float* from, const ParameterLayout& from_layout, 
 // layout of groups.stage_layout(stage) with its TensorSlice); the TP group first assembles the
 // stage's whole tensors (an allgather of the cut tensors' slices, counted: each rank sends its
 // slices to the T - 1 others), then every TP rank's pipeline gathers the stages as above. The bytes
-// received then add the other TP ranks' slices.
+// received then add the other TP ranks' slices. A `whole_layout` with a TP slice of degree G
+// dividing T (generation at TP G, --actor-tensor-parallel G; slice rank % G) regroups the stage to
+// that slice instead (regroup_tensor_slices: only the TP mates' slices it lacks, counted; none at
+// G = T), then the pipeline gathers the other stages' G slices, and `whole` is this rank's G slice
+// of the whole model (std::invalid_argument for another slice, or a slice without TP).
 uint64_t gather_pipeline_model(const float* stage_params, const PipelineGroups& groups,
                                float* whole, const ParameterLayout& whole_layout);
 

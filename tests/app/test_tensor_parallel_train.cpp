@@ -1,8 +1,10 @@
 // `train --mode fused --tensor-parallel`: TP 2 on 2 ranks, TP 2 x DP 2 and TP 2 x EP 2 on 4 ranks
 // (and TP on attention only) train like the data-parallel fused run of the same prompts: the same
 // held-out accuracy before and after RL, the same reward every step, and a saved whole model within
-// float rounding of it. Degrees and combinations that do not fit stop every rank with exit code 2
-// before any output.
+// float rounding of it; so do TP 2 x DP 2 generating data-parallel (--actor-tensor-parallel 1: each
+// rank generates its block from the whole model gathered for the phase, counted, and its TP group
+// trains both ranks' samples) and TP 4 generating at TP 2 (slices regrouped for the phase). Degrees
+// and combinations that do not fit stop every rank with exit code 2 before any output.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -37,6 +39,7 @@ TEST(TensorParallelTrain, TrainsLikeTheDataParallelFusedRun) {
   struct Layout {
     int ranks;
     std::string options, log, expert_log;
+    int tp = 2, generation_tp = 2;
   };
   for (const Layout& layout :
        {Layout{2, "--tensor-parallel 2", "TP 2 x 1 replicas (attention heads and the shared", ""},
@@ -47,18 +50,28 @@ TEST(TensorParallelTrain, TrainsLikeTheDataParallelFusedRun) {
         // generate and train what the two data-parallel ranks do.
         Layout{
             4, "--tensor-parallel 2 --expert-parallel 2", "TP 2 x 2 replicas",
-            "EP 2 x 1 replicas (EP groups: the ranks of one TP rank in consecutive TP groups"}}) {
+            "EP 2 x 1 replicas (EP groups: the ranks of one TP rank in consecutive TP groups"},
+        Layout{4, "--tensor-parallel 2 --actor-tensor-parallel 1", "TP 2 x 2 replicas", "", 2, 1},
+        Layout{4, "--tensor-parallel 4 --actor-tensor-parallel 2", "TP 4 x 1 replicas", "", 4, 2}}) {
     SCOPED_TRACE(std::to_string(layout.ranks) + " ranks " + layout.options);
     const std::string dir = temp_dir("tp");
     const Result tp =
         test::run_rlfusion(kFusedRun + layout.options + " --run-dir " + dir, layout.ranks);
     ASSERT_EQ(tp.exit_code, 0) << tp.output;
-    EXPECT_EQ(test::json_number(tp.output, "tensor_parallel"), 2);
+    EXPECT_EQ(test::json_number(tp.output, "tensor_parallel"), layout.tp);
     EXPECT_NE(tp.output.find("# tensor parallelism: " + layout.log), std::string::npos)
         << tp.output;
     if (!layout.expert_log.empty()) {
       EXPECT_NE(tp.output.find("# expert parallelism: " + layout.expert_log), std::string::npos)
           << tp.output;
+    }
+    // Generation at the training degree runs on the training slices; at a lower one each phase
+    // regroups the TP mates' slices.
+    EXPECT_EQ(test::json_number(tp.output, "actor_tensor_parallel"), layout.generation_tp);
+    if (layout.generation_tp < layout.tp) {
+      EXPECT_GT(test::json_number(tp.output, "generation_switch_bytes"), 0);
+    } else {
+      EXPECT_EQ(test::json_number(tp.output, "generation_switch_bytes"), 0);
     }
     // The same samples (sampling is keyed by sample id, the logits equal up to float rounding)
     // and the same data-parallel math.

@@ -4,8 +4,11 @@
 // held-out accuracy before RL and after, the same reward every step, and a saved whole model
 // within float rounding of it; under 1F1B and, on a 4-layer model, the interleaved schedule. The
 // replica's samples come through DistQueue, one get per replica and shard each step: 1/(TP x PP)
-// of every rank fetching its own copy. Shapes that do not fit stop every rank with exit code 2
-// before any output.
+// of every rank fetching its own copy. With --actor-tensor-parallel 2 generation runs at TP 2 after
+// the switch (each rank borrowing only its TP slice of the other stage) and trains the same, with
+// fewer switch bytes than the default data-parallel generation; so does TP 4 x PP 2 on 8 ranks
+// generating at TP 2 (slices regrouped inside each stage's TP group). Shapes and degrees that do
+// not fit stop every rank with exit code 2 before any output.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -56,6 +59,42 @@ TEST(TensorPipelineTrain, TrainsLikeTheDataParallelFusedRun) {
   // The saved model is the whole one, gathered from the stages' TP slices (a norm that counted a
   // whole tensor twice is off too).
   test::expect_trains_like(dp, dp_dir, run, dir, 6);
+  EXPECT_EQ(test::json_number(run.output, "actor_tensor_parallel"), 1);
+
+  // Generation at TP 2: the same samples (each TP group generates the prompts of its two ranks,
+  // which then train one half each), the same training.
+  const std::string tp_dir = temp_dir("tp-pp-gen-tp");
+  const Result tp_generation =
+      test::run_rlfusion(kFusedRun +
+                             "--tensor-parallel 2 --pipeline-parallel 2 --actor-tensor-parallel 2 "
+                             "--run-dir " +
+                             tp_dir,
+                         4);
+  ASSERT_EQ(tp_generation.exit_code, 0) << tp_generation.output;
+  EXPECT_EQ(test::json_number(tp_generation.output, "actor_tensor_parallel"), 2);
+  EXPECT_NE(
+      tp_generation.output.find("generation at TP 2 on 2 TP groups (--actor-tensor-parallel)"),
+      std::string::npos)
+      << tp_generation.output;
+  test::expect_trains_like(dp, dp_dir, tp_generation, tp_dir, 6);
+  // Rank 0 receives its TP slice of the other stage, not the other stage whole and its TP mate's
+  // slices of its own.
+  const double switch_bytes = test::json_number(tp_generation.output, "generation_switch_bytes");
+  EXPECT_GT(switch_bytes, 0);
+  EXPECT_LT(switch_bytes, test::json_number(run.output, "generation_switch_bytes"));
+
+  // TP 4 x PP 2 on 8 ranks generating at TP 2: each rank regroups its stage's slices with its TP
+  // mates, borrows its TP 2 slice of the other stage, and trains its share of its pair's samples.
+  const std::string regrouped_dir = temp_dir("tp4-pp-gen-tp2");
+  const Result regrouped = test::run_rlfusion(
+      kFusedRun + "--tensor-parallel 4 --pipeline-parallel 2 --actor-tensor-parallel 2 --run-dir " +
+          regrouped_dir,
+      8);
+  ASSERT_EQ(regrouped.exit_code, 0) << regrouped.output;
+  EXPECT_NE(regrouped.output.find("generation at TP 2 on 4 TP groups (--actor-tensor-parallel)"),
+            std::string::npos)
+      << regrouped.output;
+  test::expect_trains_like(dp, dp_dir, regrouped, regrouped_dir, 6);
 }
 
 // Interleaved 1F1B (2 chunks per rank) inside TP 2 on a 4-layer `tiny`: each rank's 8 samples in
@@ -93,6 +132,16 @@ TEST(TensorPipelineTrain, ShapesThatDoNotFitStopEveryRankBeforeOutput) {
           {4, "--tensor-parallel 2 --pipeline-parallel 2 --staleness 1 --micro-batches 4",
            "--pipeline-parallel 2 with --staleness (StaleSync) is not supported with "
            "--micro-batches"},
+          {4, "--tensor-parallel 2 --pipeline-parallel 2 --actor-tensor-parallel 4",
+           "--actor-tensor-parallel 4 with --tensor-parallel 2: must divide the training TP "
+           "degree"},
+          {2, "--actor-tensor-parallel 2", "--actor-tensor-parallel 2 needs --tensor-parallel 2"},
+          {4, "--tensor-parallel 2 --actor-tensor-parallel 1 --staleness 1",
+           "--actor-tensor-parallel 1 with --tensor-parallel 2 is not supported with --staleness"},
+          {4, "--tensor-parallel 2 --actor-tensor-parallel 1 --offload",
+           "--actor-tensor-parallel 1 with --tensor-parallel 2 is not supported with --offload"},
+          {4, "--tensor-parallel 2 --pipeline-parallel 2 --actor-tensor-parallel -1",
+           "--actor-tensor-parallel -1: must be a positive integer"},
       },
       temp_dir("bad"));
 }
