@@ -5,45 +5,15 @@
 #include <utility>
 
 #include "kernels/error.h"
+#include "mpi_comm/counted_allgather.h"
 #include "src/app/tensor_parallel_train.h"
 #include "src/model/activation_memory.h"
 #include "src/rl/policy_loss.h"
+#include "src/roles/rollout_allgather.h"
 #include "src/roles/rollout_samples.h"
-#include "src/roles/sample_packing.h"
 #include "src/runtime/pipeline_layout_switch.h"
 
 namespace rlf {
-
-namespace {
-
-// Every rank's `mine` over the model replica (the pipeline, or its T x P ranks with TP), in rank
-// order, counted on groups.links(); `displacements[r]` receives where rank r's part starts.
-template <typename T>
-std::vector<T> allgather_in_replica(const PipelineGroups& groups, const std::vector<T>& mine,
-                                    MPI_Datatype type, std::vector<int>& displacements) {
-  const HierarchicalComm& replica = groups.model_parallel();
-  const int ranks = replica.size();
-  std::vector<int> counts(static_cast<size_t>(ranks));
-  displacements.assign(static_cast<size_t>(ranks), 0);
-  const int count = int(mine.size());
-  MPI_Allgather(&count, 1, MPI_INT, counts.data(), 1, MPI_INT, replica.comm);
-  int total = 0;
-  for (int r = 0; r < ranks; ++r) {
-    displacements[size_t(r)] = total;
-    total += counts[size_t(r)];
-  }
-  std::vector<T> all(static_cast<size_t>(total));
-  MPI_Allgatherv(mine.data(), count, type, all.data(), counts.data(), displacements.data(), type,
-                 replica.comm);
-  for (int r = 0; r < ranks; ++r) {
-    if (r != replica.rank()) {
-      groups.links().count_send(replica.world_ranks[size_t(r)], uint64_t(count) * sizeof(T));
-    }
-  }
-  return all;
-}
-
-}  // namespace
 
 void validate_pipeline_parallel_train(const DisaggregatedOptions& options, bool fused,
                                       int world_size, const RlOptions& rl) {
@@ -165,7 +135,8 @@ void gather_reference_logprobs(const std::vector<Rollout>& own, const PipelineGr
     mine.insert(mine.end(), r.reference_logp.begin(), r.reference_logp.end());
   }
   std::vector<int> displacements;
-  const std::vector<float> all = allgather_in_replica(groups, mine, MPI_FLOAT, displacements);
+  const std::vector<float> all =
+      allgather_counted(groups.model_parallel(), groups.links(), mine, MPI_FLOAT, displacements);
   size_t at = 0;
   for (Rollout& r : pipeline_samples) {
     if (at + r.response.size() > all.size()) {
@@ -204,21 +175,8 @@ std::vector<Rollout> pipeline_rollouts(DistQueue& queue, const PipelineGroups& g
 std::vector<Rollout> gather_replica_rollouts(const PipelineGroups& groups,
                                              const std::vector<Rollout>& own, int group_size,
                                              bool reference, std::vector<size_t>& blocks) {
-  std::vector<int> displacements;
-  const std::vector<std::byte> all = allgather_in_replica(
-      groups, pack_samples(to_queue_samples(own, group_size)), MPI_BYTE, displacements);
-  const size_t ranks = displacements.size();
-  std::vector<QueueSample> samples;
-  blocks.assign(ranks, 0);
-  for (size_t r = 0; r < ranks; ++r) {
-    const size_t end = r + 1 < ranks ? size_t(displacements[r + 1]) : all.size();
-    const size_t before = samples.size();
-    unpack_samples_into(std::span<const std::byte>(all).subspan(size_t(displacements[r]),
-                                                                end - size_t(displacements[r])),
-                        samples);
-    blocks[r] = samples.size() - before;
-  }
-  std::vector<Rollout> rollouts = to_rollouts(samples);
+  std::vector<Rollout> rollouts =
+      allgather_rollouts(groups.model_parallel(), groups.links(), own, group_size, &blocks);
   if (reference) gather_reference_logprobs(own, groups, rollouts);
   return rollouts;
 }

@@ -1,13 +1,11 @@
 #include "src/app/tensor_parallel_train.h"
 
 #include <iterator>
-#include <span>
 #include <stdexcept>
 #include <string>
 
 #include "kernels/error.h"
-#include "src/roles/rollout_samples.h"
-#include "src/roles/sample_packing.h"
+#include "src/roles/rollout_allgather.h"
 
 namespace rlf {
 
@@ -147,28 +145,7 @@ std::vector<Rollout> tensor_parallel_share(std::vector<Rollout> group_samples,
 
 std::vector<Rollout> gather_tensor_parallel_rollouts(const std::vector<Rollout>& own,
                                                      const TensorParallel& tp, int group_size) {
-  const std::vector<std::byte> mine = pack_samples(to_queue_samples(own, group_size));
-  const HierarchicalComm& group = tp.group();
-  const int ranks = group.size();
-  std::vector<int> counts(static_cast<size_t>(ranks)), displacements(counts);
-  const int count = int(mine.size());
-  MPI_Allgather(&count, 1, MPI_INT, counts.data(), 1, MPI_INT, group.comm);
-  int total = 0;
-  for (int r = 0; r < ranks; ++r) {
-    displacements[size_t(r)] = total;
-    total += counts[size_t(r)];
-  }
-  std::vector<std::byte> all(static_cast<size_t>(total));
-  MPI_Allgatherv(mine.data(), count, MPI_BYTE, all.data(), counts.data(), displacements.data(),
-                 MPI_BYTE, group.comm);
-  std::vector<QueueSample> samples;
-  for (int r = 0; r < ranks; ++r) {
-    if (r != group.rank()) tp.links().count_send(group.world_ranks[size_t(r)], uint64_t(count));
-    unpack_samples_into(std::span<const std::byte>(all.data() + displacements[size_t(r)],
-                                                   size_t(counts[size_t(r)])),
-                        samples);
-  }
-  return to_rollouts(samples);
+  return allgather_rollouts(tp.group(), tp.links(), own, group_size);
 }
 
 }  // namespace rlf
