@@ -517,8 +517,10 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
   ExpertExchangeCost exchange;
   if (ranks == 2) {
     exchange = measure_expert_exchange(c.intra_node, repeats);
-    c.expert_exchange_overhead = exchange.overhead;
-    c.expert_exchange_row_seconds = exchange.row_seconds;
+    c.expert_exchange_overhead = exchange.forward.overhead;
+    c.expert_exchange_row_seconds = exchange.forward.row_seconds;
+    c.expert_backward_overhead = exchange.backward.overhead;
+    c.expert_backward_row_seconds = exchange.backward.row_seconds;
     c.expert_exchange_lockstep = exchange.lockstep;
   }
   c.intra_supernode = c.inter_supernode = c.intra_node;
@@ -561,13 +563,15 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
         "\"intra_node_latency_s\":%.6g,\"inter_node_bandwidth\":%.6g,"
         "\"inter_node_latency_s\":%.6g,\"expert_exchange_overhead_s\":%.6g,"
         "\"expert_exchange_row_seconds\":%.6g,\"expert_exchange_lockstep_s\":%.6g,"
+        "\"expert_backward_overhead_s\":%.6g,\"expert_backward_row_seconds\":%.6g,"
         "\"output\":\"%s\",\"ok\":%s}\n",
         c.matmul_flops, c.half_rate_rows, c.half_rate_width, c.decode_flops,
         c.decode_half_rate_rows, c.decode_half_rate_width, c.optimizer_rate, c.sampler_rate,
         c.sampler_sort_rate, matmul.nmse, c.kernel_overhead, c.memory_bandwidth,
         c.intra_node.bandwidth, c.intra_node.latency, c.inter_supernode.bandwidth,
         c.inter_supernode.latency, c.expert_exchange_overhead, c.expert_exchange_row_seconds,
-        c.expert_exchange_lockstep, output.c_str(), matmul_ok ? "true" : "false");
+        c.expert_exchange_lockstep, c.expert_backward_overhead, c.expert_backward_row_seconds,
+        output.c_str(), matmul_ok ? "true" : "false");
     return matmul_ok ? 0 : 1;
   }
   std::printf("# rlfusion bench calibrate: %s\n", build_info().c_str());
@@ -616,12 +620,18 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
   quantity("inter-node latency", c.inter_supernode.latency * 1e6, 2, "us", inter_method);
   if (ranks == 2) {
     char method[160];
-    std::snprintf(method, sizeof method,
-                  "dispatcher, %d / %d tokens: %.1f / %.1f us per operation, less link time",
-                  exchange.small_tokens, exchange.large_tokens, exchange.small_seconds * 1e6,
-                  exchange.large_seconds * 1e6);
-    quantity("EP exchange overhead", c.expert_exchange_overhead * 1e6, 2, "us", method);
-    quantity("EP exchange per row", c.expert_exchange_row_seconds * 1e9, 2, "ns", "same fit");
+    // One fit's two lines: the fixed cost with the two batches it came from, and the cost per row.
+    auto fit_lines = [&](const char* what, const char* operations, const ExchangeFit& fit) {
+      std::snprintf(method, sizeof method, "%s, %d / %d tokens: %.1f / %.1f us each, less link time",
+                    operations, exchange.small_tokens, exchange.large_tokens,
+                    fit.small_seconds * 1e6, fit.large_seconds * 1e6);
+      quantity((std::string("EP ") + what + " overhead").c_str(), fit.overhead * 1e6, 2, "us",
+               method);
+      quantity((std::string("EP ") + what + " per row").c_str(), fit.row_seconds * 1e9, 2, "ns",
+               "same fit");
+    };
+    fit_lines("exchange", "dispatch + combine", exchange.forward);
+    fit_lines("backward", "their backward", exchange.backward);
     std::snprintf(method, sizeof method,
                   "%d tokens, each operation after equal work: %.1f us - work %.1f - alone %.1f",
                   exchange.small_tokens, exchange.lockstep_period * 1e6,

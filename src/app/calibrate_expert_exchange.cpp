@@ -4,6 +4,7 @@
 
 #include <Eigen/Dense>
 #include <algorithm>
+#include <utility>
 #include <vector>
 
 #include "mpi_comm/expert_dispatch.h"
@@ -45,10 +46,12 @@ struct Batch {
   }
 };
 
-// Seconds per operation of dispatch, combine, combine_backward and dispatch_backward of the
-// batch, the four back to back after a barrier: the slowest rank's median over `runs`.
-double time_operations(ExpertDispatcher& dispatcher, const Batch& batch, int runs) {
-  std::vector<double> samples;
+// Seconds per operation of the forward pair (dispatch, combine) and of the backward pair
+// (combine_backward, dispatch_backward) of the batch, the four back to back after a barrier: each
+// pair's slowest rank's median over `runs`.
+std::pair<double, double> time_operations(ExpertDispatcher& dispatcher, const Batch& batch,
+                                          int runs) {
+  std::vector<double> forward, backward;
   std::vector<float> dy, dweight;
   for (int run = 0; run <= runs; ++run) {
     MPI_Barrier(MPI_COMM_WORLD);
@@ -56,13 +59,35 @@ double time_operations(ExpertDispatcher& dispatcher, const Batch& batch, int run
     const std::vector<float> rows =
         dispatcher.dispatch(batch.x.data(), batch.expert.data(), batch.tokens, kTopK, kWidth);
     const std::vector<float> out = dispatcher.combine(rows.data(), batch.weight.data());
+    const double middle = MPI_Wtime();
     dispatcher.combine_backward(out.data(), rows.data(), batch.weight.data(), dy, dweight);
     const std::vector<float> dx = dispatcher.dispatch_backward(dy.data());
-    double seconds = (MPI_Wtime() - start) / 4;
-    MPI_Allreduce(MPI_IN_PLACE, &seconds, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    if (run > 0) samples.push_back(seconds);  // the first run warms the buffers up
+    double seconds[2] = {(middle - start) / 2, (MPI_Wtime() - middle) / 2};
+    MPI_Allreduce(MPI_IN_PLACE, seconds, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    if (run > 0) {  // the first run warms the buffers up
+      forward.push_back(seconds[0]);
+      backward.push_back(seconds[1]);
+    }
   }
-  return median_of(samples);
+  return {median_of(forward), median_of(backward)};
+}
+
+// The fixed and per-assignment cost from the two batches' seconds per operation, less what the
+// cost model already charges: the remote rows over `link`, in its exchange rounds.
+ExchangeFit fit_exchange(double small_seconds, double large_seconds, const Batch& small,
+                         const Batch& large, const sim::Link& link, int rank) {
+  const double row_bytes = kWidth * sizeof(float);
+  const double small_link = link.seconds(small.remote_rows(rank) * row_bytes, sim::kExchangeRounds);
+  const double large_link = link.seconds(large.remote_rows(rank) * row_bytes, sim::kExchangeRounds);
+  const double small_rows = double(small.tokens) * kTopK;
+  const double large_rows = double(large.tokens) * kTopK;
+  ExchangeFit fit;
+  fit.small_seconds = small_seconds;
+  fit.large_seconds = large_seconds;
+  fit.row_seconds = std::max(
+      0.0, ((large_seconds - large_link) - (small_seconds - small_link)) / (large_rows - small_rows));
+  fit.overhead = std::max(0.0, small_seconds - small_link - fit.row_seconds * small_rows);
+  return fit;
 }
 
 // The equal work before each operation in lock-step: a 128 x 64 by 64 x 128 float product
@@ -146,21 +171,10 @@ ExpertExchangeCost measure_expert_exchange(const sim::Link& link, int repeats) {
     const Batch small(8), large(256);
     cost.small_tokens = small.tokens;
     cost.large_tokens = large.tokens;
-    cost.small_seconds = time_operations(dispatcher, small, 10 * repeats);
-    cost.large_seconds = time_operations(dispatcher, large, 10 * repeats);
-    // What the cost model already charges: the remote rows over the link, in its exchange rounds.
-    const double row_bytes = kWidth * sizeof(float);
-    const double small_link =
-        link.seconds(small.remote_rows(rank) * row_bytes, sim::kExchangeRounds);
-    const double large_link =
-        link.seconds(large.remote_rows(rank) * row_bytes, sim::kExchangeRounds);
-    const double small_rows = double(cost.small_tokens) * kTopK;
-    const double large_rows = double(cost.large_tokens) * kTopK;
-    cost.row_seconds = std::max(0.0, ((cost.large_seconds - large_link) -
-                                      (cost.small_seconds - small_link)) /
-                                         (large_rows - small_rows));
-    cost.overhead =
-        std::max(0.0, cost.small_seconds - small_link - cost.row_seconds * small_rows);
+    const auto [small_forward, small_backward] = time_operations(dispatcher, small, 10 * repeats);
+    const auto [large_forward, large_backward] = time_operations(dispatcher, large, 10 * repeats);
+    cost.forward = fit_exchange(small_forward, large_forward, small, large, link, rank);
+    cost.backward = fit_exchange(small_backward, large_backward, small, large, link, rank);
     measure_lockstep(dispatcher, small, 10 * repeats, cost);
   }
   free_hierarchical(ep);

@@ -19,10 +19,18 @@
 
 namespace rlf {
 
+// An operation's cost beyond its link time: a fixed part and a part per (token, slot) assignment
+// it handles, fitted to the two batches' measured seconds per operation.
+struct ExchangeFit {
+  double overhead = 0, row_seconds = 0;
+  double small_seconds = 0, large_seconds = 0;
+};
+
 struct ExpertExchangeCost {
-  double overhead = 0;     // seconds per operation (dispatch, combine or a backward) beyond link
-  double row_seconds = 0;  // seconds per (token, slot) assignment the operation handles
-  double small_seconds = 0, large_seconds = 0;  // measured per operation, the two batches
+  // Dispatch and combine (the forward operations, the only ones generation runs: routing counts
+  // and metadata go out before the rows) apart from their backward (combine_backward,
+  // dispatch_backward: the forward's routing plan reused).
+  ExchangeFit forward, backward;
   int small_tokens = 0, large_tokens = 0;
   // Seconds per operation when every operation follows equal work on both ranks, beyond the work
   // and the operation alone (never below 0); and the three medians it is made of, per operation.
@@ -32,7 +40,8 @@ struct ExpertExchangeCost {
 
 // Collective over MPI_COMM_WORLD, which must have 2 ranks: ExpertDispatcher (flat, 4 experts,
 // top-2, rows of 32 floats) over the runtime's Links without emulation, the four operations of a
-// trained MoE layer in a row; per operation, the slowest rank's median over 10 x `repeats` runs.
+// trained MoE layer in a row; per operation of each pair (forward, backward), the slowest rank's
+// median over 10 x `repeats` runs.
 // Then the lock-step cost at the small batch: 10 x `repeats` rounds of three loops of 20
 // iterations, the equal work alone, an operation alone (dispatch and combine alternating) and the
 // work then an operation, each iteration timed on its own; per loop the median iteration.

@@ -63,6 +63,8 @@ void ClusterConfig::validate(const std::string& source) const {
   non_negative(expert_exchange_overhead, "expert_exchange_overhead");
   non_negative(expert_exchange_row_seconds, "expert_exchange_row_seconds");
   non_negative(expert_exchange_lockstep, "expert_exchange_lockstep");
+  non_negative(expert_backward_overhead, "expert_backward_overhead");
+  non_negative(expert_backward_row_seconds, "expert_backward_row_seconds");
   positive(optimizer_rate, "optimizer_rate");
   positive(sampler_rate, "sampler_rate");
   positive(sampler_sort_rate, "sampler_sort_rate");
@@ -111,6 +113,8 @@ ClusterConfig load_cluster_config(const std::string& name_or_path) {
   add("cluster.expert_exchange_overhead", po::value(&c.expert_exchange_overhead));
   add("cluster.expert_exchange_row_seconds", po::value(&c.expert_exchange_row_seconds));
   add("cluster.expert_exchange_lockstep", po::value(&c.expert_exchange_lockstep));
+  add("cluster.expert_backward_overhead", po::value(&c.expert_backward_overhead));
+  add("cluster.expert_backward_row_seconds", po::value(&c.expert_backward_row_seconds));
   // The optional measured rate grids: rows, widths and rates, all three or none.
   struct TableKeys {
     const char* key;
@@ -129,6 +133,12 @@ ClusterConfig load_cluster_config(const std::string& name_or_path) {
     po::variables_map vm;
     po::store(po::parse_config_file(file, desc, /*allow_unregistered=*/false), vm);
     po::notify(vm);
+    // Files from before the backward keys: the backward charged as the forward.
+    if (!vm.count("cluster.expert_backward_overhead") &&
+        !vm.count("cluster.expert_backward_row_seconds")) {
+      c.expert_backward_overhead = c.expert_exchange_overhead;
+      c.expert_backward_row_seconds = c.expert_exchange_row_seconds;
+    }
     for (TableKeys& t : tables) {
       const std::string where = "cluster file '" + path + "': cluster." + t.key;
       const int given = int(!t.rows.empty()) + int(!t.widths.empty()) + int(!t.rates.empty());
@@ -170,14 +180,16 @@ std::string cluster_config_ini(const ClusterConfig& c, const std::string& commen
       "intra_node_latency = %.6g\nintra_supernode_bandwidth = %.6g\n"
       "intra_supernode_latency = %.6g\ninter_supernode_bandwidth = %.6g\n"
       "inter_supernode_latency = %.6g\nexpert_exchange_overhead = %.6g\n"
-      "expert_exchange_row_seconds = %.6g\nexpert_exchange_lockstep = %.6g\n",
+      "expert_exchange_row_seconds = %.6g\nexpert_exchange_lockstep = %.6g\n"
+      "expert_backward_overhead = %.6g\nexpert_backward_row_seconds = %.6g\n",
       c.name.c_str(), c.devices_per_node, c.nodes_per_supernode, c.supernodes, c.matmul_flops,
       c.half_rate_rows, c.half_rate_width, c.decode_flops, c.decode_half_rate_rows,
       c.decode_half_rate_width, c.memory_bytes, c.memory_bandwidth, c.host_bandwidth,
       c.kernel_overhead, c.optimizer_rate, c.sampler_rate, c.sampler_sort_rate,
       c.intra_node.bandwidth, c.intra_node.latency, c.intra_supernode.bandwidth,
       c.intra_supernode.latency, c.inter_supernode.bandwidth, c.inter_supernode.latency,
-      c.expert_exchange_overhead, c.expert_exchange_row_seconds, c.expert_exchange_lockstep);
+      c.expert_exchange_overhead, c.expert_exchange_row_seconds, c.expert_exchange_lockstep,
+      c.expert_backward_overhead, c.expert_backward_row_seconds);
   out << buffer;
   const std::pair<const char*, const RateTable*> tables[] = {{"layer_rate", &c.layer_table},
                                                              {"decode_rate", &c.decode_table}};

@@ -72,14 +72,21 @@ struct ClusterConfig {
     return vocab / sampler_rate + vocab * std::log2(vocab) / sampler_sort_rate;
   }
   Link intra_node, intra_supernode, inter_supernode;
-  // An expert-parallel exchange (dispatch, combine or a backward) beyond its link time: routing
-  // bookkeeping, counts and metadata, packing and unpacking rows, the split-phase chain. Seconds
-  // per operation plus seconds per (token, slot) assignment it handles. Optional keys (0: the
-  // link time alone); `bench calibrate` measures them on the runtime's own dispatcher.
+  // An expert-parallel dispatch or combine beyond its link time: routing bookkeeping, counts and
+  // metadata, packing and unpacking rows, the split-phase chain. Seconds per operation plus
+  // seconds per (token, slot) assignment it handles. Optional keys (0: the link time alone);
+  // `bench calibrate` measures them on the runtime's own dispatcher.
   double expert_exchange_overhead = 0;
   double expert_exchange_row_seconds = 0;
   double expert_exchange_seconds(double assignments) const {
     return expert_exchange_overhead + assignments * expert_exchange_row_seconds;
+  }
+  // The same for their backward (combine_backward, dispatch_backward), which reuse the forward's
+  // routing plan. Optional keys; a file without them charges the backward as the forward.
+  double expert_backward_overhead = 0;
+  double expert_backward_row_seconds = 0;
+  double expert_backward_seconds(double assignments) const {
+    return expert_backward_overhead + assignments * expert_backward_row_seconds;
   }
   // What an EP exchange costs beyond that when the ranks reach it from equal work of their own,
   // as they do at every MoE layer (lock-step): the spread of equal work's finishing times and the

@@ -90,6 +90,23 @@ struct Training {
   double memory = 0;
 };
 
+// The EP ranks meet at every exchange, each with its own micro-batch, so every piece of a
+// micro-batch's work between two exchanges runs at the pace of the rank with the most tokens:
+// the expected excess of the busiest of `ranks` micro-batches over the mean, as a fraction of
+// `micro_tokens`. A rank's rollouts come prompt by prompt, so a micro-batch holds
+// min(micro batch, group size) samples of each of its prompts, sharing that prompt's length: of
+// the tokens' variance, sum over its prompts of (samples of the prompt)^2 x the prompt length's
+// variance, plus, responses drawn apart, micro batch x the response length's variance. The ranks'
+// micro-batches are independent (normal approximation, expected_max_of_normals).
+double micro_batch_token_excess(const RlJob& job, double micro_tokens, int ranks) {
+  const double b = job.micro_batch;
+  const double same_prompt = std::min(b, double(job.group_size));
+  const double variance = b * same_prompt * job.prompt.deviation * job.prompt.deviation +
+                          b * job.response.deviation * job.response.deviation;
+  return micro_tokens > 0 ? expected_max_of_normals(ranks) * std::sqrt(variance) / micro_tokens
+                          : 0.0;
+}
+
 Training training_cost(const ModelShape& m, const ClusterConfig& c, const RlJob& job,
                        const Strategy& s) {
   const Parallelism& p = s.train;
@@ -121,8 +138,12 @@ Training training_cost(const ModelShape& m, const ClusterConfig& c, const RlJob&
                              (p.tp * p.dp);
   const double kernels = micro_batches * layers_per_stage * kKernelsPerLayer * passes;
   const double rate = c.compute_rate(micro_tokens / p.tp, m.width);
-  t.compute = busiest * (flops / (devices * rate) + elementwise / (devices * c.memory_bandwidth)) +
-              kernels * c.kernel_overhead + logit_bytes / c.memory_bandwidth;
+  // The work that grows with a micro-batch's tokens (its expert FFN aside: the experts' rows come
+  // from the whole EP group).
+  const double token_work =
+      busiest * (flops / (devices * rate) + elementwise / (devices * c.memory_bandwidth)) +
+      logit_bytes / c.memory_bandwidth;
+  t.compute = token_work + kernels * c.kernel_overhead;
   const double params = training_parameters(m, p);
   t.optimizer = params / c.optimizer_rate;  // every local parameter: norm, then AdamW
   t.compute += t.optimizer;
@@ -149,8 +170,11 @@ Training training_cost(const ModelShape& m, const ClusterConfig& c, const RlJob&
     const double expert_compute = tokens * 2 * m.expert_matmul * passes / (devices * rate);
     // The dispatcher's own work (bookkeeping, packing) runs on the rank's core: overlap hides
     // only the link time behind the experts.
+    const double backward_operations = micro_batches * layers_per_stage * 2;
+    const double assignments = micro_tokens / p.tp * m.top_k;
     const double software =
-        operations * c.expert_exchange_seconds(micro_tokens / p.tp * m.top_k);
+        (operations - backward_operations) * c.expert_exchange_seconds(assignments) +
+        backward_operations * c.expert_backward_seconds(assignments);
     t.all_to_all = (s.ep_overlap ? std::max(0.0, total - expert_compute) : total) + software;
     // Every operation synchronizes the group: the expert FFN runs at the busiest rank's routed
     // rows (expert_load.h), not the mean's, and the ranks meet in lock-step at each operation.
@@ -158,7 +182,10 @@ Training training_cost(const ModelShape& m, const ClusterConfig& c, const RlJob&
     const double busiest_rows =
         busiest_rank_rows(micro_tokens / p.tp * p.ep, m.top_k, m.experts, p.ep);
     const double imbalance = mean_rows > 0 ? busiest_rows / mean_rows - 1 : 0.0;
-    t.expert_wait = busiest * expert_compute * imbalance + operations * c.expert_exchange_lockstep;
+    t.expert_wait = busiest * expert_compute * imbalance +
+                    (token_work - busiest * expert_compute) *
+                        micro_batch_token_excess(job, micro_tokens, p.ep) +
+                    operations * c.expert_exchange_lockstep;
   }
   const Link& dp_link = c.link(c.level_spanned(int64_t(p.devices())));
   const double expert_dp = double(p.dp) * p.tp / p.ep;
@@ -222,6 +249,9 @@ double generation_step(const ModelShape& m, const ClusterConfig& c, const RlJob&
         2 * m.layers *
         (link.seconds(tokens * m.top_k * (g.ep - 1.0) / g.ep * m.d_model * ab, kExchangeRounds) +
          c.expert_exchange_seconds(tokens * m.top_k) + c.expert_exchange_lockstep);
+    // After each step the group agrees whether any rank still decodes (a one-integer all-reduce:
+    // a rank whose samples are done keeps stepping with zero rows), another meeting in lock-step.
+    seconds += ring_allreduce_seconds(sizeof(int), g.ep, link) + c.expert_exchange_lockstep;
   }
   return seconds;
 }

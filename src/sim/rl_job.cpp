@@ -35,6 +35,9 @@ double normal_quantile(double p) {
   return 0.5 * (lo + hi);
 }
 
+// Standard deviation of the integers of a range `span` wide (span + 1 of them), equally likely.
+double uniform_integer_deviation(double span) { return std::sqrt(span * (span + 2) / 12); }
+
 // Empirical lengths -> summary, by the nearest-rank rule.
 LengthSummary summarize_sorted(const std::vector<double>& sorted, int64_t samples_per_step,
                                double threshold) {
@@ -45,6 +48,8 @@ LengthSummary summarize_sorted(const std::vector<double>& sorted, int64_t sample
   LengthSummary s;
   for (double v : sorted) s.mean += v;
   s.mean /= double(sorted.size());
+  for (double v : sorted) s.deviation += (v - s.mean) * (v - s.mean);
+  s.deviation = std::sqrt(s.deviation / double(sorted.size()));
   s.step_longest = quantile(1.0 - 1.0 / double(samples_per_step + 1));
   s.cut = quantile(threshold);
   return s;
@@ -78,7 +83,7 @@ LengthSummary summarize(const LengthKeys& k, const std::string& prefix, const st
     const double span = k.max - k.min;
     const double n = double(samples_per_step);
     return LengthSummary{0.5 * (k.min + k.max), k.min + span * n / (n + 1),
-                         k.min + span * threshold};
+                         k.min + span * threshold, uniform_integer_deviation(span)};
   }
   if (d == "lognormal") {
     if (!(k.median >= 1)) fail("median must be >= 1 with distribution = lognormal");
@@ -87,12 +92,16 @@ LengthSummary summarize(const LengthKeys& k, const std::string& prefix, const st
     auto quantile = [&](double p) {
       return std::min(k.max, k.median * std::exp(k.sigma * normal_quantile(p)));
     };
-    // Mean of the capped lognormal by the midpoint rule over 4096 quantiles.
-    double mean = 0;
+    // Mean and deviation of the capped lognormal by the midpoint rule over 4096 quantiles.
+    double mean = 0, square = 0;
     const int bins = 4096;
-    for (int i = 0; i < bins; ++i) mean += quantile((i + 0.5) / bins);
-    return LengthSummary{mean / bins, quantile(1.0 - 1.0 / double(samples_per_step + 1)),
-                         quantile(threshold)};
+    for (int i = 0; i < bins; ++i) {
+      const double length = quantile((i + 0.5) / bins);
+      mean += length / bins;
+      square += length * length / bins;
+    }
+    return LengthSummary{mean, quantile(1.0 - 1.0 / double(samples_per_step + 1)),
+                         quantile(threshold), std::sqrt(std::max(0.0, square - mean * mean))};
   }
   throw ConfigError(source + ": job." + prefix +
                     "_distribution must be task, fixed, uniform or lognormal, got '" + d + "'");
@@ -169,7 +178,8 @@ RlJob load_rl_job(const std::string& name_or_path) {
 LengthSummary summarize_mean_longest(double mean, double longest, double finish_threshold) {
   if (!(longest > mean)) return LengthSummary{mean, mean, mean};
   const double low = std::max(1.0, 2 * mean - longest);
-  return LengthSummary{mean, longest, low + (longest - low) * finish_threshold};
+  return LengthSummary{mean, longest, low + (longest - low) * finish_threshold,
+                       uniform_integer_deviation(longest - low)};
 }
 
 }  // namespace rlf::sim

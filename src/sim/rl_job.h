@@ -17,6 +17,9 @@ struct LengthSummary {
   double step_longest =
       0;           // expected longest of one step's samples: what a synchronous phase waits for
   double cut = 0;  // the finish threshold's quantile: where a StaleSync phase hands over
+  // Standard deviation of one sample's length: how far two ranks' micro-batches differ (their
+  // tokens meet at every expert-parallel exchange).
+  double deviation = 0;
 };
 
 struct RlJob {
@@ -48,7 +51,8 @@ struct RlJob {
 RlJob load_rl_job(const std::string& name_or_path);
 
 // The summary of a measured run's lengths: `mean` tokens, `longest` the longest a step waited for;
-// the cut as if uniform on [2 mean - longest, longest] (fixed at the mean when that is empty).
+// the cut and the deviation as if the lengths were the integers of [2 mean - longest, longest],
+// equally likely (fixed at the mean when that is empty).
 LengthSummary summarize_mean_longest(double mean, double longest, double finish_threshold);
 
 }  // namespace rlf::sim

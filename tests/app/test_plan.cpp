@@ -107,14 +107,18 @@ TEST(BenchCalibrate, TwoRanksMeasureTheLinkAndTheExpertExchange) {
   std::ifstream file(dir + "/machine.ini");
   const std::string machine_ini((std::istreambuf_iterator<char>(file)),
                                 std::istreambuf_iterator<char>());
-  // Both software-cost keys are written, never below 0, so the model's exchange time never
-  // falls with the rows. (Not "grows": under load the 256-token timing can come out no slower
-  // per row than the 8-token one, and the per-row term is then 0; a unit test must not time.)
-  for (const char* key : {"\nexpert_exchange_overhead = ", "\nexpert_exchange_row_seconds = "})
+  // The software-cost keys of the forward and the backward operations are written, never below
+  // 0, so the model's exchange time never falls with the rows. (Not "grows": under load the
+  // 256-token timing can come out no slower per row than the 8-token one, and the per-row term
+  // is then 0; a unit test must not time.)
+  for (const char* key : {"\nexpert_exchange_overhead = ", "\nexpert_exchange_row_seconds = ",
+                          "\nexpert_backward_overhead = ", "\nexpert_backward_row_seconds = "})
     EXPECT_NE(machine_ini.find(key), std::string::npos) << key << "\n" << machine_ini;
   EXPECT_GE(c.expert_exchange_row_seconds, 0);
   EXPECT_GE(c.expert_exchange_seconds(512), c.expert_exchange_seconds(16));
+  EXPECT_GE(c.expert_backward_seconds(512), c.expert_backward_seconds(16));
   EXPECT_NE(r.output.find("EP exchange overhead"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("EP backward overhead"), std::string::npos) << r.output;
   // The lock-step cost is written (never below 0: equal work may leave nothing to wait for) and
   // printed with the three medians it is made of.
   EXPECT_NE(machine_ini.find("\nexpert_exchange_lockstep = "), std::string::npos) << machine_ini;

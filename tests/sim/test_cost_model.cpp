@@ -299,13 +299,16 @@ TEST(CostModel, ExpertExchangeSoftwareCostByHand) {
   EXPECT_NEAR(links_only.all_to_all, 0, 1e-12);  // free links
   c.expert_exchange_overhead = 1e-3;
   c.expert_exchange_row_seconds = 1e-6;
+  c.expert_backward_overhead = 2e-3;
+  c.expert_backward_row_seconds = 3e-6;
   const Prediction p = predict(m, c, job, s);
-  // 2 micro-batches x 2 layers x 4 operations, each 1 ms + 16 tokens x top-2 x 1 us.
-  EXPECT_NEAR(p.all_to_all, 2 * 2 * 4 * (1e-3 + 32e-6), 1e-12);
+  // 2 micro-batches x 2 layers x (dispatch and combine, each 1 ms + 16 tokens x top-2 x 1 us;
+  // their backward, each 2 ms + 32 x 3 us).
+  EXPECT_NEAR(p.all_to_all, 2 * 2 * 2 * ((1e-3 + 32e-6) + (2e-3 + 96e-6)), 1e-12);
   s.ep_overlap = true;  // nothing to hide: the software cost stays
   EXPECT_NEAR(predict(m, c, job, s).all_to_all, p.all_to_all, 1e-12);
   // Generation with EP 2: every step (one prefill of 4 samples x 4 prompt tokens a rank, then 4
-  // decode steps of 4 rows a rank) pays 2 operations per layer.
+  // decode steps of 4 rows a rank) pays 2 operations per layer, both forward ones.
   s.ep_overlap = false;
   s.generate.ep = 2;
   const double before = predict(m, flops_only(), job, s).generation;
@@ -336,7 +339,7 @@ TEST(CostModel, ExpertWaitByHand) {
               1e-15);
   // Generation with EP 2 (one prefill of 4 samples x 4 prompt tokens a rank, then 4 decode steps
   // of 4 rows a rank): its expert FFN at the busiest rank's rows (32 and 8 group tokens), one
-  // lock-step per operation, 2 a layer.
+  // lock-step per operation, 2 a layer, and one for the step's all-reduce.
   s.train.ep = 1;
   s.generate.ep = 2;
   Strategy data_parallel = s;
@@ -348,8 +351,40 @@ TEST(CostModel, ExpertWaitByHand) {
   EXPECT_NEAR(predict(m, flops_only(), job, s).generation -
                   predict(m, flops_only(), job, data_parallel).generation,
               busiest_excess_rows * row_seconds, 1e-12);
+  // Each of the 5 steps: 2 operations a layer and the step's all-reduce of whether any rank still
+  // decodes, each 1 ms in lock-step.
   EXPECT_NEAR(predict(m, c, job, s).generation - predict(m, flops_only(), job, s).generation,
-              (1 + 4) * 2 * 2 * 1e-3, 1e-12);
+              (1 + 4) * (2 * 2 + 1) * 1e-3, 1e-12);
+}
+
+// Each EP rank brings its own micro-batch to every exchange, so the micro-batch's work outside the
+// experts runs at the pace of the rank with the most tokens. Micro-batches of 2 samples with group
+// size 2 hold one prompt each: tokens' variance 2^2 x prompt variance + 2 x response variance.
+TEST(CostModel, ExpertWaitChargesTheRankWithTheLongestMicroBatch) {
+  TinyExpertParallel tiny;
+  auto& [m, job, c, s] = tiny;
+  const Prediction equal = predict(m, c, job, s);
+  job.prompt.deviation = 1.5;
+  job.response.deviation = 2;
+  const Prediction spread = predict(m, c, job, s);
+  const double expert_seconds = 64 * 2 * 12288.0 * 3 / (2 * 1e9);
+  const double deviation = std::sqrt(4 * 1.5 * 1.5 + 2 * 2 * 2);
+  // Two ranks: E[max of 2 normals] = 1 / sqrt(pi), over a micro-batch's 16 tokens.
+  const double excess = deviation / std::sqrt(M_PI) / 16;
+  EXPECT_NEAR(spread.expert_wait - equal.expert_wait, (equal.training - expert_seconds) * excess,
+              1e-12);
+  EXPECT_NEAR(spread.training, equal.training, 1e-15);  // the mean rank's work is unchanged
+  // Micro-batches of 4 samples with group size 2: two prompts of 2 samples each.
+  job.micro_batch = 4;
+  RlJob fixed = job;
+  fixed.prompt.deviation = fixed.response.deviation = 0;
+  const double wider = std::sqrt(4 * 2 * 1.5 * 1.5 + 4 * 2 * 2);
+  EXPECT_NEAR(predict(m, c, job, s).expert_wait - predict(m, c, fixed, s).expert_wait,
+              (predict(m, c, fixed, s).training - expert_seconds) * wider / std::sqrt(M_PI) / 32,
+              1e-12);
+  // Without EP nobody waits.
+  s.train.ep = 1;
+  EXPECT_EQ(predict(m, c, job, s).expert_wait, 0);
 }
 
 TEST(CostModel, StaleSyncOverlapsDisaggregatedAndCutsFused) {

@@ -2,6 +2,7 @@
 // ConfigErrors that name the field; the calibrate writer's text reads back equal.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 
 #include "kernels/error.h"
@@ -104,8 +105,23 @@ TEST(ClusterConfig, ExpertExchangeKeysAreOptional) {
   EXPECT_DOUBLE_EQ(back.expert_exchange_row_seconds, 2e-8);
   EXPECT_DOUBLE_EQ(back.expert_exchange_lockstep, 4e-6);
   EXPECT_DOUBLE_EQ(back.expert_exchange_seconds(100), 3e-6 + 100 * 2e-8);
+  // A file without the backward keys charges the backward as the forward; with them, their own.
+  EXPECT_DOUBLE_EQ(
+      load_cluster_config(
+          test::write_scratch("forward_only.ini", std::string(kCluster) +
+                                                      "expert_exchange_overhead = 3e-6\n"
+                                                      "expert_exchange_row_seconds = 2e-8\n"))
+          .expert_backward_seconds(100),
+      3e-6 + 100 * 2e-8);
+  c.expert_backward_overhead = 5e-6;
+  c.expert_backward_row_seconds = 1e-8;
+  const ClusterConfig both =
+      load_cluster_config(test::write_scratch("backward.ini", cluster_config_ini(c, "")));
+  EXPECT_DOUBLE_EQ(both.expert_backward_seconds(100), 5e-6 + 100 * 1e-8);
+  EXPECT_DOUBLE_EQ(both.expert_exchange_seconds(100), 3e-6 + 100 * 2e-8);
   for (const std::string key :
-       {"expert_exchange_overhead", "expert_exchange_row_seconds", "expert_exchange_lockstep"}) {
+       {"expert_exchange_overhead", "expert_exchange_row_seconds", "expert_exchange_lockstep",
+        "expert_backward_overhead", "expert_backward_row_seconds"}) {
     const std::string message = test::cluster_error_of(
         std::string(kCluster) + key + " = -1e-6\n", "bad_" + key + ".ini");
     EXPECT_NE(message.find("cluster." + key), std::string::npos) << key << ": " << message;
@@ -167,6 +183,9 @@ TEST(RlJob, UniformLengthsByHand) {
   EXPECT_DOUBLE_EQ(job.response.step_longest, 10 + 20.0 * 8 / 9);
   EXPECT_DOUBLE_EQ(job.response.cut, 20);
   EXPECT_DOUBLE_EQ(job.tokens_per_step(), 8 * 30);
+  // The lengths 10..30 equally likely: variance (21^2 - 1) / 12; a fixed length does not spread.
+  EXPECT_DOUBLE_EQ(job.response.deviation, std::sqrt(440.0 / 12));
+  EXPECT_DOUBLE_EQ(job.prompt.deviation, 0);
 }
 
 TEST(RlJob, LognormalAndTaskLengths) {
@@ -181,6 +200,10 @@ TEST(RlJob, LognormalAndTaskLengths) {
   EXPECT_NEAR(sort.response.mean, 5, 0.1);
   EXPECT_NEAR(sort.prompt.mean, 6, 0.1);
   EXPECT_DOUBLE_EQ(sort.response.step_longest, 7);
+  // 2..6 digits equally likely: variance 2, measured over the task's samples.
+  EXPECT_NEAR(sort.response.deviation, std::sqrt(2.0), 0.05);
+  EXPECT_NEAR(sort.prompt.deviation, std::sqrt(2.0), 0.05);
+  EXPECT_GT(pangu.response.deviation, 0);
 }
 
 TEST(RlJob, BadFieldsAreNamed) {
@@ -218,6 +241,9 @@ TEST(RlJob, MeasuredMeanAndLongest) {
   EXPECT_DOUBLE_EQ(s.step_longest, 7);
   EXPECT_DOUBLE_EQ(s.cut, 3 + 4 * 0.9);
   EXPECT_DOUBLE_EQ(summarize_mean_longest(5, 5, 0.9).step_longest, 5);
+  // The integers 3..7 equally likely: variance (5^2 - 1) / 12 = 2.
+  EXPECT_DOUBLE_EQ(s.deviation, std::sqrt(2.0));
+  EXPECT_DOUBLE_EQ(summarize_mean_longest(5, 5, 0.9).deviation, 0);
 }
 
 }  // namespace
