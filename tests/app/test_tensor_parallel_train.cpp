@@ -1,10 +1,11 @@
 // `train --mode fused --tensor-parallel`: TP 2 on 2 ranks, TP 2 x DP 2 and TP 2 x EP 2 on 4 ranks
-// (and TP on attention only) train like the data-parallel fused run of the same prompts: the same
-// held-out accuracy before and after RL, the same reward every step, and a saved whole model within
-// float rounding of it; so do TP 2 x DP 2 generating data-parallel (--actor-tensor-parallel 1: each
-// rank generates its block from the whole model gathered for the phase, counted, and its TP group
-// trains both ranks' samples) and TP 4 generating at TP 2 (slices regrouped for the phase). Degrees
-// and combinations that do not fit stop every rank with exit code 2 before any output.
+// (with the token split and duplicated; and TP on attention only) train like the data-parallel
+// fused run of the same prompts: the same held-out accuracy before and after RL, the same reward
+// every step, and a saved whole model within float rounding of it; so do TP 2 x DP 2 generating
+// data-parallel (--actor-tensor-parallel 1: each rank generates its block from the whole model
+// gathered for the phase, counted, and its TP group trains both ranks' samples) and TP 4
+// generating at TP 2 (slices regrouped for the phase). Degrees and combinations that do not fit
+// stop every rank with exit code 2 before any output.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -48,9 +49,14 @@ TEST(TensorParallelTrain, TrainsLikeTheDataParallelFusedRun) {
                "TP 2 x 1 replicas (attention heads)", ""},
         // TP x EP: each TP rank's EP group is that TP rank of both TP groups; the two TP groups
         // generate and train what the two data-parallel ranks do.
-        Layout{
-            4, "--tensor-parallel 2 --expert-parallel 2", "TP 2 x 2 replicas",
-            "EP 2 x 1 replicas (EP groups: the ranks of one TP rank in consecutive TP groups"},
+        // (each TP rank dispatching its share of its group's tokens, or all of them)
+        Layout{4, "--tensor-parallel 2 --expert-parallel 2", "TP 2 x 2 replicas",
+               "EP 2 x 1 replicas (EP groups: the ranks of one TP rank in consecutive TP groups, "
+               "each expert on every rank of its TP group, each TP rank dispatching its share"},
+        Layout{4, "--tensor-parallel 2 --expert-parallel 2 --tensor-parallel-duplicate-experts",
+               "TP 2 x 2 replicas",
+               "EP 2 x 1 replicas (EP groups: the ranks of one TP rank in consecutive TP groups, "
+               "each expert on every rank of its TP group, computing the group's tokens on each"},
         Layout{4, "--tensor-parallel 2 --actor-tensor-parallel 1", "TP 2 x 2 replicas", "", 2, 1},
         Layout{4, "--tensor-parallel 4 --actor-tensor-parallel 2", "TP 4 x 1 replicas", "", 4, 2}}) {
     SCOPED_TRACE(std::to_string(layout.ranks) + " ranks " + layout.options);
