@@ -48,9 +48,9 @@ void allreduce_sum(float* data, int64_t count, const HierarchicalComm& h, Links&
 void flat_allreduce_sum(float* data, int64_t count, const HierarchicalComm& h, Links& links,
                         uint64_t bucket_bytes = kDefaultBucketBytes);
 
-// Every rank's block to every rank, in place: block r of `data` is bytes [offsets[r], offsets[r + 1])
-// (offsets has h.size() + 1 entries, the same on every rank; blocks may be empty); rank r brings
-// block r and ends with all of them. A ring over h.comm, ignoring nodes.
+// Every rank's block to every rank, in place: block r of `data` is the bytes from offsets[r] up to
+// offsets[r + 1] (h.size() + 1 offsets, the same on every rank; blocks may be empty); rank r
+// brings block r and ends with all of them. A ring over h.comm, ignoring nodes.
 void flat_allgather(void* data, const std::vector<uint64_t>& offsets, const HierarchicalComm& h,
                     Links& links);
 

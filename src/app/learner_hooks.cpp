@@ -18,11 +18,11 @@ DataParallelHooks learner_hooks(const HierarchicalComm& learners, Links& links,
     TraceScope traced(trace, Phase::GradientReduce);
     if (ep) {
       // TP x EP with the token split: each TP rank's expert copies saw its rows only.
-      traced.set_bytes(int64_t(
-          model.expert_token_split()
-              ? reduce_tensor_expert_gradients(model.gradients(), model.layout(),
-                                               *model.tensor_parallel(), *ep)
-              : ep->reduce_gradients(model.gradients(), model.layout())));
+      traced.set_bytes(
+          int64_t(model.expert_token_split()
+                      ? reduce_tensor_expert_gradients(model.gradients(), model.layout(),
+                                                       *model.tensor_parallel(), *ep)
+                      : ep->reduce_gradients(model.gradients(), model.layout())));
       return;
     }
     const LinkCounters before = links.counters();

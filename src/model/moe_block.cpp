@@ -156,9 +156,8 @@ void MoeBlock<T>::routed_forward_ep(const MoeWeights<T>& w, const T* x, T* out, 
     }
     // With the token split this rank dispatches only its share of the rows.
     const RowShare own = token_split_ ? token_split_->row_share(N) : RowShare{0, N};
-    const std::vector<float> rows =
-        ep.dispatch(x + int64_t(own.first) * C, a.expert_idx + int64_t(own.first) * K, own.count,
-                    K, C);
+    const std::vector<float> rows = ep.dispatch(
+        x + int64_t(own.first) * C, a.expert_idx + int64_t(own.first) * K, own.count, K, C);
     const int E_local = ep.local_experts(), R = ep.local_rows();
     // This rank's first expert, counted from the first expert the weights hold.
     const int64_t first = int64_t(ep.ep_rank()) * E_local - w.first_expert;
@@ -173,8 +172,7 @@ void MoeBlock<T>::routed_forward_ep(const MoeWeights<T>& w, const T* x, T* out, 
     a.y = d.allocate<float>(size_t(R) * C, "activations");
     ops_.expert_ffn_forward(a.y, a.ffn_a, a.ffn_b, a.xg, w.w1 + first, w.w3 + first, w.w2 + first,
                             a.expert_offsets, E_local, C, F, device_);
-    const std::vector<float> combined =
-        ep.combine(a.y, a.expert_weight + int64_t(own.first) * K);
+    const std::vector<float> combined = ep.combine(a.y, a.expert_weight + int64_t(own.first) * K);
     if (own.count > 0) {
       std::memcpy(out + int64_t(own.first) * C, combined.data(),
                   size_t(own.count) * C * sizeof(float));

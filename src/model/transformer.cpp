@@ -121,8 +121,8 @@ void Transformer<T>::set_expert_parallel(std::vector<ExpertDispatcher*> per_laye
 
 template <typename T>
 void Transformer<T>::set_expert_overlap(std::vector<OverlappedExperts*> per_layer) {
-  if (!per_layer.empty() && (int(per_layer.size()) != config_.n_layers || !expert_parallel() ||
-                             expert_token_split())) {
+  if (!per_layer.empty() &&
+      (int(per_layer.size()) != config_.n_layers || !expert_parallel() || expert_token_split())) {
     throw std::invalid_argument(
         "Transformer: overlap needs expert parallelism, one OverlappedExperts per layer and no "
         "expert token split");

@@ -58,7 +58,8 @@ TEST(TensorParallelTrain, TrainsLikeTheDataParallelFusedRun) {
                "EP 2 x 1 replicas (EP groups: the ranks of one TP rank in consecutive TP groups, "
                "each expert on every rank of its TP group, computing the group's tokens on each"},
         Layout{4, "--tensor-parallel 2 --actor-tensor-parallel 1", "TP 2 x 2 replicas", "", 2, 1},
-        Layout{4, "--tensor-parallel 4 --actor-tensor-parallel 2", "TP 4 x 1 replicas", "", 4, 2}}) {
+        Layout{4, "--tensor-parallel 4 --actor-tensor-parallel 2", "TP 4 x 1 replicas", "", 4,
+               2}}) {
     SCOPED_TRACE(std::to_string(layout.ranks) + " ranks " + layout.options);
     const std::string dir = temp_dir("tp");
     const Result tp =
@@ -173,8 +174,7 @@ TEST(TensorParallelTrain, ExpertParallelRouterStatisticsCountEveryTokenOnce) {
     ASSERT_EQ(rows.size(), size_t(ranks)) << run.output;
     if (ranks == 2) continue;
     const bool split = options.find("duplicate") == std::string::npos;
-    EXPECT_NE(run.output.find(std::string("\"tensor_expert_split\":") +
-                              (split ? "true" : "false")),
+    EXPECT_NE(run.output.find(std::string("\"tensor_expert_split\":") + (split ? "true" : "false")),
               std::string::npos)
         << run.output;
     EXPECT_EQ(test::json_number(run.output, "tp_allgathers") > 0, split) << run.output;

@@ -60,7 +60,9 @@ std::string case_name(const Case& c) {
   return "TP " + std::to_string(c.tp) + " x EP " + std::to_string(c.ep) + " x DP " +
          std::to_string(test::world_size() / (c.tp * c.ep)) +
          (c.attention_only ? " (attention only)" : "") +
-         (c.split() ? " (token split)" : c.duplicated ? " (duplicated)" : "");
+         (c.split()      ? " (token split)"
+          : c.duplicated ? " (duplicated)"
+                         : "");
 }
 
 std::vector<Case> cases_for(int world) {
@@ -229,13 +231,12 @@ void check_step(const Case& c, int index) {
   // nothing to reduce over the TP group. With the split each saw its own rows; the sum over the
   // TP group makes the copies bit-identical again.
   if (!rank.split) {
-    EXPECT_TRUE(same_on_every_rank(expert_part(rank, model, model.gradients()),
-                                   rank.tp.group().comm))
+    EXPECT_TRUE(
+        same_on_every_rank(expert_part(rank, model, model.gradients()), rank.tp.group().comm))
         << "expert gradients differ within the TP group";
   }
   rank.reduce_gradients(model);
-  EXPECT_TRUE(
-      same_on_every_rank(expert_part(rank, model, model.gradients()), rank.tp.group().comm))
+  EXPECT_TRUE(same_on_every_rank(expert_part(rank, model, model.gradients()), rank.tp.group().comm))
       << "reduced expert gradients differ within the TP group";
   const std::vector<float> want = rank.own_part(reference.gradients(), whole, layout);
   for (const ParameterTensor& t : layout.tensors()) {
@@ -340,9 +341,9 @@ TEST(TensorExpertParallel, EachTensorParallelRankComputesItsShareOfTheExpertRows
     const std::vector<int64_t> to_my_ep_group =
         summed_over(sent_per_expert, split_rank.ep->ep_group().comm);
     const ExpertShard experts = split_rank.ep->shard();
-    EXPECT_EQ(split.rows, std::accumulate(to_my_ep_group.begin() + experts.first,
-                                          to_my_ep_group.begin() + experts.first + experts.count,
-                                          int64_t(0)))
+    EXPECT_EQ(split.rows,
+              std::accumulate(to_my_ep_group.begin() + experts.first,
+                              to_my_ep_group.begin() + experts.first + experts.count, int64_t(0)))
         << "rows this rank's experts computed";
     EXPECT_EQ(summed_over({split.rows}, tp.group().comm)[0], duplicated.rows)
         << "the TP group's rows = one duplicated rank's";
