@@ -593,6 +593,7 @@ void ExpertDispatcher::begin_dispatch(const float* x, const int* expert_idx, int
 
 std::vector<float> ExpertDispatcher::finish_dispatch() {
   finish(Operation::Dispatch);
+  traffic_.expert_rows += local_rows();
   return std::move(f_.result);
 }
 

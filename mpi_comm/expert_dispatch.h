@@ -69,6 +69,9 @@ struct DispatchTraffic {
   LinkCounters payload;
   LinkCounters metadata;
   double emulated_seconds = 0;  // emulated link time of the messages this rank received
+  // Rows the dispatches brought to this rank's local experts (local_rows() summed): the rows its
+  // expert FFN computes.
+  int64_t expert_rows = 0;
 };
 
 class ExpertDispatcher {

@@ -16,6 +16,7 @@ constexpr int kTagRing = 7102;
 constexpr int kTagBroadcast = 7103;
 constexpr int kTagGather = 7104;
 constexpr int kTagScatter = 7105;
+constexpr int kTagAllgather = 7106;
 
 int rank_in(MPI_Comm comm) {
   int rank = 0;
@@ -133,6 +134,25 @@ void flat_allreduce_sum(float* data, int64_t count, const HierarchicalComm& h, L
   for_each_bucket(uint64_t(count), sizeof(float), bucket_bytes, [&](uint64_t offset, uint64_t n) {
     ring_allreduce_sum(data + offset, int64_t(n), h.comm, links, scratch);
   });
+}
+
+void flat_allgather(void* data, const std::vector<uint64_t>& offsets, const HierarchicalComm& h,
+                    Links& links) {
+  const int size = h.size(), rank = h.rank();
+  if (int(offsets.size()) != size + 1) {
+    throw std::invalid_argument("flat_allgather: one offset per rank and one past the last");
+  }
+  auto* bytes = static_cast<uint8_t*>(data);
+  const int next = (rank + 1) % size, previous = (rank - 1 + size) % size;
+  for (int step = 0; step < size - 1; ++step) {
+    const int send_block = (rank - step + size) % size;
+    const int recv_block = (rank - step - 1 + 2 * size) % size;
+    links.sendrecv(bytes + offsets[size_t(send_block)],
+                   offsets[size_t(send_block) + 1] - offsets[size_t(send_block)], next,
+                   bytes + offsets[size_t(recv_block)],
+                   offsets[size_t(recv_block) + 1] - offsets[size_t(recv_block)], previous,
+                   kTagAllgather, h.comm);
+  }
 }
 
 void broadcast(void* data, uint64_t bytes, int root, const HierarchicalComm& h, Links& links,

@@ -21,6 +21,9 @@
 // - broadcast: binomial tree inside the root's node rooted at the root, binomial tree among the
 //   leaders rooted at the root's node leader, binomial tree inside every other node from its
 //   leader: P - 1 messages of b, N - 1 of them inter-node.
+// - flat_allgather (m ranks, blocks of b_0 .. b_{m-1} bytes): a ring of m - 1 steps; at step s
+//   rank r sends block r - s (mod m) to rank r + 1, so it sends every block but block r + 1
+//   (mod m): sum(b) - b_{r+1} bytes in m - 1 messages, empty blocks included.
 // - gather_bytes / scatter_bytes (inside each node, to/from its leader): per non-leader member,
 //   one 8-byte size message, then its payload as one message when it is not empty; all
 //   intra-node. Not bucketed.
@@ -44,6 +47,12 @@ void allreduce_sum(float* data, int64_t count, const HierarchicalComm& h, Links&
 // The same result (up to float reassociation) with a ring over the whole comm, ignoring nodes.
 void flat_allreduce_sum(float* data, int64_t count, const HierarchicalComm& h, Links& links,
                         uint64_t bucket_bytes = kDefaultBucketBytes);
+
+// Every rank's block to every rank, in place: block r of `data` is the bytes from offsets[r] up to
+// offsets[r + 1] (h.size() + 1 offsets, the same on every rank; blocks may be empty); rank r
+// brings block r and ends with all of them. A ring over h.comm, ignoring nodes.
+void flat_allgather(void* data, const std::vector<uint64_t>& offsets, const HierarchicalComm& h,
+                    Links& links);
 
 // Copies `bytes` bytes at `data` on rank `root` of h.comm into `data` on every rank.
 void broadcast(void* data, uint64_t bytes, int root, const HierarchicalComm& h, Links& links,

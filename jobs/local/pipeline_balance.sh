@@ -13,15 +13,9 @@ set -euo pipefail
 
 build=${1:-build}
 shift $(($# < 1 ? $# : 1))
-rlfusion="$build/src/rlfusion"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-
-[ -x "$rlfusion" ] || { echo "no $rlfusion: build first (make build)" >&2; exit 2; }
-if [ "$(nproc)" -lt 2 ]; then
-  echo "2 ranks need 2 cores to bind to distinct cores; this machine has $(nproc)" >&2
-  exit 2
-fi
-work=$(mktemp -d "${TMPDIR:-/tmp}/rlfusion-pipeline-balance.XXXXXX")
+# shellcheck source=../lib/local_comparison.sh
+. "$(dirname "$0")/../lib/local_comparison.sh"
+rlf_local_setup 2 pipeline-balance "$build"
 model="$work/head-heavy.ini"
 cat >"$model" <<'INI'
 [model]

@@ -32,6 +32,9 @@ struct DisaggregatedOptions {
   // of the model (src/model/tensor_parallel.h); --tensor-parallel-attention-only.
   int tensor_parallel = 1;
   bool tensor_parallel_attention_only = false;
+  // --tensor-parallel-duplicate-experts (TP x EP): every TP rank dispatches all of its group's
+  // tokens (each expert's work done T times) instead of its share (the token split, default).
+  bool tensor_parallel_duplicate_experts = false;
   // --actor-tensor-parallel (fused): the generation layout's TP degree (0: --tensor-parallel
   // without a pipeline, 1 with one; generation_tensor_parallel resolves it).
   int actor_tensor_parallel = 0;

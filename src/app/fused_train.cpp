@@ -10,6 +10,7 @@
 #include "kernels/error.h"
 #include "mpi_comm/wait_policy.h"
 #include "src/app/build_info.h"
+#include "src/app/expert_rows_report.h"
 #include "src/app/fused_memory.h"
 #include "src/app/learned_reward.h"
 #include "src/app/learner_hooks.h"
@@ -226,7 +227,12 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
                              options.ep_dispatch, pp ? 1 : options.ep_overlap_chunks, redundant);
   // The spare slots get their starting replicas before the reference copies the weights.
   if (ep) ep->fill_redundant_slots(model.parameters(), model.layout());
+  // TP x EP: each TP rank dispatches its share of its group's tokens in every MoE layer (the KL
+  // reference's too), unless --tensor-parallel-duplicate-experts.
+  const bool expert_token_split = tp && ep && !options.tensor_parallel_duplicate_experts;
+  model.set_expert_token_split(expert_token_split);
   start_learner_state(learner, policy, rl, ep.get());
+  if (learner.reference) learner.reference->set_expert_token_split(expert_token_split);
   if (pp) learner.optimizer->set_shard(pp->optimizer_shard(model.layout(), ep.get()));
   const TrainingState state{&model, learner.optimizer.get(), learner.reference.get()};
   // Router statistics per step into the trace and, with --rebalance-every, experts moved
@@ -238,8 +244,9 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
     TrainRebalancer::LayerExpertTokens stage_tokens;
     if (pp) {
       stage_tokens = [&ep](int layer) { return ep->take_view_expert_tokens(layer); };
-    } else if (tp && tp->rank() != 0) {
-      // Every rank of a TP group dispatches the group's tokens: TP rank 0 counts them.
+    } else if (tp && tp->rank() != 0 && !expert_token_split) {
+      // Every rank of a TP group dispatches the group's tokens: TP rank 0 counts them (with the
+      // token split each rank counts the share it dispatched).
       stage_tokens = [&model](int layer) {
         std::vector<int64_t> tokens = model.expert_dispatcher(layer)->take_expert_tokens();
         std::fill(tokens.begin(), tokens.end(), 0);
@@ -382,8 +389,13 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         "%lld parameters\n",
         options.expert_parallel, ep->expert_data_group().size(),
         pp   ? " (EP groups: a stage's ranks in consecutive pipelines; generation on them too)"
-        : tp ? " (EP groups: the ranks of one TP rank in consecutive TP groups, each expert on "
-               "every rank of its TP group; generation on them too)"
+        : tp ? (expert_token_split
+                    ? " (EP groups: the ranks of one TP rank in consecutive TP groups, each "
+                      "expert on every rank of its TP group, each TP rank dispatching its share "
+                      "of the group's tokens; generation on them too)"
+                    : " (EP groups: the ranks of one TP rank in consecutive TP groups, each "
+                      "expert on every rank of its TP group, computing the group's tokens on "
+                      "each; generation on them too)")
              : "",
         dispatch_mode_name(options.ep_dispatch), options.ep_overlap_chunks, redundant,
         (long long)model.parameter_count(), (long long)ParameterLayout(policy.config).total());
@@ -692,6 +704,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         (long long)c.cut_samples, (long long)c.recomputed_prefix_tokens,
         (long long)c.regenerated_samples, (long long)c.dropped_groups, pool->in_flight_samples());
   }
+  if (ep) parallel_json += expert_rows_report(*ep, tp.get(), expert_token_split, dir);
   if (reordering) dir.log("%s", reordering->summary().c_str());
   dir.log(
       "# device memory peaks of learner 0: generation %s (analytic %s), training %s (analytic %s), "

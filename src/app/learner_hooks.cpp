@@ -1,6 +1,7 @@
 #include "src/app/learner_hooks.h"
 
 #include "mpi_comm/hierarchical_collectives.h"
+#include "src/runtime/tensor_expert_parallel.h"
 
 namespace rlf {
 
@@ -16,7 +17,12 @@ DataParallelHooks learner_hooks(const HierarchicalComm& learners, Links& links,
   hooks.reduce_gradients = [&learners, &links, &model, ep, &trace] {
     TraceScope traced(trace, Phase::GradientReduce);
     if (ep) {
-      traced.set_bytes(int64_t(ep->reduce_gradients(model.gradients(), model.layout())));
+      // TP x EP with the token split: each TP rank's expert copies saw its rows only.
+      traced.set_bytes(
+          int64_t(model.expert_token_split()
+                      ? reduce_tensor_expert_gradients(model.gradients(), model.layout(),
+                                                       *model.tensor_parallel(), *ep)
+                      : ep->reduce_gradients(model.gradients(), model.layout())));
       return;
     }
     const LinkCounters before = links.counters();

@@ -53,6 +53,11 @@ void validate_tensor_parallel_train(const DisaggregatedOptions& options, bool fu
   const int degree = options.tensor_parallel;
   const std::string option = "--tensor-parallel " + std::to_string(degree);
   if (degree < 1) throw ConfigError(option + ": must be a positive integer");
+  if (options.tensor_parallel_duplicate_experts && (degree == 1 || options.expert_parallel == 1)) {
+    throw ConfigError(
+        "--tensor-parallel-duplicate-experts needs --tensor-parallel and --expert-parallel of 2 "
+        "or more (it chooses how TP x EP spreads the expert work)");
+  }
   validate_generation_tensor_parallel(options, rl);
   if (degree == 1) {
     if (options.tensor_parallel_attention_only) {

@@ -122,7 +122,7 @@ void MoeBlock<T>::backward(const MoeWeights<T>& w, const MoeWeights<T>& g, const
   if (overlap) {
     routed_backward_overlapped(w, g, dout, dx, dweight, *overlap);
   } else if (ep) {
-    routed_backward_ep(w, g, a, dout, dx, dweight, *ep);
+    routed_backward_ep(w, g, a, dout, dx, dweight, N, *ep);
   } else {
     T* dy = device_.allocate_zeroed<T>(M * C, "backward work");
     ops_.moe_combine_backward(dy, dweight, dout, a.y, a.expert_weight, a.row_of_assignment, N, K, C,
@@ -154,7 +154,10 @@ void MoeBlock<T>::routed_forward_ep(const MoeWeights<T>& w, const T* x, T* out, 
     if (ep.experts() != config_.n_experts) {
       throw std::logic_error("MoeBlock: the dispatcher's expert count differs from the model's");
     }
-    const std::vector<float> rows = ep.dispatch(x, a.expert_idx, N, K, C);
+    // With the token split this rank dispatches only its share of the rows.
+    const RowShare own = token_split_ ? token_split_->row_share(N) : RowShare{0, N};
+    const std::vector<float> rows = ep.dispatch(
+        x + int64_t(own.first) * C, a.expert_idx + int64_t(own.first) * K, own.count, K, C);
     const int E_local = ep.local_experts(), R = ep.local_rows();
     // This rank's first expert, counted from the first expert the weights hold.
     const int64_t first = int64_t(ep.ep_rank()) * E_local - w.first_expert;
@@ -169,24 +172,29 @@ void MoeBlock<T>::routed_forward_ep(const MoeWeights<T>& w, const T* x, T* out, 
     a.y = d.allocate<float>(size_t(R) * C, "activations");
     ops_.expert_ffn_forward(a.y, a.ffn_a, a.ffn_b, a.xg, w.w1 + first, w.w3 + first, w.w2 + first,
                             a.expert_offsets, E_local, C, F, device_);
-    const std::vector<float> combined = ep.combine(a.y, a.expert_weight);
-    if (N > 0) std::memcpy(out, combined.data(), size_t(N) * C * sizeof(float));
+    const std::vector<float> combined = ep.combine(a.y, a.expert_weight + int64_t(own.first) * K);
+    if (own.count > 0) {
+      std::memcpy(out + int64_t(own.first) * C, combined.data(),
+                  size_t(own.count) * C * sizeof(float));
+    }
+    if (token_split_) token_split_->allgather_rows(out, N, C);
   }
 }
 
 template <typename T>
 void MoeBlock<T>::routed_backward_ep(const MoeWeights<T>& w, const MoeWeights<T>& g,
                                      const MoeActivations<T>& a, const T* dout, T* dx, T* dweight,
-                                     ExpertDispatcher& ep) const {
+                                     int N, ExpertDispatcher& ep) const {
   if constexpr (!std::is_same_v<T, float>) {
-    (void)w, (void)g, (void)a, (void)dout, (void)dx, (void)dweight, (void)ep;
+    (void)w, (void)g, (void)a, (void)dout, (void)dx, (void)dweight, (void)N, (void)ep;
     throw std::logic_error("MoeBlock: expert parallelism needs float parameters");
   } else {
-    const int C = config_.d_model, F = config_.d_ff;
+    const int C = config_.d_model, F = config_.d_ff, K = config_.top_k;
     const int E_local = ep.local_experts(), R = a.expert_offsets[E_local];
+    const RowShare own = token_split_ ? token_split_->row_share(N) : RowShare{0, N};
     std::vector<float> dy_local, dweight_v;
-    ep.combine_backward(dout, a.y, a.expert_weight, dy_local, dweight_v);
-    std::memcpy(dweight, dweight_v.data(), dweight_v.size() * sizeof(float));
+    ep.combine_backward(dout + int64_t(own.first) * C, a.y,
+                        a.expert_weight + int64_t(own.first) * K, dy_local, dweight_v);
     const int64_t first = int64_t(ep.ep_rank()) * E_local - w.first_expert;
     float* dxg = device_.allocate_zeroed<float>(size_t(R) * C, "backward work");
     ops_.expert_ffn_backward(dxg, g.w1 + first, g.w3 + first, g.w2 + first, dy_local.data(), a.xg,
@@ -194,7 +202,26 @@ void MoeBlock<T>::routed_backward_ep(const MoeWeights<T>& w, const MoeWeights<T>
                              a.expert_offsets, E_local, C, F, device_);
     // dx[n] += (sum over k in slot order of the rows of (n, k)), as moe_gather_backward does.
     const std::vector<float> dx_tokens = ep.dispatch_backward(dxg);
-    for (size_t i = 0; i < dx_tokens.size(); ++i) dx[i] += dx_tokens[i];
+    if (!token_split_) {
+      std::memcpy(dweight, dweight_v.data(), dweight_v.size() * sizeof(float));
+      for (size_t i = 0; i < dx_tokens.size(); ++i) dx[i] += dx_tokens[i];
+      return;
+    }
+    // Every row's input gradient and top-k weight gradients from the rank that had it: one
+    // allgather of rows of C + K floats over the TP group.
+    const int width = C + K;
+    float* both = device_.allocate<float>(size_t(N) * width, "backward work");
+    for (int n = 0; n < own.count; ++n) {
+      float* row = both + int64_t(own.first + n) * width;
+      std::memcpy(row, dx_tokens.data() + int64_t(n) * C, size_t(C) * sizeof(float));
+      std::memcpy(row + C, dweight_v.data() + int64_t(n) * K, size_t(K) * sizeof(float));
+    }
+    token_split_->allgather_rows(both, N, width);
+    for (int n = 0; n < N; ++n) {
+      const float* row = both + int64_t(n) * width;
+      for (int c = 0; c < C; ++c) dx[int64_t(n) * C + c] += row[c];
+      std::memcpy(dweight + int64_t(n) * K, row + C, size_t(K) * sizeof(float));
+    }
   }
 }
 

@@ -64,6 +64,19 @@ class MoeBlock {
     shared_width_ = shared_width;
   }
 
+  // The token split of tensor x expert parallelism (Megatron's): with a dispatcher, each rank
+  // of `tp`'s group (whose ranks bring the same rows) dispatches only its share of them
+  // (tp->row_share(N)) over its EP group, and the combined rows are allgathered over the TP group,
+  // so every routed expert computes each of the group's tokens once instead of on every TP rank.
+  // The router still runs on every row on every rank: the load-balancing loss, the router's
+  // gradient and the input gradient stay those of the group's tokens, bit-identical on every TP
+  // rank, at the cost of the small router matmul. In backward each rank backpropagates its rows
+  // through combine, experts and dispatch, and one allgather brings every row's input gradient
+  // and top-k weight gradient. Expert gradients then cover only this rank's rows: the caller sums
+  // them over the TP group (reduce_tensor_expert_gradients). Null: off. Not owned.
+  void set_token_split(const TensorParallel* tp) { token_split_ = tp; }
+  const TensorParallel* token_split() const { return token_split_; }
+
   // `expert_parallel`: whether forward will get a dispatcher (its routed buffers are then
   // allocated by forward).
   MoeActivations<T> allocate(int N, bool expert_parallel = false) const;
@@ -87,7 +100,7 @@ class MoeBlock {
   void routed_forward_ep(const MoeWeights<T>& w, const T* x, T* out, int N, MoeActivations<T>& a,
                          ExpertDispatcher& ep) const;
   void routed_backward_ep(const MoeWeights<T>& w, const MoeWeights<T>& g,
-                          const MoeActivations<T>& a, const T* dout, T* dx, T* dweight,
+                          const MoeActivations<T>& a, const T* dout, T* dx, T* dweight, int N,
                           ExpertDispatcher& ep) const;
   // The same through OverlappedExperts (T = float only).
   void routed_forward_overlapped(const MoeWeights<T>& w, const T* x, T* out, int N,
@@ -99,6 +112,7 @@ class MoeBlock {
   const Ops<T>& ops_;
   Arena& device_;
   const TensorParallel* tp_ = nullptr;
+  const TensorParallel* token_split_ = nullptr;
   int shared_width_;  // the shared expert's hidden units on this rank
 };
 

@@ -60,6 +60,23 @@ void TensorParallel::allreduce_sum(double*, int64_t) const {
   throw std::logic_error("tensor parallelism needs float parameters");
 }
 
+RowShare tensor_parallel_row_share(int N, int degree, int rank) {
+  const auto first = [&](int r) { return int(int64_t(N) * r / degree); };
+  return {first(rank), first(rank + 1) - first(rank)};
+}
+
+void TensorParallel::allgather_rows(float* rows, int N, int width) const {
+  counters_.allgathers += 1;
+  counters_.allgathered_elements += int64_t(N) * width;
+  if (slice_.size == 1) return;
+  std::vector<uint64_t> offsets;
+  for (int r = 0; r <= slice_.size; ++r) {
+    offsets.push_back(uint64_t(tensor_parallel_row_share(N, slice_.size, r).first) *
+                      uint64_t(width) * sizeof(float));
+  }
+  flat_allgather(rows, offsets, groups_.members, links_);
+}
+
 OptimizerShard TensorParallel::optimizer_shard(const ParameterLayout& layout) const {
   OptimizerShard shard;
   shard.replicated = tensor_replicated_ranges(layout);

@@ -52,9 +52,19 @@ void validate_tensor_parallel(const ModelConfig& config, int degree, bool attent
 
 // Counted TP collectives (per rank, since construction or reset).
 struct TensorParallelCounters {
-  int64_t allreduces = 0;           // allreduce_sum calls
-  int64_t allreduced_elements = 0;  // elements summed by them
+  int64_t allreduces = 0;            // allreduce_sum calls
+  int64_t allreduced_elements = 0;   // elements summed by them
+  int64_t allgathers = 0;            // allgather_rows calls
+  int64_t allgathered_elements = 0;  // elements of the whole buffers they assembled
 };
+
+// Rows [first, first + count) of N that TP rank `rank` of `degree` takes when a TP group splits
+// its tokens (TP x EP, src/model/moe_block.h): contiguous, in TP-rank order, counts differing by
+// at most one (first = N rank / degree), so a rank has no rows when N < degree.
+struct RowShare {
+  int first = 0, count = 0;
+};
+RowShare tensor_parallel_row_share(int N, int degree, int rank);
 
 class TensorParallel {
  public:
@@ -86,6 +96,12 @@ class TensorParallel {
   void allreduce_sum(float* data, int64_t count) const;
   // Tensor parallelism runs in float only (as expert parallelism): throws std::logic_error.
   void allreduce_sum(double* data, int64_t count) const;
+  // This rank's share of N rows (tensor_parallel_row_share).
+  RowShare row_share(int N) const { return tensor_parallel_row_share(N, degree(), rank()); }
+  // rows[N, width] holds this rank's share (row_share(N)) on entry and every rank's on return:
+  // a ring allgather over the group (flat_allgather), every message counted on links().
+  // Collective over the group; every rank passes the same N and width.
+  void allgather_rows(float* rows, int N, int width) const;
 
   // AdamW over a TP model (src/model/optimizer.h): a rank updates its slices and its copy of the
   // whole tensors, and the clipping norm counts every element once: the whole tensors' squared

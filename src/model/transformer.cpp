@@ -62,6 +62,7 @@ Transformer<T>::Transformer(const Transformer& shared, Arena& activations)
       expert_grads_(shared.expert_grads_) {
   if (tp_ && tp_->slice().splits_shared_expert())
     moe_.set_tensor_parallel(tp_, layout_.shared_width());
+  moe_.set_token_split(shared.moe_.token_split());
 }
 
 template <typename T>
@@ -82,10 +83,20 @@ Transformer<T>::Transformer(const Transformer& storage, ExpertTable<T> experts)
   }
   if (tp_ && tp_->slice().splits_shared_expert())
     moe_.set_tensor_parallel(tp_, layout_.shared_width());
+  moe_.set_token_split(storage.moe_.token_split());
 }
 
 template <typename T>
 Transformer<T>::~Transformer() = default;
+
+template <typename T>
+void Transformer<T>::set_expert_token_split(bool split) {
+  if (split && (!tp_ || !overlap_.empty())) {
+    throw std::logic_error(
+        "Transformer: the expert token split needs tensor parallelism and no overlap chunks");
+  }
+  moe_.set_token_split(split ? tp_ : nullptr);
+}
 
 template <typename T>
 void Transformer<T>::set_expert_parallel(std::vector<ExpertDispatcher*> per_layer) {
@@ -110,9 +121,11 @@ void Transformer<T>::set_expert_parallel(std::vector<ExpertDispatcher*> per_laye
 
 template <typename T>
 void Transformer<T>::set_expert_overlap(std::vector<OverlappedExperts*> per_layer) {
-  if (!per_layer.empty() && (int(per_layer.size()) != config_.n_layers || !expert_parallel())) {
+  if (!per_layer.empty() &&
+      (int(per_layer.size()) != config_.n_layers || !expert_parallel() || expert_token_split())) {
     throw std::invalid_argument(
-        "Transformer: overlap needs expert parallelism and one OverlappedExperts per layer");
+        "Transformer: overlap needs expert parallelism, one OverlappedExperts per layer and no "
+        "expert token split");
   }
   overlap_ = std::move(per_layer);
 }

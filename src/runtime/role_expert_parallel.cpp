@@ -426,6 +426,7 @@ DispatchTraffic RoleExpertParallel::traffic() const {
       sum.metadata.messages[c] += t.metadata.messages[c];
     }
     sum.emulated_seconds += t.emulated_seconds;
+    sum.expert_rows += t.expert_rows;
   }
   return sum;
 }

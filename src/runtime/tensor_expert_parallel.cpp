@@ -3,6 +3,8 @@
 #include <utility>
 #include <vector>
 
+#include "src/model/expert_parallel.h"
+
 namespace rlf {
 
 OptimizerShard tensor_expert_optimizer_shard(const ParameterLayout& layout,
@@ -26,6 +28,19 @@ OptimizerShard tensor_expert_optimizer_shard(const ParameterLayout& layout,
     return every_expert + over_tp({(counts_whole ? per_slot[0] : 0.0) + per_slot[1]});
   };
   return shard;
+}
+
+uint64_t reduce_tensor_expert_gradients(float* grads, const ParameterLayout& layout,
+                                        const TensorParallel& tp, RoleExpertParallel& ep) {
+  const auto sent = [&tp] {
+    const LinkCounters& c = tp.links().counters();
+    return c.bytes[0] + c.bytes[1];
+  };
+  const uint64_t before = sent();
+  allreduce_ranges(grads, expert_slices(layout, ep.shard().first, ep.local_slots()), tp.group(),
+                   tp.links());
+  const uint64_t over_tp = sent() - before;
+  return over_tp + ep.reduce_gradients(grads, layout);
 }
 
 bool gather_tensor_expert_parallel(const float* params, const ParameterLayout& layout, float* whole,

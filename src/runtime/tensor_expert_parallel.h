@@ -1,8 +1,13 @@
 // Tensor parallelism together with expert parallelism (train --mode fused --tensor-parallel T
 // --expert-parallel E): the EP groups are the ranks with the same TP rank in E consecutive TP
-// groups (E consecutive ranks of TensorParallel::data_parallel()), so every TP rank of a group
-// routes the group's tokens over its own EP group, and every routed expert is held, and computed
-// on the same tokens, by the T ranks of one TP group: bit-identical copies, nothing to reduce over
+// groups (E consecutive ranks of TensorParallel::data_parallel()), so every routed expert is held
+// by the T ranks of one TP group. With the token split (the default, Transformer::
+// set_expert_token_split) each TP rank dispatches only its share of the group's tokens over its EP
+// group, so the T copies of an expert see different tokens and their gradients are summed over
+// the TP group (reduce_tensor_expert_gradients); we sum rather than shard the experts over the TP
+// ranks so that storage, checkpoints, AdamW and generation stay those of TP x EP without the split
+// (the copies stay bit-identical). Without it (--tensor-parallel-duplicate-experts) every TP rank
+// routes all of the group's tokens: bit-identical copies computed T times, nothing to reduce over
 // TP. Attention (and the shared expert unless on attention only) stays TP-sliced.
 #pragma once
 
@@ -22,6 +27,13 @@ namespace rlf {
 OptimizerShard tensor_expert_optimizer_shard(const ParameterLayout& layout,
                                              const TensorParallel& tp,
                                              const RoleExpertParallel& ep);
+
+// Gradient reduction at TP x EP with the token split: each routed expert's gradient summed over
+// the TP group (its T copies saw different rows), then RoleExpertParallel::reduce_gradients (dense
+// tensors over the data-parallel group, experts over their expert-data-parallel group). Every copy
+// ends bit-identical. Collective over the TP group and ep's role; returns the bytes this rank sent.
+uint64_t reduce_tensor_expert_gradients(float* grads, const ParameterLayout& layout,
+                                        const TensorParallel& tp, RoleExpertParallel& ep);
 
 // The whole model from a TP x EP run's parts (what train evaluates and saves): each TP rank's EP
 // group of the first EP replica gathers its experts onto its EP rank 0 (collective over that EP

@@ -1,10 +1,11 @@
 // `train --mode fused --tensor-parallel`: TP 2 on 2 ranks, TP 2 x DP 2 and TP 2 x EP 2 on 4 ranks
-// (and TP on attention only) train like the data-parallel fused run of the same prompts: the same
-// held-out accuracy before and after RL, the same reward every step, and a saved whole model within
-// float rounding of it; so do TP 2 x DP 2 generating data-parallel (--actor-tensor-parallel 1: each
-// rank generates its block from the whole model gathered for the phase, counted, and its TP group
-// trains both ranks' samples) and TP 4 generating at TP 2 (slices regrouped for the phase). Degrees
-// and combinations that do not fit stop every rank with exit code 2 before any output.
+// (with the token split and duplicated; and TP on attention only) train like the data-parallel
+// fused run of the same prompts: the same held-out accuracy before and after RL, the same reward
+// every step, and a saved whole model within float rounding of it; so do TP 2 x DP 2 generating
+// data-parallel (--actor-tensor-parallel 1: each rank generates its block from the whole model
+// gathered for the phase, counted, and its TP group trains both ranks' samples) and TP 4
+// generating at TP 2 (slices regrouped for the phase). Degrees and combinations that do not fit
+// stop every rank with exit code 2 before any output.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -48,11 +49,17 @@ TEST(TensorParallelTrain, TrainsLikeTheDataParallelFusedRun) {
                "TP 2 x 1 replicas (attention heads)", ""},
         // TP x EP: each TP rank's EP group is that TP rank of both TP groups; the two TP groups
         // generate and train what the two data-parallel ranks do.
-        Layout{
-            4, "--tensor-parallel 2 --expert-parallel 2", "TP 2 x 2 replicas",
-            "EP 2 x 1 replicas (EP groups: the ranks of one TP rank in consecutive TP groups"},
+        // (each TP rank dispatching its share of its group's tokens, or all of them)
+        Layout{4, "--tensor-parallel 2 --expert-parallel 2", "TP 2 x 2 replicas",
+               "EP 2 x 1 replicas (EP groups: the ranks of one TP rank in consecutive TP groups, "
+               "each expert on every rank of its TP group, each TP rank dispatching its share"},
+        Layout{4, "--tensor-parallel 2 --expert-parallel 2 --tensor-parallel-duplicate-experts",
+               "TP 2 x 2 replicas",
+               "EP 2 x 1 replicas (EP groups: the ranks of one TP rank in consecutive TP groups, "
+               "each expert on every rank of its TP group, computing the group's tokens on each"},
         Layout{4, "--tensor-parallel 2 --actor-tensor-parallel 1", "TP 2 x 2 replicas", "", 2, 1},
-        Layout{4, "--tensor-parallel 4 --actor-tensor-parallel 2", "TP 4 x 1 replicas", "", 4, 2}}) {
+        Layout{4, "--tensor-parallel 4 --actor-tensor-parallel 2", "TP 4 x 1 replicas", "", 4,
+               2}}) {
     SCOPED_TRACE(std::to_string(layout.ranks) + " ranks " + layout.options);
     const std::string dir = temp_dir("tp");
     const Result tp =
@@ -114,13 +121,40 @@ TEST(TensorParallelTrain, StartsFromAParameterFileWithAKlReferenceLikeOneRank) {
   EXPECT_EQ(step_rewards(tp.output), want) << tp.output;
 }
 
-// Router statistics at TP x EP: every rank of a TP group dispatches the group's tokens and TP rank
-// 0 counts them, so `report` gives each layer the assignments of the EP 2 run of the same samples
-// on 2 ranks (counted on every TP rank they would be twice as many).
+// The integers of the array "key": [..] in `json` (empty when absent).
+std::vector<long long> json_integers(const std::string& json, const std::string& key) {
+  std::vector<long long> values;
+  const auto at = json.find("\"" + key + "\":[");
+  if (at == std::string::npos) return values;
+  size_t next = at + key.size() + 4;
+  while (json[next] != ']') {
+    size_t used = 0;
+    values.push_back(std::stoll(json.substr(next), &used));
+    next += used;
+    if (json[next] == ',') ++next;
+  }
+  return values;
+}
+
+long long sum(const std::vector<long long>& values) {
+  long long total = 0;
+  for (long long v : values) total += v;
+  return total;
+}
+
+// Router statistics at TP x EP: with the token split each TP rank counts the share it dispatched,
+// duplicated only TP rank 0 counts its group's tokens; either way `report` gives each layer the
+// assignments of the EP 2 run of the same samples on 2 ranks (counted on every TP rank they would
+// be twice as many). The expert rows in summary.json: each split TP rank computes part of what a
+// duplicated one does, the 4 split ranks together half the duplicated ones' (each token once, not
+// twice), and the split ran one TP allgather of rows per MoE layer forward and backward.
 TEST(TensorParallelTrain, ExpertParallelRouterStatisticsCountEveryTokenOnce) {
   std::vector<double> want;
-  for (const auto& [ranks, options] : {std::pair<int, std::string>{2, "--expert-parallel 2 "},
-                                       {4, "--tensor-parallel 2 --expert-parallel 2 "}}) {
+  std::vector<long long> split_rows, duplicated_rows;
+  for (const auto& [ranks, options] :
+       {std::pair<int, std::string>{2, "--expert-parallel 2 "},
+        {4, "--tensor-parallel 2 --expert-parallel 2 "},
+        {4, "--tensor-parallel 2 --expert-parallel 2 --tensor-parallel-duplicate-experts "}}) {
     SCOPED_TRACE(options);
     const std::string dir = temp_dir("router-" + std::to_string(ranks));
     const Result run = test::run_rlfusion(kFusedRun + options + "--run-dir " + dir, ranks);
@@ -136,7 +170,25 @@ TEST(TensorParallelTrain, ExpertParallelRouterStatisticsCountEveryTokenOnce) {
     ASSERT_GT(assignments[0], 0) << report.output;
     if (want.empty()) want = assignments;
     EXPECT_EQ(assignments, want) << report.output;
+    const std::vector<long long> rows = json_integers(run.output, "expert_rows_per_rank");
+    ASSERT_EQ(rows.size(), size_t(ranks)) << run.output;
+    if (ranks == 2) continue;
+    const bool split = options.find("duplicate") == std::string::npos;
+    EXPECT_NE(run.output.find(std::string("\"tensor_expert_split\":") + (split ? "true" : "false")),
+              std::string::npos)
+        << run.output;
+    EXPECT_EQ(test::json_number(run.output, "tp_allgathers") > 0, split) << run.output;
+    (split ? split_rows : duplicated_rows) = rows;
   }
+  ASSERT_EQ(split_rows.size(), 4u);
+  ASSERT_EQ(duplicated_rows.size(), 4u);
+  // Duplicated, both TP ranks of a group compute the same rows (ranks 0, 1 and 2, 3 are TP
+  // groups; rank r's experts are EP rank r / 2's).
+  EXPECT_EQ(duplicated_rows[0], duplicated_rows[1]);
+  EXPECT_EQ(duplicated_rows[2], duplicated_rows[3]);
+  EXPECT_EQ(split_rows[0] + split_rows[1], duplicated_rows[0]);
+  EXPECT_EQ(split_rows[2] + split_rows[3], duplicated_rows[2]);
+  EXPECT_EQ(2 * sum(split_rows), sum(duplicated_rows));
 }
 
 TEST(TensorParallelTrain, DegreesThatDoNotFitStopEveryRankBeforeOutput) {
@@ -167,6 +219,9 @@ TEST(TensorParallelTrain, DegreesThatDoNotFitStopEveryRankBeforeOutput) {
            "--tensor-parallel 2 x --expert-parallel 2 is not supported with --staleness"},
           {2, "--tensor-parallel-attention-only",
            "--tensor-parallel-attention-only needs --tensor-parallel 2 or more"},
+          {2, "--tensor-parallel 2 --tensor-parallel-duplicate-experts",
+           "--tensor-parallel-duplicate-experts needs --tensor-parallel and --expert-parallel of "
+           "2 or more"},
           {1, "--tensor-parallel 2", "--tensor-parallel 2 is not supported on one rank"},
       },
       temp_dir("bad"));

@@ -1,6 +1,6 @@
 // Hierarchical and flat collectives on virtual nodes: results against a serial reference and
 // against each other, exact byte counts from the byte model, every broadcast root, bucketing,
-// and gather/scatter round trips.
+// gather/scatter round trips, and the ring allgather of uneven (and empty) blocks.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -243,6 +243,35 @@ TEST(GatherScatter, RoundTripThroughTheNodeLeader) {
     EXPECT_EQ(total.bytes[0], bytes);
     EXPECT_EQ(total.messages[0], messages);
     EXPECT_EQ(total.bytes[1], 0u);
+  }
+}
+
+// Blocks of 3 r bytes (rank 0's empty): every rank ends with every block, and rank r sends every
+// block but block r + 1 in P - 1 messages (empty ones included), as the byte model says.
+TEST(Allgather, UnevenBlocksReachEveryRankWithTheModelsBytes) {
+  const int P = world_size();
+  std::vector<uint64_t> offsets{0};
+  for (int r = 0; r < P; ++r) offsets.push_back(offsets.back() + 3 * uint64_t(r));
+  auto block_byte = [](int r, uint64_t i) { return uint8_t(17 * r + i + 1); };
+  for (int ranks_per_node : node_sizes()) {
+    SCOPED_TRACE("ranks per node " + std::to_string(ranks_per_node));
+    VirtualNodeWorld world(ranks_per_node);
+    std::vector<uint8_t> data(offsets.back(), 0);
+    const int me = world_rank();
+    for (uint64_t i = offsets[size_t(me)]; i < offsets[size_t(me) + 1]; ++i) {
+      data[i] = block_byte(me, i - offsets[size_t(me)]);
+    }
+    flat_allgather(data.data(), offsets, world.h, world.links);
+    for (int r = 0; r < P; ++r) {
+      for (uint64_t i = offsets[size_t(r)]; i < offsets[size_t(r) + 1]; ++i) {
+        ASSERT_EQ(data[i], block_byte(r, i - offsets[size_t(r)])) << "block " << r;
+      }
+    }
+    const LinkCounters& mine = world.links.counters();
+    const int next = (me + 1) % P;
+    EXPECT_EQ(mine.bytes[0] + mine.bytes[1],
+              offsets.back() - (offsets[size_t(next) + 1] - offsets[size_t(next)]));
+    EXPECT_EQ(mine.messages[0] + mine.messages[1], uint64_t(P - 1));
   }
 }
 

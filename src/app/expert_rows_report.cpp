@@ -1,0 +1,45 @@
+#include "src/app/expert_rows_report.h"
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace rlf {
+
+std::string expert_rows_report(const RoleExpertParallel& ep, const TensorParallel* tp,
+                               bool token_split, RunDirectory& dir) {
+  int world = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  long long mine = ep.traffic().expert_rows;
+  std::vector<long long> all(size_t(world), 0);
+  MPI_Gather(&mine, 1, MPI_LONG_LONG, all.data(), 1, MPI_LONG_LONG, 0, MPI_COMM_WORLD);
+  std::string rows, listed;
+  for (int r = 0; r < world; ++r) {
+    if (r > 0) {
+      rows += ',';
+      listed += ' ';
+    }
+    rows += std::to_string(all[size_t(r)]);
+    listed += std::to_string(all[size_t(r)]);
+  }
+  std::string json = "\"expert_rows_per_rank\":[" + rows + "],";
+  if (!tp) {
+    dir.log("# expert rows computed per rank (every forward's dispatched rows): %s\n",
+            listed.c_str());
+    return json;
+  }
+  const TensorParallelCounters& c = tp->counters();
+  dir.log(
+      "# expert rows computed per rank (every forward's dispatched rows): %s; %s; rank 0 ran %lld "
+      "TP allgathers of MoE rows (%lld elements assembled)\n",
+      listed.c_str(),
+      token_split ? "token split: each TP rank dispatches its share of its group's tokens"
+                  : "duplicated: every TP rank dispatches all of its group's tokens",
+      (long long)c.allgathers, (long long)c.allgathered_elements);
+  return json + "\"tensor_expert_split\":" + (token_split ? "true" : "false") +
+         ",\"tp_allgathers\":" + std::to_string(c.allgathers) +
+         ",\"tp_allgathered_elements\":" + std::to_string(c.allgathered_elements) + ",";
+}
+
+}  // namespace rlf
