@@ -93,10 +93,12 @@ int run_train_command(const std::vector<std::string>& args) {
         "the next chunk's dispatch and the last one's combine in flight meanwhile (1: off)");
     add("tensor-parallel",
         po::value(&multi_rank.tensor_parallel)->default_value(multi_rank.tensor_parallel),
-        "--mode fused: tensor-parallel degree: groups of this many consecutive ranks hold one "
+        "tensor-parallel degree: groups of this many consecutive ranks hold one "
         "replica of the policy, each rank its share of the attention heads and of the shared "
         "expert (Megatron-style), and generate and train the same samples; with --expert-parallel "
-        "E the routed experts are sharded over the ranks of one TP rank in E TP groups");
+        "E (fused) the routed experts are sharded over the ranks of one TP rank in E TP groups; "
+        "--mode disaggregated: the learners form the TP groups, the actors generate "
+        "data-parallel");
     add("tensor-parallel-attention-only",
         po::bool_switch(&multi_rank.tensor_parallel_attention_only),
         "with --tensor-parallel: cut only attention; the shared expert stays whole on every rank");
@@ -175,7 +177,7 @@ int run_train_command(const std::vector<std::string>& args) {
         std::to_string(multi_rank.expert_parallel) + " and " +
         std::to_string(multi_rank.actor_expert_parallel) + " on 1 rank");
   }
-  validate_tensor_parallel_train(multi_rank, mode == "fused", world_size, o);
+  validate_tensor_parallel_train(multi_rank, mode, world_size, o);
   validate_pipeline_parallel_train(multi_rank, mode == "fused", world_size, o);
   validate_sample_reordering(multi_rank, o, world_size);
   if (o.staleness > 0 && world_size == 1) {

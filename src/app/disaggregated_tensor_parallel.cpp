@@ -1,0 +1,89 @@
+#include "src/app/disaggregated_tensor_parallel.h"
+
+#include <mpi.h>
+
+#include <cstdio>
+
+#include "kernels/error.h"
+#include "src/app/tensor_parallel_train.h"
+
+namespace rlf {
+
+void validate_disaggregated_tensor_parallel(const DisaggregatedOptions& options, int world_size,
+                                            const RlOptions& rl) {
+  const std::string option = "--tensor-parallel " + std::to_string(options.tensor_parallel);
+  if (world_size == 1) {
+    throw ConfigError(option + " is not supported on one rank (mpiexec -n 2 or more)");
+  }
+  const std::string disaggregated = option + " with --mode disaggregated";
+  if (options.actor_tensor_parallel > 1) {
+    throw ConfigError(disaggregated + ": --actor-tensor-parallel " +
+                      std::to_string(options.actor_tensor_parallel) +
+                      " is not supported (actors generate data-parallel, each from the whole "
+                      "model; use --actor-tensor-parallel 1 or 0)");
+  }
+  if (options.actor_tensor_parallel < 0) {
+    throw ConfigError("--actor-tensor-parallel " + std::to_string(options.actor_tensor_parallel) +
+                      ": must be a positive integer (0: the default)");
+  }
+  if (options.expert_parallel > 1 || options.actor_expert_parallel > 1) {
+    throw ConfigError(disaggregated + " is not supported with --expert-parallel or " +
+                      "--actor-expert-parallel (TP x EP runs in --mode fused)");
+  }
+  refuse_unsupported_with_learner_groups(option, options, rl);
+}
+
+void validate_learner_tensor_parallel(const DisaggregatedOptions& options,
+                                      const ModelConfig& config, int learners) {
+  const int degree = options.tensor_parallel;
+  if (degree <= 1) return;
+  const std::string prefix =
+      "--tensor-parallel " + std::to_string(degree) + " with --mode disaggregated: ";
+  if (learners % degree != 0) {
+    throw ConfigError(prefix + "does not divide the " + std::to_string(learners) +
+                      " learner ranks (--learners must be a multiple of the TP degree: TP groups "
+                      "of consecutive learners)");
+  }
+  const std::string problem =
+      tensor_parallel_problem(config, degree, options.tensor_parallel_attention_only, learners);
+  if (!problem.empty()) throw ConfigError(prefix + problem);
+}
+
+std::unique_ptr<TensorParallel> make_learner_tensor_parallel(const DisaggregatedOptions& options,
+                                                             const ModelConfig& config,
+                                                             Topology& topology) {
+  if (options.tensor_parallel <= 1 || topology.role() != Role::Learner) return nullptr;
+  return std::make_unique<TensorParallel>(topology.role_comm().comm, options.tensor_parallel,
+                                          options.tensor_parallel_attention_only, config,
+                                          topology.links());
+}
+
+WholeModelForSync::WholeModelForSync(const TensorParallel* tp, const ModelConfig& config)
+    : tp_(tp), config_(config), whole_layout_(config) {
+  if (tp_ && tp_->replica() == 0 && tp_->rank() == 0) whole_.resize(size_t(whole_layout_.total()));
+}
+
+float* WholeModelForSync::assemble(Transformer<float>& model) {
+  if (!tp_) return model.parameters();
+  gathered_bytes_ += gather_tensor_parallel_on_rank_zero(model.parameters(), model.layout(),
+                                                         whole_.empty() ? nullptr : whole_.data(),
+                                                         whole_layout_, config_, *tp_);
+  return whole_.empty() ? nullptr : whole_.data();
+}
+
+std::string learner_tensor_parallel_json(const DistQueue& queue, int degree,
+                                         uint64_t gathered_bytes) {
+  const DistQueueCounters& served = queue.counters();
+  unsigned long long totals[4] = {served.get_requests, served.reply_bytes, served.samples_served,
+                                  gathered_bytes};
+  MPI_Allreduce(MPI_IN_PLACE, totals, 4, MPI_UNSIGNED_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
+  char fields[320];
+  std::snprintf(fields, sizeof fields,
+                "\"queue_get_requests\":%llu,\"queue_reply_bytes\":%llu,"
+                "\"queue_samples_served\":%llu,\"queue_replica_ranks\":%d,"
+                "\"weight_sync_gather_bytes\":%llu,",
+                totals[0], totals[1], totals[2], degree, totals[3]);
+  return fields;
+}
+
+}  // namespace rlf
