@@ -48,11 +48,11 @@ TEST(TensorParallelTrain, TrainsLikeTheDataParallelFusedRun) {
                "TP 2 x 1 replicas (attention heads)", ""},
         // TP x EP: each TP rank's EP group is that TP rank of both TP groups; the two TP groups
         // generate and train what the two data-parallel ranks do.
-        Layout{
-            4, "--tensor-parallel 2 --expert-parallel 2", "TP 2 x 2 replicas",
-            "EP 2 x 1 replicas (EP groups: the ranks of one TP rank in consecutive TP groups"},
+        Layout{4, "--tensor-parallel 2 --expert-parallel 2", "TP 2 x 2 replicas",
+               "EP 2 x 1 replicas (EP groups: the ranks of one TP rank in consecutive TP groups"},
         Layout{4, "--tensor-parallel 2 --actor-tensor-parallel 1", "TP 2 x 2 replicas", "", 2, 1},
-        Layout{4, "--tensor-parallel 4 --actor-tensor-parallel 2", "TP 4 x 1 replicas", "", 4, 2}}) {
+        Layout{4, "--tensor-parallel 4 --actor-tensor-parallel 2", "TP 4 x 1 replicas", "", 4,
+               2}}) {
     SCOPED_TRACE(std::to_string(layout.ranks) + " ranks " + layout.options);
     const std::string dir = temp_dir("tp");
     const Result tp =
@@ -147,7 +147,9 @@ TEST(TensorParallelTrain, DegreesThatDoNotFitStopEveryRankBeforeOutput) {
           {4, "--tensor-parallel 8",
            "--tensor-parallel 8: does not divide the 4 ranks it is made of"},
           {2, "--tensor-parallel 0", "--tensor-parallel 0: must be a positive integer"},
-          {2, "--mode disaggregated --tensor-parallel 2",  // (disaggregated by default)
+          {2, "--mode disaggregated --tensor-parallel 2",  // (1 actor, 1 learner)
+           "--tensor-parallel 2 with --mode disaggregated: does not divide the 1 learner ranks"},
+          {2, "--mode fused-all --tensor-parallel 2",
            "--tensor-parallel 2 is not supported outside --mode fused"},
           {2, "--tensor-parallel 2 --expert-parallel 2",
            "--tensor-parallel 2 x --expert-parallel 2: the EP degree must divide the 1 "
