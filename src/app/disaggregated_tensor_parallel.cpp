@@ -2,6 +2,7 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstdio>
 
 #include "kernels/error.h"
@@ -16,11 +17,13 @@ void validate_disaggregated_tensor_parallel(const DisaggregatedOptions& options,
     throw ConfigError(option + " is not supported on one rank (mpiexec -n 2 or more)");
   }
   const std::string disaggregated = option + " with --mode disaggregated";
-  if (options.actor_tensor_parallel > 1) {
+  // (The actors' samples in flight are saved per rank; with actor TP groups only each group's
+  // first rank puts them, which StaleSync's checkpoints and restores do not follow yet.)
+  if (options.actor_tensor_parallel > 1 && rl.staleness > 0) {
     throw ConfigError(disaggregated + ": --actor-tensor-parallel " +
                       std::to_string(options.actor_tensor_parallel) +
-                      " is not supported (actors generate data-parallel, each from the whole "
-                      "model; use --actor-tensor-parallel 1 or 0)");
+                      " is not supported with --staleness above 0 (actors generate data-parallel "
+                      "with StaleSync)");
   }
   if (options.actor_tensor_parallel < 0) {
     throw ConfigError("--actor-tensor-parallel " + std::to_string(options.actor_tensor_parallel) +
@@ -33,27 +36,46 @@ void validate_disaggregated_tensor_parallel(const DisaggregatedOptions& options,
   refuse_unsupported_with_learner_groups(option, options, rl);
 }
 
-void validate_learner_tensor_parallel(const DisaggregatedOptions& options,
-                                      const ModelConfig& config, int learners) {
-  const int degree = options.tensor_parallel;
+namespace {
+
+// ConfigError "<option> <degree> with --mode disaggregated: ..." when `degree` does not fit the
+// `ranks` ranks of `role` (named by --`role`s) or the model.
+void validate_role_degree(const std::string& option, int degree, const ModelConfig& config,
+                          bool attention_only, int ranks, const std::string& role) {
   if (degree <= 1) return;
-  const std::string prefix =
-      "--tensor-parallel " + std::to_string(degree) + " with --mode disaggregated: ";
-  if (learners % degree != 0) {
-    throw ConfigError(prefix + "does not divide the " + std::to_string(learners) +
-                      " learner ranks (--learners must be a multiple of the TP degree: TP groups "
-                      "of consecutive learners)");
+  const std::string prefix = option + " " + std::to_string(degree) + " with --mode disaggregated: ";
+  if (ranks % degree != 0) {
+    throw ConfigError(prefix + "does not divide the " + std::to_string(ranks) + " " + role +
+                      " ranks (--" + role +
+                      "s must be a multiple of the TP degree: TP groups of "
+                      "consecutive " +
+                      role + "s)");
   }
-  const std::string problem =
-      tensor_parallel_problem(config, degree, options.tensor_parallel_attention_only, learners);
+  const std::string problem = tensor_parallel_problem(config, degree, attention_only, ranks);
   if (!problem.empty()) throw ConfigError(prefix + problem);
 }
 
-std::unique_ptr<TensorParallel> make_learner_tensor_parallel(const DisaggregatedOptions& options,
-                                                             const ModelConfig& config,
-                                                             Topology& topology) {
-  if (options.tensor_parallel <= 1 || topology.role() != Role::Learner) return nullptr;
-  return std::make_unique<TensorParallel>(topology.role_comm().comm, options.tensor_parallel,
+}  // namespace
+
+void validate_role_tensor_parallel(const DisaggregatedOptions& options, const ModelConfig& config,
+                                   int learners, int actors) {
+  if (options.tensor_parallel <= 1) return;
+  const bool attention_only = options.tensor_parallel_attention_only;
+  validate_role_degree("--tensor-parallel", options.tensor_parallel, config, attention_only,
+                       learners, "learner");
+  validate_role_degree("--actor-tensor-parallel", options.actor_tensor_parallel, config,
+                       attention_only, actors, "actor");
+}
+
+std::unique_ptr<TensorParallel> make_role_tensor_parallel(const DisaggregatedOptions& options,
+                                                          const ModelConfig& config,
+                                                          Topology& topology) {
+  if (options.tensor_parallel <= 1) return nullptr;
+  const int degree = topology.role() == Role::Learner ? options.tensor_parallel
+                     : topology.role() == Role::Actor ? options.actor_tensor_parallel
+                                                      : 1;
+  if (degree <= 1) return nullptr;
+  return std::make_unique<TensorParallel>(topology.role_comm().comm, degree,
                                           options.tensor_parallel_attention_only, config,
                                           topology.links());
 }
@@ -71,7 +93,7 @@ float* WholeModelForSync::assemble(Transformer<float>& model) {
   return whole_.empty() ? nullptr : whole_.data();
 }
 
-std::string learner_tensor_parallel_json(const DistQueue& queue, int degree,
+std::string learner_tensor_parallel_json(const DistQueue& queue, int degree, int actor_degree,
                                          uint64_t gathered_bytes) {
   const DistQueueCounters& served = queue.counters();
   unsigned long long totals[4] = {served.get_requests, served.reply_bytes, served.samples_served,
@@ -81,8 +103,8 @@ std::string learner_tensor_parallel_json(const DistQueue& queue, int degree,
   std::snprintf(fields, sizeof fields,
                 "\"queue_get_requests\":%llu,\"queue_reply_bytes\":%llu,"
                 "\"queue_samples_served\":%llu,\"queue_replica_ranks\":%d,"
-                "\"weight_sync_gather_bytes\":%llu,",
-                totals[0], totals[1], totals[2], degree, totals[3]);
+                "\"weight_sync_gather_bytes\":%llu,\"actor_tensor_parallel\":%d,",
+                totals[0], totals[1], totals[2], degree, totals[3], std::max(1, actor_degree));
   return fields;
 }
 

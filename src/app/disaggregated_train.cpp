@@ -152,10 +152,11 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
                             TrainResult* result, const CheckpointOptions& checkpoints) {
   Topology topology(MPI_COMM_WORLD, layout);
   const ModelConfig model_config = load_model_config(run.model);
-  validate_learner_tensor_parallel(options, model_config,
-                                   int(topology.ranks_of(Role::Learner).size()));
+  validate_role_tensor_parallel(options, model_config, int(topology.ranks_of(Role::Learner).size()),
+                                int(topology.ranks_of(Role::Actor).size()));
   // Learners hold and train the model in TP groups of consecutive learner ranks (--tensor-parallel;
-  // data-parallel over the groups); actors generate data-parallel, each from the whole model.
+  // data-parallel over the groups); actors generate data-parallel, each from the whole model, or
+  // in TP groups of their own (--actor-tensor-parallel).
   const int learner_replicas =
       int(topology.ranks_of(Role::Learner).size()) / options.tensor_parallel;
   validate_layout_fit(rl, topology, learner_replicas);
@@ -190,9 +191,12 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
                                       ep_degree, experts)
                     : ExpertShard{};
   if (role == Role::Learner) own_experts.redundant = redundant;
-  const std::unique_ptr<TensorParallel> tp =
-      make_learner_tensor_parallel(options, model_config, topology);
-  Policy policy = make_policy(run, policy_options, role == Role::Learner, own_experts, tp.get());
+  const std::unique_ptr<TensorParallel> role_tp =
+      make_role_tensor_parallel(options, model_config, topology);
+  const TensorParallel* tp = role == Role::Learner ? role_tp.get() : nullptr;  // the learners'
+  const TensorParallel* actor_tp = role == Role::Actor ? role_tp.get() : nullptr;
+  Policy policy =
+      make_policy(run, policy_options, role == Role::Learner, own_experts, role_tp.get());
   // Synchronous checkpoints fall between steps with nothing in flight. With StaleSync the actors
   // are L batches ahead: the checkpoint of step k also holds batches k + 1 .. k + L, which every
   // actor has put before it agrees to step k's end (and no learner has taken).
@@ -202,7 +206,7 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
                          compute_rank_count);
   if (rl.staleness > 0) saved.collect_in_flight();
   // A TP learner's state is its slice; checkpoints hold the whole model, gathered by TP group 0.
-  saved.attach_tensor_parallel(tp.get());
+  saved.attach_tensor_parallel(tp);
   RunDirectory dir(run.run_dir, resolved_config, /*writer=*/root, saved.resuming());
   TraceRecorder trace(MPI_COMM_WORLD);
   trace.set_memory_source(&policy.device->memory());
@@ -240,8 +244,11 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
   const Task& task = *policy.task;
   const int64_t parameter_count = model.parameter_count();
   // The weight sync sends the whole model: with TP, TP group 0 assembles it on learner 0 first.
-  WholeModelForSync sync_model(tp.get(), policy.config);
-  const int64_t synced_count = tp ? ParameterLayout(policy.config).total() : parameter_count;
+  WholeModelForSync sync_model(tp, policy.config);
+  const ParameterLayout whole_layout(policy.config);
+  const int64_t synced_count = tp || actor_tp ? whole_layout.total() : parameter_count;
+  // An actor in a TP group receives the whole model here and keeps its slice.
+  std::vector<float> actor_whole(actor_tp ? size_t(whole_layout.total()) : 0);
   const bool learner_sends_weights =
       role == Role::Learner && (root || expert_weights || (tp && sync_model.assembles()));
   const auto run_start = Clock::now();
@@ -338,7 +345,12 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
     // The parameters this rank sends or receives in a weight sync (null on TP group 0's other
     // ranks, which only help assemble them).
     auto synced_parameters = [&] {
-      return role == Role::Learner && tp ? sync_model.assemble(model) : model.parameters();
+      if (role == Role::Learner && tp) return sync_model.assemble(model);
+      return actor_tp ? actor_whole.data() : model.parameters();
+    };
+    auto keep_actor_slice = [&] {
+      if (actor_tp)
+        slice_parameters(actor_whole.data(), whole_layout, model.parameters(), model.layout());
     };
     auto sync_weights = [&](int version) {
       // (TP learners outside group 0 hold no part of the sync.)
@@ -350,6 +362,7 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
               ? expert_weights->sync(model.parameters(), model.layout(), weights,
                                      role == Role::Learner && ep ? &ep->expert_slots() : nullptr)
               : weights.broadcast(synced_parameters(), synced_count)));
+      keep_actor_slice();
     };
     const PostedWeightSync::Wait serving_wait = [&](std::vector<MPI_Request>& requests) {
       serve_until_complete(requests, queue);
@@ -371,7 +384,8 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
         traced.set_bytes(int64_t(
             expert_weights
                 ? expert_weights->receive(params, model.layout(), *posted_weights, serving_wait)
-                : posted_weights->receive(params, parameter_count, serving_wait)));
+                : posted_weights->receive(synced_parameters(), synced_count, serving_wait)));
+        keep_actor_slice();
         return;
       }
       traced.set_bytes(int64_t(
@@ -397,12 +411,17 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
     if (options.tensor_parallel > 1) {
       dir.log(
           "# tensor parallelism: learners TP %d x %d replicas (%s), one DistQueue leader per TP "
-          "group; actors generate data-parallel from the whole model, assembled from TP group 0's "
-          "slices on learner 0 for every weight sync; a learner stores %lld of %lld parameters\n",
+          "group; the weight sync sends the whole model, assembled from TP group 0's slices on "
+          "learner 0; actors generate %s; a learner stores %lld of %lld parameters\n",
           options.tensor_parallel, learner_replicas,
           options.tensor_parallel_attention_only ? "attention heads"
                                                  : "attention heads and the shared expert",
-          (long long)(tp ? parameter_count : 0), (long long)ParameterLayout(policy.config).total());
+          options.actor_tensor_parallel > 1
+              ? ("at TP " + std::to_string(options.actor_tensor_parallel) +
+                 " (--actor-tensor-parallel), each actor keeping its slice")
+                    .c_str()
+              : "data-parallel from the whole model",
+          (long long)(tp ? parameter_count : 0), (long long)whole_layout.total());
     }
     if (rl.staleness > 0) {
       dir.log(
@@ -442,9 +461,11 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
         if (sent_at > position.step && schedule.pipelined_sync_after(sent_at)) {
           send_pipelined_weights(generator);
         }
+        // (An actor TP group generates its block collectively.)
         const auto [first, count] =
             actor_prompts(int64_t(version) * rl.prompts, rl.prompts,
-                          index_in(actors, topology.world_rank()), int(actors.size()));
+                          actor_tp ? actor_tp->replica() : index_in(actors, topology.world_rank()),
+                          actor_tp ? actor_tp->replicas() : int(actors.size()));
         std::vector<Rollout> rollouts;
         if (const auto restored = restored_batches.find(step); restored != restored_batches.end()) {
           rollouts = std::move(restored->second);
@@ -461,8 +482,10 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
           TraceScope traced(trace, Phase::QueuePut);
           traced.set_version(generator);
           std::vector<QueueSample> samples = to_queue_samples(rollouts, rl.group_size);
+          // (The ranks of an actor TP group hold the same samples: its first rank puts them.)
+          if (actor_tp && actor_tp->rank() != 0) samples.clear();
           traced.set_bytes(int64_t(packed_bytes(samples)));
-          queue.put(std::move(samples));
+          if (!samples.empty()) queue.put(std::move(samples));
         }
         batch_complete_barrier(step);
         if (schedule.lag == 0) {
@@ -548,8 +571,8 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
   if (stop) return kExitCheckpointedOnSignal;
   std::string tensor_parallel_json;
   if (options.tensor_parallel > 1) {
-    tensor_parallel_json =
-        learner_tensor_parallel_json(queue, options.tensor_parallel, sync_model.gathered_bytes());
+    tensor_parallel_json = learner_tensor_parallel_json(
+        queue, options.tensor_parallel, options.actor_tensor_parallel, sync_model.gathered_bytes());
     dir.log(
         "# tensor parallelism: learner 0 received %s assembling the whole model for the "
         "weight syncs\n",
@@ -564,7 +587,7 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
   end.rl_tokens = position.rl_tokens;
   end.run_start = run_start;
   end.migrations = migrations;
-  end.tensor_parallel = tp.get();
+  end.tensor_parallel = tp;
   end.memory_json = reordering_json + tensor_parallel_json;
   return finish_multi_rank_train(end, run, policy_options, sft, rl, options, policy, topology, dir,
                                  trace, result);

@@ -105,7 +105,9 @@ int run_train_command(const std::vector<std::string>& args) {
     add("actor-tensor-parallel",
         po::value(&multi_rank.actor_tensor_parallel)
             ->default_value(multi_rank.actor_tensor_parallel),
-        "--mode fused: tensor-parallel degree of generation, dividing --tensor-parallel (0: "
+        "tensor-parallel degree of generation; --mode disaggregated (with --tensor-parallel): TP "
+        "groups of this many consecutive actors (0, 1: data-parallel actors); --mode fused: "
+        "dividing --tensor-parallel (0: "
         "--tensor-parallel, or 1 with --pipeline-parallel): groups of this many consecutive "
         "ranks generate from TP slices regrouped for the phase (1: data-parallel from the whole "
         "model), with --pipeline-parallel each rank borrowing only its slice of the other "

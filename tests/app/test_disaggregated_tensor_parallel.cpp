@@ -1,6 +1,7 @@
 // `train --mode disaggregated --tensor-parallel 2`: TP learners (TP groups of consecutive learner
 // ranks) with data-parallel actors, on 3 ranks (1 actor + 2 learners), 4 (2 actors + 2 learners),
-// 5 (1 actor + TP 2 x DP 2 learners) and with TP on attention only, synchronous and StaleSync
+// 5 (1 actor + TP 2 x DP 2 learners), with TP on attention only and with the 2 actors in a TP
+// group (--actor-tensor-parallel 2), synchronous and StaleSync
 // (s = 1, and s = 2 with the posted weight sync), train like the data-parallel disaggregated run
 // of the same layout: the same held-out accuracy before RL, the same reward every step and a saved
 // whole model within float rounding of it. One leader per TP group asks DistQueue, once per shard
@@ -35,8 +36,9 @@ constexpr int kSteps = 6, kSamplesPerStep = 8 * 4, kShards = 2;
 struct Layout {
   int ranks;
   std::string roles;  // --actors / --learners
-  std::string extra;  // TP-only options (attention only)
+  std::string extra;  // TP-only options (attention only, actor TP)
   int tp_groups;
+  int actor_tp = 1;
 };
 
 void expect_trains_like_data_parallel(const Layout& layout, const std::string& stale) {
@@ -50,6 +52,7 @@ void expect_trains_like_data_parallel(const Layout& layout, const std::string& s
       layout.ranks);
   ASSERT_EQ(tp.exit_code, 0) << tp.output;
   EXPECT_EQ(test::json_number(tp.output, "tensor_parallel"), 2);
+  EXPECT_EQ(test::json_number(tp.output, "actor_tensor_parallel"), layout.actor_tp);
   EXPECT_NE(tp.output.find("# tensor parallelism: learners TP 2 x " +
                            std::to_string(layout.tp_groups) + " replicas"),
             std::string::npos)
@@ -81,7 +84,10 @@ TEST(DisaggregatedTensorParallel, TrainsLikeTheDataParallelDisaggregatedRun) {
   for (const Layout& layout :
        {Layout{3, "--actors 1 --learners 2 ", "", 1}, Layout{4, "--actors 2 --learners 2 ", "", 1},
         Layout{3, "--actors 1 --learners 2 ", "--tensor-parallel-attention-only ", 1},
-        Layout{5, "--actors 1 --learners 4 ", "", 2}}) {
+        Layout{5, "--actors 1 --learners 4 ", "", 2},
+        // Actors in a TP group of their own: both generate the step's prompts collectively and
+        // keep their slices of each synced model.
+        Layout{4, "--actors 2 --learners 2 ", "--actor-tensor-parallel 2 ", 1, 2}}) {
     expect_trains_like_data_parallel(layout, "");
   }
 }
@@ -102,8 +108,11 @@ TEST(DisaggregatedTensorParallel, LayoutsThatDoNotFitStopEveryRankBeforeOutput) 
           {3, "--mode disaggregated --tensor-parallel 3 --actors 1 --learners 2",
            "--tensor-parallel 3 with --mode disaggregated: does not divide the 2 learner ranks"},
           {3, mode + "--actors 1 --learners 2 --actor-tensor-parallel 2",
+           "--actor-tensor-parallel 2 with --mode disaggregated: does not divide the 1 actor "
+           "ranks (--actors must be a multiple"},
+          {4, mode + "--actors 2 --learners 2 --actor-tensor-parallel 2 --staleness 1",
            "--tensor-parallel 2 with --mode disaggregated: --actor-tensor-parallel 2 is not "
-           "supported"},
+           "supported with --staleness above 0"},
           {3, mode + "--actors 1 --learners 2 --expert-parallel 2",
            "--tensor-parallel 2 with --mode disaggregated is not supported with "
            "--expert-parallel"},
