@@ -12,6 +12,7 @@
 #include "mpi_comm/hierarchical_collectives.h"
 #include "mpi_comm/wait_policy.h"
 #include "src/app/build_info.h"
+#include "src/app/disaggregated_tensor_parallel.h"
 #include "src/app/learned_reward.h"
 #include "src/app/learner_hooks.h"
 #include "src/app/learner_setup.h"
@@ -44,13 +45,14 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-void validate_layout_fit(const RlOptions& rl, const Topology& topology) {
+// `replicas`: the learners' model replicas (with TP the TP groups), each taking its share.
+void validate_layout_fit(const RlOptions& rl, const Topology& topology, int replicas) {
   const int learners = int(topology.ranks_of(Role::Learner).size());
   const int64_t batch = int64_t(rl.prompts) * rl.group_size;
-  if (batch % learners != 0) {
+  if (batch % replicas != 0) {
     throw ConfigError("--prompts x --group-size = " + std::to_string(batch) +
-                      " samples per step must divide evenly among " + std::to_string(learners) +
-                      " learner ranks");
+                      " samples per step must divide evenly among " + std::to_string(replicas) +
+                      (replicas == learners ? " learner ranks" : " learner TP groups"));
   }
   if (topology.ranks_of(Role::Actor).empty()) {
     throw ConfigError("a multi-rank train needs at least one actor rank (see --actors)");
@@ -149,7 +151,15 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
                             const DisaggregatedOptions& options, const std::string& resolved_config,
                             TrainResult* result, const CheckpointOptions& checkpoints) {
   Topology topology(MPI_COMM_WORLD, layout);
-  validate_layout_fit(rl, topology);
+  const ModelConfig model_config = load_model_config(run.model);
+  validate_role_tensor_parallel(options, model_config, int(topology.ranks_of(Role::Learner).size()),
+                                int(topology.ranks_of(Role::Actor).size()));
+  // Learners hold and train the model in TP groups of consecutive learner ranks (--tensor-parallel;
+  // data-parallel over the groups); actors generate data-parallel, each from the whole model, or
+  // in TP groups of their own (--actor-tensor-parallel).
+  const int learner_replicas =
+      int(topology.ranks_of(Role::Learner).size()) / options.tensor_parallel;
+  validate_layout_fit(rl, topology, learner_replicas);
   const StaleSchedule schedule = StaleSchedule::of(rl.staleness, rl.steps);
   if (schedule.lag >= 1) {
     validate_queue_holds_pipeline(rl, schedule.lag, topology.queue_shards(),
@@ -160,7 +170,7 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
   // Every rank checks the same inputs, so a bad value stops all of them before any work. Queue
   // ranks build the model too: loading --init is what rejects another model's checkpoint, and
   // a rank that skipped it would wait forever in the queue's collectives for the others.
-  const int experts = load_model_config(run.model).n_experts;
+  const int experts = model_config.n_experts;
   validate_role_expert_parallel("--expert-parallel", options.expert_parallel,
                                 topology.ranks_of(Role::Learner), experts, options.ep_dispatch,
                                 topology.links(), "learner");
@@ -181,7 +191,12 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
                                       ep_degree, experts)
                     : ExpertShard{};
   if (role == Role::Learner) own_experts.redundant = redundant;
-  Policy policy = make_policy(run, policy_options, role == Role::Learner, own_experts);
+  const std::unique_ptr<TensorParallel> role_tp =
+      make_role_tensor_parallel(options, model_config, topology);
+  const TensorParallel* tp = role == Role::Learner ? role_tp.get() : nullptr;  // the learners'
+  const TensorParallel* actor_tp = role == Role::Actor ? role_tp.get() : nullptr;
+  Policy policy =
+      make_policy(run, policy_options, role == Role::Learner, own_experts, role_tp.get());
   // Synchronous checkpoints fall between steps with nothing in flight. With StaleSync the actors
   // are L batches ahead: the checkpoint of step k also holds batches k + 1 .. k + L, which every
   // actor has put before it agrees to step k's end (and no learner has taken).
@@ -190,6 +205,8 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
   TrainCheckpoints saved(checkpoints, run, rl, policy.config, /*supported=*/true,
                          compute_rank_count);
   if (rl.staleness > 0) saved.collect_in_flight();
+  // A TP learner's state is its slice; checkpoints hold the whole model, gathered by TP group 0.
+  saved.attach_tensor_parallel(tp);
   RunDirectory dir(run.run_dir, resolved_config, /*writer=*/root, saved.resuming());
   TraceRecorder trace(MPI_COMM_WORLD);
   trace.set_memory_source(&policy.device->memory());
@@ -226,6 +243,14 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
   Transformer<float>& model = *policy.model;
   const Task& task = *policy.task;
   const int64_t parameter_count = model.parameter_count();
+  // The weight sync sends the whole model: with TP, TP group 0 assembles it on learner 0 first.
+  WholeModelForSync sync_model(tp, policy.config);
+  const ParameterLayout whole_layout(policy.config);
+  const int64_t synced_count = tp || actor_tp ? whole_layout.total() : parameter_count;
+  // An actor in a TP group receives the whole model here and keeps its slice.
+  std::vector<float> actor_whole(actor_tp ? size_t(whole_layout.total()) : 0);
+  const bool learner_sends_weights =
+      role == Role::Learner && (root || expert_weights || (tp && sync_model.assembles()));
   const auto run_start = Clock::now();
   RlPosition position;  // learners' (meaningful on the root)
   double rl_seconds = 0;
@@ -286,28 +311,58 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
                                                       links, trace, rl.log_every);
       dir.log("%s", reordering->describe().c_str());
     }
+    // With TP the data-parallel groups (one TP rank of every group) sum the gradients and the
+    // step's statistics: the ranks of a TP group train the same samples.
     const DataParallelHooks learners_hooks =
-        learner_hooks(role_comm, links, model, ep.get(), trace);
+        learner_hooks(tp ? tp->data_parallel() : role_comm, links, model, ep.get(), trace);
     const DataParallelHooks parallel =
         reordering ? reordering->timed(learners_hooks) : learners_hooks;
     const RlStepSettings settings = step_settings(rl);
     const GenerationSettings sampling = sampling_settings(rl, task, run.seed);
     const AdvantageEstimator estimator = parse_advantage_estimator(rl.advantage);
-    const int64_t share = int64_t(rl.prompts) * rl.group_size / int64_t(learners.size());
+    // Each learner replica's (with TP each TP group's) part of a step's batch.
+    const int64_t share = int64_t(rl.prompts) * rl.group_size / learner_replicas;
+    const int learner_replica = tp ? tp->replica() : index_in(learners, topology.world_rank());
+    // One DistQueue leader for the whole TP group, also where the group spans (virtual) nodes.
+    HierarchicalComm tp_queue_group = tp ? tp->group() : HierarchicalComm{};
+    tp_queue_group.intra = tp_queue_group.comm;
+    // With TP every step's batch is whole in DistQueue before a TP group's leader asks for its
+    // part (actors and learners meet once it is put), so the leader's get is one request per
+    // shard: exactly 1/T of the requests and bytes of every TP rank fetching its own copy. With
+    // StaleSync the end-of-step agreement already orders the puts before the gets, from the
+    // second step of a run (or of a resumed one) on.
+    auto batch_complete_barrier = [&](int step) {
+      if (options.tensor_parallel > 1 && (schedule.lag == 0 || step == position.step + 1)) {
+        serving_barrier(compute_ranks, queue);
+      }
+    };
     // Actors score: only they hold the learned reward model (in a host arena of their own).
     const std::unique_ptr<LearnedReward> learned =
         role == Role::Actor
             ? load_learned_reward(rl, policy.device->ops(), nullptr, run.device_memory_bytes())
             : nullptr;
 
+    // The parameters this rank sends or receives in a weight sync (null on TP group 0's other
+    // ranks, which only help assemble them).
+    auto synced_parameters = [&] {
+      if (role == Role::Learner && tp) return sync_model.assemble(model);
+      return actor_tp ? actor_whole.data() : model.parameters();
+    };
+    auto keep_actor_slice = [&] {
+      if (actor_tp)
+        slice_parameters(actor_whole.data(), whole_layout, model.parameters(), model.layout());
+    };
     auto sync_weights = [&](int version) {
+      // (TP learners outside group 0 hold no part of the sync.)
+      if (role == Role::Learner && tp && !sync_model.assembles()) return;
       TraceScope traced(trace, Phase::WeightSync);
       traced.set_version(version);
       traced.set_bytes(int64_t(
           expert_weights
               ? expert_weights->sync(model.parameters(), model.layout(), weights,
                                      role == Role::Learner && ep ? &ep->expert_slots() : nullptr)
-              : weights.broadcast(model.parameters(), parameter_count)));
+              : weights.broadcast(synced_parameters(), synced_count)));
+      keep_actor_slice();
     };
     const PostedWeightSync::Wait serving_wait = [&](std::vector<MPI_Request>& requests) {
       serve_until_complete(requests, queue);
@@ -318,10 +373,10 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
     auto send_pipelined_weights = [&](int version) {
       if (!posted_weights) {
         serving_barrier(compute_ranks, queue);
-        if (role == Role::Actor || root || expert_weights) sync_weights(version);
+        if (role == Role::Actor || learner_sends_weights) sync_weights(version);
         return;
       }
-      if (role == Role::Learner && !root && !expert_weights) return;
+      if (role == Role::Learner && !learner_sends_weights) return;
       TraceScope traced(trace, Phase::WeightSync);
       traced.set_version(version);
       float* params = model.parameters();
@@ -329,13 +384,14 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
         traced.set_bytes(int64_t(
             expert_weights
                 ? expert_weights->receive(params, model.layout(), *posted_weights, serving_wait)
-                : posted_weights->receive(params, parameter_count, serving_wait)));
+                : posted_weights->receive(synced_parameters(), synced_count, serving_wait)));
+        keep_actor_slice();
         return;
       }
       traced.set_bytes(int64_t(
           expert_weights ? expert_weights->post(params, model.layout(), *posted_weights,
                                                 ep ? &ep->expert_slots() : nullptr, serving_wait)
-                         : posted_weights->post(params, parameter_count, serving_wait)));
+                         : posted_weights->post(synced_parameters(), synced_count, serving_wait)));
     };
     dir.log(
         "# RL: %d steps x %d prompts x %d samples on %zu actors and %zu learners, %s queue "
@@ -351,6 +407,21 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
           options.actor_expert_parallel, actors.size() / size_t(options.actor_expert_parallel),
           dispatch_mode_name(options.ep_dispatch), options.ep_overlap_chunks, redundant,
           (long long)parameter_count, (long long)ParameterLayout(policy.config).total());
+    }
+    if (options.tensor_parallel > 1) {
+      dir.log(
+          "# tensor parallelism: learners TP %d x %d replicas (%s), one DistQueue leader per TP "
+          "group; the weight sync sends the whole model, assembled from TP group 0's slices on "
+          "learner 0; actors generate %s; a learner stores %lld of %lld parameters\n",
+          options.tensor_parallel, learner_replicas,
+          options.tensor_parallel_attention_only ? "attention heads"
+                                                 : "attention heads and the shared expert",
+          options.actor_tensor_parallel > 1
+              ? ("at TP " + std::to_string(options.actor_tensor_parallel) +
+                 " (--actor-tensor-parallel), each actor keeping its slice")
+                    .c_str()
+              : "data-parallel from the whole model",
+          (long long)(tp ? parameter_count : 0), (long long)whole_layout.total());
     }
     if (rl.staleness > 0) {
       dir.log(
@@ -390,9 +461,11 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
         if (sent_at > position.step && schedule.pipelined_sync_after(sent_at)) {
           send_pipelined_weights(generator);
         }
+        // (An actor TP group generates its block collectively.)
         const auto [first, count] =
             actor_prompts(int64_t(version) * rl.prompts, rl.prompts,
-                          index_in(actors, topology.world_rank()), int(actors.size()));
+                          actor_tp ? actor_tp->replica() : index_in(actors, topology.world_rank()),
+                          actor_tp ? actor_tp->replicas() : int(actors.size()));
         std::vector<Rollout> rollouts;
         if (const auto restored = restored_batches.find(step); restored != restored_batches.end()) {
           rollouts = std::move(restored->second);
@@ -409,9 +482,12 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
           TraceScope traced(trace, Phase::QueuePut);
           traced.set_version(generator);
           std::vector<QueueSample> samples = to_queue_samples(rollouts, rl.group_size);
+          // (The ranks of an actor TP group hold the same samples: its first rank puts them.)
+          if (actor_tp && actor_tp->rank() != 0) samples.clear();
           traced.set_bytes(int64_t(packed_bytes(samples)));
-          queue.put(std::move(samples));
+          if (!samples.empty()) queue.put(std::move(samples));
         }
+        batch_complete_barrier(step);
         if (schedule.lag == 0) {
           sync_weights(version + 1);
           stopped = saved.stop_agreed(step, compute_ranks, serve_while_waiting);
@@ -436,32 +512,32 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
       optimizer->hyper().learning_rate =
           cosine_learning_rate(rl.learning_rate, step, rl.warmup_steps, rl.steps, 1.0f);
       std::vector<Rollout> rollouts;
+      batch_complete_barrier(step);
       {
         TraceScope traced(trace, Phase::QueueGet);
         traced.set_version(version);
-        // Learner i takes the i-th share of the step's sample ids, whatever arrived first: the
-        // same samples every run, so a seed fixes the weights bit for bit.
-        const int64_t first = int64_t(version) * rl.prompts * rl.group_size +
-                              index_in(learners, topology.world_rank()) * share;
+        // Learner (with TP: TP group) i takes the i-th share of the step's sample ids, whatever
+        // arrived first: the same samples every run, so a seed fixes the weights bit for bit.
+        const int64_t first =
+            int64_t(version) * rl.prompts * rl.group_size + learner_replica * share;
         // StaleSync's bound, enforced by the queue: nothing older than version - s comes back.
         const int32_t oldest = rl.staleness > 0 ? version - rl.staleness : DistQueue::kAnyVersion;
         const std::vector<QueueSample> samples =
-            options.hierarchical_queue
+            tp ? queue.get_range_replicated(first, share, tp_queue_group, oldest)
+            : options.hierarchical_queue
                 ? queue.get_range_hierarchical(first, share, role_comm, oldest)
                 : queue.get_range(first, share, oldest);
         traced.set_bytes(int64_t(packed_bytes(samples)));
         rollouts = to_rollouts(samples);
       }
       serving_barrier(role_comm.comm, queue);
-      // With sharded experts every learner of replica 0 sends its own experts to the actors.
-      const bool sends_weights = root || expert_weights;
       if (schedule.pipelined_sync_after(step)) send_pipelined_weights(version);
       if (reordering) rollouts = reordering->reorder(std::move(rollouts), rl.group_size, version);
       random_delay();
       const auto train_start = Clock::now();
       const StepStats stats =
           train_on_rollouts_traced(model, *optimizer, reference, rollouts, settings, parallel,
-                                   version, int(learners.size()), trace);
+                                   version, learner_replicas, trace);
       const double train_seconds =
           std::chrono::duration<double>(Clock::now() - train_start).count();
       if (reordering) dir.log("%s", reordering->end_of_step(step, train_seconds).c_str());
@@ -469,7 +545,8 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
         dir.log("%s", rebalancer->end_of_step(step, train_seconds).c_str());
         migrations = rebalancer->migrations();
       }
-      if (schedule.lag == 0 && sends_weights) sync_weights(version + 1);
+      // (With sharded experts every learner of replica 0 sends its own experts to the actors.)
+      if (schedule.lag == 0 && learner_sends_weights) sync_weights(version + 1);
       position.rl_tokens += int64_t(stats.tokens);
       position.step_rewards.push_back(stats.mean_reward());
       progress.step_done(step, stats);
@@ -492,6 +569,15 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
   int stop = stopped ? 1 : 0;
   MPI_Bcast(&stop, 1, MPI_INT, topology.ranks_of(Role::Learner).front(), MPI_COMM_WORLD);
   if (stop) return kExitCheckpointedOnSignal;
+  std::string tensor_parallel_json;
+  if (options.tensor_parallel > 1) {
+    tensor_parallel_json = learner_tensor_parallel_json(
+        queue, options.tensor_parallel, options.actor_tensor_parallel, sync_model.gathered_bytes());
+    dir.log(
+        "# tensor parallelism: learner 0 received %s assembling the whole model for the "
+        "weight syncs\n",
+        format_bytes(size_t(sync_model.gathered_bytes())).c_str());
+  }
   MultiRankTrainEnd end;
   end.learner = role == Role::Learner;
   end.root = root;
@@ -501,7 +587,8 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
   end.rl_tokens = position.rl_tokens;
   end.run_start = run_start;
   end.migrations = migrations;
-  end.memory_json = reordering_json;
+  end.tensor_parallel = tp;
+  end.memory_json = reordering_json + tensor_parallel_json;
   return finish_multi_rank_train(end, run, policy_options, sft, rl, options, policy, topology, dir,
                                  trace, result);
 }

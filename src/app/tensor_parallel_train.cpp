@@ -5,6 +5,7 @@
 #include <string>
 
 #include "kernels/error.h"
+#include "src/app/disaggregated_tensor_parallel.h"
 #include "src/roles/rollout_allgather.h"
 
 namespace rlf {
@@ -48,8 +49,9 @@ void validate_generation_tensor_parallel(const DisaggregatedOptions& options, co
 
 }  // namespace
 
-void validate_tensor_parallel_train(const DisaggregatedOptions& options, bool fused, int world_size,
-                                    const RlOptions& rl) {
+void validate_tensor_parallel_train(const DisaggregatedOptions& options, const std::string& mode,
+                                    int world_size, const RlOptions& rl) {
+  const bool fused = mode == "fused";
   const int degree = options.tensor_parallel;
   const std::string option = "--tensor-parallel " + std::to_string(degree);
   if (degree < 1) throw ConfigError(option + ": must be a positive integer");
@@ -57,6 +59,10 @@ void validate_tensor_parallel_train(const DisaggregatedOptions& options, bool fu
     throw ConfigError(
         "--tensor-parallel-duplicate-experts needs --tensor-parallel and --expert-parallel of 2 "
         "or more (it chooses how TP x EP spreads the expert work)");
+  }
+  if (mode == "disaggregated" && degree > 1) {
+    validate_disaggregated_tensor_parallel(options, world_size, rl);
+    return;
   }
   validate_generation_tensor_parallel(options, rl);
   if (degree == 1) {
@@ -113,11 +119,19 @@ void validate_experts_with_model_parallelism(const std::string& option,
 void refuse_unsupported_with_model_parallelism(const std::string& option,
                                                const DisaggregatedOptions& options, bool fused,
                                                int world_size, const RlOptions& rl) {
+  if (world_size == 1) {
+    throw ConfigError(option + " is not supported on one rank (mpiexec -n 2 or more)");
+  }
+  if (!fused) throw ConfigError(option + " is not supported outside --mode fused");
+  refuse_unsupported_with_learner_groups(option, options, rl);
+}
+
+void refuse_unsupported_with_learner_groups(const std::string& option,
+                                            const DisaggregatedOptions& options,
+                                            const RlOptions& rl) {
   auto refuse = [&](const std::string& what) {
     throw ConfigError(option + " is not supported " + what);
   };
-  if (world_size == 1) refuse("on one rank (mpiexec -n 2 or more)");
-  if (!fused) refuse("outside --mode fused");
   // (PP x EP rebalances each stage's layers over its EP groups; TP refuses EP.)
   const bool pipeline_experts = options.pipeline_parallel > 1 && options.expert_parallel > 1;
   if (options.rebalance.every > 0 && !pipeline_experts) refuse("with --rebalance-every");

@@ -22,6 +22,11 @@ namespace rlf {
 void refuse_unsupported_with_model_parallelism(const std::string& option,
                                                const DisaggregatedOptions& options, bool fused,
                                                int world_size, const RlOptions& rl);
+// The part of it that holds for the learners' model-parallel groups in any mode: ConfigError
+// "<option> is not supported with ..." for rebalancing (but PP x EP's) and a learned reward model.
+void refuse_unsupported_with_learner_groups(const std::string& option,
+                                            const DisaggregatedOptions& options,
+                                            const RlOptions& rl);
 
 // The TP degree of the generation layout: --actor-tensor-parallel, or by default the training TP
 // degree without a pipeline and 1 (data-parallel generation) with one. It divides the training
@@ -29,15 +34,15 @@ void refuse_unsupported_with_model_parallelism(const std::string& option,
 int generation_tensor_parallel(const DisaggregatedOptions& options);
 
 // ConfigError, the same on every rank before any work, for --tensor-parallel outside what is
-// built: a degree below 1, a multi-rank run that is not --mode fused, one rank, or combined with
+// built (`mode`: --mode): a degree below 1, one rank, --mode fused-all, or combined with
 // a learned reward model or rebalancing. With --expert-parallel E (TP x EP): E must divide the
 // TP groups and equal --actor-expert-parallel; refused with --pipeline-parallel,
 // --redundant-experts, --ep-overlap-chunks above 1, --offload and StaleSync. And for an
 // --actor-tensor-parallel G that is not built: G below 1, G > 1 without --tensor-parallel, G not
 // dividing the training degree T, or a G other than the default with StaleSync, --offload or
-// expert parallelism.
-void validate_tensor_parallel_train(const DisaggregatedOptions& options, bool fused, int world_size,
-                                    const RlOptions& rl);
+// expert parallelism. --mode disaggregated: validate_disaggregated_tensor_parallel.
+void validate_tensor_parallel_train(const DisaggregatedOptions& options, const std::string& mode,
+                                    int world_size, const RlOptions& rl);
 
 // ConfigError for expert parallelism inside a model-parallel layout (`option`: its option and
 // degree) whose replicas are `replica_ranks` consecutive ranks (`replicas`: "pipelines", "tensor-

@@ -297,9 +297,10 @@ void TrainCheckpoints::save(const RlPosition& position, const TrainingState& sta
   const Transformer<float>& model = *state.model;
   // With StaleSync every rank's pool goes to world rank 0 (collective: before any rank returns),
   // which writes it into the file (with TP each rank of a TP group saves its own alike pool).
-  // Model-parallel layouts save samples in flight only with a pool (fused StaleSync).
+  // Model-parallel fused layouts save samples in flight only with a pool (fused StaleSync);
+  // disaggregated TP learners join the actors' gather of their queued batches.
   const bool model_parallel = pipeline_ || tensor_parallel_;
-  const bool with_in_flight = in_flight_ && (pool_ || !model_parallel);
+  const bool with_in_flight = in_flight_ && (pool_ || actor_batches_ || !model_parallel);
   std::vector<std::vector<InFlightSample>> in_flight;
   if (with_in_flight) {
     in_flight = gather_in_flight(pool_ ? pool_->saved_samples() : kNothingInFlight, comm);

@@ -111,7 +111,10 @@ class TrainCheckpoints {
   void attach_rebalancer(TrainRebalancer* rebalancer) { rebalancer_ = rebalancer; }
   // StaleSync (disaggregated): the actors' last batch, put into DistQueue and not yet taken, is
   // saved with each checkpoint (actor_end_of_step hands it over); trainers add nothing to it.
-  void collect_in_flight() { in_flight_ = true; }
+  void collect_in_flight() {
+    in_flight_ = true;
+    actor_batches_ = true;
+  }
   // Rank `rank` of the gather (actors: their compute-rank index)'s saved samples.
   std::vector<InFlightSample> saved_in_flight(int rank) const;
   // Logs which checkpoint the run continues from and the ones --resume auto passed over.
@@ -166,7 +169,8 @@ class TrainCheckpoints {
   RolloutPool* pool_ = nullptr;
   const PipelineGroups* pipeline_ = nullptr;
   const TensorParallel* tensor_parallel_ = nullptr;
-  bool in_flight_ = false;  // checkpoints gather every rank's samples in flight
+  bool in_flight_ = false;      // checkpoints gather every rank's samples in flight
+  bool actor_batches_ = false;  // ... the disaggregated actors' queued batches (StaleSync)
   TrainRebalancer* rebalancer_ = nullptr;
   std::optional<CheckpointPlacement> saved_placement_;  // the resumed checkpoint's, if any
 };

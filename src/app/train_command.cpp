@@ -93,10 +93,12 @@ int run_train_command(const std::vector<std::string>& args) {
         "the next chunk's dispatch and the last one's combine in flight meanwhile (1: off)");
     add("tensor-parallel",
         po::value(&multi_rank.tensor_parallel)->default_value(multi_rank.tensor_parallel),
-        "--mode fused: tensor-parallel degree: groups of this many consecutive ranks hold one "
+        "tensor-parallel degree: groups of this many consecutive ranks hold one "
         "replica of the policy, each rank its share of the attention heads and of the shared "
         "expert (Megatron-style), and generate and train the same samples; with --expert-parallel "
-        "E the routed experts are sharded over the ranks of one TP rank in E TP groups");
+        "E (fused) the routed experts are sharded over the ranks of one TP rank in E TP groups; "
+        "--mode disaggregated: the learners form the TP groups, the actors generate "
+        "data-parallel");
     add("tensor-parallel-attention-only",
         po::bool_switch(&multi_rank.tensor_parallel_attention_only),
         "with --tensor-parallel: cut only attention; the shared expert stays whole on every rank");
@@ -108,7 +110,9 @@ int run_train_command(const std::vector<std::string>& args) {
     add("actor-tensor-parallel",
         po::value(&multi_rank.actor_tensor_parallel)
             ->default_value(multi_rank.actor_tensor_parallel),
-        "--mode fused: tensor-parallel degree of generation, dividing --tensor-parallel (0: "
+        "tensor-parallel degree of generation; --mode disaggregated (with --tensor-parallel): TP "
+        "groups of this many consecutive actors (0, 1: data-parallel actors); --mode fused: "
+        "dividing --tensor-parallel (0: "
         "--tensor-parallel, or 1 with --pipeline-parallel): groups of this many consecutive "
         "ranks generate from TP slices regrouped for the phase (1: data-parallel from the whole "
         "model), with --pipeline-parallel each rank borrowing only its slice of the other "
@@ -180,7 +184,7 @@ int run_train_command(const std::vector<std::string>& args) {
         std::to_string(multi_rank.expert_parallel) + " and " +
         std::to_string(multi_rank.actor_expert_parallel) + " on 1 rank");
   }
-  validate_tensor_parallel_train(multi_rank, mode == "fused", world_size, o);
+  validate_tensor_parallel_train(multi_rank, mode, world_size, o);
   validate_pipeline_parallel_train(multi_rank, mode == "fused", world_size, o);
   validate_sample_reordering(multi_rank, o, world_size);
   if (o.staleness > 0 && world_size == 1) {

@@ -197,22 +197,50 @@ template void slice_parameters<float>(const float*, const ParameterLayout&, floa
 template void slice_parameters<double>(const double*, const ParameterLayout&, double*,
                                        const ParameterLayout&);
 
-void gather_tensor_parallel(const float* slice, const ParameterLayout& slice_layout, float* whole,
-                            const ParameterLayout& whole_layout, const ModelConfig& config,
-                            const TensorParallel& tp) {
+namespace {
+
+// The whole model from every TP rank's slice, on every rank of the group (`to_all`) or on TP rank
+// 0 only (`whole` may be null elsewhere). Returns the bytes this rank received.
+uint64_t assemble_tensor_slices(const float* slice, const ParameterLayout& slice_layout,
+                                float* whole, const ParameterLayout& whole_layout,
+                                const ModelConfig& config, const TensorParallel& tp, bool to_all) {
   check_same_model(whole_layout, slice_layout);
-  copy_replicated_tensors(slice, slice_layout, whole, whole_layout);
   const std::vector<float> mine = pack_cut_tensors(slice, slice_layout);
-  // Every rank's slices are the same size (equal blocks).
-  std::vector<float> all(mine.size() * size_t(tp.degree()));
-  MPI_Allgather(mine.data(), int(mine.size()), MPI_FLOAT, all.data(), int(mine.size()), MPI_FLOAT,
-                tp.group().comm);
+  const int count = int(mine.size());  // every rank's slices are the same size (equal blocks)
+  const bool assembles = to_all || tp.rank() == 0;
+  std::vector<float> all(assembles ? mine.size() * size_t(tp.degree()) : 0);
+  if (to_all) {
+    MPI_Allgather(mine.data(), count, MPI_FLOAT, all.data(), count, MPI_FLOAT, tp.group().comm);
+  } else {
+    MPI_Gather(mine.data(), count, MPI_FLOAT, all.data(), count, MPI_FLOAT, 0, tp.group().comm);
+    if (tp.rank() != 0)
+      tp.links().count_send(tp.group().world_ranks[0], uint64_t(count) * sizeof(float));
+  }
+  if (!assembles) return 0;
+  copy_replicated_tensors(slice, slice_layout, whole, whole_layout);
   for (int r = 0; r < tp.degree(); ++r) {
     unpack_cut_tensors(
         all.data() + size_t(r) * mine.size(),
         with_tensor_slice(config, slice_layout, {r, tp.degree(), tp.attention_only()}), whole,
         whole_layout);
   }
+  return uint64_t(count) * uint64_t(tp.degree() - 1) * sizeof(float);
+}
+
+}  // namespace
+
+void gather_tensor_parallel(const float* slice, const ParameterLayout& slice_layout, float* whole,
+                            const ParameterLayout& whole_layout, const ModelConfig& config,
+                            const TensorParallel& tp) {
+  assemble_tensor_slices(slice, slice_layout, whole, whole_layout, config, tp, /*to_all=*/true);
+}
+
+uint64_t gather_tensor_parallel_on_rank_zero(const float* slice,
+                                             const ParameterLayout& slice_layout, float* whole,
+                                             const ParameterLayout& whole_layout,
+                                             const ModelConfig& config, const TensorParallel& tp) {
+  return assemble_tensor_slices(slice, slice_layout, whole, whole_layout, config, tp,
+                                /*to_all=*/false);
 }
 
 uint64_t regroup_tensor_slices(const float* slice, const ParameterLayout& slice_layout,

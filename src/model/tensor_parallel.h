@@ -146,6 +146,15 @@ void gather_tensor_parallel(const float* slice, const ParameterLayout& slice_lay
                             const ParameterLayout& whole_layout, const ModelConfig& config,
                             const TensorParallel& tp);
 
+// gather_tensor_parallel onto TP rank 0 only (`whole` may be null on the others), for a sender
+// that needs the whole model on one rank (the disaggregated weight sync): every other rank sends
+// its cut tensors once (counted on tp.links()). Collective over tp.group(). Returns the bytes TP
+// rank 0 received (0 on the others).
+uint64_t gather_tensor_parallel_on_rank_zero(const float* slice,
+                                             const ParameterLayout& slice_layout, float* whole,
+                                             const ParameterLayout& whole_layout,
+                                             const ModelConfig& config, const TensorParallel& tp);
+
 // The layout switch from TP degree T (tp) to a degree G dividing it, with generation TP groups of G
 // consecutive ranks: `target` (laid out by `target_layout`, the same model, experts and layers as
 // `slice_layout` with TensorSlice {tp.rank() % G, G}) gets generation slice tp.rank() % G, made of

@@ -439,14 +439,15 @@ TEST(Checkpoint, FusedPipelineParallelStaleSyncResumeIsBitExact) {
 // way round, ending where an uninterrupted run of the resuming layout does (within float rounding:
 // the two layouts sum in different orders).
 // `other`: the options of the other layout (default: none, plain data parallelism); `run`: the
-// training run both layouts make (default kRun).
+// training run both layouts make (default kRun); `mode`: both layouts' --mode.
 void expect_resumes_in_data_parallel_and_back(const std::string& name,
                                               const std::string& model_parallel, int ranks,
                                               int data_parallel_ranks,
                                               const std::string& other = "",
-                                              const std::string& run = kRun) {
-  const std::string data_parallel = run + "--mode fused " + other;
-  const std::string layout = run + "--mode fused " + model_parallel;
+                                              const std::string& run = kRun,
+                                              const std::string& mode = "fused") {
+  const std::string data_parallel = run + "--mode " + mode + " " + other;
+  const std::string layout = run + "--mode " + mode + " " + model_parallel;
   for (const bool model_parallel_writes : {true, false}) {
     SCOPED_TRACE(model_parallel + (model_parallel_writes ? "-> DP" : "<- DP"));
     const std::string& writer = model_parallel_writes ? layout : data_parallel;
@@ -525,6 +526,21 @@ TEST(Checkpoint, TensorExpertParallelResumesBitExactAndInAnExpertParallelRun) {
   without_kl.erase(without_kl.find("--kl-coef 0.01 "), std::string("--kl-coef 0.01 ").size());
   expect_resumes_in_data_parallel_and_back("cross-tp-ep", tensor_expert, 4, 2,
                                            "--expert-parallel 2 ", without_kl);
+}
+
+// Disaggregated TP learners (1 actor + TP 2 learners on 3 ranks, KL on): TP group 0 gathers the
+// whole-model file as the fused TP run does, and a killed run resumes bit for bit, synchronous
+// and with StaleSync (the actor's queued batch in the file); the file resumes in the
+// data-parallel disaggregated run on the same roles and the other way round (on the longer
+// warmed-up run of the TP app tests: after 30 SFT steps float rounding parts the two layouts'
+// sampled tokens within the 6 steps).
+TEST(Checkpoint, DisaggregatedTensorParallelResumesBitExactAndInTheDataParallelRun) {
+  const std::string roles = "--actors 1 --learners 2 ";
+  const std::string tensor = kRun + roles + "--tensor-parallel 2 ";
+  expect_kill_and_resume_bit_exact("disaggregated-tp", 3, tensor, "data");
+  expect_kill_and_resume_bit_exact("disaggregated-tp-stale", 3, tensor + "--staleness 1 ", "data");
+  expect_resumes_in_data_parallel_and_back("cross-disaggregated-tp", roles + "--tensor-parallel 2 ",
+                                           3, 3, roles, test::kModelParallelRun, "disaggregated");
 }
 
 // A checkpoint holds the whole model, so it loads at another expert-parallel degree.

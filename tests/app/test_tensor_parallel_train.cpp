@@ -199,7 +199,9 @@ TEST(TensorParallelTrain, DegreesThatDoNotFitStopEveryRankBeforeOutput) {
           {4, "--tensor-parallel 8",
            "--tensor-parallel 8: does not divide the 4 ranks it is made of"},
           {2, "--tensor-parallel 0", "--tensor-parallel 0: must be a positive integer"},
-          {2, "--mode disaggregated --tensor-parallel 2",  // (disaggregated by default)
+          {2, "--mode disaggregated --tensor-parallel 2",  // (1 actor, 1 learner)
+           "--tensor-parallel 2 with --mode disaggregated: does not divide the 1 learner ranks"},
+          {2, "--mode fused-all --tensor-parallel 2",
            "--tensor-parallel 2 is not supported outside --mode fused"},
           {2, "--tensor-parallel 2 --expert-parallel 2",
            "--tensor-parallel 2 x --expert-parallel 2: the EP degree must divide the 1 "

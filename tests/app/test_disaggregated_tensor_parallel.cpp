@@ -1,0 +1,127 @@
+// `train --mode disaggregated --tensor-parallel 2`: TP learners (TP groups of consecutive learner
+// ranks) with data-parallel actors, on 3 ranks (1 actor + 2 learners), 4 (2 actors + 2 learners),
+// 5 (1 actor + TP 2 x DP 2 learners), with TP on attention only and with the 2 actors in a TP
+// group (--actor-tensor-parallel 2), synchronous and StaleSync
+// (s = 1, and s = 2 with the posted weight sync), train like the data-parallel disaggregated run
+// of the same layout: the same held-out accuracy before RL, the same reward every step and a saved
+// whole model within float rounding of it. One leader per TP group asks DistQueue, once per shard
+// and step: the shards serve exactly 1/T of the requests and samples of every TP rank fetching
+// its own copy (counted in summary.json); learner 0 receives the other TP ranks' slices for every
+// weight sync (counted). Layouts and options that do not fit stop every rank with exit code 2
+// before any output.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "tests/app/fused_train_runs.h"
+#include "tests/app/json_output.h"
+#include "tests/app/read_parameters.h"
+#include "tests/app/run_rlfusion.h"
+#include "tests/test_util.h"
+
+namespace rlf {
+namespace {
+
+using Result = test::CommandResult;
+
+std::string temp_dir(const std::string& name) {
+  return test::fresh_temp_dir("disaggregated-tp-" + name);
+}
+
+// 6 RL steps of 8 prompts x 4 samples (test::kModelParallelRun) in disaggregated mode.
+const std::string kRun = test::kModelParallelRun + "--mode disaggregated ";
+constexpr int kSteps = 6, kSamplesPerStep = 8 * 4, kShards = 2;
+
+struct Layout {
+  int ranks;
+  std::string roles;  // --actors / --learners
+  std::string extra;  // TP-only options (attention only, actor TP)
+  int tp_groups;
+  int actor_tp = 1;
+};
+
+void expect_trains_like_data_parallel(const Layout& layout, const std::string& stale) {
+  SCOPED_TRACE(std::to_string(layout.ranks) + " ranks " + layout.roles + layout.extra + stale);
+  const std::string dp_dir = temp_dir("dp"), tp_dir = temp_dir("tp");
+  const Result dp =
+      test::run_rlfusion(kRun + layout.roles + stale + "--run-dir " + dp_dir, layout.ranks);
+  ASSERT_EQ(dp.exit_code, 0) << dp.output;
+  const Result tp = test::run_rlfusion(
+      kRun + layout.roles + stale + "--tensor-parallel 2 " + layout.extra + "--run-dir " + tp_dir,
+      layout.ranks);
+  ASSERT_EQ(tp.exit_code, 0) << tp.output;
+  EXPECT_EQ(test::json_number(tp.output, "tensor_parallel"), 2);
+  EXPECT_EQ(test::json_number(tp.output, "actor_tensor_parallel"), layout.actor_tp);
+  EXPECT_NE(tp.output.find("# tensor parallelism: learners TP 2 x " +
+                           std::to_string(layout.tp_groups) + " replicas"),
+            std::string::npos)
+      << tp.output;
+  EXPECT_EQ(test::json_number(tp.output, "heldout_accuracy_before_rl"),
+            test::json_number(dp.output, "heldout_accuracy_before_rl"));
+  // The actors generate from the whole model assembled from the slices: the same samples
+  // (sampling is keyed by sample id, the weights equal up to float rounding) and the same
+  // data-parallel math over the TP groups.
+  const std::vector<std::string> steps = test::step_rewards(tp.output);
+  EXPECT_EQ(steps.size(), size_t(kSteps)) << tp.output;
+  EXPECT_EQ(steps, test::step_rewards(dp.output)) << tp.output << dp.output;
+  const std::vector<float> dp_model = test::read_tiny_parameters(dp_dir + "/model.h5");
+  const std::vector<float> tp_model = test::read_tiny_parameters(tp_dir + "/model.h5");
+  ASSERT_EQ(tp_model.size(), dp_model.size());
+  EXPECT_LT(test::nmse(tp_model.data(), dp_model.data(), dp_model.size()), 1e-6);
+  // One request per TP group, shard and step, each sample served once: T = 2 ranks fetching their
+  // own copies would double both.
+  EXPECT_EQ(test::json_number(tp.output, "queue_replica_ranks"), 2);
+  EXPECT_EQ(test::json_number(tp.output, "queue_get_requests"),
+            kSteps * layout.tp_groups * kShards);
+  EXPECT_EQ(test::json_number(tp.output, "queue_samples_served"), kSteps * kSamplesPerStep);
+  EXPECT_GT(test::json_number(tp.output, "queue_reply_bytes"), 0);
+  // Every weight sync brings learner 0 its TP mate's slices.
+  EXPECT_GT(test::json_number(tp.output, "weight_sync_gather_bytes"), 0);
+}
+
+TEST(DisaggregatedTensorParallel, TrainsLikeTheDataParallelDisaggregatedRun) {
+  for (const Layout& layout :
+       {Layout{3, "--actors 1 --learners 2 ", "", 1}, Layout{4, "--actors 2 --learners 2 ", "", 1},
+        Layout{3, "--actors 1 --learners 2 ", "--tensor-parallel-attention-only ", 1},
+        Layout{5, "--actors 1 --learners 4 ", "", 2},
+        // Actors in a TP group of their own: both generate the step's prompts collectively and
+        // keep their slices of each synced model.
+        Layout{4, "--actors 2 --learners 2 ", "--actor-tensor-parallel 2 ", 1, 2}}) {
+    expect_trains_like_data_parallel(layout, "");
+  }
+}
+
+TEST(DisaggregatedTensorParallel, StaleSyncTrainsLikeTheDataParallelDisaggregatedRun) {
+  expect_trains_like_data_parallel(Layout{3, "--actors 1 --learners 2 ", "", 1}, "--staleness 1 ");
+  // Posted weight sync: learner 0 posts the assembled whole model without waiting.
+  expect_trains_like_data_parallel(Layout{4, "--actors 2 --learners 2 ", "", 1}, "--staleness 2 ");
+}
+
+TEST(DisaggregatedTensorParallel, LayoutsThatDoNotFitStopEveryRankBeforeOutput) {
+  const std::string mode = "--mode disaggregated --tensor-parallel 2 ";
+  test::expect_stops_before_output(
+      {
+          {4, mode + "--actors 1 --learners 3",
+           "--tensor-parallel 2 with --mode disaggregated: does not divide the 3 learner ranks "
+           "(--learners must be a multiple"},
+          {3, "--mode disaggregated --tensor-parallel 3 --actors 1 --learners 2",
+           "--tensor-parallel 3 with --mode disaggregated: does not divide the 2 learner ranks"},
+          {3, mode + "--actors 1 --learners 2 --actor-tensor-parallel 2",
+           "--actor-tensor-parallel 2 with --mode disaggregated: does not divide the 1 actor "
+           "ranks (--actors must be a multiple"},
+          {4, mode + "--actors 2 --learners 2 --actor-tensor-parallel 2 --staleness 1",
+           "--tensor-parallel 2 with --mode disaggregated: --actor-tensor-parallel 2 is not "
+           "supported with --staleness above 0"},
+          {3, mode + "--actors 1 --learners 2 --expert-parallel 2",
+           "--tensor-parallel 2 with --mode disaggregated is not supported with "
+           "--expert-parallel"},
+          {3, mode + "--actors 1 --learners 2 --reward-model missing.h5",
+           "--tensor-parallel 2 is not supported with --reward-model"},
+          {1, mode, "--tensor-parallel 2 is not supported on one rank"},
+      },
+      temp_dir("bad"));
+}
+
+}  // namespace
+}  // namespace rlf
