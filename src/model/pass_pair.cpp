@@ -5,7 +5,8 @@
 
 namespace rlf {
 
-PairTime run_as_pair(ResumablePass& first, ResumablePass& second) {
+PairTime run_as_pair(ResumablePass& first, ResumablePass& second,
+                     const std::function<void(int pass)>& ended) {
   PassState first_state, second_state;
   // A running pass drives the other's exchange, if that one is stopped on one.
   auto drive = [](ResumablePass& other, const PassState& other_state) {
@@ -16,23 +17,29 @@ PairTime run_as_pair(ResumablePass& first, ResumablePass& second) {
   first_state.between_pieces = drive(second, second_state);
   second_state.between_pieces = drive(first, first_state);
   PairTime time;
-  auto timed = [](double& seconds, auto&& run) {
+  bool reported[2] = {false, false};
+  // Runs a piece of pass `index` and reports its end once.
+  auto timed = [&](int index, auto&& run) {
     const double begin = steady_seconds();
     run();
-    seconds += steady_seconds() - begin;
+    (index == 0 ? time.first : time.second) += steady_seconds() - begin;
+    if (ended && (index == 0 ? first : second).done() && !reported[index]) {
+      reported[index] = true;
+      ended(index);
+    }
   };
-  timed(time.first, [&] { first.start(first_state); });
-  timed(time.second, [&] { second.start(second_state); });
+  timed(0, [&] { first.start(first_state); });
+  timed(1, [&] { second.start(second_state); });
   while (!first.done() || !second.done()) {
     const bool first_ready = !first.done() && first.waiting_on().progress();
     const bool second_ready = !second.done() && second.waiting_on().progress();
     if (first_ready) {
-      timed(time.first, [&] { first.resume(); });
+      timed(0, [&] { first.resume(); });
     } else if (second_ready) {
-      timed(time.second, [&] { second.resume(); });
+      timed(1, [&] { second.resume(); });
     } else if (first.done() || second.done()) {
       ResumablePass& waiting = first.done() ? second : first;
-      timed(first.done() ? time.second : time.first, [&] {
+      timed(first.done() ? 1 : 0, [&] {
         SplitPhaseChain& chain = waiting.waiting_on();
         progress_until_finished(chain, {&chain});
       });

@@ -5,6 +5,8 @@
 // order; only when they run is decided here.
 #pragma once
 
+#include <functional>
+
 #include "src/model/resumable_pass.h"
 
 namespace rlf {
@@ -20,7 +22,10 @@ struct PairTime {
 // after that whichever has its exchange completed runs on (the first on a tie). Deterministic in
 // what each pass computes, not in the interleaving (that follows the messages). Every rank that
 // exchanges with these passes' dispatchers must run the matching passes too, in a pair or not
-// (their exchanges match by dispatcher, not by order between dispatchers).
-PairTime run_as_pair(ResumablePass& first, ResumablePass& second);
+// (their exchanges match by dispatcher, not by order between dispatchers). `ended(0)` /
+// `ended(1)` (if given) runs as soon as the first / second pass has ended, while the other may
+// still run: a pipeline sends that pass's result on at once.
+PairTime run_as_pair(ResumablePass& first, ResumablePass& second,
+                     const std::function<void(int pass)>& ended = {});
 
 }  // namespace rlf

@@ -70,8 +70,9 @@ std::vector<PipelineOp> pipeline_schedule(const PipelineShape& shape, int rank);
 // followed in the list by a backward of another micro-batch makes a pair (in the 1F1B steady
 // state, and the interleaved one's); a backward of the forward's own micro-batch needs that
 // forward's result (the last stage's loss, or its activations coming back) and stays alone. A
-// pair starts once both passes' inputs are there and sends both results when it ends; every
-// rank's slots together do not deadlock (simulate_paired_schedule checks it). A pure function of
+// pair starts once both passes' inputs are there; every rank's slots together do not deadlock
+// even when a pair sends both results only when it ends (simulate_paired_schedule checks it; the
+// executor sends each result as soon as its pass ends, which only comes earlier). A pure function of
 // the shape and the rank, so the ranks of one stage in different pipelines (an EP group) pair the
 // same passes in the same order.
 using PipelineSlot = std::vector<PipelineOp>;  // one pass, or a forward then a backward

@@ -278,7 +278,9 @@ PipelineStepStats run_schedule(PipelineStage<T>& stage, const PipelineShape& sha
     // compute_seconds is the sum of the per-chunk pass times (bench pipeline's simulation
     // rebuilds it from them).
     if (passes.size() == 2) {
-      const PairTime time = run_as_pair(*passes[0].pass, *passes[1].pass);
+      // Each result goes on as soon as its pass ends: the neighbour stage may be waiting for it.
+      const PairTime time = run_as_pair(*passes[0].pass, *passes[1].pass,
+                                        [&](int pass) { send_result(passes[size_t(pass)]); });
       seconds_of(passes[0]) += time.first;
       seconds_of(passes[1]) += time.second;
       stats.compute_seconds += time.first + time.second;
@@ -290,7 +292,7 @@ PipelineStepStats run_schedule(PipelineStage<T>& stage, const PipelineShape& sha
       stats.compute_seconds += pass;
     }
     stats.compute_cpu_seconds += process_cpu_seconds() - cpu_begin;
-    for (SlotPass<T>& p : passes) send_result(p);
+    if (passes.size() == 1) send_result(passes[0]);
     exchange.test_sends();
   }
   stats.wait_seconds += exchange.finish_sends();
