@@ -64,37 +64,51 @@ double SplitPhaseChain::ready_in(double unknown) const {
   return std::max(0.0, deadline_ - steady_seconds());
 }
 
-void progress_until_finished(SplitPhaseChain& target, const std::vector<SplitPhaseChain*>& chains) {
+namespace {
+
+bool any_finished(const std::vector<SplitPhaseChain*>& targets) {
+  for (const SplitPhaseChain* t : targets)
+    if (t->finished()) return true;
+  return false;
+}
+
+// progress_until_finished over several targets: returns once any of them has finished.
+void progress_until_first(const std::vector<SplitPhaseChain*>& targets,
+                          const std::vector<SplitPhaseChain*>& chains) {
   constexpr double kShortest = 1e-6, kLongest = 1e-3;
   double backoff = kShortest;
   // Nothing known to be ready: poll (yielding the core) for poll_before_sleep_seconds() after the
   // last step that moved before sleeping; a known emulated deadline is still slept to.
   double quiet_since = steady_seconds();
   for (;;) {
-    // The target first: a step it posts now is ahead of the others' for the emulated link.
-    if (target.progress()) return;
-    size_t steps_before = target.steps_run();
+    // The targets first: a step they post now is ahead of the others' for the emulated link.
+    bool done = false;
+    for (SplitPhaseChain* t : targets) done = t->progress() || done;
+    if (done) return;
+    size_t steps_before = 0;
+    for (const SplitPhaseChain* t : targets) steps_before += t->steps_run();
     for (SplitPhaseChain* chain : chains) {
       steps_before += chain->steps_run();
       chain->progress();
     }
-    // `chains` may hold the target: done now, it must not sleep (or yield the core) first.
-    if (target.finished()) return;
+    // `chains` may hold a target: done now, it must not sleep (or yield the core) first.
+    if (any_finished(targets)) return;
     const bool polling = steady_seconds() - quiet_since < poll_before_sleep_seconds();
     const double unknown = polling ? 0.0 : backoff;
     double sleep = std::numeric_limits<double>::infinity();
     for (const SplitPhaseChain* chain : chains) {
       if (!chain->finished()) sleep = std::min(sleep, chain->ready_in(unknown));
     }
-    sleep = std::min(sleep, target.ready_in(unknown));
+    for (const SplitPhaseChain* t : targets) sleep = std::min(sleep, t->ready_in(unknown));
     const double idle_from = steady_seconds();
     if (sleep > 0) {
       std::this_thread::sleep_for(std::chrono::duration<double>(sleep));
     } else {
       std::this_thread::yield();
     }
-    target.add_exposed(steady_seconds() - idle_from);
-    size_t steps_after = target.steps_run();
+    for (SplitPhaseChain* t : targets) t->add_exposed(steady_seconds() - idle_from);
+    size_t steps_after = 0;
+    for (const SplitPhaseChain* t : targets) steps_after += t->steps_run();
     for (const SplitPhaseChain* chain : chains) steps_after += chain->steps_run();
     // Something moved: the next messages may come soon too.
     if (steps_after != steps_before) {
@@ -104,6 +118,16 @@ void progress_until_finished(SplitPhaseChain& target, const std::vector<SplitPha
       backoff = std::min(2 * backoff, kLongest);
     }
   }
+}
+
+}  // namespace
+
+void progress_until_finished(SplitPhaseChain& target, const std::vector<SplitPhaseChain*>& chains) {
+  progress_until_first({&target}, chains);
+}
+
+void progress_until_any_finished(const std::vector<SplitPhaseChain*>& targets) {
+  progress_until_first(targets, {});
 }
 
 }  // namespace rlf

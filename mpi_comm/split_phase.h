@@ -73,5 +73,8 @@ inline double hidden_fraction(const SplitPhaseChain::Time& t) {
 // outstanding, and at most until the nearest deadline; when only deadlines are left, one sleep
 // to the nearest.
 void progress_until_finished(SplitPhaseChain& target, const std::vector<SplitPhaseChain*>& chains);
+// The same until any of `targets` has finished (two passes run as a pair, each waiting on its
+// exchange); the time slept counts as exposed on every target still in flight.
+void progress_until_any_finished(const std::vector<SplitPhaseChain*>& targets);
 
 }  // namespace rlf

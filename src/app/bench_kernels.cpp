@@ -367,8 +367,9 @@ std::vector<ModelRow> bench_model(const ModelConfig& config, Arena& device, int 
     const double moe = time_interleaved(
         {[&] {
           MoeActivations<float> acts = block.allocate(tokens_moe);
-          block.forward(weights, x.data(), out.data(), tokens_moe, acts);
-          block.backward(weights, grads, x.data(), acts, dout.data(), dx.data(), tokens_moe, 0.01f);
+          run_to_end(block.forward(weights, x.data(), out.data(), tokens_moe, acts));
+          run_to_end(block.backward(weights, grads, x.data(), acts, dout.data(), dx.data(),
+                                    tokens_moe, 0.01f));
           device.release(before);
         }},
         repeats)[0];

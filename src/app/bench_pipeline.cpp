@@ -265,8 +265,9 @@ int run_bench_pipeline_command(const std::vector<std::string>& args) {
   add("repeats", po::value(&o.repeats)->default_value(o.repeats),
       "timed steps per row after a checked one (the median step is reported)");
   add("expert-parallel", po::value(&o.expert_parallel)->default_value(o.expert_parallel),
-      "EP degree inside every stage (> 1: PP x EP rows, each step run without and with "
-      "--ep-overlap-chunks on the same data, their hidden fractions and the ratio)");
+      "EP degree inside every stage (> 1: PP x EP rows, each step run plain, with "
+      "--ep-overlap-chunks and with --pipeline-pairing on the same data, their hidden fractions "
+      "and the ratios)");
   add("ep-overlap-chunks", po::value(&o.overlap_chunks)->default_value(o.overlap_chunks),
       "with --expert-parallel: overlap chunks per MoE layer in the overlapped run (>= 2)");
   add("inter-node-bandwidth",

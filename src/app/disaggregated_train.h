@@ -27,7 +27,10 @@ struct DisaggregatedOptions {
   int actor_expert_parallel = 0;   // --actor-expert-parallel (0: the learners' degree)
   DispatchMode ep_dispatch = DispatchMode::Hierarchical;  // --ep-dispatch
   int ep_overlap_chunks = 1;  // --ep-overlap-chunks: training's routed experts in chunks
-  bool offload = false;       // --offload (fused): training state to host during generation
+  // --pipeline-pairing (PP x EP): each forward next to a backward in the schedule runs with it as
+  // a pair, their MoE exchanges interleaved (src/model/pass_pair.h).
+  bool pipeline_pairing = false;
+  bool offload = false;  // --offload (fused): training state to host during generation
   // --tensor-parallel (fused): TP groups of this many consecutive ranks each hold one replica
   // of the model (src/model/tensor_parallel.h); --tensor-parallel-attention-only.
   int tensor_parallel = 1;

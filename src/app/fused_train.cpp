@@ -173,7 +173,8 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
     // A pipeline stage generates from a whole model of its own (with EP, every layer with the
     // pipeline's experts; with TP generation, its TP slice), the borrowed layers included; so does
     // a TP rank generating data-parallel.
-    if (borrows_whole_model) add_pipeline_generation_model(memory_plan, whole_generation_layout.total());
+    if (borrows_whole_model)
+      add_pipeline_generation_model(memory_plan, whole_generation_layout.total());
     // The KL reference's log-probs: through the pipeline its stage is all a rank holds (counted
     // in the plan); with EP inside the stages, or StaleSync's unequal blocks, a whole copy
     // gathered from the stages for the reference phase, before training's activations.
@@ -354,7 +355,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
     pipeline_trainer = std::make_unique<PipelineTrainer>(
         *pp, model, settings, (rl.staleness > 0 ? rl.prompts : trained_prompts) * rl.group_size,
         options.micro_batches > 0, 2 + task.max_prompt_chars() + task.max_response_chars(),
-        ep.get(), options.ep_overlap_chunks);
+        ep.get(), options.ep_overlap_chunks, options.pipeline_pairing);
     pipeline_gradient = [&](const std::vector<const Rollout*>& minibatch, double normalizer,
                             double all_samples) {
       return pipeline_trainer->minibatch_gradient(minibatch, normalizer, all_samples);
@@ -620,8 +621,8 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         if (pool) {
           // Every rank finished its own count of groups: the replica's ranks exchange them.
           std::vector<size_t> blocks;
-          rollouts = gather_replica_rollouts(*pp, rollouts, rl.group_size, gathered_reference,
-                                             blocks);
+          rollouts =
+              gather_replica_rollouts(*pp, rollouts, rl.group_size, gathered_reference, blocks);
           pipeline_trainer->set_blocks(std::move(blocks));
         } else {
           rollouts = pipeline_rollouts(*pipeline_queue, *pp, rollouts, rl.group_size);
@@ -690,8 +691,9 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         pipeline_stage_report(*pp, options.pipeline_balance, pipeline_trainer->compute_seconds(),
                               pipeline_trainer->wall_seconds(), dir);
     if (ep) {
-      parallel_json += pipeline_ep_overlap_report(pipeline_trainer->ep_communication(),
-                                                  options.ep_overlap_chunks, dir);
+      parallel_json +=
+          pipeline_ep_overlap_report(pipeline_trainer->ep_communication(),
+                                     options.ep_overlap_chunks, pipeline_trainer->pairs(), dir);
     }
   }
   if (pool) {

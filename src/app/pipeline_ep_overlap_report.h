@@ -13,8 +13,9 @@ namespace rlf {
 // Collective over MPI_COMM_WORLD: gathers every rank's `mine` (the run's EP communication time,
 // PipelineTrainer::ep_communication) onto rank 0, logs one line per rank, and returns the
 // summary.json fields (ending in a comma): "ep_overlap_chunks", and per rank
-// "ep_communication_seconds", "ep_exposed_seconds" and "ep_hidden_fraction".
+// "pipeline_pairs" (forward / backward pairs run, --pipeline-pairing), "ep_communication_seconds",
+// "ep_exposed_seconds" and "ep_hidden_fraction".
 std::string pipeline_ep_overlap_report(const SplitPhaseChain::Time& mine, int overlap_chunks,
-                                       RunDirectory& dir);
+                                       int pairs, RunDirectory& dir);
 
 }  // namespace rlf

@@ -24,6 +24,18 @@ void validate_pipeline_parallel_train(const DisaggregatedOptions& options, bool 
   if (options.micro_batches < 0) {
     throw ConfigError("--micro-batches must be >= 0 (0: pieces of --micro-batch)");
   }
+  if (options.pipeline_pairing && (degree == 1 || options.expert_parallel < 2)) {
+    // Pairing interleaves a forward's and a backward's MoE exchanges: it needs both a schedule
+    // that puts forwards next to backwards and exchanges to interleave.
+    throw ConfigError(
+        "--pipeline-pairing needs --pipeline-parallel 2 or more and "
+        "--expert-parallel 2 or more (it interleaves the stages' EP exchanges)");
+  }
+  if (options.pipeline_pairing && options.ep_overlap_chunks > 1) {
+    throw ConfigError("--pipeline-pairing with --ep-overlap-chunks " +
+                      std::to_string(options.ep_overlap_chunks) +
+                      " is not supported (the chunked MoE path does not stop at its exchanges)");
+  }
   if (degree == 1) {
     if (options.virtual_stages != 1 || options.micro_batches != 0 ||
         options.pipeline_balance != "uniform") {
@@ -202,7 +214,8 @@ size_t stage_activation_bytes(const ModelConfig& config, int sequences, int long
 
 PipelineTrainer::PipelineTrainer(const PipelineGroups& groups, Transformer<float>& model,
                                  const RlStepSettings& settings, int rank_samples, bool equal_parts,
-                                 int longest_sequence, RoleExpertParallel* ep, int overlap_chunks)
+                                 int longest_sequence, RoleExpertParallel* ep, int overlap_chunks,
+                                 bool pairing)
     : groups_(groups),
       settings_(settings),
       equal_parts_(equal_parts),
@@ -213,7 +226,8 @@ PipelineTrainer::PipelineTrainer(const PipelineGroups& groups, Transformer<float
                                                       groups.shape().micro_batches
                                                 : std::min(settings.micro_batch, rank_samples),
                                     longest_sequence)),
-      ep_(ep) {
+      ep_(ep),
+      pairing_(pairing) {
   if (ep) {
     const int layers = model.config().n_layers;
     stage_.set_expert_dispatchers(
@@ -313,8 +327,9 @@ PpoStats PipelineTrainer::minibatch_gradient(const std::vector<const Rollout*>& 
     return float(s.loss);
   });
   const SplitPhaseChain::Time ep_before = ep_ ? ep_->communication_time() : SplitPhaseChain::Time{};
-  const PipelineStepStats step =
-      run_pipeline_step(stage_, shape, batches, aux_coef, groups_.pipeline().comm, groups_.links());
+  const PipelineStepStats step = run_pipeline_step(
+      stage_, shape, batches, aux_coef, groups_.pipeline().comm, groups_.links(), pairing_);
+  pairs_ += step.pairs;
   stage_.set_loss({});
   if (ep_) {
     const SplitPhaseChain::Time ep_after = ep_->communication_time();

@@ -32,7 +32,8 @@ namespace rlf {
 // --tensor-parallel T, T x P not dividing the ranks; with --expert-parallel E, E not dividing the
 // pipelines, another --actor-expert-parallel or --redundant-experts; without --expert-parallel,
 // --ep-overlap-chunks above 1; StaleSync with --expert-parallel, --virtual-stages, --micro-batches
-// or --minibatches above 1.
+// or --minibatches above 1; --pipeline-pairing without a pipeline, without --expert-parallel or
+// with --ep-overlap-chunks above 1 (the chunked path's exchanges are not resumable).
 void validate_pipeline_parallel_train(const DisaggregatedOptions& options, bool fused,
                                       int world_size, const RlOptions& rl);
 
@@ -114,10 +115,12 @@ class PipelineTrainer {
   // flight dispatches through dispatchers of its own (RoleExpertParallel::view_dispatchers);
   // `overlap_chunks` > 1 (--ep-overlap-chunks) runs every MoE layer's routed experts in that many
   // chunks whose dispatch and combine overlap the expert FFN (OverlappedExperts of its own per
-  // micro-batch chunk in flight).
+  // micro-batch chunk in flight); `pairing` (--pipeline-pairing) runs the schedule's forward /
+  // backward pairs with their MoE exchanges interleaved (run_pipeline_step).
   PipelineTrainer(const PipelineGroups& groups, Transformer<float>& model,
                   const RlStepSettings& settings, int rank_samples, bool equal_parts,
-                  int longest_sequence, RoleExpertParallel* ep = nullptr, int overlap_chunks = 1);
+                  int longest_sequence, RoleExpertParallel* ep = nullptr, int overlap_chunks = 1,
+                  bool pairing = false);
 
   // StaleSync (one minibatch a step): the next minibatches' per-rank block sizes
   // (gather_replica_rollouts), which the micro-batches follow instead of equal blocks; a pipeline
@@ -132,6 +135,7 @@ class PipelineTrainer {
   double wall_seconds() const { return wall_seconds_; }
   double wait_seconds() const { return wait_seconds_; }
   double compute_seconds() const { return compute_seconds_; }
+  int pairs() const { return pairs_; }  // forward / backward pairs run (pairing)
   double measured_bubble() const { return wall_seconds_ > 0 ? wait_seconds_ / wall_seconds_ : 0; }
   // With EP: the schedule runs' EP communication time and its exposed part (hidden_fraction).
   const SplitPhaseChain::Time& ep_communication() const { return ep_communication_; }
@@ -147,6 +151,8 @@ class PipelineTrainer {
   std::vector<size_t> blocks_;  // StaleSync: each rank's block (empty: equal blocks)
   PipelineStage<float> stage_;
   RoleExpertParallel* ep_;
+  bool pairing_;
+  int pairs_ = 0;
   double wall_seconds_ = 0, wait_seconds_ = 0, compute_seconds_ = 0;
   SplitPhaseChain::Time ep_communication_;
 };

@@ -91,6 +91,10 @@ int run_train_command(const std::vector<std::string>& args) {
         po::value(&multi_rank.ep_overlap_chunks)->default_value(multi_rank.ep_overlap_chunks),
         "with expert parallelism, training runs each layer's routed experts in this many chunks, "
         "the next chunk's dispatch and the last one's combine in flight meanwhile (1: off)");
+    add("pipeline-pairing", po::bool_switch(&multi_rank.pipeline_pairing),
+        "with --pipeline-parallel and --expert-parallel: a forward next to a backward of another "
+        "micro-batch in the schedule runs with it as a pair, one computing while the other's MoE "
+        "dispatch or combine is in flight (Adaptive Pipe / DualPipe); the same results");
     add("tensor-parallel",
         po::value(&multi_rank.tensor_parallel)->default_value(multi_rank.tensor_parallel),
         "tensor-parallel degree: groups of this many consecutive ranks hold one "

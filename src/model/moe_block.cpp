@@ -65,8 +65,8 @@ MoeActivations<T> MoeBlock<T>::allocate(int N, bool expert_parallel) const {
 }
 
 template <typename T>
-void MoeBlock<T>::forward(const MoeWeights<T>& w, const T* x, T* out, int N, MoeActivations<T>& a,
-                          ExpertDispatcher* ep, OverlappedExperts* overlap) const {
+ResumablePass MoeBlock<T>::forward(MoeWeights<T> w, const T* x, T* out, int N, MoeActivations<T>& a,
+                                   ExpertDispatcher* ep, OverlappedExperts* overlap) const {
   const int C = config_.d_model, E = config_.n_experts, K = config_.top_k, F = config_.d_ff;
   ops_.matmul_forward(a.router_logits, x, w.router, N, C, E, device_);
   if (config_.router_skew != 0.0f) {
@@ -80,7 +80,7 @@ void MoeBlock<T>::forward(const MoeWeights<T>& w, const T* x, T* out, int N, Moe
   if (overlap) {
     routed_forward_overlapped(w, x, out, N, a, *overlap);
   } else if (ep) {
-    routed_forward_ep(w, x, out, N, a, *ep);
+    co_await routed_forward_ep(w, x, out, N, a, *ep);
   } else {
     moe_build_routing(a.expert_offsets, a.row_of_assignment, a.token_of_row, a.expert_idx, N, E, K);
     ops_.moe_gather(a.xg, x, a.token_of_row, N * K, C, device_);
@@ -99,9 +99,10 @@ void MoeBlock<T>::forward(const MoeWeights<T>& w, const T* x, T* out, int N, Moe
 }
 
 template <typename T>
-void MoeBlock<T>::backward(const MoeWeights<T>& w, const MoeWeights<T>& g, const T* x,
-                           const MoeActivations<T>& a, const T* dout, T* dx, int N, T aux_weight,
-                           ExpertDispatcher* ep, OverlappedExperts* overlap) const {
+ResumablePass MoeBlock<T>::backward(MoeWeights<T> w, MoeWeights<T> g, const T* x,
+                                    const MoeActivations<T>& a, const T* dout, T* dx, int N,
+                                    T aux_weight, ExpertDispatcher* ep,
+                                    OverlappedExperts* overlap) const {
   const int C = config_.d_model, E = config_.n_experts, K = config_.top_k, F = config_.d_ff;
   const int64_t M = int64_t(N) * K;
   ArenaScope scope(device_);
@@ -122,7 +123,7 @@ void MoeBlock<T>::backward(const MoeWeights<T>& w, const MoeWeights<T>& g, const
   if (overlap) {
     routed_backward_overlapped(w, g, dout, dx, dweight, *overlap);
   } else if (ep) {
-    routed_backward_ep(w, g, a, dout, dx, dweight, N, *ep);
+    co_await routed_backward_ep(w, g, a, dout, dx, dweight, N, *ep);
   } else {
     T* dy = device_.allocate_zeroed<T>(M * C, "backward work");
     ops_.moe_combine_backward(dy, dweight, dout, a.y, a.expert_weight, a.row_of_assignment, N, K, C,
@@ -144,20 +145,24 @@ void MoeBlock<T>::backward(const MoeWeights<T>& w, const MoeWeights<T>& g, const
 }
 
 template <typename T>
-void MoeBlock<T>::routed_forward_ep(const MoeWeights<T>& w, const T* x, T* out, int N,
-                                    MoeActivations<T>& a, ExpertDispatcher& ep) const {
+ResumablePass MoeBlock<T>::routed_forward_ep(MoeWeights<T> w, const T* x, T* out, int N,
+                                             MoeActivations<T>& a, ExpertDispatcher& ep) const {
   if constexpr (!std::is_same_v<T, float>) {
     (void)w, (void)x, (void)out, (void)N, (void)a, (void)ep;
     throw std::logic_error("MoeBlock: expert parallelism needs float parameters");
+    co_return;
   } else {
     const int C = config_.d_model, K = config_.top_k, F = config_.d_ff;
     if (ep.experts() != config_.n_experts) {
       throw std::logic_error("MoeBlock: the dispatcher's expert count differs from the model's");
     }
-    // With the token split this rank dispatches only its share of the rows.
+    // With the token split this rank dispatches only its share of the rows. The blocking
+    // dispatch, begin and finish, with the pass stopped in between.
     const RowShare own = token_split_ ? token_split_->row_share(N) : RowShare{0, N};
-    const std::vector<float> rows = ep.dispatch(
-        x + int64_t(own.first) * C, a.expert_idx + int64_t(own.first) * K, own.count, K, C);
+    ep.begin_dispatch(x + int64_t(own.first) * C, a.expert_idx + int64_t(own.first) * K, own.count,
+                      K, C);
+    co_await exchange(ep.chain());
+    const std::vector<float> rows = ep.finish_dispatch();
     const int E_local = ep.local_experts(), R = ep.local_rows();
     // This rank's first expert, counted from the first expert the weights hold.
     const int64_t first = int64_t(ep.ep_rank()) * E_local - w.first_expert;
@@ -172,7 +177,9 @@ void MoeBlock<T>::routed_forward_ep(const MoeWeights<T>& w, const T* x, T* out, 
     a.y = d.allocate<float>(size_t(R) * C, "activations");
     ops_.expert_ffn_forward(a.y, a.ffn_a, a.ffn_b, a.xg, w.w1 + first, w.w3 + first, w.w2 + first,
                             a.expert_offsets, E_local, C, F, device_);
-    const std::vector<float> combined = ep.combine(a.y, a.expert_weight + int64_t(own.first) * K);
+    ep.begin_combine(a.y, a.expert_weight + int64_t(own.first) * K);
+    co_await exchange(ep.chain());
+    const std::vector<float> combined = ep.finish_combine();
     if (own.count > 0) {
       std::memcpy(out + int64_t(own.first) * C, combined.data(),
                   size_t(own.count) * C * sizeof(float));
@@ -182,30 +189,35 @@ void MoeBlock<T>::routed_forward_ep(const MoeWeights<T>& w, const T* x, T* out, 
 }
 
 template <typename T>
-void MoeBlock<T>::routed_backward_ep(const MoeWeights<T>& w, const MoeWeights<T>& g,
-                                     const MoeActivations<T>& a, const T* dout, T* dx, T* dweight,
-                                     int N, ExpertDispatcher& ep) const {
+ResumablePass MoeBlock<T>::routed_backward_ep(MoeWeights<T> w, MoeWeights<T> g,
+                                              const MoeActivations<T>& a, const T* dout, T* dx,
+                                              T* dweight, int N, ExpertDispatcher& ep) const {
   if constexpr (!std::is_same_v<T, float>) {
     (void)w, (void)g, (void)a, (void)dout, (void)dx, (void)dweight, (void)N, (void)ep;
     throw std::logic_error("MoeBlock: expert parallelism needs float parameters");
+    co_return;
   } else {
     const int C = config_.d_model, F = config_.d_ff, K = config_.top_k;
     const int E_local = ep.local_experts(), R = a.expert_offsets[E_local];
     const RowShare own = token_split_ ? token_split_->row_share(N) : RowShare{0, N};
     std::vector<float> dy_local, dweight_v;
-    ep.combine_backward(dout + int64_t(own.first) * C, a.y,
-                        a.expert_weight + int64_t(own.first) * K, dy_local, dweight_v);
+    ep.begin_combine_backward(dout + int64_t(own.first) * C, a.y,
+                              a.expert_weight + int64_t(own.first) * K);
+    co_await exchange(ep.chain());
+    ep.finish_combine_backward(dy_local, dweight_v);
     const int64_t first = int64_t(ep.ep_rank()) * E_local - w.first_expert;
     float* dxg = device_.allocate_zeroed<float>(size_t(R) * C, "backward work");
     ops_.expert_ffn_backward(dxg, g.w1 + first, g.w3 + first, g.w2 + first, dy_local.data(), a.xg,
                              a.ffn_a, a.ffn_b, w.w1 + first, w.w3 + first, w.w2 + first,
                              a.expert_offsets, E_local, C, F, device_);
     // dx[n] += (sum over k in slot order of the rows of (n, k)), as moe_gather_backward does.
-    const std::vector<float> dx_tokens = ep.dispatch_backward(dxg);
+    ep.begin_dispatch_backward(dxg);
+    co_await exchange(ep.chain());
+    const std::vector<float> dx_tokens = ep.finish_dispatch_backward();
     if (!token_split_) {
       std::memcpy(dweight, dweight_v.data(), dweight_v.size() * sizeof(float));
       for (size_t i = 0; i < dx_tokens.size(); ++i) dx[i] += dx_tokens[i];
-      return;
+      co_return;
     }
     // Every row's input gradient and top-k weight gradients from the rank that had it: one
     // allgather of rows of C + K floats over the TP group.

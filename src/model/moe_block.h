@@ -10,6 +10,7 @@
 #include "src/model/expert_table.h"
 #include "src/model/model_config.h"
 #include "src/model/parameter_layout.h"
+#include "src/model/resumable_pass.h"
 
 namespace rlf {
 
@@ -86,22 +87,25 @@ class MoeBlock {
   // routing plan that backward needs, so every layer needs its own dispatcher.
   // With `overlap` (same EP group and experts as `ep`) the routed experts run chunked with their
   // transfers overlapped (src/model/overlapped_experts.h); backward must then get it too.
-  void forward(const MoeWeights<T>& w, const T* x, T* out, int N, MoeActivations<T>& a,
-               ExpertDispatcher* ep = nullptr, OverlappedExperts* overlap = nullptr) const;
+  // A resumable pass: with `ep` it stops at the dispatch and at the combine until they complete
+  // (src/model/resumable_pass.h); run_to_end runs it as the blocking call.
+  ResumablePass forward(MoeWeights<T> w, const T* x, T* out, int N, MoeActivations<T>& a,
+                        ExpertDispatcher* ep = nullptr, OverlappedExperts* overlap = nullptr) const;
   // Adds into dx[N, C] and the gradients `g` (same layout as the weights) given dout[N, C];
   // aux_weight scales the load-balancing loss's gradient. With `ep` (the one forward used, with
-  // no dispatch since) only the local experts' gradients are written.
-  void backward(const MoeWeights<T>& w, const MoeWeights<T>& g, const T* x,
-                const MoeActivations<T>& a, const T* dout, T* dx, int N, T aux_weight,
-                ExpertDispatcher* ep = nullptr, OverlappedExperts* overlap = nullptr) const;
+  // no dispatch since) only the local experts' gradients are written. Resumable like forward: it
+  // stops at combine_backward and dispatch_backward.
+  ResumablePass backward(MoeWeights<T> w, MoeWeights<T> g, const T* x, const MoeActivations<T>& a,
+                         const T* dout, T* dx, int N, T aux_weight, ExpertDispatcher* ep = nullptr,
+                         OverlappedExperts* overlap = nullptr) const;
 
  private:
   // The routed experts of forward/backward through the dispatcher (T = float only).
-  void routed_forward_ep(const MoeWeights<T>& w, const T* x, T* out, int N, MoeActivations<T>& a,
-                         ExpertDispatcher& ep) const;
-  void routed_backward_ep(const MoeWeights<T>& w, const MoeWeights<T>& g,
-                          const MoeActivations<T>& a, const T* dout, T* dx, T* dweight, int N,
-                          ExpertDispatcher& ep) const;
+  ResumablePass routed_forward_ep(MoeWeights<T> w, const T* x, T* out, int N, MoeActivations<T>& a,
+                                  ExpertDispatcher& ep) const;
+  ResumablePass routed_backward_ep(MoeWeights<T> w, MoeWeights<T> g, const MoeActivations<T>& a,
+                                   const T* dout, T* dx, T* dweight, int N,
+                                   ExpertDispatcher& ep) const;
   // The same through OverlappedExperts (T = float only).
   void routed_forward_overlapped(const MoeWeights<T>& w, const T* x, T* out, int N,
                                  const MoeActivations<T>& a, OverlappedExperts& overlap) const;

@@ -92,6 +92,19 @@ int PipelineStage<T>::take_slot() {
 template <typename T>
 const T* PipelineStage<T>::forward(int index, int k, const PipelineMicroBatch<T>& batch,
                                    const T* x_in) {
+  const T* result = nullptr;
+  run_to_end(forward_pass(index, k, batch, x_in, &result));
+  return result;
+}
+
+template <typename T>
+void PipelineStage<T>::backward(int index, int k, const T* dy, T aux_weight, T* dx_in) {
+  run_to_end(backward_pass(index, k, dy, aux_weight, dx_in));
+}
+
+template <typename T>
+ResumablePass PipelineStage<T>::forward_pass(int index, int k, const PipelineMicroBatch<T>& batch,
+                                             const T* x_in, const T** result) {
   const auto key = std::pair(index, k);
   if (in_flight_.count(key)) {
     throw std::logic_error("PipelineStage: micro-batch " + std::to_string(index) + " chunk " +
@@ -100,9 +113,9 @@ const T* PipelineStage<T>::forward(int index, int k, const PipelineMicroBatch<T>
   const LayerRange& range = chunk(k);
   const int slot = take_slot();
   Transformer<T>& view = *views_[size_t(slot)];
-  const T* out =
-      view.forward_range(batch.tokens.data(), batch.seq_offsets.data(), batch.sequences(),
-                         embeds(k) ? nullptr : x_in, range.first, range.last);
+  const T* out = nullptr;
+  co_await view.forward_range_pass(batch.tokens.data(), batch.seq_offsets.data(), batch.sequences(),
+                                   embeds(k) ? nullptr : x_in, range.first, range.last, &out);
   aux_loss_ += view.aux_loss() * batch.aux_scale;
   InFlight entry{slot, nullptr};
   if (ends_model(k)) {
@@ -118,11 +131,12 @@ const T* PipelineStage<T>::forward(int index, int k, const PipelineMicroBatch<T>
     out = nullptr;
   }
   in_flight_[key] = entry;
-  return out;
+  *result = out;
 }
 
 template <typename T>
-void PipelineStage<T>::backward(int index, int k, const T* dy, T aux_weight, T* dx_in) {
+ResumablePass PipelineStage<T>::backward_pass(int index, int k, const T* dy, T aux_weight,
+                                              T* dx_in) {
   auto found = in_flight_.find(std::pair(index, k));
   if (found == in_flight_.end()) {
     throw std::logic_error("PipelineStage: backward of micro-batch " + std::to_string(index) +
@@ -131,8 +145,8 @@ void PipelineStage<T>::backward(int index, int k, const T* dy, T aux_weight, T* 
   if (!model_.gradients()) throw std::logic_error("PipelineStage: backward without gradients");
   const InFlight entry = found->second;
   in_flight_.erase(found);
-  views_[size_t(entry.slot)]->backward_range(ends_model(k) ? entry.dlogits : dy, aux_weight,
-                                             embeds(k) ? nullptr : dx_in);
+  co_await views_[size_t(entry.slot)]->backward_range_pass(ends_model(k) ? entry.dlogits : dy,
+                                                           aux_weight, embeds(k) ? nullptr : dx_in);
   free_slots_.push_back(entry.slot);
 }
 

@@ -97,6 +97,14 @@ class PipelineStage {
   // (ignored when the chunk ends the model: the loss's own); writes the gradient of x_in into
   // `dx_in` (unless the chunk embeds). Gradients add up in model().gradients().
   void backward(int index, int chunk, const T* dy, T aux_weight, T* dx_in);
+  // The same two as resumable passes that stop at every expert-parallel exchange
+  // (src/model/resumable_pass.h), for running a forward and a backward as a pair
+  // (src/model/pass_pair.h); forward_pass sets `*result` when it ends. Each takes or frees its
+  // activation arena where forward and backward do (at its start, at its end), so a pair run in
+  // list order makes the arenas, and their collective dispatchers, at the same passes.
+  ResumablePass forward_pass(int index, int chunk, const PipelineMicroBatch<T>& batch,
+                             const T* x_in, const T** result);
+  ResumablePass backward_pass(int index, int chunk, const T* dy, T aux_weight, T* dx_in);
 
   // Ends micro-batch `index`'s `chunk` without a backward (a forward-only pass): its activations
   // and arena are freed, so the result of its forward is no longer valid.

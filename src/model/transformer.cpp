@@ -215,8 +215,8 @@ void Transformer<T>::attention_core(int l, Layer& a, int N, const int* positions
 }
 
 template <typename T>
-void Transformer<T>::layer_forward(int l, Layer& a, const T* x_in, T* x_out, int N,
-                                   const int* positions, const AttentionMode& mode) {
+ResumablePass Transformer<T>::layer_forward(int l, Layer& a, const T* x_in, T* x_out, int N,
+                                            const int* positions, const AttentionMode& mode) {
   const LayerOffsets& o = layout_.layer(l);
   const int C = config_.d_model, D = config_.head_dim();
   const int H = layout_.local_heads(), A = layout_.attention_width();  // this TP rank's heads
@@ -229,7 +229,9 @@ void Transformer<T>::layer_forward(int l, Layer& a, const T* x_in, T* x_out, int
   ops_.matmul_forward(a.v, a.xn1, params_ + o.wv, N, C, A, device_);
   ops_.rope_forward(a.q, a.q, positions, N, H, D, config_.rope_theta, device_);
   ops_.rope_forward(a.k, a.k, positions, N, H, D, config_.rope_theta, device_);
+  co_await progress_point();
   attention_core(l, a, N, positions, mode);
+  co_await progress_point();
   ops_.matmul_forward(a.x_mid, a.att, params_ + o.wo, N, A, C, device_);
   tensor_parallel_sum(a.x_mid, NC);  // row-parallel wo: the heads' partial sums
   for (int64_t i = 0; i < NC; ++i) a.x_mid[i] += x_in[i];
@@ -237,15 +239,15 @@ void Transformer<T>::layer_forward(int l, Layer& a, const T* x_in, T* x_out, int
                        device_);
   // Only a training forward (no cache) has a backward that pairs with the overlapped path.
   const bool training = mode.kind == AttentionMode::Packed && mode.cache == nullptr;
-  moe_.forward(moe_weights(layout_, params_, experts_, l), a.xn2, a.moe_out, N, a.moe,
-               dispatcher(l), training ? overlap(l) : nullptr);
+  co_await moe_.forward(moe_weights(layout_, params_, experts_, l), a.xn2, a.moe_out, N, a.moe,
+                        dispatcher(l), training ? overlap(l) : nullptr);
   for (int64_t i = 0; i < NC; ++i) x_out[i] = a.x_mid[i] + a.moe_out[i];
 }
 
 template <typename T>
-const T* Transformer<T>::run(const int* tokens, const T* x_in, int N, const int* positions,
-                             const AttentionMode& mode, bool keep_activations, int first,
-                             int last) {
+ResumablePass Transformer<T>::run(const int* tokens, const T* x_in, int N, const int* positions,
+                                  const AttentionMode& mode, bool keep_activations, int first,
+                                  int last, const T** result) {
   const int C = config_.d_model, V = config_.vocab_size;
   // A slot-space layout's rows are slots, not expert ids; a view addresses its experts by id
   // whatever the layout it reads them from.
@@ -278,22 +280,23 @@ const T* Transformer<T>::run(const int* tokens, const T* x_in, int N, const int*
     for (int l = first; l < last; ++l) {
       layers_.push_back(allocate_layer(N));
       T* x_out = device_.allocate<T>(size_t(NC), "residual stream");
-      layer_forward(l, layers_.back(), x, x_out, N, positions, mode);
+      co_await layer_forward(l, layers_.back(), x, x_out, N, positions, mode);
       aux_loss_ += layers_.back().moe.aux;
       x = x_out;
     }
-    return x;
+    *result = x;
+    co_return;
   }
   // Inference keeps only two residual buffers; each layer's work memory is released after it.
   T* x_next = device_.allocate<T>(size_t(NC), "residual stream");
   for (int l = first; l < last; ++l) {
     ArenaScope scope(device_);
     Layer a = allocate_layer(N);
-    layer_forward(l, a, x, x_next, N, positions, mode);
+    co_await layer_forward(l, a, x, x_next, N, positions, mode);
     aux_loss_ += a.moe.aux;
     std::swap(x, x_next);
   }
-  return x;
+  *result = x;
 }
 
 template <typename T>
@@ -321,6 +324,15 @@ const T* Transformer<T>::forward(const int* tokens, const int* seq_offsets, int 
 template <typename T>
 const T* Transformer<T>::forward_range(const int* tokens, const int* seq_offsets, int S,
                                        const T* x_in, int first, int last) {
+  const T* result = nullptr;
+  run_to_end(forward_range_pass(tokens, seq_offsets, S, x_in, first, last, &result));
+  return result;
+}
+
+template <typename T>
+ResumablePass Transformer<T>::forward_range_pass(const int* tokens, const int* seq_offsets, int S,
+                                                 const T* x_in, int first, int last,
+                                                 const T** result) {
   if (first < 0 || first > last || last > config_.n_layers || (first > 0 && !x_in) ||
       (!x_in && !tokens && seq_offsets[S] > 0)) {
     throw std::invalid_argument("Transformer::forward_range: layers [" + std::to_string(first) +
@@ -352,10 +364,14 @@ const T* Transformer<T>::forward_range(const int* tokens, const int* seq_offsets
   AttentionMode mode;
   mode.seq_offsets = seq_offsets_;
   mode.S = S;
-  const T* x = run(tokens_, x_in, N_, positions_, mode, /*keep_activations=*/true, first, last);
-  if (last < config_.n_layers) return x;
+  const T* x = nullptr;
+  co_await run(tokens_, x_in, N_, positions_, mode, /*keep_activations=*/true, first, last, &x);
+  if (last < config_.n_layers) {
+    *result = x;
+    co_return;
+  }
   logits_ = const_cast<T*>(head(x, N_, /*keep_activations=*/true));
-  return logits_;
+  *result = logits_;
 }
 
 template <typename T>
@@ -371,22 +387,27 @@ void Transformer<T>::backward(const T* dlogits, T aux_weight, const T* dhidden) 
   if (has_activations_ && (first_layer_ != 0 || last_layer_ != config_.n_layers)) {
     throw std::logic_error("Transformer::backward after a forward_range: use backward_range");
   }
-  backward_layers(dlogits, dhidden, nullptr, aux_weight, nullptr);
+  run_to_end(backward_layers(dlogits, dhidden, nullptr, aux_weight, nullptr));
 }
 
 template <typename T>
 void Transformer<T>::backward_range(const T* dy, T aux_weight, T* dx_in) {
+  run_to_end(backward_range_pass(dy, aux_weight, dx_in));
+}
+
+template <typename T>
+ResumablePass Transformer<T>::backward_range_pass(const T* dy, T aux_weight, T* dx_in) {
   const bool head = last_layer_ == config_.n_layers;
   if (has_activations_ && !embedded_ && !dx_in) {
     throw std::invalid_argument(
         "Transformer::backward_range: a forward from hidden rows needs dx_in for their gradient");
   }
-  backward_layers(head ? dy : nullptr, nullptr, head ? nullptr : dy, aux_weight, dx_in);
+  co_await backward_layers(head ? dy : nullptr, nullptr, head ? nullptr : dy, aux_weight, dx_in);
 }
 
 template <typename T>
-void Transformer<T>::backward_layers(const T* dlogits, const T* dhidden, const T* dout,
-                                     T aux_weight, T* dx_in) {
+ResumablePass Transformer<T>::backward_layers(const T* dlogits, const T* dhidden, const T* dout,
+                                              T aux_weight, T* dx_in) {
   if (!has_activations_) throw std::logic_error("Transformer::backward without forward");
   if (!grads_) throw std::logic_error("Transformer: model was built without gradients");
   const int C = config_.d_model, V = config_.vocab_size, N = N_;
@@ -408,7 +429,7 @@ void Transformer<T>::backward_layers(const T* dlogits, const T* dhidden, const T
       std::memcpy(dx, dout, size_t(NC) * sizeof(T));
     }
     for (int l = last_layer_ - 1; l >= first_layer_; --l) {
-      layer_backward(l, layers_[size_t(l - first_layer_)], dx, N, positions_, aux_weight);
+      co_await layer_backward(l, layers_[size_t(l - first_layer_)], dx, N, positions_, aux_weight);
     }
     if (embedded_) {
       ops_.embedding_backward(grads_ + layout_.embedding(), dx, tokens_, N, C, V, device_);
@@ -420,8 +441,8 @@ void Transformer<T>::backward_layers(const T* dlogits, const T* dhidden, const T
 }
 
 template <typename T>
-void Transformer<T>::layer_backward(int l, const Layer& a, T* dx, int N, const int* positions,
-                                    T aux_weight) {
+ResumablePass Transformer<T>::layer_backward(int l, const Layer& a, T* dx, int N,
+                                             const int* positions, T aux_weight) {
   const LayerOffsets& o = layout_.layer(l);
   const int C = config_.d_model, D = config_.head_dim();
   const int H = layout_.local_heads(), A = layout_.attention_width();  // this TP rank's heads
@@ -431,9 +452,10 @@ void Transformer<T>::layer_backward(int l, const Layer& a, T* dx, int N, const i
   T* dx_mid = device_.allocate<T>(size_t(NC), "backward work");
   std::memcpy(dx_mid, dx, size_t(NC) * sizeof(T));
   T* dxn2 = device_.allocate_zeroed<T>(NC, "backward work");
-  moe_.backward(moe_weights(layout_, params_, experts_, l),
-                moe_weights(layout_, grads_, expert_grads_, l), a.xn2, a.moe, dx, dxn2, N,
-                aux_weight, dispatcher(l), overlap(l));
+  co_await moe_.backward(moe_weights(layout_, params_, experts_, l),
+                         moe_weights(layout_, grads_, expert_grads_, l), a.xn2, a.moe, dx, dxn2, N,
+                         aux_weight, dispatcher(l), overlap(l));
+  co_await progress_point();
   ops_.rmsnorm_backward(dx_mid, grads_ + o.ffn_norm, dxn2, a.x_mid, params_ + o.ffn_norm, a.rstd2,
                         N, C, device_);
   // x_mid = x_in + att @ wo^T.
@@ -442,8 +464,10 @@ void Transformer<T>::layer_backward(int l, const Layer& a, T* dx, int N, const i
   T* dq = device_.allocate_zeroed<T>(NA, "backward work");
   T* dk = device_.allocate_zeroed<T>(NA, "backward work");
   T* dv = device_.allocate_zeroed<T>(NA, "backward work");
+  co_await progress_point();
   ops_.attention_backward(dq, dk, dv, datt, a.att, a.lse, a.q, a.k, a.v, seq_offsets_, S_, H, D,
                           device_);
+  co_await progress_point();
   T* dq_pre = device_.allocate_zeroed<T>(NA, "backward work");
   T* dk_pre = device_.allocate_zeroed<T>(NA, "backward work");
   ops_.rope_backward(dq_pre, dq, positions, N, H, D, config_.rope_theta, device_);
@@ -498,8 +522,9 @@ const T* Transformer<T>::prefill(KVCache<T>& cache, const int* tokens, const int
   mode.S = S;
   mode.cache = &cache;
   mode.token_slots = token_slots;
-  const T* x =
-      run(tokens, nullptr, N, positions, mode, /*keep_activations=*/false, 0, config_.n_layers);
+  const T* x = nullptr;
+  run_to_end(run(tokens, nullptr, N, positions, mode, /*keep_activations=*/false, 0,
+                 config_.n_layers, &x));
   T* last = device_.allocate<T>(size_t(S) * C, "prefill last tokens");
   for (int s = 0; s < S; ++s) {
     std::memcpy(last + int64_t(s) * C, x + int64_t(seq_offsets[s + 1] - 1) * C,
@@ -515,8 +540,9 @@ const T* Transformer<T>::decode(KVCache<T>& cache, const int* tokens, const int*
   mode.kind = AttentionMode::Decode;
   mode.cache = &cache;
   mode.token_slots = slots;
-  const T* x =
-      run(tokens, nullptr, B, positions, mode, /*keep_activations=*/false, 0, config_.n_layers);
+  const T* x = nullptr;
+  run_to_end(run(tokens, nullptr, B, positions, mode, /*keep_activations=*/false, 0,
+                 config_.n_layers, &x));
   return head(x, B, /*keep_activations=*/false);
 }
 

@@ -28,6 +28,7 @@
 #include "src/model/model_config.h"
 #include "src/model/moe_block.h"
 #include "src/model/parameter_layout.h"
+#include "src/model/resumable_pass.h"
 
 namespace rlf {
 
@@ -137,6 +138,12 @@ class Transformer {
   // x_in into dx_in [N, d_model] (the embedding's gradient when the forward embedded tokens),
   // then releases the activations.
   void backward_range(const T* dy, T aux_weight, T* dx_in);
+  // The same two as resumable passes (src/model/resumable_pass.h): with expert parallelism they
+  // stop at every MoE layer's exchanges, so a driver can run another pass meanwhile (pipeline
+  // pairing, src/model/pass_pair.h). forward_range_pass sets `*result` when it ends.
+  ResumablePass forward_range_pass(const int* tokens, const int* seq_offsets, int S, const T* x_in,
+                                   int first, int last, const T** result);
+  ResumablePass backward_range_pass(const T* dy, T aux_weight, T* dx_in);
 
   // Generation. The cache lives in device memory until the arena is rewound past it.
   KVCache<T> allocate_kv_cache(int slots, int max_len);
@@ -153,16 +160,20 @@ class Transformer {
   struct Layer;          // one layer's saved activations
   struct AttentionMode;  // packed training attention, prefill, or cached decode
 
-  // Layers [first, last) on x_in, or on the embedding of tokens when x_in is null.
-  const T* run(const int* tokens, const T* x_in, int N, const int* positions,
-               const AttentionMode& mode, bool keep_activations, int first, int last);
+  // Layers [first, last) on x_in, or on the embedding of tokens when x_in is null; the result
+  // into `*result`.
+  ResumablePass run(const int* tokens, const T* x_in, int N, const int* positions,
+                    const AttentionMode& mode, bool keep_activations, int first, int last,
+                    const T** result);
   // The backward of the last training forward: from dlogits (+ dhidden) through the head when it
   // ran, else from dout (the gradient of the range's hidden output); into dx_in or the embedding.
-  void backward_layers(const T* dlogits, const T* dhidden, const T* dout, T aux_weight, T* dx_in);
-  void layer_forward(int l, Layer& a, const T* x_in, T* x_out, int N, const int* positions,
-                     const AttentionMode& mode);
+  ResumablePass backward_layers(const T* dlogits, const T* dhidden, const T* dout, T aux_weight,
+                                T* dx_in);
+  ResumablePass layer_forward(int l, Layer& a, const T* x_in, T* x_out, int N, const int* positions,
+                              const AttentionMode& mode);
   void attention_core(int l, Layer& a, int N, const int* positions, const AttentionMode& mode);
-  void layer_backward(int l, const Layer& a, T* dx, int N, const int* positions, T aux_weight);
+  ResumablePass layer_backward(int l, const Layer& a, T* dx, int N, const int* positions,
+                               T aux_weight);
   Layer allocate_layer(int N);
   ExpertDispatcher* dispatcher(int l) const {
     return expert_parallel_.empty() ? nullptr : expert_parallel_[size_t(l)];

@@ -127,6 +127,24 @@ ScheduleTiming simulate_schedule(const PipelineShape& s,
                                  const std::vector<std::vector<PipelineOp>>& schedules,
                                  const std::vector<double>& forward_cost,
                                  const std::vector<double>& backward_cost) {
+  std::vector<std::vector<PipelineSlot>> slots(schedules.size());
+  for (size_t r = 0; r < schedules.size(); ++r)
+    for (const PipelineOp& op : schedules[r]) slots[r].push_back({op});
+  return simulate_paired_schedule(s, slots, forward_cost, backward_cost);
+}
+
+namespace {
+
+// Runs the slots as far as they go: the timing of what ran, and per rank the first slot that
+// could not (its slot count when all ran).
+struct SlotRun {
+  ScheduleTiming timing;
+  std::vector<size_t> next;
+};
+
+SlotRun run_slots(const PipelineShape& s, const std::vector<std::vector<PipelineSlot>>& schedules,
+                  const std::vector<double>& forward_cost,
+                  const std::vector<double>& backward_cost) {
   const int p = s.stages, stages = s.chunks();
   if (int(schedules.size()) != p || int(forward_cost.size()) != stages ||
       int(backward_cost.size()) != stages) {
@@ -134,6 +152,19 @@ ScheduleTiming simulate_schedule(const PipelineShape& s,
   }
   // End time of every pass done: (kind, micro-batch, virtual stage).
   std::map<std::tuple<PassKind, int, int>, double> done;
+  // When the input of pass `op` on rank `r` is there; false while it is not.
+  auto input_ready = [&](int r, const PipelineOp& op, double& ready) {
+    const int stage = virtual_stage(s, r, op.chunk);
+    const bool forward = op.kind == PassKind::Forward;
+    if (forward && stage == 0) return true;
+    const auto input = forward              ? std::tuple(PassKind::Forward, stage - 1)
+                       : stage + 1 < stages ? std::tuple(PassKind::Backward, stage + 1)
+                                            : std::tuple(PassKind::Forward, stage);
+    auto found = done.find({std::get<0>(input), op.micro_batch, std::get<1>(input)});
+    if (found == done.end()) return false;
+    ready = std::max(ready, found->second);
+    return true;
+  };
   ScheduleTiming t;
   t.busy.assign(size_t(p), 0.0);
   t.start.resize(size_t(p));
@@ -143,40 +174,91 @@ ScheduleTiming simulate_schedule(const PipelineShape& s,
   for (bool progress = true; progress;) {
     progress = false;
     for (int r = 0; r < p; ++r) {
-      const std::vector<PipelineOp>& ops = schedules[size_t(r)];
-      for (size_t& i = next[size_t(r)]; i < ops.size(); ++i) {
-        const PipelineOp& op = ops[i];
-        const int stage = virtual_stage(s, r, op.chunk);
-        const bool forward = op.kind == PassKind::Forward;
-        double ready = 0;
-        if (!(forward && stage == 0)) {
-          const auto input = forward              ? std::tuple(PassKind::Forward, stage - 1)
-                             : stage + 1 < stages ? std::tuple(PassKind::Backward, stage + 1)
-                                                  : std::tuple(PassKind::Forward, stage);
-          auto found = done.find({std::get<0>(input), op.micro_batch, std::get<1>(input)});
-          if (found == done.end()) break;
-          ready = found->second;
+      const std::vector<PipelineSlot>& slots = schedules[size_t(r)];
+      for (size_t& i = next[size_t(r)]; i < slots.size(); ++i) {
+        double ready = 0, cost = 0;
+        bool inputs = true;
+        for (const PipelineOp& op : slots[i]) {
+          inputs = inputs && input_ready(r, op, ready);
+          const int stage = virtual_stage(s, r, op.chunk);
+          cost += (op.kind == PassKind::Forward ? forward_cost : backward_cost)[size_t(stage)];
         }
-        const double cost = (forward ? forward_cost : backward_cost)[size_t(stage)];
+        if (!inputs) break;
         const double begin = std::max(ready, free_at[size_t(r)]);
         free_at[size_t(r)] = begin + cost;
-        t.start[size_t(r)].push_back(begin);
-        t.end[size_t(r)].push_back(begin + cost);
         t.busy[size_t(r)] += cost;
-        done[{op.kind, op.micro_batch, stage}] = begin + cost;
+        for (const PipelineOp& op : slots[i]) {
+          t.start[size_t(r)].push_back(begin);
+          t.end[size_t(r)].push_back(begin + cost);
+          done[{op.kind, op.micro_batch, virtual_stage(s, r, op.chunk)}] = begin + cost;
+        }
         progress = true;
       }
     }
   }
-  for (int r = 0; r < p; ++r) {
-    if (next[size_t(r)] != schedules[size_t(r)].size()) {
+  for (int r = 0; r < p; ++r) t.makespan = std::max(t.makespan, free_at[size_t(r)]);
+  return {t, next};
+}
+
+}  // namespace
+
+ScheduleTiming simulate_paired_schedule(const PipelineShape& s,
+                                        const std::vector<std::vector<PipelineSlot>>& schedules,
+                                        const std::vector<double>& forward_cost,
+                                        const std::vector<double>& backward_cost) {
+  const SlotRun run = run_slots(s, schedules, forward_cost, backward_cost);
+  for (int r = 0; r < s.stages; ++r) {
+    if (run.next[size_t(r)] != schedules[size_t(r)].size()) {
       throw std::logic_error("simulate_schedule: the " + std::to_string(schedules.size()) +
-                             " stages deadlock (rank " + std::to_string(r) + " waits at pass " +
-                             std::to_string(next[size_t(r)]) + ")");
+                             " stages deadlock (rank " + std::to_string(r) + " waits at slot " +
+                             std::to_string(run.next[size_t(r)]) + ")");
     }
-    t.makespan = std::max(t.makespan, free_at[size_t(r)]);
   }
-  return t;
+  return run.timing;
+}
+
+namespace {
+
+// A forward directly followed by a backward of another micro-batch: a pair.
+std::vector<PipelineSlot> candidate_pairs(const std::vector<PipelineOp>& ops) {
+  std::vector<PipelineSlot> slots;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const bool pair = i + 1 < ops.size() && ops[i].kind == PassKind::Forward &&
+                      ops[i + 1].kind == PassKind::Backward &&
+                      ops[i].micro_batch != ops[i + 1].micro_batch;
+    slots.push_back(pair ? PipelineSlot{ops[i], ops[i + 1]} : PipelineSlot{ops[i]});
+    if (pair) ++i;
+  }
+  return slots;
+}
+
+}  // namespace
+
+std::vector<PipelineSlot> paired_schedule(const PipelineShape& shape, int rank) {
+  if (rank < 0 || rank >= shape.stages) throw std::invalid_argument("paired_schedule: bad rank");
+  std::vector<std::vector<PipelineSlot>> all;
+  for (int r = 0; r < shape.stages; ++r)
+    all.push_back(candidate_pairs(pipeline_schedule(shape, r)));
+  // Where the warm-up is cut short (m below the pipeline's depth), a pair can wait for a result
+  // that the pair of a neighbouring stage holds back until its own end: split every pair the
+  // ranks stop at and look again, until no rank stops. Splitting only removes waits, so this
+  // ends; the same on every rank.
+  const std::vector<double> unit(size_t(shape.chunks()), 1.0);
+  for (;;) {
+    const std::vector<size_t> stuck = run_slots(shape, all, unit, unit).next;
+    bool split = false;
+    for (int r = 0; r < shape.stages; ++r) {
+      std::vector<PipelineSlot>& slots = all[size_t(r)];
+      const size_t k = stuck[size_t(r)];
+      if (k == slots.size() || slots[k].size() < 2) continue;
+      const PipelineSlot pair = slots[k];
+      slots[k] = {pair[0]};
+      slots.insert(slots.begin() + std::ptrdiff_t(k) + 1, PipelineSlot{pair[1]});
+      split = true;
+    }
+    if (!split) break;
+  }
+  return all[size_t(rank)];
 }
 
 ScheduleTiming simulate_unit_schedule(const PipelineShape& s) {

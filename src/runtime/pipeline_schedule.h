@@ -64,6 +64,20 @@ inline int chunk_of_virtual_stage(const PipelineShape& s, int stage) {
 // chunks in reverse.
 std::vector<PipelineOp> pipeline_schedule(const PipelineShape& shape, int rank);
 
+// Adaptive-Pipe / DualPipe pairing: pipeline_schedule(shape, rank) in slots, each one pass or a
+// forward and a backward run together as a pair (their MoE exchanges interleaved, one computing
+// while the other's dispatch or combine is in flight: src/model/pass_pair.h). A forward directly
+// followed in the list by a backward of another micro-batch makes a pair (in the 1F1B steady
+// state, and the interleaved one's); a backward of the forward's own micro-batch needs that
+// forward's result (the last stage's loss, or its activations coming back) and stays alone. A
+// pair starts once both passes' inputs are there; every rank's slots together do not deadlock
+// even when a pair sends both results only when it ends (simulate_paired_schedule checks it; the
+// executor sends each result as soon as its pass ends, which only comes earlier). A pure function of
+// the shape and the rank, so the ranks of one stage in different pipelines (an EP group) pair the
+// same passes in the same order.
+using PipelineSlot = std::vector<PipelineOp>;  // one pass, or a forward then a backward
+std::vector<PipelineSlot> paired_schedule(const PipelineShape& shape, int rank);
+
 // The forwards of pipeline_schedule(shape, rank) in its order, no backward (m v passes): a
 // forward-only pass over the stages (the KL reference's log-probs). A subsequence of a schedule
 // that does not deadlock does not either: every forward waits only for forwards.
@@ -97,6 +111,14 @@ ScheduleTiming simulate_schedule(const PipelineShape& shape,
                                  const std::vector<std::vector<PipelineOp>>& schedules,
                                  const std::vector<double>& forward_cost,
                                  const std::vector<double>& backward_cost);
+// The same with every rank's passes in slots (paired_schedule): a slot starts when its rank is
+// free and every input of its passes is there, runs its passes back to back (their costs add up:
+// pairing hides communication, not compute) and ends them together. start and end: per pass in
+// the rank's order, each pass its slot's.
+ScheduleTiming simulate_paired_schedule(const PipelineShape& shape,
+                                        const std::vector<std::vector<PipelineSlot>>& schedules,
+                                        const std::vector<double>& forward_cost,
+                                        const std::vector<double>& backward_cost);
 // Every rank's pipeline_schedule with every pass one slot: idle slots / makespan is the
 // schedule's counted bubble.
 ScheduleTiming simulate_unit_schedule(const PipelineShape& shape);

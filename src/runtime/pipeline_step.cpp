@@ -5,9 +5,12 @@
 #include <ctime>
 #include <list>
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
+
+#include "src/model/pass_pair.h"
 
 namespace rlf {
 
@@ -167,12 +170,36 @@ std::vector<LayerRange> pipeline_rank_chunks(const PipelineShape& shape, int ran
 
 namespace {
 
-// Runs this rank's passes of a schedule (`forward_only`: forward_only_schedule, each forward's
-// micro-batch chunk released once its result is sent; else pipeline_schedule).
+// One pass of a slot: its input, the resumable pass, and what it leaves to send.
+template <typename T>
+struct SlotPass {
+  PipelineOp op;
+  int stage = 0;  // its virtual stage
+  std::vector<T> input, dx;
+  const T* out = nullptr;  // a forward's result
+  std::optional<ResumablePass> pass;
+};
+
+// How a step runs its slots: this rank's schedule, each pass alone (Passes) or in the pairs of
+// paired_schedule (Pairs); ForwardOnly: forward_only_schedule, each forward's micro-batch chunk
+// released once its result is sent.
+enum class SlotMode { Passes, Pairs, ForwardOnly };
+
+std::vector<PipelineSlot> schedule_slots(const PipelineShape& shape, int rank, SlotMode mode) {
+  if (mode == SlotMode::Pairs) return paired_schedule(shape, rank);
+  std::vector<PipelineSlot> slots;
+  const std::vector<PipelineOp> ops = mode == SlotMode::ForwardOnly
+                                          ? forward_only_schedule(shape, rank)
+                                          : pipeline_schedule(shape, rank);
+  for (const PipelineOp& op : ops) slots.push_back({op});
+  return slots;
+}
+
+// Runs this rank's slots of a schedule.
 template <typename T>
 PipelineStepStats run_schedule(PipelineStage<T>& stage, const PipelineShape& shape,
                                const std::vector<PipelineMicroBatch<T>>& batches, T aux_weight,
-                               MPI_Comm pipeline, Links& links, bool forward_only) {
+                               MPI_Comm pipeline, Links& links, SlotMode mode) {
   int rank = 0, size = 0;
   MPI_Comm_rank(pipeline, &rank);
   MPI_Comm_size(pipeline, &size);
@@ -182,8 +209,10 @@ PipelineStepStats run_schedule(PipelineStage<T>& stage, const PipelineShape& sha
         "run_pipeline_step: the pipeline needs p ranks, v chunks per stage and m micro-batches");
   }
   const int last_stage = shape.chunks() - 1;
-  const std::vector<PipelineOp> ops =
-      forward_only ? forward_only_schedule(shape, rank) : pipeline_schedule(shape, rank);
+  const std::vector<PipelineSlot> slots = schedule_slots(shape, rank, mode);
+  // The passes in slot order (the schedule's order: a pair is two neighbours of it).
+  std::vector<PipelineOp> ops;
+  for (const PipelineSlot& slot : slots) ops.insert(ops.end(), slot.begin(), slot.end());
   const int64_t row = stage.model().config().d_model;
   StepExchange<T> exchange(shape, pipeline, links, row);
   // The receive pass `i` needs, if any.
@@ -204,38 +233,66 @@ PipelineStepStats run_schedule(PipelineStage<T>& stage, const PipelineShape& sha
   PipelineStepStats stats;
   stats.forward_seconds.assign(size_t(shape.virtual_stages), 0.0);
   stats.backward_seconds.assign(size_t(shape.virtual_stages), 0.0);
+  // Pass `i` into `p` (where it stays: the pass keeps pointers into it), its input received.
+  auto make_pass = [&](size_t i, SlotPass<T>& p) {
+    p.op = ops[i];
+    p.stage = virtual_stage(shape, rank, p.op.chunk);
+    if (exchange.posted(i)) p.input = exchange.take_receive(i, stats.wait_seconds);
+    const PipelineMicroBatch<T>& batch = batches[size_t(p.op.micro_batch)];
+    if (p.op.kind == PassKind::Forward) {
+      p.pass.emplace(
+          stage.forward_pass(p.op.micro_batch, p.op.chunk, batch, p.input.data(), &p.out));
+    } else {
+      p.dx.resize(p.stage > 0 ? size_t(batch.token_count()) * size_t(row) : 0);
+      p.pass.emplace(stage.backward_pass(p.op.micro_batch, p.op.chunk, p.input.data(),
+                                         aux_weight * batch.aux_scale, p.dx.data()));
+    }
+  };
+  // Its result on to the next virtual stage (a forward's) or the previous one (a backward's).
+  auto send_result = [&](SlotPass<T>& p) {
+    const size_t rows = size_t(batches[size_t(p.op.micro_batch)].token_count()) * size_t(row);
+    if (p.op.kind == PassKind::Forward) {
+      if (p.stage < last_stage) {
+        exchange.send(std::vector<T>(p.out, p.out + rows), PassKind::Forward, p.op.micro_batch,
+                      p.stage + 1);
+      }
+      if (mode == SlotMode::ForwardOnly) stage.release(p.op.micro_batch, p.op.chunk);
+    } else if (p.stage > 0) {
+      exchange.send(std::move(p.dx), PassKind::Backward, p.op.micro_batch, p.stage - 1);
+    }
+  };
+  auto seconds_of = [&](const SlotPass<T>& p) -> double& {
+    return (p.op.kind == PassKind::Forward ? stats.forward_seconds
+                                           : stats.backward_seconds)[size_t(p.op.chunk)];
+  };
   stage.reset_losses();
   quiet_barrier(pipeline);
   const double start = steady_seconds();
-  for (size_t i = 0; i < ops.size(); ++i) {
-    for (size_t j = i; j <= i + kLookahead; ++j) post(j);
-    const PipelineOp& op = ops[i];
-    const PipelineMicroBatch<T>& batch = batches[size_t(op.micro_batch)];
-    const int s = virtual_stage(shape, rank, op.chunk);
-    std::vector<T> input;
-    if (exchange.posted(i)) input = exchange.take_receive(i, stats.wait_seconds);
+  for (size_t k = 0, first = 0; k < slots.size(); first += slots[k].size(), ++k) {
+    for (size_t j = first; j < first + slots[k].size() + kLookahead; ++j) post(j);
+    // A pair starts once both inputs are there (paired_schedule's rule, which keeps it free of
+    // deadlock).
+    std::vector<SlotPass<T>> passes(slots[k].size());
+    for (size_t q = 0; q < passes.size(); ++q) make_pass(first + q, passes[q]);
     const double begin = steady_seconds(), cpu_begin = process_cpu_seconds();
-    const size_t rows = size_t(batch.token_count()) * size_t(row);
-    if (op.kind == PassKind::Forward) {
-      const T* out = stage.forward(op.micro_batch, op.chunk, batch, input.data());
-      const double pass = steady_seconds() - begin;
-      stats.forward_seconds[size_t(op.chunk)] += pass;
-      stats.compute_seconds += pass;
-      stats.compute_cpu_seconds += process_cpu_seconds() - cpu_begin;
-      if (s < last_stage) {
-        exchange.send(std::vector<T>(out, out + rows), PassKind::Forward, op.micro_batch, s + 1);
-      }
-      if (forward_only) stage.release(op.micro_batch, op.chunk);
+    // compute_seconds is the sum of the per-chunk pass times (bench pipeline's simulation
+    // rebuilds it from them).
+    if (passes.size() == 2) {
+      // Each result goes on as soon as its pass ends: the neighbour stage may be waiting for it.
+      const PairTime time = run_as_pair(*passes[0].pass, *passes[1].pass,
+                                        [&](int pass) { send_result(passes[size_t(pass)]); });
+      seconds_of(passes[0]) += time.first;
+      seconds_of(passes[1]) += time.second;
+      stats.compute_seconds += time.first + time.second;
+      ++stats.pairs;
     } else {
-      std::vector<T> dx(s > 0 ? rows : 0);
-      stage.backward(op.micro_batch, op.chunk, input.data(), aux_weight * batch.aux_scale,
-                     dx.data());
+      run_to_end(std::move(*passes[0].pass));
       const double pass = steady_seconds() - begin;
-      stats.backward_seconds[size_t(op.chunk)] += pass;
+      seconds_of(passes[0]) += pass;
       stats.compute_seconds += pass;
-      stats.compute_cpu_seconds += process_cpu_seconds() - cpu_begin;
-      if (s > 0) exchange.send(std::move(dx), PassKind::Backward, op.micro_batch, s - 1);
     }
+    stats.compute_cpu_seconds += process_cpu_seconds() - cpu_begin;
+    if (passes.size() == 1) send_result(passes[0]);
     exchange.test_sends();
   }
   stats.wait_seconds += exchange.finish_sends();
@@ -255,23 +312,24 @@ PipelineStepStats run_schedule(PipelineStage<T>& stage, const PipelineShape& sha
 template <typename T>
 PipelineStepStats run_pipeline_step(PipelineStage<T>& stage, const PipelineShape& shape,
                                     const std::vector<PipelineMicroBatch<T>>& batches, T aux_weight,
-                                    MPI_Comm pipeline, Links& links) {
-  return run_schedule(stage, shape, batches, aux_weight, pipeline, links, /*forward_only=*/false);
+                                    MPI_Comm pipeline, Links& links, bool pairing) {
+  return run_schedule(stage, shape, batches, aux_weight, pipeline, links,
+                      pairing ? SlotMode::Pairs : SlotMode::Passes);
 }
 
 template <typename T>
 PipelineStepStats run_pipeline_forward(PipelineStage<T>& stage, const PipelineShape& shape,
                                        const std::vector<PipelineMicroBatch<T>>& batches,
                                        MPI_Comm pipeline, Links& links) {
-  return run_schedule(stage, shape, batches, T(0), pipeline, links, /*forward_only=*/true);
+  return run_schedule(stage, shape, batches, T(0), pipeline, links, SlotMode::ForwardOnly);
 }
 
 template PipelineStepStats run_pipeline_step<float>(PipelineStage<float>&, const PipelineShape&,
                                                     const std::vector<PipelineMicroBatch<float>>&,
-                                                    float, MPI_Comm, Links&);
+                                                    float, MPI_Comm, Links&, bool);
 template PipelineStepStats run_pipeline_step<double>(PipelineStage<double>&, const PipelineShape&,
                                                      const std::vector<PipelineMicroBatch<double>>&,
-                                                     double, MPI_Comm, Links&);
+                                                     double, MPI_Comm, Links&, bool);
 template PipelineStepStats run_pipeline_forward<float>(
     PipelineStage<float>&, const PipelineShape&, const std::vector<PipelineMicroBatch<float>>&,
     MPI_Comm, Links&);

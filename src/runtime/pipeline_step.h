@@ -41,6 +41,7 @@ struct PipelineStepStats {
   double wait_seconds = 0;
   uint64_t bytes_sent = 0, messages_sent = 0;
   int in_flight_peak = 0;  // micro-batch chunks held at once (the stage's activation arenas)
+  int pairs = 0;           // slots that ran a forward and a backward as a pair (pairing)
   double bubble() const { return wall_seconds > 0 ? wait_seconds / wall_seconds : 0; }
 };
 
@@ -48,11 +49,15 @@ struct PipelineStepStats {
 // rank's chunks (pipeline_rank_chunks) and `batches` the step's m micro-batches (the same on
 // every rank: the first stage reads the tokens, the last the targets and weights, every stage
 // the lengths). Gradients add into stage.model().gradients() (not zeroed here). `links` counts
-// every message and emulates its link (its world must be MPI_COMM_WORLD).
+// every message and emulates its link (its world must be MPI_COMM_WORLD). `pairing`: the passes
+// in paired_schedule's slots, each pair's forward and backward interleaved at their MoE exchanges
+// (src/model/pass_pair.h); the same loss and gradients bit for bit (each pass's arithmetic and
+// the order of the backwards, which accumulate the gradients, are the unpaired ones). Every rank
+// of an EP group must pass the same `pairing`.
 template <typename T>
 PipelineStepStats run_pipeline_step(PipelineStage<T>& stage, const PipelineShape& shape,
                                     const std::vector<PipelineMicroBatch<T>>& batches, T aux_weight,
-                                    MPI_Comm pipeline, Links& links);
+                                    MPI_Comm pipeline, Links& links, bool pairing = false);
 
 // A forward-only pass of the same stage over the step's micro-batches: every forward of the
 // schedule, no backward (forward_only_schedule), each micro-batch chunk's activations freed once

@@ -115,9 +115,9 @@ TEST(BenchPipeline, TwoDataParallelPipelinesOnFourRanks) {
   EXPECT_NE(json.find("\"rank\":3"), std::string::npos) << json;
 }
 
-// PP 2 x DP 2 with EP 2 inside the stages: each row's step without and with 2 overlap chunks per
-// MoE layer on the same data, the overlapped gradients equal to the plain ones, every rank's EP
-// communication timed in both runs.
+// PP 2 x DP 2 with EP 2 inside the stages: each row's step plain, with 2 overlap chunks per MoE
+// layer and paired (--pipeline-pairing) on the same data, the overlapped gradients equal to the
+// plain ones, the paired ones bit for bit, every rank's EP communication timed in all three runs.
 TEST(BenchPipeline, ExpertParallelRowsRunWithAndWithoutOverlap) {
   const test::CommandResult r =
       test::run_rlfusion(kTiny +
@@ -140,7 +140,9 @@ TEST(BenchPipeline, ExpertParallelRowsRunWithAndWithoutOverlap) {
       ASSERT_NE(rank_at, std::string::npos) << json;
       const size_t plain = json.find("\"plain\":", rank_at);
       const size_t overlapped = json.find("\"overlapped\":", rank_at);
-      for (size_t run : {plain, overlapped}) {
+      const size_t paired = json.find("\"paired\":", rank_at);
+      ASSERT_NE(paired, std::string::npos) << json;
+      for (size_t run : {plain, overlapped, paired}) {
         EXPECT_GT(test::json_number(json, "wall_seconds", run), 0) << json;
         EXPECT_GT(test::json_number(json, "communication_seconds", run), 0) << json;
         EXPECT_GE(test::json_number(json, "exposed_seconds", run), 0) << json;

@@ -1,11 +1,12 @@
 // `train --mode fused --pipeline-parallel`: PP 2 on 2 ranks, PP 2 x DP 2 on 4 ranks and PP 2 x EP 2
 // on 4 ranks (expert parallelism inside the stages, also with --ep-overlap-chunks 2: every MoE
-// layer of every micro-batch in overlapped chunks) train like the data-parallel fused run of the
-// same prompts (generation data-parallel on every rank from
-// the borrowed layers, training stage by stage under 1F1B): the same held-out accuracy before and
-// after RL, the same reward every step, and a saved whole model within float rounding of it. The
-// pipeline's samples come through DistQueue, one get per pipeline and shard each step. Shapes and
-// combinations that do not fit stop every rank with exit code 2 before any output. Stage balancing
+// layer of every micro-batch in overlapped chunks, and with --pipeline-pairing: the schedule's
+// forward / backward pairs with their MoE exchanges interleaved) train like the data-parallel fused
+// run of the same prompts (generation data-parallel on every rank from the borrowed layers,
+// training stage by stage under 1F1B): the same held-out accuracy before and after RL, the same
+// reward every step, and a saved whole model within float rounding of it. The pipeline's samples
+// come through DistQueue, one get per pipeline and shard each step. Shapes and combinations that do
+// not fit stop every rank with exit code 2 before any output. Stage balancing
 // (--pipeline-balance: uneven chunks) trains like the data-parallel run too. (Several
 // minibatches, a KL term and checkpoints with PP: test_pipeline_parallel_state.cpp and
 // test_checkpoints.cpp.)
@@ -44,7 +45,8 @@ TEST(PipelineParallelTrain, TrainsLikeTheDataParallelFusedRun) {
     std::string options;
   };
   for (const Layout& layout : {Layout{2, ""}, Layout{4, ""}, Layout{4, "--expert-parallel 2 "},
-                               Layout{4, "--expert-parallel 2 --ep-overlap-chunks 2 "}}) {
+                               Layout{4, "--expert-parallel 2 --ep-overlap-chunks 2 "},
+                               Layout{4, "--expert-parallel 2 --pipeline-pairing "}}) {
     const int ranks = layout.ranks;
     SCOPED_TRACE(std::to_string(ranks) + " ranks " + layout.options);
     const int pipelines = ranks / 2;
@@ -76,6 +78,10 @@ TEST(PipelineParallelTrain, TrainsLikeTheDataParallelFusedRun) {
       EXPECT_GT(first_of("ep_communication_seconds"), 0.0) << pp.output;
       EXPECT_GE(first_of("ep_exposed_seconds"), 0.0) << pp.output;
       EXPECT_LE(first_of("ep_hidden_fraction"), 1.0) << pp.output;
+      // Rank 0 (stage 0 of 2, 2 micro-batches: F0, then F1 paired with B0, then B1) runs one
+      // pair a step with --pipeline-pairing, none without.
+      const bool pairing = layout.options.find("--pipeline-pairing") != std::string::npos;
+      EXPECT_EQ(first_of("pipeline_pairs"), pairing ? 6.0 : 0.0) << pp.output;
     }
     EXPECT_EQ(test::json_number(pp.output, "pipeline_parallel"), 2);
     // Each rank's 16 samples are one --micro-batch (64): two micro-batches per pipeline.
@@ -214,6 +220,14 @@ TEST(PipelineParallelTrain, ShapesThatDoNotFitStopEveryRankBeforeOutput) {
            "--pipeline-parallel 2 with --ep-overlap-chunks 2 needs --expert-parallel 2 or more"},
           {4, "--pipeline-parallel 2 --expert-parallel 2 --ep-overlap-chunks 0",
            "--ep-overlap-chunks must be >= 1, got 0"},
+          {2, "--pipeline-parallel 2 --pipeline-pairing",
+           "--pipeline-pairing needs --pipeline-parallel 2 or more and --expert-parallel 2 or "
+           "more"},
+          {2, "--expert-parallel 2 --pipeline-pairing",
+           "--pipeline-pairing needs --pipeline-parallel 2 or more and --expert-parallel 2 or "
+           "more"},
+          {4, "--pipeline-parallel 2 --expert-parallel 2 --pipeline-pairing --ep-overlap-chunks 2",
+           "--pipeline-pairing with --ep-overlap-chunks 2 is not supported"},
           {4, "--pipeline-parallel 2 --expert-parallel 2 --redundant-experts 1",
            "--pipeline-parallel 2 x --expert-parallel 2 is not supported with "
            "--redundant-experts"},

@@ -17,17 +17,19 @@ struct PipelineStepBeside {
   double loss = 0;            // the pipelines' losses summed over the data-parallel group
   double reference_loss = 0;  // the single-rank step's
   std::vector<PipelineMicroBatch<float>> own;  // this pipeline's micro-batches
+  int pairs = 0;                               // this rank's slots run as pairs
 };
 
 // groups.shape().micro_batches fresh micro-batches (from `seed`) per pipeline, the same on every
 // rank: this rank's pipeline runs its own through the schedule on `stage` (gradients zeroed
 // first, left unreduced; with `dispatchers`, its micro-batch chunks dispatch over an EP group;
-// with `overlap` too, their MoE layers run in overlapped chunks), the single-rank `reference`
-// runs all of them (its gradients).
+// with `overlap` too, their MoE layers run in overlapped chunks; `pairing`: its forwards and
+// backwards in paired_schedule's pairs), the single-rank `reference` runs all of them (its
+// gradients).
 inline PipelineStepBeside pipeline_step_beside_reference(
     Transformer<float>& stage, Transformer<float>& reference, const PipelineGroups& groups,
     Links& links, uint64_t seed, PipelineStage<float>::ExpertDispatchers dispatchers = {},
-    PipelineStage<float>::ExpertOverlap overlap = {}) {
+    PipelineStage<float>::ExpertOverlap overlap = {}, bool pairing = false) {
   const int m = groups.shape().micro_batches;
   const float aux_weight = stage.config().aux_loss_coef;
   const auto all =
@@ -39,9 +41,11 @@ inline PipelineStepBeside pipeline_step_beside_reference(
   pipeline_stage.set_expert_dispatchers(std::move(dispatchers));
   pipeline_stage.set_expert_overlap(std::move(overlap));
   stage.zero_gradients();
-  result.loss = run_pipeline_step(pipeline_stage, groups.shape(), result.own, aux_weight,
-                                  groups.pipeline().comm, links)
-                    .loss;
+  const PipelineStepStats stats =
+      run_pipeline_step(pipeline_stage, groups.shape(), result.own, aux_weight,
+                        groups.pipeline().comm, links, pairing);
+  result.loss = stats.loss;
+  result.pairs = stats.pairs;
   MPI_Allreduce(MPI_IN_PLACE, &result.loss, 1, MPI_DOUBLE, MPI_SUM, groups.data_parallel().comm);
   return result;
 }

@@ -248,6 +248,37 @@ void check_adamw(const Case& c) {
       seed);
 }
 
+// A seeded stage beside the seeded single-rank model, with an EP group over the stage's
+// data-parallel group (the rank alone at EP 1) whose per-slot dispatchers the stage's views use.
+struct StageBesideReference {
+  ModelConfig config;
+  uint64_t seed;
+  PipelineExpertRank rank;
+  RoleExpertParallel ep;
+  Arena device{"stage", 16 << 20}, ref_device{"reference", 64 << 20};
+  Transformer<float> stage, reference;
+
+  StageBesideReference(const Case& c, const std::string& label)
+      : config(test::pipeline_expert_model(c)),
+        seed(test::seed_for(label + " " + case_name(c), test::world_size())),
+        rank(c, config),
+        ep(rank.groups.data_parallel(), rank.links, config.n_experts, c.ep, DispatchMode::Flat),
+        stage(rank.make_stage(config, device)),
+        reference(config, cpu_ops(), ref_device, /*with_gradients=*/true) {
+    stage.initialize(seed);
+    reference.initialize(seed);
+  }
+  PipelineStage<float>::ExpertDispatchers dispatchers() {
+    return [this](int slot) { return ep.view_dispatchers(slot, config.n_layers); };
+  }
+  // One step of this rank's pipeline beside the reference's (pipeline_step_beside_reference).
+  test::PipelineStepBeside step(PipelineStage<float>::ExpertOverlap overlap = {},
+                                bool pairing = false) {
+    return test::pipeline_step_beside_reference(stage, reference, rank.groups, rank.links, seed,
+                                                dispatchers(), std::move(overlap), pairing);
+  }
+};
+
 // --ep-overlap-chunks inside the stages: every MoE layer of every micro-batch chunk runs its
 // routed experts in 2 or 3 chunks whose dispatch and combine overlap the expert FFN (the views'
 // own OverlappedExperts). The loss and every gradient equal the single-rank model's and, within
@@ -257,21 +288,15 @@ void check_adamw(const Case& c) {
 // PP x DP) the EP group is the rank alone: the chunks' exchanges are with itself.
 void check_overlap(const Case& c) {
   SCOPED_TRACE("overlap " + case_name(c));
-  const ModelConfig config = test::pipeline_expert_model(c);
-  const uint64_t seed = test::seed_for("overlap " + case_name(c), test::world_size());
-  PipelineExpertRank rank(c, config);
-  RoleExpertParallel ep(rank.groups.data_parallel(), rank.links, config.n_experts, c.ep,
-                        DispatchMode::Flat);
-  Arena device("stage", 16 << 20), ref_device("reference", 64 << 20);
-  Transformer<float> stage = rank.make_stage(config, device);
-  Transformer<float> reference(config, cpu_ops(), ref_device, /*with_gradients=*/true);
-  stage.initialize(seed);
-  reference.initialize(seed);
-  auto dispatchers = [&](int slot) { return ep.view_dispatchers(slot, config.n_layers); };
+  StageBesideReference setup(c, "overlap");
+  const ModelConfig& config = setup.config;
+  PipelineExpertRank& rank = setup.rank;
+  RoleExpertParallel& ep = setup.ep;
+  Transformer<float>& stage = setup.stage;
+  const Transformer<float>& reference = setup.reference;
   // Without overlap: the plain step's reduced gradients and its EP communication time.
   const SplitPhaseChain::Time before = ep.communication_time();
-  const test::PipelineStepBeside plain = test::pipeline_step_beside_reference(
-      stage, reference, rank.groups, rank.links, seed, dispatchers);
+  const test::PipelineStepBeside plain = setup.step();
   const SplitPhaseChain::Time after = ep.communication_time();
   EXPECT_GT(after.in_flight - before.in_flight, 0.0) << "no EP communication was timed";
   EXPECT_GT(after.exposed - before.exposed, 0.0) << "no exposed EP communication was timed";
@@ -298,8 +323,7 @@ void check_overlap(const Case& c) {
       made.insert(made.end(), set.begin(), set.end());
       return set;
     };
-    const test::PipelineStepBeside overlapped = test::pipeline_step_beside_reference(
-        stage, reference, rank.groups, rank.links, seed, dispatchers, overlap);
+    const test::PipelineStepBeside overlapped = setup.step(overlap);
     ep.reduce_gradients(stage.gradients(), stage.layout());
     // The chunks' dispatches are the stage's router statistics: as many assignments per layer as
     // the plain step's, and at the model's first layer (the embedding's rows, the same bits in
@@ -337,6 +361,46 @@ void check_overlap(const Case& c) {
   }
 }
 
+// Pipeline pairing (train --pipeline-pairing): the forward and backward of paired_schedule's
+// pairs interleave at their MoE exchanges, each computing while the other's dispatch or combine
+// is in flight. Every pass keeps its arithmetic and the backwards their order, so the loss and
+// every gradient equal the unpaired step's bit for bit, and the single-rank model's; the pairs
+// the schedule forms were run, and the EP communication was timed.
+void check_pairing(const Case& c) {
+  SCOPED_TRACE("pairing " + case_name(c));
+  StageBesideReference setup(c, "pairing");
+  Transformer<float>& stage = setup.stage;
+  const test::PipelineStepBeside plain = setup.step();
+  const std::vector<float> plain_gradients(stage.gradients(),
+                                           stage.gradients() + stage.parameter_count());
+  const SplitPhaseChain::Time before = setup.ep.communication_time();
+  const test::PipelineStepBeside paired = setup.step({}, /*pairing=*/true);
+  const SplitPhaseChain::Time after = setup.ep.communication_time();
+  EXPECT_GT(after.in_flight - before.in_flight, 0.0) << "no EP communication was timed";
+  const PipelineGroups& groups = setup.rank.groups;
+  int want_pairs = 0;
+  for (const PipelineSlot& slot : paired_schedule(groups.shape(), groups.stage()))
+    want_pairs += slot.size() == 2;
+  EXPECT_EQ(paired.pairs, want_pairs);
+  if (groups.stage() == 0 && groups.shape().stages > 1) {
+    // The first stage warms up with at least one forward, so its steady state pairs.
+    EXPECT_GT(want_pairs, 0);
+  }
+  EXPECT_EQ(paired.loss, plain.loss);
+  EXPECT_EQ(std::memcmp(stage.gradients(), plain_gradients.data(),
+                        plain_gradients.size() * sizeof(float)),
+            0)
+      << "the paired step's gradients differ from the unpaired step's";
+  EXPECT_NEAR(paired.loss, paired.reference_loss, 1e-6 + 1e-5 * std::abs(paired.reference_loss));
+  setup.ep.reduce_gradients(stage.gradients(), stage.layout());
+  const std::vector<float> want_part =
+      setup.rank.own_part(setup.reference.gradients(), setup.reference.layout(), stage.layout());
+  for (const ParameterTensor& t : stage.layout().tensors()) {
+    test::expect_close(stage.gradients() + t.offset, want_part.data() + t.offset, size_t(t.numel),
+                       "gradient of " + t.name, 1e-5, 1e-3);
+  }
+}
+
 // Runs `check` on every case of this world size, stopping at the first that fails on a rank.
 void for_every_case(void (*check)(const Case&)) {
   const std::vector<Case> cases = cases_for(test::world_size());
@@ -353,6 +417,10 @@ TEST(PipelineExpertParallel, StepGradientsAndLayoutSwitchEqualTheSingleRankModel
 
 TEST(PipelineExpertParallel, OverlapChunksInsideTheStagesGiveTheSameLossAndGradients) {
   for_every_case(check_overlap);
+}
+
+TEST(PipelineExpertParallel, PairedForwardAndBackwardGiveTheUnpairedLossAndGradients) {
+  for_every_case(check_pairing);
 }
 
 TEST(PipelineExpertParallel, AdamWPerStageTakesTheSingleRankClippedSteps) {

@@ -36,6 +36,37 @@ std::string name(const PipelineShape& s) {
          " v=" + std::to_string(s.virtual_stages);
 }
 
+// Uneven costs per virtual stage: later stages slower, backward twice the forward.
+std::vector<double> uneven_forward_costs(const PipelineShape& s) {
+  std::vector<double> forward;
+  for (int c = 0; c < s.chunks(); ++c) forward.push_back(1.0 + 0.25 * c);
+  return forward;
+}
+std::vector<double> uneven_backward_costs(const PipelineShape& s) {
+  std::vector<double> backward = uneven_forward_costs(s);
+  for (double& cost : backward) cost *= 2;
+  return backward;
+}
+
+// (start, end) of every pass: (kind, micro-batch, virtual stage).
+using PassTimes = std::map<std::tuple<PassKind, int, int>, std::pair<double, double>>;
+
+// Every pass starts after its input has ended: a forward after the previous virtual stage's
+// forward, a backward after the next one's backward (the last virtual stage: after its forward).
+void expect_inputs_before_passes(const PipelineShape& s, const PassTimes& when) {
+  const int last = s.chunks() - 1;
+  for (int b = 0; b < s.micro_batches; ++b) {
+    for (int c = 0; c < s.chunks(); ++c) {
+      const auto f = when.at({PassKind::Forward, b, c});
+      const auto g = when.at({PassKind::Backward, b, c});
+      if (c > 0) {
+        EXPECT_GE(f.first, when.at({PassKind::Forward, b, c - 1}).second);
+      }
+      EXPECT_GE(g.first, c < last ? when.at({PassKind::Backward, b, c + 1}).second : f.second);
+    }
+  }
+}
+
 TEST(PipelineSchedule, EveryPassOnceForwardBeforeBackwardWithinTheInFlightBound) {
   for (const PipelineShape& s : shapes()) {
     SCOPED_TRACE(name(s));
@@ -130,14 +161,9 @@ TEST(PipelineSchedule, SimulationRespectsDependenciesAcrossStages) {
     SCOPED_TRACE(name(s));
     std::vector<std::vector<PipelineOp>> schedules;
     for (int r = 0; r < s.stages; ++r) schedules.push_back(pipeline_schedule(s, r));
-    // Uneven costs: later stages slower, backward twice the forward.
-    std::vector<double> forward, backward;
-    for (int c = 0; c < s.chunks(); ++c) {
-      forward.push_back(1.0 + 0.25 * c);
-      backward.push_back(2.0 * forward.back());
-    }
-    const ScheduleTiming t = simulate_schedule(s, schedules, forward, backward);
-    std::map<std::tuple<PassKind, int, int>, std::pair<double, double>> when;
+    const ScheduleTiming t =
+        simulate_schedule(s, schedules, uneven_forward_costs(s), uneven_backward_costs(s));
+    PassTimes when;
     for (int r = 0; r < s.stages; ++r) {
       for (size_t i = 0; i < schedules[size_t(r)].size(); ++i) {
         const PipelineOp& op = schedules[size_t(r)][i];
@@ -148,18 +174,95 @@ TEST(PipelineSchedule, SimulationRespectsDependenciesAcrossStages) {
         }
       }
     }
-    const int last = s.chunks() - 1;
-    for (int b = 0; b < s.micro_batches; ++b) {
-      for (int c = 0; c < s.chunks(); ++c) {
-        const auto f = when.at({PassKind::Forward, b, c});
-        const auto g = when.at({PassKind::Backward, b, c});
-        if (c > 0) {
-          EXPECT_GE(f.first, when.at({PassKind::Forward, b, c - 1}).second);
+    expect_inputs_before_passes(s, when);
+  }
+}
+
+// Pairing (Adaptive Pipe / DualPipe): the slots are the schedule's passes in its order; every
+// pair is a forward with the backward right after it in the list, of another micro-batch; in the
+// 1F1B and interleaved steady state every such neighbour pair is formed where the warm-up is
+// whole (m >= p, and for the interleaved schedule m v >= its warm-up); the paired slots of all
+// ranks run without deadlock, every pass after its input (a slot after every input of its
+// passes) and no slot before the previous one ends.
+TEST(PipelineSchedule, PairsAreForwardNextToBackwardAndDependenciesHold) {
+  int pairs_total = 0;
+  for (const PipelineShape& s : shapes()) {
+    SCOPED_TRACE(name(s));
+    std::vector<std::vector<PipelineSlot>> schedules;
+    for (int r = 0; r < s.stages; ++r) {
+      const std::vector<PipelineSlot> slots = paired_schedule(s, r);
+      const std::vector<PipelineOp> ops = pipeline_schedule(s, r);
+      std::vector<PipelineOp> flat;
+      int neighbours = 0, pairs = 0;
+      for (size_t i = 0; i + 1 < ops.size(); ++i) {
+        if (ops[i].kind == PassKind::Forward && ops[i + 1].kind == PassKind::Backward &&
+            ops[i].micro_batch != ops[i + 1].micro_batch) {
+          ++neighbours;
+          ++i;
         }
-        EXPECT_GE(g.first, c < last ? when.at({PassKind::Backward, b, c + 1}).second : f.second);
+      }
+      for (const PipelineSlot& slot : slots) {
+        ASSERT_GE(slot.size(), 1u);
+        ASSERT_LE(slot.size(), 2u);
+        if (slot.size() == 2) {
+          EXPECT_EQ(slot[0].kind, PassKind::Forward);
+          EXPECT_EQ(slot[1].kind, PassKind::Backward);
+          EXPECT_NE(slot[0].micro_batch, slot[1].micro_batch);
+          ++pairs;
+        }
+        flat.insert(flat.end(), slot.begin(), slot.end());
+      }
+      EXPECT_EQ(flat, ops) << "rank " << r;
+      EXPECT_LE(pairs, neighbours);
+      const bool whole_warmup = s.micro_batches >= s.stages && !s.interleaved();
+      if (whole_warmup) {
+        EXPECT_EQ(pairs, neighbours) << "rank " << r;
+      }
+      if (whole_warmup && r + 1 < s.stages) {
+        // 1F1B with a whole warm-up: every steady-state slot but the last rank's is a pair.
+        EXPECT_EQ(pairs, s.micro_batches - (s.stages - r - 1)) << "rank " << r;
+      }
+      pairs_total += pairs;
+      schedules.push_back(slots);
+    }
+    const ScheduleTiming t =
+        simulate_paired_schedule(s, schedules, uneven_forward_costs(s), uneven_backward_costs(s));
+    PassTimes when;
+    for (int r = 0; r < s.stages; ++r) {
+      size_t i = 0;
+      double previous_end = 0;
+      for (const PipelineSlot& slot : schedules[size_t(r)]) {
+        EXPECT_GE(t.start[size_t(r)][i], previous_end);
+        const double slot_start = t.start[size_t(r)][i];
+        for (const PipelineOp& op : slot) {
+          EXPECT_EQ(t.start[size_t(r)][i], slot_start) << "a pair's passes start together";
+          when[{op.kind, op.micro_batch, virtual_stage(s, r, op.chunk)}] = {t.start[size_t(r)][i],
+                                                                            t.end[size_t(r)][i]};
+          previous_end = t.end[size_t(r)][i];
+          ++i;
+        }
       }
     }
+    expect_inputs_before_passes(s, when);
   }
+  EXPECT_GT(pairs_total, 0);
+}
+
+// A pair whose backward needs what the forward's pair on the next stage holds back deadlocks:
+// with m < p (a warm-up cut short) the neighbour pairs of 1F1B would, and paired_schedule splits
+// them.
+TEST(PipelineSchedule, PairsThatWouldDeadlockAreSplit) {
+  const PipelineShape s{3, 2, 1};
+  using K = PassKind;
+  // Rank 0's pair (F1 B0) needs rank 1's B0, in rank 1's pair (F1 B0), which needs rank 0's F1.
+  const std::vector<std::vector<PipelineSlot>> neighbours = {
+      {{{K::Forward, 0, 0}}, {{K::Forward, 1, 0}, {K::Backward, 0, 0}}, {{K::Backward, 1, 0}}},
+      {{{K::Forward, 0, 0}}, {{K::Forward, 1, 0}, {K::Backward, 0, 0}}, {{K::Backward, 1, 0}}},
+      {{{K::Forward, 0, 0}}, {{K::Backward, 0, 0}}, {{K::Forward, 1, 0}}, {{K::Backward, 1, 0}}}};
+  EXPECT_THROW(simulate_paired_schedule(s, neighbours, {1, 1, 1}, {1, 1, 1}), std::logic_error);
+  std::vector<std::vector<PipelineSlot>> paired;
+  for (int r = 0; r < s.stages; ++r) paired.push_back(paired_schedule(s, r));
+  EXPECT_NO_THROW(simulate_paired_schedule(s, paired, {1, 1, 1}, {1, 1, 1}));
 }
 
 TEST(PipelineSchedule, DeadlockIsDetected) {

@@ -1,0 +1,57 @@
+// The pair driver: alternates two passes at their exchanges.
+#include "src/model/pass_pair.h"
+
+#include "mpi_comm/links.h"
+
+namespace rlf {
+
+PairTime run_as_pair(ResumablePass& first, ResumablePass& second,
+                     const std::function<void(int pass)>& ended) {
+  PassState first_state, second_state;
+  // A running pass drives the other's exchange, if that one is stopped on one.
+  auto drive = [](ResumablePass& other, const PassState& other_state) {
+    return [&other, &other_state] {
+      if (!other.done() && other_state.waiting_on) other_state.waiting_on->progress();
+    };
+  };
+  first_state.between_pieces = drive(second, second_state);
+  second_state.between_pieces = drive(first, first_state);
+  PairTime time;
+  bool reported[2] = {false, false};
+  // Runs a piece of pass `index` and reports its end once.
+  auto timed = [&](int index, auto&& run) {
+    const double begin = steady_seconds();
+    run();
+    (index == 0 ? time.first : time.second) += steady_seconds() - begin;
+    if (ended && (index == 0 ? first : second).done() && !reported[index]) {
+      reported[index] = true;
+      ended(index);
+    }
+  };
+  timed(0, [&] { first.start(first_state); });
+  timed(1, [&] { second.start(second_state); });
+  while (!first.done() || !second.done()) {
+    const bool first_ready = !first.done() && first.waiting_on().progress();
+    const bool second_ready = !second.done() && second.waiting_on().progress();
+    if (first_ready) {
+      timed(0, [&] { first.resume(); });
+    } else if (second_ready) {
+      timed(1, [&] { second.resume(); });
+    } else if (first.done() || second.done()) {
+      ResumablePass& waiting = first.done() ? second : first;
+      timed(first.done() ? 1 : 0, [&] {
+        SplitPhaseChain& chain = waiting.waiting_on();
+        progress_until_finished(chain, {&chain});
+      });
+    } else {
+      const double begin = steady_seconds();
+      progress_until_any_finished({&first.waiting_on(), &second.waiting_on()});
+      const double waited = steady_seconds() - begin;
+      time.first += waited / 2;
+      time.second += waited / 2;
+    }
+  }
+  return time;
+}
+
+}  // namespace rlf

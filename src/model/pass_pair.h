@@ -1,0 +1,31 @@
+// Two resumable passes (src/model/resumable_pass.h) run as a pair on one core, the Adaptive Pipe
+// / DualPipe idea inside a pipeline schedule: while one pass's expert-parallel dispatch or combine
+// is in flight, the other computes, and every progress point of the computing pass drives the
+// waiting one's exchange. Neither pass's arithmetic changes: each runs its own steps in its own
+// order; only when they run is decided here.
+#pragma once
+
+#include <functional>
+
+#include "src/model/resumable_pass.h"
+
+namespace rlf {
+
+// Where a pair's wall time went: each pass's own running (its compute and the CPU work of its
+// exchanges, and the other's progress calls made at its progress points), and the time both were
+// stopped, waiting for an exchange (split evenly between the passes that waited).
+struct PairTime {
+  double first = 0, second = 0;
+};
+
+// Runs both passes to their ends: `first` starts (up to its first exchange), then `second`;
+// after that whichever has its exchange completed runs on (the first on a tie). Deterministic in
+// what each pass computes, not in the interleaving (that follows the messages). Every rank that
+// exchanges with these passes' dispatchers must run the matching passes too, in a pair or not
+// (their exchanges match by dispatcher, not by order between dispatchers). `ended(0)` /
+// `ended(1)` (if given) runs as soon as the first / second pass has ended, while the other may
+// still run: a pipeline sends that pass's result on at once.
+PairTime run_as_pair(ResumablePass& first, ResumablePass& second,
+                     const std::function<void(int pass)>& ended = {});
+
+}  // namespace rlf

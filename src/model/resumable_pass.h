@@ -1,0 +1,134 @@
+// A pass through a model's layers (a forward or a backward) that stops at every expert-parallel
+// exchange and is resumed once the exchange has completed: a C++20 coroutine. The layers co_await
+// a child pass (a layer, a MoE block), an exchange (`co_await exchange(chain)` between a
+// dispatcher's begin_* and finish_*) or a progress point (between pieces of compute). Whoever
+// drives the pass decides what runs while it waits: run_to_end waits for the exchange (the
+// blocking path, the same bits and the same timing accounting as begin_* then finish_*);
+// run_as_pair (src/model/pass_pair.h) runs a second pass meanwhile.
+#pragma once
+
+#include <coroutine>
+#include <exception>
+#include <functional>
+#include <utility>
+
+#include "mpi_comm/split_phase.h"
+
+namespace rlf {
+
+// What the driver of a pass sees: where it stopped and on what. Shared by a pass and every child
+// it awaits.
+struct PassState {
+  std::coroutine_handle<> resume_at;      // the innermost suspended frame
+  SplitPhaseChain* waiting_on = nullptr;  // the exchange it waits for (set while suspended)
+  // Called at every progress point of the pass (a paired driver: the other pass's exchange).
+  std::function<void()> between_pieces;
+};
+
+class [[nodiscard]] ResumablePass {
+ public:
+  struct promise_type;
+  using Handle = std::coroutine_handle<promise_type>;
+
+  struct FinalAwaiter {
+    bool await_ready() noexcept { return false; }
+    // A child hands control back to the pass that awaited it; the outermost pass to its driver.
+    std::coroutine_handle<> await_suspend(Handle h) noexcept {
+      const std::coroutine_handle<> next = h.promise().continuation;
+      return next ? next : std::noop_coroutine();
+    }
+    void await_resume() noexcept {}
+  };
+
+  struct promise_type {
+    PassState* state = nullptr;
+    std::coroutine_handle<> continuation;
+    std::exception_ptr error;
+    ResumablePass get_return_object() { return ResumablePass(Handle::from_promise(*this)); }
+    std::suspend_always initial_suspend() noexcept { return {}; }
+    FinalAwaiter final_suspend() noexcept { return {}; }
+    void return_void() {}
+    void unhandled_exception() { error = std::current_exception(); }
+  };
+
+  ResumablePass(ResumablePass&& other) noexcept : handle_(std::exchange(other.handle_, {})) {}
+  ResumablePass& operator=(ResumablePass&& other) noexcept {
+    std::swap(handle_, other.handle_);
+    return *this;
+  }
+  ResumablePass(const ResumablePass&) = delete;
+  ResumablePass& operator=(const ResumablePass&) = delete;
+  ~ResumablePass() {
+    if (handle_) handle_.destroy();
+  }
+
+  // Awaited by another pass: runs inside it, sharing its driver's state.
+  struct ChildAwaiter {
+    Handle child;
+    bool await_ready() noexcept { return false; }
+    std::coroutine_handle<> await_suspend(Handle parent) noexcept {
+      child.promise().state = parent.promise().state;
+      child.promise().continuation = parent;
+      return child;
+    }
+    void await_resume() {
+      if (child.promise().error) std::rethrow_exception(child.promise().error);
+    }
+  };
+  ChildAwaiter operator co_await() && noexcept { return {handle_}; }
+
+  // Driver side. Runs the pass until its first stop (or its end) under `state`.
+  void start(PassState& state) {
+    handle_.promise().state = &state;
+    state.resume_at = handle_;
+    resume();
+  }
+  // Runs it on from where it stopped until the next stop (or its end).
+  void resume() {
+    PassState& state = *handle_.promise().state;
+    state.waiting_on = nullptr;
+    state.resume_at.resume();
+    if (done() && handle_.promise().error) std::rethrow_exception(handle_.promise().error);
+  }
+  bool done() const { return handle_.done(); }
+  // The exchange a stopped pass waits for.
+  SplitPhaseChain& waiting_on() const { return *handle_.promise().state->waiting_on; }
+
+ private:
+  explicit ResumablePass(Handle handle) : handle_(handle) {}
+  Handle handle_;
+};
+
+// Awaited between a dispatcher's begin_* and finish_*: the pass stops until `chain` has finished
+// (not at all when it already has).
+struct ExchangeAwaiter {
+  SplitPhaseChain& chain;
+  bool await_ready() const noexcept { return chain.finished(); }
+  void await_suspend(ResumablePass::Handle h) const noexcept {
+    h.promise().state->resume_at = h;
+    h.promise().state->waiting_on = &chain;
+  }
+  void await_resume() const noexcept {}
+};
+inline ExchangeAwaiter exchange(SplitPhaseChain& chain) {
+  return {chain};
+}
+
+// Awaited between pieces of compute: lets the driver progress other exchanges (Open MPI moves a
+// nonblocking transfer only inside MPI calls); never stops the pass.
+struct ProgressPoint {
+  bool await_ready() const noexcept { return false; }
+  bool await_suspend(ResumablePass::Handle h) const {
+    if (h.promise().state->between_pieces) h.promise().state->between_pieces();
+    return false;
+  }
+  void await_resume() const noexcept {}
+};
+inline ProgressPoint progress_point() {
+  return {};
+}
+
+// Runs `pass` to its end, waiting out every exchange it stops at (progress_until_finished).
+void run_to_end(ResumablePass pass);
+
+}  // namespace rlf
