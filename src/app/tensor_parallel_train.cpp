@@ -86,10 +86,8 @@ void validate_tensor_parallel_train(const DisaggregatedOptions& options, const s
   if (options.ep_overlap_chunks > 1) {
     throw ConfigError(both + " is not supported with --ep-overlap-chunks above 1");
   }
-  // Offload and StaleSync were built for TP and for EP each alone; their combination with TP x EP
-  // is untested, so it is refused rather than assumed.
-  if (options.offload) throw ConfigError(both + " is not supported with --offload");
-  if (rl.staleness > 0) throw ConfigError(both + " is not supported with --staleness above 0");
+  // --offload and StaleSync work at TP x EP as at TP and EP alone (ModelParallelOffload.*,
+  // ModelParallelStaleSync.* run TP 2 x EP 2).
 }
 
 void validate_experts_with_model_parallelism(const std::string& option,

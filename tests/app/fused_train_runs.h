@@ -22,9 +22,16 @@ inline const std::string kModelParallelRun =
     "--prompts 8 --group-size 4 --eval-prompts 32 --log-every 1 --json ";
 inline const std::string kModelParallelFusedRun = kModelParallelRun + "--mode fused ";
 
-// An empty directory name under the system's temporary folder.
+// An empty directory name under the system's temporary folder. The running test's name is part
+// of it: ctest runs tests in parallel, and two tests asking for the same name must not share (and
+// delete) each other's run directory.
 inline std::string fresh_temp_dir(const std::string& name) {
-  const auto dir = std::filesystem::temp_directory_path() / ("rlfusion-" + name);
+  std::string owner;
+  if (const auto* test = ::testing::UnitTest::GetInstance()->current_test_info())
+    owner = std::string(test->test_suite_name()) + "." + test->name() + "-";
+  for (char& c : owner)
+    if (c == '/') c = '_';  // parameterised tests' names hold '/'
+  const auto dir = std::filesystem::temp_directory_path() / ("rlfusion-" + owner + name);
   std::filesystem::remove_all(dir);
   return dir.string();
 }

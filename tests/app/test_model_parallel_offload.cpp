@@ -1,9 +1,9 @@
-// `train --mode fused --offload` with model parallelism: TP 2 and PP 2 on 2 ranks and TP 2 x PP 2
-// on 4 ranks. Every rank's gradients and AdamW moments (its TP slice, its stage's) leave the
-// device arena for each generation phase and come back in place for training, so the run equals
-// the one without offload bit for bit (progress rows and the saved model), and rank 0's measured
-// generation peak (deterministic arena accounting) is lower by exactly the bytes offloaded:
-// three arena-aligned buffers of the parameters the rank stores.
+// `train --mode fused --offload` with model parallelism: TP 2 and PP 2 on 2 ranks, TP 2 x PP 2 and
+// TP 2 x EP 2 on 4 ranks. Every rank's gradients and AdamW moments (its TP slice, its stage's)
+// leave the device arena for each generation phase and come back in place for training, so the run
+// equals the one without offload bit for bit (progress rows and the saved model), and rank 0's
+// measured generation peak (deterministic arena accounting) is lower by exactly the bytes
+// offloaded: three arena-aligned buffers of the parameters the rank stores.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -48,7 +48,8 @@ TEST(ModelParallelOffload, EqualsTheRunWithoutOffloadAndLowersTheGenerationPeak)
   };
   for (const Layout& layout :
        {Layout{2, "--tensor-parallel 2 "}, Layout{2, "--pipeline-parallel 2 "},
-        Layout{4, "--tensor-parallel 2 --pipeline-parallel 2 "}}) {
+        Layout{4, "--tensor-parallel 2 --pipeline-parallel 2 "},
+        Layout{4, "--tensor-parallel 2 --expert-parallel 2 "}}) {
     SCOPED_TRACE(std::to_string(layout.ranks) + " ranks " + layout.options);
     const std::string plain_dir = test::fresh_temp_dir("mp-offload-plain");
     const std::string offload_dir = test::fresh_temp_dir("mp-offload");

@@ -78,8 +78,9 @@ TEST(ModelParallelStaleSync, ZeroStalenessIsTheSynchronousRunBitForBit) {
 
 // The heavy-tailed task after a warm start: phases are cut and samples resume across them. On 4
 // ranks: TP 2 x DP 2 (each replica's pool is the pool of one rank of the data-parallel run on 2
-// ranks), PP 2 x DP 2 and TP 2 x PP 2 (every rank's pool is one rank's of the data-parallel run on
-// 4 ranks: the same prompts, slots and sampling keys).
+// ranks), TP 2 x EP 2 (likewise, against EP 2 on 2 ranks: the TP groups generate together over
+// the EP group), PP 2 x DP 2 and TP 2 x PP 2 (every rank's pool is one rank's of the data-parallel
+// run on 4 ranks: the same prompts, slots and sampling keys).
 TEST(ModelParallelStaleSync, KeepsTheBoundReproduciblyAndTrainsTheDataParallelRunsSamples) {
   const std::string run =
       "train --model tiny --task sort-heavytail --sft-steps 150 --sft-learning-rate 0.01 "
@@ -88,10 +89,12 @@ TEST(ModelParallelStaleSync, KeepsTheBoundReproduciblyAndTrainsTheDataParallelRu
   struct Layout {
     std::string options;
     int replica_ranks, data_parallel_ranks;
+    std::string data_parallel_options;  // the run to compare with: its expert parallelism
   };
   for (const Layout& layout :
-       {Layout{"--tensor-parallel 2 ", 2, 2}, Layout{"--pipeline-parallel 2 ", 2, 4},
-        Layout{"--tensor-parallel 2 --pipeline-parallel 2 ", 4, 4}}) {
+       {Layout{"--tensor-parallel 2 ", 2, 2, ""}, Layout{"--pipeline-parallel 2 ", 2, 4, ""},
+        Layout{"--tensor-parallel 2 --pipeline-parallel 2 ", 4, 4, ""},
+        Layout{"--tensor-parallel 2 --expert-parallel 2 ", 2, 2, "--expert-parallel 2 "}}) {
     SCOPED_TRACE(layout.options);
     const std::string a_dir = test::fresh_temp_dir("mp-stale-a");
     const std::string b_dir = test::fresh_temp_dir("mp-stale-b");
@@ -101,7 +104,8 @@ TEST(ModelParallelStaleSync, KeepsTheBoundReproduciblyAndTrainsTheDataParallelRu
     ASSERT_EQ(a.exit_code, 0) << a.output;
     const Result b = test::run_rlfusion(run + layout.options + "--run-dir " + b_dir, 4);
     ASSERT_EQ(b.exit_code, 0) << b.output;
-    const Result dp = test::run_rlfusion(run + "--run-dir " + dp_dir, layout.data_parallel_ranks);
+    const Result dp = test::run_rlfusion(run + layout.data_parallel_options + "--run-dir " + dp_dir,
+                                         layout.data_parallel_ranks);
     ASSERT_EQ(dp.exit_code, 0) << dp.output;
     EXPECT_NE(a.output.find("StaleSync pool of rank 0"), std::string::npos) << a.output;
     // The same seed, other timing: the same weights bit for bit.
