@@ -130,9 +130,10 @@ void refuse_unsupported_with_learner_groups(const std::string& option,
   auto refuse = [&](const std::string& what) {
     throw ConfigError(option + " is not supported " + what);
   };
-  // (PP x EP rebalances each stage's layers over its EP groups; TP refuses EP.)
-  const bool pipeline_experts = options.pipeline_parallel > 1 && options.expert_parallel > 1;
-  if (options.rebalance.every > 0 && !pipeline_experts) refuse("with --rebalance-every");
+  // Rebalancing moves experts between EP ranks: PP x EP moves each stage's layers over its EP
+  // groups, TP x EP moves the same experts in every TP rank's EP group (the TP group's ranks hold
+  // the same experts). Without EP there is nothing to move.
+  if (options.rebalance.every > 0 && options.expert_parallel == 1) refuse("with --rebalance-every");
   // (StaleSync with TP: the ranks of a TP group hold the same pool and make the same decisions;
   // with PP: validate_pipeline_parallel_train.)
   if (!rl.reward_model.empty()) refuse("with --reward-model");

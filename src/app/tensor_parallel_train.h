@@ -16,14 +16,15 @@ namespace rlf {
 
 // ConfigError "<option> is not supported ..." for what no model-parallel fused layout (tensor or
 // pipeline parallelism) combines with yet: one rank, a multi-rank run that is not --mode fused,
-// a learned reward model or rebalancing (--offload and StaleSync work with both). (Expert
+// a learned reward model or rebalancing without expert parallelism (--offload and StaleSync work
+// with both). (Expert
 // parallelism: with TP see validate_tensor_parallel_train; with PP
 // validate_pipeline_parallel_train.)
 void refuse_unsupported_with_model_parallelism(const std::string& option,
                                                const DisaggregatedOptions& options, bool fused,
                                                int world_size, const RlOptions& rl);
 // The part of it that holds for the learners' model-parallel groups in any mode: ConfigError
-// "<option> is not supported with ..." for rebalancing (but PP x EP's) and a learned reward model.
+// "<option> is not supported with ..." for rebalancing without EP and a learned reward model.
 void refuse_unsupported_with_learner_groups(const std::string& option,
                                             const DisaggregatedOptions& options,
                                             const RlOptions& rl);
@@ -35,7 +36,8 @@ int generation_tensor_parallel(const DisaggregatedOptions& options);
 
 // ConfigError, the same on every rank before any work, for --tensor-parallel outside what is
 // built (`mode`: --mode): a degree below 1, one rank, --mode fused-all, or combined with
-// a learned reward model or rebalancing. With --expert-parallel E (TP x EP): E must divide the
+// a learned reward model or rebalancing without EP. With --expert-parallel E (TP x EP): E must
+// divide the
 // TP groups and equal --actor-expert-parallel; refused with --pipeline-parallel,
 // --redundant-experts and --ep-overlap-chunks above 1. And for an
 // --actor-tensor-parallel G that is not built: G below 1, G > 1 without --tensor-parallel, G not

@@ -396,6 +396,22 @@ TEST(CheckpointRestart, PipelineExpertParallelAfterMigrationResumesBitExact) {
       });
 }
 
+// TP 2 x EP 2 on 4 ranks after migrations: both TP ranks' EP groups moved the same experts before
+// the checkpoint of step 2; TP rank 0's EP group writes them by id with the placement, and the
+// resumed run ends bit for bit where the uninterrupted one does.
+TEST(CheckpointRestart, TensorExpertParallelAfterMigrationResumesBitExact) {
+  expect_kill_and_resume_bit_exact(
+      "tensor-experts-migrated", 4,
+      kRun +
+          "--mode fused --tensor-parallel 2 --expert-parallel 2 --router-skew 4 "
+          "--rebalance-every 1 --rebalance-min-gain 0 ",
+      "data", [](const CommandResult& straight) {
+        EXPECT_TRUE(straight.output.find("# migration after step 1:") != std::string::npos ||
+                    straight.output.find("# migration after step 2:") != std::string::npos)
+            << straight.output;
+      });
+}
+
 // Tensor parallelism (the KL term on: the reference is sliced too): the first TP group (with
 // pipelines, the first TP x PP replica) gathers its ranks' slices of the parameters, moments and
 // reference into the whole-model file, each rank loads back its slice, and a resumed run ends bit

@@ -222,6 +222,19 @@ TEST(TrainRebalance, PipelineStagesMigratingTrainLikeTheRunThatNeverMigrates) {
   EXPECT_EQ(assignments[0], assignments[1]);
 }
 
+// TP 2 x EP 2 on 4 ranks: both TP ranks' EP groups move the same experts (the TP group's ranks
+// hold the same ones), with the token split (each TP rank dispatching its share of the rows) and
+// with every TP rank dispatching all of them; the same rows and bit-identical weights, and the
+// router statistics count every token once either way.
+TEST(TrainRebalance, TensorParallelGroupsMigratingTrainLikeTheRunThatNeverMigrates) {
+  for (const std::string split : {"", "--tensor-parallel-duplicate-experts "}) {
+    SCOPED_TRACE(split);
+    expect_migrating_run_trains_like_the_static_one(
+        split.empty() ? "tensor-split" : "tensor-duplicate",
+        kSkewed + "--mode fused --tensor-parallel 2 --expert-parallel 2 " + split, 4);
+  }
+}
+
 // bench rebalance's correctness verdict and load figures (never its times): the static run's
 // hot experts share EP rank 0, the rebalanced one moves them and ends with the same weights.
 // Also fused (generation before each step, on the migrated placement) with overlap chunks.
