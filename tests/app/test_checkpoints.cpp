@@ -273,23 +273,28 @@ TEST(Checkpoint, FusedStaleSyncWithExpertParallelismResumeIsBitExact) {
       kRun + "--mode fused --expert-parallel 2 --staleness 1 --finish-threshold 0.75 ", "data");
 }
 
+// `layout` on 4 ranks with a skewed router and a migration decision after every step with no
+// threshold: the decisions do not depend on timing (any predicted gain beats a zero threshold), so
+// the killed run migrates where the straight one does: before the checkpoint of step 2, whose
+// experts are then not contiguous per rank.
+void expect_kill_and_resume_after_migration_bit_exact(const std::string& name,
+                                                      const std::string& layout) {
+  expect_kill_and_resume_bit_exact(
+      name, 4, kRun + layout + "--router-skew 4 --rebalance-every 1 --rebalance-min-gain 0 ",
+      "data", [](const CommandResult& straight) {
+        EXPECT_TRUE(straight.output.find("# migration after step 1:") != std::string::npos ||
+                    straight.output.find("# migration after step 2:") != std::string::npos)
+            << straight.output;
+      });
+}
+
 // Learners that migrate experts every step (skewed router, no threshold) checkpoint after a
 // migration: the file holds the experts by id and the placement beside them, the resumed run
 // continues at that placement with the rebalancer's state, and ends bit for bit where the
 // uninterrupted run does.
 TEST(CheckpointRestart, ExpertParallelAfterMigrationResumesBitExact) {
-  const std::string layout =
-      "--learners 2 --actors 2 --expert-parallel 2 --router-skew 4 --rebalance-every 1 "
-      "--rebalance-min-gain 0 ";
-  // The decisions do not depend on timing (any predicted gain beats a zero threshold), so the
-  // killed run migrates where the straight one does: before the checkpoint of step 2, whose
-  // experts are then not contiguous per rank.
-  expect_kill_and_resume_bit_exact(
-      "ep-migrated", 4, kRun + layout, "data", [](const CommandResult& straight) {
-        EXPECT_TRUE(straight.output.find("# migration after step 1:") != std::string::npos ||
-                    straight.output.find("# migration after step 2:") != std::string::npos)
-            << straight.output;
-      });
+  expect_kill_and_resume_after_migration_bit_exact("ep-migrated",
+                                                   "--learners 2 --actors 2 --expert-parallel 2 ");
 }
 
 // Replicas of hot experts (--redundant-experts 1, rebalancing after every step at the default
@@ -384,32 +389,16 @@ TEST(Checkpoint, FusedPipelineExpertParallelResumeIsBitExact) {
 // no threshold) before the checkpoint of step 2, which still holds the experts by id; the resumed
 // run starts at the identity placement and ends bit for bit where the uninterrupted one does.
 TEST(CheckpointRestart, PipelineExpertParallelAfterMigrationResumesBitExact) {
-  expect_kill_and_resume_bit_exact(
-      "pipeline-experts-migrated", 4,
-      kRun +
-          "--mode fused --pipeline-parallel 2 --expert-parallel 2 --router-skew 4 "
-          "--rebalance-every 1 --rebalance-min-gain 0 ",
-      "data", [](const CommandResult& straight) {
-        EXPECT_TRUE(straight.output.find("# migration after step 1:") != std::string::npos ||
-                    straight.output.find("# migration after step 2:") != std::string::npos)
-            << straight.output;
-      });
+  expect_kill_and_resume_after_migration_bit_exact(
+      "pipeline-experts-migrated", "--mode fused --pipeline-parallel 2 --expert-parallel 2 ");
 }
 
 // TP 2 x EP 2 on 4 ranks after migrations: both TP ranks' EP groups moved the same experts before
 // the checkpoint of step 2; TP rank 0's EP group writes them by id with the placement, and the
 // resumed run ends bit for bit where the uninterrupted one does.
 TEST(CheckpointRestart, TensorExpertParallelAfterMigrationResumesBitExact) {
-  expect_kill_and_resume_bit_exact(
-      "tensor-experts-migrated", 4,
-      kRun +
-          "--mode fused --tensor-parallel 2 --expert-parallel 2 --router-skew 4 "
-          "--rebalance-every 1 --rebalance-min-gain 0 ",
-      "data", [](const CommandResult& straight) {
-        EXPECT_TRUE(straight.output.find("# migration after step 1:") != std::string::npos ||
-                    straight.output.find("# migration after step 2:") != std::string::npos)
-            << straight.output;
-      });
+  expect_kill_and_resume_after_migration_bit_exact(
+      "tensor-experts-migrated", "--mode fused --tensor-parallel 2 --expert-parallel 2 ");
 }
 
 // Tensor parallelism (the KL term on: the reference is sliced too): the first TP group (with
