@@ -65,7 +65,14 @@ void validate_pipeline_parallel_train(const DisaggregatedOptions& options, bool 
       throw ConfigError(option + " with --staleness (StaleSync) is not supported " + what);
     };
     if (options.expert_parallel > 1) refuse_stale("with --expert-parallel");
-    if (options.virtual_stages > 1) refuse_stale("with --virtual-stages");
+    // The interleaved schedule runs micro-batches in groups of p: a pipeline's pieces are split
+    // until their count is a multiple of p, which whole groups of a multiple of p samples allow.
+    if (options.virtual_stages > 1 && rl.group_size % degree != 0) {
+      refuse_stale("with --virtual-stages " + std::to_string(options.virtual_stages) +
+                   " unless --group-size (" + std::to_string(rl.group_size) +
+                   ") is a multiple of " + option +
+                   " (the interleaved schedule runs micro-batches in groups of the stages)");
+    }
     if (options.micro_batches > 0) refuse_stale("with --micro-batches");
     if (rl.minibatches > 1) refuse_stale("with --minibatches");
   }
@@ -242,6 +249,23 @@ PipelineTrainer::PipelineTrainer(const PipelineGroups& groups, Transformer<float
   }
 }
 
+void split_into_stage_multiple(std::vector<std::pair<size_t, size_t>>& bounds, int stages) {
+  const size_t p = size_t(stages);
+  while (bounds.size() % p != 0) {
+    auto largest = std::max_element(bounds.begin(), bounds.end(), [](const auto& a, const auto& b) {
+      return a.second - a.first < b.second - b.first;
+    });
+    if (largest == bounds.end() || largest->second - largest->first < 2) {
+      throw std::logic_error("split_into_stage_multiple: " + std::to_string(bounds.size()) +
+                             " pieces of one sample cannot make a multiple of " +
+                             std::to_string(stages) + " micro-batches");
+    }
+    const size_t begin = largest->first, middle = begin + (largest->second - begin + 1) / 2;
+    largest->first = middle;
+    bounds.insert(largest, {begin, middle});
+  }
+}
+
 std::vector<std::pair<size_t, size_t>> PipelineTrainer::micro_batch_bounds(size_t count) const {
   std::vector<std::pair<size_t, size_t>> bounds;
   if (!blocks_.empty()) {
@@ -254,6 +278,7 @@ std::vector<std::pair<size_t, size_t>> PipelineTrainer::micro_batch_bounds(size_
       }
       begin = end;
     }
+    if (groups_.shape().interleaved()) split_into_stage_multiple(bounds, groups_.shape().stages);
     return bounds;
   }
   if (equal_parts_) {

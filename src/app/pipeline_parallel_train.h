@@ -59,6 +59,13 @@ std::unique_ptr<PipelineGroups> make_train_pipeline(const DisaggregatedOptions& 
 // micro-batches in which the data-parallel run computes each rank's own samples.
 std::vector<std::pair<size_t, size_t>> block_pieces(size_t count, int blocks, int piece);
 
+// StaleSync under the interleaved schedule (micro-batches in groups of p = `stages`): splits the
+// largest piece (the first of equal ones) in two, the front half the larger, until `bounds` holds
+// a multiple of p pieces. Pieces only shrink, so each still fits the stage's activation arena.
+// std::logic_error where only single-sample pieces are left (validation keeps the samples a
+// multiple of p, so that never happens in `train`).
+void split_into_stage_multiple(std::vector<std::pair<size_t, size_t>>& bounds, int stages);
+
 // Bytes of a pipeline stage's activation arena for micro-batches of `sequences` sequences of up to
 // `longest_sequence` tokens: room for a whole-model micro-batch, a bound for any chunk.
 size_t stage_activation_bytes(const ModelConfig& config, int sequences, int longest_sequence);

@@ -12,9 +12,11 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <random>
 #include <string>
 #include <vector>
 
+#include "src/app/pipeline_parallel_train.h"
 #include "src/io/trace_reader.h"
 #include "tests/app/fused_train_runs.h"
 #include "tests/app/progress_rows.h"
@@ -79,10 +81,11 @@ TEST(ModelParallelStaleSync, ZeroStalenessIsTheSynchronousRunBitForBit) {
 // The heavy-tailed task after a warm start: phases are cut and samples resume across them. On 4
 // ranks: TP 2 x DP 2 (each replica's pool is the pool of one rank of the data-parallel run on 2
 // ranks), TP 2 x EP 2 (likewise, against EP 2 on 2 ranks: the TP groups generate together over
-// the EP group), PP 2 x DP 2 and TP 2 x PP 2 (every rank's pool is one rank's of the data-parallel
-// run on 4 ranks: the same prompts, slots and sampling keys).
+// the EP group), PP 2 x DP 2, interleaved PP 2 x DP 2 with 2 virtual stages (a 4-layer tiny: each
+// pipeline's pieces of 3 split into an even count) and TP 2 x PP 2 (every rank's pool is one rank's
+// of the data-parallel run on 4 ranks: the same prompts, slots and sampling keys).
 TEST(ModelParallelStaleSync, KeepsTheBoundReproduciblyAndTrainsTheDataParallelRunsSamples) {
-  const std::string run =
+  const std::string heavy_tailed =
       "train --model tiny --task sort-heavytail --sft-steps 150 --sft-learning-rate 0.01 "
       "--steps 8 --prompts 8 --group-size 4 --eval-prompts 16 --log-every 4 --mode fused "
       "--staleness 1 --kl-coef 0.01 ";
@@ -90,12 +93,18 @@ TEST(ModelParallelStaleSync, KeepsTheBoundReproduciblyAndTrainsTheDataParallelRu
     std::string options;
     int replica_ranks, data_parallel_ranks;
     std::string data_parallel_options;  // the run to compare with: its expert parallelism
+    bool four_layers = false;           // the 4-layer tiny (virtual stages)
   };
+  const std::string tiny4 = test::write_tiny4_model(test::fresh_temp_dir("mp-stale-model"));
   for (const Layout& layout :
        {Layout{"--tensor-parallel 2 ", 2, 2, ""}, Layout{"--pipeline-parallel 2 ", 2, 4, ""},
         Layout{"--tensor-parallel 2 --pipeline-parallel 2 ", 4, 4, ""},
-        Layout{"--tensor-parallel 2 --expert-parallel 2 ", 2, 2, "--expert-parallel 2 "}}) {
+        Layout{"--tensor-parallel 2 --expert-parallel 2 ", 2, 2, "--expert-parallel 2 "},
+        Layout{"--pipeline-parallel 2 --virtual-stages 2 --micro-batch 3 ", 2, 4,
+               "--micro-batch 3 ", true}}) {
     SCOPED_TRACE(layout.options);
+    std::string run = heavy_tailed;
+    if (layout.four_layers) run.replace(run.find("tiny"), 4, tiny4);
     const std::string a_dir = test::fresh_temp_dir("mp-stale-a");
     const std::string b_dir = test::fresh_temp_dir("mp-stale-b");
     const std::string dp_dir = test::fresh_temp_dir("mp-stale-dp");
@@ -129,6 +138,47 @@ TEST(ModelParallelStaleSync, KeepsTheBoundReproduciblyAndTrainsTheDataParallelRu
     ASSERT_EQ(model.size(), dp_model.size());
     EXPECT_LT(test::nmse(model.data(), dp_model.data(), dp_model.size()), 1e-6);
   }
+}
+
+// StaleSync's pieces under the interleaved schedule: on random piece lists (pieces of 1-5 samples,
+// with at least p samples in all and a multiple of p of them, as whole groups give), the split
+// covers the same samples in order, holds a multiple of p pieces, never a larger piece than
+// before, and changes nothing that was already a multiple.
+TEST(ModelParallelStaleSync, InterleavedPiecesSplitIntoAMultipleOfTheStages) {
+  std::mt19937 random(20261202);
+  for (int trial = 0; trial < 500; ++trial) {
+    const int stages = 2 + int(random() % 3);
+    std::vector<std::pair<size_t, size_t>> bounds;
+    size_t samples = 0;
+    while (samples < size_t(stages) || samples % size_t(stages) != 0) {
+      const size_t piece = 1 + random() % 5;
+      bounds.emplace_back(samples, samples + piece);
+      samples += piece;
+    }
+    const auto before = bounds;
+    split_into_stage_multiple(bounds, stages);
+    ASSERT_EQ(bounds.size() % size_t(stages), 0u);
+    if (before.size() % size_t(stages) == 0) {
+      EXPECT_EQ(bounds, before);
+    }
+    size_t next = 0, largest = 0, largest_before = 0;
+    for (const auto& [begin, end] : before) largest_before = std::max(largest_before, end - begin);
+    for (const auto& [begin, end] : bounds) {
+      ASSERT_EQ(begin, next);
+      ASSERT_LT(begin, end);
+      largest = std::max(largest, end - begin);
+      next = end;
+    }
+    EXPECT_EQ(next, samples);
+    EXPECT_LE(largest, largest_before);
+  }
+  // By hand: 3 pieces at p = 2: the largest (the first of the 3s) splits, front half larger.
+  std::vector<std::pair<size_t, size_t>> bounds = {{0, 2}, {2, 5}, {5, 8}};
+  split_into_stage_multiple(bounds, 2);
+  EXPECT_EQ(bounds, (std::vector<std::pair<size_t, size_t>>{{0, 2}, {2, 4}, {4, 5}, {5, 8}}));
+  // Single-sample pieces cannot be split.
+  std::vector<std::pair<size_t, size_t>> ones = {{0, 1}, {1, 2}, {2, 3}};
+  EXPECT_THROW(split_into_stage_multiple(ones, 2), std::logic_error);
 }
 
 }  // namespace

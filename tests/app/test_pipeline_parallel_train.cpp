@@ -239,6 +239,11 @@ TEST(PipelineParallelTrain, ShapesThatDoNotFitStopEveryRankBeforeOutput) {
           {2, "--pipeline-parallel 2 --tensor-parallel 2",
            "--tensor-parallel 2 x --pipeline-parallel 2 = 4 ranks per model replica must divide "
            "the 2 ranks"},
+          // (Interleaved StaleSync splits a pipeline's pieces into a multiple of p micro-batches:
+          // whole groups of 4 samples cannot always make a multiple of 3.)
+          {3, "--pipeline-parallel 3 --virtual-stages 2 --staleness 1",
+           "--pipeline-parallel 3 with --staleness (StaleSync) is not supported with "
+           "--virtual-stages 2 unless --group-size (4) is a multiple of --pipeline-parallel 3"},
           {2, "--pipeline-parallel 2 --staleness 1 --minibatches 2",
            "--pipeline-parallel 2 with --staleness (StaleSync) is not supported with "
            "--minibatches"},
