@@ -29,6 +29,7 @@
 #include "src/io/run_directory.h"
 #include "src/io/trace.h"
 #include "src/model/lr_schedule.h"
+#include "src/model/overlapped_experts.h"
 #include "src/rl/rl_step.h"
 #include "src/rl/rollout.h"
 #include "src/rl/rollout_pool.h"
@@ -250,6 +251,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
       // token split each rank counts the share it dispatched).
       stage_tokens = [&model](int layer) {
         std::vector<int64_t> tokens = model.expert_dispatcher(layer)->take_expert_tokens();
+        if (OverlappedExperts* overlap = model.expert_overlap(layer)) overlap->take_expert_tokens();
         std::fill(tokens.begin(), tokens.end(), 0);
         return tokens;
       };

@@ -83,9 +83,6 @@ void validate_tensor_parallel_train(const DisaggregatedOptions& options, const s
     throw ConfigError(both +
                       " is not supported with --pipeline-parallel (TP x EP x PP is not built)");
   }
-  if (options.ep_overlap_chunks > 1) {
-    throw ConfigError(both + " is not supported with --ep-overlap-chunks above 1");
-  }
   // --offload and StaleSync work at TP x EP as at TP and EP alone (ModelParallelOffload.*,
   // ModelParallelStaleSync.* run TP 2 x EP 2).
 }

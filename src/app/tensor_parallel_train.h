@@ -37,9 +37,8 @@ int generation_tensor_parallel(const DisaggregatedOptions& options);
 // ConfigError, the same on every rank before any work, for --tensor-parallel outside what is
 // built (`mode`: --mode): a degree below 1, one rank, --mode fused-all, or combined with
 // a learned reward model or rebalancing without EP. With --expert-parallel E (TP x EP): E must
-// divide the
-// TP groups and equal --actor-expert-parallel; refused with --pipeline-parallel,
-// --redundant-experts and --ep-overlap-chunks above 1. And for an
+// divide the TP groups and equal --actor-expert-parallel; refused with --pipeline-parallel and
+// --redundant-experts. And for an
 // --actor-tensor-parallel G that is not built: G below 1, G > 1 without --tensor-parallel, G not
 // dividing the training degree T, or a G other than the default with StaleSync, --offload or
 // expert parallelism. --mode disaggregated: validate_disaggregated_tensor_parallel.

@@ -121,7 +121,7 @@ ResumablePass MoeBlock<T>::backward(MoeWeights<T> w, MoeWeights<T> g, const T* x
   }
   T* dweight = device_.allocate_zeroed<T>(M, "backward work");
   if (overlap) {
-    routed_backward_overlapped(w, g, dout, dx, dweight, *overlap);
+    routed_backward_overlapped(w, g, dout, dx, dweight, N, *overlap);
   } else if (ep) {
     co_await routed_backward_ep(w, g, a, dout, dx, dweight, N, *ep);
   } else {
@@ -219,21 +219,29 @@ ResumablePass MoeBlock<T>::routed_backward_ep(MoeWeights<T> w, MoeWeights<T> g,
       for (size_t i = 0; i < dx_tokens.size(); ++i) dx[i] += dx_tokens[i];
       co_return;
     }
-    // Every row's input gradient and top-k weight gradients from the rank that had it: one
-    // allgather of rows of C + K floats over the TP group.
-    const int width = C + K;
-    float* both = device_.allocate<float>(size_t(N) * width, "backward work");
-    for (int n = 0; n < own.count; ++n) {
-      float* row = both + int64_t(own.first + n) * width;
-      std::memcpy(row, dx_tokens.data() + int64_t(n) * C, size_t(C) * sizeof(float));
-      std::memcpy(row + C, dweight_v.data() + int64_t(n) * K, size_t(K) * sizeof(float));
-    }
-    token_split_->allgather_rows(both, N, width);
-    for (int n = 0; n < N; ++n) {
-      const float* row = both + int64_t(n) * width;
-      for (int c = 0; c < C; ++c) dx[int64_t(n) * C + c] += row[c];
-      std::memcpy(dweight + int64_t(n) * K, row + C, size_t(K) * sizeof(float));
-    }
+    gather_split_backward(own, dx_tokens.data(), dweight_v.data(), N, dx, dweight);
+  }
+}
+
+template <typename T>
+void MoeBlock<T>::gather_split_backward(RowShare own, const float* dx_rows,
+                                        const float* dweight_rows, int N, float* dx,
+                                        float* dweight) const {
+  // Every row's input gradient and top-k weight gradients from the rank that had it: one
+  // allgather of rows of C + K floats over the TP group.
+  const int C = config_.d_model, K = config_.top_k, width = C + K;
+  ArenaScope scope(device_);
+  float* both = device_.allocate<float>(size_t(N) * width, "backward work");
+  for (int n = 0; n < own.count; ++n) {
+    float* row = both + int64_t(own.first + n) * width;
+    std::memcpy(row, dx_rows + int64_t(n) * C, size_t(C) * sizeof(float));
+    std::memcpy(row + C, dweight_rows + int64_t(n) * K, size_t(K) * sizeof(float));
+  }
+  token_split_->allgather_rows(both, N, width);
+  for (int n = 0; n < N; ++n) {
+    const float* row = both + int64_t(n) * width;
+    for (int c = 0; c < C; ++c) dx[int64_t(n) * C + c] += row[c];
+    std::memcpy(dweight + int64_t(n) * K, row + C, size_t(K) * sizeof(float));
   }
 }
 
@@ -249,23 +257,39 @@ void MoeBlock<T>::routed_forward_overlapped(const MoeWeights<T>& w, const T* x, 
     // This rank's first expert, counted from the first expert the weights hold.
     const int64_t first = int64_t(d.ep_rank()) * d.local_experts() - w.first_expert;
     const LocalExperts local{w.w1 + first, w.w3 + first, w.w2 + first};
-    overlap.forward(local, x, a.expert_idx, a.expert_weight, N, config_.top_k, out);
+    const int C = config_.d_model, K = config_.top_k;
+    const RowShare own = token_split_ ? token_split_->row_share(N) : RowShare{0, N};
+    overlap.forward(local, x + int64_t(own.first) * C, a.expert_idx + int64_t(own.first) * K,
+                    a.expert_weight + int64_t(own.first) * K, own.count, K,
+                    out + int64_t(own.first) * C);
+    if (token_split_) token_split_->allgather_rows(out, N, C);
   }
 }
 
 template <typename T>
 void MoeBlock<T>::routed_backward_overlapped(const MoeWeights<T>& w, const MoeWeights<T>& g,
-                                             const T* dout, T* dx, T* dweight,
+                                             const T* dout, T* dx, T* dweight, int N,
                                              OverlappedExperts& overlap) const {
   if constexpr (!std::is_same_v<T, float>) {
-    (void)w, (void)g, (void)dout, (void)dx, (void)dweight, (void)overlap;
+    (void)w, (void)g, (void)dout, (void)dx, (void)dweight, (void)N, (void)overlap;
     throw std::logic_error("MoeBlock: expert parallelism needs float parameters");
   } else {
     const ExpertDispatcher& d = overlap.dispatcher(0);
     const int64_t first = int64_t(d.ep_rank()) * d.local_experts() - w.first_expert;
     const LocalExperts local{w.w1 + first, w.w3 + first, w.w2 + first};
     const LocalExpertGradients grads{g.w1 + first, g.w3 + first, g.w2 + first};
-    overlap.backward(local, grads, dout, dx, dweight);
+    if (!token_split_) {
+      overlap.backward(local, grads, dout, dx, dweight);
+      return;
+    }
+    // This rank's rows (the forward's share): their gradients, then everyone's over the TP group.
+    const int C = config_.d_model, K = config_.top_k;
+    const RowShare own = token_split_->row_share(N);
+    ArenaScope scope(device_);
+    float* dx_rows = device_.allocate_zeroed<float>(size_t(own.count) * C, "backward work");
+    float* dweight_rows = device_.allocate_zeroed<float>(size_t(own.count) * K, "backward work");
+    overlap.backward(local, grads, dout + int64_t(own.first) * C, dx_rows, dweight_rows);
+    gather_split_backward(own, dx_rows, dweight_rows, N, dx, dweight);
   }
 }
 

@@ -18,6 +18,7 @@ class Arena;
 class ExpertDispatcher;
 class OverlappedExperts;
 class TensorParallel;
+struct RowShare;
 
 template <typename T>
 struct MoeWeights {
@@ -106,11 +107,18 @@ class MoeBlock {
   ResumablePass routed_backward_ep(MoeWeights<T> w, MoeWeights<T> g, const MoeActivations<T>& a,
                                    const T* dout, T* dx, T* dweight, int N,
                                    ExpertDispatcher& ep) const;
-  // The same through OverlappedExperts (T = float only).
+  // The same through OverlappedExperts (T = float only); with the token split on this rank's
+  // share of the rows, like the dispatcher's path.
   void routed_forward_overlapped(const MoeWeights<T>& w, const T* x, T* out, int N,
                                  const MoeActivations<T>& a, OverlappedExperts& overlap) const;
   void routed_backward_overlapped(const MoeWeights<T>& w, const MoeWeights<T>& g, const T* dout,
-                                  T* dx, T* dweight, OverlappedExperts& overlap) const;
+                                  T* dx, T* dweight, int N, OverlappedExperts& overlap) const;
+  // The token split's end of a routed backward: this rank's rows' input gradients (`dx_rows`,
+  // own.count x C) and top-k weight gradients (`dweight_rows`, own.count x K) go to every rank of
+  // the TP group in one allgather of rows of C + K floats; dx gets all N rows added, dweight all
+  // N rows written.
+  void gather_split_backward(RowShare own, const float* dx_rows, const float* dweight_rows, int N,
+                             float* dx, float* dweight) const;
 
   const ModelConfig& config_;
   const Ops<T>& ops_;

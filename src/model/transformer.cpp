@@ -91,9 +91,8 @@ Transformer<T>::~Transformer() = default;
 
 template <typename T>
 void Transformer<T>::set_expert_token_split(bool split) {
-  if (split && (!tp_ || !overlap_.empty())) {
-    throw std::logic_error(
-        "Transformer: the expert token split needs tensor parallelism and no overlap chunks");
+  if (split && !tp_) {
+    throw std::logic_error("Transformer: the expert token split needs tensor parallelism");
   }
   moe_.set_token_split(split ? tp_ : nullptr);
 }

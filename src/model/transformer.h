@@ -89,7 +89,7 @@ class Transformer {
   // rank of the TP group dispatches only its share of the rows in every MoE layer (training,
   // prefill and decode) and the TP group allgathers the combined rows, so the expert gradients
   // cover only this rank's share (sum them over the TP group). Needs tensor parallelism
-  // (std::logic_error) and takes effect with the EP dispatchers; not with overlap chunks.
+  // (std::logic_error) and takes effect with the EP dispatchers and the overlap chunks alike.
   void set_expert_token_split(bool split);
   bool expert_token_split() const { return moe_.token_split() != nullptr; }
   // Training forward and backward then run layer l's routed experts through `per_layer[l]`

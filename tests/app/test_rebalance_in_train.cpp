@@ -224,14 +224,21 @@ TEST(TrainRebalance, PipelineStagesMigratingTrainLikeTheRunThatNeverMigrates) {
 
 // TP 2 x EP 2 on 4 ranks: both TP ranks' EP groups move the same experts (the TP group's ranks
 // hold the same ones), with the token split (each TP rank dispatching its share of the rows) and
-// with every TP rank dispatching all of them; the same rows and bit-identical weights, and the
-// router statistics count every token once either way.
+// with every TP rank dispatching all of them, each also with training's experts in 2 overlap
+// chunks (every chunk's dispatcher follows the migrations); the same rows and bit-identical
+// weights.
 TEST(TrainRebalance, TensorParallelGroupsMigratingTrainLikeTheRunThatNeverMigrates) {
-  for (const std::string split : {"", "--tensor-parallel-duplicate-experts "}) {
-    SCOPED_TRACE(split);
+  struct Variant {
+    std::string name, options;
+  };
+  for (const Variant& v : {Variant{"tensor-split", ""},
+                           Variant{"tensor-duplicate", "--tensor-parallel-duplicate-experts "},
+                           Variant{"tensor-split-chunks", "--ep-overlap-chunks 2 "},
+                           Variant{"tensor-duplicate-chunks",
+                                   "--tensor-parallel-duplicate-experts --ep-overlap-chunks 2 "}}) {
+    SCOPED_TRACE(v.name);
     expect_migrating_run_trains_like_the_static_one(
-        split.empty() ? "tensor-split" : "tensor-duplicate",
-        kSkewed + "--mode fused --tensor-parallel 2 --expert-parallel 2 " + split, 4);
+        v.name, kSkewed + "--mode fused --tensor-parallel 2 --expert-parallel 2 " + v.options, 4);
   }
 }
 

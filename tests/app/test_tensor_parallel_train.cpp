@@ -41,6 +41,7 @@ TEST(TensorParallelTrain, TrainsLikeTheDataParallelFusedRun) {
     int ranks;
     std::string options, log, expert_log;
     int tp = 2, generation_tp = 2;
+    int overlap_chunks = 1;
   };
   for (const Layout& layout :
        {Layout{2, "--tensor-parallel 2", "TP 2 x 1 replicas (attention heads and the shared", ""},
@@ -57,6 +58,13 @@ TEST(TensorParallelTrain, TrainsLikeTheDataParallelFusedRun) {
                "TP 2 x 2 replicas",
                "EP 2 x 1 replicas (EP groups: the ranks of one TP rank in consecutive TP groups, "
                "each expert on every rank of its TP group, computing the group's tokens on each"},
+        // Training's experts in 2 overlap chunks, split or duplicated.
+        Layout{4, "--tensor-parallel 2 --expert-parallel 2 --ep-overlap-chunks 2",
+               "TP 2 x 2 replicas", "EP 2 x 1 replicas", 2, 2, 2},
+        Layout{4,
+               "--tensor-parallel 2 --expert-parallel 2 --ep-overlap-chunks 2 "
+               "--tensor-parallel-duplicate-experts",
+               "TP 2 x 2 replicas", "EP 2 x 1 replicas", 2, 2, 2},
         Layout{4, "--tensor-parallel 2 --actor-tensor-parallel 1", "TP 2 x 2 replicas", "", 2, 1},
         Layout{4, "--tensor-parallel 4 --actor-tensor-parallel 2", "TP 4 x 1 replicas", "", 4,
                2}}) {
@@ -75,6 +83,12 @@ TEST(TensorParallelTrain, TrainsLikeTheDataParallelFusedRun) {
     // Generation at the training degree runs on the training slices; at a lower one each phase
     // regroups the TP mates' slices.
     EXPECT_EQ(test::json_number(tp.output, "actor_tensor_parallel"), layout.generation_tp);
+    if (layout.overlap_chunks > 1) {
+      EXPECT_NE(tp.output.find("training's experts in " + std::to_string(layout.overlap_chunks) +
+                               " overlap chunk(s)"),
+                std::string::npos)
+          << tp.output;
+    }
     if (layout.generation_tp < layout.tp) {
       EXPECT_GT(test::json_number(tp.output, "generation_switch_bytes"), 0);
     } else {
@@ -147,7 +161,8 @@ long long sum(const std::vector<long long>& values) {
 // assignments of the EP 2 run of the same samples on 2 ranks (counted on every TP rank they would
 // be twice as many). The expert rows in summary.json: each split TP rank computes part of what a
 // duplicated one does, the 4 split ranks together half the duplicated ones' (each token once, not
-// twice), and the split ran one TP allgather of rows per MoE layer forward and backward.
+// twice), and the split ran one TP allgather of rows per MoE layer forward and backward. The same
+// assignments with training's experts in overlap chunks.
 TEST(TensorParallelTrain, ExpertParallelRouterStatisticsCountEveryTokenOnce) {
   std::vector<double> want;
   std::vector<long long> split_rows, duplicated_rows;
@@ -189,6 +204,25 @@ TEST(TensorParallelTrain, ExpertParallelRouterStatisticsCountEveryTokenOnce) {
   EXPECT_EQ(split_rows[0] + split_rows[1], duplicated_rows[0]);
   EXPECT_EQ(split_rows[2] + split_rows[3], duplicated_rows[2]);
   EXPECT_EQ(2 * sum(split_rows), sum(duplicated_rows));
+  // Training's experts in overlap chunks (their dispatchers count what they sent), split and
+  // duplicated: still every token once.
+  for (const std::string duplicate : {"", "--tensor-parallel-duplicate-experts "}) {
+    SCOPED_TRACE(duplicate);
+    const std::string dir = temp_dir("router-chunks");
+    const Result run = test::run_rlfusion(
+        kFusedRun + "--tensor-parallel 2 --expert-parallel 2 --ep-overlap-chunks 2 " + duplicate +
+            "--run-dir " + dir,
+        4);
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    const Result report = test::run_rlfusion("report " + dir + " --json");
+    ASSERT_EQ(report.exit_code, 0) << report.output;
+    for (const int layer : {0, 1}) {
+      const size_t at = report.output.find("{\"layer\":" + std::to_string(layer) + ",");
+      ASSERT_NE(at, std::string::npos) << report.output;
+      EXPECT_EQ(test::json_number(report.output, "assignments", at), want[size_t(layer)])
+          << report.output;
+    }
+  }
 }
 
 TEST(TensorParallelTrain, DegreesThatDoNotFitStopEveryRankBeforeOutput) {
@@ -209,8 +243,6 @@ TEST(TensorParallelTrain, DegreesThatDoNotFitStopEveryRankBeforeOutput) {
           {4, "--tensor-parallel 2 --expert-parallel 2 --actor-expert-parallel 1",
            "--tensor-parallel 2 x --expert-parallel 2: --actor-expert-parallel must be the same "
            "degree"},
-          {4, "--tensor-parallel 2 --expert-parallel 2 --ep-overlap-chunks 2",
-           "--tensor-parallel 2 x --expert-parallel 2 is not supported with --ep-overlap-chunks"},
           {4, "--tensor-parallel 2 --expert-parallel 2 --redundant-experts 1",
            "--tensor-parallel 2 x --expert-parallel 2 is not supported with --redundant-experts"},
           {2, "--tensor-parallel 2 --rebalance-every 1",

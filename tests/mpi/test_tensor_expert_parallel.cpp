@@ -52,6 +52,7 @@ struct Case {
   int tp, ep;
   bool attention_only;
   bool duplicated = false;  // every TP rank dispatches all of its group's rows (no token split)
+  int overlap_chunks = 1;   // the training passes' routed experts in chunks (OverlappedExperts)
   // Whether the TP ranks split their tokens before dispatch.
   bool split() const { return tp > 1 && ep > 1 && !duplicated; }
 };
@@ -62,7 +63,8 @@ std::string case_name(const Case& c) {
          (c.attention_only ? " (attention only)" : "") +
          (c.split()      ? " (token split)"
           : c.duplicated ? " (duplicated)"
-                         : "");
+                         : "") +
+         (c.overlap_chunks > 1 ? ", " + std::to_string(c.overlap_chunks) + " overlap chunks" : "");
 }
 
 std::vector<Case> cases_for(int world) {
@@ -96,11 +98,13 @@ struct TensorExpertRank {
   TensorParallel tp;
   std::unique_ptr<RoleExpertParallel> ep;
   bool split;
+  int overlap_chunks;
 
   explicit TensorExpertRank(const Case& c)
       : links(test::virtual_node_list(test::world_size(), 1), {}),
         tp(MPI_COMM_WORLD, c.tp, c.attention_only, config, links),
-        split(c.split()) {
+        split(c.split()),
+        overlap_chunks(c.overlap_chunks) {
     if (c.ep > 1) {
       ep = std::make_unique<RoleExpertParallel>(tp.data_parallel(), links, config.n_experts, c.ep,
                                                 DispatchMode::Flat);
@@ -113,7 +117,7 @@ struct TensorExpertRank {
                               ep ? ep->shard() : ExpertShard{}, {}, &tp);
   }
   void attach(Transformer<float>& model) {
-    if (ep) ep->attach(model);
+    if (ep) ep->attach(model, overlap_chunks);
     model.set_expert_token_split(split);
   }
 
@@ -260,10 +264,26 @@ bool runs_at_this_size() {
   return !cases_for(test::world_size()).empty();
 }
 
+// The layouts of cases_for with the training passes' routed experts in overlap chunks: split
+// (each chunk a piece of the rank's share of the rows) and duplicated.
+std::vector<Case> overlap_cases_for(int world) {
+  switch (world) {
+    case 2:
+      return {{1, 2, false, false, 2}};
+    case 4:
+      return {{2, 2, false, false, 2}, {2, 2, false, true, 3}};
+    case 6:
+      return {{3, 2, false, false, 3}, {2, 3, false, false, 2}};
+    default:
+      return {};
+  }
+}
+
 TEST(TensorExpertParallel, TrainingStepMatchesSingleRank) {
   if (!runs_at_this_size()) GTEST_SKIP() << "1, 2, 4 and 6 ranks";
   int index = 0;
   for (const Case& c : cases_for(test::world_size())) check_step(c, index++);
+  for (const Case& c : overlap_cases_for(test::world_size())) check_step(c, index++);
 }
 
 // The routing counts of one forward on this rank's micro-batch: the assignments each layer's
