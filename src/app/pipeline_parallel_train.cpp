@@ -80,6 +80,11 @@ void validate_pipeline_parallel_train(const DisaggregatedOptions& options, bool 
     // An EP group is the ranks of one stage in E consecutive pipelines.
     validate_experts_with_model_parallelism(option, options, world_size, degree, "pipelines",
                                             "the ranks of one stage");
+    // (Replicas need slot shards in the stages' layouts and views: built for TP x EP only.)
+    if (options.rebalance.redundant_experts > 0) {
+      throw ConfigError(option + " x --expert-parallel " + std::to_string(options.expert_parallel) +
+                        " is not supported with --redundant-experts");
+    }
   } else if (options.ep_overlap_chunks > 1) {
     // Overlap chunks hide the EP exchanges of the stages' MoE layers: without EP there are none.
     throw ConfigError(option + " with --ep-overlap-chunks " +

@@ -31,9 +31,10 @@ namespace rlf {
 // combined with a learned reward model or (without EP) rebalancing; with
 // --tensor-parallel T, T x P not dividing the ranks; with --expert-parallel E, E not dividing the
 // pipelines, another --actor-expert-parallel or --redundant-experts; without --expert-parallel,
-// --ep-overlap-chunks above 1; StaleSync with --expert-parallel, --virtual-stages, --micro-batches
-// or --minibatches above 1; --pipeline-pairing without a pipeline, without --expert-parallel or
-// with --ep-overlap-chunks above 1 (the chunked path's exchanges are not resumable).
+// --ep-overlap-chunks above 1; StaleSync with --expert-parallel, --micro-batches or --minibatches
+// above 1, or with --virtual-stages when --group-size is not a multiple of P; --pipeline-pairing
+// without a pipeline, without --expert-parallel or with --ep-overlap-chunks above 1 (the chunked
+// path's exchanges are not resumable).
 void validate_pipeline_parallel_train(const DisaggregatedOptions& options, bool fused,
                                       int world_size, const RlOptions& rl);
 

@@ -106,9 +106,6 @@ void validate_experts_with_model_parallelism(const std::string& option,
                       replicas + " (an EP group is " + members + " in " + std::to_string(degree) +
                       " " + replicas + ")");
   }
-  if (options.rebalance.redundant_experts > 0) {
-    throw ConfigError(both + " is not supported with --redundant-experts");
-  }
 }
 
 void refuse_unsupported_with_model_parallelism(const std::string& option,

@@ -37,8 +37,8 @@ int generation_tensor_parallel(const DisaggregatedOptions& options);
 // ConfigError, the same on every rank before any work, for --tensor-parallel outside what is
 // built (`mode`: --mode): a degree below 1, one rank, --mode fused-all, or combined with
 // a learned reward model or rebalancing without EP. With --expert-parallel E (TP x EP): E must
-// divide the TP groups and equal --actor-expert-parallel; refused with --pipeline-parallel and
-// --redundant-experts. And for an
+// divide the TP groups and equal --actor-expert-parallel; refused with --pipeline-parallel. And
+// for an
 // --actor-tensor-parallel G that is not built: G below 1, G > 1 without --tensor-parallel, G not
 // dividing the training degree T, or a G other than the default with StaleSync, --offload or
 // expert parallelism. --mode disaggregated: validate_disaggregated_tensor_parallel.
@@ -49,7 +49,7 @@ void validate_tensor_parallel_train(const DisaggregatedOptions& options, const s
 // degree) whose replicas are `replica_ranks` consecutive ranks (`replicas`: "pipelines", "tensor-
 // parallel groups"), an EP group being `members` in E consecutive replicas: another
 // --actor-expert-parallel (generation runs on the training EP groups), E not dividing the
-// replicas, --redundant-experts.
+// replicas.
 void validate_experts_with_model_parallelism(const std::string& option,
                                              const DisaggregatedOptions& options, int world_size,
                                              int replica_ranks, const std::string& replicas,

@@ -51,8 +51,10 @@ std::array<std::vector<float>, kBuffers> gather_whole_buffers(
 }
 
 // A tensor-parallel rank's buffers from a checkpoint: the whole tensors of the layers it stores
-// (its stage's with PP) read into temporary buffers, then its slice of each taken.
-CheckpointCounters read_tensor_slices(const std::string& path, const TrainingState& state) {
+// (its stage's with PP) read into temporary buffers, then its slice of each taken. `slot_experts`
+// (TP x EP after migrations or with replicas): the expert each stored slot holds.
+CheckpointCounters read_tensor_slices(const std::string& path, const TrainingState& state,
+                                      const std::vector<std::vector<int>>* slot_experts) {
   const Transformer<float>& model = *state.model;
   const ParameterLayout unsliced = with_tensor_slice(model.config(), model.layout(), TensorSlice{});
   const std::array<float*, kBuffers> slices = buffers_of(state);
@@ -63,8 +65,9 @@ CheckpointCounters read_tensor_slices(const std::string& path, const TrainingSta
     whole[b].resize(size_t(unsliced.total()));
     whole_buffers[b] = whole[b].data();
   }
-  const CheckpointCounters c =
-      read_checkpoint(path, model.config(), unsliced, tensors_of(whole_buffers));
+  CheckpointTensors tensors = tensors_of(whole_buffers);
+  tensors.slot_experts = slot_experts;
+  const CheckpointCounters c = read_checkpoint(path, model.config(), unsliced, tensors);
   for (size_t b = 0; b < kBuffers; ++b) {
     if (slices[b]) slice_parameters(whole_buffers[b], unsliced, slices[b], model.layout());
   }
@@ -216,7 +219,9 @@ RlPosition TrainCheckpoints::load(const TrainingState& state, RoleExpertParallel
   const Transformer<float>& model = *state.model;
   std::string note;
   CheckpointTensors tensors = tensors_of(buffers_of(state));
-  if (ep && model.layout().expert_sharded() && !pipeline_ && !tensor_parallel_) {
+  // (TP x EP too: every TP rank's EP group adopts the same tables. PP x EP resumes at the default
+  // placement.)
+  if (ep && model.layout().expert_sharded() && !pipeline_) {
     note = adopt_placement(*ep, expert_layers(model.layout()));
     // Every slot this rank stores (spare ones too) from its expert's rows.
     tensors.slot_experts = &ep->slot_experts();
@@ -230,7 +235,7 @@ RlPosition TrainCheckpoints::load(const TrainingState& state, RoleExpertParallel
   // degree).
   const CheckpointCounters c =
       model.layout().tensor_slice().active()
-          ? read_tensor_slices(resume_.path, state)
+          ? read_tensor_slices(resume_.path, state, tensors.slot_experts)
           : read_checkpoint(resume_.path, model.config(), model.layout(), tensors);
   if (pool_) {
     int rank = 0;

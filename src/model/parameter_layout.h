@@ -118,6 +118,12 @@ class ParameterLayout {
   // [own_experts().first, + own_experts().count) in rows 0, 1, ...
   int redundant_slots() const { return redundant_slots_; }
   ExpertShard own_experts() const { return {own_first_, own_count_}; }
+  // The shard that gives this layout's routed-expert rows (its slots, with redundant ones):
+  // another layout of the same experts (a TP slice of this one) is built from it.
+  ExpertShard stored_expert_shard() const {
+    return redundant_slots_ > 0 ? ExpertShard{own_first_, own_count_, redundant_slots_}
+                                : ExpertShard{first_expert_, stored_experts_};
+  }
   bool expert_sharded() const { return sharded_; }
   // The tensor-parallel slice stored, and the widths it gives one rank: attention heads, their
   // width (heads x head_dim: the columns of Q, K, V and the KV cache), the shared expert's hidden

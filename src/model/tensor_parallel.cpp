@@ -88,8 +88,7 @@ OptimizerShard TensorParallel::optimizer_shard(const ParameterLayout& layout) co
 
 ParameterLayout with_tensor_slice(const ModelConfig& config, const ParameterLayout& like,
                                   TensorSlice slice) {
-  return ParameterLayout(config, ExpertShard{like.first_expert(), like.stored_experts()},
-                         like.layer_shard(), slice);
+  return ParameterLayout(config, like.stored_expert_shard(), like.layer_shard(), slice);
 }
 
 namespace {

@@ -9,20 +9,24 @@ namespace rlf {
 
 void copy_shared_tensors(const float* from, const ParameterLayout& from_layout, float* to,
                          const ParameterLayout& to_layout) {
-  // A target that stores some of the experts of a source storing all of them takes their rows.
-  const bool own_expert_rows = !from_layout.expert_sharded() && to_layout.expert_sharded() &&
-                               to_layout.redundant_slots() == 0;
+  // A target that stores some of the experts of a source storing all of them takes their rows:
+  // its own experts' (with redundant slots the first rows; the spare ones are left for
+  // RoleExpertParallel::fill_redundant_slots).
+  const bool own_expert_rows = !from_layout.expert_sharded() && to_layout.expert_sharded();
+  const ExpertShard own = to_layout.own_experts();
   for (const ParameterTensor& source : from_layout.tensors()) {
     const ParameterTensor* target = to_layout.find(source.name);
     if (!target) continue;
     const bool rows = own_expert_rows && is_expert_tensor(source);
-    const int64_t skip = rows ? source.numel / source.shape[0] * to_layout.first_expert() : 0;
-    if (rows ? skip + target->numel > source.numel : target->numel != source.numel) {
+    const int64_t per_expert = source.numel / source.shape[0];
+    const int64_t skip = rows ? per_expert * own.first : 0;
+    const int64_t count = rows ? per_expert * own.count : target->numel;
+    if (rows ? skip + count > source.numel || count > target->numel
+             : target->numel != source.numel) {
       throw std::invalid_argument("copy_shared_tensors: tensor " + source.name +
                                   " has another size in the two layouts");
     }
-    std::memcpy(to + target->offset, from + source.offset + skip,
-                size_t(target->numel) * sizeof(float));
+    std::memcpy(to + target->offset, from + source.offset + skip, size_t(count) * sizeof(float));
   }
 }
 

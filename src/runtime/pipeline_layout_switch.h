@@ -17,7 +17,8 @@ namespace rlf {
 
 // Copies every tensor of `from` that `to_layout` also stores (tensors of the same model matched
 // by their whole-model names; layer-sharded, unsliced layouts that store the same experts, or a
-// `to_layout` storing some experts, without redundant slots, of a `from` storing all).
+// `to_layout` storing some experts of a `from` storing all: its own experts' rows, first in its
+// slots when it has redundant ones, the spare slots left as they are).
 void copy_shared_tensors(const float* from, const ParameterLayout& from_layout, float* to,
                          const ParameterLayout& to_layout);
 

@@ -37,8 +37,9 @@ uint64_t reduce_tensor_expert_gradients(float* grads, const ParameterLayout& lay
     return c.bytes[0] + c.bytes[1];
   };
   const uint64_t before = sent();
-  allreduce_ranges(grads, expert_slices(layout, ep.shard().first, ep.local_slots()), tp.group(),
-                   tp.links());
+  // Every row the layout stores: the rank's experts and, with replicas, its spare slots.
+  allreduce_ranges(grads, expert_slices(layout, layout.first_expert(), layout.stored_experts()),
+                   tp.group(), tp.links());
   const uint64_t over_tp = sent() - before;
   return over_tp + ep.reduce_gradients(grads, layout);
 }

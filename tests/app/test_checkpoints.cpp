@@ -304,16 +304,17 @@ TEST(CheckpointRestart, ExpertParallelAfterMigrationResumesBitExact) {
 // uninterrupted run does (at the default placement the replicas' token split, and so the math,
 // would differ). Disaggregated learners (EP 2 x 1 with 2 actors) and fused ranks (EP 2, generation
 // on the training layout or through the layout switch).
-void expect_replica_resume_bit_exact(const std::string& name, const std::string& layout) {
+// `ranks` 0: 4 for disaggregated learners and actors, 2 fused.
+void expect_replica_resume_bit_exact(const std::string& name, const std::string& layout,
+                                     int ranks = 0) {
   SCOPED_TRACE(name);
   const std::string args =
       kRun + layout + "--router-skew 4 --redundant-experts 1 --rebalance-every 1 ";
-  expect_kill_and_resume_bit_exact(
-      name, layout.find("fused") == std::string::npos ? 4 : 2, args, "data",
-      [](const CommandResult& straight) {
-        EXPECT_NE(straight.output.find("# migration after step 1:"), std::string::npos)
-            << straight.output;
-      });
+  if (ranks == 0) ranks = layout.find("fused") == std::string::npos ? 4 : 2;
+  expect_kill_and_resume_bit_exact(name, ranks, args, "data", [](const CommandResult& straight) {
+    EXPECT_NE(straight.output.find("# migration after step 1:"), std::string::npos)
+        << straight.output;
+  });
   const std::string dir = temp_dir_name(name + "-killed");
   const std::optional<CheckpointPlacement> saved =
       read_checkpoint_placement(checkpoint_path(dir, 2), load_model_config("tiny"));
@@ -338,6 +339,9 @@ TEST(CheckpointRestart, ReplicasResumeBitExact) {
   // Generation through the layout switch (EP 2 -> 1), which follows the adopted tables.
   expect_replica_resume_bit_exact("replicas-fused-switch",
                                   "--mode fused --expert-parallel 2 --actor-expert-parallel 1 ");
+  // TP 2 x EP 2: TP rank 0's EP group writes each expert once by id and the slot tables.
+  expect_replica_resume_bit_exact("replicas-tensor",
+                                  "--mode fused --tensor-parallel 2 --expert-parallel 2 ", 4);
 }
 
 // A checkpoint with replicas resumes without them (--redundant-experts 0) and at another EP

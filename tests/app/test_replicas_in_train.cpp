@@ -123,6 +123,17 @@ TEST(TrainReplicas, OverlapChunksWithReplicasTrainLikeTheSingleCopyRun) {
                                              kSkewedRun + "--ep-overlap-chunks 2 ", 4);
 }
 
+// TP 2 x EP 2 on 4 ranks: every TP rank's EP group holds the same slot tables (the same decisions
+// from the world's loads), a TP group's ranks the same replicas; the split's TP sum of expert
+// gradients covers the spare slots too. With the token split, duplicated, and in 2 overlap chunks.
+TEST(TrainReplicas, TensorParallelGroupsWithReplicasTrainLikeTheSingleCopyRun) {
+  const std::string tensor = kSkewedFused + "--tensor-parallel 2 ";
+  expect_replicas_train_like_the_single_copy("tensor-split", tensor, 4);
+  expect_replicas_train_like_the_single_copy("tensor-duplicate",
+                                             tensor + "--tensor-parallel-duplicate-experts ", 4);
+  expect_replicas_train_like_the_single_copy("tensor-chunks", tensor + "--ep-overlap-chunks 2 ", 4);
+}
+
 // Reproducible decisions (--rebalance-rates counted, the default): two runs with one seed,
 // replicas and rebalancing after every step at the default threshold (where a timed rate could
 // tip a decision), migrate alike and end bit for bit alike: the same per-step rows (printed

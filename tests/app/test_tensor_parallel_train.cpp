@@ -243,8 +243,6 @@ TEST(TensorParallelTrain, DegreesThatDoNotFitStopEveryRankBeforeOutput) {
           {4, "--tensor-parallel 2 --expert-parallel 2 --actor-expert-parallel 1",
            "--tensor-parallel 2 x --expert-parallel 2: --actor-expert-parallel must be the same "
            "degree"},
-          {4, "--tensor-parallel 2 --expert-parallel 2 --redundant-experts 1",
-           "--tensor-parallel 2 x --expert-parallel 2 is not supported with --redundant-experts"},
           {2, "--tensor-parallel 2 --rebalance-every 1",
            "--rebalance-every needs --expert-parallel >= 2"},
           {2, "--tensor-parallel-attention-only",
