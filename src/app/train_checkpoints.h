@@ -15,11 +15,11 @@
 // each rank reads back its stage's layers and its experts' rows. With EP over the TP groups
 // (TP x EP) the first EP replica's TP groups gather their slices and TP rank 0's EP group writes
 // the experts' rows together; each rank reads back the whole dense tensors and its experts' rows
-// and keeps its slice. With expert parallelism (no pipelines, no TP) the file also holds the expert
-// placement in force (slot tables, replicas of hot experts included) and the rebalancer's state
-// (src/io/ checkpoint_placement.h): a resume with the same EP degree and spare slots adopts the
-// placement and continues bit for bit; any other resumes at its default placement (the log says
-// which).
+// and keeps its slice. With expert parallelism (alone or at TP x EP) the file also holds the
+// expert placement in force (slot tables, replicas of hot experts included) and the rebalancer's
+// state (src/io/checkpoint_placement.h): a resume with the same EP degree and spare slots adopts
+// the placement (at TP x EP on every TP rank's EP group) and continues bit for bit; any other, and
+// PP x EP, resumes at its default placement (the log says which).
 #pragma once
 
 #include <mpi.h>
