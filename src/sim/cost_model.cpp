@@ -44,6 +44,12 @@ double ring_allreduce_seconds(double bytes, int ranks, const Link& link, double 
   return 2 * (n - 1) / n * bytes / link.bandwidth + buckets * 2 * (n - 1) * link.latency;
 }
 
+double ring_allgather_seconds(double bytes, int ranks, const Link& link) {
+  if (ranks <= 1 || bytes <= 0) return 0;
+  const double n = ranks;
+  return (n - 1) / n * bytes / link.bandwidth + (n - 1) * link.latency;
+}
+
 double remote_owners(double ep, double top_k, double experts) {
   if (ep <= 1) return 0;
   // P(no expert of the token on one given rank) = C(E - E/ep, k) / C(E, k).
@@ -153,6 +159,16 @@ Training training_cost(const ModelShape& m, const ClusterConfig& c, const RlJob&
     const Link& link = c.link(c.level_spanned(p.tp));
     t.tensor_parallel = micro_batches * layers_per_stage * collectives_per_layer *
                         ring_allreduce_seconds(micro_tokens * m.d_model * ab, p.tp, link);
+    if (p.ep > 1) {
+      // TP x EP splits each MoE layer's rows over the TP group (the runtime's default): every
+      // forward (the reference's and a recompute's too) allgathers the combined rows, every
+      // backward each row's input and top-k weight gradients.
+      const double forwards = 1 + (job.reference ? 1 : 0) + (s.recompute ? 1 : 0);
+      t.tensor_parallel +=
+          micro_batches * layers_per_stage *
+          (forwards * ring_allgather_seconds(micro_tokens * m.d_model * ab, p.tp, link) +
+           ring_allgather_seconds(micro_tokens * (m.d_model + m.top_k) * ab, p.tp, link));
+    }
   }
   const double ideal = t.compute + t.tensor_parallel;
   if (p.pp > 1) {
@@ -240,15 +256,19 @@ double generation_step(const ModelShape& m, const ClusterConfig& c, const RlJob&
                    (prefill ? c.compute_rate(tokens, m.width) : c.decode_rate(tokens, m.width))) +
       (m.layers * kKernelsPerLayer + 3) * c.kernel_overhead;
   if (g.tp > 1) {
-    seconds += 2 * m.layers *
-               ring_allreduce_seconds(tokens * m.d_model * ab, g.tp, c.link(c.level_spanned(g.tp)));
+    const Link& tp_link = c.link(c.level_spanned(g.tp));
+    seconds += 2 * m.layers * ring_allreduce_seconds(tokens * m.d_model * ab, g.tp, tp_link);
+    // TP x EP: each TP rank dispatches its share of the rows, the group allgathers the result.
+    if (g.ep > 1)
+      seconds += m.layers * ring_allgather_seconds(tokens * m.d_model * ab, g.tp, tp_link);
   }
   if (g.ep > 1) {
     const Link& link = c.link(c.level_spanned(g.ep));
-    seconds +=
-        2 * m.layers *
-        (link.seconds(tokens * m.top_k * (g.ep - 1.0) / g.ep * m.d_model * ab, kExchangeRounds) +
-         c.expert_exchange_seconds(tokens * m.top_k) + c.expert_exchange_lockstep);
+    const double dispatched = tokens / g.tp;  // the token split: a TP rank's share
+    seconds += 2 * m.layers *
+               (link.seconds(dispatched * m.top_k * (g.ep - 1.0) / g.ep * m.d_model * ab,
+                             kExchangeRounds) +
+                c.expert_exchange_seconds(dispatched * m.top_k) + c.expert_exchange_lockstep);
     // After each step the group agrees whether any rank still decodes (a one-integer all-reduce:
     // a rank whose samples are done keeps stepping with zero rows), another meeting in lock-step.
     seconds += ring_allreduce_seconds(sizeof(int), g.ep, link) + c.expert_exchange_lockstep;

@@ -59,11 +59,11 @@ struct Prediction {
   // Training's EP ranks waiting for each other: the busiest rank's routed rows beyond the mean's
   // and the lock-step cost of every operation (generation's are inside `generation`).
   double expert_wait = 0;
-  double gradient_sync = 0;    // data-parallel gradient all-reduce
-  double swap = 0;             // fused: offload, onload, layout switch
-  double weight_sync = 0;      // disaggregated: learners -> actors
-  double queue = 0;            // DistQueue traffic of the step's samples
-  double step = 0;             // wall time of a step (overlap of StaleSync applied)
+  double gradient_sync = 0;  // data-parallel gradient all-reduce
+  double swap = 0;           // fused: offload, onload, layout switch
+  double weight_sync = 0;    // disaggregated: learners -> actors
+  double queue = 0;          // DistQueue traffic of the step's samples
+  double step = 0;           // wall time of a step (overlap of StaleSync applied)
   double tokens_per_second = 0;
   // Peak bytes per device in each phase.
   double training_memory = 0;
@@ -85,6 +85,9 @@ Prediction predict(const ModelShape& model, const ClusterConfig& cluster, const 
 // `bucket_bytes`: 2 (n - 1) / n of the bytes out of each device, 2 (n - 1) messages a bucket.
 double ring_allreduce_seconds(double bytes, int ranks, const Link& link,
                               double bucket_bytes = 4.0 * (1 << 20));
+// Ring allgather of `bytes` in all (each of `ranks` devices contributes bytes / ranks) on `link`:
+// (n - 1) / n of the bytes into each device, n - 1 messages.
+double ring_allgather_seconds(double bytes, int ranks, const Link& link);
 // Expected distinct other ranks of an EP group of `ep` that a token's top_k experts (of
 // `experts`, spread evenly) live on.
 double remote_owners(double ep, double top_k, double experts);

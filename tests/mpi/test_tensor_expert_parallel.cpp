@@ -16,7 +16,10 @@
 // EP shard give the single-rank norm and parameters; generation over the TP x EP groups gives
 // every TP group's single-rank tokens and log-probs; and, counted, each rank dispatched exactly
 // its share of the rows and its experts computed exactly the rows its EP group sent them, the TP
-// group's together what one duplicated rank computes.
+// group's together what one duplicated rank computes. The training step also runs with the
+// routed experts in overlap chunks (split and duplicated) and with one spare slot per EP rank
+// holding a replica (the dispatchers split the replicated experts' tokens; a spare slot's reduced
+// gradient is its expert's single-rank gradient).
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -53,6 +56,7 @@ struct Case {
   bool attention_only;
   bool duplicated = false;  // every TP rank dispatches all of its group's rows (no token split)
   int overlap_chunks = 1;   // the training passes' routed experts in chunks (OverlappedExperts)
+  int redundant = 0;        // spare expert slots per EP rank, holding replicas
   // Whether the TP ranks split their tokens before dispatch.
   bool split() const { return tp > 1 && ep > 1 && !duplicated; }
 };
@@ -64,7 +68,8 @@ std::string case_name(const Case& c) {
          (c.split()      ? " (token split)"
           : c.duplicated ? " (duplicated)"
                          : "") +
-         (c.overlap_chunks > 1 ? ", " + std::to_string(c.overlap_chunks) + " overlap chunks" : "");
+         (c.overlap_chunks > 1 ? ", " + std::to_string(c.overlap_chunks) + " overlap chunks" : "") +
+         (c.redundant > 0 ? ", " + std::to_string(c.redundant) + " spare slot(s)" : "");
 }
 
 std::vector<Case> cases_for(int world) {
@@ -107,7 +112,7 @@ struct TensorExpertRank {
         overlap_chunks(c.overlap_chunks) {
     if (c.ep > 1) {
       ep = std::make_unique<RoleExpertParallel>(tp.data_parallel(), links, config.n_experts, c.ep,
-                                                DispatchMode::Flat);
+                                                DispatchMode::Flat, c.redundant);
     }
   }
 
@@ -210,6 +215,9 @@ void check_step(const Case& c, int index) {
   const std::vector<float> init = rank.own_part(reference.parameters(), whole, layout);
   ASSERT_EQ(std::memcmp(init.data(), model.parameters(), init.size() * sizeof(float)), 0)
       << "the seeded part differs from the single-rank initialization";
+  // Spare slots (replicas of the next EP rank's first experts, the default table) filled from
+  // their holders: the dispatchers split a replicated expert's tokens over its two copies.
+  if (c.redundant > 0) rank.ep->fill_redundant_slots(model.parameters(), layout);
 
   // TP group r trains micro-batch r; the single-rank model trains them all. Each micro-batch's
   // router loss is its own tokens' (as each fused rank's micro-batches are), so it is trained too.
@@ -242,7 +250,23 @@ void check_step(const Case& c, int index) {
   rank.reduce_gradients(model);
   EXPECT_TRUE(same_on_every_rank(expert_part(rank, model, model.gradients()), rank.tp.group().comm))
       << "reduced expert gradients differ within the TP group";
-  const std::vector<float> want = rank.own_part(reference.gradients(), whole, layout);
+  std::vector<float> want = rank.own_part(reference.gradients(), whole, layout);
+  if (c.redundant > 0) {
+    // A spare slot's gradient: its expert's (the replicas' sum, on every copy).
+    const int local = rank.ep->local_slots();
+    for (int l = 0; l < config.n_layers; ++l) {
+      for (int i = local - c.redundant; i < local; ++i) {
+        const int slot = rank.ep->ep_rank() * local + i;
+        const int expert = rank.ep->slot_experts()[size_t(l)][size_t(slot)];
+        const std::vector<ParameterRange> to = expert_slices(layout, slot, 1, l);
+        const std::vector<ParameterRange> from = expert_slices(whole, expert, 1, l);
+        for (size_t t = 0; t < to.size(); ++t) {
+          std::memcpy(want.data() + to[t].offset, reference.gradients() + from[t].offset,
+                      size_t(to[t].count) * sizeof(float));
+        }
+      }
+    }
+  }
   for (const ParameterTensor& t : layout.tensors()) {
     test::expect_close(model.gradients() + t.offset, want.data() + t.offset, size_t(t.numel),
                        "gradient of " + t.name + " (this rank's part)", 1e-5, 1e-3);
@@ -279,11 +303,27 @@ std::vector<Case> overlap_cases_for(int world) {
   }
 }
 
+// TP x EP with one spare slot per EP rank (a replica of the next EP rank's first expert): split,
+// duplicated and split in overlap chunks.
+std::vector<Case> replica_cases_for(int world) {
+  switch (world) {
+    case 2:
+      return {{1, 2, false, false, 1, 1}};
+    case 4:
+      return {{2, 2, false, false, 1, 1}, {2, 2, false, true, 1, 1}, {2, 2, false, false, 2, 1}};
+    case 6:
+      return {{3, 2, false, false, 1, 1}, {2, 3, false, false, 1, 1}};
+    default:
+      return {};
+  }
+}
+
 TEST(TensorExpertParallel, TrainingStepMatchesSingleRank) {
   if (!runs_at_this_size()) GTEST_SKIP() << "1, 2, 4 and 6 ranks";
   int index = 0;
   for (const Case& c : cases_for(test::world_size())) check_step(c, index++);
   for (const Case& c : overlap_cases_for(test::world_size())) check_step(c, index++);
+  for (const Case& c : replica_cases_for(test::world_size())) check_step(c, index++);
 }
 
 // The routing counts of one forward on this rank's micro-batch: the assignments each layer's

@@ -275,6 +275,41 @@ struct TinyExpertParallel {
   }();
 };
 
+// TP x EP splits each MoE layer's rows over the TP group: training pays one ring allgather of the
+// combined rows per MoE layer and forward (the reference's too), and one of each row's input and
+// top-k weight gradients per backward, on top of TP's all-reduces.
+TEST(CostModel, TensorExpertSplitAllgathersTheRowsByHand) {
+  const Link link{1e9, 1e-6};
+  // 8 MiB gathered over 4 ranks: 3/4 of it into each rank, 3 messages.
+  EXPECT_DOUBLE_EQ(ring_allgather_seconds(8 << 20, 4, link), 0.75 * (8 << 20) / 1e9 + 3e-6);
+  EXPECT_EQ(ring_allgather_seconds(8 << 20, 1, link), 0);
+
+  TinyExpertParallel tiny;
+  auto& [m, job, c, s] = tiny;
+  c.intra_node = link;
+  s.train.tp = 2;
+  s.train.ep = 1;
+  const double tensor_only = predict(m, c, job, s).tensor_parallel;
+  s.train.ep = 2;
+  const double split = predict(m, c, job, s).tensor_parallel;
+  // 8 samples over DP 2 in micro-batches of 2: 2 micro-batches of 2 x (4 + 4) tokens, 2 layers,
+  // C = 32, top-2, 4-byte activations; no reference, no recompute.
+  const double rows = 16 * 32 * 4.0, gradients = 16 * (32 + 2) * 4.0;
+  EXPECT_NEAR(
+      split - tensor_only,
+      2 * 2 * (ring_allgather_seconds(rows, 2, link) + ring_allgather_seconds(gradients, 2, link)),
+      1e-15);
+  job.reference = true;
+  s.recompute = true;
+  const double with_reference = predict(m, c, job, s).tensor_parallel;
+  s.train.ep = 1;
+  EXPECT_NEAR(
+      with_reference - predict(m, c, job, s).tensor_parallel,
+      2 * 2 *
+          (3 * ring_allgather_seconds(rows, 2, link) + ring_allgather_seconds(gradients, 2, link)),
+      1e-15);
+}
+
 TEST(CostModel, ExpertParallelExchangesByHand) {
   TinyExpertParallel tiny;
   auto& [m, job, c, s] = tiny;
