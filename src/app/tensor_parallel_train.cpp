@@ -34,15 +34,13 @@ void validate_generation_tensor_parallel(const DisaggregatedOptions& options, co
                       ": must divide the training TP degree (a generation TP "
                       "group regroups the slices of a training one)");
   }
-  // A generation degree of its own was built and tested for synchronous runs without offload or
-  // expert parallelism; those combinations are refused rather than assumed.
+  // A generation degree of its own was built and tested without expert parallelism (with
+  // offload and StaleSync too); with EP it is refused rather than assumed.
   const int default_degree = options.pipeline_parallel > 1 ? 1 : training;
   if (generation != default_degree) {
     auto refuse = [&](const std::string& what) {
       throw ConfigError(option + with + " is not supported with " + what);
     };
-    if (rl.staleness > 0) refuse("--staleness above 0");
-    if (options.offload) refuse("--offload");
     if (options.expert_parallel > 1) refuse("--expert-parallel");
   }
 }
