@@ -391,7 +391,14 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         "overlap chunk(s), %d redundant expert slot(s) per EP rank; this rank stores %lld of "
         "%lld parameters\n",
         options.expert_parallel, ep->expert_data_group().size(),
-        pp   ? " (EP groups: a stage's ranks in consecutive pipelines; generation on them too)"
+        pp && tp ? (expert_token_split
+                        ? " (EP groups: the ranks of one TP rank and stage in consecutive model "
+                          "replicas, each TP rank dispatching its share of the group's tokens; "
+                          "generation on them too)"
+                        : " (EP groups: the ranks of one TP rank and stage in consecutive model "
+                          "replicas, computing the TP group's tokens on each; generation on them "
+                          "too)")
+        : pp ? " (EP groups: a stage's ranks in consecutive pipelines; generation on them too)"
         : tp ? (expert_token_split
                     ? " (EP groups: the ranks of one TP rank in consecutive TP groups, each "
                       "expert on every rank of its TP group, each TP rank dispatching its share "

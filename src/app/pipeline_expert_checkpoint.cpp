@@ -33,8 +33,10 @@ void write_pipeline_expert_checkpoint(const std::string& run_dir, const ModelCon
     buffers[b] = whole[b].data();
   }
   // The first stages of the E pipelines are one EP group (world rank 0 its rank 0): together they
-  // hold every expert of every layer once.
+  // hold every expert of every layer once. (With TP every TP rank gathered the whole tensors:
+  // TP rank 0's EP group writes.)
   if (groups.stage() != 0) return;
+  if (groups.tensor_parallel() && groups.tensor_parallel()->rank() != 0) return;
   CheckpointTensors tensors{buffers[0], buffers[1], buffers[2], buffers[3]};
   // Every stage's EP group follows every layer's table (TrainRebalancer), so the first stage's
   // tables place the experts of all layers.

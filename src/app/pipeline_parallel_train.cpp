@@ -77,9 +77,16 @@ void validate_pipeline_parallel_train(const DisaggregatedOptions& options, bool 
     if (rl.minibatches > 1) refuse_stale("with --minibatches");
   }
   if (options.expert_parallel > 1 || options.actor_expert_parallel > 1) {
-    // An EP group is the ranks of one stage in E consecutive pipelines.
-    validate_experts_with_model_parallelism(option, options, world_size, degree, "pipelines",
-                                            "the ranks of one stage");
+    // An EP group is the ranks of one stage in E consecutive pipelines (with TP: of one TP rank
+    // and stage in E consecutive model replicas of T x P ranks).
+    if (options.tensor_parallel > 1) {
+      validate_experts_with_model_parallelism(
+          option, options, world_size, degree * options.tensor_parallel,
+          "model replicas (T x P ranks)", "the ranks of one TP rank and stage");
+    } else {
+      validate_experts_with_model_parallelism(option, options, world_size, degree, "pipelines",
+                                              "the ranks of one stage");
+    }
     // (Replicas need slot shards in the stages' layouts and views: built for TP x EP only.)
     if (options.rebalance.redundant_experts > 0) {
       throw ConfigError(option + " x --expert-parallel " + std::to_string(options.expert_parallel) +

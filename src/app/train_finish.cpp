@@ -77,8 +77,12 @@ int finish_multi_rank_train(const MultiRankTrainEnd& end, const RunOptions& run,
     const float* stage = model.parameters();
     std::vector<float> stage_experts;
     if (end.ep) {
-      const ParameterLayout stage_layout =
+      // (With TP inside the stages, this rank's TP slice of the stage with every expert.)
+      const ParameterLayout every_expert =
           end.pipeline->stage_layout(end.pipeline->stage(), ExpertShard{});
+      const TensorParallel* tp = end.pipeline->tensor_parallel();
+      const ParameterLayout stage_layout =
+          tp ? with_tensor_slice(policy.config, every_expert, tp->slice()) : every_expert;
       stage_experts.resize(size_t(stage_layout.total()));
       end.ep->gather_full_model(model.parameters(), model.layout(), stage_experts.data(),
                                 stage_layout);

@@ -8,6 +8,7 @@
 #include "src/model/expert_parallel.h"
 #include "src/runtime/pipeline_step.h"
 #include "src/runtime/role_expert_parallel.h"
+#include "src/runtime/tensor_expert_parallel.h"
 
 namespace rlf {
 
@@ -28,7 +29,6 @@ PipelineGroups::PipelineGroups(MPI_Comm comm, const PipelineShape& shape, const 
   if (expert_parallel > 1) {
     const std::string option = "--expert-parallel " + std::to_string(expert_parallel);
     const int pipelines = size / shape.stages;
-    if (tp) throw ConfigError(option + " is not supported with --tensor-parallel");
     if (pipelines % expert_parallel != 0 || config.n_experts % expert_parallel != 0) {
       throw ConfigError(option + " with --pipeline-parallel " + std::to_string(shape.stages) +
                         " must divide both the " + std::to_string(pipelines) +
@@ -79,6 +79,18 @@ OptimizerShard PipelineGroups::optimizer_shard(const ParameterLayout& layout,
 
 OptimizerShard PipelineGroups::expert_parallel_optimizer_shard(const ParameterLayout& layout,
                                                                const RoleExpertParallel& ep) const {
+  if (tp_) {
+    // TP x EP x PP: the stage's squared norm as at TP x EP (experts over the EP group, the whole
+    // dense tensors on TP rank 0 and every rank's cut ones over the TP group; the same on every
+    // rank of the stage), then summed over the pipeline in stage order.
+    OptimizerShard shard = tensor_expert_optimizer_shard(layout, *tp_, ep);
+    const auto stage_norm = std::move(shard.sum_over_group);
+    const auto over_pipeline = sum_in_rank_order(pipeline().comm);
+    shard.sum_over_group = [stage_norm, over_pipeline](const std::vector<double>& per_slot) {
+      return over_pipeline({stage_norm(per_slot)});
+    };
+    return shard;
+  }
   // The EP shard counts the stage's experts over the EP group; its replicated (dense) tensors
   // become the first norm slot, so that the stage's whole squared norm is summed over the
   // pipeline.

@@ -12,7 +12,10 @@
 //
 // With expert parallelism inside every stage (PP x EP), the EP groups are E consecutive replicas
 // of a stage's data-parallel group: every rank of pipeline r stores the experts of EP rank r % E
-// (and the E p consecutive ranks of E pipelines hold one replica of the model).
+// (and the E p consecutive ranks of E pipelines hold one replica of the model). With TP too
+// (TP x EP x PP), the pipelines are those of each TP rank, so an EP group is the ranks with the
+// same TP rank and stage in E consecutive model replicas, and every TP rank of a stage stores the
+// same experts (the TP x EP layout inside every stage, src/runtime/tensor_expert_parallel.h).
 #pragma once
 
 #include <mpi.h>
@@ -43,7 +46,7 @@ class PipelineGroups {
   // T consecutive ranks), the pipelines cut its replicas (tp->data_parallel(), T p consecutive
   // ranks of `comm` per pipeline replica) and the shape must fit size(comm) / T. With
   // `expert_parallel` E > 1 every stage stores only its EP rank's experts; E must divide the
-  // pipelines and the experts (ConfigError on every rank), and excludes `tp`.
+  // pipelines (with `tp`, of each TP rank) and the experts (ConfigError on every rank).
   PipelineGroups(MPI_Comm comm, const PipelineShape& shape, const ModelConfig& config, Links& links,
                  const TensorParallel* tp = nullptr, int expert_parallel = 1,
                  std::vector<int> boundaries = {});
@@ -89,7 +92,8 @@ class PipelineGroups {
   // summed over the model-parallel group in rank order. With `ep` (EP inside the stages, made over
   // data_parallel()), AdamW updates the stage's dense tensors and this rank's experts; the stage's
   // squared norm adds the dense tensors (the same on its EP ranks) to every expert of the stage
-  // once (summed over the EP group), and the stages' norms are summed over the pipeline.
+  // once (summed over the EP group), and the stages' norms are summed over the pipeline. With TP
+  // and `ep` the stage's norm is TP x EP's (tensor_expert_optimizer_shard).
   OptimizerShard optimizer_shard(const ParameterLayout& layout,
                                  const RoleExpertParallel* ep = nullptr) const;
 

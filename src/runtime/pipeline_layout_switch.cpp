@@ -32,12 +32,13 @@ void copy_shared_tensors(const float* from, const ParameterLayout& from_layout, 
 
 namespace {
 
-// This rank's stage at the TP slice `slice` (inactive: whole tensors), regrouped inside its TP
-// group from the training slices (counted). Returns the bytes received.
+// This rank's stage with `experts` at the TP slice `slice` (inactive: whole tensors), regrouped
+// inside its TP group from the training slices (counted; the experts are whole on every TP rank).
+// Returns the bytes received.
 uint64_t regroup_stage(const float* training_slice, const PipelineGroups& groups, TensorSlice slice,
-                       std::vector<float>& stage) {
+                       ExpertShard experts, std::vector<float>& stage) {
   const TensorParallel& tp = *groups.tensor_parallel();
-  const ParameterLayout stage_layout = groups.stage_layout(groups.stage());
+  const ParameterLayout stage_layout = groups.stage_layout(groups.stage(), experts);
   const ParameterLayout from = with_tensor_slice(groups.config(), stage_layout, tp.slice());
   const ParameterLayout to = with_tensor_slice(groups.config(), stage_layout, slice);
   stage.assign(size_t(to.total()), 0.0f);
@@ -61,15 +62,16 @@ uint64_t gather_pipeline_model(const float* stage_params, const PipelineGroups& 
   if (slice.active() && !tp) {
     throw std::invalid_argument("gather_pipeline_model: a sliced whole model needs TP stages");
   }
+  // The stages hold the experts the whole model holds (with EP, the pipeline's own, or every
+  // expert when saving the gathered model).
+  const ExpertShard experts =
+      whole_layout.expert_sharded() ? whole_layout.own_experts() : ExpertShard{};
   if (tp && !same_slice(slice, tp->slice())) {
-    received += regroup_stage(stage_params, groups, slice, stage);
+    received += regroup_stage(stage_params, groups, slice, experts, stage);
     stage_params = stage.data();
   }
   const HierarchicalComm& pipeline = groups.pipeline();
   const int stages = pipeline.size(), own = groups.stage();
-  // The stages hold the experts the whole model holds (with EP, the pipeline's own).
-  const ExpertShard experts =
-      whole_layout.expert_sharded() ? whole_layout.own_experts() : ExpertShard{};
   std::vector<ParameterLayout> layouts;
   std::vector<int> counts, displacements;
   int64_t total = 0;

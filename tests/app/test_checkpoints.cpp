@@ -499,6 +499,22 @@ TEST(Checkpoint, PipelineAndDataParallelCheckpointsResumeInEachOther) {
   expect_resumes_in_data_parallel_and_back("cross-pp", "--pipeline-parallel 2 ", 2, 2);
 }
 
+// TP 2 x EP 2 x PP 2 on 8 ranks (the KL term on): the first EP replica's TP x PP groups assemble
+// the whole tensors of their stages (TP slices, then the pipeline), and TP rank 0's first stages
+// write the experts' rows together; every rank reads back its slice of its stage with its
+// experts, and a resumed run ends bit for bit where the uninterrupted one does. The file resumes
+// in data parallelism and the other way round.
+TEST(Checkpoint, FusedTensorExpertPipelineResumeIsBitExact) {
+  const std::string layout = "--tensor-parallel 2 --pipeline-parallel 2 --expert-parallel 2 ";
+  // 8 prompts (a block for each of the 8 generating ranks) after 100 SFT steps: with kRun's 30 the
+  // rewards are all zero, AdamW scales gradients of rounding size to full steps, and no two layouts
+  // end within float rounding of each other (the data-parallel run and PP x EP neither).
+  const std::string run = test::kModelParallelRun + "--kl-coef 0.01 ";
+  expect_kill_and_resume_bit_exact("tensor-expert-pipeline", 8, run + "--mode fused " + layout,
+                                   "data");
+  expect_resumes_in_data_parallel_and_back("cross-tp-ep-pp", layout, 8, 2, "", run);
+}
+
 // Stage balancing (the 4-layer `tiny`, PP 2 cut 3 + 1 layers, the KL term on): the first pipeline
 // gathers its uneven stages into the whole-model file and a killed run resumes bit for bit; the
 // file of an even cut (2 + 2) resumes in the uneven one and the other way round, each stage

@@ -1,6 +1,6 @@
 // `train --mode fused --offload` with model parallelism: TP 2 and PP 2 on 2 ranks, TP 2 x PP 2 and
 // TP 2 x EP 2 on 4 ranks, and TP 2 and TP 4 on 4 ranks generating at a lower TP degree
-// (--actor-tensor-parallel). Every rank's gradients and AdamW moments (its TP slice, its stage's)
+// (--actor-tensor-parallel), and TP 2 x EP 2 x PP 2 on 8 ranks. Every rank's gradients and AdamW moments (its TP slice, its stage's)
 // leave the device arena for each generation phase and come back in place for training, so the run
 // equals the one without offload bit for bit (progress rows and the saved model), and rank 0's
 // measured generation peak (deterministic arena accounting) is lower by exactly the bytes
@@ -53,7 +53,8 @@ TEST(ModelParallelOffload, EqualsTheRunWithoutOffloadAndLowersTheGenerationPeak)
         Layout{4, "--tensor-parallel 2 --expert-parallel 2 "},
         // Generating data-parallel from the regrouped whole model (TP 2 x DP 2, then TP 4 at 2).
         Layout{4, "--tensor-parallel 2 --actor-tensor-parallel 1 "},
-        Layout{4, "--tensor-parallel 4 --actor-tensor-parallel 2 "}}) {
+        Layout{4, "--tensor-parallel 4 --actor-tensor-parallel 2 "},
+        Layout{8, "--tensor-parallel 2 --pipeline-parallel 2 --expert-parallel 2 "}}) {
     SCOPED_TRACE(std::to_string(layout.ranks) + " ranks " + layout.options);
     const std::string plain_dir = test::fresh_temp_dir("mp-offload-plain");
     const std::string offload_dir = test::fresh_temp_dir("mp-offload");

@@ -234,8 +234,8 @@ TEST(PipelineParallelTrain, ShapesThatDoNotFitStopEveryRankBeforeOutput) {
           {2, "--pipeline-parallel 2 --rebalance-every 1",
            "--rebalance-every needs --expert-parallel >= 2"},
           {4, "--pipeline-parallel 2 --tensor-parallel 2 --expert-parallel 2",
-           "--tensor-parallel 2 x --expert-parallel 2 is not supported with --pipeline-parallel "
-           "(TP x EP x PP is not built)"},
+           "--pipeline-parallel 2 x --expert-parallel 2: the EP degree must divide the 1 model "
+           "replicas (T x P ranks)"},
           {2, "--pipeline-parallel 2 --tensor-parallel 2",
            "--tensor-parallel 2 x --pipeline-parallel 2 = 4 ranks per model replica must divide "
            "the 2 ranks"},

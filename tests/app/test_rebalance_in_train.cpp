@@ -182,31 +182,26 @@ TEST(TrainRebalance, OverlapChunksMigratingTrainLikeTheRunThatNeverMigrates) {
                                                   kSkewedRun + "--ep-overlap-chunks 3 ", 4);
 }
 
-// PP 2 x EP 2 on 4 ranks: each stage's EP groups move the experts of its own layer (with their
-// AdamW moments and KL reference) in every micro-batch chunk's dispatchers and the generation
-// model's, and training stays bit-identical. Each stage records its layer's router statistics
-// from its micro-batch chunks' dispatchers (training's forwards): summed over the ranks, every
-// layer counts each trained input token top_k (2) times.
-TEST(TrainRebalance, PipelineStagesMigratingTrainLikeTheRunThatNeverMigrates) {
-  const auto [still_dir, moved_dir] = expect_migrating_run_trains_like_the_static_one(
-      "pipeline-experts", kSkewed + "--mode fused --pipeline-parallel 2 --expert-parallel 2 ", 4);
-  const CommandResult still = test::run_rlfusion("report " + still_dir + " --json");
+// The router statistics `report` shows for a 5-step run of `samples` samples a step saved in
+// `dir` (the 2-layer `tiny`, top_k 2): every layer counts each trained input token top_k times.
+void expect_router_statistics_count_every_input_token(const std::string& dir, int samples) {
+  const CommandResult still = test::run_rlfusion("report " + dir + " --json");
   ASSERT_EQ(still.exit_code, 0) << still.output;
-  const CommandResult run_summary = test::run_rlfusion("report " + still_dir);
+  const CommandResult run_summary = test::run_rlfusion("report " + dir);
   ASSERT_EQ(run_summary.exit_code, 0) << run_summary.output;
   EXPECT_NE(run_summary.output.find("# expert load per layer"), std::string::npos)
       << run_summary.output;
   // The trained input tokens: every sample's prompt and response less its last token, over 5
-  // steps of 16 samples. The summary gives the trained tokens (prompt + response) as
-  // rl_tokens_per_s x rl_seconds, printed to 0.1 and 0.001: `rounding` bounds the product's error.
-  // Generation's forwards counted too, or a micro-batch chunk's dispatchers left out, would be off
-  // by a large share of the tokens.
-  std::ifstream summary_file(still_dir + "/summary.json");
+  // steps. The summary gives the trained tokens (prompt + response) as rl_tokens_per_s x
+  // rl_seconds, printed to 0.1 and 0.001: `rounding` bounds the product's error. Generation's
+  // forwards counted too, a micro-batch chunk's dispatchers left out, or a TP group's tokens
+  // counted on each of its ranks, would be off by a large share of the tokens.
+  std::ifstream summary_file(dir + "/summary.json");
   const std::string summary((std::istreambuf_iterator<char>(summary_file)),
                             std::istreambuf_iterator<char>());
   const double per_second = test::json_number(summary, "rl_tokens_per_s");
   const double seconds = test::json_number(summary, "rl_seconds");
-  const double inputs = per_second * seconds - 5.0 * 16;
+  const double inputs = per_second * seconds - 5.0 * samples;
   const double rounding = 0.05 * seconds + 0.0005 * per_second + 0.01;
   ASSERT_GT(inputs, 20 * rounding) << summary;
   std::vector<double> assignments;
@@ -220,6 +215,30 @@ TEST(TrainRebalance, PipelineStagesMigratingTrainLikeTheRunThatNeverMigrates) {
   }
   // Every token passes both layers: exactly as many assignments.
   EXPECT_EQ(assignments[0], assignments[1]);
+}
+
+// PP 2 x EP 2 on 4 ranks: each stage's EP groups move the experts of its own layer (with their
+// AdamW moments and KL reference) in every micro-batch chunk's dispatchers and the generation
+// model's, and training stays bit-identical. Each stage records its layer's router statistics
+// from its micro-batch chunks' dispatchers (training's forwards): summed over the ranks, every
+// layer counts each trained input token top_k (2) times.
+TEST(TrainRebalance, PipelineStagesMigratingTrainLikeTheRunThatNeverMigrates) {
+  const auto [still_dir, moved_dir] = expect_migrating_run_trains_like_the_static_one(
+      "pipeline-experts", kSkewed + "--mode fused --pipeline-parallel 2 --expert-parallel 2 ", 4);
+  expect_router_statistics_count_every_input_token(still_dir, 16);
+}
+
+// TP 2 x EP 2 x PP 2 on 8 ranks: every TP rank's EP groups of a stage move the same experts of
+// that stage's layer; the same rows and bit-identical weights. With the token split each TP rank
+// counts the rows it dispatched: every layer still counts each trained input token top_k times.
+TEST(TrainRebalance, TensorPipelineExpertGroupsMigratingTrainLikeTheRunThatNeverMigrates) {
+  // (8 prompts: a block for each of the 8 generating ranks)
+  std::string run = kSkewed;
+  run.replace(run.find("--prompts 4"), 11, "--prompts 8");
+  const auto [still_dir, moved_dir] = expect_migrating_run_trains_like_the_static_one(
+      "tensor-pipeline-experts",
+      run + "--mode fused --tensor-parallel 2 --pipeline-parallel 2 --expert-parallel 2 ", 8);
+  expect_router_statistics_count_every_input_token(still_dir, 32);
 }
 
 // TP 2 x EP 2 on 4 ranks: both TP ranks' EP groups move the same experts (the TP group's ranks

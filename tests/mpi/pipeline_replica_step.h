@@ -10,6 +10,7 @@
 #include "src/runtime/pipeline_groups.h"
 #include "src/runtime/pipeline_step.h"
 #include "tests/pipeline_batches.h"
+#include "tests/test_util.h"
 
 namespace rlf::test {
 
@@ -48,6 +49,21 @@ inline PipelineStepBeside pipeline_step_beside_reference(
   result.pairs = stats.pairs;
   MPI_Allreduce(MPI_IN_PLACE, &result.loss, 1, MPI_DOUBLE, MPI_SUM, groups.data_parallel().comm);
   return result;
+}
+
+// `model` (a layout-switched generation model) computes the single-rank `reference`'s logits of
+// `batch`, within float rounding.
+inline void expect_reference_logits(Transformer<float>& model, Transformer<float>& reference,
+                                    const PipelineMicroBatch<float>& batch) {
+  const int V = reference.config().vocab_size;
+  const std::vector<float> want_logits = [&] {
+    const float* l =
+        reference.forward(batch.tokens.data(), batch.seq_offsets.data(), batch.sequences());
+    return std::vector<float>(l, l + size_t(batch.token_count()) * size_t(V));
+  }();
+  const float* logits =
+      model.forward(batch.tokens.data(), batch.seq_offsets.data(), batch.sequences());
+  expect_close(logits, want_logits.data(), want_logits.size(), "generation logits", 1e-5, 1e-4);
 }
 
 }  // namespace rlf::test

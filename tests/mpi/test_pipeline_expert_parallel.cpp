@@ -212,17 +212,7 @@ void check_step(const Case& c) {
   // That model, over the EP group (dispatchers of its own), computes the single-rank logits of
   // this pipeline's first micro-batch.
   if (rank.ep) rank.ep->attach_reusing(generation);
-  const PipelineMicroBatch<float>& batch = step.own.front();
-  const int V = config.vocab_size;
-  const std::vector<float> want_logits = [&] {
-    const float* l =
-        reference.forward(batch.tokens.data(), batch.seq_offsets.data(), batch.sequences());
-    return std::vector<float>(l, l + size_t(batch.token_count()) * size_t(V));
-  }();
-  const float* logits =
-      generation.forward(batch.tokens.data(), batch.seq_offsets.data(), batch.sequences());
-  test::expect_close(logits, want_logits.data(), want_logits.size(), "generation logits", 1e-5,
-                     1e-4);
+  test::expect_reference_logits(generation, reference, step.own.front());
 
   // The whole model as train saves it: the single-rank model bit for bit.
   std::vector<float> whole(size_t(reference.parameter_count()), 7.0f);

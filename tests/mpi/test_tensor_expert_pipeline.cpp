@@ -1,0 +1,242 @@
+// Tensor, expert and pipeline parallelism together (TP x EP x PP x DP, train --tensor-parallel T
+// --expert-parallel E --pipeline-parallel P): TP groups inside every stage, the pipelines of each
+// TP rank, and EP groups of the ranks with the same TP rank and stage in E consecutive model
+// replicas, so every TP rank of a stage stores its TP slice of the stage's dense tensors and the
+// same whole experts. The full layout needs 8 ranks (the suite's `mpi_tests_np8` runs this suite
+// alone); at 4 and 6 ranks the one-stage pipelines check the same code on TP x EP.
+//
+// Each rank's seeded stage is exactly its part of the single-rank initialization. On fresh random
+// micro-batches the pipeline step, its MoE layers dispatching over the EP groups (each TP rank its
+// share of the tokens with the token split, or all of them duplicated), and the gradient
+// reduction train runs (expert gradients over the TP group with the split, then dense tensors over
+// the stage's data-parallel group and experts over their holders) give the single-rank loss and
+// every gradient: each rank's part, and the whole model gathered as train saves it (experts over
+// the EP group at the rank's TP slice, then the TP slices and stages over the first model
+// replica). The layout switch to data-parallel generation assembles every layer with the
+// pipeline's experts bit for bit, counts exactly the bytes the rank lacked and leaves the stage as
+// it was; that model, generating over the EP group, gives the single-rank logits. AdamW per stage
+// with the clipping norm over TP x EP x PP (every element once) takes the single-rank clipped
+// steps.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kernels/arena.h"
+#include "mpi_comm/links.h"
+#include "src/model/expert_parallel.h"
+#include "src/model/optimizer.h"
+#include "src/model/pipeline_stage.h"
+#include "src/model/tensor_parallel.h"
+#include "src/runtime/pipeline_groups.h"
+#include "src/runtime/pipeline_layout_switch.h"
+#include "src/runtime/role_expert_parallel.h"
+#include "src/runtime/tensor_expert_parallel.h"
+#include "tests/micro_model_config.h"
+#include "tests/mpi/mpi_test_util.h"
+#include "tests/mpi/pipeline_replica_step.h"
+#include "tests/mpi/sharded_adamw_steps.h"
+#include "tests/test_util.h"
+
+namespace rlf {
+namespace {
+
+struct Case {
+  int tp, stages, ep, virtual_stages, micro_batches;
+  bool token_split = true;  // false: --tensor-parallel-duplicate-experts
+};
+
+std::string case_name(const Case& c) {
+  return "TP " + std::to_string(c.tp) + " x PP " + std::to_string(c.stages) + " x EP " +
+         std::to_string(c.ep) + " v=" + std::to_string(c.virtual_stages) +
+         " m=" + std::to_string(c.micro_batches) + (c.token_split ? " split" : " duplicated");
+}
+
+// TP x EP x PP x DP layouts (DP = world / (TP x PP), a multiple of EP).
+std::vector<Case> cases_for(int world) {
+  switch (world) {
+    case 4:
+      return {{2, 1, 2, 1, 2}, {2, 1, 2, 1, 2, false}};
+    case 6:
+      return {{2, 1, 3, 1, 3}};
+    case 8:
+      return {{2, 2, 2, 1, 2}, {2, 2, 2, 2, 4}, {2, 2, 2, 1, 3, false}};
+    default:
+      return {};
+  }
+}
+
+// 6 experts fit EP 2 and 3; 6 heads TP 2 and 3; 2 p v layers.
+ModelConfig model_for(const Case& c) {
+  ModelConfig config = test::tensor_parallel_micro_config(2 * c.stages * c.virtual_stages);
+  config.n_experts = 6;
+  config.validate("test");
+  return config;
+}
+
+// One rank's TP slice of its stage with its model replica's experts, and the groups of a case.
+struct TensorExpertPipelineRank {
+  Links links;
+  TensorParallel tp;
+  PipelineGroups groups;
+  RoleExpertParallel ep;
+  ParameterLayout stage_whole;  // this rank's stage with its experts, whole tensors
+
+  TensorExpertPipelineRank(const Case& c, const ModelConfig& config)
+      : links(test::virtual_node_list(test::world_size(), 1), {}),
+        tp(MPI_COMM_WORLD, c.tp, /*attention_only=*/false, config, links),
+        groups(MPI_COMM_WORLD, {c.stages, c.micro_batches, c.virtual_stages}, config, links, &tp,
+               c.ep),
+        ep(groups.data_parallel(), links, config.n_experts, c.ep, DispatchMode::Flat),
+        stage_whole(groups.stage_layout(groups.stage())) {}
+
+  // (The caller chooses the token split: Transformer::set_expert_token_split.)
+  Transformer<float> make_stage(const ModelConfig& config, Arena& device) const {
+    return Transformer<float>(config, cpu_ops(), device, /*with_gradients=*/true,
+                              groups.expert_shard(),
+                              stage_layer_shard(groups.chunks(groups.stage()), config.n_layers),
+                              &tp);
+  }
+
+  // This rank's part of a whole-model buffer: its TP slice of its stage with its experts.
+  std::vector<float> own_part(const float* whole, const ParameterLayout& whole_layout,
+                              const ParameterLayout& slice_layout) const {
+    std::vector<float> stage(size_t(stage_whole.total()), 0.0f),
+        slice(size_t(slice_layout.total()));
+    copy_shared_tensors(whole, whole_layout, stage.data(), stage_whole);
+    slice_parameters(stage.data(), stage_whole, slice.data(), slice_layout);
+    return slice;
+  }
+
+  // What train saves (train_finish): each stage's experts gathered over the EP group at this
+  // rank's TP slice, then the first model replica assembles the slices and the stages into
+  // `whole` (returns whether this rank holds it).
+  bool gather_whole(const float* stage, const ParameterLayout& layout, float* whole,
+                    const ParameterLayout& whole_layout) {
+    const ParameterLayout every_expert = with_tensor_slice(
+        groups.config(), groups.stage_layout(groups.stage(), ExpertShard{}), tp.slice());
+    std::vector<float> stage_experts(size_t(every_expert.total()), 0.0f);
+    ep.gather_full_model(stage, layout, stage_experts.data(), every_expert);
+    if (groups.replica() != 0) return false;
+    gather_pipeline_model(stage_experts.data(), groups, whole, whole_layout);
+    return true;
+  }
+};
+
+void check_step(const Case& c) {
+  SCOPED_TRACE(case_name(c));
+  const int world = test::world_size();
+  const ModelConfig config = model_for(c);
+  const uint64_t seed = test::seed_for(case_name(c), world);
+  TensorExpertPipelineRank rank(c, config);
+  const PipelineGroups& groups = rank.groups;
+  ASSERT_EQ(groups.model_parallel().size(), c.tp * c.stages);
+  ASSERT_EQ(groups.replicas(), world / (c.tp * c.stages));
+  Arena device("stage", 16 << 20);
+  Transformer<float> stage = rank.make_stage(config, device);
+  stage.set_expert_token_split(c.token_split);
+  stage.initialize(seed);
+  Arena ref_device("reference", 64 << 20);
+  Transformer<float> reference(config, cpu_ops(), ref_device, /*with_gradients=*/true);
+  reference.initialize(seed);
+  const std::vector<float> init =
+      rank.own_part(reference.parameters(), reference.layout(), stage.layout());
+  ASSERT_EQ(std::memcmp(init.data(), stage.parameters(), init.size() * sizeof(float)), 0)
+      << "the seeded stage is not its part of the single-rank initialization";
+
+  // Every model replica runs its own micro-batches (the same on the TP ranks of a stage).
+  PipelineStage<float>::ExpertDispatchers dispatchers = [&](int slot) {
+    return rank.ep.view_dispatchers(slot, config.n_layers);
+  };
+  const test::PipelineStepBeside step = test::pipeline_step_beside_reference(
+      stage, reference, groups, rank.links, seed, std::move(dispatchers));
+  if (c.token_split) {
+    reduce_tensor_expert_gradients(stage.gradients(), stage.layout(), rank.tp, rank.ep);
+  } else {
+    rank.ep.reduce_gradients(stage.gradients(), stage.layout());
+  }
+  EXPECT_NEAR(step.loss, step.reference_loss, 1e-6 + 1e-5 * std::abs(step.reference_loss));
+  // Every rank's gradients are its part of the single-rank model's (float reassociation only; a
+  // row dispatched by two TP ranks, or an expert gradient not summed over the TP group, is off
+  // by the gradient's whole size).
+  const std::vector<float> want_part =
+      rank.own_part(reference.gradients(), reference.layout(), stage.layout());
+  for (const ParameterTensor& t : stage.layout().tensors()) {
+    test::expect_close(stage.gradients() + t.offset, want_part.data() + t.offset, size_t(t.numel),
+                       "gradient of " + t.name, 1e-5, 1e-3);
+  }
+  std::vector<float> gradient(size_t(reference.parameter_count()), 0.0f);
+  if (rank.gather_whole(stage.gradients(), stage.layout(), gradient.data(), reference.layout())) {
+    for (const ParameterTensor& t : reference.layout().tensors()) {
+      const float *got = gradient.data() + t.offset, *want = reference.gradients() + t.offset;
+      test::expect_close(got, want, size_t(t.numel), "gathered gradient of " + t.name, 1e-5, 1e-3);
+    }
+  }
+
+  // The layout switch to data-parallel generation: every layer with the pipeline's experts.
+  const std::vector<float> before(stage.parameters(), stage.parameters() + stage.parameter_count());
+  const ParameterLayout generation_layout = groups.generation_layout();
+  Arena generation_device("generation", 16 << 20);
+  Transformer<float> generation(config, cpu_ops(), generation_device, /*with_gradients=*/false,
+                                groups.expert_shard());
+  std::fill_n(generation.parameters(), generation.parameter_count(), 7.0f);
+  const uint64_t received =
+      gather_pipeline_model(stage.parameters(), groups, generation.parameters(), generation_layout);
+  // The TP mates' slices of the stage's cut tensors (the experts are whole on every TP rank),
+  // then the other stages whole.
+  int64_t cut = 0;
+  for (const ParameterRange& r : tensor_parallel_ranges(stage.layout())) cut += r.count;
+  uint64_t lacked = uint64_t(cut) * uint64_t(c.tp - 1);
+  for (int s = 0; s < c.stages; ++s) {
+    if (s != groups.stage()) lacked += uint64_t(groups.stage_layout(s).total());
+  }
+  EXPECT_EQ(received, lacked * sizeof(float));
+  std::vector<float> want_generation(size_t(generation_layout.total()), 0.0f);
+  copy_shared_tensors(reference.parameters(), reference.layout(), want_generation.data(),
+                      generation_layout);
+  EXPECT_EQ(std::memcmp(generation.parameters(), want_generation.data(),
+                        want_generation.size() * sizeof(float)),
+            0)
+      << "the switch did not assemble the single-rank layers with this replica's experts";
+  EXPECT_EQ(std::memcmp(stage.parameters(), before.data(), before.size() * sizeof(float)), 0)
+      << "the layout switch changed the stage";
+  rank.ep.attach_reusing(generation);
+  test::expect_reference_logits(generation, reference, step.own.front());
+
+  // The whole model as train saves it: the single-rank model bit for bit.
+  std::vector<float> whole(size_t(reference.parameter_count()), 7.0f);
+  if (rank.gather_whole(stage.parameters(), stage.layout(), whole.data(), reference.layout())) {
+    EXPECT_EQ(std::memcmp(whole.data(), reference.parameters(), whole.size() * sizeof(float)), 0)
+        << "the gathered model is not the single-rank model";
+  }
+}
+
+void check_adamw(const Case& c) {
+  SCOPED_TRACE("AdamW " + case_name(c));
+  const ModelConfig config = model_for(c);
+  const uint64_t seed = test::seed_for("adamw " + case_name(c), test::world_size());
+  TensorExpertPipelineRank rank(c, config);
+  Arena device("stage", 16 << 20), reference_device("reference", 16 << 20);
+  Transformer<float> stage = rank.make_stage(config, device);
+  stage.set_expert_token_split(c.token_split);
+  Transformer<float> reference(config, cpu_ops(), reference_device, true);
+  stage.initialize(seed);
+  reference.initialize(seed);
+  test::expect_single_rank_clipped_steps(
+      stage, rank.groups.optimizer_shard(stage.layout(), &rank.ep), reference,
+      [&](const float* whole) { return rank.own_part(whole, reference.layout(), stage.layout()); },
+      seed);
+}
+
+TEST(TensorExpertPipeline, StepGradientsAndLayoutSwitchEqualTheSingleRankModel) {
+  for (const Case& c : cases_for(test::world_size())) check_step(c);
+}
+
+TEST(TensorExpertPipeline, AdamWPerStageTakesTheSingleRankClippedSteps) {
+  for (const Case& c : cases_for(test::world_size())) check_adamw(c);
+}
+
+}  // namespace
+}  // namespace rlf
