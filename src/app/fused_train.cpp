@@ -398,15 +398,15 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
                         : " (EP groups: the ranks of one TP rank and stage in consecutive model "
                           "replicas, computing the TP group's tokens on each; generation on them "
                           "too)")
-        : pp ? " (EP groups: a stage's ranks in consecutive pipelines; generation on them too)"
-        : tp ? (expert_token_split
-                    ? " (EP groups: the ranks of one TP rank in consecutive TP groups, each "
-                      "expert on every rank of its TP group, each TP rank dispatching its share "
-                      "of the group's tokens; generation on them too)"
-                    : " (EP groups: the ranks of one TP rank in consecutive TP groups, each "
-                      "expert on every rank of its TP group, computing the group's tokens on "
-                      "each; generation on them too)")
-             : "",
+        : pp     ? " (EP groups: a stage's ranks in consecutive pipelines; generation on them too)"
+        : tp     ? (expert_token_split
+                        ? " (EP groups: the ranks of one TP rank in consecutive TP groups, each "
+                          "expert on every rank of its TP group, each TP rank dispatching its share "
+                          "of the group's tokens; generation on them too)"
+                        : " (EP groups: the ranks of one TP rank in consecutive TP groups, each "
+                          "expert on every rank of its TP group, computing the group's tokens on "
+                          "each; generation on them too)")
+                 : "",
         dispatch_mode_name(options.ep_dispatch), options.ep_overlap_chunks, redundant,
         (long long)model.parameter_count(), (long long)ParameterLayout(policy.config).total());
   }

@@ -73,17 +73,16 @@ void validate_tensor_parallel_train(const DisaggregatedOptions& options, const s
   if (options.expert_parallel == 1 && options.actor_expert_parallel == 1) return;
   if (options.pipeline_parallel > 1) {
     // TP x EP x PP: the EP groups are validated with the pipelines'
-    // (validate_pipeline_parallel_train). Offload, rebalancing and checkpoints work as at TP x EP
-    // and PP x EP (app tests at TP 2 x EP 2 x PP 2). The chunked and the paired MoE paths were
-    // not built for TP-sliced stages (a trial run of each failed), so they are refused.
-    const std::string all_three = option + " x --expert-parallel " +
-                                  std::to_string(options.expert_parallel) +
-                                  " x --pipeline-parallel " +
-                                  std::to_string(options.pipeline_parallel);
+    // (validate_pipeline_parallel_train). Offload, rebalancing, overlap chunks and checkpoints
+    // work as at TP x EP and PP x EP (app tests at TP 2 x EP 2 x PP 2). Pairing is refused: its
+    // driver interleaves two passes by which exchange completes first, and the TP collectives
+    // inside the passes need the same order on every TP rank.
+    const std::string all_three =
+        option + " x --expert-parallel " + std::to_string(options.expert_parallel) +
+        " x --pipeline-parallel " + std::to_string(options.pipeline_parallel);
     auto refuse = [&](const std::string& what) {
       throw ConfigError(all_three + " is not supported with " + what);
     };
-    if (options.ep_overlap_chunks > 1) refuse("--ep-overlap-chunks");
     if (options.pipeline_pairing) refuse("--pipeline-pairing");
     return;
   }

@@ -120,11 +120,11 @@ void Transformer<T>::set_expert_parallel(std::vector<ExpertDispatcher*> per_laye
 
 template <typename T>
 void Transformer<T>::set_expert_overlap(std::vector<OverlappedExperts*> per_layer) {
-  if (!per_layer.empty() &&
-      (int(per_layer.size()) != config_.n_layers || !expert_parallel() || expert_token_split())) {
+  // (With the expert token split the overlapped chunks take this rank's share of the rows, as
+  // the dispatchers do: MoeBlock::routed_forward_overlapped.)
+  if (!per_layer.empty() && (int(per_layer.size()) != config_.n_layers || !expert_parallel())) {
     throw std::invalid_argument(
-        "Transformer: overlap needs expert parallelism, one OverlappedExperts per layer and no "
-        "expert token split");
+        "Transformer: overlap needs expert parallelism and one OverlappedExperts per layer");
   }
   overlap_ = std::move(per_layer);
 }

@@ -1,10 +1,11 @@
 // `train --mode fused --offload` with model parallelism: TP 2 and PP 2 on 2 ranks, TP 2 x PP 2 and
 // TP 2 x EP 2 on 4 ranks, and TP 2 and TP 4 on 4 ranks generating at a lower TP degree
-// (--actor-tensor-parallel), and TP 2 x EP 2 x PP 2 on 8 ranks. Every rank's gradients and AdamW moments (its TP slice, its stage's)
-// leave the device arena for each generation phase and come back in place for training, so the run
-// equals the one without offload bit for bit (progress rows and the saved model), and rank 0's
-// measured generation peak (deterministic arena accounting) is lower by exactly the bytes
-// offloaded: three arena-aligned buffers of the parameters the rank stores.
+// (--actor-tensor-parallel), and TP 2 x EP 2 x PP 2 on 8 ranks. Every rank's gradients and AdamW
+// moments (its TP slice, its stage's) leave the device arena for each generation phase and come
+// back in place for training, so the run equals the one without offload bit for bit (progress rows
+// and the saved model), and rank 0's measured generation peak (deterministic arena accounting) is
+// lower by exactly the bytes offloaded: three arena-aligned buffers of the parameters the rank
+// stores.
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -154,7 +154,8 @@ TEST(ModelParallelStaleSync, KeepsTheBoundReproduciblyAndTrainsTheDataParallelRu
           test::run_rlfusion(run + layout.same_weights_as + "--run-dir " + weights_dir, 4);
       ASSERT_EQ(same.exit_code, 0) << same.output;
     }
-    const std::vector<float> reference_model = test::read_saved_parameters(weights_dir + "/model.h5");
+    const std::vector<float> reference_model =
+        test::read_saved_parameters(weights_dir + "/model.h5");
     ASSERT_EQ(model.size(), reference_model.size());
     EXPECT_LT(test::nmse(model.data(), reference_model.data(), reference_model.size()), 1e-6);
   }

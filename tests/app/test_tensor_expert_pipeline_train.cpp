@@ -1,6 +1,7 @@
 // `train --mode fused --tensor-parallel 2 --pipeline-parallel 2 --expert-parallel 2` on 8 ranks
 // (TP x EP x PP: TP groups inside every stage, the pipelines of each TP rank, EP groups of one TP
-// rank and stage in 2 model replicas), with the token split and with duplicated expert work:
+// rank and stage in 2 model replicas), with the token split, with duplicated expert work and with
+// the split's rows in 2 overlap chunks per MoE layer (--ep-overlap-chunks 2):
 // trains like the data-parallel fused run of the same prompts on 2 ranks (generation
 // data-parallel on every rank after the switch that gathers the TP slices and stages with the
 // replica's experts): the same held-out accuracy before and after RL, the same reward every step,
@@ -23,14 +24,14 @@ namespace {
 
 using Result = test::CommandResult;
 
-const std::string kLayout =
-    "--tensor-parallel 2 --pipeline-parallel 2 --expert-parallel 2 ";
+const std::string kLayout = "--tensor-parallel 2 --pipeline-parallel 2 --expert-parallel 2 ";
 
 TEST(TensorExpertPipelineTrain, TrainsLikeTheDataParallelFusedRun) {
   const std::string dp_dir = test::fresh_temp_dir("dp");
   const Result dp = test::run_rlfusion(test::kModelParallelFusedRun + "--run-dir " + dp_dir, 2);
   ASSERT_EQ(dp.exit_code, 0) << dp.output;
-  for (const std::string variant : {"", "--tensor-parallel-duplicate-experts "}) {
+  for (const std::string variant :
+       {"", "--tensor-parallel-duplicate-experts ", "--ep-overlap-chunks 2 "}) {
     SCOPED_TRACE(variant.empty() ? "token split" : variant);
     const std::string dir = test::fresh_temp_dir("tp-ep-pp");
     const Result run = test::run_rlfusion(
@@ -39,17 +40,19 @@ TEST(TensorExpertPipelineTrain, TrainsLikeTheDataParallelFusedRun) {
     EXPECT_EQ(test::json_number(run.output, "tensor_parallel"), 2);
     EXPECT_EQ(test::json_number(run.output, "pipeline_parallel"), 2);
     EXPECT_EQ(test::json_number(run.output, "expert_parallel"), 2);
-    EXPECT_EQ(run.output.find("\"tensor_expert_split\":true") != std::string::npos,
-              variant.empty())
+    const bool split = variant.find("duplicate") == std::string::npos;
+    EXPECT_EQ(run.output.find("\"tensor_expert_split\":true") != std::string::npos, split)
         << run.output;
+    const bool chunked = variant.find("--ep-overlap-chunks 2") != std::string::npos;
+    EXPECT_EQ(test::json_number(run.output, "ep_overlap_chunks"), chunked ? 2 : 1) << run.output;
     EXPECT_NE(run.output.find("# tensor parallelism: TP 2 x 4 replicas (the stages of the "
                               "pipelines below)"),
               std::string::npos)
         << run.output;
     EXPECT_NE(run.output.find("(EP groups: the ranks of one TP rank and stage in consecutive "
                               "model replicas, " +
-                              std::string(variant.empty() ? "each TP rank dispatching its share"
-                                                          : "computing the TP group's tokens")),
+                              std::string(split ? "each TP rank dispatching its share"
+                                                : "computing the TP group's tokens")),
               std::string::npos)
         << run.output;
     // One leader per model replica (2 of them, 4 ranks each) asks each of the 2 queue shards once
@@ -69,9 +72,6 @@ TEST(TensorExpertPipelineTrain, TrainsLikeTheDataParallelFusedRun) {
 TEST(TensorExpertPipelineTrain, CombinationsNotBuiltStopEveryRankBeforeOutput) {
   test::expect_stops_before_output(
       {
-          {8, kLayout + "--ep-overlap-chunks 2",
-           "--tensor-parallel 2 x --expert-parallel 2 x --pipeline-parallel 2 is not supported "
-           "with --ep-overlap-chunks"},
           {8, kLayout + "--pipeline-pairing",
            "--tensor-parallel 2 x --expert-parallel 2 x --pipeline-parallel 2 is not supported "
            "with --pipeline-pairing"},

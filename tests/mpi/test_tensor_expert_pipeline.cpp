@@ -14,9 +14,10 @@
 // the EP group at the rank's TP slice, then the TP slices and stages over the first model
 // replica). The layout switch to data-parallel generation assembles every layer with the
 // pipeline's experts bit for bit, counts exactly the bytes the rank lacked and leaves the stage as
-// it was; that model, generating over the EP group, gives the single-rank logits. AdamW per stage
-// with the clipping norm over TP x EP x PP (every element once) takes the single-rank clipped
-// steps.
+// it was; that model, generating over the EP group, gives the single-rank logits. With 2 overlap
+// chunks per MoE layer (--ep-overlap-chunks) the loss and gradients are still the single-rank
+// model's. AdamW per stage with the clipping norm over TP x EP x PP (every element once) takes the
+// single-rank clipped steps.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -28,6 +29,7 @@
 #include "mpi_comm/links.h"
 #include "src/model/expert_parallel.h"
 #include "src/model/optimizer.h"
+#include "src/model/overlapped_experts.h"
 #include "src/model/pipeline_stage.h"
 #include "src/model/tensor_parallel.h"
 #include "src/runtime/pipeline_groups.h"
@@ -94,10 +96,9 @@ struct TensorExpertPipelineRank {
 
   // (The caller chooses the token split: Transformer::set_expert_token_split.)
   Transformer<float> make_stage(const ModelConfig& config, Arena& device) const {
-    return Transformer<float>(config, cpu_ops(), device, /*with_gradients=*/true,
-                              groups.expert_shard(),
-                              stage_layer_shard(groups.chunks(groups.stage()), config.n_layers),
-                              &tp);
+    return Transformer<float>(
+        config, cpu_ops(), device, /*with_gradients=*/true, groups.expert_shard(),
+        stage_layer_shard(groups.chunks(groups.stage()), config.n_layers), &tp);
   }
 
   // This rank's part of a whole-model buffer: its TP slice of its stage with its experts.
@@ -125,22 +126,60 @@ struct TensorExpertPipelineRank {
   }
 };
 
+// A case's groups with this rank's seeded stage (the token split as the case says) beside the
+// seeded single-rank model; `label` names the check in the seed.
+struct SeededStage {
+  ModelConfig config;
+  uint64_t seed;
+  TensorExpertPipelineRank rank;
+  Arena device{"stage", 16 << 20}, ref_device{"reference", 64 << 20};
+  Transformer<float> stage, reference;
+
+  SeededStage(const Case& c, const std::string& label)
+      : config(model_for(c)),
+        seed(test::seed_for(label + case_name(c), test::world_size())),
+        rank(c, config),
+        stage(rank.make_stage(config, device)),
+        reference(config, cpu_ops(), ref_device, /*with_gradients=*/true) {
+    stage.set_expert_token_split(c.token_split);
+    stage.initialize(seed);
+    reference.initialize(seed);
+  }
+};
+
+// The gradient reduction train runs (expert rows over the TP group with the split, then
+// RoleExpertParallel's), after which the step's loss and every rank's gradients are its part of
+// the single-rank model's (float reassociation only; a row dispatched by two TP ranks, or an
+// expert gradient not summed over the TP group, is off by the gradient's whole size).
+void expect_single_rank_loss_and_gradients(const Case& c, TensorExpertPipelineRank& rank,
+                                           const test::PipelineStepBeside& step,
+                                           Transformer<float>& stage,
+                                           const Transformer<float>& reference) {
+  if (c.token_split) {
+    reduce_tensor_expert_gradients(stage.gradients(), stage.layout(), rank.tp, rank.ep);
+  } else {
+    rank.ep.reduce_gradients(stage.gradients(), stage.layout());
+  }
+  EXPECT_NEAR(step.loss, step.reference_loss, 1e-6 + 1e-5 * std::abs(step.reference_loss));
+  const std::vector<float> want_part =
+      rank.own_part(reference.gradients(), reference.layout(), stage.layout());
+  for (const ParameterTensor& t : stage.layout().tensors()) {
+    test::expect_close(stage.gradients() + t.offset, want_part.data() + t.offset, size_t(t.numel),
+                       "gradient of " + t.name, 1e-5, 1e-3);
+  }
+}
+
 void check_step(const Case& c) {
   SCOPED_TRACE(case_name(c));
-  const int world = test::world_size();
-  const ModelConfig config = model_for(c);
-  const uint64_t seed = test::seed_for(case_name(c), world);
-  TensorExpertPipelineRank rank(c, config);
+  SeededStage setup(c, "");
+  const ModelConfig& config = setup.config;
+  const uint64_t seed = setup.seed;
+  TensorExpertPipelineRank& rank = setup.rank;
+  Transformer<float>& stage = setup.stage;
+  Transformer<float>& reference = setup.reference;
   const PipelineGroups& groups = rank.groups;
   ASSERT_EQ(groups.model_parallel().size(), c.tp * c.stages);
-  ASSERT_EQ(groups.replicas(), world / (c.tp * c.stages));
-  Arena device("stage", 16 << 20);
-  Transformer<float> stage = rank.make_stage(config, device);
-  stage.set_expert_token_split(c.token_split);
-  stage.initialize(seed);
-  Arena ref_device("reference", 64 << 20);
-  Transformer<float> reference(config, cpu_ops(), ref_device, /*with_gradients=*/true);
-  reference.initialize(seed);
+  ASSERT_EQ(groups.replicas(), test::world_size() / (c.tp * c.stages));
   const std::vector<float> init =
       rank.own_part(reference.parameters(), reference.layout(), stage.layout());
   ASSERT_EQ(std::memcmp(init.data(), stage.parameters(), init.size() * sizeof(float)), 0)
@@ -152,21 +191,7 @@ void check_step(const Case& c) {
   };
   const test::PipelineStepBeside step = test::pipeline_step_beside_reference(
       stage, reference, groups, rank.links, seed, std::move(dispatchers));
-  if (c.token_split) {
-    reduce_tensor_expert_gradients(stage.gradients(), stage.layout(), rank.tp, rank.ep);
-  } else {
-    rank.ep.reduce_gradients(stage.gradients(), stage.layout());
-  }
-  EXPECT_NEAR(step.loss, step.reference_loss, 1e-6 + 1e-5 * std::abs(step.reference_loss));
-  // Every rank's gradients are its part of the single-rank model's (float reassociation only; a
-  // row dispatched by two TP ranks, or an expert gradient not summed over the TP group, is off
-  // by the gradient's whole size).
-  const std::vector<float> want_part =
-      rank.own_part(reference.gradients(), reference.layout(), stage.layout());
-  for (const ParameterTensor& t : stage.layout().tensors()) {
-    test::expect_close(stage.gradients() + t.offset, want_part.data() + t.offset, size_t(t.numel),
-                       "gradient of " + t.name, 1e-5, 1e-3);
-  }
+  expect_single_rank_loss_and_gradients(c, rank, step, stage, reference);
   std::vector<float> gradient(size_t(reference.parameter_count()), 0.0f);
   if (rank.gather_whole(stage.gradients(), stage.layout(), gradient.data(), reference.layout())) {
     for (const ParameterTensor& t : reference.layout().tensors()) {
@@ -213,25 +238,55 @@ void check_step(const Case& c) {
   }
 }
 
+// --ep-overlap-chunks inside the stages: every MoE layer of every micro-batch chunk runs its
+// routed experts (with the split, this TP rank's share of the rows) in 2 chunks whose dispatch and
+// combine overlap the expert FFN; the loss and every gradient still equal the single-rank model's.
+void check_overlap(const Case& c) {
+  SCOPED_TRACE("overlap " + case_name(c));
+  SeededStage setup(c, "overlap ");
+  const ModelConfig& config = setup.config;
+  TensorExpertPipelineRank& rank = setup.rank;
+  Transformer<float>& stage = setup.stage;
+  Transformer<float>& reference = setup.reference;
+  std::vector<OverlappedExperts*> made;
+  auto overlap = [&](int, Arena& arena) {
+    std::vector<OverlappedExperts*> set = rank.ep.make_view_overlap(config, 2, cpu_ops(), arena);
+    made.insert(made.end(), set.begin(), set.end());
+    return set;
+  };
+  PipelineStage<float>::ExpertDispatchers dispatchers = [&](int slot) {
+    return rank.ep.view_dispatchers(slot, config.n_layers);
+  };
+  const test::PipelineStepBeside step = test::pipeline_step_beside_reference(
+      stage, reference, rank.groups, rank.links, setup.seed, std::move(dispatchers), overlap);
+  // The views ran their MoE layers through the overlap chunks, not the plain dispatchers.
+  ASSERT_FALSE(made.empty()) << "the stage made no view with overlap chunks";
+  double in_flight = 0;
+  for (const OverlappedExperts* o : made)
+    for (int k = 0; k < o->chunks(); ++k)
+      in_flight += o->dispatcher(k).communication_time().in_flight;
+  EXPECT_GT(in_flight, 0.0) << "no overlap chunk exchanged anything";
+  expect_single_rank_loss_and_gradients(c, rank, step, stage, reference);
+}
+
 void check_adamw(const Case& c) {
   SCOPED_TRACE("AdamW " + case_name(c));
-  const ModelConfig config = model_for(c);
-  const uint64_t seed = test::seed_for("adamw " + case_name(c), test::world_size());
-  TensorExpertPipelineRank rank(c, config);
-  Arena device("stage", 16 << 20), reference_device("reference", 16 << 20);
-  Transformer<float> stage = rank.make_stage(config, device);
-  stage.set_expert_token_split(c.token_split);
-  Transformer<float> reference(config, cpu_ops(), reference_device, true);
-  stage.initialize(seed);
-  reference.initialize(seed);
+  SeededStage setup(c, "adamw ");
+  TensorExpertPipelineRank& rank = setup.rank;
+  Transformer<float>& stage = setup.stage;
+  Transformer<float>& reference = setup.reference;
   test::expect_single_rank_clipped_steps(
       stage, rank.groups.optimizer_shard(stage.layout(), &rank.ep), reference,
       [&](const float* whole) { return rank.own_part(whole, reference.layout(), stage.layout()); },
-      seed);
+      setup.seed);
 }
 
 TEST(TensorExpertPipeline, StepGradientsAndLayoutSwitchEqualTheSingleRankModel) {
   for (const Case& c : cases_for(test::world_size())) check_step(c);
+}
+
+TEST(TensorExpertPipeline, OverlapChunksInsideTheStagesGiveTheSingleRankLossAndGradients) {
+  for (const Case& c : cases_for(test::world_size())) check_overlap(c);
 }
 
 TEST(TensorExpertPipeline, AdamWPerStageTakesTheSingleRankClippedSteps) {
