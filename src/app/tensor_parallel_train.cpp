@@ -73,17 +73,9 @@ void validate_tensor_parallel_train(const DisaggregatedOptions& options, const s
   if (options.expert_parallel == 1 && options.actor_expert_parallel == 1) return;
   if (options.pipeline_parallel > 1) {
     // TP x EP x PP: the EP groups are validated with the pipelines'
-    // (validate_pipeline_parallel_train). Offload, rebalancing, overlap chunks and checkpoints
-    // work as at TP x EP and PP x EP (app tests at TP 2 x EP 2 x PP 2). Pairing is refused: its
-    // driver interleaves two passes by which exchange completes first, and the TP collectives
-    // inside the passes need the same order on every TP rank.
-    const std::string all_three =
-        option + " x --expert-parallel " + std::to_string(options.expert_parallel) +
-        " x --pipeline-parallel " + std::to_string(options.pipeline_parallel);
-    auto refuse = [&](const std::string& what) {
-      throw ConfigError(all_three + " is not supported with " + what);
-    };
-    if (options.pipeline_pairing) refuse("--pipeline-pairing");
+    // (validate_pipeline_parallel_train). Offload, rebalancing, overlap chunks, pairing (in the
+    // alternating order, for the TP collectives inside the passes) and checkpoints work as at
+    // TP x EP and PP x EP (app tests at TP 2 x EP 2 x PP 2).
     return;
   }
   // TP x EP: an EP group is the ranks with the same TP rank in E consecutive TP groups.

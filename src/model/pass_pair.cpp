@@ -6,7 +6,7 @@
 namespace rlf {
 
 PairTime run_as_pair(ResumablePass& first, ResumablePass& second,
-                     const std::function<void(int pass)>& ended) {
+                     const std::function<void(int pass)>& ended, PairOrder order) {
   PassState first_state, second_state;
   // A running pass drives the other's exchange, if that one is stopped on one.
   auto drive = [](ResumablePass& other, const PassState& other_state) {
@@ -16,6 +16,10 @@ PairTime run_as_pair(ResumablePass& first, ResumablePass& second,
   };
   first_state.between_pieces = drive(second, second_state);
   second_state.between_pieces = drive(first, first_state);
+  // Alternating: the turns change at every exchange, finished or not, so that every rank stops
+  // (and switches) at the same places.
+  first_state.stop_at_every_exchange = second_state.stop_at_every_exchange =
+      order == PairOrder::Alternating;
   PairTime time;
   bool reported[2] = {false, false};
   // Runs a piece of pass `index` and reports its end once.
@@ -30,6 +34,26 @@ PairTime run_as_pair(ResumablePass& first, ResumablePass& second,
   };
   timed(0, [&] { first.start(first_state); });
   timed(1, [&] { second.start(second_state); });
+  if (order == PairOrder::Alternating) {
+    for (int turn = 0; !first.done() || !second.done(); turn ^= 1) {
+      ResumablePass& pass = turn == 0 ? first : second;
+      ResumablePass& other = turn == 0 ? second : first;
+      if (pass.done()) continue;
+      // Its exchange may still be in flight: wait it out, the other's progressing meanwhile.
+      SplitPhaseChain& chain = pass.waiting_on();
+      if (!chain.progress()) {
+        const double begin = steady_seconds();
+        if (other.done()) {
+          progress_until_finished(chain, {&chain});
+        } else {
+          progress_until_finished(chain, {&chain, &other.waiting_on()});
+        }
+        (turn == 0 ? time.first : time.second) += steady_seconds() - begin;
+      }
+      timed(turn, [&] { pass.resume(); });
+    }
+    return time;
+  }
   while (!first.done() || !second.done()) {
     const bool first_ready = !first.done() && first.waiting_on().progress();
     const bool second_ready = !second.done() && second.waiting_on().progress();

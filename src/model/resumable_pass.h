@@ -23,6 +23,9 @@ struct PassState {
   SplitPhaseChain* waiting_on = nullptr;  // the exchange it waits for (set while suspended)
   // Called at every progress point of the pass (a paired driver: the other pass's exchange).
   std::function<void()> between_pieces;
+  // Stop at every exchange, also one already finished: the stops are then the same on every rank
+  // whatever the messages do (a driver that switches passes at them in a fixed order).
+  bool stop_at_every_exchange = false;
 };
 
 class [[nodiscard]] ResumablePass {
@@ -100,13 +103,16 @@ class [[nodiscard]] ResumablePass {
 };
 
 // Awaited between a dispatcher's begin_* and finish_*: the pass stops until `chain` has finished
-// (not at all when it already has).
+// (not at all when it already has, unless its state says stop_at_every_exchange).
 struct ExchangeAwaiter {
   SplitPhaseChain& chain;
-  bool await_ready() const noexcept { return chain.finished(); }
-  void await_suspend(ResumablePass::Handle h) const noexcept {
-    h.promise().state->resume_at = h;
-    h.promise().state->waiting_on = &chain;
+  bool await_ready() const noexcept { return false; }
+  bool await_suspend(ResumablePass::Handle h) const noexcept {
+    PassState& state = *h.promise().state;
+    if (chain.finished() && !state.stop_at_every_exchange) return false;
+    state.resume_at = h;
+    state.waiting_on = &chain;
+    return true;
   }
   void await_resume() const noexcept {}
 };

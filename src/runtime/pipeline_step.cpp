@@ -279,8 +279,11 @@ PipelineStepStats run_schedule(PipelineStage<T>& stage, const PipelineShape& sha
     // rebuilds it from them).
     if (passes.size() == 2) {
       // Each result goes on as soon as its pass ends: the neighbour stage may be waiting for it.
-      const PairTime time = run_as_pair(*passes[0].pass, *passes[1].pass,
-                                        [&](int pass) { send_result(passes[size_t(pass)]); });
+      // With TP inside the stage the passes hold the TP group's collectives: every TP rank runs
+      // the pair in the same alternating order (the EP mates, running the same schedule, too).
+      const PairTime time = run_as_pair(
+          *passes[0].pass, *passes[1].pass, [&](int pass) { send_result(passes[size_t(pass)]); },
+          stage.model().tensor_parallel() ? PairOrder::Alternating : PairOrder::ByCompletion);
       seconds_of(passes[0]) += time.first;
       seconds_of(passes[1]) += time.second;
       stats.compute_seconds += time.first + time.second;

@@ -1,12 +1,14 @@
 // `train --mode fused --tensor-parallel 2 --pipeline-parallel 2 --expert-parallel 2` on 8 ranks
 // (TP x EP x PP: TP groups inside every stage, the pipelines of each TP rank, EP groups of one TP
 // rank and stage in 2 model replicas), with the token split, with duplicated expert work and with
-// the split's rows in 2 overlap chunks per MoE layer (--ep-overlap-chunks 2):
+// the split's rows in 2 overlap chunks per MoE layer (--ep-overlap-chunks 2) and with a forward
+// paired with another micro-batch's backward (--pipeline-pairing, in the alternating order):
 // trains like the data-parallel fused run of the same prompts on 2 ranks (generation
 // data-parallel on every rank after the switch that gathers the TP slices and stages with the
 // replica's experts): the same held-out accuracy before and after RL, the same reward every step,
 // a saved whole model within float rounding of it, one DistQueue leader per model replica.
-// Combinations not built stop every rank with exit code 2 before any output. (Offload:
+// Layouts that do not fit, and combinations not built, stop every rank with exit code 2 before any
+// output. (Offload:
 // test_model_parallel_offload.cpp; rebalancing: test_rebalance_in_train.cpp; checkpoints:
 // test_checkpoints.cpp.)
 #include <gtest/gtest.h>
@@ -30,8 +32,8 @@ TEST(TensorExpertPipelineTrain, TrainsLikeTheDataParallelFusedRun) {
   const std::string dp_dir = test::fresh_temp_dir("dp");
   const Result dp = test::run_rlfusion(test::kModelParallelFusedRun + "--run-dir " + dp_dir, 2);
   ASSERT_EQ(dp.exit_code, 0) << dp.output;
-  for (const std::string variant :
-       {"", "--tensor-parallel-duplicate-experts ", "--ep-overlap-chunks 2 "}) {
+  for (const std::string variant : {"", "--tensor-parallel-duplicate-experts ",
+                                    "--ep-overlap-chunks 2 ", "--pipeline-pairing "}) {
     SCOPED_TRACE(variant.empty() ? "token split" : variant);
     const std::string dir = test::fresh_temp_dir("tp-ep-pp");
     const Result run = test::run_rlfusion(
@@ -55,6 +57,18 @@ TEST(TensorExpertPipelineTrain, TrainsLikeTheDataParallelFusedRun) {
                                                 : "computing the TP group's tokens")),
               std::string::npos)
         << run.output;
+    // With pairing, stage 0 (ranks 0 and 1 of each model replica) pairs a forward with a
+    // backward 3 times a step (4 micro-batches: F0, then F1 with B0, F2 with B1, F3 with B2, then
+    // B3), 18 in 6 steps; the last stage never.
+    const bool pairing = variant.find("--pipeline-pairing") != std::string::npos;
+    const std::string key = "\"pipeline_pairs\":[";
+    const size_t pairs_at = run.output.find(key);
+    ASSERT_NE(pairs_at, std::string::npos) << run.output;
+    const size_t first = pairs_at + key.size();
+    EXPECT_EQ(run.output.substr(first, run.output.find(']', first) - first),
+              pairing ? "18,18,0,0,18,18,0,0" : "0,0,0,0,0,0,0,0")
+        << run.output;
+    EXPECT_EQ(test::json_number(run.output, "micro_batches"), 4);
     // One leader per model replica (2 of them, 4 ranks each) asks each of the 2 queue shards once
     // a step.
     EXPECT_EQ(test::json_number(run.output, "queue_get_requests"), 6 * 2 * 2);
@@ -69,12 +83,9 @@ TEST(TensorExpertPipelineTrain, TrainsLikeTheDataParallelFusedRun) {
   }
 }
 
-TEST(TensorExpertPipelineTrain, CombinationsNotBuiltStopEveryRankBeforeOutput) {
+TEST(TensorExpertPipelineTrain, LayoutsThatDoNotFitStopEveryRankBeforeOutput) {
   test::expect_stops_before_output(
       {
-          {8, kLayout + "--pipeline-pairing",
-           "--tensor-parallel 2 x --expert-parallel 2 x --pipeline-parallel 2 is not supported "
-           "with --pipeline-pairing"},
           {8, kLayout + "--redundant-experts 1",
            "--pipeline-parallel 2 x --expert-parallel 2 is not supported with "
            "--redundant-experts"},

@@ -16,8 +16,9 @@
 // pipeline's experts bit for bit, counts exactly the bytes the rank lacked and leaves the stage as
 // it was; that model, generating over the EP group, gives the single-rank logits. With 2 overlap
 // chunks per MoE layer (--ep-overlap-chunks) the loss and gradients are still the single-rank
-// model's. AdamW per stage with the clipping norm over TP x EP x PP (every element once) takes the
-// single-rank clipped steps.
+// model's; with --pipeline-pairing (the pair in the alternating order, PairOrder) the unpaired
+// step's bit for bit. AdamW per stage with the clipping norm over TP x EP x PP (every element once)
+// takes the single-rank clipped steps.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -34,6 +35,7 @@
 #include "src/model/tensor_parallel.h"
 #include "src/runtime/pipeline_groups.h"
 #include "src/runtime/pipeline_layout_switch.h"
+#include "src/runtime/pipeline_schedule.h"
 #include "src/runtime/role_expert_parallel.h"
 #include "src/runtime/tensor_expert_parallel.h"
 #include "tests/micro_model_config.h"
@@ -269,6 +271,41 @@ void check_overlap(const Case& c) {
   expect_single_rank_loss_and_gradients(c, rank, step, stage, reference);
 }
 
+// --pipeline-pairing inside TP-sliced stages: a forward runs while another micro-batch's
+// backward waits for its EP exchange, the pair in the alternating order (the passes hold the TP
+// group's collectives); the loss and the gradients are the unpaired step's bit for bit, and the
+// single-rank model's after the reduction.
+void check_pairing(const Case& c) {
+  SCOPED_TRACE("pairing " + case_name(c));
+  if (getenv("DBG_PAIR")) fprintf(stderr, "case %s\n", case_name(c).c_str());
+  SeededStage setup(c, "pairing ");
+  TensorExpertPipelineRank& rank = setup.rank;
+  Transformer<float>& stage = setup.stage;
+  auto step = [&](bool pairing) {
+    return test::pipeline_step_beside_reference(
+        stage, setup.reference, rank.groups, rank.links, setup.seed,
+        [&](int slot) { return rank.ep.view_dispatchers(slot, setup.config.n_layers); }, {},
+        pairing);
+  };
+  const test::PipelineStepBeside plain = step(false);
+  const std::vector<float> plain_gradients(stage.gradients(),
+                                           stage.gradients() + stage.parameter_count());
+  const test::PipelineStepBeside paired = step(true);
+  int want_pairs = 0;
+  for (const PipelineSlot& slot : paired_schedule(rank.groups.shape(), rank.groups.stage()))
+    want_pairs += slot.size() == 2;
+  EXPECT_EQ(paired.pairs, want_pairs);
+  if (rank.groups.stage() == 0 && c.stages > 1) {
+    EXPECT_GT(want_pairs, 0);  // the first stage warms up with a forward: its steady state pairs
+  }
+  EXPECT_EQ(paired.loss, plain.loss);
+  EXPECT_EQ(std::memcmp(stage.gradients(), plain_gradients.data(),
+                        plain_gradients.size() * sizeof(float)),
+            0)
+      << "the paired step's gradients differ from the unpaired step's";
+  expect_single_rank_loss_and_gradients(c, rank, paired, stage, setup.reference);
+}
+
 void check_adamw(const Case& c) {
   SCOPED_TRACE("AdamW " + case_name(c));
   SeededStage setup(c, "adamw ");
@@ -287,6 +324,10 @@ TEST(TensorExpertPipeline, StepGradientsAndLayoutSwitchEqualTheSingleRankModel) 
 
 TEST(TensorExpertPipeline, OverlapChunksInsideTheStagesGiveTheSingleRankLossAndGradients) {
   for (const Case& c : cases_for(test::world_size())) check_overlap(c);
+}
+
+TEST(TensorExpertPipeline, PairedForwardAndBackwardGiveTheUnpairedLossAndGradients) {
+  for (const Case& c : cases_for(test::world_size())) check_pairing(c);
 }
 
 TEST(TensorExpertPipeline, AdamWPerStageTakesTheSingleRankClippedSteps) {
