@@ -17,14 +17,8 @@ void validate_disaggregated_tensor_parallel(const DisaggregatedOptions& options,
     throw ConfigError(option + " is not supported on one rank (mpiexec -n 2 or more)");
   }
   const std::string disaggregated = option + " with --mode disaggregated";
-  // (The actors' samples in flight are saved per rank; with actor TP groups only each group's
-  // first rank puts them, which StaleSync's checkpoints and restores do not follow yet.)
-  if (options.actor_tensor_parallel > 1 && rl.staleness > 0) {
-    throw ConfigError(disaggregated + ": --actor-tensor-parallel " +
-                      std::to_string(options.actor_tensor_parallel) +
-                      " is not supported with --staleness above 0 (actors generate data-parallel "
-                      "with StaleSync)");
-  }
+  // (Actor TP groups work with StaleSync too: every rank of a group saves the batches it generated
+  // ahead and restores its own, and only the group's first rank puts them.)
   if (options.actor_tensor_parallel < 0) {
     throw ConfigError("--actor-tensor-parallel " + std::to_string(options.actor_tensor_parallel) +
                       ": must be a positive integer (0: the default)");

@@ -562,7 +562,8 @@ TEST(Checkpoint, TensorExpertParallelResumesBitExactAndInAnExpertParallelRun) {
 
 // Disaggregated TP learners (1 actor + TP 2 learners on 3 ranks, KL on): TP group 0 gathers the
 // whole-model file as the fused TP run does, and a killed run resumes bit for bit, synchronous
-// and with StaleSync (the actor's queued batch in the file); the file resumes in the
+// and with StaleSync (the actor's queued batch in the file; also with 2 actors in a TP group at
+// s = 1 and 2 on 4 ranks); the file resumes in the
 // data-parallel disaggregated run on the same roles and the other way round (on the longer
 // warmed-up run of the TP app tests: after 30 SFT steps float rounding parts the two layouts'
 // sampled tokens within the 6 steps).
@@ -571,6 +572,14 @@ TEST(Checkpoint, DisaggregatedTensorParallelResumesBitExactAndInTheDataParallelR
   const std::string tensor = kRun + roles + "--tensor-parallel 2 ";
   expect_kill_and_resume_bit_exact("disaggregated-tp", 3, tensor, "data");
   expect_kill_and_resume_bit_exact("disaggregated-tp-stale", 3, tensor + "--staleness 1 ", "data");
+  // The 2 actors in a TP group: each saves the batch it generated ahead (the group's first rank
+  // puts it) and restores its own; s = 2 with the posted weight sync.
+  const std::string actor_tp =
+      kRun + "--actors 2 --learners 2 --tensor-parallel 2 --actor-tensor-parallel 2 ";
+  expect_kill_and_resume_bit_exact("disaggregated-actor-tp-stale", 4, actor_tp + "--staleness 1 ",
+                                   "data");
+  expect_kill_and_resume_bit_exact("disaggregated-actor-tp-deep", 4, actor_tp + "--staleness 2 ",
+                                   "data");
   expect_resumes_in_data_parallel_and_back("cross-disaggregated-tp", roles + "--tensor-parallel 2 ",
                                            3, 3, roles, test::kModelParallelRun, "disaggregated");
 }

@@ -2,13 +2,13 @@
 // ranks) with data-parallel actors, on 3 ranks (1 actor + 2 learners), 4 (2 actors + 2 learners),
 // 5 (1 actor + TP 2 x DP 2 learners), with TP on attention only and with the 2 actors in a TP
 // group (--actor-tensor-parallel 2), synchronous and StaleSync
-// (s = 1, and s = 2 with the posted weight sync), train like the data-parallel disaggregated run
-// of the same layout: the same held-out accuracy before RL, the same reward every step and a saved
-// whole model within float rounding of it. One leader per TP group asks DistQueue, once per shard
-// and step: the shards serve exactly 1/T of the requests and samples of every TP rank fetching
-// its own copy (counted in summary.json); learner 0 receives the other TP ranks' slices for every
-// weight sync (counted). Layouts and options that do not fit stop every rank with exit code 2
-// before any output.
+// (s = 1, and s = 2 with the posted weight sync; actor TP with both), train like the data-parallel
+// disaggregated run of the same layout: the same held-out accuracy before RL, the same reward every
+// step and a saved whole model within float rounding of it. One leader per TP group asks DistQueue,
+// once per shard and step: the shards serve exactly 1/T of the requests and samples of every TP
+// rank fetching its own copy (counted in summary.json); learner 0 receives the other TP ranks'
+// slices for every weight sync (counted). Layouts and options that do not fit stop every rank with
+// exit code 2 before any output.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -96,6 +96,10 @@ TEST(DisaggregatedTensorParallel, StaleSyncTrainsLikeTheDataParallelDisaggregate
   expect_trains_like_data_parallel(Layout{3, "--actors 1 --learners 2 ", "", 1}, "--staleness 1 ");
   // Posted weight sync: learner 0 posts the assembled whole model without waiting.
   expect_trains_like_data_parallel(Layout{4, "--actors 2 --learners 2 ", "", 1}, "--staleness 2 ");
+  // The 2 actors in a TP group, a step and two ahead: each keeps its slice of every version.
+  const Layout actor_tp{4, "--actors 2 --learners 2 ", "--actor-tensor-parallel 2 ", 1, 2};
+  expect_trains_like_data_parallel(actor_tp, "--staleness 1 ");
+  expect_trains_like_data_parallel(actor_tp, "--staleness 2 ");
 }
 
 TEST(DisaggregatedTensorParallel, LayoutsThatDoNotFitStopEveryRankBeforeOutput) {
@@ -110,9 +114,6 @@ TEST(DisaggregatedTensorParallel, LayoutsThatDoNotFitStopEveryRankBeforeOutput) 
           {3, mode + "--actors 1 --learners 2 --actor-tensor-parallel 2",
            "--actor-tensor-parallel 2 with --mode disaggregated: does not divide the 1 actor "
            "ranks (--actors must be a multiple"},
-          {4, mode + "--actors 2 --learners 2 --actor-tensor-parallel 2 --staleness 1",
-           "--tensor-parallel 2 with --mode disaggregated: --actor-tensor-parallel 2 is not "
-           "supported with --staleness above 0"},
           {3, mode + "--actors 1 --learners 2 --expert-parallel 2",
            "--tensor-parallel 2 with --mode disaggregated is not supported with "
            "--expert-parallel"},
