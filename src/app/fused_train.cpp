@@ -696,6 +696,17 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
                   pp->shape().stages, pp->shape().virtual_stages, pp->shape().micro_batches, bubble,
                   formula, totals[0], totals[1], pp->model_parallel().size());
     parallel_json += fields;
+    if (ep && rl.staleness > 0) {
+      // StaleSync with EP: the empty micro-batches that kept the pipelines in step with their EP
+      // mates, over all ranks.
+      long long padded = pipeline_trainer->padded_micro_batches();
+      MPI_Allreduce(MPI_IN_PLACE, &padded, 1, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
+      dir.log(
+          "# StaleSync at PP x EP: the ranks ran %lld empty micro-batch(es) in all to keep in step "
+          "with their EP mates\n",
+          padded);
+      parallel_json += "\"pipeline_padded_micro_batches\":" + std::to_string(padded) + ",";
+    }
     parallel_json +=
         pipeline_stage_report(*pp, options.pipeline_balance, pipeline_trainer->compute_seconds(),
                               pipeline_trainer->wall_seconds(), dir);

@@ -38,6 +38,7 @@ void write_pipeline_expert_checkpoint(const std::string& run_dir, const ModelCon
   if (groups.stage() != 0) return;
   if (groups.tensor_parallel() && groups.tensor_parallel()->rank() != 0) return;
   CheckpointTensors tensors{buffers[0], buffers[1], buffers[2], buffers[3]};
+  tensors.in_flight = stage.in_flight;
   // Every stage's EP group follows every layer's table (TrainRebalancer), so the first stage's
   // tables place the experts of all layers.
   if (!ep.slot_experts().empty()) tensors.slot_experts = &ep.slot_experts();

@@ -17,7 +17,8 @@
 namespace rlf {
 
 // Writes the checkpoint of `counters.step` from every rank's stage buffers (`stage`, laid out by
-// groups.stage_layout(groups.stage()); null buffers are not stored). Collective over the
+// groups.stage_layout(groups.stage()); null buffers are not stored; `stage.in_flight`, given on
+// world rank 0 (the first stages' EP group's rank 0), holds StaleSync's pools). Collective over the
 // pipelines of EP replica 0 (ep.replica() == 0; other ranks return at once): each gathers its
 // stages (collective over the pipeline, counted on groups.links()), then the first stages' EP
 // group writes (write_checkpoint_sharded, the experts by id through ep.slot_experts(): every

@@ -64,7 +64,6 @@ void validate_pipeline_parallel_train(const DisaggregatedOptions& options, bool 
     auto refuse_stale = [&](const std::string& what) {
       throw ConfigError(option + " with --staleness (StaleSync) is not supported " + what);
     };
-    if (options.expert_parallel > 1) refuse_stale("with --expert-parallel");
     // The interleaved schedule runs micro-batches in groups of p: a pipeline's pieces are split
     // until their count is a multiple of p, which whole groups of a multiple of p samples allow.
     if (options.virtual_stages > 1 && rl.group_size % degree != 0) {
@@ -148,9 +147,20 @@ uint64_t attach_pipeline_reference_logprobs(const Transformer<float>& reference_
                            /*with_gradients=*/false, groups.expert_shard());
   const uint64_t received = gather_pipeline_model(reference_stage.parameters(), groups,
                                                   whole.parameters(), whole.layout());
-  // (The EP mates generated as many samples: their forwards come in step.)
-  if (ep) ep->attach_reusing(whole);
-  attach_reference_logprobs(whole, own, micro_batch, temperature);
+  // The EP mates run as many forwards: with StaleSync their blocks differ, and every rank runs
+  // the largest count of micro-batches in the stage's data-parallel group (a superset of the EP
+  // group), the extra ones empty.
+  DataParallelHooks parallel;
+  if (ep) {
+    ep->attach_reusing(whole);
+    const MPI_Comm comm = groups.data_parallel().comm;
+    parallel.micro_batches = [comm](size_t own_count) {
+      unsigned long long most = own_count;
+      MPI_Allreduce(MPI_IN_PLACE, &most, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, comm);
+      return size_t(most);
+    };
+  }
+  attach_reference_logprobs(whole, own, micro_batch, temperature, parallel);
   return received;
 }
 
@@ -306,9 +316,25 @@ std::vector<std::pair<size_t, size_t>> PipelineTrainer::micro_batch_bounds(size_
 
 PpoStats PipelineTrainer::minibatch_gradient(const std::vector<const Rollout*>& minibatch,
                                              double normalizer, double all_samples) {
-  const auto bounds = micro_batch_bounds(minibatch.size());
+  auto bounds = micro_batch_bounds(minibatch.size());
+  const bool expert_parallel = stage_.model().expert_parallel();
+  if (!blocks_.empty() && expert_parallel) {
+    // StaleSync with EP inside the stages: the pipelines' piece counts differ, but the EP mates
+    // must run the same schedule. Every pipeline runs the largest count over the stage's
+    // data-parallel group, the extra micro-batches empty (no tokens: their MoE layers exchange
+    // nothing but take part; their loss and gradients are zero). Interleaved, every count is a
+    // multiple of p already, so the largest is too.
+    long long most = (long long)bounds.size();
+    MPI_Allreduce(MPI_IN_PLACE, &most, 1, MPI_LONG_LONG, MPI_MAX, groups_.data_parallel().comm);
+    const size_t end = minibatch.size();
+    while ((long long)bounds.size() < most) {
+      bounds.emplace_back(end, end);
+      ++padded_micro_batches_;
+    }
+  }
   // (StaleSync: a pipeline whose ranks finished no group this step adds nothing; all of its ranks
-  // hold the same samples, so they skip the schedule together.)
+  // hold the same samples, so they skip the schedule together. With EP, only when no pipeline of
+  // the group has any.)
   if (bounds.empty() && !blocks_.empty()) return PpoStats{};
   // This minibatch's micro-batches (in --micro-batch pieces a minibatch with a larger share of the
   // groups may make more than the first).
@@ -316,18 +342,21 @@ PpoStats PipelineTrainer::minibatch_gradient(const std::vector<const Rollout*>& 
   shape.micro_batches = int(bounds.size());
   const bool blocks_equal = equal_parts_ || !blocks_.empty() ||
                             minibatch.size() % size_t(groups_.model_parallel().size()) == 0;
+  // (Only StaleSync with EP pads with empty micro-batches.)
+  const bool empties_allowed = !blocks_.empty() && expert_parallel;
   if (bounds.empty() || !blocks_equal ||
-      std::any_of(bounds.begin(), bounds.end(),
-                  [](const auto& b) { return b.first == b.second; })) {
+      (!empties_allowed && std::any_of(bounds.begin(), bounds.end(),
+                                       [](const auto& b) { return b.first == b.second; }))) {
     throw std::logic_error("PipelineTrainer: " + std::to_string(minibatch.size()) +
                            " samples do not fill the pipeline's " + std::to_string(bounds.size()) +
                            " micro-batches");
   }
-  if (stage_.model().expert_parallel()) {
+  if (expert_parallel) {
     // Every MoE layer's dispatch and combine are collective over the stage's EP group, whose ranks
     // (one per pipeline) run the same schedule: with as many micro-batches their collectives come
-    // in the same order. Every pipeline trains as many samples, so the counts agree; checked over
-    // the stage's data-parallel group (a superset of the EP group) rather than assumed.
+    // in the same order. Every pipeline trains as many samples (or, with StaleSync, pads to the
+    // largest count), so the counts agree; checked over the stage's data-parallel group (a
+    // superset of the EP group) rather than assumed.
     long long most_and_least[2] = {(long long)bounds.size(), -(long long)bounds.size()};
     MPI_Allreduce(MPI_IN_PLACE, most_and_least, 2, MPI_LONG_LONG, MPI_MAX,
                   groups_.data_parallel().comm);

@@ -144,6 +144,8 @@ class PipelineTrainer {
   double wait_seconds() const { return wait_seconds_; }
   double compute_seconds() const { return compute_seconds_; }
   int pairs() const { return pairs_; }  // forward / backward pairs run (pairing)
+  // Empty micro-batches run to keep in step with EP mates that had more (StaleSync with EP).
+  int padded_micro_batches() const { return padded_micro_batches_; }
   double measured_bubble() const { return wall_seconds_ > 0 ? wait_seconds_ / wall_seconds_ : 0; }
   // With EP: the schedule runs' EP communication time and its exposed part (hidden_fraction).
   const SplitPhaseChain::Time& ep_communication() const { return ep_communication_; }
@@ -161,6 +163,7 @@ class PipelineTrainer {
   RoleExpertParallel* ep_;
   bool pairing_;
   int pairs_ = 0;
+  int padded_micro_batches_ = 0;
   double wall_seconds_ = 0, wait_seconds_ = 0, compute_seconds_ = 0;
   SplitPhaseChain::Time ep_communication_;
 };

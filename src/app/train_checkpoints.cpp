@@ -311,9 +311,11 @@ void TrainCheckpoints::save(const RlPosition& position, const TrainingState& sta
     in_flight = gather_in_flight(pool_ ? pool_->saved_samples() : kNothingInFlight, comm);
   }
   if (pipeline_ && ep) {
-    // PP x EP: the first EP replica's pipelines gather their stages, their first stages write.
-    write_pipeline_expert_checkpoint(run_.run_dir, model.config(), c, tensors_of(buffers_of(state)),
-                                     *pipeline_, *ep);
+    // PP x EP: the first EP replica's pipelines gather their stages, their first stages write
+    // (with StaleSync, world rank 0 the pools in flight).
+    CheckpointTensors stage = tensors_of(buffers_of(state));
+    if (writer && with_in_flight) stage.in_flight = &in_flight;
+    write_pipeline_expert_checkpoint(run_.run_dir, model.config(), c, stage, *pipeline_, *ep);
     return;
   }
   // Replica 0's EP group writes the one file together, each rank its own experts by id (parallel

@@ -238,11 +238,15 @@ PipelineStepStats run_schedule(PipelineStage<T>& stage, const PipelineShape& sha
     p.op = ops[i];
     p.stage = virtual_stage(shape, rank, p.op.chunk);
     if (exchange.posted(i)) p.input = exchange.take_receive(i, stats.wait_seconds);
+    // An empty micro-batch (StaleSync with EP pads with them) still passes real buffers: the
+    // model tells hidden rows from tokens by the pointer.
+    p.input.reserve(1);
     const PipelineMicroBatch<T>& batch = batches[size_t(p.op.micro_batch)];
     if (p.op.kind == PassKind::Forward) {
       p.pass.emplace(
           stage.forward_pass(p.op.micro_batch, p.op.chunk, batch, p.input.data(), &p.out));
     } else {
+      p.dx.reserve(1);
       p.dx.resize(p.stage > 0 ? size_t(batch.token_count()) * size_t(row) : 0);
       p.pass.emplace(stage.backward_pass(p.op.micro_batch, p.op.chunk, p.input.data(),
                                          aux_weight * batch.aux_scale, p.dx.data()));

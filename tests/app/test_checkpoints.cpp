@@ -433,7 +433,8 @@ TEST(Checkpoint, FusedTensorParallelStaleSyncWithOffloadResumeIsBitExact) {
 }
 
 // Fused StaleSync with pipelines: every rank's own pool (generation is data-parallel) is saved and
-// refilled; PP 2 with --offload on 2 ranks, TP 2 x PP 2 on 4, and the interleaved schedule (PP 2
+// refilled; PP 2 with --offload on 2 ranks, TP 2 x PP 2 and PP 2 x EP 2 on 4, and the interleaved
+// schedule (PP 2
 // with 2 virtual stages of the 4-layer tiny in pieces of 3 samples, split into even counts) on 2.
 TEST(Checkpoint, FusedPipelineParallelStaleSyncResumeIsBitExact) {
   const std::string stale_options = "--mode fused --staleness 1 --finish-threshold 0.75 ";
@@ -442,6 +443,10 @@ TEST(Checkpoint, FusedPipelineParallelStaleSyncResumeIsBitExact) {
                                    "data");
   expect_kill_and_resume_bit_exact("tensor-pipeline-stale", 4,
                                    stale + "--tensor-parallel 2 --pipeline-parallel 2 ", "data");
+  // PP x EP: the first stages' EP group writes the file, world rank 0 the pools with it.
+  expect_kill_and_resume_bit_exact(
+      "pipeline-experts-stale", 4,
+      stale + "--pipeline-parallel 2 --expert-parallel 2 --micro-batch 4 ", "data");
   expect_kill_and_resume_bit_exact("interleaved-stale", 2,
                                    train_args(6, test::write_tiny4_model(temp_dir("tiny4-stale"))) +
                                        stale_options +

@@ -85,7 +85,9 @@ TEST(ModelParallelStaleSync, ZeroStalenessIsTheSynchronousRunBitForBit) {
 // pipeline's pieces of 3 split into an even count) and TP 2 x PP 2 (every rank's pool is one rank's
 // of the data-parallel run on 4 ranks: the same prompts, slots and sampling keys). TP 2 x DP 2
 // generating data-parallel (--actor-tensor-parallel 1) keeps a pool per rank, as the
-// data-parallel run on 4 ranks does, and each TP group trains its two ranks' samples.
+// data-parallel run on 4 ranks does, and each TP group trains its two ranks' samples. PP 2 x EP 2
+// (1F1B, and interleaved on the 4-layer tiny) likewise, each pipeline padding its micro-batches
+// with empty ones to its EP mate's count.
 TEST(ModelParallelStaleSync, KeepsTheBoundReproduciblyAndTrainsTheDataParallelRunsSamples) {
   const std::string heavy_tailed =
       "train --model tiny --task sort-heavytail --sft-steps 150 --sft-learning-rate 0.01 "
@@ -114,7 +116,13 @@ TEST(ModelParallelStaleSync, KeepsTheBoundReproduciblyAndTrainsTheDataParallelRu
         Layout{"--tensor-parallel 2 --actor-tensor-parallel 1 ", 2, 4, "", false,
                "--tensor-parallel 2 "},
         Layout{"--pipeline-parallel 2 --virtual-stages 2 --micro-batch 3 ", 2, 4,
-               "--micro-batch 3 ", true}}) {
+               "--micro-batch 3 ", true},
+        // PP 2 x EP 2: each pipeline's pieces of one group (--micro-batch 4), padded with empty
+        // micro-batches to its EP mate's count (1F1B and interleaved).
+        Layout{"--pipeline-parallel 2 --expert-parallel 2 --micro-batch 4 ", 2, 4,
+               "--micro-batch 4 "},
+        Layout{"--pipeline-parallel 2 --virtual-stages 2 --expert-parallel 2 --micro-batch 3 ", 2,
+               4, "--micro-batch 3 ", true}}) {
     SCOPED_TRACE(layout.options);
     std::string run = heavy_tailed;
     if (layout.four_layers) run.replace(run.find("tiny"), 4, tiny4);
@@ -130,6 +138,15 @@ TEST(ModelParallelStaleSync, KeepsTheBoundReproduciblyAndTrainsTheDataParallelRu
                                          layout.data_parallel_ranks);
     ASSERT_EQ(dp.exit_code, 0) << dp.output;
     EXPECT_NE(a.output.find("StaleSync pool of rank 0"), std::string::npos) << a.output;
+    if (layout.options.find("--pipeline-parallel 2 --expert-parallel") != std::string::npos ||
+        layout.options.find("--virtual-stages 2 --expert-parallel") != std::string::npos) {
+      // The pipelines' piece counts differed at some step: empty micro-batches kept the EP
+      // mates in step.
+      const std::string padded = "# StaleSync at PP x EP: the ranks ran ";
+      const size_t at = a.output.find(padded);
+      ASSERT_NE(at, std::string::npos) << a.output;
+      EXPECT_GT(std::stoi(a.output.substr(at + padded.size())), 0) << a.output;
+    }
     // The same seed, other timing: the same weights bit for bit.
     EXPECT_EQ(test::read_saved_parameters(a_dir + "/model.h5"),
               test::read_saved_parameters(b_dir + "/model.h5"));
