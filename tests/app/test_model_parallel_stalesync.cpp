@@ -87,7 +87,8 @@ TEST(ModelParallelStaleSync, ZeroStalenessIsTheSynchronousRunBitForBit) {
 // generating data-parallel (--actor-tensor-parallel 1) keeps a pool per rank, as the
 // data-parallel run on 4 ranks does, and each TP group trains its two ranks' samples. PP 2 x EP 2
 // (1F1B, and interleaved on the 4-layer tiny) likewise, each pipeline padding its micro-batches
-// with empty ones to its EP mate's count.
+// with empty ones to its EP mate's count; and TP 2 x EP 2 x PP 2 on 8 ranks against the
+// data-parallel run on 8.
 TEST(ModelParallelStaleSync, KeepsTheBoundReproduciblyAndTrainsTheDataParallelRunsSamples) {
   const std::string heavy_tailed =
       "train --model tiny --task sort-heavytail --sft-steps 150 --sft-learning-rate 0.01 "
@@ -101,6 +102,7 @@ TEST(ModelParallelStaleSync, KeepsTheBoundReproduciblyAndTrainsTheDataParallelRu
     // When set, the weights are compared with this run's on 4 ranks instead of the
     // data-parallel run's.
     std::string same_weights_as = {};
+    int ranks = 4;  // of the model-parallel runs
   };
   const std::string tiny4 = test::write_tiny4_model(test::fresh_temp_dir("mp-stale-model"));
   for (const Layout& layout :
@@ -122,17 +124,21 @@ TEST(ModelParallelStaleSync, KeepsTheBoundReproduciblyAndTrainsTheDataParallelRu
         Layout{"--pipeline-parallel 2 --expert-parallel 2 --micro-batch 4 ", 2, 4,
                "--micro-batch 4 "},
         Layout{"--pipeline-parallel 2 --virtual-stages 2 --expert-parallel 2 --micro-batch 3 ", 2,
-               4, "--micro-batch 3 ", true}}) {
+               4, "--micro-batch 3 ", true},
+        // TP 2 x EP 2 x PP 2 on 8 ranks: every rank's pool is one rank's of the data-parallel run
+        // on 8, each model replica (4 ranks) training its ranks' samples.
+        Layout{"--tensor-parallel 2 --pipeline-parallel 2 --expert-parallel 2 --micro-batch 4 ", 4,
+               8, "--micro-batch 4 ", false, "", 8}}) {
     SCOPED_TRACE(layout.options);
     std::string run = heavy_tailed;
     if (layout.four_layers) run.replace(run.find("tiny"), 4, tiny4);
     const std::string a_dir = test::fresh_temp_dir("mp-stale-a");
     const std::string b_dir = test::fresh_temp_dir("mp-stale-b");
     const std::string dp_dir = test::fresh_temp_dir("mp-stale-dp");
-    const Result a =
-        test::run_rlfusion(run + layout.options + "--random-delay-ms 2 --run-dir " + a_dir, 4);
+    const Result a = test::run_rlfusion(
+        run + layout.options + "--random-delay-ms 2 --run-dir " + a_dir, layout.ranks);
     ASSERT_EQ(a.exit_code, 0) << a.output;
-    const Result b = test::run_rlfusion(run + layout.options + "--run-dir " + b_dir, 4);
+    const Result b = test::run_rlfusion(run + layout.options + "--run-dir " + b_dir, layout.ranks);
     ASSERT_EQ(b.exit_code, 0) << b.output;
     const Result dp = test::run_rlfusion(run + layout.data_parallel_options + "--run-dir " + dp_dir,
                                          layout.data_parallel_ranks);
@@ -140,6 +146,7 @@ TEST(ModelParallelStaleSync, KeepsTheBoundReproduciblyAndTrainsTheDataParallelRu
     EXPECT_NE(a.output.find("StaleSync pool of rank 0"), std::string::npos) << a.output;
     if (layout.options.find("--pipeline-parallel 2 --expert-parallel") != std::string::npos ||
         layout.options.find("--virtual-stages 2 --expert-parallel") != std::string::npos) {
+      // (PP x EP, also inside TP x EP x PP)
       // The pipelines' piece counts differed at some step: empty micro-batches kept the EP
       // mates in step.
       const std::string padded = "# StaleSync at PP x EP: the ranks ran ";
