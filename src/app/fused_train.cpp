@@ -101,8 +101,13 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   // The model a pipeline rank, or a TP rank generating at a lower TP degree, generates from: every
   // layer (with TP generation, its TP slice).
   const bool borrows_whole_model = pp || tp_regrouped_generation;
+  // (TP x EP generating data-parallel: every layer with the rank's training experts.)
+  const ExpertShard regrouped_experts =
+      tp_regrouped_generation && options.expert_parallel > 1
+          ? expert_shard_of(tp->replica(), options.expert_parallel, model_config.n_experts)
+          : ExpertShard{};
   const ParameterLayout unsliced_generation_layout =
-      pp ? pp->generation_layout() : ParameterLayout(model_config);
+      pp ? pp->generation_layout() : ParameterLayout(model_config, regrouped_experts);
   const ParameterLayout whole_generation_layout =
       generation_tp_groups ? with_tensor_slice(model_config, unsliced_generation_layout,
                                                generation_tp_groups->slice())
@@ -533,8 +538,10 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         // keeps its share (its data-parallel block), and the training TP group then trains the
         // samples of all its ranks.
         ArenaScope generation_memory(device);
+        // (With EP, generation at TP 1 only: each rank keeps its training experts and generates
+        // collectively over its training EP group.)
         Transformer<float> generator(policy.config, policy.device->ops(), device,
-                                     /*with_gradients=*/false, ExpertShard{}, LayerShard{},
+                                     /*with_gradients=*/false, regrouped_experts, LayerShard{},
                                      generation_groups.get());
         {
           TraceScope traced(trace, Phase::Reshard);
@@ -545,6 +552,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
           traced.set_bytes(int64_t(received));
           generation_switch_bytes += received;
         }
+        if (ep) ep->attach_reusing(generator);
         generate(generator);
         if (generation_groups) {
           rollouts = tensor_parallel_share(std::move(rollouts), *generation_groups);

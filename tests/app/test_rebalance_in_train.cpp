@@ -254,7 +254,10 @@ TEST(TrainRebalance, TensorParallelGroupsMigratingTrainLikeTheRunThatNeverMigrat
                            Variant{"tensor-duplicate", "--tensor-parallel-duplicate-experts "},
                            Variant{"tensor-split-chunks", "--ep-overlap-chunks 2 "},
                            Variant{"tensor-duplicate-chunks",
-                                   "--tensor-parallel-duplicate-experts --ep-overlap-chunks 2 "}}) {
+                                   "--tensor-parallel-duplicate-experts --ep-overlap-chunks 2 "},
+                           // Generation data-parallel from the regrouped dense model with the
+                           // rank's (migrated) experts.
+                           Variant{"tensor-dp-generation", "--actor-tensor-parallel 1 "}}) {
     SCOPED_TRACE(v.name);
     expect_migrating_run_trains_like_the_static_one(
         v.name, kSkewed + "--mode fused --tensor-parallel 2 --expert-parallel 2 " + v.options, 4);

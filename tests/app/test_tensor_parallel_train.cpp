@@ -3,7 +3,8 @@
 // fused run of the same prompts: the same held-out accuracy before and after RL, the same reward
 // every step, and a saved whole model within float rounding of it; so do TP 2 x DP 2 generating
 // data-parallel (--actor-tensor-parallel 1: each rank generates its block from the whole model
-// gathered for the phase, counted, and its TP group trains both ranks' samples) and TP 4
+// gathered for the phase, counted, and its TP group trains both ranks' samples; with TP 2 x EP 2
+// too, each rank keeping its training experts) and TP 4
 // generating at TP 2 (slices regrouped for the phase). Degrees and combinations that do not fit
 // stop every rank with exit code 2 before any output.
 #include <gtest/gtest.h>
@@ -66,6 +67,10 @@ TEST(TensorParallelTrain, TrainsLikeTheDataParallelFusedRun) {
                "--tensor-parallel-duplicate-experts",
                "TP 2 x 2 replicas", "EP 2 x 1 replicas", 2, 2, 2},
         Layout{4, "--tensor-parallel 2 --actor-tensor-parallel 1", "TP 2 x 2 replicas", "", 2, 1},
+        // TP x EP generating data-parallel: each rank the whole dense model with its training
+        // experts, over its training EP group.
+        Layout{4, "--tensor-parallel 2 --expert-parallel 2 --actor-tensor-parallel 1",
+               "TP 2 x 2 replicas", "EP 2 x 1 replicas", 2, 1},
         Layout{4, "--tensor-parallel 4 --actor-tensor-parallel 2", "TP 4 x 1 replicas", "", 4,
                2}}) {
     SCOPED_TRACE(std::to_string(layout.ranks) + " ranks " + layout.options);

@@ -136,9 +136,14 @@ TEST(TensorPipelineTrain, ShapesThatDoNotFitStopEveryRankBeforeOutput) {
            "--actor-tensor-parallel 4 with --tensor-parallel 2: must divide the training TP "
            "degree"},
           {2, "--actor-tensor-parallel 2", "--actor-tensor-parallel 2 needs --tensor-parallel 2"},
-          {4, "--tensor-parallel 2 --actor-tensor-parallel 1 --expert-parallel 2",
+          {8, "--tensor-parallel 4 --expert-parallel 2 --actor-tensor-parallel 2",
+           "--actor-tensor-parallel 2 with --tensor-parallel 4 is not supported with "
+           "--expert-parallel (with EP, generation runs at the training TP degree or at 1)"},
+          {4,
+           "--tensor-parallel 2 --expert-parallel 2 --actor-tensor-parallel 1 --redundant-experts "
+           "1",
            "--actor-tensor-parallel 1 with --tensor-parallel 2 is not supported with "
-           "--expert-parallel"},
+           "--redundant-experts"},
           {4, "--tensor-parallel 2 --pipeline-parallel 2 --actor-tensor-parallel -1",
            "--actor-tensor-parallel -1: must be a positive integer"},
       },
