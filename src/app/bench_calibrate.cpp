@@ -317,19 +317,27 @@ LayerRates measure_decode_rates(Device& device, int repeats) {
 }
 
 // Parameters per second of the optimizer step as the runtime takes it (Ops' gradient norm, then
-// AdamW's update) over 4M float32 parameters (64 MiB of states: past the caches, as a model's).
+// AdamW's update) over 4M float32 parameters (64 MiB of states: past the caches, as a model's),
+// the four buffers in the device arena as the runtime's are. (Four separate heap vectors ran at
+// about half the arena's rate in some calibrations and not in others, 7-8e7 against 1.5-1.7e8
+// parameters/s on the same idle machine: not the runtime's memory.)
 double measure_optimizer_rate(Device& device, int repeats) {
   const int64_t n = int64_t(1) << 22;
   const size_t count = size_t(n);
-  std::vector<float> param(count, 0.5f), grad(count, 0.0f), m(count, 0.0f), v(count, 0.0f);
+  Arena& arena = device.memory();
+  ArenaScope scope(arena);
+  float* param = arena.allocate<float>(count, "optimizer calibration");
+  float* grad = arena.allocate<float>(count, "optimizer calibration");
+  float* m = arena.allocate_zeroed<float>(count, "optimizer calibration");
+  float* v = arena.allocate_zeroed<float>(count, "optimizer calibration");
+  std::fill_n(param, count, 0.5f);
   for (int64_t i = 0; i < n; ++i) grad[size_t(i)] = philox_uniform(5, 1, uint64_t(i)) - 0.5f;
   const Ops<float>& ops = device.ops();
   int step = 0;
   const double seconds = seconds_of(
       [&] {
-        const double norm = std::sqrt(ops.grad_norm_squared(grad.data(), n, device.memory()));
-        ops.adamw_update(param.data(), grad.data(), m.data(), v.data(), n, AdamWHyper{}, ++step,
-                         clip_scale(norm, 1.0f), device.memory());
+        const double norm = std::sqrt(ops.grad_norm_squared(grad, n, arena));
+        ops.adamw_update(param, grad, m, v, n, AdamWHyper{}, ++step, clip_scale(norm, 1.0f), arena);
       },
       repeats);
   return double(n) / seconds;
@@ -540,7 +548,8 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
       "forward + backward rates of reference models (width 32, 128 and 256, 8 experts) on 16 .. "
       "1024 rows; layer_rate_* and decode_rate_*: the measured points the fits were made of; "
       "kernel overhead from a 1-token forward of a 1-layer d_model-8 model; "
-      "optimizer_rate: gradient norm + AdamW over 4M parameters; sampler: top-p sampling of 64 "
+      "optimizer_rate: gradient norm + AdamW over 4M parameters in the device arena; sampler: "
+      "top-p sampling of 64 "
       "rows at V = 16 .. 4096; copy bandwidth from memcpy of 128 MiB; links: %s; %s; "
       "expert exchange (2 ranks): the runtime's dispatcher, 8 and 256 tokens top-2 of 4 experts, "
       "beyond the link time; its lock-step cost: each operation after equal work on both ranks, "
@@ -622,9 +631,10 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
     char method[160];
     // One fit's two lines: the fixed cost with the two batches it came from, and the cost per row.
     auto fit_lines = [&](const char* what, const char* operations, const ExchangeFit& fit) {
-      std::snprintf(method, sizeof method, "%s, %d / %d tokens: %.1f / %.1f us each, less link time",
-                    operations, exchange.small_tokens, exchange.large_tokens,
-                    fit.small_seconds * 1e6, fit.large_seconds * 1e6);
+      std::snprintf(method, sizeof method,
+                    "%s, %d / %d tokens: %.1f / %.1f us each, less link time", operations,
+                    exchange.small_tokens, exchange.large_tokens, fit.small_seconds * 1e6,
+                    fit.large_seconds * 1e6);
       quantity((std::string("EP ") + what + " overhead").c_str(), fit.overhead * 1e6, 2, "us",
                method);
       quantity((std::string("EP ") + what + " per row").c_str(), fit.row_seconds * 1e9, 2, "ns",
