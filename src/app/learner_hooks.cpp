@@ -5,6 +5,14 @@
 
 namespace rlf {
 
+std::function<size_t(size_t)> largest_micro_batch_count(MPI_Comm comm) {
+  return [comm](size_t own) {
+    unsigned long long most = own;
+    MPI_Allreduce(MPI_IN_PLACE, &most, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, comm);
+    return size_t(most);
+  };
+}
+
 DataParallelHooks learner_hooks(const HierarchicalComm& learners, Links& links,
                                 Transformer<float>& model, RoleExpertParallel* ep,
                                 TraceRecorder& trace) {
@@ -30,14 +38,8 @@ DataParallelHooks learner_hooks(const HierarchicalComm& learners, Links& links,
     const LinkCounters& now = links.counters();
     traced.set_bytes(int64_t(now.bytes[0] + now.bytes[1] - before.bytes[0] - before.bytes[1]));
   };
-  if (ep) {
-    // Over all learners (a superset of each EP group): simpler, and it costs one integer.
-    hooks.micro_batches = [comm](size_t own) {
-      unsigned long long most = own;
-      MPI_Allreduce(MPI_IN_PLACE, &most, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, comm);
-      return size_t(most);
-    };
-  }
+  // Over all learners (a superset of each EP group): simpler, and it costs one integer.
+  if (ep) hooks.micro_batches = largest_micro_batch_count(comm);
   hooks.reduce_stats = [comm](StepStats& s) {
     double v[7] = {s.samples, s.reward, s.correct,       s.response_tokens,
                    s.tokens,  s.kl,     s.clipped_tokens};

@@ -6,6 +6,7 @@
 
 #include "kernels/error.h"
 #include "mpi_comm/counted_allgather.h"
+#include "src/app/learner_hooks.h"
 #include "src/app/tensor_parallel_train.h"
 #include "src/model/activation_memory.h"
 #include "src/rl/policy_loss.h"
@@ -153,12 +154,7 @@ uint64_t attach_pipeline_reference_logprobs(const Transformer<float>& reference_
   DataParallelHooks parallel;
   if (ep) {
     ep->attach_reusing(whole);
-    const MPI_Comm comm = groups.data_parallel().comm;
-    parallel.micro_batches = [comm](size_t own_count) {
-      unsigned long long most = own_count;
-      MPI_Allreduce(MPI_IN_PLACE, &most, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, comm);
-      return size_t(most);
-    };
+    parallel.micro_batches = largest_micro_batch_count(groups.data_parallel().comm);
   }
   attach_reference_logprobs(whole, own, micro_batch, temperature, parallel);
   return received;
