@@ -184,7 +184,12 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
     // The KL reference's log-probs: through the pipeline its stage is all a rank holds (counted
     // in the plan); with EP inside the stages, or StaleSync's unequal blocks, a whole copy
     // gathered from the stages for the reference phase, before training's activations.
-    if (pp && rl.kl_coef > 0 && (options.expert_parallel > 1 || rl.staleness > 0)) {
+    // So does the policy's for the proximal log-probs of PP StaleSync with several minibatches
+    // (never both at once).
+    const bool gathered_reference =
+        rl.kl_coef > 0 && (options.expert_parallel > 1 || rl.staleness > 0);
+    const bool gathered_proximal = rl.staleness > 0 && rl.minibatches > 1;
+    if (pp && (gathered_reference || gathered_proximal)) {
       memory_plan.training += size_t(pp->generation_layout().total()) * sizeof(float);
     }
     check_fused_memory_fit(memory_plan, policy.device->memory().capacity(), options.offload, mode);
@@ -305,6 +310,10 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   // each minibatch takes its share of every block.
   // (StaleSync: the ranks' blocks differ, and one minibatch takes them all.)
   if (pp && rl.staleness == 0) settings.sample_blocks = pp->model_parallel().size();
+  // (StaleSync with several minibatches: each rank attaches the proximal log-probs of its own
+  // samples before the replica gathers them, from a whole copy of the policy; no rank holds one
+  // at training time.)
+  settings.proximal_attached = pp != nullptr;
   const GenerationSettings sampling = sampling_settings(rl, task, run.seed);
   const AdvantageEstimator estimator = parse_advantage_estimator(rl.advantage);
   // The prompts this rank generates (with TP generation, its TP group's) per step.
@@ -632,14 +641,26 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
             *learner.reference, *pp, device, rollouts, settings.micro_batch, settings.temperature,
             ep.get())));
       }
+      // PP StaleSync with several minibatches: the decoupled objective's anchor for the samples
+      // after each rank's first minibatch, computed on the rank's own samples as the
+      // data-parallel rank computes it, from a whole copy of the policy gathered from its stages.
+      const bool gathered_proximal = pp && pool && settings.minibatches > 1;
+      if (gathered_proximal) {
+        TraceScope traced(trace, Phase::Proximal);
+        traced.set_version(version);
+        traced.set_bytes(int64_t(
+            attach_pipeline_proximal_logprobs(model, *pp, device, rollouts, settings, ep.get())));
+      }
       if (pp) {
         TraceScope traced(trace, Phase::QueueGet);
         traced.set_version(version);
         if (pool) {
-          // Every rank finished its own count of groups: the replica's ranks exchange them.
+          // Every rank finished its own count of groups: the replica's ranks exchange them, and
+          // each minibatch takes its share of every rank's block.
           std::vector<size_t> blocks;
-          rollouts =
-              gather_replica_rollouts(*pp, rollouts, rl.group_size, gathered_reference, blocks);
+          rollouts = gather_replica_rollouts(*pp, rollouts, rl.group_size, gathered_reference,
+                                             gathered_proximal, blocks);
+          settings.block_sizes = blocks;
           pipeline_trainer->set_blocks(std::move(blocks));
         } else {
           rollouts = pipeline_rollouts(*pipeline_queue, *pp, rollouts, rl.group_size);

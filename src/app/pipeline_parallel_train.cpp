@@ -1,6 +1,7 @@
 #include "src/app/pipeline_parallel_train.h"
 
 #include <algorithm>
+#include <functional>
 #include <string>
 #include <utility>
 
@@ -60,8 +61,9 @@ void validate_pipeline_parallel_train(const DisaggregatedOptions& options, bool 
     }
   }
   if (rl.staleness > 0) {
-    // StaleSync: a pipeline trains its ranks' varying counts of finished groups, each rank's block
-    // in --micro-batch pieces (gather_replica_rollouts), in one minibatch on every schedule.
+    // StaleSync: a pipeline trains its ranks' varying counts of finished groups
+    // (gather_replica_rollouts), each minibatch its share of every rank's block, in --micro-batch
+    // pieces of each or --micro-batches equal parts.
     auto refuse_stale = [&](const std::string& what) {
       throw ConfigError(option + " with --staleness (StaleSync) is not supported " + what);
     };
@@ -73,8 +75,6 @@ void validate_pipeline_parallel_train(const DisaggregatedOptions& options, bool 
                    ") is a multiple of " + option +
                    " (the interleaved schedule runs micro-batches in groups of the stages)");
     }
-    if (options.micro_batches > 0) refuse_stale("with --micro-batches");
-    if (rl.minibatches > 1) refuse_stale("with --minibatches");
   }
   if (options.expert_parallel > 1 || options.actor_expert_parallel > 1) {
     // An EP group is the ranks of one stage in E consecutive pipelines (with TP: of one TP rank
@@ -139,53 +139,107 @@ std::unique_ptr<PipelineGroups> make_train_pipeline(const DisaggregatedOptions& 
                                           std::move(boundaries));
 }
 
-uint64_t attach_pipeline_reference_logprobs(const Transformer<float>& reference_stage,
-                                            const PipelineGroups& groups, Arena& device,
-                                            std::vector<Rollout>& own, int micro_batch,
-                                            float temperature, RoleExpertParallel* ep) {
-  ArenaScope reference_memory(device);
-  Transformer<float> whole(reference_stage.config(), reference_stage.ops(), device,
+namespace {
+
+// Runs `attach` on a whole model gathered from `stage`'s replica (gather_pipeline_model) into
+// `device`, freed on return; with `ep`, the model runs over the EP group, every rank the largest
+// count of micro-batches of the stage's data-parallel group (a superset of the EP group: with
+// StaleSync the blocks differ), the extra ones empty. Returns the bytes received.
+uint64_t with_gathered_pipeline_model(
+    const Transformer<float>& stage, const PipelineGroups& groups, Arena& device,
+    RoleExpertParallel* ep,
+    const std::function<void(Transformer<float>&, const DataParallelHooks&)>& attach) {
+  ArenaScope gathered_memory(device);
+  Transformer<float> whole(stage.config(), stage.ops(), device,
                            /*with_gradients=*/false, groups.expert_shard());
-  const uint64_t received = gather_pipeline_model(reference_stage.parameters(), groups,
-                                                  whole.parameters(), whole.layout());
-  // The EP mates run as many forwards: with StaleSync their blocks differ, and every rank runs
-  // the largest count of micro-batches in the stage's data-parallel group (a superset of the EP
-  // group), the extra ones empty.
+  const uint64_t received =
+      gather_pipeline_model(stage.parameters(), groups, whole.parameters(), whole.layout());
   DataParallelHooks parallel;
   if (ep) {
     ep->attach_reusing(whole);
     parallel.micro_batches = largest_micro_batch_count(groups.data_parallel().comm);
   }
-  attach_reference_logprobs(whole, own, micro_batch, temperature, parallel);
+  attach(whole, parallel);
   return received;
+}
+
+}  // namespace
+
+uint64_t attach_pipeline_reference_logprobs(const Transformer<float>& reference_stage,
+                                            const PipelineGroups& groups, Arena& device,
+                                            std::vector<Rollout>& own, int micro_batch,
+                                            float temperature, RoleExpertParallel* ep) {
+  return with_gathered_pipeline_model(
+      reference_stage, groups, device, ep,
+      [&](Transformer<float>& whole, const DataParallelHooks& parallel) {
+        attach_reference_logprobs(whole, own, micro_batch, temperature, parallel);
+      });
+}
+
+uint64_t attach_pipeline_proximal_logprobs(const Transformer<float>& policy_stage,
+                                           const PipelineGroups& groups, Arena& device,
+                                           std::vector<Rollout>& own,
+                                           const RlStepSettings& settings, RoleExpertParallel* ep) {
+  return with_gathered_pipeline_model(
+      policy_stage, groups, device, ep,
+      [&](Transformer<float>& whole, const DataParallelHooks& parallel) {
+        attach_proximal_logprobs(whole, own, settings, parallel);
+      });
+}
+
+void gather_replica_logprobs(const std::vector<Rollout>& own, const PipelineGroups& groups,
+                             std::vector<Rollout>& pipeline_samples,
+                             std::vector<float> Rollout::*member) {
+  // The replica's ranks (with TP: every TP rank of every stage) generated its blocks, in rank
+  // order. A rollout carries its response's log-probs or none (the proximal ones start at a
+  // block's second minibatch): one flag each says which.
+  std::vector<float> mine;
+  std::vector<int> carries;
+  for (const Rollout& r : own) {
+    const std::vector<float>& logp = r.*member;
+    if (!logp.empty() && logp.size() != r.response.size()) {
+      throw std::logic_error("gather_replica_logprobs: a rollout's log-probs miss its response");
+    }
+    carries.push_back(logp.empty() ? 0 : 1);
+    mine.insert(mine.end(), logp.begin(), logp.end());
+  }
+  std::vector<int> displacements;
+  const std::vector<int> all_carry =
+      allgather_counted(groups.model_parallel(), groups.links(), carries, MPI_INT, displacements);
+  const std::vector<float> all =
+      allgather_counted(groups.model_parallel(), groups.links(), mine, MPI_FLOAT, displacements);
+  if (all_carry.size() != pipeline_samples.size()) {
+    throw std::logic_error("gather_replica_logprobs: the replica sent flags for " +
+                           std::to_string(all_carry.size()) + " of " +
+                           std::to_string(pipeline_samples.size()) + " samples");
+  }
+  size_t at = 0;
+  for (size_t i = 0; i < pipeline_samples.size(); ++i) {
+    Rollout& r = pipeline_samples[i];
+    if (!all_carry[i]) {
+      (r.*member).clear();
+      continue;
+    }
+    if (at + r.response.size() > all.size()) {
+      throw std::logic_error("gather_replica_logprobs: the replica sent too few log-probs");
+    }
+    (r.*member).assign(all.begin() + std::ptrdiff_t(at),
+                       all.begin() + std::ptrdiff_t(at + r.response.size()));
+    at += r.response.size();
+  }
+  if (at != all.size()) {
+    throw std::logic_error("gather_replica_logprobs: the replica sent too many log-probs");
+  }
 }
 
 void gather_reference_logprobs(const std::vector<Rollout>& own, const PipelineGroups& groups,
                                std::vector<Rollout>& pipeline_samples) {
-  // The replica's ranks (with TP: every TP rank of every stage) generated its blocks, in rank
-  // order.
-  std::vector<float> mine;
   for (const Rollout& r : own) {
     if (r.reference_logp.size() != r.response.size()) {
       throw std::logic_error("gather_reference_logprobs: a rollout lacks its reference log-probs");
     }
-    mine.insert(mine.end(), r.reference_logp.begin(), r.reference_logp.end());
   }
-  std::vector<int> displacements;
-  const std::vector<float> all =
-      allgather_counted(groups.model_parallel(), groups.links(), mine, MPI_FLOAT, displacements);
-  size_t at = 0;
-  for (Rollout& r : pipeline_samples) {
-    if (at + r.response.size() > all.size()) {
-      throw std::logic_error("gather_reference_logprobs: the replica sent too few log-probs");
-    }
-    r.reference_logp.assign(all.begin() + std::ptrdiff_t(at),
-                            all.begin() + std::ptrdiff_t(at + r.response.size()));
-    at += r.response.size();
-  }
-  if (at != all.size()) {
-    throw std::logic_error("gather_reference_logprobs: the replica sent too many log-probs");
-  }
+  gather_replica_logprobs(own, groups, pipeline_samples, &Rollout::reference_logp);
 }
 
 std::vector<Rollout> pipeline_rollouts(DistQueue& queue, const PipelineGroups& groups,
@@ -211,10 +265,12 @@ std::vector<Rollout> pipeline_rollouts(DistQueue& queue, const PipelineGroups& g
 
 std::vector<Rollout> gather_replica_rollouts(const PipelineGroups& groups,
                                              const std::vector<Rollout>& own, int group_size,
-                                             bool reference, std::vector<size_t>& blocks) {
+                                             bool reference, bool proximal,
+                                             std::vector<size_t>& blocks) {
   std::vector<Rollout> rollouts =
       allgather_rollouts(groups.model_parallel(), groups.links(), own, group_size, &blocks);
   if (reference) gather_reference_logprobs(own, groups, rollouts);
+  if (proximal) gather_replica_logprobs(own, groups, rollouts, &Rollout::proximal_logp);
   return rollouts;
 }
 
@@ -284,25 +340,38 @@ void split_into_stage_multiple(std::vector<std::pair<size_t, size_t>>& bounds, i
   }
 }
 
-std::vector<std::pair<size_t, size_t>> PipelineTrainer::micro_batch_bounds(size_t count) const {
+std::vector<std::pair<size_t, size_t>> PipelineTrainer::micro_batch_bounds(size_t count,
+                                                                           int minibatch) const {
   std::vector<std::pair<size_t, size_t>> bounds;
+  if (equal_parts_) {
+    // --micro-batches M: M equal parts (with StaleSync some may be empty: a pipeline whose ranks
+    // finished fewer than M samples).
+    const size_t parts = size_t(groups_.shape().micro_batches);
+    for (size_t k = 0; k < parts; ++k)
+      bounds.emplace_back(k * count / parts, (k + 1) * count / parts);
+    return bounds;
+  }
   if (!blocks_.empty()) {
-    // StaleSync: the ranks' blocks as they came, each in --micro-batch pieces.
+    // StaleSync: this minibatch's share of each rank's block as it came (the share the rank would
+    // train in this minibatch on its own, minibatch_begin), each in --micro-batch pieces.
     size_t begin = 0;
     for (const size_t block : blocks_) {
-      const size_t end = std::min(count, begin + block);
+      const size_t share =
+          minibatch_begin(block, settings_.group_size, settings_.minibatches, minibatch + 1) -
+          minibatch_begin(block, settings_.group_size, settings_.minibatches, minibatch);
+      const size_t end = begin + share;
       for (size_t b = begin; b < end; b += size_t(settings_.micro_batch)) {
         bounds.emplace_back(b, std::min(end, b + size_t(settings_.micro_batch)));
       }
       begin = end;
     }
-    if (groups_.shape().interleaved()) split_into_stage_multiple(bounds, groups_.shape().stages);
-    return bounds;
-  }
-  if (equal_parts_) {
-    const size_t parts = size_t(groups_.shape().micro_batches);
-    for (size_t k = 0; k < parts; ++k)
-      bounds.emplace_back(k * count / parts, (k + 1) * count / parts);
+    if (begin != count) {
+      throw std::logic_error("PipelineTrainer: the ranks' shares of minibatch " +
+                             std::to_string(minibatch) + " hold " + std::to_string(begin) +
+                             " samples, the minibatch " + std::to_string(count));
+    }
+    if (groups_.shape().interleaved() && !bounds.empty())
+      split_into_stage_multiple(bounds, groups_.shape().stages);
     return bounds;
   }
   // Each rank's block (its share of this minibatch; with TP every TP rank of every stage
@@ -312,14 +381,16 @@ std::vector<std::pair<size_t, size_t>> PipelineTrainer::micro_batch_bounds(size_
 
 PpoStats PipelineTrainer::minibatch_gradient(const std::vector<const Rollout*>& minibatch,
                                              double normalizer, double all_samples) {
-  auto bounds = micro_batch_bounds(minibatch.size());
+  const bool stale = !blocks_.empty();
+  auto bounds = micro_batch_bounds(minibatch.size(), stale ? next_minibatch_++ : 0);
   const bool expert_parallel = stage_.model().expert_parallel();
-  if (!blocks_.empty() && expert_parallel) {
+  if (stale && expert_parallel) {
     // StaleSync with EP inside the stages: the pipelines' piece counts differ, but the EP mates
     // must run the same schedule. Every pipeline runs the largest count over the stage's
     // data-parallel group, the extra micro-batches empty (no tokens: their MoE layers exchange
     // nothing but take part; their loss and gradients are zero). Interleaved, every count is a
-    // multiple of p already, so the largest is too.
+    // multiple of p already, so the largest is too. (With --micro-batches every pipeline runs
+    // that many already.)
     long long most = (long long)bounds.size();
     MPI_Allreduce(MPI_IN_PLACE, &most, 1, MPI_LONG_LONG, MPI_MAX, groups_.data_parallel().comm);
     const size_t end = minibatch.size();
@@ -328,18 +399,19 @@ PpoStats PipelineTrainer::minibatch_gradient(const std::vector<const Rollout*>& 
       ++padded_micro_batches_;
     }
   }
-  // (StaleSync: a pipeline whose ranks finished no group this step adds nothing; all of its ranks
-  // hold the same samples, so they skip the schedule together. With EP, only when no pipeline of
-  // the group has any.)
-  if (bounds.empty() && !blocks_.empty()) return PpoStats{};
+  // (StaleSync: a pipeline whose ranks finished no group this step (or none for this minibatch)
+  // adds nothing; all of its ranks hold the same samples, so they skip the schedule together.
+  // With EP, only when no pipeline of the group has any.)
+  if (stale && (bounds.empty() || (minibatch.empty() && !expert_parallel))) return PpoStats{};
   // This minibatch's micro-batches (in --micro-batch pieces a minibatch with a larger share of the
   // groups may make more than the first).
   PipelineShape shape = groups_.shape();
   shape.micro_batches = int(bounds.size());
-  const bool blocks_equal = equal_parts_ || !blocks_.empty() ||
-                            minibatch.size() % size_t(groups_.model_parallel().size()) == 0;
-  // (Only StaleSync with EP pads with empty micro-batches.)
-  const bool empties_allowed = !blocks_.empty() && expert_parallel;
+  const bool blocks_equal =
+      equal_parts_ || stale || minibatch.size() % size_t(groups_.model_parallel().size()) == 0;
+  // (Only StaleSync runs empty micro-batches: padding with EP, or fewer samples than
+  // --micro-batches.)
+  const bool empties_allowed = stale;
   if (bounds.empty() || !blocks_equal ||
       (!empties_allowed && std::any_of(bounds.begin(), bounds.end(),
                                        [](const auto& b) { return b.first == b.second; }))) {

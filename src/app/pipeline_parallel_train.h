@@ -82,6 +82,25 @@ uint64_t attach_pipeline_reference_logprobs(const Transformer<float>& reference_
                                             std::vector<Rollout>& own, int micro_batch,
                                             float temperature, RoleExpertParallel* ep = nullptr);
 
+// StaleSync with several minibatches: the decoupled objective's proximal log-probs
+// (Rollout::proximal_logp) of this rank's own rollouts after their first minibatch, exactly as the
+// data-parallel rank computes them (attach_proximal_logprobs), from a whole copy of the policy
+// gathered from `policy_stage`'s replica as attach_pipeline_reference_logprobs gathers the
+// reference's. Collective as that; returns the bytes received.
+uint64_t attach_pipeline_proximal_logprobs(const Transformer<float>& policy_stage,
+                                           const PipelineGroups& groups, Arena& device,
+                                           std::vector<Rollout>& own,
+                                           const RlStepSettings& settings,
+                                           RoleExpertParallel* ep = nullptr);
+
+// Every rank's log-probs `member` of its own rollouts (`own`: block groups.model_parallel().rank()
+// of the replica's samples) onto `pipeline_samples` (the replica's blocks in rank order); a rollout
+// may carry none (then its copy carries none either). An allgather inside the model replica,
+// counted on groups.links(); std::logic_error when the log-probs do not match the responses.
+void gather_replica_logprobs(const std::vector<Rollout>& own, const PipelineGroups& groups,
+                             std::vector<Rollout>& pipeline_samples,
+                             std::vector<float> Rollout::*member);
+
 // Every rank's reference log-probs of its own rollouts (`own`, which the rank generated: block
 // groups.model_parallel().rank() of the replica's samples; without TP the stage's block) onto
 // `pipeline_samples` (the replica's blocks in rank order): an allgather inside the model replica
@@ -104,10 +123,12 @@ std::vector<Rollout> pipeline_rollouts(DistQueue& queue, const PipelineGroups& g
 // every rank finished its own varying count of groups: an allgather of the ranks' rollouts
 // (packed as DistQueue's, counted on groups.links()) inside the replica, in rank order; `blocks`
 // receives each rank's count. With `reference` (a KL term), every rank's reference log-probs are
-// gathered onto the samples too. Collective over groups.model_parallel().
+// gathered onto the samples too, with `proximal` (several minibatches) its proximal ones.
+// Collective over groups.model_parallel().
 std::vector<Rollout> gather_replica_rollouts(const PipelineGroups& groups,
                                              const std::vector<Rollout>& own, int group_size,
-                                             bool reference, std::vector<size_t>& blocks);
+                                             bool reference, bool proximal,
+                                             std::vector<size_t>& blocks);
 
 // Trains a pipeline stage: each minibatch's samples are cut into the pipeline's micro-batches and
 // run through the schedule (with EP inside the stage, in step with its EP mates: the same count
@@ -130,10 +151,13 @@ class PipelineTrainer {
                   int longest_sequence, RoleExpertParallel* ep = nullptr, int overlap_chunks = 1,
                   bool pairing = false);
 
-  // StaleSync (one minibatch a step): the next minibatches' per-rank block sizes
-  // (gather_replica_rollouts), which the micro-batches follow instead of equal blocks; a pipeline
-  // with no samples skips the schedule.
-  void set_blocks(std::vector<size_t> blocks) { blocks_ = std::move(blocks); }
+  // StaleSync: the step's per-rank block sizes (gather_replica_rollouts), which the next
+  // settings.minibatches calls' micro-batches follow instead of equal blocks (each minibatch its
+  // share of every block); a pipeline with no samples in a minibatch skips the schedule.
+  void set_blocks(std::vector<size_t> blocks) {
+    blocks_ = std::move(blocks);
+    next_minibatch_ = 0;
+  }
 
   // optimize_on_rollouts' MinibatchGradient for this stage.
   PpoStats minibatch_gradient(const std::vector<const Rollout*>& minibatch, double normalizer,
@@ -151,14 +175,15 @@ class PipelineTrainer {
   const SplitPhaseChain::Time& ep_communication() const { return ep_communication_; }
 
  private:
-  // [begin, end) of every micro-batch of a minibatch of `count` samples (the shares of the blocks
-  // of the replica's ranks, its rank 0's first).
-  std::vector<std::pair<size_t, size_t>> micro_batch_bounds(size_t count) const;
+  // [begin, end) of every micro-batch of minibatch `minibatch`, of `count` samples (the shares of
+  // the blocks of the replica's ranks, its rank 0's first).
+  std::vector<std::pair<size_t, size_t>> micro_batch_bounds(size_t count, int minibatch) const;
 
   const PipelineGroups& groups_;
   RlStepSettings settings_;
   bool equal_parts_;
   std::vector<size_t> blocks_;  // StaleSync: each rank's block (empty: equal blocks)
+  int next_minibatch_ = 0;      // StaleSync: the minibatch the next call trains
   PipelineStage<float> stage_;
   RoleExpertParallel* ep_;
   bool pairing_;

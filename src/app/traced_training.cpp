@@ -13,7 +13,7 @@ StepStats train_on_rollouts_traced(Transformer<float>& model, AdamW<float>& opti
     attach_reference_logprobs(*reference, rollouts, settings.micro_batch, settings.temperature,
                               parallel);
   }
-  if (settings.ppo.decoupled && settings.minibatches > 1) {
+  if (settings.ppo.decoupled && settings.minibatches > 1 && !settings.proximal_attached) {
     TraceScope traced(trace, Phase::Proximal);
     traced.set_version(version);
     attach_proximal_logprobs(model, rollouts, settings, parallel);

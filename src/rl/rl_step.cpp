@@ -55,17 +55,26 @@ size_t minibatch_begin(size_t rollouts, int group_size, int minibatches, int mb)
 }
 
 std::vector<size_t> minibatch_indices(size_t rollouts, const RlStepSettings& settings, int mb) {
-  const size_t blocks = size_t(std::max(1, settings.sample_blocks));
-  if (rollouts % blocks != 0) {
-    throw std::logic_error("minibatch_indices: " + std::to_string(rollouts) + " rollouts are not " +
-                           std::to_string(blocks) + " equal blocks");
+  std::vector<size_t> sizes = settings.block_sizes;
+  if (sizes.empty()) {
+    const size_t blocks = size_t(std::max(1, settings.sample_blocks));
+    if (rollouts % blocks != 0) {
+      throw std::logic_error("minibatch_indices: " + std::to_string(rollouts) +
+                             " rollouts are not " + std::to_string(blocks) + " equal blocks");
+    }
+    sizes.assign(blocks, rollouts / blocks);
   }
-  const size_t block = rollouts / blocks;
   std::vector<size_t> indices;
-  for (size_t b = 0; b < blocks; ++b) {
+  size_t block_begin = 0;
+  for (const size_t block : sizes) {
     const size_t first = minibatch_begin(block, settings.group_size, settings.minibatches, mb);
     const size_t last = minibatch_begin(block, settings.group_size, settings.minibatches, mb + 1);
-    for (size_t i = first; i < last; ++i) indices.push_back(b * block + i);
+    for (size_t i = first; i < last; ++i) indices.push_back(block_begin + i);
+    block_begin += block;
+  }
+  if (block_begin != rollouts) {
+    throw std::logic_error("minibatch_indices: blocks of " + std::to_string(block_begin) +
+                           " rollouts for " + std::to_string(rollouts));
   }
   return indices;
 }

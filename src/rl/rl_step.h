@@ -21,6 +21,13 @@ struct RlStepSettings {
   // generated them (a pipeline's stages), and each minibatch takes its share of every block, as
   // those ranks would in a data-parallel run (1: the rollouts are one rank's).
   int sample_blocks = 1;
+  // Blocks of unequal sizes instead (StaleSync with pipelines: each rank of the replica finished
+  // its own count of groups; empty: sample_blocks equal ones). Each minibatch takes its share of
+  // every block all the same.
+  std::vector<size_t> block_sizes;
+  // The caller attached the proximal log-probs of the rollouts after each block's first minibatch
+  // itself (pipelines: from a whole copy gathered from the stages), so training does not.
+  bool proximal_attached = false;
   int micro_batch = 64;
   float temperature = 1.0f;
   // ppo.decoupled: StaleSync's objective, anchored at the policy of the step's start (ppo.h).
@@ -61,7 +68,8 @@ void attach_reference_logprobs(Transformer<float>& reference, std::vector<Rollou
 // takes everything left (a learner's share may end in a partial group).
 size_t minibatch_begin(size_t rollouts, int group_size, int minibatches, int mb);
 // The indices of minibatch `mb`'s rollouts: its share of each of settings.sample_blocks equal
-// blocks (minibatch_begin within the block), block by block.
+// blocks, or of the blocks of settings.block_sizes (minibatch_begin within the block), block by
+// block.
 std::vector<size_t> minibatch_indices(size_t rollouts, const RlStepSettings& settings, int mb);
 // The decoupled objective's anchor for the rollouts after the first minibatch (whose optimizer
 // steps change the weights before they train): the current policy's log-probs, micro-batched.

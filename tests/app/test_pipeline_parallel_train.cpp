@@ -244,9 +244,6 @@ TEST(PipelineParallelTrain, ShapesThatDoNotFitStopEveryRankBeforeOutput) {
           {3, "--pipeline-parallel 3 --virtual-stages 2 --staleness 1",
            "--pipeline-parallel 3 with --staleness (StaleSync) is not supported with "
            "--virtual-stages 2 unless --group-size (4) is a multiple of --pipeline-parallel 3"},
-          {2, "--pipeline-parallel 2 --staleness 1 --minibatches 2",
-           "--pipeline-parallel 2 with --staleness (StaleSync) is not supported with "
-           "--minibatches"},
           // Each rank's 4 prompts make no group for a fifth minibatch; 2 shares of 2 groups (16
           // samples over the pipeline) cannot fill 20 micro-batches.
           {2, "--pipeline-parallel 2 --minibatches 5",

@@ -128,10 +128,6 @@ TEST(TensorPipelineTrain, ShapesThatDoNotFitStopEveryRankBeforeOutput) {
            "layers"},
           {6, "--tensor-parallel 3 --pipeline-parallel 2",
            "--tensor-parallel 3: does not divide the 4 attention heads of model tiny"},
-          // StaleSync trains each rank's block in --micro-batch pieces.
-          {4, "--tensor-parallel 2 --pipeline-parallel 2 --staleness 1 --micro-batches 4",
-           "--pipeline-parallel 2 with --staleness (StaleSync) is not supported with "
-           "--micro-batches"},
           {4, "--tensor-parallel 2 --pipeline-parallel 2 --actor-tensor-parallel 4",
            "--actor-tensor-parallel 4 with --tensor-parallel 2: must divide the training TP "
            "degree"},
