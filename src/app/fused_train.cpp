@@ -169,9 +169,14 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         rl.temperature > 0,
         rl.staleness > 0 ? longest - 1 : 0,
         reordered ? rl.prompts * rl.group_size : trained_prompts * rl.group_size};
+    // (PP x EP switching to a generation EP degree of its own: the whole model with the
+    // generation shard's experts, those the pipeline lacks received into slots.)
     const ParameterLayout generation_layout =
-        borrows_whole_model ? whole_generation_layout
-                            : ParameterLayout(policy.config, generation_experts);
+        pp && switch_layouts
+            ? ParameterLayout(policy.config,
+                              expert_shard_of(pp->replica(), generation_degree, experts))
+        : borrows_whole_model ? whole_generation_layout
+                              : ParameterLayout(policy.config, generation_experts);
     memory_plan = plan_fused_memory(policy.config, policy.model->layout(), generation_layout,
                                     switch_layouts, rl.kl_coef > 0,
                                     reward_model ? &*reward_model : nullptr, options.offload, batch,
@@ -324,13 +329,17 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   std::unique_ptr<ExpertLayoutSwitch> layout_switch;
   std::unique_ptr<RoleExpertParallel> generation_ep;
   if (switch_layouts) {
+    // With pipelines the switch starts from the whole model the pipeline's switch gathers (every
+    // layer with the pipeline's experts), over the stage-major order, in which the training EP
+    // groups are consecutive ranks as the switch expects; the generation EP groups are too.
+    const HierarchicalComm& switch_ranks = pp ? pp->stage_major() : all;
     layout_switch = std::make_unique<ExpertLayoutSwitch>(
-        all, links, policy.config, options.expert_parallel, generation_degree, redundant);
+        switch_ranks, links, policy.config, options.expert_parallel, generation_degree, redundant);
     // After migrations training keeps experts (and their replicas) where the rebalancer put them.
     if (ep) layout_switch->follow_slot_experts(&ep->slot_experts());
     if (generation_degree > 1) {
-      generation_ep = std::make_unique<RoleExpertParallel>(all, links, experts, generation_degree,
-                                                           options.ep_dispatch);
+      generation_ep = std::make_unique<RoleExpertParallel>(switch_ranks, links, experts,
+                                                           generation_degree, options.ep_dispatch);
       // With rebalancing, generation's experts are placed by load too (place_generation).
       layout_switch->follow_generation_slots(&generation_ep->slot_experts());
     }
@@ -536,8 +545,28 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
           traced.set_bytes(int64_t(received));
           generation_switch_bytes += received;
         }
-        if (ep) ep->attach_reusing(whole);
-        generate(whole);
+        if (layout_switch) {
+          // PP x EP at a generation EP degree of its own: from the gathered model to the
+          // generation shard (the experts it lacks into slots of a pool freed after the phase).
+          SlotPool received(device, layout_switch->bucket_bytes(),
+                            layout_switch->buckets_to_receive(), "received expert buckets");
+          GenerationExperts generation_experts;
+          {
+            TraceScope traced(trace, Phase::Reshard);
+            traced.set_version(version);
+            generation_experts =
+                layout_switch->to_generation(whole.parameters(), whole.layout(), received);
+            traced.set_bytes(int64_t(generation_experts.received_bytes));
+            generation_switch_bytes += generation_experts.received_bytes;
+          }
+          Transformer<float> generation(whole, generation_experts.table);
+          if (generation_ep) generation_ep->attach_reusing(generation);
+          generate(generation);
+          layout_switch->to_training(generation_experts, received);
+        } else {
+          if (ep) ep->attach_reusing(whole);
+          generate(whole);
+        }
         if (generation_tp_groups) {
           rollouts = tensor_parallel_share(std::move(rollouts), *generation_tp_groups);
         }

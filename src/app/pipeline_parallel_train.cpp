@@ -84,8 +84,20 @@ void validate_pipeline_parallel_train(const DisaggregatedOptions& options, bool 
           option, options, world_size, degree * options.tensor_parallel,
           "model replicas (T x P ranks)", "the ranks of one TP rank and stage");
     } else {
+      // PP x EP generates at an EP degree of its own too (--actor-expert-parallel G, G dividing
+      // the pipelines): a layout switch over the stage-major order (PipelineGroups::stage_major)
+      // after the pipeline's switch; fused_train validates G with the stages' groups.
       validate_experts_with_model_parallelism(option, options, world_size, degree, "pipelines",
-                                              "the ranks of one stage");
+                                              "the ranks of one stage",
+                                              /*generation_degree_of_its_own=*/true);
+      const int pipelines = world_size / degree, generation = options.actor_expert_parallel;
+      if (world_size % degree == 0 && generation > 0 && pipelines % generation != 0) {
+        throw ConfigError(option + " x --actor-expert-parallel " + std::to_string(generation) +
+                          ": the generation EP degree must divide the " +
+                          std::to_string(pipelines) +
+                          " pipelines (a generation EP group is a stage's ranks in " +
+                          std::to_string(generation) + " consecutive pipelines)");
+      }
     }
     // (Replicas need slot shards in the stages' layouts and views: built for TP x EP only.)
     if (options.rebalance.redundant_experts > 0) {

@@ -30,9 +30,9 @@ namespace rlf {
 // --micro-batches without a pipeline, one rank, a multi-rank run that is not --mode fused, or
 // combined with a learned reward model or (without EP) rebalancing; with
 // --tensor-parallel T, T x P not dividing the ranks; with --expert-parallel E, E not dividing the
-// pipelines, another --actor-expert-parallel or --redundant-experts; without --expert-parallel,
-// --ep-overlap-chunks above 1; StaleSync with --expert-parallel, --micro-batches or --minibatches
-// above 1, or with --virtual-stages when --group-size is not a multiple of P; --pipeline-pairing
+// pipelines, --redundant-experts, or with TP another --actor-expert-parallel; without
+// --expert-parallel, --ep-overlap-chunks above 1; StaleSync with --virtual-stages when
+// --group-size is not a multiple of P; --pipeline-pairing
 // without a pipeline, without --expert-parallel or with --ep-overlap-chunks above 1 (the chunked
 // path's exchanges are not resumable).
 void validate_pipeline_parallel_train(const DisaggregatedOptions& options, bool fused,

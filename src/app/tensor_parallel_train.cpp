@@ -93,11 +93,12 @@ void validate_tensor_parallel_train(const DisaggregatedOptions& options, const s
 void validate_experts_with_model_parallelism(const std::string& option,
                                              const DisaggregatedOptions& options, int world_size,
                                              int replica_ranks, const std::string& replicas,
-                                             const std::string& members) {
+                                             const std::string& members,
+                                             bool generation_degree_of_its_own) {
   const int degree = options.expert_parallel;
   const std::string both = option + " x --expert-parallel " + std::to_string(degree);
-  // Generation runs on the training EP groups.
-  if (options.actor_expert_parallel != degree) {
+  // Generation runs on the training EP groups (unless the layout has a switch of its own).
+  if (!generation_degree_of_its_own && options.actor_expert_parallel != degree) {
     throw ConfigError(both +
                       ": --actor-expert-parallel must be the same degree (generation runs "
                       "on the training EP groups), got " +

@@ -48,12 +48,13 @@ void validate_tensor_parallel_train(const DisaggregatedOptions& options, const s
 // ConfigError for expert parallelism inside a model-parallel layout (`option`: its option and
 // degree) whose replicas are `replica_ranks` consecutive ranks (`replicas`: "pipelines", "tensor-
 // parallel groups"), an EP group being `members` in E consecutive replicas: another
-// --actor-expert-parallel (generation runs on the training EP groups), E not dividing the
-// replicas.
+// --actor-expert-parallel (generation runs on the training EP groups; allowed with
+// `generation_degree_of_its_own`: PP x EP switches to it), E not dividing the replicas.
 void validate_experts_with_model_parallelism(const std::string& option,
                                              const DisaggregatedOptions& options, int world_size,
                                              int replica_ranks, const std::string& replicas,
-                                             const std::string& members);
+                                             const std::string& members,
+                                             bool generation_degree_of_its_own = false);
 
 // The TP groups over the fused ranks (null for --tensor-parallel 1). Throws ConfigError on every
 // rank when the degree does not divide the ranks, the model's heads or its shared expert.

@@ -71,6 +71,12 @@ class PipelineGroups {
     return tp_ ? model_parallel_.members : groups_.members;
   }
 
+  // Without TP: every rank of the pipelines in stage-major order (stage 0's ranks in pipeline
+  // order, then stage 1's, ...), where E consecutive ranks are one stage's EP group (EP rank =
+  // place): the order a layout switch from PP x EP to a generation EP degree of its own
+  // (ExpertLayoutSwitch) and the generation EP groups take. With TP: empty.
+  const HierarchicalComm& stage_major() const { return stage_major_; }
+
   // The chunk boundaries: p v + 1 layer indices, virtual stage s holding [b[s], b[s + 1]).
   const std::vector<int>& boundaries() const { return boundaries_; }
   // The chunks stage `stage` runs, in its local order, and the layout that stores them (whole
@@ -108,6 +114,7 @@ class PipelineGroups {
   ExpertShard experts_;
   ConsecutiveGroups groups_;          // pipelines (members) and data parallelism (across)
   ConsecutiveGroups model_parallel_;  // with TP: the T p ranks of a replica (members)
+  HierarchicalComm stage_major_;      // without TP: every rank, stage by stage
   Links& links_;
 };
 

@@ -112,6 +112,60 @@ TEST(PipelineParallelTrain, TrainsLikeTheDataParallelFusedRun) {
   }
 }
 
+// PP x EP generating at an EP degree of its own (--actor-expert-parallel G): after the pipeline's
+// switch gathers every layer with the pipeline's experts, a layout switch over the stage-major
+// order (PipelineGroups::stage_major) gives each rank its generation shard, receiving the experts
+// it lacks into slots, and generation runs over the generation EP groups (a stage's ranks in G
+// consecutive pipelines). Generation is keyed by sample id, so every layout trains the
+// data-parallel run's samples: its rewards every step and its model within float rounding. PP 2 x
+// EP 2 to G 1 (every expert on every rank: buckets received), PP 2 alone to G 2, PP 2 x EP 2 to G
+// 4 on 8 ranks, and G 1 with rebalancing under a skewed router (the switch finds each expert
+// through the migrated placement) against the same run generating on its training EP groups.
+TEST(PipelineParallelTrain, GeneratesAtAnExpertParallelDegreeOfItsOwn) {
+  struct Layout {
+    int ranks;
+    std::string options;
+    int training_degree, generation_degree;
+    // The run compared with (on as many ranks): the data-parallel one, or with rebalancing under
+    // a skewed router the same PP x EP run generating on its training EP groups.
+    std::string compared_options = {};
+  };
+  const std::string skewed = "--rebalance-every 1 --router-skew 4 ";
+  for (const Layout& layout :
+       {Layout{4, "--expert-parallel 2 --actor-expert-parallel 1 ", 2, 1},
+        Layout{4, "--actor-expert-parallel 2 ", 1, 2},
+        Layout{8, "--expert-parallel 2 --actor-expert-parallel 4 ", 2, 4},
+        Layout{4, "--expert-parallel 2 --actor-expert-parallel 1 " + skewed, 2, 1,
+               "--pipeline-parallel 2 --expert-parallel 2 " + skewed}}) {
+    SCOPED_TRACE(std::to_string(layout.ranks) + " ranks " + layout.options);
+    const std::string compared_dir = temp_dir("gen-ep-compared");
+    const Result compared = test::run_rlfusion(
+        kFusedRun + layout.compared_options + "--run-dir " + compared_dir, layout.ranks);
+    ASSERT_EQ(compared.exit_code, 0) << compared.output;
+    const std::string dir = temp_dir("gen-ep");
+    const Result pp = test::run_rlfusion(
+        kFusedRun + "--pipeline-parallel 2 " + layout.options + "--run-dir " + dir, layout.ranks);
+    ASSERT_EQ(pp.exit_code, 0) << pp.output;
+    EXPECT_NE(
+        pp.output.find("# layout switch: training EP " + std::to_string(layout.training_degree) +
+                       ", generation EP " + std::to_string(layout.generation_degree)),
+        std::string::npos)
+        << pp.output;
+    if (layout.generation_degree == 1) {
+      // Rank 0 holds 2 of the 4 experts of each of the 2 layers: it receives the other 4.
+      EXPECT_NE(pp.output.find("4 expert buckets of"), std::string::npos) << pp.output;
+    }
+    if (!layout.compared_options.empty()) {
+      EXPECT_NE(pp.output.find("# migration after step"), std::string::npos) << pp.output;
+    }
+    EXPECT_EQ(test::step_rewards(pp.output), test::step_rewards(compared.output)) << pp.output;
+    const std::vector<float> compared_model =
+        test::read_tiny_parameters(compared_dir + "/model.h5");
+    const std::vector<float> pp_model = test::read_tiny_parameters(dir + "/model.h5");
+    EXPECT_LT(test::nmse(pp_model.data(), compared_model.data(), compared_model.size()), 1e-6);
+  }
+}
+
 // The interleaved schedule (2 chunks per rank) on a 4-layer `tiny`: each rank's 16 samples in
 // micro-batches of 4 make 8 micro-batches per step; the data-parallel run's rewards at every step
 // and its saved model within float rounding.
@@ -213,7 +267,15 @@ TEST(PipelineParallelTrain, ShapesThatDoNotFitStopEveryRankBeforeOutput) {
           {2, "--pipeline-parallel 2 --expert-parallel 2",
            "--pipeline-parallel 2 x --expert-parallel 2: the EP degree must divide the 1 "
            "pipelines"},
-          {4, "--pipeline-parallel 2 --expert-parallel 2 --actor-expert-parallel 1",
+          // (A generation EP degree of its own is built without TP: its groups must fit the
+          // pipelines.)
+          {4, "--pipeline-parallel 2 --expert-parallel 2 --actor-expert-parallel 4",
+           "--pipeline-parallel 2 x --actor-expert-parallel 4: the generation EP degree must "
+           "divide the 2 pipelines (a generation EP group is a stage's ranks in 4 consecutive "
+           "pipelines)"},
+          {8,
+           "--pipeline-parallel 2 --tensor-parallel 2 --expert-parallel 2 "
+           "--actor-expert-parallel 1",
            "--pipeline-parallel 2 x --expert-parallel 2: --actor-expert-parallel must be the same "
            "degree"},
           {2, "--pipeline-parallel 2 --ep-overlap-chunks 2",
