@@ -517,6 +517,27 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
       const double end = trace.now();
       trace.record(Phase::Idle, end - occupancy.bubble_seconds, end, 0, 0, version);
     };
+    // Generation at the generation EP layout of its own (--actor-expert-parallel) over the
+    // experts `training` stores: the ones its generation shard lacks are received into slots of a
+    // pool given back after the phase (inside the caller's arena scope). Returns the bytes
+    // received.
+    auto generate_switched = [&](Transformer<float>& training) {
+      SlotPool received(device, layout_switch->bucket_bytes(), layout_switch->buckets_to_receive(),
+                        "received expert buckets");
+      GenerationExperts generation_experts;
+      {
+        TraceScope traced(trace, Phase::Reshard);
+        traced.set_version(version);
+        generation_experts =
+            layout_switch->to_generation(training.parameters(), training.layout(), received);
+        traced.set_bytes(int64_t(generation_experts.received_bytes));
+      }
+      Transformer<float> generation(training, generation_experts.table);
+      if (generation_ep) generation_ep->attach_reusing(generation);
+      generate(generation);
+      layout_switch->to_training(generation_experts, received);
+      return generation_experts.received_bytes;
+    };
     if (offload) {
       TraceScope traced(trace, Phase::Offload);
       traced.set_version(version);
@@ -546,23 +567,8 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
           generation_switch_bytes += received;
         }
         if (layout_switch) {
-          // PP x EP at a generation EP degree of its own: from the gathered model to the
-          // generation shard (the experts it lacks into slots of a pool freed after the phase).
-          SlotPool received(device, layout_switch->bucket_bytes(),
-                            layout_switch->buckets_to_receive(), "received expert buckets");
-          GenerationExperts generation_experts;
-          {
-            TraceScope traced(trace, Phase::Reshard);
-            traced.set_version(version);
-            generation_experts =
-                layout_switch->to_generation(whole.parameters(), whole.layout(), received);
-            traced.set_bytes(int64_t(generation_experts.received_bytes));
-            generation_switch_bytes += generation_experts.received_bytes;
-          }
-          Transformer<float> generation(whole, generation_experts.table);
-          if (generation_ep) generation_ep->attach_reusing(generation);
-          generate(generation);
-          layout_switch->to_training(generation_experts, received);
+          // PP x EP at a generation EP degree of its own: from the gathered model.
+          generation_switch_bytes += generate_switched(whole);
         } else {
           if (ep) ep->attach_reusing(whole);
           generate(whole);
@@ -604,20 +610,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         // The received experts' slots live in the device arena only for this phase (the scope
         // is declared first, so the pool and the view are gone before the arena rewinds).
         ArenaScope generation_memory(device);
-        SlotPool received(device, layout_switch->bucket_bytes(),
-                          layout_switch->buckets_to_receive(), "received expert buckets");
-        GenerationExperts generation_experts;
-        {
-          TraceScope traced(trace, Phase::Reshard);
-          traced.set_version(version);
-          generation_experts =
-              layout_switch->to_generation(model.parameters(), model.layout(), received);
-          traced.set_bytes(int64_t(generation_experts.received_bytes));
-        }
-        Transformer<float> generation(model, generation_experts.table);
-        if (generation_ep) generation_ep->attach_reusing(generation);
-        generate(generation);
-        layout_switch->to_training(generation_experts, received);
+        generate_switched(model);
       }
     } catch (const OutOfDeviceMemory& error) {
       if (offload) throw;

@@ -62,6 +62,23 @@ std::map<int64_t, int> trained_by_model_replicas(const std::string& dir, int deg
   return trained;
 }
 
+// The run in `dir` (model replicas of `replica_ranks` ranks, s = 1, 8 steps of 8 x 4 samples)
+// trained the samples of the data-parallel run in `dp_dir` at its versions (most of them, some
+// resumed across a cut) and its weights within 1e-8.
+void expect_trains_the_data_parallel_run(const std::string& dir, const std::string& dp_dir,
+                                         int replica_ranks) {
+  int stale = 0, dp_stale = 0;
+  const std::map<int64_t, int> trained = trained_by_model_replicas(dir, replica_ranks, 1, &stale);
+  EXPECT_GT(int(trained.size()), 8 * 8 * 4 * 3 / 4);
+  EXPECT_GT(stale, 0) << "no sample was resumed across a cut";
+  EXPECT_EQ(trained_by_model_replicas(dp_dir, 1, 1, &dp_stale), trained);
+  EXPECT_EQ(dp_stale, stale);
+  const std::vector<float> model = test::read_saved_parameters(dir + "/model.h5");
+  const std::vector<float> dp_model = test::read_saved_parameters(dp_dir + "/model.h5");
+  ASSERT_EQ(model.size(), dp_model.size());
+  EXPECT_LT(test::nmse(model.data(), dp_model.data(), dp_model.size()), 1e-8);
+}
+
 TEST(ModelParallelStaleSync, ZeroStalenessIsTheSynchronousRunBitForBit) {
   for (const std::string layout : {"--tensor-parallel 2 ", "--pipeline-parallel 2 "}) {
     SCOPED_TRACE(layout);
@@ -234,17 +251,7 @@ TEST(ModelParallelStaleSync, SeveralMinibatchesAndFixedMicroBatchCountsTrainTheD
     const Result dp =
         test::run_rlfusion(run + layout.data_parallel_options + "--run-dir " + dp_dir, 4);
     ASSERT_EQ(dp.exit_code, 0) << dp.output;
-    int stale = 0, dp_stale = 0;
-    const std::map<int64_t, int> trained =
-        trained_by_model_replicas(dir, layout.replica_ranks, 1, &stale);
-    EXPECT_GT(int(trained.size()), 8 * 8 * 4 * 3 / 4);
-    EXPECT_GT(stale, 0) << "no sample was resumed across a cut";
-    EXPECT_EQ(trained_by_model_replicas(dp_dir, 1, 1, &dp_stale), trained);
-    EXPECT_EQ(dp_stale, stale);
-    const std::vector<float> model = test::read_saved_parameters(dir + "/model.h5");
-    const std::vector<float> dp_model = test::read_saved_parameters(dp_dir + "/model.h5");
-    ASSERT_EQ(model.size(), dp_model.size());
-    EXPECT_LT(test::nmse(model.data(), dp_model.data(), dp_model.size()), 1e-8);
+    expect_trains_the_data_parallel_run(dir, dp_dir, layout.replica_ranks);
   }
 }
 
@@ -270,15 +277,7 @@ TEST(ModelParallelStaleSync,
       << mp.output;
   const Result dp = test::run_rlfusion(run + "--run-dir " + dp_dir, 4);
   ASSERT_EQ(dp.exit_code, 0) << dp.output;
-  int stale = 0, dp_stale = 0;
-  const std::map<int64_t, int> trained = trained_by_model_replicas(dir, 2, 1, &stale);
-  EXPECT_GT(stale, 0) << "no sample was resumed across a cut";
-  EXPECT_EQ(trained_by_model_replicas(dp_dir, 1, 1, &dp_stale), trained);
-  EXPECT_EQ(dp_stale, stale);
-  const std::vector<float> model = test::read_saved_parameters(dir + "/model.h5");
-  const std::vector<float> dp_model = test::read_saved_parameters(dp_dir + "/model.h5");
-  ASSERT_EQ(model.size(), dp_model.size());
-  EXPECT_LT(test::nmse(model.data(), dp_model.data(), dp_model.size()), 1e-8);
+  expect_trains_the_data_parallel_run(dir, dp_dir, 2);
 }
 
 // StaleSync's pieces under the interleaved schedule: on random piece lists (pieces of 1-5 samples,
