@@ -1,7 +1,6 @@
 #include "src/app/pipeline_expert_checkpoint.h"
 
 #include <array>
-#include <stdexcept>
 #include <vector>
 
 #include "src/runtime/pipeline_layout_switch.h"
@@ -11,15 +10,12 @@ namespace rlf {
 void write_pipeline_expert_checkpoint(const std::string& run_dir, const ModelConfig& config,
                                       const CheckpointCounters& counters,
                                       const CheckpointTensors& stage, const PipelineGroups& groups,
-                                      const RoleExpertParallel& ep) {
-  if (ep.redundant_slots() > 0) {
-    // train refuses --redundant-experts with pipelines; this guards the file format.
-    throw std::runtime_error(
-        "checkpoints of PP x EP with --redundant-experts are not supported (no file written)");
-  }
+                                      const RoleExpertParallel& ep,
+                                      const CheckpointPlacement& placement) {
   // The other EP replicas hold the same values.
   if (ep.replica() != 0) return;
-  // Every layer with this pipeline's experts (slot rows in the placement in force), each buffer
+  // Every layer with this pipeline's experts (slot rows in the placement in force, spare slots
+  // included), each buffer
   // gathered from the pipeline's stages.
   const ParameterLayout pipeline_layout = groups.generation_layout();
   const std::array<float*, 4> parts = {stage.parameters, stage.first_moment, stage.second_moment,
@@ -42,6 +38,7 @@ void write_pipeline_expert_checkpoint(const std::string& run_dir, const ModelCon
   // Every stage's EP group follows every layer's table (TrainRebalancer), so the first stage's
   // tables place the experts of all layers.
   if (!ep.slot_experts().empty()) tensors.slot_experts = &ep.slot_experts();
+  tensors.placement = &placement;
   write_checkpoint_sharded(run_dir, config, pipeline_layout, counters, tensors, ep.ep_group().comm);
 }
 

@@ -22,11 +22,13 @@ namespace rlf {
 // pipelines of EP replica 0 (ep.replica() == 0; other ranks return at once): each gathers its
 // stages (collective over the pipeline, counted on groups.links()), then the first stages' EP
 // group writes (write_checkpoint_sharded, the experts by id through ep.slot_experts(): every
-// stage's EP group follows every layer's placement). `ep`: EP over groups.data_parallel(),
-// without redundant slots (std::runtime_error otherwise, before any message).
+// stage's EP group follows every layer's placement; with redundant slots each expert's first
+// replica), and `placement` (ep's tables, the rebalancer's state) beside them, so that a resumed
+// run continues at that placement. `ep`: EP over groups.data_parallel().
 void write_pipeline_expert_checkpoint(const std::string& run_dir, const ModelConfig& config,
                                       const CheckpointCounters& counters,
                                       const CheckpointTensors& stage, const PipelineGroups& groups,
-                                      const RoleExpertParallel& ep);
+                                      const RoleExpertParallel& ep,
+                                      const CheckpointPlacement& placement);
 
 }  // namespace rlf

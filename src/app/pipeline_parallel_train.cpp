@@ -99,11 +99,7 @@ void validate_pipeline_parallel_train(const DisaggregatedOptions& options, bool 
                           std::to_string(generation) + " consecutive pipelines)");
       }
     }
-    // (Replicas need slot shards in the stages' layouts and views: built for TP x EP only.)
-    if (options.rebalance.redundant_experts > 0) {
-      throw ConfigError(option + " x --expert-parallel " + std::to_string(options.expert_parallel) +
-                        " is not supported with --redundant-experts");
-    }
+
   } else if (options.ep_overlap_chunks > 1) {
     // Overlap chunks hide the EP exchanges of the stages' MoE layers: without EP there are none.
     throw ConfigError(option + " with --ep-overlap-chunks " +
@@ -146,9 +142,10 @@ std::unique_ptr<PipelineGroups> make_train_pipeline(const DisaggregatedOptions& 
   const PipelineShape shape{p, micro_batches, options.virtual_stages};
   std::vector<int> boundaries = pipeline_balance_boundaries(options.pipeline_balance, shape, config,
                                                             probe, topology.role_comm().comm);
-  return std::make_unique<PipelineGroups>(topology.role_comm().comm, shape, config,
-                                          topology.links(), tp, options.expert_parallel,
-                                          std::move(boundaries));
+  return std::make_unique<PipelineGroups>(
+      topology.role_comm().comm, shape, config, topology.links(), tp, options.expert_parallel,
+      std::move(boundaries),
+      options.expert_parallel > 1 ? options.rebalance.redundant_experts : 0);
 }
 
 namespace {

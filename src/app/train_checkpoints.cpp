@@ -215,14 +215,27 @@ std::string TrainCheckpoints::adopt_placement(RoleExpertParallel& ep, int layers
   return line;
 }
 
+CheckpointPlacement TrainCheckpoints::placement_of(const RoleExpertParallel& ep) const {
+  CheckpointPlacement placement;
+  placement.ep_degree = ep.degree();
+  placement.slots_per_rank = ep.local_slots();
+  placement.slot_experts = ep.slot_experts();
+  if (rebalancer_ && rebalancer_->rebalancing()) {
+    placement.has_rebalancer = true;
+    placement.rebalancer = rebalancer_->state();
+  }
+  return placement;
+}
+
 RlPosition TrainCheckpoints::load(const TrainingState& state, RoleExpertParallel* ep) const {
   const Transformer<float>& model = *state.model;
   std::string note;
   CheckpointTensors tensors = tensors_of(buffers_of(state));
-  // (TP x EP too: every TP rank's EP group adopts the same tables. PP x EP resumes at the default
-  // placement.)
-  if (ep && model.layout().expert_sharded() && !pipeline_) {
-    note = adopt_placement(*ep, expert_layers(model.layout()));
+  // (TP x EP too: every TP rank's EP group adopts the same tables; PP x EP too, every stage's EP
+  // group the tables of every layer, as its dispatchers follow them.)
+  if (ep && model.layout().expert_sharded()) {
+    note = adopt_placement(
+        *ep, expert_layers(pipeline_ ? ParameterLayout(model.config()) : model.layout()));
     // Every slot this rank stores (spare ones too) from its expert's rows.
     tensors.slot_experts = &ep->slot_experts();
     if (rebalancer_ && saved_placement_ && saved_placement_->has_rebalancer) {
@@ -315,7 +328,9 @@ void TrainCheckpoints::save(const RlPosition& position, const TrainingState& sta
     // (with StaleSync, world rank 0 the pools in flight).
     CheckpointTensors stage = tensors_of(buffers_of(state));
     if (writer && with_in_flight) stage.in_flight = &in_flight;
-    write_pipeline_expert_checkpoint(run_.run_dir, model.config(), c, stage, *pipeline_, *ep);
+    const CheckpointPlacement placement = placement_of(*ep);
+    write_pipeline_expert_checkpoint(run_.run_dir, model.config(), c, stage, *pipeline_, *ep,
+                                     placement);
     return;
   }
   // Replica 0's EP group writes the one file together, each rank its own experts by id (parallel
@@ -324,14 +339,7 @@ void TrainCheckpoints::save(const RlPosition& position, const TrainingState& sta
     // After expert migration a rank's slots hold any experts, with spare slots replicas: the
     // file stores each expert once by id.
     tensors.slot_experts = &ep->slot_experts();
-    CheckpointPlacement placement;
-    placement.ep_degree = ep->degree();
-    placement.slots_per_rank = ep->local_slots();
-    placement.slot_experts = ep->slot_experts();
-    if (rebalancer_ && rebalancer_->rebalancing()) {
-      placement.has_rebalancer = true;
-      placement.rebalancer = rebalancer_->state();
-    }
+    const CheckpointPlacement placement = placement_of(*ep);
     tensors.placement = &placement;
     write_checkpoint_sharded(run_.run_dir, model.config(), layout, c, tensors, ep->ep_group().comm);
   };

@@ -159,6 +159,9 @@ class TrainCheckpoints {
   // load() with expert parallelism: puts the saved placement in force when it fits `ep`; returns
   // the log line saying which placement the run resumes at.
   std::string adopt_placement(RoleExpertParallel& ep, int layers) const;
+  // The placement a checkpoint stores beside the experts: `ep`'s slot tables, and the
+  // rebalancer's state when it rebalances.
+  CheckpointPlacement placement_of(const RoleExpertParallel& ep) const;
 
   CheckpointOptions options_;
   const RunOptions& run_;

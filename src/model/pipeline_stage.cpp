@@ -63,12 +63,12 @@ PipelineStage<T>::PipelineStage(Transformer<T>& model, std::vector<LayerRange> c
       activation_bytes_(activation_bytes),
       model_(model) {
   // With tensor parallelism, the model's TP slice of those layers (it runs the TP collectives);
-  // with expert parallelism, its experts (the views run them with dispatchers of their own).
+  // with expert parallelism, its experts (the views run them with dispatchers of their own; with
+  // redundant slots in slot space, the dispatchers splitting a replicated expert's tokens).
   const ParameterLayout& have = model.layout();
-  const ParameterLayout want(config_, have.own_experts(),
+  const ParameterLayout want(config_, have.stored_expert_shard(),
                              stage_layer_shard(chunks_, config_.n_layers), have.tensor_slice());
-  if (have.total() != want.total() || have.tensors().size() != want.tensors().size() ||
-      have.redundant_slots() > 0) {
+  if (have.total() != want.total() || have.tensors().size() != want.tensors().size()) {
     throw std::invalid_argument("PipelineStage: the model must hold exactly the chunks' layers");
   }
 }

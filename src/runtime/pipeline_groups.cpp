@@ -14,7 +14,7 @@ namespace rlf {
 
 PipelineGroups::PipelineGroups(MPI_Comm comm, const PipelineShape& shape, const ModelConfig& config,
                                Links& links, const TensorParallel* tp, int expert_parallel,
-                               std::vector<int> boundaries)
+                               std::vector<int> boundaries, int redundant_slots)
     : shape_(shape), config_(config), boundaries_(std::move(boundaries)), tp_(tp), links_(links) {
   // With TP the stages of a pipeline are TP replicas with the same TP rank.
   const MPI_Comm replicas = tp ? tp->data_parallel().comm : comm;
@@ -39,6 +39,7 @@ PipelineGroups::PipelineGroups(MPI_Comm comm, const PipelineShape& shape, const 
   groups_ = split_consecutive_groups(replicas, shape.stages, links);
   if (expert_parallel > 1) {
     experts_ = expert_shard_of(groups_.group, expert_parallel, config.n_experts);
+    experts_.redundant = redundant_slots;
   }
   if (tp) {
     model_parallel_ = split_consecutive_groups(comm, tp->degree() * shape.stages, links);

@@ -46,10 +46,12 @@ class PipelineGroups {
   // T consecutive ranks), the pipelines cut its replicas (tp->data_parallel(), T p consecutive
   // ranks of `comm` per pipeline replica) and the shape must fit size(comm) / T. With
   // `expert_parallel` E > 1 every stage stores only its EP rank's experts; E must divide the
-  // pipelines (with `tp`, of each TP rank) and the experts (ConfigError on every rank).
+  // pipelines (with `tp`, of each TP rank) and the experts (ConfigError on every rank); with
+  // `redundant_slots` R (--redundant-experts) it stores them in E / degree + R slots, the last R
+  // spare ones for replicas (ExpertShard::redundant).
   PipelineGroups(MPI_Comm comm, const PipelineShape& shape, const ModelConfig& config, Links& links,
                  const TensorParallel* tp = nullptr, int expert_parallel = 1,
-                 std::vector<int> boundaries = {});
+                 std::vector<int> boundaries = {}, int redundant_slots = 0);
   ~PipelineGroups();
   PipelineGroups(const PipelineGroups&) = delete;
   PipelineGroups& operator=(const PipelineGroups&) = delete;

@@ -65,7 +65,7 @@ uint64_t gather_pipeline_model(const float* stage_params, const PipelineGroups& 
   // The stages hold the experts the whole model holds (with EP, the pipeline's own, or every
   // expert when saving the gathered model).
   const ExpertShard experts =
-      whole_layout.expert_sharded() ? whole_layout.own_experts() : ExpertShard{};
+      whole_layout.expert_sharded() ? whole_layout.stored_expert_shard() : ExpertShard{};
   if (tp && !same_slice(slice, tp->slice())) {
     received += regroup_stage(stage_params, groups, slice, experts, stage);
     stage_params = stage.data();

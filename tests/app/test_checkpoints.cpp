@@ -342,6 +342,10 @@ TEST(CheckpointRestart, ReplicasResumeBitExact) {
   // TP 2 x EP 2: TP rank 0's EP group writes each expert once by id and the slot tables.
   expect_replica_resume_bit_exact("replicas-tensor",
                                   "--mode fused --tensor-parallel 2 --expert-parallel 2 ", 4);
+  // PP 2 x EP 2: the first stages' EP group writes each expert once by id with every layer's
+  // tables; every stage's EP group adopts them on resume.
+  expect_replica_resume_bit_exact("replicas-pipeline",
+                                  "--mode fused --pipeline-parallel 2 --expert-parallel 2 ", 4);
 }
 
 // A checkpoint with replicas resumes without them (--redundant-experts 0) and at another EP
@@ -390,8 +394,9 @@ TEST(Checkpoint, FusedPipelineExpertParallelResumeIsBitExact) {
 }
 
 // The same after migrations: every stage's EP group moved its own layer's experts (skewed router,
-// no threshold) before the checkpoint of step 2, which still holds the experts by id; the resumed
-// run starts at the identity placement and ends bit for bit where the uninterrupted one does.
+// no threshold) before the checkpoint of step 2, which holds the experts by id and every layer's
+// tables; the resumed run continues at that placement and ends bit for bit where the
+// uninterrupted one does.
 TEST(CheckpointRestart, PipelineExpertParallelAfterMigrationResumesBitExact) {
   expect_kill_and_resume_after_migration_bit_exact(
       "pipeline-experts-migrated", "--mode fused --pipeline-parallel 2 --expert-parallel 2 ");

@@ -290,9 +290,6 @@ TEST(PipelineParallelTrain, ShapesThatDoNotFitStopEveryRankBeforeOutput) {
            "more"},
           {4, "--pipeline-parallel 2 --expert-parallel 2 --pipeline-pairing --ep-overlap-chunks 2",
            "--pipeline-pairing with --ep-overlap-chunks 2 is not supported"},
-          {4, "--pipeline-parallel 2 --expert-parallel 2 --redundant-experts 1",
-           "--pipeline-parallel 2 x --expert-parallel 2 is not supported with "
-           "--redundant-experts"},
           {2, "--pipeline-parallel 2 --rebalance-every 1",
            "--rebalance-every needs --expert-parallel >= 2"},
           {4, "--pipeline-parallel 2 --tensor-parallel 2 --expert-parallel 2",

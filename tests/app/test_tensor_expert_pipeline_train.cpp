@@ -86,9 +86,9 @@ TEST(TensorExpertPipelineTrain, TrainsLikeTheDataParallelFusedRun) {
 TEST(TensorExpertPipelineTrain, LayoutsThatDoNotFitStopEveryRankBeforeOutput) {
   test::expect_stops_before_output(
       {
-          {8, kLayout + "--redundant-experts 1",
-           "--pipeline-parallel 2 x --expert-parallel 2 is not supported with "
-           "--redundant-experts"},
+          {8, kLayout + "--actor-expert-parallel 1",
+           "--pipeline-parallel 2 x --expert-parallel 2: --actor-expert-parallel must be the same "
+           "degree"},
           {8, "--tensor-parallel 2 --pipeline-parallel 2 --expert-parallel 4",
            "--pipeline-parallel 2 x --expert-parallel 4: the EP degree must divide the 2 model "
            "replicas (T x P ranks)"},
