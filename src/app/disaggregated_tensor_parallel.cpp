@@ -23,9 +23,14 @@ void validate_disaggregated_tensor_parallel(const DisaggregatedOptions& options,
     throw ConfigError("--actor-tensor-parallel " + std::to_string(options.actor_tensor_parallel) +
                       ": must be a positive integer (0: the default)");
   }
-  if (options.expert_parallel > 1 || options.actor_expert_parallel > 1) {
-    throw ConfigError(disaggregated + " is not supported with --expert-parallel or " +
-                      "--actor-expert-parallel (TP x EP runs in --mode fused)");
+  // TP x EP learners (an EP group: the learners with the same TP rank in E consecutive TP groups)
+  // sync their experts to actors generating data-parallel at their own EP degree; actor TP
+  // groups hold no expert shards.
+  if ((options.expert_parallel > 1 || options.actor_expert_parallel > 1) &&
+      options.actor_tensor_parallel > 1) {
+    throw ConfigError(disaggregated + " with --expert-parallel or --actor-expert-parallel: " +
+                      "--actor-tensor-parallel " + std::to_string(options.actor_tensor_parallel) +
+                      " is not supported (the actors generate data-parallel with EP)");
   }
   refuse_unsupported_with_learner_groups(option, options, rl);
 }
@@ -74,8 +79,12 @@ std::unique_ptr<TensorParallel> make_role_tensor_parallel(const DisaggregatedOpt
                                           topology.links());
 }
 
-WholeModelForSync::WholeModelForSync(const TensorParallel* tp, const ModelConfig& config)
-    : tp_(tp), config_(config), whole_layout_(config) {
+WholeModelForSync::WholeModelForSync(const TensorParallel* tp, const ModelConfig& config,
+                                     const ParameterLayout& model_layout)
+    : tp_(tp),
+      config_(config),
+      whole_layout_(config, model_layout.expert_sharded() ? model_layout.stored_expert_shard()
+                                                          : ExpertShard{}) {
   if (tp_ && tp_->replica() == 0 && tp_->rank() == 0) whole_.resize(size_t(whole_layout_.total()));
 }
 

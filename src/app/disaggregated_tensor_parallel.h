@@ -3,7 +3,8 @@
 // TP code; one leader per TP group takes the group's samples from DistQueue; the weight sync sends
 // the whole model, which TP group 0 assembles from its slices (learner 0 sends it as without TP).
 // The actors generate data-parallel from it, or with --actor-tensor-parallel G in TP groups of G
-// consecutive actors, each keeping its slice of it.
+// consecutive actors, each keeping its slice of it. With --expert-parallel E the learners are TP x
+// EP (ExpertWeightSync with the learner TP stride sends the experts from TP rank 0 of each group).
 #pragma once
 
 #include <cstdint>
@@ -21,8 +22,9 @@
 namespace rlf {
 
 // ConfigError, the same on every rank before any work, for what disaggregated TP does not build:
-// one rank, --actor-tensor-parallel above 1 with StaleSync, expert parallelism, rebalancing and a
-// learned reward model (the fused TP run's refusals).
+// one rank, actor TP groups with expert parallelism, rebalancing without EP and a learned reward
+// model (the fused TP run's refusals). TP x EP learners are built: an EP group is the learners of
+// one TP rank in E consecutive TP groups.
 void validate_disaggregated_tensor_parallel(const DisaggregatedOptions& options, int world_size,
                                             const RlOptions& rl);
 
@@ -44,7 +46,9 @@ std::unique_ptr<TensorParallel> make_role_tensor_parallel(const DisaggregatedOpt
 class WholeModelForSync {
  public:
   // `tp`: the learner's TP groups (not owned), or null (no TP: the model is sent as it is).
-  WholeModelForSync(const TensorParallel* tp, const ModelConfig& config);
+  // `model_layout`: the learner's; with EP the assembled model holds the same expert slots.
+  WholeModelForSync(const TensorParallel* tp, const ModelConfig& config,
+                    const ParameterLayout& model_layout);
 
   // Whether this learner takes part in assemble(): TP group 0 (learner 0 alone without TP).
   bool assembles() const { return !tp_ || tp_->replica() == 0; }
@@ -53,6 +57,8 @@ class WholeModelForSync {
   float* assemble(Transformer<float>& model);
   // Bytes TP rank 0 received in the assemblies so far.
   uint64_t gathered_bytes() const { return gathered_bytes_; }
+  // The assembled model's layout: every tensor whole, the learner's expert slots.
+  const ParameterLayout& layout() const { return whole_layout_; }
 
  private:
   const TensorParallel* tp_;

@@ -171,9 +171,15 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
   // ranks build the model too: loading --init is what rejects another model's checkpoint, and
   // a rank that skipped it would wait forever in the queue's collectives for the others.
   const int experts = model_config.n_experts;
-  validate_role_expert_parallel("--expert-parallel", options.expert_parallel,
-                                topology.ranks_of(Role::Learner), experts, options.ep_dispatch,
-                                topology.links(), "learner");
+  // With TP an EP group is the learners with the same TP rank in E consecutive TP groups (as in
+  // fused TP x EP): the degree must fit the TP groups, checked on TP rank 0's learners.
+  const int learner_tp = std::max(1, options.tensor_parallel);
+  std::vector<int> ep_learners;
+  for (size_t i = 0; i < topology.ranks_of(Role::Learner).size(); i += size_t(learner_tp))
+    ep_learners.push_back(topology.ranks_of(Role::Learner)[i]);
+  validate_role_expert_parallel("--expert-parallel", options.expert_parallel, ep_learners, experts,
+                                options.ep_dispatch, topology.links(),
+                                learner_tp > 1 ? "learner TP group" : "learner");
   validate_role_expert_parallel("--actor-expert-parallel", options.actor_expert_parallel,
                                 topology.ranks_of(Role::Actor), experts, options.ep_dispatch,
                                 topology.links(), "actor");
@@ -186,8 +192,10 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
   const int ep_degree = role == Role::Learner ? options.expert_parallel
                         : role == Role::Actor ? options.actor_expert_parallel
                                               : 1;
+  // (A TP learner's EP rank is its TP group's place among the TP groups.)
+  const int role_index = index_in(topology.ranks_of(role), topology.world_rank());
   ExpertShard own_experts =
-      ep_degree > 1 ? expert_shard_of(index_in(topology.ranks_of(role), topology.world_rank()),
+      ep_degree > 1 ? expert_shard_of(role == Role::Learner ? role_index / learner_tp : role_index,
                                       ep_degree, experts)
                     : ExpertShard{};
   if (role == Role::Learner) own_experts.redundant = redundant;
@@ -225,9 +233,9 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
   RandomDelay random_delay(rl.random_delay_ms, run.seed, topology.world_rank());
   std::unique_ptr<ExpertWeightSync> expert_weights;
   if (options.expert_parallel > 1 || options.actor_expert_parallel > 1) {
-    expert_weights = std::make_unique<ExpertWeightSync>(MPI_COMM_WORLD, topology, experts,
-                                                        options.expert_parallel,
-                                                        options.actor_expert_parallel, redundant);
+    expert_weights = std::make_unique<ExpertWeightSync>(
+        MPI_COMM_WORLD, topology, experts, options.expert_parallel, options.actor_expert_parallel,
+        redundant, learner_tp);
   }
 
   dir.log("# rlfusion train (disaggregated, %s): %s\n",
@@ -244,7 +252,7 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
   const Task& task = *policy.task;
   const int64_t parameter_count = model.parameter_count();
   // The weight sync sends the whole model: with TP, TP group 0 assembles it on learner 0 first.
-  WholeModelForSync sync_model(tp, policy.config);
+  WholeModelForSync sync_model(tp, policy.config, model.layout());
   const ParameterLayout whole_layout(policy.config);
   const int64_t synced_count = tp || actor_tp ? whole_layout.total() : parameter_count;
   // An actor in a TP group receives the whole model here and keeps its slice.
@@ -275,13 +283,20 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
     const HierarchicalComm& role_comm = topology.role_comm();
     Links& links = topology.links();
     Arena& device = policy.device->memory();
-    // Only training has a backward to overlap with.
-    ep = attach_expert_parallel(model, role_comm, links, ep_degree, options.ep_dispatch,
+    // Only training has a backward to overlap with. TP x EP learners: EP over the learners with
+    // the same TP rank (tp->data_parallel()).
+    ep = attach_expert_parallel(model, tp ? tp->data_parallel() : role_comm, links, ep_degree,
+                                options.ep_dispatch,
                                 role == Role::Learner ? options.ep_overlap_chunks : 1,
                                 role == Role::Learner ? redundant : 0);
     // The spare slots get their starting replicas before the reference copies the weights.
     if (role == Role::Learner && ep) ep->fill_redundant_slots(model.parameters(), model.layout());
+    // TP x EP: each TP rank dispatches its share of its group's tokens in every MoE layer (the KL
+    // reference's too), unless --tensor-parallel-duplicate-experts.
+    const bool expert_token_split = tp && ep && !options.tensor_parallel_duplicate_experts;
+    model.set_expert_token_split(expert_token_split);
     if (role == Role::Learner) start_learner_state(learner, policy, rl, ep.get());
+    if (learner.reference) learner.reference->set_expert_token_split(expert_token_split);
     Transformer<float>* reference = learner.reference.get();
     AdamW<float>* optimizer = learner.optimizer.get();
     const TrainingState state{&model, optimizer, reference};
@@ -289,8 +304,9 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
     // experts between their EP ranks.
     std::unique_ptr<TrainRebalancer> rebalancer;
     if (role == Role::Learner && ep) {
-      rebalancer = std::make_unique<TrainRebalancer>(options.rebalance, *ep, role_comm, model,
-                                                     *optimizer, reference, trace);
+      rebalancer = std::make_unique<TrainRebalancer>(
+          options.rebalance, *ep, role_comm, model, *optimizer, reference, trace,
+          tensor_parallel_expert_tokens(model, tp, expert_token_split));
       dir.log("%s", rebalancer->describe().c_str());
     }
     // Every learner reads the checkpoint (and its expert placement and rebalancer state); actors
@@ -352,16 +368,43 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
       if (actor_tp)
         slice_parameters(actor_whole.data(), whole_layout, model.parameters(), model.layout());
     };
+    // A learner's side of a sync with sharded experts: the parameters and layout it sends from.
+    // Without TP its own. With TP, TP group 0 first assembles its slices onto learner 0
+    // (collective over the group), which sends the replicated tensors and its experts from the
+    // assembled model; TP rank 0 of every other TP group sends its experts from its own slice
+    // (whole on every TP rank). Null params where the rank sends nothing.
+    struct SyncSource {
+      float* params = nullptr;
+      const ParameterLayout* layout = nullptr;
+    };
+    auto expert_sync_source = [&]() -> SyncSource {
+      if (!tp) return {model.parameters(), &model.layout()};
+      if (sync_model.assembles()) {
+        float* whole = sync_model.assemble(model);
+        return whole ? SyncSource{whole, &sync_model.layout()} : SyncSource{};
+      }
+      return tp->rank() == 0 ? SyncSource{model.parameters(), &model.layout()} : SyncSource{};
+    };
+    const std::vector<std::vector<int>>* learner_slots =
+        role == Role::Learner && ep ? &ep->expert_slots() : nullptr;
     auto sync_weights = [&](int version) {
-      // (TP learners outside group 0 hold no part of the sync.)
-      if (role == Role::Learner && tp && !sync_model.assembles()) return;
+      // (TP learners outside group 0 hold no part of the sync without sharded experts; with them,
+      // only TP rank 0 of the others sends.)
+      if (role == Role::Learner && tp && !sync_model.assembles() &&
+          !(expert_weights && tp->rank() == 0)) {
+        return;
+      }
       TraceScope traced(trace, Phase::WeightSync);
       traced.set_version(version);
-      traced.set_bytes(int64_t(
-          expert_weights
-              ? expert_weights->sync(model.parameters(), model.layout(), weights,
-                                     role == Role::Learner && ep ? &ep->expert_slots() : nullptr)
-              : weights.broadcast(synced_parameters(), synced_count)));
+      uint64_t bytes = 0;
+      if (!expert_weights) {
+        bytes = weights.broadcast(synced_parameters(), synced_count);
+      } else if (role == Role::Actor) {
+        bytes = expert_weights->sync(model.parameters(), model.layout(), weights, nullptr);
+      } else if (const SyncSource source = expert_sync_source(); source.params) {
+        bytes = expert_weights->sync(source.params, *source.layout, weights, learner_slots);
+      }
+      traced.set_bytes(int64_t(bytes));
       keep_actor_slice();
     };
     const PostedWeightSync::Wait serving_wait = [&](std::vector<MPI_Request>& requests) {
@@ -388,10 +431,13 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
         keep_actor_slice();
         return;
       }
-      traced.set_bytes(int64_t(
-          expert_weights ? expert_weights->post(params, model.layout(), *posted_weights,
-                                                ep ? &ep->expert_slots() : nullptr, serving_wait)
-                         : posted_weights->post(synced_parameters(), synced_count, serving_wait)));
+      if (!expert_weights) {
+        traced.set_bytes(
+            int64_t(posted_weights->post(synced_parameters(), synced_count, serving_wait)));
+      } else if (const SyncSource source = expert_sync_source(); source.params) {
+        traced.set_bytes(int64_t(expert_weights->post(
+            source.params, *source.layout, *posted_weights, learner_slots, serving_wait)));
+      }
     };
     dir.log(
         "# RL: %d steps x %d prompts x %d samples on %zu actors and %zu learners, %s queue "
@@ -400,10 +446,19 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
         options.hierarchical_queue ? "hierarchical" : "flat");
     if (options.expert_parallel > 1 || options.actor_expert_parallel > 1) {
       dir.log(
-          "# expert parallelism: learners EP %d x %zu replicas, actors EP %d x %zu replicas, %s "
-          "dispatch, training's experts in %d overlap chunk(s), %d redundant expert slot(s) per "
-          "learner EP rank; this rank stores %lld of %lld parameters\n",
-          options.expert_parallel, learners.size() / size_t(options.expert_parallel),
+          "# expert parallelism: learners EP %d x %zu replicas%s, actors EP %d x %zu replicas, "
+          "%s dispatch, training's experts in %d overlap chunk(s), %d redundant expert slot(s) "
+          "per learner EP rank; this rank stores %lld of %lld parameters\n",
+          options.expert_parallel,
+          learners.size() / size_t(learner_tp) / size_t(options.expert_parallel),
+          !tp ? ""
+          : expert_token_split
+              ? " (EP groups: the learners of one TP rank in consecutive TP groups, each TP rank "
+                "dispatching its share of the group's tokens; TP rank 0 of each group of the "
+                "first EP replica sends its experts to the actors)"
+              : " (EP groups: the learners of one TP rank in consecutive TP groups, computing the "
+                "TP group's tokens on each; TP rank 0 of each group of the first EP replica sends "
+                "its experts to the actors)",
           options.actor_expert_parallel, actors.size() / size_t(options.actor_expert_parallel),
           dispatch_mode_name(options.ep_dispatch), options.ep_overlap_chunks, redundant,
           (long long)parameter_count, (long long)ParameterLayout(policy.config).total());

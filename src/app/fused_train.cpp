@@ -261,15 +261,8 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
     TrainRebalancer::LayerExpertTokens stage_tokens;
     if (pp) {
       stage_tokens = [&ep](int layer) { return ep->take_view_expert_tokens(layer); };
-    } else if (tp && tp->rank() != 0 && !expert_token_split) {
-      // Every rank of a TP group dispatches the group's tokens: TP rank 0 counts them (with the
-      // token split each rank counts the share it dispatched).
-      stage_tokens = [&model](int layer) {
-        std::vector<int64_t> tokens = model.expert_dispatcher(layer)->take_expert_tokens();
-        if (OverlappedExperts* overlap = model.expert_overlap(layer)) overlap->take_expert_tokens();
-        std::fill(tokens.begin(), tokens.end(), 0);
-        return tokens;
-      };
+    } else {
+      stage_tokens = tensor_parallel_expert_tokens(model, tp.get(), expert_token_split);
     }
     rebalancer =
         std::make_unique<TrainRebalancer>(options.rebalance, *ep, all, model, *learner.optimizer,

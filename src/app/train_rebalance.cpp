@@ -12,6 +12,7 @@
 #include "kernels/error.h"
 #include "src/balance/incremental_rebalance.h"
 #include "src/model/expert_parallel.h"
+#include "src/model/overlapped_experts.h"
 #include "src/sim/cluster.h"
 
 namespace rlf {
@@ -474,6 +475,18 @@ std::string TrainRebalancer::end_of_step(int step, double step_seconds) {
                 record.predicted_gain_seconds, options_.horizon, record.cost_seconds,
                 record.max_mean_before, record.max_mean_after);
   return line;
+}
+
+TrainRebalancer::LayerExpertTokens tensor_parallel_expert_tokens(Transformer<float>& model,
+                                                                 const TensorParallel* tp,
+                                                                 bool expert_token_split) {
+  if (!tp || tp->rank() == 0 || expert_token_split) return {};
+  return [&model](int layer) {
+    std::vector<int64_t> tokens = model.expert_dispatcher(layer)->take_expert_tokens();
+    if (OverlappedExperts* overlap = model.expert_overlap(layer)) overlap->take_expert_tokens();
+    std::fill(tokens.begin(), tokens.end(), 0);
+    return tokens;
+  };
 }
 
 }  // namespace rlf

@@ -25,6 +25,7 @@
 #include "src/io/checkpoint_placement.h"
 #include "src/io/trace.h"
 #include "src/model/optimizer.h"
+#include "src/model/tensor_parallel.h"
 #include "src/model/transformer.h"
 #include "src/runtime/role_expert_parallel.h"
 
@@ -164,5 +165,13 @@ class TrainRebalancer {
   double interval_seconds_ = 0, interval_busiest_tokens_ = 0;
   int migrations_ = 0;
 };
+
+// TP x EP without the token split (--tensor-parallel-duplicate-experts): every rank of a TP group
+// dispatches the group's tokens, so only TP rank 0 counts them; on the other TP ranks the
+// rebalancer's expert_tokens take the dispatchers' counts and return zeros. Empty (count every
+// dispatcher's tokens) otherwise: without TP, or with the split (each TP rank counts its share).
+TrainRebalancer::LayerExpertTokens tensor_parallel_expert_tokens(Transformer<float>& model,
+                                                                 const TensorParallel* tp,
+                                                                 bool expert_token_split);
 
 }  // namespace rlf

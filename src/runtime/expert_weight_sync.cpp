@@ -20,12 +20,13 @@ int index_of(const std::vector<int>& ranks, int world_rank) {
 }  // namespace
 
 ExpertWeightSync::ExpertWeightSync(MPI_Comm world, Topology& topology, int experts, int learner_ep,
-                                   int actor_ep, int learner_redundant_slots)
+                                   int actor_ep, int learner_redundant_slots, int learner_tp)
     : topology_(topology),
       experts_(experts),
       learner_ep_(learner_ep),
       actor_ep_(actor_ep),
-      learner_redundant_slots_(learner_redundant_slots) {
+      learner_redundant_slots_(learner_redundant_slots),
+      learner_tp_(learner_tp) {
   MPI_Comm_dup(world, &comm_);
 }
 
@@ -40,8 +41,9 @@ ExpertWeightSync::Plan ExpertWeightSync::plan(
   const int me = topology_.world_rank();
   plan.learner_index = index_of(learners, me);
   plan.role = topology_.role();
-  plan.sender =
-      plan.role == Role::Learner && plan.learner_index >= 0 && plan.learner_index < learner_ep_;
+  if (plan.learner_index >= 0 && plan.learner_index % learner_tp_ == 0)
+    plan.ep_rank = plan.learner_index / learner_tp_;
+  plan.sender = plan.role == Role::Learner && plan.ep_rank >= 0 && plan.ep_rank < learner_ep_;
   // The learners' expert -> slot tables, [layer * experts + expert]: learner 0 tells every actor.
   plan.layers = expert_layers(layout);
   plan.slot_of.resize(static_cast<size_t>(plan.layers) * size_t(experts_));
@@ -85,8 +87,8 @@ uint64_t ExpertWeightSync::receive_routed(float* params, const ParameterLayout& 
     const std::vector<ParameterRange> ranges = shared_slices(plan, layout, l, mine, false);
     if (ranges.empty()) continue;
     std::vector<float> slices(size_t(ranges_size(ranges)));
-    bytes +=
-        links.recv(slices.data(), slices.size() * sizeof(float), learners[size_t(l)], kTag, comm_);
+    bytes += links.recv(slices.data(), slices.size() * sizeof(float),
+                        learners[size_t(l) * size_t(learner_tp_)], kTag, comm_);
     unpack_ranges(slices.data(), ranges, params);
   }
   return bytes;
@@ -119,7 +121,7 @@ uint64_t ExpertWeightSync::send_routed(const Plan& plan, const float* params,
   // the blocking point-to-point messages cannot wait on each other in a cycle.
   for (size_t a = 0; a < actors.size(); ++a) {
     const std::vector<ParameterRange> ranges = shared_slices(
-        plan, layout, plan.learner_index, expert_shard_of(int(a), actor_ep_, experts_), true);
+        plan, layout, plan.ep_rank, expert_shard_of(int(a), actor_ep_, experts_), true);
     if (ranges.empty()) continue;
     send(pack_ranges(params, ranges), actors[a], kTag);
   }

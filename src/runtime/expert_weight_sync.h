@@ -23,9 +23,12 @@ namespace rlf {
 
 class ExpertWeightSync {
  public:
-  // Collective over `world` (the communicator `topology` was built on).
+  // Collective over `world` (the communicator `topology` was built on). With `learner_tp` T > 1
+  // the learners are TP groups of T consecutive ranks (EP rank = the group's place): TP rank 0 of
+  // each group of replica 0 sends its experts (whole on every TP rank), learner 0 the replicated
+  // tensors from the model its group assembled.
   ExpertWeightSync(MPI_Comm world, Topology& topology, int experts, int learner_ep, int actor_ep,
-                   int learner_redundant_slots = 0);
+                   int learner_redundant_slots = 0, int learner_tp = 1);
   ~ExpertWeightSync();
   ExpertWeightSync(const ExpertWeightSync&) = delete;
   ExpertWeightSync& operator=(const ExpertWeightSync&) = delete;
@@ -56,7 +59,8 @@ class ExpertWeightSync {
   struct Plan {
     Role role = Role::Queue;
     int learner_index = -1;
-    bool sender = false;  // a learner of replica 0
+    int ep_rank = -1;     // a sending learner's EP rank (its TP group's place)
+    bool sender = false;  // a learner of replica 0 (with TP, TP rank 0 of its group)
     int layers = 0;
     std::vector<int> slot_of;  // [layer * experts + expert]
   };
@@ -80,7 +84,7 @@ class ExpertWeightSync {
 
   Topology& topology_;
   MPI_Comm comm_ = MPI_COMM_NULL;
-  int experts_, learner_ep_, actor_ep_, learner_redundant_slots_;
+  int experts_, learner_ep_, actor_ep_, learner_redundant_slots_, learner_tp_;
   Pending pending_;  // a learner's last post
 };
 

@@ -592,6 +592,10 @@ TEST(Checkpoint, DisaggregatedTensorParallelResumesBitExactAndInTheDataParallelR
                                    "data");
   expect_resumes_in_data_parallel_and_back("cross-disaggregated-tp", roles + "--tensor-parallel 2 ",
                                            3, 3, roles, test::kModelParallelRun, "disaggregated");
+  // TP 2 x EP 2 learners with 2 actors at EP 2: TP rank 0's EP group writes the experts by id.
+  expect_kill_and_resume_bit_exact(
+      "disaggregated-tp-ep", 6,
+      kRun + "--actors 2 --learners 4 --tensor-parallel 2 --expert-parallel 2 ", "data");
 }
 
 // A checkpoint holds the whole model, so it loads at another expert-parallel degree.

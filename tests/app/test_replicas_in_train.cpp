@@ -103,6 +103,11 @@ void expect_replicas_train_like_the_single_copy(const std::string& name, const s
 
 TEST(TrainReplicas, ReplicatingLearnersTrainLikeTheSingleCopyRun) {
   expect_replicas_train_like_the_single_copy("disaggregated", kSkewedRun, 4);
+  // TP 2 x EP 2 learners (4) with 2 actors: every TP rank's EP group migrates and replicates the
+  // same experts; TP rank 0 of each TP group sends its slots' experts to the actors.
+  expect_replicas_train_like_the_single_copy(
+      "disaggregated-tensor",
+      kSkewed + "--learners 4 --actors 2 --expert-parallel 2 --tensor-parallel 2 ", 6);
 }
 
 // Fused ranks: generation on the training layout (its dispatchers split a replicated expert's
