@@ -16,22 +16,14 @@ void validate_disaggregated_tensor_parallel(const DisaggregatedOptions& options,
   if (world_size == 1) {
     throw ConfigError(option + " is not supported on one rank (mpiexec -n 2 or more)");
   }
-  const std::string disaggregated = option + " with --mode disaggregated";
   // (Actor TP groups work with StaleSync too: every rank of a group saves the batches it generated
   // ahead and restores its own, and only the group's first rank puts them.)
   if (options.actor_tensor_parallel < 0) {
     throw ConfigError("--actor-tensor-parallel " + std::to_string(options.actor_tensor_parallel) +
                       ": must be a positive integer (0: the default)");
   }
-  // TP x EP learners (an EP group: the learners with the same TP rank in E consecutive TP groups)
-  // sync their experts to actors generating data-parallel at their own EP degree; actor TP
-  // groups hold no expert shards.
-  if ((options.expert_parallel > 1 || options.actor_expert_parallel > 1) &&
-      options.actor_tensor_parallel > 1) {
-    throw ConfigError(disaggregated + " with --expert-parallel or --actor-expert-parallel: " +
-                      "--actor-tensor-parallel " + std::to_string(options.actor_tensor_parallel) +
-                      " is not supported (the actors generate data-parallel with EP)");
-  }
+  // (TP x EP learners: an EP group is the learners with the same TP rank in E consecutive TP
+  // groups; actor TP groups with EP likewise, at --actor-expert-parallel.)
   refuse_unsupported_with_learner_groups(option, options, rl);
 }
 

@@ -180,9 +180,14 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
   validate_role_expert_parallel("--expert-parallel", options.expert_parallel, ep_learners, experts,
                                 options.ep_dispatch, topology.links(),
                                 learner_tp > 1 ? "learner TP group" : "learner");
-  validate_role_expert_parallel("--actor-expert-parallel", options.actor_expert_parallel,
-                                topology.ranks_of(Role::Actor), experts, options.ep_dispatch,
-                                topology.links(), "actor");
+  // So for actor TP groups (G consecutive actors) and their EP groups.
+  const int actor_tp_degree = std::max(1, options.actor_tensor_parallel);
+  std::vector<int> ep_actors;
+  for (size_t i = 0; i < topology.ranks_of(Role::Actor).size(); i += size_t(actor_tp_degree))
+    ep_actors.push_back(topology.ranks_of(Role::Actor)[i]);
+  validate_role_expert_parallel("--actor-expert-parallel", options.actor_expert_parallel, ep_actors,
+                                experts, options.ep_dispatch, topology.links(),
+                                actor_tp_degree > 1 ? "actor TP group" : "actor");
   const int redundant = options.rebalance.redundant_experts;
   if (redundant > 0) {
     validate_redundant_slots(redundant, experts, options.expert_parallel, "--redundant-experts");
@@ -192,12 +197,14 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
   const int ep_degree = role == Role::Learner ? options.expert_parallel
                         : role == Role::Actor ? options.actor_expert_parallel
                                               : 1;
-  // (A TP learner's EP rank is its TP group's place among the TP groups.)
+  // (A TP learner's or actor's EP rank is its TP group's place among the TP groups.)
   const int role_index = index_in(topology.ranks_of(role), topology.world_rank());
-  ExpertShard own_experts =
-      ep_degree > 1 ? expert_shard_of(role == Role::Learner ? role_index / learner_tp : role_index,
-                                      ep_degree, experts)
-                    : ExpertShard{};
+  const int role_tp_degree = role == Role::Learner ? learner_tp
+                             : role == Role::Actor ? actor_tp_degree
+                                                   : 1;
+  ExpertShard own_experts = ep_degree > 1
+                                ? expert_shard_of(role_index / role_tp_degree, ep_degree, experts)
+                                : ExpertShard{};
   if (role == Role::Learner) own_experts.redundant = redundant;
   const std::unique_ptr<TensorParallel> role_tp =
       make_role_tensor_parallel(options, model_config, topology);
@@ -235,7 +242,7 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
   if (options.expert_parallel > 1 || options.actor_expert_parallel > 1) {
     expert_weights = std::make_unique<ExpertWeightSync>(
         MPI_COMM_WORLD, topology, experts, options.expert_parallel, options.actor_expert_parallel,
-        redundant, learner_tp);
+        redundant, learner_tp, actor_tp_degree);
   }
 
   dir.log("# rlfusion train (disaggregated, %s): %s\n",
@@ -255,8 +262,12 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
   WholeModelForSync sync_model(tp, policy.config, model.layout());
   const ParameterLayout whole_layout(policy.config);
   const int64_t synced_count = tp || actor_tp ? whole_layout.total() : parameter_count;
-  // An actor in a TP group receives the whole model here and keeps its slice.
-  std::vector<float> actor_whole(actor_tp ? size_t(whole_layout.total()) : 0);
+  // An actor in a TP group receives the whole model here (with EP, every tensor whole with its
+  // experts) and keeps its slice.
+  const ParameterLayout actor_received_layout(
+      policy.config,
+      model.layout().expert_sharded() ? model.layout().stored_expert_shard() : ExpertShard{});
+  std::vector<float> actor_whole(actor_tp ? size_t(actor_received_layout.total()) : 0);
   const bool learner_sends_weights =
       role == Role::Learner && (root || expert_weights || (tp && sync_model.assembles()));
   const auto run_start = Clock::now();
@@ -285,15 +296,15 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
     Arena& device = policy.device->memory();
     // Only training has a backward to overlap with. TP x EP learners: EP over the learners with
     // the same TP rank (tp->data_parallel()).
-    ep = attach_expert_parallel(model, tp ? tp->data_parallel() : role_comm, links, ep_degree,
-                                options.ep_dispatch,
+    ep = attach_expert_parallel(model, role_tp ? role_tp->data_parallel() : role_comm, links,
+                                ep_degree, options.ep_dispatch,
                                 role == Role::Learner ? options.ep_overlap_chunks : 1,
                                 role == Role::Learner ? redundant : 0);
     // The spare slots get their starting replicas before the reference copies the weights.
     if (role == Role::Learner && ep) ep->fill_redundant_slots(model.parameters(), model.layout());
     // TP x EP: each TP rank dispatches its share of its group's tokens in every MoE layer (the KL
     // reference's too), unless --tensor-parallel-duplicate-experts.
-    const bool expert_token_split = tp && ep && !options.tensor_parallel_duplicate_experts;
+    const bool expert_token_split = role_tp && ep && !options.tensor_parallel_duplicate_experts;
     model.set_expert_token_split(expert_token_split);
     if (role == Role::Learner) start_learner_state(learner, policy, rl, ep.get());
     if (learner.reference) learner.reference->set_expert_token_split(expert_token_split);
@@ -365,8 +376,10 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
       return actor_tp ? actor_whole.data() : model.parameters();
     };
     auto keep_actor_slice = [&] {
-      if (actor_tp)
-        slice_parameters(actor_whole.data(), whole_layout, model.parameters(), model.layout());
+      if (actor_tp) {
+        slice_parameters(actor_whole.data(), actor_received_layout, model.parameters(),
+                         model.layout());
+      }
     };
     // A learner's side of a sync with sharded experts: the parameters and layout it sends from.
     // Without TP its own. With TP, TP group 0 first assembles its slices onto learner 0
@@ -400,7 +413,10 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
       if (!expert_weights) {
         bytes = weights.broadcast(synced_parameters(), synced_count);
       } else if (role == Role::Actor) {
-        bytes = expert_weights->sync(model.parameters(), model.layout(), weights, nullptr);
+        bytes =
+            actor_tp
+                ? expert_weights->sync(actor_whole.data(), actor_received_layout, weights, nullptr)
+                : expert_weights->sync(model.parameters(), model.layout(), weights, nullptr);
       } else if (const SyncSource source = expert_sync_source(); source.params) {
         bytes = expert_weights->sync(source.params, *source.layout, weights, learner_slots);
       }
@@ -425,9 +441,12 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
       float* params = model.parameters();
       if (role == Role::Actor) {
         traced.set_bytes(int64_t(
-            expert_weights
-                ? expert_weights->receive(params, model.layout(), *posted_weights, serving_wait)
-                : posted_weights->receive(synced_parameters(), synced_count, serving_wait)));
+            !expert_weights
+                ? posted_weights->receive(synced_parameters(), synced_count, serving_wait)
+            : actor_tp
+                ? expert_weights->receive(actor_whole.data(), actor_received_layout,
+                                          *posted_weights, serving_wait)
+                : expert_weights->receive(params, model.layout(), *posted_weights, serving_wait)));
         keep_actor_slice();
         return;
       }

@@ -20,13 +20,15 @@ int index_of(const std::vector<int>& ranks, int world_rank) {
 }  // namespace
 
 ExpertWeightSync::ExpertWeightSync(MPI_Comm world, Topology& topology, int experts, int learner_ep,
-                                   int actor_ep, int learner_redundant_slots, int learner_tp)
+                                   int actor_ep, int learner_redundant_slots, int learner_tp,
+                                   int actor_tp)
     : topology_(topology),
       experts_(experts),
       learner_ep_(learner_ep),
       actor_ep_(actor_ep),
       learner_redundant_slots_(learner_redundant_slots),
-      learner_tp_(learner_tp) {
+      learner_tp_(learner_tp),
+      actor_tp_(actor_tp) {
   MPI_Comm_dup(world, &comm_);
 }
 
@@ -82,7 +84,7 @@ uint64_t ExpertWeightSync::receive_routed(float* params, const ParameterLayout& 
   uint64_t bytes = links.recv(plan.slot_of.data(), plan.slot_of.size() * sizeof(int),
                               learners.front(), kTableTag, comm_);
   const ExpertShard mine =
-      expert_shard_of(index_of(actors, topology_.world_rank()), actor_ep_, experts_);
+      expert_shard_of(index_of(actors, topology_.world_rank()) / actor_tp_, actor_ep_, experts_);
   for (int l = 0; l < learner_ep_; ++l) {
     const std::vector<ParameterRange> ranges = shared_slices(plan, layout, l, mine, false);
     if (ranges.empty()) continue;
@@ -121,7 +123,7 @@ uint64_t ExpertWeightSync::send_routed(const Plan& plan, const float* params,
   // the blocking point-to-point messages cannot wait on each other in a cycle.
   for (size_t a = 0; a < actors.size(); ++a) {
     const std::vector<ParameterRange> ranges = shared_slices(
-        plan, layout, plan.ep_rank, expert_shard_of(int(a), actor_ep_, experts_), true);
+        plan, layout, plan.ep_rank, expert_shard_of(int(a) / actor_tp_, actor_ep_, experts_), true);
     if (ranges.empty()) continue;
     send(pack_ranges(params, ranges), actors[a], kTag);
   }

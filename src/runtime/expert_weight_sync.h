@@ -26,9 +26,11 @@ class ExpertWeightSync {
   // Collective over `world` (the communicator `topology` was built on). With `learner_tp` T > 1
   // the learners are TP groups of T consecutive ranks (EP rank = the group's place): TP rank 0 of
   // each group of replica 0 sends its experts (whole on every TP rank), learner 0 the replicated
-  // tensors from the model its group assembled.
+  // tensors from the model its group assembled. With `actor_tp` G > 1 the actors are TP groups of
+  // G consecutive ranks, every rank of a group storing the group's experts (EP rank = the group's
+  // place) and receiving them whole.
   ExpertWeightSync(MPI_Comm world, Topology& topology, int experts, int learner_ep, int actor_ep,
-                   int learner_redundant_slots = 0, int learner_tp = 1);
+                   int learner_redundant_slots = 0, int learner_tp = 1, int actor_tp = 1);
   ~ExpertWeightSync();
   ExpertWeightSync(const ExpertWeightSync&) = delete;
   ExpertWeightSync& operator=(const ExpertWeightSync&) = delete;
@@ -84,7 +86,7 @@ class ExpertWeightSync {
 
   Topology& topology_;
   MPI_Comm comm_ = MPI_COMM_NULL;
-  int experts_, learner_ep_, actor_ep_, learner_redundant_slots_, learner_tp_;
+  int experts_, learner_ep_, actor_ep_, learner_redundant_slots_, learner_tp_, actor_tp_;
   Pending pending_;  // a learner's last post
 };
 

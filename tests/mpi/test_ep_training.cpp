@@ -225,11 +225,12 @@ TEST(ExpertParallelActors, EpGroupsGenerateWhatOneRankGenerates) {
 }
 
 // Half learners, half actors (one per virtual node); for every pair of EP degrees that fit,
-// `check(sync, replicated, mine, learner)` with this rank's layout `mine`. With `learner_tp` > 1
-// the learners are TP groups of that many consecutive ranks, a learner's EP rank its group's place.
+// `check(sync, replicated, mine, learner)` with this rank's layout `mine`. With `learner_tp` or
+// `actor_tp` > 1 the learners or actors are TP groups of that many consecutive ranks, a rank's EP
+// rank its group's place.
 void for_each_expert_weight_sync(const std::function<void(Topology&, ExpertWeightSync&, WeightSync&,
                                                           const ParameterLayout&, bool)>& check,
-                                 int learner_tp = 1) {
+                                 int learner_tp = 1, int actor_tp = 1) {
   const int size = test::world_size();
   if (size < 2 * learner_tp || size % (2 * learner_tp) != 0) {
     GTEST_SKIP() << "needs an even world with TP groups' worth of learners";
@@ -245,15 +246,16 @@ void for_each_expert_weight_sync(const std::function<void(Topology&, ExpertWeigh
   const int role_rank = topology.role_comm().rank();
   for (int learner_ep : {1, 2, 4}) {
     for (int actor_ep : {1, 2, 4}) {
-      if ((half / learner_tp) % learner_ep != 0 || half % actor_ep != 0) continue;
+      if ((half / learner_tp) % learner_ep != 0 || (half / actor_tp) % actor_ep != 0) continue;
       if (learner_ep == 1 && actor_ep == 1) continue;
       SCOPED_TRACE("learners TP " + std::to_string(learner_tp) + " x EP " +
-                   std::to_string(learner_ep) + ", actors EP " + std::to_string(actor_ep));
+                   std::to_string(learner_ep) + ", actors TP " + std::to_string(actor_tp) +
+                   " x EP " + std::to_string(actor_ep));
       ExpertWeightSync sync(MPI_COMM_WORLD, topology, config.n_experts, learner_ep, actor_ep, 0,
-                            learner_tp);
+                            learner_tp, actor_tp);
       const bool learner = topology.role() == Role::Learner;
       const int degree = learner ? learner_ep : actor_ep;
-      const int place = learner ? role_rank / learner_tp : role_rank;
+      const int place = role_rank / (learner ? learner_tp : actor_tp);
       const ExpertShard shard =
           degree > 1 ? expert_shard_of(place, degree, config.n_experts) : ExpertShard{};
       check(topology, sync, replicated, ParameterLayout(config, shard), learner);
@@ -333,24 +335,27 @@ TEST(ExpertWeightSync, PostedVersionsArriveInOrderAsTheyWereWhenPosted) {
 
 // Learners in TP groups of 2 (disaggregated TP x EP): an EP rank is a TP group's place, and only
 // TP rank 0 of each group of the first EP replica sends (its experts are whole on every TP rank);
-// the other TP ranks hold garbage here, which no actor may receive. Learners EP 1 and 2 (2 needs
+// the other TP ranks hold garbage here, which no actor may receive. Actors data-parallel and in TP
+// groups of 2 (every actor of a group receives the group's experts). Learners EP 1 and 2 (2 needs
 // 4 learners: 8 ranks), actors EP 1, 2, 4 where they fit.
 TEST(ExpertWeightSync, TensorParallelLearnersSendFromTpRankZeroOfTheirGroup) {
-  for_each_expert_weight_sync(
-      [](Topology& topology, ExpertWeightSync& sync, WeightSync& replicated,
-         const ParameterLayout& mine, bool learner) {
-        const bool tp_rank_zero = topology.role_comm().rank() % 2 == 0;
-        std::vector<float> params = !learner ? std::vector<float>(size_t(mine.total()), -7.0f)
-                                    : tp_rank_zero
-                                        ? share_of(1, mine)
-                                        : std::vector<float>(size_t(mine.total()), -3.0f);
-        const uint64_t bytes = sync.sync(params.data(), mine, replicated);
-        if (!learner) {
-          EXPECT_EQ(params, share_of(1, mine));
-          EXPECT_EQ(bytes, actor_bytes(mine));
-        }
-      },
-      /*learner_tp=*/2);
+  for (const int actor_tp : {1, 2}) {
+    for_each_expert_weight_sync(
+        [](Topology& topology, ExpertWeightSync& sync, WeightSync& replicated,
+           const ParameterLayout& mine, bool learner) {
+          const bool tp_rank_zero = topology.role_comm().rank() % 2 == 0;
+          std::vector<float> params = !learner ? std::vector<float>(size_t(mine.total()), -7.0f)
+                                      : tp_rank_zero
+                                          ? share_of(1, mine)
+                                          : std::vector<float>(size_t(mine.total()), -3.0f);
+          const uint64_t bytes = sync.sync(params.data(), mine, replicated);
+          if (!learner) {
+            EXPECT_EQ(params, share_of(1, mine));
+            EXPECT_EQ(bytes, actor_bytes(mine));
+          }
+        },
+        /*learner_tp=*/2, actor_tp);
+  }
 }
 
 TEST(ExpertLayoutSwitch, GenerationShardsGetExactlyTheirExpertsAndTheLeastBytes) {
