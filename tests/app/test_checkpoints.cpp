@@ -592,10 +592,18 @@ TEST(Checkpoint, DisaggregatedTensorParallelResumesBitExactAndInTheDataParallelR
                                    "data");
   expect_resumes_in_data_parallel_and_back("cross-disaggregated-tp", roles + "--tensor-parallel 2 ",
                                            3, 3, roles, test::kModelParallelRun, "disaggregated");
-  // TP 2 x EP 2 learners with 2 actors at EP 2: TP rank 0's EP group writes the experts by id.
+  // TP 2 x EP 2 learners with 2 actors at EP 2: TP rank 0's EP group writes the experts by id;
+  // with an actor TP 2 x EP 2 group pair at s = 1 too (each actor restores the batch it generated
+  // ahead).
   expect_kill_and_resume_bit_exact(
       "disaggregated-tp-ep", 6,
       kRun + "--actors 2 --learners 4 --tensor-parallel 2 --expert-parallel 2 ", "data");
+  expect_kill_and_resume_bit_exact("disaggregated-actor-tp-ep-stale", 8,
+                                   kRun +
+                                       "--actors 4 --learners 4 --tensor-parallel 2 "
+                                       "--expert-parallel 2 --actor-tensor-parallel 2 "
+                                       "--actor-expert-parallel 2 --staleness 1 ",
+                                   "data");
 }
 
 // A checkpoint holds the whole model, so it loads at another expert-parallel degree.
