@@ -171,10 +171,13 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         reordered ? rl.prompts * rl.group_size : trained_prompts * rl.group_size};
     // (PP x EP switching to a generation EP degree of its own: the whole model with the
     // generation shard's experts, those the pipeline lacks received into slots.)
+    const ParameterLayout switched_layout(
+        policy.config, expert_shard_of(pp ? pp->replica() : 0, generation_degree, experts));
     const ParameterLayout generation_layout =
         pp && switch_layouts
-            ? ParameterLayout(policy.config,
-                              expert_shard_of(pp->replica(), generation_degree, experts))
+            ? (generation_tp_groups ? with_tensor_slice(policy.config, switched_layout,
+                                                        generation_tp_groups->slice())
+                                    : switched_layout)
         : borrows_whole_model ? whole_generation_layout
                               : ParameterLayout(policy.config, generation_experts);
     memory_plan = plan_fused_memory(policy.config, policy.model->layout(), generation_layout,

@@ -80,9 +80,21 @@ void validate_pipeline_parallel_train(const DisaggregatedOptions& options, bool 
     // An EP group is the ranks of one stage in E consecutive pipelines (with TP: of one TP rank
     // and stage in E consecutive model replicas of T x P ranks).
     if (options.tensor_parallel > 1) {
+      // (A generation EP degree of its own: the switch over each TP rank's stage-major order.)
       validate_experts_with_model_parallelism(
           option, options, world_size, degree * options.tensor_parallel,
-          "model replicas (T x P ranks)", "the ranks of one TP rank and stage");
+          "model replicas (T x P ranks)", "the ranks of one TP rank and stage",
+          /*generation_degree_of_its_own=*/true);
+      const int replicas = world_size / (degree * options.tensor_parallel);
+      const int generation = options.actor_expert_parallel;
+      if (world_size % (degree * options.tensor_parallel) == 0 && generation > 0 &&
+          replicas % generation != 0) {
+        throw ConfigError(option + " x --actor-expert-parallel " + std::to_string(generation) +
+                          ": the generation EP degree must divide the " + std::to_string(replicas) +
+                          " model replicas (a generation EP group is the ranks of one TP rank and "
+                          "stage in " +
+                          std::to_string(generation) + " consecutive model replicas)");
+      }
     } else {
       // PP x EP generates at an EP degree of its own too (--actor-expert-parallel G, G dividing
       // the pipelines): a layout switch over the stage-major order (PipelineGroups::stage_major)
@@ -144,8 +156,7 @@ std::unique_ptr<PipelineGroups> make_train_pipeline(const DisaggregatedOptions& 
                                                             probe, topology.role_comm().comm);
   return std::make_unique<PipelineGroups>(
       topology.role_comm().comm, shape, config, topology.links(), tp, options.expert_parallel,
-      std::move(boundaries),
-      options.expert_parallel > 1 ? options.rebalance.redundant_experts : 0);
+      std::move(boundaries), options.expert_parallel > 1 ? options.rebalance.redundant_experts : 0);
 }
 
 namespace {

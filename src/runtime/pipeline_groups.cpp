@@ -41,19 +41,19 @@ PipelineGroups::PipelineGroups(MPI_Comm comm, const PipelineShape& shape, const 
     experts_ = expert_shard_of(groups_.group, expert_parallel, config.n_experts);
     experts_.redundant = redundant_slots;
   }
-  if (tp) {
-    model_parallel_ = split_consecutive_groups(comm, tp->degree() * shape.stages, links);
-  } else {
-    MPI_Comm ordered = MPI_COMM_NULL;
-    MPI_Comm_split(comm, 0, groups_.place * groups_.groups + groups_.group, &ordered);
-    stage_major_ = make_hierarchical(ordered, links);  // (a duplicate of `ordered`)
-    MPI_Comm_free(&ordered);
-  }
+  if (tp) model_parallel_ = split_consecutive_groups(comm, tp->degree() * shape.stages, links);
+  // With TP one stage-major order per TP rank (the ranks of that TP rank), where E consecutive
+  // ranks are again one EP group of that TP rank and stage.
+  MPI_Comm ordered = MPI_COMM_NULL;
+  MPI_Comm_split(comm, tp ? tp->rank() : 0, groups_.place * groups_.groups + groups_.group,
+                 &ordered);
+  stage_major_ = make_hierarchical(ordered, links);  // (a duplicate of `ordered`)
+  MPI_Comm_free(&ordered);
 }
 
 PipelineGroups::~PipelineGroups() {
   if (tp_) free_consecutive_groups(model_parallel_);
-  if (stage_major_.comm != MPI_COMM_NULL) free_hierarchical(stage_major_);
+  free_hierarchical(stage_major_);
   free_consecutive_groups(groups_);
 }
 

@@ -73,10 +73,10 @@ class PipelineGroups {
     return tp_ ? model_parallel_.members : groups_.members;
   }
 
-  // Without TP: every rank of the pipelines in stage-major order (stage 0's ranks in pipeline
-  // order, then stage 1's, ...), where E consecutive ranks are one stage's EP group (EP rank =
-  // place): the order a layout switch from PP x EP to a generation EP degree of its own
-  // (ExpertLayoutSwitch) and the generation EP groups take. With TP: empty.
+  // Every rank of the pipelines in stage-major order (stage 0's ranks in pipeline order, then
+  // stage 1's, ...; with TP, of this rank's TP rank only), where E consecutive ranks are one
+  // stage's EP group (EP rank = place): the order a layout switch from PP x EP to a generation EP
+  // degree of its own (ExpertLayoutSwitch) and the generation EP groups take.
   const HierarchicalComm& stage_major() const { return stage_major_; }
 
   // The chunk boundaries: p v + 1 layer indices, virtual stage s holding [b[s], b[s + 1]).
@@ -116,7 +116,7 @@ class PipelineGroups {
   ExpertShard experts_;
   ConsecutiveGroups groups_;          // pipelines (members) and data parallelism (across)
   ConsecutiveGroups model_parallel_;  // with TP: the T p ranks of a replica (members)
-  HierarchicalComm stage_major_;      // without TP: every rank, stage by stage
+  HierarchicalComm stage_major_;      // every rank (with TP, of this TP rank), stage by stage
   Links& links_;
 };
 

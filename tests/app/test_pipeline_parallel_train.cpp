@@ -267,17 +267,11 @@ TEST(PipelineParallelTrain, ShapesThatDoNotFitStopEveryRankBeforeOutput) {
           {2, "--pipeline-parallel 2 --expert-parallel 2",
            "--pipeline-parallel 2 x --expert-parallel 2: the EP degree must divide the 1 "
            "pipelines"},
-          // (A generation EP degree of its own is built without TP: its groups must fit the
-          // pipelines.)
+          // (A generation EP degree of its own: its groups must fit the pipelines.)
           {4, "--pipeline-parallel 2 --expert-parallel 2 --actor-expert-parallel 4",
            "--pipeline-parallel 2 x --actor-expert-parallel 4: the generation EP degree must "
            "divide the 2 pipelines (a generation EP group is a stage's ranks in 4 consecutive "
            "pipelines)"},
-          {8,
-           "--pipeline-parallel 2 --tensor-parallel 2 --expert-parallel 2 "
-           "--actor-expert-parallel 1",
-           "--pipeline-parallel 2 x --expert-parallel 2: --actor-expert-parallel must be the same "
-           "degree"},
           {2, "--pipeline-parallel 2 --ep-overlap-chunks 2",
            "--pipeline-parallel 2 with --ep-overlap-chunks 2 needs --expert-parallel 2 or more"},
           {4, "--pipeline-parallel 2 --expert-parallel 2 --ep-overlap-chunks 0",

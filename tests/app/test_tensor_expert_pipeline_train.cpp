@@ -83,12 +83,32 @@ TEST(TensorExpertPipelineTrain, TrainsLikeTheDataParallelFusedRun) {
   }
 }
 
+// A generation EP degree of its own at TP x EP x PP (--actor-expert-parallel 1 on 8 ranks): after
+// the pipeline's switch (each rank its TP slice of every layer with its replica's experts) the
+// layout switch over its TP rank's stage-major order gives it every expert, and the TP groups
+// generate data-parallel over EP: the data-parallel run's rewards every step and its model
+// within float rounding.
+TEST(TensorExpertPipelineTrain, GeneratesAtAnExpertParallelDegreeOfItsOwn) {
+  const std::string dp_dir = test::fresh_temp_dir("dp-gen-ep");
+  const Result dp = test::run_rlfusion(test::kModelParallelFusedRun + "--run-dir " + dp_dir, 2);
+  ASSERT_EQ(dp.exit_code, 0) << dp.output;
+  const std::string dir = test::fresh_temp_dir("tp-ep-pp-gen-ep");
+  const Result run = test::run_rlfusion(
+      test::kModelParallelFusedRun + kLayout + "--actor-expert-parallel 1 --run-dir " + dir, 8);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("# layout switch: training EP 2, generation EP 1 (experts moved rank "
+                            "to rank before each generation phase: 4 expert buckets"),
+            std::string::npos)
+      << run.output;
+  test::expect_trains_like(dp, dp_dir, run, dir, 6);
+}
+
 TEST(TensorExpertPipelineTrain, LayoutsThatDoNotFitStopEveryRankBeforeOutput) {
   test::expect_stops_before_output(
       {
-          {8, kLayout + "--actor-expert-parallel 1",
-           "--pipeline-parallel 2 x --expert-parallel 2: --actor-expert-parallel must be the same "
-           "degree"},
+          {8, kLayout + "--actor-expert-parallel 4",
+           "--pipeline-parallel 2 x --actor-expert-parallel 4: the generation EP degree must "
+           "divide the 2 model replicas"},
           {8, "--tensor-parallel 2 --pipeline-parallel 2 --expert-parallel 4",
            "--pipeline-parallel 2 x --expert-parallel 4: the EP degree must divide the 2 model "
            "replicas (T x P ranks)"},
