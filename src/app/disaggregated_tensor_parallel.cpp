@@ -12,7 +12,11 @@ namespace rlf {
 
 void validate_disaggregated_tensor_parallel(const DisaggregatedOptions& options, int world_size,
                                             const RlOptions& rl) {
-  const std::string option = "--tensor-parallel " + std::to_string(options.tensor_parallel);
+  // (Actor TP groups alone: the learners train data-parallel and send the whole model.)
+  const std::string option =
+      options.tensor_parallel > 1
+          ? "--tensor-parallel " + std::to_string(options.tensor_parallel)
+          : "--actor-tensor-parallel " + std::to_string(options.actor_tensor_parallel);
   if (world_size == 1) {
     throw ConfigError(option + " is not supported on one rank (mpiexec -n 2 or more)");
   }
@@ -50,7 +54,6 @@ void validate_role_degree(const std::string& option, int degree, const ModelConf
 
 void validate_role_tensor_parallel(const DisaggregatedOptions& options, const ModelConfig& config,
                                    int learners, int actors) {
-  if (options.tensor_parallel <= 1) return;
   const bool attention_only = options.tensor_parallel_attention_only;
   validate_role_degree("--tensor-parallel", options.tensor_parallel, config, attention_only,
                        learners, "learner");
@@ -61,7 +64,6 @@ void validate_role_tensor_parallel(const DisaggregatedOptions& options, const Mo
 std::unique_ptr<TensorParallel> make_role_tensor_parallel(const DisaggregatedOptions& options,
                                                           const ModelConfig& config,
                                                           Topology& topology) {
-  if (options.tensor_parallel <= 1) return nullptr;
   const int degree = topology.role() == Role::Learner ? options.tensor_parallel
                      : topology.role() == Role::Actor ? options.actor_tensor_parallel
                                                       : 1;

@@ -496,6 +496,14 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
                     .c_str()
               : "data-parallel from the whole model",
           (long long)(tp ? parameter_count : 0), (long long)whole_layout.total());
+    } else if (options.actor_tensor_parallel > 1) {
+      dir.log(
+          "# actor tensor parallelism: actors in TP groups of %d (%s), each receiving the whole "
+          "model from the data-parallel learners and keeping its slice; each group generates its "
+          "block of prompts collectively and its first rank puts the samples\n",
+          options.actor_tensor_parallel,
+          options.tensor_parallel_attention_only ? "attention heads"
+                                                 : "attention heads and the shared expert");
     }
     if (rl.staleness > 0) {
       dir.log(
@@ -644,6 +652,10 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
   MPI_Bcast(&stop, 1, MPI_INT, topology.ranks_of(Role::Learner).front(), MPI_COMM_WORLD);
   if (stop) return kExitCheckpointedOnSignal;
   std::string tensor_parallel_json;
+  if (options.tensor_parallel <= 1 && options.actor_tensor_parallel > 1) {
+    tensor_parallel_json =
+        "\"actor_tensor_parallel\":" + std::to_string(options.actor_tensor_parallel) + ",";
+  }
   if (options.tensor_parallel > 1) {
     tensor_parallel_json = learner_tensor_parallel_json(
         queue, options.tensor_parallel, options.actor_tensor_parallel, sync_model.gathered_bytes());

@@ -62,7 +62,8 @@ void validate_tensor_parallel_train(const DisaggregatedOptions& options, const s
         "--tensor-parallel-duplicate-experts needs --tensor-parallel and --expert-parallel of 2 "
         "or more (it chooses how TP x EP spreads the expert work)");
   }
-  if (mode == "disaggregated" && degree > 1) {
+  // (In disaggregated mode actor TP groups need no learner TP: the learners send the whole model.)
+  if (mode == "disaggregated" && (degree > 1 || options.actor_tensor_parallel > 1)) {
     validate_disaggregated_tensor_parallel(options, world_size, rl);
     return;
   }

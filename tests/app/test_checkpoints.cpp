@@ -598,6 +598,10 @@ TEST(Checkpoint, DisaggregatedTensorParallelResumesBitExactAndInTheDataParallelR
   expect_kill_and_resume_bit_exact(
       "disaggregated-tp-ep", 6,
       kRun + "--actors 2 --learners 4 --tensor-parallel 2 --expert-parallel 2 ", "data");
+  // Actor TP groups without learner TP at s = 1.
+  expect_kill_and_resume_bit_exact(
+      "disaggregated-actor-tp-only-stale", 4,
+      kRun + "--actors 2 --learners 2 --actor-tensor-parallel 2 --staleness 1 ", "data");
   expect_kill_and_resume_bit_exact("disaggregated-actor-tp-ep-stale", 8,
                                    kRun +
                                        "--actors 4 --learners 4 --tensor-parallel 2 "

@@ -155,6 +155,37 @@ TEST(DisaggregatedTensorParallel, TensorExpertLearnersAndActorsTrainLikeTheDataP
   }
 }
 
+// Actor TP groups without learner TP (--actor-tensor-parallel 2 alone): the data-parallel learners
+// send the whole model, each actor keeps its slice and the group generates collectively; also at
+// StaleSync s = 2 (posted) and with EP (learners EP 2, actor TP 2 x EP 2 on 4 actors). The
+// data-parallel run's reward every step and its model within float rounding (measured 3e-14 to
+// 5e-14: the learners' math is the data-parallel run's).
+TEST(DisaggregatedTensorParallel,
+     ActorTensorParallelGroupsWithoutLearnerTpTrainLikeTheDataParallelRun) {
+  struct Case {
+    int ranks;
+    std::string common;
+  };
+  for (const Case& c :
+       {Case{4, "--actors 2 --learners 2 "}, Case{4, "--actors 2 --learners 2 --staleness 2 "},
+        Case{6,
+             "--actors 4 --learners 2 --expert-parallel 2 "
+             "--actor-expert-parallel 2 "}}) {
+    SCOPED_TRACE(c.common);
+    const std::string dp_dir = temp_dir("actor-dp"), tp_dir = temp_dir("actor-tp");
+    const Result dp = test::run_rlfusion(kRun + c.common + "--run-dir " + dp_dir, c.ranks);
+    ASSERT_EQ(dp.exit_code, 0) << dp.output;
+    const Result tp = test::run_rlfusion(
+        kRun + c.common + "--actor-tensor-parallel 2 --run-dir " + tp_dir, c.ranks);
+    ASSERT_EQ(tp.exit_code, 0) << tp.output;
+    EXPECT_EQ(test::json_number(tp.output, "actor_tensor_parallel"), 2);
+    EXPECT_NE(tp.output.find("# actor tensor parallelism: actors in TP groups of 2"),
+              std::string::npos)
+        << tp.output;
+    expect_same_rewards_and_model(dp, dp_dir, tp, tp_dir);
+  }
+}
+
 TEST(DisaggregatedTensorParallel, LayoutsThatDoNotFitStopEveryRankBeforeOutput) {
   const std::string mode = "--mode disaggregated --tensor-parallel 2 ";
   test::expect_stops_before_output(
