@@ -34,15 +34,10 @@ void validate_generation_tensor_parallel(const DisaggregatedOptions& options, co
                       ": must divide the training TP degree (a generation TP "
                       "group regroups the slices of a training one)");
   }
-  // A generation degree of its own was built and tested with offload and StaleSync; with expert
-  // parallelism only data-parallel generation (G = 1: each rank keeps its training experts and
-  // generates over its training EP group) was, so the degrees between are refused.
+  // (With expert parallelism every generation degree keeps the training experts: a generation TP
+  // group lies inside a training one, whose ranks hold the same experts, so each rank generates
+  // over its training EP group.)
   const int default_degree = options.pipeline_parallel > 1 ? 1 : training;
-  if (generation != default_degree && generation != 1 && options.expert_parallel > 1) {
-    throw ConfigError(option + with +
-                      " is not supported with --expert-parallel (with EP, generation runs at "
-                      "the training TP degree or at 1)");
-  }
   // (The regrouped generation model holds each expert once: spare replica slots have no place.)
   if (generation != default_degree && options.rebalance.redundant_experts > 0) {
     throw ConfigError(option + with + " is not supported with --redundant-experts");

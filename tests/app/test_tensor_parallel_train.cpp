@@ -71,8 +71,12 @@ TEST(TensorParallelTrain, TrainsLikeTheDataParallelFusedRun) {
         // experts, over its training EP group.
         Layout{4, "--tensor-parallel 2 --expert-parallel 2 --actor-tensor-parallel 1",
                "TP 2 x 2 replicas", "EP 2 x 1 replicas", 2, 1},
-        Layout{4, "--tensor-parallel 4 --actor-tensor-parallel 2", "TP 4 x 1 replicas", "", 4,
-               2}}) {
+        Layout{4, "--tensor-parallel 4 --actor-tensor-parallel 2", "TP 4 x 1 replicas", "", 4, 2},
+        // TP 4 x EP 2 generating at TP 2 (8 ranks): a generation TP group lies inside a training
+        // one, whose ranks hold the same experts, so each rank generates with its training
+        // experts over its training EP group.
+        Layout{8, "--tensor-parallel 4 --expert-parallel 2 --actor-tensor-parallel 2",
+               "TP 4 x 2 replicas", "EP 2 x 1 replicas", 4, 2}}) {
     SCOPED_TRACE(std::to_string(layout.ranks) + " ranks " + layout.options);
     const std::string dir = temp_dir("tp");
     const Result tp =

@@ -132,9 +132,6 @@ TEST(TensorPipelineTrain, ShapesThatDoNotFitStopEveryRankBeforeOutput) {
            "--actor-tensor-parallel 4 with --tensor-parallel 2: must divide the training TP "
            "degree"},
           {2, "--actor-tensor-parallel 2", "--actor-tensor-parallel 2 needs --tensor-parallel 2"},
-          {8, "--tensor-parallel 4 --expert-parallel 2 --actor-tensor-parallel 2",
-           "--actor-tensor-parallel 2 with --tensor-parallel 4 is not supported with "
-           "--expert-parallel (with EP, generation runs at the training TP degree or at 1)"},
           {4,
            "--tensor-parallel 2 --expert-parallel 2 --actor-tensor-parallel 1 --redundant-experts "
            "1",
