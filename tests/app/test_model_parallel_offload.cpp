@@ -55,7 +55,9 @@ TEST(ModelParallelOffload, EqualsTheRunWithoutOffloadAndLowersTheGenerationPeak)
         // Generating data-parallel from the regrouped whole model (TP 2 x DP 2, then TP 4 at 2).
         Layout{4, "--tensor-parallel 2 --actor-tensor-parallel 1 "},
         Layout{4, "--tensor-parallel 4 --actor-tensor-parallel 2 "},
-        Layout{8, "--tensor-parallel 2 --pipeline-parallel 2 --expert-parallel 2 "}}) {
+        Layout{8, "--tensor-parallel 2 --pipeline-parallel 2 --expert-parallel 2 "},
+        // TP 4 x EP 2 generating at TP 2 (its training experts, over its training EP group).
+        Layout{8, "--tensor-parallel 4 --expert-parallel 2 --actor-tensor-parallel 2 "}}) {
     SCOPED_TRACE(std::to_string(layout.ranks) + " ranks " + layout.options);
     const std::string plain_dir = test::fresh_temp_dir("mp-offload-plain");
     const std::string offload_dir = test::fresh_temp_dir("mp-offload");
