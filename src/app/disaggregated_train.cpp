@@ -144,6 +144,13 @@ class QueuedBatches {
   std::deque<std::pair<int, std::vector<InFlightSample>>> batches_;
 };
 
+// Rank 0 of each group of `size` consecutive ranks of `ranks` (TP groups: TP rank 0's ranks).
+std::vector<int> first_of_each_group(const std::vector<int>& ranks, int size) {
+  std::vector<int> first;
+  for (size_t i = 0; i < ranks.size(); i += size_t(size)) first.push_back(ranks[i]);
+  return first;
+}
+
 }  // namespace
 
 int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_options,
@@ -174,20 +181,16 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
   // With TP an EP group is the learners with the same TP rank in E consecutive TP groups (as in
   // fused TP x EP): the degree must fit the TP groups, checked on TP rank 0's learners.
   const int learner_tp = std::max(1, options.tensor_parallel);
-  std::vector<int> ep_learners;
-  for (size_t i = 0; i < topology.ranks_of(Role::Learner).size(); i += size_t(learner_tp))
-    ep_learners.push_back(topology.ranks_of(Role::Learner)[i]);
-  validate_role_expert_parallel("--expert-parallel", options.expert_parallel, ep_learners, experts,
-                                options.ep_dispatch, topology.links(),
+  validate_role_expert_parallel("--expert-parallel", options.expert_parallel,
+                                first_of_each_group(topology.ranks_of(Role::Learner), learner_tp),
+                                experts, options.ep_dispatch, topology.links(),
                                 learner_tp > 1 ? "learner TP group" : "learner");
   // So for actor TP groups (G consecutive actors) and their EP groups.
   const int actor_tp_degree = std::max(1, options.actor_tensor_parallel);
-  std::vector<int> ep_actors;
-  for (size_t i = 0; i < topology.ranks_of(Role::Actor).size(); i += size_t(actor_tp_degree))
-    ep_actors.push_back(topology.ranks_of(Role::Actor)[i]);
-  validate_role_expert_parallel("--actor-expert-parallel", options.actor_expert_parallel, ep_actors,
-                                experts, options.ep_dispatch, topology.links(),
-                                actor_tp_degree > 1 ? "actor TP group" : "actor");
+  validate_role_expert_parallel(
+      "--actor-expert-parallel", options.actor_expert_parallel,
+      first_of_each_group(topology.ranks_of(Role::Actor), actor_tp_degree), experts,
+      options.ep_dispatch, topology.links(), actor_tp_degree > 1 ? "actor TP group" : "actor");
   const int redundant = options.rebalance.redundant_experts;
   if (redundant > 0) {
     validate_redundant_slots(redundant, experts, options.expert_parallel, "--redundant-experts");
@@ -478,7 +481,8 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
               : " (EP groups: the learners of one TP rank in consecutive TP groups, computing the "
                 "TP group's tokens on each; TP rank 0 of each group of the first EP replica sends "
                 "its experts to the actors)",
-          options.actor_expert_parallel, actors.size() / size_t(options.actor_expert_parallel),
+          options.actor_expert_parallel,
+          actors.size() / size_t(actor_tp_degree) / size_t(options.actor_expert_parallel),
           dispatch_mode_name(options.ep_dispatch), options.ep_overlap_chunks, redundant,
           (long long)parameter_count, (long long)ParameterLayout(policy.config).total());
     }
