@@ -189,17 +189,8 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
     // a TP rank generating data-parallel.
     if (borrows_whole_model)
       add_pipeline_generation_model(memory_plan, whole_generation_layout.total());
-    // The KL reference's log-probs: through the pipeline its stage is all a rank holds (counted
-    // in the plan); with EP inside the stages, or StaleSync's unequal blocks, a whole copy
-    // gathered from the stages for the reference phase, before training's activations.
-    // So does the policy's for the proximal log-probs of PP StaleSync with several minibatches
-    // (never both at once).
-    const bool gathered_reference =
-        rl.kl_coef > 0 && (options.expert_parallel > 1 || rl.staleness > 0);
-    const bool gathered_proximal = rl.staleness > 0 && rl.minibatches > 1;
-    if (pp && (gathered_reference || gathered_proximal)) {
-      memory_plan.training += size_t(pp->generation_layout().total()) * sizeof(float);
-    }
+    // The KL reference's and PP StaleSync's proximal log-probs come from forward-only passes over
+    // the stages: a rank holds its reference stage (counted in the plan) and no whole copy.
     check_fused_memory_fit(memory_plan, policy.device->memory().capacity(), options.offload, mode);
   }
   // Before the learner state: with offload, the gradients and AdamW's moments must stay the top
@@ -311,9 +302,8 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   // each minibatch takes its share of every block.
   // (StaleSync: the ranks' blocks differ, and one minibatch takes them all.)
   if (pp && rl.staleness == 0) settings.sample_blocks = pp->model_parallel().size();
-  // (StaleSync with several minibatches: each rank attaches the proximal log-probs of its own
-  // samples before the replica gathers them, from a whole copy of the policy; no rank holds one
-  // at training time.)
+  // (StaleSync with several minibatches: a forward-only pass over the policy's stages attaches the
+  // proximal log-probs before training, whose own attach would need the whole policy on a rank.)
   settings.proximal_attached = pp != nullptr;
   const GenerationSettings sampling = sampling_settings(rl, task, run.seed);
   const AdvantageEstimator estimator = parse_advantage_estimator(rl.advantage);
@@ -646,29 +636,6 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
     if (train) {
       if (reordering) rollouts = reordering->reorder(std::move(rollouts), rl.group_size, version);
       random_delay();
-      // PP x EP and PP StaleSync take the reference's log-probs from a whole copy gathered from
-      // its stages, on each rank's own samples (PP x EP: its MoE layers dispatch over the EP
-      // group in step with the EP mates; StaleSync: the ranks' blocks differ in size, which the
-      // pipeline pass's equal blocks do not allow); the other layouts pass them through the
-      // pipeline below.
-      const bool gathered_reference = pp && learner.reference && (ep || pool);
-      if (gathered_reference) {
-        TraceScope traced(trace, Phase::Reference);
-        traced.set_version(version);
-        traced.set_bytes(int64_t(attach_pipeline_reference_logprobs(
-            *learner.reference, *pp, device, rollouts, settings.micro_batch, settings.temperature,
-            ep.get())));
-      }
-      // PP StaleSync with several minibatches: the decoupled objective's anchor for the samples
-      // after each rank's first minibatch, computed on the rank's own samples as the
-      // data-parallel rank computes it, from a whole copy of the policy gathered from its stages.
-      const bool gathered_proximal = pp && pool && settings.minibatches > 1;
-      if (gathered_proximal) {
-        TraceScope traced(trace, Phase::Proximal);
-        traced.set_version(version);
-        traced.set_bytes(int64_t(
-            attach_pipeline_proximal_logprobs(model, *pp, device, rollouts, settings, ep.get())));
-      }
       if (pp) {
         TraceScope traced(trace, Phase::QueueGet);
         traced.set_version(version);
@@ -676,21 +643,32 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
           // Every rank finished its own count of groups: the replica's ranks exchange them, and
           // each minibatch takes its share of every rank's block.
           std::vector<size_t> blocks;
-          rollouts = gather_replica_rollouts(*pp, rollouts, rl.group_size, gathered_reference,
-                                             gathered_proximal, blocks);
+          rollouts = gather_replica_rollouts(*pp, rollouts, rl.group_size, blocks);
           settings.block_sizes = blocks;
           pipeline_trainer->set_blocks(std::move(blocks));
         } else {
           rollouts = pipeline_rollouts(*pipeline_queue, *pp, rollouts, rl.group_size);
         }
       }
-      if (pp && learner.reference && !gathered_reference) {
-        // A forward-only pass over the reference's stages on the pipeline's samples.
+      // Under PP the log-probs that anchor the loss come from forward-only passes over the
+      // stages, on the replica's samples in the data-parallel run's micro-batches (each rank's
+      // block in --micro-batch pieces); with EP inside the stages, in step with the EP mates. No
+      // rank holds more of a model than its stage.
+      const int longest_sequence = 2 + task.max_prompt_chars() + task.max_response_chars();
+      if (pp && learner.reference) {
         TraceScope traced(trace, Phase::Reference);
         traced.set_version(version);
         traced.set_bytes(int64_t(pipeline_reference_logprobs(
-            *learner.reference, *pp, rollouts, settings.micro_batch, settings.temperature,
-            2 + task.max_prompt_chars() + task.max_response_chars())));
+            *learner.reference, *pp, rollouts, settings.block_sizes, settings.micro_batch,
+            settings.temperature, longest_sequence, ep.get())));
+      }
+      // PP StaleSync with several minibatches: the decoupled objective's anchor for the samples
+      // after each rank's first minibatch, from the policy's stages before the step trains.
+      if (pp && pool && settings.minibatches > 1) {
+        TraceScope traced(trace, Phase::Proximal);
+        traced.set_version(version);
+        traced.set_bytes(int64_t(pipeline_proximal_logprobs(model, *pp, rollouts, settings,
+                                                            longest_sequence, ep.get())));
       }
       device.start_phase_peak();
       const auto training_start = std::chrono::steady_clock::now();

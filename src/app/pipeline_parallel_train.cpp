@@ -1,19 +1,15 @@
 #include "src/app/pipeline_parallel_train.h"
 
 #include <algorithm>
-#include <functional>
 #include <string>
 #include <utility>
 
 #include "kernels/error.h"
-#include "mpi_comm/counted_allgather.h"
-#include "src/app/learner_hooks.h"
 #include "src/app/tensor_parallel_train.h"
 #include "src/model/activation_memory.h"
 #include "src/rl/policy_loss.h"
 #include "src/roles/rollout_allgather.h"
 #include "src/roles/rollout_samples.h"
-#include "src/runtime/pipeline_layout_switch.h"
 
 namespace rlf {
 
@@ -159,109 +155,6 @@ std::unique_ptr<PipelineGroups> make_train_pipeline(const DisaggregatedOptions& 
       std::move(boundaries), options.expert_parallel > 1 ? options.rebalance.redundant_experts : 0);
 }
 
-namespace {
-
-// Runs `attach` on a whole model gathered from `stage`'s replica (gather_pipeline_model) into
-// `device`, freed on return; with `ep`, the model runs over the EP group, every rank the largest
-// count of micro-batches of the stage's data-parallel group (a superset of the EP group: with
-// StaleSync the blocks differ), the extra ones empty. Returns the bytes received.
-uint64_t with_gathered_pipeline_model(
-    const Transformer<float>& stage, const PipelineGroups& groups, Arena& device,
-    RoleExpertParallel* ep,
-    const std::function<void(Transformer<float>&, const DataParallelHooks&)>& attach) {
-  ArenaScope gathered_memory(device);
-  Transformer<float> whole(stage.config(), stage.ops(), device,
-                           /*with_gradients=*/false, groups.expert_shard());
-  const uint64_t received =
-      gather_pipeline_model(stage.parameters(), groups, whole.parameters(), whole.layout());
-  DataParallelHooks parallel;
-  if (ep) {
-    ep->attach_reusing(whole);
-    parallel.micro_batches = largest_micro_batch_count(groups.data_parallel().comm);
-  }
-  attach(whole, parallel);
-  return received;
-}
-
-}  // namespace
-
-uint64_t attach_pipeline_reference_logprobs(const Transformer<float>& reference_stage,
-                                            const PipelineGroups& groups, Arena& device,
-                                            std::vector<Rollout>& own, int micro_batch,
-                                            float temperature, RoleExpertParallel* ep) {
-  return with_gathered_pipeline_model(
-      reference_stage, groups, device, ep,
-      [&](Transformer<float>& whole, const DataParallelHooks& parallel) {
-        attach_reference_logprobs(whole, own, micro_batch, temperature, parallel);
-      });
-}
-
-uint64_t attach_pipeline_proximal_logprobs(const Transformer<float>& policy_stage,
-                                           const PipelineGroups& groups, Arena& device,
-                                           std::vector<Rollout>& own,
-                                           const RlStepSettings& settings, RoleExpertParallel* ep) {
-  return with_gathered_pipeline_model(
-      policy_stage, groups, device, ep,
-      [&](Transformer<float>& whole, const DataParallelHooks& parallel) {
-        attach_proximal_logprobs(whole, own, settings, parallel);
-      });
-}
-
-void gather_replica_logprobs(const std::vector<Rollout>& own, const PipelineGroups& groups,
-                             std::vector<Rollout>& pipeline_samples,
-                             std::vector<float> Rollout::*member) {
-  // The replica's ranks (with TP: every TP rank of every stage) generated its blocks, in rank
-  // order. A rollout carries its response's log-probs or none (the proximal ones start at a
-  // block's second minibatch): one flag each says which.
-  std::vector<float> mine;
-  std::vector<int> carries;
-  for (const Rollout& r : own) {
-    const std::vector<float>& logp = r.*member;
-    if (!logp.empty() && logp.size() != r.response.size()) {
-      throw std::logic_error("gather_replica_logprobs: a rollout's log-probs miss its response");
-    }
-    carries.push_back(logp.empty() ? 0 : 1);
-    mine.insert(mine.end(), logp.begin(), logp.end());
-  }
-  std::vector<int> displacements;
-  const std::vector<int> all_carry =
-      allgather_counted(groups.model_parallel(), groups.links(), carries, MPI_INT, displacements);
-  const std::vector<float> all =
-      allgather_counted(groups.model_parallel(), groups.links(), mine, MPI_FLOAT, displacements);
-  if (all_carry.size() != pipeline_samples.size()) {
-    throw std::logic_error("gather_replica_logprobs: the replica sent flags for " +
-                           std::to_string(all_carry.size()) + " of " +
-                           std::to_string(pipeline_samples.size()) + " samples");
-  }
-  size_t at = 0;
-  for (size_t i = 0; i < pipeline_samples.size(); ++i) {
-    Rollout& r = pipeline_samples[i];
-    if (!all_carry[i]) {
-      (r.*member).clear();
-      continue;
-    }
-    if (at + r.response.size() > all.size()) {
-      throw std::logic_error("gather_replica_logprobs: the replica sent too few log-probs");
-    }
-    (r.*member).assign(all.begin() + std::ptrdiff_t(at),
-                       all.begin() + std::ptrdiff_t(at + r.response.size()));
-    at += r.response.size();
-  }
-  if (at != all.size()) {
-    throw std::logic_error("gather_replica_logprobs: the replica sent too many log-probs");
-  }
-}
-
-void gather_reference_logprobs(const std::vector<Rollout>& own, const PipelineGroups& groups,
-                               std::vector<Rollout>& pipeline_samples) {
-  for (const Rollout& r : own) {
-    if (r.reference_logp.size() != r.response.size()) {
-      throw std::logic_error("gather_reference_logprobs: a rollout lacks its reference log-probs");
-    }
-  }
-  gather_replica_logprobs(own, groups, pipeline_samples, &Rollout::reference_logp);
-}
-
 std::vector<Rollout> pipeline_rollouts(DistQueue& queue, const PipelineGroups& groups,
                                        const std::vector<Rollout>& own, int group_size) {
   queue.put(to_queue_samples(own, group_size));
@@ -278,20 +171,13 @@ std::vector<Rollout> pipeline_rollouts(DistQueue& queue, const PipelineGroups& g
   // The shards live on ranks that train next: none leaves (and stops serving) before every
   // pipeline has its samples.
   queue.barrier();
-  std::vector<Rollout> rollouts = to_rollouts(samples);
-  if (!own.front().reference_logp.empty()) gather_reference_logprobs(own, groups, rollouts);
-  return rollouts;
+  return to_rollouts(samples);
 }
 
 std::vector<Rollout> gather_replica_rollouts(const PipelineGroups& groups,
                                              const std::vector<Rollout>& own, int group_size,
-                                             bool reference, bool proximal,
                                              std::vector<size_t>& blocks) {
-  std::vector<Rollout> rollouts =
-      allgather_rollouts(groups.model_parallel(), groups.links(), own, group_size, &blocks);
-  if (reference) gather_reference_logprobs(own, groups, rollouts);
-  if (proximal) gather_replica_logprobs(own, groups, rollouts, &Rollout::proximal_logp);
-  return rollouts;
+  return allgather_rollouts(groups.model_parallel(), groups.links(), own, group_size, &blocks);
 }
 
 std::vector<std::pair<size_t, size_t>> block_pieces(size_t count, int blocks, int piece) {

@@ -71,63 +71,22 @@ void split_into_stage_multiple(std::vector<std::pair<size_t, size_t>>& bounds, i
 // `longest_sequence` tokens: room for a whole-model micro-batch, a bound for any chunk.
 size_t stage_activation_bytes(const ModelConfig& config, int sequences, int longest_sequence);
 
-// The frozen reference's log-probs of this rank's own rollouts (Rollout::reference_logp), in
-// micro-batches of `micro_batch` as the data-parallel run computes them: the reference's stages
-// (with TP, their TP slices) are gathered inside the model replica (gather_pipeline_model) into a
-// whole model in `device`, which is freed on return. Collective over groups.model_parallel();
-// returns the bytes received. With `ep` (EP inside the stages) the whole model holds the
-// pipeline's experts and runs over the EP group (collective over it too).
-uint64_t attach_pipeline_reference_logprobs(const Transformer<float>& reference_stage,
-                                            const PipelineGroups& groups, Arena& device,
-                                            std::vector<Rollout>& own, int micro_batch,
-                                            float temperature, RoleExpertParallel* ep = nullptr);
-
-// StaleSync with several minibatches: the decoupled objective's proximal log-probs
-// (Rollout::proximal_logp) of this rank's own rollouts after their first minibatch, exactly as the
-// data-parallel rank computes them (attach_proximal_logprobs), from a whole copy of the policy
-// gathered from `policy_stage`'s replica as attach_pipeline_reference_logprobs gathers the
-// reference's. Collective as that; returns the bytes received.
-uint64_t attach_pipeline_proximal_logprobs(const Transformer<float>& policy_stage,
-                                           const PipelineGroups& groups, Arena& device,
-                                           std::vector<Rollout>& own,
-                                           const RlStepSettings& settings,
-                                           RoleExpertParallel* ep = nullptr);
-
-// Every rank's log-probs `member` of its own rollouts (`own`: block groups.model_parallel().rank()
-// of the replica's samples) onto `pipeline_samples` (the replica's blocks in rank order); a rollout
-// may carry none (then its copy carries none either). An allgather inside the model replica,
-// counted on groups.links(); std::logic_error when the log-probs do not match the responses.
-void gather_replica_logprobs(const std::vector<Rollout>& own, const PipelineGroups& groups,
-                             std::vector<Rollout>& pipeline_samples,
-                             std::vector<float> Rollout::*member);
-
-// Every rank's reference log-probs of its own rollouts (`own`, which the rank generated: block
-// groups.model_parallel().rank() of the replica's samples; without TP the stage's block) onto
-// `pipeline_samples` (the replica's blocks in rank order): an allgather inside the model replica
-// (the pipeline, or its T x P ranks with TP), counted on groups.links(). std::logic_error when the
-// log-probs do not cover the samples' responses exactly.
-void gather_reference_logprobs(const std::vector<Rollout>& own, const PipelineGroups& groups,
-                               std::vector<Rollout>& pipeline_samples);
-
 // The samples a pipeline trains: every rank puts the rollouts it generated (sample ids
 // [first_sample, first_sample + rollouts.size()) of its own block) into `queue`, then one leader
 // per model replica (the pipeline, or its T x P ranks with TP; per node of it) fetches the
 // replica's consecutive blocks with get_range_replicated and hands every rank of it the same
-// samples, in canonical order. Collective over the world. When `own` carries reference log-probs
-// (a KL term), every rank's are gathered inside the model replica onto its samples (the queue
-// carries no reference log-probs).
+// samples, in canonical order. Collective over the world. (The queue carries no reference or
+// proximal log-probs: under PP they come from passes over the stages,
+// src/app/pipeline_reference.h.)
 std::vector<Rollout> pipeline_rollouts(DistQueue& queue, const PipelineGroups& groups,
                                        const std::vector<Rollout>& own, int group_size);
 
 // StaleSync: the samples a model replica (the pipeline, or its T x P ranks with TP) trains, when
 // every rank finished its own varying count of groups: an allgather of the ranks' rollouts
 // (packed as DistQueue's, counted on groups.links()) inside the replica, in rank order; `blocks`
-// receives each rank's count. With `reference` (a KL term), every rank's reference log-probs are
-// gathered onto the samples too, with `proximal` (several minibatches) its proximal ones.
-// Collective over groups.model_parallel().
+// receives each rank's count. Collective over groups.model_parallel().
 std::vector<Rollout> gather_replica_rollouts(const PipelineGroups& groups,
                                              const std::vector<Rollout>& own, int group_size,
-                                             bool reference, bool proximal,
                                              std::vector<size_t>& blocks);
 
 // Trains a pipeline stage: each minibatch's samples are cut into the pipeline's micro-batches and

@@ -37,15 +37,17 @@ CheckpointTensors tensors_of(const std::array<float*, kBuffers>& b) {
 
 // The training state's buffers, each assembled by `gather` (this rank's part -> the whole-model
 // buffer laid out by `whole_layout`; collective over the model replica). Null buffers stay empty.
+// With `assembles` false this rank only sends (`gather` gets a null whole buffer) and every
+// buffer stays empty.
 std::array<std::vector<float>, kBuffers> gather_whole_buffers(
     const TrainingState& state, const ParameterLayout& whole_layout,
-    const std::function<void(const float* part, float* whole)>& gather) {
+    const std::function<void(const float* part, float* whole)>& gather, bool assembles = true) {
   const std::array<float*, kBuffers> parts = buffers_of(state);
   std::array<std::vector<float>, kBuffers> whole;
   for (size_t b = 0; b < kBuffers; ++b) {
     if (!parts[b]) continue;
-    whole[b].resize(size_t(whole_layout.total()));
-    gather(parts[b], whole[b].data());
+    if (assembles) whole[b].resize(size_t(whole_layout.total()));
+    gather(parts[b], assembles ? whole[b].data() : nullptr);
   }
   return whole;
 }
@@ -364,19 +366,22 @@ void TrainCheckpoints::save(const RlPosition& position, const TrainingState& sta
   }
   if (model_parallel) {
     // The first model replica (pipeline, TP group or both) assembles the whole model; the others
-    // hold the same values.
+    // hold the same values. With a pipeline only its first stage, the writer's, assembles it (a
+    // gather, not an allgather: the other stages never hold more than their own).
     if ((pipeline_ ? pipeline_->replica() : tensor_parallel_->replica()) != 0) return;
     const ParameterLayout whole_layout(model.config());
-    std::array<std::vector<float>, kBuffers> whole =
-        gather_whole_buffers(state, whole_layout, [&](const float* part, float* whole_buffer) {
+    std::array<std::vector<float>, kBuffers> whole = gather_whole_buffers(
+        state, whole_layout,
+        [&](const float* part, float* whole_buffer) {
           if (pipeline_) {
             // (with TP, every stage's TP slices first)
-            gather_pipeline_model(part, *pipeline_, whole_buffer, whole_layout);
+            gather_pipeline_model(part, *pipeline_, whole_buffer, whole_layout, /*root=*/0);
           } else {
             gather_tensor_parallel(part, model.layout(), whole_buffer, whole_layout, model.config(),
                                    *tensor_parallel_);
           }
-        });
+        },
+        /*assembles=*/!pipeline_ || pipeline_->stage() == 0);
     std::array<float*, kBuffers> buffers{};
     for (size_t b = 0; b < kBuffers; ++b) buffers[b] = whole[b].empty() ? nullptr : whole[b].data();
     CheckpointTensors tensors = tensors_of(buffers);

@@ -88,12 +88,15 @@ int finish_multi_rank_train(const MultiRankTrainEnd& end, const RunOptions& run,
                                 stage_layout);
       stage = stage_experts.data();
     }
-    // Collective over the pipeline: every stage receives the others' layers (the layout switch).
-    if (!end.ep || end.pipeline->replica() == 0) {
+    // Collective over the first pipeline (the other replicas hold the same values): its first
+    // stage, world rank 0's, receives the other stages' layers. (With TP every TP rank's pipeline
+    // gathers onto its first stage: the TP collectives that assemble each stage come first.)
+    if (end.pipeline->replica() == 0) {
       const ParameterLayout whole_layout(policy.config);
-      std::vector<float> gathered(whole ? 0 : size_t(whole_layout.total()));
+      const bool first_stage = end.pipeline->stage() == 0;
+      std::vector<float> gathered(whole || !first_stage ? 0 : size_t(whole_layout.total()));
       gather_pipeline_model(stage, *end.pipeline, whole ? whole->parameters() : gathered.data(),
-                            whole_layout);
+                            whole_layout, /*root=*/0);
     }
   }
   if (end.root) {

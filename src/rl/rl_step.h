@@ -26,7 +26,7 @@ struct RlStepSettings {
   // every block all the same.
   std::vector<size_t> block_sizes;
   // The caller attached the proximal log-probs of the rollouts after each block's first minibatch
-  // itself (pipelines: from a whole copy gathered from the stages), so training does not.
+  // itself (pipelines: by a forward-only pass over the stages), so training does not.
   bool proximal_attached = false;
   int micro_batch = 64;
   float temperature = 1.0f;

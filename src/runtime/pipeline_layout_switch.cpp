@@ -52,7 +52,7 @@ bool same_slice(const TensorSlice& a, const TensorSlice& b) {
 }  // namespace
 
 uint64_t gather_pipeline_model(const float* stage_params, const PipelineGroups& groups,
-                               float* whole, const ParameterLayout& whole_layout) {
+                               float* whole, const ParameterLayout& whole_layout, int root) {
   std::vector<float> stage;
   uint64_t received = 0;
   // With TP the stage is first regrouped inside the TP group to the whole model's slice (whole
@@ -83,14 +83,23 @@ uint64_t gather_pipeline_model(const float* stage_params, const PipelineGroups& 
     displacements.push_back(int(total));
     total += layouts.back().total();
   }
+  if (root >= stages) throw std::invalid_argument("gather_pipeline_model: no such root stage");
+  const bool assembles = root < 0 || own == root;
   // The stages side by side, each in its own layout, then each copied into the whole model.
-  std::vector<float> stages_side_by_side(static_cast<size_t>(total));
-  MPI_Allgatherv(stage_params, counts[size_t(own)], MPI_FLOAT, stages_side_by_side.data(),
-                 counts.data(), displacements.data(), MPI_FLOAT, pipeline.comm);
+  std::vector<float> stages_side_by_side(assembles ? static_cast<size_t>(total) : 0);
   const uint64_t own_bytes = uint64_t(counts[size_t(own)]) * sizeof(float);
-  for (int s = 0; s < stages; ++s) {
-    if (s != own) groups.links().count_send(pipeline.world_ranks[size_t(s)], own_bytes);
+  if (root < 0) {
+    MPI_Allgatherv(stage_params, counts[size_t(own)], MPI_FLOAT, stages_side_by_side.data(),
+                   counts.data(), displacements.data(), MPI_FLOAT, pipeline.comm);
+    for (int s = 0; s < stages; ++s) {
+      if (s != own) groups.links().count_send(pipeline.world_ranks[size_t(s)], own_bytes);
+    }
+  } else {
+    MPI_Gatherv(stage_params, counts[size_t(own)], MPI_FLOAT, stages_side_by_side.data(),
+                counts.data(), displacements.data(), MPI_FLOAT, root, pipeline.comm);
+    if (own != root) groups.links().count_send(pipeline.world_ranks[size_t(root)], own_bytes);
   }
+  if (!assembles) return received;
   // Zeroed first: the whole model's buffer is then the single-rank one byte for byte, alignment
   // gaps between its tensors included.
   std::fill_n(whole, whole_layout.total(), 0.0f);

@@ -40,7 +40,11 @@ void copy_shared_tensors(const float* from, const ParameterLayout& from_layout, 
 // it lacks, counted; none at G = T), then the pipeline gathers the other stages' G slices, and
 // `whole` is this rank's G slice of the whole model (std::invalid_argument for another slice, or a
 // slice without TP).
+// With `root` >= 0 (a stage: the writer of a checkpoint or of the saved model) only that stage
+// of each pipeline assembles the model (a gather to it, every other stage sending its stage
+// there, counted); the others leave `whole` untouched (it may be null) and count only what a TP
+// regroup received, so no rank but the root holds more than its stage.
 uint64_t gather_pipeline_model(const float* stage_params, const PipelineGroups& groups,
-                               float* whole, const ParameterLayout& whole_layout);
+                               float* whole, const ParameterLayout& whole_layout, int root = -1);
 
 }  // namespace rlf

@@ -152,9 +152,13 @@ std::vector<OverlappedExperts*> RoleExpertParallel::make_view_overlap(const Mode
 }
 
 void RoleExpertParallel::attach_reusing(Transformer<float>& model) {
-  ensure_tables(model.config().n_layers);
-  if (reused_.empty()) reused_ = make_dispatcher_set(model.config().n_layers);
-  model.set_expert_parallel(reused_);
+  model.set_expert_parallel(reused_dispatchers(model.config().n_layers));
+}
+
+std::vector<ExpertDispatcher*> RoleExpertParallel::reused_dispatchers(int layers) {
+  ensure_tables(layers);
+  if (reused_.empty()) reused_ = make_dispatcher_set(layers);
+  return reused_;
 }
 
 std::vector<ExpertDispatcher*> RoleExpertParallel::view_dispatchers(int index, int layers) {

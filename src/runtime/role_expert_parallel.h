@@ -73,6 +73,10 @@ class RoleExpertParallel {
   // Like attach, but every call gets the same dispatchers (made by the first call): for a model
   // rebuilt every generation phase, without new communicators each time.
   void attach_reusing(Transformer<float>& model);
+  // The same dispatchers as a set of `layers` (made by the first call, of either): for the views
+  // of a pipeline stage's forward-only passes (the KL reference's and the proximal log-probs),
+  // whose routing stays out of training's router statistics (take_view_expert_tokens).
+  std::vector<ExpertDispatcher*> reused_dispatchers(int layers);
   // The `index`-th set of `layers` per-layer dispatchers for views of a model (a pipeline stage's
   // micro-batch chunks in flight, PipelineStage::set_expert_dispatchers: each keeps its own
   // dispatch plan), made on first use (collective over the EP group); migrations reach them too.

@@ -2,11 +2,13 @@
 // divides it, 1 and 2 virtual stages): the layout switch that gives every stage the whole model
 // for generation assembles exactly the single-rank model from the stages, moves exactly the
 // layers a rank lacks (byte counters), and leaves the stage's own buffer bit for bit as it was;
+// gathered onto the first stage alone (checkpoints, the saved model), only the others send;
 // AdamW over the stages, its clipping norm summed over the pipeline, takes the single-rank
 // model's clipped steps. Shapes that do not fit stop every rank with the same ConfigError. The
-// training state beyond the weights: the KL reference's log-probs computed from its stages and
-// shared over the pipeline are the single-rank reference's bit for bit, both gathered into a whole
-// copy and through a forward-only pass over the reference's stages (with TP within rounding).
+// training state beyond the weights: the KL reference's log-probs computed by a forward-only pass
+// over the reference's stages and shared over the pipeline are the single-rank reference's bit for
+// bit (with TP within rounding); so are, with StaleSync's unequal blocks, the reference's and the
+// proximal ones (with EP inside the stages within rounding).
 // (Checkpoints written from the stages: test_model_parallel_checkpoint.cpp.)
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -14,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -27,6 +30,7 @@
 #include "src/rl/rl_step.h"
 #include "src/runtime/pipeline_groups.h"
 #include "src/runtime/pipeline_layout_switch.h"
+#include "src/runtime/role_expert_parallel.h"
 #include "tests/micro_model_config.h"
 #include "tests/mpi/mpi_test_util.h"
 #include "tests/test_util.h"
@@ -96,6 +100,29 @@ TEST(PipelineLayoutSwitch, GathersTheWholeModelAndLeavesTheStageBitIdentical) {
           << "the gathered model is not the single-rank initialization";
       // Generation would write activations and caches next to it; scribble over the copy.
       std::fill_n(whole.parameters(), whole.parameter_count(), 7.0f);
+    }
+    {
+      // Onto the first stage only (a checkpoint's or the saved model's writer): the other stages
+      // send it their layers and receive nothing, so none holds more than its stage.
+      const bool root = groups.stage() == 0;
+      const size_t total = size_t(reference.layout().total());
+      std::vector<float> whole(root ? total : 0, 3.0f);
+      const LinkCounters before_gather = links.counters();
+      const uint64_t received = gather_pipeline_model(
+          stage.parameters(), groups, root ? whole.data() : nullptr, reference.layout(), 0);
+      const LinkCounters& after = links.counters();
+      const uint64_t sent =
+          after.bytes[0] + after.bytes[1] - before_gather.bytes[0] - before_gather.bytes[1];
+      if (root) {
+        EXPECT_EQ(received,
+                  uint64_t(reference.parameter_count() - stage.parameter_count()) * sizeof(float));
+        EXPECT_EQ(sent, 0u);
+        EXPECT_EQ(std::memcmp(whole.data(), reference.parameters(), total * sizeof(float)), 0)
+            << "the model gathered onto the first stage is not the single-rank initialization";
+      } else {
+        EXPECT_EQ(received, 0u);
+        EXPECT_EQ(sent, uint64_t(stage.parameter_count()) * sizeof(float));
+      }
     }
     EXPECT_EQ(std::memcmp(stage.parameters(), before.data(), before.size() * sizeof(float)), 0)
         << "the round trip changed the stage's own layers";
@@ -194,54 +221,6 @@ std::vector<Rollout> sample_block(uint64_t seed, int block, int count) {
   return rollouts;
 }
 
-TEST(PipelineTrainState, ReferenceLogprobsFromTheStagesAreTheSingleRankOnes) {
-  const int world = test::world_size();
-  for (const Shape& s : shapes_for(world)) {
-    SCOPED_TRACE(shape_name(s));
-    const ModelConfig config = model_for(s);
-    const uint64_t seed = test::seed_for("reference " + shape_name(s), world);
-    Links links(test::virtual_node_list(world, 1), {});
-    PipelineGroups groups(MPI_COMM_WORLD, {s.stages, s.stages, s.virtual_stages}, config, links);
-    Arena device("stage", 16 << 20), whole_device("whole", 16 << 20);
-    Transformer<float> stage(config, cpu_ops(), device, /*with_gradients=*/false, ExpertShard{},
-                             stage_layer_shard(groups.chunks(groups.stage()), config.n_layers));
-    Transformer<float> whole(config, cpu_ops(), whole_device, /*with_gradients=*/false);
-    stage.initialize(seed);
-    whole.initialize(seed);
-    const int count = 5, micro_batch = 2;
-    const float temperature = 0.8f;
-    // Single rank: every block's log-probs from the whole reference, in the same micro-batches.
-    std::vector<Rollout> want;
-    for (int b = 0; b < s.stages; ++b) {
-      std::vector<Rollout> block = sample_block(seed, b, count);
-      attach_reference_logprobs(whole, block, micro_batch, temperature);
-      want.insert(want.end(), block.begin(), block.end());
-    }
-    std::vector<Rollout> own = sample_block(seed, groups.stage(), count);
-    const size_t used_before = device.used();
-    const uint64_t received =
-        attach_pipeline_reference_logprobs(stage, groups, device, own, micro_batch, temperature);
-    EXPECT_EQ(device.used(), used_before) << "the gathered reference outlived the call";
-    EXPECT_EQ(received,
-              uint64_t(whole.parameter_count() - stage.parameter_count()) * sizeof(float));
-    for (int i = 0; i < count; ++i) {
-      EXPECT_EQ(own[size_t(i)].reference_logp,
-                want[size_t(groups.stage() * count + i)].reference_logp)
-          << "own sample " << i;
-    }
-    // Every stage receives the whole pipeline's log-probs, in the stages' order.
-    std::vector<Rollout> pipeline_samples;
-    for (int b = 0; b < s.stages; ++b) {
-      const std::vector<Rollout> block = sample_block(seed, b, count);
-      pipeline_samples.insert(pipeline_samples.end(), block.begin(), block.end());
-    }
-    gather_reference_logprobs(own, groups, pipeline_samples);
-    for (size_t i = 0; i < want.size(); ++i) {
-      EXPECT_EQ(pipeline_samples[i].reference_logp, want[i].reference_logp) << "sample " << i;
-    }
-  }
-}
-
 struct ReferenceCase {
   int tp, stages, virtual_stages;
 };
@@ -290,7 +269,7 @@ TEST(PipelineTrainState, ReferenceLogprobsThroughThePipelineAreTheSingleRankOnes
     }
     const size_t used_before = device.used();
     const uint64_t sent =
-        pipeline_reference_logprobs(stage, groups, samples, micro_batch, temperature, 13);
+        pipeline_reference_logprobs(stage, groups, samples, {}, micro_batch, temperature, 13);
     EXPECT_EQ(device.used(), used_before) << "the pass left memory in the device arena";
     // The activations sent: every micro-batch's rows out of every chunk but the model's last.
     uint64_t tokens = 0;
@@ -314,6 +293,109 @@ TEST(PipelineTrainState, ReferenceLogprobsThroughThePipelineAreTheSingleRankOnes
                     1e-5f * (1.0f + std::abs(want[i].reference_logp[t])))
             << "sample " << i << " token " << t;
       }
+    }
+  }
+}
+
+struct UnequalCase {
+  int stages, virtual_stages, ep;
+};
+
+// PP x DP and PP x EP layouts dividing the world (DP = world / PP, a multiple of EP).
+std::vector<UnequalCase> unequal_cases_for(int world) {
+  std::vector<UnequalCase> cases;
+  for (const Shape& s : shapes_for(world)) {
+    cases.push_back({s.stages, s.virtual_stages, 1});
+    const int pipelines = world / s.stages;
+    if (pipelines % 2 == 0) cases.push_back({s.stages, s.virtual_stages, 2});
+  }
+  return cases;
+}
+
+// StaleSync under PP: every rank of a model replica finished its own count of samples, and the
+// log-probs that anchor the loss come from forward-only passes over the stages: the reference's
+// for every sample, the policy's proximal ones for the samples after each block's first
+// minibatch. Each is the single rank's, computed block by block as the data-parallel rank would,
+// bit for bit without EP; with EP (the experts of each stage spread over its pipelines, which
+// pad to the largest micro-batch count of the stage's group) within float rounding. Blocks are
+// empty on some ranks, and with EP one pipeline holds no sample at all.
+TEST(PipelineTrainState, UnequalBlocksReferenceAndProximalThroughThePipelineAreTheSingleRankOnes) {
+  const int world = test::world_size();
+  for (const UnequalCase& c : unequal_cases_for(world)) {
+    const std::string name = "PP " + std::to_string(c.stages) +
+                             " v=" + std::to_string(c.virtual_stages) + " EP " +
+                             std::to_string(c.ep);
+    SCOPED_TRACE(name);
+    ModelConfig config = model_for({c.stages, c.virtual_stages});
+    config.n_experts = 4;
+    config.validate("test");
+    const uint64_t seed = test::seed_for("unequal blocks " + name, world);
+    Links links(test::virtual_node_list(world, 1), {});
+    PipelineGroups groups(MPI_COMM_WORLD, {c.stages, c.stages, c.virtual_stages}, config, links,
+                          nullptr, c.ep);
+    std::unique_ptr<RoleExpertParallel> ep;
+    if (c.ep > 1) {
+      ep = std::make_unique<RoleExpertParallel>(groups.data_parallel(), links, config.n_experts,
+                                                c.ep, DispatchMode::Flat);
+    }
+    Arena device("stage", 16 << 20), whole_device("whole", 16 << 20);
+    Transformer<float> stage(config, cpu_ops(), device, /*with_gradients=*/true,
+                             groups.expert_shard(),
+                             stage_layer_shard(groups.chunks(groups.stage()), config.n_layers));
+    Transformer<float> whole(config, cpu_ops(), whole_device, /*with_gradients=*/false);
+    stage.initialize(seed);
+    whole.initialize(seed);
+    RlStepSettings settings;
+    settings.group_size = 2;
+    settings.minibatches = 2;
+    settings.micro_batch = 2;
+    settings.temperature = 0.8f;
+    // Rank r of pipeline q finished 2 + (q + r) % 2 groups of 2, but rank 1 none; with EP, the
+    // second pipeline of every EP pair finished none at all.
+    const int replica = groups.replica();
+    std::vector<Rollout> samples, want;
+    for (int b = 0; b < c.stages; ++b) {
+      const bool idle = b == 1 || (c.ep > 1 && replica % 2 == 1);
+      const int count = idle ? 0 : settings.group_size * (2 + (replica + b) % 2);
+      settings.block_sizes.push_back(size_t(count));
+      std::vector<Rollout> block = sample_block(seed, replica * c.stages + b, count);
+      samples.insert(samples.end(), block.begin(), block.end());
+      // The single rank: the data-parallel rank's own micro-batches.
+      attach_reference_logprobs(whole, block, settings.micro_batch, settings.temperature);
+      attach_proximal_logprobs(whole, block, settings);
+      want.insert(want.end(), block.begin(), block.end());
+    }
+    const size_t used_before = device.used();
+    device.start_phase_peak();
+    pipeline_reference_logprobs(stage, groups, samples, settings.block_sizes, settings.micro_batch,
+                                settings.temperature, 13, ep.get());
+    pipeline_proximal_logprobs(stage, groups, samples, settings, 13, ep.get());
+    // No rank holds more of the model than its stage: nothing (no gathered copy) was allocated in
+    // the device arena, even for a while.
+    EXPECT_EQ(device.phase_peak(), used_before) << "the passes allocated in the device arena";
+    EXPECT_EQ(device.used(), used_before) << "the passes left memory in the device arena";
+    size_t with_proximal = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      with_proximal += !want[i].proximal_logp.empty();
+      for (const auto member : {&Rollout::reference_logp, &Rollout::proximal_logp}) {
+        const std::vector<float>& got = samples[i].*member;
+        const std::vector<float>& expected = want[i].*member;
+        if (c.ep == 1) {
+          EXPECT_EQ(got, expected) << "sample " << i;
+          continue;
+        }
+        // The experts' rows come from every pipeline of the EP group: float rounding.
+        ASSERT_EQ(got.size(), expected.size()) << "sample " << i;
+        for (size_t t = 0; t < expected.size(); ++t) {
+          EXPECT_NEAR(got[t], expected[t], 1e-5f * (1.0f + std::abs(expected[t])))
+              << "sample " << i << " token " << t;
+        }
+      }
+    }
+    // Every non-empty block has first-minibatch samples (no proximal log-probs) and later ones.
+    if (!want.empty()) {
+      EXPECT_GT(with_proximal, 0u);
+      EXPECT_LT(with_proximal, want.size());
     }
   }
 }
