@@ -101,11 +101,14 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   // The model a pipeline rank, or a TP rank generating at a lower TP degree, generates from: every
   // layer (with TP generation, its TP slice).
   const bool borrows_whole_model = pp || tp_regrouped_generation;
-  // (TP x EP generating data-parallel: every layer with the rank's training experts.)
-  const ExpertShard regrouped_experts =
-      tp_regrouped_generation && options.expert_parallel > 1
-          ? expert_shard_of(tp->replica(), options.expert_parallel, model_config.n_experts)
-          : ExpertShard{};
+  // (TP x EP generating at a lower TP degree: every layer with the rank's training expert slots,
+  // its spare replica slots included, which its training EP group's dispatchers route to.)
+  ExpertShard regrouped_experts;
+  if (tp_regrouped_generation && options.expert_parallel > 1) {
+    regrouped_experts =
+        expert_shard_of(tp->replica(), options.expert_parallel, model_config.n_experts);
+    regrouped_experts.redundant = options.rebalance.redundant_experts;
+  }
   const ParameterLayout unsliced_generation_layout =
       pp ? pp->generation_layout() : ParameterLayout(model_config, regrouped_experts);
   const ParameterLayout whole_generation_layout =

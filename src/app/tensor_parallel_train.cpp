@@ -34,14 +34,10 @@ void validate_generation_tensor_parallel(const DisaggregatedOptions& options, co
                       ": must divide the training TP degree (a generation TP "
                       "group regroups the slices of a training one)");
   }
-  // (With expert parallelism every generation degree keeps the training experts: a generation TP
-  // group lies inside a training one, whose ranks hold the same experts, so each rank generates
-  // over its training EP group.)
-  const int default_degree = options.pipeline_parallel > 1 ? 1 : training;
-  // (The regrouped generation model holds each expert once: spare replica slots have no place.)
-  if (generation != default_degree && options.rebalance.redundant_experts > 0) {
-    throw ConfigError(option + with + " is not supported with --redundant-experts");
-  }
+  // (With expert parallelism every generation degree keeps the training experts, with
+  // --redundant-experts their spare replica slots too: a generation TP group lies inside a
+  // training one, whose ranks hold the same slots, so each rank generates over its training EP
+  // group.)
 }
 
 }  // namespace

@@ -130,10 +130,14 @@ TEST(TrainReplicas, OverlapChunksWithReplicasTrainLikeTheSingleCopyRun) {
 
 // TP 2 x EP 2 on 4 ranks: every TP rank's EP group holds the same slot tables (the same decisions
 // from the world's loads), a TP group's ranks the same replicas; the split's TP sum of expert
-// gradients covers the spare slots too. With the token split, duplicated, and in 2 overlap chunks.
+// gradients covers the spare slots too. With the token split, duplicated, in 2 overlap chunks, and
+// generating at TP 1 (each rank's regrouped generation model keeps its training slots, spare ones
+// included, and generates over its training EP group).
 TEST(TrainReplicas, TensorParallelGroupsWithReplicasTrainLikeTheSingleCopyRun) {
   const std::string tensor = kSkewedFused + "--tensor-parallel 2 ";
   expect_replicas_train_like_the_single_copy("tensor-split", tensor, 4);
+  expect_replicas_train_like_the_single_copy("tensor-generation-tp-1",
+                                             tensor + "--actor-tensor-parallel 1 ", 4);
   expect_replicas_train_like_the_single_copy("tensor-duplicate",
                                              tensor + "--tensor-parallel-duplicate-experts ", 4);
   expect_replicas_train_like_the_single_copy("tensor-chunks", tensor + "--ep-overlap-chunks 2 ", 4);
@@ -142,7 +146,8 @@ TEST(TrainReplicas, TensorParallelGroupsWithReplicasTrainLikeTheSingleCopyRun) {
 // PP 2 x EP 2 on 4 ranks: every stage stores its experts in E / 2 + 1 slots, its views' dispatchers
 // split a replicated expert's tokens, every stage's EP group migrates and replicates its own
 // layers' experts, and generation runs on the gathered slot layout (or through the layout switch
-// to EP 1); with pairing and with StaleSync too, and TP 2 x EP 2 x PP 2 on 8 ranks. Overlap chunks
+// to EP 1); with pairing and with StaleSync too, and TP 2 x EP 2 x PP 2 on 8 ranks (generating at
+// TP 1 and at TP 2). Overlap chunks
 // with replicas: 3 steps against the same replicas without chunks within 1e-7 (measured 3e-9; the
 // chunks sum the expert gradients in another order, and over 5 steps that flips a sampled token).
 TEST(TrainReplicas, PipelineStagesWithReplicasTrainLikeTheSingleCopyRun) {
@@ -156,6 +161,10 @@ TEST(TrainReplicas, PipelineStagesWithReplicasTrainLikeTheSingleCopyRun) {
   std::string eight_ranks = pipeline + "--tensor-parallel 2 ";
   eight_ranks.replace(eight_ranks.find("--prompts 4"), 11, "--prompts 8");
   expect_replicas_train_like_the_single_copy("tensor-expert-pipeline", eight_ranks, 8);
+  // Generating at TP 2, not the pipelines' default TP 1: each rank's generation slice of every
+  // layer keeps the pipeline's slots, spare ones included.
+  expect_replicas_train_like_the_single_copy("tensor-expert-pipeline-generation-tp-2",
+                                             eight_ranks + "--actor-tensor-parallel 2 ", 8);
 
   std::string three_steps = pipeline +
                             "--redundant-experts 1 --rebalance-every 1 "

@@ -132,11 +132,6 @@ TEST(TensorPipelineTrain, ShapesThatDoNotFitStopEveryRankBeforeOutput) {
            "--actor-tensor-parallel 4 with --tensor-parallel 2: must divide the training TP "
            "degree"},
           {2, "--actor-tensor-parallel 2", "--actor-tensor-parallel 2 needs --tensor-parallel 2"},
-          {4,
-           "--tensor-parallel 2 --expert-parallel 2 --actor-tensor-parallel 1 --redundant-experts "
-           "1",
-           "--actor-tensor-parallel 1 with --tensor-parallel 2 is not supported with "
-           "--redundant-experts"},
           {4, "--tensor-parallel 2 --pipeline-parallel 2 --actor-tensor-parallel -1",
            "--actor-tensor-parallel -1: must be a positive integer"},
       },
