@@ -74,40 +74,26 @@ void validate_pipeline_parallel_train(const DisaggregatedOptions& options, bool 
   }
   if (options.expert_parallel > 1 || options.actor_expert_parallel > 1) {
     // An EP group is the ranks of one stage in E consecutive pipelines (with TP: of one TP rank
-    // and stage in E consecutive model replicas of T x P ranks).
-    if (options.tensor_parallel > 1) {
-      // (A generation EP degree of its own: the switch over each TP rank's stage-major order.)
-      validate_experts_with_model_parallelism(
-          option, options, world_size, degree * options.tensor_parallel,
-          "model replicas (T x P ranks)", "the ranks of one TP rank and stage",
-          /*generation_degree_of_its_own=*/true);
-      const int replicas = world_size / (degree * options.tensor_parallel);
-      const int generation = options.actor_expert_parallel;
-      if (world_size % (degree * options.tensor_parallel) == 0 && generation > 0 &&
-          replicas % generation != 0) {
-        throw ConfigError(option + " x --actor-expert-parallel " + std::to_string(generation) +
-                          ": the generation EP degree must divide the " + std::to_string(replicas) +
-                          " model replicas (a generation EP group is the ranks of one TP rank and "
-                          "stage in " +
-                          std::to_string(generation) + " consecutive model replicas)");
-      }
-    } else {
-      // PP x EP generates at an EP degree of its own too (--actor-expert-parallel G, G dividing
-      // the pipelines): a layout switch over the stage-major order (PipelineGroups::stage_major)
-      // after the pipeline's switch; fused_train validates G with the stages' groups.
-      validate_experts_with_model_parallelism(option, options, world_size, degree, "pipelines",
-                                              "the ranks of one stage",
-                                              /*generation_degree_of_its_own=*/true);
-      const int pipelines = world_size / degree, generation = options.actor_expert_parallel;
-      if (world_size % degree == 0 && generation > 0 && pipelines % generation != 0) {
-        throw ConfigError(option + " x --actor-expert-parallel " + std::to_string(generation) +
-                          ": the generation EP degree must divide the " +
-                          std::to_string(pipelines) +
-                          " pipelines (a generation EP group is a stage's ranks in " +
-                          std::to_string(generation) + " consecutive pipelines)");
-      }
+    // and stage in E consecutive model replicas of T x P ranks). Generation may run at an EP
+    // degree of its own (--actor-expert-parallel G): a layout switch over the stage-major order
+    // (PipelineGroups::stage_major, per TP rank) after the pipeline's switch, a generation EP group
+    // being G consecutive replicas' ranks, so G must divide the replicas.
+    const bool tp = options.tensor_parallel > 1;
+    const int replica_ranks = degree * std::max(1, options.tensor_parallel);
+    const std::string replicas_name = tp ? "model replicas" : "pipelines";
+    validate_experts_with_model_parallelism(
+        option, options, world_size, replica_ranks,
+        tp ? "model replicas (T x P ranks)" : "pipelines",
+        tp ? "the ranks of one TP rank and stage" : "the ranks of one stage",
+        /*generation_degree_of_its_own=*/true);
+    const int replicas = world_size / replica_ranks, generation = options.actor_expert_parallel;
+    if (world_size % replica_ranks == 0 && generation > 0 && replicas % generation != 0) {
+      throw ConfigError(option + " x --actor-expert-parallel " + std::to_string(generation) +
+                        ": the generation EP degree must divide the " + std::to_string(replicas) +
+                        " " + replicas_name + " (a generation EP group is " +
+                        (tp ? "the ranks of one TP rank and stage in " : "a stage's ranks in ") +
+                        std::to_string(generation) + " consecutive " + replicas_name + ")");
     }
-
   } else if (options.ep_overlap_chunks > 1) {
     // Overlap chunks hide the EP exchanges of the stages' MoE layers: without EP there are none.
     throw ConfigError(option + " with --ep-overlap-chunks " +
