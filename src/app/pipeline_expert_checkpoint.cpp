@@ -15,12 +15,12 @@ void write_pipeline_expert_checkpoint(const std::string& run_dir, const ModelCon
   // The other EP replicas hold the same values.
   if (ep.replica() != 0) return;
   // Every layer with this pipeline's experts (slot rows in the placement in force, spare slots
-  // included), each buffer gathered from the pipeline's stages onto its first stage, which
-  // writes (the other stages never hold more than their own).
+  // included), each buffer gathered from the pipeline's stages onto its first stage (with TP, TP
+  // rank 0's), which writes (no other rank holds more than its part).
   const ParameterLayout pipeline_layout = groups.generation_layout();
   const std::array<float*, 4> parts = {stage.parameters, stage.first_moment, stage.second_moment,
                                        stage.reference};
-  const bool first_stage = groups.stage() == 0;
+  const bool first_stage = assembles_pipeline_model(groups);
   std::array<std::vector<float>, 4> whole;
   std::array<float*, 4> buffers{};
   for (size_t b = 0; b < parts.size(); ++b) {
@@ -30,10 +30,8 @@ void write_pipeline_expert_checkpoint(const std::string& run_dir, const ModelCon
     gather_pipeline_model(parts[b], groups, buffers[b], pipeline_layout, /*root=*/0);
   }
   // The first stages of the E pipelines are one EP group (world rank 0 its rank 0): together they
-  // hold every expert of every layer once. (With TP every TP rank gathered the whole tensors:
-  // TP rank 0's EP group writes.)
+  // hold every expert of every layer once. (With TP, TP rank 0's EP group.)
   if (!first_stage) return;
-  if (groups.tensor_parallel() && groups.tensor_parallel()->rank() != 0) return;
   CheckpointTensors tensors{buffers[0], buffers[1], buffers[2], buffers[3]};
   tensors.in_flight = stage.in_flight;
   // Every stage's EP group follows every layer's table (TrainRebalancer), so the first stage's

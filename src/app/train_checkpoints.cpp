@@ -366,8 +366,8 @@ void TrainCheckpoints::save(const RlPosition& position, const TrainingState& sta
   }
   if (model_parallel) {
     // The first model replica (pipeline, TP group or both) assembles the whole model; the others
-    // hold the same values. With a pipeline only its first stage, the writer's, assembles it (a
-    // gather, not an allgather: the other stages never hold more than their own).
+    // hold the same values. With a pipeline only the writer assembles it (gathers, not
+    // allgathers: no other rank holds more than its part).
     if ((pipeline_ ? pipeline_->replica() : tensor_parallel_->replica()) != 0) return;
     const ParameterLayout whole_layout(model.config());
     std::array<std::vector<float>, kBuffers> whole = gather_whole_buffers(
@@ -381,7 +381,7 @@ void TrainCheckpoints::save(const RlPosition& position, const TrainingState& sta
                                    *tensor_parallel_);
           }
         },
-        /*assembles=*/!pipeline_ || pipeline_->stage() == 0);
+        /*assembles=*/!pipeline_ || assembles_pipeline_model(*pipeline_));
     std::array<float*, kBuffers> buffers{};
     for (size_t b = 0; b < kBuffers; ++b) buffers[b] = whole[b].empty() ? nullptr : whole[b].data();
     CheckpointTensors tensors = tensors_of(buffers);

@@ -89,12 +89,12 @@ int finish_multi_rank_train(const MultiRankTrainEnd& end, const RunOptions& run,
       stage = stage_experts.data();
     }
     // Collective over the first pipeline (the other replicas hold the same values): its first
-    // stage, world rank 0's, receives the other stages' layers. (With TP every TP rank's pipeline
-    // gathers onto its first stage: the TP collectives that assemble each stage come first.)
+    // stage, world rank 0's, receives the other stages' layers (with TP, each stage's TP slices
+    // come together on its TP rank 0 first, and TP rank 0's pipeline gathers).
     if (end.pipeline->replica() == 0) {
       const ParameterLayout whole_layout(policy.config);
-      const bool first_stage = end.pipeline->stage() == 0;
-      std::vector<float> gathered(whole || !first_stage ? 0 : size_t(whole_layout.total()));
+      const bool assembles = assembles_pipeline_model(*end.pipeline);
+      std::vector<float> gathered(whole || !assembles ? 0 : size_t(whole_layout.total()));
       gather_pipeline_model(stage, *end.pipeline, whole ? whole->parameters() : gathered.data(),
                             whole_layout, /*root=*/0);
     }

@@ -66,7 +66,18 @@ uint64_t gather_pipeline_model(const float* stage_params, const PipelineGroups& 
   // expert when saving the gathered model).
   const ExpertShard experts =
       whole_layout.expert_sharded() ? whole_layout.stored_expert_shard() : ExpertShard{};
-  if (tp && !same_slice(slice, tp->slice())) {
+  if (root >= 0 && tp && !slice.active()) {
+    // Onto one rank only: TP rank 0 of each stage assembles its stage's whole tensors (a gather
+    // inside the TP group), and only its pipeline goes on; the other TP ranks are done.
+    const ParameterLayout stage_layout = groups.stage_layout(groups.stage(), experts);
+    const ParameterLayout from = with_tensor_slice(groups.config(), stage_layout, tp->slice());
+    if (tp->rank() == 0) stage.assign(size_t(stage_layout.total()), 0.0f);
+    received += gather_tensor_parallel_on_rank_zero(stage_params, from,
+                                                    tp->rank() == 0 ? stage.data() : nullptr,
+                                                    stage_layout, groups.config(), *tp);
+    if (tp->rank() != 0) return received;
+    stage_params = stage.data();
+  } else if (tp && !same_slice(slice, tp->slice())) {
     received += regroup_stage(stage_params, groups, slice, experts, stage);
     stage_params = stage.data();
   }
@@ -111,6 +122,11 @@ uint64_t gather_pipeline_model(const float* stage_params, const PipelineGroups& 
     received += uint64_t(counts[size_t(s)]) * sizeof(float);
   }
   return received;
+}
+
+bool assembles_pipeline_model(const PipelineGroups& groups) {
+  return groups.stage() == 0 &&
+         (!groups.tensor_parallel() || groups.tensor_parallel()->rank() == 0);
 }
 
 }  // namespace rlf

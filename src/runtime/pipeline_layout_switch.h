@@ -42,9 +42,16 @@ void copy_shared_tensors(const float* from, const ParameterLayout& from_layout, 
 // slice without TP).
 // With `root` >= 0 (a stage: the writer of a checkpoint or of the saved model) only that stage
 // of each pipeline assembles the model (a gather to it, every other stage sending its stage
-// there, counted); the others leave `whole` untouched (it may be null) and count only what a TP
-// regroup received, so no rank but the root holds more than its stage.
+// there, counted); the others leave `whole` untouched (it may be null), so no rank but the root
+// holds more than its stage. With TP and an unsliced `whole_layout`, only TP rank 0's pipeline
+// gathers: each stage's TP slices first come together on its TP rank 0
+// (gather_tensor_parallel_on_rank_zero, counted), and the other TP ranks return after sending
+// theirs. Returns the bytes this rank received.
 uint64_t gather_pipeline_model(const float* stage_params, const PipelineGroups& groups,
                                float* whole, const ParameterLayout& whole_layout, int root = -1);
+
+// Whether gather_pipeline_model with root 0 and an unsliced whole layout fills `whole` on this
+// rank: the first stage, with TP its TP rank 0.
+bool assembles_pipeline_model(const PipelineGroups& groups);
 
 }  // namespace rlf

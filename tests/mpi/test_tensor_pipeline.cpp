@@ -198,6 +198,29 @@ void check_step(const Case& c) {
       << "the gathered model is not the single-rank model";
   EXPECT_EQ(std::memcmp(stage.parameters(), before.data(), before.size() * sizeof(float)), 0)
       << "the layout switch changed the slice";
+  {
+    // Onto the writer alone (checkpoints, the saved model): TP rank 0 of the first stage, one rank
+    // per model replica, assembles the single-rank model; no other rank is handed a buffer.
+    const bool writer = assembles_pipeline_model(groups);
+    int writers = writer ? 1 : 0;
+    MPI_Allreduce(MPI_IN_PLACE, &writers, 1, MPI_INT, MPI_SUM, groups.model_parallel().comm);
+    EXPECT_EQ(writers, 1);
+    std::vector<float> onto_writer(writer ? whole.size() : 0, 7.0f);
+    const uint64_t writer_received = gather_pipeline_model(
+        stage.parameters(), groups, writer ? onto_writer.data() : nullptr, reference.layout(), 0);
+    if (writer) {
+      EXPECT_EQ(std::memcmp(onto_writer.data(), reference.parameters(),
+                            onto_writer.size() * sizeof(float)),
+                0)
+          << "the model gathered onto the writer is not the single-rank model";
+      EXPECT_EQ(writer_received, other_stages + uint64_t(cut) * sizeof(float) * uint64_t(c.tp - 1));
+    } else {
+      // (TP rank 0 of another stage received its TP mates' slices; nothing else did.)
+      const bool tp_zero = groups.tensor_parallel() && groups.tensor_parallel()->rank() == 0;
+      EXPECT_EQ(writer_received,
+                tp_zero ? uint64_t(cut) * sizeof(float) * uint64_t(c.tp - 1) : uint64_t(0));
+    }
+  }
 }
 
 void check_adamw(const Case& c) {
