@@ -90,6 +90,32 @@ float* WholeModelForSync::assemble(Transformer<float>& model) {
   return whole_.empty() ? nullptr : whole_.data();
 }
 
+ActorSlicesForSync::ActorSlicesForSync(int slices, const ModelConfig& config, bool attention_only)
+    : whole_layout_(config) {
+  for (int r = 0; r < slices; ++r) {
+    layouts_.push_back(
+        with_tensor_slice(config, whole_layout_, TensorSlice{r, slices, attention_only}));
+    slices_.emplace_back(size_t(layouts_.back().total()), 0.0f);
+  }
+}
+
+void ActorSlicesForSync::cut(const float* whole) {
+  for (size_t r = 0; r < slices_.size(); ++r)
+    slice_parameters(whole, whole_layout_, slices_[r].data(), layouts_[r]);
+}
+
+std::vector<const float*> ActorSlicesForSync::slices() const {
+  std::vector<const float*> pointers;
+  for (const std::vector<float>& slice : slices_) pointers.push_back(slice.data());
+  return pointers;
+}
+
+std::vector<int64_t> ActorSlicesForSync::counts() const {
+  std::vector<int64_t> counts;
+  for (const std::vector<float>& slice : slices_) counts.push_back(int64_t(slice.size()));
+  return counts;
+}
+
 std::string learner_tensor_parallel_json(const DistQueue& queue, int degree, int actor_degree,
                                          uint64_t gathered_bytes) {
   const DistQueueCounters& served = queue.counters();

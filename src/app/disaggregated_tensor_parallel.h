@@ -68,6 +68,27 @@ class WholeModelForSync {
   uint64_t gathered_bytes_ = 0;
 };
 
+// Learner 0's side of the weight sync to actors in TP groups of T consecutive actors without EP:
+// each actor TP rank receives only its slice, which learner 0 cuts from the whole model every
+// sync (slice r laid out as an actor of TP rank r stores its model).
+class ActorSlicesForSync {
+ public:
+  // `slices` T, or 0 where nothing is cut (every rank but learner 0).
+  ActorSlicesForSync(int slices, const ModelConfig& config, bool attention_only);
+
+  // Every slice from `whole` (laid out by ParameterLayout(config)).
+  void cut(const float* whole);
+  float* slice(int r) { return slices_[size_t(r)].data(); }
+  int64_t count(int r) const { return int64_t(slices_[size_t(r)].size()); }
+  std::vector<const float*> slices() const;
+  std::vector<int64_t> counts() const;
+
+ private:
+  ParameterLayout whole_layout_;
+  std::vector<ParameterLayout> layouts_;
+  std::vector<std::vector<float>> slices_;
+};
+
 // What the TP learners' queue gets cost the shards, summed over the world (collective over
 // MPI_COMM_WORLD): summary.json fields (ending in a comma) queue_get_requests, queue_reply_bytes,
 // queue_samples_served (what the shards served: each sample once per TP group, not once per TP

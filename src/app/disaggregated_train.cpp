@@ -231,7 +231,12 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
   DistQueueConfig queue_config;
   queue_config.shard_capacity = options.shard_capacity;
   DistQueue queue(MPI_COMM_WORLD, topology, queue_config);
-  WeightSync weights(MPI_COMM_WORLD, topology);
+  // Actor TP groups without EP receive only their TP slices: a broadcast (or posted sends) per
+  // actor TP rank. (With EP the expert sync sends every actor its group's experts and the whole
+  // replicated tensors, and each keeps its slice.)
+  const bool expert_sync = options.expert_parallel > 1 || options.actor_expert_parallel > 1;
+  const int actor_slices = expert_sync ? 1 : actor_tp_degree;
+  WeightSync weights(MPI_COMM_WORLD, topology, actor_slices);
   // StaleSync's pipelined weight sync waits on a barrier of the ranks that generate or train.
   MPI_Comm compute_ranks = MPI_COMM_NULL;
   MPI_Comm_split(MPI_COMM_WORLD, role == Role::Queue ? MPI_UNDEFINED : 0, topology.world_rank(),
@@ -242,7 +247,7 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
     posted_weights = std::make_unique<PostedWeightSync>(weights, topology.links());
   RandomDelay random_delay(rl.random_delay_ms, run.seed, topology.world_rank());
   std::unique_ptr<ExpertWeightSync> expert_weights;
-  if (options.expert_parallel > 1 || options.actor_expert_parallel > 1) {
+  if (expert_sync) {
     expert_weights = std::make_unique<ExpertWeightSync>(
         MPI_COMM_WORLD, topology, experts, options.expert_parallel, options.actor_expert_parallel,
         redundant, learner_tp, actor_tp_degree);
@@ -265,12 +270,17 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
   WholeModelForSync sync_model(tp, policy.config, model.layout());
   const ParameterLayout whole_layout(policy.config);
   const int64_t synced_count = tp || actor_tp ? whole_layout.total() : parameter_count;
-  // An actor in a TP group receives the whole model here (with EP, every tensor whole with its
-  // experts) and keeps its slice.
+  // An actor in a TP group with EP receives the whole model here (every tensor whole with its
+  // experts) and keeps its slice; without EP it receives its slice straight into its model, which
+  // learner 0 cuts from the whole model for each actor TP rank (SlicesForSync).
   const ParameterLayout actor_received_layout(
       policy.config,
       model.layout().expert_sharded() ? model.layout().stored_expert_shard() : ExpertShard{});
-  std::vector<float> actor_whole(actor_tp ? size_t(actor_received_layout.total()) : 0);
+  const bool sliced_sync = actor_slices > 1;
+  std::vector<float> actor_whole(actor_tp && !sliced_sync ? size_t(actor_received_layout.total())
+                                                          : 0);
+  ActorSlicesForSync actor_slices_for_sync(sliced_sync && root ? actor_slices : 0, policy.config,
+                                           options.tensor_parallel_attention_only);
   const bool learner_sends_weights =
       role == Role::Learner && (root || expert_weights || (tp && sync_model.assembles()));
   const auto run_start = Clock::now();
@@ -279,7 +289,8 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
   bool stopped = false;
   std::unique_ptr<RoleExpertParallel> ep;  // EP groups of this rank's role, when degree > 1
   int migrations = 0;
-  std::string reordering_json;  // summary.json fields of --reorder-samples (learners)
+  std::string reordering_json;    // summary.json fields of --reorder-samples (learners)
+  uint64_t actor_sync_bytes = 0;  // what this actor received in weight syncs
 
   if (role != Role::Queue) {
     LearnerState learner;
@@ -376,10 +387,10 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
     // ranks, which only help assemble them).
     auto synced_parameters = [&] {
       if (role == Role::Learner && tp) return sync_model.assemble(model);
-      return actor_tp ? actor_whole.data() : model.parameters();
+      return actor_tp && !sliced_sync ? actor_whole.data() : model.parameters();
     };
     auto keep_actor_slice = [&] {
-      if (actor_tp) {
+      if (actor_tp && !sliced_sync) {
         slice_parameters(actor_whole.data(), actor_received_layout, model.parameters(),
                          model.layout());
       }
@@ -413,7 +424,19 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
       TraceScope traced(trace, Phase::WeightSync);
       traced.set_version(version);
       uint64_t bytes = 0;
-      if (!expert_weights) {
+      if (sliced_sync) {
+        if (role == Role::Actor) {
+          bytes =
+              weights.broadcast_slice(actor_tp->rank(), model.parameters(), model.layout().total());
+        } else if (float* whole = synced_parameters(); whole && weights.member()) {
+          // (Learner 0: every actor TP rank's slice, one broadcast each.)
+          actor_slices_for_sync.cut(whole);
+          for (int r = 0; r < actor_slices; ++r) {
+            bytes += weights.broadcast_slice(r, actor_slices_for_sync.slice(r),
+                                             actor_slices_for_sync.count(r));
+          }
+        }
+      } else if (!expert_weights) {
         bytes = weights.broadcast(synced_parameters(), synced_count);
       } else if (role == Role::Actor) {
         bytes =
@@ -424,6 +447,7 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
         bytes = expert_weights->sync(source.params, *source.layout, weights, learner_slots);
       }
       traced.set_bytes(int64_t(bytes));
+      if (role == Role::Actor) actor_sync_bytes += bytes;
       keep_actor_slice();
     };
     const PostedWeightSync::Wait serving_wait = [&](std::vector<MPI_Request>& requests) {
@@ -443,17 +467,26 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
       traced.set_version(version);
       float* params = model.parameters();
       if (role == Role::Actor) {
-        traced.set_bytes(int64_t(
-            !expert_weights
+        const uint64_t received =
+            sliced_sync ? posted_weights->receive(params, model.layout().total(), serving_wait)
+            : !expert_weights
                 ? posted_weights->receive(synced_parameters(), synced_count, serving_wait)
             : actor_tp
                 ? expert_weights->receive(actor_whole.data(), actor_received_layout,
                                           *posted_weights, serving_wait)
-                : expert_weights->receive(params, model.layout(), *posted_weights, serving_wait)));
+                : expert_weights->receive(params, model.layout(), *posted_weights, serving_wait);
+        traced.set_bytes(int64_t(received));
+        actor_sync_bytes += received;
         keep_actor_slice();
         return;
       }
-      if (!expert_weights) {
+      if (sliced_sync) {
+        if (float* whole = synced_parameters(); whole && weights.member()) {
+          actor_slices_for_sync.cut(whole);
+          traced.set_bytes(int64_t(posted_weights->post_slices(
+              actor_slices_for_sync.slices(), actor_slices_for_sync.counts(), serving_wait)));
+        }
+      } else if (!expert_weights) {
         traced.set_bytes(
             int64_t(posted_weights->post(synced_parameters(), synced_count, serving_wait)));
       } else if (const SyncSource source = expert_sync_source(); source.params) {
@@ -496,18 +529,21 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
                                                  : "attention heads and the shared expert",
           options.actor_tensor_parallel > 1
               ? ("at TP " + std::to_string(options.actor_tensor_parallel) +
-                 " (--actor-tensor-parallel), each actor keeping its slice")
+                 (sliced_sync ? " (--actor-tensor-parallel), each actor receiving only its slice"
+                              : " (--actor-tensor-parallel), each actor keeping its slice"))
                     .c_str()
               : "data-parallel from the whole model",
           (long long)(tp ? parameter_count : 0), (long long)whole_layout.total());
     } else if (options.actor_tensor_parallel > 1) {
       dir.log(
-          "# actor tensor parallelism: actors in TP groups of %d (%s), each receiving the whole "
-          "model from the data-parallel learners and keeping its slice; each group generates its "
-          "block of prompts collectively and its first rank puts the samples\n",
+          "# actor tensor parallelism: actors in TP groups of %d (%s), each %s; each group "
+          "generates its block of prompts collectively and its first rank puts the samples\n",
           options.actor_tensor_parallel,
           options.tensor_parallel_attention_only ? "attention heads"
-                                                 : "attention heads and the shared expert");
+                                                 : "attention heads and the shared expert",
+          sliced_sync ? "receiving only its slice, cut by learner 0 from the whole model"
+                      : "receiving the whole model from the data-parallel learners and keeping "
+                        "its slice");
     }
     if (rl.staleness > 0) {
       dir.log(
@@ -668,6 +704,10 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
         "weight syncs\n",
         format_bytes(size_t(sync_model.gathered_bytes())).c_str());
   }
+  // What the actors received in weight syncs, summed (with actor TP groups without EP, slices).
+  unsigned long long actor_bytes = actor_sync_bytes;
+  MPI_Allreduce(MPI_IN_PLACE, &actor_bytes, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
+  tensor_parallel_json += "\"weight_sync_actor_bytes\":" + std::to_string(actor_bytes) + ",";
   MultiRankTrainEnd end;
   end.learner = role == Role::Learner;
   end.root = root;

@@ -47,6 +47,34 @@ uint64_t PostedWeightSync::post(const float* params, int64_t count, const Wait& 
   return bytes * uint64_t(size - 1);
 }
 
+uint64_t PostedWeightSync::post_slices(const std::vector<const float*>& slices,
+                                       const std::vector<int64_t>& counts, const Wait& wait) {
+  if (!member()) return 0;
+  if (!root()) throw std::logic_error("PostedWeightSync::post_slices on an actor");
+  if (slices.empty() || slices.size() != counts.size()) {
+    throw std::invalid_argument("PostedWeightSync::post_slices: one count per slice");
+  }
+  finish(wait);
+  // The slices side by side in the snapshot.
+  std::vector<int64_t> offsets;
+  snapshot_.clear();
+  for (size_t r = 0; r < slices.size(); ++r) {
+    offsets.push_back(int64_t(snapshot_.size()));
+    snapshot_.insert(snapshot_.end(), slices[r], slices[r] + counts[r]);
+  }
+  int size = 0;
+  MPI_Comm_size(comm_, &size);
+  uint64_t posted = 0;
+  for (int actor = 1; actor < size; ++actor) {
+    const size_t slice = size_t(actor - 1) % slices.size();
+    const uint64_t bytes = uint64_t(counts[slice]) * sizeof(float);
+    links_.count_send(links_.world_rank_of(actor, comm_), bytes);
+    in_buckets(snapshot_.data() + offsets[slice], counts[slice], actor, MPI_Isend, pending_);
+    posted += bytes;
+  }
+  return posted;
+}
+
 uint64_t PostedWeightSync::receive(float* params, int64_t count, const Wait& wait) {
   if (!member()) return 0;
   if (root()) throw std::logic_error("PostedWeightSync::receive on learner 0");

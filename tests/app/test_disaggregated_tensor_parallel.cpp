@@ -7,8 +7,9 @@
 // step and a saved whole model within float rounding of it. One leader per TP group asks DistQueue,
 // once per shard and step: the shards serve exactly 1/T of the requests and samples of every TP
 // rank fetching its own copy (counted in summary.json); learner 0 receives the other TP ranks'
-// slices for every weight sync (counted). Layouts and options that do not fit stop every rank with
-// exit code 2 before any output.
+// slices for every weight sync (counted), and actors in TP groups receive only their slices
+// (fewer bytes than the data-parallel actors' whole models, counted). Layouts and options that do
+// not fit stop every rank with exit code 2 before any output.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -54,6 +55,21 @@ void expect_same_rewards_and_model(const Result& dp, const std::string& dp_dir, 
   EXPECT_LT(test::nmse(tp_model.data(), dp_model.data(), dp_model.size()), 1e-6);
 }
 
+// Actors in TP groups of `actor_tp` (without EP) receive only their TP slices in every weight
+// sync: fewer bytes than the data-parallel actors' whole models, at least 1 / actor_tp of them
+// (the tensors TP does not cut go whole to every rank). With data-parallel actors, the same.
+void expect_actor_slices_synced(const Result& dp, const Result& tp, int actor_tp) {
+  const double whole = test::json_number(dp.output, "weight_sync_actor_bytes");
+  const double sliced = test::json_number(tp.output, "weight_sync_actor_bytes");
+  EXPECT_GT(whole, 0) << dp.output;
+  if (actor_tp == 1) {
+    EXPECT_EQ(sliced, whole);
+    return;
+  }
+  EXPECT_LT(sliced, whole) << "the actors received whole models";
+  EXPECT_GT(sliced, whole / actor_tp);
+}
+
 void expect_trains_like_data_parallel(const Layout& layout, const std::string& stale) {
   SCOPED_TRACE(std::to_string(layout.ranks) + " ranks " + layout.roles + layout.extra + stale);
   const std::string dp_dir = temp_dir("dp"), tp_dir = temp_dir("tp");
@@ -85,6 +101,7 @@ void expect_trains_like_data_parallel(const Layout& layout, const std::string& s
   EXPECT_GT(test::json_number(tp.output, "queue_reply_bytes"), 0);
   // Every weight sync brings learner 0 its TP mate's slices.
   EXPECT_GT(test::json_number(tp.output, "weight_sync_gather_bytes"), 0);
+  expect_actor_slices_synced(dp, tp, layout.actor_tp);
 }
 
 TEST(DisaggregatedTensorParallel, TrainsLikeTheDataParallelDisaggregatedRun) {
@@ -183,6 +200,9 @@ TEST(DisaggregatedTensorParallel,
               std::string::npos)
         << tp.output;
     expect_same_rewards_and_model(dp, dp_dir, tp, tp_dir);
+    // (With EP the expert sync sends the actors whole replicated tensors: not compared.)
+    if (c.common.find("--expert-parallel") == std::string::npos)
+      expect_actor_slices_synced(dp, tp, 2);
   }
 }
 
