@@ -119,7 +119,11 @@ uint64_t gather_pipeline_model(const float* stage_params, const PipelineGroups& 
     if (s == own) continue;
     copy_shared_tensors(stages_side_by_side.data() + displacements[size_t(s)], layouts[size_t(s)],
                         whole, whole_layout);
-    received += uint64_t(counts[size_t(s)]) * sizeof(float);
+    const uint64_t bytes = uint64_t(counts[size_t(s)]) * sizeof(float);
+    // Each stage's layers cross the link from its rank: an emulated inter-node link delays them
+    // (one after another: a rank's incoming messages share its port).
+    groups.links().emulate(pipeline.world_ranks[size_t(s)], bytes);
+    received += bytes;
   }
   return received;
 }

@@ -28,25 +28,25 @@ void copy_shared_tensors(const float* from, const ParameterLayout& from_layout, 
 // received from their stage (an allgather inside the pipeline). The stages hold the experts
 // `whole_layout` holds: with EP inside the stages, groups.generation_layout() (every layer, the
 // pipeline's experts), or with every expert a whole stage that RoleExpertParallel gathered. Every
-// rank sends its stage to each other rank of its pipeline, counted on groups.links(). Returns the
-// bytes this rank received: the model less its own stage. With TP (groups.tensor_parallel()),
-// collective over the model-parallel group: `stage_params` is this rank's slice of its stage (the
-// layout of groups.stage_layout(stage, the experts `whole_layout` holds) with its TensorSlice); the
-// TP group first assembles the stage's whole tensors (an allgather of the cut tensors' slices,
-// counted: each rank sends its slices to the T - 1 others), then every TP rank's pipeline gathers
-// the stages as above. The bytes received then add the other TP ranks' slices. A `whole_layout`
-// with a TP slice of degree G dividing T (generation at TP G, --actor-tensor-parallel G; slice rank
-// % G) regroups the stage to that slice instead (regroup_tensor_slices: only the TP mates' slices
-// it lacks, counted; none at G = T), then the pipeline gathers the other stages' G slices, and
-// `whole` is this rank's G slice of the whole model (std::invalid_argument for another slice, or a
-// slice without TP).
-// With `root` >= 0 (a stage: the writer of a checkpoint or of the saved model) only that stage
-// of each pipeline assembles the model (a gather to it, every other stage sending its stage
-// there, counted); the others leave `whole` untouched (it may be null), so no rank but the root
-// holds more than its stage. With TP and an unsliced `whole_layout`, only TP rank 0's pipeline
-// gathers: each stage's TP slices first come together on its TP rank 0
-// (gather_tensor_parallel_on_rank_zero, counted), and the other TP ranks return after sending
-// theirs. Returns the bytes this rank received.
+// rank sends its stage to each other rank of its pipeline, counted on groups.links() (and, with
+// link emulation, each stage received over an inter-node link delays the receiver by its emulated
+// time). Returns the bytes this rank received: the model less its own stage. With TP
+// (groups.tensor_parallel()), collective over the model-parallel group: `stage_params` is this
+// rank's slice of its stage (the layout of groups.stage_layout(stage, the experts `whole_layout`
+// holds) with its TensorSlice); the TP group first assembles the stage's whole tensors (an
+// allgather of the cut tensors' slices, counted: each rank sends its slices to the T - 1 others),
+// then every TP rank's pipeline gathers the stages as above. The bytes received then add the other
+// TP ranks' slices. A `whole_layout` with a TP slice of degree G dividing T (generation at TP G,
+// --actor-tensor-parallel G; slice rank % G) regroups the stage to that slice instead
+// (regroup_tensor_slices: only the TP mates' slices it lacks, counted; none at G = T), then the
+// pipeline gathers the other stages' G slices, and `whole` is this rank's G slice of the whole
+// model (std::invalid_argument for another slice, or a slice without TP). With `root` >= 0 (a
+// stage: the writer of a checkpoint or of the saved model) only that stage of each pipeline
+// assembles the model (a gather to it, every other stage sending its stage there, counted); the
+// others leave `whole` untouched (it may be null), so no rank but the root holds more than its
+// stage. With TP and an unsliced `whole_layout`, only TP rank 0's pipeline gathers: each stage's TP
+// slices first come together on its TP rank 0 (gather_tensor_parallel_on_rank_zero, counted), and
+// the other TP ranks return after sending theirs. Returns the bytes this rank received.
 uint64_t gather_pipeline_model(const float* stage_params, const PipelineGroups& groups,
                                float* whole, const ParameterLayout& whole_layout, int root = -1);
 

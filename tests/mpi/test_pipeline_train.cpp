@@ -133,6 +133,30 @@ TEST(PipelineLayoutSwitch, GathersTheWholeModelAndLeavesTheStageBitIdentical) {
   }
 }
 
+// With link emulation every stage received over an inter-node link delays the receiver by its
+// emulated time (a lower bound: emulation sleeps): on nodes of one rank each, the switch takes at
+// least P - 1 message latencies on every rank.
+TEST(PipelineLayoutSwitch, EmulatedInterNodeLinksDelayTheSwitch) {
+  const int world = test::world_size();
+  constexpr double kLatency = 0.02;
+  for (const Shape& s : shapes_for(world)) {
+    if (s.stages < 2 || s.virtual_stages != 1) continue;
+    SCOPED_TRACE(shape_name(s));
+    const ModelConfig config = model_for(s);
+    Links links(test::virtual_node_list(world, 1), LinkEmulation{0, kLatency});
+    PipelineGroups groups(MPI_COMM_WORLD, {s.stages, s.stages, 1}, config, links);
+    Arena device("stage", 16 << 20);
+    Transformer<float> stage(config, cpu_ops(), device, /*with_gradients=*/false, ExpertShard{},
+                             stage_layer_shard(groups.chunks(groups.stage()), config.n_layers));
+    stage.initialize(test::seed_for("emulated " + shape_name(s), world));
+    const ParameterLayout whole_layout(config);
+    std::vector<float> whole(size_t(whole_layout.total()));
+    const double start = steady_seconds();
+    gather_pipeline_model(stage.parameters(), groups, whole.data(), whole_layout);
+    EXPECT_GE(steady_seconds() - start, (s.stages - 1) * kLatency - 1e-6);
+  }
+}
+
 TEST(PipelineLayoutSwitch, StageAdamWTakesTheSingleRankClippedSteps) {
   const int world = test::world_size();
   for (const Shape& s : shapes_for(world)) {
