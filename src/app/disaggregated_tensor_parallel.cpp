@@ -7,6 +7,7 @@
 
 #include "kernels/error.h"
 #include "src/app/tensor_parallel_train.h"
+#include "src/model/expert_parallel.h"
 
 namespace rlf {
 
@@ -114,6 +115,21 @@ std::vector<int64_t> ActorSlicesForSync::counts() const {
   std::vector<int64_t> counts;
   for (const std::vector<float>& slice : slices_) counts.push_back(int64_t(slice.size()));
   return counts;
+}
+
+ExpertWeightSync::ReplicatedSlices replicated_actor_slices(const float* params,
+                                                           const ParameterLayout& layout,
+                                                           const ModelConfig& config, int actor_tp,
+                                                           bool attention_only) {
+  ExpertWeightSync::ReplicatedSlices slices;
+  for (int r = 0; r < actor_tp; ++r) {
+    const ParameterLayout slice_layout =
+        with_tensor_slice(config, layout, TensorSlice{r, actor_tp, attention_only});
+    std::vector<float> slice(size_t(slice_layout.total()), 0.0f);
+    slice_parameters(params, layout, slice.data(), slice_layout);
+    slices.push_back(pack_ranges(slice.data(), replicated_ranges(slice_layout)));
+  }
+  return slices;
 }
 
 std::string learner_tensor_parallel_json(const DistQueue& queue, int degree, int actor_degree,

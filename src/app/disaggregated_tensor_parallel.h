@@ -18,6 +18,7 @@
 #include "src/model/tensor_parallel.h"
 #include "src/model/transformer.h"
 #include "src/roles/dist_queue.h"
+#include "src/runtime/expert_weight_sync.h"
 
 namespace rlf {
 
@@ -88,6 +89,14 @@ class ActorSlicesForSync {
   std::vector<ParameterLayout> layouts_;
   std::vector<std::vector<float>> slices_;
 };
+
+// Learner 0's side of the expert weight sync to actors in TP groups of `actor_tp`: the replicated
+// tensors (all but the routed experts) of each actor TP rank's slice of `params` (laid out by
+// `layout`, no tensor slice), packed as ExpertWeightSync sends them.
+ExpertWeightSync::ReplicatedSlices replicated_actor_slices(const float* params,
+                                                           const ParameterLayout& layout,
+                                                           const ModelConfig& config, int actor_tp,
+                                                           bool attention_only);
 
 // What the TP learners' queue gets cost the shards, summed over the world (collective over
 // MPI_COMM_WORLD): summary.json fields (ending in a comma) queue_get_requests, queue_reply_bytes,

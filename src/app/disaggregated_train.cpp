@@ -231,11 +231,10 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
   DistQueueConfig queue_config;
   queue_config.shard_capacity = options.shard_capacity;
   DistQueue queue(MPI_COMM_WORLD, topology, queue_config);
-  // Actor TP groups without EP receive only their TP slices: a broadcast (or posted sends) per
-  // actor TP rank. (With EP the expert sync sends every actor its group's experts and the whole
-  // replicated tensors, and each keeps its slice.)
+  // Actor TP groups receive only their TP slices: a broadcast (or posted sends) per actor TP rank
+  // of the model (with EP, of its replicated tensors; the experts are whole on every TP rank).
   const bool expert_sync = options.expert_parallel > 1 || options.actor_expert_parallel > 1;
-  const int actor_slices = expert_sync ? 1 : actor_tp_degree;
+  const int actor_slices = actor_tp_degree;
   WeightSync weights(MPI_COMM_WORLD, topology, actor_slices);
   // StaleSync's pipelined weight sync waits on a barrier of the ranks that generate or train.
   MPI_Comm compute_ranks = MPI_COMM_NULL;
@@ -269,16 +268,11 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
   // The weight sync sends the whole model: with TP, TP group 0 assembles it on learner 0 first.
   WholeModelForSync sync_model(tp, policy.config, model.layout());
   const ParameterLayout whole_layout(policy.config);
-  const int64_t synced_count = tp || actor_tp ? whole_layout.total() : parameter_count;
-  // An actor in a TP group with EP receives the whole model here (every tensor whole with its
-  // experts) and keeps its slice; without EP it receives its slice straight into its model, which
-  // learner 0 cuts from the whole model for each actor TP rank (SlicesForSync).
-  const ParameterLayout actor_received_layout(
-      policy.config,
-      model.layout().expert_sharded() ? model.layout().stored_expert_shard() : ExpertShard{});
-  const bool sliced_sync = actor_slices > 1;
-  std::vector<float> actor_whole(actor_tp && !sliced_sync ? size_t(actor_received_layout.total())
-                                                          : 0);
+  const int64_t synced_count = tp ? whole_layout.total() : parameter_count;
+  // An actor in a TP group receives its slice straight into its model: without EP learner 0 cuts
+  // the whole model for each actor TP rank (ActorSlicesForSync), with EP its replicated tensors
+  // (replicated_actor_slices).
+  const bool sliced_sync = actor_slices > 1 && !expert_sync;
   ActorSlicesForSync actor_slices_for_sync(sliced_sync && root ? actor_slices : 0, policy.config,
                                            options.tensor_parallel_attention_only);
   const bool learner_sends_weights =
@@ -387,13 +381,7 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
     // ranks, which only help assemble them).
     auto synced_parameters = [&] {
       if (role == Role::Learner && tp) return sync_model.assemble(model);
-      return actor_tp && !sliced_sync ? actor_whole.data() : model.parameters();
-    };
-    auto keep_actor_slice = [&] {
-      if (actor_tp && !sliced_sync) {
-        slice_parameters(actor_whole.data(), actor_received_layout, model.parameters(),
-                         model.layout());
-      }
+      return model.parameters();
     };
     // A learner's side of a sync with sharded experts: the parameters and layout it sends from.
     // Without TP its own. With TP, TP group 0 first assembles its slices onto learner 0
@@ -411,6 +399,15 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
         return whole ? SyncSource{whole, &sync_model.layout()} : SyncSource{};
       }
       return tp->rank() == 0 ? SyncSource{model.parameters(), &model.layout()} : SyncSource{};
+    };
+    // Learner 0 with actor TP groups and EP: each actor TP rank's slice of the replicated tensors.
+    auto replicated_slices = [&](const SyncSource& source) {
+      ExpertWeightSync::ReplicatedSlices slices;
+      if (actor_slices > 1 && weights.member()) {
+        slices = replicated_actor_slices(source.params, *source.layout, policy.config, actor_slices,
+                                         options.tensor_parallel_attention_only);
+      }
+      return slices;
     };
     const std::vector<std::vector<int>>* learner_slots =
         role == Role::Learner && ep ? &ep->expert_slots() : nullptr;
@@ -439,16 +436,14 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
       } else if (!expert_weights) {
         bytes = weights.broadcast(synced_parameters(), synced_count);
       } else if (role == Role::Actor) {
-        bytes =
-            actor_tp
-                ? expert_weights->sync(actor_whole.data(), actor_received_layout, weights, nullptr)
-                : expert_weights->sync(model.parameters(), model.layout(), weights, nullptr);
+        bytes = expert_weights->sync(model.parameters(), model.layout(), weights, nullptr);
       } else if (const SyncSource source = expert_sync_source(); source.params) {
-        bytes = expert_weights->sync(source.params, *source.layout, weights, learner_slots);
+        const ExpertWeightSync::ReplicatedSlices slices = replicated_slices(source);
+        bytes = expert_weights->sync(source.params, *source.layout, weights, learner_slots,
+                                     slices.empty() ? nullptr : &slices);
       }
       traced.set_bytes(int64_t(bytes));
       if (role == Role::Actor) actor_sync_bytes += bytes;
-      keep_actor_slice();
     };
     const PostedWeightSync::Wait serving_wait = [&](std::vector<MPI_Request>& requests) {
       serve_until_complete(requests, queue);
@@ -468,16 +463,12 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
       float* params = model.parameters();
       if (role == Role::Actor) {
         const uint64_t received =
-            sliced_sync ? posted_weights->receive(params, model.layout().total(), serving_wait)
-            : !expert_weights
-                ? posted_weights->receive(synced_parameters(), synced_count, serving_wait)
-            : actor_tp
-                ? expert_weights->receive(actor_whole.data(), actor_received_layout,
-                                          *posted_weights, serving_wait)
-                : expert_weights->receive(params, model.layout(), *posted_weights, serving_wait);
+            expert_weights
+                ? expert_weights->receive(params, model.layout(), *posted_weights, serving_wait)
+            : sliced_sync ? posted_weights->receive(params, model.layout().total(), serving_wait)
+                          : posted_weights->receive(params, synced_count, serving_wait);
         traced.set_bytes(int64_t(received));
         actor_sync_bytes += received;
-        keep_actor_slice();
         return;
       }
       if (sliced_sync) {
@@ -490,8 +481,10 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
         traced.set_bytes(
             int64_t(posted_weights->post(synced_parameters(), synced_count, serving_wait)));
       } else if (const SyncSource source = expert_sync_source(); source.params) {
-        traced.set_bytes(int64_t(expert_weights->post(
-            source.params, *source.layout, *posted_weights, learner_slots, serving_wait)));
+        const ExpertWeightSync::ReplicatedSlices slices = replicated_slices(source);
+        traced.set_bytes(int64_t(expert_weights->post(source.params, *source.layout,
+                                                      *posted_weights, learner_slots, serving_wait,
+                                                      slices.empty() ? nullptr : &slices)));
       }
     };
     dir.log(
@@ -529,8 +522,7 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
                                                  : "attention heads and the shared expert",
           options.actor_tensor_parallel > 1
               ? ("at TP " + std::to_string(options.actor_tensor_parallel) +
-                 (sliced_sync ? " (--actor-tensor-parallel), each actor receiving only its slice"
-                              : " (--actor-tensor-parallel), each actor keeping its slice"))
+                 " (--actor-tensor-parallel), each actor receiving only its slice")
                     .c_str()
               : "data-parallel from the whole model",
           (long long)(tp ? parameter_count : 0), (long long)whole_layout.total());
@@ -541,9 +533,9 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
           options.actor_tensor_parallel,
           options.tensor_parallel_attention_only ? "attention heads"
                                                  : "attention heads and the shared expert",
-          sliced_sync ? "receiving only its slice, cut by learner 0 from the whole model"
-                      : "receiving the whole model from the data-parallel learners and keeping "
-                        "its slice");
+          expert_weights ? "receiving only its slice of the replicated tensors, cut by learner 0, "
+                           "and its group's experts"
+                         : "receiving only its slice, cut by learner 0 from the whole model");
     }
     if (rl.staleness > 0) {
       dir.log(

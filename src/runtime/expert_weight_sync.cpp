@@ -1,6 +1,7 @@
 #include "src/runtime/expert_weight_sync.h"
 
 #include <algorithm>
+#include <stdexcept>
 #include <vector>
 
 #include "src/model/expert_parallel.h"
@@ -132,10 +133,29 @@ uint64_t ExpertWeightSync::send_routed(const Plan& plan, const float* params,
 
 uint64_t ExpertWeightSync::sync(float* params, const ParameterLayout& layout,
                                 WeightSync& replicated,
-                                const std::vector<std::vector<int>>* learner_slots) {
+                                const std::vector<std::vector<int>>* learner_slots,
+                                const ReplicatedSlices* slices) {
   uint64_t bytes = 0;
   const Role role = topology_.role();
-  if (replicated.member()) {
+  if (replicated.actor_slices() > 1) {
+    // Each actor TP rank its slice of the replicated tensors, one broadcast per rank.
+    if (role == Role::Actor) {
+      const std::vector<ParameterRange> ranges = replicated_ranges(layout);
+      std::vector<float> packed(size_t(ranges_size(ranges)));
+      const int slice = index_of(topology_.ranks_of(Role::Actor), topology_.world_rank()) %
+                        replicated.actor_slices();
+      bytes += replicated.broadcast_slice(slice, packed.data(), int64_t(packed.size()));
+      unpack_ranges(packed.data(), ranges, params);
+    } else if (replicated.member()) {
+      if (!slices || int(slices->size()) != replicated.actor_slices()) {
+        throw std::logic_error("ExpertWeightSync::sync: learner 0 needs every actor TP slice");
+      }
+      for (int r = 0; r < replicated.actor_slices(); ++r) {
+        std::vector<float> packed = (*slices)[size_t(r)];
+        bytes += replicated.broadcast_slice(r, packed.data(), int64_t(packed.size()));
+      }
+    }
+  } else if (replicated.member()) {
     const std::vector<ParameterRange> ranges = replicated_ranges(layout);
     std::vector<float> packed = role == Role::Learner
                                     ? pack_ranges(params, ranges)
@@ -151,12 +171,21 @@ uint64_t ExpertWeightSync::sync(float* params, const ParameterLayout& layout,
 uint64_t ExpertWeightSync::post(const float* params, const ParameterLayout& layout,
                                 PostedWeightSync& replicated,
                                 const std::vector<std::vector<int>>* learner_slots,
-                                const PostedWeightSync::Wait& wait) {
+                                const PostedWeightSync::Wait& wait,
+                                const ReplicatedSlices* slices) {
   const Plan plan = this->plan(layout, learner_slots);
   if (!plan.sender) return 0;
   finish(wait);
   uint64_t bytes = 0;
-  if (replicated.member()) {
+  if (replicated.member() && slices) {
+    std::vector<const float*> pointers;
+    std::vector<int64_t> counts;
+    for (const std::vector<float>& slice : *slices) {
+      pointers.push_back(slice.data());
+      counts.push_back(int64_t(slice.size()));
+    }
+    bytes += replicated.post_slices(pointers, counts, wait);
+  } else if (replicated.member()) {
     const std::vector<float> packed = pack_ranges(params, replicated_ranges(layout));
     bytes += replicated.post(packed.data(), int64_t(packed.size()), wait);
   }

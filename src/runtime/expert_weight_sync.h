@@ -35,20 +35,30 @@ class ExpertWeightSync {
   ExpertWeightSync(const ExpertWeightSync&) = delete;
   ExpertWeightSync& operator=(const ExpertWeightSync&) = delete;
 
+  // The replicated tensors as each actor TP rank r stores them (index r: replicated_ranges of its
+  // TP slice layout, packed), which learner 0 sends instead of its own when `replicated` has one
+  // slice group per actor TP rank (WeightSync's actor_slices).
+  using ReplicatedSlices = std::vector<std::vector<float>>;
+
   // Learners of replica 0 send, actors receive into `params` (this rank's model, `layout`);
   // every other rank returns at once. `learner_slots`: on learners, their expert -> slot tables
-  // ([layer][expert]; null or empty: the identity); ignored on actors. Returns the bytes this
-  // rank sent or received.
+  // ([layer][expert]; null or empty: the identity); ignored on actors. With actor TP groups and
+  // `replicated.actor_slices()` > 1, learner 0 sends each actor TP rank its `slices` (its TP slice
+  // of the replicated tensors, one broadcast per rank) and an actor receives straight into its
+  // sliced model; the experts, whole on every TP rank, as before. Returns the bytes this rank
+  // sent or received.
   uint64_t sync(float* params, const ParameterLayout& layout, WeightSync& replicated,
-                const std::vector<std::vector<int>>* learner_slots = nullptr);
+                const std::vector<std::vector<int>>* learner_slots = nullptr,
+                const ReplicatedSlices* slices = nullptr);
 
   // StaleSync's deeper pipelines (posted_weight_sync.h): the same messages, sent without waiting.
   // Learners of replica 0 complete their previous post (`wait`), then post this version from
   // buffers of their own (learner 0 the replicated tensors through `replicated`); every other
   // learner returns at once. Returns the bytes posted.
+  // (With `slices`, each actor TP rank's slice of the replicated tensors: post_slices.)
   uint64_t post(const float* params, const ParameterLayout& layout, PostedWeightSync& replicated,
                 const std::vector<std::vector<int>>* learner_slots,
-                const PostedWeightSync::Wait& wait);
+                const PostedWeightSync::Wait& wait, const ReplicatedSlices* slices = nullptr);
   // Actors: the next posted version into `params`, complete when it returns.
   uint64_t receive(float* params, const ParameterLayout& layout, PostedWeightSync& replicated,
                    const PostedWeightSync::Wait& wait);

@@ -200,9 +200,9 @@ TEST(DisaggregatedTensorParallel,
               std::string::npos)
         << tp.output;
     expect_same_rewards_and_model(dp, dp_dir, tp, tp_dir);
-    // (With EP the expert sync sends the actors whole replicated tensors: not compared.)
-    if (c.common.find("--expert-parallel") == std::string::npos)
-      expect_actor_slices_synced(dp, tp, 2);
+    // (With EP the actors' experts, whole on every TP rank, are the data-parallel actors' at the
+    // same EP degree; the replicated tensors come sliced.)
+    expect_actor_slices_synced(dp, tp, 2);
   }
 }
 
