@@ -100,21 +100,10 @@ ActorSlicesForSync::ActorSlicesForSync(int slices, const ModelConfig& config, bo
   }
 }
 
-void ActorSlicesForSync::cut(const float* whole) {
+std::vector<std::vector<float>>& ActorSlicesForSync::cut(const float* whole) {
   for (size_t r = 0; r < slices_.size(); ++r)
     slice_parameters(whole, whole_layout_, slices_[r].data(), layouts_[r]);
-}
-
-std::vector<const float*> ActorSlicesForSync::slices() const {
-  std::vector<const float*> pointers;
-  for (const std::vector<float>& slice : slices_) pointers.push_back(slice.data());
-  return pointers;
-}
-
-std::vector<int64_t> ActorSlicesForSync::counts() const {
-  std::vector<int64_t> counts;
-  for (const std::vector<float>& slice : slices_) counts.push_back(int64_t(slice.size()));
-  return counts;
+  return slices_;
 }
 
 ExpertWeightSync::ReplicatedSlices replicated_actor_slices(const float* params,

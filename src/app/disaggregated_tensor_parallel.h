@@ -77,12 +77,9 @@ class ActorSlicesForSync {
   // `slices` T, or 0 where nothing is cut (every rank but learner 0).
   ActorSlicesForSync(int slices, const ModelConfig& config, bool attention_only);
 
-  // Every slice from `whole` (laid out by ParameterLayout(config)).
-  void cut(const float* whole);
-  float* slice(int r) { return slices_[size_t(r)].data(); }
-  int64_t count(int r) const { return int64_t(slices_[size_t(r)].size()); }
-  std::vector<const float*> slices() const;
-  std::vector<int64_t> counts() const;
+  // Every slice from `whole` (laid out by ParameterLayout(config)); returns them, slice r at
+  // index r.
+  std::vector<std::vector<float>>& cut(const float* whole);
 
  private:
   ParameterLayout whole_layout_;

@@ -234,8 +234,7 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
   // Actor TP groups receive only their TP slices: a broadcast (or posted sends) per actor TP rank
   // of the model (with EP, of its replicated tensors; the experts are whole on every TP rank).
   const bool expert_sync = options.expert_parallel > 1 || options.actor_expert_parallel > 1;
-  const int actor_slices = actor_tp_degree;
-  WeightSync weights(MPI_COMM_WORLD, topology, actor_slices);
+  WeightSync weights(MPI_COMM_WORLD, topology, actor_tp_degree);
   // StaleSync's pipelined weight sync waits on a barrier of the ranks that generate or train.
   MPI_Comm compute_ranks = MPI_COMM_NULL;
   MPI_Comm_split(MPI_COMM_WORLD, role == Role::Queue ? MPI_UNDEFINED : 0, topology.world_rank(),
@@ -272,8 +271,8 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
   // An actor in a TP group receives its slice straight into its model: without EP learner 0 cuts
   // the whole model for each actor TP rank (ActorSlicesForSync), with EP its replicated tensors
   // (replicated_actor_slices).
-  const bool sliced_sync = actor_slices > 1 && !expert_sync;
-  ActorSlicesForSync actor_slices_for_sync(sliced_sync && root ? actor_slices : 0, policy.config,
+  const bool sliced_sync = actor_tp_degree > 1 && !expert_sync;
+  ActorSlicesForSync actor_slices_for_sync(sliced_sync && root ? actor_tp_degree : 0, policy.config,
                                            options.tensor_parallel_attention_only);
   const bool learner_sends_weights =
       role == Role::Learner && (root || expert_weights || (tp && sync_model.assembles()));
@@ -403,9 +402,9 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
     // Learner 0 with actor TP groups and EP: each actor TP rank's slice of the replicated tensors.
     auto replicated_slices = [&](const SyncSource& source) {
       ExpertWeightSync::ReplicatedSlices slices;
-      if (actor_slices > 1 && weights.member()) {
-        slices = replicated_actor_slices(source.params, *source.layout, policy.config, actor_slices,
-                                         options.tensor_parallel_attention_only);
+      if (actor_tp_degree > 1 && weights.member()) {
+        slices = replicated_actor_slices(source.params, *source.layout, policy.config,
+                                         actor_tp_degree, options.tensor_parallel_attention_only);
       }
       return slices;
     };
@@ -427,18 +426,14 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
               weights.broadcast_slice(actor_tp->rank(), model.parameters(), model.layout().total());
         } else if (float* whole = synced_parameters(); whole && weights.member()) {
           // (Learner 0: every actor TP rank's slice, one broadcast each.)
-          actor_slices_for_sync.cut(whole);
-          for (int r = 0; r < actor_slices; ++r) {
-            bytes += weights.broadcast_slice(r, actor_slices_for_sync.slice(r),
-                                             actor_slices_for_sync.count(r));
-          }
+          bytes = weights.send_slices(actor_slices_for_sync.cut(whole));
         }
       } else if (!expert_weights) {
         bytes = weights.broadcast(synced_parameters(), synced_count);
       } else if (role == Role::Actor) {
         bytes = expert_weights->sync(model.parameters(), model.layout(), weights, nullptr);
       } else if (const SyncSource source = expert_sync_source(); source.params) {
-        const ExpertWeightSync::ReplicatedSlices slices = replicated_slices(source);
+        ExpertWeightSync::ReplicatedSlices slices = replicated_slices(source);
         bytes = expert_weights->sync(source.params, *source.layout, weights, learner_slots,
                                      slices.empty() ? nullptr : &slices);
       }
@@ -473,9 +468,8 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
       }
       if (sliced_sync) {
         if (float* whole = synced_parameters(); whole && weights.member()) {
-          actor_slices_for_sync.cut(whole);
-          traced.set_bytes(int64_t(posted_weights->post_slices(
-              actor_slices_for_sync.slices(), actor_slices_for_sync.counts(), serving_wait)));
+          traced.set_bytes(
+              int64_t(posted_weights->post_slices(actor_slices_for_sync.cut(whole), serving_wait)));
         }
       } else if (!expert_weights) {
         traced.set_bytes(
@@ -696,7 +690,7 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
         "weight syncs\n",
         format_bytes(size_t(sync_model.gathered_bytes())).c_str());
   }
-  // What the actors received in weight syncs, summed (with actor TP groups without EP, slices).
+  // What the actors received in weight syncs, summed (with actor TP groups, their slices).
   unsigned long long actor_bytes = actor_sync_bytes;
   MPI_Allreduce(MPI_IN_PLACE, &actor_bytes, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
   tensor_parallel_json += "\"weight_sync_actor_bytes\":" + std::to_string(actor_bytes) + ",";

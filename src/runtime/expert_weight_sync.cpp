@@ -134,7 +134,7 @@ uint64_t ExpertWeightSync::send_routed(const Plan& plan, const float* params,
 uint64_t ExpertWeightSync::sync(float* params, const ParameterLayout& layout,
                                 WeightSync& replicated,
                                 const std::vector<std::vector<int>>* learner_slots,
-                                const ReplicatedSlices* slices) {
+                                ReplicatedSlices* slices) {
   uint64_t bytes = 0;
   const Role role = topology_.role();
   if (replicated.actor_slices() > 1) {
@@ -150,10 +150,7 @@ uint64_t ExpertWeightSync::sync(float* params, const ParameterLayout& layout,
       if (!slices || int(slices->size()) != replicated.actor_slices()) {
         throw std::logic_error("ExpertWeightSync::sync: learner 0 needs every actor TP slice");
       }
-      for (int r = 0; r < replicated.actor_slices(); ++r) {
-        std::vector<float> packed = (*slices)[size_t(r)];
-        bytes += replicated.broadcast_slice(r, packed.data(), int64_t(packed.size()));
-      }
+      bytes += replicated.send_slices(*slices);
     }
   } else if (replicated.member()) {
     const std::vector<ParameterRange> ranges = replicated_ranges(layout);
@@ -178,13 +175,7 @@ uint64_t ExpertWeightSync::post(const float* params, const ParameterLayout& layo
   finish(wait);
   uint64_t bytes = 0;
   if (replicated.member() && slices) {
-    std::vector<const float*> pointers;
-    std::vector<int64_t> counts;
-    for (const std::vector<float>& slice : *slices) {
-      pointers.push_back(slice.data());
-      counts.push_back(int64_t(slice.size()));
-    }
-    bytes += replicated.post_slices(pointers, counts, wait);
+    bytes += replicated.post_slices(*slices, wait);
   } else if (replicated.member()) {
     const std::vector<float> packed = pack_ranges(params, replicated_ranges(layout));
     bytes += replicated.post(packed.data(), int64_t(packed.size()), wait);

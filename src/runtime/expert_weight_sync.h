@@ -49,7 +49,7 @@ class ExpertWeightSync {
   // sent or received.
   uint64_t sync(float* params, const ParameterLayout& layout, WeightSync& replicated,
                 const std::vector<std::vector<int>>* learner_slots = nullptr,
-                const ReplicatedSlices* slices = nullptr);
+                ReplicatedSlices* slices = nullptr);
 
   // StaleSync's deeper pipelines (posted_weight_sync.h): the same messages, sent without waiting.
   // Learners of replica 0 complete their previous post (`wait`), then post this version from

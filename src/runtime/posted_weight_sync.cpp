@@ -47,20 +47,19 @@ uint64_t PostedWeightSync::post(const float* params, int64_t count, const Wait& 
   return bytes * uint64_t(size - 1);
 }
 
-uint64_t PostedWeightSync::post_slices(const std::vector<const float*>& slices,
-                                       const std::vector<int64_t>& counts, const Wait& wait) {
+uint64_t PostedWeightSync::post_slices(const std::vector<std::vector<float>>& slices,
+                                       const Wait& wait) {
   if (!member()) return 0;
   if (!root()) throw std::logic_error("PostedWeightSync::post_slices on an actor");
-  if (slices.empty() || slices.size() != counts.size()) {
-    throw std::invalid_argument("PostedWeightSync::post_slices: one count per slice");
-  }
+  if (slices.empty()) throw std::invalid_argument("PostedWeightSync::post_slices: no slice");
   finish(wait);
   // The slices side by side in the snapshot.
-  std::vector<int64_t> offsets;
+  std::vector<int64_t> offsets, counts;
   snapshot_.clear();
-  for (size_t r = 0; r < slices.size(); ++r) {
+  for (const std::vector<float>& slice : slices) {
     offsets.push_back(int64_t(snapshot_.size()));
-    snapshot_.insert(snapshot_.end(), slices[r], slices[r] + counts[r]);
+    counts.push_back(int64_t(slice.size()));
+    snapshot_.insert(snapshot_.end(), slice.begin(), slice.end());
   }
   int size = 0;
   MPI_Comm_size(comm_, &size);

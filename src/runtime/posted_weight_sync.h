@@ -36,10 +36,9 @@ class PostedWeightSync {
   // it to every actor; returns at once. Returns the bytes posted (0 off the group).
   uint64_t post(const float* params, int64_t count, const Wait& wait);
   // Root, with the actors in TP groups of T = slices.size() consecutive actors: like post, but
-  // the actor of index a (among the actors, in world-rank order) gets only slices[a % T]
-  // (counts[a % T] floats: its TP rank's slice of the model). Returns the bytes posted.
-  uint64_t post_slices(const std::vector<const float*>& slices, const std::vector<int64_t>& counts,
-                       const Wait& wait);
+  // the actor of index a (among the actors, in world-rank order) gets only slices[a % T] (its TP
+  // rank's slice of the model). Returns the bytes posted.
+  uint64_t post_slices(const std::vector<std::vector<float>>& slices, const Wait& wait);
   // Actors: the next posted version into params[count], complete when it returns (the link
   // emulation's delay paid here). Returns the bytes received (0 off the group).
   uint64_t receive(float* params, int64_t count, const Wait& wait);

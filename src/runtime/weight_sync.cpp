@@ -45,6 +45,14 @@ WeightSync::~WeightSync() {
   }
 }
 
+uint64_t WeightSync::send_slices(std::vector<std::vector<float>>& slices) {
+  if (!member() || group_.rank() != 0) return 0;
+  uint64_t bytes = 0;
+  for (size_t r = 0; r < slices.size(); ++r)
+    bytes += broadcast_slice(int(r), slices[r].data(), int64_t(slices[r].size()));
+  return bytes;
+}
+
 uint64_t WeightSync::broadcast_slice(int slice, float* params, int64_t count) {
   HierarchicalComm& group = slice_groups_.at(size_t(slice));
   if (group.comm == MPI_COMM_NULL) return 0;

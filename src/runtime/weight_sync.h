@@ -32,10 +32,12 @@ class WeightSync {
   uint64_t broadcast(float* params, int64_t count);
   // The groups of broadcast_slice (1: none).
   int actor_slices() const { return std::max(1, int(slice_groups_.size())); }
-  // Root: sends params[count] (TP slice `slice` of the model) to the actors of TP rank `slice`;
-  // an actor of that rank receives into it; every other rank returns at once. The root calls it
-  // for every slice in order, each actor for its own. Returns the bytes this rank sent or received.
+  // Actors of TP rank `slice`: receive that slice of the model (params[count]); every other rank
+  // but the root returns at once. Returns the bytes received.
   uint64_t broadcast_slice(int slice, float* params, int64_t count);
+  // Root: sends slices[r] to the actors of TP rank r, for every r in order (a broadcast each, which
+  // the actors meet in broadcast_slice). Returns the bytes sent (0 off the root).
+  uint64_t send_slices(std::vector<std::vector<float>>& slices);
 
  private:
   Topology& topology_;

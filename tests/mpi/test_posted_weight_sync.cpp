@@ -3,7 +3,8 @@
 // version, in order, exactly as it was when posted (what one rank holding every version would
 // see), whenever it asks for it. Learner 0's links count one copy per actor and version. Ranks
 // that are neither learner 0 nor actors take no part. With actors in TP groups, each actor TP rank
-// gets only its own slice, by WeightSync::broadcast_slice and PostedWeightSync::post_slices.
+// gets only its own slice, by WeightSync::send_slices / broadcast_slice and
+// PostedWeightSync::post_slices.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -69,7 +70,7 @@ TEST(PostedWeightSync, ActorsReceiveEachVersionAsPostedWhileTheLearnerMovesOn) {
 }
 
 // Actors in TP groups of 2 (consecutive actors): actor a is TP rank a % 2 and gets slice a % 2 of
-// every version, blocking (broadcast_slice) and posted (post_slices), never the other slice; the
+// every version, blocking (send_slices) and posted (post_slices), never the other slice; the
 // bytes are the slice's, counted once per actor.
 TEST(PostedWeightSync, ActorTensorParallelRanksReceiveOnlyTheirSlices) {
   LayoutConfig layout;
@@ -99,13 +100,10 @@ TEST(PostedWeightSync, ActorTensorParallelRanksReceiveOnlyTheirSlices) {
       for (size_t a = 0; a < actors.size(); ++a)
         sent += uint64_t(counts[a % kSlices]) * sizeof(float);
       if (posting) {
-        EXPECT_EQ(posted.post_slices({slices[0].data(), slices[1].data()}, counts, wait_all), sent);
+        EXPECT_EQ(posted.post_slices(slices, wait_all), sent);
       } else {
-        uint64_t broadcast = 0;
-        for (int r = 0; r < kSlices; ++r)
-          broadcast += members.broadcast_slice(r, slices[size_t(r)].data(), counts[size_t(r)]);
         // (A hierarchical broadcast's bytes are the payload once per call.)
-        EXPECT_EQ(broadcast, uint64_t(counts[0] + counts[1]) * sizeof(float));
+        EXPECT_EQ(members.send_slices(slices), uint64_t(counts[0] + counts[1]) * sizeof(float));
       }
     } else if (slice >= 0) {
       const int64_t count = counts[size_t(slice)];
