@@ -9,7 +9,6 @@
 #include "src/app/train_rebalance.h"
 #include "src/model/expert_parallel.h"
 #include "src/model/tensor_parallel.h"
-#include "src/runtime/pipeline_layout_switch.h"
 
 namespace rlf {
 
@@ -364,24 +363,42 @@ void TrainCheckpoints::save(const RlPosition& position, const TrainingState& sta
     write_expert_rows(tensors, unsliced);
     return;
   }
+  if (pipeline_) {
+    // The first pipeline's stages write the one file together, each its own layers (parallel
+    // HDF5); the other pipelines hold the same values. With TP each stage's slices first come
+    // together on its TP rank 0, whose pipeline writes: no rank holds more than its stage.
+    if (pipeline_->replica() != 0) return;
+    std::array<std::vector<float>, kBuffers> whole_stage;
+    std::array<float*, kBuffers> buffers = buffers_of(state);
+    const ParameterLayout stage_layout =
+        with_tensor_slice(model.config(), model.layout(), TensorSlice{});
+    if (tensor_parallel_) {
+      whole_stage = gather_whole_buffers(
+          state, stage_layout,
+          [&](const float* part, float* whole_buffer) {
+            gather_tensor_parallel_on_rank_zero(part, model.layout(), whole_buffer, stage_layout,
+                                                model.config(), *tensor_parallel_);
+          },
+          /*assembles=*/tensor_parallel_->rank() == 0);
+      if (tensor_parallel_->rank() != 0) return;
+      for (size_t b = 0; b < kBuffers; ++b)
+        buffers[b] = whole_stage[b].empty() ? nullptr : whole_stage[b].data();
+    }
+    CheckpointTensors tensors = tensors_of(buffers);
+    if (writer && with_in_flight) tensors.in_flight = &in_flight;
+    write_checkpoint_sharded(run_.run_dir, model.config(), stage_layout, c, tensors,
+                             pipeline_->pipeline().comm);
+    return;
+  }
   if (model_parallel) {
-    // The first model replica (pipeline, TP group or both) assembles the whole model; the others
-    // hold the same values. With a pipeline only the writer assembles it (gathers, not
-    // allgathers: no other rank holds more than its part).
-    if ((pipeline_ ? pipeline_->replica() : tensor_parallel_->replica()) != 0) return;
+    // The first TP group assembles the whole model; the others hold the same values.
+    if (tensor_parallel_->replica() != 0) return;
     const ParameterLayout whole_layout(model.config());
-    std::array<std::vector<float>, kBuffers> whole = gather_whole_buffers(
-        state, whole_layout,
-        [&](const float* part, float* whole_buffer) {
-          if (pipeline_) {
-            // (with TP, every stage's TP slices first)
-            gather_pipeline_model(part, *pipeline_, whole_buffer, whole_layout, /*root=*/0);
-          } else {
-            gather_tensor_parallel(part, model.layout(), whole_buffer, whole_layout, model.config(),
-                                   *tensor_parallel_);
-          }
-        },
-        /*assembles=*/!pipeline_ || assembles_pipeline_model(*pipeline_));
+    std::array<std::vector<float>, kBuffers> whole =
+        gather_whole_buffers(state, whole_layout, [&](const float* part, float* whole_buffer) {
+          gather_tensor_parallel(part, model.layout(), whole_buffer, whole_layout, model.config(),
+                                 *tensor_parallel_);
+        });
     std::array<float*, kBuffers> buffers{};
     for (size_t b = 0; b < kBuffers; ++b) buffers[b] = whole[b].empty() ? nullptr : whole[b].data();
     CheckpointTensors tensors = tensors_of(buffers);

@@ -143,20 +143,25 @@ std::vector<uint32_t> read_crc_attribute(hid_t object, const std::string& where,
   return crcs;
 }
 
-// Who writes what: the whole model by one process (comm null), or one EP group's ranks each
-// writing its own experts' rows (and rank 0 everything else) into the one file, every raw-data
-// write a collective MPI-IO call (`transfer`: H5FD_MPIO_COLLECTIVE) that ranks with nothing to
-// write join with an empty selection, so MPI-IO can aggregate the pieces (two-phase I/O).
+// Who writes what: the whole model by one process (comm null), or the ranks of `comm` together
+// into the one file, each rank storing part of the model (an EP group's ranks their own experts,
+// a pipeline's stages their layers, or both). Every tensor a rank does not write row by row is
+// written by its owner (the lowest rank storing it; rank 0 the counters, samples in flight and
+// placement), and every raw-data write is a collective MPI-IO call (`transfer`:
+// H5FD_MPIO_COLLECTIVE) that ranks with nothing to write join with an empty selection, so MPI-IO
+// can aggregate the pieces (two-phase I/O).
 struct Writers {
   MPI_Comm comm = MPI_COMM_NULL;
   int rank = 0;
-  std::vector<int> first_expert;  // of every rank of comm
-  hid_t transfer = H5P_DEFAULT;   // dataset transfer properties of every write
+  hid_t transfer = H5P_DEFAULT;  // dataset transfer properties of every write
+  // [file tensor] -> the rank that writes it whole (empty: rank 0 writes every one)
+  std::vector<int> owner;
   // [layer][slot] -> the expert it holds (empty: the identity, no migration, no spare slots)
   std::vector<std::vector<int>> expert_of_slot;
   // [layer][expert] -> its first replica's slot (the lowest), the one whose rows are written
   std::vector<std::vector<int>> first_slot;
 
+  int owner_of(size_t tensor) const { return owner.empty() ? 0 : owner[tensor]; }
   int expert_at(const ParameterTensor& t, int slot) const {
     return expert_of_slot.empty() ? slot : expert_of_slot[size_t(tensor_layer(t))][size_t(slot)];
   }
@@ -167,11 +172,12 @@ struct Writers {
   }
 };
 
-// All of `set` from `data` on rank 0 of the writers; the others join with nothing selected.
-void write_whole(hid_t set, hid_t memory_type, const void* data, const Writers& writers) {
+// All of `set` from `data` on rank `owner` of the writers; the others join with nothing selected.
+void write_whole(hid_t set, hid_t memory_type, const void* data, const Writers& writers,
+                 int owner = 0) {
   Handle file_space{H5Dget_space(set), H5Sclose};
   if (H5Sget_simple_extent_npoints(file_space.id) <= 0) return;  // the same on every rank
-  if (writers.rank == 0) {
+  if (writers.rank == owner) {
     check(H5Dwrite(set, memory_type, H5S_ALL, H5S_ALL, writers.transfer, data), "writing data");
     return;
   }
@@ -258,37 +264,56 @@ void read_rows(hid_t set, const std::vector<hsize_t>& shape, hsize_t first, hsiz
         "reading a tensor");
 }
 
-// Every tensor of the layout from `data`, each with the CRC-32C of its bytes (per expert for the
-// routed-expert tensors). The CRCs are computed by worker threads while this thread hands the
-// tensors to HDF5 (which is not thread-safe, so it stays on one thread); the attributes follow
-// once both are done. With several writers, dataset creation and attributes are collective (the
-// CRCs are gathered first) and each rank writes its own rows.
+// Every tensor of the model from `data` (laid out by `layout`, the part this rank stores), each
+// with the CRC-32C of its bytes (per expert for the routed-expert tensors). The CRCs are computed
+// by worker threads while this thread hands the tensors to HDF5 (which is not thread-safe, so it
+// stays on one thread); the attributes follow once both are done. With several writers, dataset
+// creation and attributes are collective (each CRC merged from the rank that wrote its piece: the
+// others contribute zeros to a bitwise or) and each rank writes what it owns: its experts' rows of
+// the routed-expert tensors it stores, a whole tensor when it is the tensor's owner.
 void write_tensors(hid_t parent, const char* name, const ModelConfig& config,
                    const ParameterLayout& layout, const float* data, const Writers& writers) {
   Handle group = create_group(parent, name);
-  const std::vector<ParameterTensor>& tensors = layout.tensors();
+  const bool together = writers.comm != MPI_COMM_NULL;
+  // The file's tensors: the whole model's (one writer: `layout` is the whole model).
+  const ParameterLayout whole_model = together ? ParameterLayout(config) : layout;
+  const std::vector<ParameterTensor>& tensors = whole_model.tensors();
+  // This rank's copy of each file tensor (null: another rank stores it).
+  std::vector<const ParameterTensor*> local(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) local[i] = layout.find(tensors[i].name);
+  // Routed experts go row by row (by expert id, from each expert's first replica) from every rank
+  // storing them.
+  auto by_rows = [&](size_t i) { return tensors[i].routed_expert; };
+  auto writes = [&](size_t i) {
+    return local[i] && (by_rows(i) || writers.rank == writers.owner_of(i));
+  };
   std::vector<std::vector<uint32_t>> crcs(tensors.size());
   tbb::task_group checksums;
   checksums.run([&] {
     tbb::parallel_for(size_t(0), tensors.size(), [&](size_t i) {
-      if (tensors[i].routed_expert || writers.rank == 0) crcs[i] = piece_crcs(tensors[i], data);
+      if (writes(i)) crcs[i] = piece_crcs(*local[i], data);
     });
   });
   try {
-    for (const ParameterTensor& t : tensors) {
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const ParameterTensor& t = tensors[i];
       const std::vector<hsize_t> shape = file_shape(t, config);
       Handle space{H5Screate_simple(int(shape.size()), shape.data(), nullptr), H5Sclose};
       Handle set{H5Dcreate2(group.id, t.name.c_str(), H5T_IEEE_F32LE, space.id, H5P_DEFAULT,
                             H5P_DEFAULT, H5P_DEFAULT),
                  H5Dclose};
       check(set.id < 0 ? -1 : 0, "creating dataset " + t.name);
-      if (t.routed_expert && writers.expert_of_slot.empty()) {
-        write_rows(set.id, shape, hsize_t(layout.first_expert()), hsize_t(t.shape[0]),
-                   data + t.offset, writers.transfer);
-      } else if (t.routed_expert) {
-        write_expert_rows(set.id, shape, t, layout.first_expert(), data + t.offset, writers);
+      if (by_rows(i) && local[i] && writers.expert_of_slot.empty()) {
+        write_rows(set.id, shape, hsize_t(layout.first_expert()), hsize_t(local[i]->shape[0]),
+                   data + local[i]->offset, writers.transfer);
+      } else if (by_rows(i) && local[i]) {
+        write_expert_rows(set.id, shape, *local[i], layout.first_expert(), data + local[i]->offset,
+                          writers);
       } else {
-        write_whole(set.id, H5T_NATIVE_FLOAT, data + t.offset, writers);
+        // A rank without the tensor (another stage's) joins with nothing, as a non-owner does.
+        const int owner = by_rows(i) ? -1 : writers.owner_of(i);
+        write_whole(set.id, H5T_NATIVE_FLOAT, writes(i) ? data + local[i]->offset : nullptr,
+                    writers, owner);
       }
     }
   } catch (...) {
@@ -296,26 +321,21 @@ void write_tensors(hid_t parent, const char* name, const ModelConfig& config,
     throw;
   }
   checksums.wait();
-  if (writers.comm != MPI_COMM_NULL) {
-    const int size = int(writers.first_expert.size());
+  if (together) {
     for (size_t i = 0; i < tensors.size(); ++i) {
-      if (!tensors[i].routed_expert) {
-        crcs[i].resize(1);
-        MPI_Bcast(crcs[i].data(), 1, MPI_UINT32_T, 0, writers.comm);
-        continue;
-      }
-      const int rows = int(tensors[i].shape[0]);  // the same on every rank of the group
-      std::vector<uint32_t> all(size_t(rows) * size_t(size));
-      MPI_Allgather(crcs[i].data(), rows, MPI_UINT32_T, all.data(), rows, MPI_UINT32_T,
-                    writers.comm);
-      crcs[i].assign(size_t(config.n_experts), 0);
-      for (int r = 0; r < size; ++r) {
-        for (int j = 0; j < rows; ++j) {
-          const int slot = writers.first_expert[size_t(r)] + j;
-          if (!writers.writes_slot(tensors[i], slot)) continue;
-          crcs[i][size_t(writers.expert_at(tensors[i], slot))] = all[size_t(r * rows + j)];
+      std::vector<uint32_t> merged(size_t(tensors[i].routed_expert ? config.n_experts : 1), 0);
+      if (writes(i) && by_rows(i)) {
+        for (int j = 0; j < int(local[i]->shape[0]); ++j) {
+          const int slot = layout.first_expert() + j;
+          if (writers.writes_slot(tensors[i], slot))
+            merged[size_t(writers.expert_at(tensors[i], slot))] = crcs[i][size_t(j)];
         }
+      } else if (writes(i)) {
+        merged = crcs[i];
       }
+      MPI_Allreduce(MPI_IN_PLACE, merged.data(), int(merged.size()), MPI_UINT32_T, MPI_BOR,
+                    writers.comm);
+      crcs[i] = std::move(merged);
     }
   }
   for (size_t i = 0; i < tensors.size(); ++i) {
@@ -790,12 +810,39 @@ void write_checkpoint_sharded(const std::string& run_dir, const ModelConfig& con
   MPI_Comm_rank(comm, &writers.rank);
   int size = 1;
   MPI_Comm_size(comm, &size);
-  const int first = layout.first_expert();
-  writers.first_expert.resize(size_t(size));
-  MPI_Allgather(&first, 1, MPI_INT, writers.first_expert.data(), 1, MPI_INT, comm);
+  // Every tensor of the model is written whole by the lowest rank storing it, or row by row (the
+  // routed experts) by every rank storing it.
+  const ParameterLayout whole_model(config);
+  const std::vector<ParameterTensor>& file_tensors = whole_model.tensors();
+  std::vector<char> stored(file_tensors.size()), stored_by_rank(file_tensors.size() * size_t(size));
+  for (size_t i = 0; i < file_tensors.size(); ++i) {
+    const ParameterTensor* own = layout.find(file_tensors[i].name);
+    stored[i] = own != nullptr;
+    if (own && !own->routed_expert && own->numel != file_tensors[i].numel) {
+      throw std::invalid_argument("write_checkpoint_sharded: tensor " + own->name +
+                                  " is not whole in this rank's layout");
+    }
+  }
+  MPI_Allgather(stored.data(), int(stored.size()), MPI_CHAR, stored_by_rank.data(),
+                int(stored.size()), MPI_CHAR, comm);
+  writers.owner.assign(file_tensors.size(), -1);
+  for (size_t i = 0; i < file_tensors.size(); ++i) {
+    for (int r = size - 1; r >= 0; --r)
+      if (stored_by_rank[size_t(r) * stored.size() + i]) writers.owner[i] = r;
+    if (writers.owner[i] < 0) {
+      throw std::invalid_argument("write_checkpoint_sharded: no rank stores tensor " +
+                                  file_tensors[i].name);
+    }
+  }
   if (tensors.slot_experts) {
     // Every layer's table over the group's slots; each expert's rows come from its first replica.
-    const int slots = size * int(layout.stored_experts());
+    // (The ranks sharing a layer's experts: the whole group, or with pipeline stages the stage's.)
+    int ep_ranks = 0;
+    for (size_t i = 0; i < file_tensors.size() && ep_ranks == 0; ++i) {
+      if (!file_tensors[i].routed_expert) continue;
+      for (int r = 0; r < size; ++r) ep_ranks += stored_by_rank[size_t(r) * stored.size() + i];
+    }
+    const int slots = ep_ranks * int(layout.stored_experts());
     for (const std::vector<int>& table : *tensors.slot_experts) {
       std::vector<int> first_slot(size_t(config.n_experts), -1);
       bool valid = int(table.size()) == slots;
@@ -813,7 +860,7 @@ void write_checkpoint_sharded(const std::string& run_dir, const ModelConfig& con
       writers.expert_of_slot.push_back(table);
       writers.first_slot.push_back(std::move(first_slot));
     }
-    if (int(writers.expert_of_slot.size()) != expert_layers(layout)) {
+    if (int(writers.expert_of_slot.size()) != expert_layers(whole_model)) {
       throw std::invalid_argument("write_checkpoint_sharded: one slot table per layer");
     }
   } else if (layout.redundant_slots() > 0) {

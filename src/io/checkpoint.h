@@ -82,12 +82,16 @@ void write_checkpoint(const std::string& run_dir, const ModelConfig& config,
                       const ParameterLayout& layout, const CheckpointCounters& counters,
                       const CheckpointTensors& tensors, CheckpointWriteTimes* times = nullptr);
 
-// The same checkpoint written collectively by the ranks of `comm` (one expert-parallel group,
-// each rank's `layout` storing its own experts): the file is created through MPI-IO, every rank
-// writes its experts' rows of each routed-expert dataset (a hyperslab), rank 0 the replicated
-// tensors; the per-expert checksums are gathered for the attributes. Rank 0's counters are
-// written. Then rank 0 fsyncs, checksums and renames as write_checkpoint does. No rank holds
-// another rank's experts at any point. std::runtime_error on every rank when it fails.
+// The same checkpoint written collectively by the ranks of `comm`, each rank's `layout` storing
+// part of the model: one expert-parallel group's ranks their own experts, a pipeline's stages
+// their layers (ParameterLayout with a LayerShard, every expert), or both (the stages of E
+// pipelines, each stage's E ranks its experts of its layers). The file is created through MPI-IO;
+// every rank writes its experts' rows of each routed-expert dataset it stores (a hyperslab), every
+// other tensor is written by the lowest rank storing it, rank 0 the counters, samples in flight
+// and placement; the checksums are merged for the attributes. Rank 0's counters are written. Then
+// rank 0 fsyncs, checksums and renames as write_checkpoint does. No rank holds another rank's part
+// at any point. std::invalid_argument when a tensor is stored by no rank or a non-expert tensor is
+// not whole; std::runtime_error on every rank when the write fails.
 void write_checkpoint_sharded(const std::string& run_dir, const ModelConfig& config,
                               const ParameterLayout& layout, const CheckpointCounters& counters,
                               const CheckpointTensors& tensors, MPI_Comm comm,

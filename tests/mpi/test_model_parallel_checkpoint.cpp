@@ -1,7 +1,8 @@
 // Checkpoints of a model-parallel training state (train --pipeline-parallel P, --tensor-parallel T
-// and both) at every world size the suite runs: the first model replica gathers its stages'
-// (with TP, its ranks' slices of its stages') parameters, AdamW's moments and KL reference into the
-// whole-model file, which holds exactly the single-rank state, and loading it gives every rank
+// and both) at every world size the suite runs: the first model replica writes its stages' (each
+// stage its own layers, parallel HDF5; with TP its ranks' slices of its stages gathered on TP rank
+// 0 first) parameters, AdamW's moments and KL reference into the whole-model file, which holds
+// exactly the single-rank state, and loading it gives every rank
 // exactly its own part, so a checkpoint resumes at any PP, TP or DP degree.
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -131,8 +132,15 @@ void check_checkpoint(const Case& c) {
   };
   // The file holds the whole model, as a single-rank run writes it; every rank reads back
   // exactly its part.
+  links.reset_counters();
   const std::string path = test::expect_checkpoint_holds(
       run, config, mine.training(), nullptr, attach, whole.buffers(), whole.model.layout());
+  if (pipeline && (!tp || tp->rank() == 0)) {
+    // The stages write their own layers into the file (parallel HDF5): none sends its layers to
+    // another (with TP only the slices to TP rank 0 move), so no rank holds the whole model.
+    const LinkCounters& sent = links.counters();
+    EXPECT_EQ(sent.bytes[0] + sent.bytes[1], 0u) << "stage " << pipeline->stage();
+  }
   State restored(config, device, layers, tp);
   const std::array<float*, 4> own = mine.buffers();
   test::expect_checkpoint_loads(path, run, config, restored.training(), attach, restored.buffers(),
