@@ -3,42 +3,62 @@
 #include <array>
 #include <vector>
 
-#include "src/runtime/pipeline_layout_switch.h"
+#include "src/model/tensor_parallel.h"
 
 namespace rlf {
+
+namespace {
+
+// A communicator freed when it goes out of scope (also when the write throws).
+struct OwnedComm {
+  MPI_Comm comm = MPI_COMM_NULL;
+  ~OwnedComm() {
+    if (comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
+  }
+};
+
+}  // namespace
 
 void write_pipeline_expert_checkpoint(const std::string& run_dir, const ModelConfig& config,
                                       const CheckpointCounters& counters,
                                       const CheckpointTensors& stage, const PipelineGroups& groups,
                                       const RoleExpertParallel& ep,
-                                      const CheckpointPlacement& placement) {
-  // The other EP replicas hold the same values.
+                                      const CheckpointPlacement& placement, MPI_Comm comm) {
+  // The writers: the E pipelines of the first EP replica (with TP their TP rank 0s), whose stages
+  // hold every layer with every expert once; `comm`'s rank 0 (world rank 0, the writer of the
+  // pools in flight) is their rank 0. The other EP replicas hold the same values.
+  const TensorParallel* tp = groups.tensor_parallel();
+  const bool writes = ep.replica() == 0 && (!tp || tp->rank() == 0);
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  OwnedComm writers;
+  MPI_Comm_split(comm, writes ? 0 : MPI_UNDEFINED, rank, &writers.comm);
   if (ep.replica() != 0) return;
-  // Every layer with this pipeline's experts (slot rows in the placement in force, spare slots
-  // included), each buffer gathered from the pipeline's stages onto its first stage (with TP, TP
-  // rank 0's), which writes (no other rank holds more than its part).
-  const ParameterLayout pipeline_layout = groups.generation_layout();
-  const std::array<float*, 4> parts = {stage.parameters, stage.first_moment, stage.second_moment,
-                                       stage.reference};
-  const bool first_stage = assembles_pipeline_model(groups);
-  std::array<std::vector<float>, 4> whole;
-  std::array<float*, 4> buffers{};
-  for (size_t b = 0; b < parts.size(); ++b) {
-    if (!parts[b]) continue;
-    if (first_stage) whole[b].resize(size_t(pipeline_layout.total()));
-    buffers[b] = first_stage ? whole[b].data() : nullptr;
-    gather_pipeline_model(parts[b], groups, buffers[b], pipeline_layout, /*root=*/0);
+  // This rank's stage: its layers with its EP rank's slots (spare ones included), whole tensors.
+  const ParameterLayout stage_layout = groups.stage_layout(groups.stage());
+  std::array<float*, 4> parts = {stage.parameters, stage.first_moment, stage.second_moment,
+                                 stage.reference};
+  std::array<std::vector<float>, 4> whole_stage;
+  if (tp) {
+    // Each stage's TP slices come together on its TP rank 0 (counted); the others are done.
+    const ParameterLayout sliced = with_tensor_slice(config, stage_layout, tp->slice());
+    for (size_t b = 0; b < parts.size(); ++b) {
+      if (!parts[b]) continue;
+      if (writes) whole_stage[b].resize(size_t(stage_layout.total()));
+      gather_tensor_parallel_on_rank_zero(
+          parts[b], sliced, writes ? whole_stage[b].data() : nullptr, stage_layout, config, *tp);
+      parts[b] = writes ? whole_stage[b].data() : nullptr;
+    }
+    if (!writes) return;
   }
-  // The first stages of the E pipelines are one EP group (world rank 0 its rank 0): together they
-  // hold every expert of every layer once. (With TP, TP rank 0's EP group.)
-  if (!first_stage) return;
-  CheckpointTensors tensors{buffers[0], buffers[1], buffers[2], buffers[3]};
+  // Every stage's EP group follows every layer's table (TrainRebalancer), so each rank's tables
+  // place the experts of all layers; the stages write their layers together (parallel HDF5),
+  // each rank its experts' rows by id, the lowest rank storing a dense tensor that tensor.
+  CheckpointTensors tensors{parts[0], parts[1], parts[2], parts[3]};
   tensors.in_flight = stage.in_flight;
-  // Every stage's EP group follows every layer's table (TrainRebalancer), so the first stage's
-  // tables place the experts of all layers.
   if (!ep.slot_experts().empty()) tensors.slot_experts = &ep.slot_experts();
   tensors.placement = &placement;
-  write_checkpoint_sharded(run_dir, config, pipeline_layout, counters, tensors, ep.ep_group().comm);
+  write_checkpoint_sharded(run_dir, config, stage_layout, counters, tensors, writers.comm);
 }
 
 }  // namespace rlf

@@ -325,13 +325,13 @@ void TrainCheckpoints::save(const RlPosition& position, const TrainingState& sta
     in_flight = gather_in_flight(pool_ ? pool_->saved_samples() : kNothingInFlight, comm);
   }
   if (pipeline_ && ep) {
-    // PP x EP: the first EP replica's pipelines gather their stages, their first stages write
-    // (with StaleSync, world rank 0 the pools in flight).
+    // PP x EP: the stages of the first EP replica's pipelines write together, each its layers
+    // and experts (with StaleSync, world rank 0 the pools in flight).
     CheckpointTensors stage = tensors_of(buffers_of(state));
     if (writer && with_in_flight) stage.in_flight = &in_flight;
     const CheckpointPlacement placement = placement_of(*ep);
     write_pipeline_expert_checkpoint(run_.run_dir, model.config(), c, stage, *pipeline_, *ep,
-                                     placement);
+                                     placement, comm);
     return;
   }
   // Replica 0's EP group writes the one file together, each rank its own experts by id (parallel

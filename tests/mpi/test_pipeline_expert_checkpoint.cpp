@@ -1,8 +1,9 @@
 // Checkpoints of PP x EP training (train --pipeline-parallel P --expert-parallel E, with EP and
 // PP alone for comparison) at every world size the suite runs: after every EP group moved its
 // layers' experts to other slots (a placement per layer, as the rebalancer leaves them), the file
-// still holds exactly the single-rank state with the experts by id (the first EP replica's
-// pipelines gather their stages, their first stages write through parallel HDF5), and loading it
+// still holds exactly the single-rank state with the experts by id (the stages of the first EP
+// replica's pipelines write it together through parallel HDF5, none sending its part to
+// another), and loading it
 // gives every rank exactly its part in the starting placement: its stage's layers, its EP rank's
 // experts, AdamW's moments and the KL reference. (PP x EP needs 4 ranks; 1 and 2 run the layouts
 // it combines.)
@@ -145,8 +146,13 @@ void check_checkpoint(const Case& c) {
   auto attach = [&](TrainCheckpoints& checkpoints) { checkpoints.attach_pipeline(pipeline.get()); };
   // The file holds the whole model with the experts by id, as a single-rank run writes it; every
   // rank reads back exactly its part, in the starting placement.
+  links.reset_counters();
   const std::string path = test::expect_checkpoint_holds(
       run, config, mine.training(), ep.get(), attach, whole.buffers(), whole.model.layout());
+  // Each rank writes its own part into the file (parallel HDF5): no rank sends its layers or
+  // experts to another, so none holds more than its part.
+  const LinkCounters& sent = links.counters();
+  EXPECT_EQ(sent.bytes[0] + sent.bytes[1], 0u) << "world rank " << test::world_rank();
   State restored(config, device, experts, layers);
   test::expect_checkpoint_loads(
       path, run, config, restored.training(), attach, restored.buffers(),
