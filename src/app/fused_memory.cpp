@@ -80,6 +80,11 @@ void add_pipeline_generation_model(FusedMemoryPlan& plan, int64_t parameters) {
   plan.generation += plan.generation_model;
 }
 
+void add_pipeline_activations(FusedMemoryPlan& plan, size_t bytes) {
+  plan.pipeline_activations = bytes;
+  plan.training_activations = bytes;
+}
+
 void check_fused_memory_fit(const FusedMemoryPlan& plan, size_t capacity, bool offload,
                             const std::string& mode) {
   if (plan.training_peak() <= capacity && plan.generation_peak() <= capacity) return;
@@ -99,8 +104,10 @@ void check_fused_memory_fit(const FusedMemoryPlan& plan, size_t capacity, bool o
     message += ", the generation state with the pipeline's whole generation model's " +
                format_bytes(plan.generation_model);
   }
-  message += "; with " + format_bytes(plan.training_activations) + " of training activations and " +
-             format_bytes(plan.generation_activations) +
+  message += "; with " + format_bytes(plan.training_activations) + " of training activations" +
+             (plan.pipeline_activations > 0 ? " (the pipeline stage's micro-batch chunks in flight)"
+                                            : "") +
+             " and " + format_bytes(plan.generation_activations) +
              " of KV cache and generation activations the analytic peaks are " +
              format_bytes(plan.training_peak()) + " (training) and " +
              format_bytes(plan.generation_peak()) + " (generation), but --device-memory is " +

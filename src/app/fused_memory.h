@@ -28,6 +28,9 @@ struct FusedMemoryPlan {
   size_t received_experts = 0;      // a layout switch's received expert buckets (generation)
   size_t generation_model = 0;      // a pipeline stage's whole generation model (generation)
   size_t training_activations = 0;  // analytic peak of the largest training micro-batch
+  // With pipeline parallelism: training_activations are the stage's activation arenas (the micro-
+  // batch chunks in flight), add_pipeline_activations; 0 otherwise.
+  size_t pipeline_activations = 0;
   size_t generation_activations = 0;  // analytic peak of generation, KV cache included
 
   size_t training_peak() const { return training + training_activations; }
@@ -67,6 +70,11 @@ FusedMemoryPlan plan_fused_memory(const ModelConfig& config, const ParameterLayo
 // device arena next to the stage for the generation phase only (the stage's gradients and moments
 // still leave with --offload: they are the stage's, not the whole model's).
 void add_pipeline_generation_model(FusedMemoryPlan& plan, int64_t parameters);
+
+// A pipeline stage trains its micro-batch chunks in activation arenas of their own, several in
+// flight at once (pipeline_activation_bytes, src/app/pipeline_parallel_train.h): they replace the
+// whole-model micro-batch of the training activations.
+void add_pipeline_activations(FusedMemoryPlan& plan, size_t bytes);
 
 // ConfigError naming both phases' states and analytic peaks (and the reference's and reward
 // model's shares), the --mode and the capacity when either peak does not fit `capacity` (and

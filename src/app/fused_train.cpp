@@ -192,6 +192,17 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
     // a TP rank generating data-parallel.
     if (borrows_whole_model)
       add_pipeline_generation_model(memory_plan, whole_generation_layout.total());
+    // A pipeline stage trains in activation arenas of its own, a micro-batch chunk in each, as
+    // many at once as the schedule keeps in flight.
+    if (pp) {
+      const int rank_samples = (rl.staleness > 0 ? rl.prompts : trained_prompts) * rl.group_size;
+      add_pipeline_activations(memory_plan,
+                               pipeline_activation_bytes(
+                                   *pp, policy.model->layout(),
+                                   pipeline_micro_batch_sequences(*pp, rl.micro_batch, rank_samples,
+                                                                  options.micro_batches > 0),
+                                   longest));
+    }
     // The KL reference's and PP StaleSync's proximal log-probs come from forward-only passes over
     // the stages: a rank holds its reference stage (counted in the plan) and no whole copy.
     check_fused_memory_fit(memory_plan, policy.device->memory().capacity(), options.offload, mode);
@@ -715,14 +726,24 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         pipeline_trainer->wall_seconds(), pipeline_trainer->compute_seconds(),
         pipeline_trainer->wait_seconds(), 100.0 * bubble, 100.0 * formula, totals[0], totals[1],
         pp->model_parallel().size());
-    char fields[384];
+    // The stage activation arenas' use against the fit check's count, the busiest rank's each.
+    unsigned long long activations[2] = {pipeline_trainer->activation_bytes_held(),
+                                         memory_plan.pipeline_activations};
+    MPI_Allreduce(MPI_IN_PLACE, activations, 2, MPI_UNSIGNED_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
+    dir.log(
+        "# pipeline activation arenas (micro-batch chunks in flight x the largest use), busiest "
+        "rank: %s measured, %s counted by the fit check\n",
+        format_bytes(activations[0]).c_str(), format_bytes(activations[1]).c_str());
+    char fields[512];
     std::snprintf(fields, sizeof fields,
                   "\"pipeline_parallel\":%d,\"virtual_stages\":%d,\"micro_batches\":%d,"
                   "\"pipeline_bubble\":%.4f,\"pipeline_bubble_formula\":%.4f,"
                   "\"queue_get_requests\":%llu,\"queue_reply_bytes\":%llu,"
-                  "\"queue_replica_ranks\":%d,",
+                  "\"queue_replica_ranks\":%d,\"pipeline_activation_bytes\":%llu,"
+                  "\"pipeline_activation_bytes_analytic\":%llu,",
                   pp->shape().stages, pp->shape().virtual_stages, pp->shape().micro_batches, bubble,
-                  formula, totals[0], totals[1], pp->model_parallel().size());
+                  formula, totals[0], totals[1], pp->model_parallel().size(), activations[0],
+                  activations[1]);
     parallel_json += fields;
     if (ep && rl.staleness > 0) {
       // StaleSync with EP: the empty micro-batches that kept the pipelines in step with their EP

@@ -185,6 +185,25 @@ size_t stage_activation_bytes(const ModelConfig& config, int sequences, int long
                                              uniform_batch(sequences, longest_sequence));
 }
 
+int pipeline_micro_batch_sequences(const PipelineGroups& groups, int micro_batch, int rank_samples,
+                                   bool equal_parts) {
+  const int parts = groups.shape().micro_batches;
+  return equal_parts ? (groups.model_parallel().size() * rank_samples + parts - 1) / parts
+                     : std::min(micro_batch, rank_samples);
+}
+
+size_t pipeline_activation_bytes(const PipelineGroups& groups, const ParameterLayout& layout,
+                                 int sequences, int longest_sequence) {
+  // A training input is its sequence without the last token.
+  const PackedBatch batch = uniform_batch(sequences, longest_sequence - 1);
+  size_t largest = 0;
+  for (const LayerRange& chunk : groups.chunks(groups.stage())) {
+    largest = std::max(largest, pipeline_chunk_peak_bytes(groups.config(), layout, batch,
+                                                          chunk.first, chunk.last));
+  }
+  return size_t(in_flight_bound(groups.shape(), groups.stage())) * largest;
+}
+
 PipelineTrainer::PipelineTrainer(const PipelineGroups& groups, Transformer<float>& model,
                                  const RlStepSettings& settings, int rank_samples, bool equal_parts,
                                  int longest_sequence, RoleExpertParallel* ep, int overlap_chunks,
@@ -194,10 +213,8 @@ PipelineTrainer::PipelineTrainer(const PipelineGroups& groups, Transformer<float
       equal_parts_(equal_parts),
       stage_(model, groups.chunks(groups.stage()),
              stage_activation_bytes(model.config(),
-                                    equal_parts ? (groups.model_parallel().size() * rank_samples +
-                                                   groups.shape().micro_batches - 1) /
-                                                      groups.shape().micro_batches
-                                                : std::min(settings.micro_batch, rank_samples),
+                                    pipeline_micro_batch_sequences(groups, settings.micro_batch,
+                                                                   rank_samples, equal_parts),
                                     longest_sequence)),
       ep_(ep),
       pairing_(pairing) {

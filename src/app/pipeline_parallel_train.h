@@ -71,6 +71,19 @@ void split_into_stage_multiple(std::vector<std::pair<size_t, size_t>>& bounds, i
 // `longest_sequence` tokens: room for a whole-model micro-batch, a bound for any chunk.
 size_t stage_activation_bytes(const ModelConfig& config, int sequences, int longest_sequence);
 
+// The most sequences a micro-batch of a pipeline rank holds: its block of `rank_samples` cut into
+// pieces of `micro_batch`, or with `equal_parts` (the shape's micro-batch count given) the model
+// replica's samples in that many parts.
+int pipeline_micro_batch_sequences(const PipelineGroups& groups, int micro_batch, int rank_samples,
+                                   bool equal_parts);
+
+// The most bytes this rank's stage activation arenas hold at once in training (what the fused fit
+// check counts for a pipeline rank's training activations): the most micro-batch chunks it holds
+// at once (in_flight_bound) times the largest of its chunks' pipeline_chunk_peak_bytes, for
+// micro-batches of `sequences` sequences of `longest_sequence` tokens. `layout`: the stage's.
+size_t pipeline_activation_bytes(const PipelineGroups& groups, const ParameterLayout& layout,
+                                 int sequences, int longest_sequence);
+
 // The samples a pipeline trains: every rank puts the rollouts it generated (sample ids
 // [first_sample, first_sample + rollouts.size()) of its own block) into `queue`, then one leader
 // per model replica (the pipeline, or its T x P ranks with TP; per node of it) fetches the
@@ -130,6 +143,11 @@ class PipelineTrainer {
   // Empty micro-batches run to keep in step with EP mates that had more (StaleSync with EP).
   int padded_micro_batches() const { return padded_micro_batches_; }
   double measured_bubble() const { return wall_seconds_ > 0 ? wait_seconds_ / wall_seconds_ : 0; }
+  // The stage's activation arenas (one per micro-batch chunk that was in flight at once) times
+  // the largest use of any: a bound of what they held at once, measured.
+  size_t activation_bytes_held() const {
+    return size_t(stage_.activation_arenas()) * stage_.activation_peak();
+  }
   // With EP: the schedule runs' EP communication time and its exposed part (hidden_fraction).
   const SplitPhaseChain::Time& ep_communication() const { return ep_communication_; }
 

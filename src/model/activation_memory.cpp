@@ -349,4 +349,39 @@ size_t training_micro_batch_peak_bytes(const ModelConfig& config, const Paramete
   return t.peak();
 }
 
+size_t pipeline_chunk_peak_bytes(const ModelConfig& config, const ParameterLayout& layout,
+                                 const PackedBatch& inputs, int first, int last) {
+  const int64_t N = inputs.tokens, C = config.d_model, V = config.vocab_size;
+  Tally t;
+  // Transformer::forward_range_pass: the batch layout, the tokens when it embeds, positions; run:
+  // the residual stream in, then every layer's activations and output residual, kept.
+  t.hold<int>(inputs.sequences + 1);
+  if (first == 0) t.hold<int>(N);
+  t.hold<int>(N);
+  t.hold<float>(N * C);
+  for (int l = first; l < last; ++l) {
+    hold_layer(t, config, layout.expert_sharded(), N);
+    t.hold<float>(N * C);
+    layer_forward(t, config, layout, N, &inputs, 0);
+  }
+  const bool ends_model = last == config.n_layers;
+  if (ends_model) {
+    hold_head(t, config, N);
+    // PipelineStage: the loss's gradient at the logits; policy_loss_gradient: tempered logits,
+    // log-probs, their normalizers and the loss's gradient at them (all kept to the backward).
+    t.hold<float>(N * V);
+    t.hold<float>(N * V);
+    for (int i = 0; i < 3; ++i) t.hold<float>(N);
+  }
+  // Transformer::backward_layers: the gradient of the residual stream (with the head, of the
+  // final norm's output too), then the layers from the last.
+  t.hold<float>(N * C);
+  if (ends_model) {
+    t.hold<float>(N * C);
+    t.scratch(rmsnorm_backward_scratch(N, int(C)));
+  }
+  if (last > first) layer_backward(t, config, layout, inputs);
+  return t.peak();
+}
+
 }  // namespace rlf

@@ -44,4 +44,14 @@ size_t forward_peak_bytes(const ModelConfig& config, const ParameterLayout& layo
 size_t training_micro_batch_peak_bytes(const ModelConfig& config, const ParameterLayout& layout,
                                        const PackedBatch& inputs);
 
+// Bytes one micro-batch chunk takes in a pipeline stage's activation arena (PipelineStage, src/
+// model/pipeline_stage.h) through its forward and backward, at its highest: layers [first, last)
+// of `inputs` (each sequence without its last token) with their activations saved for the
+// backward (the embedding's tokens when first is 0), and, when the chunk ends the model, the
+// logits, their gradient and the policy loss's work buffers (policy_loss_gradient); then the
+// backward's work. The arenas of the chunks a stage holds at once (pipeline_schedule.h,
+// in_flight_bound) together hold at most that many of these.
+size_t pipeline_chunk_peak_bytes(const ModelConfig& config, const ParameterLayout& layout,
+                                 const PackedBatch& inputs, int first, int last);
+
 }  // namespace rlf

@@ -2,7 +2,7 @@
 // resumes (prompt + response so far), so its prefill holds longer sequences than prompts; and a
 // layout switch's generation state: the training parameters plus the expert buckets received; a
 // pipeline stage's: its own state plus the whole generation model, with --offload less only the
-// stage's gradients and moments.
+// stage's gradients and moments; its training activations: its arenas' chunks in flight.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -95,6 +95,33 @@ TEST(FusedMemoryPlan, APipelineStageGeneratesFromAWholeModelAndOffloadsOnlyItsOw
     EXPECT_NE(message.find("--offload would free"), std::string::npos) << message;
   }
   EXPECT_NO_THROW(check_fused_memory_fit(offloaded, capacity, true));
+}
+
+// A pipeline stage's training activations are its arenas' micro-batch chunks in flight, not a
+// whole-model micro-batch: they replace the plan's training activations, and a capacity that
+// holds the state but not them is refused naming them.
+TEST(FusedMemoryPlan, APipelineStageTrainsInItsActivationArenas) {
+  const ModelConfig config = load_model_config("small");
+  const ParameterLayout stage(config, ExpertShard{}, LayerShard{{0, 1}, true, false});
+  const FusedBatch batch{16, 8, 16, 4, true, 0};
+  FusedMemoryPlan plan = plan_fused_memory(config, stage, ParameterLayout(config), false, false,
+                                           nullptr, false, batch);
+  const size_t in_flight = 3 * plan.training_activations + 12345;
+  add_pipeline_activations(plan, in_flight);
+  EXPECT_EQ(plan.pipeline_activations, in_flight);
+  EXPECT_EQ(plan.training_peak(), plan.training + in_flight);
+  ASSERT_GT(plan.training_peak() - 1, plan.generation_peak());
+  try {
+    check_fused_memory_fit(plan, plan.training_peak() - 1, false);
+    FAIL() << "expected a ConfigError";
+  } catch (const ConfigError& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find("training activations (the pipeline stage's micro-batch chunks in "
+                           "flight)"),
+              std::string::npos)
+        << message;
+  }
+  EXPECT_NO_THROW(check_fused_memory_fit(plan, plan.training_peak(), false));
 }
 
 TEST(FusedMemoryPlan, ReorderedTrainingCountsMicroBatchesOfTheWholeStep) {

@@ -33,6 +33,20 @@ std::string temp_dir(const std::string& name) {
 
 const std::string& kFusedRun = test::kModelParallelFusedRun;
 
+// The stage activation arenas' measured use (chunks in flight x the largest use, the busiest
+// rank's) against what the fit check counted for them: within 20% below it, and never above it
+// without EP (`bound`; with EP the analytic counts each rank's balanced share of the routed rows,
+// which the routing's imbalance can exceed).
+void expect_activations_counted(const std::string& output, bool bound) {
+  const double measured = test::json_number(output, "pipeline_activation_bytes");
+  const double counted = test::json_number(output, "pipeline_activation_bytes_analytic");
+  EXPECT_GT(measured, 0.0) << output;
+  EXPECT_GE(measured, 0.8 * counted) << output;
+  if (bound) {
+    EXPECT_LE(measured, counted) << output;
+  }
+}
+
 TEST(PipelineParallelTrain, TrainsLikeTheDataParallelFusedRun) {
   const std::string dp_dir = temp_dir("dp");
   const Result dp = test::run_rlfusion(kFusedRun + "--run-dir " + dp_dir, 2);
@@ -97,6 +111,8 @@ TEST(PipelineParallelTrain, TrainsLikeTheDataParallelFusedRun) {
     EXPECT_GE(bubble, 0.0);
     EXPECT_LT(bubble, 1.0);
     EXPECT_NEAR(test::json_number(pp.output, "pipeline_bubble_formula"), 1.0 / 3.0, 1e-4);
+    expect_activations_counted(pp.output,
+                               layout.options.find("--expert-parallel") == std::string::npos);
     // The same samples (sampling is keyed by sample id, generation runs the whole model) and the
     // same data-parallel math with the same micro-batches.
     EXPECT_EQ(test::json_number(pp.output, "heldout_accuracy_before_rl"),
@@ -182,6 +198,7 @@ TEST(PipelineParallelTrain, InterleavedScheduleTrainsLikeTheDataParallelFusedRun
             std::string::npos)
       << pp.output;
   EXPECT_NEAR(test::json_number(pp.output, "pipeline_bubble_formula"), 1.0 / 17.0, 1e-4);
+  expect_activations_counted(pp.output, /*bound=*/true);
   test::expect_trains_like(dp, dp_dir, pp, pp_dir, 3);
 }
 

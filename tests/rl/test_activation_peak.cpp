@@ -1,7 +1,8 @@
 // The analytic activation peaks (src/model/activation_memory.h) against the device arena's measured
 // phase peak: a generation and a training micro-batch of the tiny and small models at a few batch
 // sizes and lengths, within 5% (RL Fusion, issue 6); with offload the generation peak holds the
-// parameters and the generation's activations only.
+// parameters and the generation's activations only; a pipeline stage's micro-batch chunk (first,
+// middle, last and whole-model chunks) against its activation arena's peak, within 5%.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -13,6 +14,7 @@
 #include "src/model/activation_memory.h"
 #include "src/model/generation.h"
 #include "src/model/optimizer.h"
+#include "src/model/pipeline_stage.h"
 #include "src/model/transformer.h"
 #include "src/rl/policy_loss.h"
 #include "src/runtime/training_offload.h"
@@ -132,6 +134,67 @@ TEST(ActivationPeak, TrainingMicroBatchEqualsAnalyticWithin5Percent) {
                                                             packed_batch(lengths_of(sequences, 1)));
     expect_within_5_percent(measured, analytic,
                             c.model + " training micro-batch of " + std::to_string(c.samples));
+  }
+}
+
+// Rollouts of `c`'s prompts with responses of c.new_tokens tokens, and their sequences.
+std::vector<Rollout> rollouts_of(const Case& c, int vocab,
+                                 std::vector<std::vector<int>>& sequences) {
+  std::vector<Rollout> rollouts;
+  for (const auto& prompt : prompts_of(c.samples, c.shortest_prompt, c.longest_prompt, vocab)) {
+    Rollout r;
+    r.prompt = prompt;
+    for (int t = 0; t < c.new_tokens; ++t) r.response.push_back(1 + t % (vocab - 1));
+    r.behaviour_logp.assign(r.response.size(), -1.0f);
+    r.advantage = 0.5;
+    std::vector<int> sequence = r.prompt;
+    sequence.insert(sequence.end(), r.response.begin(), r.response.end());
+    sequences.push_back(sequence);
+    rollouts.push_back(r);
+  }
+  return rollouts;
+}
+
+TEST(ActivationPeak, PipelineChunkEqualsAnalyticWithin5Percent) {
+  for (const Case& c : kCases) {
+    const ModelConfig config =
+        load_model_config(std::string(RLFUSION_SOURCE_DIR) + "/inputs/models/" + c.model + ".ini");
+    const int L = config.n_layers, C = config.d_model, V = config.vocab_size;
+    std::vector<std::vector<int>> sequences;
+    const std::vector<Rollout> rollouts = rollouts_of(c, V, sequences);
+    std::vector<const Rollout*> micro;
+    for (const Rollout& r : rollouts) micro.push_back(&r);
+    const PackedRollouts packed = pack_rollouts(micro);
+    PipelineMicroBatch<float> batch;
+    batch.tokens = packed.inputs;
+    batch.seq_offsets = packed.offsets;
+    const int N = batch.token_count();
+    // The first chunk, a middle one (hidden rows in and out; with more than 2 layers), the last
+    // one (the loss) and the whole model in one chunk.
+    std::vector<LayerRange> ranges = {{0, 1}, {L - 1, L}, {0, L}};
+    if (L > 2) ranges.push_back({1, L - 1});
+    for (const LayerRange range : ranges) {
+      Arena device("device", size_t(1) << 30);
+      Transformer<float> model(config, cpu_ops(), device, /*with_gradients=*/true, ExpertShard{},
+                               stage_layer_shard({range}, L));
+      model.initialize(5);
+      PipelineStage<float> stage(model, {range}, size_t(1) << 30);
+      stage.set_loss([&](int, const float* logits, int, int vocab, Arena& arena, float* dlogits) {
+        return float(policy_loss_gradient(cpu_ops(), arena, logits, vocab, packed, micro, 100.0,
+                                          1.0f, PpoSettings{}, dlogits)
+                         .loss);
+      });
+      std::vector<float> x_in(size_t(N) * C, 0.25f), dy(size_t(N) * C, 0.01f), dx_in(size_t(N) * C);
+      stage.forward(0, 0, batch, range.first == 0 ? nullptr : x_in.data());
+      stage.backward(0, 0, dy.data(), 0.01f, range.first == 0 ? nullptr : dx_in.data());
+      ASSERT_EQ(stage.activation_arenas(), 1);
+      const size_t analytic = pipeline_chunk_peak_bytes(
+          config, model.layout(), packed_batch(lengths_of(sequences, 1)), range.first, range.last);
+      expect_within_5_percent(stage.activation_peak(), analytic,
+                              c.model + " layers [" + std::to_string(range.first) + ", " +
+                                  std::to_string(range.last) + ") of " + std::to_string(c.samples) +
+                                  " samples");
+    }
   }
 }
 
