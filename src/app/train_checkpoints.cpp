@@ -345,17 +345,21 @@ void TrainCheckpoints::save(const RlPosition& position, const TrainingState& sta
     write_checkpoint_sharded(run_.run_dir, model.config(), layout, c, tensors, ep->ep_group().comm);
   };
   if (tensor_parallel_ && ep) {
-    // TP x EP: the first EP replica's TP groups assemble their slices (every rank then holds the
-    // whole dense tensors and its experts), and TP rank 0's EP group, world rank 0's, writes.
+    // TP x EP: the first EP replica's TP groups gather their slices on their TP rank 0 (which
+    // then holds the whole dense tensors and its experts), and TP rank 0's EP group, world rank
+    // 0's, writes.
     if (ep->replica() != 0) return;
     const ParameterLayout unsliced =
         with_tensor_slice(model.config(), model.layout(), TensorSlice{});
-    std::array<std::vector<float>, kBuffers> whole =
-        gather_whole_buffers(state, unsliced, [&](const float* part, float* whole_buffer) {
-          gather_tensor_parallel(part, model.layout(), whole_buffer, unsliced, model.config(),
-                                 *tensor_parallel_);
-        });
-    if (tensor_parallel_->rank() != 0) return;
+    const bool assembles = tensor_parallel_->rank() == 0;
+    std::array<std::vector<float>, kBuffers> whole = gather_whole_buffers(
+        state, unsliced,
+        [&](const float* part, float* whole_buffer) {
+          gather_tensor_parallel_on_rank_zero(part, model.layout(), whole_buffer, unsliced,
+                                              model.config(), *tensor_parallel_);
+        },
+        assembles);
+    if (!assembles) return;
     std::array<float*, kBuffers> buffers{};
     for (size_t b = 0; b < kBuffers; ++b) buffers[b] = whole[b].empty() ? nullptr : whole[b].data();
     CheckpointTensors tensors = tensors_of(buffers);
@@ -391,18 +395,24 @@ void TrainCheckpoints::save(const RlPosition& position, const TrainingState& sta
     return;
   }
   if (model_parallel) {
-    // The first TP group assembles the whole model; the others hold the same values.
+    // The first TP group gathers the whole model on its TP rank 0, world rank 0, the writer (a
+    // gather, not an allgather: the other TP ranks hold only their slices); the other TP groups
+    // hold the same values.
     if (tensor_parallel_->replica() != 0) return;
     const ParameterLayout whole_layout(model.config());
-    std::array<std::vector<float>, kBuffers> whole =
-        gather_whole_buffers(state, whole_layout, [&](const float* part, float* whole_buffer) {
-          gather_tensor_parallel(part, model.layout(), whole_buffer, whole_layout, model.config(),
-                                 *tensor_parallel_);
-        });
+    std::array<std::vector<float>, kBuffers> whole = gather_whole_buffers(
+        state, whole_layout,
+        [&](const float* part, float* whole_buffer) {
+          gather_tensor_parallel_on_rank_zero(part, model.layout(), whole_buffer, whole_layout,
+                                              model.config(), *tensor_parallel_);
+        },
+        /*assembles=*/tensor_parallel_->rank() == 0);
+    if (tensor_parallel_->rank() != 0) return;
     std::array<float*, kBuffers> buffers{};
     for (size_t b = 0; b < kBuffers; ++b) buffers[b] = whole[b].empty() ? nullptr : whole[b].data();
     CheckpointTensors tensors = tensors_of(buffers);
     if (writer && with_in_flight) tensors.in_flight = &in_flight;
+    // (The writer, world rank 0 or learner 0, is TP rank 0 of the first TP group.)
     if (writer) write_checkpoint(run_.run_dir, model.config(), whole_layout, c, tensors);
     return;
   }
