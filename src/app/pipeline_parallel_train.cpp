@@ -29,11 +29,6 @@ void validate_pipeline_parallel_train(const DisaggregatedOptions& options, bool 
         "--pipeline-pairing needs --pipeline-parallel 2 or more and "
         "--expert-parallel 2 or more (it interleaves the stages' EP exchanges)");
   }
-  if (options.pipeline_pairing && options.ep_overlap_chunks > 1) {
-    throw ConfigError("--pipeline-pairing with --ep-overlap-chunks " +
-                      std::to_string(options.ep_overlap_chunks) +
-                      " is not supported (the chunked MoE path does not stop at its exchanges)");
-  }
   if (degree == 1) {
     if (options.virtual_stages != 1 || options.micro_batches != 0 ||
         options.pipeline_balance != "uniform") {

@@ -78,7 +78,7 @@ ResumablePass MoeBlock<T>::forward(MoeWeights<T> w, const T* x, T* out, int N, M
   // over ranks, so the EP model equals the single-rank one only when the coefficient is 0.
   a.aux = ops_.router_aux_loss_forward(a.probs, a.expert_idx, N, E, K, device_);
   if (overlap) {
-    routed_forward_overlapped(w, x, out, N, a, *overlap);
+    co_await routed_forward_overlapped(w, x, out, N, a, *overlap);
   } else if (ep) {
     co_await routed_forward_ep(w, x, out, N, a, *ep);
   } else {
@@ -121,7 +121,7 @@ ResumablePass MoeBlock<T>::backward(MoeWeights<T> w, MoeWeights<T> g, const T* x
   }
   T* dweight = device_.allocate_zeroed<T>(M, "backward work");
   if (overlap) {
-    routed_backward_overlapped(w, g, dout, dx, dweight, N, *overlap);
+    co_await routed_backward_overlapped(w, g, dout, dx, dweight, N, *overlap);
   } else if (ep) {
     co_await routed_backward_ep(w, g, a, dout, dx, dweight, N, *ep);
   } else {
@@ -246,12 +246,13 @@ void MoeBlock<T>::gather_split_backward(RowShare own, const float* dx_rows,
 }
 
 template <typename T>
-void MoeBlock<T>::routed_forward_overlapped(const MoeWeights<T>& w, const T* x, T* out, int N,
-                                            const MoeActivations<T>& a,
-                                            OverlappedExperts& overlap) const {
+ResumablePass MoeBlock<T>::routed_forward_overlapped(MoeWeights<T> w, const T* x, T* out, int N,
+                                                     const MoeActivations<T>& a,
+                                                     OverlappedExperts& overlap) const {
   if constexpr (!std::is_same_v<T, float>) {
     (void)w, (void)x, (void)out, (void)N, (void)a, (void)overlap;
     throw std::logic_error("MoeBlock: expert parallelism needs float parameters");
+    co_return;
   } else {
     const ExpertDispatcher& d = overlap.dispatcher(0);
     // This rank's first expert, counted from the first expert the weights hold.
@@ -259,28 +260,29 @@ void MoeBlock<T>::routed_forward_overlapped(const MoeWeights<T>& w, const T* x, 
     const LocalExperts local{w.w1 + first, w.w3 + first, w.w2 + first};
     const int C = config_.d_model, K = config_.top_k;
     const RowShare own = token_split_ ? token_split_->row_share(N) : RowShare{0, N};
-    overlap.forward(local, x + int64_t(own.first) * C, a.expert_idx + int64_t(own.first) * K,
-                    a.expert_weight + int64_t(own.first) * K, own.count, K,
-                    out + int64_t(own.first) * C);
+    co_await overlap.forward_pass(
+        local, x + int64_t(own.first) * C, a.expert_idx + int64_t(own.first) * K,
+        a.expert_weight + int64_t(own.first) * K, own.count, K, out + int64_t(own.first) * C);
     if (token_split_) token_split_->allgather_rows(out, N, C);
   }
 }
 
 template <typename T>
-void MoeBlock<T>::routed_backward_overlapped(const MoeWeights<T>& w, const MoeWeights<T>& g,
-                                             const T* dout, T* dx, T* dweight, int N,
-                                             OverlappedExperts& overlap) const {
+ResumablePass MoeBlock<T>::routed_backward_overlapped(MoeWeights<T> w, MoeWeights<T> g,
+                                                      const T* dout, T* dx, T* dweight, int N,
+                                                      OverlappedExperts& overlap) const {
   if constexpr (!std::is_same_v<T, float>) {
     (void)w, (void)g, (void)dout, (void)dx, (void)dweight, (void)N, (void)overlap;
     throw std::logic_error("MoeBlock: expert parallelism needs float parameters");
+    co_return;
   } else {
     const ExpertDispatcher& d = overlap.dispatcher(0);
     const int64_t first = int64_t(d.ep_rank()) * d.local_experts() - w.first_expert;
     const LocalExperts local{w.w1 + first, w.w3 + first, w.w2 + first};
     const LocalExpertGradients grads{g.w1 + first, g.w3 + first, g.w2 + first};
     if (!token_split_) {
-      overlap.backward(local, grads, dout, dx, dweight);
-      return;
+      co_await overlap.backward_pass(local, grads, dout, dx, dweight);
+      co_return;
     }
     // This rank's rows (the forward's share): their gradients, then everyone's over the TP group.
     const int C = config_.d_model, K = config_.top_k;
@@ -288,7 +290,8 @@ void MoeBlock<T>::routed_backward_overlapped(const MoeWeights<T>& w, const MoeWe
     ArenaScope scope(device_);
     float* dx_rows = device_.allocate_zeroed<float>(size_t(own.count) * C, "backward work");
     float* dweight_rows = device_.allocate_zeroed<float>(size_t(own.count) * K, "backward work");
-    overlap.backward(local, grads, dout + int64_t(own.first) * C, dx_rows, dweight_rows);
+    co_await overlap.backward_pass(local, grads, dout + int64_t(own.first) * C, dx_rows,
+                                   dweight_rows);
     gather_split_backward(own, dx_rows, dweight_rows, N, dx, dweight);
   }
 }

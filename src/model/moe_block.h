@@ -109,10 +109,11 @@ class MoeBlock {
                                    ExpertDispatcher& ep) const;
   // The same through OverlappedExperts (T = float only); with the token split on this rank's
   // share of the rows, like the dispatcher's path.
-  void routed_forward_overlapped(const MoeWeights<T>& w, const T* x, T* out, int N,
-                                 const MoeActivations<T>& a, OverlappedExperts& overlap) const;
-  void routed_backward_overlapped(const MoeWeights<T>& w, const MoeWeights<T>& g, const T* dout,
-                                  T* dx, T* dweight, int N, OverlappedExperts& overlap) const;
+  ResumablePass routed_forward_overlapped(MoeWeights<T> w, const T* x, T* out, int N,
+                                          const MoeActivations<T>& a,
+                                          OverlappedExperts& overlap) const;
+  ResumablePass routed_backward_overlapped(MoeWeights<T> w, MoeWeights<T> g, const T* dout, T* dx,
+                                           T* dweight, int N, OverlappedExperts& overlap) const;
   // The token split's end of a routed backward: this rank's rows' input gradients (`dx_rows`,
   // own.count x C) and top-k weight gradients (`dweight_rows`, own.count x K) go to every rank of
   // the TP group in one allgather of rows of C + K floats; dx gets all N rows added, dweight all

@@ -61,52 +61,79 @@ void OverlappedExperts::drive() {
   time_.progressing += steady_seconds() - start;
 }
 
-void OverlappedExperts::wait(Chunk& chunk) {
+ResumablePass OverlappedExperts::wait(Chunk& chunk) {
   const double start = steady_seconds();
-  progress_until_finished(chunk.dispatcher->chain(), chains_);
+  co_await rlf::exchange(chunk.dispatcher->chain(), &chains_);
+  // (Run as a pair, this also holds the other pass's work done meanwhile.)
   time_.waiting += steady_seconds() - start;
 }
 
-void OverlappedExperts::for_each_piece(const Chunk& chunk,
-                                       const std::function<void(int, int64_t, int)>& body) {
+std::vector<OverlappedExperts::Piece> OverlappedExperts::pieces(const Chunk& chunk) const {
+  std::vector<Piece> out;
   const int E_local = chunk.dispatcher->local_experts();
   for (int e = 0; e < E_local; ++e) {
     for (int64_t r0 = chunk.offsets[size_t(e)]; r0 < chunk.offsets[size_t(e) + 1];
          r0 += kRowsPerPiece) {
-      body(e, r0, int(std::min<int64_t>(kRowsPerPiece, chunk.offsets[size_t(e) + 1] - r0)));
-      drive();
+      out.push_back(
+          {e, r0, int(std::min<int64_t>(kRowsPerPiece, chunk.offsets[size_t(e) + 1] - r0))});
     }
   }
+  return out;
 }
 
-void OverlappedExperts::compute_forward(const LocalExperts& w, Chunk& chunk) {
+void OverlappedExperts::forward_piece(const LocalExperts& w, Chunk& chunk, const Piece& p) {
+  const int64_t C = C_, F = F_, r0 = p.first;
+  const int e = p.expert, rows[2] = {0, p.rows};
+  ops_.expert_ffn_forward(chunk.y.data() + r0 * C, chunk.a.data() + r0 * F, chunk.b.data() + r0 * F,
+                          chunk.xg.data() + r0 * C, w.w1 + e, w.w3 + e, w.w2 + e, rows, 1, C_, F_,
+                          scratch_);
+}
+
+void OverlappedExperts::backward_piece(const LocalExperts& w, const LocalExpertGradients& g,
+                                       Chunk& chunk, const Piece& p) {
+  const int64_t C = C_, F = F_, r0 = p.first;
+  const int e = p.expert, rows[2] = {0, p.rows};
+  ops_.expert_ffn_backward(chunk.dxg.data() + r0 * C, g.w1 + e, g.w3 + e, g.w2 + e,
+                           chunk.dy.data() + r0 * C, chunk.xg.data() + r0 * C,
+                           chunk.a.data() + r0 * F, chunk.b.data() + r0 * F, w.w1 + e, w.w3 + e,
+                           w.w2 + e, rows, 1, C_, F_, scratch_);
+}
+
+ResumablePass OverlappedExperts::compute_forward(const LocalExperts& w, Chunk& chunk) {
   const int64_t C = C_, F = F_, R = chunk.offsets.back();
   chunk.a.assign(size_t(R * F), 0.0f);
   chunk.b.assign(size_t(R * F), 0.0f);
   chunk.y.assign(size_t(R * C), 0.0f);
-  for_each_piece(chunk, [&](int e, int64_t r0, int rows) {
-    const int piece[2] = {0, rows};
-    ops_.expert_ffn_forward(chunk.y.data() + r0 * C, chunk.a.data() + r0 * F,
-                            chunk.b.data() + r0 * F, chunk.xg.data() + r0 * C, w.w1 + e, w.w3 + e,
-                            w.w2 + e, piece, 1, C_, F_, scratch_);
-  });
+  for (const Piece& piece : pieces(chunk)) {
+    forward_piece(w, chunk, piece);
+    drive();
+    co_await progress_point();
+  }
 }
 
-void OverlappedExperts::compute_backward(const LocalExperts& w, const LocalExpertGradients& g,
-                                         Chunk& chunk) {
-  const int64_t C = C_, F = F_, R = chunk.offsets.back();
-  chunk.dxg.assign(size_t(R * C), 0.0f);
-  for_each_piece(chunk, [&](int e, int64_t r0, int rows) {
-    const int piece[2] = {0, rows};
-    ops_.expert_ffn_backward(chunk.dxg.data() + r0 * C, g.w1 + e, g.w3 + e, g.w2 + e,
-                             chunk.dy.data() + r0 * C, chunk.xg.data() + r0 * C,
-                             chunk.a.data() + r0 * F, chunk.b.data() + r0 * F, w.w1 + e, w.w3 + e,
-                             w.w2 + e, piece, 1, C_, F_, scratch_);
-  });
+ResumablePass OverlappedExperts::compute_backward(const LocalExperts& w,
+                                                  const LocalExpertGradients& g, Chunk& chunk) {
+  chunk.dxg.assign(size_t(chunk.offsets.back() * C_), 0.0f);
+  for (const Piece& piece : pieces(chunk)) {
+    backward_piece(w, g, chunk, piece);
+    drive();
+    co_await progress_point();
+  }
 }
 
 void OverlappedExperts::forward(const LocalExperts& w, const float* x, const int* expert_idx,
                                 const float* expert_weight, int N, int K, float* out) {
+  run_to_end(forward_pass(w, x, expert_idx, expert_weight, N, K, out));
+}
+
+void OverlappedExperts::backward(const LocalExperts& w, const LocalExpertGradients& g,
+                                 const float* dout, float* dx, float* dexpert_weight) {
+  run_to_end(backward_pass(w, g, dout, dx, dexpert_weight));
+}
+
+ResumablePass OverlappedExperts::forward_pass(const LocalExperts& w, const float* x,
+                                              const int* expert_idx, const float* expert_weight,
+                                              int N, int K, float* out) {
   time_ = {};
   N_ = N;
   K_ = K;
@@ -125,16 +152,16 @@ void OverlappedExperts::forward(const LocalExperts& w, const float* x, const int
   begin_dispatch(chunks_[0]);
   for (int i = 0; i < n; ++i) {
     Chunk& chunk = chunks_[size_t(i)];
-    wait(chunk);
+    co_await wait(chunk);
     // Begun only now, so that its rows do not compete with chunk i's for the incoming link.
     if (i + 1 < n) begin_dispatch(chunks_[size_t(i) + 1]);
     chunk.xg = chunk.dispatcher->finish_dispatch();
     chunk.offsets = chunk.dispatcher->local_expert_offsets();
-    compute_forward(w, chunk);
+    co_await compute_forward(w, chunk);
     chunk.dispatcher->begin_combine(chunk.y.data(), expert_weight + int64_t(chunk.first_token) * K);
   }
   for (Chunk& chunk : chunks_) {
-    wait(chunk);
+    co_await wait(chunk);
     const std::vector<float> combined = chunk.dispatcher->finish_combine();
     if (!combined.empty()) {
       std::memcpy(out + int64_t(chunk.first_token) * C, combined.data(),
@@ -143,8 +170,9 @@ void OverlappedExperts::forward(const LocalExperts& w, const float* x, const int
   }
 }
 
-void OverlappedExperts::backward(const LocalExperts& w, const LocalExpertGradients& g,
-                                 const float* dout, float* dx, float* dexpert_weight) {
+ResumablePass OverlappedExperts::backward_pass(const LocalExperts& w, const LocalExpertGradients& g,
+                                               const float* dout, float* dx,
+                                               float* dexpert_weight) {
   const int n = chunks(), C = C_, K = K_;
   auto begin_combine_backward = [&](Chunk& chunk) {
     chunk.dispatcher->begin_combine_backward(dout + int64_t(chunk.first_token) * C, chunk.y.data(),
@@ -154,18 +182,18 @@ void OverlappedExperts::backward(const LocalExperts& w, const LocalExpertGradien
   std::vector<float> dweight;
   for (int i = 0; i < n; ++i) {
     Chunk& chunk = chunks_[size_t(i)];
-    wait(chunk);
+    co_await wait(chunk);
     if (i + 1 < n) begin_combine_backward(chunks_[size_t(i) + 1]);
     chunk.dispatcher->finish_combine_backward(chunk.dy, dweight);
     if (!dweight.empty()) {
       std::memcpy(dexpert_weight + int64_t(chunk.first_token) * K, dweight.data(),
                   dweight.size() * sizeof(float));
     }
-    compute_backward(w, g, chunk);
+    co_await compute_backward(w, g, chunk);
     chunk.dispatcher->begin_dispatch_backward(chunk.dxg.data());
   }
   for (Chunk& chunk : chunks_) {
-    wait(chunk);
+    co_await wait(chunk);
     const std::vector<float> dx_tokens = chunk.dispatcher->finish_dispatch_backward();
     float* dst = dx + int64_t(chunk.first_token) * C;
     for (size_t i = 0; i < dx_tokens.size(); ++i) dst[i] += dx_tokens[i];
@@ -194,8 +222,9 @@ void OverlappedExperts::compute_only(const LocalExperts& w, const LocalExpertGra
     if (chunk.dy.size() != chunk.xg.size()) {
       throw std::logic_error("OverlappedExperts::compute_only needs a forward and backward first");
     }
-    compute_forward(w, chunk);
-    compute_backward(w, g, chunk);
+    // The FFN alone: no transfer in flight to drive, no driver to offer a progress point to.
+    run_to_end(compute_forward(w, chunk));
+    run_to_end(compute_backward(w, g, chunk));
   }
 }
 

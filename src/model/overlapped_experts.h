@@ -20,6 +20,7 @@
 
 #include "kernels/ops.h"
 #include "mpi_comm/expert_dispatch.h"
+#include "src/model/resumable_pass.h"
 
 namespace rlf {
 
@@ -62,6 +63,14 @@ class OverlappedExperts {
   // local experts' gradients accumulated into g.
   void backward(const LocalExperts& w, const LocalExpertGradients& g, const float* dout, float* dx,
                 float* dexpert_weight);
+  // The same two as resumable passes (src/model/resumable_pass.h, for a MoE layer inside a pass
+  // run as a pair): each stops where the blocking ones wait for a chunk's exchange, with the other
+  // chunks' exchanges in flight for the driver to progress, and offers a progress point after
+  // every piece of the FFN. The blocking ones run these to the end; the arithmetic is the same.
+  ResumablePass forward_pass(const LocalExperts& w, const float* x, const int* expert_idx,
+                             const float* expert_weight, int N, int K, float* out);
+  ResumablePass backward_pass(const LocalExperts& w, const LocalExpertGradients& g,
+                              const float* dout, float* dx, float* dexpert_weight);
 
   // Where the last forward + backward spent its time outside the FFN: waiting for transfers (the
   // exposed communication), and inside the progress calls between pieces (MPI's work on the
@@ -94,12 +103,26 @@ class OverlappedExperts {
   // enough for the next chunk's dispatch to finish during this chunk's compute; smaller pieces
   // cost GEMM efficiency and progress calls (bench overlap defaults: 32 and 64 rows did worse).
   static constexpr int kRowsPerPiece = 128;
-  void for_each_piece(const Chunk& chunk, const std::function<void(int, int64_t, int)>& body);
-  void compute_forward(const LocalExperts& w, Chunk& chunk);
-  void compute_backward(const LocalExperts& w, const LocalExpertGradients& g, Chunk& chunk);
+  // Pieces of at most kRowsPerPiece rows of one local expert: (expert, first row, rows).
+  struct Piece {
+    int expert;
+    int64_t first;
+    int rows;
+  };
+  std::vector<Piece> pieces(const Chunk& chunk) const;
+  // One piece of the chunk's FFN forward or backward (pieces() order).
+  void forward_piece(const LocalExperts& w, Chunk& chunk, const Piece& piece);
+  void backward_piece(const LocalExperts& w, const LocalExpertGradients& g, Chunk& chunk,
+                      const Piece& piece);
+  // The chunk's FFN piece by piece, driving every chunk's transfers after each piece and offering
+  // the pass's driver a progress point.
+  ResumablePass compute_forward(const LocalExperts& w, Chunk& chunk);
+  ResumablePass compute_backward(const LocalExperts& w, const LocalExpertGradients& g,
+                                 Chunk& chunk);
   int first_token_of_chunk(int N, int chunk) const;  // chunk == chunks(): N
   void drive();
-  void wait(Chunk& chunk);
+  // Stops the pass until the chunk's exchange has finished (the others in flight progressed).
+  ResumablePass wait(Chunk& chunk);
 
   std::vector<Chunk> chunks_;
   std::vector<SplitPhaseChain*> chains_;

@@ -1,6 +1,9 @@
 // The pair driver: alternates two passes at their exchanges.
 #include "src/model/pass_pair.h"
 
+#include <algorithm>
+#include <vector>
+
 #include "mpi_comm/links.h"
 
 namespace rlf {
@@ -11,7 +14,8 @@ PairTime run_as_pair(ResumablePass& first, ResumablePass& second,
   // A running pass drives the other's exchange, if that one is stopped on one.
   auto drive = [](ResumablePass& other, const PassState& other_state) {
     return [&other, &other_state] {
-      if (!other.done() && other_state.waiting_on) other_state.waiting_on->progress();
+      if (other.done() || !other_state.waiting_on) return;
+      for (SplitPhaseChain* chain : other.chains_to_progress()) chain->progress();
     };
   };
   first_state.between_pieces = drive(second, second_state);
@@ -43,11 +47,12 @@ PairTime run_as_pair(ResumablePass& first, ResumablePass& second,
       SplitPhaseChain& chain = pass.waiting_on();
       if (!chain.progress()) {
         const double begin = steady_seconds();
-        if (other.done()) {
-          progress_until_finished(chain, {&chain});
-        } else {
-          progress_until_finished(chain, {&chain, &other.waiting_on()});
+        std::vector<SplitPhaseChain*> chains = pass.chains_to_progress();
+        if (!other.done()) {
+          const std::vector<SplitPhaseChain*> others = other.chains_to_progress();
+          chains.insert(chains.end(), others.begin(), others.end());
         }
+        progress_until_finished(chain, chains);
         (turn == 0 ? time.first : time.second) += steady_seconds() - begin;
       }
       timed(turn, [&] { pass.resume(); });
@@ -63,13 +68,20 @@ PairTime run_as_pair(ResumablePass& first, ResumablePass& second,
       timed(1, [&] { second.resume(); });
     } else if (first.done() || second.done()) {
       ResumablePass& waiting = first.done() ? second : first;
-      timed(first.done() ? 1 : 0, [&] {
-        SplitPhaseChain& chain = waiting.waiting_on();
-        progress_until_finished(chain, {&chain});
-      });
+      timed(first.done() ? 1 : 0,
+            [&] { progress_until_finished(waiting.waiting_on(), waiting.chains_to_progress()); });
     } else {
       const double begin = steady_seconds();
-      progress_until_any_finished({&first.waiting_on(), &second.waiting_on()});
+      // Both stopped: the two exchanges they wait for, and their other exchanges still in flight
+      // (overlap chunks), until one of them finishes.
+      std::vector<SplitPhaseChain*> chains = {&first.waiting_on(), &second.waiting_on()};
+      for (const ResumablePass* pass : {&first, &second}) {
+        for (SplitPhaseChain* chain : pass->chains_to_progress()) {
+          if (!chain->finished() && std::find(chains.begin(), chains.end(), chain) == chains.end())
+            chains.push_back(chain);
+        }
+      }
+      progress_until_any_finished(chains);
       const double waited = steady_seconds() - begin;
       time.first += waited / 2;
       time.second += waited / 2;

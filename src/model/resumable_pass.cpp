@@ -7,8 +7,7 @@ void run_to_end(ResumablePass pass) {
   PassState state;
   pass.start(state);
   while (!pass.done()) {
-    SplitPhaseChain& chain = pass.waiting_on();
-    progress_until_finished(chain, {&chain});
+    progress_until_finished(pass.waiting_on(), pass.chains_to_progress());
     pass.resume();
   }
 }

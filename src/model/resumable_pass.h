@@ -11,6 +11,7 @@
 #include <exception>
 #include <functional>
 #include <utility>
+#include <vector>
 
 #include "mpi_comm/split_phase.h"
 
@@ -21,6 +22,9 @@ namespace rlf {
 struct PassState {
   std::coroutine_handle<> resume_at;      // the innermost suspended frame
   SplitPhaseChain* waiting_on = nullptr;  // the exchange it waits for (set while suspended)
+  // The pass's other exchanges in flight while it waits (overlap chunks: the next chunk's dispatch,
+  // the previous ones' combines), which whoever waits must progress too; null: none.
+  const std::vector<SplitPhaseChain*>* in_flight = nullptr;
   // Called at every progress point of the pass (a paired driver: the other pass's exchange).
   std::function<void()> between_pieces;
   // Stop at every exchange, also one already finished: the stops are then the same on every rank
@@ -90,12 +94,23 @@ class [[nodiscard]] ResumablePass {
   void resume() {
     PassState& state = *handle_.promise().state;
     state.waiting_on = nullptr;
+    state.in_flight = nullptr;
     state.resume_at.resume();
     if (done() && handle_.promise().error) std::rethrow_exception(handle_.promise().error);
   }
   bool done() const { return handle_.done(); }
   // The exchange a stopped pass waits for.
   SplitPhaseChain& waiting_on() const { return *handle_.promise().state->waiting_on; }
+  // What waiting for it must progress: that exchange and the pass's others in flight.
+  std::vector<SplitPhaseChain*> chains_to_progress() const {
+    const PassState& state = *handle_.promise().state;
+    std::vector<SplitPhaseChain*> chains{state.waiting_on};
+    if (state.in_flight) {
+      for (SplitPhaseChain* chain : *state.in_flight)
+        if (chain != state.waiting_on) chains.push_back(chain);
+    }
+    return chains;
+  }
 
  private:
   explicit ResumablePass(Handle handle) : handle_(handle) {}
@@ -103,21 +118,26 @@ class [[nodiscard]] ResumablePass {
 };
 
 // Awaited between a dispatcher's begin_* and finish_*: the pass stops until `chain` has finished
-// (not at all when it already has, unless its state says stop_at_every_exchange).
+// (not at all when it already has, unless its state says stop_at_every_exchange). `in_flight`
+// (may hold `chain`; must outlive the stop): the pass's other exchanges in flight meanwhile, which
+// the driver progresses while it waits.
 struct ExchangeAwaiter {
   SplitPhaseChain& chain;
+  const std::vector<SplitPhaseChain*>* in_flight = nullptr;
   bool await_ready() const noexcept { return false; }
   bool await_suspend(ResumablePass::Handle h) const noexcept {
     PassState& state = *h.promise().state;
     if (chain.finished() && !state.stop_at_every_exchange) return false;
     state.resume_at = h;
     state.waiting_on = &chain;
+    state.in_flight = in_flight;
     return true;
   }
   void await_resume() const noexcept {}
 };
-inline ExchangeAwaiter exchange(SplitPhaseChain& chain) {
-  return {chain};
+inline ExchangeAwaiter exchange(SplitPhaseChain& chain,
+                                const std::vector<SplitPhaseChain*>* in_flight = nullptr) {
+  return {chain, in_flight};
 }
 
 // Awaited between pieces of compute: lets the driver progress other exchanges (Open MPI moves a

@@ -60,7 +60,10 @@ TEST(PipelineParallelTrain, TrainsLikeTheDataParallelFusedRun) {
   };
   for (const Layout& layout : {Layout{2, ""}, Layout{4, ""}, Layout{4, "--expert-parallel 2 "},
                                Layout{4, "--expert-parallel 2 --ep-overlap-chunks 2 "},
-                               Layout{4, "--expert-parallel 2 --pipeline-pairing "}}) {
+                               Layout{4, "--expert-parallel 2 --pipeline-pairing "},
+                               Layout{4,
+                                      "--expert-parallel 2 --pipeline-pairing "
+                                      "--ep-overlap-chunks 2 "}}) {
     const int ranks = layout.ranks;
     SCOPED_TRACE(std::to_string(ranks) + " ranks " + layout.options);
     const int pipelines = ranks / 2;
@@ -299,8 +302,6 @@ TEST(PipelineParallelTrain, ShapesThatDoNotFitStopEveryRankBeforeOutput) {
           {2, "--expert-parallel 2 --pipeline-pairing",
            "--pipeline-pairing needs --pipeline-parallel 2 or more and --expert-parallel 2 or "
            "more"},
-          {4, "--pipeline-parallel 2 --expert-parallel 2 --pipeline-pairing --ep-overlap-chunks 2",
-           "--pipeline-pairing with --ep-overlap-chunks 2 is not supported"},
           {2, "--pipeline-parallel 2 --rebalance-every 1",
            "--rebalance-every needs --expert-parallel >= 2"},
           {4, "--pipeline-parallel 2 --tensor-parallel 2 --expert-parallel 2",

@@ -355,7 +355,8 @@ void check_overlap(const Case& c) {
 // pairs interleave at their MoE exchanges, each computing while the other's dispatch or combine
 // is in flight. Every pass keeps its arithmetic and the backwards their order, so the loss and
 // every gradient equal the unpaired step's bit for bit, and the single-rank model's; the pairs
-// the schedule forms were run, and the EP communication was timed.
+// the schedule forms were run, and the EP communication was timed. With 2 and 3 overlap chunks
+// the paired step equals the unpaired chunked step bit for bit.
 void check_pairing(const Case& c) {
   SCOPED_TRACE("pairing " + case_name(c));
   StageBesideReference setup(c, "pairing");
@@ -388,6 +389,25 @@ void check_pairing(const Case& c) {
   for (const ParameterTensor& t : stage.layout().tensors()) {
     test::expect_close(stage.gradients() + t.offset, want_part.data() + t.offset, size_t(t.numel),
                        "gradient of " + t.name, 1e-5, 1e-3);
+  }
+  // With overlap chunks too (the chunks' exchanges are stops of the pass, the other chunks in
+  // flight progressed while it waits): the paired chunked step is the unpaired chunked one, bit
+  // for bit, with the same pairs.
+  for (int chunks : {2, 3}) {
+    SCOPED_TRACE(std::to_string(chunks) + " overlap chunks");
+    auto overlap = [&](int, Arena& arena) {
+      return setup.ep.make_view_overlap(setup.config, chunks, cpu_ops(), arena);
+    };
+    const test::PipelineStepBeside chunked = setup.step(overlap);
+    const std::vector<float> chunked_gradients(stage.gradients(),
+                                               stage.gradients() + stage.parameter_count());
+    const test::PipelineStepBeside chunked_paired = setup.step(overlap, /*pairing=*/true);
+    EXPECT_EQ(chunked_paired.pairs, want_pairs);
+    EXPECT_EQ(chunked_paired.loss, chunked.loss);
+    EXPECT_EQ(std::memcmp(stage.gradients(), chunked_gradients.data(),
+                          chunked_gradients.size() * sizeof(float)),
+              0)
+        << "the paired chunked step's gradients differ from the unpaired chunked step's";
   }
 }
 

@@ -274,18 +274,17 @@ void check_overlap(const Case& c) {
 // --pipeline-pairing inside TP-sliced stages: a forward runs while another micro-batch's
 // backward waits for its EP exchange, the pair in the alternating order (the passes hold the TP
 // group's collectives); the loss and the gradients are the unpaired step's bit for bit, and the
-// single-rank model's after the reduction.
+// single-rank model's after the reduction; with 2 overlap chunks, the unpaired chunked step's.
 void check_pairing(const Case& c) {
   SCOPED_TRACE("pairing " + case_name(c));
-  if (getenv("DBG_PAIR")) fprintf(stderr, "case %s\n", case_name(c).c_str());
   SeededStage setup(c, "pairing ");
   TensorExpertPipelineRank& rank = setup.rank;
   Transformer<float>& stage = setup.stage;
-  auto step = [&](bool pairing) {
+  auto step = [&](bool pairing, PipelineStage<float>::ExpertOverlap overlap = {}) {
     return test::pipeline_step_beside_reference(
         stage, setup.reference, rank.groups, rank.links, setup.seed,
-        [&](int slot) { return rank.ep.view_dispatchers(slot, setup.config.n_layers); }, {},
-        pairing);
+        [&](int slot) { return rank.ep.view_dispatchers(slot, setup.config.n_layers); },
+        std::move(overlap), pairing);
   };
   const test::PipelineStepBeside plain = step(false);
   const std::vector<float> plain_gradients(stage.gradients(),
@@ -304,6 +303,21 @@ void check_pairing(const Case& c) {
             0)
       << "the paired step's gradients differ from the unpaired step's";
   expect_single_rank_loss_and_gradients(c, rank, paired, stage, setup.reference);
+  // With 2 overlap chunks too (every chunk's exchange a stop, in the alternating order on every TP
+  // rank): the paired chunked step is the unpaired chunked one, bit for bit.
+  auto overlap = [&](int, Arena& arena) {
+    return rank.ep.make_view_overlap(setup.config, 2, cpu_ops(), arena);
+  };
+  const test::PipelineStepBeside chunked = step(false, overlap);
+  const std::vector<float> chunked_gradients(stage.gradients(),
+                                             stage.gradients() + stage.parameter_count());
+  const test::PipelineStepBeside chunked_paired = step(true, overlap);
+  EXPECT_EQ(chunked_paired.pairs, want_pairs);
+  EXPECT_EQ(chunked_paired.loss, chunked.loss);
+  EXPECT_EQ(std::memcmp(stage.gradients(), chunked_gradients.data(),
+                        chunked_gradients.size() * sizeof(float)),
+            0)
+      << "the paired chunked step's gradients differ from the unpaired chunked step's";
 }
 
 void check_adamw(const Case& c) {
