@@ -1,14 +1,14 @@
 // `rlfusion bench pipeline --expert-parallel E`: PP x EP rows. Every row runs the schedule's step
-// on the same weights and micro-batches three times per repeat, interleaved: plain (every MoE
+// on the same weights and micro-batches four times per repeat, interleaved: plain (every MoE
 // layer's dispatch and combine blocking), overlapped (--ep-overlap-chunks C: the routed experts in
 // C chunks whose exchanges overlap the expert FFN, OverlappedExperts per micro-batch chunk in
-// flight) and paired (--pipeline-pairing: the schedule's forward / backward pairs with their MoE
-// exchanges interleaved, src/model/pass_pair.h). Per rank: each run's wall time, its EP
-// communication time in flight and the part of it that held the rank up (exposed), the hidden
-// fraction 1 - exposed / in flight of each, and the share of the plain run's communication time
-// the overlap took off the rank's exposed time (the measure of `bench overlap`). The overlapped
-// gradients are checked against the plain ones within float tolerance, the paired ones bit for
-// bit.
+// flight), paired (--pipeline-pairing: the schedule's forward / backward pairs with their MoE
+// exchanges interleaved, src/model/pass_pair.h) and both (paired, with the overlap chunks). Per
+// rank: each run's wall time, its EP communication time in flight and the part of it that held
+// the rank up (exposed), the hidden fraction 1 - exposed / in flight of each, and the share of the
+// plain run's communication time the overlap took off the rank's exposed time (the measure of
+// `bench overlap`). The overlapped gradients are checked against the plain ones within float
+// tolerance, the paired ones bit for bit, and both's bit for bit against the overlapped ones.
 #include <mpi.h>
 #include <unistd.h>
 
@@ -69,8 +69,9 @@ struct RunStats {
 };
 
 struct RankStats {
-  RunStats plain, overlapped, paired;
+  RunStats plain, overlapped, paired, both;
 };
+constexpr int kRankStatsDoubles = int(sizeof(RankStats) / sizeof(double));
 
 struct Row {
   int v = 1, m = 1;
@@ -138,6 +139,11 @@ Row measure(const PipelineBenchOptions& o, const ModelConfig& config, Device& de
   });
   PipelineStage<float> paired(model, chunks, activation_bytes);
   paired.set_expert_dispatchers(dispatchers);
+  PipelineStage<float> both(model, chunks, activation_bytes);
+  both.set_expert_dispatchers(dispatchers);
+  both.set_expert_overlap([&](int, Arena& arena) {
+    return ep.make_view_overlap(config, o.overlap_chunks, device.ops(), arena);
+  });
 
   // The checked step: the overlapped loss and gradients against the plain ones.
   double plain_loss = 0, overlapped_loss = 0;
@@ -150,6 +156,14 @@ Row measure(const PipelineBenchOptions& o, const ModelConfig& config, Device& de
   uint64_t wrong = off(overlapped_loss, plain_loss);
   for (int64_t i = 0; i < model.parameter_count(); ++i)
     wrong += off(model.gradients()[i], want[size_t(i)]);
+  // Pairing the overlapped passes changes no arithmetic either: the overlapped step's bits.
+  const std::vector<float> want_overlapped(model.gradients(),
+                                           model.gradients() + model.parameter_count());
+  double both_loss = 0;
+  timed_step(both, shape, batches, groups, ep, &both_loss, /*pairing=*/true);
+  wrong += both_loss != overlapped_loss;
+  wrong += uint64_t(std::memcmp(model.gradients(), want_overlapped.data(),
+                                want_overlapped.size() * sizeof(float)) != 0);
   // Pairing changes no arithmetic: the paired step's loss and gradients are the plain ones' bits.
   double paired_loss = 0;
   timed_step(paired, shape, batches, groups, ep, &paired_loss, /*pairing=*/true);
@@ -159,16 +173,18 @@ Row measure(const PipelineBenchOptions& o, const ModelConfig& config, Device& de
   row.wrong = wrong;
   row.loss = plain_loss;
 
-  std::vector<RunStats> plain_runs, overlapped_runs, paired_runs;
+  std::vector<RunStats> plain_runs, overlapped_runs, paired_runs, both_runs;
   for (int r = 0; r < o.repeats; ++r) {
     plain_runs.push_back(timed_step(plain, shape, batches, groups, ep, nullptr));
     overlapped_runs.push_back(timed_step(overlapped, shape, batches, groups, ep, nullptr));
     paired_runs.push_back(timed_step(paired, shape, batches, groups, ep, nullptr, true));
+    both_runs.push_back(timed_step(both, shape, batches, groups, ep, nullptr, true));
   }
-  const RankStats mine{median_run(plain_runs), median_run(overlapped_runs),
-                       median_run(paired_runs)};
+  const RankStats mine{median_run(plain_runs), median_run(overlapped_runs), median_run(paired_runs),
+                       median_run(both_runs)};
   row.ranks.resize(size_t(world));
-  MPI_Gather(&mine, 9, MPI_DOUBLE, row.ranks.data(), 9, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  MPI_Gather(&mine, kRankStatsDoubles, MPI_DOUBLE, row.ranks.data(), kRankStatsDoubles, MPI_DOUBLE,
+             0, MPI_COMM_WORLD);
   return row;
 }
 
@@ -202,37 +218,41 @@ void print_table(const PipelineBenchOptions& o, const ModelConfig& config, int p
       "# per run (median-wall step of %d, plain and overlapped interleaved): comm = the EP "
       "dispatches and combines from begin to completion, exposed = the rank held up by them, "
       "hidden = 1 - exposed / comm; taken off = (plain exposed - overlapped exposed) / plain comm "
-      "(bench overlap's hidden fraction); ratio = plain wall / overlapped (or paired) wall; "
-      "paired = --pipeline-pairing\n#\n",
+      "(bench overlap's hidden fraction); ratio = plain wall / overlapped (or paired, or both) "
+      "wall; paired = --pipeline-pairing; both = paired with the overlap chunks\n#\n",
       o.repeats);
   std::printf(
-      "# %-16s %2s %3s %4s %9s %9s %6s %9s %9s %7s %9s %9s %7s %9s %9s %6s %9s %9s %7s %7s\n",
+      "# %-16s %2s %3s %4s %9s %9s %6s %9s %9s %7s %9s %9s %7s %9s %9s %6s %9s %9s %7s %9s "
+      "%6s %7s %7s\n",
       "schedule", "v", "m", "rank", "plain", "overlap", "ratio", "comm", "exposed", "hidden",
       "comm", "exposed", "hidden", "taken off", "paired", "ratio", "comm", "exposed", "hidden",
-      "#wrong");
+      "both", "ratio", "hidden", "#wrong");
   std::printf(
-      "# %-16s %2s %3s %4s %9s %9s %6s %9s %9s %7s %9s %9s %7s %9s %9s %6s %9s %9s %7s %7s\n", "",
-      "", "", "", "wall(ms)", "wall(ms)", "(x)", "plain(ms)", "plain(ms)", "plain%", "ovl(ms)",
-      "ovl(ms)", "ovl%", "(%)", "wall(ms)", "(x)", "pair(ms)", "pair(ms)", "pair%", "");
+      "# %-16s %2s %3s %4s %9s %9s %6s %9s %9s %7s %9s %9s %7s %9s %9s %6s %9s %9s %7s %9s "
+      "%6s %7s %7s\n",
+      "", "", "", "", "wall(ms)", "wall(ms)", "(x)", "plain(ms)", "plain(ms)", "plain%", "ovl(ms)",
+      "ovl(ms)", "ovl%", "(%)", "wall(ms)", "(x)", "pair(ms)", "pair(ms)", "pair%", "wall(ms)",
+      "(x)", "both%", "");
   for (const Row& row : rows) {
     const std::string name = schedule_name({p, row.m, row.v});
     for (int r = 0; r < world; ++r) {
       const RankStats& s = row.ranks[size_t(r)];
       std::printf(
           "  %-16s %2d %3d %4d %9.2f %9.2f %6.2f %9.2f %9.2f %7.1f %9.2f %9.2f %7.1f %9.1f "
-          "%9.2f %6.2f %9.2f %9.2f %7.1f %7llu\n",
+          "%9.2f %6.2f %9.2f %9.2f %7.1f %9.2f %6.2f %7.1f %7llu\n",
           name.c_str(), row.v, row.m, r, s.plain.wall * 1e3, s.overlapped.wall * 1e3,
           s.overlapped.wall > 0 ? s.plain.wall / s.overlapped.wall : 0, s.plain.in_flight * 1e3,
           s.plain.exposed * 1e3, 100 * hidden(s.plain), s.overlapped.in_flight * 1e3,
           s.overlapped.exposed * 1e3, 100 * hidden(s.overlapped), 100 * taken_off(s),
           s.paired.wall * 1e3, s.paired.wall > 0 ? s.plain.wall / s.paired.wall : 0,
           s.paired.in_flight * 1e3, s.paired.exposed * 1e3, 100 * hidden(s.paired),
+          s.both.wall * 1e3, s.both.wall > 0 ? s.plain.wall / s.both.wall : 0, 100 * hidden(s.both),
           (unsigned long long)row.wrong);
     }
   }
   std::printf(
       "#\n# Overlapped vs plain step (loss and gradients, 1e-5 + 1e-4 |plain|; paired: loss and "
-      "gradients bit for bit) : %llu wrong %s\n",
+      "gradients bit for bit; both vs overlapped: bit for bit) : %llu wrong %s\n",
       (unsigned long long)wrong, wrong ? "FAIL" : "OK");
 }
 
@@ -260,10 +280,13 @@ void print_json(const PipelineBenchOptions& o, const ModelConfig& config, int p,
           "\"exposed_seconds\":%.6e,\"hidden_fraction\":%.4f},\"overlapped\":{\"wall_seconds\":"
           "%.6e,\"communication_seconds\":%.6e,\"exposed_seconds\":%.6e,\"hidden_fraction\":%.4f},"
           "\"paired\":{\"wall_seconds\":%.6e,\"communication_seconds\":%.6e,\"exposed_seconds\":"
-          "%.6e,\"hidden_fraction\":%.4f},\"taken_off\":%.4f}",
+          "%.6e,\"hidden_fraction\":%.4f},\"both\":{\"wall_seconds\":%.6e,"
+          "\"communication_seconds\":%.6e,\"exposed_seconds\":%.6e,\"hidden_fraction\":%.4f},"
+          "\"taken_off\":%.4f}",
           r ? "," : "", r, s.plain.wall, s.plain.in_flight, s.plain.exposed, hidden(s.plain),
           s.overlapped.wall, s.overlapped.in_flight, s.overlapped.exposed, hidden(s.overlapped),
-          s.paired.wall, s.paired.in_flight, s.paired.exposed, hidden(s.paired), taken_off(s));
+          s.paired.wall, s.paired.in_flight, s.paired.exposed, hidden(s.paired), s.both.wall,
+          s.both.in_flight, s.both.exposed, hidden(s.both), taken_off(s));
     }
     std::printf("]}");
   }

@@ -141,8 +141,10 @@ TEST(BenchPipeline, ExpertParallelRowsRunWithAndWithoutOverlap) {
       const size_t plain = json.find("\"plain\":", rank_at);
       const size_t overlapped = json.find("\"overlapped\":", rank_at);
       const size_t paired = json.find("\"paired\":", rank_at);
+      const size_t both = json.find("\"both\":", rank_at);
       ASSERT_NE(paired, std::string::npos) << json;
-      for (size_t run : {plain, overlapped, paired}) {
+      ASSERT_NE(both, std::string::npos) << json;
+      for (size_t run : {plain, overlapped, paired, both}) {
         EXPECT_GT(test::json_number(json, "wall_seconds", run), 0) << json;
         EXPECT_GT(test::json_number(json, "communication_seconds", run), 0) << json;
         EXPECT_GE(test::json_number(json, "exposed_seconds", run), 0) << json;
