@@ -93,6 +93,10 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
                       " (each generates and trains on its own block of prompts)");
   }
   const int trained_prompts = rl.prompts / training_blocks;
+  // A pipeline rank's block of samples (with StaleSync up to the step's: finished lookahead
+  // groups).
+  const int pipeline_rank_samples =
+      (rl.staleness > 0 ? rl.prompts : trained_prompts) * rl.group_size;
   // Pipeline parallelism: pipelines of consecutive ranks train one replica stage by stage; every
   // rank trains its own block of prompts.
   const std::unique_ptr<PipelineGroups> pp = make_train_pipeline(
@@ -195,13 +199,12 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
     // A pipeline stage trains in activation arenas of its own, a micro-batch chunk in each, as
     // many at once as the schedule keeps in flight.
     if (pp) {
-      const int rank_samples = (rl.staleness > 0 ? rl.prompts : trained_prompts) * rl.group_size;
-      add_pipeline_activations(memory_plan,
-                               pipeline_activation_bytes(
-                                   *pp, policy.model->layout(),
-                                   pipeline_micro_batch_sequences(*pp, rl.micro_batch, rank_samples,
-                                                                  options.micro_batches > 0),
-                                   longest));
+      add_pipeline_activations(
+          memory_plan, pipeline_activation_bytes(*pp, policy.model->layout(),
+                                                 pipeline_micro_batch_sequences(
+                                                     *pp, rl.micro_batch, pipeline_rank_samples,
+                                                     options.micro_batches > 0),
+                                                 longest));
     }
     // The KL reference's and PP StaleSync's proximal log-probs come from forward-only passes over
     // the stages: a rank holds its reference stage (counted in the plan) and no whole copy.
@@ -376,11 +379,10 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   if (pp) {
     pipeline_queue = std::make_unique<DistQueue>(MPI_COMM_WORLD, topology,
                                                  DistQueueConfig{options.shard_capacity});
-    // (With StaleSync a rank's block may hold up to the step's samples: finished lookahead groups.)
     pipeline_trainer = std::make_unique<PipelineTrainer>(
-        *pp, model, settings, (rl.staleness > 0 ? rl.prompts : trained_prompts) * rl.group_size,
-        options.micro_batches > 0, 2 + task.max_prompt_chars() + task.max_response_chars(),
-        ep.get(), options.ep_overlap_chunks, options.pipeline_pairing);
+        *pp, model, settings, pipeline_rank_samples, options.micro_batches > 0,
+        2 + task.max_prompt_chars() + task.max_response_chars(), ep.get(),
+        options.ep_overlap_chunks, options.pipeline_pairing);
     pipeline_gradient = [&](const std::vector<const Rollout*>& minibatch, double normalizer,
                             double all_samples) {
       return pipeline_trainer->minibatch_gradient(minibatch, normalizer, all_samples);

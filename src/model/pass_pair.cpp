@@ -14,8 +14,7 @@ PairTime run_as_pair(ResumablePass& first, ResumablePass& second,
   // A running pass drives the other's exchange, if that one is stopped on one.
   auto drive = [](ResumablePass& other, const PassState& other_state) {
     return [&other, &other_state] {
-      if (other.done() || !other_state.waiting_on) return;
-      for (SplitPhaseChain* chain : other.chains_to_progress()) chain->progress();
+      if (!other.done() && other_state.waiting_on) other.progress_exchanges();
     };
   };
   first_state.between_pieces = drive(second, second_state);

@@ -101,6 +101,16 @@ class [[nodiscard]] ResumablePass {
   bool done() const { return handle_.done(); }
   // The exchange a stopped pass waits for.
   SplitPhaseChain& waiting_on() const { return *handle_.promise().state->waiting_on; }
+  // Progresses that exchange and the pass's others in flight once (no allocation: a paired pass
+  // calls it at each of its progress points).
+  void progress_exchanges() const {
+    const PassState& state = *handle_.promise().state;
+    state.waiting_on->progress();
+    if (state.in_flight) {
+      for (SplitPhaseChain* chain : *state.in_flight)
+        if (chain != state.waiting_on) chain->progress();
+    }
+  }
   // What waiting for it must progress: that exchange and the pass's others in flight.
   std::vector<SplitPhaseChain*> chains_to_progress() const {
     const PassState& state = *handle_.promise().state;
