@@ -8,6 +8,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <boost/program_options.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>

@@ -12,6 +12,7 @@
 
 #include <Eigen/Dense>
 #include <algorithm>
+#include <boost/program_options.hpp>
 #include <chrono>
 #include <cmath>
 #include <cstdio>

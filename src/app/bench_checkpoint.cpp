@@ -11,6 +11,7 @@
 #include <mpi.h>
 #include <sys/wait.h>
 
+#include <boost/program_options.hpp>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>

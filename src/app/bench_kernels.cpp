@@ -3,6 +3,7 @@
 // the MoE layer and KV-cache decode at the model level. nccl-tests style: '#' header with units,
 // fixed columns, verdict lines, and a --json twin.
 #include <algorithm>
+#include <boost/program_options.hpp>
 #include <chrono>
 #include <cmath>
 #include <cstdio>

@@ -13,6 +13,7 @@
 // time (Idle events: the long-tail bubble and waits for the slowest rank) with synchronous
 // fused's, as a share of the ranks' RL time: the share of the synchronous idle time removed.
 #include <algorithm>
+#include <boost/program_options.hpp>
 #include <cstdio>
 #include <string>
 #include <utility>

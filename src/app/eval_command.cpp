@@ -1,4 +1,5 @@
 // `rlfusion eval`: held-out accuracy of a parameter file on a task (greedy decoding).
+#include <boost/program_options.hpp>
 #include <cstdio>
 
 #include "kernels/error.h"

@@ -1,5 +1,7 @@
 #include "src/app/layout_options.h"
 
+#include <boost/program_options.hpp>
+
 namespace rlf {
 
 po::options_description layout_options_description(LayoutConfig& o) {

@@ -3,6 +3,7 @@
 #include <mpi.h>
 #include <sched.h>
 
+#include <boost/program_options.hpp>
 #include <cmath>
 #include <cstdio>
 #include <fstream>

@@ -3,13 +3,19 @@
 // validated before any work starts, and a bad value is a ConfigError naming the option.
 #pragma once
 
-#include <boost/program_options.hpp>
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "kernels/ops.h"
+
+// Declarations only: <boost/program_options.hpp> costs 2-3 s of parsing in every file that
+// includes this header (52 of them); the files that build or read options include it themselves.
+namespace boost::program_options {
+class options_description;
+class variables_map;
+}  // namespace boost::program_options
 
 namespace rlf {
 

@@ -3,6 +3,7 @@
 // public report's throughput tables; `--validate CSV` compares predictions with measured runs
 // (jobs/local/validate_planner.sh). Runs on one rank; every figure is a prediction of the model in
 // src/sim/ (docs/DEPLOYMIND.md).
+#include <boost/program_options.hpp>
 #include <cstdio>
 #include <iterator>
 #include <string>

@@ -1,5 +1,6 @@
 #include "src/app/policy_setup.h"
 
+#include <boost/program_options.hpp>
 #include <vector>
 
 #include "kernels/error.h"

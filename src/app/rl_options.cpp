@@ -1,5 +1,7 @@
 #include "src/app/rl_options.h"
 
+#include <boost/program_options.hpp>
+
 #include "kernels/error.h"
 #include "src/rl/tokenizer.h"
 

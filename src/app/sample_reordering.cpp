@@ -1,6 +1,7 @@
 #include "src/app/sample_reordering.h"
 
 #include <algorithm>
+#include <boost/program_options.hpp>
 #include <chrono>
 #include <cstdio>
 #include <numeric>

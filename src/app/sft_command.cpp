@@ -1,5 +1,6 @@
 // `rlfusion sft`: supervised warm start of the policy on a task's demonstrations; writes the
 // parameters (model.h5) that `rlfusion train --init` starts from, and the held-out accuracy.
+#include <boost/program_options.hpp>
 #include <cstdio>
 
 #include "src/app/build_info.h"

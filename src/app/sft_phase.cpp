@@ -1,5 +1,6 @@
 #include "src/app/sft_phase.h"
 
+#include <boost/program_options.hpp>
 #include <chrono>
 
 #include "kernels/arena.h"

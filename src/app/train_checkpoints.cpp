@@ -1,6 +1,7 @@
 #include "src/app/train_checkpoints.h"
 
 #include <array>
+#include <boost/program_options.hpp>
 #include <csignal>
 #include <stdexcept>
 

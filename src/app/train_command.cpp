@@ -4,6 +4,7 @@
 // the frozen starting policy, AdamW. Held-out accuracy before and after, a progress line per
 // step, everything written into the run directory.
 #include <algorithm>
+#include <boost/program_options.hpp>
 #include <chrono>
 #include <cstdio>
 #include <cstring>

@@ -3,6 +3,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <boost/program_options.hpp>
 #include <cmath>
 #include <cstdio>
 #include <stdexcept>
