@@ -52,30 +52,6 @@ std::array<std::vector<float>, kBuffers> gather_whole_buffers(
   return whole;
 }
 
-// A tensor-parallel rank's buffers from a checkpoint: the whole tensors of the layers it stores
-// (its stage's with PP) read into temporary buffers, then its slice of each taken. `slot_experts`
-// (TP x EP after migrations or with replicas): the expert each stored slot holds.
-CheckpointCounters read_tensor_slices(const std::string& path, const TrainingState& state,
-                                      const std::vector<std::vector<int>>* slot_experts) {
-  const Transformer<float>& model = *state.model;
-  const ParameterLayout unsliced = with_tensor_slice(model.config(), model.layout(), TensorSlice{});
-  const std::array<float*, kBuffers> slices = buffers_of(state);
-  std::array<std::vector<float>, kBuffers> whole;
-  std::array<float*, kBuffers> whole_buffers{};
-  for (size_t b = 0; b < kBuffers; ++b) {
-    if (!slices[b]) continue;
-    whole[b].resize(size_t(unsliced.total()));
-    whole_buffers[b] = whole[b].data();
-  }
-  CheckpointTensors tensors = tensors_of(whole_buffers);
-  tensors.slot_experts = slot_experts;
-  const CheckpointCounters c = read_checkpoint(path, model.config(), unsliced, tensors);
-  for (size_t b = 0; b < kBuffers; ++b) {
-    if (slices[b]) slice_parameters(whole_buffers[b], unsliced, slices[b], model.layout());
-  }
-  return c;
-}
-
 // Every rank's in-flight samples on rank 0 of `comm` (index: rank; empty elsewhere). Flattened
 // into three arrays per rank: a row of integers per sample, the tokens, the log-probs.
 std::vector<std::vector<InFlightSample>> gather_in_flight(const std::vector<InFlightSample>& mine,
@@ -247,11 +223,9 @@ RlPosition TrainCheckpoints::load(const TrainingState& state, RoleExpertParallel
   }
   // With sharded experts only this rank's experts' rows are read (any EP degree), with pipeline
   // stages only the stage's tensors (any PP degree), with TP the rank's slices of them (any TP
-  // degree).
+  // degree, straight from the file).
   const CheckpointCounters c =
-      model.layout().tensor_slice().active()
-          ? read_tensor_slices(resume_.path, state, tensors.slot_experts)
-          : read_checkpoint(resume_.path, model.config(), model.layout(), tensors);
+      read_checkpoint(resume_.path, model.config(), model.layout(), tensors);
   if (pool_) {
     int rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);

@@ -384,6 +384,9 @@ uint32_t copy_and_crc(float* to, const unsigned char* from, size_t bytes) {
 // the metadata through HDF5 (which is not thread-safe); the rows of contiguous datasets are copied
 // from the verified mapping of the file by worker threads, each piece checked against its
 // CRC-32C as it is copied (any other dataset is read by HDF5 here and checked by a worker).
+// With a tensor-parallel layout each cut tensor's checksum is taken over the whole tensor in the
+// file and only this rank's slice copied out (a non-contiguous dataset is read one whole tensor at
+// a time into a temporary), so no whole-model buffer is ever allocated.
 void read_tensors(hid_t parent, const std::string& path, const char* name,
                   const ModelConfig& config, const ParameterLayout& layout, float* data,
                   const MappedFile& mapped, const std::vector<std::vector<int>>* slot_experts) {
@@ -392,11 +395,19 @@ void read_tensors(hid_t parent, const std::string& path, const char* name,
   }
   Handle group = open_group(parent, path, name);
   const std::vector<ParameterTensor>& tensors = layout.tensors();
+  // The tensors as the file holds them: index for index the layout's, uncut.
+  const ParameterLayout uncut = layout.tensor_slice().active()
+                                    ? ParameterLayout(config, layout.stored_expert_shard(),
+                                                      layout.layer_shard(), TensorSlice{})
+                                    : layout;
   std::vector<std::vector<uint32_t>> expected(tensors.size()), found(tensors.size());
+  // A cut tensor of a dataset that is not contiguous in the mapping: read whole by HDF5 first.
+  std::vector<std::vector<float>> read_whole(tensors.size());
   tbb::task_group copies;
   try {
     for (size_t i = 0; i < tensors.size(); ++i) {
-      const ParameterTensor& t = tensors[i];
+      const ParameterTensor& t = uncut.tensors()[i];
+      const bool cut = tensors[i].tp_split != ParameterTensor::TensorSplit::None;
       const std::string where = where_in(path, name, t.name);
       Handle set{-1, H5Dclose};
       H5E_BEGIN_TRY {
@@ -422,10 +433,14 @@ void read_tensors(hid_t parent, const std::string& path, const char* name,
       const size_t pieces = file_rows.size();
       const size_t piece_bytes = size_t(t.numel) / pieces * sizeof(float);
       const unsigned char* base = contiguous_rows(set.id, shape, 0, mapped);
-      if (!base) {
+      if (!base && cut) {
+        read_whole[i].resize(size_t(t.numel));
+        read_rows(set.id, shape, 0, hsize_t(t.shape[0]), read_whole[i].data());
+        base = reinterpret_cast<const unsigned char*>(read_whole[i].data());
+      } else if (!base) {
         for (size_t k = 0; k < pieces; ++k) {
           read_rows(set.id, shape, file_rows[k], t.routed_expert ? 1 : hsize_t(t.shape[0]),
-                    data + t.offset + k * piece_bytes / sizeof(float));
+                    data + tensors[i].offset + k * piece_bytes / sizeof(float));
         }
       }
       const std::vector<uint32_t> all =
@@ -434,7 +449,13 @@ void read_tensors(hid_t parent, const std::string& path, const char* name,
       found[i].resize(pieces);
       for (size_t k = 0; k < pieces; ++k) {
         const unsigned char* source = base ? base + file_rows[k] * piece_bytes : nullptr;
-        copies.run([&, i, k, source, piece_bytes] {
+        copies.run([&, i, k, source, piece_bytes, cut] {
+          if (cut) {  // one piece: the whole tensor, checked whole, its slice copied
+            found[i][k] = crc32c(source, piece_bytes);
+            slice_tensor(tensors[i], reinterpret_cast<const float*>(source),
+                         data + tensors[i].offset);
+            return;
+          }
           float* to = data + tensors[i].offset + k * piece_bytes / sizeof(float);
           found[i][k] = copy_and_crc(to, source, piece_bytes);
         });

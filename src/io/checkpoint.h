@@ -114,8 +114,10 @@ struct CheckpointReadTimes {
 
 // check_checkpoint, then every dataset into `tensors` (each checked against its CRC-32C). With a
 // sharded `layout` only the rows of the experts it stores are read (and checked), so a checkpoint
-// loads at any expert-parallel degree. `times`, when given, receives where the read spent its
-// time.
+// loads at any expert-parallel degree; with a tensor slice (tensor parallelism) only the rank's
+// slice of each cut tensor is copied (its checksum taken over the whole tensor in the file), so a
+// checkpoint loads at any TP degree with no whole-model buffer. `times`, when given, receives
+// where the read spent its time.
 CheckpointCounters read_checkpoint(const std::string& path, const ModelConfig& config,
                                    const ParameterLayout& layout, const CheckpointTensors& tensors,
                                    CheckpointReadTimes* times = nullptr);

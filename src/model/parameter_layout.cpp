@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -191,5 +192,20 @@ int expert_layers(const ParameterLayout& layout) {
     if (is_expert_tensor(t)) layers = std::max(layers, tensor_layer(t) + 1);
   return layers;
 }
+
+template <typename T>
+void slice_tensor(const ParameterTensor& t, const T* whole_tensor, T* slice) {
+  if (t.tp_split != ParameterTensor::TensorSplit::Columns) {
+    std::memcpy(slice, whole_tensor + t.source_offset, size_t(t.numel) * sizeof(T));
+    return;
+  }
+  const int64_t width = t.shape.back();
+  for (int64_t at = 0; at < t.numel; at += width) {
+    std::memcpy(slice + at, whole_tensor + t.source_element(at), size_t(width) * sizeof(T));
+  }
+}
+
+template void slice_tensor<float>(const ParameterTensor&, const float*, float*);
+template void slice_tensor<double>(const ParameterTensor&, const double*, double*);
 
 }  // namespace rlf

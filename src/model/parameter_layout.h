@@ -40,6 +40,11 @@ struct ParameterTensor {
   }
 };
 
+// One tensor's slice: `slice` (t.numel elements, laid out as t) from `whole_tensor`, the unsharded
+// tensor's elements (element i from whole_tensor[t.source_element(i)]), row by row. Pure.
+template <typename T>
+void slice_tensor(const ParameterTensor& t, const T* whole_tensor, T* slice);
+
 // Which routed experts a layout stores: [first, first + count). count < 0: all of them. Expert
 // parallelism gives each rank of an EP group only its own experts, so a rank's buffers (weights,
 // gradients, optimizer moments) hold no copy of another rank's experts.

@@ -187,7 +187,7 @@ void slice_parameters(const T* whole, const ParameterLayout& whole_layout, T* sl
       continue;
     }
     // A cut tensor is never a routed expert's, so the whole layout holds all of it.
-    for (int64_t i = 0; i < t.numel; ++i) target[i] = source[t.source_element(i)];
+    slice_tensor(t, source, target);
   }
 }
 

@@ -5,6 +5,7 @@
 #include <mpi.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "src/io/checkpoint.h"
 #include "src/model/expert_parallel.h"
 #include "src/model/parameter_layout.h"
+#include "tests/micro_model_config.h"
 #include "tests/mpi/checkpoint_test_util.h"
 #include "tests/mpi/mpi_test_util.h"
 
@@ -131,6 +133,65 @@ TEST(ShardedCheckpoint, WritesExpertsByIdAfterMigration) {
   EXPECT_EQ(got.second, want.second);
   // Without the table the same buffers would land on the wrong experts (the test can fail).
   EXPECT_NE(mine.parameters, want.parameters);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank == 0) fs::remove_all(dir);
+}
+
+// The readable reference of a slice: element i of each tensor from its source element.
+void element_by_element_slice(const std::vector<float>& whole, const ParameterLayout& uncut,
+                              std::vector<float>& slice, const ParameterLayout& sliced) {
+  for (size_t k = 0; k < sliced.tensors().size(); ++k) {
+    const ParameterTensor& t = sliced.tensors()[k];
+    const int64_t from = uncut.tensors()[k].offset;
+    const bool cut = t.tp_split != ParameterTensor::TensorSplit::None;
+    for (int64_t i = 0; i < t.numel; ++i) {
+      slice[size_t(t.offset + i)] = whole[size_t(from + (cut ? t.source_element(i) : i))];
+    }
+  }
+}
+
+// A tensor-parallel reader (any TP degree dividing the heads, attention only or not, with an
+// expert shard and a pipeline stage's layers) gets exactly its slice of the whole model's buffers:
+// read_checkpoint copies each cut tensor's slice straight from the file (no whole-model buffer),
+// checking the whole tensor's checksum.
+TEST(ShardedCheckpoint, LoadsATensorParallelSliceOfEveryTensor) {
+  ModelConfig config = test::tensor_parallel_micro_config(3);
+  config.n_experts = 12;
+  config.validate("test");
+  const int rank = test::world_rank();
+  const ExpertShard experts{rank * 12 / test::world_size(), 12 / test::world_size()};
+  State mine(config, ParameterLayout(config, experts));
+  const std::string dir = test::shared_run_dir("rlfusion-mpi-ckpt");
+  CheckpointCounters counters;
+  counters.step = 4;
+  write_checkpoint_sharded(dir, config, ParameterLayout(config, experts), counters, mine.tensors(),
+                           MPI_COMM_WORLD);
+  const std::string path = checkpoint_path(dir, 4);
+
+  const LayerShard stage{{1, 2}, /*embedding=*/false, /*head=*/true};
+  for (const int degree : {2, 3}) {
+    for (const bool attention_only : {false, true}) {
+      for (const LayerShard& layers : {LayerShard{}, stage}) {
+        const TensorSlice slice{rank % degree, degree, attention_only};
+        const ParameterLayout uncut(config, experts, layers);
+        const ParameterLayout sliced(config, experts, layers, slice);
+        State whole(config, uncut), want(config, sliced), got(config, sliced);
+        element_by_element_slice(whole.parameters, uncut, want.parameters, sliced);
+        element_by_element_slice(whole.first, uncut, want.first, sliced);
+        element_by_element_slice(whole.second, uncut, want.second, sliced);
+        for (std::vector<float>* b : {&got.parameters, &got.first, &got.second}) {
+          std::fill(b->begin(), b->end(), 0.0f);
+        }
+        read_checkpoint(path, config, sliced, got.tensors());
+        const std::string where = "TP " + std::to_string(slice.rank) + " of " +
+                                  std::to_string(degree) + (attention_only ? " attention" : "") +
+                                  (layers.layers.empty() ? "" : " stage");
+        EXPECT_EQ(got.parameters, want.parameters) << where;
+        EXPECT_EQ(got.first, want.first) << where;
+        EXPECT_EQ(got.second, want.second) << where;
+      }
+    }
+  }
   MPI_Barrier(MPI_COMM_WORLD);
   if (rank == 0) fs::remove_all(dir);
 }
