@@ -385,8 +385,8 @@ uint32_t copy_and_crc(float* to, const unsigned char* from, size_t bytes) {
 // from the verified mapping of the file by worker threads, each piece checked against its
 // CRC-32C as it is copied (any other dataset is read by HDF5 here and checked by a worker).
 // With a tensor-parallel layout each cut tensor's checksum is taken over the whole tensor in the
-// file and only this rank's slice copied out (a non-contiguous dataset is read one whole tensor at
-// a time into a temporary), so no whole-model buffer is ever allocated.
+// file and only this rank's slice copied out (a non-contiguous dataset is read whole into a
+// temporary, checked and sliced here, then freed), so no whole-model buffer is ever allocated.
 void read_tensors(hid_t parent, const std::string& path, const char* name,
                   const ModelConfig& config, const ParameterLayout& layout, float* data,
                   const MappedFile& mapped, const std::vector<std::vector<int>>* slot_experts) {
@@ -401,8 +401,6 @@ void read_tensors(hid_t parent, const std::string& path, const char* name,
                                                       layout.layer_shard(), TensorSlice{})
                                     : layout;
   std::vector<std::vector<uint32_t>> expected(tensors.size()), found(tensors.size());
-  // A cut tensor of a dataset that is not contiguous in the mapping: read whole by HDF5 first.
-  std::vector<std::vector<float>> read_whole(tensors.size());
   tbb::task_group copies;
   try {
     for (size_t i = 0; i < tensors.size(); ++i) {
@@ -432,21 +430,24 @@ void read_tensors(hid_t parent, const std::string& path, const char* name,
       }
       const size_t pieces = file_rows.size();
       const size_t piece_bytes = size_t(t.numel) / pieces * sizeof(float);
+      const std::vector<uint32_t> all =
+          read_crc_attribute(set.id, where, t.routed_expert ? size_t(config.n_experts) : 1);
+      for (hsize_t row : file_rows) expected[i].push_back(all[size_t(row)]);
+      found[i].resize(pieces);
       const unsigned char* base = contiguous_rows(set.id, shape, 0, mapped);
       if (!base && cut) {
-        read_whole[i].resize(size_t(t.numel));
-        read_rows(set.id, shape, 0, hsize_t(t.shape[0]), read_whole[i].data());
-        base = reinterpret_cast<const unsigned char*>(read_whole[i].data());
-      } else if (!base) {
+        std::vector<float> whole(size_t(t.numel));
+        read_rows(set.id, shape, 0, hsize_t(t.shape[0]), whole.data());
+        found[i][0] = crc32c(whole.data(), piece_bytes);
+        slice_tensor(tensors[i], whole.data(), data + tensors[i].offset);
+        continue;
+      }
+      if (!base) {
         for (size_t k = 0; k < pieces; ++k) {
           read_rows(set.id, shape, file_rows[k], t.routed_expert ? 1 : hsize_t(t.shape[0]),
                     data + tensors[i].offset + k * piece_bytes / sizeof(float));
         }
       }
-      const std::vector<uint32_t> all =
-          read_crc_attribute(set.id, where, t.routed_expert ? size_t(config.n_experts) : 1);
-      for (hsize_t row : file_rows) expected[i].push_back(all[size_t(row)]);
-      found[i].resize(pieces);
       for (size_t k = 0; k < pieces; ++k) {
         const unsigned char* source = base ? base + file_rows[k] * piece_bytes : nullptr;
         copies.run([&, i, k, source, piece_bytes, cut] {

@@ -159,7 +159,8 @@ TEST(ShardedCheckpoint, LoadsATensorParallelSliceOfEveryTensor) {
   config.n_experts = 12;
   config.validate("test");
   const int rank = test::world_rank();
-  const ExpertShard experts{rank * 12 / test::world_size(), 12 / test::world_size()};
+  const int local = config.n_experts / test::world_size();
+  const ExpertShard experts{rank * local, local};
   State mine(config, ParameterLayout(config, experts));
   const std::string dir = test::shared_run_dir("rlfusion-mpi-ckpt");
   CheckpointCounters counters;
