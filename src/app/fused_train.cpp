@@ -68,12 +68,19 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   // the samples whoever generated them (a TP rank its share of its group's); without one, a TP
   // group trains the samples its ranks generated.
   const bool pipelined = options.pipeline_parallel > 1;
-  const int generation_tp = tp ? generation_tensor_parallel(options) : 1;
+  const int generation_tp = generation_tensor_parallel(options);
   const bool tp_generates = tp && generation_tp == tp->degree();
   const bool tp_regrouped_generation = tp && !pipelined && generation_tp < tp->degree();
-  // Generation TP groups of their own for 1 < G < T.
+  // Data-parallel training generating at TP G: each rank cuts its generation slice from its own
+  // whole model (nothing received). (Pipeline training at TP 1 generating at TP G: each stage
+  // receives its slice of the other stages, gather_pipeline_model.)
+  const bool sliced_generation = !tp && !pipelined && generation_tp > 1;
+  // The degree fits the model and the ranks (ConfigError naming the option, on every rank).
+  if (!tp && generation_tp > 1)
+    validate_tensor_parallel(model_config, generation_tp, false, ranks, "--actor-tensor-parallel");
+  // Generation TP groups of their own for 1 < G < T, or for G > 1 after training at TP 1.
   const std::unique_ptr<TensorParallel> generation_groups =
-      tp && generation_tp > 1 && generation_tp < tp->degree()
+      generation_tp > 1 && (!tp || generation_tp < tp->degree())
           ? std::make_unique<TensorParallel>(topology.role_comm().comm, generation_tp,
                                              options.tensor_parallel_attention_only, model_config,
                                              topology.links())
@@ -104,7 +111,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
       rl.minibatches, topology, stage_cost_probe(run, policy_options, rl.micro_batch), tp.get());
   // The model a pipeline rank, or a TP rank generating at a lower TP degree, generates from: every
   // layer (with TP generation, its TP slice).
-  const bool borrows_whole_model = pp || tp_regrouped_generation;
+  const bool borrows_whole_model = pp || tp_regrouped_generation || sliced_generation;
   // (TP x EP generating at a lower TP degree: every layer with the rank's training expert slots,
   // its spare replica slots included, which its training EP group's dispatchers route to.)
   ExpertShard regrouped_experts;
@@ -372,6 +379,14 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         tp->attention_only() ? "attention heads" : "attention heads and the shared expert",
         (long long)model.parameter_count(), (long long)ParameterLayout(policy.config).total());
   }
+  if (sliced_generation) {
+    dir.log(
+        "# layout switch: training data-parallel on all %d ranks, generation at TP %d on %d TP "
+        "groups (--actor-tensor-parallel): each rank cuts its generation slice (%lld of %lld "
+        "parameters) from its own model, nothing received\n",
+        ranks, generation_tp, replicas, (long long)whole_generation_layout.total(),
+        (long long)model.parameter_count());
+  }
   // A pipeline's samples reach its stages through DistQueue (one leader per pipeline asks).
   std::unique_ptr<DistQueue> pipeline_queue;
   std::unique_ptr<PipelineTrainer> pipeline_trainer;
@@ -606,6 +621,22 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         TraceScope traced(trace, Phase::QueueGet);
         traced.set_version(version);
         rollouts = gather_tensor_parallel_rollouts(rollouts, *tp, rl.group_size);
+      } else if (sliced_generation) {
+        // TP 1 -> TP G: every rank generates from its generation TP slice of its own model (a
+        // local copy in the device arena for the phase) with its generation TP group, and keeps
+        // its share of the group's samples: the block the data-parallel layout gives it.
+        ArenaScope generation_memory(device);
+        Transformer<float> generator(policy.config, policy.device->ops(), device,
+                                     /*with_gradients=*/false, ExpertShard{}, LayerShard{},
+                                     generation_groups.get());
+        {
+          TraceScope traced(trace, Phase::Reshard);
+          traced.set_version(version);
+          slice_parameters(model.parameters(), model.layout(), generator.parameters(),
+                           generator.layout());
+        }
+        generate(generator);
+        rollouts = tensor_parallel_share(std::move(rollouts), *generation_groups);
       } else if (!layout_switch) {
         generate(model);
       } else {
@@ -707,7 +738,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   }
   if (stopped) return kExitCheckpointedOnSignal;
   std::string parallel_json;
-  if (pp || tp) {
+  if (pp || tp || generation_groups) {
     dir.log("# layout switch of rank 0: %s received over the run (generation at TP %d)\n",
             format_bytes(size_t(generation_switch_bytes)).c_str(), generation_tp);
     parallel_json = "\"actor_tensor_parallel\":" + std::to_string(generation_tp) +

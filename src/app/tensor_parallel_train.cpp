@@ -18,7 +18,9 @@ int generation_tensor_parallel(const DisaggregatedOptions& options) {
 namespace {
 
 // --actor-tensor-parallel G against the training layout (validate_tensor_parallel_train).
-void validate_generation_tensor_parallel(const DisaggregatedOptions& options, const RlOptions& rl) {
+void validate_generation_tensor_parallel(const DisaggregatedOptions& options,
+                                         const std::string& mode, int world_size,
+                                         const RlOptions& rl) {
   const int generation = generation_tensor_parallel(options);
   const int training = options.tensor_parallel;
   const std::string option = "--actor-tensor-parallel " + std::to_string(generation);
@@ -26,8 +28,30 @@ void validate_generation_tensor_parallel(const DisaggregatedOptions& options, co
   if (generation < 1) throw ConfigError(option + ": must be a positive integer (0: the default)");
   if (generation == 1 && training == 1) return;
   if (training == 1) {
-    throw ConfigError(option + " needs --tensor-parallel " + std::to_string(generation) +
-                      " (generation runs on the training TP groups)");
+    // Data-parallel or pipeline training generating at TP G (fused_train: each rank slices its
+    // model, a pipeline stage receives its generation slice of the other stages). The model's
+    // heads and shared expert are checked against G where the groups are made.
+    if (mode != "fused") {
+      throw ConfigError(option + " without --tensor-parallel is only built in --mode fused");
+    }
+    refuse_unsupported_with_model_parallelism(option, options, /*fused=*/true, world_size, rl);
+    if (options.expert_parallel > 1 || options.actor_expert_parallel > 1) {
+      throw ConfigError(option +
+                        " without --tensor-parallel is not supported with expert parallelism "
+                        "(use --tensor-parallel " +
+                        std::to_string(generation) + " to generate at TP x EP)");
+    }
+    if (rl.staleness > 0) {
+      throw ConfigError(option + " without --tensor-parallel is not supported with --staleness");
+    }
+    if (options.reorder_samples != "off") {
+      throw ConfigError(option +
+                        " without --tensor-parallel is not supported with --reorder-samples");
+    }
+    if (options.tensor_parallel_attention_only) {
+      throw ConfigError("--tensor-parallel-attention-only needs --tensor-parallel 2 or more");
+    }
+    return;
   }
   if (training % generation != 0) {
     throw ConfigError(option + with +
@@ -58,7 +82,7 @@ void validate_tensor_parallel_train(const DisaggregatedOptions& options, const s
     validate_disaggregated_tensor_parallel(options, world_size, rl);
     return;
   }
-  validate_generation_tensor_parallel(options, rl);
+  validate_generation_tensor_parallel(options, mode, world_size, rl);
   if (degree == 1) {
     if (options.tensor_parallel_attention_only) {
       throw ConfigError("--tensor-parallel-attention-only needs --tensor-parallel 2 or more");

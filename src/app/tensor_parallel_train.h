@@ -31,7 +31,7 @@ void refuse_unsupported_with_learner_groups(const std::string& option,
 
 // The TP degree of the generation layout: --actor-tensor-parallel, or by default the training TP
 // degree without a pipeline and 1 (data-parallel generation) with one. It divides the training
-// degree (validate_tensor_parallel_train).
+// degree, or the training runs at TP 1 (validate_tensor_parallel_train).
 int generation_tensor_parallel(const DisaggregatedOptions& options);
 
 // ConfigError, the same on every rank before any work, for --tensor-parallel outside what is
@@ -39,9 +39,11 @@ int generation_tensor_parallel(const DisaggregatedOptions& options);
 // a learned reward model or rebalancing without EP. With --expert-parallel E (TP x EP): E must
 // divide the TP groups and equal --actor-expert-parallel; refused with --pipeline-parallel. And
 // for an
-// --actor-tensor-parallel G that is not built: G below 1, G > 1 without --tensor-parallel, G not
-// dividing the training degree T, or a G other than the default with StaleSync, --offload or
-// expert parallelism. --mode disaggregated: validate_disaggregated_tensor_parallel.
+// --actor-tensor-parallel G that is not built: G below 1, G not dividing the training degree T,
+// or, without --tensor-parallel (data-parallel or pipeline training generating at TP G), outside
+// --mode fused or with expert parallelism, StaleSync, --reorder-samples or what
+// refuse_unsupported_with_model_parallelism refuses. --mode disaggregated:
+// validate_disaggregated_tensor_parallel.
 void validate_tensor_parallel_train(const DisaggregatedOptions& options, const std::string& mode,
                                     int world_size, const RlOptions& rl);
 

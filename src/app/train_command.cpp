@@ -207,6 +207,9 @@ int run_train_command(const std::vector<std::string>& args) {
   if (baseline != "none" && multi_rank.tensor_parallel > 1) {
     throw ConfigError("--baseline is not supported with --tensor-parallel");
   }
+  if (baseline != "none" && fused && multi_rank.actor_tensor_parallel > 1) {
+    throw ConfigError("--baseline is not supported with --actor-tensor-parallel in fused mode");
+  }
   if (baseline != "none" && multi_rank.pipeline_parallel > 1) {
     throw ConfigError("--baseline is not supported with --pipeline-parallel");
   }

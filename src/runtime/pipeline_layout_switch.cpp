@@ -49,6 +49,82 @@ bool same_slice(const TensorSlice& a, const TensorSlice& b) {
   return a.rank == b.rank && a.size == b.size && a.attention_only == b.attention_only;
 }
 
+// Writes the whole model (laid out by `whole_layout`, zeroed first so that the buffer is the
+// single-rank one byte for byte, alignment gaps included) from this rank's stage `own_params` and
+// the other stages received at `received` + offsets[s], stage s laid out by layouts[s]. Each
+// stage's layers cross the link from its rank: an emulated inter-node link delays them (one after
+// another: a rank's incoming messages share its port). Returns the bytes received.
+uint64_t assemble_stages(const PipelineGroups& groups, const float* own_params,
+                         const float* received, const std::vector<ParameterLayout>& layouts,
+                         const std::vector<int>& offsets, float* whole,
+                         const ParameterLayout& whole_layout) {
+  const int own = groups.stage();
+  std::fill_n(whole, whole_layout.total(), 0.0f);
+  copy_shared_tensors(own_params, layouts[size_t(own)], whole, whole_layout);
+  uint64_t bytes_received = 0;
+  for (int s = 0; s < int(layouts.size()); ++s) {
+    if (s == own) continue;
+    copy_shared_tensors(received + offsets[size_t(s)], layouts[size_t(s)], whole, whole_layout);
+    const uint64_t bytes = uint64_t(layouts[size_t(s)].total()) * sizeof(float);
+    groups.links().emulate(groups.pipeline().world_ranks[size_t(s)], bytes);
+    bytes_received += bytes;
+  }
+  return bytes_received;
+}
+
+// Stages without TP and a whole model at a TP slice (training at TP 1 generating at TP G): the
+// ranks of a pipeline may assemble different slices (generation TP groups are consecutive ranks,
+// so are pipelines), so each stage cuts, for every other rank of its pipeline, that rank's slice
+// of its layers and sends it (an all-to-all inside the pipeline), and copies its own slice of its
+// own layers locally. Every rank receives only its slice of the other stages. Returns the bytes
+// received.
+uint64_t gather_pipeline_slices(const float* stage_params, const PipelineGroups& groups,
+                                float* whole, const ParameterLayout& whole_layout,
+                                ExpertShard experts) {
+  const HierarchicalComm& pipeline = groups.pipeline();
+  const int stages = pipeline.size(), own = groups.stage();
+  const TensorSlice slice = whole_layout.tensor_slice();
+  std::vector<int> slice_ranks(static_cast<size_t>(stages));
+  MPI_Allgather(&slice.rank, 1, MPI_INT, slice_ranks.data(), 1, MPI_INT, pipeline.comm);
+  auto at_slice = [&](const ParameterLayout& layout, int rank) {
+    TensorSlice cut = slice;
+    cut.rank = rank;
+    return with_tensor_slice(groups.config(), layout, cut);
+  };
+  const ParameterLayout own_stage = groups.stage_layout(own, experts);
+  std::vector<ParameterLayout> sent, received_layouts;
+  std::vector<int> send_counts(size_t(stages), 0), send_offsets(size_t(stages), 0);
+  std::vector<int> receive_counts(size_t(stages), 0), receive_offsets(size_t(stages), 0);
+  int64_t send_total = 0, receive_total = 0;
+  for (int s = 0; s < stages; ++s) {
+    sent.push_back(at_slice(own_stage, slice_ranks[size_t(s)]));
+    received_layouts.push_back(at_slice(groups.stage_layout(s, experts), slice.rank));
+    if (s == own) continue;
+    send_counts[size_t(s)] = int(sent.back().total());
+    send_offsets[size_t(s)] = int(send_total);
+    send_total += sent.back().total();
+    receive_counts[size_t(s)] = int(received_layouts.back().total());
+    receive_offsets[size_t(s)] = int(receive_total);
+    receive_total += received_layouts.back().total();
+  }
+  std::vector<float> to_send(static_cast<size_t>(send_total));
+  for (int s = 0; s < stages; ++s) {
+    if (s == own) continue;
+    slice_parameters(stage_params, own_stage, to_send.data() + send_offsets[size_t(s)],
+                     sent[size_t(s)]);
+    groups.links().count_send(pipeline.world_ranks[size_t(s)],
+                              uint64_t(send_counts[size_t(s)]) * sizeof(float));
+  }
+  std::vector<float> received(static_cast<size_t>(receive_total));
+  MPI_Alltoallv(to_send.data(), send_counts.data(), send_offsets.data(), MPI_FLOAT, received.data(),
+                receive_counts.data(), receive_offsets.data(), MPI_FLOAT, pipeline.comm);
+  to_send = {};
+  std::vector<float> own_slice(static_cast<size_t>(sent[size_t(own)].total()));
+  slice_parameters(stage_params, own_stage, own_slice.data(), sent[size_t(own)]);
+  return assemble_stages(groups, own_slice.data(), received.data(), received_layouts,
+                         receive_offsets, whole, whole_layout);
+}
+
 }  // namespace
 
 uint64_t gather_pipeline_model(const float* stage_params, const PipelineGroups& groups,
@@ -59,13 +135,16 @@ uint64_t gather_pipeline_model(const float* stage_params, const PipelineGroups& 
   // tensors for an unsliced one); at the training slice nothing moves.
   const TensorSlice slice = whole_layout.tensor_slice();
   const TensorParallel* tp = groups.tensor_parallel();
-  if (slice.active() && !tp) {
-    throw std::invalid_argument("gather_pipeline_model: a sliced whole model needs TP stages");
-  }
   // The stages hold the experts the whole model holds (with EP, the pipeline's own, or every
   // expert when saving the gathered model).
   const ExpertShard experts =
       whole_layout.expert_sharded() ? whole_layout.stored_expert_shard() : ExpertShard{};
+  if (slice.active() && !tp) {
+    if (root >= 0) {
+      throw std::invalid_argument("gather_pipeline_model: a sliced whole model onto a root");
+    }
+    return gather_pipeline_slices(stage_params, groups, whole, whole_layout, experts);
+  }
   if (root >= 0 && tp && !slice.active()) {
     // Onto one rank only: TP rank 0 of each stage assembles its stage's whole tensors (a gather
     // inside the TP group), and only its pipeline goes on; the other TP ranks are done.
@@ -111,21 +190,8 @@ uint64_t gather_pipeline_model(const float* stage_params, const PipelineGroups& 
     if (own != root) groups.links().count_send(pipeline.world_ranks[size_t(root)], own_bytes);
   }
   if (!assembles) return received;
-  // Zeroed first: the whole model's buffer is then the single-rank one byte for byte, alignment
-  // gaps between its tensors included.
-  std::fill_n(whole, whole_layout.total(), 0.0f);
-  copy_shared_tensors(stage_params, layouts[size_t(own)], whole, whole_layout);
-  for (int s = 0; s < stages; ++s) {
-    if (s == own) continue;
-    copy_shared_tensors(stages_side_by_side.data() + displacements[size_t(s)], layouts[size_t(s)],
-                        whole, whole_layout);
-    const uint64_t bytes = uint64_t(counts[size_t(s)]) * sizeof(float);
-    // Each stage's layers cross the link from its rank: an emulated inter-node link delays them
-    // (one after another: a rank's incoming messages share its port).
-    groups.links().emulate(pipeline.world_ranks[size_t(s)], bytes);
-    received += bytes;
-  }
-  return received;
+  return received + assemble_stages(groups, stage_params, stages_side_by_side.data(), layouts,
+                                    displacements, whole, whole_layout);
 }
 
 bool assembles_pipeline_model(const PipelineGroups& groups) {

@@ -40,13 +40,18 @@ void copy_shared_tensors(const float* from, const ParameterLayout& from_layout, 
 // --actor-tensor-parallel G; slice rank % G) regroups the stage to that slice instead
 // (regroup_tensor_slices: only the TP mates' slices it lacks, counted; none at G = T), then the
 // pipeline gathers the other stages' G slices, and `whole` is this rank's G slice of the whole
-// model (std::invalid_argument for another slice, or a slice without TP). With `root` >= 0 (a
+// model (std::invalid_argument for another slice). Without TP, a sliced `whole_layout` (training at
+// TP 1 generating at TP G) makes each stage send every other rank of its pipeline that rank's
+// slice of its layers (an all-to-all: the ranks of a pipeline may hold different slices), so
+// `whole` is this rank's slice of every layer and the bytes received are the other stages'
+// slices only. With `root` >= 0 (a
 // stage: the writer of a checkpoint or of the saved model) only that stage of each pipeline
 // assembles the model (a gather to it, every other stage sending its stage there, counted); the
 // others leave `whole` untouched (it may be null), so no rank but the root holds more than its
 // stage. With TP and an unsliced `whole_layout`, only TP rank 0's pipeline gathers: each stage's TP
 // slices first come together on its TP rank 0 (gather_tensor_parallel_on_rank_zero, counted), and
-// the other TP ranks return after sending theirs. Returns the bytes this rank received.
+// the other TP ranks return after sending theirs (a sliced `whole_layout` without TP takes no
+// root). Returns the bytes this rank received.
 uint64_t gather_pipeline_model(const float* stage_params, const PipelineGroups& groups,
                                float* whole, const ParameterLayout& whole_layout, int root = -1);
 

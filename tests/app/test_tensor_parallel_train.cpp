@@ -5,7 +5,9 @@
 // data-parallel (--actor-tensor-parallel 1: each rank generates its block from the whole model
 // gathered for the phase, counted, and its TP group trains both ranks' samples; with TP 2 x EP 2
 // too, each rank keeping its training experts) and TP 4
-// generating at TP 2 (slices regrouped for the phase). Degrees and combinations that do not fit
+// generating at TP 2 (slices regrouped for the phase); and data-parallel or pipeline training
+// generating at a TP degree (each rank's slice cut locally or received from the other stages).
+// Degrees and combinations that do not fit
 // stop every rank with exit code 2 before any output.
 #include <gtest/gtest.h>
 
@@ -115,6 +117,47 @@ TEST(TensorParallelTrain, TrainsLikeTheDataParallelFusedRun) {
     // model that trained on other data or a misplaced slice is off by many orders more).
     const std::vector<float> tp_model = test::read_tiny_parameters(dir + "/model.h5");
     EXPECT_LT(test::nmse(tp_model.data(), dp_model.data(), dp_model.size()), 1e-6);
+  }
+}
+
+// Training at TP 1 generating at TP G (--actor-tensor-parallel G alone): data-parallel ranks cut
+// their generation slices from their own models (nothing received), pipeline stages receive their
+// slice of the other stages (a generation TP group may span pipelines: PP 2 generating at TP 4 on
+// 4 ranks). Every layout trains like the data-parallel fused run: the same rewards every step and
+// the saved model within float rounding.
+TEST(TensorParallelTrain, DataParallelAndPipelineTrainingGenerateAtATensorParallelDegree) {
+  const std::string dp_dir = temp_dir("dp-generation");
+  const Result dp = test::run_rlfusion(kFusedRun + "--run-dir " + dp_dir, 2);
+  ASSERT_EQ(dp.exit_code, 0) << dp.output;
+  const std::vector<float> dp_model = test::read_tiny_parameters(dp_dir + "/model.h5");
+  struct Layout {
+    int ranks;
+    std::string options;
+    int generation_tp;
+    bool receives;
+  };
+  for (const Layout& layout :
+       {Layout{2, "--actor-tensor-parallel 2", 2, false},
+        Layout{2, "--pipeline-parallel 2 --actor-tensor-parallel 2", 2, true},
+        Layout{4, "--pipeline-parallel 2 --actor-tensor-parallel 4", 4, true}}) {
+    SCOPED_TRACE(std::to_string(layout.ranks) + " ranks " + layout.options);
+    const std::string dir = temp_dir("generation-tp");
+    const Result run =
+        test::run_rlfusion(kFusedRun + layout.options + " --run-dir " + dir, layout.ranks);
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    EXPECT_EQ(test::json_number(run.output, "actor_tensor_parallel"), layout.generation_tp);
+    if (layout.receives) {
+      EXPECT_GT(test::json_number(run.output, "generation_switch_bytes"), 0);
+    } else {
+      EXPECT_EQ(test::json_number(run.output, "generation_switch_bytes"), 0);
+      EXPECT_NE(run.output.find("# layout switch: training data-parallel on all 2 ranks, "
+                                "generation at TP 2 on 1 TP groups"),
+                std::string::npos)
+          << run.output;
+    }
+    EXPECT_EQ(step_rewards(run.output), step_rewards(dp.output)) << run.output;
+    const std::vector<float> model = test::read_tiny_parameters(dir + "/model.h5");
+    EXPECT_LT(test::nmse(model.data(), dp_model.data(), dp_model.size()), 1e-6);
   }
 }
 

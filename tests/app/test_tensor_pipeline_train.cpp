@@ -131,7 +131,21 @@ TEST(TensorPipelineTrain, ShapesThatDoNotFitStopEveryRankBeforeOutput) {
           {4, "--tensor-parallel 2 --pipeline-parallel 2 --actor-tensor-parallel 4",
            "--actor-tensor-parallel 4 with --tensor-parallel 2: must divide the training TP "
            "degree"},
-          {2, "--actor-tensor-parallel 2", "--actor-tensor-parallel 2 needs --tensor-parallel 2"},
+          // Training at TP 1 generating at TP G: what is not built, and degrees that do not fit.
+          {2, "--actor-tensor-parallel 2 --staleness 1",
+           "--actor-tensor-parallel 2 without --tensor-parallel is not supported with --staleness"},
+          {4, "--pipeline-parallel 2 --actor-tensor-parallel 2 --expert-parallel 2",
+           "--actor-tensor-parallel 2 without --tensor-parallel is not supported with expert "
+           "parallelism"},
+          {2, "--mode fused-all --actor-tensor-parallel 2",
+           "--actor-tensor-parallel 2 without --tensor-parallel is only built in --mode fused"},
+          {2, "--actor-tensor-parallel 2 --reorder-samples counted",
+           "--actor-tensor-parallel 2 without --tensor-parallel is not supported with "
+           "--reorder-samples"},
+          {4, "--actor-tensor-parallel 3",
+           "--actor-tensor-parallel 3: does not divide the 4 ranks it is made of"},
+          {1, "--actor-tensor-parallel 2",
+           "--actor-tensor-parallel 2 is not supported on one rank"},
           {4, "--tensor-parallel 2 --pipeline-parallel 2 --actor-tensor-parallel -1",
            "--actor-tensor-parallel -1: must be a positive integer"},
       },

@@ -3,6 +3,8 @@
 // for generation assembles exactly the single-rank model from the stages, moves exactly the
 // layers a rank lacks (byte counters), and leaves the stage's own buffer bit for bit as it was;
 // gathered onto the first stage alone (checkpoints, the saved model), only the others send;
+// without training TP each rank of a pipeline gets its generation TP slice of the single-rank
+// model, receiving and sending only slices;
 // AdamW over the stages, its clipping norm summed over the pipeline, takes the single-rank
 // model's clipped steps. Shapes that do not fit stop every rank with the same ConfigError. The
 // training state beyond the weights: the KL reference's log-probs computed by a forward-only pass
@@ -130,6 +132,71 @@ TEST(PipelineLayoutSwitch, GathersTheWholeModelAndLeavesTheStageBitIdentical) {
     std::vector<float> part(before.size(), 0.0f);
     copy_shared_tensors(reference.parameters(), reference.layout(), part.data(), stage.layout());
     EXPECT_EQ(std::memcmp(part.data(), before.data(), before.size() * sizeof(float)), 0);
+  }
+}
+
+// Training at TP 1 generating at TP G (fused --pipeline-parallel P --actor-tensor-parallel G):
+// generation TP groups are G consecutive ranks, pipelines P consecutive ranks, so the ranks of a
+// pipeline may assemble different slices. Every rank gets exactly its slice of the single-rank
+// model, receives only the other stages' layers at its slice, and sends each pipeline mate that
+// mate's slice of its stage (counted); the stage is left as it was.
+TEST(PipelineLayoutSwitch, GivesEachRankItsGenerationSliceWithoutTrainingTensorParallelism) {
+  const int world = test::world_size();
+  const int rank = test::world_rank();
+  int cases = 0;
+  for (const Shape& s : shapes_for(world)) {
+    for (int g = 2; g <= world; ++g) {
+      const ModelConfig config =
+          test::tensor_parallel_micro_config(2 * s.stages * s.virtual_stages);
+      if (!tensor_parallel_problem(config, g, /*attention_only=*/false, world).empty()) continue;
+      SCOPED_TRACE(shape_name(s) + ", generation TP " + std::to_string(g));
+      ++cases;
+      const uint64_t seed = test::seed_for(shape_name(s) + " slices", world * 10 + g);
+      Links links(test::virtual_node_list(world, 1), {});
+      PipelineGroups groups(MPI_COMM_WORLD, {s.stages, s.stages, s.virtual_stages}, config, links);
+      Arena device("stage", 16 << 20);
+      Transformer<float> stage(config, cpu_ops(), device, /*with_gradients=*/true, ExpertShard{},
+                               stage_layer_shard(groups.chunks(groups.stage()), config.n_layers));
+      stage.initialize(seed);
+      const std::vector<float> before(stage.parameters(),
+                                      stage.parameters() + stage.parameter_count());
+      Arena reference_device("reference", 16 << 20);
+      Transformer<float> reference(config, cpu_ops(), reference_device, /*with_gradients=*/false);
+      reference.initialize(seed);
+      const TensorSlice slice{rank % g, g, false};
+      const ParameterLayout sliced = with_tensor_slice(config, reference.layout(), slice);
+      std::vector<float> expected(size_t(sliced.total()), 0.0f);
+      slice_parameters(reference.parameters(), reference.layout(), expected.data(), sliced);
+      // What this rank should receive and send: the other stages at its slice, its stage at each
+      // mate's slice (a mate is a pipeline rank: stage = rank % P, consecutive ranks).
+      uint64_t expected_received = 0, expected_sent = 0;
+      const int first = rank - groups.stage();
+      for (int other = 0; other < s.stages; ++other) {
+        if (other == groups.stage()) continue;
+        expected_received +=
+            uint64_t(with_tensor_slice(config, groups.stage_layout(other), slice).total()) *
+            sizeof(float);
+        const TensorSlice mate{(first + other) % g, g, false};
+        expected_sent +=
+            uint64_t(with_tensor_slice(config, stage.layout(), mate).total()) * sizeof(float);
+      }
+      std::vector<float> whole(size_t(sliced.total()), 5.0f);
+      const LinkCounters before_switch = links.counters();
+      const uint64_t received =
+          gather_pipeline_model(stage.parameters(), groups, whole.data(), sliced);
+      const LinkCounters& after = links.counters();
+      EXPECT_EQ(received, expected_received);
+      EXPECT_EQ(after.bytes[0] + after.bytes[1] - before_switch.bytes[0] - before_switch.bytes[1],
+                expected_sent);
+      EXPECT_EQ(std::memcmp(whole.data(), expected.data(), expected.size() * sizeof(float)), 0)
+          << "the generation slice is not the single-rank model's";
+      EXPECT_EQ(std::memcmp(stage.parameters(), before.data(), before.size() * sizeof(float)), 0)
+          << "the switch changed the stage's own layers";
+    }
+  }
+  // 1 rank: no generation TP degree; 2 ranks and more: at least TP 2.
+  if (world > 1) {
+    EXPECT_GT(cases, 0);
   }
 }
 
