@@ -591,7 +591,8 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
           generate(whole);
         }
         if (generation_tp_groups) {
-          rollouts = tensor_parallel_share(std::move(rollouts), *generation_tp_groups);
+          rollouts =
+              tensor_parallel_share(std::move(rollouts), *generation_tp_groups, rl.group_size);
         }
       } else if (tp_regrouped_generation) {
         // TP T -> TP G (1: DP): every rank generates from its generation slice (G = 1: the whole
@@ -616,7 +617,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         if (ep) ep->attach_reusing(generator);
         generate(generator);
         if (generation_groups) {
-          rollouts = tensor_parallel_share(std::move(rollouts), *generation_groups);
+          rollouts = tensor_parallel_share(std::move(rollouts), *generation_groups, rl.group_size);
         }
         TraceScope traced(trace, Phase::QueueGet);
         traced.set_version(version);
@@ -636,7 +637,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
                            generator.layout());
         }
         generate(generator);
-        rollouts = tensor_parallel_share(std::move(rollouts), *generation_groups);
+        rollouts = tensor_parallel_share(std::move(rollouts), *generation_groups, rl.group_size);
       } else if (!layout_switch) {
         generate(model);
       } else {

@@ -6,6 +6,7 @@
 
 #include "kernels/error.h"
 #include "src/app/disaggregated_tensor_parallel.h"
+#include "src/rl/rl_step.h"
 #include "src/roles/rollout_allgather.h"
 
 namespace rlf {
@@ -40,9 +41,6 @@ void validate_generation_tensor_parallel(const DisaggregatedOptions& options,
                         " without --tensor-parallel is not supported with expert parallelism "
                         "(use --tensor-parallel " +
                         std::to_string(generation) + " to generate at TP x EP)");
-    }
-    if (rl.staleness > 0) {
-      throw ConfigError(option + " without --tensor-parallel is not supported with --staleness");
     }
     if (options.reorder_samples != "off") {
       throw ConfigError(option +
@@ -163,16 +161,18 @@ std::unique_ptr<TensorParallel> make_train_tensor_parallel(const DisaggregatedOp
 }
 
 std::vector<Rollout> tensor_parallel_share(std::vector<Rollout> group_samples,
-                                           const TensorParallel& tp) {
-  const size_t parts = size_t(tp.degree());
-  if (group_samples.size() % parts != 0) {
-    throw std::logic_error("tensor_parallel_share: " + std::to_string(group_samples.size()) +
-                           " samples do not split among " + std::to_string(parts) + " TP ranks");
+                                           const TensorParallel& tp, int group_size) {
+  const size_t samples = group_samples.size();
+  if (group_size < 1 || samples % size_t(group_size) != 0) {
+    throw std::logic_error("tensor_parallel_share: " + std::to_string(samples) +
+                           " samples are not whole groups of " + std::to_string(group_size));
   }
-  const size_t share = group_samples.size() / parts, first = share * size_t(tp.rank());
-  return std::vector<Rollout>(
-      std::make_move_iterator(group_samples.begin() + std::ptrdiff_t(first)),
-      std::make_move_iterator(group_samples.begin() + std::ptrdiff_t(first + share)));
+  const auto at = [&](int part) {
+    return group_samples.begin() +
+           std::ptrdiff_t(minibatch_begin(samples, group_size, tp.degree(), part));
+  };
+  return std::vector<Rollout>(std::make_move_iterator(at(tp.rank())),
+                              std::make_move_iterator(at(tp.rank() + 1)));
 }
 
 std::vector<Rollout> gather_tensor_parallel_rollouts(const std::vector<Rollout>& own,

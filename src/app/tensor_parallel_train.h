@@ -41,7 +41,7 @@ int generation_tensor_parallel(const DisaggregatedOptions& options);
 // for an
 // --actor-tensor-parallel G that is not built: G below 1, G not dividing the training degree T,
 // or, without --tensor-parallel (data-parallel or pipeline training generating at TP G), outside
-// --mode fused or with expert parallelism, StaleSync, --reorder-samples or what
+// --mode fused or with expert parallelism, --reorder-samples or what
 // refuse_unsupported_with_model_parallelism refuses. --mode disaggregated:
 // validate_disaggregated_tensor_parallel.
 void validate_tensor_parallel_train(const DisaggregatedOptions& options, const std::string& mode,
@@ -65,11 +65,15 @@ std::unique_ptr<TensorParallel> make_train_tensor_parallel(const DisaggregatedOp
                                                            Topology& topology);
 
 // This rank's share of the samples its TP group generated together (`group_samples`, in
-// canonical order, whole prompt groups): the TP ranks take consecutive equal parts in TP-rank
-// order, so with TP groups of consecutive ranks each rank holds the block the data-parallel layout
-// would have generated on it. std::logic_error when the samples do not split evenly.
+// canonical order, whole prompt groups of `group_size`): the TP ranks take consecutive parts of
+// whole groups in TP-rank order, as minibatches do (minibatch_begin, src/rl/rl_step.h); a part's
+// groups differ from another's by at most one. A synchronous step's groups split evenly, so
+// with TP groups of consecutive ranks each rank holds the block the data-parallel layout would
+// have generated on it; a StaleSync phase's finished groups need not, and the ranks then train
+// unequal blocks (no group cut between two ranks). std::logic_error when the samples are not
+// whole groups.
 std::vector<Rollout> tensor_parallel_share(std::vector<Rollout> group_samples,
-                                           const TensorParallel& tp);
+                                           const TensorParallel& tp, int group_size);
 
 // The samples a TP group trains when its ranks generated data-parallel (--actor-tensor-parallel 1
 // without a pipeline): every rank's own samples (`own`, its block of the group's prompts) packed

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <random>
@@ -115,6 +116,100 @@ TEST(ModelParallelStaleSync, ZeroStalenessIsTheSynchronousRunBitForBit) {
   }
 }
 
+// `tiny` without the router's load-balancing loss (aux_loss_coef = 0) written into `model_dir`;
+// returns the model file's path. That loss is taken per micro-batch, so layouts that cut a rank's
+// samples into other pieces than the data-parallel run's train the same samples to other weights
+// with it.
+std::string write_tiny_no_aux_model(const std::string& model_dir) {
+  std::filesystem::create_directories(model_dir);
+  const std::string path = model_dir + "/tiny-no-aux.ini";
+  std::ofstream out(path);
+  out << "[model]\nname = tiny-no-aux\nvocab_size = 32\nd_model = 32\nn_layers = 2\n"
+         "n_heads = 4\nn_experts = 4\ntop_k = 2\nd_ff = 32\nshared_expert_d_ff = 16\n"
+         "max_seq_len = 128\naux_loss_coef = 0\n";
+  return path;
+}
+
+// A model-parallel layout of a StaleSync test: the layout's options, how many consecutive ranks
+// train the same samples (a model replica), and the data-parallel run whose pools make the same
+// decisions.
+struct StaleLayout {
+  std::string options;
+  int replica_ranks, data_parallel_ranks;
+  std::string data_parallel_options;  // the run to compare with: its expert parallelism
+  bool four_layers = false;           // the 4-layer tiny (virtual stages)
+  // When set, the weights are compared with this run's on 4 ranks instead of the
+  // data-parallel run's.
+  std::string same_weights_as = {};
+  int ranks = 4;  // of the model-parallel runs
+  int group_size = 4;
+  std::string model = {};  // a model file instead of tiny (or tiny4)
+};
+
+// The heavy-tailed task after a warm start (`tiny4`: the 4-layer tiny's model file), s = 1, 8
+// steps of 8 prompts: the layout keeps the bound, trains every sample once (its replica's ranks
+// the same ones), reproducibly whatever the timing, and trains the data-parallel run's samples at
+// its versions, to its weights within float rounding.
+void expect_keeps_the_bound_like_the_data_parallel_run(const StaleLayout& layout,
+                                                       const std::string& tiny4) {
+  const std::string heavy_tailed =
+      "--steps 8 --prompts 8 --group-size " + std::to_string(layout.group_size) +
+      " --eval-prompts 16 --log-every 4 --mode fused --staleness 1 --kl-coef 0.01 ";
+  const std::string model_file = !layout.model.empty() ? layout.model
+                                 : layout.four_layers  ? tiny4
+                                                       : "tiny";
+  const std::string run = warm_started(model_file) + heavy_tailed;
+  const std::string a_dir = test::fresh_temp_dir("mp-stale-a");
+  const std::string b_dir = test::fresh_temp_dir("mp-stale-b");
+  const std::string dp_dir = test::fresh_temp_dir("mp-stale-dp");
+  const Result a = test::run_rlfusion(
+      run + layout.options + "--random-delay-ms 2 --run-dir " + a_dir, layout.ranks);
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  const Result b = test::run_rlfusion(run + layout.options + "--run-dir " + b_dir, layout.ranks);
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  const Result dp = test::run_rlfusion(run + layout.data_parallel_options + "--run-dir " + dp_dir,
+                                       layout.data_parallel_ranks);
+  ASSERT_EQ(dp.exit_code, 0) << dp.output;
+  EXPECT_NE(a.output.find("StaleSync pool of rank 0"), std::string::npos) << a.output;
+  if (layout.options.find("--pipeline-parallel 2 --expert-parallel") != std::string::npos ||
+      layout.options.find("--virtual-stages 2 --expert-parallel") != std::string::npos) {
+    // (PP x EP, also inside TP x EP x PP)
+    // The pipelines' piece counts differed at some step: empty micro-batches kept the EP
+    // mates in step.
+    const std::string padded = "# StaleSync at PP x EP: the ranks ran ";
+    const size_t at = a.output.find(padded);
+    ASSERT_NE(at, std::string::npos) << a.output;
+    EXPECT_GT(std::stoi(a.output.substr(at + padded.size())), 0) << a.output;
+  }
+  // The same seed, other timing: the same weights bit for bit.
+  EXPECT_EQ(test::read_saved_parameters(a_dir + "/model.h5"),
+            test::read_saved_parameters(b_dir + "/model.h5"));
+
+  int stale = 0, dp_stale = 0;
+  const std::map<int64_t, int> trained =
+      trained_by_model_replicas(a_dir, layout.replica_ranks, 1, &stale);
+  const int total = 8 * 8 * layout.group_size;
+  // What the last phases left unfinished is not trained; everything else is, some resumed.
+  EXPECT_GT(int(trained.size()), total * 3 / 4);
+  EXPECT_LE(int(trained.size()), total);
+  EXPECT_GT(stale, 0) << "no sample was resumed across a cut";
+  // The data-parallel run's pools made the same decisions: the same samples at the same
+  // versions, and the same weights up to the float rounding of the model-parallel sums.
+  EXPECT_EQ(trained_by_model_replicas(dp_dir, 1, 1, &dp_stale), trained);
+  EXPECT_EQ(dp_stale, stale);
+  const std::vector<float> model = test::read_saved_parameters(a_dir + "/model.h5");
+  std::string weights_dir = dp_dir;
+  if (!layout.same_weights_as.empty()) {
+    weights_dir = test::fresh_temp_dir("mp-stale-weights");
+    const Result same =
+        test::run_rlfusion(run + layout.same_weights_as + "--run-dir " + weights_dir, 4);
+    ASSERT_EQ(same.exit_code, 0) << same.output;
+  }
+  const std::vector<float> reference_model = test::read_saved_parameters(weights_dir + "/model.h5");
+  ASSERT_EQ(model.size(), reference_model.size());
+  EXPECT_LT(test::nmse(model.data(), reference_model.data(), reference_model.size()), 1e-6);
+}
+
 // The heavy-tailed task after a warm start: phases are cut and samples resume across them. On 4
 // ranks: TP 2 x DP 2 (each replica's pool is the pool of one rank of the data-parallel run on 2
 // ranks), TP 2 x EP 2 (likewise, against EP 2 on 2 ranks: the TP groups generate together over
@@ -127,19 +222,7 @@ TEST(ModelParallelStaleSync, ZeroStalenessIsTheSynchronousRunBitForBit) {
 // with empty ones to its EP mate's count; and TP 2 x EP 2 x PP 2 on 8 ranks against the
 // data-parallel run on 8.
 TEST(ModelParallelStaleSync, KeepsTheBoundReproduciblyAndTrainsTheDataParallelRunsSamples) {
-  const std::string heavy_tailed =
-      "--steps 8 --prompts 8 --group-size 4 --eval-prompts 16 --log-every 4 --mode fused "
-      "--staleness 1 --kl-coef 0.01 ";
-  struct Layout {
-    std::string options;
-    int replica_ranks, data_parallel_ranks;
-    std::string data_parallel_options;  // the run to compare with: its expert parallelism
-    bool four_layers = false;           // the 4-layer tiny (virtual stages)
-    // When set, the weights are compared with this run's on 4 ranks instead of the
-    // data-parallel run's.
-    std::string same_weights_as = {};
-    int ranks = 4;  // of the model-parallel runs
-  };
+  using Layout = StaleLayout;
   const std::string tiny4 = test::write_tiny4_model(test::fresh_temp_dir("mp-stale-model"));
   for (const Layout& layout :
        {Layout{"--tensor-parallel 2 ", 2, 2, ""}, Layout{"--pipeline-parallel 2 ", 2, 4, ""},
@@ -166,57 +249,36 @@ TEST(ModelParallelStaleSync, KeepsTheBoundReproduciblyAndTrainsTheDataParallelRu
         Layout{"--tensor-parallel 2 --pipeline-parallel 2 --expert-parallel 2 --micro-batch 4 ", 4,
                8, "--micro-batch 4 ", false, "", 8}}) {
     SCOPED_TRACE(layout.options);
-    const std::string run = warm_started(layout.four_layers ? tiny4 : "tiny") + heavy_tailed;
-    const std::string a_dir = test::fresh_temp_dir("mp-stale-a");
-    const std::string b_dir = test::fresh_temp_dir("mp-stale-b");
-    const std::string dp_dir = test::fresh_temp_dir("mp-stale-dp");
-    const Result a = test::run_rlfusion(
-        run + layout.options + "--random-delay-ms 2 --run-dir " + a_dir, layout.ranks);
-    ASSERT_EQ(a.exit_code, 0) << a.output;
-    const Result b = test::run_rlfusion(run + layout.options + "--run-dir " + b_dir, layout.ranks);
-    ASSERT_EQ(b.exit_code, 0) << b.output;
-    const Result dp = test::run_rlfusion(run + layout.data_parallel_options + "--run-dir " + dp_dir,
-                                         layout.data_parallel_ranks);
-    ASSERT_EQ(dp.exit_code, 0) << dp.output;
-    EXPECT_NE(a.output.find("StaleSync pool of rank 0"), std::string::npos) << a.output;
-    if (layout.options.find("--pipeline-parallel 2 --expert-parallel") != std::string::npos ||
-        layout.options.find("--virtual-stages 2 --expert-parallel") != std::string::npos) {
-      // (PP x EP, also inside TP x EP x PP)
-      // The pipelines' piece counts differed at some step: empty micro-batches kept the EP
-      // mates in step.
-      const std::string padded = "# StaleSync at PP x EP: the ranks ran ";
-      const size_t at = a.output.find(padded);
-      ASSERT_NE(at, std::string::npos) << a.output;
-      EXPECT_GT(std::stoi(a.output.substr(at + padded.size())), 0) << a.output;
-    }
-    // The same seed, other timing: the same weights bit for bit.
-    EXPECT_EQ(test::read_saved_parameters(a_dir + "/model.h5"),
-              test::read_saved_parameters(b_dir + "/model.h5"));
+    expect_keeps_the_bound_like_the_data_parallel_run(layout, tiny4);
+  }
+}
 
-    int stale = 0, dp_stale = 0;
-    const std::map<int64_t, int> trained =
-        trained_by_model_replicas(a_dir, layout.replica_ranks, 1, &stale);
-    const int total = 8 * 8 * 4;
-    // What the last phases left unfinished is not trained; everything else is, some resumed.
-    EXPECT_GT(int(trained.size()), total * 3 / 4);
-    EXPECT_LE(int(trained.size()), total);
-    EXPECT_GT(stale, 0) << "no sample was resumed across a cut";
-    // The data-parallel run's pools made the same decisions: the same samples at the same
-    // versions, and the same weights up to the float rounding of the model-parallel sums.
-    EXPECT_EQ(trained_by_model_replicas(dp_dir, 1, 1, &dp_stale), trained);
-    EXPECT_EQ(dp_stale, stale);
-    const std::vector<float> model = test::read_saved_parameters(a_dir + "/model.h5");
-    std::string weights_dir = dp_dir;
-    if (!layout.same_weights_as.empty()) {
-      weights_dir = test::fresh_temp_dir("mp-stale-weights");
-      const Result same =
-          test::run_rlfusion(run + layout.same_weights_as + "--run-dir " + weights_dir, 4);
-      ASSERT_EQ(same.exit_code, 0) << same.output;
-    }
-    const std::vector<float> reference_model =
-        test::read_saved_parameters(weights_dir + "/model.h5");
-    ASSERT_EQ(model.size(), reference_model.size());
-    EXPECT_LT(test::nmse(model.data(), reference_model.data(), reference_model.size()), 1e-6);
+// Training at TP 1 generating at TP G with StaleSync: a generation TP group holds one pool (one
+// rank's of the data-parallel run on half the ranks) and its ranks take whole finished groups,
+// consecutive, in TP-rank order, unequal when the count does not split (odd counts of groups of
+// 3 here). Data-parallel training generating at TP 2 (each rank then trains its own share), PP 2
+// x DP 2 generating at TP 2 (each pipeline, which is a generation group, trains its two ranks'
+// shares), and TP 2 x PP 2 generating at TP 2, whose share once required an even split of the
+// samples (a group of 3 cut between two ranks, or a stop when the samples were odd): the same
+// samples at the same versions as the data-parallel run on 2 ranks, and its weights within float
+// rounding. (The router's load-balancing loss is per micro-batch, and a share is a micro-batch of
+// its own where the data-parallel rank trains its whole pool in one: these runs train tiny
+// without it; with it they are 1.5e-5 apart after 8 steps.)
+TEST(ModelParallelStaleSync, GenerationAtATensorParallelDegreeOfItsOwnSharesWholeFinishedGroups) {
+  const std::string model_dir = test::fresh_temp_dir("mp-stale-share-model");
+  const std::string no_aux = write_tiny_no_aux_model(model_dir);
+  for (const std::string options :
+       {"--actor-tensor-parallel 2 ", "--pipeline-parallel 2 --actor-tensor-parallel 2 ",
+        "--tensor-parallel 2 --pipeline-parallel 2 "
+        "--actor-tensor-parallel 2 "}) {
+    SCOPED_TRACE(options);
+    StaleLayout layout{options, /*replica_ranks=*/1, /*data_parallel_ranks=*/2, ""};
+    layout.replica_ranks = options.find("--tensor-parallel") != std::string::npos     ? 4
+                           : options.find("--pipeline-parallel") != std::string::npos ? 2
+                                                                                      : 1;
+    layout.group_size = 3;
+    layout.model = no_aux;
+    expect_keeps_the_bound_like_the_data_parallel_run(layout, "");
   }
 }
 
@@ -232,13 +294,7 @@ TEST(ModelParallelStaleSync, KeepsTheBoundReproduciblyAndTrainsTheDataParallelRu
 TEST(ModelParallelStaleSync, SeveralMinibatchesAndFixedMicroBatchCountsTrainTheDataParallelRuns) {
   const std::string model_dir = test::fresh_temp_dir("mp-stale-mb-model");
   const std::string tiny4 = test::write_tiny4_model(model_dir);
-  const std::string no_aux = model_dir + "/tiny-no-aux.ini";
-  {
-    std::ofstream out(no_aux);
-    out << "[model]\nname = tiny-no-aux\nvocab_size = 32\nd_model = 32\nn_layers = 2\n"
-           "n_heads = 4\nn_experts = 4\ntop_k = 2\nd_ff = 32\nshared_expert_d_ff = 16\n"
-           "max_seq_len = 128\naux_loss_coef = 0\n";
-  }
+  const std::string no_aux = write_tiny_no_aux_model(model_dir);
   struct Layout {
     std::string model, options, data_parallel_options;
     int replica_ranks;

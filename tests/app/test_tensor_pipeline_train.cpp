@@ -132,8 +132,6 @@ TEST(TensorPipelineTrain, ShapesThatDoNotFitStopEveryRankBeforeOutput) {
            "--actor-tensor-parallel 4 with --tensor-parallel 2: must divide the training TP "
            "degree"},
           // Training at TP 1 generating at TP G: what is not built, and degrees that do not fit.
-          {2, "--actor-tensor-parallel 2 --staleness 1",
-           "--actor-tensor-parallel 2 without --tensor-parallel is not supported with --staleness"},
           {4, "--pipeline-parallel 2 --actor-tensor-parallel 2 --expert-parallel 2",
            "--actor-tensor-parallel 2 without --tensor-parallel is not supported with expert "
            "parallelism"},
