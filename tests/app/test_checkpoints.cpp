@@ -459,6 +459,18 @@ TEST(Checkpoint, FusedPipelineParallelStaleSyncResumeIsBitExact) {
                                    "data");
 }
 
+// Training at TP 1 generating at TP 2 with StaleSync: each generation group's ranks hold the same
+// pool, each rank's saved and restored with the checkpoint. Data-parallel training (each rank
+// cuts its slice) and PP 2 x DP 2 (each stage receives its slice of the other) on 4 ranks.
+TEST(Checkpoint, GenerationAtATensorParallelDegreeOfItsOwnStaleSyncResumeIsBitExact) {
+  const std::string stale = kRun + "--mode fused --staleness 1 --finish-threshold 0.75 ";
+  expect_kill_and_resume_bit_exact("generation-tp-stale", 4, stale + "--actor-tensor-parallel 2 ",
+                                   "data");
+  expect_kill_and_resume_bit_exact("pipeline-generation-tp-stale", 4,
+                                   stale + "--pipeline-parallel 2 --actor-tensor-parallel 2 ",
+                                   "data");
+}
+
 // The file is the whole model whatever wrote it: a checkpoint of the fused run with
 // `model_parallel` (its options) on `ranks` ranks resumes in a data-parallel fused run on
 // `data_parallel_ranks` (as many replicas, so the same samples and the same math) and the other
