@@ -121,7 +121,9 @@ int run_train_command(const std::vector<std::string>& args) {
         "--tensor-parallel, or 1 with --pipeline-parallel): groups of this many consecutive "
         "ranks generate from TP slices regrouped for the phase (1: data-parallel from the whole "
         "model), with --pipeline-parallel each rank borrowing only its slice of the other "
-        "stages");
+        "stages; without --tensor-parallel (fused, no EP) any degree dividing the ranks and "
+        "heads: each rank cuts its slice of its own model, or with --pipeline-parallel of every "
+        "stage");
     add("pipeline-parallel",
         po::value(&multi_rank.pipeline_parallel)->default_value(multi_rank.pipeline_parallel),
         "--mode fused: pipeline-parallel degree: pipelines of this many consecutive ranks train "
