@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 
@@ -395,11 +396,13 @@ void read_tensors(hid_t parent, const std::string& path, const char* name,
   }
   Handle group = open_group(parent, path, name);
   const std::vector<ParameterTensor>& tensors = layout.tensors();
-  // The tensors as the file holds them: index for index the layout's, uncut.
-  const ParameterLayout uncut = layout.tensor_slice().active()
-                                    ? ParameterLayout(config, layout.stored_expert_shard(),
-                                                      layout.layer_shard(), TensorSlice{})
-                                    : layout;
+  // The tensors as the file holds them: index for index the layout's, uncut (built only for a
+  // tensor-parallel layout; otherwise the layout itself).
+  std::optional<ParameterLayout> uncut_layout;
+  if (layout.tensor_slice().active()) {
+    uncut_layout.emplace(config, layout.stored_expert_shard(), layout.layer_shard(), TensorSlice{});
+  }
+  const ParameterLayout& uncut = uncut_layout ? *uncut_layout : layout;
   std::vector<std::vector<uint32_t>> expected(tensors.size()), found(tensors.size());
   tbb::task_group copies;
   try {
