@@ -63,8 +63,9 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   const std::unique_ptr<TensorParallel> tp =
       make_train_tensor_parallel(options, model_config, topology);
   // Generation runs collectively over the training TP groups at --actor-tensor-parallel T, over
-  // TP groups of G consecutive ranks from regrouped slices at 1 < G < T, else data-parallel on
-  // every rank from a whole model of its own: with a pipeline, each rank trains its own block of
+  // TP groups of G consecutive ranks from regrouped slices at 1 < G < T (or from slices cut from
+  // the whole model or stage after training at TP 1), else data-parallel on every rank from a
+  // whole model of its own: with a pipeline, each rank trains its own block of
   // the samples whoever generated them (a TP rank its share of its group's); without one, a TP
   // group trains the samples its ranks generated.
   const bool pipelined = options.pipeline_parallel > 1;
@@ -109,8 +110,8 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   const std::unique_ptr<PipelineGroups> pp = make_train_pipeline(
       options, model_config, trained_prompts * rl.group_size, rl.micro_batch, rl.group_size,
       rl.minibatches, topology, stage_cost_probe(run, policy_options, rl.micro_batch), tp.get());
-  // The model a pipeline rank, or a TP rank generating at a lower TP degree, generates from: every
-  // layer (with TP generation, its TP slice).
+  // The model a pipeline rank, a TP rank generating at a lower TP degree, or a data-parallel rank
+  // generating at TP G generates from: every layer (with TP generation, its TP slice).
   const bool borrows_whole_model = pp || tp_regrouped_generation || sliced_generation;
   // (TP x EP generating at a lower TP degree: every layer with the rank's training expert slots,
   // its spare replica slots included, which its training EP group's dispatchers route to.)

@@ -46,10 +46,7 @@ void validate_generation_tensor_parallel(const DisaggregatedOptions& options,
       throw ConfigError(option +
                         " without --tensor-parallel is not supported with --reorder-samples");
     }
-    if (options.tensor_parallel_attention_only) {
-      throw ConfigError("--tensor-parallel-attention-only needs --tensor-parallel 2 or more");
-    }
-    return;
+    return;  // (--tensor-parallel-attention-only is refused by the caller: it needs training TP)
   }
   if (training % generation != 0) {
     throw ConfigError(option + with +
