@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "kernels/arena.h"
+#include "src/model/attention_pieces.h"
 
 namespace rlf {
 
@@ -64,14 +65,33 @@ int64_t attention_chunks(int64_t items, int64_t min_grain = 1) {
   return blocks(items, grain);
 }
 
-// attention_forward: (sequence, query block) pairs, and per chunk a score tile, an accumulator
-// and the running max and sum.
-size_t attention_forward_scratch(const PackedBatch& batch, int H, int D) {
+// The pieces of whole sequences the transformer calls attention over (attention_pieces), each
+// as a batch of its own.
+std::vector<PackedBatch> attention_piece_batches(const PackedBatch& batch) {
+  std::vector<PackedBatch> pieces;
+  for (const SequenceRange& piece : attention_pieces(int(batch.lengths.size()))) {
+    const auto first = batch.lengths.begin() + piece.first;
+    pieces.push_back(packed_batch(std::vector<int>(first, first + piece.count)));
+  }
+  return pieces;
+}
+
+// attention_forward of one call: (sequence, query block) pairs, and per chunk a score tile, an
+// accumulator and the running max and sum.
+size_t attention_forward_call_scratch(const PackedBatch& batch, int H, int D) {
   if (batch.sequences <= 0 || batch.query_blocks == 0) return 0;
   const int64_t per_chunk =
       kAttentionBlock * kAttentionBlock + kAttentionBlock * D + 2 * kAttentionBlock;
   return 2 * bytes<int>(batch.query_blocks) +
          bytes<float>(attention_chunks(batch.query_blocks * H) * per_chunk);
+}
+
+// The largest of the pieces' calls (each releases its scratch before the next).
+size_t attention_forward_scratch(const PackedBatch& batch, int H, int D) {
+  size_t largest = 0;
+  for (const PackedBatch& piece : attention_piece_batches(batch))
+    largest = std::max(largest, attention_forward_call_scratch(piece, H, D));
+  return largest;
 }
 
 // attention_decode: one score row of the longest cached sequence per chunk of (row, head) items.
@@ -81,13 +101,21 @@ size_t attention_decode_scratch(int64_t rows, int H, int D, int64_t longest) {
   return bytes<float>(attention_chunks(rows * H, min_items) * longest);
 }
 
-// attention_backward: delta per (token, head), and per chunk of (sequence, head) items two tiles
-// and the dK and dV accumulators.
-size_t attention_backward_scratch(const PackedBatch& batch, int H, int D) {
+// attention_backward of one call: delta per (token, head), and per chunk of (sequence, head)
+// items two tiles and the dK and dV accumulators.
+size_t attention_backward_call_scratch(const PackedBatch& batch, int H, int D) {
   if (batch.sequences <= 0) return 0;
   const int64_t per_chunk = 2 * kAttentionBlock * kAttentionBlock + 2 * kAttentionBlock * D;
   return bytes<float>(batch.tokens * H) +
          bytes<float>(attention_chunks(int64_t(batch.sequences) * H) * per_chunk);
+}
+
+// The largest of the pieces' calls.
+size_t attention_backward_scratch(const PackedBatch& batch, int H, int D) {
+  size_t largest = 0;
+  for (const PackedBatch& piece : attention_piece_batches(batch))
+    largest = std::max(largest, attention_backward_call_scratch(piece, H, D));
+  return largest;
 }
 
 // router.cpp router_aux_loss_forward: a sum and a count per expert and block of tokens.
@@ -184,7 +212,7 @@ void layer_forward(Tally& t, const ModelConfig& config, const ParameterLayout& l
     t.scratch(attention_forward_scratch(*packed, H, D));
   } else {
     const size_t mark = t.mark();
-    t.hold<int>(N);  // attention_core: decode lengths
+    t.hold<int>(N);  // decode_attention: decode lengths
     t.scratch(attention_decode_scratch(N, H, D, decode_longest));
     t.release(mark);
   }
@@ -286,6 +314,7 @@ void hold_forward(Tally& t, const ModelConfig& config, const ParameterLayout& la
 
 PackedBatch packed_batch(const std::vector<int>& lengths) {
   PackedBatch b;
+  b.lengths = lengths;
   b.sequences = int(lengths.size());
   for (int length : lengths) {
     b.tokens += length;

@@ -15,6 +15,7 @@ namespace rlf {
 
 // The lengths of a packed batch that the allocations depend on.
 struct PackedBatch {
+  std::vector<int> lengths;  // of the sequences, in order (attention runs in pieces of them)
   int sequences = 0;
   int64_t tokens = 0;
   int64_t query_blocks = 0;  // sum over sequences of ceil(length / 64): attention's work items

@@ -10,6 +10,7 @@
 
 #include "kernels/arena.h"
 #include "mpi_comm/expert_dispatch.h"
+#include "src/model/attention_pieces.h"
 #include "src/model/tensor_parallel.h"
 
 namespace rlf {
@@ -184,33 +185,32 @@ typename Transformer<T>::Layer Transformer<T>::allocate_layer(int N) {
 }
 
 template <typename T>
-void Transformer<T>::attention_core(int l, Layer& a, int N, const int* positions,
+void Transformer<T>::store_in_cache(int l, const Layer& a, int N, const int* positions,
                                     const AttentionMode& mode) {
-  const int H = layout_.local_heads(), D = config_.head_dim();
-  const int64_t row = int64_t(H) * D;
+  const int64_t row = int64_t(layout_.local_heads()) * config_.head_dim();
   // Prefill and decode keep each token's key and value at its position in its sequence's slot.
-  if (mode.cache) {
-    KVCache<T>& cache = *mode.cache;
-    for (int n = 0; n < N; ++n) {
-      if (positions[n] >= cache.max_len) {
-        throw std::out_of_range("KV cache: position " + std::to_string(positions[n]) +
-                                " is beyond its max_len " + std::to_string(cache.max_len));
-      }
-      std::memcpy(&cache.keys[l].at(mode.token_slots[n], positions[n], 0), a.k + n * row,
-                  size_t(row) * sizeof(T));
-      std::memcpy(&cache.values[l].at(mode.token_slots[n], positions[n], 0), a.v + n * row,
-                  size_t(row) * sizeof(T));
+  KVCache<T>& cache = *mode.cache;
+  for (int n = 0; n < N; ++n) {
+    if (positions[n] >= cache.max_len) {
+      throw std::out_of_range("KV cache: position " + std::to_string(positions[n]) +
+                              " is beyond its max_len " + std::to_string(cache.max_len));
     }
+    std::memcpy(&cache.keys[l].at(mode.token_slots[n], positions[n], 0), a.k + n * row,
+                size_t(row) * sizeof(T));
+    std::memcpy(&cache.values[l].at(mode.token_slots[n], positions[n], 0), a.v + n * row,
+                size_t(row) * sizeof(T));
   }
-  if (mode.kind == AttentionMode::Packed) {
-    ops_.attention_forward(a.att, a.lse, a.q, a.k, a.v, mode.seq_offsets, mode.S, H, D, device_);
-    return;
-  }
+}
+
+template <typename T>
+void Transformer<T>::decode_attention(int l, Layer& a, int N, const int* positions,
+                                      const AttentionMode& mode) {
   ArenaScope scope(device_);
   int* lens = device_.allocate<int>(size_t(N), "decode lengths");
   for (int n = 0; n < N; ++n) lens[n] = positions[n] + 1;
   ops_.attention_decode(a.att, a.q, mode.cache->keys[l].data, mode.cache->values[l].data,
-                        mode.token_slots, lens, N, H, D, mode.cache->max_len, device_);
+                        mode.token_slots, lens, N, layout_.local_heads(), config_.head_dim(),
+                        mode.cache->max_len, device_);
 }
 
 template <typename T>
@@ -229,8 +229,19 @@ ResumablePass Transformer<T>::layer_forward(int l, Layer& a, const T* x_in, T* x
   ops_.rope_forward(a.q, a.q, positions, N, H, D, config_.rope_theta, device_);
   ops_.rope_forward(a.k, a.k, positions, N, H, D, config_.rope_theta, device_);
   co_await progress_point();
-  attention_core(l, a, N, positions, mode);
-  co_await progress_point();
+  if (mode.cache) store_in_cache(l, a, N, positions, mode);
+  if (mode.kind == AttentionMode::Packed) {
+    // Packed sequences (training, log-probs, prefill): attention in pieces of whole sequences,
+    // the bits of one call, a progress point after each.
+    for (const SequenceRange& piece : attention_pieces(mode.S)) {
+      ops_.attention_forward(a.att, a.lse, a.q, a.k, a.v, mode.seq_offsets + piece.first,
+                             piece.count, H, D, device_);
+      co_await progress_point();
+    }
+  } else {
+    decode_attention(l, a, N, positions, mode);
+    co_await progress_point();
+  }
   ops_.matmul_forward(a.x_mid, a.att, params_ + o.wo, N, A, C, device_);
   tensor_parallel_sum(a.x_mid, NC);  // row-parallel wo: the heads' partial sums
   for (int64_t i = 0; i < NC; ++i) a.x_mid[i] += x_in[i];
@@ -464,9 +475,12 @@ ResumablePass Transformer<T>::layer_backward(int l, const Layer& a, T* dx, int N
   T* dk = device_.allocate_zeroed<T>(NA, "backward work");
   T* dv = device_.allocate_zeroed<T>(NA, "backward work");
   co_await progress_point();
-  ops_.attention_backward(dq, dk, dv, datt, a.att, a.lse, a.q, a.k, a.v, seq_offsets_, S_, H, D,
-                          device_);
-  co_await progress_point();
+  // In pieces of whole sequences, as the forward (each piece's rows the bits of one call).
+  for (const SequenceRange& piece : attention_pieces(S_)) {
+    ops_.attention_backward(dq, dk, dv, datt, a.att, a.lse, a.q, a.k, a.v,
+                            seq_offsets_ + piece.first, piece.count, H, D, device_);
+    co_await progress_point();
+  }
   T* dq_pre = device_.allocate_zeroed<T>(NA, "backward work");
   T* dk_pre = device_.allocate_zeroed<T>(NA, "backward work");
   ops_.rope_backward(dq_pre, dq, positions, N, H, D, config_.rope_theta, device_);

@@ -171,7 +171,11 @@ class Transformer {
                                 T* dx_in);
   ResumablePass layer_forward(int l, Layer& a, const T* x_in, T* x_out, int N, const int* positions,
                               const AttentionMode& mode);
-  void attention_core(int l, Layer& a, int N, const int* positions, const AttentionMode& mode);
+  // The layer's keys and values of N tokens into the cache (prefill, decode).
+  void store_in_cache(int l, const Layer& a, int N, const int* positions,
+                      const AttentionMode& mode);
+  // A decode step's attention of N tokens over their cached sequences.
+  void decode_attention(int l, Layer& a, int N, const int* positions, const AttentionMode& mode);
   ResumablePass layer_backward(int l, const Layer& a, T* dx, int N, const int* positions,
                                T aux_weight);
   Layer allocate_layer(int N);

@@ -78,6 +78,57 @@ TEST(AttentionCpu, BackwardMatchesRef) {
   }
 }
 
+// A packed batch's sequences attend only within themselves, and the kernels take any sub-range of
+// the offsets (the rows outside it left alone): attention called over consecutive pieces of whole
+// sequences gives the whole call's bits, forward and backward (the transformer's training passes
+// call it that way, with a progress point between pieces: src/model/attention_pieces.h). Pieces of
+// one sequence each and of two halves, on every packing.
+TEST(AttentionCpu, PiecesOfWholeSequencesGiveTheWholeCallsBits) {
+  int index = 0;
+  for (const auto& pk : attention_packings()) {
+    const uint64_t seed = test::seed_for("AttentionCpu.Pieces", index++);
+    const auto in = make_attention_inputs(pk, seed);
+    const size_t n = in.q.size(), nl = size_t(in.N) * in.H;
+    std::vector<float> out(n, 123.0f), lse(nl, 123.0f);
+    cpu::attention_forward(out.data(), lse.data(), in.q.data(), in.k.data(), in.v.data(),
+                           in.offsets.data(), in.S, in.H, in.D, test::scratch_arena());
+    const auto dout = test::random_vector<float>(n, seed + 4);
+    const auto init = test::random_vector<float>(3 * n, seed + 5);
+    std::vector<float> dq(init.begin(), init.begin() + n),
+        dk(init.begin() + n, init.begin() + 2 * n), dv(init.begin() + 2 * n, init.end());
+    cpu::attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), out.data(), lse.data(),
+                            in.q.data(), in.k.data(), in.v.data(), in.offsets.data(), in.S, in.H,
+                            in.D, test::scratch_arena());
+    const std::vector<std::vector<int>> cuts = {[&] {
+                                                  std::vector<int> each(size_t(in.S) + 1);
+                                                  std::iota(each.begin(), each.end(), 0);
+                                                  return each;
+                                                }(),
+                                                {0, in.S / 2, in.S}};
+    for (const std::vector<int>& cut : cuts) {
+      SCOPED_TRACE(pk.name + ", " + std::to_string(cut.size() - 1) + " piece(s)");
+      std::vector<float> piece_out(n, 123.0f), piece_lse(nl, 123.0f);
+      std::vector<float> piece_dq(init.begin(), init.begin() + n),
+          piece_dk(init.begin() + n, init.begin() + 2 * n),
+          piece_dv(init.begin() + 2 * n, init.end());
+      for (size_t p = 0; p + 1 < cut.size(); ++p) {
+        const int* offsets = in.offsets.data() + cut[p];
+        const int count = cut[p + 1] - cut[p];
+        cpu::attention_forward(piece_out.data(), piece_lse.data(), in.q.data(), in.k.data(),
+                               in.v.data(), offsets, count, in.H, in.D, test::scratch_arena());
+        cpu::attention_backward(piece_dq.data(), piece_dk.data(), piece_dv.data(), dout.data(),
+                                out.data(), lse.data(), in.q.data(), in.k.data(), in.v.data(),
+                                offsets, count, in.H, in.D, test::scratch_arena());
+      }
+      EXPECT_EQ(piece_out, out);
+      EXPECT_EQ(piece_lse, lse);
+      EXPECT_EQ(piece_dq, dq);
+      EXPECT_EQ(piece_dk, dk);
+      EXPECT_EQ(piece_dv, dv);
+    }
+  }
+}
+
 TEST(AttentionCpu, DecodeMatchesRef) {
   struct Shape {
     int B, H, D, slots, max_len;
