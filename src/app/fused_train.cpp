@@ -595,11 +595,12 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
           rollouts =
               tensor_parallel_share(std::move(rollouts), *generation_tp_groups, rl.group_size);
         }
-      } else if (tp_regrouped_generation) {
-        // TP T -> TP G (1: DP): every rank generates from its generation slice (G = 1: the whole
-        // model), regrouped inside its TP group for the phase, with its generation TP group; each
-        // keeps its share (its data-parallel block), and the training TP group then trains the
-        // samples of all its ranks.
+      } else if (tp_regrouped_generation || sliced_generation) {
+        // TP T -> TP G (1: DP), or TP 1 -> TP G: every rank generates from its generation slice
+        // (G = 1: the whole model) with its generation TP group, in the device arena for the
+        // phase: regrouped inside its training TP group, or cut from its own whole model
+        // (nothing received). Each keeps its share (its data-parallel block); a training TP group
+        // then trains the samples of all its ranks.
         ArenaScope generation_memory(device);
         // (With EP, generation at TP 1 only: each rank keeps its training experts and generates
         // collectively over its training EP group.)
@@ -609,9 +610,15 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         {
           TraceScope traced(trace, Phase::Reshard);
           traced.set_version(version);
-          const uint64_t received =
-              regroup_tensor_slices(model.parameters(), model.layout(), generator.parameters(),
-                                    generator.layout(), policy.config, *tp);
+          uint64_t received = 0;
+          if (tp) {
+            received =
+                regroup_tensor_slices(model.parameters(), model.layout(), generator.parameters(),
+                                      generator.layout(), policy.config, *tp);
+          } else {
+            slice_parameters(model.parameters(), model.layout(), generator.parameters(),
+                             generator.layout());
+          }
           traced.set_bytes(int64_t(received));
           generation_switch_bytes += received;
         }
@@ -620,25 +627,11 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         if (generation_groups) {
           rollouts = tensor_parallel_share(std::move(rollouts), *generation_groups, rl.group_size);
         }
-        TraceScope traced(trace, Phase::QueueGet);
-        traced.set_version(version);
-        rollouts = gather_tensor_parallel_rollouts(rollouts, *tp, rl.group_size);
-      } else if (sliced_generation) {
-        // TP 1 -> TP G: every rank generates from its generation TP slice of its own model (a
-        // local copy in the device arena for the phase) with its generation TP group, and keeps
-        // its share of the group's samples: the block the data-parallel layout gives it.
-        ArenaScope generation_memory(device);
-        Transformer<float> generator(policy.config, policy.device->ops(), device,
-                                     /*with_gradients=*/false, ExpertShard{}, LayerShard{},
-                                     generation_groups.get());
-        {
-          TraceScope traced(trace, Phase::Reshard);
+        if (tp) {
+          TraceScope traced(trace, Phase::QueueGet);
           traced.set_version(version);
-          slice_parameters(model.parameters(), model.layout(), generator.parameters(),
-                           generator.layout());
+          rollouts = gather_tensor_parallel_rollouts(rollouts, *tp, rl.group_size);
         }
-        generate(generator);
-        rollouts = tensor_parallel_share(std::move(rollouts), *generation_groups, rl.group_size);
       } else if (!layout_switch) {
         generate(model);
       } else {
