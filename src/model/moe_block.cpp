@@ -8,6 +8,7 @@
 #include "kernels/arena.h"
 #include "kernels/moe.h"
 #include "mpi_comm/expert_dispatch.h"
+#include "src/model/expert_pieces.h"
 #include "src/model/overlapped_experts.h"
 #include "src/model/router_skew.h"
 #include "src/model/tensor_parallel.h"
@@ -175,8 +176,12 @@ ResumablePass MoeBlock<T>::routed_forward_ep(MoeWeights<T> w, const T* x, T* out
     a.ffn_a = d.allocate<float>(size_t(R) * F, "activations");
     a.ffn_b = d.allocate<float>(size_t(R) * F, "activations");
     a.y = d.allocate<float>(size_t(R) * C, "activations");
-    ops_.expert_ffn_forward(a.y, a.ffn_a, a.ffn_b, a.xg, w.w1 + first, w.w3 + first, w.w2 + first,
-                            a.expert_offsets, E_local, C, F, device_);
+    // In pieces of whole experts, the bits of one call, a progress point after each.
+    for (const ExpertRange& piece : expert_pieces(a.expert_offsets, E_local)) {
+      expert_ffn_forward_piece(ops_, a.y, a.ffn_a, a.ffn_b, a.xg, w.w1 + first, w.w3 + first,
+                               w.w2 + first, a.expert_offsets, piece, C, F, device_);
+      co_await progress_point();
+    }
     ep.begin_combine(a.y, a.expert_weight + int64_t(own.first) * K);
     co_await exchange(ep.chain());
     const std::vector<float> combined = ep.finish_combine();
@@ -207,9 +212,12 @@ ResumablePass MoeBlock<T>::routed_backward_ep(MoeWeights<T> w, MoeWeights<T> g,
     ep.finish_combine_backward(dy_local, dweight_v);
     const int64_t first = int64_t(ep.ep_rank()) * E_local - w.first_expert;
     float* dxg = device_.allocate_zeroed<float>(size_t(R) * C, "backward work");
-    ops_.expert_ffn_backward(dxg, g.w1 + first, g.w3 + first, g.w2 + first, dy_local.data(), a.xg,
-                             a.ffn_a, a.ffn_b, w.w1 + first, w.w3 + first, w.w2 + first,
-                             a.expert_offsets, E_local, C, F, device_);
+    for (const ExpertRange& piece : expert_pieces(a.expert_offsets, E_local)) {
+      expert_ffn_backward_piece(ops_, dxg, g.w1 + first, g.w3 + first, g.w2 + first,
+                                dy_local.data(), a.xg, a.ffn_a, a.ffn_b, w.w1 + first, w.w3 + first,
+                                w.w2 + first, a.expert_offsets, piece, C, F, device_);
+      co_await progress_point();
+    }
     // dx[n] += (sum over k in slot order of the rows of (n, k)), as moe_gather_backward does.
     ep.begin_dispatch_backward(dxg);
     co_await exchange(ep.chain());
