@@ -77,8 +77,9 @@ template <typename T>
 int PipelineStage<T>::take_slot() {
   if (free_slots_.empty()) {
     const int slot = int(arenas_.size());
-    arenas_.push_back(
-        std::make_unique<Arena>("pipeline activations " + std::to_string(slot), activation_bytes_));
+    // The device's kind of memory: on a GPU the kernels run on these activations.
+    arenas_.push_back(std::make_unique<Arena>("pipeline activations " + std::to_string(slot),
+                                              activation_bytes_, model_.device().kind()));
     views_.push_back(std::make_unique<Transformer<T>>(model_, *arenas_.back()));
     if (dispatchers_) views_.back()->set_expert_parallel(dispatchers_(slot));
     if (overlap_) views_.back()->set_expert_overlap(overlap_(slot, *arenas_.back()));

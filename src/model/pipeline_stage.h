@@ -119,6 +119,9 @@ class PipelineStage {
 
   // Arenas made so far: the most micro-batch chunks that were in flight at once.
   int activation_arenas() const { return int(arenas_.size()); }
+  // Arena `slot` (< activation_arenas()): memory of the kind of the model's device arena (CUDA
+  // managed memory on a GPU, where the kernels read and write it).
+  const Arena& activation_arena(int slot) const { return *arenas_.at(size_t(slot)); }
   // The largest use of any of them.
   size_t activation_peak() const;
 

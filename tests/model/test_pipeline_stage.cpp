@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kernels/arena.h"
+#include "kernels/gpu.h"
 #include "src/balance/stage_balance.h"
 #include "src/model/pipeline_stage.h"
 #include "src/model/transformer.h"
@@ -116,6 +117,23 @@ TEST(PipelineLayout, AStageRefusesLayersItDoesNotStore) {
 // A stage over a model without gradients runs forward only: each micro-batch's forward released
 // after use reuses one activation arena, its last chunk's loss function sees the whole model's
 // logits, and a backward is refused.
+// The activation arenas are memory of the device arena's kind: CUDA managed memory where a GPU is
+// usable (the kernels read and write them there; host memory would fault), host memory here.
+TEST(PipelineLayout, ActivationArenasAreOfTheDeviceArenasKind) {
+  const ModelConfig config = deep_micro(2);
+  const MemoryKind kind = cuda_usable() ? MemoryKind::CudaManaged : MemoryKind::Host;
+  Arena device("device", 16 << 20, kind);
+  Transformer<float> model(config, cpu_ops(), device, /*with_gradients=*/false, ExpertShard{},
+                           stage_layer_shard({{0, 2}}, config.n_layers));
+  model.initialize(3);
+  PipelineStage<float> stage(model, {{0, 2}}, 4 << 20);
+  stage.set_loss([](int, const float*, int, int, Arena&, float*) { return 0.0f; });
+  const auto batches = test::random_micro_batches<float>(1, config.vocab_size, 7, 5);
+  stage.forward(0, 0, batches[0], nullptr);
+  ASSERT_EQ(stage.activation_arenas(), 1);
+  EXPECT_EQ(stage.activation_arena(0).kind(), device.kind());
+}
+
 TEST(PipelineLayout, AForwardOnlyStageReleasesEachForwardAndRefusesBackward) {
   const ModelConfig config = deep_micro(4);
   Arena device("device", 16 << 20), whole_device("whole", 16 << 20);
