@@ -172,11 +172,15 @@ Outcome validate_row(const Row& row) {
     const ExpertShard gen =
         gen_ep > 1 ? expert_shard_of(0, gen_ep, config.n_experts) : ExpertShard{};
     // The expected peak, where the runtime's own check takes the bound: the KV cache at the
-    // longest sequence (allocated so), a prefill packing the run's mean prompt per sample (not the
-    // longest); with StaleSync the pool re-prefills the partials it resumes, and at the cut every
-    // slot is in flight (continuous batching keeps them full), each an expected half of the mean
-    // response past its prompt.
-    const int prefill = int(std::ceil(prompt));
+    // longest sequence (allocated so), a prefill packing the worst phase's prompts (not the
+    // longest): the peak is the largest of `steps` phases, each the rank's prompts' mean (their
+    // group_size samples share a prompt), so expected at E[max of `steps` normals] standard
+    // deviations of that mean above the mean prompt, rounded to a whole prompt; with StaleSync
+    // the pool re-prefills the partials it resumes, and at the cut every slot is in flight
+    // (continuous batching keeps them full), each an expected half of the mean response past its
+    // prompt.
+    const int prefill =
+        int(std::lround(expected_worst_phase_mean(job.prompt, steps, double(job.prompts) / ranks)));
     const int resumed_prefix = int(std::ceil(prompt + 0.5 * response));
     const FusedBatch batch{job.prompts / ranks * job.group_size,
                            prefill,

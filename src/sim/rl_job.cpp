@@ -12,6 +12,7 @@
 #include "kernels/error.h"
 #include "src/io/input_files.h"
 #include "src/rl/task.h"
+#include "src/sim/expert_load.h"
 
 namespace po = boost::program_options;
 
@@ -36,7 +37,9 @@ double normal_quantile(double p) {
 }
 
 // Standard deviation of the integers of a range `span` wide (span + 1 of them), equally likely.
-double uniform_integer_deviation(double span) { return std::sqrt(span * (span + 2) / 12); }
+double uniform_integer_deviation(double span) {
+  return std::sqrt(span * (span + 2) / 12);
+}
 
 // Empirical lengths -> summary, by the nearest-rank rule.
 LengthSummary summarize_sorted(const std::vector<double>& sorted, int64_t samples_per_step,
@@ -180,6 +183,11 @@ LengthSummary summarize_mean_longest(double mean, double longest, double finish_
   const double low = std::max(1.0, 2 * mean - longest);
   return LengthSummary{mean, longest, low + (longest - low) * finish_threshold,
                        uniform_integer_deviation(longest - low)};
+}
+
+double expected_worst_phase_mean(const LengthSummary& lengths, int phases, double draws) {
+  if (phases <= 1 || !(draws > 0)) return lengths.mean;
+  return lengths.mean + expected_max_of_normals(phases) * lengths.deviation / std::sqrt(draws);
 }
 
 }  // namespace rlf::sim

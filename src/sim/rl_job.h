@@ -55,4 +55,10 @@ RlJob load_rl_job(const std::string& name_or_path);
 // equally likely (fixed at the mean when that is empty).
 LengthSummary summarize_mean_longest(double mean, double longest, double finish_threshold);
 
+// The expected largest mean length over `phases` phases that each draw `draws` independent
+// lengths of `lengths` (a fused rank's generation phases, each prefilling its prompts: the peak of
+// a run is its worst phase's): mean + E[max of `phases` standard normals] x deviation /
+// sqrt(draws), by the normal approximation of a phase's mean. The mean itself for one phase.
+double expected_worst_phase_mean(const LengthSummary& lengths, int phases, double draws);
+
 }  // namespace rlf::sim

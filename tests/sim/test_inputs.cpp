@@ -122,8 +122,8 @@ TEST(ClusterConfig, ExpertExchangeKeysAreOptional) {
   for (const std::string key :
        {"expert_exchange_overhead", "expert_exchange_row_seconds", "expert_exchange_lockstep",
         "expert_backward_overhead", "expert_backward_row_seconds"}) {
-    const std::string message = test::cluster_error_of(
-        std::string(kCluster) + key + " = -1e-6\n", "bad_" + key + ".ini");
+    const std::string message =
+        test::cluster_error_of(std::string(kCluster) + key + " = -1e-6\n", "bad_" + key + ".ini");
     EXPECT_NE(message.find("cluster." + key), std::string::npos) << key << ": " << message;
   }
   const std::string malformed = test::cluster_error_of(
@@ -186,6 +186,25 @@ TEST(RlJob, UniformLengthsByHand) {
   // The lengths 10..30 equally likely: variance (21^2 - 1) / 12; a fixed length does not spread.
   EXPECT_DOUBLE_EQ(job.response.deviation, std::sqrt(440.0 / 12));
   EXPECT_DOUBLE_EQ(job.prompt.deviation, 0);
+}
+
+// A fused rank's peak is its worst generation phase's prefill: the largest of `phases` phase means
+// of `draws` prompts each.
+TEST(RlJob, ExpectedWorstPhaseMeanByHand) {
+  const LengthSummary prompts{5.95, 8, 7.5, 1.44};
+  // One phase: the mean; no spread: the mean.
+  EXPECT_DOUBLE_EQ(expected_worst_phase_mean(prompts, 1, 8), 5.95);
+  EXPECT_DOUBLE_EQ(expected_worst_phase_mean(LengthSummary{6, 6, 6, 0}, 60, 8), 6);
+  // Two phases: E[max of two standard normals] = 1 / sqrt(pi); a phase mean of 8 draws spreads by
+  // deviation / sqrt(8).
+  EXPECT_NEAR(expected_worst_phase_mean(prompts, 2, 8),
+              5.95 + 1.44 / std::sqrt(8.0) / std::sqrt(M_PI), 1e-6);
+  // 60 phases: E[max of 60 standard normals] = 2.3190 (tables of normal order statistics).
+  EXPECT_NEAR(expected_worst_phase_mean(prompts, 60, 8), 5.95 + 2.3190 * 1.44 / std::sqrt(8.0),
+              1e-3);
+  // More phases reach further; more prompts per phase average the spread out.
+  EXPECT_GT(expected_worst_phase_mean(prompts, 61, 8), expected_worst_phase_mean(prompts, 60, 8));
+  EXPECT_LT(expected_worst_phase_mean(prompts, 60, 9), expected_worst_phase_mean(prompts, 60, 8));
 }
 
 TEST(RlJob, LognormalAndTaskLengths) {
