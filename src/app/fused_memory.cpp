@@ -101,7 +101,7 @@ void check_fused_memory_fit(const FusedMemoryPlan& plan, size_t capacity, bool o
                format_bytes(plan.received_experts) + " of received expert buckets";
   }
   if (plan.generation_model > 0) {
-    message += ", the generation state with the pipeline's whole generation model's " +
+    message += ", the generation state with the pipeline's borrowed generation layers' " +
                format_bytes(plan.generation_model);
   }
   message += "; with " + format_bytes(plan.training_activations) + " of training activations" +

@@ -65,10 +65,11 @@ FusedMemoryPlan plan_fused_memory(const ModelConfig& config, const ParameterLayo
                                   bool reference, const ModelConfig* reward_model, bool offload,
                                   const FusedBatch& batch, bool experts_migrate = false);
 
-// With pipeline parallelism a stage generates from a whole model of `parameters` of its own (every
-// layer, with EP the pipeline's experts: PipelineGroups::generation_layout), gathered into the
-// device arena next to the stage for the generation phase only (the stage's gradients and moments
-// still leave with --offload: they are the stage's, not the whole model's).
+// With pipeline parallelism a stage generates from `parameters` of its own received into the
+// device arena next to the stage for the generation phase only: the other stages' layers (a
+// stitched view with its own), or a whole model (every layer, with EP the pipeline's experts:
+// PipelineGroups::generation_layout; with TP its slice). The stage's gradients and moments still
+// leave with --offload: they are the stage's.
 void add_pipeline_generation_model(FusedMemoryPlan& plan, int64_t parameters);
 
 // A pipeline stage trains its micro-batch chunks in activation arenas of their own, several in

@@ -127,6 +127,14 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
       generation_tp_groups ? with_tensor_slice(model_config, unsliced_generation_layout,
                                                generation_tp_groups->slice())
                            : unsliced_generation_layout;
+  // A pipeline stage generating data-parallel (with EP, over its training EP group) borrows only
+  // the other stages' layers and generates from a stitched view of them and its own stage
+  // (Transformer's stitched view: no copy of its stage); with training or generation TP (slices
+  // regrouped), a generation EP degree of its own or redundant expert slots it copies the whole
+  // model.
+  const bool stitched_generation = pp && !tp && !generation_tp_groups &&
+                                   options.actor_expert_parallel == options.expert_parallel &&
+                                   options.rebalance.redundant_experts == 0;
   const int experts = model_config.n_experts;
   // With pipeline parallelism the EP groups are ranks of one stage in consecutive pipelines (its
   // data-parallel group), with tensor parallelism the ranks with the same TP rank in consecutive
@@ -202,8 +210,16 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
     // A pipeline stage generates from a whole model of its own (with EP, every layer with the
     // pipeline's experts; with TP generation, its TP slice), the borrowed layers included; so does
     // a TP rank generating data-parallel.
-    if (borrows_whole_model)
+    if (stitched_generation) {
+      add_pipeline_generation_model(
+          memory_plan,
+          ParameterLayout(policy.config, pp->expert_shard(),
+                          other_stages_layer_shard(policy.model->layout().layer_shard(),
+                                                   policy.config.n_layers))
+              .total());
+    } else if (borrows_whole_model) {
       add_pipeline_generation_model(memory_plan, whole_generation_layout.total());
+    }
     // A pipeline stage trains in activation arenas of its own, a micro-batch chunk in each, as
     // many at once as the schedule keeps in flight.
     if (pp) {
@@ -566,34 +582,49 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
     try {
       if (pp) {
         // The borrowed layers live in the device arena only for this phase (the scope is declared
-        // first, so the whole model is gone before the arena rewinds); the stage is only read.
+        // first, so the borrowed model is gone before the arena rewinds); the stage is only read.
         // With EP the whole model holds the pipeline's experts only and generates collectively
         // over the training EP groups (its own dispatchers, made once).
         // With TP generation the whole model is this rank's generation TP slice of every layer,
         // generating collectively over its generation TP group; each rank then keeps its share of
         // the group's samples: exactly the block the data-parallel layout gives it.
         ArenaScope generation_memory(device);
-        Transformer<float> whole(policy.config, policy.device->ops(), device,
-                                 /*with_gradients=*/false, pp->expert_shard(), LayerShard{},
-                                 generation_tp_groups);
-        {
+        // The other stages' layers (or, copying, every layer) received into `target`.
+        auto gather_into = [&](Transformer<float>& target) {
           TraceScope traced(trace, Phase::Reshard);
           traced.set_version(version);
           const uint64_t received =
-              gather_pipeline_model(model.parameters(), *pp, whole.parameters(), whole.layout());
+              gather_pipeline_model(model.parameters(), *pp, target.parameters(), target.layout());
           traced.set_bytes(int64_t(received));
           generation_switch_bytes += received;
-        }
-        if (layout_switch) {
-          // PP x EP at a generation EP degree of its own: from the gathered model.
-          generation_switch_bytes += generate_switched(whole);
-        } else {
+        };
+        if (stitched_generation) {
+          // Only the other stages' layers received: the stage generates from a stitched view of
+          // them and its own layers.
+          Transformer<float> borrowed(
+              policy.config, policy.device->ops(), device, /*with_gradients=*/false,
+              pp->expert_shard(),
+              other_stages_layer_shard(model.layout().layer_shard(), policy.config.n_layers));
+          gather_into(borrowed);
+          Transformer<float> whole(model, borrowed);
           if (ep) ep->attach_reusing(whole);
           generate(whole);
-        }
-        if (generation_tp_groups) {
-          rollouts =
-              tensor_parallel_share(std::move(rollouts), *generation_tp_groups, rl.group_size);
+        } else {
+          Transformer<float> whole(policy.config, policy.device->ops(), device,
+                                   /*with_gradients=*/false, pp->expert_shard(), LayerShard{},
+                                   generation_tp_groups);
+          gather_into(whole);
+          if (layout_switch) {
+            // PP x EP at a generation EP degree of its own: from the gathered model.
+            generation_switch_bytes += generate_switched(whole);
+          } else {
+            if (ep) ep->attach_reusing(whole);
+            generate(whole);
+          }
+          if (generation_tp_groups) {
+            rollouts =
+                tensor_parallel_share(std::move(rollouts), *generation_tp_groups, rl.group_size);
+          }
         }
       } else if (tp_regrouped_generation || sliced_generation) {
         // TP T -> TP G (1: DP), or TP 1 -> TP G: every rank generates from its generation slice

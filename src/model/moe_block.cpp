@@ -18,7 +18,12 @@ namespace rlf {
 template <typename T>
 MoeWeights<T> moe_weights(const ParameterLayout& layout, T* base, const ExpertTable<T>& experts,
                           int layer) {
-  const LayerOffsets& o = layout.layer(layer);
+  return moe_weights(layout.layer(layer), base, experts, layer);
+}
+
+template <typename T>
+MoeWeights<T> moe_weights(const LayerOffsets& o, T* base, const ExpertTable<T>& experts,
+                          int layer) {
   MoeWeights<T> w{base + o.router, experts.w1(layer), experts.w3(layer), experts.w2(layer)};
   w.first_expert = experts.shard().first;
   if (o.shared_w1 >= 0) {
@@ -32,6 +37,10 @@ MoeWeights<T> moe_weights(const ParameterLayout& layout, T* base, const ExpertTa
 template MoeWeights<float> moe_weights<float>(const ParameterLayout&, float*,
                                               const ExpertTable<float>&, int);
 template MoeWeights<double> moe_weights<double>(const ParameterLayout&, double*,
+                                                const ExpertTable<double>&, int);
+template MoeWeights<float> moe_weights<float>(const LayerOffsets&, float*,
+                                              const ExpertTable<float>&, int);
+template MoeWeights<double> moe_weights<double>(const LayerOffsets&, double*,
                                                 const ExpertTable<double>&, int);
 
 template <typename T>

@@ -38,6 +38,9 @@ struct MoeWeights {
 template <typename T>
 MoeWeights<T> moe_weights(const ParameterLayout& layout, T* base, const ExpertTable<T>& experts,
                           int layer);
+// The same with the layer's offsets given (`base` + o.router, ...).
+template <typename T>
+MoeWeights<T> moe_weights(const LayerOffsets& o, T* base, const ExpertTable<T>& experts, int layer);
 
 // What forward saves for backward (pointers into the device arena). With expert parallelism the
 // routed-expert buffers (xg, ffn_a, ffn_b, y, expert_offsets) hold this rank's dispatched rows and

@@ -31,6 +31,18 @@ void check_chunks(const std::vector<LayerRange>& chunks, int n_layers) {
 
 }  // namespace
 
+LayerShard other_stages_layer_shard(const LayerShard& stored, int n_layers) {
+  if (stored.layers.empty() || int(stored.layers.size()) >= n_layers) {
+    throw std::invalid_argument("other_stages_layer_shard: the stage stores every layer");
+  }
+  LayerShard others;
+  others.embedding = !stored.embedding;
+  others.head = !stored.head;
+  for (int l = 0; l < n_layers; ++l)
+    if (!stored.stores_layer(l)) others.layers.push_back(l);
+  return others;
+}
+
 LayerShard stage_layer_shard(const std::vector<LayerRange>& chunks, int n_layers) {
   check_chunks(chunks, n_layers);
   LayerShard shard;

@@ -43,6 +43,10 @@ struct LayerRange {
 // the final norm and head if one ends at layer n_layers.
 LayerShard stage_layer_shard(const std::vector<LayerRange>& chunks, int n_layers);
 
+// What a stage storing `stored` (some layers, not all) does not: the other stages' layers, and the
+// embedding and head where it lacks them (what it borrows to generate from every layer).
+LayerShard other_stages_layer_shard(const LayerShard& stored, int n_layers);
+
 // The loss of the chunk that ends the model on micro-batch `index`: from its `logits` [N, V] (in
 // `arena`, which the function may allocate from until the chunk's backward), writes d(loss) /
 // d(logits) into `dlogits` (zeroed) and returns the loss.

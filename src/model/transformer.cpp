@@ -60,7 +60,9 @@ Transformer<T>::Transformer(const Transformer& shared, Arena& activations)
       params_(shared.params_),
       grads_(shared.grads_),
       experts_(shared.experts_),
-      expert_grads_(shared.expert_grads_) {
+      expert_grads_(shared.expert_grads_),
+      view_(shared.view_),
+      stitch_(shared.stitch_) {
   if (tp_ && tp_->slice().splits_shared_expert())
     moe_.set_tensor_parallel(tp_, layout_.shared_width());
   moe_.set_token_split(shared.moe_.token_split());
@@ -76,7 +78,8 @@ Transformer<T>::Transformer(const Transformer& storage, ExpertTable<T> experts)
       tp_(storage.tp_),
       params_(storage.params_),
       experts_(std::move(experts)),
-      view_(true) {
+      view_(true),
+      stitch_(storage.stitch_) {
   if (experts_.layers() != config_.n_layers || !experts_.complete() ||
       experts_.shard().first + experts_.shard().count > config_.n_experts) {
     throw std::invalid_argument(
@@ -88,7 +91,81 @@ Transformer<T>::Transformer(const Transformer& storage, ExpertTable<T> experts)
 }
 
 template <typename T>
+Transformer<T>::Transformer(const Transformer& first, const Transformer& second)
+    : config_(first.config_),
+      layout_(first.config_, first.layout_.stored_expert_shard()),
+      ops_(first.ops_),
+      device_(first.device_),
+      moe_(config_, ops_, device_),
+      experts_(first.config_.n_layers, first.layout_.stored_expert_shard()),
+      view_(true) {
+  const ParameterLayout& a = first.layout_;
+  const ParameterLayout& b = second.layout_;
+  const ExpertShard shard = a.stored_expert_shard();
+  if (first.view_ || second.view_ || first.tp_ || second.tp_ || a.redundant_slots() > 0 ||
+      b.redundant_slots() > 0 || b.first_expert() != shard.first ||
+      b.stored_experts() != shard.count ||
+      first.config_.parameter_count() != second.config_.parameter_count() ||
+      first.config_.n_layers != second.config_.n_layers) {
+    throw std::invalid_argument(
+        "Transformer: a stitched view needs two models of one config with the same experts, "
+        "without TP slices or redundant slots");
+  }
+  auto stitch = std::make_shared<Stitch>();
+  for (int l = 0; l < config_.n_layers; ++l) {
+    const Transformer* source =
+        a.stores_layer(l) ? &first : (b.stores_layer(l) ? &second : nullptr);
+    if (!source) {
+      throw std::invalid_argument("Transformer: a stitched view needs layer " + std::to_string(l) +
+                                  " in one of its models");
+    }
+    stitch->layer_base.push_back(source->params_);
+    stitch->layer_offsets.push_back(source->layout_.layer(l));
+    const ExpertTable<T>& held = source->experts_;
+    for (int e = 0; e < shard.count; ++e) {
+      experts_.set(l, shard.first + e, held.w1(l)[e], held.w3(l)[e], held.w2(l)[e]);
+    }
+  }
+  const Transformer* embedding =
+      a.stores_embedding() ? &first : (b.stores_embedding() ? &second : nullptr);
+  const Transformer* head = a.stores_head() ? &first : (b.stores_head() ? &second : nullptr);
+  if (!embedding || !head) {
+    throw std::invalid_argument(
+        "Transformer: a stitched view needs the embedding and the head in one of its models");
+  }
+  stitch->embedding = embedding->params_ + embedding->layout_.embedding();
+  stitch->final_norm = head->params_ + head->layout_.final_norm();
+  stitch->lm_head = head->params_ + head->layout_.lm_head();
+  stitch_ = std::move(stitch);
+}
+
+template <typename T>
 Transformer<T>::~Transformer() = default;
+
+template <typename T>
+T* Transformer<T>::layer_parameters(int l) const {
+  return stitch_ ? stitch_->layer_base[size_t(l)] : params_;
+}
+
+template <typename T>
+const LayerOffsets& Transformer<T>::layer_offsets(int l) const {
+  return stitch_ ? stitch_->layer_offsets[size_t(l)] : layout_.layer(l);
+}
+
+template <typename T>
+T* Transformer<T>::embedding_parameters() const {
+  return stitch_ ? stitch_->embedding : params_ + layout_.embedding();
+}
+
+template <typename T>
+T* Transformer<T>::final_norm_parameters() const {
+  return stitch_ ? stitch_->final_norm : params_ + layout_.final_norm();
+}
+
+template <typename T>
+T* Transformer<T>::lm_head_parameters() const {
+  return stitch_ ? stitch_->lm_head : params_ + layout_.lm_head();
+}
 
 template <typename T>
 void Transformer<T>::set_expert_token_split(bool split) {
@@ -216,16 +293,17 @@ void Transformer<T>::decode_attention(int l, Layer& a, int N, const int* positio
 template <typename T>
 ResumablePass Transformer<T>::layer_forward(int l, Layer& a, const T* x_in, T* x_out, int N,
                                             const int* positions, const AttentionMode& mode) {
-  const LayerOffsets& o = layout_.layer(l);
+  // (A stitched view reads the layer where one of its two models stores it.)
+  const LayerOffsets& o = layer_offsets(l);
+  T* const w = layer_parameters(l);
   const int C = config_.d_model, D = config_.head_dim();
   const int H = layout_.local_heads(), A = layout_.attention_width();  // this TP rank's heads
   const int64_t NC = int64_t(N) * C;
   a.x_in = x_in;
-  ops_.rmsnorm_forward(a.xn1, a.rstd1, x_in, params_ + o.attn_norm, N, C, T(config_.norm_eps),
-                       device_);
-  ops_.matmul_forward(a.q, a.xn1, params_ + o.wq, N, C, A, device_);
-  ops_.matmul_forward(a.k, a.xn1, params_ + o.wk, N, C, A, device_);
-  ops_.matmul_forward(a.v, a.xn1, params_ + o.wv, N, C, A, device_);
+  ops_.rmsnorm_forward(a.xn1, a.rstd1, x_in, w + o.attn_norm, N, C, T(config_.norm_eps), device_);
+  ops_.matmul_forward(a.q, a.xn1, w + o.wq, N, C, A, device_);
+  ops_.matmul_forward(a.k, a.xn1, w + o.wk, N, C, A, device_);
+  ops_.matmul_forward(a.v, a.xn1, w + o.wv, N, C, A, device_);
   ops_.rope_forward(a.q, a.q, positions, N, H, D, config_.rope_theta, device_);
   ops_.rope_forward(a.k, a.k, positions, N, H, D, config_.rope_theta, device_);
   co_await progress_point();
@@ -242,15 +320,14 @@ ResumablePass Transformer<T>::layer_forward(int l, Layer& a, const T* x_in, T* x
     decode_attention(l, a, N, positions, mode);
     co_await progress_point();
   }
-  ops_.matmul_forward(a.x_mid, a.att, params_ + o.wo, N, A, C, device_);
+  ops_.matmul_forward(a.x_mid, a.att, w + o.wo, N, A, C, device_);
   tensor_parallel_sum(a.x_mid, NC);  // row-parallel wo: the heads' partial sums
   for (int64_t i = 0; i < NC; ++i) a.x_mid[i] += x_in[i];
-  ops_.rmsnorm_forward(a.xn2, a.rstd2, a.x_mid, params_ + o.ffn_norm, N, C, T(config_.norm_eps),
-                       device_);
+  ops_.rmsnorm_forward(a.xn2, a.rstd2, a.x_mid, w + o.ffn_norm, N, C, T(config_.norm_eps), device_);
   // Only a training forward (no cache) has a backward that pairs with the overlapped path.
   const bool training = mode.kind == AttentionMode::Packed && mode.cache == nullptr;
-  co_await moe_.forward(moe_weights(layout_, params_, experts_, l), a.xn2, a.moe_out, N, a.moe,
-                        dispatcher(l), training ? overlap(l) : nullptr);
+  co_await moe_.forward(moe_weights(o, w, experts_, l), a.xn2, a.moe_out, N, a.moe, dispatcher(l),
+                        training ? overlap(l) : nullptr);
   for (int64_t i = 0; i < NC; ++i) x_out[i] = a.x_mid[i] + a.moe_out[i];
 }
 
@@ -282,7 +359,7 @@ ResumablePass Transformer<T>::run(const int* tokens, const T* x_in, int N, const
   if (x_in) {
     std::memcpy(x, x_in, size_t(NC) * sizeof(T));
   } else {
-    ops_.embedding_forward(x, tokens, params_ + layout_.embedding(), N, C, V, device_);
+    ops_.embedding_forward(x, tokens, embedding_parameters(), N, C, V, device_);
   }
   aux_loss_ = T(0);
   if (keep_activations) {
@@ -315,9 +392,9 @@ const T* Transformer<T>::head(const T* x, int N, bool keep_activations) {
   T* rstd = device_.allocate<T>(size_t(N), "activations");
   T* normed = device_.allocate<T>(size_t(N) * C, "activations");
   T* logits = device_.allocate<T>(size_t(N) * V, "logits");
-  ops_.rmsnorm_forward(normed, rstd, x, params_ + layout_.final_norm(), N, C, T(config_.norm_eps),
+  ops_.rmsnorm_forward(normed, rstd, x, final_norm_parameters(), N, C, T(config_.norm_eps),
                        device_);
-  ops_.matmul_forward(logits, normed, params_ + layout_.lm_head(), N, C, V, device_);
+  ops_.matmul_forward(logits, normed, lm_head_parameters(), N, C, V, device_);
   if (keep_activations) {
     final_in_ = x;
     final_out_ = normed;

@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "kernels/ops.h"
@@ -58,6 +59,15 @@ class Transformer {
   // one table per layer (complete; its shard is the experts this model runs). Throws
   // std::invalid_argument otherwise.
   Transformer(const Transformer& storage, ExpertTable<T> experts);
+  // A stitched view for inference (no gradients, no parameters of its own) over two models of one
+  // config that together store every layer, the embedding and the head, with the same routed
+  // experts and no TP slice or redundant slots: each layer (its experts too), the embedding and
+  // the head are read where `first` stores them, else where `second` does (neither copied; both
+  // must outlive the view). A pipeline stage generates so from its own layers and the other
+  // stages' received into `second` (RL Fusion's PP layout switch). Its layout is the whole
+  // model's and parameters() is null: its tensors are in two buffers. Throws
+  // std::invalid_argument when the two do not fit together so.
+  Transformer(const Transformer& first, const Transformer& second);
   ~Transformer();
   Transformer(const Transformer&) = delete;
   Transformer& operator=(const Transformer&) = delete;
@@ -187,6 +197,13 @@ class Transformer {
   }
   // Final RMSNorm and LM head over N hidden rows.
   const T* head(const T* x, int N, bool keep_activations);
+  // Where layer l's tensors are (its base and offsets) and the embedding and head: params_ and
+  // layout_, or a stitched view's sources.
+  T* layer_parameters(int l) const;
+  const LayerOffsets& layer_offsets(int l) const;
+  T* embedding_parameters() const;
+  T* final_norm_parameters() const;
+  T* lm_head_parameters() const;
   // Tensor parallelism: sums data[count] over the TP group (nothing without TP).
   void tensor_parallel_sum(T* data, int64_t count) const;
 
@@ -202,6 +219,13 @@ class Transformer {
   T* grads_ = nullptr;
   ExpertTable<T> experts_, expert_grads_;  // the routed experts in params_ / grads_ (or a view's)
   bool view_ = false;
+  // A stitched view's sources (empty otherwise): per layer the base its offsets are from.
+  struct Stitch {
+    std::vector<T*> layer_base;
+    std::vector<LayerOffsets> layer_offsets;
+    T *embedding = nullptr, *final_norm = nullptr, *lm_head = nullptr;
+  };
+  std::shared_ptr<const Stitch> stitch_;
 
   // State of the last training forward.
   bool has_activations_ = false;

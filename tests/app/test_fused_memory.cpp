@@ -90,7 +90,7 @@ TEST(FusedMemoryPlan, APipelineStageGeneratesFromAWholeModelAndOffloadsOnlyItsOw
     FAIL() << "expected a ConfigError";
   } catch (const ConfigError& error) {
     const std::string message = error.what();
-    EXPECT_NE(message.find("the pipeline's whole generation model's"), std::string::npos)
+    EXPECT_NE(message.find("the pipeline's borrowed generation layers'"), std::string::npos)
         << message;
     EXPECT_NE(message.find("--offload would free"), std::string::npos) << message;
   }

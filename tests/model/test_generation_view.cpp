@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <stdexcept>
 #include <vector>
@@ -43,27 +44,12 @@ ExpertTable<float> experts_in_buckets(const Transformer<float>& model, SlotPool&
   return table;
 }
 
-TEST(GenerationView, ExpertsInBucketsComputeWhatTheFlatModelComputes) {
-  const ModelConfig config = test::tiny_policy_config();
-  Arena device("device", 16 << 20);
-  Transformer<float> model(config, cpu_ops(), device, /*with_gradients=*/false);
-  model.initialize(9);
-  const int buckets = config.n_layers * config.n_experts;
-  SlotPool pool(device, size_t(expert_bucket_elements(config)) * sizeof(float), 2 * buckets,
-                "expert buckets");
-  Transformer<float> view(model, experts_in_buckets(model, pool));
-  EXPECT_EQ(pool.slots_in_use(), buckets);
-  // No expert of the view is in the model's parameters; its replicated tensors are.
-  const float* begin = model.parameters();
-  const float* end = begin + model.parameter_count();
-  for (int l = 0; l < config.n_layers; ++l)
-    for (int e = 0; e < config.n_experts; ++e)
-      EXPECT_FALSE(view.experts().w1(l)[e] >= begin && view.experts().w1(l)[e] < end);
-  EXPECT_EQ(view.parameters(), model.parameters());
-
+// `view` computes what `model` computes, bit for bit: training-forward logits, and generation's
+// tokens and log-probs (prefill and decode).
+void expect_computes_what(Transformer<float>& model, Transformer<float>& view) {
   const std::vector<int> tokens = {1, 5, 9, 2, 7, 3, 3, 8, 4, 6, 1, 2};
   const std::vector<int> offsets = {0, 5, 12};
-  const size_t logits = tokens.size() * size_t(config.vocab_size);
+  const size_t logits = tokens.size() * size_t(model.config().vocab_size);
   const float* flat = model.forward(tokens.data(), offsets.data(), 2);
   const std::vector<float> want(flat, flat + logits);
   model.release_activations();
@@ -84,6 +70,27 @@ TEST(GenerationView, ExpertsInBucketsComputeWhatTheFlatModelComputes) {
     EXPECT_EQ(0, std::memcmp(a[i].logprobs.data(), b[i].logprobs.data(),
                              a[i].logprobs.size() * sizeof(float)));
   }
+}
+
+TEST(GenerationView, ExpertsInBucketsComputeWhatTheFlatModelComputes) {
+  const ModelConfig config = test::tiny_policy_config();
+  Arena device("device", 16 << 20);
+  Transformer<float> model(config, cpu_ops(), device, /*with_gradients=*/false);
+  model.initialize(9);
+  const int buckets = config.n_layers * config.n_experts;
+  SlotPool pool(device, size_t(expert_bucket_elements(config)) * sizeof(float), 2 * buckets,
+                "expert buckets");
+  Transformer<float> view(model, experts_in_buckets(model, pool));
+  EXPECT_EQ(pool.slots_in_use(), buckets);
+  // No expert of the view is in the model's parameters; its replicated tensors are.
+  const float* begin = model.parameters();
+  const float* end = begin + model.parameter_count();
+  for (int l = 0; l < config.n_layers; ++l)
+    for (int e = 0; e < config.n_experts; ++e)
+      EXPECT_FALSE(view.experts().w1(l)[e] >= begin && view.experts().w1(l)[e] < end);
+  EXPECT_EQ(view.parameters(), model.parameters());
+
+  expect_computes_what(model, view);
 }
 
 TEST(GenerationView, AViewNeedsEveryExpertAndOwnsNothing) {
@@ -111,6 +118,58 @@ TEST(GenerationView, AViewNeedsEveryExpertAndOwnsNothing) {
   EXPECT_EQ(view.gradients(), nullptr);
   // Table lookups outside the table are errors.
   EXPECT_THROW(two.set(0, 0, nullptr, nullptr, nullptr), std::out_of_range);
+}
+
+// A pipeline stage's own layers and the other stages' layers, each model holding its part only,
+// stitched into one view (RL Fusion's PP layout switch without a copy of the stage): it computes
+// what the whole model computes, bit for bit, reading each tensor where it is.
+TEST(StitchedView, TwoLayerShardsComputeWhatTheWholeModelComputes) {
+  ModelConfig config = test::tiny_policy_config();
+  config.n_layers = 4;
+  Arena device("device", 16 << 20);
+  Transformer<float> whole(config, cpu_ops(), device, /*with_gradients=*/false);
+  whole.initialize(9);
+  // The middle stage of three (layers 1 and 2; neither embedding nor head) and the rest.
+  const LayerShard own{{1, 2}, false, false}, rest{{0, 3}, true, true};
+  Transformer<float> stage(config, cpu_ops(), device, false, ExpertShard{}, own);
+  Transformer<float> borrowed(config, cpu_ops(), device, false, ExpertShard{}, rest);
+  for (Transformer<float>* part : {&stage, &borrowed}) {
+    for (const ParameterTensor& t : part->layout().tensors()) {
+      const ParameterTensor& from = *whole.layout().find(t.name);
+      std::memcpy(part->parameters() + t.offset, whole.parameters() + from.offset,
+                  size_t(t.numel) * sizeof(float));
+    }
+  }
+  for (const bool stage_first : {true, false}) {
+    SCOPED_TRACE(stage_first ? "stage first" : "borrowed first");
+    Transformer<float> view =
+        stage_first ? Transformer<float>(stage, borrowed) : Transformer<float>(borrowed, stage);
+    EXPECT_EQ(view.parameters(), nullptr) << "its tensors are in two buffers";
+    EXPECT_EQ(view.layout().total(), whole.layout().total());
+    expect_computes_what(whole, view);
+  }
+}
+
+TEST(StitchedView, RefusesPartsThatDoNotMakeOneModel) {
+  ModelConfig config = test::tiny_policy_config();
+  config.n_layers = 3;
+  Arena device("device", 16 << 20);
+  const auto part = [&](LayerShard layers, ExpertShard experts = {}) {
+    return std::make_unique<Transformer<float>>(config, cpu_ops(), device, false, experts,
+                                                std::move(layers));
+  };
+  const auto first = part({{0}, true, false});
+  // Layer 2 in neither.
+  EXPECT_THROW(Transformer<float>(*first, *part({{1}, false, true})), std::invalid_argument);
+  // No head in either.
+  EXPECT_THROW(Transformer<float>(*first, *part({{1, 2}, false, false})), std::invalid_argument);
+  // Other experts in the two.
+  EXPECT_THROW(
+      Transformer<float>(*part({{0}, true, false}, {0, 2}), *part({{1, 2}, false, true}, {2, 2})),
+      std::invalid_argument);
+  // The two together make it (experts 0 and 1 of every layer: it runs with dispatchers only).
+  EXPECT_NO_THROW(
+      Transformer<float>(*part({{0}, true, false}, {0, 2}), *part({{1, 2}, false, true}, {0, 2})));
 }
 
 }  // namespace
