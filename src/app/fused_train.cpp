@@ -127,14 +127,20 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
       generation_tp_groups ? with_tensor_slice(model_config, unsliced_generation_layout,
                                                generation_tp_groups->slice())
                            : unsliced_generation_layout;
-  // A pipeline stage generating data-parallel (with EP, over its training EP group) borrows only
-  // the other stages' layers and generates from a stitched view of them and its own stage
-  // (Transformer's stitched view: no copy of its stage); with training or generation TP (slices
-  // regrouped), a generation EP degree of its own or redundant expert slots it copies the whole
-  // model.
-  const bool stitched_generation = pp && !tp && !generation_tp_groups &&
+  // A pipeline stage generating at its training layout (data-parallel, or over its training TP
+  // group; with EP over its training EP group) borrows only the other stages' layers and
+  // generates from a stitched view of them and its own stage (Transformer's stitched view: no
+  // copy of its stage); with slices regrouped (training TP, generation at another TP degree), a
+  // generation EP degree of its own or redundant expert slots it copies the whole model.
+  const bool stitched_generation = pp && (!tp || tp_generates) &&
+                                   (!generation_tp_groups || tp_generates) &&
                                    options.actor_expert_parallel == options.expert_parallel &&
                                    options.rebalance.redundant_experts == 0;
+  // What such a stage borrows: the layers (and the embedding or head) it does not store.
+  const LayerShard other_stages =
+      stitched_generation ? other_stages_layer_shard(pp->stage_layout(pp->stage()).layer_shard(),
+                                                     model_config.n_layers)
+                          : LayerShard{};
   const int experts = model_config.n_experts;
   // With pipeline parallelism the EP groups are ranks of one stage in consecutive pipelines (its
   // data-parallel group), with tensor parallelism the ranks with the same TP rank in consecutive
@@ -211,12 +217,10 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
     // pipeline's experts; with TP generation, its TP slice), the borrowed layers included; so does
     // a TP rank generating data-parallel.
     if (stitched_generation) {
-      add_pipeline_generation_model(
-          memory_plan,
-          ParameterLayout(policy.config, pp->expert_shard(),
-                          other_stages_layer_shard(policy.model->layout().layer_shard(),
-                                                   policy.config.n_layers))
-              .total());
+      add_pipeline_generation_model(memory_plan,
+                                    ParameterLayout(policy.config, pp->expert_shard(), other_stages,
+                                                    policy.model->layout().tensor_slice())
+                                        .total());
     } else if (borrows_whole_model) {
       add_pipeline_generation_model(memory_plan, whole_generation_layout.total());
     }
@@ -599,12 +603,11 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
           generation_switch_bytes += received;
         };
         if (stitched_generation) {
-          // Only the other stages' layers received: the stage generates from a stitched view of
-          // them and its own layers.
-          Transformer<float> borrowed(
-              policy.config, policy.device->ops(), device, /*with_gradients=*/false,
-              pp->expert_shard(),
-              other_stages_layer_shard(model.layout().layer_shard(), policy.config.n_layers));
+          // Only the other stages' layers received (with TP, the rank's slice of them): the
+          // stage generates from a stitched view of them and its own layers.
+          Transformer<float> borrowed(policy.config, policy.device->ops(), device,
+                                      /*with_gradients=*/false, pp->expert_shard(), other_stages,
+                                      generation_tp_groups);
           gather_into(borrowed);
           Transformer<float> whole(model, borrowed);
           if (ep) ep->attach_reusing(whole);
@@ -621,10 +624,10 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
             if (ep) ep->attach_reusing(whole);
             generate(whole);
           }
-          if (generation_tp_groups) {
-            rollouts =
-                tensor_parallel_share(std::move(rollouts), *generation_tp_groups, rl.group_size);
-          }
+        }
+        if (generation_tp_groups) {
+          rollouts =
+              tensor_parallel_share(std::move(rollouts), *generation_tp_groups, rl.group_size);
         }
       } else if (tp_regrouped_generation || sliced_generation) {
         // TP T -> TP G (1: DP), or TP 1 -> TP G: every rank generates from its generation slice

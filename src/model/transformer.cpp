@@ -93,24 +93,30 @@ Transformer<T>::Transformer(const Transformer& storage, ExpertTable<T> experts)
 template <typename T>
 Transformer<T>::Transformer(const Transformer& first, const Transformer& second)
     : config_(first.config_),
-      layout_(first.config_, first.layout_.stored_expert_shard()),
+      layout_(first.config_, first.layout_.stored_expert_shard(), LayerShard{},
+              first.layout_.tensor_slice()),
       ops_(first.ops_),
       device_(first.device_),
       moe_(config_, ops_, device_),
+      tp_(first.tp_),
       experts_(first.config_.n_layers, first.layout_.stored_expert_shard()),
       view_(true) {
   const ParameterLayout& a = first.layout_;
   const ParameterLayout& b = second.layout_;
   const ExpertShard shard = a.stored_expert_shard();
-  if (first.view_ || second.view_ || first.tp_ || second.tp_ || a.redundant_slots() > 0 ||
+  if (first.view_ || second.view_ || first.tp_ != second.tp_ || a.redundant_slots() > 0 ||
       b.redundant_slots() > 0 || b.first_expert() != shard.first ||
       b.stored_experts() != shard.count ||
       first.config_.parameter_count() != second.config_.parameter_count() ||
       first.config_.n_layers != second.config_.n_layers) {
     throw std::invalid_argument(
-        "Transformer: a stitched view needs two models of one config with the same experts, "
-        "without TP slices or redundant slots");
+        "Transformer: a stitched view needs two models of one config with the same experts and "
+        "the same TP group (or none), without redundant slots");
   }
+  // With TP both hold the group's slice: the view runs collectively over it (no expert token
+  // split: generation's, as a whole model of the slice would).
+  if (tp_ && tp_->slice().splits_shared_expert())
+    moe_.set_tensor_parallel(tp_, layout_.shared_width());
   auto stitch = std::make_shared<Stitch>();
   for (int l = 0; l < config_.n_layers; ++l) {
     const Transformer* source =

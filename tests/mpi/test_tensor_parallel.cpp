@@ -413,6 +413,63 @@ TEST(TensorParallelModel, GenerationMatchesSingleRank) {
   for (const Case& c : cases()) check_generation(c, index++);
 }
 
+// A pipeline stage's TP slice of its layers and its slice of the other stages' layers, stitched
+// into one view (RL Fusion's PP layout switch at the training TP degree, no copy of the stage):
+// collectively over the TP group it computes what the sliced whole model computes, bit for bit
+// (training-forward logits, generated tokens and log-probs). A TP part and a part without TP do
+// not stitch (refused on every rank before any collective).
+TEST(TensorParallelModel, StitchedViewOfTwoLayerShardsIsTheSlicedModel) {
+  if (!tp_world()) GTEST_SKIP() << "TP on 2, 4 and 6 ranks";
+  ModelConfig config = tp_model();
+  config.n_layers = 4;
+  for (const Case& c : cases()) {
+    SCOPED_TRACE(case_name(c));
+    Links links(test::virtual_node_list(test::world_size(), c.ranks_per_node), {});
+    TensorParallel tp(MPI_COMM_WORLD, c.degree, c.attention_only, config, links);
+    Arena device("tp", 64 << 20);
+    Transformer<float> whole(config, cpu_ops(), device, false, {}, {}, &tp);
+    whole.initialize(test::seed_for("TensorParallelModel.Stitched", c.degree));
+    const LayerShard own{{1, 2}, false, false}, rest{{0, 3}, true, true};
+    Transformer<float> stage(config, cpu_ops(), device, false, {}, own, &tp);
+    Transformer<float> borrowed(config, cpu_ops(), device, false, {}, rest, &tp);
+    for (Transformer<float>* part : {&stage, &borrowed}) {
+      for (const ParameterTensor& t : part->layout().tensors()) {
+        const ParameterTensor& from = *whole.layout().find(t.name);
+        ASSERT_EQ(from.numel, t.numel) << t.name;
+        std::memcpy(part->parameters() + t.offset, whole.parameters() + from.offset,
+                    size_t(t.numel) * sizeof(float));
+      }
+    }
+    Transformer<float> view(stage, borrowed);
+    EXPECT_EQ(view.layout().total(), whole.layout().total());
+    const Batch b = random_batch(
+        test::seed_for("TensorParallelModel.StitchedBatch", c.degree) + uint64_t(tp.replica()), 3,
+        config.vocab_size);
+    const size_t logits = size_t(b.size()) * config.vocab_size;
+    const float* flat = whole.forward(b.tokens.data(), b.offsets.data(), b.sequences());
+    const std::vector<float> want(flat, flat + logits);
+    whole.release_activations();
+    const float* got = view.forward(b.tokens.data(), b.offsets.data(), b.sequences());
+    EXPECT_EQ(0, std::memcmp(got, want.data(), logits * sizeof(float)));
+    view.release_activations();
+    GenerationSettings sampling;
+    sampling.max_new_tokens = 5;
+    sampling.seed = 3;
+    const std::vector<std::vector<int>> prompts = {{1, 2, 3}, {4, 5}};
+    const std::vector<int64_t> ids = {int64_t(tp.replica()) * 10, int64_t(tp.replica()) * 10 + 1};
+    const auto a = generate(whole, prompts, ids, sampling);
+    const auto v = generate(view, prompts, ids, sampling);
+    ASSERT_EQ(a.size(), v.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_EQ(a[i].tokens, v[i].tokens);
+      EXPECT_EQ(0, std::memcmp(a[i].logprobs.data(), v[i].logprobs.data(),
+                               a[i].logprobs.size() * sizeof(float)));
+    }
+    Transformer<float> untouched(config, cpu_ops(), device, false, {}, rest);
+    EXPECT_THROW(Transformer<float>(stage, untouched), std::invalid_argument);
+  }
+}
+
 // A degree that does not fit fails in the constructor, before any collective, on every rank with
 // the same message.
 TEST(TensorParallelModel, DegreeThatDoesNotFitFailsOnEveryRank) {
