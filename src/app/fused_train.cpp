@@ -213,9 +213,9 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
                                     switch_layouts, rl.kl_coef > 0,
                                     reward_model ? &*reward_model : nullptr, options.offload, batch,
                                     /*experts_migrate=*/options.rebalance.every > 0);
-    // A pipeline stage generates from a whole model of its own (with EP, every layer with the
-    // pipeline's experts; with TP generation, its TP slice), the borrowed layers included; so does
-    // a TP rank generating data-parallel.
+    // A pipeline stage generates from the other stages' layers beside its own (stitched), or from
+    // a whole model of its own (with EP, every layer with the pipeline's experts; with TP
+    // generation, its TP slice); so does a TP rank generating data-parallel.
     if (stitched_generation) {
       add_pipeline_generation_model(memory_plan,
                                     ParameterLayout(policy.config, pp->expert_shard(), other_stages,
