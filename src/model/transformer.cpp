@@ -117,10 +117,13 @@ Transformer<T>::Transformer(const Transformer& first, const Transformer& second)
   // split: generation's, as a whole model of the slice would).
   if (tp_ && tp_->slice().splits_shared_expert())
     moe_.set_tensor_parallel(tp_, layout_.shared_width());
+  // The model that stores a part: `first` when it does, else `second` when it does.
+  const auto holder = [&](bool in_first, bool in_second) {
+    return in_first ? &first : (in_second ? &second : nullptr);
+  };
   auto stitch = std::make_shared<Stitch>();
   for (int l = 0; l < config_.n_layers; ++l) {
-    const Transformer* source =
-        a.stores_layer(l) ? &first : (b.stores_layer(l) ? &second : nullptr);
+    const Transformer* source = holder(a.stores_layer(l), b.stores_layer(l));
     if (!source) {
       throw std::invalid_argument("Transformer: a stitched view needs layer " + std::to_string(l) +
                                   " in one of its models");
@@ -132,9 +135,8 @@ Transformer<T>::Transformer(const Transformer& first, const Transformer& second)
       experts_.set(l, shard.first + e, held.w1(l)[e], held.w3(l)[e], held.w2(l)[e]);
     }
   }
-  const Transformer* embedding =
-      a.stores_embedding() ? &first : (b.stores_embedding() ? &second : nullptr);
-  const Transformer* head = a.stores_head() ? &first : (b.stores_head() ? &second : nullptr);
+  const Transformer* embedding = holder(a.stores_embedding(), b.stores_embedding());
+  const Transformer* head = holder(a.stores_head(), b.stores_head());
   if (!embedding || !head) {
     throw std::invalid_argument(
         "Transformer: a stitched view needs the embedding and the head in one of its models");

@@ -16,6 +16,7 @@
 #include "src/model/generation.h"
 #include "src/model/transformer.h"
 #include "tests/tiny_policy.h"
+#include "tests/view_match.h"
 
 namespace rlf {
 namespace {
@@ -44,32 +45,10 @@ ExpertTable<float> experts_in_buckets(const Transformer<float>& model, SlotPool&
   return table;
 }
 
-// `view` computes what `model` computes, bit for bit: training-forward logits, and generation's
-// tokens and log-probs (prefill and decode).
+// The fixed batch and prompts both views are checked on.
 void expect_computes_what(Transformer<float>& model, Transformer<float>& view) {
-  const std::vector<int> tokens = {1, 5, 9, 2, 7, 3, 3, 8, 4, 6, 1, 2};
-  const std::vector<int> offsets = {0, 5, 12};
-  const size_t logits = tokens.size() * size_t(model.config().vocab_size);
-  const float* flat = model.forward(tokens.data(), offsets.data(), 2);
-  const std::vector<float> want(flat, flat + logits);
-  model.release_activations();
-  const float* got = view.forward(tokens.data(), offsets.data(), 2);
-  EXPECT_EQ(0, std::memcmp(got, want.data(), logits * sizeof(float)));
-  view.release_activations();
-
-  GenerationSettings sampling;
-  sampling.max_new_tokens = 6;
-  sampling.seed = 4;
-  const std::vector<std::vector<int>> prompts = {{1, 2, 3}, {4, 5}, {6}};
-  const std::vector<int64_t> ids = {0, 1, 2};
-  const auto a = generate(model, prompts, ids, sampling);
-  const auto b = generate(view, prompts, ids, sampling);
-  ASSERT_EQ(a.size(), b.size());
-  for (size_t i = 0; i < a.size(); ++i) {
-    EXPECT_EQ(a[i].tokens, b[i].tokens);
-    EXPECT_EQ(0, std::memcmp(a[i].logprobs.data(), b[i].logprobs.data(),
-                             a[i].logprobs.size() * sizeof(float)));
-  }
+  test::expect_computes_what(model, view, {1, 5, 9, 2, 7, 3, 3, 8, 4, 6, 1, 2}, {0, 5, 12},
+                             {{1, 2, 3}, {4, 5}, {6}}, {0, 1, 2});
 }
 
 TEST(GenerationView, ExpertsInBucketsComputeWhatTheFlatModelComputes) {

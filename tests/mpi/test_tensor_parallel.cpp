@@ -28,6 +28,7 @@
 #include "tests/mpi/generation_match.h"
 #include "tests/mpi/mpi_test_util.h"
 #include "tests/test_util.h"
+#include "tests/view_match.h"
 
 namespace rlf {
 namespace {
@@ -445,26 +446,9 @@ TEST(TensorParallelModel, StitchedViewOfTwoLayerShardsIsTheSlicedModel) {
     const Batch b = random_batch(
         test::seed_for("TensorParallelModel.StitchedBatch", c.degree) + uint64_t(tp.replica()), 3,
         config.vocab_size);
-    const size_t logits = size_t(b.size()) * config.vocab_size;
-    const float* flat = whole.forward(b.tokens.data(), b.offsets.data(), b.sequences());
-    const std::vector<float> want(flat, flat + logits);
-    whole.release_activations();
-    const float* got = view.forward(b.tokens.data(), b.offsets.data(), b.sequences());
-    EXPECT_EQ(0, std::memcmp(got, want.data(), logits * sizeof(float)));
-    view.release_activations();
-    GenerationSettings sampling;
-    sampling.max_new_tokens = 5;
-    sampling.seed = 3;
-    const std::vector<std::vector<int>> prompts = {{1, 2, 3}, {4, 5}};
-    const std::vector<int64_t> ids = {int64_t(tp.replica()) * 10, int64_t(tp.replica()) * 10 + 1};
-    const auto a = generate(whole, prompts, ids, sampling);
-    const auto v = generate(view, prompts, ids, sampling);
-    ASSERT_EQ(a.size(), v.size());
-    for (size_t i = 0; i < a.size(); ++i) {
-      EXPECT_EQ(a[i].tokens, v[i].tokens);
-      EXPECT_EQ(0, std::memcmp(a[i].logprobs.data(), v[i].logprobs.data(),
-                               a[i].logprobs.size() * sizeof(float)));
-    }
+    const int64_t first_id = int64_t(tp.replica()) * 10;
+    test::expect_computes_what(whole, view, b.tokens, b.offsets, {{1, 2, 3}, {4, 5}},
+                               {first_id, first_id + 1});
     Transformer<float> untouched(config, cpu_ops(), device, false, {}, rest);
     EXPECT_THROW(Transformer<float>(stage, untouched), std::invalid_argument);
   }
