@@ -35,4 +35,12 @@ inline ModelConfig tensor_parallel_micro_config(int n_layers) {
   return config;
 }
 
+// tensor_parallel_micro_config with 6 experts: TP 1, 2 and 3 and EP 1, 2 and 3 fit.
+inline ModelConfig tensor_expert_micro_config(int n_layers) {
+  ModelConfig config = tensor_parallel_micro_config(n_layers);
+  config.n_experts = 6;
+  config.validate("test");
+  return config;
+}
+
 }  // namespace rlf::test

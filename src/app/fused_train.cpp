@@ -33,6 +33,7 @@
 #include "src/rl/rl_step.h"
 #include "src/rl/rollout.h"
 #include "src/rl/rollout_pool.h"
+#include "src/runtime/expert_aligned_tensor_groups.h"
 #include "src/runtime/expert_weight_sync.h"
 #include "src/runtime/layout_switch.h"
 #include "src/runtime/pipeline_layout_switch.h"
@@ -79,18 +80,10 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   // The degree fits the model and the ranks (ConfigError naming the option, on every rank).
   if (!tp && generation_tp > 1)
     validate_tensor_parallel(model_config, generation_tp, false, ranks, "--actor-tensor-parallel");
-  // Generation TP groups of their own for 1 < G < T, or for G > 1 after training at TP 1.
-  const std::unique_ptr<TensorParallel> generation_groups =
-      generation_tp > 1 && (!tp || generation_tp < tp->degree())
-          ? std::make_unique<TensorParallel>(topology.role_comm().comm, generation_tp,
-                                             options.tensor_parallel_attention_only, model_config,
-                                             topology.links())
-          : nullptr;
-  // The TP groups generation runs over (null: data-parallel).
-  const TensorParallel* generation_tp_groups = tp_generates ? tp.get() : generation_groups.get();
-  const int replicas = generation_tp_groups ? generation_tp_groups->replicas() : ranks;
-  const int replica =
-      generation_tp_groups ? generation_tp_groups->replica() : topology.world_rank();
+  // Generation TP groups of their own for 1 < G < T, or for G > 1 after training at TP 1 (made
+  // below, once the pipelines are known); with TP G, ranks / G groups generate.
+  const bool own_generation_groups = generation_tp > 1 && (!tp || generation_tp < tp->degree());
+  const int replicas = tp_generates || own_generation_groups ? ranks / generation_tp : ranks;
   const int training_blocks = pipelined ? ranks : tp ? tp->replicas() : ranks;
   // Every rank checks the same inputs, so a bad value stops all of them before any work.
   const int prompt_blocks = std::max(replicas, training_blocks);
@@ -110,15 +103,36 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   const std::unique_ptr<PipelineGroups> pp = make_train_pipeline(
       options, model_config, trained_prompts * rl.group_size, rl.micro_batch, rl.group_size,
       rl.minibatches, topology, stage_cost_probe(run, policy_options, rl.micro_batch), tp.get());
+  // The generation TP groups of their own: G consecutive ranks, or, after EP training at TP 1, the
+  // G ranks holding one expert block in G x E consecutive ranks of the order in which the training
+  // EP groups are consecutive (the ranks, or with pipelines the stage-major order), so that
+  // generation runs over training's EP groups and no expert moves (expert_aligned_tensor_groups.h).
+  std::unique_ptr<TensorParallel> generation_groups;
+  if (own_generation_groups) {
+    generation_groups =
+        !tp && options.expert_parallel > 1
+            ? make_expert_aligned_tensor_parallel(
+                  pp ? pp->stage_major().comm : topology.role_comm().comm, generation_tp,
+                  options.expert_parallel, options.tensor_parallel_attention_only, model_config,
+                  topology.links())
+            : std::make_unique<TensorParallel>(topology.role_comm().comm, generation_tp,
+                                               options.tensor_parallel_attention_only, model_config,
+                                               topology.links());
+  }
+  // The TP groups generation runs over (null: data-parallel).
+  const TensorParallel* generation_tp_groups = tp_generates ? tp.get() : generation_groups.get();
+  const int replica =
+      generation_tp_groups ? generation_tp_groups->replica() : topology.world_rank();
   // The model a pipeline rank, a TP rank generating at a lower TP degree, or a data-parallel rank
   // generating at TP G generates from: every layer (with TP generation, its TP slice).
   const bool borrows_whole_model = pp || tp_regrouped_generation || sliced_generation;
-  // (TP x EP generating at a lower TP degree: every layer with the rank's training expert slots,
-  // its spare replica slots included, which its training EP group's dispatchers route to.)
+  // (TP x EP generating at a lower TP degree, or EP training generating at TP G: every layer
+  // with the rank's training expert slots, its spare replica slots included, which its training
+  // EP group's dispatchers route to.)
   ExpertShard regrouped_experts;
-  if (tp_regrouped_generation && options.expert_parallel > 1) {
-    regrouped_experts =
-        expert_shard_of(tp->replica(), options.expert_parallel, model_config.n_experts);
+  if ((tp_regrouped_generation || sliced_generation) && options.expert_parallel > 1) {
+    regrouped_experts = expert_shard_of(tp ? tp->replica() : topology.world_rank(),
+                                        options.expert_parallel, model_config.n_experts);
     regrouped_experts.redundant = options.rebalance.redundant_experts;
   }
   const ParameterLayout unsliced_generation_layout =
@@ -403,10 +417,13 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   if (sliced_generation) {
     dir.log(
         "# layout switch: training data-parallel on all %d ranks, generation at TP %d on %d TP "
-        "groups (--actor-tensor-parallel): each rank cuts its generation slice (%lld of %lld "
+        "groups (--actor-tensor-parallel%s): each rank cuts its generation slice (%lld of %lld "
         "parameters) from its own model, nothing received\n",
-        ranks, generation_tp, replicas, (long long)whole_generation_layout.total(),
-        (long long)model.parameter_count());
+        ranks, generation_tp, replicas,
+        ep ? ", each group the ranks holding one expert block, generating over the training EP "
+             "groups"
+           : "",
+        (long long)whole_generation_layout.total(), (long long)model.parameter_count());
   }
   // A pipeline's samples reach its stages through DistQueue (one leader per pipeline asks).
   std::unique_ptr<DistQueue> pipeline_queue;
@@ -636,8 +653,9 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         // (nothing received). Each keeps its share (its data-parallel block); a training TP group
         // then trains the samples of all its ranks.
         ArenaScope generation_memory(device);
-        // (With EP, generation at TP 1 only: each rank keeps its training experts and generates
-        // collectively over its training EP group.)
+        // (With EP each rank keeps its training experts and generates collectively over its
+        // training EP group, whose ranks are TP ranks of one place in consecutive generation
+        // groups.)
         Transformer<float> generator(policy.config, policy.device->ops(), device,
                                      /*with_gradients=*/false, regrouped_experts, LayerShard{},
                                      generation_groups.get());

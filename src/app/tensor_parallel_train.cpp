@@ -8,6 +8,7 @@
 #include "src/app/disaggregated_tensor_parallel.h"
 #include "src/rl/rl_step.h"
 #include "src/roles/rollout_allgather.h"
+#include "src/runtime/expert_aligned_tensor_groups.h"
 
 namespace rlf {
 
@@ -37,10 +38,18 @@ void validate_generation_tensor_parallel(const DisaggregatedOptions& options,
     }
     refuse_unsupported_with_model_parallelism(option, options, /*fused=*/true, world_size, rl);
     if (options.expert_parallel > 1 || options.actor_expert_parallel > 1) {
-      throw ConfigError(option +
-                        " without --tensor-parallel is not supported with expert parallelism "
-                        "(use --tensor-parallel " +
-                        std::to_string(generation) + " to generate at TP x EP)");
+      // EP (or PP x EP) training generates at TP G x EP over its own EP groups, the TP groups
+      // taken across them (src/runtime/expert_aligned_tensor_groups.h).
+      const std::string with_ep = " without --tensor-parallel, with --expert-parallel " +
+                                  std::to_string(options.expert_parallel);
+      if (options.actor_expert_parallel != options.expert_parallel) {
+        throw ConfigError(option + with_ep + ": --actor-expert-parallel must be the same degree " +
+                          "(generation runs on the training EP groups), got " +
+                          std::to_string(options.actor_expert_parallel));
+      }
+      const std::string problem =
+          expert_aligned_tensor_problem(world_size, generation, options.expert_parallel);
+      if (!problem.empty()) throw ConfigError(option + with_ep + ": " + problem);
     }
     if (options.reorder_samples != "off") {
       throw ConfigError(option +

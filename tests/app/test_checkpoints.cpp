@@ -461,13 +461,17 @@ TEST(Checkpoint, FusedPipelineParallelStaleSyncResumeIsBitExact) {
 
 // Training at TP 1 generating at TP 2 with StaleSync: each generation group's ranks hold the same
 // pool, each rank's saved and restored with the checkpoint. Data-parallel training (each rank
-// cuts its slice) and PP 2 x DP 2 (each stage receives its slice of the other) on 4 ranks.
+// cuts its slice), EP 2 training (the TP groups across the EP groups) and PP 2 x DP 2 (each stage
+// receives its slice of the other) on 4 ranks.
 TEST(Checkpoint, GenerationAtATensorParallelDegreeOfItsOwnStaleSyncResumeIsBitExact) {
   const std::string stale = kRun + "--mode fused --staleness 1 --finish-threshold 0.75 ";
   expect_kill_and_resume_bit_exact("generation-tp-stale", 4, stale + "--actor-tensor-parallel 2 ",
                                    "data");
   expect_kill_and_resume_bit_exact("pipeline-generation-tp-stale", 4,
                                    stale + "--pipeline-parallel 2 --actor-tensor-parallel 2 ",
+                                   "data");
+  expect_kill_and_resume_bit_exact("expert-generation-tp-stale", 4,
+                                   stale + "--expert-parallel 2 --actor-tensor-parallel 2 ",
                                    "data");
 }
 

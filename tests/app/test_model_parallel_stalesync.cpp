@@ -258,19 +258,21 @@ TEST(ModelParallelStaleSync, KeepsTheBoundReproduciblyAndTrainsTheDataParallelRu
 // consecutive, in TP-rank order, unequal when the count does not split (odd counts of groups of
 // 3 here). Data-parallel training generating at TP 2 (each rank then trains its own share), PP 2
 // x DP 2 generating at TP 2 (each pipeline, which is a generation group, trains its two ranks'
-// shares), and TP 2 x PP 2 generating at TP 2, whose share once required an even split of the
-// samples (a group of 3 cut between two ranks, or a stop when the samples were odd): the same
-// samples at the same versions as the data-parallel run on 2 ranks, and its weights within float
-// rounding. (The router's load-balancing loss is per micro-batch, and a share is a micro-batch of
-// its own where the data-parallel rank trains its whole pool in one: these runs train tiny
-// without it; with it they are 1.5e-5 apart after 8 steps.)
+// shares), EP 2 training generating at TP 2 (groups {0, 2} and {1, 3}, the ranks holding one
+// expert block, over the training EP groups), and TP 2 x PP 2 generating at TP 2, whose share once
+// required an even split of the samples (a group of 3 cut between two ranks, or a stop when the
+// samples were odd): the same samples at the same versions as the data-parallel run on 2 ranks, and
+// its weights within float rounding. (The router's load-balancing loss is per micro-batch, and a
+// share is a micro-batch of its own where the data-parallel rank trains its whole pool in one:
+// these runs train tiny without it; with it they are 1.5e-5 apart after 8 steps.)
 TEST(ModelParallelStaleSync, GenerationAtATensorParallelDegreeOfItsOwnSharesWholeFinishedGroups) {
   const std::string model_dir = test::fresh_temp_dir("mp-stale-share-model");
   const std::string no_aux = write_tiny_no_aux_model(model_dir);
   for (const std::string options :
        {"--actor-tensor-parallel 2 ", "--pipeline-parallel 2 --actor-tensor-parallel 2 ",
         "--tensor-parallel 2 --pipeline-parallel 2 "
-        "--actor-tensor-parallel 2 "}) {
+        "--actor-tensor-parallel 2 ",
+        "--expert-parallel 2 --actor-tensor-parallel 2 "}) {
     SCOPED_TRACE(options);
     StaleLayout layout{options, /*replica_ranks=*/1, /*data_parallel_ranks=*/2, ""};
     layout.replica_ranks = options.find("--tensor-parallel") != std::string::npos     ? 4

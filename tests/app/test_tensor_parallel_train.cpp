@@ -17,6 +17,7 @@
 
 #include "tests/app/fused_train_runs.h"
 #include "tests/app/json_output.h"
+#include "tests/app/progress_rows.h"
 #include "tests/app/read_parameters.h"
 #include "tests/app/run_rlfusion.h"
 #include "tests/test_util.h"
@@ -121,15 +122,18 @@ TEST(TensorParallelTrain, TrainsLikeTheDataParallelFusedRun) {
 }
 
 // Training at TP 1 generating at TP G (--actor-tensor-parallel G alone): data-parallel ranks cut
-// their generation slices from their own models (nothing received), pipeline stages receive their
-// slice of the other stages (a generation TP group may span pipelines: PP 2 generating at TP 4 on
-// 4 ranks). Every layout trains like the data-parallel fused run: the same rewards every step and
-// the saved model within float rounding.
+// their generation slices from their own models (nothing received; with EP, generation TP groups
+// of the ranks holding one expert block), pipeline stages receive their slice of the other stages
+// (a generation TP group may span pipelines: PP 2 generating at TP 4 on 4 ranks). Every layout
+// trains like the data-parallel fused run: the same rewards every step and the saved model within
+// float rounding.
 TEST(TensorParallelTrain, DataParallelAndPipelineTrainingGenerateAtATensorParallelDegree) {
   const std::string dp_dir = temp_dir("dp-generation");
   const Result dp = test::run_rlfusion(kFusedRun + "--run-dir " + dp_dir, 2);
   ASSERT_EQ(dp.exit_code, 0) << dp.output;
   const std::vector<float> dp_model = test::read_tiny_parameters(dp_dir + "/model.h5");
+  const std::vector<std::vector<std::string>> dp_rows = test::progress_rows(dp.output, 5);
+  ASSERT_EQ(dp_rows.size(), 6u) << dp.output;
   struct Layout {
     int ranks;
     std::string options;
@@ -139,7 +143,19 @@ TEST(TensorParallelTrain, DataParallelAndPipelineTrainingGenerateAtATensorParall
   for (const Layout& layout :
        {Layout{2, "--actor-tensor-parallel 2", 2, false},
         Layout{2, "--pipeline-parallel 2 --actor-tensor-parallel 2", 2, true},
-        Layout{4, "--pipeline-parallel 2 --actor-tensor-parallel 4", 4, true}}) {
+        Layout{4, "--pipeline-parallel 2 --actor-tensor-parallel 4", 4, true},
+        // EP 2 training: each generation TP group is the ranks holding one expert block ({0, 2}
+        // and {1, 3}), generating over the training EP groups; nothing moves. With a spare slot
+        // per rank and rebalancing every step too (the slots where training put them).
+        Layout{4, "--expert-parallel 2 --actor-tensor-parallel 2", 2, false},
+        Layout{4,
+               "--expert-parallel 2 --redundant-experts 1 --rebalance-every 1 "
+               "--actor-tensor-parallel 2",
+               2, false},
+        // PP 2 x EP 2: the generation TP groups are the two pipelines (the ranks holding one
+        // expert block in the stage-major order), each stage receiving its slice of the other.
+        Layout{4, "--pipeline-parallel 2 --expert-parallel 2 --actor-tensor-parallel 2", 2,
+               true}}) {
     SCOPED_TRACE(std::to_string(layout.ranks) + " ranks " + layout.options);
     const std::string dir = temp_dir("generation-tp");
     const Result run =
@@ -150,12 +166,21 @@ TEST(TensorParallelTrain, DataParallelAndPipelineTrainingGenerateAtATensorParall
       EXPECT_GT(test::json_number(run.output, "generation_switch_bytes"), 0);
     } else {
       EXPECT_EQ(test::json_number(run.output, "generation_switch_bytes"), 0);
-      EXPECT_NE(run.output.find("# layout switch: training data-parallel on all 2 ranks, "
-                                "generation at TP 2 on 1 TP groups"),
+      const std::string ranks = std::to_string(layout.ranks);
+      EXPECT_NE(run.output.find("# layout switch: training data-parallel on all " + ranks +
+                                " ranks, generation at TP 2 on " +
+                                std::to_string(layout.ranks / 2) + " TP groups"),
                 std::string::npos)
           << run.output;
+      if (layout.options.find("--expert-parallel") != std::string::npos) {
+        EXPECT_NE(run.output.find("each group the ranks holding one expert block, generating "
+                                  "over the training EP groups"),
+                  std::string::npos)
+            << run.output;
+      }
     }
-    EXPECT_EQ(step_rewards(run.output), step_rewards(dp.output)) << run.output;
+    // (Every progress row, the migration lines between them skipped.)
+    EXPECT_EQ(test::progress_rows(run.output, 5), dp_rows) << run.output;
     const std::vector<float> model = test::read_tiny_parameters(dir + "/model.h5");
     EXPECT_LT(test::nmse(model.data(), dp_model.data(), dp_model.size()), 1e-6);
   }

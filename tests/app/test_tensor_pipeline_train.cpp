@@ -132,9 +132,12 @@ TEST(TensorPipelineTrain, ShapesThatDoNotFitStopEveryRankBeforeOutput) {
            "--actor-tensor-parallel 4 with --tensor-parallel 2: must divide the training TP "
            "degree"},
           // Training at TP 1 generating at TP G: what is not built, and degrees that do not fit.
-          {4, "--pipeline-parallel 2 --actor-tensor-parallel 2 --expert-parallel 2",
-           "--actor-tensor-parallel 2 without --tensor-parallel is not supported with expert "
-           "parallelism"},
+          {2, "--actor-tensor-parallel 2 --expert-parallel 2",
+           "--actor-tensor-parallel 2 without --tensor-parallel, with --expert-parallel 2: TP 2 x "
+           "EP 2 = 4 must divide the 2 ranks"},
+          {4, "--actor-tensor-parallel 2 --expert-parallel 2 --actor-expert-parallel 1",
+           "--actor-tensor-parallel 2 without --tensor-parallel, with --expert-parallel 2: "
+           "--actor-expert-parallel must be the same degree"},
           {2, "--mode fused-all --actor-tensor-parallel 2",
            "--actor-tensor-parallel 2 without --tensor-parallel is only built in --mode fused"},
           {2, "--actor-tensor-parallel 2 --reorder-samples counted",

@@ -89,10 +89,7 @@ std::vector<Case> cases_for(int world) {
 
 // 6 heads, a shared expert of 12 and 6 experts: TP 1, 2, 3 and EP 1, 2, 3 fit.
 ModelConfig model_config() {
-  ModelConfig config = test::tensor_parallel_micro_config(2);
-  config.n_experts = 6;
-  config.validate("test");
-  return config;
+  return test::tensor_expert_micro_config(2);
 }
 
 // One rank of a TP x EP layout: its TP group, the EP group over its data-parallel group (null at

@@ -74,10 +74,7 @@ std::vector<Case> cases_for(int world) {
 
 // 6 experts fit EP 2 and 3; 6 heads TP 2 and 3; 2 p v layers.
 ModelConfig model_for(const Case& c) {
-  ModelConfig config = test::tensor_parallel_micro_config(2 * c.stages * c.virtual_stages);
-  config.n_experts = 6;
-  config.validate("test");
-  return config;
+  return test::tensor_expert_micro_config(2 * c.stages * c.virtual_stages);
 }
 
 // One rank's TP slice of its stage with its model replica's experts, and the groups of a case.
