@@ -357,6 +357,32 @@ double experts_received_in_switch(double experts, int train_ep, int generate_ep)
 
 }  // namespace
 
+SwitchParameters generation_switch(const ModelShape& m, const Parallelism& train,
+                                   const Parallelism& generate) {
+  if (layouts_equal(train, generate)) return {};
+  const double generated = generation_parameters(m, generate);
+  if (bucketed_switch(train, generate)) {
+    const double experts =
+        experts_received_in_switch(m.experts, train.ep, generate.ep) * (m.routed / m.experts);
+    return {experts, experts};
+  }
+  const int T = train.tp, G = generate.tp;
+  const double P = train.pp;
+  // Built at the training EP degree: generation at TP G from training at TP 1 (each rank cuts its
+  // slice: the experts stay, and after EP training the TP groups are the ranks holding one block)
+  // or at TP G dividing T (the TP mates' slices regrouped), each pipeline stage receiving the
+  // other stages' layers at its generation slice. Anything else (a generation EP degree of its
+  // own together with TP or PP): a whole second copy received, an upper bound.
+  if (train.ep != generate.ep || (T > 1 && T % G != 0)) return {generated, generated};
+  const double other_stages = generated * (P - 1) / P;
+  // This stage's dense slice at 1 / G, of which it holds 1 / T.
+  const double regrouped = G < T ? m.replicated / P * (1.0 / G - 1.0 / T) : 0.0;
+  // A stage generating at its training TP degree reads its own layers in place (a stitched view):
+  // only the borrowed layers are added. Otherwise the generation model is a copy of its own.
+  const bool stitched = P > 1 && G == T;
+  return {other_stages + regrouped, stitched ? other_stages : generated, true};
+}
+
 bool feasible(const ModelConfig& config, const RlJob& job, const Strategy& s) {
   for (const Parallelism* p : {&s.train, &s.generate}) {
     if (p->tp < 1 || p->pp < 1 || p->vpp < 1 || p->ep < 1 || p->dp < 1) return false;
@@ -383,16 +409,14 @@ Prediction predict(const ModelShape& m, const ClusterConfig& c, const RlJob& job
   const bool fused = s.mode != Mode::Disaggregated;
   // Fused: training states stay on the device through generation unless offloaded. A generation
   // layout other than the training one keeps the training parameters and adds the generation
-  // weights, received rank to rank: for a bucketed switch only the experts the training shard
-  // lacks, for any other switch (one the runtime does not build) a whole second copy, an upper
-  // bound.
+  // weights the switch builds (generation_switch): for a bucketed switch only the experts the
+  // training shard lacks, for a pipeline stage at its training TP degree the other stages' layers,
+  // else a generation model of its own.
   const double movable = train_params * (job.gradient_bytes + job.optimizer_bytes);
   const bool switch_layout = fused && !layouts_equal(s.train, s.generate);
-  double generation_weights = gen_params * job.parameter_bytes;
-  if (switch_layout && bucketed_switch(s.train, s.generate)) {
-    generation_weights = experts_received_in_switch(m.experts, s.train.ep, s.generate.ep) *
-                         (m.routed / m.experts) * job.parameter_bytes;
-  }
+  const SwitchParameters switched =
+      switch_layout ? generation_switch(m, s.train, s.generate) : SwitchParameters{0, gen_params};
+  const double generation_weights = switched.added * job.parameter_bytes;
   double resident = job.reward_model ? gen_params * job.parameter_bytes : 0;
   if (fused) {
     resident += (s.offload ? 0 : movable) +
@@ -414,8 +438,16 @@ Prediction predict(const ModelShape& m, const ClusterConfig& c, const RlJob& job
       samples * (48 + 4 * (job.prompt.mean + job.response.mean) + 4 * job.response.mean);
   const Link& wide = c.link(c.level_spanned(s.devices()));
   if (fused) {
+    // The switch's received weights over the model-parallel group's link or the whole layout's,
+    // what it copies from the rank's own parameters at memory speed.
+    const Link& switch_link = switched.inside_model_parallel_group
+                                  ? c.link(c.level_spanned(int64_t(s.train.tp) * s.train.pp))
+                                  : wide;
+    const double received = switched.received * job.parameter_bytes;
     out.swap = (s.offload ? 2 * movable / c.host_bandwidth : 0) +
-               (switch_layout ? wide.seconds(generation_weights) : 0);
+               (switch_layout ? (received > 0 ? switch_link.seconds(received) : 0) +
+                                    (generation_weights - received) / c.memory_bandwidth
+                              : 0);
     if (s.mode == Mode::FusedAll && job.reward_model) {
       out.training_memory += gen_params * job.parameter_bytes;
     }

@@ -81,6 +81,20 @@ bool feasible(const ModelConfig& config, const RlJob& job, const Strategy& s);
 Prediction predict(const ModelShape& model, const ClusterConfig& cluster, const RlJob& job,
                    const Strategy& s);
 
+// What a fused layout switch from `train` to `generate` moves and adds per device, in parameters,
+// as the runtime builds it (src/app/fused_train.cpp, docs/PARALLELISM.md): `received`, `added`
+// beside the training parameters for the generation phase (what is added but not received is
+// copied from the rank's own parameters). Zero for equal layouts.
+struct SwitchParameters {
+  double received = 0, added = 0;
+  // Whether the received weights stay inside the training TP x PP group (the TP and PP switches)
+  // or may come from anywhere in the layout (the bucketed EP switch, and the whole copy counted
+  // for a switch the runtime does not build).
+  bool inside_model_parallel_group = false;
+};
+SwitchParameters generation_switch(const ModelShape& model, const Parallelism& train,
+                                   const Parallelism& generate);
+
 // Ring all-reduce of `bytes` per device over `ranks` devices on `link`, in buckets of
 // `bucket_bytes`: 2 (n - 1) / n of the bytes out of each device, 2 (n - 1) messages a bucket.
 double ring_allreduce_seconds(double bytes, int ranks, const Link& link,

@@ -463,6 +463,61 @@ TEST(CostModel, OffloadTradesSwapTimeForMemory) {
   EXPECT_NEAR(kept.generation_memory - moved.generation_memory, m.total() * 12, 1e-3);
 }
 
+// The fused layout switches the runtime builds, by hand (parameters per device; Parallelism is
+// {tp, pp, vpp, ep, dp}): TP 1 -> TP G cuts the slice locally (nothing received, a copy of the
+// slice added), also after EP training; TP T -> TP G < T receives the TP mates' dense slices it
+// lacks; a pipeline stage generating at its training TP degree borrows the other stages' layers
+// (received = added); at another TP degree it receives their generation slices and adds a whole
+// generation model; a generation EP degree of its own together with TP or PP is not built
+// (a whole copy received, the bound). Then the swap time: received over the link, the rest
+// copied at memory speed.
+TEST(CostModel, FusedSwitchesMoveWhatTheRuntimesSwitchesMove) {
+  const ModelShape m = model_shape(load_model_config("small"));
+  const double dense = m.replicated, experts = m.routed;
+  auto expect_switch = [&](Parallelism train, Parallelism generate, double received, double added,
+                           const char* what) {
+    const SwitchParameters got = generation_switch(m, train, generate);
+    EXPECT_NEAR(got.received, received, 1e-6 * m.total()) << what;
+    EXPECT_NEAR(got.added, added, 1e-6 * m.total()) << what;
+  };
+  expect_switch({1, 1, 1, 1, 4}, {1, 1, 1, 1, 4}, 0, 0, "the same layout");
+  expect_switch({1, 1, 1, 1, 4}, {2, 1, 1, 1, 2}, 0, dense / 2 + experts, "DP 4 -> TP 2");
+  expect_switch({1, 1, 1, 2, 4}, {2, 1, 1, 2, 2}, 0, dense / 2 + experts / 2, "EP 2 -> TP 2");
+  expect_switch({4, 1, 1, 1, 1}, {2, 1, 1, 1, 2}, dense * (1.0 / 2 - 1.0 / 4), dense / 2 + experts,
+                "TP 4 -> TP 2");
+  expect_switch({2, 1, 1, 2, 2}, {1, 1, 1, 2, 4}, dense / 2, dense + experts / 2,
+                "TP 2 x EP 2 -> DP");
+  expect_switch({1, 2, 1, 1, 2}, {1, 1, 1, 1, 4}, (dense + experts) / 2, (dense + experts) / 2,
+                "PP 2 -> DP (stitched)");
+  expect_switch({2, 2, 1, 2, 2}, {2, 1, 1, 2, 4}, (dense / 2 + experts / 2) / 2,
+                (dense / 2 + experts / 2) / 2, "TP 2 x PP 2 x EP 2 -> TP 2 x EP 2 (stitched)");
+  expect_switch({1, 2, 1, 1, 2}, {2, 1, 1, 1, 2}, (dense / 2 + experts) / 2, dense / 2 + experts,
+                "PP 2 -> TP 2");
+  expect_switch({2, 2, 1, 1, 1}, {1, 1, 1, 1, 4}, dense / 2 * (1 - 1.0 / 2) + (dense + experts) / 2,
+                dense + experts, "TP 2 x PP 2 -> DP");
+  expect_switch({1, 1, 1, 2, 4}, {2, 1, 1, 1, 2}, dense / 2 + experts, dense / 2 + experts,
+                "EP 2 -> TP 2 x EP 1 (not built)");
+  expect_switch({2, 1, 1, 1, 2}, {4, 1, 1, 1, 1}, dense / 4 + experts, dense / 4 + experts,
+                "TP 2 -> TP 4 (not built)");
+
+  // The swap: received at 1 GB/s, the rest of what is added copied at 10 GB/s.
+  const RlJob job = fixed_job(8, 4, 4, 16, 16);
+  ClusterConfig c = flops_only();
+  c.intra_node = {1e9, 0};
+  c.memory_bandwidth = 1e10;
+  Strategy s;
+  s.mode = Mode::Fused;
+  s.offload = false;
+  s.train = {4, 1, 1, 1, 1};
+  s.generate = {2, 1, 1, 1, 2};
+  const double received = dense * (1.0 / 2 - 1.0 / 4) * job.parameter_bytes;
+  const double copied = (dense / 2 + experts) * job.parameter_bytes - received;
+  EXPECT_NEAR(predict(m, c, job, s).swap, received / 1e9 + copied / 1e10, 1e-12);
+  s.train = {1, 1, 1, 1, 4};
+  EXPECT_NEAR(predict(m, c, job, s).swap, (dense / 2 + experts) * job.parameter_bytes / 1e10,
+              1e-12);
+}
+
 TEST(Search, BestMatchesADirectLoopAndNoFitIsEmpty) {
   const ModelConfig config = load_model_config("small");
   const ModelShape m = model_shape(config);
