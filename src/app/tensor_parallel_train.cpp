@@ -153,8 +153,10 @@ void refuse_unsupported_with_learner_groups(const std::string& option,
   // the same experts). Without EP there is nothing to move.
   if (options.rebalance.every > 0 && options.expert_parallel == 1) refuse("with --rebalance-every");
   // (StaleSync with TP: the ranks of a TP group hold the same pool and make the same decisions;
-  // with PP: validate_pipeline_parallel_train.)
-  if (!rl.reward_model.empty()) refuse("with --reward-model");
+  // with PP: validate_pipeline_parallel_train. A learned reward model is whole on every rank that
+  // generates, outside the policy's layouts: each rank, a TP rank too, scores the samples it
+  // generated as a data-parallel rank does.)
+  (void)rl;
 }
 
 std::unique_ptr<TensorParallel> make_train_tensor_parallel(const DisaggregatedOptions& options,

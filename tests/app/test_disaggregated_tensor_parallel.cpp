@@ -224,7 +224,7 @@ TEST(DisaggregatedTensorParallel, LayoutsThatDoNotFitStopEveryRankBeforeOutput) 
           {6, mode + "--actors 2 --learners 4 --actor-expert-parallel 2 --actor-tensor-parallel 2",
            "--actor-expert-parallel must be >= 1 and divide both the 1 actor TP group rank(s)"},
           {3, mode + "--actors 1 --learners 2 --reward-model missing.h5",
-           "--tensor-parallel 2 is not supported with --reward-model"},
+           "parameter file 'missing.h5' does not exist"},
           {1, mode, "--tensor-parallel 2 is not supported on one rank"},
       },
       temp_dir("bad"));
