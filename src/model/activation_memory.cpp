@@ -167,13 +167,16 @@ int routed_experts(const ModelConfig& config, const ParameterLayout& layout) {
   return layout.expert_sharded() ? layout.stored_experts() : config.n_experts;
 }
 
-// Transformer::allocate_layer and MoeBlock::allocate for N tokens.
-void hold_layer(Tally& t, const ModelConfig& config, bool expert_parallel, int64_t N) {
-  const int64_t C = config.d_model, H = config.n_heads, E = config.n_experts;
-  const int64_t M = N * config.top_k, F = config.d_ff, S = config.shared_expert_d_ff;
+// Transformer::allocate_layer and MoeBlock::allocate for N tokens. With tensor parallelism Q, K, V,
+// the attention output and the shared expert's hidden units hold only the rank's slice.
+void hold_layer(Tally& t, const ModelConfig& config, const ParameterLayout& layout, int64_t N) {
+  const bool expert_parallel = layout.expert_sharded();
+  const int64_t C = config.d_model, H = layout.local_heads(), E = config.n_experts;
+  const int64_t A = layout.attention_width();
+  const int64_t M = N * config.top_k, F = config.d_ff, S = layout.shared_width();
   t.hold<float>(N * C);                              // xn1
   t.hold<float>(N);                                  // rstd1
-  for (int i = 0; i < 4; ++i) t.hold<float>(N * C);  // q, k, v, att
+  for (int i = 0; i < 4; ++i) t.hold<float>(N * A);  // q, k, v, att
   t.hold<float>(N * H);                              // lse
   t.hold<float>(N * C);                              // x_mid
   t.hold<float>(N * C);                              // xn2
@@ -192,7 +195,7 @@ void hold_layer(Tally& t, const ModelConfig& config, bool expert_parallel, int64
     t.hold<float>(M * F);  // ffn_b
     t.hold<float>(M * C);  // y
   }
-  if (S > 0) {
+  if (config.shared_expert_d_ff > 0) {
     t.hold<float>(N * S);  // shared_a
     t.hold<float>(N * S);  // shared_b
     t.hold<float>(N * C);  // shared_y
@@ -204,7 +207,7 @@ void hold_layer(Tally& t, const ModelConfig& config, bool expert_parallel, int64
 // decode step over a cache of `decode_longest` positions), then MoeBlock::forward.
 void layer_forward(Tally& t, const ModelConfig& config, const ParameterLayout& layout, int64_t N,
                    const PackedBatch* packed, int decode_longest) {
-  const int H = config.n_heads, D = config.head_dim(), C = config.d_model, F = config.d_ff;
+  const int H = layout.local_heads(), D = config.head_dim(), C = config.d_model, F = config.d_ff;
   const int longest = packed ? packed->longest : decode_longest;
   // A table row per position spanned, or per token when the span is longer.
   t.scratch(rope_scratch(std::min<int64_t>(N, longest), D));  // q, then k
@@ -230,7 +233,7 @@ void layer_forward(Tally& t, const ModelConfig& config, const ParameterLayout& l
   }
   t.scratch(expert_ffn_forward_scratch(rows, experts, F));
   if (config.shared_expert_d_ff > 0) {
-    t.scratch(expert_ffn_forward_scratch(N, 1, config.shared_expert_d_ff));
+    t.scratch(expert_ffn_forward_scratch(N, 1, layout.shared_width()));
   }
 }
 
@@ -249,7 +252,7 @@ void inference_pass(Tally& t, const ModelConfig& config, const ParameterLayout& 
   t.hold<float>(N * config.d_model);  // x_next
   for (int l = 0; l < config.n_layers; ++l) {
     const size_t mark = t.mark();
-    hold_layer(t, config, layout.expert_sharded(), N);
+    hold_layer(t, config, layout, N);
     layer_forward(t, config, layout, N, packed, decode_longest);
     t.release(mark);
   }
@@ -259,14 +262,18 @@ void inference_pass(Tally& t, const ModelConfig& config, const ParameterLayout& 
 void layer_backward(Tally& t, const ModelConfig& config, const ParameterLayout& layout,
                     const PackedBatch& batch) {
   const int64_t N = batch.tokens, C = config.d_model, F = config.d_ff;
-  const int E = config.n_experts, H = config.n_heads, D = config.head_dim();
+  const int E = config.n_experts, H = layout.local_heads(), D = config.head_dim();
+  const int64_t A = layout.attention_width();
   const int64_t rows = N * config.top_k;
   const size_t layer_mark = t.mark();
   t.hold<float>(N * C);  // dx_mid
   t.hold<float>(N * C);  // dxn2
   const size_t moe_mark = t.mark();
   if (config.shared_expert_d_ff > 0) {
-    t.scratch(expert_ffn_backward_scratch(N, 1, config.shared_expert_d_ff));
+    // With TP the rank's hidden units give a partial input gradient of their own (summed over
+    // the group), held to the end of the MoE backward.
+    if (layout.tensor_slice().splits_shared_expert()) t.hold<float>(N * C);  // dx_shared
+    t.scratch(expert_ffn_backward_scratch(N, 1, layout.shared_width()));
   }
   t.hold<float>(rows);  // dweight
   if (!layout.expert_sharded()) {
@@ -282,11 +289,11 @@ void layer_backward(Tally& t, const ModelConfig& config, const ParameterLayout& 
   t.scratch(router_backward_scratch(N, E));
   t.release(moe_mark);
   t.scratch(rmsnorm_backward_scratch(N, int(C)));
-  t.hold<float>(N * C);                              // datt
-  for (int i = 0; i < 3; ++i) t.hold<float>(N * C);  // dq, dk, dv
+  t.hold<float>(N * A);                              // datt
+  for (int i = 0; i < 3; ++i) t.hold<float>(N * A);  // dq, dk, dv
   t.scratch(attention_backward_scratch(batch, H, D));
-  t.hold<float>(N * C);  // dq_pre
-  t.hold<float>(N * C);  // dk_pre
+  t.hold<float>(N * A);  // dq_pre
+  t.hold<float>(N * A);  // dk_pre
   t.scratch(rope_scratch(std::min<int64_t>(N, batch.longest), D));
   t.hold<float>(N * C);  // dxn1
   t.scratch(rmsnorm_backward_scratch(N, int(C)));
@@ -303,7 +310,7 @@ void hold_forward(Tally& t, const ModelConfig& config, const ParameterLayout& la
   t.hold<int>(N);
   t.hold<float>(N * C);
   for (int l = 0; l < config.n_layers; ++l) {
-    hold_layer(t, config, layout.expert_sharded(), N);
+    hold_layer(t, config, layout, N);
     t.hold<float>(N * C);
     layer_forward(t, config, layout, N, &inputs, 0);
   }
@@ -332,8 +339,10 @@ size_t generation_peak_bytes(const ModelConfig& config, const ParameterLayout& l
                              const PackedBatch& prompts, int max_len, bool sampled) {
   const int64_t B = prompts.sequences, C = config.d_model;
   Tally t;
-  // Transformer::allocate_kv_cache: keys and values of every layer, every slot at max_len.
-  for (int l = 0; l < 2 * config.n_layers; ++l) t.hold<float>(B * max_len * C);
+  // Transformer::allocate_kv_cache: keys and values of every layer, every slot at max_len (with
+  // tensor parallelism of the rank's heads).
+  for (int l = 0; l < 2 * config.n_layers; ++l)
+    t.hold<float>(B * max_len * layout.attention_width());
   const size_t after_cache = t.mark();
   // Transformer::prefill: each prompt token's position and cache slot, the pass, the last token
   // of each prompt, its logits; then the first sampling.
@@ -389,7 +398,7 @@ size_t pipeline_chunk_peak_bytes(const ModelConfig& config, const ParameterLayou
   t.hold<int>(N);
   t.hold<float>(N * C);
   for (int l = first; l < last; ++l) {
-    hold_layer(t, config, layout.expert_sharded(), N);
+    hold_layer(t, config, layout, N);
     t.hold<float>(N * C);
     layer_forward(t, config, layout, N, &inputs, 0);
   }

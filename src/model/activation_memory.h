@@ -1,7 +1,10 @@
 // The analytic device-arena peak of a generation phase and of a training micro-batch: every
 // activation, work buffer and kernel scratch the code allocates (cpu backend), counted from the
 // model config, the parameter layout and the batch's lengths, so that a layout's memory can be
-// planned before any work and checked against the arena's measured phase peak.
+// planned before any work and checked against the arena's measured phase peak. A layout with a
+// tensor slice counts a TP rank's: its heads' Q, K, V, attention output, KV cache and their
+// gradients, its slice of the shared expert (TP x EP's token split is counted as if every TP rank
+// dispatched all rows: an upper bound).
 #pragma once
 
 #include <cstddef>

@@ -18,6 +18,7 @@
 #include "src/model/transformer.h"
 #include "src/rl/policy_loss.h"
 #include "src/runtime/training_offload.h"
+#include "tests/activation_peak_util.h"
 
 namespace rlf {
 namespace {
@@ -36,43 +37,12 @@ struct ModelInArena {
   Transformer<float> model;
 };
 
-// Bytes `work` held above the arena's use at its start, at its highest.
-template <typename Work>
-size_t measured_peak(Arena& device, Work work) {
-  const size_t before = device.used();
-  device.start_phase_peak();
-  work();
-  return device.phase_peak() - before;
-}
-
-// Prompts of lengths spread over [shortest, longest] (token 0 excluded: it is no eos here).
-std::vector<std::vector<int>> prompts_of(int count, int shortest, int longest, int vocab) {
-  std::vector<std::vector<int>> prompts;
-  for (int i = 0; i < count; ++i) {
-    const int length = shortest + (count > 1 ? (longest - shortest) * i / (count - 1) : 0);
-    std::vector<int> p;
-    for (int t = 0; t < length; ++t) p.push_back(1 + (7 * i + 3 * t) % (vocab - 1));
-    prompts.push_back(p);
-  }
-  return prompts;
-}
-
-std::vector<int> lengths_of(const std::vector<std::vector<int>>& sequences, int minus = 0) {
-  std::vector<int> lengths;
-  for (const auto& s : sequences) lengths.push_back(int(s.size()) - minus);
-  return lengths;
-}
-
-void expect_within_5_percent(size_t measured, size_t analytic, const std::string& what) {
-  const double error = std::abs(double(measured) - double(analytic)) / double(analytic);
-  EXPECT_LE(error, 0.05) << what << ": measured " << measured << " B, analytic " << analytic
-                         << " B";
-}
-
-struct Case {
-  std::string model;
-  int samples, shortest_prompt, longest_prompt, new_tokens;
-};
+using test::expect_within_5_percent;
+using test::lengths_of;
+using test::measured_peak;
+using test::prompts_of;
+using test::rollouts_of;
+using Case = test::PeakCase;
 
 const std::vector<Case> kCases = {
     {"tiny", 1, 5, 5, 8},      {"tiny", 8, 4, 12, 16}, {"tiny", 32, 10, 20, 24},
@@ -103,24 +73,6 @@ TEST(ActivationPeak, GenerationEqualsAnalyticWithin5Percent) {
     expect_within_5_percent(measured, analytic,
                             c.model + " generation of " + std::to_string(c.samples));
   }
-}
-
-// Rollouts of `c`'s prompts with responses of c.new_tokens tokens, and their sequences.
-std::vector<Rollout> rollouts_of(const Case& c, int vocab,
-                                 std::vector<std::vector<int>>& sequences) {
-  std::vector<Rollout> rollouts;
-  for (const auto& prompt : prompts_of(c.samples, c.shortest_prompt, c.longest_prompt, vocab)) {
-    Rollout r;
-    r.prompt = prompt;
-    for (int t = 0; t < c.new_tokens; ++t) r.response.push_back(1 + t % (vocab - 1));
-    r.behaviour_logp.assign(r.response.size(), -1.0f);
-    r.advantage = 0.5;
-    std::vector<int> sequence = r.prompt;
-    sequence.insert(sequence.end(), r.response.begin(), r.response.end());
-    sequences.push_back(sequence);
-    rollouts.push_back(r);
-  }
-  return rollouts;
 }
 
 TEST(ActivationPeak, TrainingMicroBatchEqualsAnalyticWithin5Percent) {
