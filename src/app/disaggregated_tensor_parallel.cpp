@@ -29,7 +29,7 @@ void validate_disaggregated_tensor_parallel(const DisaggregatedOptions& options,
   }
   // (TP x EP learners: an EP group is the learners with the same TP rank in E consecutive TP
   // groups; actor TP groups with EP likewise, at --actor-expert-parallel.)
-  refuse_unsupported_with_learner_groups(option, options, rl);
+  refuse_unsupported_with_learner_groups(option, options);
 }
 
 namespace {

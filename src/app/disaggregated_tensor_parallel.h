@@ -23,8 +23,8 @@
 namespace rlf {
 
 // ConfigError, the same on every rank before any work, for what disaggregated TP does not build:
-// one rank, actor TP groups with expert parallelism, rebalancing without EP and a learned reward
-// model (the fused TP run's refusals). TP x EP learners are built: an EP group is the learners of
+// one rank, actor TP groups with expert parallelism and rebalancing without EP (the fused TP
+// run's refusals). TP x EP learners are built: an EP group is the learners of
 // one TP rank in E consecutive TP groups.
 void validate_disaggregated_tensor_parallel(const DisaggregatedOptions& options, int world_size,
                                             const RlOptions& rl);

@@ -65,7 +65,8 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
       make_train_tensor_parallel(options, model_config, topology);
   // Generation runs collectively over the training TP groups at --actor-tensor-parallel T, over
   // TP groups of G consecutive ranks from regrouped slices at 1 < G < T (or from slices cut from
-  // the whole model or stage after training at TP 1), else data-parallel on every rank from a
+  // the whole model or stage after training at TP 1; after EP training, groups of the ranks
+  // holding one expert block), else data-parallel on every rank from a
   // whole model of its own: with a pipeline, each rank trains its own block of
   // the samples whoever generated them (a TP rank its share of its group's); without one, a TP
   // group trains the samples its ranks generated.

@@ -39,7 +39,7 @@ void validate_pipeline_parallel_train(const DisaggregatedOptions& options, bool 
     return;
   }
   validate_pipeline_balance(options.pipeline_balance, degree * options.virtual_stages);
-  refuse_unsupported_with_model_parallelism(option, options, fused, world_size, rl);
+  refuse_unsupported_with_model_parallelism(option, options, fused, world_size);
   if (options.tensor_parallel > 1) {
     // TP x PP: TP groups inside every stage; one replica of the model on T x P consecutive ranks.
     const int model_ranks = options.tensor_parallel * degree;

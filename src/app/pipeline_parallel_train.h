@@ -28,7 +28,7 @@ namespace rlf {
 // ConfigError, the same on every rank before any work, for --pipeline-parallel outside what is
 // built: a degree, virtual stages or micro-batch count below their minimum, --virtual-stages or
 // --micro-batches without a pipeline, one rank, a multi-rank run that is not --mode fused, or
-// combined with a learned reward model or (without EP) rebalancing; with
+// combined with rebalancing without EP; with
 // --tensor-parallel T, T x P not dividing the ranks; with --expert-parallel E, E not dividing the
 // pipelines, --redundant-experts, or with TP another --actor-expert-parallel; without
 // --expert-parallel, --ep-overlap-chunks above 1; StaleSync with --virtual-stages when

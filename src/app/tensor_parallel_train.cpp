@@ -36,7 +36,7 @@ void validate_generation_tensor_parallel(const DisaggregatedOptions& options,
     if (mode != "fused") {
       throw ConfigError(option + " without --tensor-parallel is only built in --mode fused");
     }
-    refuse_unsupported_with_model_parallelism(option, options, /*fused=*/true, world_size, rl);
+    refuse_unsupported_with_model_parallelism(option, options, /*fused=*/true, world_size);
     if (options.expert_parallel > 1 || options.actor_expert_parallel > 1) {
       // EP (or PP x EP) training generates at TP G x EP over its own EP groups, the TP groups
       // taken across them (src/runtime/expert_aligned_tensor_groups.h).
@@ -93,7 +93,7 @@ void validate_tensor_parallel_train(const DisaggregatedOptions& options, const s
     }
     return;
   }
-  refuse_unsupported_with_model_parallelism(option, options, fused, world_size, rl);
+  refuse_unsupported_with_model_parallelism(option, options, fused, world_size);
   if (options.expert_parallel == 1 && options.actor_expert_parallel == 1) return;
   if (options.pipeline_parallel > 1) {
     // TP x EP x PP: the EP groups are validated with the pipelines'
@@ -134,17 +134,16 @@ void validate_experts_with_model_parallelism(const std::string& option,
 
 void refuse_unsupported_with_model_parallelism(const std::string& option,
                                                const DisaggregatedOptions& options, bool fused,
-                                               int world_size, const RlOptions& rl) {
+                                               int world_size) {
   if (world_size == 1) {
     throw ConfigError(option + " is not supported on one rank (mpiexec -n 2 or more)");
   }
   if (!fused) throw ConfigError(option + " is not supported outside --mode fused");
-  refuse_unsupported_with_learner_groups(option, options, rl);
+  refuse_unsupported_with_learner_groups(option, options);
 }
 
 void refuse_unsupported_with_learner_groups(const std::string& option,
-                                            const DisaggregatedOptions& options,
-                                            const RlOptions& rl) {
+                                            const DisaggregatedOptions& options) {
   auto refuse = [&](const std::string& what) {
     throw ConfigError(option + " is not supported " + what);
   };
@@ -156,7 +155,6 @@ void refuse_unsupported_with_learner_groups(const std::string& option,
   // with PP: validate_pipeline_parallel_train. A learned reward model is whole on every rank that
   // generates, outside the policy's layouts: each rank, a TP rank too, scores the samples it
   // generated as a data-parallel rank does.)
-  (void)rl;
 }
 
 std::unique_ptr<TensorParallel> make_train_tensor_parallel(const DisaggregatedOptions& options,

@@ -16,18 +16,17 @@ namespace rlf {
 
 // ConfigError "<option> is not supported ..." for what no model-parallel fused layout (tensor or
 // pipeline parallelism) combines with yet: one rank, a multi-rank run that is not --mode fused,
-// a learned reward model or rebalancing without expert parallelism (--offload and StaleSync work
+// rebalancing without expert parallelism (--offload, StaleSync and a learned reward model work
 // with both). (Expert
 // parallelism: with TP see validate_tensor_parallel_train; with PP
 // validate_pipeline_parallel_train.)
 void refuse_unsupported_with_model_parallelism(const std::string& option,
                                                const DisaggregatedOptions& options, bool fused,
-                                               int world_size, const RlOptions& rl);
+                                               int world_size);
 // The part of it that holds for the learners' model-parallel groups in any mode: ConfigError
-// "<option> is not supported with ..." for rebalancing without EP and a learned reward model.
+// "<option> is not supported with --rebalance-every" without EP (nothing to move).
 void refuse_unsupported_with_learner_groups(const std::string& option,
-                                            const DisaggregatedOptions& options,
-                                            const RlOptions& rl);
+                                            const DisaggregatedOptions& options);
 
 // The TP degree of the generation layout: --actor-tensor-parallel, or by default the training TP
 // degree without a pipeline and 1 (data-parallel generation) with one. It divides the training
@@ -36,7 +35,7 @@ int generation_tensor_parallel(const DisaggregatedOptions& options);
 
 // ConfigError, the same on every rank before any work, for --tensor-parallel outside what is
 // built (`mode`: --mode): a degree below 1, one rank, --mode fused-all, or combined with
-// a learned reward model or rebalancing without EP. With --expert-parallel E (TP x EP): E must
+// rebalancing without EP. With --expert-parallel E (TP x EP): E must
 // divide the TP groups and equal --actor-expert-parallel; refused with --pipeline-parallel. And
 // for an
 // --actor-tensor-parallel G that is not built: G below 1, G not dividing the training degree T,

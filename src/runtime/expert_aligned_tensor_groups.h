@@ -1,5 +1,6 @@
-// Generation TP groups for data-parallel training with expert parallelism (train --mode fused
-// --expert-parallel E --actor-tensor-parallel G, without --tensor-parallel).
+// Generation TP groups for training with expert parallelism at TP 1 (train --mode fused
+// --expert-parallel E --actor-tensor-parallel G, without --tensor-parallel; with or without
+// --pipeline-parallel).
 //
 // Training's EP groups are E consecutive ranks, rank r holding expert block r % E
 // (expert_shard_of). TP does not cut the routed experts, so every rank of a generation TP group
@@ -8,10 +9,12 @@
 // blocks (every expert would have to move before each generation phase). Here a TP group is the G
 // ranks holding one block in a run of G x E consecutive ranks (a stride of E): TP rank t of the
 // group with block e in run b is rank b G E + t E + e. Then each training EP group is TP place t
-// of E consecutive TP groups, the layout TP x EP generation runs over (src/runtime/
-// tensor_expert_parallel.h), and generation uses training's EP groups with the experts (after
-// migrations, the placement in force, spare replica slots included) where training keeps them:
-// nothing moves but the dense slices, which each rank cuts from its own whole dense model.
+// of E consecutive TP groups, the layout TP x EP generation runs over
+// (src/runtime/tensor_expert_parallel.h), and generation uses training's EP groups with the
+// experts (after migrations, the placement in force, spare replica slots included) where training
+// keeps them: nothing moves but the dense slices, which each rank cuts from its own whole dense
+// model (with pipelines, the same groups in the stage-major order, where a stage's EP groups are
+// consecutive; each stage then receives its slice of the other stages' layers).
 #pragma once
 
 #include <mpi.h>
