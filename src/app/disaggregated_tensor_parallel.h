@@ -23,9 +23,9 @@
 namespace rlf {
 
 // ConfigError, the same on every rank before any work, for what disaggregated TP does not build:
-// one rank, actor TP groups with expert parallelism and rebalancing without EP (the fused TP
-// run's refusals). TP x EP learners are built: an EP group is the learners of
-// one TP rank in E consecutive TP groups.
+// one rank, a negative --actor-tensor-parallel, and rebalancing without EP (the fused TP run's
+// refusal; validate_role_tensor_parallel checks the degrees). TP x EP learners and actors are
+// built: an EP group is the learners (actors) of one TP rank in E consecutive TP groups.
 void validate_disaggregated_tensor_parallel(const DisaggregatedOptions& options, int world_size,
                                             const RlOptions& rl);
 
