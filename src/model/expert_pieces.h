@@ -5,7 +5,9 @@
 // (src/model/moe_block.cpp) run the FFN piece by piece with a progress point after each, so that a
 // paired pass's exchange moves during a long expert FFN instead of waiting for its end (Open MPI
 // moves a nonblocking transfer only inside MPI calls), as the attention does
-// (src/model/attention_pieces.h); a piece's kernel scratch is also only its rows'.
+// (src/model/attention_pieces.h); a piece's kernel scratch is also only its rows'. Without a paired
+// driver (pieces_wanted, src/model/resumable_pass.h) they make one piece: the extra calls would
+// only cost thread barriers.
 #pragma once
 
 #include <vector>

@@ -185,8 +185,10 @@ ResumablePass MoeBlock<T>::routed_forward_ep(MoeWeights<T> w, const T* x, T* out
     a.ffn_a = d.allocate<float>(size_t(R) * F, "activations");
     a.ffn_b = d.allocate<float>(size_t(R) * F, "activations");
     a.y = d.allocate<float>(size_t(R) * C, "activations");
-    // In pieces of whole experts, the bits of one call, a progress point after each.
-    for (const ExpertRange& piece : expert_pieces(a.expert_offsets, E_local)) {
+    // In pieces of whole experts, the bits of one call, a progress point after each (one piece
+    // when nothing runs at the points).
+    const int pieces = co_await pieces_wanted() ? kExpertPieces : 1;
+    for (const ExpertRange& piece : expert_pieces(a.expert_offsets, E_local, pieces)) {
       expert_ffn_forward_piece(ops_, a.y, a.ffn_a, a.ffn_b, a.xg, w.w1 + first, w.w3 + first,
                                w.w2 + first, a.expert_offsets, piece, C, F, device_);
       co_await progress_point();
@@ -221,7 +223,8 @@ ResumablePass MoeBlock<T>::routed_backward_ep(MoeWeights<T> w, MoeWeights<T> g,
     ep.finish_combine_backward(dy_local, dweight_v);
     const int64_t first = int64_t(ep.ep_rank()) * E_local - w.first_expert;
     float* dxg = device_.allocate_zeroed<float>(size_t(R) * C, "backward work");
-    for (const ExpertRange& piece : expert_pieces(a.expert_offsets, E_local)) {
+    const int pieces = co_await pieces_wanted() ? kExpertPieces : 1;
+    for (const ExpertRange& piece : expert_pieces(a.expert_offsets, E_local, pieces)) {
       expert_ffn_backward_piece(ops_, dxg, g.w1 + first, g.w3 + first, g.w2 + first,
                                 dy_local.data(), a.xg, a.ffn_a, a.ffn_b, w.w1 + first, w.w3 + first,
                                 w.w2 + first, a.expert_offsets, piece, C, F, device_);

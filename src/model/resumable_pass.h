@@ -164,6 +164,22 @@ inline ProgressPoint progress_point() {
   return {};
 }
 
+// Awaited before a pass cuts its compute into pieces: whether anything runs at its progress
+// points (a paired driver). Without, one call does the work of the pieces with the same bits and
+// none of their extra kernel calls and thread barriers. Never stops the pass.
+struct PiecesWanted {
+  bool wanted = false;
+  bool await_ready() const noexcept { return false; }
+  bool await_suspend(ResumablePass::Handle h) noexcept {
+    wanted = bool(h.promise().state->between_pieces);
+    return false;
+  }
+  bool await_resume() const noexcept { return wanted; }
+};
+inline PiecesWanted pieces_wanted() {
+  return {};
+}
+
 // Runs `pass` to its end, waiting out every exchange it stops at (progress_until_finished).
 void run_to_end(ResumablePass pass);
 
