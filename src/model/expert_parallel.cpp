@@ -103,25 +103,50 @@ std::vector<ParameterRange> replicated_ranges(const ParameterLayout& layout) {
   return ranges;
 }
 
+namespace {
+
+// Ranges of at least this many floats (256 KiB) are reduced where they lie: one more collective
+// costs little next to their bytes, while packing them would copy them twice into a fresh buffer
+// whose every page is first-touched on each call (about 9 us a page on the VMs measured: a
+// 200 MB pack took 0.6-0.9 s, the allreduce itself 0.28 s). The smaller ones are packed into one
+// collective. The ranks of a group pass ranges of the same sizes in the same order (the same
+// tensors or expert blocks), so they make the same collectives.
+constexpr int64_t kReduceInPlaceFloats = int64_t(1) << 16;
+
+template <typename Reduce>
+void reduce_ranges(float* grads, const std::vector<ParameterRange>& ranges, Reduce reduce) {
+  std::vector<ParameterRange> small;
+  for (const ParameterRange& r : ranges) {
+    if (r.count >= kReduceInPlaceFloats) {
+      reduce(grads + r.offset, r.count);
+    } else {
+      small.push_back(r);
+    }
+  }
+  if (small.empty()) return;
+  std::vector<float> packed = pack_ranges(grads, small);
+  reduce(packed.data(), int64_t(packed.size()));
+  unpack_ranges(packed.data(), small, grads);
+}
+
+}  // namespace
+
 void allreduce_ranges(float* grads, const std::vector<ParameterRange>& ranges,
                       const HierarchicalComm& group, Links& links) {
   if (group.size() < 2) return;
-  // Packed so the reduction is one collective over only the bytes that need it.
-  std::vector<float> packed = pack_ranges(grads, ranges);
-  allreduce_sum(packed.data(), int64_t(packed.size()), group, links);
-  unpack_ranges(packed.data(), ranges, grads);
+  reduce_ranges(grads, ranges,
+                [&](float* data, int64_t count) { allreduce_sum(data, count, group, links); });
 }
 
 void allreduce_replicated_gradients(float* grads, const ParameterLayout& layout,
                                     const HierarchicalComm& ep, Links& links, bool hierarchical) {
-  const std::vector<ParameterRange> ranges = replicated_ranges(layout);
-  std::vector<float> packed = pack_ranges(grads, ranges);
-  if (hierarchical) {
-    allreduce_sum(packed.data(), int64_t(packed.size()), ep, links);
-  } else {
-    flat_allreduce_sum(packed.data(), int64_t(packed.size()), ep, links);
-  }
-  unpack_ranges(packed.data(), ranges, grads);
+  reduce_ranges(grads, replicated_ranges(layout), [&](float* data, int64_t count) {
+    if (hierarchical) {
+      allreduce_sum(data, count, ep, links);
+    } else {
+      flat_allreduce_sum(data, count, ep, links);
+    }
+  });
 }
 
 }  // namespace rlf

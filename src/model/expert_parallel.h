@@ -47,13 +47,15 @@ void copy_common_parameters(const float* src, const ParameterLayout& src_layout,
 // Every non-expert tensor, adjacent tensors merged into one range.
 std::vector<ParameterRange> replicated_ranges(const ParameterLayout& layout);
 
-// Sums `ranges` of `grads` over `group` (collective; one packed hierarchical allreduce; nothing
-// to do on a group of one rank).
+// Sums `ranges` of `grads` over `group` (collective; hierarchical allreduces: each range of 64K
+// floats or more where it lies, the smaller ones packed into one; nothing to do on a group of one
+// rank). Every rank of the group passes ranges of the same sizes in the same order.
 void allreduce_ranges(float* grads, const std::vector<ParameterRange>& ranges,
                       const HierarchicalComm& group, Links& links);
 
 // Sums the gradients of every non-expert tensor of `layout` in `grads` over `ep` (collective;
-// one packed allreduce, hierarchical or flat ring); expert tensors are left untouched.
+// allreduces as allreduce_ranges makes them, hierarchical or flat ring); expert tensors are left
+// untouched.
 void allreduce_replicated_gradients(float* grads, const ParameterLayout& layout,
                                     const HierarchicalComm& ep, Links& links,
                                     bool hierarchical = true);
