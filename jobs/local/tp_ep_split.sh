@@ -1,22 +1,27 @@
 #!/usr/bin/env bash
-# TP x EP with and without the token split (docs/PARALLELISM.md, "TP x EP"): the same fused RL run
-# (same seed, prompts and samples) on 4 ranks bound to distinct cores, TP 2 x EP 2, once with each
-# TP rank dispatching its share of its group's tokens (the default) and once with every TP rank
-# dispatching all of them (--tensor-parallel-duplicate-experts), interleaved, REPEATS times each,
+# TP (x EP) with and without the token split (docs/PARALLELISM.md, "TP x EP"): the same fused RL
+# run (same seed, prompts and samples) on ranks bound to distinct cores, TP 2 x EP 2 on 4 ranks
+# (EP=1: TP 2 alone on 2 ranks, each TP rank computing on its own copy of the experts), once with
+# each TP rank taking its share of its group's tokens (the default) and once with every TP rank
+# computing all of them (--tensor-parallel-duplicate-experts), interleaved, REPEATS times each,
 # on a model whose routed experts dominate the work (16 experts of d_ff 1024, top 4). Prints per
 # run the RL seconds and the expert rows each rank computed (counted: the split's are half the
 # duplicated ones), then the median ratio duplicated / split of the RL seconds. Needs one idle core
 # per rank for the times to mean anything (the load average is printed first). Both runs train the
 # same model up to float rounding.
 #
-# Usage: [STEPS=3] [REPEATS=3] jobs/local/tp_ep_split.sh [BUILD_DIR] [other train options...]
+# Usage: [EP=2] [STEPS=3] [REPEATS=3] jobs/local/tp_ep_split.sh [BUILD_DIR] [other train options...]
 set -euo pipefail
 
 build=${1:-build}
 shift $(($# < 1 ? $# : 1))
 # shellcheck source=../lib/local_comparison.sh
 . "$(dirname "$0")/../lib/local_comparison.sh"
-rlf_local_setup 4 tp-ep-split "$build"
+ep=${EP:-2}
+ranks=$((2 * ep))
+expert_parallel=()
+[ "$ep" -gt 1 ] && expert_parallel=(--expert-parallel "$ep")
+rlf_local_setup "$ranks" tp-ep-split "$build"
 model="$work/expert-heavy.ini"
 cat >"$model" <<'INI'
 [model]
@@ -38,10 +43,10 @@ for repeat in $(seq 1 "${REPEATS:-3}"); do
     extra=()
     [ "$design" = duplicated ] && extra=(--tensor-parallel-duplicate-experts)
     dir="$work/$design-$repeat"
-    mpiexec -n 4 --bind-to core --map-by core "$rlfusion" train --model "$model" --task sort \
-      --sft-steps 0 --steps "${STEPS:-3}" --prompts 16 --group-size 4 --micro-batch 8 \
-      --eval-prompts 0 --mode fused --tensor-parallel 2 --expert-parallel 2 --threads 1 --seed 7 \
-      --json --run-dir "$dir" "${extra[@]}" "$@" >"$dir.log" 2>&1 ||
+    mpiexec -n "$ranks" --bind-to core --map-by core "$rlfusion" train --model "$model" \
+      --task sort --sft-steps 0 --steps "${STEPS:-3}" --prompts 16 --group-size 4 \
+      --micro-batch 8 --eval-prompts 0 --mode fused --tensor-parallel 2 "${expert_parallel[@]}" \
+      --threads 1 --seed 7 --json --run-dir "$dir" "${extra[@]}" "$@" >"$dir.log" 2>&1 ||
       { echo "$design: failed, see $dir.log" >&2; exit 1; }
     python3 - "$dir/summary.json" "$design" "$repeat" <<'PY'
 import json, sys

@@ -309,9 +309,10 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
                                 role == Role::Learner ? redundant : 0);
     // The spare slots get their starting replicas before the reference copies the weights.
     if (role == Role::Learner && ep) ep->fill_redundant_slots(model.parameters(), model.layout());
-    // TP x EP: each TP rank dispatches its share of its group's tokens in every MoE layer (the KL
-    // reference's too), unless --tensor-parallel-duplicate-experts.
-    const bool expert_token_split = role_tp && ep && !options.tensor_parallel_duplicate_experts;
+    // TP (with or without EP): each TP rank computes its share of its group's tokens' routed
+    // experts in every MoE layer (the KL reference's too), unless
+    // --tensor-parallel-duplicate-experts.
+    const bool expert_token_split = role_tp && !options.tensor_parallel_duplicate_experts;
     model.set_expert_token_split(expert_token_split);
     if (role == Role::Learner) start_learner_state(learner, policy, rl, ep.get());
     if (learner.reference) learner.reference->set_expert_token_split(expert_token_split);

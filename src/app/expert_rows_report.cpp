@@ -7,11 +7,11 @@
 
 namespace rlf {
 
-std::string expert_rows_report(const RoleExpertParallel& ep, const TensorParallel* tp,
-                               bool token_split, RunDirectory& dir) {
+std::string expert_rows_report(int64_t rows_here, const TensorParallel* tp, bool token_split,
+                               RunDirectory& dir) {
   int world = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
-  long long mine = ep.traffic().expert_rows;
+  long long mine = rows_here;
   std::vector<long long> all(size_t(world), 0);
   MPI_Gather(&mine, 1, MPI_LONG_LONG, all.data(), 1, MPI_LONG_LONG, 0, MPI_COMM_WORLD);
   std::string rows, listed;
@@ -25,17 +25,16 @@ std::string expert_rows_report(const RoleExpertParallel& ep, const TensorParalle
   }
   std::string json = "\"expert_rows_per_rank\":[" + rows + "],";
   if (!tp) {
-    dir.log("# expert rows computed per rank (every forward's dispatched rows): %s\n",
-            listed.c_str());
+    dir.log("# expert rows computed per rank (every forward's routed rows): %s\n", listed.c_str());
     return json;
   }
   const TensorParallelCounters& c = tp->counters();
   dir.log(
-      "# expert rows computed per rank (every forward's dispatched rows): %s; %s; rank 0 ran %lld "
+      "# expert rows computed per rank (every forward's routed rows): %s; %s; rank 0 ran %lld "
       "TP allgathers of MoE rows (%lld elements assembled)\n",
       listed.c_str(),
-      token_split ? "token split: each TP rank dispatches its share of its group's tokens"
-                  : "duplicated: every TP rank dispatches all of its group's tokens",
+      token_split ? "token split: each TP rank computes its share of its group's tokens"
+                  : "duplicated: every TP rank computes all of its group's tokens",
       (long long)c.allgathers, (long long)c.allgathered_elements);
   return json + "\"tensor_expert_split\":" + (token_split ? "true" : "false") +
          ",\"tp_allgathers\":" + std::to_string(c.allgathers) +

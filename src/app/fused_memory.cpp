@@ -25,7 +25,8 @@ size_t arena_bytes(size_t floats) {
 FusedMemoryPlan plan_fused_memory(const ModelConfig& config, const ParameterLayout& training_layout,
                                   const ParameterLayout& generation_layout, bool layout_switch,
                                   bool reference, const ModelConfig* reward_model, bool offload,
-                                  const FusedBatch& batch, bool experts_migrate) {
+                                  const FusedBatch& batch, bool experts_migrate,
+                                  ExpertTokenSplit split) {
   const size_t reward_model_bytes = reward_model ? reward_model_parameter_bytes(*reward_model) : 0;
   const size_t params = arena_bytes(size_t(training_layout.total()));
   const size_t reference_bytes = reference ? params : 0;
@@ -56,9 +57,9 @@ FusedMemoryPlan plan_fused_memory(const ModelConfig& config, const ParameterLayo
                     (offload ? 0 : gradients_and_moments);
   // Every prompt (or resumed prefix) at its longest and every sample at the longest sequence.
   const int longest_prefill = std::max(batch.longest_prompt, batch.longest_prefill);
-  plan.generation_activations = generation_peak_bytes(config, generation_layout,
-                                                      uniform_batch(batch.samples, longest_prefill),
-                                                      batch.max_sequence, batch.sampled);
+  plan.generation_activations = generation_peak_bytes(
+      config, generation_layout, uniform_batch(batch.samples, longest_prefill), batch.max_sequence,
+      batch.sampled, split.generation);
   if (reward_model) {
     // RolloutReward scores whole sequences, --micro-batch at a time (RewardModel::scores).
     plan.generation_activations = std::max(
@@ -71,7 +72,7 @@ FusedMemoryPlan plan_fused_memory(const ModelConfig& config, const ParameterLayo
   const int trained = batch.training_samples > 0 ? batch.training_samples : batch.samples;
   plan.training_activations = training_micro_batch_peak_bytes(
       config, training_layout,
-      uniform_batch(std::min(batch.micro_batch, trained), batch.max_sequence - 1));
+      uniform_batch(std::min(batch.micro_batch, trained), batch.max_sequence - 1), split.training);
   return plan;
 }
 

@@ -60,10 +60,16 @@ struct FusedBatch {
 // micro-batches after the KV cache is gone. `experts_migrate` (--rebalance-every): the training
 // placement can become any, so the switch's received buckets are counted for the worst one (so
 // too with the redundant slots of a slot-space training layout: its replicas are the planner's).
+// `split`: where the routed experts run on the rank's share of its TP group's tokens
+// (Transformer::set_expert_token_split), counted at that share.
+struct ExpertTokenSplit {
+  bool training = false, generation = false;
+};
 FusedMemoryPlan plan_fused_memory(const ModelConfig& config, const ParameterLayout& training_layout,
                                   const ParameterLayout& generation_layout, bool layout_switch,
                                   bool reference, const ModelConfig* reward_model, bool offload,
-                                  const FusedBatch& batch, bool experts_migrate = false);
+                                  const FusedBatch& batch, bool experts_migrate = false,
+                                  ExpertTokenSplit split = {});
 
 // With pipeline parallelism a stage generates from `parameters` of its own received into the
 // device arena next to the stage for the generation phase only: the other stages' layers (a

@@ -224,10 +224,14 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
                                     : switched_layout)
         : borrows_whole_model ? whole_generation_layout
                               : ParameterLayout(policy.config, generation_experts);
+    // The token split (below) in training and, on the training slices, in generation (a
+    // pipeline's stitched views run without it; its chunks: below).
+    const bool splits = tp && !pp && !options.tensor_parallel_duplicate_experts;
     memory_plan = plan_fused_memory(policy.config, policy.model->layout(), generation_layout,
                                     switch_layouts, rl.kl_coef > 0,
                                     reward_model ? &*reward_model : nullptr, options.offload, batch,
-                                    /*experts_migrate=*/options.rebalance.every > 0);
+                                    /*experts_migrate=*/options.rebalance.every > 0,
+                                    ExpertTokenSplit{splits, splits && tp_generates});
     // A pipeline stage generates from the other stages' layers beside its own (stitched), or from
     // a whole model of its own (with EP, every layer with the pipeline's experts; with TP
     // generation, its TP slice); so does a TP rank generating data-parallel.
@@ -243,11 +247,12 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
     // many at once as the schedule keeps in flight.
     if (pp) {
       add_pipeline_activations(
-          memory_plan, pipeline_activation_bytes(*pp, policy.model->layout(),
-                                                 pipeline_micro_batch_sequences(
-                                                     *pp, rl.micro_batch, pipeline_rank_samples,
-                                                     options.micro_batches > 0),
-                                                 longest));
+          memory_plan,
+          pipeline_activation_bytes(
+              *pp, policy.model->layout(),
+              pipeline_micro_batch_sequences(*pp, rl.micro_batch, pipeline_rank_samples,
+                                             options.micro_batches > 0),
+              longest, tp && !options.tensor_parallel_duplicate_experts));
     }
     // The KL reference's and PP StaleSync's proximal log-probs come from forward-only passes over
     // the stages: a rank holds its reference stage (counted in the plan) and no whole copy.
@@ -298,9 +303,10 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
                              options.ep_dispatch, pp ? 1 : options.ep_overlap_chunks, redundant);
   // The spare slots get their starting replicas before the reference copies the weights.
   if (ep) ep->fill_redundant_slots(model.parameters(), model.layout());
-  // TP x EP: each TP rank dispatches its share of its group's tokens in every MoE layer (the KL
-  // reference's too), unless --tensor-parallel-duplicate-experts.
-  const bool expert_token_split = tp && ep && !options.tensor_parallel_duplicate_experts;
+  // TP (with or without EP): each TP rank computes its share of its group's tokens' routed
+  // experts in every MoE layer (the KL reference's too), unless
+  // --tensor-parallel-duplicate-experts.
+  const bool expert_token_split = tp && !options.tensor_parallel_duplicate_experts;
   model.set_expert_token_split(expert_token_split);
   start_learner_state(learner, policy, rl, ep.get());
   if (learner.reference) learner.reference->set_expert_token_split(expert_token_split);
@@ -409,10 +415,12 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   }
   if (tp) {
     dir.log(
-        "# tensor parallelism: TP %d x %d replicas%s (%s); this rank stores %lld of %lld "
-        "parameters\n",
+        "# tensor parallelism: TP %d x %d replicas%s (%s), routed experts %s; this rank stores "
+        "%lld of %lld parameters\n",
         tp->degree(), tp->replicas(), pp ? " (the stages of the pipelines below)" : "",
         tp->attention_only() ? "attention heads" : "attention heads and the shared expert",
+        expert_token_split ? "on each TP rank's share of its group's tokens (token split)"
+                           : "on all of its group's tokens on every TP rank (duplicated)",
         (long long)model.parameter_count(), (long long)ParameterLayout(policy.config).total());
   }
   if (sliced_generation) {
@@ -856,7 +864,16 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         (long long)c.cut_samples, (long long)c.recomputed_prefix_tokens,
         (long long)c.regenerated_samples, (long long)c.dropped_groups, pool->in_flight_samples());
   }
-  if (ep) parallel_json += expert_rows_report(*ep, tp.get(), expert_token_split, dir);
+  if (ep) {
+    parallel_json +=
+        expert_rows_report(ep->traffic().expert_rows, tp.get(), expert_token_split, dir);
+  } else if (tp && tp_generates && !pp) {
+    // TP alone, generating on the training slices: the rows the policy (and its views) and the
+    // reference computed on this rank's own experts.
+    const int64_t rows = model.local_routed_rows() +
+                         (learner.reference ? learner.reference->local_routed_rows() : 0);
+    parallel_json += expert_rows_report(rows, tp.get(), expert_token_split, dir);
+  }
   if (reordering) dir.log("%s", reordering->summary().c_str());
   dir.log(
       "# device memory peaks of learner 0: generation %s (analytic %s), training %s (analytic %s), "

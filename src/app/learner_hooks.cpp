@@ -33,10 +33,16 @@ DataParallelHooks learner_hooks(const HierarchicalComm& learners, Links& links,
                       : ep->reduce_gradients(model.gradients(), model.layout())));
       return;
     }
+    // TP with the token split: each TP rank's expert copy saw its rows only.
+    const uint64_t over_tp = model.expert_token_split()
+                                 ? sum_expert_gradients_over_tensor_group(
+                                       model.gradients(), model.layout(), *model.tensor_parallel())
+                                 : 0;
     const LinkCounters before = links.counters();
     allreduce_sum(model.gradients(), model.parameter_count(), learners, links);
     const LinkCounters& now = links.counters();
-    traced.set_bytes(int64_t(now.bytes[0] + now.bytes[1] - before.bytes[0] - before.bytes[1]));
+    traced.set_bytes(
+        int64_t(over_tp + now.bytes[0] + now.bytes[1] - before.bytes[0] - before.bytes[1]));
   };
   // Over all learners (a superset of each EP group): simpler, and it costs one integer.
   if (ep) hooks.micro_batches = largest_micro_batch_count(comm);

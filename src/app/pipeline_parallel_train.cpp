@@ -188,13 +188,14 @@ int pipeline_micro_batch_sequences(const PipelineGroups& groups, int micro_batch
 }
 
 size_t pipeline_activation_bytes(const PipelineGroups& groups, const ParameterLayout& layout,
-                                 int sequences, int longest_sequence) {
+                                 int sequences, int longest_sequence, bool expert_token_split) {
   // A training input is its sequence without the last token.
   const PackedBatch batch = uniform_batch(sequences, longest_sequence - 1);
   size_t largest = 0;
   for (const LayerRange& chunk : groups.chunks(groups.stage())) {
-    largest = std::max(largest, pipeline_chunk_peak_bytes(groups.config(), layout, batch,
-                                                          chunk.first, chunk.last));
+    largest =
+        std::max(largest, pipeline_chunk_peak_bytes(groups.config(), layout, batch, chunk.first,
+                                                    chunk.last, expert_token_split));
   }
   return size_t(in_flight_bound(groups.shape(), groups.stage())) * largest;
 }

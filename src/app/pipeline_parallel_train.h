@@ -80,9 +80,11 @@ int pipeline_micro_batch_sequences(const PipelineGroups& groups, int micro_batch
 // The most bytes this rank's stage activation arenas hold at once in training (what the fused fit
 // check counts for a pipeline rank's training activations): the most micro-batch chunks it holds
 // at once (in_flight_bound) times the largest of its chunks' pipeline_chunk_peak_bytes, for
-// micro-batches of `sequences` sequences of `longest_sequence` tokens. `layout`: the stage's.
+// micro-batches of `sequences` sequences of `longest_sequence` tokens. `layout`: the stage's;
+// `expert_token_split`: its routed experts run on the rank's share of its TP group's tokens.
 size_t pipeline_activation_bytes(const PipelineGroups& groups, const ParameterLayout& layout,
-                                 int sequences, int longest_sequence);
+                                 int sequences, int longest_sequence,
+                                 bool expert_token_split = false);
 
 // The samples a pipeline trains: every rank puts the rollouts it generated (sample ids
 // [first_sample, first_sample + rollouts.size()) of its own block) into `queue`, then one leader

@@ -76,10 +76,12 @@ void validate_tensor_parallel_train(const DisaggregatedOptions& options, const s
   const int degree = options.tensor_parallel;
   const std::string option = "--tensor-parallel " + std::to_string(degree);
   if (degree < 1) throw ConfigError(option + ": must be a positive integer");
-  if (options.tensor_parallel_duplicate_experts && (degree == 1 || options.expert_parallel == 1)) {
+  const bool actor_groups = !fused && options.actor_tensor_parallel > 1;
+  if (options.tensor_parallel_duplicate_experts && degree == 1 && !actor_groups) {
     throw ConfigError(
-        "--tensor-parallel-duplicate-experts needs --tensor-parallel and --expert-parallel of 2 "
-        "or more (it chooses how TP x EP spreads the expert work)");
+        "--tensor-parallel-duplicate-experts needs --tensor-parallel of 2 or more (or, "
+        "disaggregated, --actor-tensor-parallel): it chooses how a TP group spreads the "
+        "routed-expert work");
   }
   // (In disaggregated mode actor TP groups need no learner TP: the learners send the whole model.)
   if (mode == "disaggregated" && (degree > 1 || options.actor_tensor_parallel > 1)) {

@@ -4,6 +4,7 @@
 
 #include "kernels/arena.h"
 #include "src/model/attention_pieces.h"
+#include "src/model/tensor_parallel.h"
 
 namespace rlf {
 
@@ -49,6 +50,22 @@ class Tally {
  private:
   size_t used_ = 0, peak_ = 0;
 };
+
+// The tokens of N whose routed experts this rank computes: all of them, or with the token split
+// on its own experts (TP without EP, MoeBlock::routed_forward_local) its TP rank's share. (TP x
+// EP's split through the dispatchers is counted as all: an upper bound.)
+struct RoutedShare {
+  bool split = false;
+  TensorSlice slice;
+  int64_t tokens(int64_t N) const {
+    return split ? tensor_parallel_row_share(int(N), slice.size, slice.rank).count : N;
+  }
+};
+
+RoutedShare routed_share(const ParameterLayout& layout, bool expert_token_split) {
+  return {expert_token_split && layout.tensor_slice().active() && !layout.expert_sharded(),
+          layout.tensor_slice()};
+}
 
 // --- kernel scratch (kernels/cpu/*.cpp) ---
 
@@ -169,11 +186,13 @@ int routed_experts(const ModelConfig& config, const ParameterLayout& layout) {
 
 // Transformer::allocate_layer and MoeBlock::allocate for N tokens. With tensor parallelism Q, K, V,
 // the attention output and the shared expert's hidden units hold only the rank's slice.
-void hold_layer(Tally& t, const ModelConfig& config, const ParameterLayout& layout, int64_t N) {
+void hold_layer(Tally& t, const ModelConfig& config, const ParameterLayout& layout,
+                const RoutedShare& share, int64_t N) {
   const bool expert_parallel = layout.expert_sharded();
   const int64_t C = config.d_model, H = layout.local_heads(), E = config.n_experts;
   const int64_t A = layout.attention_width();
   const int64_t M = N * config.top_k, F = config.d_ff, S = layout.shared_width();
+  const int64_t R = share.tokens(N) * config.top_k;  // the routed rows this rank computes
   t.hold<float>(N * C);                              // xn1
   t.hold<float>(N);                                  // rstd1
   for (int i = 0; i < 4; ++i) t.hold<float>(N * A);  // q, k, v, att
@@ -188,12 +207,12 @@ void hold_layer(Tally& t, const ModelConfig& config, const ParameterLayout& layo
   t.hold<int>(M);                                    // expert_idx
   if (!expert_parallel) {
     t.hold<int>(E + 1);    // expert_offsets
-    t.hold<int>(M);        // row_of_assignment
-    t.hold<int>(M);        // token_of_row
-    t.hold<float>(M * C);  // xg
-    t.hold<float>(M * F);  // ffn_a
-    t.hold<float>(M * F);  // ffn_b
-    t.hold<float>(M * C);  // y
+    t.hold<int>(R);        // row_of_assignment
+    t.hold<int>(R);        // token_of_row
+    t.hold<float>(R * C);  // xg
+    t.hold<float>(R * F);  // ffn_a
+    t.hold<float>(R * F);  // ffn_b
+    t.hold<float>(R * C);  // y
   }
   if (config.shared_expert_d_ff > 0) {
     t.hold<float>(N * S);  // shared_a
@@ -205,8 +224,9 @@ void hold_layer(Tally& t, const ModelConfig& config, const ParameterLayout& layo
 
 // Transformer::layer_forward after allocate_layer: RoPE, attention (packed over `packed`, or a
 // decode step over a cache of `decode_longest` positions), then MoeBlock::forward.
-void layer_forward(Tally& t, const ModelConfig& config, const ParameterLayout& layout, int64_t N,
-                   const PackedBatch* packed, int decode_longest) {
+void layer_forward(Tally& t, const ModelConfig& config, const ParameterLayout& layout,
+                   const RoutedShare& share, int64_t N, const PackedBatch* packed,
+                   int decode_longest) {
   const int H = layout.local_heads(), D = config.head_dim(), C = config.d_model, F = config.d_ff;
   const int longest = packed ? packed->longest : decode_longest;
   // A table row per position spanned, or per token when the span is longer.
@@ -220,8 +240,9 @@ void layer_forward(Tally& t, const ModelConfig& config, const ParameterLayout& l
     t.release(mark);
   }
   t.scratch(aux_loss_scratch(N, config.n_experts));
-  // Routed rows: top_k per token; with expert parallelism the rank's balanced share.
-  const int64_t rows = N * config.top_k;
+  // Routed rows: top_k per token (with the token split, of the rank's share); with expert
+  // parallelism the rank's balanced share.
+  const int64_t rows = share.tokens(N) * config.top_k;
   const int experts = routed_experts(config, layout);
   if (layout.expert_sharded()) {
     // MoeBlock::routed_forward_ep: the dispatched rows, allocated once their count is known.
@@ -246,25 +267,26 @@ void hold_head(Tally& t, const ModelConfig& config, int64_t N) {
 
 // Transformer::run without saved activations (prefill, decode): two residual buffers, each layer's
 // activations released after it; then the head.
-void inference_pass(Tally& t, const ModelConfig& config, const ParameterLayout& layout, int64_t N,
-                    const PackedBatch* packed, int decode_longest) {
+void inference_pass(Tally& t, const ModelConfig& config, const ParameterLayout& layout,
+                    const RoutedShare& share, int64_t N, const PackedBatch* packed,
+                    int decode_longest) {
   t.hold<float>(N * config.d_model);  // x
   t.hold<float>(N * config.d_model);  // x_next
   for (int l = 0; l < config.n_layers; ++l) {
     const size_t mark = t.mark();
-    hold_layer(t, config, layout, N);
-    layer_forward(t, config, layout, N, packed, decode_longest);
+    hold_layer(t, config, layout, share, N);
+    layer_forward(t, config, layout, share, N, packed, decode_longest);
     t.release(mark);
   }
 }
 
 // Transformer::layer_backward (with MoeBlock::backward inside) over the saved activations.
 void layer_backward(Tally& t, const ModelConfig& config, const ParameterLayout& layout,
-                    const PackedBatch& batch) {
-  const int64_t N = batch.tokens, C = config.d_model, F = config.d_ff;
+                    const RoutedShare& share, const PackedBatch& batch) {
+  const int64_t N = batch.tokens, C = config.d_model, F = config.d_ff, K = config.top_k;
   const int E = config.n_experts, H = layout.local_heads(), D = config.head_dim();
   const int64_t A = layout.attention_width();
-  const int64_t rows = N * config.top_k;
+  const int64_t own = share.tokens(N), rows = own * K;
   const size_t layer_mark = t.mark();
   t.hold<float>(N * C);  // dx_mid
   t.hold<float>(N * C);  // dxn2
@@ -275,12 +297,18 @@ void layer_backward(Tally& t, const ModelConfig& config, const ParameterLayout& 
     if (layout.tensor_slice().splits_shared_expert()) t.hold<float>(N * C);  // dx_shared
     t.scratch(expert_ffn_backward_scratch(N, 1, layout.shared_width()));
   }
-  t.hold<float>(rows);  // dweight
+  t.hold<float>(N * K);  // dweight
+  if (share.split) {
+    t.hold<float>(own * C);  // dx_rows
+    t.hold<float>(rows);     // dweight_rows
+  }
   if (!layout.expert_sharded()) {
     t.hold<float>(rows * C);  // dy
   }
   t.hold<float>(rows * C);  // dxg
   t.scratch(expert_ffn_backward_scratch(rows, routed_experts(config, layout), F));
+  // gather_split_backward: every row's input and top-k weight gradients, allgathered.
+  if (share.split) t.scratch(bytes<float>(N * (C + K)));
   if (config.aux_loss_coef != 0.0f) {
     t.hold<float>(N * E);  // dprobs
     t.scratch(bytes<int64_t>(E) + bytes<float>(E));
@@ -303,16 +331,16 @@ void layer_backward(Tally& t, const ModelConfig& config, const ParameterLayout& 
 // Transformer::forward: the batch layout, tokens and positions, then every layer's activations
 // and its output residual, kept for backward, then the head.
 void hold_forward(Tally& t, const ModelConfig& config, const ParameterLayout& layout,
-                  const PackedBatch& inputs) {
+                  const RoutedShare& share, const PackedBatch& inputs) {
   const int64_t N = inputs.tokens, C = config.d_model;
   t.hold<int>(inputs.sequences + 1);
   t.hold<int>(N);
   t.hold<int>(N);
   t.hold<float>(N * C);
   for (int l = 0; l < config.n_layers; ++l) {
-    hold_layer(t, config, layout, N);
+    hold_layer(t, config, layout, share, N);
     t.hold<float>(N * C);
-    layer_forward(t, config, layout, N, &inputs, 0);
+    layer_forward(t, config, layout, share, N, &inputs, 0);
   }
   hold_head(t, config, N);
 }
@@ -336,8 +364,10 @@ PackedBatch uniform_batch(int sequences, int length) {
 }
 
 size_t generation_peak_bytes(const ModelConfig& config, const ParameterLayout& layout,
-                             const PackedBatch& prompts, int max_len, bool sampled) {
+                             const PackedBatch& prompts, int max_len, bool sampled,
+                             bool expert_token_split) {
   const int64_t B = prompts.sequences, C = config.d_model;
+  const RoutedShare share = routed_share(layout, expert_token_split);
   Tally t;
   // Transformer::allocate_kv_cache: keys and values of every layer, every slot at max_len (with
   // tensor parallelism of the rank's heads).
@@ -348,14 +378,14 @@ size_t generation_peak_bytes(const ModelConfig& config, const ParameterLayout& l
   // of each prompt, its logits; then the first sampling.
   t.hold<int>(prompts.tokens);
   t.hold<int>(prompts.tokens);
-  inference_pass(t, config, layout, prompts.tokens, &prompts, 0);
+  inference_pass(t, config, layout, share, prompts.tokens, &prompts, 0);
   t.hold<float>(B * C);
   hold_head(t, config, B);
   t.scratch(sampling_scratch(B, config.vocab_size, sampled));
   // generate() rewinds to after the cache before each decode step; the largest has every sample
   // active, each attending to at most max_len positions.
   t.release(after_cache);
-  inference_pass(t, config, layout, B, nullptr, max_len);
+  inference_pass(t, config, layout, share, B, nullptr, max_len);
   hold_head(t, config, B);
   t.scratch(sampling_scratch(B, config.vocab_size, sampled));
   return t.peak();
@@ -364,15 +394,16 @@ size_t generation_peak_bytes(const ModelConfig& config, const ParameterLayout& l
 size_t forward_peak_bytes(const ModelConfig& config, const ParameterLayout& layout,
                           const PackedBatch& inputs) {
   Tally t;
-  hold_forward(t, config, layout, inputs);
+  hold_forward(t, config, layout, RoutedShare{}, inputs);
   return t.peak();
 }
 
 size_t training_micro_batch_peak_bytes(const ModelConfig& config, const ParameterLayout& layout,
-                                       const PackedBatch& inputs) {
+                                       const PackedBatch& inputs, bool expert_token_split) {
   const int64_t N = inputs.tokens, C = config.d_model, V = config.vocab_size;
+  const RoutedShare share = routed_share(layout, expert_token_split);
   Tally t;
-  hold_forward(t, config, layout, inputs);
+  hold_forward(t, config, layout, share, inputs);
   // accumulate_policy_gradient (src/rl/policy_loss.cpp): tempered logits, log-probs and their
   // normalizers, the loss's gradient at the log-probs and at the logits.
   t.hold<float>(N * V);
@@ -383,13 +414,15 @@ size_t training_micro_batch_peak_bytes(const ModelConfig& config, const Paramete
   t.hold<float>(N * C);
   t.hold<float>(N * C);
   t.scratch(rmsnorm_backward_scratch(N, int(C)));
-  layer_backward(t, config, layout, inputs);
+  layer_backward(t, config, layout, share, inputs);
   return t.peak();
 }
 
 size_t pipeline_chunk_peak_bytes(const ModelConfig& config, const ParameterLayout& layout,
-                                 const PackedBatch& inputs, int first, int last) {
+                                 const PackedBatch& inputs, int first, int last,
+                                 bool expert_token_split) {
   const int64_t N = inputs.tokens, C = config.d_model, V = config.vocab_size;
+  const RoutedShare share = routed_share(layout, expert_token_split);
   Tally t;
   // Transformer::forward_range_pass: the batch layout, the tokens when it embeds, positions; run:
   // the residual stream in, then every layer's activations and output residual, kept.
@@ -398,9 +431,9 @@ size_t pipeline_chunk_peak_bytes(const ModelConfig& config, const ParameterLayou
   t.hold<int>(N);
   t.hold<float>(N * C);
   for (int l = first; l < last; ++l) {
-    hold_layer(t, config, layout, N);
+    hold_layer(t, config, layout, share, N);
     t.hold<float>(N * C);
-    layer_forward(t, config, layout, N, &inputs, 0);
+    layer_forward(t, config, layout, share, N, &inputs, 0);
   }
   const bool ends_model = last == config.n_layers;
   if (ends_model) {
@@ -418,7 +451,7 @@ size_t pipeline_chunk_peak_bytes(const ModelConfig& config, const ParameterLayou
     t.hold<float>(N * C);
     t.scratch(rmsnorm_backward_scratch(N, int(C)));
   }
-  if (last > first) layer_backward(t, config, layout, inputs);
+  if (last > first) layer_backward(t, config, layout, share, inputs);
   return t.peak();
 }
 

@@ -3,8 +3,9 @@
 // model config, the parameter layout and the batch's lengths, so that a layout's memory can be
 // planned before any work and checked against the arena's measured phase peak. A layout with a
 // tensor slice counts a TP rank's: its heads' Q, K, V, attention output, KV cache and their
-// gradients, its slice of the shared expert (TP x EP's token split is counted as if every TP rank
-// dispatched all rows: an upper bound).
+// gradients, its slice of the shared expert; with `expert_token_split` (TP without EP,
+// Transformer::set_expert_token_split) its share of the routed rows. (TP x EP's split is counted
+// as if every TP rank computed all rows' routed experts: an upper bound.)
 #pragma once
 
 #include <cstddef>
@@ -35,7 +36,8 @@ PackedBatch uniform_batch(int sequences, int length);
 // (`sampled`: temperature > 0). With an expert-sharded `layout` (expert parallelism) each rank's
 // routed rows are counted at their balanced share (top_k rows per token).
 size_t generation_peak_bytes(const ModelConfig& config, const ParameterLayout& layout,
-                             const PackedBatch& prompts, int max_len, bool sampled);
+                             const PackedBatch& prompts, int max_len, bool sampled,
+                             bool expert_token_split = false);
 
 // Bytes Transformer::forward (saved activations and logits) allocates for `inputs` at its
 // highest: what scoring a batch with a learned reward model holds (src/model/reward_model.h).
@@ -46,7 +48,7 @@ size_t forward_peak_bytes(const ModelConfig& config, const ParameterLayout& layo
 // call, at its highest: the forward activations of `inputs` (each sequence without its last token)
 // saved for backward, logits, the policy loss's work buffers and the backward of the last layer.
 size_t training_micro_batch_peak_bytes(const ModelConfig& config, const ParameterLayout& layout,
-                                       const PackedBatch& inputs);
+                                       const PackedBatch& inputs, bool expert_token_split = false);
 
 // Bytes one micro-batch chunk takes in a pipeline stage's activation arena (PipelineStage, src/
 // model/pipeline_stage.h) through its forward and backward, at its highest: layers [first, last)
@@ -56,6 +58,7 @@ size_t training_micro_batch_peak_bytes(const ModelConfig& config, const Paramete
 // backward's work. The arenas of the chunks a stage holds at once (pipeline_schedule.h,
 // in_flight_bound) together hold at most that many of these.
 size_t pipeline_chunk_peak_bytes(const ModelConfig& config, const ParameterLayout& layout,
-                                 const PackedBatch& inputs, int first, int last);
+                                 const PackedBatch& inputs, int first, int last,
+                                 bool expert_token_split = false);
 
 }  // namespace rlf

@@ -54,13 +54,15 @@ MoeActivations<T> MoeBlock<T>::allocate(int N, bool expert_parallel) const {
   a.expert_weight = d.allocate<T>(M, "activations");
   a.expert_idx = d.allocate<int>(M, "activations");
   if (!expert_parallel) {
+    // The routed rows this rank computes: with the token split only its share's.
+    const int64_t R = int64_t(token_split_ ? token_split_->row_share(N).count : N) * K;
     a.expert_offsets = d.allocate<int>(E + 1, "activations");
-    a.row_of_assignment = d.allocate<int>(M, "activations");
-    a.token_of_row = d.allocate<int>(M, "activations");
-    a.xg = d.allocate<T>(M * C, "activations");
-    a.ffn_a = d.allocate<T>(M * F, "activations");
-    a.ffn_b = d.allocate<T>(M * F, "activations");
-    a.y = d.allocate<T>(M * C, "activations");
+    a.row_of_assignment = d.allocate<int>(R, "activations");
+    a.token_of_row = d.allocate<int>(R, "activations");
+    a.xg = d.allocate<T>(R * C, "activations");
+    a.ffn_a = d.allocate<T>(R * F, "activations");
+    a.ffn_b = d.allocate<T>(R * F, "activations");
+    a.y = d.allocate<T>(R * C, "activations");
   }
   if (config_.shared_expert_d_ff > 0) {
     const int64_t S = shared_width_;
@@ -77,7 +79,7 @@ MoeActivations<T> MoeBlock<T>::allocate(int N, bool expert_parallel) const {
 template <typename T>
 ResumablePass MoeBlock<T>::forward(MoeWeights<T> w, const T* x, T* out, int N, MoeActivations<T>& a,
                                    ExpertDispatcher* ep, OverlappedExperts* overlap) const {
-  const int C = config_.d_model, E = config_.n_experts, K = config_.top_k, F = config_.d_ff;
+  const int C = config_.d_model, E = config_.n_experts, K = config_.top_k;
   ops_.matmul_forward(a.router_logits, x, w.router, N, C, E, device_);
   if (config_.router_skew != 0.0f) {
     add_router_bias(a.router_logits, router_skew_bias(E, config_.router_skew), N);
@@ -92,11 +94,7 @@ ResumablePass MoeBlock<T>::forward(MoeWeights<T> w, const T* x, T* out, int N, M
   } else if (ep) {
     co_await routed_forward_ep(w, x, out, N, a, *ep);
   } else {
-    moe_build_routing(a.expert_offsets, a.row_of_assignment, a.token_of_row, a.expert_idx, N, E, K);
-    ops_.moe_gather(a.xg, x, a.token_of_row, N * K, C, device_);
-    ops_.expert_ffn_forward(a.y, a.ffn_a, a.ffn_b, a.xg, w.w1, w.w3, w.w2, a.expert_offsets, E, C,
-                            F, device_);
-    ops_.moe_combine(out, a.y, a.expert_weight, a.row_of_assignment, N, K, C, device_);
+    routed_forward_local(w, x, out, N, a);
   }
   if (a.shared_y) {
     // The shared expert is a dense SwiGLU: one "expert" owning all N rows.
@@ -113,7 +111,7 @@ ResumablePass MoeBlock<T>::backward(MoeWeights<T> w, MoeWeights<T> g, const T* x
                                     const MoeActivations<T>& a, const T* dout, T* dx, int N,
                                     T aux_weight, ExpertDispatcher* ep,
                                     OverlappedExperts* overlap) const {
-  const int C = config_.d_model, E = config_.n_experts, K = config_.top_k, F = config_.d_ff;
+  const int C = config_.d_model, E = config_.n_experts, K = config_.top_k;
   const int64_t M = int64_t(N) * K;
   ArenaScope scope(device_);
   if (a.shared_y) {
@@ -135,13 +133,7 @@ ResumablePass MoeBlock<T>::backward(MoeWeights<T> w, MoeWeights<T> g, const T* x
   } else if (ep) {
     co_await routed_backward_ep(w, g, a, dout, dx, dweight, N, *ep);
   } else {
-    T* dy = device_.allocate_zeroed<T>(M * C, "backward work");
-    ops_.moe_combine_backward(dy, dweight, dout, a.y, a.expert_weight, a.row_of_assignment, N, K, C,
-                              device_);
-    T* dxg = device_.allocate_zeroed<T>(M * C, "backward work");
-    ops_.expert_ffn_backward(dxg, g.w1, g.w3, g.w2, dy, a.xg, a.ffn_a, a.ffn_b, w.w1, w.w3, w.w2,
-                             a.expert_offsets, E, C, F, device_);
-    ops_.moe_gather_backward(dx, dxg, a.row_of_assignment, N, K, C, device_);
+    routed_backward_local(w, g, a, dout, dx, dweight, N);
   }
   T* dprobs = nullptr;
   if (aux_weight != T(0)) {
@@ -152,6 +144,61 @@ ResumablePass MoeBlock<T>::backward(MoeWeights<T> w, MoeWeights<T> g, const T* x
   ops_.router_backward(drouter, dweight, dprobs, a.probs, a.expert_idx, a.expert_weight, N, E, K,
                        config_.normalize_topk, device_);
   ops_.matmul_backward(dx, g.router, drouter, x, w.router, N, C, E, device_);
+}
+
+template <typename T>
+void MoeBlock<T>::routed_forward_local(MoeWeights<T> w, const T* x, T* out, int N,
+                                       MoeActivations<T>& a) const {
+  const int C = config_.d_model, E = config_.n_experts, K = config_.top_k, F = config_.d_ff;
+  // With the token split this rank computes its share of the rows; the others come from its TP
+  // mates in one allgather.
+  const RowShare own = token_split_ ? token_split_->row_share(N) : RowShare{0, N};
+  const int64_t first = own.first;
+  if (own.count > 0) {
+    moe_build_routing(a.expert_offsets, a.row_of_assignment, a.token_of_row,
+                      a.expert_idx + first * K, own.count, E, K);
+    ops_.moe_gather(a.xg, x + first * C, a.token_of_row, own.count * K, C, device_);
+    ops_.expert_ffn_forward(a.y, a.ffn_a, a.ffn_b, a.xg, w.w1, w.w3, w.w2, a.expert_offsets, E, C,
+                            F, device_);
+    ops_.moe_combine(out + first * C, a.y, a.expert_weight + first * K, a.row_of_assignment,
+                     own.count, K, C, device_);
+  }
+  *routed_rows_ += int64_t(own.count) * K;
+  if (!token_split_) return;
+  if constexpr (std::is_same_v<T, float>) {
+    token_split_->allgather_rows(out, N, C);
+  } else {
+    throw std::logic_error("MoeBlock: the expert token split needs float parameters");
+  }
+}
+
+template <typename T>
+void MoeBlock<T>::routed_backward_local(MoeWeights<T> w, MoeWeights<T> g,
+                                        const MoeActivations<T>& a, const T* dout, T* dx,
+                                        T* dweight, int N) const {
+  const int C = config_.d_model, E = config_.n_experts, K = config_.top_k, F = config_.d_ff;
+  const RowShare own = token_split_ ? token_split_->row_share(N) : RowShare{0, N};
+  const int64_t first = own.first, M = int64_t(own.count) * K;
+  // (In backward's arena scope: the buffers live to its end, as the analytic peaks count them.)
+  // With the token split this rank's rows' gradients go to buffers of their own, gathered below.
+  T* dx_rows =
+      token_split_ ? device_.allocate_zeroed<T>(int64_t(own.count) * C, "backward work") : dx;
+  T* dweight_rows = token_split_ ? device_.allocate_zeroed<T>(M, "backward work") : dweight;
+  if (own.count > 0) {
+    T* dy = device_.allocate_zeroed<T>(M * C, "backward work");
+    ops_.moe_combine_backward(dy, dweight_rows, dout + first * C, a.y, a.expert_weight + first * K,
+                              a.row_of_assignment, own.count, K, C, device_);
+    T* dxg = device_.allocate_zeroed<T>(M * C, "backward work");
+    ops_.expert_ffn_backward(dxg, g.w1, g.w3, g.w2, dy, a.xg, a.ffn_a, a.ffn_b, w.w1, w.w3, w.w2,
+                             a.expert_offsets, E, C, F, device_);
+    ops_.moe_gather_backward(dx_rows, dxg, a.row_of_assignment, own.count, K, C, device_);
+  }
+  if (!token_split_) return;
+  if constexpr (std::is_same_v<T, float>) {
+    gather_split_backward(own, dx_rows, dweight_rows, N, dx, dweight);
+  } else {
+    throw std::logic_error("MoeBlock: the expert token split needs float parameters");
+  }
 }
 
 template <typename T>

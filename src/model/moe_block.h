@@ -6,6 +6,8 @@
 // loss and shared expert stay on the rank's own tokens.
 #pragma once
 
+#include <memory>
+
 #include "kernels/ops.h"
 #include "src/model/expert_table.h"
 #include "src/model/model_config.h"
@@ -79,8 +81,16 @@ class MoeBlock {
   // through combine, experts and dispatch, and one allgather brings every row's input gradient
   // and top-k weight gradient. Expert gradients then cover only this rank's rows: the caller sums
   // them over the TP group (reduce_tensor_expert_gradients). Null: off. Not owned.
+  // Without a dispatcher (TP alone) the same split runs on this rank's own experts: each TP rank
+  // computes its share of the rows' routed experts instead of all of them.
   void set_token_split(const TensorParallel* tp) { token_split_ = tp; }
   const TensorParallel* token_split() const { return token_split_; }
+  // Routed rows (token x top-k assignments) this rank's own experts computed without a
+  // dispatcher (forward passes only; with the token split its share's), since construction of
+  // this block or of the one whose count it shares (share_row_count: a model's views count into
+  // the model's).
+  int64_t local_routed_rows() const { return *routed_rows_; }
+  void share_row_count(const MoeBlock& other) { routed_rows_ = other.routed_rows_; }
 
   // `expert_parallel`: whether forward will get a dispatcher (its routed buffers are then
   // allocated by forward).
@@ -117,6 +127,11 @@ class MoeBlock {
                                           OverlappedExperts& overlap) const;
   ResumablePass routed_backward_overlapped(MoeWeights<T> w, MoeWeights<T> g, const T* dout, T* dx,
                                            T* dweight, int N, OverlappedExperts& overlap) const;
+  // The routed experts of forward/backward on this rank without a dispatcher: every row, or with
+  // the token split this rank's share (then allgathered over the TP group; float only).
+  void routed_forward_local(MoeWeights<T> w, const T* x, T* out, int N, MoeActivations<T>& a) const;
+  void routed_backward_local(MoeWeights<T> w, MoeWeights<T> g, const MoeActivations<T>& a,
+                             const T* dout, T* dx, T* dweight, int N) const;
   // The token split's end of a routed backward: this rank's rows' input gradients (`dx_rows`,
   // own.count x C) and top-k weight gradients (`dweight_rows`, own.count x K) go to every rank of
   // the TP group in one allgather of rows of C + K floats; dx gets all N rows added, dweight all
@@ -130,6 +145,7 @@ class MoeBlock {
   const TensorParallel* tp_ = nullptr;
   const TensorParallel* token_split_ = nullptr;
   int shared_width_;  // the shared expert's hidden units on this rank
+  std::shared_ptr<int64_t> routed_rows_ = std::make_shared<int64_t>(0);  // local_routed_rows()
 };
 
 }  // namespace rlf

@@ -66,6 +66,7 @@ Transformer<T>::Transformer(const Transformer& shared, Arena& activations)
   if (tp_ && tp_->slice().splits_shared_expert())
     moe_.set_tensor_parallel(tp_, layout_.shared_width());
   moe_.set_token_split(shared.moe_.token_split());
+  moe_.share_row_count(shared.moe_);
 }
 
 template <typename T>
@@ -88,6 +89,7 @@ Transformer<T>::Transformer(const Transformer& storage, ExpertTable<T> experts)
   if (tp_ && tp_->slice().splits_shared_expert())
     moe_.set_tensor_parallel(tp_, layout_.shared_width());
   moe_.set_token_split(storage.moe_.token_split());
+  moe_.share_row_count(storage.moe_);
 }
 
 template <typename T>

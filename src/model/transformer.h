@@ -96,13 +96,16 @@ class Transformer {
   bool expert_parallel() const { return !expert_parallel_.empty(); }
   // Layer l's dispatcher (null without expert parallelism): its router statistics.
   ExpertDispatcher* expert_dispatcher(int l) const { return dispatcher(l); }
-  // Tensor x expert parallelism without duplicated expert work (MoeBlock::set_token_split): each
-  // rank of the TP group dispatches only its share of the rows in every MoE layer (training,
-  // prefill and decode) and the TP group allgathers the combined rows, so the expert gradients
-  // cover only this rank's share (sum them over the TP group). Needs tensor parallelism
+  // Tensor parallelism without duplicated routed-expert work (MoeBlock::set_token_split): each
+  // rank of the TP group computes only its share of the rows' routed experts in every MoE layer
+  // (training, prefill and decode), through its EP dispatcher or, without EP, on its own copy of
+  // the experts, and the TP group allgathers the combined rows, so the expert gradients cover
+  // only this rank's share (sum them over the TP group). Needs tensor parallelism
   // (std::logic_error) and takes effect with the EP dispatchers and the overlap chunks alike.
   void set_expert_token_split(bool split);
   bool expert_token_split() const { return moe_.token_split() != nullptr; }
+  // Routed rows this rank's experts computed without a dispatcher (MoeBlock::local_routed_rows).
+  int64_t local_routed_rows() const { return moe_.local_routed_rows(); }
   // Training forward and backward then run layer l's routed experts through `per_layer[l]`
   // (chunked, transfers overlapped with the expert FFN; same EP group and experts as the
   // dispatchers); prefill and decode keep the dispatchers. Empty: off. Not owned.

@@ -30,8 +30,8 @@ OptimizerShard tensor_expert_optimizer_shard(const ParameterLayout& layout,
   return shard;
 }
 
-uint64_t reduce_tensor_expert_gradients(float* grads, const ParameterLayout& layout,
-                                        const TensorParallel& tp, RoleExpertParallel& ep) {
+uint64_t sum_expert_gradients_over_tensor_group(float* grads, const ParameterLayout& layout,
+                                                const TensorParallel& tp) {
   const auto sent = [&tp] {
     const LinkCounters& c = tp.links().counters();
     return c.bytes[0] + c.bytes[1];
@@ -40,7 +40,12 @@ uint64_t reduce_tensor_expert_gradients(float* grads, const ParameterLayout& lay
   // Every row the layout stores: the rank's experts and, with replicas, its spare slots.
   allreduce_ranges(grads, expert_slices(layout, layout.first_expert(), layout.stored_experts()),
                    tp.group(), tp.links());
-  const uint64_t over_tp = sent() - before;
+  return sent() - before;
+}
+
+uint64_t reduce_tensor_expert_gradients(float* grads, const ParameterLayout& layout,
+                                        const TensorParallel& tp, RoleExpertParallel& ep) {
+  const uint64_t over_tp = sum_expert_gradients_over_tensor_group(grads, layout, tp);
   return over_tp + ep.reduce_gradients(grads, layout);
 }
 

@@ -28,6 +28,13 @@ OptimizerShard tensor_expert_optimizer_shard(const ParameterLayout& layout,
                                              const TensorParallel& tp,
                                              const RoleExpertParallel& ep);
 
+// The token split's expert gradients (with or without EP): each routed expert row this rank
+// stores (its experts and spare slots) summed over the TP group, whose T copies saw different
+// rows; every copy ends bit-identical. Collective over the TP group; returns the bytes this rank
+// sent.
+uint64_t sum_expert_gradients_over_tensor_group(float* grads, const ParameterLayout& layout,
+                                                const TensorParallel& tp);
+
 // Gradient reduction at TP x EP with the token split: each routed expert's gradient summed over
 // the TP group (its T copies saw different rows), then RoleExpertParallel::reduce_gradients (dense
 // tensors over the data-parallel group, experts over their expert-data-parallel group). Every copy

@@ -48,7 +48,14 @@ TEST(TensorParallelTrain, TrainsLikeTheDataParallelFusedRun) {
     int overlap_chunks = 1;
   };
   for (const Layout& layout :
-       {Layout{2, "--tensor-parallel 2", "TP 2 x 1 replicas (attention heads and the shared", ""},
+       {Layout{2, "--tensor-parallel 2",
+               "TP 2 x 1 replicas (attention heads and the shared expert), routed experts on "
+               "each TP rank's share",
+               ""},
+        // Every TP rank computing every row's routed experts.
+        Layout{2, "--tensor-parallel 2 --tensor-parallel-duplicate-experts",
+               "TP 2 x 1 replicas (attention heads and the shared expert), routed experts on all",
+               ""},
         Layout{4, "--tensor-parallel 2", "TP 2 x 2 replicas", ""},
         Layout{2, "--tensor-parallel 2 --tensor-parallel-attention-only",
                "TP 2 x 1 replicas (attention heads)", ""},
@@ -302,6 +309,38 @@ TEST(TensorParallelTrain, ExpertParallelRouterStatisticsCountEveryTokenOnce) {
   }
 }
 
+// TP without EP: each TP rank computes its share of its group's tokens' routed experts on its own
+// copy of them (the token split, the default) instead of all of them (duplicated). Counted: the
+// split ranks' rows add up to what each duplicated rank computes, and the split ran TP allgathers
+// of rows; both train like each other (the saved models within float rounding).
+TEST(TensorParallelTrain, TokenSplitWithoutExpertParallelismComputesEachRowOnce) {
+  std::vector<long long> split_rows, duplicated_rows;
+  std::vector<float> split_model, duplicated_model;
+  for (const bool split : {true, false}) {
+    SCOPED_TRACE(split ? "split" : "duplicated");
+    const std::string dir = temp_dir(split ? "split" : "duplicated");
+    const Result run = test::run_rlfusion(
+        kFusedRun + "--tensor-parallel 2 " + (split ? "" : "--tensor-parallel-duplicate-experts ") +
+            "--run-dir " + dir,
+        2);
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    EXPECT_NE(run.output.find(std::string("\"tensor_expert_split\":") + (split ? "true" : "false")),
+              std::string::npos)
+        << run.output;
+    EXPECT_EQ(test::json_number(run.output, "tp_allgathers") > 0, split) << run.output;
+    (split ? split_rows : duplicated_rows) = json_integers(run.output, "expert_rows_per_rank");
+    (split ? split_model : duplicated_model) = test::read_tiny_parameters(dir + "/model.h5");
+  }
+  ASSERT_EQ(split_rows.size(), 2u);
+  ASSERT_EQ(duplicated_rows.size(), 2u);
+  EXPECT_GT(split_rows[0], 0);
+  EXPECT_GT(split_rows[1], 0);
+  EXPECT_EQ(duplicated_rows[0], duplicated_rows[1]);
+  EXPECT_EQ(split_rows[0] + split_rows[1], duplicated_rows[0]);
+  ASSERT_EQ(split_model.size(), duplicated_model.size());
+  EXPECT_LT(test::nmse(split_model.data(), duplicated_model.data(), split_model.size()), 1e-6);
+}
+
 TEST(TensorParallelTrain, DegreesThatDoNotFitStopEveryRankBeforeOutput) {
   test::expect_stops_before_output(
       {
@@ -324,9 +363,8 @@ TEST(TensorParallelTrain, DegreesThatDoNotFitStopEveryRankBeforeOutput) {
            "--rebalance-every needs --expert-parallel >= 2"},
           {2, "--tensor-parallel-attention-only",
            "--tensor-parallel-attention-only needs --tensor-parallel 2 or more"},
-          {2, "--tensor-parallel 2 --tensor-parallel-duplicate-experts",
-           "--tensor-parallel-duplicate-experts needs --tensor-parallel and --expert-parallel of "
-           "2 or more"},
+          {2, "--expert-parallel 2 --tensor-parallel-duplicate-experts",
+           "--tensor-parallel-duplicate-experts needs --tensor-parallel of 2 or more"},
           {1, "--tensor-parallel 2", "--tensor-parallel 2 is not supported on one rank"},
       },
       temp_dir("bad"));

@@ -25,6 +25,7 @@
 #include "src/model/optimizer.h"
 #include "src/model/tensor_parallel.h"
 #include "src/model/transformer.h"
+#include "src/runtime/tensor_expert_parallel.h"
 #include "tests/mpi/generation_match.h"
 #include "tests/mpi/mpi_test_util.h"
 #include "tests/test_util.h"
@@ -135,13 +136,17 @@ struct Case {
   int degree;
   bool attention_only;
   int ranks_per_node;
+  // The expert token split (MoeBlock::set_token_split without a dispatcher): each TP rank computes
+  // its share of the rows' routed experts, the group allgathers them.
+  bool token_split = false;
 };
 
 std::string case_name(const Case& c) {
   return "TP " + std::to_string(c.degree) + " x DP " +
          std::to_string(test::world_size() / c.degree) +
          (c.attention_only ? " attention only" : " attention + shared expert") +
-         ", ranks_per_node " + std::to_string(c.ranks_per_node);
+         (c.token_split ? ", expert token split" : "") + ", ranks_per_node " +
+         std::to_string(c.ranks_per_node);
 }
 
 // Degrees tested at this world size: TP 2 on 2 ranks; TP 2 and 4 on 4 ranks (TP 2 x DP 2 and
@@ -156,6 +161,13 @@ std::vector<Case> cases() {
   // Two virtual nodes: a TP group (consecutive ranks) inside each node, or across them.
   if (P >= 4) out.push_back({2, false, 2});
   if (P == 2 || P == 4) out.push_back({P, false, P / 2});
+  // Each again with the routed experts' rows split over the TP group.
+  const size_t unsplit = out.size();
+  for (size_t i = 0; i < unsplit; ++i) {
+    Case split = out[i];
+    split.token_split = true;
+    out.push_back(split);
+  }
   return out;
 }
 
@@ -196,6 +208,7 @@ void check_training(const Case& c, int index) {
 
   Arena device("tp", 64 << 20);
   Transformer<float> model(config, cpu_ops(), device, true, {}, {}, &tp);
+  model.set_expert_token_split(c.token_split);
   model.initialize(seed);
   const ParameterLayout& layout = model.layout();
   EXPECT_EQ(layout.tensor_slice().rank, tp.rank());
@@ -210,6 +223,13 @@ void check_training(const Case& c, int index) {
   const int blocks = c.attention_only ? 1 : 2;  // attention, shared expert
   EXPECT_EQ(tp.counters().allreduces, int64_t(L) * blocks) << "forward allreduces";
   EXPECT_EQ(tp.counters().allreduced_elements, int64_t(L) * blocks * N * config.d_model);
+  // With the split each layer's routed experts ran on this rank's share of the rows only, and one
+  // allgather per layer brought the others'.
+  const int64_t own_rows = c.token_split ? tp.row_share(N).count : N;
+  EXPECT_EQ(model.local_routed_rows(), int64_t(L) * own_rows * config.top_k) << "routed rows";
+  EXPECT_EQ(tp.counters().allgathers, c.token_split ? int64_t(L) : 0) << "forward allgathers";
+  EXPECT_EQ(tp.counters().allgathered_elements,
+            c.token_split ? int64_t(L) * N * config.d_model : 0);
   test::expect_close(logits, want_logits.data(), want_logits.size(), "logits", 1e-5, 1e-5);
   EXPECT_TRUE(same_on_every_rank(logits, size_t(N) * V * sizeof(float), tp.group().comm))
       << "logits differ within the TP group";
@@ -224,7 +244,12 @@ void check_training(const Case& c, int index) {
   tp.reset_counters();
   model.backward(d.data(), aux_weight);
   EXPECT_EQ(tp.counters().allreduces, int64_t(L) * blocks) << "backward allreduces";
+  // Each row's input and top-k weight gradients, once per layer.
+  EXPECT_EQ(tp.counters().allgathered_elements,
+            c.token_split ? int64_t(L) * N * (config.d_model + config.top_k) : 0);
   float* grads = model.gradients();
+  // The split's expert copies saw different rows: their gradients are summed over the TP group.
+  if (c.token_split) sum_expert_gradients_over_tensor_group(grads, layout, tp);
   allreduce_sum(grads, layout.total(), tp.data_parallel(), links);
 
   // Replicated tensors' gradients: bit-identical over the TP group.
@@ -266,6 +291,7 @@ void check_optimizer_steps(const Case& c, int index) {
   Arena ref_device("reference", 64 << 20), device("tp", 64 << 20);
   Transformer<float> reference(config, cpu_ops(), ref_device, true);
   Transformer<float> model(config, cpu_ops(), device, true, {}, {}, &tp);
+  model.set_expert_token_split(c.token_split);
   reference.initialize(seed);
   model.initialize(seed);
   AdamWHyper hyper;
@@ -292,6 +318,8 @@ void check_optimizer_steps(const Case& c, int index) {
     const float* logits = model.forward(mine.tokens.data(), mine.offsets.data(), mine.sequences());
     cross_entropy(logits, mine.targets, V, b.global.size(), d);
     model.backward(d.data(), 0.0f);
+    if (c.token_split)
+      sum_expert_gradients_over_tensor_group(model.gradients(), model.layout(), tp);
     allreduce_sum(model.gradients(), model.parameter_count(), tp.data_parallel(), links);
     double norm = optimizer.step();
     // Later steps start from parameters that differ by float rounding, amplified where AdamW
@@ -369,6 +397,7 @@ void check_generation(const Case& c, int index) {
   Arena ref_device("reference", 64 << 20), device("tp", 64 << 20);
   Transformer<float> reference(config, cpu_ops(), ref_device, false);
   Transformer<float> model(config, cpu_ops(), device, false, {}, {}, &tp);
+  model.set_expert_token_split(c.token_split);
   reference.initialize(seed);
   model.initialize(seed);
   {
@@ -395,6 +424,12 @@ void check_generation(const Case& c, int index) {
         positions[size_t(s)] += 1;
       }
     }
+    // One sequence's decode step: one row, so with the split the TP ranks after the first have
+    // none of the routed rows and take the row from the allgather.
+    const float* want_one =
+        reference.decode(ref_cache, next.data(), slots.data(), positions.data(), 1);
+    const float* got_one = model.decode(cache, next.data(), slots.data(), positions.data(), 1);
+    test::expect_close(got_one, want_one, size_t(V), "decode logits, one row", 1e-5, 1e-5);
   }
 
   // Whole sequences through generate(): sampled (temperature 1) and greedy.
