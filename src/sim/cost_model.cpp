@@ -159,16 +159,14 @@ Training training_cost(const ModelShape& m, const ClusterConfig& c, const RlJob&
     const Link& link = c.link(c.level_spanned(p.tp));
     t.tensor_parallel = micro_batches * layers_per_stage * collectives_per_layer *
                         ring_allreduce_seconds(micro_tokens * m.d_model * ab, p.tp, link);
-    if (p.ep > 1) {
-      // TP x EP splits each MoE layer's rows over the TP group (the runtime's default): every
-      // forward (the reference's and a recompute's too) allgathers the combined rows, every
-      // backward each row's input and top-k weight gradients.
-      const double forwards = 1 + (job.reference ? 1 : 0) + (s.recompute ? 1 : 0);
-      t.tensor_parallel +=
-          micro_batches * layers_per_stage *
-          (forwards * ring_allgather_seconds(micro_tokens * m.d_model * ab, p.tp, link) +
-           ring_allgather_seconds(micro_tokens * (m.d_model + m.top_k) * ab, p.tp, link));
-    }
+    // The token split (the runtime's default, with or without EP): each TP rank computes its
+    // share of a MoE layer's rows, so every forward (the reference's and a recompute's too)
+    // allgathers the combined rows, every backward each row's input and top-k weight gradients.
+    const double forwards = 1 + (job.reference ? 1 : 0) + (s.recompute ? 1 : 0);
+    t.tensor_parallel +=
+        micro_batches * layers_per_stage *
+        (forwards * ring_allgather_seconds(micro_tokens * m.d_model * ab, p.tp, link) +
+         ring_allgather_seconds(micro_tokens * (m.d_model + m.top_k) * ab, p.tp, link));
   }
   const double ideal = t.compute + t.tensor_parallel;
   if (p.pp > 1) {
@@ -238,7 +236,9 @@ Training training_cost(const ModelShape& m, const ClusterConfig& c, const RlJob&
 double generation_step(const ModelShape& m, const ClusterConfig& c, const RlJob& job,
                        const Parallelism& g, double tokens, double context, bool prefill) {
   const double ab = job.activation_bytes;
-  const double group_tokens = tokens * std::max(1.0, double(g.ep) / g.tp);
+  // The tokens whose routed experts the EP group computes: each TP rank's share (the token split)
+  // from each of the group's ranks.
+  const double group_tokens = tokens * g.ep / g.tp;
   const double touched = 1 - std::pow(std::max(0.0, 1 - m.top_k / m.experts), group_tokens);
   const double weights = (m.replicated / g.tp + m.routed / g.ep * touched) * job.parameter_bytes;
   const double kv = tokens * context * 2 * m.d_model * m.layers * ab / g.tp;
@@ -258,9 +258,8 @@ double generation_step(const ModelShape& m, const ClusterConfig& c, const RlJob&
   if (g.tp > 1) {
     const Link& tp_link = c.link(c.level_spanned(g.tp));
     seconds += 2 * m.layers * ring_allreduce_seconds(tokens * m.d_model * ab, g.tp, tp_link);
-    // TP x EP: each TP rank dispatches its share of the rows, the group allgathers the result.
-    if (g.ep > 1)
-      seconds += m.layers * ring_allgather_seconds(tokens * m.d_model * ab, g.tp, tp_link);
+    // The token split: each TP rank computes its share of the rows, the group allgathers them.
+    seconds += m.layers * ring_allgather_seconds(tokens * m.d_model * ab, g.tp, tp_link);
   }
   if (g.ep > 1) {
     const Link& link = c.link(c.level_spanned(g.ep));

@@ -288,26 +288,31 @@ TEST(CostModel, TensorExpertSplitAllgathersTheRowsByHand) {
   auto& [m, job, c, s] = tiny;
   c.intra_node = link;
   s.train.tp = 2;
-  s.train.ep = 1;
-  const double tensor_only = predict(m, c, job, s).tensor_parallel;
-  s.train.ep = 2;
-  const double split = predict(m, c, job, s).tensor_parallel;
   // 8 samples over DP 2 in micro-batches of 2: 2 micro-batches of 2 x (4 + 4) tokens, 2 layers,
-  // C = 32, top-2, 4-byte activations; no reference, no recompute.
+  // C = 32, top-2, 4-byte activations; no reference, no recompute. Per layer and micro-batch four
+  // allreduces (attention and the shared expert, forward and backward) and the token split's
+  // allgathers: the combined rows in forward, each row's input and top-k weight gradients in
+  // backward; the same with EP (the split runs through the dispatchers) and without.
   const double rows = 16 * 32 * 4.0, gradients = 16 * (32 + 2) * 4.0;
-  EXPECT_NEAR(
-      split - tensor_only,
-      2 * 2 * (ring_allgather_seconds(rows, 2, link) + ring_allgather_seconds(gradients, 2, link)),
-      1e-15);
+  const double allreduces = 2 * 2 * 4 * ring_allreduce_seconds(rows, 2, link);
+  for (const int ep : {1, 2}) {
+    SCOPED_TRACE("EP " + std::to_string(ep));
+    s.train.ep = ep;
+    EXPECT_NEAR(predict(m, c, job, s).tensor_parallel - allreduces,
+                2 * 2 *
+                    (ring_allgather_seconds(rows, 2, link) +
+                     ring_allgather_seconds(gradients, 2, link)),
+                1e-15);
+  }
+  // The reference's forward and a recompute's allgather the rows too.
   job.reference = true;
   s.recompute = true;
-  const double with_reference = predict(m, c, job, s).tensor_parallel;
-  s.train.ep = 1;
-  EXPECT_NEAR(
-      with_reference - predict(m, c, job, s).tensor_parallel,
-      2 * 2 *
-          (3 * ring_allgather_seconds(rows, 2, link) + ring_allgather_seconds(gradients, 2, link)),
-      1e-15);
+  const double allreduces_with_reference = 2 * 2 * 6 * ring_allreduce_seconds(rows, 2, link);
+  EXPECT_NEAR(predict(m, c, job, s).tensor_parallel - allreduces_with_reference,
+              2 * 2 *
+                  (3 * ring_allgather_seconds(rows, 2, link) +
+                   ring_allgather_seconds(gradients, 2, link)),
+              1e-15);
 }
 
 TEST(CostModel, ExpertParallelExchangesByHand) {
