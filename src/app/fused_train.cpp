@@ -307,6 +307,10 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   // experts in every MoE layer (the KL reference's too), unless
   // --tensor-parallel-duplicate-experts.
   const bool expert_token_split = tp && !options.tensor_parallel_duplicate_experts;
+  // The generation models of their own (a pipeline stage's whole or stitched model, a regrouped
+  // or cut TP slice) split their generation TP group's tokens the same way.
+  const bool generation_token_split =
+      generation_tp_groups != nullptr && !options.tensor_parallel_duplicate_experts;
   model.set_expert_token_split(expert_token_split);
   start_learner_state(learner, policy, rl, ep.get());
   if (learner.reference) learner.reference->set_expert_token_split(expert_token_split);
@@ -636,12 +640,14 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
                                       generation_tp_groups);
           gather_into(borrowed);
           Transformer<float> whole(model, borrowed);
+          whole.set_expert_token_split(generation_token_split);
           if (ep) ep->attach_reusing(whole);
           generate(whole);
         } else {
           Transformer<float> whole(policy.config, policy.device->ops(), device,
                                    /*with_gradients=*/false, pp->expert_shard(), LayerShard{},
                                    generation_tp_groups);
+          whole.set_expert_token_split(generation_token_split);
           gather_into(whole);
           if (layout_switch) {
             // PP x EP at a generation EP degree of its own: from the gathered model.
@@ -668,6 +674,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         Transformer<float> generator(policy.config, policy.device->ops(), device,
                                      /*with_gradients=*/false, regrouped_experts, LayerShard{},
                                      generation_groups.get());
+        generator.set_expert_token_split(generation_token_split);
         {
           TraceScope traced(trace, Phase::Reshard);
           traced.set_version(version);

@@ -76,12 +76,11 @@ void validate_tensor_parallel_train(const DisaggregatedOptions& options, const s
   const int degree = options.tensor_parallel;
   const std::string option = "--tensor-parallel " + std::to_string(degree);
   if (degree < 1) throw ConfigError(option + ": must be a positive integer");
-  const bool actor_groups = !fused && options.actor_tensor_parallel > 1;
-  if (options.tensor_parallel_duplicate_experts && degree == 1 && !actor_groups) {
+  if (options.tensor_parallel_duplicate_experts && degree == 1 &&
+      options.actor_tensor_parallel <= 1) {
     throw ConfigError(
-        "--tensor-parallel-duplicate-experts needs --tensor-parallel of 2 or more (or, "
-        "disaggregated, --actor-tensor-parallel): it chooses how a TP group spreads the "
-        "routed-expert work");
+        "--tensor-parallel-duplicate-experts needs --tensor-parallel or --actor-tensor-parallel "
+        "of 2 or more: it chooses how a TP group spreads the routed-expert work");
   }
   // (In disaggregated mode actor TP groups need no learner TP: the learners send the whole model.)
   if (mode == "disaggregated" && (degree > 1 || options.actor_tensor_parallel > 1)) {

@@ -109,7 +109,7 @@ int run_train_command(const std::vector<std::string>& args) {
         "with --tensor-parallel: cut only attention; the shared expert stays whole on every rank");
     add("tensor-parallel-duplicate-experts",
         po::bool_switch(&multi_rank.tensor_parallel_duplicate_experts),
-        "with --tensor-parallel (or disaggregated --actor-tensor-parallel): every TP rank "
+        "with --tensor-parallel or --actor-tensor-parallel: every TP rank "
         "computes the routed experts of all of its group's tokens (with --expert-parallel: "
         "dispatches them all), so each expert computes them once per TP rank (without it each TP "
         "rank takes its share and the group allgathers the outputs); for comparison");

@@ -364,7 +364,8 @@ TEST(TensorParallelTrain, DegreesThatDoNotFitStopEveryRankBeforeOutput) {
           {2, "--tensor-parallel-attention-only",
            "--tensor-parallel-attention-only needs --tensor-parallel 2 or more"},
           {2, "--expert-parallel 2 --tensor-parallel-duplicate-experts",
-           "--tensor-parallel-duplicate-experts needs --tensor-parallel of 2 or more"},
+           "--tensor-parallel-duplicate-experts needs --tensor-parallel or "
+           "--actor-tensor-parallel of 2 or more"},
           {1, "--tensor-parallel 2", "--tensor-parallel 2 is not supported on one rank"},
       },
       temp_dir("bad"));

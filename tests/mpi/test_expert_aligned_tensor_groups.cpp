@@ -91,30 +91,36 @@ TEST(ExpertAlignedTensorGroups,
         EXPECT_EQ(groups, first_place);
       }
 
-      const uint64_t seed = test::seed_for("ExpertAlignedTensorGroups.Generation", index++);
-      Arena ref_device("reference", 32 << 20), device("training", 32 << 20),
-          generation_device("generation", 32 << 20);
-      Transformer<float> reference(config, cpu_ops(), ref_device, /*with_gradients=*/false);
-      Transformer<float> training(config, cpu_ops(), device, /*with_gradients=*/false, experts);
-      reference.initialize(seed);
-      training.initialize(seed);
-      // The generation slice cut from the training model (fused_train's sliced generation).
-      Transformer<float> generator(config, cpu_ops(), generation_device, /*with_gradients=*/false,
-                                   experts, LayerShard{}, tp.get());
-      slice_parameters(training.parameters(), training.layout(), generator.parameters(),
-                       generator.layout());
-      if (ep) ep->attach(generator);
-      // Each TP group its own prompts.
-      const auto prompts = test::random_micro_batches<float>(
-          1, config.vocab_size, 5, seed + 31 * uint64_t(tp->replica()))[0];
-      std::vector<std::vector<int>> prompt_list;
-      std::vector<int64_t> ids;
-      for (int s = 0; s < prompts.sequences(); ++s) {
-        prompt_list.emplace_back(prompts.tokens.begin() + prompts.seq_offsets[size_t(s)],
-                                 prompts.tokens.begin() + prompts.seq_offsets[size_t(s) + 1]);
-        ids.push_back(int64_t(tp->replica()) * 100 + s);
+      // Every TP rank computing every row's routed experts, then each its share (the token split,
+      // the default in train: the EP groups hold one TP place, as at TP x EP).
+      for (const bool split : {false, true}) {
+        SCOPED_TRACE(split ? "expert token split" : "duplicated");
+        const uint64_t seed = test::seed_for("ExpertAlignedTensorGroups.Generation", index++);
+        Arena ref_device("reference", 32 << 20), device("training", 32 << 20),
+            generation_device("generation", 32 << 20);
+        Transformer<float> reference(config, cpu_ops(), ref_device, /*with_gradients=*/false);
+        Transformer<float> training(config, cpu_ops(), device, /*with_gradients=*/false, experts);
+        reference.initialize(seed);
+        training.initialize(seed);
+        // The generation slice cut from the training model (fused_train's sliced generation).
+        Transformer<float> generator(config, cpu_ops(), generation_device, /*with_gradients=*/false,
+                                     experts, LayerShard{}, tp.get());
+        slice_parameters(training.parameters(), training.layout(), generator.parameters(),
+                         generator.layout());
+        generator.set_expert_token_split(split);
+        if (ep) ep->attach(generator);
+        // Each TP group its own prompts.
+        const auto prompts = test::random_micro_batches<float>(
+            1, config.vocab_size, 5, seed + 31 * uint64_t(tp->replica()))[0];
+        std::vector<std::vector<int>> prompt_list;
+        std::vector<int64_t> ids;
+        for (int s = 0; s < prompts.sequences(); ++s) {
+          prompt_list.emplace_back(prompts.tokens.begin() + prompts.seq_offsets[size_t(s)],
+                                   prompts.tokens.begin() + prompts.seq_offsets[size_t(s) + 1]);
+          ids.push_back(int64_t(tp->replica()) * 100 + s);
+        }
+        test::expect_generation_like(generator, reference, prompt_list, ids, seed, 8);
       }
-      test::expect_generation_like(generator, reference, prompt_list, ids, seed, 8);
     }
     free_hierarchical(ranks);
   }
