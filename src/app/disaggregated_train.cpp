@@ -509,12 +509,16 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
     }
     if (options.tensor_parallel > 1) {
       dir.log(
-          "# tensor parallelism: learners TP %d x %d replicas (%s), one DistQueue leader per TP "
-          "group; the weight sync sends the whole model, assembled from TP group 0's slices on "
-          "learner 0; actors generate %s; a learner stores %lld of %lld parameters\n",
+          "# tensor parallelism: learners TP %d x %d replicas (%s), routed experts %s, one "
+          "DistQueue leader per TP group; the weight sync sends the whole model, assembled from "
+          "TP group 0's slices on learner 0; actors generate %s; a learner stores %lld of %lld "
+          "parameters\n",
           options.tensor_parallel, learner_replicas,
           options.tensor_parallel_attention_only ? "attention heads"
                                                  : "attention heads and the shared expert",
+          options.tensor_parallel_duplicate_experts
+              ? "on all of its group's tokens on every TP rank (duplicated)"
+              : "on each TP rank's share of its group's tokens (token split)",
           options.actor_tensor_parallel > 1
               ? ("at TP " + std::to_string(options.actor_tensor_parallel) +
                  " (--actor-tensor-parallel), each actor receiving only its slice")
@@ -523,11 +527,13 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
           (long long)(tp ? parameter_count : 0), (long long)whole_layout.total());
     } else if (options.actor_tensor_parallel > 1) {
       dir.log(
-          "# actor tensor parallelism: actors in TP groups of %d (%s), each %s; each group "
-          "generates its block of prompts collectively and its first rank puts the samples\n",
+          "# actor tensor parallelism: actors in TP groups of %d (%s, routed experts %s), each %s; "
+          "each group generates its block of prompts collectively and its first rank puts the "
+          "samples\n",
           options.actor_tensor_parallel,
           options.tensor_parallel_attention_only ? "attention heads"
                                                  : "attention heads and the shared expert",
+          options.tensor_parallel_duplicate_experts ? "duplicated" : "token split",
           expert_weights ? "receiving only its slice of the replicated tensors, cut by learner 0, "
                            "and its group's experts"
                          : "receiving only its slice, cut by learner 0 from the whole model");
