@@ -225,7 +225,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         : borrows_whole_model ? whole_generation_layout
                               : ParameterLayout(policy.config, generation_experts);
     // The token split (below) in training and, on the training slices, in generation (a
-    // pipeline's stitched views run without it; its chunks: below).
+    // pipeline stage's generation model is counted unsplit, an upper bound; its chunks: below).
     const bool splits = tp && !pp && !options.tensor_parallel_duplicate_experts;
     memory_plan = plan_fused_memory(policy.config, policy.model->layout(), generation_layout,
                                     switch_layouts, rl.kl_coef > 0,

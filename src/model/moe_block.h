@@ -80,9 +80,10 @@ class MoeBlock {
   // rank, at the cost of the small router matmul. In backward each rank backpropagates its rows
   // through combine, experts and dispatch, and one allgather brings every row's input gradient
   // and top-k weight gradient. Expert gradients then cover only this rank's rows: the caller sums
-  // them over the TP group (reduce_tensor_expert_gradients). Null: off. Not owned.
-  // Without a dispatcher (TP alone) the same split runs on this rank's own experts: each TP rank
-  // computes its share of the rows' routed experts instead of all of them.
+  // them over the TP group (sum_expert_gradients_over_tensor_group, or with EP
+  // reduce_tensor_expert_gradients). Without a dispatcher (TP alone) the same split runs on this
+  // rank's own experts: each TP rank computes its share of the rows' routed experts instead of all
+  // of them. Null: off. Not owned.
   void set_token_split(const TensorParallel* tp) { token_split_ = tp; }
   const TensorParallel* token_split() const { return token_split_; }
   // Routed rows (token x top-k assignments) this rank's own experts computed without a

@@ -115,8 +115,8 @@ Transformer<T>::Transformer(const Transformer& first, const Transformer& second)
         "Transformer: a stitched view needs two models of one config with the same experts and "
         "the same TP group (or none), without redundant slots");
   }
-  // With TP both hold the group's slice: the view runs collectively over it (no expert token
-  // split: generation's, as a whole model of the slice would).
+  // With TP both hold the group's slice: the view runs collectively over it (without the expert
+  // token split unless the caller sets it, as for a whole model of the slice).
   if (tp_ && tp_->slice().splits_shared_expert())
     moe_.set_tensor_parallel(tp_, layout_.shared_width());
   // The model that stores a part: `first` when it does, else `second` when it does.
