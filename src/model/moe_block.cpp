@@ -44,6 +44,11 @@ template MoeWeights<double> moe_weights<double>(const LayerOffsets&, double*,
                                                 const ExpertTable<double>&, int);
 
 template <typename T>
+RowShare MoeBlock<T>::own_rows(int N) const {
+  return token_split_ ? token_split_->row_share(N) : RowShare{0, N};
+}
+
+template <typename T>
 MoeActivations<T> MoeBlock<T>::allocate(int N, bool expert_parallel) const {
   const int64_t C = config_.d_model, E = config_.n_experts, K = config_.top_k, F = config_.d_ff;
   const int64_t M = int64_t(N) * K;
@@ -55,7 +60,7 @@ MoeActivations<T> MoeBlock<T>::allocate(int N, bool expert_parallel) const {
   a.expert_idx = d.allocate<int>(M, "activations");
   if (!expert_parallel) {
     // The routed rows this rank computes: with the token split only its share's.
-    const int64_t R = int64_t(token_split_ ? token_split_->row_share(N).count : N) * K;
+    const int64_t R = int64_t(own_rows(N).count) * K;
     a.expert_offsets = d.allocate<int>(E + 1, "activations");
     a.row_of_assignment = d.allocate<int>(R, "activations");
     a.token_of_row = d.allocate<int>(R, "activations");
@@ -152,7 +157,7 @@ void MoeBlock<T>::routed_forward_local(MoeWeights<T> w, const T* x, T* out, int 
   const int C = config_.d_model, E = config_.n_experts, K = config_.top_k, F = config_.d_ff;
   // With the token split this rank computes its share of the rows; the others come from its TP
   // mates in one allgather.
-  const RowShare own = token_split_ ? token_split_->row_share(N) : RowShare{0, N};
+  const RowShare own = own_rows(N);
   const int64_t first = own.first;
   if (own.count > 0) {
     moe_build_routing(a.expert_offsets, a.row_of_assignment, a.token_of_row,
@@ -177,7 +182,7 @@ void MoeBlock<T>::routed_backward_local(MoeWeights<T> w, MoeWeights<T> g,
                                         const MoeActivations<T>& a, const T* dout, T* dx,
                                         T* dweight, int N) const {
   const int C = config_.d_model, E = config_.n_experts, K = config_.top_k, F = config_.d_ff;
-  const RowShare own = token_split_ ? token_split_->row_share(N) : RowShare{0, N};
+  const RowShare own = own_rows(N);
   const int64_t first = own.first, M = int64_t(own.count) * K;
   // (In backward's arena scope: the buffers live to its end, as the analytic peaks count them.)
   // With the token split this rank's rows' gradients go to buffers of their own, gathered below.
@@ -215,7 +220,7 @@ ResumablePass MoeBlock<T>::routed_forward_ep(MoeWeights<T> w, const T* x, T* out
     }
     // With the token split this rank dispatches only its share of the rows. The blocking
     // dispatch, begin and finish, with the pass stopped in between.
-    const RowShare own = token_split_ ? token_split_->row_share(N) : RowShare{0, N};
+    const RowShare own = own_rows(N);
     ep.begin_dispatch(x + int64_t(own.first) * C, a.expert_idx + int64_t(own.first) * K, own.count,
                       K, C);
     co_await exchange(ep.chain());
@@ -262,7 +267,7 @@ ResumablePass MoeBlock<T>::routed_backward_ep(MoeWeights<T> w, MoeWeights<T> g,
   } else {
     const int C = config_.d_model, F = config_.d_ff, K = config_.top_k;
     const int E_local = ep.local_experts(), R = a.expert_offsets[E_local];
-    const RowShare own = token_split_ ? token_split_->row_share(N) : RowShare{0, N};
+    const RowShare own = own_rows(N);
     std::vector<float> dy_local, dweight_v;
     ep.begin_combine_backward(dout + int64_t(own.first) * C, a.y,
                               a.expert_weight + int64_t(own.first) * K);
@@ -326,7 +331,7 @@ ResumablePass MoeBlock<T>::routed_forward_overlapped(MoeWeights<T> w, const T* x
     const int64_t first = int64_t(d.ep_rank()) * d.local_experts() - w.first_expert;
     const LocalExperts local{w.w1 + first, w.w3 + first, w.w2 + first};
     const int C = config_.d_model, K = config_.top_k;
-    const RowShare own = token_split_ ? token_split_->row_share(N) : RowShare{0, N};
+    const RowShare own = own_rows(N);
     co_await overlap.forward_pass(
         local, x + int64_t(own.first) * C, a.expert_idx + int64_t(own.first) * K,
         a.expert_weight + int64_t(own.first) * K, own.count, K, out + int64_t(own.first) * C);
@@ -353,7 +358,7 @@ ResumablePass MoeBlock<T>::routed_backward_overlapped(MoeWeights<T> w, MoeWeight
     }
     // This rank's rows (the forward's share): their gradients, then everyone's over the TP group.
     const int C = config_.d_model, K = config_.top_k;
-    const RowShare own = token_split_->row_share(N);
+    const RowShare own = own_rows(N);
     ArenaScope scope(device_);
     float* dx_rows = device_.allocate_zeroed<float>(size_t(own.count) * C, "backward work");
     float* dweight_rows = device_.allocate_zeroed<float>(size_t(own.count) * K, "backward work");
