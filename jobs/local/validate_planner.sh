@@ -57,7 +57,7 @@ PY
 }
 
 MEASURED="$OUT/measured.csv"
-echo "case,cluster,task,model,mode,ranks,ranks_per_node,actors,expert_parallel,actor_expert_parallel,staleness,offload,inter_bandwidth,inter_latency,prompts,group_size,micro_batch,reference,queue_shards,steps,trained_tokens,response_tokens,step_s,intra_bytes,inter_bytes,generation_peak,training_peak,generate_s,train_s" > "$MEASURED"
+echo "case,cluster,task,model,mode,ranks,ranks_per_node,actors,expert_parallel,actor_expert_parallel,staleness,offload,inter_bandwidth,inter_latency,prompts,group_size,micro_batch,reference,queue_shards,steps,trained_tokens,response_tokens,step_s,intra_bytes,inter_bytes,generation_peak,training_peak,generate_s,train_s,router_max_over_mean" > "$MEASURED"
 mapfile -t CASE_LINES < <(grep -v '^#' "$CASES" | tail -n +2)
 
 # cluster_of NAME RANKS BW LAT: the cluster file a case is predicted with. One-rank cases run
@@ -119,9 +119,12 @@ step_s = sum(walls[1:]) / (steps - 1) if steps > 1 else walls[0]
 # (The report has no phase times per step, so these two include the first step.)
 generate_s = max(r["generate_s"] for r in report["ranks"]) / steps
 train_s = max(r["train_s"] for r in report["ranks"]) / steps
+# The router's concentration (the busiest expert over the mean one, averaged over the layers): a
+# property of the workload like the lengths above, recorded by the runtime with EP only (1 without).
+router = report.get("router_max_over_mean", 0) or 1
 print(f'{prefix},{report["total"]["tokens"]},{generated},{step_s:.6f},{counter("intra")},'
       f'{counter("inter")},{peaks.get("generation", 0)},{peaks.get("training", 0)},'
-      f'{generate_s:.6f},{train_s:.6f}')
+      f'{generate_s:.6f},{train_s:.6f},{router:.6f}')
 PY
 }
 

@@ -249,6 +249,7 @@ int run_plan_command(const std::vector<std::string>& args) {
   const ModelConfig config = load_model_config(run.model);
   const ModelShape model = model_shape(config);
   const RlJob job = load_rl_job(o.job);
+  check_router_concentration(job, config.n_experts, config.top_k, "plan --job " + o.job);
   if (o.devices < 0 || o.devices > cluster.devices())
     throw ConfigError("--devices must be in [0, " + std::to_string(cluster.devices()) + "]");
   const int devices = o.devices > 0 ? o.devices : cluster.devices();
@@ -260,6 +261,11 @@ int run_plan_command(const std::vector<std::string>& args) {
         config.name.c_str(), model.total(), cluster.name.c_str(), devices,
         cluster.memory_bytes / kGiB, job.name.c_str(), (long long)job.samples(),
         job.tokens_per_step());
+    if (job.router_max_over_mean != 1)
+      std::printf(
+          "# router concentration: the busiest expert takes %.3g x the mean expert's tokens "
+          "(job.router_max_over_mean; EP ranks wait for the hottest expert's rank)\n",
+          job.router_max_over_mean);
   }
   if (o.table != 0) {
     if (o.table != 1 && o.table != 2) throw ConfigError("--table must be 1 or 2");

@@ -89,6 +89,7 @@ struct Outcome {
   uint64_t measured_bytes = 0, predicted_bytes = 0;
   bool bytes_exact_rule = false;
   double measured_memory = 0, predicted_memory = 0;  // the larger phase peak; 0: not measured
+  double router_max_over_mean = 1;  // the run's router concentration (1: none recorded)
 };
 
 Outcome validate_row(const Row& row) {
@@ -117,6 +118,10 @@ Outcome validate_row(const Row& row) {
   job.group_size = row.integer("group_size");
   job.micro_batch = row.integer("micro_batch");
   job.reference = row.integer("reference") != 0;
+  // The run's router concentration (its trace's router statistics: EP runs only), 1 without.
+  job.router_max_over_mean = row.number_or("router_max_over_mean", 1);
+  check_router_concentration(job, config.n_experts, config.top_k, "case " + out.name);
+  out.router_max_over_mean = job.router_max_over_mean;
   const double samples = double(job.samples()) * steps;
   const double response = row.number("response_tokens") / samples;
   const double prompt = (row.number("trained_tokens") - row.number("response_tokens")) / samples;
@@ -293,6 +298,11 @@ int run_plan_validation(const std::string& csv_path, bool json) {
       exact, exact_rules, exact == exact_rules ? "met" : "NOT met");
   std::printf("# memory: worst |error| %.1f%% over %d fused cases (target <= 5%%: %s)\n",
               worst_memory, memory_cases, worst_memory <= 5 ? "met" : "NOT met");
+  for (const Outcome& o : outcomes) {
+    if (o.router_max_over_mean != 1)
+      std::printf("# %s: router concentration %.3f (the busiest expert over the mean, its trace)\n",
+                  o.name.c_str(), o.router_max_over_mean);
+  }
   print_parts(outcomes);
   return 0;
 }

@@ -87,6 +87,10 @@ void print_router_text(const TraceData& trace) {
                   (long long)l.tokens, l.mean_max_over_mean, l.worst_max_over_mean,
                   l.hottest_expert, 100.0 * l.hottest_share);
     }
+    std::printf(
+        "# for rlfusion plan: job.router_max_over_mean = %.3f (max/mean averaged over the "
+        "layers)\n",
+        router_max_over_mean(layers));
   }
   const std::vector<ExpertMigration> migrations = migrations_of(trace);
   if (!migrations.empty()) {
@@ -254,9 +258,11 @@ void print_json(const std::string& path, const TraceData& trace, const TraceSumm
   for (const auto& [value, count] : s.staleness) {
     staleness.next() += format("{\"staleness\":%d,\"samples\":%lld}", value, (long long)count);
   }
-  out += "],\"router_layers\":[";
+  const std::vector<LayerImbalance> imbalance = layer_imbalance(trace);
+  out += format("],\"router_max_over_mean\":%.9g", router_max_over_mean(imbalance));
+  out += ",\"router_layers\":[";
   JsonList layers(out);
-  for (const LayerImbalance& l : layer_imbalance(trace)) {
+  for (const LayerImbalance& l : imbalance) {
     layers.next() += format(
         "{\"layer\":%d,\"steps\":%d,\"assignments\":%lld,\"max_over_mean\":%.9g,"
         "\"worst_max_over_mean\":%.9g,\"hottest_expert\":%d,\"hottest_share\":%.9g}",

@@ -46,6 +46,13 @@ std::vector<LayerImbalance> layer_imbalance(const TraceData& trace) {
   return layers;
 }
 
+double router_max_over_mean(const std::vector<LayerImbalance>& layers) {
+  if (layers.empty()) return 0;
+  double sum = 0;
+  for (const LayerImbalance& l : layers) sum += l.mean_max_over_mean;
+  return sum / double(layers.size());
+}
+
 std::vector<int> router_layers(const TraceData& trace) {
   std::set<int> layers;
   for (const std::vector<RouterLoad>& rank : trace.router_loads) {

@@ -25,6 +25,11 @@ struct LayerImbalance {
 // Layers in ascending order; empty when the trace has no router statistics.
 std::vector<LayerImbalance> layer_imbalance(const TraceData& trace);
 
+// The router's concentration as the planner takes it (the RL job's `router_max_over_mean`): the
+// layers' max/mean (each averaged over steps) averaged over the layers, since every layer's
+// exchange waits for its own hottest expert's rank; 0 without router statistics.
+double router_max_over_mean(const std::vector<LayerImbalance>& layers);
+
 // Layers with router statistics, ascending.
 std::vector<int> router_layers(const TraceData& trace);
 

@@ -177,7 +177,10 @@ Training training_cost(const ModelShape& m, const ClusterConfig& c, const RlJob&
   }
   if (p.ep > 1) {
     const Link& link = c.link(c.level_spanned(int64_t(p.ep) * p.tp));
-    const double rows = micro_tokens / p.tp * remote_rows(m, p.ep, s.dispatch);
+    // An exchange ends when the rank holding the hottest expert has received its rows (1x the
+    // mean rank's with a uniform router).
+    const double hottest = hottest_rank_load_factor(job.router_max_over_mean, m.experts, p.ep);
+    const double rows = micro_tokens / p.tp * remote_rows(m, p.ep, s.dispatch) * hottest;
     const double one = link.seconds(rows * m.d_model * ab, kExchangeRounds);
     const double operations = micro_batches * layers_per_stage * collectives_per_layer;
     const double total = operations * one;
@@ -191,10 +194,11 @@ Training training_cost(const ModelShape& m, const ClusterConfig& c, const RlJob&
         backward_operations * c.expert_backward_seconds(assignments);
     t.all_to_all = (s.ep_overlap ? std::max(0.0, total - expert_compute) : total) + software;
     // Every operation synchronizes the group: the expert FFN runs at the busiest rank's routed
-    // rows (expert_load.h), not the mean's, and the ranks meet in lock-step at each operation.
+    // rows (expert_load.h: the router's spread and, with a concentrated router, the hottest
+    // expert's rank), not the mean's, and the ranks meet in lock-step at each operation.
     const double mean_rows = micro_tokens / p.tp * m.top_k;
-    const double busiest_rows =
-        busiest_rank_rows(micro_tokens / p.tp * p.ep, m.top_k, m.experts, p.ep);
+    const double busiest_rows = busiest_rank_rows(micro_tokens / p.tp * p.ep, m.top_k, m.experts,
+                                                  p.ep, job.router_max_over_mean);
     const double imbalance = mean_rows > 0 ? busiest_rows / mean_rows - 1 : 0.0;
     t.expert_wait = busiest * expert_compute * imbalance +
                     (token_work - busiest * expert_compute) *
@@ -245,10 +249,10 @@ double generation_step(const ModelShape& m, const ClusterConfig& c, const RlJob&
   const double elementwise = tokens * m.layers * kElementwiseValuesPerLayer * m.d_model * ab;
   const double dense_flops = tokens * 2 * (m.active_matmul - m.expert_matmul) / g.tp;
   // With EP the step's expert FFN runs at the busiest rank's routed rows (expert_load.h).
-  const double expert_flops = m.top_k > 0
-                                  ? 2 * m.expert_matmul / m.top_k *
-                                        busiest_rank_rows(group_tokens, m.top_k, m.experts, g.ep)
-                                  : 0.0;
+  const double expert_flops = m.top_k > 0 ? 2 * m.expert_matmul / m.top_k *
+                                                busiest_rank_rows(group_tokens, m.top_k, m.experts,
+                                                                  g.ep, job.router_max_over_mean)
+                                          : 0.0;
   const double attention_flops = tokens * 4 * m.layers * m.d_model * context / g.tp;
   double seconds =
       std::max((weights + kv + elementwise) / c.memory_bandwidth,
@@ -264,8 +268,10 @@ double generation_step(const ModelShape& m, const ClusterConfig& c, const RlJob&
   if (g.ep > 1) {
     const Link& link = c.link(c.level_spanned(g.ep));
     const double dispatched = tokens / g.tp;  // the token split: a TP rank's share
+    // Received in full by the rank holding the hottest expert (as in training).
+    const double hottest = hottest_rank_load_factor(job.router_max_over_mean, m.experts, g.ep);
     seconds += 2 * m.layers *
-               (link.seconds(dispatched * m.top_k * (g.ep - 1.0) / g.ep * m.d_model * ab,
+               (link.seconds(dispatched * m.top_k * (g.ep - 1.0) / g.ep * hottest * m.d_model * ab,
                              kExchangeRounds) +
                 c.expert_exchange_seconds(dispatched * m.top_k) + c.expert_exchange_lockstep);
     // After each step the group agrees whether any rank still decodes (a one-integer all-reduce:

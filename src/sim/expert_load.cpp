@@ -58,11 +58,20 @@ double expected_max_of_normals(int n) {
   return n <= kTabulated ? table[size_t(n)] : integrate(n);
 }
 
-double busiest_rank_rows(double tokens, double top_k, double experts, int ranks) {
+double busiest_rank_rows(double tokens, double top_k, double experts, int ranks,
+                         double max_over_mean) {
   const double mean = tokens * top_k / std::max(1, ranks);
   if (ranks <= 1 || experts <= 1 || tokens <= 0) return mean;
   const double variance = mean * std::max(0.0, experts - top_k) / (experts - 1);
-  return mean + expected_max_of_normals(ranks) * std::sqrt(variance);
+  const double uniform = mean + expected_max_of_normals(ranks) * std::sqrt(variance);
+  return std::max(uniform, mean * hottest_rank_load_factor(max_over_mean, experts, ranks));
+}
+
+double hottest_rank_load_factor(double max_over_mean, double experts, int ranks) {
+  if (ranks <= 1 || experts <= 1) return 1;
+  const double per_rank = experts / ranks;
+  const double others = (experts - max_over_mean) / (experts - 1);
+  return ranks * (max_over_mean + (per_rank - 1) * others) / experts;
 }
 
 }  // namespace rlf::sim

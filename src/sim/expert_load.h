@@ -22,6 +22,23 @@ double expected_max_of_normals(int n);
 // (Two ranks, E 4, k 2, 100 tokens: 100 + 0.564 x 8.16 = 104.607 rows, the exact expectation
 // 104.595; the excess over the mean is within 0.3% of the exact one there, 3.4% at 8 tokens, 38%
 // at one token.) Exact for P = 1 and for k = E (every token on every expert).
-double busiest_rank_rows(double tokens, double top_k, double experts, int ranks);
+//
+// `max_over_mean` is the router's concentration: the busiest expert's tokens over the mean
+// expert's (`rlfusion report`'s max/mean, the RL job's `router_max_over_mean`; 1 for a uniform
+// router). The rank holding the hottest expert then gets that expert's rows and, of the others,
+// the mean of the rest: hottest_rank_load_factor times the mean rank's rows. The busiest rank's
+// expected rows are the larger of that and the uniform router's above: the spread decides while
+// the ranks' means are close, the hottest rank's mean once it stands above the spread (two ranks,
+// one expert or two each, top-1, 100 tokens: within 1.6% of the exact expectation for c in [1, 2],
+// tests/sim/test_expert_load.cpp).
+double busiest_rank_rows(double tokens, double top_k, double experts, int ranks,
+                         double max_over_mean = 1);
+
+// The mean rows of the rank holding the hottest expert over the mean rank's, with the experts in
+// contiguous blocks of E / P (the runtime's placement, no rebalancing): the hottest expert at
+// c = max_over_mean times the mean expert's load, the other E - 1 sharing the rest evenly, so
+//   P (c + (E / P - 1) (E - c) / (E - 1)) / E.
+// 1 at c = 1 or P = 1; c when every rank holds one expert (P = E).
+double hottest_rank_load_factor(double max_over_mean, double experts, int ranks);
 
 }  // namespace rlf::sim

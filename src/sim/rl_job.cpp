@@ -130,6 +130,20 @@ void RlJob::validate(const std::string& source) const {
   if (!(optimizer_bytes >= 0)) fail("optimizer_bytes must be >= 0");
   if (!(finish_threshold > 0 && finish_threshold <= 1))
     fail("finish_threshold must be in (0, 1], got " + std::to_string(finish_threshold));
+  if (!(router_max_over_mean >= 1))
+    fail("router_max_over_mean must be >= 1 (the busiest expert over the mean one), got " +
+         std::to_string(router_max_over_mean));
+}
+
+void check_router_concentration(const RlJob& job, int experts, int top_k,
+                                const std::string& source) {
+  const double most = top_k > 0 ? double(experts) / top_k : 1.0;
+  if (!(job.router_max_over_mean >= 1 && job.router_max_over_mean <= most)) {
+    throw ConfigError(
+        source + ": job.router_max_over_mean = " + std::to_string(job.router_max_over_mean) +
+        " must lie in [1, the model's experts / top_k = " + std::to_string(experts) + " / " +
+        std::to_string(top_k) + "] (an expert takes at most one of a token's top_k slots)");
+  }
 }
 
 RlJob load_rl_job(const std::string& name_or_path) {
@@ -163,6 +177,7 @@ RlJob load_rl_job(const std::string& name_or_path) {
   add("job.reference", po::value(&job.reference));
   add("job.reward_model", po::value(&job.reward_model));
   add("job.finish_threshold", po::value(&job.finish_threshold));
+  add("job.router_max_over_mean", po::value(&job.router_max_over_mean));
   try {
     po::variables_map vm;
     po::store(po::parse_config_file(file, desc, /*allow_unregistered=*/false), vm);

@@ -36,6 +36,12 @@ struct RlJob {
   bool reference = true;          // a frozen reference model for the KL term
   bool reward_model = false;      // a learned reward model of the policy's shape scores samples
   double finish_threshold = 0.9;  // StaleSync hands a phase over at this fraction finished
+  // The router's concentration: the busiest expert's routed tokens over the mean expert's (1: a
+  // uniform router; `rlfusion report` prints a run's, "router_max_over_mean"). With EP the rank
+  // holding the hottest expert computes more rows and the group waits for it (expert_load.h). At
+  // most experts / top_k (an expert takes one of a token's top_k slots at most): checked against
+  // the model by check_router_concentration.
+  double router_max_over_mean = 1;
 
   int64_t samples() const { return int64_t(prompts) * group_size; }
   // Prompt + response tokens trained per step (the throughput-table numerator).
@@ -49,6 +55,12 @@ struct RlJob {
 // reference answer + <eos>), `<x>_length` (fixed), `<x>_min`/`<x>_max` (uniform),
 // `<x>_median`/`<x>_sigma`/`<x>_max` (lognormal, capped at max).
 RlJob load_rl_job(const std::string& name_or_path);
+
+// The job's router concentration against a model of `experts` experts choosing `top_k` each: a
+// ConfigError naming job.router_max_over_mean unless it lies in [1, experts / top_k] (so 1 for a
+// model without routed choice, top_k = experts).
+void check_router_concentration(const RlJob& job, int experts, int top_k,
+                                const std::string& source);
 
 // The summary of a measured run's lengths: `mean` tokens, `longest` the longest a step waited for;
 // the cut and the deviation as if the lengths were the integers of [2 mean - longest, longest],

@@ -52,6 +52,25 @@ TEST(Plan, NothingFitsIsExitCode2) {
   EXPECT_NE(r.output.find("119.2 GiB"), std::string::npos) << r.output;
 }
 
+// A job whose router concentration the model cannot have (tiny: 4 experts, top-2, so at most 2):
+// exit code 2 naming the key; a possible one is printed with the plan.
+TEST(Plan, RouterConcentrationBeyondTheModelIsExitCode2) {
+  const std::string dir = scratch("router");
+  std::ifstream in(RLFUSION_SOURCE_DIR "/inputs/jobs/tiny-sort.ini");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::ofstream(dir + "/too.ini") << text << "router_max_over_mean = 2.5\n";
+  std::ofstream(dir + "/fits.ini") << text << "router_max_over_mean = 1.5\n";
+  const std::string strategy =
+      " --model tiny --cluster cloudmatrix-384 --devices 2 --mode fused --train-dp 2 "
+      "--train-ep 2 --gen-tp 1";
+  auto r = run_rlfusion("plan --job " + dir + "/too.ini" + strategy);
+  EXPECT_EQ(r.exit_code, kExitConfigError) << r.output;
+  EXPECT_NE(r.output.find("job.router_max_over_mean"), std::string::npos) << r.output;
+  r = run_rlfusion("plan --job " + dir + "/fits.ini" + strategy);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("router concentration"), std::string::npos) << r.output;
+}
+
 TEST(Plan, BadClusterFileNamesTheField) {
   const std::string dir = scratch("bad");
   std::ifstream in(RLFUSION_SOURCE_DIR "/inputs/clusters/cloudmatrix-384.ini");

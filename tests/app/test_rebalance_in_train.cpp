@@ -85,8 +85,20 @@ TEST(TrainRebalance, MigratingLearnersTrainLikeTheRunThatNeverMigrates) {
   ASSERT_EQ(report.exit_code, 0) << report.output;
   EXPECT_NE(report.output.find("# expert load per layer"), std::string::npos) << report.output;
   EXPECT_NE(report.output.find("# expert migrations"), std::string::npos) << report.output;
+  EXPECT_NE(report.output.find("job.router_max_over_mean = "), std::string::npos) << report.output;
   const CommandResult json = test::run_rlfusion("report " + still_dir + " --json");
   ASSERT_EQ(json.exit_code, 0) << json.output;
+  // The planner's input: the layers' max/mean averaged (2 layers).
+  const size_t first = json.output.find("\"router_layers\":[");
+  ASSERT_NE(first, std::string::npos) << json.output;
+  const size_t second = json.output.find("\"layer\":1", first);
+  ASSERT_NE(second, std::string::npos) << json.output;
+  EXPECT_NEAR(test::json_number(json.output, "router_max_over_mean"),
+              (test::json_number(json.output, "max_over_mean", first) +
+               test::json_number(json.output, "max_over_mean", second)) /
+                  2,
+              1e-6)
+      << json.output;
   // Skewed routing: layer 0's busiest expert well above the mean, over all 5 steps.
   const size_t layers = json.output.find("\"router_layers\":[");
   ASSERT_NE(layers, std::string::npos) << json.output;

@@ -298,21 +298,21 @@ TEST(CostModel, TensorExpertSplitAllgathersTheRowsByHand) {
   for (const int ep : {1, 2}) {
     SCOPED_TRACE("EP " + std::to_string(ep));
     s.train.ep = ep;
-    EXPECT_NEAR(predict(m, c, job, s).tensor_parallel - allreduces,
-                2 * 2 *
-                    (ring_allgather_seconds(rows, 2, link) +
-                     ring_allgather_seconds(gradients, 2, link)),
-                1e-15);
+    EXPECT_NEAR(
+        predict(m, c, job, s).tensor_parallel - allreduces,
+        2 * 2 *
+            (ring_allgather_seconds(rows, 2, link) + ring_allgather_seconds(gradients, 2, link)),
+        1e-15);
   }
   // The reference's forward and a recompute's allgather the rows too.
   job.reference = true;
   s.recompute = true;
   const double allreduces_with_reference = 2 * 2 * 6 * ring_allreduce_seconds(rows, 2, link);
-  EXPECT_NEAR(predict(m, c, job, s).tensor_parallel - allreduces_with_reference,
-              2 * 2 *
-                  (3 * ring_allgather_seconds(rows, 2, link) +
-                   ring_allgather_seconds(gradients, 2, link)),
-              1e-15);
+  EXPECT_NEAR(
+      predict(m, c, job, s).tensor_parallel - allreduces_with_reference,
+      2 * 2 *
+          (3 * ring_allgather_seconds(rows, 2, link) + ring_allgather_seconds(gradients, 2, link)),
+      1e-15);
 }
 
 TEST(CostModel, ExpertParallelExchangesByHand) {
@@ -395,6 +395,58 @@ TEST(CostModel, ExpertWaitByHand) {
   // decodes, each 1 ms in lock-step.
   EXPECT_NEAR(predict(m, c, job, s).generation - predict(m, flops_only(), job, s).generation,
               (1 + 4) * (2 * 2 + 1) * 1e-3, 1e-12);
+}
+
+// A concentrated router (job.router_max_over_mean = c): the rank holding the hottest expert
+// computes and receives P (c + (E / P - 1) (E - c) / (E - 1)) / E times the mean rank's rows; the
+// EP group waits for its expert FFN (once that stands above the uniform router's spread) and for
+// its ingress at every exchange, in training and generation.
+TEST(CostModel, ConcentratedRouterChargesTheHottestExpertsRank) {
+  TinyExpertParallel tiny;
+  auto& [m, job, c, s] = tiny;
+  const Prediction uniform = predict(m, c, job, s);
+  job.router_max_over_mean = 2;  // 4 experts, top-2: at most 2
+  const Prediction skewed = predict(m, c, job, s);
+  // Training (see ExpertWaitByHand): 32 rows a rank on average; the hottest rank's
+  // 32 x 2 (2 + 1 x (4 - 2) / 3) / 4 = 42.67, above 32 + 0.564 x 4.62 = 34.6.
+  const double expert_seconds = 64 * 2 * 12288.0 * 3 / (2 * 1e9);
+  const double hottest = 2 * (2 + 2.0 / 3) / 4;
+  EXPECT_NEAR(skewed.expert_wait, expert_seconds * (hottest - 1), 1e-12);
+  EXPECT_GT(skewed.expert_wait, uniform.expert_wait);
+  EXPECT_DOUBLE_EQ(skewed.training, uniform.training);  // the mean rank's work is unchanged
+  // Generation with EP 2: the prefill's 32 group tokens and each of 4 decode steps' 8, every one
+  // at the hottest rank's rows (above the spread: 32 x 1.33 = 42.67 > 34.6, 8 x 1.33 = 10.67 >
+  // 8 + 0.564 x 2.31 = 9.30), against the mean's without EP.
+  s.train.ep = 1;
+  s.generate.ep = 2;
+  Strategy data_parallel = s;
+  data_parallel.generate.ep = 1;
+  const double row_seconds = 2 * 2 * 3 * 32 * 32 / 1e9;
+  EXPECT_NEAR(predict(m, flops_only(), job, s).generation -
+                  predict(m, flops_only(), job, data_parallel).generation,
+              (32 + 4 * 8) * (hottest - 1) * row_seconds, 1e-12);
+  // The exchange's link time: the hottest rank receives `hottest` times the mean rank's rows.
+  // Training (flat dispatch): 2 micro-batches x 2 layers x 4 operations, each 16 tokens x top-2 x
+  // 1/2 remote x 32 floats x 4 bytes at 1 GB/s; generation: per layer 2 operations of a step's
+  // rows (16 prefill, then 4 decode steps of 4) x top-2 x 1/2 remote.
+  ClusterConfig linked = flops_only();
+  linked.intra_node.bandwidth = 1e9;
+  Strategy exchange = s;
+  exchange.train.ep = 2;
+  RlJob even = job;
+  even.router_max_over_mean = 1;
+  const double row_bytes = 32 * 4 / 1e9;
+  EXPECT_NEAR(
+      predict(m, linked, job, exchange).all_to_all - predict(m, linked, even, exchange).all_to_all,
+      2 * 2 * 4 * 16 * 2 * 0.5 * row_bytes * (hottest - 1), 1e-12);
+  const auto generation_link = [&](const RlJob& j) {
+    return predict(m, linked, j, s).generation - predict(m, flops_only(), j, s).generation;
+  };
+  EXPECT_NEAR(generation_link(job) - generation_link(even),
+              2 * 2 * (16 + 4 * 4) * 2 * 0.5 * row_bytes * (hottest - 1), 1e-12);
+  // Without EP the concentration costs nothing here (no group waits).
+  s.generate.ep = 1;
+  EXPECT_DOUBLE_EQ(predict(m, c, job, s).step, predict(m, c, even, s).step);
 }
 
 // Each EP rank brings its own micro-batch to every exchange, so the micro-batch's work outside the

@@ -88,5 +88,51 @@ TEST(ExpertLoad, NoImbalanceWithOneRankOrEveryExpertChosen) {
   EXPECT_NEAR(large - 1, (small - 1) / std::sqrt(163.84), 1e-9);
 }
 
+// The router's concentration c (the busiest expert's tokens over the mean expert's): the rank
+// holding the hottest expert gets P (c + (E / P - 1) (E - c) / (E - 1)) / E of the mean rank's
+// rows.
+TEST(ExpertLoad, HottestRankLoadFactorByHand) {
+  EXPECT_DOUBLE_EQ(hottest_rank_load_factor(1, 16, 4), 1);     // uniform
+  EXPECT_DOUBLE_EQ(hottest_rank_load_factor(3, 16, 1), 1);     // one rank holds everything
+  EXPECT_DOUBLE_EQ(hottest_rank_load_factor(2.5, 8, 8), 2.5);  // one expert a rank
+  // 8 experts on 2 ranks, c = 3: the hottest at 3, the 7 others at 5/7 each, 3 of them beside it.
+  EXPECT_NEAR(hottest_rank_load_factor(3, 8, 2), 2 * (3 + 3 * 5.0 / 7) / 8, 1e-15);
+  // At c = 1 the busiest rank's rows are the uniform router's.
+  EXPECT_DOUBLE_EQ(busiest_rank_rows(100, 2, 4, 2, 1), busiest_rank_rows(100, 2, 4, 2));
+}
+
+// Exact E[max(r, n - r)] for r ~ Binomial(n, p): the busier of two ranks when each of n tokens
+// sends its one row to rank 0 with probability p.
+double exact_busier_of_two(int n, double p) {
+  double expected = 0, choose = 1;  // C(n, r), built up in r
+  for (int r = 0; r <= n; ++r) {
+    if (r > 0) choose = choose * (n - r + 1) / r;
+    expected += choose * std::pow(p, r) * std::pow(1 - p, n - r) * std::max(r, n - r);
+  }
+  return expected;
+}
+
+// A concentrated top-1 router over two ranks: one expert a rank (rank 0 gets a token's row with
+// probability c / 2) and two a rank (c / 4 + (4 - c) / 12: the hottest and one of the others).
+// The approximation within 1.6% of the exact expectation from a uniform router (c = 1) to c = 2,
+// where the hottest rank's mean decides.
+TEST(ExpertLoad, ConcentratedRouterAgainstExactTwoRanks) {
+  for (const double c : {1.0, 1.02, 1.05, 1.1, 1.2, 1.3, 1.5, 1.8, 2.0}) {
+    SCOPED_TRACE("c = " + std::to_string(c));
+    const double one = exact_busier_of_two(100, c / 2);
+    EXPECT_NEAR(busiest_rank_rows(100, 1, 2, 2, c), one, 0.016 * one);
+    const double two = exact_busier_of_two(100, c / 4 + (4 - c) / 12);
+    EXPECT_NEAR(busiest_rank_rows(100, 1, 4, 2, c), two, 0.016 * two);
+  }
+  // Never below the uniform router's, and growing with c.
+  double previous = busiest_rank_rows(100, 2, 8, 4);
+  for (const double c : {1.5, 2.0, 3.0, 4.0}) {
+    const double rows = busiest_rank_rows(100, 2, 8, 4, c);
+    EXPECT_GE(rows, previous);
+    previous = rows;
+  }
+  EXPECT_NEAR(busiest_rank_rows(100, 2, 8, 4, 4.0), 50 * 4 * (4 + 1 * 4.0 / 7) / 8, 1e-12);
+}
+
 }  // namespace
 }  // namespace rlf::sim

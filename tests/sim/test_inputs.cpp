@@ -254,6 +254,32 @@ TEST(RlJob, BadFieldsAreNamed) {
             std::string::npos);
 }
 
+// The router's concentration: 1 (uniform) unless the file says; below 1 is refused when read, above
+// the model's experts / top_k when checked against the model.
+TEST(RlJob, RouterConcentrationIsReadAndBounded) {
+  EXPECT_DOUBLE_EQ(load_rl_job(test::write_scratch("uniform.ini", kJob)).router_max_over_mean, 1);
+  const RlJob skewed = load_rl_job(
+      test::write_scratch("skewed.ini", std::string(kJob) + "router_max_over_mean = 4.5\n"));
+  EXPECT_DOUBLE_EQ(skewed.router_max_over_mean, 4.5);
+  EXPECT_NO_THROW(check_router_concentration(skewed, 16, 2, "here"));  // at most 8
+  std::string message;
+  try {
+    check_router_concentration(skewed, 8, 2, "here");  // at most 4
+  } catch (const ConfigError& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find("job.router_max_over_mean"), std::string::npos) << message;
+  EXPECT_NE(message.find("8 / 2"), std::string::npos) << message;
+  message.clear();
+  try {
+    load_rl_job(
+        test::write_scratch("below.ini", std::string(kJob) + "router_max_over_mean = 0.5\n"));
+  } catch (const ConfigError& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find("job.router_max_over_mean must be >= 1"), std::string::npos) << message;
+}
+
 TEST(RlJob, MeasuredMeanAndLongest) {
   // Mean 5 with longest 7: uniform on [3, 7]; the 0.9 cut at 3 + 4 x 0.9.
   const LengthSummary s = summarize_mean_longest(5, 7, 0.9);
