@@ -105,6 +105,66 @@ void ring_allreduce_sum(float* data, int64_t count, MPI_Comm comm, Links& links,
   }
 }
 
+// [begin, end) of share `i` of `count` floats cut into `parts` (the first count % parts one float
+// longer), as the ring's chunks are cut.
+int64_t share_begin(int64_t count, int parts, int i) {
+  return int64_t(i) * (count / parts) + std::min<int64_t>(i, count % parts);
+}
+
+// Reduce-scatter inside a node: local rank r ends with the node's sum of share r of `data`, summed
+// in the binomial tree's order (tree_reduce_sum_to_first: r + 1, then r + 2 .. r + 3, ...), so the
+// bits are the tree's. Every rank sends each other rank that rank's share (pairwise steps: to
+// r + s, from r - s), n - 1 messages, (n - 1) / n of the data. The other ranks' copies of my share
+// land in `scratch`; the tree's last addition writes the sum over my share of `data`.
+void node_reduce_scatter(float* data, int64_t count, MPI_Comm intra, Links& links,
+                         std::vector<float>& scratch) {
+  const int rank = rank_in(intra), size = size_of(intra);
+  if (size == 1) return;
+  const int64_t first = share_begin(count, size, rank);
+  const int64_t length = share_begin(count, size, rank + 1) - first;
+  scratch.resize(size_t(length) * size_t(size - 1));
+  std::vector<float*> copy_of(static_cast<size_t>(size));  // every rank's copy, in rank order
+  for (int r = 0; r < size; ++r) {
+    copy_of[size_t(r)] =
+        r == rank ? data + first : scratch.data() + int64_t(r < rank ? r : r - 1) * length;
+  }
+  for (int step = 1; step < size; ++step) {
+    const int to = (rank + step) % size, from = (rank - step + size) % size;
+    const int64_t to_first = share_begin(count, size, to);
+    const int64_t to_length = share_begin(count, size, to + 1) - to_first;
+    links.sendrecv(data + to_first, uint64_t(to_length) * sizeof(float), to, copy_of[size_t(from)],
+                   uint64_t(length) * sizeof(float), from, kTagReduce, intra);
+  }
+  // The tree's levels; my own share is no longer sent, so it may hold a partial sum.
+  int top = 1;
+  while (2 * top < size) top *= 2;
+  for (int mask = 1; mask < top; mask <<= 1) {
+    for (int r = 0; r + mask < size; r += 2 * mask) {
+      float* lower = copy_of[size_t(r)];
+      const float* upper = copy_of[size_t(r + mask)];
+      for (int64_t i = 0; i < length; ++i) lower[i] += upper[i];
+    }
+  }
+  const float* lower = copy_of[0];
+  const float* upper = copy_of[size_t(top)];
+  float* out = data + first;
+  for (int64_t i = 0; i < length; ++i) out[i] = lower[i] + upper[i];
+}
+
+// Allgather inside a node of the shares node_reduce_scatter left: pairwise steps, n - 1 messages.
+void node_allgather_shares(float* data, int64_t count, MPI_Comm intra, Links& links) {
+  const int rank = rank_in(intra), size = size_of(intra);
+  const int64_t first = share_begin(count, size, rank);
+  const int64_t length = share_begin(count, size, rank + 1) - first;
+  for (int step = 1; step < size; ++step) {
+    const int to = (rank + step) % size, from = (rank - step + size) % size;
+    const int64_t from_first = share_begin(count, size, from);
+    const int64_t from_length = share_begin(count, size, from + 1) - from_first;
+    links.sendrecv(data + first, uint64_t(length) * sizeof(float), to, data + from_first,
+                   uint64_t(from_length) * sizeof(float), from, kTagAllgather, intra);
+  }
+}
+
 // Runs `step(offset, length)` over consecutive buckets of at most bucket_bytes / unit elements.
 template <typename Step>
 void for_each_bucket(uint64_t length, uint64_t unit, uint64_t bucket_bytes, Step step) {
@@ -118,6 +178,27 @@ void for_each_bucket(uint64_t length, uint64_t unit, uint64_t bucket_bytes, Step
 
 void allreduce_sum(float* data, int64_t count, const HierarchicalComm& h, Links& links,
                    uint64_t bucket_bytes) {
+  // Nodes of different sizes: through each node's leader.
+  if (h.peers == MPI_COMM_NULL)
+    return allreduce_sum_through_leaders(data, count, h, links, bucket_bytes);
+  std::vector<float> scratch;
+  // Equal nodes: every local rank reduces its share of the bucket inside the node, sums it with
+  // the same share of the other nodes (a ring among its peers), and gives it back to the node, so
+  // every rank's links carry 1 / n of the traffic instead of the leader's carrying all of it.
+  const int local_size = size_of(h.intra), local_rank = rank_in(h.intra);
+  std::vector<float> ring_scratch;  // one per call, reused by every bucket
+  for_each_bucket(uint64_t(count), sizeof(float), bucket_bytes, [&](uint64_t offset, uint64_t n) {
+    float* bucket = data + offset;
+    node_reduce_scatter(bucket, int64_t(n), h.intra, links, scratch);
+    const int64_t first = share_begin(int64_t(n), local_size, local_rank);
+    ring_allreduce_sum(bucket + first, share_begin(int64_t(n), local_size, local_rank + 1) - first,
+                       h.peers, links, ring_scratch);
+    node_allgather_shares(bucket, int64_t(n), h.intra, links);
+  });
+}
+
+void allreduce_sum_through_leaders(float* data, int64_t count, const HierarchicalComm& h,
+                                   Links& links, uint64_t bucket_bytes) {
   std::vector<float> scratch;
   for_each_bucket(uint64_t(count), sizeof(float), bucket_bytes, [&](uint64_t offset, uint64_t n) {
     tree_reduce_sum_to_first(data + offset, int64_t(n), h.intra, links, scratch);

@@ -13,10 +13,18 @@
 //   r + 1 and r + 2 (mod m), so with m dividing c every rank sends 2 b (m - 1) / m bytes.
 // - flat_allreduce_sum: ring over the comm: 2(P - 1) b bytes; those crossing nodes are the ring
 //   edges r -> r + 1 between different nodes (N edges when nodes are contiguous and N >= 2).
-// - allreduce_sum: binomial reduce inside each node, ring among the N leaders, binomial
-//   broadcast inside each node: intra 2(P - N) b, inter 2(N - 1) b bytes. With contiguous nodes
-//   of R ranks (P = N R, c divisible by P and N): flat inter 2 b (P - 1) / R > hierarchical
-//   inter 2 b (N - 1) whenever R >= 2.
+// - allreduce_sum, nodes of n ranks each (P = N n): the bucket is cut into n shares (as the ring
+//   cuts chunks); inside each node a reduce-scatter (local rank r receives share r from each of
+//   the other n - 1 ranks, one message each), a ring allreduce of share r among the N ranks of
+//   local rank r (the peers), and an allgather of the shares inside the node (n - 1 messages a
+//   rank): intra 2(P - N) b bytes in 2 P (n - 1) messages, inter 2(N - 1) b bytes in
+//   2 P (N - 1) messages, empty shares included. Every rank's links carry 1 / n of the node's
+//   traffic, where a tree through the leader has it carry all of it.
+//   Nodes of different sizes (a group spanning nodes unevenly): binomial reduce inside each
+//   node, ring among the N leaders, binomial broadcast inside each node: the same bytes, intra
+//   in 2(P - N) messages, inter in 2 N (N - 1).
+//   With contiguous nodes of R ranks (P = N R, c divisible by P and N): flat inter
+//   2 b (P - 1) / R > hierarchical inter 2 b (N - 1) whenever R >= 2.
 // - flat_broadcast: binomial tree over the comm rooted at `root`: P - 1 messages of b.
 // - broadcast: binomial tree inside the root's node rooted at the root, binomial tree among the
 //   leaders rooted at the root's node leader, binomial tree inside every other node from its
@@ -27,8 +35,10 @@
 // - gather_bytes / scatter_bytes (inside each node, to/from its leader): per non-leader member,
 //   one 8-byte size message, then its payload as one message when it is not empty; all
 //   intra-node. Not bucketed.
-// Reductions run in a fixed order for a given layout (tree order inside nodes, ring order
-// among leaders), so results are deterministic and identical on every rank.
+// Reductions run in a fixed order for a given layout (binomial-tree order inside nodes, also
+// where a share's copies are summed on its rank, and ring order among peers or leaders), so
+// results are deterministic and identical on every rank; inside one node every element is summed
+// in the same order wherever it lies in the buffer.
 #pragma once
 
 #include <cstdint>
@@ -44,6 +54,11 @@ inline constexpr uint64_t kDefaultBucketBytes = uint64_t(4) << 20;
 // Sum of `data` over all ranks of `h`, in place on every rank.
 void allreduce_sum(float* data, int64_t count, const HierarchicalComm& h, Links& links,
                    uint64_t bucket_bytes = kDefaultBucketBytes);
+// The same through each node's leader (binomial reduce inside the node, ring among the leaders,
+// binomial broadcast): what allreduce_sum runs when the nodes differ in size; inside one node the
+// same bits as allreduce_sum. Public for `bench allreduce`, which times the two.
+void allreduce_sum_through_leaders(float* data, int64_t count, const HierarchicalComm& h,
+                                   Links& links, uint64_t bucket_bytes = kDefaultBucketBytes);
 // The same result (up to float reassociation) with a ring over the whole comm, ignoring nodes.
 void flat_allreduce_sum(float* data, int64_t count, const HierarchicalComm& h, Links& links,
                         uint64_t bucket_bytes = kDefaultBucketBytes);

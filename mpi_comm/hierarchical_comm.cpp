@@ -48,11 +48,16 @@ HierarchicalComm make_hierarchical(MPI_Comm comm, const Links& links) {
     h.leader_index_of[size_t(r)] = leader_index;
     h.local_rank_of[size_t(r)] = members++;
   }
+  // Equal nodes (the same on every rank: computed from the same world ranks and node list).
+  bool equal_nodes = true;
+  for (const auto& [node, index_and_members] : leader_index_and_members_of_node)
+    equal_nodes = equal_nodes && index_and_members.second == size / h.node_count();
+  if (equal_nodes) MPI_Comm_split(h.comm, local_rank, rank, &h.peers);
   return h;
 }
 
 void free_hierarchical(HierarchicalComm& h) {
-  for (MPI_Comm* c : {&h.leaders, &h.intra, &h.comm}) {
+  for (MPI_Comm* c : {&h.peers, &h.leaders, &h.intra, &h.comm}) {
     if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
   }
   h = HierarchicalComm{};

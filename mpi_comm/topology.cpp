@@ -94,18 +94,29 @@ void validate_options(const LayoutConfig& config, int world_size) {
   }
 }
 
-std::vector<int> virtual_nodes(int world_size, int ranks_per_node) {
-  std::vector<int> node_of(static_cast<size_t>(world_size));
-  for (int r = 0; r < world_size; ++r) node_of[size_t(r)] = r / ranks_per_node;
-  return node_of;
+std::string comma_list_or_dash(const std::vector<int>& values) {
+  std::string text;
+  for (int value : values) {
+    if (!text.empty()) text += ',';
+    text += std::to_string(value);
+  }
+  return text.empty() ? "-" : text;
 }
 
-// Real nodes, numbered in order of their lowest world rank so the numbering does not depend on
-// the order MPI lists the nodes in.
-std::vector<int> real_nodes(MPI_Comm world) {
-  int world_rank = 0, world_size = 0;
-  MPI_Comm_rank(world, &world_rank);
+}  // namespace
+
+std::vector<int> node_list(MPI_Comm world, int ranks_per_node) {
+  int world_size = 0;
   MPI_Comm_size(world, &world_size);
+  if (ranks_per_node > 0) {
+    std::vector<int> node_of(static_cast<size_t>(world_size));
+    for (int r = 0; r < world_size; ++r) node_of[size_t(r)] = r / ranks_per_node;
+    return node_of;
+  }
+  // Real nodes, numbered in order of their lowest world rank so the numbering does not depend on
+  // the order MPI lists the nodes in.
+  int world_rank = 0;
+  MPI_Comm_rank(world, &world_rank);
   MPI_Comm node_comm;
   MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, world_rank, MPI_INFO_NULL, &node_comm);
   int lowest_on_my_node = 0;
@@ -121,17 +132,6 @@ std::vector<int> real_nodes(MPI_Comm world) {
   for (int r = 0; r < world_size; ++r) node_of[size_t(r)] = node_of_lowest[lowest_of[size_t(r)]];
   return node_of;
 }
-
-std::string comma_list_or_dash(const std::vector<int>& values) {
-  std::string text;
-  for (int value : values) {
-    if (!text.empty()) text += ',';
-    text += std::to_string(value);
-  }
-  return text.empty() ? "-" : text;
-}
-
-}  // namespace
 
 const char* role_name(Role role) {
   switch (role) {
@@ -167,9 +167,7 @@ Topology::Topology(MPI_Comm world, const LayoutConfig& config) : config_(config)
     shard_server_.push_back(servers[size_t(shard) % servers.size()]);
   }
 
-  std::vector<int> node_of = config_.ranks_per_node > 0
-                                 ? virtual_nodes(world_size_, config_.ranks_per_node)
-                                 : real_nodes(world);
+  std::vector<int> node_of = node_list(world, std::max(0, config_.ranks_per_node));
   node_count_ = *std::max_element(node_of.begin(), node_of.end()) + 1;
   links_ = std::make_unique<Links>(std::move(node_of), config_.links, world);
 

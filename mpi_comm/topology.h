@@ -58,6 +58,10 @@ struct HierarchicalComm {
   MPI_Comm comm = MPI_COMM_NULL;
   MPI_Comm intra = MPI_COMM_NULL;
   MPI_Comm leaders = MPI_COMM_NULL;
+  // The ranks of the same local rank on every node (one per node), when every node holds the
+  // same number of ranks; MPI_COMM_NULL otherwise. The inter-node step of allreduce_sum runs over
+  // it, each local rank for its own share of the data.
+  MPI_Comm peers = MPI_COMM_NULL;
   std::vector<int> world_ranks;  // world rank of every rank of `comm`, in comm order
   // For every rank of `comm`: its rank in `intra`, and the `leaders` rank of its node's leader.
   std::vector<int> local_rank_of;
@@ -110,6 +114,10 @@ class Topology {
 
 // Builds the node structure of any communicator whose ranks' nodes `links` knows (collective
 // over `comm`).
+// The node of every rank of `world` (collective): virtual nodes of `ranks_per_node` consecutive
+// ranks, or with 0 the real (shared-memory) nodes numbered in order of their lowest rank.
+std::vector<int> node_list(MPI_Comm world, int ranks_per_node);
+
 HierarchicalComm make_hierarchical(MPI_Comm comm, const Links& links);
 // Frees the communicators of `h` (collective over h.comm) and leaves it empty.
 void free_hierarchical(HierarchicalComm& h);

@@ -22,15 +22,18 @@ double parse_override(const char* text) {
   char* end = nullptr;
   const double seconds = std::strtod(text, &end);
   if (value.empty() || *end != '\0' || !std::isfinite(seconds) || seconds < 0) {
-    throw ConfigError("RLFUSION_WAIT_POLL_SECONDS must be a number of seconds >= 0 or 'inf', got '" +
-                      value + "'");
+    throw ConfigError(
+        "RLFUSION_WAIT_POLL_SECONDS must be a number of seconds >= 0 or 'inf', got '" + value +
+        "'");
   }
   return seconds;
 }
 
 }  // namespace
 
-double poll_before_sleep_seconds() { return g_poll_seconds; }
+double poll_before_sleep_seconds() {
+  return g_poll_seconds;
+}
 
 double wait_poll_window(int ranks_on_node, int online_cpus, const char* override_text) {
   if (override_text != nullptr) return parse_override(override_text);
@@ -53,9 +56,8 @@ void choose_wait_policy(MPI_Comm world) {
   if (override_text != nullptr) {
     std::snprintf(line, sizeof line, "RLFUSION_WAIT_POLL_SECONDS=%s", override_text);
   } else {
-    std::snprintf(line, sizeof line, "%d rank(s) on this node, %d online CPU(s): %s",
-                  ranks_on_node, online_cpus,
-                  std::isinf(g_poll_seconds) ? "a core each" : "oversubscribed");
+    std::snprintf(line, sizeof line, "%d rank(s) on this node, %d online CPU(s): %s", ranks_on_node,
+                  online_cpus, std::isinf(g_poll_seconds) ? "a core each" : "oversubscribed");
   }
   g_reason = line;
 }
@@ -63,8 +65,7 @@ void choose_wait_policy(MPI_Comm world) {
 std::string describe_wait_policy() {
   char line[300];
   if (std::isinf(g_poll_seconds)) {
-    std::snprintf(line, sizeof line, "waits poll until their message comes (%s)",
-                  g_reason.c_str());
+    std::snprintf(line, sizeof line, "waits poll until their message comes (%s)", g_reason.c_str());
   } else {
     std::snprintf(line, sizeof line, "waits poll %.0f us, then sleep with back-off (%s)",
                   g_poll_seconds * 1e6, g_reason.c_str());

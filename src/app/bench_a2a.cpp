@@ -78,30 +78,6 @@ std::vector<int> routing_of(uint64_t seed, int origin, const A2aOptions& o) {
   return idx;
 }
 
-// Node of every world rank: virtual nodes, or the real ones numbered by their lowest rank.
-std::vector<int> node_list(int ranks_per_node, int world_rank, int world_size) {
-  std::vector<int> node_of(static_cast<size_t>(world_size));
-  if (ranks_per_node > 0) {
-    for (int r = 0; r < world_size; ++r) node_of[size_t(r)] = r / ranks_per_node;
-    return node_of;
-  }
-  MPI_Comm shared;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank, MPI_INFO_NULL, &shared);
-  int lowest = world_rank;
-  MPI_Allreduce(MPI_IN_PLACE, &lowest, 1, MPI_INT, MPI_MIN, shared);
-  MPI_Comm_free(&shared);
-  std::vector<int> lowest_of(static_cast<size_t>(world_size));
-  MPI_Allgather(&lowest, 1, MPI_INT, lowest_of.data(), 1, MPI_INT, MPI_COMM_WORLD);
-  std::vector<int> leaders(lowest_of);
-  std::sort(leaders.begin(), leaders.end());
-  leaders.erase(std::unique(leaders.begin(), leaders.end()), leaders.end());
-  for (int r = 0; r < world_size; ++r) {
-    node_of[size_t(r)] = int(
-        std::lower_bound(leaders.begin(), leaders.end(), lowest_of[size_t(r)]) - leaders.begin());
-  }
-  return node_of;
-}
-
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
@@ -171,7 +147,7 @@ int run_bench_a2a_command(const std::vector<std::string>& args) {
   LinkEmulation emulation{o.inter_bandwidth, o.inter_latency};
   emulation.validate();
 
-  Links links(node_list(o.ranks_per_node, rank, size), emulation);
+  Links links(node_list(MPI_COMM_WORLD, o.ranks_per_node), emulation);
   MPI_Comm group;
   MPI_Comm_split(MPI_COMM_WORLD, rank / ep, rank, &group);
   HierarchicalComm h = make_hierarchical(group, links);

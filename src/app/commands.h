@@ -13,6 +13,7 @@ int run_eval_command(const std::vector<std::string>& args);
 int run_bench_kernels_command(const std::vector<std::string>& args);
 int run_bench_queue_command(const std::vector<std::string>& args);
 int run_bench_a2a_command(const std::vector<std::string>& args);
+int run_bench_allreduce_command(const std::vector<std::string>& args);
 int run_bench_modes_command(const std::vector<std::string>& args);
 int run_bench_overlap_command(const std::vector<std::string>& args);
 int run_bench_checkpoint_command(const std::vector<std::string>& args);

@@ -65,6 +65,7 @@ int dispatch(const std::vector<std::string>& words) {
         {"kernels", rlf::run_bench_kernels_command},
         {"queue", rlf::run_bench_queue_command},
         {"a2a", rlf::run_bench_a2a_command},
+        {"allreduce", rlf::run_bench_allreduce_command},
         {"modes", rlf::run_bench_modes_command},
         {"overlap", rlf::run_bench_overlap_command},
         {"checkpoint", rlf::run_bench_checkpoint_command},

@@ -60,8 +60,10 @@ CountedBytes counted_bytes(const RuntimeRun& r) {
     (any_inter ? out.inter : out.intra) += queue;
     return out;
   }
-  // Fused: each step's gradients summed over every rank (hierarchical all-reduce: a tree inside
-  // each node, a ring among node leaders, a tree back: intra 2 (P - N) b, inter 2 (N - 1) b). With
+  // Fused: each step's gradients summed over every rank (hierarchical all-reduce: a
+  // reduce-scatter inside each node, a ring per share among the nodes, an allgather back; or
+  // through the node leaders when nodes differ in size: either way intra 2 (P - N) b, inter
+  // 2 (N - 1) b, hierarchical_collectives.h). With
   // expert parallelism only the replicated tensors go over all ranks, and dispatch depends on the
   // routing.
   out.exact = r.expert_parallel == 1;

@@ -382,5 +382,37 @@ TEST(BenchA2a, FourRanksOnTwoNodesMatchTheReferenceAndTheRoutingCount) {
   }
 }
 
+// `bench allreduce` on 2 ranks (one node) and on 4 ranks in 2 virtual nodes: every algorithm's
+// result equals the float64 sum on every rank; the byte model's totals (intra 2 b (P - N), inter
+// 2 b (N - 1)) for shares and leaders; inside one node shares and leaders agree bit for bit.
+TEST(BenchAllreduce, AlgorithmsSumCorrectlyWithTheModelsBytes) {
+  for (const auto& [ranks, per_node] : {std::pair{2, 0}, std::pair{4, 2}}) {
+    SCOPED_TRACE(std::to_string(ranks) + " ranks");
+    const Result r =
+        mpirun(ranks, "bench allreduce --sizes 0.5,3 --repeats 3 --json" +
+                          (per_node > 0 ? " --ranks-per-node " + std::to_string(per_node) : ""));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const std::string json = r.output.substr(r.output.find("{\"bench\":\"allreduce\""));
+    const int nodes = per_node > 0 ? ranks / per_node : 1;
+    EXPECT_EQ(test::json_number(json, "nodes"), nodes);
+    int rows = 0;
+    for (size_t at = json.find("{\"bytes\""); at != std::string::npos;
+         at = json.find("{\"bytes\"", at + 1)) {
+      const std::string row = json.substr(at, json.find('}', at) - at);
+      ++rows;
+      EXPECT_EQ(test::json_number(row, "wrong"), 0) << row;
+      EXPECT_NE(row.find("\"identical_on_every_rank\":true"), std::string::npos) << row;
+      const double b = test::json_number(row, "bytes");
+      if (row.find("\"algorithm\":\"flat\"") != std::string::npos) continue;
+      EXPECT_EQ(test::json_number(row, "intra_node_bytes"), 2 * b * (ranks - nodes)) << row;
+      EXPECT_EQ(test::json_number(row, "inter_node_bytes"), 2 * b * (nodes - 1)) << row;
+      if (nodes == 1) {
+        EXPECT_NE(row.find("\"same_bits_as_leaders\":true"), std::string::npos) << row;
+      }
+    }
+    EXPECT_EQ(rows, 6) << json;
+  }
+}
+
 }  // namespace
 }  // namespace rlf

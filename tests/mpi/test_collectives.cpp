@@ -123,7 +123,7 @@ TEST(Allreduce, IntegerValuedDataIsExact) {
 // The byte model of hierarchical_collectives.h with c = 6000 floats (b = 24000 bytes, one bucket;
 // 6000 is divisible by every rank and node count here), P ranks, N = P / R nodes:
 //   flat ring:    total 2 b (P - 1), inter 2 b (P - 1) / R (N ring edges cross nodes, N >= 2)
-//   hierarchical: intra 2 b (P - N), inter 2 b (N - 1)
+//   hierarchical: intra 2 b (P - N) in 2 P (R - 1) messages, inter 2 b (N - 1) in 2 P (N - 1)
 // e.g. 4 ranks, R = 2: flat inter 72000 vs hierarchical 48000; 6 ranks, R = 2: 120000 vs 96000;
 // 6 ranks, R = 3: 80000 vs 48000.
 TEST(Allreduce, ByteCountsFollowTheModel) {
@@ -149,11 +149,71 @@ TEST(Allreduce, ByteCountsFollowTheModel) {
     LinkCounters hierarchical = test::world_total(world.links.counters());
     EXPECT_EQ(hierarchical.bytes[0], 2 * b * (P - N));
     EXPECT_EQ(hierarchical.bytes[1], 2 * b * (N - 1));
-    EXPECT_EQ(hierarchical.messages[0], 2 * (P - N));
-    EXPECT_EQ(hierarchical.messages[1], N * 2 * (N - 1));
+    EXPECT_EQ(hierarchical.messages[0], 2 * P * (uint64_t(ranks_per_node) - 1));
+    EXPECT_EQ(hierarchical.messages[1], 2 * P * (N - 1));
+    // Every rank's links carry its share: 2 b (R - 1) / R inside the node.
+    EXPECT_EQ(world.links.counters().bytes[0],
+              2 * b * (uint64_t(ranks_per_node) - 1) / uint64_t(ranks_per_node));
     if (ranks_per_node >= 2 && N >= 2) {
       EXPECT_LT(hierarchical.bytes[1], flat.bytes[1]);
     }
+  }
+}
+
+// Inside one node every element is summed in the binomial tree's order (rank 0 adds rank 1, then
+// ranks 2 and 3 summed likewise, ...), wherever it lies in the buffer: the bits of the serial
+// tree sum, for uneven shares (1001 floats), fewer floats than ranks (3) and several buckets.
+TEST(Allreduce, OneNodeSumsEveryElementInTheTreeOrder) {
+  const int size = world_size();
+  for (auto [count, bucket_bytes] : {std::pair<int64_t, uint64_t>{1001, kDefaultBucketBytes},
+                                     {3, kDefaultBucketBytes},
+                                     {1001, 256}}) {
+    SCOPED_TRACE("count " + std::to_string(count) + ", bucket " + std::to_string(bucket_bytes));
+    std::vector<std::vector<float>> partial;
+    for (int r = 0; r < size; ++r) partial.push_back(rank_data(r, count, "tree order"));
+    for (int mask = 1; mask < size; mask <<= 1) {
+      for (int r = 0; r + mask < size; r += 2 * mask) {
+        for (int64_t i = 0; i < count; ++i)
+          partial[size_t(r)][size_t(i)] += partial[size_t(r + mask)][size_t(i)];
+      }
+    }
+    VirtualNodeWorld world(size);
+    auto data = rank_data(world_rank(), count, "tree order");
+    allreduce_sum(data.data(), count, world.h, world.links, bucket_bytes);
+    EXPECT_EQ(std::memcmp(data.data(), partial[0].data(), size_t(count) * sizeof(float)), 0);
+  }
+}
+
+// A group spanning nodes unevenly (the first 3 ranks of nodes of 2: nodes of 2 and 1) goes through
+// the node leaders: the serial sum on every rank, intra 2 b (P - N) bytes in 2 (P - N) messages,
+// inter 2 b (N - 1) in 2 N (N - 1).
+TEST(Allreduce, UnevenNodesGoThroughTheLeaders) {
+  if (world_size() < 3) GTEST_SKIP() << "needs 3 ranks";
+  Links links(test::virtual_node_list(world_size(), 2), {});
+  MPI_Comm three = MPI_COMM_NULL;
+  MPI_Comm_split(MPI_COMM_WORLD, world_rank() < 3 ? 0 : MPI_UNDEFINED, world_rank(), &three);
+  if (three != MPI_COMM_NULL) {
+    HierarchicalComm h = make_hierarchical(three, links);
+    EXPECT_EQ(h.peers, MPI_COMM_NULL);
+    const int64_t count = 1001;
+    const uint64_t b = count * sizeof(float);
+    std::vector<double> serial(size_t(count), 0.0);
+    for (int r = 0; r < 3; ++r) {
+      const auto d = rank_data(r, count, "uneven");
+      for (int64_t i = 0; i < count; ++i) serial[size_t(i)] += d[size_t(i)];
+    }
+    auto data = rank_data(world_rank(), count, "uneven");
+    allreduce_sum(data.data(), count, h, links);
+    for (int64_t i = 0; i < count; ++i) EXPECT_NEAR(data[size_t(i)], serial[size_t(i)], 1e-5) << i;
+    LinkCounters total = links.counters();
+    MPI_Allreduce(MPI_IN_PLACE, total.bytes.data(), 2, MPI_UINT64_T, MPI_SUM, three);
+    MPI_Allreduce(MPI_IN_PLACE, total.messages.data(), 2, MPI_UINT64_T, MPI_SUM, three);
+    EXPECT_EQ(total.bytes[0], 2 * b);
+    EXPECT_EQ(total.bytes[1], 2 * b);
+    EXPECT_EQ(total.messages[0], 2u);
+    EXPECT_EQ(total.messages[1], 4u);
+    free_hierarchical(h);
+    MPI_Comm_free(&three);
   }
 }
 
