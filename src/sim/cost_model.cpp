@@ -44,6 +44,26 @@ double ring_allreduce_seconds(double bytes, int ranks, const Link& link, double 
   return 2 * (n - 1) / n * bytes / link.bandwidth + buckets * 2 * (n - 1) * link.latency;
 }
 
+double hierarchical_allreduce_seconds(double bytes, int ranks, int stride, const ClusterConfig& c,
+                                      double bucket_bytes) {
+  if (ranks <= 1 || bytes <= 0) return 0;
+  const int per_node = std::clamp(c.devices_per_node / std::max(1, stride), 1, ranks);
+  const int nodes = (ranks + per_node - 1) / per_node;
+  double seconds = 0;
+  if (per_node > 1) {
+    const Link& intra = c.link(LinkLevel::IntraNode);
+    const double n = per_node;
+    seconds += 2 * (n - 1) / n * bytes / intra.bandwidth +
+               std::ceil(bytes / bucket_bytes) * 2 * (n - 1) * intra.latency;
+  }
+  if (nodes > 1) {
+    seconds += ring_allreduce_seconds(bytes / per_node, nodes,
+                                      c.link(c.level_spanned(int64_t(ranks) * stride)),
+                                      bucket_bytes / per_node);
+  }
+  return seconds;
+}
+
 double ring_allgather_seconds(double bytes, int ranks, const Link& link) {
   if (ranks <= 1 || bytes <= 0) return 0;
   const double n = ranks;
@@ -205,12 +225,15 @@ Training training_cost(const ModelShape& m, const ClusterConfig& c, const RlJob&
                         micro_batch_token_excess(job, micro_tokens, p.ep) +
                     operations * c.expert_exchange_lockstep;
   }
-  const Link& dp_link = c.link(c.level_spanned(int64_t(p.devices())));
+  // The runtime's hierarchical all-reduce over the ranks holding the same tensors: the
+  // replicated ones over the DP group (TP x PP apart in the device order), the experts over the
+  // ranks holding the same ones (on average devices / expert_dp apart).
   const double expert_dp = double(p.dp) * p.tp / p.ep;
   t.gradient_sync =
-      ring_allreduce_seconds(m.replicated / (p.tp * p.pp) * job.gradient_bytes, p.dp, dp_link) +
-      ring_allreduce_seconds(m.routed / (p.ep * p.pp) * job.gradient_bytes, int(expert_dp),
-                             dp_link);
+      hierarchical_allreduce_seconds(m.replicated / (p.tp * p.pp) * job.gradient_bytes, p.dp,
+                                     p.tp * p.pp, c) +
+      hierarchical_allreduce_seconds(m.routed / (p.ep * p.pp) * job.gradient_bytes, int(expert_dp),
+                                     int(std::max(1.0, p.devices() / std::max(1.0, expert_dp))), c);
 
   // Memory: weights and gradients whole, optimizer states sharded over data parallelism
   // (distributed optimizer), the reference's weights, and the activations of the micro-batches

@@ -99,6 +99,14 @@ SwitchParameters generation_switch(const ModelShape& model, const Parallelism& t
 // `bucket_bytes`: 2 (n - 1) / n of the bytes out of each device, 2 (n - 1) messages a bucket.
 double ring_allreduce_seconds(double bytes, int ranks, const Link& link,
                               double bucket_bytes = 4.0 * (1 << 20));
+// The runtime's hierarchical all-reduce (mpi_comm/hierarchical_collectives.h) of `bytes` per
+// device over `ranks` devices `stride` apart in the device order: the n = devices_per_node /
+// stride of them sharing a node (at least 1, at most `ranks`) reduce-scatter and allgather inside
+// it, 2 (n - 1) / n of the bytes over the intra-node link and 2 (n - 1) messages a bucket; each
+// share's ring runs among the ceil(ranks / n) nodes on the link spanning the group, over bytes / n.
+// One rank a node: the ring over all of them.
+double hierarchical_allreduce_seconds(double bytes, int ranks, int stride, const ClusterConfig& c,
+                                      double bucket_bytes = 4.0 * (1 << 20));
 // Ring allgather of `bytes` in all (each of `ranks` devices contributes bytes / ranks) on `link`:
 // (n - 1) / n of the bytes into each device, n - 1 messages.
 double ring_allgather_seconds(double bytes, int ranks, const Link& link);

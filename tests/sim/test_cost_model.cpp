@@ -215,6 +215,32 @@ TEST(CostModel, RingAllreduceAndRemoteOwnersByHand) {
   EXPECT_DOUBLE_EQ(remote_owners(1, 2, 4), 0);
 }
 
+// The runtime's hierarchical all-reduce: nodes of 4 devices (10 GB/s, 1 us), 2 nodes a supernode
+// (1 GB/s, 10 us between them), supernodes 0.5 GB/s and 20 us apart.
+TEST(CostModel, HierarchicalAllreduceByHand) {
+  ClusterConfig c = flops_only();
+  c.intra_node = {10e9, 1e-6};
+  c.intra_supernode = {1e9, 10e-6};
+  c.inter_supernode = {0.5e9, 20e-6};
+  const double b = 8 << 20;  // 2 buckets of 4 MiB
+  // 8 ranks side by side (one supernode): 4 a node reduce-scatter and allgather (2 x 3/4 of b at
+  // 10 GB/s, 2 buckets x 6 messages), then each quarter's ring over the 2 nodes (2 x 1/2 x b/4 at
+  // 1 GB/s, 2 buckets of 1 MiB x 2 messages).
+  EXPECT_DOUBLE_EQ(hierarchical_allreduce_seconds(b, 8, 1, c),
+                   1.5 * b / 10e9 + 12e-6 + (b / 4 / 1e9 + 4 * 10e-6));
+  // 4 apart (one a node, 32 devices spanned): the ring over all 8 across supernodes, as before.
+  EXPECT_DOUBLE_EQ(hierarchical_allreduce_seconds(b, 8, 4, c),
+                   ring_allreduce_seconds(b, 8, c.inter_supernode));
+  EXPECT_DOUBLE_EQ(hierarchical_allreduce_seconds(b, 8, 8, c),
+                   ring_allreduce_seconds(b, 8, c.inter_supernode));
+  // 2 apart: 2 a node, 4 nodes (16 devices spanned).
+  EXPECT_DOUBLE_EQ(hierarchical_allreduce_seconds(b, 8, 2, c),
+                   b / 10e9 + 4e-6 + ring_allreduce_seconds(b / 2, 4, c.inter_supernode, 2 << 20));
+  // Inside one node: no inter-node ring.
+  EXPECT_DOUBLE_EQ(hierarchical_allreduce_seconds(b, 4, 1, c), 1.5 * b / 10e9 + 12e-6);
+  EXPECT_EQ(hierarchical_allreduce_seconds(b, 1, 1, c), 0);
+}
+
 TEST(CostModel, TrainingComputeByHand) {
   const ModelShape m = model_shape(load_model_config("tiny"));
   const RlJob job = fixed_job(4, 2, 8, 4, 4);
