@@ -52,8 +52,10 @@ class Tally {
 };
 
 // The tokens of N whose routed experts this rank computes: all of them, or with the token split
-// on its own experts (TP without EP, MoeBlock::routed_forward_local) its TP rank's share. (TP x
-// EP's split through the dispatchers is counted as all: an upper bound.)
+// its TP rank's share: on its own experts (TP without EP, MoeBlock::routed_forward_local), or
+// dispatched over its EP group (TP x EP, routed_forward_ep: the rank then receives, as every EP
+// count here assumes, the balanced share of its group's dispatched rows, i.e. as many as it
+// dispatched).
 struct RoutedShare {
   bool split = false;
   TensorSlice slice;
@@ -63,8 +65,7 @@ struct RoutedShare {
 };
 
 RoutedShare routed_share(const ParameterLayout& layout, bool expert_token_split) {
-  return {expert_token_split && layout.tensor_slice().active() && !layout.expert_sharded(),
-          layout.tensor_slice()};
+  return {expert_token_split && layout.tensor_slice().active(), layout.tensor_slice()};
 }
 
 // --- kernel scratch (kernels/cpu/*.cpp) ---
@@ -298,7 +299,9 @@ void layer_backward(Tally& t, const ModelConfig& config, const ParameterLayout& 
     t.scratch(expert_ffn_backward_scratch(N, 1, layout.shared_width()));
   }
   t.hold<float>(N * K);  // dweight
-  if (share.split) {
+  if (share.split && !layout.expert_sharded()) {
+    // routed_backward_local's buffers of this rank's rows (the EP path's come from the
+    // dispatcher, outside the arena).
     t.hold<float>(own * C);  // dx_rows
     t.hold<float>(rows);     // dweight_rows
   }

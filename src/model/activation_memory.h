@@ -3,9 +3,10 @@
 // model config, the parameter layout and the batch's lengths, so that a layout's memory can be
 // planned before any work and checked against the arena's measured phase peak. A layout with a
 // tensor slice counts a TP rank's: its heads' Q, K, V, attention output, KV cache and their
-// gradients, its slice of the shared expert; with `expert_token_split` (TP without EP,
-// Transformer::set_expert_token_split) its share of the routed rows. (TP x EP's split is counted
-// as if every TP rank computed all rows' routed experts: an upper bound.)
+// gradients, its slice of the shared expert; with `expert_token_split`
+// (Transformer::set_expert_token_split, TP alone or TP x EP) its share of the routed rows. An
+// expert-sharded layout counts the balanced share of its EP group's rows (what a uniform router
+// gives on average: a rank receiving more holds more).
 #pragma once
 
 #include <cstddef>
