@@ -19,7 +19,9 @@
 //   local rank r (the peers), and an allgather of the shares inside the node (n - 1 messages a
 //   rank): intra 2(P - N) b bytes in 2 P (n - 1) messages, inter 2(N - 1) b bytes in
 //   2 P (N - 1) messages, empty shares included. Every rank's links carry 1 / n of the node's
-//   traffic, where a tree through the leader has it carry all of it.
+//   traffic, where a tree through the leader has it carry all of it. (A call of a few bytes pays
+//   2 (n - 1) message latencies inside the node against the tree's 2 ceil(log2 n); the callers
+//   reduce gradients, megabytes a call, and pack small ranges into one call.)
 //   Nodes of different sizes (a group spanning nodes unevenly): binomial reduce inside each
 //   node, ring among the N leaders, binomial broadcast inside each node: the same bytes, intra
 //   in 2(P - N) messages, inter in 2 N (N - 1).
