@@ -72,15 +72,20 @@ void tree_broadcast(void* data, uint64_t bytes, int root, MPI_Comm comm, Links& 
   }
 }
 
+// The first float of share `i` when `count` floats are cut into `parts` shares (the first
+// count % parts one float longer; share i is [share_begin(i), share_begin(i + 1))): the ring's
+// chunks and the node's shares.
+int64_t share_begin(int64_t count, int parts, int i) {
+  return int64_t(i) * (count / parts) + std::min<int64_t>(i, count % parts);
+}
+
 // Ring allreduce: reduce-scatter then allgather, each m - 1 steps to the next rank. Chunk c is
 // summed in ring order starting at rank c and then copied, so every rank ends bit-identical.
 void ring_allreduce_sum(float* data, int64_t count, MPI_Comm comm, Links& links,
                         std::vector<float>& scratch) {
   int rank = rank_in(comm), size = size_of(comm);
   if (size == 1) return;
-  auto chunk_begin = [&](int chunk) {
-    return int64_t(chunk) * (count / size) + std::min<int64_t>(chunk, count % size);
-  };
+  auto chunk_begin = [&](int chunk) { return share_begin(count, size, chunk); };
   auto chunk_length = [&](int chunk) { return chunk_begin(chunk + 1) - chunk_begin(chunk); };
   int next = (rank + 1) % size, previous = (rank - 1 + size) % size;
   scratch.resize(size_t(chunk_length(0)));
@@ -103,12 +108,6 @@ void ring_allreduce_sum(float* data, int64_t count, MPI_Comm comm, Links& links,
                    data + chunk_begin(recv_chunk),
                    uint64_t(chunk_length(recv_chunk)) * sizeof(float), previous, kTagRing, comm);
   }
-}
-
-// [begin, end) of share `i` of `count` floats cut into `parts` (the first count % parts one float
-// longer), as the ring's chunks are cut.
-int64_t share_begin(int64_t count, int parts, int i) {
-  return int64_t(i) * (count / parts) + std::min<int64_t>(i, count % parts);
 }
 
 // Reduce-scatter inside a node: local rank r ends with the node's sum of share r of `data`, summed

@@ -24,6 +24,7 @@
 #include "mpi_comm/expert_dispatch.h"
 #include "mpi_comm/links.h"
 #include "mpi_comm/topology.h"
+#include "src/app/bench_timing.h"
 #include "src/app/build_info.h"
 #include "src/app/commands.h"
 #include "src/app/options.h"
@@ -76,22 +77,6 @@ std::vector<int> routing_of(uint64_t seed, int origin, const A2aOptions& o) {
     }
   }
   return idx;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-double max_over_world(double mine) {
-  MPI_Allreduce(MPI_IN_PLACE, &mine, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  return mine;
-}
-
-uint64_t sum_over_world(uint64_t mine) {
-  MPI_Allreduce(MPI_IN_PLACE, &mine, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
-  return mine;
 }
 
 struct ModeResult {

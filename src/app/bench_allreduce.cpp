@@ -81,11 +81,6 @@ std::vector<int64_t> parse_sizes(const std::string& text) {
   return floats;
 }
 
-uint64_t sum_over_world(uint64_t mine) {
-  MPI_Allreduce(MPI_IN_PLACE, &mine, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
-  return mine;
-}
-
 }  // namespace
 
 int run_bench_allreduce_command(const std::vector<std::string>& args) {

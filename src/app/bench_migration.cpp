@@ -65,11 +65,6 @@ double process_cpu_seconds() {
   return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
 }
 
-double max_over_world(double mine) {
-  MPI_Allreduce(MPI_IN_PLACE, &mine, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  return mine;
-}
-
 }  // namespace
 
 int run_bench_migration_command(const std::vector<std::string>& args) {

@@ -75,16 +75,6 @@ void validate(const OverlapOptions& o, int world_size) {
   }
 }
 
-double max_over_world(double mine) {
-  MPI_Allreduce(MPI_IN_PLACE, &mine, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  return mine;
-}
-
-uint64_t sum_over_world(uint64_t mine) {
-  MPI_Allreduce(MPI_IN_PLACE, &mine, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
-  return mine;
-}
-
 // A barrier that sleeps instead of busy-polling: a rank that finished first must not take the
 // core of one still computing.
 void quiet_barrier() {

@@ -27,6 +27,7 @@
 #include "kernels/device.h"
 #include "kernels/error.h"
 #include "kernels/rng.h"
+#include "src/app/bench_timing.h"
 #include "src/app/build_info.h"
 #include "src/app/commands.h"
 #include "src/app/options.h"
@@ -51,11 +52,6 @@ struct RebalanceBenchOptions {
   int overlap_chunks = 1;    // --ep-overlap-chunks
   RebalanceOptions rebalance;
 };
-
-double max_over_world(double mine) {
-  MPI_Allreduce(MPI_IN_PLACE, &mine, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  return mine;
-}
 
 // This rank's synthetic samples of step `step`: a 4-token prompt and a response of random
 // characters, behaviour log-prob -2 per token, advantages +-1; a pure function of (seed, step,

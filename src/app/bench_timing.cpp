@@ -17,6 +17,16 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+double max_over_world(double mine) {
+  MPI_Allreduce(MPI_IN_PLACE, &mine, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return mine;
+}
+
+uint64_t sum_over_world(uint64_t mine) {
+  MPI_Allreduce(MPI_IN_PLACE, &mine, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+  return mine;
+}
+
 std::vector<double> time_interleaved(const std::vector<std::function<void()>>& bodies,
                                      int repeats) {
   using Clock = std::chrono::steady_clock;

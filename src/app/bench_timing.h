@@ -2,6 +2,7 @@
 // reports the median of its repeats, so slow drift of the machine hits all sides alike.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -9,6 +10,10 @@
 namespace rlf {
 
 double median(std::vector<double> values);
+// The largest / the sum of every rank's value over MPI_COMM_WORLD (collective), for the tables'
+// slowest-rank times and all-rank counts.
+double max_over_world(double mine);
+uint64_t sum_over_world(uint64_t mine);
 // Returns each body's median wall time in seconds.
 std::vector<double> time_interleaved(const std::vector<std::function<void()>>& bodies, int repeats);
 // The CPUs this process may run on, e.g. "0" or "0-1" ("?" when unknown).
