@@ -108,6 +108,10 @@ std::string comma_list_or_dash(const std::vector<int>& values) {
 std::vector<int> node_list(MPI_Comm world, int ranks_per_node) {
   int world_size = 0;
   MPI_Comm_size(world, &world_size);
+  if (ranks_per_node < 0 || (ranks_per_node > 0 && world_size % ranks_per_node != 0)) {
+    throw ConfigError("--ranks-per-node " + std::to_string(ranks_per_node) +
+                      " does not divide the " + std::to_string(world_size) + " ranks");
+  }
   if (ranks_per_node > 0) {
     std::vector<int> node_of(static_cast<size_t>(world_size));
     for (int r = 0; r < world_size; ++r) node_of[size_t(r)] = r / ranks_per_node;

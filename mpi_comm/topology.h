@@ -115,7 +115,8 @@ class Topology {
 // Builds the node structure of any communicator whose ranks' nodes `links` knows (collective
 // over `comm`).
 // The node of every rank of `world` (collective): virtual nodes of `ranks_per_node` consecutive
-// ranks, or with 0 the real (shared-memory) nodes numbered in order of their lowest rank.
+// ranks, or with 0 the real (shared-memory) nodes numbered in order of their lowest rank. A
+// negative count or one that does not divide the ranks: ConfigError, the same on every rank.
 std::vector<int> node_list(MPI_Comm world, int ranks_per_node);
 
 HierarchicalComm make_hierarchical(MPI_Comm comm, const Links& links);

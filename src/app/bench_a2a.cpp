@@ -123,10 +123,6 @@ int run_bench_a2a_command(const std::vector<std::string>& args) {
     throw ConfigError("--tokens must be >= 0, --hidden >= 1 and --top-k in [1, --experts]");
   }
   if (!(o.skew >= 0)) throw ConfigError("--skew must be >= 0");
-  if (o.ranks_per_node < 0 || (o.ranks_per_node > 0 && size % o.ranks_per_node != 0)) {
-    throw ConfigError("--ranks-per-node " + std::to_string(o.ranks_per_node) +
-                      " does not divide the " + std::to_string(size) + " ranks");
-  }
   const int ep = o.ep == 0 ? size : o.ep;
   validate_expert_parallel(o.experts, ep, size);
   LinkEmulation emulation{o.inter_bandwidth, o.inter_latency};

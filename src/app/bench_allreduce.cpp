@@ -107,10 +107,6 @@ int run_bench_allreduce_command(const std::vector<std::string>& args) {
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   // Every check is arithmetic on the options and the world size: the same error on every rank.
   if (o.repeats < 3) throw ConfigError("--repeats must be >= 3, got " + std::to_string(o.repeats));
-  if (o.ranks_per_node < 0 || (o.ranks_per_node > 0 && size % o.ranks_per_node != 0)) {
-    throw ConfigError("--ranks-per-node " + std::to_string(o.ranks_per_node) +
-                      " does not divide the " + std::to_string(size) + " ranks");
-  }
   const std::vector<int64_t> sizes = parse_sizes(o.sizes);
   LinkEmulation emulation{o.inter_bandwidth, o.inter_latency};
   emulation.validate();

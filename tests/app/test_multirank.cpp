@@ -412,6 +412,11 @@ TEST(BenchAllreduce, AlgorithmsSumCorrectlyWithTheModelsBytes) {
     }
     EXPECT_EQ(rows, 6) << json;
   }
+  // Virtual nodes that do not divide the ranks: one message, exit code 2 (node_list's check).
+  const Result bad = mpirun(2, "bench allreduce --ranks-per-node 3");
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("--ranks-per-node 3 does not divide the 2 ranks"), std::string::npos)
+      << bad.output;
 }
 
 }  // namespace
