@@ -260,6 +260,10 @@ void copy_bytes(void* dst, const void* src, size_t bytes) {
     };
     if (cuda_memory(dst) || cuda_memory(src)) {
       check(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), "cudaMemcpy");
+      // cudaMemcpy returns before a device-to-device copy (and the DMA of a pageable host
+      // source) is done, and the kernels run on a non-blocking stream that does not wait for
+      // it: wait here, so the bytes are in place when copy_bytes returns.
+      check(cudaDeviceSynchronize(), "cudaDeviceSynchronize after cudaMemcpy");
       return;
     }
   }

@@ -6,14 +6,15 @@
 #   2. runs the CUDA kernel tests (every op against the reference on the GPU and on the CUDA
 #      emulator, the kernel-level end-to-end training steps against the CPU backend, device
 #      selection) and the CPU kernel tests;
-#   3. runs the kernels bench (GFLOP/s, GB/s, % of the measured GEMM and copy peaks);
+#   3. runs the GPU tests again under compute-sanitizer's memcheck and racecheck;
+#   4. runs the kernels bench (GFLOP/s, GB/s, % of the measured GEMM and copy peaks);
 # and writes its logs to $OUT (or build-gpu/logs): summary.txt first. Sized for 6 minutes on
 # 16 cores and one H200: each step has a time limit. Exit code 0 only if everything passed and
 # the GPU tests really ran on the GPU (not skipped).
 #
 # Environment: BUILD (build folder, default build-gpu), JOBS (default 16), OUT (logs),
 # CUDA_ARCHS (default 90: H100/H200), LIMIT_CONFIGURE / LIMIT_BUILD / LIMIT_TESTS /
-# LIMIT_CPU_TESTS / LIMIT_BENCH (seconds).
+# LIMIT_CPU_TESTS / LIMIT_MEMCHECK / LIMIT_RACECHECK / LIMIT_BENCH (seconds).
 set -uo pipefail
 
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -21,13 +22,17 @@ build=${BUILD:-$root/build-gpu}
 jobs=${JOBS:-16}
 archs=${CUDA_ARCHS:-90}
 out=${OUT:-$build/logs}
-# Time limits of the steps (seconds), adding up to 6 minutes on 16 cores (measured on 2 cores:
-# configure 8 s, build 219 s = 413 CPU seconds, tests 5 s); raise them on smaller machines.
-limit_configure=${LIMIT_CONFIGURE:-45}
-limit_build=${LIMIT_BUILD:-150}
-limit_tests=${LIMIT_TESTS:-60}
-limit_cpu_tests=${LIMIT_CPU_TESTS:-30}
-limit_bench=${LIMIT_BENCH:-75}
+# Time limits of the steps (seconds), adding up to under 6 minutes on 16 cores (measured on an
+# H200 with 16 cores: configure 10 s, build 16 s, tests 6 s, memcheck 2 s, racecheck 75 s, CPU
+# tests 1 s, bench 12 s; on 2 cores: configure 8-12 s, build 110-219 s); raise them on smaller
+# machines.
+limit_configure=${LIMIT_CONFIGURE:-30}
+limit_build=${LIMIT_BUILD:-60}
+limit_tests=${LIMIT_TESTS:-30}
+limit_cpu_tests=${LIMIT_CPU_TESTS:-20}
+limit_bench=${LIMIT_BENCH:-45}
+limit_memcheck=${LIMIT_MEMCHECK:-30}
+limit_racecheck=${LIMIT_RACECHECK:-120}
 mkdir -p "$out"
 summary="$out/summary.txt"
 : > "$summary"
@@ -92,6 +97,26 @@ grep -E '^\[  FAILED  \] .* \([0-9]+ ms\)$' "$tests" >> "$summary"
 if [ "$gpu_ran" -eq 0 ]; then
   say "  NO TEST RAN ON THE GPU (skipped: see the reason above)"
   status=1
+fi
+
+# compute-sanitizer over the GPU tests: memcheck (out-of-bounds and misaligned accesses, in global
+# and shared memory) and racecheck (shared-memory hazards between a block's threads). Its first
+# run on an H200 found a shared-memory read past the decode kernel's buffer, which the tests'
+# results could not show.
+sanitizer=$(command -v compute-sanitizer || true)
+if [ -n "$sanitizer" ]; then
+  for tool in memcheck racecheck; do
+    log_tool="$out/$tool.log"
+    : > "$log_tool"
+    limit_tool=$limit_memcheck
+    [ "$tool" = racecheck ] && limit_tool=$limit_racecheck
+    step "$tool" "$limit_tool" "$log_tool" "$sanitizer" --tool "$tool" --error-exitcode 3 \
+      "$build/tests/kernels/cuda_kernel_tests" --gtest_filter='*/gpu' || status=1
+    say "  $(grep -m1 -E '(ERROR|RACECHECK) SUMMARY' "$log_tool" | sed 's/^=* *//')" \
+        "$(grep -E '^\[  (PASSED|FAILED)  \]' "$log_tool" | head -1)"
+  done
+else
+  say "compute-sanitizer not found: memory and race checks not run"
 fi
 
 cpu_tests="$out/kernel_tests.log"

@@ -443,8 +443,11 @@ void attention_decode(float* out, const float* q, const float* k_cache, const fl
   float* d_out = ws.out(out, size_t(B) * H * D);
   float* scores = ws.scratch<float>(size_t(B) * H * size_t(max_len > 0 ? max_len : 1));
   const float scale = 1.0f / sqrtf(float(D));
-  RLF_LAUNCH(attention_decode_kernel, unsigned(B * H), 128, size_t(D) * sizeof(float), d_out,
-             scores, d_q, d_k, d_v, d_slots, d_lens, H, D, max_len, scale);
+  // q's row in shared memory, padded to whole 16-byte words: nvcc widens the dot product's
+  // shared loads (compute-sanitizer's memcheck on an H200 saw a 12-byte read past D = 13 floats).
+  const size_t q_shared = size_t((D + 3) / 4 * 4) * sizeof(float);
+  RLF_LAUNCH(attention_decode_kernel, unsigned(B * H), 128, q_shared, d_out, scores, d_q, d_k, d_v,
+             d_slots, d_lens, H, D, max_len, scale);
   ws.finish("attention_decode");
 }
 
