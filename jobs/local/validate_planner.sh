@@ -120,7 +120,8 @@ step_s = sum(walls[1:]) / (steps - 1) if steps > 1 else walls[0]
 generate_s = max(r["generate_s"] for r in report["ranks"]) / steps
 train_s = max(r["train_s"] for r in report["ranks"]) / steps
 # The router's concentration (the busiest expert over the mean one, averaged over the layers): a
-# property of the workload like the lengths above, recorded by the runtime with EP only (1 without).
+# property of the workload like the lengths above, recorded by every MoE `train` run (1 where a
+# trace has no router statistics: runs from before 2026-12-04 recorded them with EP only).
 router = report.get("router_max_over_mean", 0) or 1
 print(f'{prefix},{report["total"]["tokens"]},{generated},{step_s:.6f},{counter("intra")},'
       f'{counter("inter")},{peaks.get("generation", 0)},{peaks.get("training", 0)},'

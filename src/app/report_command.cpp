@@ -322,8 +322,8 @@ std::vector<std::vector<double>> routing_table(const TraceData& trace, int layer
   const std::vector<int> layers = router_layers(trace);
   if (layers.empty()) {
     throw ConfigError(
-        "report: --routing-trace: the trace has no router statistics (expert-parallel `train` "
-        "runs record them)");
+        "report: --routing-trace: the trace has no router statistics (`train` runs record "
+        "them)");
   }
   std::vector<std::vector<double>> steps = layer_routing(trace, layer);
   if (steps.empty()) {

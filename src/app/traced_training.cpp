@@ -1,5 +1,7 @@
 #include "src/app/traced_training.h"
 
+#include <algorithm>
+
 namespace rlf {
 
 StepStats train_on_rollouts_traced(Transformer<float>& model, AdamW<float>& optimizer,
@@ -25,7 +27,20 @@ StepStats train_on_rollouts_traced(Transformer<float>& model, AdamW<float>& opti
   const StepStats stats =
       optimize_on_rollouts(model, optimizer, rollouts, settings, parallel, gradient);
   traced.set_tokens(int64_t(stats.tokens / double(learners)));
+  record_local_router_loads(model, version, trace);
   return stats;
+}
+
+void record_local_router_loads(Transformer<float>& model, int step, TraceRecorder& trace) {
+  const ModelConfig& config = model.config();
+  for (int l = 0; l < config.n_layers; ++l) {
+    // (Another stage's layers: that stage records them. A dispatcher's layer: TrainRebalancer.)
+    if (!model.layout().stores_layer(l) || model.expert_dispatcher(l)) continue;
+    const std::vector<int64_t> tokens = model.take_local_expert_tokens(l);
+    if (std::all_of(tokens.begin(), tokens.end(), [](int64_t t) { return t == 0; })) continue;
+    for (int e = 0; e < config.n_experts; ++e)
+      trace.record_router_load({step, l, e, tokens[size_t(e)]});
+  }
 }
 
 }  // namespace rlf

@@ -19,4 +19,11 @@ StepStats train_on_rollouts_traced(Transformer<float>& model, AdamW<float>& opti
                                    const DataParallelHooks& parallel, int version, int learners,
                                    TraceRecorder& trace, const MinibatchGradient& gradient = {});
 
+// The router statistics of a run without expert parallelism, as an expert-parallel run records
+// its dispatchers' (TrainRebalancer): for each layer this rank stores and routes locally, the
+// tokens its training forwards sent to each expert since the last call
+// (Transformer::take_local_expert_tokens), recorded for `step` when any. train_on_rollouts_traced
+// calls it after each training step.
+void record_local_router_loads(Transformer<float>& model, int step, TraceRecorder& trace);
+
 }  // namespace rlf

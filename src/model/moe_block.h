@@ -91,6 +91,9 @@ class MoeBlock {
   // this block or of the one whose count it shares (share_row_count: a model's views count into
   // the model's).
   int64_t local_routed_rows() const { return *routed_rows_; }
+  // The rows of N whose routed experts this rank computes: all, or with the token split its TP
+  // rank's share.
+  RowShare own_rows(int N) const;
   void share_row_count(const MoeBlock& other) { routed_rows_ = other.routed_rows_; }
 
   // `expert_parallel`: whether forward will get a dispatcher (its routed buffers are then
@@ -128,9 +131,6 @@ class MoeBlock {
                                           OverlappedExperts& overlap) const;
   ResumablePass routed_backward_overlapped(MoeWeights<T> w, MoeWeights<T> g, const T* dout, T* dx,
                                            T* dweight, int N, OverlappedExperts& overlap) const;
-  // The rows of N whose routed experts this rank computes: all, or with the token split its TP
-  // rank's share.
-  RowShare own_rows(int N) const;
   // The routed experts of forward/backward on this rank without a dispatcher: every row, or with
   // the token split this rank's share (then allgathered over the TP group; float only).
   void routed_forward_local(MoeWeights<T> w, const T* x, T* out, int N, MoeActivations<T>& a) const;

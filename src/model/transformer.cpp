@@ -2,6 +2,7 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
@@ -41,7 +42,9 @@ Transformer<T>::Transformer(const ModelConfig& config, const Ops<T>& ops, Arena&
       ops_(ops),
       device_(device),
       moe_(config_, ops, device),
-      tp_(tp) {
+      tp_(tp),
+      local_expert_tokens_(std::make_shared<std::vector<int64_t>>(
+          size_t(config.n_layers) * size_t(config.n_experts), 0)) {
   if (tp && tp->slice().splits_shared_expert())
     moe_.set_tensor_parallel(tp, layout_.shared_width());
   params_ = device_.allocate<T>(size_t(layout_.total()), "model parameters");
@@ -62,7 +65,8 @@ Transformer<T>::Transformer(const Transformer& shared, Arena& activations)
       experts_(shared.experts_),
       expert_grads_(shared.expert_grads_),
       view_(shared.view_),
-      stitch_(shared.stitch_) {
+      stitch_(shared.stitch_),
+      local_expert_tokens_(shared.local_expert_tokens_) {
   if (tp_ && tp_->slice().splits_shared_expert())
     moe_.set_tensor_parallel(tp_, layout_.shared_width());
   moe_.set_token_split(shared.moe_.token_split());
@@ -80,7 +84,8 @@ Transformer<T>::Transformer(const Transformer& storage, ExpertTable<T> experts)
       params_(storage.params_),
       experts_(std::move(experts)),
       view_(true),
-      stitch_(storage.stitch_) {
+      stitch_(storage.stitch_),
+      local_expert_tokens_(storage.local_expert_tokens_) {
   if (experts_.layers() != config_.n_layers || !experts_.complete() ||
       experts_.shard().first + experts_.shard().count > config_.n_experts) {
     throw std::invalid_argument(
@@ -102,7 +107,9 @@ Transformer<T>::Transformer(const Transformer& first, const Transformer& second)
       moe_(config_, ops_, device_),
       tp_(first.tp_),
       experts_(first.config_.n_layers, first.layout_.stored_expert_shard()),
-      view_(true) {
+      view_(true),
+      local_expert_tokens_(std::make_shared<std::vector<int64_t>>(
+          size_t(config_.n_layers) * size_t(config_.n_experts), 0)) {
   const ParameterLayout& a = first.layout_;
   const ParameterLayout& b = second.layout_;
   const ExpertShard shard = a.stored_expert_shard();
@@ -301,6 +308,15 @@ void Transformer<T>::decode_attention(int l, Layer& a, int N, const int* positio
 }
 
 template <typename T>
+std::vector<int64_t> Transformer<T>::take_local_expert_tokens(int l) {
+  const int E = config_.n_experts;
+  const auto first = local_expert_tokens_->begin() + int64_t(l) * E;
+  std::vector<int64_t> tokens(first, first + E);
+  std::fill(first, first + E, 0);
+  return tokens;
+}
+
+template <typename T>
 ResumablePass Transformer<T>::layer_forward(int l, Layer& a, const T* x_in, T* x_out, int N,
                                             const int* positions, const AttentionMode& mode) {
   // (A stitched view reads the layer where one of its two models stores it.)
@@ -338,6 +354,14 @@ ResumablePass Transformer<T>::layer_forward(int l, Layer& a, const T* x_in, T* x
   const bool training = mode.kind == AttentionMode::Packed && mode.cache == nullptr;
   co_await moe_.forward(moe_weights(o, w, experts_, l), a.xn2, a.moe_out, N, a.moe, dispatcher(l),
                         training ? overlap(l) : nullptr);
+  if (training && !dispatcher(l)) {
+    // The router statistics of a run without a dispatcher (which counts its own).
+    const int E = config_.n_experts, K = config_.top_k;
+    const RowShare own = moe_.own_rows(N);
+    int64_t* counts = local_expert_tokens_->data() + int64_t(l) * E;
+    const int* chosen = a.moe.expert_idx + int64_t(own.first) * K;
+    for (int64_t i = 0; i < int64_t(own.count) * K; ++i) ++counts[chosen[i]];
+  }
   for (int64_t i = 0; i < NC; ++i) x_out[i] = a.x_mid[i] + a.moe_out[i];
 }
 

@@ -106,6 +106,12 @@ class Transformer {
   bool expert_token_split() const { return moe_.token_split() != nullptr; }
   // Routed rows this rank's experts computed without a dispatcher (MoeBlock::local_routed_rows).
   int64_t local_routed_rows() const { return moe_.local_routed_rows(); }
+  // Token x top-k assignments to each expert of layer l that this rank's training forwards
+  // (packed rows without a KV cache: training and log-probs, not generation) routed without a
+  // dispatcher (with the token split, its share of the rows), since the last call; views made
+  // from this model count into it. The router statistics of a run without expert parallelism
+  // (with it the dispatchers count: ExpertDispatcher::take_expert_tokens).
+  std::vector<int64_t> take_local_expert_tokens(int l);
   // Training forward and backward then run layer l's routed experts through `per_layer[l]`
   // (chunked, transfers overlapped with the expert FFN; same EP group and experts as the
   // dispatchers); prefill and decode keep the dispatchers. Empty: off. Not owned.
@@ -230,6 +236,8 @@ class Transformer {
     T *embedding = nullptr, *final_norm = nullptr, *lm_head = nullptr;
   };
   std::shared_ptr<const Stitch> stitch_;
+  // take_local_expert_tokens' counts, [layer * E + expert]; shared with the views.
+  std::shared_ptr<std::vector<int64_t>> local_expert_tokens_;
 
   // State of the last training forward.
   bool has_activations_ = false;

@@ -261,7 +261,8 @@ TEST(MultiRankTrain, ExpertParallelLearnersAndActorsTrainLikeTheDataParallelRun)
 
 TEST(FusedTrain, EveryRankGeneratesAndTrainsAndLearnsLikeOneRank) {
   const std::string fused_dir = temp_dir("fused");
-  const Result one = test::run_rlfusion(kShortRun + "--run-dir " + temp_dir("fused-one"));
+  const std::string one_dir = temp_dir("fused-one");
+  const Result one = test::run_rlfusion(kShortRun + "--run-dir " + one_dir);
   const Result fused =
       mpirun(2, kShortRun + "--mode fused --ranks-per-node 1 --run-dir " + fused_dir);
   ASSERT_EQ(one.exit_code, 0) << one.output;
@@ -271,6 +272,15 @@ TEST(FusedTrain, EveryRankGeneratesAndTrainsAndLearnsLikeOneRank) {
   // No weight sync and no queue: the trace has generate and train on both ranks.
   const Result report = mpirun(1, "report " + fused_dir + " --json");
   ASSERT_EQ(report.exit_code, 0) << report.output;
+  // Without expert parallelism the models count their own routing: the router's concentration
+  // for `plan` comes from this run and from the one-rank run too (tiny: 4 experts, top-2).
+  const Result one_report = test::run_rlfusion("report " + one_dir + " --json");
+  ASSERT_EQ(one_report.exit_code, 0) << one_report.output;
+  for (const Result* r : {&report, &one_report}) {
+    const double concentration = test::json_number(r->output, "router_max_over_mean");
+    EXPECT_GE(concentration, 1.0) << r->output;
+    EXPECT_LE(concentration, 2.0) << r->output;
+  }
   // The same samples (sampling is keyed by sample id) and the same data-parallel math: the
   // same start and an end within sampling noise of the one-rank run.
   EXPECT_EQ(test::json_number(fused.output, "heldout_accuracy_before_rl"),

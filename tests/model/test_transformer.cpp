@@ -157,6 +157,54 @@ TEST(TransformerDecode, KvCacheLogitsEqualFullForwardCpu) {
   check_decode_matches_forward(cpu_ops());
 }
 
+// The router statistics of a model without a dispatcher (Transformer::take_local_expert_tokens):
+// a training forward counts each layer's token x top-k assignments per expert once, generation
+// (prefill) counts nothing, a view counts into the model it was made from, taking the counts
+// resets them, and a router skewed far towards the first experts sends every token to them.
+TEST(TransformerRouterStatistics, TrainingForwardsCountEveryAssignmentOnce) {
+  ModelConfig config = micro_config();
+  const int E = config.n_experts, K = config.top_k, L = config.n_layers;
+  Arena device("test-device", 64 << 20);
+  Transformer<float> model(config, cpu_ops(), device, false);
+  model.initialize(5);
+  const Batch batch = micro_batch(config.vocab_size);
+  const int N = batch.offsets.back(), S = int(batch.offsets.size()) - 1;
+  const auto counted = [&](Transformer<float>& m, int l) {
+    const std::vector<int64_t> tokens = m.take_local_expert_tokens(l);
+    EXPECT_EQ(tokens.size(), size_t(E));
+    int64_t total = 0;
+    for (int64_t t : tokens) {
+      EXPECT_GE(t, 0);
+      total += t;
+    }
+    return total;
+  };
+  model.forward(batch.tokens.data(), batch.offsets.data(), S);
+  for (int l = 0; l < L; ++l) EXPECT_EQ(counted(model, l), int64_t(N) * K) << "layer " << l;
+  for (int l = 0; l < L; ++l) EXPECT_EQ(counted(model, l), 0) << "taken: layer " << l;
+
+  KVCache<float> cache = model.allocate_kv_cache(S, 16);
+  const std::vector<int> slots = {0, 1, 2};
+  model.prefill(cache, batch.tokens.data(), batch.offsets.data(), S, slots.data());
+  for (int l = 0; l < L; ++l) EXPECT_EQ(counted(model, l), 0) << "prefill: layer " << l;
+
+  Arena activations("view-activations", 64 << 20);
+  Transformer<float> view(model, activations);
+  view.forward(batch.tokens.data(), batch.offsets.data(), S);
+  for (int l = 0; l < L; ++l) EXPECT_EQ(counted(model, l), int64_t(N) * K) << "view: layer " << l;
+
+  config.router_skew = 1000.0f;  // logits fall by 1000 / E from one expert to the next
+  Arena skewed_device("skewed-device", 64 << 20);
+  Transformer<float> skewed(config, cpu_ops(), skewed_device, false);
+  skewed.initialize(5);
+  skewed.forward(batch.tokens.data(), batch.offsets.data(), S);
+  for (int l = 0; l < L; ++l) {
+    const std::vector<int64_t> tokens = skewed.take_local_expert_tokens(l);
+    for (int e = 0; e < E; ++e)
+      EXPECT_EQ(tokens[size_t(e)], e < K ? N : 0) << "skewed: layer " << l << " expert " << e;
+  }
+}
+
 std::vector<float> train_three_steps(int threads, uint64_t seed) {
   ThreadLimit limit(threads);
   ModelConfig config = micro_config();
