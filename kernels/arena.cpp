@@ -52,6 +52,10 @@ void* Arena::allocate_bytes(size_t bytes, const char* what) {
   return p;
 }
 
+void Arena::zero(void* p, size_t bytes) const {
+  zero_memory(p, bytes, kind_);
+}
+
 void Arena::release(Mark mark) {
   if (mark > used_) throw std::logic_error("Arena::release: mark beyond current use");
   used_ = mark;

@@ -37,9 +37,12 @@ class Arena {
   template <typename T>
   T* allocate_zeroed(size_t count, const char* what) {
     T* p = allocate<T>(count, what);
-    std::memset(static_cast<void*>(p), 0, count * sizeof(T));
+    zero(p, count * sizeof(T));
     return p;
   }
+  // Zeroes `bytes` at p (memory of this arena) where the kernels use it: managed memory on the
+  // GPU (zero_memory), host and pinned memory on the host.
+  void zero(void* p, size_t bytes) const;
 
   using Mark = size_t;
   Mark mark() const { return used_; }

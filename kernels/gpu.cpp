@@ -246,6 +246,20 @@ void cuda_free_device(void* p) {
 #endif
 }
 
+void zero_memory(void* p, size_t bytes, MemoryKind kind) {
+  if (bytes == 0) return;
+#if defined(RLFUSION_HAVE_CUDA)
+  if (kind == MemoryKind::CudaManaged) {
+    check(cudaMemset(p, 0, bytes), "cudaMemset");
+    // The kernels' non-blocking stream does not wait for the default stream's memset.
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize after cudaMemset");
+    return;
+  }
+#endif
+  (void)kind;
+  std::memset(p, 0, bytes);
+}
+
 void copy_bytes(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return;
 #if defined(RLFUSION_HAVE_CUDA)

@@ -44,6 +44,12 @@ void cuda_free(void* p, MemoryKind kind);
 void* cuda_alloc_device(size_t bytes, const std::string& what);
 void cuda_free_device(void* p);
 
+// Zeroes `bytes` at p, memory of an arena of `kind`. Managed memory is zeroed on the GPU
+// (cudaMemset, waited for): a host memset would migrate its pages to the host, and the next
+// kernel would migrate them back (a step of the `small` model zeroes its 111 MB of gradients).
+// Host and pinned memory: std::memset.
+void zero_memory(void* p, size_t bytes, MemoryKind kind);
+
 // memcpy for any pair of host, pinned, managed or device pointers: cudaMemcpy where either side
 // is CUDA memory (DMA instead of page faults on managed memory), std::memcpy otherwise.
 void copy_bytes(void* dst, const void* src, size_t bytes);

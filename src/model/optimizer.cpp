@@ -23,10 +23,8 @@ template <typename T>
 AdamW<T>::AdamW(Transformer<T>& model, const AdamWHyper& hyper, float max_grad_norm)
     : model_(model), hyper_(hyper), max_grad_norm_(max_grad_norm) {
   const size_t n = size_t(model.parameter_count());
-  m_ = model.device().template allocate<T>(n, "optimizer first moment");
-  v_ = model.device().template allocate<T>(n, "optimizer second moment");
-  std::memset(static_cast<void*>(m_), 0, n * sizeof(T));
-  std::memset(static_cast<void*>(v_), 0, n * sizeof(T));
+  m_ = model.device().template allocate_zeroed<T>(n, "optimizer first moment");
+  v_ = model.device().template allocate_zeroed<T>(n, "optimizer second moment");
 }
 
 template <typename T>

@@ -254,7 +254,7 @@ void Transformer<T>::initialize(uint64_t seed) {
 template <typename T>
 void Transformer<T>::zero_gradients() {
   if (!grads_) throw std::logic_error("Transformer: model was built without gradients");
-  std::memset(static_cast<void*>(grads_), 0, size_t(layout_.total()) * sizeof(T));
+  device_.zero(grads_, size_t(layout_.total()) * sizeof(T));
 }
 
 template <typename T>

@@ -95,6 +95,14 @@ TEST(CudaDevice, ManagedArenaIsUsableFromTheHost) {
   copy_bytes(b, a, 1000 * sizeof(float));
   EXPECT_EQ(b[999], 999.0f);
   EXPECT_EQ(device.kind(), MemoryKind::CudaManaged);
+  // Zeroed on the GPU (cudaMemset), read on the host: the same memory over written values.
+  const Arena::Mark mark = device.mark();
+  float* used = device.allocate<float>(5000, "used");
+  for (int i = 0; i < 5000; ++i) used[i] = 1.0f + float(i);
+  device.release(mark);
+  const float* zeroed = device.allocate_zeroed<float>(5000, "zeroed");
+  ASSERT_EQ(zeroed, used);
+  for (int i = 0; i < 5000; ++i) ASSERT_EQ(zeroed[i], 0.0f) << i;
   size_t free_bytes = 0, total = 0;
   cuda_memory_info(&free_bytes, &total);
   EXPECT_THROW(Arena("too big", total + (size_t(1) << 30), MemoryKind::CudaManaged),
