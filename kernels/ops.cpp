@@ -1,6 +1,7 @@
 #include "kernels/ops.h"
 
 #include "kernels/adamw.h"
+#include "kernels/add.h"
 #include "kernels/attention.h"
 #include "kernels/embedding.h"
 #include "kernels/error.h"
@@ -107,6 +108,7 @@ const Ops<T>& reference_ops() {
       [](const T* grad, int64_t n, Arena&) { return ref::grad_norm_squared(grad, n); },
       [](T* p, const T* g, T* m, T* v, int64_t n, const AdamWHyper& h, int step, float scale,
          Arena&) { ref::adamw_update(p, g, m, v, n, h, step, scale); },
+      [](T* out, const T* a, const T* b, int64_t n, Arena&) { ref::add(out, a, b, n); },
   };
   return ops;
 }
@@ -142,6 +144,7 @@ const Ops<float>& cpu_ops() {
       cpu::logprob_backward,
       cpu::grad_norm_squared,
       cpu::adamw_update,
+      cpu::add,
   };
   return ops;
 }

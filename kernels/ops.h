@@ -74,6 +74,7 @@ struct Ops {
   double (*grad_norm_squared)(const T* grad, int64_t n, Arena&);
   void (*adamw_update)(T* param, const T* grad, T* m, T* v, int64_t n, const AdamWHyper& hyper,
                        int step, float grad_scale, Arena&);
+  void (*add)(T* out, const T* a, const T* b, int64_t n, Arena&);
 };
 
 template <typename T>

@@ -39,6 +39,7 @@ void rope_forward(float* out, const float* inp, const int* positions, int N, int
                   float theta, Arena& arena);
 void rope_backward(float* dinp, const float* dout, const int* positions, int N, int H, int D,
                    float theta, Arena& arena);
+void add(float* out, const float* a, const float* b, int64_t n, Arena& arena);
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                        const int* seq_offsets, int S, int H, int D, Arena& arena);
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,

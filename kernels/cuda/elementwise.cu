@@ -216,6 +216,26 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
   ws.finish("rmsnorm_backward");
 }
 
+// ---- element-wise sum ---------------------------------------------------------------------
+
+namespace {
+__global__ void add_kernel(float* out, const float* a, const float* b, int64_t n) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = a[i] + b[i];
+}
+}  // namespace
+
+void add(float* out, const float* a, const float* b, int64_t n, Arena& arena) {
+  if (n <= 0) return;
+  Workspace ws(arena);
+  const float* d_a = ws.in(a, size_t(n));
+  const float* d_b = b == a ? d_a : ws.in(b, size_t(n));
+  float* d_out = ws.out(out, size_t(n));  // may be d_a or d_b: each thread reads, then writes
+  RLF_LAUNCH(add_kernel, grid_stride_blocks(n, kThreads), kThreads, 0, d_out, d_a, d_b, n);
+  ws.finish("add");
+}
+
 void rope_forward(float* out, const float* inp, const int* positions, int N, int H, int D,
                   float theta, Arena& arena) {
   check_head_dim(D);

@@ -40,6 +40,7 @@ const Ops<float>& RLF_CUDA_TABLE() {
       k::logprob_backward,
       k::grad_norm_squared,
       k::adamw_update,
+      k::add,
   };
   return ops;
 }

@@ -107,7 +107,7 @@ ResumablePass MoeBlock<T>::forward(MoeWeights<T> w, const T* x, T* out, int N, M
                             &w.shared_w2, a.shared_offsets, 1, C, shared_width_, device_);
     // Tensor parallelism: a partial sum over this rank's hidden units (row-parallel w2).
     if (tp_) tp_->allreduce_sum(a.shared_y, int64_t(N) * C);
-    for (int64_t i = 0; i < int64_t(N) * C; ++i) out[i] += a.shared_y[i];
+    ops_.add(out, out, a.shared_y, int64_t(N) * C, device_);
   }
 }
 
@@ -129,7 +129,7 @@ ResumablePass MoeBlock<T>::backward(MoeWeights<T> w, MoeWeights<T> g, const T* x
                              a.shared_offsets, 1, C, shared_width_, device_);
     if (tp_) {
       tp_->allreduce_sum(dx_shared, NC);
-      for (int64_t i = 0; i < NC; ++i) dx[i] += dx_shared[i];
+      ops_.add(dx, dx, dx_shared, NC, device_);
     }
   }
   T* dweight = device_.allocate_zeroed<T>(M, "backward work");

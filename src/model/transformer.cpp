@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "kernels/arena.h"
+#include "kernels/gpu.h"
 #include "mpi_comm/expert_dispatch.h"
 #include "src/model/attention_pieces.h"
 #include "src/model/tensor_parallel.h"
@@ -347,8 +348,8 @@ ResumablePass Transformer<T>::layer_forward(int l, Layer& a, const T* x_in, T* x
     co_await progress_point();
   }
   ops_.matmul_forward(a.x_mid, a.att, w + o.wo, N, A, C, device_);
-  tensor_parallel_sum(a.x_mid, NC);  // row-parallel wo: the heads' partial sums
-  for (int64_t i = 0; i < NC; ++i) a.x_mid[i] += x_in[i];
+  tensor_parallel_sum(a.x_mid, NC);               // row-parallel wo: the heads' partial sums
+  ops_.add(a.x_mid, a.x_mid, x_in, NC, device_);  // the residual connections: on the device
   ops_.rmsnorm_forward(a.xn2, a.rstd2, a.x_mid, w + o.ffn_norm, N, C, T(config_.norm_eps), device_);
   // Only a training forward (no cache) has a backward that pairs with the overlapped path.
   const bool training = mode.kind == AttentionMode::Packed && mode.cache == nullptr;
@@ -362,7 +363,7 @@ ResumablePass Transformer<T>::layer_forward(int l, Layer& a, const T* x_in, T* x
     const int* chosen = a.moe.expert_idx + int64_t(own.first) * K;
     for (int64_t i = 0; i < int64_t(own.count) * K; ++i) ++counts[chosen[i]];
   }
-  for (int64_t i = 0; i < NC; ++i) x_out[i] = a.x_mid[i] + a.moe_out[i];
+  ops_.add(x_out, a.x_mid, a.moe_out, NC, device_);
 }
 
 template <typename T>
@@ -542,12 +543,12 @@ ResumablePass Transformer<T>::backward_layers(const T* dlogits, const T* dhidden
                              params_ + layout_.lm_head(), N, C, V, device_);
       }
       if (dhidden) {
-        for (int64_t i = 0; i < NC; ++i) dnormed[i] += dhidden[i];
+        ops_.add(dnormed, dnormed, dhidden, NC, device_);
       }
       ops_.rmsnorm_backward(dx, grads_ + layout_.final_norm(), dnormed, final_in_,
                             params_ + layout_.final_norm(), final_rstd_, N, C, device_);
     } else {
-      std::memcpy(dx, dout, size_t(NC) * sizeof(T));
+      copy_bytes(dx, dout, size_t(NC) * sizeof(T));
     }
     for (int l = last_layer_ - 1; l >= first_layer_; --l) {
       co_await layer_backward(l, layers_[size_t(l - first_layer_)], dx, N, positions_, aux_weight);
@@ -555,7 +556,7 @@ ResumablePass Transformer<T>::backward_layers(const T* dlogits, const T* dhidden
     if (embedded_) {
       ops_.embedding_backward(grads_ + layout_.embedding(), dx, tokens_, N, C, V, device_);
     } else {
-      std::memcpy(dx_in, dx, size_t(NC) * sizeof(T));
+      copy_bytes(dx_in, dx, size_t(NC) * sizeof(T));
     }
   }
   release_activations();
@@ -571,7 +572,7 @@ ResumablePass Transformer<T>::layer_backward(int l, const Layer& a, T* dx, int N
   ArenaScope scope(device_);
   // x_out = x_mid + moe_out: both receive dx.
   T* dx_mid = device_.allocate<T>(size_t(NC), "backward work");
-  std::memcpy(dx_mid, dx, size_t(NC) * sizeof(T));
+  copy_bytes(dx_mid, dx, size_t(NC) * sizeof(T));  // (on a GPU: a device copy, not the host)
   T* dxn2 = device_.allocate_zeroed<T>(NC, "backward work");
   co_await moe_.backward(moe_weights(layout_, params_, experts_, l),
                          moe_weights(layout_, grads_, expert_grads_, l), a.xn2, a.moe, dx, dxn2, N,
@@ -602,7 +603,7 @@ ResumablePass Transformer<T>::layer_backward(int l, const Layer& a, T* dx, int N
   ops_.matmul_backward(dxn1, grads_ + o.wv, dv, a.xn1, params_ + o.wv, N, C, A, device_);
   tensor_parallel_sum(dxn1, NC);  // column-parallel Q/K/V: the heads' partial input gradients
   // x_in feeds both the residual (dx_mid) and the attention norm.
-  std::memcpy(dx, dx_mid, size_t(NC) * sizeof(T));
+  copy_bytes(dx, dx_mid, size_t(NC) * sizeof(T));
   ops_.rmsnorm_backward(dx, grads_ + o.attn_norm, dxn1, a.x_in, params_ + o.attn_norm, a.rstd1, N,
                         C, device_);
 }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/adamw.h"
+#include "kernels/add.h"
 #include "kernels/embedding.h"
 #include "kernels/linear.h"
 #include "kernels/logprob.h"
@@ -142,6 +143,28 @@ TEST_P(CudaDense, RopeMatchesRefInPlaceAndBackward) {
   expect_close(g, g_want, "rope backward", 1e-5, 1e-5);
   EXPECT_THROW(ops().rope_forward(got.data(), x.data(), positions.data(), 2, 1, 5, 1e4f, arena()),
                std::invalid_argument);
+}
+
+TEST_P(CudaDense, AddEqualsRefBitForBitAlsoInPlace) {
+  int index = 0;
+  for (const int64_t n : {int64_t(1), int64_t(255), int64_t(70001)}) {
+    const auto seed = seed_for("CudaDense.Add", index++);
+    const auto a = random_vector<float>(size_t(n), seed),
+               b = random_vector<float>(size_t(n), seed + 1);
+    std::vector<float> want(static_cast<size_t>(n)), got(static_cast<size_t>(n), 123.0f);
+    ref::add(want.data(), a.data(), b.data(), n);
+    ops().add(got.data(), a.data(), b.data(), n, arena());
+    EXPECT_EQ(0, std::memcmp(got.data(), want.data(), size_t(n) * 4)) << "n=" << n;
+    auto into_a = a, into_b = b;
+    ops().add(into_a.data(), into_a.data(), b.data(), n, arena());
+    ops().add(into_b.data(), a.data(), into_b.data(), n, arena());
+    EXPECT_EQ(0, std::memcmp(into_a.data(), want.data(), size_t(n) * 4)) << "in place on a";
+    EXPECT_EQ(0, std::memcmp(into_b.data(), want.data(), size_t(n) * 4)) << "in place on b";
+    auto doubled = a, twice = a;
+    ref::add(twice.data(), a.data(), a.data(), n);
+    ops().add(doubled.data(), doubled.data(), doubled.data(), n, arena());
+    EXPECT_EQ(0, std::memcmp(doubled.data(), twice.data(), size_t(n) * 4)) << "a + a in place";
+  }
 }
 
 TEST_P(CudaDense, LogprobMatchesRef) {
