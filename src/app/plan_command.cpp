@@ -25,7 +25,8 @@ using namespace rlf::sim;
 struct PlanOptions {
   std::string cluster = "cloudmatrix-384", job = "pangu-rl", mode, dispatch = "flat";
   std::string modes = "disaggregated,fused,fused-all", staleness_list = "0,1", validate;
-  int supernodes = 0, devices = 0, table = 0, staleness = 0;
+  int supernodes = 0, devices = 0, table = 0, staleness = 0, redundant_experts = 0;
+  int max_redundant_experts = 2;
   Parallelism train, generate;
   bool offload = false, ep_overlap = false, recompute = false;
 };
@@ -232,6 +233,11 @@ int run_plan_command(const std::vector<std::string>& args) {
     add("ep-overlap", po::bool_switch(&o.ep_overlap), "overlap EP communication with experts");
     add("recompute", po::bool_switch(&o.recompute), "training recomputes activations");
     add("dispatch", po::value(&o.dispatch)->default_value(o.dispatch), "EP dispatch: flat | dedup");
+    add("redundant-experts", po::value(&o.redundant_experts)->default_value(0),
+        "spare expert slots per training EP rank, placed by EDPB (train --redundant-experts)");
+    add("max-redundant-experts",
+        po::value(&o.max_redundant_experts)->default_value(o.max_redundant_experts),
+        "search: spare expert slots per training EP rank to consider, 0 .. this");
     add("modes", po::value(&o.modes)->default_value(o.modes), "search: modes to consider");
     add("staleness-bounds", po::value(&o.staleness_list)->default_value(o.staleness_list),
         "search: staleness bounds to consider");
@@ -248,8 +254,14 @@ int run_plan_command(const std::vector<std::string>& args) {
   if (o.supernodes > 0) cluster.supernodes = o.supernodes;
   const ModelConfig config = load_model_config(run.model);
   const ModelShape model = model_shape(config);
-  const RlJob job = load_rl_job(o.job);
+  RlJob job = load_rl_job(o.job);
   check_router_concentration(job, config.n_experts, config.top_k, "plan --job " + o.job);
+  if (o.redundant_experts < 0 || o.max_redundant_experts < 0 ||
+      o.max_redundant_experts > RebalancedLoads::kMostSpareSlots) {
+    throw ConfigError("--redundant-experts must be >= 0 and --max-redundant-experts in [0, " +
+                      std::to_string(RebalancedLoads::kMostSpareSlots) + "]");
+  }
+  prepare_rebalanced_loads(job, config.n_experts);
   if (o.devices < 0 || o.devices > cluster.devices())
     throw ConfigError("--devices must be in [0, " + std::to_string(cluster.devices()) + "]");
   const int devices = o.devices > 0 ? o.devices : cluster.devices();
@@ -269,8 +281,9 @@ int run_plan_command(const std::vector<std::string>& args) {
   }
   if (o.table != 0) {
     if (o.table != 1 && o.table != 2) throw ConfigError("--table must be 1 or 2");
-    const auto rows = o.table == 1 ? predict_table1(model, config, cluster, job)
-                                   : predict_table2(model, config, cluster, job);
+    const auto rows = o.table == 1
+                          ? predict_table1(model, config, cluster, job, o.max_redundant_experts)
+                          : predict_table2(model, config, cluster, job, o.max_redundant_experts);
     for (const TableRow& row : rows) {
       if (row.result.best.empty())
         throw ConfigError("plan --table " + std::to_string(o.table) + ": no strategy for '" +
@@ -288,6 +301,7 @@ int run_plan_command(const std::vector<std::string>& args) {
     s.offload = o.offload;
     s.ep_overlap = o.ep_overlap;
     s.recompute = o.recompute;
+    s.redundant_experts = o.redundant_experts;
     if (o.dispatch != "flat" && o.dispatch != "dedup")
       throw ConfigError("--dispatch must be flat or dedup, got '" + o.dispatch + "'");
     s.dispatch = o.dispatch == "dedup" ? Dispatch::Dedup : Dispatch::Flat;
@@ -304,7 +318,9 @@ int run_plan_command(const std::vector<std::string>& args) {
     if (s.devices() > devices || !feasible(config, job, s))
       throw ConfigError("plan: strategy " + s.describe() + " does not fit " +
                         std::to_string(devices) + " devices, model " + config.name + " and job " +
-                        job.name + " (degrees must divide heads, experts, TP x DP and the batch)");
+                        job.name +
+                        " (degrees must divide heads, experts, TP x DP and the batch; redundant "
+                        "experts need EP and E / EP + R <= E)");
     const Prediction p = predict(model, cluster, job, s);
     print_prediction(s, p, cluster, job, run.json);
     return 0;
@@ -315,6 +331,7 @@ int run_plan_command(const std::vector<std::string>& args) {
   for (const std::string& m : split_commas(o.modes))
     space.modes.push_back(parse_mode(m, "--modes"));
   space.staleness = parse_int_list(o.staleness_list, "--staleness-bounds");
+  space.max_redundant_experts = o.max_redundant_experts;
   const SearchResult result = search(model, config, cluster, job, space);
   if (result.best.empty()) {
     throw ConfigError("plan: no strategy fits: " + std::to_string(result.feasible) +

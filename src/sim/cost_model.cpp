@@ -101,13 +101,39 @@ struct Phase {
   double seconds = 0, memory = 0, sampler = 0;
 };
 
+// Routed-expert parameters (every layer's) a rank of an EP group of `ep` holds: its E / ep
+// experts and, with EDPB's redundant experts, `spare` more (replicas of hot experts).
+double routed_per_rank(const ModelShape& m, int ep, int spare) {
+  return spare > 0 ? m.routed / m.experts * (m.experts / ep + spare) : m.routed / ep;
+}
+
 // Parameters a training device holds: replicated ones split by TP and PP, routed experts by EP
 // and PP (experts are not split by TP: TP for attention only).
-double training_parameters(const ModelShape& m, const Parallelism& p) {
-  return m.replicated / (p.tp * p.pp) + m.routed / (p.ep * p.pp);
+double training_parameters(const ModelShape& m, const Parallelism& p, int spare) {
+  return m.replicated / (p.tp * p.pp) + routed_per_rank(m, p.ep, spare) / p.pp;
 }
-double generation_parameters(const ModelShape& m, const Parallelism& g) {
-  return m.replicated / g.tp + m.routed / g.ep;
+double generation_parameters(const ModelShape& m, const Parallelism& g, int spare) {
+  return m.replicated / g.tp + routed_per_rank(m, g.ep, spare);
+}
+
+bool layouts_equal(const Parallelism& a, const Parallelism& b) {
+  return a.tp == b.tp && a.pp == b.pp && a.ep == b.ep && a.dp == b.dp;
+}
+
+// Spare expert slots of a generation rank: a fused rank generating at its training layout uses
+// the training slots (the runtime splits a replicated expert's tokens over its replicas); a
+// generation layout of its own (the switch takes one copy of each expert) and actors have none.
+int generation_spare_slots(const Strategy& s) {
+  return s.mode != Mode::Disaggregated && layouts_equal(s.train, s.generate) ? s.redundant_experts
+                                                                             : 0;
+}
+
+// The mean rows of the rank holding the hottest expert over the mean rank's (expert_load.h): the
+// contiguous blocks, or EDPB's placement with `spare` redundant slots per rank.
+double expert_load_factor(const ModelShape& m, const RlJob& job, int ep, int spare) {
+  return spare > 0
+             ? job.rebalanced_loads.factor(job.router_max_over_mean, int(m.experts), ep, spare)
+             : hottest_rank_load_factor(job.router_max_over_mean, m.experts, ep);
 }
 
 struct Training {
@@ -170,7 +196,9 @@ Training training_cost(const ModelShape& m, const ClusterConfig& c, const RlJob&
       busiest * (flops / (devices * rate) + elementwise / (devices * c.memory_bandwidth)) +
       logit_bytes / c.memory_bandwidth;
   t.compute = token_work + kernels * c.kernel_overhead;
-  const double params = training_parameters(m, p);
+  const int spare = s.redundant_experts;
+  const double params = training_parameters(m, p, spare);
+  const double routed_params = routed_per_rank(m, p.ep, spare) / p.pp;
   t.optimizer = params / c.optimizer_rate;  // every local parameter: norm, then AdamW
   t.compute += t.optimizer;
 
@@ -199,7 +227,7 @@ Training training_cost(const ModelShape& m, const ClusterConfig& c, const RlJob&
     const Link& link = c.link(c.level_spanned(int64_t(p.ep) * p.tp));
     // An exchange ends when the rank holding the hottest expert has received its rows (1x the
     // mean rank's with a uniform router).
-    const double hottest = hottest_rank_load_factor(job.router_max_over_mean, m.experts, p.ep);
+    const double hottest = expert_load_factor(m, job, p.ep, spare);
     const double rows = micro_tokens / p.tp * remote_rows(m, p.ep, s.dispatch) * hottest;
     const double one = link.seconds(rows * m.d_model * ab, kExchangeRounds);
     const double operations = micro_batches * layers_per_stage * collectives_per_layer;
@@ -217,8 +245,8 @@ Training training_cost(const ModelShape& m, const ClusterConfig& c, const RlJob&
     // rows (expert_load.h: the router's spread and, with a concentrated router, the hottest
     // expert's rank), not the mean's, and the ranks meet in lock-step at each operation.
     const double mean_rows = micro_tokens / p.tp * m.top_k;
-    const double busiest_rows = busiest_rank_rows(micro_tokens / p.tp * p.ep, m.top_k, m.experts,
-                                                  p.ep, job.router_max_over_mean);
+    const double busiest_rows = busiest_rank_rows_at_load_factor(micro_tokens / p.tp * p.ep,
+                                                                 m.top_k, m.experts, p.ep, hottest);
     const double imbalance = mean_rows > 0 ? busiest_rows / mean_rows - 1 : 0.0;
     t.expert_wait = busiest * expert_compute * imbalance +
                     (token_work - busiest * expert_compute) *
@@ -232,14 +260,14 @@ Training training_cost(const ModelShape& m, const ClusterConfig& c, const RlJob&
   t.gradient_sync =
       hierarchical_allreduce_seconds(m.replicated / (p.tp * p.pp) * job.gradient_bytes, p.dp,
                                      p.tp * p.pp, c) +
-      hierarchical_allreduce_seconds(m.routed / (p.ep * p.pp) * job.gradient_bytes, int(expert_dp),
+      hierarchical_allreduce_seconds(routed_params * job.gradient_bytes, int(expert_dp),
                                      int(std::max(1.0, p.devices() / std::max(1.0, expert_dp))), c);
 
   // Memory: weights and gradients whole, optimizer states sharded over data parallelism
   // (distributed optimizer), the reference's weights, and the activations of the micro-batches
   // 1F1B keeps in flight on the first stage.
   const double optimizer_shard =
-      (m.replicated / (p.tp * p.pp)) / p.dp + (m.routed / (p.ep * p.pp)) / std::max(1.0, expert_dp);
+      (m.replicated / (p.tp * p.pp)) / p.dp + routed_params / std::max(1.0, expert_dp);
   t.memory =
       params * (job.parameter_bytes + job.gradient_bytes) + optimizer_shard * job.optimizer_bytes;
   if (job.reference) t.memory += params * job.parameter_bytes;
@@ -260,21 +288,25 @@ Training training_cost(const ModelShape& m, const ClusterConfig& c, const RlJob&
 // `context`, on one device of the generation layout. A prefill is a forward over every prompt
 // token at once, the shape the layer rates were measured on (hundreds of rows), so it runs at the
 // layer rate; a decode step at the decode rate, measured on decode steps of 1 to 256 rows.
+// `spare`: the rank's spare expert slots (generation_spare_slots).
 double generation_step(const ModelShape& m, const ClusterConfig& c, const RlJob& job,
-                       const Parallelism& g, double tokens, double context, bool prefill) {
+                       const Parallelism& g, int spare, double tokens, double context,
+                       bool prefill) {
   const double ab = job.activation_bytes;
   // The tokens whose routed experts the EP group computes: each TP rank's share (the token split)
   // from each of the group's ranks.
   const double group_tokens = tokens * g.ep / g.tp;
   const double touched = 1 - std::pow(std::max(0.0, 1 - m.top_k / m.experts), group_tokens);
-  const double weights = (m.replicated / g.tp + m.routed / g.ep * touched) * job.parameter_bytes;
+  const double weights =
+      (m.replicated / g.tp + routed_per_rank(m, g.ep, spare) * touched) * job.parameter_bytes;
+  const double hottest = expert_load_factor(m, job, g.ep, spare);
   const double kv = tokens * context * 2 * m.d_model * m.layers * ab / g.tp;
   const double elementwise = tokens * m.layers * kElementwiseValuesPerLayer * m.d_model * ab;
   const double dense_flops = tokens * 2 * (m.active_matmul - m.expert_matmul) / g.tp;
   // With EP the step's expert FFN runs at the busiest rank's routed rows (expert_load.h).
   const double expert_flops = m.top_k > 0 ? 2 * m.expert_matmul / m.top_k *
-                                                busiest_rank_rows(group_tokens, m.top_k, m.experts,
-                                                                  g.ep, job.router_max_over_mean)
+                                                busiest_rank_rows_at_load_factor(
+                                                    group_tokens, m.top_k, m.experts, g.ep, hottest)
                                           : 0.0;
   const double attention_flops = tokens * 4 * m.layers * m.d_model * context / g.tp;
   double seconds =
@@ -292,7 +324,6 @@ double generation_step(const ModelShape& m, const ClusterConfig& c, const RlJob&
     const Link& link = c.link(c.level_spanned(g.ep));
     const double dispatched = tokens / g.tp;  // the token split: a TP rank's share
     // Received in full by the rank holding the hottest expert (as in training).
-    const double hottest = hottest_rank_load_factor(job.router_max_over_mean, m.experts, g.ep);
     seconds += 2 * m.layers *
                (link.seconds(dispatched * m.top_k * (g.ep - 1.0) / g.ep * hottest * m.d_model * ab,
                              kExchangeRounds) +
@@ -339,8 +370,9 @@ Phase generation_cost(const ModelShape& m, const ClusterConfig& c, const RlJob& 
   double prefill_tokens = per_rank * job.prompt.mean;
   // A resumed sample is, on average, half its response past its prompt.
   if (cut) prefill_tokens += batch * (job.prompt.mean + 0.5 * job.response.mean);
-  phase.seconds = generation_step(m, c, job, g, prefill_tokens, 0.5 * job.prompt.mean, true);
-  phase.seconds += steps * generation_step(m, c, job, g, live, context, false);
+  const int spare = generation_spare_slots(s);
+  phase.seconds = generation_step(m, c, job, g, spare, prefill_tokens, 0.5 * job.prompt.mean, true);
+  phase.seconds += steps * generation_step(m, c, job, g, spare, live, context, false);
   // Every response token is drawn once from its row of V logits (a resumed sample's prefix is
   // recomputed, not redrawn).
   phase.sampler = tokens * c.sampler_seconds(m.vocab);
@@ -351,10 +383,6 @@ Phase generation_cost(const ModelShape& m, const ClusterConfig& c, const RlJob& 
                      (g.devices() * c.compute_rate(job.micro_batch * sequence, m.width));
   }
   return phase;
-}
-
-bool layouts_equal(const Parallelism& a, const Parallelism& b) {
-  return a.tp == b.tp && a.pp == b.pp && a.ep == b.ep && a.dp == b.dp;
 }
 
 // The switch the runtime builds with parameter buckets (src/runtime/layout_switch.h): only the EP
@@ -388,7 +416,7 @@ double experts_received_in_switch(double experts, int train_ep, int generate_ep)
 SwitchParameters generation_switch(const ModelShape& m, const Parallelism& train,
                                    const Parallelism& generate) {
   if (layouts_equal(train, generate)) return {};
-  const double generated = generation_parameters(m, generate);
+  const double generated = generation_parameters(m, generate, 0);
   if (bucketed_switch(train, generate)) {
     const double experts =
         experts_received_in_switch(m.experts, train.ep, generate.ep) * (m.routed / m.experts);
@@ -419,6 +447,11 @@ bool feasible(const ModelConfig& config, const RlJob& job, const Strategy& s) {
     if (!divides(p->ep, double(p->tp) * p->dp)) return false;  // EP carved from TP x DP
   }
   if (s.generate.pp != 1 || s.generate.vpp != 1) return false;
+  // Spare slots need experts spread over EP ranks, and a rank never holds two copies of one.
+  if (s.redundant_experts < 0) return false;
+  if (s.redundant_experts > 0 &&
+      (s.train.ep == 1 || config.n_experts / s.train.ep + s.redundant_experts > config.n_experts))
+    return false;
   // Every virtual stage holds at least one layer; every pipeline gets at least pp micro-batches.
   if (s.train.pp * s.train.vpp > config.n_layers) return false;
   if (s.train.pp > 1 && job.samples() / (int64_t(s.train.dp) * job.micro_batch) < s.train.pp)
@@ -432,8 +465,8 @@ Prediction predict(const ModelShape& m, const ClusterConfig& c, const RlJob& job
                    const Strategy& s) {
   Prediction out;
   const Training t = training_cost(m, c, job, s);
-  const double train_params = training_parameters(m, s.train);
-  const double gen_params = generation_parameters(m, s.generate);
+  const double train_params = training_parameters(m, s.train, s.redundant_experts);
+  const double gen_params = generation_parameters(m, s.generate, generation_spare_slots(s));
   const bool fused = s.mode != Mode::Disaggregated;
   // Fused: training states stay on the device through generation unless offloaded. A generation
   // layout other than the training one keeps the training parameters and adds the generation

@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
+
+#include "src/balance/expert_placement.h"
 
 namespace rlf::sim {
 
@@ -60,11 +63,17 @@ double expected_max_of_normals(int n) {
 
 double busiest_rank_rows(double tokens, double top_k, double experts, int ranks,
                          double max_over_mean) {
+  return busiest_rank_rows_at_load_factor(tokens, top_k, experts, ranks,
+                                          hottest_rank_load_factor(max_over_mean, experts, ranks));
+}
+
+double busiest_rank_rows_at_load_factor(double tokens, double top_k, double experts, int ranks,
+                                        double load_factor) {
   const double mean = tokens * top_k / std::max(1, ranks);
   if (ranks <= 1 || experts <= 1 || tokens <= 0) return mean;
   const double variance = mean * std::max(0.0, experts - top_k) / (experts - 1);
   const double uniform = mean + expected_max_of_normals(ranks) * std::sqrt(variance);
-  return std::max(uniform, mean * hottest_rank_load_factor(max_over_mean, experts, ranks));
+  return std::max(uniform, mean * load_factor);
 }
 
 double hottest_rank_load_factor(double max_over_mean, double experts, int ranks) {
@@ -72,6 +81,37 @@ double hottest_rank_load_factor(double max_over_mean, double experts, int ranks)
   const double per_rank = experts / ranks;
   const double others = (experts - max_over_mean) / (experts - 1);
   return ranks * (max_over_mean + (per_rank - 1) * others) / experts;
+}
+
+double rebalanced_rank_load_factor(double max_over_mean, int experts, int ranks, int spare_slots) {
+  if (ranks <= 1 || experts <= 1) return 1;
+  std::vector<double> load(size_t(experts), (experts - max_over_mean) / (experts - 1));
+  load[0] = max_over_mean;
+  const ExpertCluster cluster{1, ranks, experts / ranks + spare_slots};
+  const std::vector<double> devices = place_two_level(load, cluster).device_loads(load);
+  return max_of(devices) / mean_of(devices);
+}
+
+RebalancedLoads::RebalancedLoads(double max_over_mean, int experts)
+    : max_over_mean_(max_over_mean), experts_(experts) {
+  for (int ranks = 1; ranks <= experts && experts % ranks == 0; ranks *= 2) {
+    for (int spare = 0; spare <= kMostSpareSlots; ++spare) {
+      factors_.push_back(experts / ranks + spare <= experts
+                             ? rebalanced_rank_load_factor(max_over_mean, experts, ranks, spare)
+                             : 0.0);
+    }
+  }
+}
+
+double RebalancedLoads::factor(double max_over_mean, int experts, int ranks,
+                               int spare_slots) const {
+  if (max_over_mean == max_over_mean_ && experts == experts_ && ranks >= 1 && spare_slots >= 0 &&
+      spare_slots <= kMostSpareSlots && (ranks & (ranks - 1)) == 0) {
+    const size_t row =
+        size_t(std::countr_zero(unsigned(ranks))) * (kMostSpareSlots + 1) + size_t(spare_slots);
+    if (row < factors_.size() && factors_[row] > 0) return factors_[row];
+  }
+  return rebalanced_rank_load_factor(max_over_mean, experts, ranks, spare_slots);
 }
 
 }  // namespace rlf::sim

@@ -6,6 +6,8 @@
 // mean by a margin that shrinks relative to the mean as the exchange's tokens grow.
 #pragma once
 
+#include <vector>
+
 namespace rlf::sim {
 
 // E[max of n independent standard normal variables] (0 for n = 1): a deterministic quadrature,
@@ -40,5 +42,38 @@ double busiest_rank_rows(double tokens, double top_k, double experts, int ranks,
 //   P (c + (E / P - 1) (E - c) / (E - 1)) / E.
 // 1 at c = 1 or P = 1; c when every rank holds one expert (P = E).
 double hottest_rank_load_factor(double max_over_mean, double experts, int ranks);
+
+// The busiest rank's expected rows as busiest_rank_rows, with the hottest rank's mean rows given
+// as `load_factor` times the mean rank's (hottest_rank_load_factor for the contiguous blocks,
+// rebalanced_rank_load_factor after EDPB's placement).
+double busiest_rank_rows_at_load_factor(double tokens, double top_k, double experts, int ranks,
+                                        double load_factor);
+
+// The same for a training EP group rebalanced by EDPB (`train --rebalance-every` with
+// `--redundant-experts R`): each of the `ranks` devices has E / ranks + `spare_slots` slots, and
+// the runtime's placement (place_two_level, src/balance/expert_placement.h: hot experts
+// replicated into the spare slots, the replicas packed heaviest first, one copy per device) is
+// run on the router's loads as this model takes them (the hottest expert at `max_over_mean`
+// times the mean, the others sharing the rest evenly). Returns the busiest device's load over the
+// mean device's: 1 for a uniform router; with no spare slot the contiguous blocks' factor (every
+// other expert weighs the same, so moving experts gains nothing in this load model: a router
+// whose load has more structure than its maximum gains more, which one number cannot state).
+double rebalanced_rank_load_factor(double max_over_mean, int experts, int ranks, int spare_slots);
+
+// rebalanced_rank_load_factor for one router and model, tabulated for EP degrees that are powers
+// of two dividing the experts and 0 .. kMostSpareSlots spare slots (one placement each), so that a
+// search of millions of strategies places nothing. Anything else is computed when asked.
+class RebalancedLoads {
+ public:
+  static constexpr int kMostSpareSlots = 4;
+  RebalancedLoads() = default;
+  RebalancedLoads(double max_over_mean, int experts);
+  double factor(double max_over_mean, int experts, int ranks, int spare_slots) const;
+
+ private:
+  double max_over_mean_ = 0;
+  int experts_ = 0;
+  std::vector<double> factors_;  // [log2(ranks) * (kMostSpareSlots + 1) + spare_slots]
+};
 
 }  // namespace rlf::sim

@@ -193,6 +193,10 @@ RlJob load_rl_job(const std::string& name_or_path) {
   return job;
 }
 
+void prepare_rebalanced_loads(RlJob& job, int experts) {
+  job.rebalanced_loads = RebalancedLoads(job.router_max_over_mean, experts);
+}
+
 LengthSummary summarize_mean_longest(double mean, double longest, double finish_threshold) {
   if (!(longest > mean)) return LengthSummary{mean, mean, mean};
   const double low = std::max(1.0, 2 * mean - longest);

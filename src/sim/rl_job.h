@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <string>
 
+#include "src/sim/expert_load.h"
+
 namespace rlf::sim {
 
 // What the cost model needs of a length distribution (tokens).
@@ -42,6 +44,10 @@ struct RlJob {
   // most experts / top_k (an expert takes one of a token's top_k slots at most): checked against
   // the model by check_router_concentration.
   double router_max_over_mean = 1;
+  // EDPB's placements of this router over the model's experts (expert_load.h), tabulated by
+  // prepare_rebalanced_loads so that a search places nothing; without it a strategy with
+  // redundant experts is predicted the same, each placement computed when asked.
+  RebalancedLoads rebalanced_loads;
 
   int64_t samples() const { return int64_t(prompts) * group_size; }
   // Prompt + response tokens trained per step (the throughput-table numerator).
@@ -61,6 +67,10 @@ RlJob load_rl_job(const std::string& name_or_path);
 // model without routed choice, top_k = experts).
 void check_router_concentration(const RlJob& job, int experts, int top_k,
                                 const std::string& source);
+
+// Tabulates job.rebalanced_loads for a model of `experts` experts (after
+// check_router_concentration).
+void prepare_rebalanced_loads(RlJob& job, int experts);
 
 // The summary of a measured run's lengths: `mean` tokens, `longest` the longest a step waited for;
 // the cut and the deviation as if the lengths were the integers of [2 mean - longest, longest],

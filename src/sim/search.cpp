@@ -33,14 +33,15 @@ std::vector<int> learner_device_counts(int devices) {
 // The axes of the space; an index decodes digit by digit (mixed radix).
 struct Axes {
   std::vector<Mode> modes;
-  std::vector<int> staleness, tp, pp, vpp, ep, gen_tp, gen_ep;
+  std::vector<int> staleness, tp, pp, vpp, ep, gen_tp, gen_ep, redundant;
   std::vector<int> learner_devices;  // disaggregated: the devices that train
   int devices = 0;
   bool reward_model = false;
   int64_t size() const {
     return int64_t(modes.size()) * int64_t(staleness.size()) * int64_t(tp.size()) *
            int64_t(pp.size()) * int64_t(vpp.size()) * int64_t(ep.size()) * int64_t(gen_tp.size()) *
-           int64_t(gen_ep.size()) * int64_t(learner_devices.size()) * 2 * 2 * 2 * 2;
+           int64_t(gen_ep.size()) * int64_t(learner_devices.size()) * int64_t(redundant.size()) *
+           2 * 2 * 2 * 2;
   }
 };
 
@@ -62,6 +63,7 @@ bool decode(const Axes& a, int64_t index, Strategy& s) {
   s.train.ep = digit(a.ep, index);
   s.generate.tp = digit(a.gen_tp, index);
   s.generate.ep = digit(a.gen_ep, index);
+  s.redundant_experts = digit(a.redundant, index);
   const size_t split = size_t(index % int64_t(a.learner_devices.size()));
   index /= int64_t(a.learner_devices.size());
   s.offload = index % 2 == 1;
@@ -78,6 +80,7 @@ bool decode(const Axes& a, int64_t index, Strategy& s) {
   if (s.train.pp == 1 && s.train.vpp != 1) return false;
   if (s.train.ep == 1 && s.generate.ep == 1 && (s.ep_overlap || s.dispatch == Dispatch::Dedup))
     return false;
+  if (s.train.ep == 1 && s.redundant_experts > 0) return false;
   int train_devices = a.devices, generate_devices = a.devices;
   if (disaggregated) {
     train_devices = a.learner_devices[split];
@@ -131,6 +134,7 @@ SearchResult search(const ModelShape& model, const ModelConfig& config,
   a.learner_devices = learner_device_counts(space.devices);
   a.gen_tp = a.tp;
   a.gen_ep = a.ep;
+  for (int r = 0; r <= std::max(0, space.max_redundant_experts); ++r) a.redundant.push_back(r);
   const auto start = std::chrono::steady_clock::now();
   const Best best = tbb::parallel_reduce(
       tbb::blocked_range<int64_t>(0, a.size(), 4096), Best{},

@@ -1,5 +1,6 @@
 // The planner's search: every strategy of a space (modes, staleness bounds, training TP/PP/VPP/EP,
-// generation TP/EP, the disaggregated split of the devices, offload, EP overlap and dispatch) on
+// generation TP/EP, the disaggregated split of the devices, offload, EP overlap and dispatch,
+// recompute, EDPB's redundant experts) on
 // a fixed number of devices, evaluated in parallel with oneTBB, the best that fit in device
 // memory kept in rank order. Decoding and evaluating a strategy allocate nothing.
 #pragma once
@@ -16,9 +17,10 @@ struct SearchSpace {
   int devices = 0;
   std::vector<Mode> modes{Mode::Disaggregated, Mode::Fused, Mode::FusedAll};
   std::vector<int> staleness{0, 1};
-  int max_tp = 0;   // 0: devices per node
-  int max_pp = 64;  // pipeline stages, powers of two
-  int max_vpp = 4;  // virtual stages per device, powers of two
+  int max_tp = 0;                 // 0: devices per node
+  int max_pp = 64;                // pipeline stages, powers of two
+  int max_vpp = 4;                // virtual stages per device, powers of two
+  int max_redundant_experts = 2;  // EDPB's spare expert slots per training EP rank: 0 .. this
 };
 
 inline constexpr int kKeepBest = 10;

@@ -1,6 +1,7 @@
 #include "src/sim/strategy.h"
 
 #include <cstdio>
+#include <string>
 
 #include "kernels/error.h"
 
@@ -26,14 +27,15 @@ Mode parse_mode(const std::string& name, const std::string& option) {
 }
 
 std::string Strategy::describe() const {
-  char buffer[160];
+  char buffer[192];
   const Parallelism& t = train;
   const Parallelism& g = generate;
-  std::snprintf(buffer, sizeof buffer, "%s train t%dp%dv%de%dd%d gen t%de%dd%d s%d%s%s%s%s",
+  std::snprintf(buffer, sizeof buffer, "%s train t%dp%dv%de%dd%d gen t%de%dd%d s%d%s%s%s%s%s",
                 mode_name(mode), t.tp, t.pp, t.vpp, t.ep, t.dp, g.tp, g.ep, g.dp, staleness,
                 mode != Mode::Disaggregated && offload ? " offload" : "",
                 ep_overlap ? " overlap" : "", dispatch == Dispatch::Dedup ? " dedup" : "",
-                recompute ? " recompute" : "");
+                recompute ? " recompute" : "",
+                redundant_experts > 0 ? (" r" + std::to_string(redundant_experts)).c_str() : "");
   return buffer;
 }
 

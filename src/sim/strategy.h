@@ -29,11 +29,15 @@ struct Strategy {
   bool ep_overlap = false;  // EP communication overlapped with the expert compute (Adaptive Pipe)
   bool recompute = false;   // training keeps only each layer's input, recomputing the forward
   Dispatch dispatch = Dispatch::Flat;
+  // Spare expert slots per training EP rank, filled and moved by EDPB (`train --redundant-experts R
+  // --rebalance-every N`): replicas of hot experts share their tokens, so the busiest rank waits
+  // less, at R more experts' weights, gradients and optimizer states per rank. 0 without EP.
+  int redundant_experts = 0;
 
   int devices() const {
     return mode == Mode::Disaggregated ? train.devices() + generate.devices() : train.devices();
   }
-  // "fused t2p4v2e8d4 | g t8e32d16 s1 offload", the planner's one-line name.
+  // "fused train t2p4v2e8d4 gen t8e32d16 s1 offload r1", the planner's one-line name.
   std::string describe() const;
 };
 

@@ -475,6 +475,62 @@ TEST(CostModel, ConcentratedRouterChargesTheHottestExpertsRank) {
   EXPECT_DOUBLE_EQ(predict(m, c, job, s).step, predict(m, c, even, s).step);
 }
 
+// EDPB's redundant experts (Strategy::redundant_experts): tiny's 4 experts at EP 2 with one spare
+// slot a rank and c = 2 place as evenly as a uniform router's (RebalancedLoadFactorByHand), so
+// the training step costs the uniform router's, for one more expert's weights, gradients and
+// AdamW moments a rank: routed 2 layers x 4 experts x 3 x 32 x 32 = 24576, 6144 an expert,
+// x (4 + 4 + 8 / expert_dp 1) bytes.
+TEST(CostModel, RedundantExpertsTakeTheHottestRanksLoadForTheirMemory) {
+  TinyExpertParallel tiny;
+  auto& [m, job, c, s] = tiny;
+  RlJob even = job;
+  job.router_max_over_mean = 2;
+  prepare_rebalanced_loads(job, 4);
+  Strategy spare = s;
+  spare.redundant_experts = 1;
+  const Prediction skewed = predict(m, c, job, s), rebalanced = predict(m, c, job, spare);
+  const Prediction uniform = predict(m, c, even, s);
+  EXPECT_GT(skewed.expert_wait, uniform.expert_wait);
+  EXPECT_DOUBLE_EQ(rebalanced.expert_wait, uniform.expert_wait);
+  EXPECT_DOUBLE_EQ(rebalanced.step, uniform.step);
+  const double expert_bytes = 6144.0 * (4 + 4 + 8);
+  EXPECT_DOUBLE_EQ(rebalanced.training_memory - skewed.training_memory, expert_bytes);
+  // The exchange's ingress: the hottest rank receives the mean's rows again.
+  ClusterConfig linked = c;
+  linked.intra_node.bandwidth = 1e9;
+  EXPECT_DOUBLE_EQ(predict(m, linked, job, spare).all_to_all,
+                   predict(m, linked, even, s).all_to_all);
+  EXPECT_GT(predict(m, linked, job, s).all_to_all, predict(m, linked, even, s).all_to_all);
+  // Generating at the training layout, a fused rank splits the replicated expert's tokens too
+  // and holds the spare expert's weights; a generation layout of its own (the default here, EP 1
+  // for generation) or an actor has no spare slot.
+  s.generate.ep = spare.generate.ep = 2;
+  EXPECT_DOUBLE_EQ(predict(m, c, job, spare).generation, predict(m, c, even, s).generation);
+  EXPECT_GT(predict(m, c, job, s).generation, predict(m, c, even, s).generation);
+  EXPECT_DOUBLE_EQ(
+      predict(m, c, job, spare).generation_memory - predict(m, c, job, s).generation_memory,
+      expert_bytes);
+  s.mode = spare.mode = Mode::Disaggregated;
+  EXPECT_DOUBLE_EQ(predict(m, c, job, spare).generation, predict(m, c, job, s).generation);
+  EXPECT_DOUBLE_EQ(predict(m, c, job, spare).generation_memory,
+                   predict(m, c, job, s).generation_memory);
+  // Without the table the same placements are computed when asked.
+  RlJob unprepared = job;
+  unprepared.rebalanced_loads = RebalancedLoads();
+  EXPECT_DOUBLE_EQ(predict(m, c, unprepared, spare).step, predict(m, c, job, spare).step);
+  // Spare slots need EP, and no rank may hold an expert twice (E / EP + R <= E).
+  const ModelConfig config = load_model_config("tiny");
+  spare.mode = Mode::Fused;
+  EXPECT_TRUE(feasible(config, job, spare));
+  spare.redundant_experts = 2;
+  EXPECT_TRUE(feasible(config, job, spare));
+  spare.redundant_experts = 3;
+  EXPECT_FALSE(feasible(config, job, spare));
+  spare.redundant_experts = 1;
+  spare.train.ep = 1;
+  EXPECT_FALSE(feasible(config, job, spare));
+}
+
 // Each EP rank brings its own micro-batch to every exchange, so the micro-batch's work outside the
 // experts runs at the pace of the rank with the most tokens. Micro-batches of 2 samples with group
 // size 2 hold one prompt each: tokens' variance 2^2 x prompt variance + 2 x response variance.
@@ -630,6 +686,15 @@ TEST(Search, BestMatchesADirectLoopAndNoFitIsEmpty) {
       }
     }
   }
+  // Redundant experts (0 .. 2 by default) only with training EP; without them fewer strategies.
+  for (const Ranked& ranked : r.best) {
+    if (ranked.strategy.redundant_experts > 0) {
+      EXPECT_GT(ranked.strategy.train.ep, 1);
+    }
+  }
+  SearchSpace without = space;
+  without.max_redundant_experts = 0;
+  EXPECT_LT(search(m, config, c, job, without).feasible, r.feasible);
   c.memory_bytes = 1000;  // nothing fits in 1000 bytes
   const SearchResult none = search(m, config, c, job, space);
   EXPECT_TRUE(none.best.empty());

@@ -134,5 +134,54 @@ TEST(ExpertLoad, ConcentratedRouterAgainstExactTwoRanks) {
   EXPECT_NEAR(busiest_rank_rows(100, 2, 8, 4, 4.0), 50 * 4 * (4 + 1 * 4.0 / 7) / 8, 1e-12);
 }
 
+// EDPB's placement of the one-hot load (the hottest expert at c, the others sharing the rest)
+// over spare slots, by hand. E 4 on 2 ranks, c 2, one spare each: the hot expert (load 2) gets a
+// replica on each rank (1 each), the last spare an other (2/3 -> 1/3 each): replicas 1, 1, 2/3,
+// 2/3, 1/3, 1/3 pack into 2 x 3 slots as 1 + 2/3 + 1/3 each: balanced. E 16 on 4 ranks, c 4, one
+// spare each: the hot expert (4) takes 3 spares, one copy per rank at most (4 x 1), the last goes
+// to an other (0.8 -> 2 x 0.4); 4 x 1, 14 x 0.8, 2 x 0.4 heaviest first into 4 x 5 slots: 1 +
+// 4 x 0.8 = 4.2 on two ranks, 1 + 3 x 0.8 + 0.4 = 3.8 on two: 4.2 / 4 = 1.05 (contiguous blocks:
+// 4 (4 + 3 x 0.8) / 16 = 1.6).
+TEST(ExpertLoad, RebalancedLoadFactorByHand) {
+  EXPECT_DOUBLE_EQ(rebalanced_rank_load_factor(1, 8, 2, 1), 1);  // uniform stays uniform
+  EXPECT_DOUBLE_EQ(rebalanced_rank_load_factor(2, 4, 2, 1), 1);
+  EXPECT_NEAR(rebalanced_rank_load_factor(4, 16, 4, 1), 1.05, 1e-12);
+  EXPECT_NEAR(hottest_rank_load_factor(4, 16, 4), 1.6, 1e-12);
+  // Without a spare slot the one-hot load gains nothing from moving experts: every other expert
+  // weighs the same, so the hot expert's rank holds it and E / P - 1 others wherever it is.
+  for (const double c : {1.0, 1.5, 2.0, 4.0})
+    EXPECT_NEAR(rebalanced_rank_load_factor(c, 8, 2, 0), hottest_rank_load_factor(c, 8, 2), 1e-12);
+  EXPECT_DOUBLE_EQ(rebalanced_rank_load_factor(3, 16, 1, 2), 1);  // one rank holds every load
+  // More spare slots never make the busiest rank busier.
+  for (const double c : {1.5, 3.0, 6.0}) {
+    double previous = rebalanced_rank_load_factor(c, 32, 8, 0);
+    for (int spare = 1; spare <= 4; ++spare) {
+      const double factor = rebalanced_rank_load_factor(c, 32, 8, spare);
+      EXPECT_LE(factor, previous + 1e-12) << "c " << c << ", spare " << spare;
+      EXPECT_GE(factor, 1 - 1e-12);
+      previous = factor;
+    }
+  }
+}
+
+// The table a search reads gives the placements' own factors, and anything outside it (another
+// router, model, EP degree or spare count) is computed, not taken from a neighbour.
+TEST(ExpertLoad, RebalancedLoadsTableEqualsThePlacements) {
+  const RebalancedLoads table(3.5, 16);
+  for (int ranks : {1, 2, 4, 8, 16}) {
+    for (int spare = 0; spare <= RebalancedLoads::kMostSpareSlots; ++spare) {
+      if (16 / ranks + spare > 16) continue;
+      EXPECT_EQ(table.factor(3.5, 16, ranks, spare),
+                rebalanced_rank_load_factor(3.5, 16, ranks, spare))
+          << ranks << " ranks, " << spare << " spare";
+    }
+  }
+  EXPECT_EQ(table.factor(2.0, 16, 4, 1), rebalanced_rank_load_factor(2.0, 16, 4, 1));
+  EXPECT_EQ(table.factor(3.5, 32, 4, 1), rebalanced_rank_load_factor(3.5, 32, 4, 1));
+  EXPECT_EQ(table.factor(3.5, 12, 3, 1), rebalanced_rank_load_factor(3.5, 12, 3, 1));
+  EXPECT_EQ(table.factor(3.5, 16, 4, 6), rebalanced_rank_load_factor(3.5, 16, 4, 6));
+  EXPECT_EQ(RebalancedLoads().factor(3.5, 16, 4, 1), rebalanced_rank_load_factor(3.5, 16, 4, 1));
+}
+
 }  // namespace
 }  // namespace rlf::sim
