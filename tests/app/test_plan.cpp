@@ -71,6 +71,30 @@ TEST(Plan, RouterConcentrationBeyondTheModelIsExitCode2) {
   EXPECT_NE(r.output.find("router concentration"), std::string::npos) << r.output;
 }
 
+// EDPB's spare expert slots in one strategy: with EP and room for them (tiny: 4 experts, EP 2, at
+// most 2 spare slots a rank) the strategy is predicted and named with them; without EP, with more
+// than fit, or a search bound beyond the tabulated ones: exit code 2 naming the option.
+TEST(Plan, RedundantExpertsNeedExpertParallelismAndRoom) {
+  const std::string dir = scratch("redundant");
+  std::ifstream in(RLFUSION_SOURCE_DIR "/inputs/jobs/tiny-sort.ini");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::ofstream(dir + "/skewed.ini") << text << "router_max_over_mean = 2\n";
+  const std::string strategy = "plan --job " + dir +
+                               "/skewed.ini --model tiny --cluster cloudmatrix-384 --devices 2 "
+                               "--mode fused --train-dp 2 --gen-tp 1 ";
+  auto r = run_rlfusion(strategy + "--train-ep 2 --redundant-experts 2");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("e2d2 gen t1e1d2 s0 r2 on 2 devices"), std::string::npos) << r.output;
+  for (const std::string bad : {"--train-ep 2 --redundant-experts 3", "--redundant-experts 1"}) {
+    r = run_rlfusion(strategy + bad);
+    EXPECT_EQ(r.exit_code, kExitConfigError) << bad << "\n" << r.output;
+    EXPECT_NE(r.output.find("redundant experts need EP"), std::string::npos) << r.output;
+  }
+  r = run_rlfusion("plan --model small --job tiny-sort --devices 16 --max-redundant-experts 5");
+  EXPECT_EQ(r.exit_code, kExitConfigError) << r.output;
+  EXPECT_NE(r.output.find("--max-redundant-experts in [0, 4]"), std::string::npos) << r.output;
+}
+
 TEST(Plan, BadClusterFileNamesTheField) {
   const std::string dir = scratch("bad");
   std::ifstream in(RLFUSION_SOURCE_DIR "/inputs/clusters/cloudmatrix-384.ini");
