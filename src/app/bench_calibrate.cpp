@@ -515,7 +515,9 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
   c.kernel_overhead = kernel_overhead;
   c.memory_bytes = double(run.device_memory_bytes());
   c.memory_bandwidth = copy;
-  c.host_bandwidth = copy;
+  // Host and device share the memory here: moving B bytes to host memory is a copy, B read and
+  // B written, so the bytes moved per second are half the copy's read + write rate.
+  c.host_bandwidth = copy / 2;
   std::string intra_method = "one rank: copy bandwidth, no latency";
   c.intra_node = {copy, 0};
   if (ranks == 2) {
@@ -624,6 +626,7 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
   quantity("kernel overhead", c.kernel_overhead * 1e6, 2, "us",
            "1-token forward of a 1-layer d_model-8 model / 21 calls");
   quantity("memory bandwidth", c.memory_bandwidth / 1e9, 2, "GB/s", "memcpy 128 MiB, read + write");
+  quantity("host bandwidth", c.host_bandwidth / 1e9, 2, "GB/s", "the same memcpy, bytes moved");
   quantity("intra-node bandwidth", c.intra_node.bandwidth / 1e9, 3, "GB/s", intra_method);
   quantity("intra-node latency", c.intra_node.latency * 1e6, 2, "us", intra_method);
   quantity("inter-node bandwidth", c.inter_supernode.bandwidth / 1e9, 3, "GB/s", inter_method);

@@ -58,7 +58,7 @@ struct ClusterConfig {
   }
   double memory_bytes = 0;      // device memory capacity
   double memory_bandwidth = 0;  // device memory bytes/s (streaming reads + writes)
-  double host_bandwidth = 0;    // device <-> host memory bytes/s (offload, onload)
+  double host_bandwidth = 0;    // device <-> host bytes moved per second (offload, onload)
   double kernel_overhead = 0;   // seconds a kernel call costs beyond its work (launch, dispatch)
   // Parameters per second the optimizer step takes: gradient-norm clipping and AdamW's update of
   // the parameter and both moments (memory-bound on an accelerator, bound by its divide and

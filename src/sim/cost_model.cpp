@@ -505,9 +505,15 @@ Prediction predict(const ModelShape& m, const ClusterConfig& c, const RlJob& job
                                   ? c.link(c.level_spanned(int64_t(s.train.tp) * s.train.pp))
                                   : wide;
     const double received = switched.received * job.parameter_bytes;
-    out.swap = (s.offload ? 2 * movable / c.host_bandwidth : 0) +
+    // Offload moves AdamW's moments to host memory and back (TrainingOffload); the gradients are
+    // freed, not moved, and come back as one zeroing pass. A copy at memory speed reads and
+    // writes every byte (memory_bandwidth counts both).
+    const double moments = train_params * job.optimizer_bytes;
+    out.swap = (s.offload ? 2 * moments / c.host_bandwidth +
+                                train_params * job.gradient_bytes / c.memory_bandwidth
+                          : 0) +
                (switch_layout ? (received > 0 ? switch_link.seconds(received) : 0) +
-                                    (generation_weights - received) / c.memory_bandwidth
+                                    2 * (generation_weights - received) / c.memory_bandwidth
                               : 0);
     if (s.mode == Mode::FusedAll && job.reward_model) {
       out.training_memory += gen_params * job.parameter_bytes;

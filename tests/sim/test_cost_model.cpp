@@ -591,14 +591,16 @@ TEST(CostModel, OffloadTradesSwapTimeForMemory) {
   const RlJob job = fixed_job(8, 4, 4, 16, 16);
   ClusterConfig c = flops_only();
   c.host_bandwidth = 1e9;
+  c.memory_bandwidth = 1e10;
   Strategy s;
   s.mode = Mode::Fused;
   s.offload = false;
   const Prediction kept = predict(m, c, job, s);
   s.offload = true;
   const Prediction moved = predict(m, c, job, s);
-  // Gradients (4 B) and AdamW moments (8 B) of every parameter, out and back at 1 GB/s.
-  EXPECT_NEAR(moved.swap, 2 * m.total() * 12 / 1e9, 1e-12);
+  // AdamW's moments (8 B a parameter) out and back at 1 GB/s; the gradients (4 B) are freed, not
+  // moved, and zeroed on the way back (one write pass at 10 GB/s). Both leave generation's memory.
+  EXPECT_NEAR(moved.swap, 2 * m.total() * 8 / 1e9 + m.total() * 4 / 1e10, 1e-12);
   EXPECT_NEAR(kept.generation_memory - moved.generation_memory, m.total() * 12, 1e-3);
 }
 
@@ -639,7 +641,8 @@ TEST(CostModel, FusedSwitchesMoveWhatTheRuntimesSwitchesMove) {
   expect_switch({2, 1, 1, 1, 2}, {4, 1, 1, 1, 1}, dense / 4 + experts, dense / 4 + experts,
                 "TP 2 -> TP 4 (not built)");
 
-  // The swap: received at 1 GB/s, the rest of what is added copied at 10 GB/s.
+  // The swap: received at 1 GB/s, the rest of what is added copied at memory speed (10 GB/s
+  // of reads and writes: each byte read and written).
   const RlJob job = fixed_job(8, 4, 4, 16, 16);
   ClusterConfig c = flops_only();
   c.intra_node = {1e9, 0};
@@ -651,9 +654,9 @@ TEST(CostModel, FusedSwitchesMoveWhatTheRuntimesSwitchesMove) {
   s.generate = {2, 1, 1, 1, 2};
   const double received = dense * (1.0 / 2 - 1.0 / 4) * job.parameter_bytes;
   const double copied = (dense / 2 + experts) * job.parameter_bytes - received;
-  EXPECT_NEAR(predict(m, c, job, s).swap, received / 1e9 + copied / 1e10, 1e-12);
+  EXPECT_NEAR(predict(m, c, job, s).swap, received / 1e9 + 2 * copied / 1e10, 1e-12);
   s.train = {1, 1, 1, 1, 4};
-  EXPECT_NEAR(predict(m, c, job, s).swap, (dense / 2 + experts) * job.parameter_bytes / 1e10,
+  EXPECT_NEAR(predict(m, c, job, s).swap, 2 * (dense / 2 + experts) * job.parameter_bytes / 1e10,
               1e-12);
 }
 
