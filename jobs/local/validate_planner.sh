@@ -115,10 +115,10 @@ peaks = summary.get("device_memory_peaks", {})
 walls = [s["wall_s"] for s in report["steps"]]
 steps = len(walls)
 step_s = sum(walls[1:]) / (steps - 1) if steps > 1 else walls[0]
-# By phase: the busiest rank's generate and train time per step.
-# (The report has no phase times per step, so these two include the first step.)
-generate_s = max(r["generate_s"] for r in report["ranks"]) / steps
-train_s = max(r["train_s"] for r in report["ranks"]) / steps
+# By phase: the busiest rank's generate and train time per step, over the same steps.
+steady = report["steps"][1:] if steps > 1 else report["steps"]
+generate_s = sum(s["generate_s"] for s in steady) / len(steady)
+train_s = sum(s["train_s"] for s in steady) / len(steady)
 # The router's concentration (the busiest expert over the mean one, averaged over the layers): a
 # property of the workload like the lengths above, recorded by every MoE `train` run (1 where a
 # trace has no router statistics: runs from before 2026-12-04 recorded them with EP only).

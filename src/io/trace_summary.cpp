@@ -149,6 +149,14 @@ TraceSummary summarize(const TraceData& trace) {
     }
   }
   summary.steps = steps_of(trace);
+  for (StepThroughput& step : summary.steps) {
+    for (const auto& events : trace.ranks) {
+      const auto seconds = time_breakdown(events, step.begin, step.end);
+      step.generate_seconds =
+          std::max(step.generate_seconds, seconds[size_t(TimeCategory::Generate)]);
+      step.train_seconds = std::max(step.train_seconds, seconds[size_t(TimeCategory::Train)]);
+    }
+  }
   if (!summary.steps.empty()) {
     summary.total.begin = summary.steps.front().begin;
     summary.total.end = summary.steps.back().end;

@@ -31,6 +31,10 @@ struct StepThroughput {
   double begin = 0;    // end of the previous step; the first step: its version's first event
   double end = 0;      // last end of a Train, Optimizer or GradientReduce event of the version
   int64_t tokens = 0;  // tokens of its Train events, all ranks
+  // Inside [begin, end), the busiest rank's seconds in the generate and the train category
+  // (time_breakdown): what one step spends generating and training, the first step's one-off
+  // costs (first touches of every buffer) apart from the later ones'.
+  double generate_seconds = 0, train_seconds = 0;
 
   double wall() const { return end > begin ? end - begin : 0.0; }
   // 0 for a step shorter than the clock can time (MPI_Wtime's resolution is far coarser than a

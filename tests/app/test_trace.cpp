@@ -224,6 +224,13 @@ TEST(TraceSummary, StepWallTimesRunFromOneStepEndToTheNextAcrossRanks) {
   EXPECT_DOUBLE_EQ(s.steps[1].tokens_per_second(), 125);
   EXPECT_DOUBLE_EQ(s.total.wall(), 8);
   EXPECT_EQ(s.total.tokens, 800);
+  // Inside each step's window, the busiest rank's generate and train seconds: step 0 [0, 4) has
+  // rank 0 generating 0..2 and version 1's 2..4, rank 1 training 2..4 (its optimizer too); step 1
+  // [4, 8) rank 0 generating 4..5, rank 1 training 5..7 and reducing its gradients 7..8.
+  EXPECT_DOUBLE_EQ(s.steps[0].generate_seconds, 4);
+  EXPECT_DOUBLE_EQ(s.steps[0].train_seconds, 2);
+  EXPECT_DOUBLE_EQ(s.steps[1].generate_seconds, 1);
+  EXPECT_DOUBLE_EQ(s.steps[1].train_seconds, 3);
   ASSERT_EQ(s.ranks.size(), 2u);
   EXPECT_DOUBLE_EQ(s.ranks[0].seconds[size_t(TimeCategory::Idle)], 4);
   EXPECT_DOUBLE_EQ(s.ranks[1].seconds[size_t(TimeCategory::Train)], 5);
