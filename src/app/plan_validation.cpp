@@ -144,6 +144,13 @@ Outcome validate_row(const Row& row) {
     s.train.ep = row.integer("expert_parallel");
     s.generate.ep = row.integer("actor_expert_parallel");
   }
+  // EDPB's spare expert slots per EP rank (column absent in older CSVs: none).
+  s.redundant_experts = int(row.number_or("redundant_experts", 0));
+  if (s.redundant_experts > 0 && !feasible(config, job, s)) {
+    throw ConfigError("case " + out.name + ": redundant_experts " +
+                      std::to_string(s.redundant_experts) +
+                      " needs expert parallelism and E / EP + R <= E");
+  }
   out.predicted = predict(model, cluster, job, s);
   out.predicted_step = out.predicted.step;
   out.measured_step = row.number("step_s");
@@ -173,7 +180,8 @@ Outcome validate_row(const Row& row) {
     // The fused runtime's own plan (src/app/fused_memory.h) at the task's longest lengths, for
     // rank 0, whose peaks the run reports.
     const int ep = s.train.ep, gen_ep = s.generate.ep;
-    const ExpertShard own = ep > 1 ? expert_shard_of(0, ep, config.n_experts) : ExpertShard{};
+    ExpertShard own = ep > 1 ? expert_shard_of(0, ep, config.n_experts) : ExpertShard{};
+    own.redundant = s.redundant_experts;  // the training slots (generation's too at its layout)
     const ExpertShard gen =
         gen_ep > 1 ? expert_shard_of(0, gen_ep, config.n_experts) : ExpertShard{};
     // The expected peak, where the runtime's own check takes the bound: the KV cache at the

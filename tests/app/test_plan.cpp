@@ -233,5 +233,49 @@ TEST(BenchCalibrate, TwoRanksMeasureTheLinkAndTheExpertExchange) {
   EXPECT_NE(r.output.find("each operation after equal work"), std::string::npos) << r.output;
 }
 
+// A validation case with EDPB's spare expert slots (column redundant_experts, the runs of
+// jobs/local/validate_planner.sh's fused-ep2-tiny and fused-ep2-r1-tiny, 2026-12-04 21:10 UTC):
+// the memory the runtime's plan predicts holds the spare slot (within 5% of the arena's peak, above
+// the case without it); a spare slot without expert parallelism is a ConfigError naming the case.
+TEST(Plan, ValidationCountsRedundantExpertSlots) {
+  const std::string dir = scratch("validate-redundant");
+  const std::string cluster = RLFUSION_SOURCE_DIR "/inputs/clusters/cloudmatrix-384.ini";
+  const std::string header =
+      "case,cluster,task,model,mode,ranks,ranks_per_node,actors,expert_parallel,"
+      "actor_expert_parallel,staleness,offload,inter_bandwidth,inter_latency,prompts,group_size,"
+      "micro_batch,reference,queue_shards,steps,trained_tokens,response_tokens,step_s,intra_bytes,"
+      "inter_bytes,generation_peak,training_peak,generate_s,train_s,router_max_over_mean,"
+      "redundant_experts\n";
+  const auto row = [&](const std::string& name, const std::string& ep, const std::string& rest) {
+    return name + "," + cluster + ",sort,tiny,fused,2,1,0," + ep + "," + ep +
+           ",0,0,0,0,16,8,8,0,2,60,94710,49011," + rest + "\n";
+  };
+  std::ofstream(dir + "/measured.csv")
+      << header
+      << row("fused-ep2-tiny", "2",
+             "0.011681,0,133870776,2276608,1776064,0.003909,0.007536,1.165966,0")
+      << row("fused-ep2-r1-tiny", "2",
+             "0.011734,0,132339020,2329344,1858112,0.003863,0.007637,1.165960,1");
+  const auto r = run_rlfusion("plan --validate " + dir + "/measured.csv --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto memory = [&](const std::string& name, const char* key) {
+    const size_t at = r.output.find("{\"case\":\"" + name + "\"");
+    EXPECT_NE(at, std::string::npos) << name << "\n" << r.output;
+    return test::json_number(r.output, key, at);
+  };
+  for (const char* name : {"fused-ep2-tiny", "fused-ep2-r1-tiny"}) {
+    EXPECT_NEAR(memory(name, "predicted_memory") / memory(name, "measured_memory"), 1.0, 0.05)
+        << name;
+  }
+  EXPECT_GT(memory("fused-ep2-r1-tiny", "predicted_memory"),
+            memory("fused-ep2-tiny", "predicted_memory"));
+  std::ofstream(dir + "/bad.csv") << header
+                                  << row("no-ep-r1", "1",
+                                         "0.01,0,0,2276608,1776064,0.003909,0.007536,1,1");
+  const auto bad = run_rlfusion("plan --validate " + dir + "/bad.csv");
+  EXPECT_EQ(bad.exit_code, kExitConfigError) << bad.output;
+  EXPECT_NE(bad.output.find("case no-ep-r1: redundant_experts 1"), std::string::npos) << bad.output;
+}
+
 }  // namespace
 }  // namespace rlf
