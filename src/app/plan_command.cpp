@@ -66,8 +66,11 @@ std::vector<int> parse_int_list(const std::string& text, const std::string& opti
   return out;
 }
 
-void print_prediction(const Strategy& s, const Prediction& p, const ClusterConfig& cluster,
-                      const RlJob& job, bool json) {
+void print_prediction(const Strategy& s, const Prediction& p, const ModelShape& model,
+                      const ClusterConfig& cluster, const RlJob& job, bool json) {
+  // What the EP group waits for: the hottest expert's rank, with EDPB's spare slots if any.
+  const int ep = s.train.ep;
+  const double hottest = expert_load_factor(model, job, ep, s.redundant_experts);
   const double parts[] = {p.generation,  p.training,    p.tensor_parallel, p.pipeline,
                           p.all_to_all,  p.expert_wait, p.gradient_sync,   p.swap,
                           p.weight_sync, p.queue};
@@ -80,9 +83,10 @@ void print_prediction(const Strategy& s, const Prediction& p, const ClusterConfi
       std::printf("%s\"%s\":%.6g", i ? "," : "", names[i], parts[i]);
     std::printf(
         "},\"step_s\":%.6g,\"tokens_per_s\":%.6g,\"training_memory_bytes\":%.6g,"
-        "\"generation_memory_bytes\":%.6g,\"memory_capacity_bytes\":%.6g,\"fits\":%s}\n",
+        "\"generation_memory_bytes\":%.6g,\"memory_capacity_bytes\":%.6g,\"fits\":%s,"
+        "\"training_hottest_ep_rank_load\":%.6g}\n",
         p.step, p.tokens_per_second, p.training_memory, p.generation_memory, cluster.memory_bytes,
-        p.fits ? "true" : "false");
+        p.fits ? "true" : "false", hottest);
     return;
   }
   std::printf("# strategy: %s on %d devices\n", s.describe().c_str(), s.devices());
@@ -98,6 +102,13 @@ void print_prediction(const Strategy& s, const Prediction& p, const ClusterConfi
       "# memory per device: training %.2f GiB, generation %.2f GiB, capacity %.2f GiB: %s\n",
       p.training_memory / kGiB, p.generation_memory / kGiB, cluster.memory_bytes / kGiB,
       p.fits ? "fits" : "DOES NOT FIT");
+  if (ep > 1 && (job.router_max_over_mean != 1 || s.redundant_experts > 0)) {
+    std::printf(
+        "# training EP %d: the hottest expert's rank takes %.3f x the mean rank's routed rows "
+        "(contiguous blocks: %.3f)%s\n",
+        ep, hottest, expert_load_factor(model, job, ep, 0),
+        s.redundant_experts > 0 ? ", with EDPB's spare slots" : "");
+  }
 }
 
 void print_ranked(const SearchResult& r, bool json) {
@@ -322,7 +333,7 @@ int run_plan_command(const std::vector<std::string>& args) {
                         " (degrees must divide heads, experts, TP x DP and the batch; redundant "
                         "experts need EP and E / EP + R <= E)");
     const Prediction p = predict(model, cluster, job, s);
-    print_prediction(s, p, cluster, job, run.json);
+    print_prediction(s, p, model, cluster, job, run.json);
     return 0;
   }
   SearchSpace space;

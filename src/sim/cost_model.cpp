@@ -128,14 +128,6 @@ int generation_spare_slots(const Strategy& s) {
                                                                              : 0;
 }
 
-// The mean rows of the rank holding the hottest expert over the mean rank's (expert_load.h): the
-// contiguous blocks, or EDPB's placement with `spare` redundant slots per rank.
-double expert_load_factor(const ModelShape& m, const RlJob& job, int ep, int spare) {
-  return spare > 0
-             ? job.rebalanced_loads.factor(job.router_max_over_mean, int(m.experts), ep, spare)
-             : hottest_rank_load_factor(job.router_max_over_mean, m.experts, ep);
-}
-
 struct Training {
   double compute = 0, optimizer = 0, tensor_parallel = 0, pipeline = 0, all_to_all = 0,
          expert_wait = 0, gradient_sync = 0;
@@ -412,6 +404,12 @@ double experts_received_in_switch(double experts, int train_ep, int generate_ep)
 }
 
 }  // namespace
+
+double expert_load_factor(const ModelShape& m, const RlJob& job, int ep, int spare) {
+  return spare > 0
+             ? job.rebalanced_loads.factor(job.router_max_over_mean, int(m.experts), ep, spare)
+             : hottest_rank_load_factor(job.router_max_over_mean, m.experts, ep);
+}
 
 SwitchParameters generation_switch(const ModelShape& m, const Parallelism& train,
                                    const Parallelism& generate) {

@@ -75,6 +75,11 @@ struct Prediction {
   }
 };
 
+// The mean routed rows of the EP rank holding the hottest expert over the mean rank's, for the
+// job's router over `ep` ranks (expert_load.h): the contiguous blocks without spare slots, EDPB's
+// placement with `spare` redundant slots per rank (job.rebalanced_loads).
+double expert_load_factor(const ModelShape& model, const RlJob& job, int ep, int spare);
+
 // Whether `s` is a layout this model and job can run (degrees divide what they split).
 bool feasible(const ModelConfig& config, const RlJob& job, const Strategy& s);
 

@@ -85,6 +85,12 @@ TEST(Plan, RedundantExpertsNeedExpertParallelismAndRoom) {
   auto r = run_rlfusion(strategy + "--train-ep 2 --redundant-experts 2");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("e2d2 gen t1e1d2 s0 r2 on 2 devices"), std::string::npos) << r.output;
+  // c 2 over 4 experts on 2 ranks: the contiguous blocks give the hottest rank 2 (2 + 2/3) / 4 =
+  // 1.333 x the mean; with a spare slot a rank EDPB's placement evens them (1.000).
+  EXPECT_NE(r.output.find("takes 1.000 x the mean rank's routed rows (contiguous blocks: 1.333), "
+                          "with EDPB's spare slots"),
+            std::string::npos)
+      << r.output;
   for (const std::string bad : {"--train-ep 2 --redundant-experts 3", "--redundant-experts 1"}) {
     r = run_rlfusion(strategy + bad);
     EXPECT_EQ(r.exit_code, kExitConfigError) << bad << "\n" << r.output;
