@@ -405,6 +405,41 @@ SamplerRate measure_sampler(Device& device, int repeats) {
   return both.sort_rate > 0 ? fit(false, true) : fit(true, false);
 }
 
+// The work before each operation of the expert exchange's second lock-step loop: the runtime's
+// forward of the width-32 reference model on 4 sequences of 16 tokens (64 rows, the order of a
+// tiny model's micro-batch between two MoE exchanges), its activations released after each call.
+class ReferenceForward {
+ public:
+  explicit ReferenceForward(Device& device)
+      : device_(device),
+        mark_(device.memory().mark()),
+        model_(std::make_unique<Transformer<float>>(reference_model(32), device.ops(),
+                                                    device.memory(), false)) {
+    model_->initialize(1);
+    const int vocab = model_->config().vocab_size;
+    for (int i = 0; i < kSequences * kLength; ++i) ids_.push_back((i * 7 + 3) % vocab);
+    for (int q = 0; q <= kSequences; ++q) offsets_.push_back(q * kLength);
+    top_ = device.memory().mark();
+  }
+  ~ReferenceForward() {
+    model_.reset();
+    device_.memory().release(mark_);
+  }
+  ReferenceForward(const ReferenceForward&) = delete;
+  ReferenceForward& operator=(const ReferenceForward&) = delete;
+  void run() {
+    model_->forward(ids_.data(), offsets_.data(), kSequences);
+    device_.memory().release(top_);
+  }
+
+ private:
+  static constexpr int kSequences = 4, kLength = 16;
+  Device& device_;
+  Arena::Mark mark_, top_ = 0;
+  std::unique_ptr<Transformer<float>> model_;
+  std::vector<int> ids_, offsets_;
+};
+
 double measure_copy_bandwidth(int repeats) {
   const size_t bytes = size_t(128) << 20;
   std::vector<char> from(bytes, 1), to(bytes, 0);
@@ -527,12 +562,14 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
   }
   ExpertExchangeCost exchange;
   if (ranks == 2) {
-    exchange = measure_expert_exchange(c.intra_node, repeats);
+    ReferenceForward forward(device);
+    exchange = measure_expert_exchange(c.intra_node, repeats, [&forward] { forward.run(); });
     c.expert_exchange_overhead = exchange.forward.overhead;
     c.expert_exchange_row_seconds = exchange.forward.row_seconds;
     c.expert_backward_overhead = exchange.backward.overhead;
     c.expert_backward_row_seconds = exchange.backward.row_seconds;
     c.expert_exchange_lockstep = exchange.lockstep;
+    c.expert_exchange_spread = exchange.spread;
   }
   c.intra_supernode = c.inter_supernode = c.intra_node;
   std::string inter_method = "no emulation: as intra-node";
@@ -556,7 +593,8 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
       "rows at V = 16 .. 4096; copy bandwidth from memcpy of 128 MiB; links: %s; %s; "
       "expert exchange (2 ranks): the runtime's dispatcher, 8 and 256 tokens top-2 of 4 experts, "
       "beyond the link time; its lock-step cost: each operation after equal work on both ranks, "
-      "beyond the work and the operation alone.",
+      "beyond the work and the operation alone; its spread: the same after the forward of the "
+      "width-32 reference model on 64 rows, beyond the lock-step, per second of that work.",
       build_info().c_str(), ranks, resolve_threads(run.threads), intra_method.c_str(),
       inter_method.c_str());
   const std::string text = sim::cluster_config_ini(c, comment);
@@ -575,6 +613,7 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
         "\"intra_node_latency_s\":%.6g,\"inter_node_bandwidth\":%.6g,"
         "\"inter_node_latency_s\":%.6g,\"expert_exchange_overhead_s\":%.6g,"
         "\"expert_exchange_row_seconds\":%.6g,\"expert_exchange_lockstep_s\":%.6g,"
+        "\"expert_exchange_spread\":%.6g,"
         "\"expert_backward_overhead_s\":%.6g,\"expert_backward_row_seconds\":%.6g,"
         "\"output\":\"%s\",\"ok\":%s}\n",
         c.matmul_flops, c.half_rate_rows, c.half_rate_width, c.decode_flops,
@@ -582,8 +621,8 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
         c.sampler_sort_rate, matmul.nmse, c.kernel_overhead, c.memory_bandwidth,
         c.intra_node.bandwidth, c.intra_node.latency, c.inter_supernode.bandwidth,
         c.inter_supernode.latency, c.expert_exchange_overhead, c.expert_exchange_row_seconds,
-        c.expert_exchange_lockstep, c.expert_backward_overhead, c.expert_backward_row_seconds,
-        output.c_str(), matmul_ok ? "true" : "false");
+        c.expert_exchange_lockstep, c.expert_exchange_spread, c.expert_backward_overhead,
+        c.expert_backward_row_seconds, output.c_str(), matmul_ok ? "true" : "false");
     return matmul_ok ? 0 : 1;
   }
   std::printf("# rlfusion bench calibrate: %s\n", build_info().c_str());
@@ -648,9 +687,15 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
     fit_lines("backward", "their backward", exchange.backward);
     std::snprintf(method, sizeof method,
                   "%d tokens, each operation after equal work: %.1f us - work %.1f - alone %.1f",
-                  exchange.small_tokens, exchange.lockstep_period * 1e6,
-                  exchange.work_seconds * 1e6, exchange.exchange_seconds * 1e6);
+                  exchange.small_tokens, exchange.fixed.period * 1e6,
+                  exchange.fixed.work_seconds * 1e6, exchange.fixed.exchange_seconds * 1e6);
     quantity("EP lock-step", c.expert_exchange_lockstep * 1e6, 2, "us", method);
+    std::snprintf(method, sizeof method,
+                  "after a w32 64-row forward: (%.1f us - work %.1f - alone %.1f - lock-step) / "
+                  "work",
+                  exchange.layer.period * 1e6, exchange.layer.work_seconds * 1e6,
+                  exchange.layer.exchange_seconds * 1e6);
+    quantity("EP lock-step spread", c.expert_exchange_spread * 100, 2, "%", method);
   }
   std::printf("# matmul check: %s; wrote %s (reads back)\n", matmul_ok ? "OK" : "WRONG",
               output.c_str());

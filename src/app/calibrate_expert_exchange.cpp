@@ -4,6 +4,7 @@
 
 #include <Eigen/Dense>
 #include <algorithm>
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -84,15 +85,15 @@ ExchangeFit fit_exchange(double small_seconds, double large_seconds, const Batch
   ExchangeFit fit;
   fit.small_seconds = small_seconds;
   fit.large_seconds = large_seconds;
-  fit.row_seconds = std::max(
-      0.0, ((large_seconds - large_link) - (small_seconds - small_link)) / (large_rows - small_rows));
+  fit.row_seconds = std::max(0.0, ((large_seconds - large_link) - (small_seconds - small_link)) /
+                                      (large_rows - small_rows));
   fit.overhead = std::max(0.0, small_seconds - small_link - fit.row_seconds * small_rows);
   return fit;
 }
 
-// The equal work before each operation in lock-step: a 128 x 64 by 64 x 128 float product
-// (2 MFLOP, tens of microseconds on a CPU core: the order of a tiny model's compute between two
-// MoE exchanges).
+// The equal work before each operation in the fixed lock-step loop: a 128 x 64 by 64 x 128 float
+// product (2 MFLOP, tens of microseconds on a CPU core: the order of a tiny model's compute
+// between two MoE exchanges), compute-bound, so the ranks finish it nearly together.
 class EqualWork {
  public:
   EqualWork()
@@ -117,13 +118,13 @@ constexpr int kIterationsPerLoop = 20;
 // a warm-up iteration) of the work alone, an operation alone (dispatch and combine alternating),
 // or the work then an operation. Each iteration is timed on its own, so a rank descheduled now and
 // then (a loaded machine) moves a few samples, not their median.
-void time_iterations(Loop kind, ExpertDispatcher& dispatcher, const Batch& batch, EqualWork& work,
-                     std::vector<double>& seconds) {
+void time_iterations(Loop kind, ExpertDispatcher& dispatcher, const Batch& batch,
+                     const std::function<void()>& work, std::vector<double>& seconds) {
   std::vector<float> rows;
   MPI_Barrier(MPI_COMM_WORLD);
   double last = MPI_Wtime();
   for (int i = 0; i <= kIterationsPerLoop; ++i) {
-    if (kind != Loop::Exchange) work.run();
+    if (kind != Loop::Exchange) work();
     if (kind != Loop::Work) {
       if (i % 2 == 0)
         rows =
@@ -137,12 +138,11 @@ void time_iterations(Loop kind, ExpertDispatcher& dispatcher, const Batch& batch
   }
 }
 
-// The lock-step cost over `rounds` rounds of the three loops: per loop this rank's median
-// iteration; the work the ranks' mean (what equal work costs one rank), the operation alone and
-// the lock-step period the slowest rank's.
-void measure_lockstep(ExpertDispatcher& dispatcher, const Batch& batch, int rounds,
-                      ExpertExchangeCost& cost) {
-  EqualWork work;
+// The lock-step loops over `rounds` rounds with `work` before each operation: per loop this rank's
+// median iteration; the work the ranks' mean (what equal work costs one rank), the operation alone
+// and the lock-step period the slowest rank's.
+LockStep measure_lockstep(ExpertDispatcher& dispatcher, const Batch& batch, int rounds,
+                          const std::function<void()>& work) {
   std::vector<double> seconds[3];
   for (int r = 0; r < rounds; ++r)
     for (Loop kind : {Loop::Work, Loop::Exchange, Loop::Both})
@@ -152,15 +152,17 @@ void measure_lockstep(ExpertDispatcher& dispatcher, const Batch& batch, int roun
   MPI_Allreduce(MPI_IN_PLACE, &medians[int(Loop::Work)], 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
   MPI_Allreduce(MPI_IN_PLACE, &medians[int(Loop::Exchange)], 2, MPI_DOUBLE, MPI_MAX,
                 MPI_COMM_WORLD);
-  cost.work_seconds = medians[int(Loop::Work)] / 2;
-  cost.exchange_seconds = medians[int(Loop::Exchange)];
-  cost.lockstep_period = medians[int(Loop::Both)];
-  cost.lockstep = std::max(0.0, cost.lockstep_period - cost.work_seconds - cost.exchange_seconds);
+  LockStep l;
+  l.work_seconds = medians[int(Loop::Work)] / 2;
+  l.exchange_seconds = medians[int(Loop::Exchange)];
+  l.period = medians[int(Loop::Both)];
+  return l;
 }
 
 }  // namespace
 
-ExpertExchangeCost measure_expert_exchange(const sim::Link& link, int repeats) {
+ExpertExchangeCost measure_expert_exchange(const sim::Link& link, int repeats,
+                                           const std::function<void()>& layer_work) {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   Links links({0, 1}, LinkEmulation{});
@@ -175,7 +177,14 @@ ExpertExchangeCost measure_expert_exchange(const sim::Link& link, int repeats) {
     const auto [large_forward, large_backward] = time_operations(dispatcher, large, 10 * repeats);
     cost.forward = fit_exchange(small_forward, large_forward, small, large, link, rank);
     cost.backward = fit_exchange(small_backward, large_backward, small, large, link, rank);
-    measure_lockstep(dispatcher, small, 10 * repeats, cost);
+    EqualWork equal;
+    cost.fixed = measure_lockstep(dispatcher, small, 10 * repeats, [&equal] { equal.run(); });
+    cost.lockstep = cost.fixed.beyond();
+    cost.layer = measure_lockstep(dispatcher, small, 4 * repeats, layer_work);
+    // What the layer's work adds beyond the fixed lock-step, in proportion to that work.
+    cost.spread = cost.layer.work_seconds > 0
+                      ? std::max(0.0, cost.layer.beyond() - cost.lockstep) / cost.layer.work_seconds
+                      : 0.0;
   }
   free_hierarchical(ep);
   return cost;

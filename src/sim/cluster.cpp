@@ -63,6 +63,7 @@ void ClusterConfig::validate(const std::string& source) const {
   non_negative(expert_exchange_overhead, "expert_exchange_overhead");
   non_negative(expert_exchange_row_seconds, "expert_exchange_row_seconds");
   non_negative(expert_exchange_lockstep, "expert_exchange_lockstep");
+  non_negative(expert_exchange_spread, "expert_exchange_spread");
   non_negative(expert_backward_overhead, "expert_backward_overhead");
   non_negative(expert_backward_row_seconds, "expert_backward_row_seconds");
   positive(optimizer_rate, "optimizer_rate");
@@ -113,6 +114,7 @@ ClusterConfig load_cluster_config(const std::string& name_or_path) {
   add("cluster.expert_exchange_overhead", po::value(&c.expert_exchange_overhead));
   add("cluster.expert_exchange_row_seconds", po::value(&c.expert_exchange_row_seconds));
   add("cluster.expert_exchange_lockstep", po::value(&c.expert_exchange_lockstep));
+  add("cluster.expert_exchange_spread", po::value(&c.expert_exchange_spread));
   add("cluster.expert_backward_overhead", po::value(&c.expert_backward_overhead));
   add("cluster.expert_backward_row_seconds", po::value(&c.expert_backward_row_seconds));
   // The optional measured rate grids: rows, widths and rates, all three or none.
@@ -181,7 +183,8 @@ std::string cluster_config_ini(const ClusterConfig& c, const std::string& commen
       "intra_supernode_latency = %.6g\ninter_supernode_bandwidth = %.6g\n"
       "inter_supernode_latency = %.6g\nexpert_exchange_overhead = %.6g\n"
       "expert_exchange_row_seconds = %.6g\nexpert_exchange_lockstep = %.6g\n"
-      "expert_backward_overhead = %.6g\nexpert_backward_row_seconds = %.6g\n",
+      "expert_exchange_spread = %.6g\nexpert_backward_overhead = %.6g\nexpert_backward_row_seconds "
+      "= %.6g\n",
       c.name.c_str(), c.devices_per_node, c.nodes_per_supernode, c.supernodes, c.matmul_flops,
       c.half_rate_rows, c.half_rate_width, c.decode_flops, c.decode_half_rate_rows,
       c.decode_half_rate_width, c.memory_bytes, c.memory_bandwidth, c.host_bandwidth,
@@ -189,7 +192,7 @@ std::string cluster_config_ini(const ClusterConfig& c, const std::string& commen
       c.intra_node.bandwidth, c.intra_node.latency, c.intra_supernode.bandwidth,
       c.intra_supernode.latency, c.inter_supernode.bandwidth, c.inter_supernode.latency,
       c.expert_exchange_overhead, c.expert_exchange_row_seconds, c.expert_exchange_lockstep,
-      c.expert_backward_overhead, c.expert_backward_row_seconds);
+      c.expert_exchange_spread, c.expert_backward_overhead, c.expert_backward_row_seconds);
   out << buffer;
   const std::pair<const char*, const RateTable*> tables[] = {{"layer_rate", &c.layer_table},
                                                              {"decode_rate", &c.decode_table}};

@@ -93,6 +93,12 @@ struct ClusterConfig {
   // latency of noticing the peer's messages. Seconds per EP operation; optional (0: none), measured
   // by `bench calibrate` on 2 ranks (calibrate_expert_exchange.h).
   double expert_exchange_lockstep = 0;
+  // The rest of that cost, which grows with the work before each operation: equal work that
+  // streams activations through memory (a layer's forward) finishes further apart on two cores
+  // than a product does. A fraction of the work between a run's EP operations, charged on the
+  // busiest rank's compute; optional (0: none), measured by `bench calibrate` on 2 ranks after
+  // the runtime's forward of a reference model (calibrate_expert_exchange.h).
+  double expert_exchange_spread = 0;
 
   static double hockney(double rows, double width, double peak, double half_rows,
                         double half_width) {

@@ -240,10 +240,12 @@ Training training_cost(const ModelShape& m, const ClusterConfig& c, const RlJob&
     const double busiest_rows = busiest_rank_rows_at_load_factor(micro_tokens / p.tp * p.ep,
                                                                  m.top_k, m.experts, p.ep, hottest);
     const double imbalance = mean_rows > 0 ? busiest_rows / mean_rows - 1 : 0.0;
+    // And equal work between the operations finishes apart on the ranks (ClusterConfig's
+    // spread).
     t.expert_wait = busiest * expert_compute * imbalance +
                     (token_work - busiest * expert_compute) *
                         micro_batch_token_excess(job, micro_tokens, p.ep) +
-                    operations * c.expert_exchange_lockstep;
+                    operations * c.expert_exchange_lockstep + c.expert_exchange_spread * token_work;
   }
   // The runtime's hierarchical all-reduce over the ranks holding the same tensors: the
   // replicated ones over the DP group (TP x PP apart in the device order), the experts over the
@@ -301,11 +303,12 @@ double generation_step(const ModelShape& m, const ClusterConfig& c, const RlJob&
                                                     group_tokens, m.top_k, m.experts, g.ep, hottest)
                                           : 0.0;
   const double attention_flops = tokens * 4 * m.layers * m.d_model * context / g.tp;
-  double seconds =
+  const double compute =
       std::max((weights + kv + elementwise) / c.memory_bandwidth,
                (dense_flops + expert_flops + attention_flops) /
                    (prefill ? c.compute_rate(tokens, m.width) : c.decode_rate(tokens, m.width))) +
       (m.layers * kKernelsPerLayer + 3) * c.kernel_overhead;
+  double seconds = compute;
   if (g.tp > 1) {
     const Link& tp_link = c.link(c.level_spanned(g.tp));
     seconds += 2 * m.layers * ring_allreduce_seconds(tokens * m.d_model * ab, g.tp, tp_link);
@@ -323,6 +326,8 @@ double generation_step(const ModelShape& m, const ClusterConfig& c, const RlJob&
     // After each step the group agrees whether any rank still decodes (a one-integer all-reduce:
     // a rank whose samples are done keeps stepping with zero rows), another meeting in lock-step.
     seconds += ring_allreduce_seconds(sizeof(int), g.ep, link) + c.expert_exchange_lockstep;
+    // The ranks' equal work between the meetings finishes apart (ClusterConfig's spread).
+    seconds += c.expert_exchange_spread * compute;
   }
   return seconds;
 }

@@ -237,6 +237,11 @@ TEST(BenchCalibrate, TwoRanksMeasureTheLinkAndTheExpertExchange) {
   EXPECT_LT(c.expert_exchange_lockstep, 1);
   EXPECT_NE(r.output.find("EP lock-step"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("each operation after equal work"), std::string::npos) << r.output;
+  // Its spread after a layer's forward likewise, a fraction of that work.
+  EXPECT_NE(machine_ini.find("\nexpert_exchange_spread = "), std::string::npos) << machine_ini;
+  EXPECT_GE(c.expert_exchange_spread, 0);
+  EXPECT_LT(c.expert_exchange_spread, 10);
+  EXPECT_NE(r.output.find("EP lock-step spread"), std::string::npos) << r.output;
 }
 
 // A validation case with EDPB's spare expert slots (column redundant_experts, the runs of

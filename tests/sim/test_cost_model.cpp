@@ -423,6 +423,36 @@ TEST(CostModel, ExpertWaitByHand) {
               (1 + 4) * (2 * 2 + 1) * 1e-3, 1e-12);
 }
 
+// The spread of equal work's finishing times (cluster key expert_exchange_spread): with EP the
+// ranks meet at every MoE operation, so a fraction of the work between them is charged as waiting:
+// in training on the busiest rank's compute of its micro-batches (the optimizer step comes after
+// the last meeting), in generation on every step's compute; nothing without EP.
+TEST(CostModel, ExpertExchangeSpreadChargesAFractionOfTheWorkBetweenMeetings) {
+  TinyExpertParallel tiny;
+  auto& [m, job, c, s] = tiny;
+  const Prediction without = predict(m, c, job, s);
+  c.expert_exchange_spread = 0.25;
+  const Prediction with = predict(m, c, job, s);
+  // Training: a quarter of the busiest rank's compute (the flops-only cluster's optimizer step
+  // and kernel calls are free, so that is all of `training`).
+  EXPECT_NEAR(with.expert_wait - without.expert_wait, 0.25 * without.training, 1e-12);
+  EXPECT_DOUBLE_EQ(with.training, without.training);
+  EXPECT_DOUBLE_EQ(with.all_to_all, without.all_to_all);
+  // Generation at EP 2: a quarter more of its compute (the flops-only cluster's: no link, no
+  // software cost, no lock-step), beyond the sampler.
+  s.train.ep = 1;
+  s.generate.ep = 2;
+  ClusterConfig flops = flops_only();
+  const Prediction flops_without = predict(m, flops, job, s);
+  flops.expert_exchange_spread = 0.25;
+  const Prediction flops_with = predict(m, flops, job, s);
+  EXPECT_NEAR(flops_with.generation - flops_without.generation,
+              0.25 * (flops_without.generation - flops_without.sampler), 1e-12);
+  // Without EP no rank waits for another's layers.
+  s.generate.ep = 1;
+  EXPECT_DOUBLE_EQ(predict(m, flops, job, s).step, predict(m, flops_only(), job, s).step);
+}
+
 // A concentrated router (job.router_max_over_mean = c): the rank holding the hottest expert
 // computes and receives P (c + (E / P - 1) (E - c) / (E - 1)) / E times the mean rank's rows; the
 // EP group waits for its expert FFN (once that stands above the uniform router's spread) and for

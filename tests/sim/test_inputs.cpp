@@ -96,14 +96,17 @@ TEST(ClusterConfig, ExpertExchangeKeysAreOptional) {
   ClusterConfig c = load_cluster_config(test::write_scratch("no_exchange.ini", kCluster));
   EXPECT_EQ(c.expert_exchange_seconds(100), 0);
   EXPECT_EQ(c.expert_exchange_lockstep, 0);
+  EXPECT_EQ(c.expert_exchange_spread, 0);
   c.expert_exchange_overhead = 3e-6;
   c.expert_exchange_row_seconds = 2e-8;
   c.expert_exchange_lockstep = 4e-6;
+  c.expert_exchange_spread = 0.125;
   const ClusterConfig back =
       load_cluster_config(test::write_scratch("exchange.ini", cluster_config_ini(c, "")));
   EXPECT_DOUBLE_EQ(back.expert_exchange_overhead, 3e-6);
   EXPECT_DOUBLE_EQ(back.expert_exchange_row_seconds, 2e-8);
   EXPECT_DOUBLE_EQ(back.expert_exchange_lockstep, 4e-6);
+  EXPECT_DOUBLE_EQ(back.expert_exchange_spread, 0.125);
   EXPECT_DOUBLE_EQ(back.expert_exchange_seconds(100), 3e-6 + 100 * 2e-8);
   // A file without the backward keys charges the backward as the forward; with them, their own.
   EXPECT_DOUBLE_EQ(
@@ -121,7 +124,7 @@ TEST(ClusterConfig, ExpertExchangeKeysAreOptional) {
   EXPECT_DOUBLE_EQ(both.expert_exchange_seconds(100), 3e-6 + 100 * 2e-8);
   for (const std::string key :
        {"expert_exchange_overhead", "expert_exchange_row_seconds", "expert_exchange_lockstep",
-        "expert_backward_overhead", "expert_backward_row_seconds"}) {
+        "expert_exchange_spread", "expert_backward_overhead", "expert_backward_row_seconds"}) {
     const std::string message =
         test::cluster_error_of(std::string(kCluster) + key + " = -1e-6\n", "bad_" + key + ".ini");
     EXPECT_NE(message.find("cluster." + key), std::string::npos) << key << ": " << message;
