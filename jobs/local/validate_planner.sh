@@ -11,9 +11,12 @@
 # Repeats: this shared VM's speed moves between runs (the same case measured 25-31% apart in two
 # idle runs, calibrated rates 1.6x apart), so the job runs REPEATS rounds, each a calibration (2
 # ranks and 1) followed by one run of every case: a slow or fast stretch of the machine then
-# touches the rates and the runs alike instead of only the calibration or only a few cases. Every
-# rate is the median of its REPEATS measurements, and the run with the median step time stands for
-# each case (its other columns, deterministic, are the same).
+# touches the rates and the runs alike instead of only the calibration or only a few cases. Each
+# round's runs are predicted on that round's calibration (the same stretch of the machine), and the
+# round whose step-time error is the median of the case's rounds stands for the case
+# (jobs/local/validation_rounds.py; its other columns, deterministic, are the same in every round).
+# $OUT/cluster.ini and $OUT/cluster-1rank.ini are the rounds' calibrations merged, every number the
+# median of its measurements: one file for the machine.
 #   RLFUSION=build/src/rlfusion  CASES=jobs/local/planner_validation_cases.csv  OUT=runs/validate_planner  REPEATS=3
 set -euo pipefail
 RLFUSION=${RLFUSION:-build/src/rlfusion}
@@ -140,18 +143,28 @@ done
 merge_calibrations "$OUT/cluster.ini"
 merge_calibrations "$OUT/cluster-1rank.ini"
 
+CASE_NAMES=()
 for line in "${CASE_LINES[@]}"; do
   IFS=, read -r name ranks _ _ _ _ _ _ bw lat _ <<< "$line"
+  CASE_NAMES+=("$name")
   if [ "$bw" != 0 ] || [ "$lat" != 0 ]; then
     # The compute rates stay those of the two-rank calibration, so every two-rank case is
-    # predicted from one (median) measurement of the machine; only the link is the case's own.
-    { grep -v -E '^(intra|inter)_supernode_' "$OUT/cluster.ini"
-      grep -E '^(intra|inter)_supernode_' "$OUT/links-$name.ini"; } > "$(cluster_of "$name" "$ranks" "$bw" "$lat")"
+    # predicted from one measurement of the machine; only the link is the case's own. One file
+    # per round (the round's two-rank rates), and one from the merged calibration.
+    cluster=$(cluster_of "$name" "$ranks" "$bw" "$lat")
+    for r in $(seq "$REPEATS") ""; do
+      suffix=${r:+.$r}
+      { grep -v -E '^(intra|inter)_supernode_' "$OUT/cluster.ini$suffix"
+        grep -E '^(intra|inter)_supernode_' "$OUT/links-$name.ini"; } > "$cluster$suffix"
+    done
   fi
-  # The run with the median step time (column 23, step_s) stands for the case.
-  sort -t, -k23,23g "$OUT/$name.rows" | sed -n "$(( (REPEATS + 1) / 2 ))p" >> "$MEASURED"
   echo "# $name step times (s), rounds 1..$REPEATS: $(cut -d, -f23 "$OUT/$name.rows" | tr '\n' ' ')"
 done
 
-echo "# measured: $MEASURED"
+# Each round's runs predicted on that round's calibration; the round with the median error stands
+# for each case (jobs/local/validation_rounds.py).
+"$PYTHON" "$(dirname "$0")/validation_rounds.py" "$RLFUSION" "$OUT" "$REPEATS" "$MEASURED" \
+  "$OUT/measured-paired.csv" "${CASE_NAMES[@]}"
+mv "$OUT/measured-paired.csv" "$MEASURED"
+echo "# measured: $MEASURED (each case's chosen round, on that round's cluster file)"
 "$RLFUSION" plan --validate "$MEASURED"

@@ -4,8 +4,10 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 
 #include "kernels/error.h"
@@ -286,6 +288,75 @@ TEST(Plan, ValidationCountsRedundantExpertSlots) {
   const auto bad = run_rlfusion("plan --validate " + dir + "/bad.csv");
   EXPECT_EQ(bad.exit_code, kExitConfigError) << bad.output;
   EXPECT_NE(bad.output.find("case no-ep-r1: redundant_experts 1"), std::string::npos) << bad.output;
+}
+
+// jobs/local/validation_rounds.py, validate_planner.sh's last step: each round's run is predicted
+// on its round's cluster file (the cluster column + ".r"), and the round whose error is the median
+// of the case's rounds stands for it. Case "same" has one cluster in every round, so the median
+// error is the median step time's round; case "paired" runs on a round-3 file without kernel
+// overheads (a faster machine that round), whose prediction falls below the others: its error
+// moves from the middle to the bottom and round 1 stands for the case instead. A rows file with
+// a round missing stops the script. Skipped without /usr/bin/python3.
+TEST(Plan, ValidationRoundsPairEachRunWithItsRoundsCalibration) {
+  if (std::system("/usr/bin/python3 -c 'import json' >/dev/null 2>&1") != 0)
+    GTEST_SKIP() << "no /usr/bin/python3";
+  const std::string dir = scratch("validate-rounds");
+  std::ifstream source(RLFUSION_SOURCE_DIR "/inputs/clusters/cloudmatrix-384.ini");
+  const std::string cloudmatrix((std::istreambuf_iterator<char>(source)),
+                                std::istreambuf_iterator<char>());
+  for (const std::string name : {"same", "paired"}) {
+    for (int r = 1; r <= 3; ++r) {
+      std::string text = cloudmatrix;
+      if (name == "paired" && r == 3) {
+        const size_t at = text.find("kernel_overhead = 5e-6");
+        ASSERT_NE(at, std::string::npos);
+        text.replace(at, 22, "kernel_overhead = 0");
+      }
+      std::ofstream(dir + "/" + name + ".ini." + std::to_string(r)) << text;
+    }
+  }
+  const std::string header =
+      "case,cluster,task,model,mode,ranks,ranks_per_node,actors,expert_parallel,"
+      "actor_expert_parallel,staleness,offload,inter_bandwidth,inter_latency,prompts,group_size,"
+      "micro_batch,reference,queue_shards,steps,trained_tokens,response_tokens,step_s,intra_bytes,"
+      "inter_bytes,generation_peak,training_peak,generate_s,train_s\n";
+  std::ofstream(dir + "/header.csv") << header;
+  const auto row = [&](const std::string& name, const std::string& step_s) {
+    return name + "," + dir + "/" + name + ".ini,sort,tiny,fused,2,1,0,1,1,0,0,0,0,16,8,8,0,2,60," +
+           "94678,48979," + step_s + ",0,18385920,2597632,1957440,0.002,0.004\n";
+  };
+  std::ofstream(dir + "/same.rows")
+      << row("same", "0.003") << row("same", "0.001") << row("same", "0.002");
+  std::ofstream(dir + "/paired.rows")
+      << row("paired", "0.002") << row("paired", "0.001") << row("paired", "0.003");
+  const auto rounds = [&](const std::string& cases) {
+    return test::run_in_source_tree(
+        "/usr/bin/python3 jobs/local/validation_rounds.py " RLFUSION_BINARY " " + dir + " 3 " +
+        dir + "/header.csv " + dir + "/chosen.csv " + cases);
+  };
+  const auto r = rounds("same paired");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::ifstream chosen_file(dir + "/chosen.csv");
+  const std::string chosen((std::istreambuf_iterator<char>(chosen_file)),
+                           std::istreambuf_iterator<char>());
+  // "same": errors fall as the step time grows; the middle step time (round 3's 2 ms) is chosen,
+  // on round 3's file.
+  EXPECT_NE(chosen.find("same," + dir + "/same.ini.3,"), std::string::npos) << chosen;
+  EXPECT_NE(chosen.find(",0.002,0,18385920"), std::string::npos) << chosen;
+  // "paired": round 3's faster file puts its error lowest; round 1 (2 ms) holds the median.
+  EXPECT_NE(chosen.find("paired," + dir + "/paired.ini.1,"), std::string::npos) << chosen;
+  // Each round's table was predicted on that round's files.
+  std::ifstream round2(dir + "/round-2.csv");
+  const std::string second((std::istreambuf_iterator<char>(round2)),
+                           std::istreambuf_iterator<char>());
+  EXPECT_NE(second.find("same," + dir + "/same.ini.2,"), std::string::npos) << second;
+  EXPECT_NE(second.find("paired," + dir + "/paired.ini.2,"), std::string::npos) << second;
+  // A round missing from a case's rows.
+  std::ofstream(dir + "/short.rows") << row("short", "0.001");
+  const auto missing = rounds("short");
+  EXPECT_EQ(missing.exit_code, 2) << missing.output;
+  EXPECT_NE(missing.output.find("short.rows holds 1 rows, not 3"), std::string::npos)
+      << missing.output;
 }
 
 }  // namespace
