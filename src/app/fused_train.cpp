@@ -10,6 +10,7 @@
 #include "kernels/error.h"
 #include "mpi_comm/wait_policy.h"
 #include "src/app/build_info.h"
+#include "src/app/ep_exchange_report.h"
 #include "src/app/expert_rows_report.h"
 #include "src/app/fused_memory.h"
 #include "src/app/learned_reward.h"
@@ -880,6 +881,16 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
     const int64_t rows = model.local_routed_rows() +
                          (learner.reference ? learner.reference->local_routed_rows() : 0);
     parallel_json += expert_rows_report(rows, tp.get(), expert_token_split, dir);
+  }
+  if (!pp && (ep || generation_ep)) {
+    // (A PP x EP run reported its schedule's exchanges above.)
+    SplitPhaseChain::Time exchanges;
+    for (const RoleExpertParallel* layout : {ep.get(), generation_ep.get()}) {
+      if (!layout) continue;
+      exchanges.in_flight += layout->communication_time().in_flight;
+      exchanges.exposed += layout->communication_time().exposed;
+    }
+    parallel_json += ep_exchange_report(exchanges, progress.seconds_since_start(), dir);
   }
   if (reordering) dir.log("%s", reordering->summary().c_str());
   dir.log(

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <string>
+#include <vector>
 
 namespace rlf::test {
 
@@ -18,6 +19,21 @@ inline double json_number(const std::string& json, const std::string& key, size_
   const auto at = json.find("\"" + key + "\":", from);
   if (at == std::string::npos) return std::nan("");
   return std::stod(json.substr(at + key.size() + 3));
+}
+
+// The numbers of the array after "key": (empty when absent).
+inline std::vector<double> json_numbers(const std::string& json, const std::string& key) {
+  std::vector<double> values;
+  const auto at = json.find("\"" + key + "\":[");
+  if (at == std::string::npos) return values;
+  size_t next = at + key.size() + 4;
+  while (next < json.size() && json[next] != ']') {
+    size_t used = 0;
+    values.push_back(std::stod(json.substr(next), &used));
+    next += used;
+    if (json[next] == ',') ++next;
+  }
+  return values;
 }
 
 }  // namespace rlf::test

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "tests/app/json_output.h"
 #include "tests/app/read_parameters.h"
@@ -183,6 +184,21 @@ TEST(FusedTrain, AGenerationLayoutOfItsOwnGeneratesWhatTheTrainingLayoutWould) {
   // The switch is traced as weight movement; the one-layout run moves nothing.
   EXPECT_GT(test::json_number(switched.output, "weight_sync_seconds"), 0.0);
   EXPECT_EQ(test::json_number(one_layout.output, "weight_sync_seconds"), 0.0);
+  // Every rank's time in the EP exchanges (training's, and generation's at EP 2) is logged and
+  // in summary.json; a generation layout without EP exchanges still reports training's.
+  for (const Result* run : {&one_layout, &switched}) {
+    EXPECT_NE(run->output.find("# EP exchanges (every MoE layer's dispatch and combine"),
+              std::string::npos)
+        << run->output;
+    for (const char* key : {"ep_exchange_seconds", "ep_exchange_exposed_seconds"}) {
+      const std::vector<double> seconds = test::json_numbers(run->output, key);
+      ASSERT_EQ(seconds.size(), 2u) << key << "\n" << run->output;
+      for (double s : seconds) {
+        EXPECT_GT(s, 0.0) << key;
+        EXPECT_LT(s, test::json_number(run->output, "rl_seconds")) << key;
+      }
+    }
+  }
   // The same weights generate in either layout (float-level differences aside).
   EXPECT_NEAR(test::json_number(switched.output, "heldout_accuracy_after_rl"),
               test::json_number(one_layout.output, "heldout_accuracy_after_rl"), 0.07);
