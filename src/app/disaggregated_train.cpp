@@ -13,6 +13,7 @@
 #include "mpi_comm/wait_policy.h"
 #include "src/app/build_info.h"
 #include "src/app/disaggregated_tensor_parallel.h"
+#include "src/app/ep_exchange_report.h"
 #include "src/app/learned_reward.h"
 #include "src/app/learner_hooks.h"
 #include "src/app/learner_setup.h"
@@ -701,6 +702,11 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
   unsigned long long actor_bytes = actor_sync_bytes;
   MPI_Allreduce(MPI_IN_PLACE, &actor_bytes, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
   tensor_parallel_json += "\"weight_sync_actor_bytes\":" + std::to_string(actor_bytes) + ",";
+  if (options.expert_parallel > 1 || options.actor_expert_parallel > 1) {
+    // Each rank's time in its role's EP exchanges (a rank without EP: none).
+    tensor_parallel_json += ep_exchange_report(
+        ep ? ep->communication_time() : SplitPhaseChain::Time{}, rl_seconds, dir);
+  }
   MultiRankTrainEnd end;
   end.learner = role == Role::Learner;
   end.root = root;

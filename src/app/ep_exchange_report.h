@@ -1,8 +1,8 @@
-// How long a fused expert-parallel run's ranks spent in the MoE layers' exchanges (dispatch and
-// combine, forward and backward, in generation and training), per rank, for train's log and
-// summary.json: the figure to set beside the planner's EP terms (docs/DEPLOYMIND.md) when a run is
-// slower than predicted. A PP x EP run reports its schedule's instead
-// (pipeline_ep_overlap_report.h).
+// How long an expert-parallel run's ranks spent in the MoE layers' exchanges (dispatch and
+// combine, forward and backward, in generation and training; disaggregated: each rank in its
+// role's, learners' or actors'), per rank, for train's log and summary.json: the figure to set
+// beside the planner's EP terms (docs/DEPLOYMIND.md) when a run is slower than predicted. A fused
+// PP x EP run reports its schedule's instead (pipeline_ep_overlap_report.h).
 #pragma once
 
 #include <string>

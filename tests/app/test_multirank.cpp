@@ -254,6 +254,12 @@ TEST(MultiRankTrain, ExpertParallelLearnersAndActorsTrainLikeTheDataParallelRun)
             test::json_number(dp.output, "heldout_accuracy_before_rl"));
   EXPECT_NEAR(test::json_number(ep.output, "heldout_accuracy_after_rl"),
               test::json_number(dp.output, "heldout_accuracy_after_rl"), 0.07);
+  // Every learner and actor reports its time in its role's EP exchanges.
+  const std::vector<double> exchanges = test::json_numbers(ep.output, "ep_exchange_seconds");
+  ASSERT_EQ(exchanges.size(), 4u) << ep.output;
+  for (double s : exchanges) EXPECT_GT(s, 0.0) << ep.output;
+  EXPECT_NE(ep.output.find("# EP exchanges"), std::string::npos) << ep.output;
+  EXPECT_EQ(dp.output.find("ep_exchange_seconds"), std::string::npos) << dp.output;
   // Each learner and actor stores only its own experts.
   EXPECT_NE(ep.output.find("this rank stores"), std::string::npos) << ep.output;
   // Sharded ranks start from a parameter file: each reads its own part; the start is the
