@@ -36,4 +36,11 @@ inline std::vector<double> json_numbers(const std::string& json, const std::stri
   return values;
 }
 
+// The same array's values as integers (counts of rows or tokens: exact in a double).
+inline std::vector<long long> json_integers(const std::string& json, const std::string& key) {
+  std::vector<long long> values;
+  for (double v : json_numbers(json, key)) values.push_back(std::llround(v));
+  return values;
+}
+
 }  // namespace rlf::test

@@ -219,21 +219,6 @@ TEST(TensorParallelTrain, StartsFromAParameterFileWithAKlReferenceLikeOneRank) {
   EXPECT_EQ(step_rewards(tp.output), want) << tp.output;
 }
 
-// The integers of the array "key": [..] in `json` (empty when absent).
-std::vector<long long> json_integers(const std::string& json, const std::string& key) {
-  std::vector<long long> values;
-  const auto at = json.find("\"" + key + "\":[");
-  if (at == std::string::npos) return values;
-  size_t next = at + key.size() + 4;
-  while (json[next] != ']') {
-    size_t used = 0;
-    values.push_back(std::stoll(json.substr(next), &used));
-    next += used;
-    if (json[next] == ',') ++next;
-  }
-  return values;
-}
-
 long long sum(const std::vector<long long>& values) {
   long long total = 0;
   for (long long v : values) total += v;
@@ -269,7 +254,7 @@ TEST(TensorParallelTrain, ExpertParallelRouterStatisticsCountEveryTokenOnce) {
     ASSERT_GT(assignments[0], 0) << report.output;
     if (want.empty()) want = assignments;
     EXPECT_EQ(assignments, want) << report.output;
-    const std::vector<long long> rows = json_integers(run.output, "expert_rows_per_rank");
+    const std::vector<long long> rows = test::json_integers(run.output, "expert_rows_per_rank");
     ASSERT_EQ(rows.size(), size_t(ranks)) << run.output;
     if (ranks == 2) continue;
     const bool split = options.find("duplicate") == std::string::npos;
@@ -328,7 +313,8 @@ TEST(TensorParallelTrain, TokenSplitWithoutExpertParallelismComputesEachRowOnce)
               std::string::npos)
         << run.output;
     EXPECT_EQ(test::json_number(run.output, "tp_allgathers") > 0, split) << run.output;
-    (split ? split_rows : duplicated_rows) = json_integers(run.output, "expert_rows_per_rank");
+    (split ? split_rows : duplicated_rows) =
+        test::json_integers(run.output, "expert_rows_per_rank");
     (split ? split_model : duplicated_model) = test::read_tiny_parameters(dir + "/model.h5");
   }
   ASSERT_EQ(split_rows.size(), 2u);
