@@ -71,16 +71,11 @@ void print_prediction(const Strategy& s, const Prediction& p, const ModelShape& 
   // What the EP group waits for: the hottest expert's rank, with EDPB's spare slots if any.
   const int ep = s.train.ep;
   const double hottest = expert_load_factor(model, job, ep, s.redundant_experts);
-  const double parts[] = {p.generation,  p.training,    p.tensor_parallel, p.pipeline,
-                          p.all_to_all,  p.expert_wait, p.gradient_sync,   p.swap,
-                          p.weight_sync, p.queue};
-  const char* names[] = {"generation",  "training",    "tensor_parallel", "pipeline",
-                         "all_to_all",  "expert_wait", "gradient_sync",   "swap",
-                         "weight_sync", "queue"};
+  const auto parts = step_parts(p);
   if (json) {
     std::printf("{\"command\":\"plan\",\"strategy\":\"%s\",\"parts_s\":{", s.describe().c_str());
-    for (size_t i = 0; i < std::size(parts); ++i)
-      std::printf("%s\"%s\":%.6g", i ? "," : "", names[i], parts[i]);
+    for (size_t i = 0; i < parts.size(); ++i)
+      std::printf("%s\"%s\":%.6g", i ? "," : "", parts[i].name, parts[i].seconds);
     std::printf(
         "},\"step_s\":%.6g,\"tokens_per_s\":%.6g,\"training_memory_bytes\":%.6g,"
         "\"generation_memory_bytes\":%.6g,\"memory_capacity_bytes\":%.6g,\"fits\":%s,"
@@ -92,8 +87,8 @@ void print_prediction(const Strategy& s, const Prediction& p, const ModelShape& 
   std::printf("# strategy: %s on %d devices\n", s.describe().c_str(), s.devices());
   std::printf("# %-16s %12s %9s\n", "part", "time", "share");
   std::printf("# %-16s %12s %9s\n", "", "(s/step)", "(%)");
-  for (size_t i = 0; i < std::size(parts); ++i)
-    std::printf("  %-16s %12.4f %9.1f\n", names[i], parts[i], 100 * parts[i] / p.step);
+  for (const NamedPart& part : parts)
+    std::printf("  %-16s %12.4f %9.1f\n", part.name, part.seconds, 100 * part.seconds / p.step);
   std::printf("  %-16s %12.4f %9s\n", "step", p.step,
               s.mode == Mode::Disaggregated && s.staleness > 0 ? "(overlap)" : "");
   std::printf("# tokens per step %.0f; predicted throughput %.1f tokens/s\n", job.tokens_per_step(),

@@ -211,12 +211,13 @@ Outcome validate_row(const Row& row) {
 }
 
 // Where the time goes: each phase measured (the busiest rank's trace time per step) beside its
-// prediction, with the sampler's and the optimizer's shares of the prediction.
+// prediction, with the sampler's and the optimizer's shares of the prediction and training's EP
+// exchanges and waits (train EP: part of train pred.; generation's are inside gen pred.).
 void print_parts(const std::vector<Outcome>& outcomes) {
-  std::printf("# time by part\n# %-26s %10s %10s %10s %10s %10s %10s\n", "case", "gen meas.",
-              "gen pred.", "sampler", "train meas.", "train pred.", "optimizer");
-  std::printf("# %-26s %10s %10s %10s %10s %10s %10s\n", "", "(ms/step)", "(ms/step)", "(ms/step)",
-              "(ms/step)", "(ms/step)", "(ms/step)");
+  std::printf("# time by part\n# %-26s %10s %10s %10s %10s %10s %10s %10s\n", "case", "gen meas.",
+              "gen pred.", "sampler", "train meas.", "train pred.", "optimizer", "train EP");
+  std::printf("# %-26s %10s %10s %10s %10s %10s %10s %10s\n", "", "(ms/step)", "(ms/step)",
+              "(ms/step)", "(ms/step)", "(ms/step)", "(ms/step)", "(ms/step)");
   for (const Outcome& o : outcomes) {
     const Prediction& p = o.predicted;
     char generation[32] = "-", training[32] = "-";
@@ -225,8 +226,29 @@ void print_parts(const std::vector<Outcome>& outcomes) {
     if (o.measured_training >= 0)
       std::snprintf(training, sizeof training, "%.3f", 1e3 * o.measured_training);
     const double trained = p.training_total();
-    std::printf("  %-26s %10s %10.3f %10.3f %10s %10.3f %10.3f\n", o.name.c_str(), generation,
-                1e3 * p.generation, 1e3 * p.sampler, training, 1e3 * trained, 1e3 * p.optimizer);
+    std::printf("  %-26s %10s %10.3f %10.3f %10s %10.3f %10.3f %10.3f\n", o.name.c_str(),
+                generation, 1e3 * p.generation, 1e3 * p.sampler, training, 1e3 * trained,
+                1e3 * p.optimizer, 1e3 * (p.all_to_all + p.expert_wait));
+  }
+}
+
+// The same for --json: every predicted part of the step (seconds; the sampler's and the
+// optimizer's shares apart) and the measured phases (null where the row has none).
+void print_parts_json(const Outcome& o) {
+  std::printf("\"predicted_parts_s\":{");
+  const auto parts = step_parts(o.predicted);
+  for (size_t i = 0; i < parts.size(); ++i)
+    std::printf("%s\"%s\":%.6g", i ? "," : "", parts[i].name, parts[i].seconds);
+  std::printf("},\"predicted_sampler_s\":%.6g,\"predicted_optimizer_s\":%.6g", o.predicted.sampler,
+              o.predicted.optimizer);
+  const std::pair<const char*, double> measured[] = {{"measured_generate_s", o.measured_generation},
+                                                     {"measured_train_s", o.measured_training}};
+  for (const auto& [key, value] : measured) {
+    if (value >= 0) {
+      std::printf(",\"%s\":%.6g", key, value);
+    } else {
+      std::printf(",\"%s\":null", key);
+    }
   }
 }
 
@@ -270,10 +292,12 @@ int run_plan_validation(const std::string& csv_path, bool json) {
       std::printf(
           "%s{\"case\":\"%s\",\"measured_step_s\":%.6g,\"predicted_step_s\":%.6g,"
           "\"error_pct\":%.3f,\"measured_bytes\":%llu,\"predicted_bytes\":%llu,"
-          "\"bytes\":\"%s\",\"measured_memory\":%.6g,\"predicted_memory\":%.6g}",
+          "\"bytes\":\"%s\",\"measured_memory\":%.6g,\"predicted_memory\":%.6g,",
           i ? "," : "", o.name.c_str(), o.measured_step, o.predicted_step, error,
           (unsigned long long)o.measured_bytes, (unsigned long long)o.predicted_bytes, verdict,
           o.measured_memory, o.predicted_memory);
+      print_parts_json(o);
+      std::printf("}");
       continue;
     }
     char mem[3][32] = {"-", "-", "-"};

@@ -464,6 +464,19 @@ bool feasible(const ModelConfig& config, const RlJob& job, const Strategy& s) {
   return s.staleness >= 0;
 }
 
+std::array<NamedPart, 10> step_parts(const Prediction& p) {
+  return {{{"generation", p.generation},
+           {"training", p.training},
+           {"tensor_parallel", p.tensor_parallel},
+           {"pipeline", p.pipeline},
+           {"all_to_all", p.all_to_all},
+           {"expert_wait", p.expert_wait},
+           {"gradient_sync", p.gradient_sync},
+           {"swap", p.swap},
+           {"weight_sync", p.weight_sync},
+           {"queue", p.queue}}};
+}
+
 Prediction predict(const ModelShape& m, const ClusterConfig& c, const RlJob& job,
                    const Strategy& s) {
   Prediction out;

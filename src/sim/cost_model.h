@@ -3,6 +3,7 @@
 // strategy allocates nothing, so a search can run millions of them.
 #pragma once
 
+#include <array>
 #include <cstdint>
 
 #include "src/model/model_config.h"
@@ -74,6 +75,14 @@ struct Prediction {
     return training + tensor_parallel + pipeline + all_to_all + expert_wait + gradient_sync;
   }
 };
+
+// The parts that add up to a step (StaleSync's overlap aside), by name, in the order `plan`
+// prints them; the sampler and the optimizer are shares of generation and training.
+struct NamedPart {
+  const char* name;
+  double seconds;
+};
+std::array<NamedPart, 10> step_parts(const Prediction& p);
 
 // The mean routed rows of the EP rank holding the hottest expert over the mean rank's, for the
 // job's router over `ep` ranks (expert_load.h): the contiguous blocks without spare slots, EDPB's

@@ -179,6 +179,31 @@ TEST(Plan, ValidationPredictsRecordedRunsBytesAndMemory) {
   EXPECT_LT(test::json_number(r.output, "predicted_memory", at("one-phase")),
             test::json_number(r.output, "predicted_memory", at("fused-sync-tiny")))
       << "the worst of 60 phases prefills longer prompts than one phase's mean";
+  // Each case's predicted parts: a synchronous step is their sum; only the EP case has training
+  // EP exchanges and waits; the measured phases are the row's.
+  const char* parts[] = {"generation",  "training",    "tensor_parallel", "pipeline",
+                         "all_to_all",  "expert_wait", "gradient_sync",   "swap",
+                         "weight_sync", "queue"};
+  for (const char* name :
+       {"disagg-sync-tiny", "fused-sync-tiny", "fused-ep2-tiny", "fused-offload-small"}) {
+    double sum = 0;
+    for (const char* part : parts) sum += test::json_number(r.output, part, at(name));
+    const double step = test::json_number(r.output, "predicted_step_s", at(name));
+    EXPECT_NEAR(sum, step, 1e-5 * step) << name << "\n" << r.output;
+    EXPECT_GT(test::json_number(r.output, "predicted_sampler_s", at(name)), 0) << name;
+    EXPECT_GT(test::json_number(r.output, "predicted_optimizer_s", at(name)), 0) << name;
+  }
+  EXPECT_GT(test::json_number(r.output, "all_to_all", at("fused-ep2-tiny")), 0);
+  EXPECT_GT(test::json_number(r.output, "expert_wait", at("fused-ep2-tiny")), 0);
+  EXPECT_EQ(test::json_number(r.output, "all_to_all", at("fused-sync-tiny")), 0);
+  EXPECT_EQ(test::json_number(r.output, "expert_wait", at("fused-sync-tiny")), 0);
+  EXPECT_DOUBLE_EQ(test::json_number(r.output, "measured_generate_s", at("fused-ep2-tiny")),
+                   0.004019);
+  EXPECT_DOUBLE_EQ(test::json_number(r.output, "measured_train_s", at("fused-ep2-tiny")), 0.008094);
+  // The text table's training EP column holds the same two parts.
+  const auto text = run_rlfusion("plan --validate " + dir + "/measured.csv");
+  ASSERT_EQ(text.exit_code, 0) << text.output;
+  EXPECT_NE(text.output.find("train EP"), std::string::npos) << text.output;
 }
 
 TEST(BenchCalibrate, WritesAClusterFileThePlannerReads) {
