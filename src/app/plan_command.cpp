@@ -73,11 +73,10 @@ void print_prediction(const Strategy& s, const Prediction& p, const ModelShape& 
   const double hottest = expert_load_factor(model, job, ep, s.redundant_experts);
   const auto parts = step_parts(p);
   if (json) {
-    std::printf("{\"command\":\"plan\",\"strategy\":\"%s\",\"parts_s\":{", s.describe().c_str());
-    for (size_t i = 0; i < parts.size(); ++i)
-      std::printf("%s\"%s\":%.6g", i ? "," : "", parts[i].name, parts[i].seconds);
+    std::printf("{\"command\":\"plan\",\"strategy\":\"%s\",\"parts_s\":", s.describe().c_str());
+    print_step_parts_json(p);
     std::printf(
-        "},\"step_s\":%.6g,\"tokens_per_s\":%.6g,\"training_memory_bytes\":%.6g,"
+        ",\"step_s\":%.6g,\"tokens_per_s\":%.6g,\"training_memory_bytes\":%.6g,"
         "\"generation_memory_bytes\":%.6g,\"memory_capacity_bytes\":%.6g,\"fits\":%s,"
         "\"training_hottest_ep_rank_load\":%.6g}\n",
         p.step, p.tokens_per_second, p.training_memory, p.generation_memory, cluster.memory_bytes,

@@ -235,11 +235,9 @@ void print_parts(const std::vector<Outcome>& outcomes) {
 // The same for --json: every predicted part of the step (seconds; the sampler's and the
 // optimizer's shares apart) and the measured phases (null where the row has none).
 void print_parts_json(const Outcome& o) {
-  std::printf("\"predicted_parts_s\":{");
-  const auto parts = step_parts(o.predicted);
-  for (size_t i = 0; i < parts.size(); ++i)
-    std::printf("%s\"%s\":%.6g", i ? "," : "", parts[i].name, parts[i].seconds);
-  std::printf("},\"predicted_sampler_s\":%.6g,\"predicted_optimizer_s\":%.6g", o.predicted.sampler,
+  std::printf("\"predicted_parts_s\":");
+  print_step_parts_json(o.predicted);
+  std::printf(",\"predicted_sampler_s\":%.6g,\"predicted_optimizer_s\":%.6g", o.predicted.sampler,
               o.predicted.optimizer);
   const std::pair<const char*, double> measured[] = {{"measured_generate_s", o.measured_generation},
                                                      {"measured_train_s", o.measured_training}};
@@ -253,6 +251,14 @@ void print_parts_json(const Outcome& o) {
 }
 
 }  // namespace
+
+void print_step_parts_json(const sim::Prediction& p) {
+  const auto parts = step_parts(p);
+  std::printf("{");
+  for (size_t i = 0; i < parts.size(); ++i)
+    std::printf("%s\"%s\":%.6g", i ? "," : "", parts[i].name, parts[i].seconds);
+  std::printf("}");
+}
 
 int run_plan_validation(const std::string& csv_path, bool json) {
   std::vector<Outcome> outcomes;

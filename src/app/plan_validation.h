@@ -6,6 +6,14 @@
 
 namespace rlf {
 
+namespace sim {
+struct Prediction;
+}
+
+// The step's parts as a JSON object, {"generation":seconds,...} (sim::step_parts' names and order):
+// `plan --json` for one strategy and each case of `plan --validate --json`.
+void print_step_parts_json(const sim::Prediction& p);
+
 // Prints the table and its verdict lines; returns 0 (a target missed is a finding, not an error).
 // Each case is predicted on the cluster file its `cluster` column names (written by `bench
 // calibrate` for that case's link emulation). A malformed CSV is a ConfigError naming the line and

@@ -200,10 +200,22 @@ TEST(Plan, ValidationPredictsRecordedRunsBytesAndMemory) {
   EXPECT_DOUBLE_EQ(test::json_number(r.output, "measured_generate_s", at("fused-ep2-tiny")),
                    0.004019);
   EXPECT_DOUBLE_EQ(test::json_number(r.output, "measured_train_s", at("fused-ep2-tiny")), 0.008094);
-  // The text table's training EP column holds the same two parts.
+  // The text table's training EP column holds the same two parts (ms, three decimals): the last
+  // number of the EP case's row in "time by part".
   const auto text = run_rlfusion("plan --validate " + dir + "/measured.csv");
   ASSERT_EQ(text.exit_code, 0) << text.output;
-  EXPECT_NE(text.output.find("train EP"), std::string::npos) << text.output;
+  const size_t parts_table = text.output.find("# time by part");
+  ASSERT_NE(parts_table, std::string::npos) << text.output;
+  EXPECT_NE(text.output.find("train EP", parts_table), std::string::npos) << text.output;
+  const size_t row = text.output.find("  fused-ep2-tiny ", parts_table);
+  ASSERT_NE(row, std::string::npos) << text.output;
+  const std::string line = text.output.substr(row, text.output.find('\n', row) - row);
+  const double ep_ms = std::stod(line.substr(line.find_last_of(' ') + 1));
+  EXPECT_NEAR(ep_ms,
+              1e3 * (test::json_number(r.output, "all_to_all", at("fused-ep2-tiny")) +
+                     test::json_number(r.output, "expert_wait", at("fused-ep2-tiny"))),
+              0.001)
+      << line;
 }
 
 TEST(BenchCalibrate, WritesAClusterFileThePlannerReads) {
