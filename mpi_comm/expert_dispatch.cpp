@@ -24,6 +24,13 @@ namespace {
 constexpr int kTagsPerStage = 8;
 enum Tag { kCounts = 1, kMeta = 2, kRows = 3, kExtras = 4, kReverse = 5 };
 
+// `count` empty lists that keep the capacity they had: a dispatcher plans one exchange after
+// another of about the same shape.
+void clear_lists(std::vector<std::vector<int>>& lists, size_t count) {
+  lists.resize(count);
+  for (std::vector<int>& list : lists) list.clear();
+}
+
 int checked_count(uint64_t bytes) {
   if (bytes > uint64_t(INT_MAX)) {
     throw std::length_error("ExpertDispatcher: a message of " + std::to_string(bytes) +
@@ -217,8 +224,9 @@ void ExpertDispatcher::finish(Operation operation) {
 void ExpertDispatcher::post_counts(int s) {
   Stage& stage = stages_[size_t(s)];
   const size_t Q = stage.peers.size();
-  f_.send.assign(Q, {});
-  f_.recv.assign(Q, {});
+  // The message buffers keep their capacity from operation to operation.
+  f_.send.resize(Q);
+  f_.recv.resize(Q);
   for (size_t q = 0; q < Q; ++q) {
     const int32_t counts[2] = {int32_t(stage.send_rows[q].size()),
                                int32_t(stage.send_handles[q].size())};
@@ -245,7 +253,7 @@ void ExpertDispatcher::read_counts_post_meta(int s) {
     const int64_t assigns = stage.recv_assign_offset[q + 1] - stage.recv_assign_offset[q];
     f_.send[q].resize(f_.meta[q].size() * sizeof(int));
     if (!f_.meta[q].empty()) std::memcpy(f_.send[q].data(), f_.meta[q].data(), f_.send[q].size());
-    f_.recv[q].assign(size_t(3 * packets + 2 * assigns) * sizeof(int), 0);
+    f_.recv[q].resize(size_t(3 * packets + 2 * assigns) * sizeof(int));  // received whole
   }
   post_bytes(stage, s * kTagsPerStage + kMeta, false);
 }
@@ -254,27 +262,35 @@ void ExpertDispatcher::read_meta(int s) {
   Stage& stage = stages_[size_t(s)];
   const size_t Q = stage.peers.size();
   const int64_t total = stage.recv_assign_offset[Q];
-  for (auto* v : {&stage.row_of_assign, &stage.origin, &stage.token, &stage.slot, &stage.expert}) {
-    v->clear();
-    v->reserve(size_t(total));
-  }
+  for (auto* v : {&stage.row_of_assign, &stage.origin, &stage.token, &stage.slot, &stage.expert})
+    v->resize(size_t(total));
+  int64_t at = 0;
   for (size_t q = 0; q < Q; ++q) {
-    std::vector<int> meta(f_.recv[q].size() / sizeof(int));
-    if (!meta.empty()) std::memcpy(meta.data(), f_.recv[q].data(), f_.recv[q].size());
+    const uint8_t* bytes = f_.recv[q].data();
+    const size_t values = f_.recv[q].size() / sizeof(int);
     size_t pos = 0;
+    auto next = [&] {
+      if (pos >= values)
+        throw std::logic_error("ExpertDispatcher: metadata shorter than the exchanged counts");
+      int value;
+      std::memcpy(&value, bytes + pos++ * sizeof(int), sizeof value);
+      return value;
+    };
     for (int64_t p = stage.recv_row_offset[q]; p < stage.recv_row_offset[q + 1]; ++p) {
-      const int origin = meta[pos], token = meta[pos + 1], count = meta[pos + 2];
-      pos += 3;
-      for (int a = 0; a < count; ++a, pos += 2) {
-        stage.row_of_assign.push_back(int(p));
-        stage.origin.push_back(origin);
-        stage.token.push_back(token);
-        stage.slot.push_back(meta[pos]);
-        stage.expert.push_back(meta[pos + 1]);
+      const int origin = next(), token = next(), count = next();
+      for (int a = 0; a < count; ++a, ++at) {
+        if (at >= total)
+          throw std::logic_error("ExpertDispatcher: metadata does not match the exchanged counts");
+        const size_t i = size_t(at);
+        stage.row_of_assign[i] = int(p);
+        stage.origin[i] = origin;
+        stage.token[i] = token;
+        stage.slot[i] = next();
+        stage.expert[i] = next();
       }
     }
   }
-  if (int64_t(stage.row_of_assign.size()) != total) {
+  if (at != total) {
     throw std::logic_error("ExpertDispatcher: metadata does not match the exchanged counts");
   }
 }
@@ -286,7 +302,7 @@ void ExpertDispatcher::post_forward_rows(int s, const std::vector<float>& in, in
   const size_t Q = stage.peers.size();
   f_.packed.resize(Q);
   Transfer t(Q);
-  out.assign(size_t(stage.recv_row_offset[Q]) * size_t(width), 0.0f);
+  out.resize(size_t(stage.recv_row_offset[Q]) * size_t(width));  // every row received
   for (size_t q = 0; q < Q; ++q) {
     f_.packed[q].resize(stage.send_rows[q].size() * size_t(width));
     for (size_t p = 0; p < stage.send_rows[q].size(); ++p) {
@@ -304,7 +320,7 @@ void ExpertDispatcher::post_forward_rows(int s, const std::vector<float>& in, in
   if (!extras_by_handle) return;
   Transfer e(Q);
   f_.packed_extras.resize(Q);
-  extras_out->assign(size_t(stage.recv_assign_offset[Q]), 0.0f);
+  extras_out->resize(size_t(stage.recv_assign_offset[Q]));
   for (size_t q = 0; q < Q; ++q) {
     f_.packed_extras[q].clear();
     for (int h : stage.send_handles[q])
@@ -322,7 +338,7 @@ void ExpertDispatcher::post_reverse_rows(int s, int width, bool payload) {
   const size_t Q = stage.peers.size();
   int64_t handles_sent = 0;
   for (size_t q = 0; q < Q; ++q) handles_sent += int64_t(stage.send_handles[q].size());
-  f_.received.assign(size_t(handles_sent) * size_t(width), 0.0f);
+  f_.received.resize(size_t(handles_sent) * size_t(width));  // every handle's row comes back
   Transfer t(Q);
   // Received assignments of one peer are contiguous, so the reverse sends need no packing.
   for (size_t q = 0, offset = 0; q < Q; ++q) {
@@ -340,7 +356,8 @@ void ExpertDispatcher::unpack_reverse_rows(int s, int width) {
   const Stage& stage = stages_[size_t(s)];
   const int64_t handles =
       s == 0 ? int64_t(N_) * K_ : int64_t(stages_[size_t(s) - 1].row_of_assign.size());
-  f_.by_handle.assign(size_t(handles) * size_t(width), 0.0f);
+  // Every handle was sent to exactly one peer, so every row is written below.
+  f_.by_handle.resize(size_t(handles) * size_t(width));
   for (size_t q = 0, offset = 0; q < stage.peers.size(); ++q) {
     for (size_t j = 0; j < stage.send_handles[q].size(); ++j, ++offset) {
       std::memcpy(f_.by_handle.data() + size_t(stage.send_handles[q][j]) * size_t(width),
@@ -394,9 +411,9 @@ void ExpertDispatcher::plan_first_stage(const int* expert_idx) {
   // `dest` maps an expert to the index of its peer in this stage.
   auto dest = [&](int e) { return hierarchical ? node_of_[size_t(owner_of(e))] : owner_of(e); };
   const size_t Q0 = first.peers.size();
-  first.send_rows.assign(Q0, {});
-  first.send_handles.assign(Q0, {});
-  f_.meta.assign(Q0, {});
+  clear_lists(first.send_rows, Q0);
+  clear_lists(first.send_handles, Q0);
+  clear_lists(f_.meta, Q0);
   for (int n = 0; n < N; ++n) {
     const int* slots = expert_idx + int64_t(n) * K;
     for (int k = 0; k < K; ++k) {
@@ -429,9 +446,9 @@ void ExpertDispatcher::plan_second_stage() {
   second.peers = rank_at_[size_t(my_node)];
   second.self = local_of_[size_t(rank_)];
   const size_t Q1 = second.peers.size();
-  second.send_rows.assign(Q1, {});
-  second.send_handles.assign(Q1, {});
-  f_.meta.assign(Q1, {});
+  clear_lists(second.send_rows, Q1);
+  clear_lists(second.send_handles, Q1);
+  clear_lists(f_.meta, Q1);
   const int64_t assigns = int64_t(first.row_of_assign.size());
   for (int64_t begin = 0, end = 0; begin < assigns; begin = end) {
     end = begin;
@@ -463,29 +480,39 @@ void ExpertDispatcher::order_canonically() {
   const Stage& last = stages_.back();
   const size_t M = last.row_of_assign.size();
   const int C = C_;
-  std::vector<int> order(M);
-  std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(), [&](int a, int b) {
+  const int first_slot = rank_ * local_experts();
+  // A counting sort by local slot (stable: the received order inside a slot), then each slot's
+  // run in (origin, token, top-k slot) order. The runs arrive in that order whenever every
+  // sender packs in token order and the peers are the origins in rank order (the flat modes),
+  // so the check finds nothing to sort there; a hierarchical stage interleaves the origins.
+  local_offsets_.assign(size_t(local_experts()) + 1, 0);
+  for (size_t i = 0; i < M; ++i) ++local_offsets_[size_t(last.expert[i] - first_slot) + 1];
+  for (int e = 0; e < local_experts(); ++e)
+    local_offsets_[size_t(e) + 1] += local_offsets_[size_t(e)];
+  order_.resize(M);
+  next_in_slot_.assign(local_offsets_.begin(), local_offsets_.end() - 1);
+  for (size_t i = 0; i < M; ++i)
+    order_[size_t(next_in_slot_[size_t(last.expert[i] - first_slot)]++)] = int(i);
+  auto before = [&](int a, int b) {
     const size_t i = size_t(a), j = size_t(b);
-    if (last.expert[i] != last.expert[j]) return last.expert[i] < last.expert[j];
     if (last.origin[i] != last.origin[j]) return last.origin[i] < last.origin[j];
     if (last.token[i] != last.token[j]) return last.token[i] < last.token[j];
     return last.slot[i] < last.slot[j];
-  });
-  canonical_of_assign_.assign(M, 0);
-  local_offsets_.assign(size_t(local_experts()) + 1, 0);
-  f_.result.assign(M * size_t(C), 0.0f);
-  const int first_expert = rank_ * local_experts();
+  };
+  for (int e = 0; e < local_experts(); ++e) {
+    const auto first = order_.begin() + local_offsets_[size_t(e)];
+    const auto end = order_.begin() + local_offsets_[size_t(e) + 1];
+    if (!std::is_sorted(first, end, before)) std::sort(first, end, before);
+  }
+  canonical_of_assign_.resize(M);
+  f_.result.resize(M * size_t(C));
   for (size_t m = 0; m < M; ++m) {
-    const size_t i = size_t(order[m]);
+    const size_t i = size_t(order_[m]);
     canonical_of_assign_[i] = int(m);
-    ++local_offsets_[size_t(last.expert[i] - first_expert) + 1];
     std::memcpy(f_.result.data() + m * size_t(C),
                 f_.rows.data() + size_t(last.row_of_assign[i]) * size_t(C),
                 size_t(C) * sizeof(float));
   }
-  for (int e = 0; e < local_experts(); ++e)
-    local_offsets_[size_t(e) + 1] += local_offsets_[size_t(e)];
 }
 
 void ExpertDispatcher::set_expert_slots(const std::vector<int>& slot_of) {
@@ -557,7 +584,8 @@ void ExpertDispatcher::begin_dispatch(const float* x, const int* expert_idx, int
   K_ = K;
   C_ = C;
   local_offsets_.clear();
-  stages_.assign(mode_ == DispatchMode::Hierarchical ? 2 : 1, Stage{});
+  stages_.resize(mode_ == DispatchMode::Hierarchical ? 2 : 1);
+  for (Stage& stage : stages_) stage.peers.clear();  // the rest is sized as it is planned
   // Every assignment to its expert's slot; a replicated expert's assignments in turn over its
   // replicas, starting at a rank-dependent one so every replica gets a share of few tokens too.
   slot_indices_.resize(size_t(N) * size_t(K));
@@ -604,16 +632,17 @@ void ExpertDispatcher::begin_combine(const float* y_local, const float* expert_w
   add_gather_back(
       steps, [y_local] { return y_local; }, C_, true,
       [this] {
-        // The loop of ref::moe_combine, with y(n, k) at row n K + k.
+        // The arithmetic of ref::moe_combine, with y(n, k) at row n K + k: each output
+        // element sums its K terms in slot order from 0, here a row at a time (vectorized).
         const int64_t N = N_, K = K_, C = C_;
         const std::vector<float>& y = f_.by_assign;
         f_.result.assign(size_t(N * C), 0.0f);
         for (int64_t n = 0; n < N; ++n) {
-          for (int64_t c = 0; c < C; ++c) {
-            float s = 0;
-            for (int64_t k = 0; k < K; ++k)
-              s += f_.weights[size_t(n * K + k)] * y[size_t((n * K + k) * C + c)];
-            f_.result[size_t(n * C + c)] = s;
+          float* out = f_.result.data() + n * C;
+          for (int64_t k = 0; k < K; ++k) {
+            const float w = f_.weights[size_t(n * K + k)];
+            const float* yk = y.data() + (n * K + k) * C;
+            for (int64_t c = 0; c < C; ++c) out[c] += w * yk[c];
           }
         }
       });
@@ -631,15 +660,16 @@ void ExpertDispatcher::begin_dispatch_backward(const float* dxg_local) {
   add_gather_back(
       steps, [dxg_local] { return dxg_local; }, C_, true,
       [this] {
-        // The loop of ref::moe_gather_backward into a zeroed dx.
+        // The arithmetic of ref::moe_gather_backward into a zeroed dx: each element sums its
+        // K terms in slot order from 0, a row at a time (vectorized).
         const int64_t N = N_, K = K_, C = C_;
         const std::vector<float>& dxg = f_.by_assign;
         f_.result.assign(size_t(N * C), 0.0f);
         for (int64_t n = 0; n < N; ++n) {
-          for (int64_t c = 0; c < C; ++c) {
-            float s = 0;
-            for (int64_t k = 0; k < K; ++k) s += dxg[size_t((n * K + k) * C + c)];
-            f_.result[size_t(n * C + c)] = 0.0f + s;
+          float* dx = f_.result.data() + n * C;
+          for (int64_t k = 0; k < K; ++k) {
+            const float* row = dxg.data() + (n * K + k) * C;
+            for (int64_t c = 0; c < C; ++c) dx[c] += row[c];
           }
         }
       });

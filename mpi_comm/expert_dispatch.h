@@ -219,7 +219,8 @@ class ExpertDispatcher {
   // Plan of the last dispatch.
   int N_ = 0, K_ = 0, C_ = 0;
   std::vector<Stage> stages_;
-  std::vector<int> canonical_of_assign_;  // last stage's received assignment -> local row
+  std::vector<int> canonical_of_assign_;   // last stage's received assignment -> local row
+  std::vector<int> order_, next_in_slot_;  // order_canonically's scratch, kept between dispatches
   std::vector<int> local_offsets_;
   int slots_per_rank_ = 0;
   std::vector<int> slot_expert_;            // slot -> expert
