@@ -28,7 +28,8 @@ struct PlanOptions {
   int supernodes = 0, devices = 0, table = 0, staleness = 0, redundant_experts = 0;
   int max_redundant_experts = 2;
   Parallelism train, generate;
-  bool offload = false, ep_overlap = false, recompute = false;
+  bool offload = false, ep_overlap = false, recompute = false, rebalance = false;
+  bool no_rebalance = false;
 };
 
 constexpr double kGiB = 1024.0 * 1024 * 1024;
@@ -70,7 +71,7 @@ void print_prediction(const Strategy& s, const Prediction& p, const ModelShape& 
                       const ClusterConfig& cluster, const RlJob& job, bool json) {
   // What the EP group waits for: the hottest expert's rank, with EDPB's spare slots if any.
   const int ep = s.train.ep;
-  const double hottest = expert_load_factor(model, job, ep, s.redundant_experts);
+  const double hottest = expert_load_factor(model, job, ep, training_placement(s));
   const auto parts = step_parts(p);
   if (json) {
     std::printf("{\"command\":\"plan\",\"strategy\":\"%s\",\"parts_s\":", s.describe().c_str());
@@ -96,12 +97,14 @@ void print_prediction(const Strategy& s, const Prediction& p, const ModelShape& 
       "# memory per device: training %.2f GiB, generation %.2f GiB, capacity %.2f GiB: %s\n",
       p.training_memory / kGiB, p.generation_memory / kGiB, cluster.memory_bytes / kGiB,
       p.fits ? "fits" : "DOES NOT FIT");
-  if (ep > 1 && (job.router_max_over_mean != 1 || s.redundant_experts > 0)) {
+  if (ep > 1 && (job.router_max_over_mean != 1 || s.rebalance)) {
     std::printf(
         "# training EP %d: the hottest expert's rank takes %.3f x the mean rank's routed rows "
         "(contiguous blocks: %.3f)%s\n",
-        ep, hottest, expert_load_factor(model, job, ep, 0),
-        s.redundant_experts > 0 ? ", with EDPB's spare slots" : "");
+        ep, hottest, expert_load_factor(model, job, ep, ExpertPlacement{}),
+        s.redundant_experts > 0 ? ", with EDPB's spare slots"
+        : s.rebalance           ? ", EDPB's placement"
+                                : "");
   }
 }
 
@@ -238,8 +241,13 @@ int run_plan_command(const std::vector<std::string>& args) {
     add("ep-overlap", po::bool_switch(&o.ep_overlap), "overlap EP communication with experts");
     add("recompute", po::bool_switch(&o.recompute), "training recomputes activations");
     add("dispatch", po::value(&o.dispatch)->default_value(o.dispatch), "EP dispatch: flat | dedup");
+    add("rebalance", po::bool_switch(&o.rebalance),
+        "EDPB moves experts between the training EP ranks (train --rebalance-every)");
     add("redundant-experts", po::value(&o.redundant_experts)->default_value(0),
-        "spare expert slots per training EP rank, placed by EDPB (train --redundant-experts)");
+        "spare expert slots per training EP rank, placed by EDPB (train --redundant-experts; "
+        "implies --rebalance)");
+    add("no-rebalance", po::bool_switch(&o.no_rebalance),
+        "search: leave EDPB's rebalancing (and its spare slots) out");
     add("max-redundant-experts",
         po::value(&o.max_redundant_experts)->default_value(o.max_redundant_experts),
         "search: spare expert slots per training EP rank to consider, 0 .. this");
@@ -307,6 +315,7 @@ int run_plan_command(const std::vector<std::string>& args) {
     s.ep_overlap = o.ep_overlap;
     s.recompute = o.recompute;
     s.redundant_experts = o.redundant_experts;
+    s.rebalance = o.rebalance || o.redundant_experts > 0;
     if (o.dispatch != "flat" && o.dispatch != "dedup")
       throw ConfigError("--dispatch must be flat or dedup, got '" + o.dispatch + "'");
     s.dispatch = o.dispatch == "dedup" ? Dispatch::Dedup : Dispatch::Flat;
@@ -324,8 +333,9 @@ int run_plan_command(const std::vector<std::string>& args) {
       throw ConfigError("plan: strategy " + s.describe() + " does not fit " +
                         std::to_string(devices) + " devices, model " + config.name + " and job " +
                         job.name +
-                        " (degrees must divide heads, experts, TP x DP and the batch; redundant "
-                        "experts need EP and E / EP + R <= E)");
+                        " (degrees must divide heads, experts, TP x DP and the batch; "
+                        "rebalancing and redundant experts need training EP, and E / EP + R <= "
+                        "E)");
     const Prediction p = predict(model, cluster, job, s);
     print_prediction(s, p, model, cluster, job, run.json);
     return 0;
@@ -337,6 +347,7 @@ int run_plan_command(const std::vector<std::string>& args) {
     space.modes.push_back(parse_mode(m, "--modes"));
   space.staleness = parse_int_list(o.staleness_list, "--staleness-bounds");
   space.max_redundant_experts = o.max_redundant_experts;
+  space.rebalance = !o.no_rebalance;
   const SearchResult result = search(model, config, cluster, job, space);
   if (result.best.empty()) {
     throw ConfigError("plan: no strategy fits: " + std::to_string(result.feasible) +

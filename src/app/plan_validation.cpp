@@ -144,8 +144,10 @@ Outcome validate_row(const Row& row) {
     s.train.ep = row.integer("expert_parallel");
     s.generate.ep = row.integer("actor_expert_parallel");
   }
-  // EDPB's spare expert slots per EP rank (column absent in older CSVs: none).
+  // EDPB's spare expert slots per EP rank (column absent in older CSVs: none), and its rebalancing
+  // (column absent: on with spare slots, as the validation's replica case runs it).
   s.redundant_experts = int(row.number_or("redundant_experts", 0));
+  s.rebalance = row.number_or("rebalance", s.redundant_experts > 0 ? 1 : 0) != 0;
   if (s.redundant_experts > 0 && !feasible(config, job, s)) {
     throw ConfigError("case " + out.name + ": redundant_experts " +
                       std::to_string(s.redundant_experts) +

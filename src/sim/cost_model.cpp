@@ -120,13 +120,19 @@ bool layouts_equal(const Parallelism& a, const Parallelism& b) {
   return a.tp == b.tp && a.pp == b.pp && a.ep == b.ep && a.dp == b.dp;
 }
 
-// Spare expert slots of a generation rank: a fused rank generating at its training layout uses
-// the training slots (the runtime splits a replicated expert's tokens over its replicas); a
-// generation layout of its own (the switch takes one copy of each expert) and actors have none.
-int generation_spare_slots(const Strategy& s) {
-  return s.mode != Mode::Disaggregated && layouts_equal(s.train, s.generate) ? s.redundant_experts
-                                                                             : 0;
+}  // namespace
+
+ExpertPlacement training_placement(const Strategy& s) {
+  return {s.rebalance || s.redundant_experts > 0, s.redundant_experts};
 }
+
+ExpertPlacement generation_placement(const Strategy& s) {
+  if (s.mode == Mode::Disaggregated) return {};
+  if (layouts_equal(s.train, s.generate)) return training_placement(s);
+  return {training_placement(s).rebalanced, 0};
+}
+
+namespace {
 
 struct Training {
   double compute = 0, optimizer = 0, tensor_parallel = 0, pipeline = 0, all_to_all = 0,
@@ -188,7 +194,8 @@ Training training_cost(const ModelShape& m, const ClusterConfig& c, const RlJob&
       busiest * (flops / (devices * rate) + elementwise / (devices * c.memory_bandwidth)) +
       logit_bytes / c.memory_bandwidth;
   t.compute = token_work + kernels * c.kernel_overhead;
-  const int spare = s.redundant_experts;
+  const ExpertPlacement placement = training_placement(s);
+  const int spare = placement.spare;
   const double params = training_parameters(m, p, spare);
   const double routed_params = routed_per_rank(m, p.ep, spare) / p.pp;
   t.optimizer = params / c.optimizer_rate;  // every local parameter: norm, then AdamW
@@ -219,7 +226,7 @@ Training training_cost(const ModelShape& m, const ClusterConfig& c, const RlJob&
     const Link& link = c.link(c.level_spanned(int64_t(p.ep) * p.tp));
     // An exchange ends when the rank holding the hottest expert has received its rows (1x the
     // mean rank's with a uniform router).
-    const double hottest = expert_load_factor(m, job, p.ep, spare);
+    const double hottest = expert_load_factor(m, job, p.ep, placement);
     const double rows = micro_tokens / p.tp * remote_rows(m, p.ep, s.dispatch) * hottest;
     const double one = link.seconds(rows * m.d_model * ab, kExchangeRounds);
     const double operations = micro_batches * layers_per_stage * collectives_per_layer;
@@ -282,18 +289,19 @@ Training training_cost(const ModelShape& m, const ClusterConfig& c, const RlJob&
 // `context`, on one device of the generation layout. A prefill is a forward over every prompt
 // token at once, the shape the layer rates were measured on (hundreds of rows), so it runs at the
 // layer rate; a decode step at the decode rate, measured on decode steps of 1 to 256 rows.
-// `spare`: the rank's spare expert slots (generation_spare_slots).
+// `placement`: the generation layout's (generation_placement).
 double generation_step(const ModelShape& m, const ClusterConfig& c, const RlJob& job,
-                       const Parallelism& g, int spare, double tokens, double context,
-                       bool prefill) {
+                       const Parallelism& g, ExpertPlacement placement, double tokens,
+                       double context, bool prefill) {
   const double ab = job.activation_bytes;
   // The tokens whose routed experts the EP group computes: each TP rank's share (the token split)
   // from each of the group's ranks.
   const double group_tokens = tokens * g.ep / g.tp;
   const double touched = 1 - std::pow(std::max(0.0, 1 - m.top_k / m.experts), group_tokens);
   const double weights =
-      (m.replicated / g.tp + routed_per_rank(m, g.ep, spare) * touched) * job.parameter_bytes;
-  const double hottest = expert_load_factor(m, job, g.ep, spare);
+      (m.replicated / g.tp + routed_per_rank(m, g.ep, placement.spare) * touched) *
+      job.parameter_bytes;
+  const double hottest = expert_load_factor(m, job, g.ep, placement);
   const double kv = tokens * context * 2 * m.d_model * m.layers * ab / g.tp;
   const double elementwise = tokens * m.layers * kElementwiseValuesPerLayer * m.d_model * ab;
   const double dense_flops = tokens * 2 * (m.active_matmul - m.expert_matmul) / g.tp;
@@ -367,9 +375,10 @@ Phase generation_cost(const ModelShape& m, const ClusterConfig& c, const RlJob& 
   double prefill_tokens = per_rank * job.prompt.mean;
   // A resumed sample is, on average, half its response past its prompt.
   if (cut) prefill_tokens += batch * (job.prompt.mean + 0.5 * job.response.mean);
-  const int spare = generation_spare_slots(s);
-  phase.seconds = generation_step(m, c, job, g, spare, prefill_tokens, 0.5 * job.prompt.mean, true);
-  phase.seconds += steps * generation_step(m, c, job, g, spare, live, context, false);
+  const ExpertPlacement placement = generation_placement(s);
+  phase.seconds =
+      generation_step(m, c, job, g, placement, prefill_tokens, 0.5 * job.prompt.mean, true);
+  phase.seconds += steps * generation_step(m, c, job, g, placement, live, context, false);
   // Every response token is drawn once from its row of V logits (a resumed sample's prefix is
   // recomputed, not redrawn).
   phase.sampler = tokens * c.sampler_seconds(m.vocab);
@@ -410,10 +419,11 @@ double experts_received_in_switch(double experts, int train_ep, int generate_ep)
 
 }  // namespace
 
-double expert_load_factor(const ModelShape& m, const RlJob& job, int ep, int spare) {
-  return spare > 0
-             ? job.rebalanced_loads.factor(job.router_max_over_mean, int(m.experts), ep, spare)
-             : hottest_rank_load_factor(job.router_max_over_mean, m.experts, ep);
+double expert_load_factor(const ModelShape& m, const RlJob& job, int ep,
+                          ExpertPlacement placement) {
+  return placement.rebalanced ? job.rebalanced_loads.factor(job.router_max_over_mean,
+                                                            int(m.experts), ep, placement.spare)
+                              : hottest_rank_load_factor(job.router_max_over_mean, m.experts, ep);
 }
 
 SwitchParameters generation_switch(const ModelShape& m, const Parallelism& train,
@@ -455,6 +465,8 @@ bool feasible(const ModelConfig& config, const RlJob& job, const Strategy& s) {
   if (s.redundant_experts > 0 &&
       (s.train.ep == 1 || config.n_experts / s.train.ep + s.redundant_experts > config.n_experts))
     return false;
+  // Rebalancing moves training's experts between its EP ranks (`--rebalance-every` needs EP).
+  if (s.rebalance && s.train.ep == 1) return false;
   // Every virtual stage holds at least one layer; every pipeline gets at least pp micro-batches.
   if (s.train.pp * s.train.vpp > config.n_layers) return false;
   if (s.train.pp > 1 && job.samples() / (int64_t(s.train.dp) * job.micro_batch) < s.train.pp)
@@ -482,7 +494,7 @@ Prediction predict(const ModelShape& m, const ClusterConfig& c, const RlJob& job
   Prediction out;
   const Training t = training_cost(m, c, job, s);
   const double train_params = training_parameters(m, s.train, s.redundant_experts);
-  const double gen_params = generation_parameters(m, s.generate, generation_spare_slots(s));
+  const double gen_params = generation_parameters(m, s.generate, generation_placement(s).spare);
   const bool fused = s.mode != Mode::Disaggregated;
   // Fused: training states stay on the device through generation unless offloaded. A generation
   // layout other than the training one keeps the training parameters and adds the generation

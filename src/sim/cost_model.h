@@ -84,10 +84,25 @@ struct NamedPart {
 };
 std::array<NamedPart, 10> step_parts(const Prediction& p);
 
+// How a layout's experts sit on its EP ranks: the contiguous blocks, or EDPB's placement
+// (rebalanced) with `spare` redundant slots per rank (0 unless rebalanced).
+struct ExpertPlacement {
+  bool rebalanced = false;
+  int spare = 0;
+};
+// The training layout's: the strategy's rebalancing and spare slots.
+ExpertPlacement training_placement(const Strategy& s);
+// The generation layout's: a fused rank generating at its training layout uses the training slots
+// (the runtime splits a replicated expert's tokens over its replicas); a fused generation layout
+// of its own is placed by the same predicted loads without spare slots (the switch takes one copy
+// of each expert); disaggregated actors keep the contiguous blocks.
+ExpertPlacement generation_placement(const Strategy& s);
+
 // The mean routed rows of the EP rank holding the hottest expert over the mean rank's, for the
-// job's router over `ep` ranks (expert_load.h): the contiguous blocks without spare slots, EDPB's
-// placement with `spare` redundant slots per rank (job.rebalanced_loads).
-double expert_load_factor(const ModelShape& model, const RlJob& job, int ep, int spare);
+// job's router over `ep` ranks (expert_load.h): the contiguous blocks, or EDPB's placement with
+// the placement's spare slots per rank (job.rebalanced_loads).
+double expert_load_factor(const ModelShape& model, const RlJob& job, int ep,
+                          ExpertPlacement placement);
 
 // Whether `s` is a layout this model and job can run (degrees divide what they split).
 bool feasible(const ModelConfig& config, const RlJob& job, const Strategy& s);

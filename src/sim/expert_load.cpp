@@ -83,10 +83,30 @@ double hottest_rank_load_factor(double max_over_mean, double experts, int ranks)
   return ranks * (max_over_mean + (per_rank - 1) * others) / experts;
 }
 
+std::vector<double> geometric_router_loads(double max_over_mean, int experts) {
+  std::vector<double> load(size_t(std::max(experts, 0)), 1.0);
+  if (experts <= 1 || max_over_mean <= 1) return load;
+  // The first of E geometric shares, (1 - r) / (1 - r^E), falls from 1 at r = 0 to 1 / E as
+  // r -> 1: bisect for the r whose first share is the hottest's, c / E.
+  const double hottest = std::min(1.0, max_over_mean / experts);
+  auto first_share = [experts](double r) { return (1 - r) / (1 - std::pow(r, experts)); };
+  double low = 0, high = 1;
+  for (int i = 0; i < 60; ++i) {
+    const double mid = 0.5 * (low + high);
+    (first_share(mid) > hottest ? low : high) = mid;
+  }
+  const double ratio = 0.5 * (low + high);
+  double share = first_share(ratio);  // the hottest's, normalized so the loads sum to E
+  for (double& l : load) {
+    l = experts * share;
+    share *= ratio;
+  }
+  return load;
+}
+
 double rebalanced_rank_load_factor(double max_over_mean, int experts, int ranks, int spare_slots) {
   if (ranks <= 1 || experts <= 1) return 1;
-  std::vector<double> load(size_t(experts), (experts - max_over_mean) / (experts - 1));
-  load[0] = max_over_mean;
+  const std::vector<double> load = geometric_router_loads(max_over_mean, experts);
   const ExpertCluster cluster{1, ranks, experts / ranks + spare_slots};
   const std::vector<double> devices = place_two_level(load, cluster).device_loads(load);
   return max_of(devices) / mean_of(devices);

@@ -33,15 +33,16 @@ std::vector<int> learner_device_counts(int devices) {
 // The axes of the space; an index decodes digit by digit (mixed radix).
 struct Axes {
   std::vector<Mode> modes;
-  std::vector<int> staleness, tp, pp, vpp, ep, gen_tp, gen_ep, redundant;
+  // EDPB: -1 off, else rebalancing with that many spare slots per training EP rank.
+  std::vector<int> staleness, tp, pp, vpp, ep, gen_tp, gen_ep, edpb;
   std::vector<int> learner_devices;  // disaggregated: the devices that train
   int devices = 0;
   bool reward_model = false;
   int64_t size() const {
     return int64_t(modes.size()) * int64_t(staleness.size()) * int64_t(tp.size()) *
            int64_t(pp.size()) * int64_t(vpp.size()) * int64_t(ep.size()) * int64_t(gen_tp.size()) *
-           int64_t(gen_ep.size()) * int64_t(learner_devices.size()) * int64_t(redundant.size()) *
-           2 * 2 * 2 * 2;
+           int64_t(gen_ep.size()) * int64_t(learner_devices.size()) * int64_t(edpb.size()) * 2 * 2 *
+           2 * 2;
   }
 };
 
@@ -63,7 +64,9 @@ bool decode(const Axes& a, int64_t index, Strategy& s) {
   s.train.ep = digit(a.ep, index);
   s.generate.tp = digit(a.gen_tp, index);
   s.generate.ep = digit(a.gen_ep, index);
-  s.redundant_experts = digit(a.redundant, index);
+  const int edpb = digit(a.edpb, index);
+  s.rebalance = edpb >= 0;
+  s.redundant_experts = std::max(0, edpb);
   const size_t split = size_t(index % int64_t(a.learner_devices.size()));
   index /= int64_t(a.learner_devices.size());
   s.offload = index % 2 == 1;
@@ -80,7 +83,7 @@ bool decode(const Axes& a, int64_t index, Strategy& s) {
   if (s.train.pp == 1 && s.train.vpp != 1) return false;
   if (s.train.ep == 1 && s.generate.ep == 1 && (s.ep_overlap || s.dispatch == Dispatch::Dedup))
     return false;
-  if (s.train.ep == 1 && s.redundant_experts > 0) return false;
+  if (s.train.ep == 1 && s.rebalance) return false;
   int train_devices = a.devices, generate_devices = a.devices;
   if (disaggregated) {
     train_devices = a.learner_devices[split];
@@ -134,7 +137,10 @@ SearchResult search(const ModelShape& model, const ModelConfig& config,
   a.learner_devices = learner_device_counts(space.devices);
   a.gen_tp = a.tp;
   a.gen_ep = a.ep;
-  for (int r = 0; r <= std::max(0, space.max_redundant_experts); ++r) a.redundant.push_back(r);
+  // A uniform router gains nothing from placing experts: no EDPB strategies then.
+  a.edpb.push_back(-1);
+  if (space.rebalance && job.router_max_over_mean > 1)
+    for (int r = 0; r <= std::max(0, space.max_redundant_experts); ++r) a.edpb.push_back(r);
   const auto start = std::chrono::steady_clock::now();
   const Best best = tbb::parallel_reduce(
       tbb::blocked_range<int64_t>(0, a.size(), 4096), Best{},

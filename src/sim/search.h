@@ -17,10 +17,13 @@ struct SearchSpace {
   int devices = 0;
   std::vector<Mode> modes{Mode::Disaggregated, Mode::Fused, Mode::FusedAll};
   std::vector<int> staleness{0, 1};
-  int max_tp = 0;                 // 0: devices per node
-  int max_pp = 64;                // pipeline stages, powers of two
-  int max_vpp = 4;                // virtual stages per device, powers of two
-  int max_redundant_experts = 2;  // EDPB's spare expert slots per training EP rank: 0 .. this
+  int max_tp = 0;   // 0: devices per node
+  int max_pp = 64;  // pipeline stages, powers of two
+  int max_vpp = 4;  // virtual stages per device, powers of two
+  // EDPB's expert rebalancing, with 0 .. max_redundant_experts spare expert slots per training EP
+  // rank (strategies without it are searched too; with a uniform router, only those).
+  bool rebalance = true;
+  int max_redundant_experts = 2;
 };
 
 inline constexpr int kKeepBest = 10;

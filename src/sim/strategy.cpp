@@ -35,7 +35,9 @@ std::string Strategy::describe() const {
                 mode != Mode::Disaggregated && offload ? " offload" : "",
                 ep_overlap ? " overlap" : "", dispatch == Dispatch::Dedup ? " dedup" : "",
                 recompute ? " recompute" : "",
-                redundant_experts > 0 ? (" r" + std::to_string(redundant_experts)).c_str() : "");
+                redundant_experts > 0 ? (" r" + std::to_string(redundant_experts)).c_str()
+                : rebalance           ? " rebalance"
+                                      : "");
   return buffer;
 }
 

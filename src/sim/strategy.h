@@ -29,15 +29,21 @@ struct Strategy {
   bool ep_overlap = false;  // EP communication overlapped with the expert compute (Adaptive Pipe)
   bool recompute = false;   // training keeps only each layer's input, recomputing the forward
   Dispatch dispatch = Dispatch::Flat;
+  // EDPB's expert rebalancing (`train --rebalance-every N`, training EP > 1): experts migrate
+  // between the EP ranks so that hot ones share a rank with cold ones (fused mode places its
+  // generation layout the same way; disaggregated actors keep the contiguous blocks).
+  bool rebalance = false;
   // Spare expert slots per training EP rank, filled and moved by EDPB (`train --redundant-experts R
-  // --rebalance-every N`): replicas of hot experts share their tokens, so the busiest rank waits
-  // less, at R more experts' weights, gradients and optimizer states per rank. 0 without EP.
+  // --rebalance-every N`, so only with `rebalance`): replicas of hot experts share their tokens,
+  // so the busiest rank waits less, at R more experts' weights, gradients and optimizer states per
+  // rank. 0 without EP.
   int redundant_experts = 0;
 
   int devices() const {
     return mode == Mode::Disaggregated ? train.devices() + generate.devices() : train.devices();
   }
-  // "fused train t2p4v2e8d4 gen t8e32d16 s1 offload r1", the planner's one-line name.
+  // "fused train t2p4v2e8d4 gen t8e32d16 s1 offload r1", the planner's one-line name ("rebalance"
+  // for EDPB without spare slots, "r1" with one).
   std::string describe() const;
 };
 

@@ -37,6 +37,32 @@ TEST(Plan, SearchPrintsRankedStrategiesAndItsRate) {
   EXPECT_NE(r.output.find("strategies predicted per minute"), std::string::npos) << r.output;
 }
 
+// The search tries EDPB (no rebalancing, rebalancing with 0, 1 or 2 spare slots) where the router
+// is concentrated, four times the strategies; `--no-rebalance` leaves it out, and a uniform
+// router never gains from it.
+TEST(Plan, SearchTriesRebalancingForAConcentratedRouter) {
+  const std::string dir = scratch("search-rebalance");
+  std::ifstream in(RLFUSION_SOURCE_DIR "/inputs/jobs/tiny-sort.ini");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::ofstream(dir + "/skewed.ini") << text << "router_max_over_mean = 4\n";
+  const std::string search =
+      "plan --model small --devices 16 --modes fused --staleness-bounds 0 "
+      "--json --job ";
+  auto searched = [](const test::CommandResult& r) {
+    const size_t at = r.output.find("\"searched\":");
+    return at == std::string::npos ? -1.0 : std::stod(r.output.substr(at + 11));
+  };
+  const auto skewed = run_rlfusion(search + dir + "/skewed.ini");
+  const auto without = run_rlfusion(search + dir + "/skewed.ini --no-rebalance");
+  const auto uniform = run_rlfusion(search + "tiny-sort");
+  for (const auto* r : {&skewed, &without, &uniform}) ASSERT_EQ(r->exit_code, 0) << r->output;
+  EXPECT_GT(searched(without), 0);
+  EXPECT_EQ(searched(skewed), 4 * searched(without));
+  EXPECT_EQ(searched(uniform), searched(without));
+  EXPECT_EQ(without.output.find(" rebalance"), std::string::npos) << without.output;
+  EXPECT_EQ(uniform.output.find(" rebalance"), std::string::npos) << uniform.output;
+}
+
 TEST(Plan, TableIsLabelledAsPrediction) {
   const auto r = run_rlfusion("plan --table 1");
   EXPECT_EQ(r.exit_code, 0) << r.output;
@@ -73,9 +99,9 @@ TEST(Plan, RouterConcentrationBeyondTheModelIsExitCode2) {
   EXPECT_NE(r.output.find("router concentration"), std::string::npos) << r.output;
 }
 
-// EDPB's spare expert slots in one strategy: with EP and room for them (tiny: 4 experts, EP 2, at
-// most 2 spare slots a rank) the strategy is predicted and named with them; without EP, with more
-// than fit, or a search bound beyond the tabulated ones: exit code 2 naming the option.
+// EDPB in one strategy: with EP and room for them (tiny: 4 experts, EP 2, at most 2 spare slots a
+// rank) the strategy is predicted and named with its spare slots or its rebalancing; without EP,
+// with more than fit, or a search bound beyond the tabulated ones: exit code 2 naming the option.
 TEST(Plan, RedundantExpertsNeedExpertParallelismAndRoom) {
   const std::string dir = scratch("redundant");
   std::ifstream in(RLFUSION_SOURCE_DIR "/inputs/jobs/tiny-sort.ini");
@@ -93,10 +119,24 @@ TEST(Plan, RedundantExpertsNeedExpertParallelismAndRoom) {
                           "with EDPB's spare slots"),
             std::string::npos)
       << r.output;
-  for (const std::string bad : {"--train-ep 2 --redundant-experts 3", "--redundant-experts 1"}) {
+  // Moving experts without spare slots (`--rebalance`): the placement pairs the hottest expert
+  // (load 2) with the coldest (2 r^3, r^3 + r^2 + r = 1): 1 + r^3 = 1.161 x the mean
+  // (ExpertLoad.RebalancedLoadFactorByHand).
+  r = run_rlfusion(strategy + "--train-ep 2 --rebalance");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("e2d2 gen t1e1d2 s0 rebalance on 2 devices"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("takes 1.161 x the mean rank's routed rows (contiguous blocks: 1.333), "
+                          "EDPB's placement"),
+            std::string::npos)
+      << r.output;
+  for (const std::string bad :
+       {"--train-ep 2 --redundant-experts 3", "--redundant-experts 1", "--rebalance"}) {
     r = run_rlfusion(strategy + bad);
     EXPECT_EQ(r.exit_code, kExitConfigError) << bad << "\n" << r.output;
-    EXPECT_NE(r.output.find("redundant experts need EP"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("rebalancing and redundant experts need training EP"),
+              std::string::npos)
+        << r.output;
   }
   r = run_rlfusion("plan --model small --job tiny-sort --devices 16 --max-redundant-experts 5");
   EXPECT_EQ(r.exit_code, kExitConfigError) << r.output;

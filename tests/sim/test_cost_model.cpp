@@ -505,38 +505,59 @@ TEST(CostModel, ConcentratedRouterChargesTheHottestExpertsRank) {
   EXPECT_DOUBLE_EQ(predict(m, c, job, s).step, predict(m, c, even, s).step);
 }
 
-// EDPB's redundant experts (Strategy::redundant_experts): tiny's 4 experts at EP 2 with one spare
-// slot a rank and c = 2 place as evenly as a uniform router's (RebalancedLoadFactorByHand), so
-// the training step costs the uniform router's, for one more expert's weights, gradients and
-// AdamW moments a rank: routed 2 layers x 4 experts x 3 x 32 x 32 = 24576, 6144 an expert,
-// x (4 + 4 + 8 / expert_dp 1) bytes.
+// EDPB (Strategy::rebalance, Strategy::redundant_experts): tiny's 4 experts at EP 2 with c = 2.
+// The contiguous blocks put the hottest expert's rank at 4/3 of the mean; EDPB's placement of the
+// geometric loads at 1 + r^3 without a spare slot and (1 + r + 2 r^2) / 2 with one
+// (ExpertLoad.RebalancedLoadFactorByHand), so each waits less than the blocks and more than a
+// uniform router's ranks. A spare slot costs one more expert's weights, gradients and AdamW
+// moments a rank: routed 2 layers x 4 experts x 3 x 32 x 32 = 24576, 6144 an expert, x (4 + 4 +
+// 8 / expert_dp 1) bytes; moving experts alone costs no memory.
 TEST(CostModel, RedundantExpertsTakeTheHottestRanksLoadForTheirMemory) {
   TinyExpertParallel tiny;
   auto& [m, job, c, s] = tiny;
   RlJob even = job;
   job.router_max_over_mean = 2;
   prepare_rebalanced_loads(job, 4);
-  Strategy spare = s;
+  Strategy spare = s, moved = s;
   spare.redundant_experts = 1;
+  spare.rebalance = moved.rebalance = true;
+  const double r = 0.5436890127;  // r^3 + r^2 + r = 1
+  EXPECT_NEAR(expert_load_factor(m, job, 2, training_placement(s)), 4.0 / 3, 1e-12);
+  EXPECT_NEAR(expert_load_factor(m, job, 2, training_placement(moved)), 1 + r * r * r, 1e-9);
+  EXPECT_NEAR(expert_load_factor(m, job, 2, training_placement(spare)), (1 + r + 2 * r * r) / 2,
+              1e-9);
   const Prediction skewed = predict(m, c, job, s), rebalanced = predict(m, c, job, spare);
-  const Prediction uniform = predict(m, c, even, s);
-  EXPECT_GT(skewed.expert_wait, uniform.expert_wait);
-  EXPECT_DOUBLE_EQ(rebalanced.expert_wait, uniform.expert_wait);
-  EXPECT_DOUBLE_EQ(rebalanced.step, uniform.step);
+  const Prediction uniform = predict(m, c, even, s), only_moved = predict(m, c, job, moved);
+  EXPECT_GT(skewed.expert_wait, only_moved.expert_wait);
+  EXPECT_GT(only_moved.expert_wait, rebalanced.expert_wait);
+  // (At 1.067 x the mean the uniform router's own spread over the ranks decides: expert_load.h.)
+  EXPECT_GE(rebalanced.expert_wait, uniform.expert_wait);
   const double expert_bytes = 6144.0 * (4 + 4 + 8);
   EXPECT_DOUBLE_EQ(rebalanced.training_memory - skewed.training_memory, expert_bytes);
-  // The exchange's ingress: the hottest rank receives the mean's rows again.
+  EXPECT_DOUBLE_EQ(only_moved.training_memory, skewed.training_memory);
+  // The exchange's ingress: the hottest rank receives fewer rows after the placement.
   ClusterConfig linked = c;
   linked.intra_node.bandwidth = 1e9;
-  EXPECT_DOUBLE_EQ(predict(m, linked, job, spare).all_to_all,
-                   predict(m, linked, even, s).all_to_all);
-  EXPECT_GT(predict(m, linked, job, s).all_to_all, predict(m, linked, even, s).all_to_all);
+  EXPECT_LT(predict(m, linked, job, spare).all_to_all, predict(m, linked, job, s).all_to_all);
+  EXPECT_GT(predict(m, linked, job, spare).all_to_all, predict(m, linked, even, s).all_to_all);
   // Generating at the training layout, a fused rank splits the replicated expert's tokens too
   // and holds the spare expert's weights; a generation layout of its own (the default here, EP 1
   // for generation) or an actor has no spare slot.
-  s.generate.ep = spare.generate.ep = 2;
-  EXPECT_DOUBLE_EQ(predict(m, c, job, spare).generation, predict(m, c, even, s).generation);
+  s.generate.ep = spare.generate.ep = moved.generate.ep = 2;
+  EXPECT_LT(predict(m, c, job, spare).generation, predict(m, c, job, s).generation);
+  EXPECT_GE(predict(m, c, job, spare).generation, predict(m, c, even, s).generation);
   EXPECT_GT(predict(m, c, job, s).generation, predict(m, c, even, s).generation);
+  // A fused generation layout of its own is placed by the same loads, without spare slots; the
+  // actors of a disaggregated run keep the contiguous blocks.
+  Strategy own_layout = moved;
+  own_layout.train.ep = 1;  // generation EP 2 apart from training: nothing to rebalance
+  EXPECT_FALSE(feasible(load_model_config("tiny"), job, own_layout));
+  EXPECT_TRUE(generation_placement(moved).rebalanced);
+  EXPECT_EQ(generation_placement(spare).spare, 1);
+  Strategy actors = spare;
+  actors.mode = Mode::Disaggregated;
+  EXPECT_FALSE(generation_placement(actors).rebalanced);
+  EXPECT_EQ(generation_placement(actors).spare, 0);
   EXPECT_DOUBLE_EQ(
       predict(m, c, job, spare).generation_memory - predict(m, c, job, s).generation_memory,
       expert_bytes);

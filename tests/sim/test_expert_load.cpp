@@ -134,32 +134,54 @@ TEST(ExpertLoad, ConcentratedRouterAgainstExactTwoRanks) {
   EXPECT_NEAR(busiest_rank_rows(100, 2, 8, 4, 4.0), 50 * 4 * (4 + 1 * 4.0 / 7) / 8, 1e-12);
 }
 
-// EDPB's placement of the one-hot load (the hottest expert at c, the others sharing the rest)
-// over spare slots, by hand. E 4 on 2 ranks, c 2, one spare each: the hot expert (load 2) gets a
-// replica on each rank (1 each), the last spare an other (2/3 -> 1/3 each): replicas 1, 1, 2/3,
-// 2/3, 1/3, 1/3 pack into 2 x 3 slots as 1 + 2/3 + 1/3 each: balanced. E 16 on 4 ranks, c 4, one
-// spare each: the hot expert (4) takes 3 spares, one copy per rank at most (4 x 1), the last goes
-// to an other (0.8 -> 2 x 0.4); 4 x 1, 14 x 0.8, 2 x 0.4 heaviest first into 4 x 5 slots: 1 +
-// 4 x 0.8 = 4.2 on two ranks, 1 + 3 x 0.8 + 0.4 = 3.8 on two: 4.2 / 4 = 1.05 (contiguous blocks:
-// 4 (4 + 3 x 0.8) / 16 = 1.6).
+// The router's loads as EDPB's placement sees them: the hottest at c, the rest geometric, mean 1.
+// E 4 at c 2: the first share (1 - r) / (1 - r^4) = 1/2 gives r^3 + r^2 + r = 1, r = 0.5436890127
+// (the loads 2, 2r, 2r^2, 2r^3).
+double tribonacci_ratio() {
+  double r = 0.5;
+  for (int i = 0; i < 100; ++i) r = 1 / (1 + r + r * r);  // r (1 + r + r^2) = 1
+  return r;
+}
+
+TEST(ExpertLoad, GeometricRouterLoadsByHand) {
+  const double r = tribonacci_ratio();
+  EXPECT_NEAR(r, 0.5436890127, 1e-10);
+  const std::vector<double> loads = geometric_router_loads(2, 4);
+  ASSERT_EQ(loads.size(), 4u);
+  for (int i = 0; i < 4; ++i) EXPECT_NEAR(loads[size_t(i)], 2 * std::pow(r, i), 1e-9) << i;
+  // Uniform for c = 1; mean 1 and the hottest at c for any c; decaying.
+  for (double l : geometric_router_loads(1, 8)) EXPECT_DOUBLE_EQ(l, 1);
+  for (const double c : {1.2, 3.0, 6.5}) {
+    const std::vector<double> l = geometric_router_loads(c, 16);
+    double sum = 0;
+    for (double v : l) sum += v;
+    EXPECT_NEAR(sum, 16, 1e-9);
+    EXPECT_NEAR(l[0], c, 1e-9);
+    for (size_t i = 1; i < l.size(); ++i) EXPECT_LT(l[i], l[i - 1]);
+  }
+}
+
+// EDPB's placement of those loads, by hand (loads 2, 2r, 2r^2, 2r^3 above, 2 ranks, heaviest
+// first onto the least loaded rank with a free slot, one copy of an expert per rank):
+// - no spare slot (`--rebalance-every` alone): 2 -> A, 2r -> B, 2r^2 -> B, 2r^3 -> A (B full):
+//   A = 2 + 2r^3 over the mean 2: 1 + r^3 = 1.1607 (contiguous blocks, the hottest and the even
+//   rest: 2 (2 + 2/3) / 4 = 1.333);
+// - one spare slot each: the two hottest replicated (1, 1 and r, r), then 1 -> A, 1 -> B,
+//   2r^2 -> A, r -> B, r -> A (B holds it), 2r^3 -> B: A = 1 + 2r^2 + r over 2 = 1.0674.
 TEST(ExpertLoad, RebalancedLoadFactorByHand) {
+  const double r = tribonacci_ratio();
   EXPECT_DOUBLE_EQ(rebalanced_rank_load_factor(1, 8, 2, 1), 1);  // uniform stays uniform
-  EXPECT_DOUBLE_EQ(rebalanced_rank_load_factor(2, 4, 2, 1), 1);
-  EXPECT_NEAR(rebalanced_rank_load_factor(4, 16, 4, 1), 1.05, 1e-12);
-  EXPECT_NEAR(hottest_rank_load_factor(4, 16, 4), 1.6, 1e-12);
-  // Without a spare slot the one-hot load gains nothing from moving experts: every other expert
-  // weighs the same, so the hot expert's rank holds it and E / P - 1 others wherever it is.
-  for (const double c : {1.0, 1.5, 2.0, 4.0})
-    EXPECT_NEAR(rebalanced_rank_load_factor(c, 8, 2, 0), hottest_rank_load_factor(c, 8, 2), 1e-12);
+  EXPECT_NEAR(rebalanced_rank_load_factor(2, 4, 2, 0), 1 + r * r * r, 1e-9);
+  EXPECT_NEAR(hottest_rank_load_factor(2, 4, 2), 2 * (2 + 2.0 / 3) / 4, 1e-12);
+  EXPECT_NEAR(rebalanced_rank_load_factor(2, 4, 2, 1), (1 + 2 * r * r + r) / 2, 1e-9);
   EXPECT_DOUBLE_EQ(rebalanced_rank_load_factor(3, 16, 1, 2), 1);  // one rank holds every load
-  // More spare slots never make the busiest rank busier.
+  // Moving experts pairs the hot ones with cold ones: below the contiguous blocks for every
+  // concentrated router, spare slots or not, and never below an even split.
   for (const double c : {1.5, 3.0, 6.0}) {
-    double previous = rebalanced_rank_load_factor(c, 32, 8, 0);
-    for (int spare = 1; spare <= 4; ++spare) {
+    for (int spare = 0; spare <= 4; ++spare) {
       const double factor = rebalanced_rank_load_factor(c, 32, 8, spare);
-      EXPECT_LE(factor, previous + 1e-12) << "c " << c << ", spare " << spare;
+      EXPECT_LT(factor, hottest_rank_load_factor(c, 32, 8)) << "c " << c << ", spare " << spare;
       EXPECT_GE(factor, 1 - 1e-12);
-      previous = factor;
     }
   }
 }
