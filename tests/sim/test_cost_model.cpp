@@ -740,15 +740,30 @@ TEST(Search, BestMatchesADirectLoopAndNoFitIsEmpty) {
       }
     }
   }
-  // Redundant experts (0 .. 2 by default) only with training EP; without them fewer strategies.
-  for (const Ranked& ranked : r.best) {
-    if (ranked.strategy.redundant_experts > 0) {
+  // EDPB (rebalancing with 0 .. 2 spare slots by default) only with training EP, and only for a
+  // concentrated router: the uniform one above searched without it, as `rebalance = false` does.
+  for (const Ranked& ranked : r.best) EXPECT_FALSE(ranked.strategy.rebalance);
+  RlJob skewed = job;
+  skewed.router_max_over_mean = 2;
+  prepare_rebalanced_loads(skewed, config.n_experts);
+  const SearchResult edpb = search(m, config, c, skewed, space);
+  for (const Ranked& ranked : edpb.best) {
+    if (ranked.strategy.rebalance) {
       EXPECT_GT(ranked.strategy.train.ep, 1);
+    }
+    if (ranked.strategy.redundant_experts > 0) {
+      EXPECT_TRUE(ranked.strategy.rebalance);
     }
   }
   SearchSpace without = space;
-  without.max_redundant_experts = 0;
-  EXPECT_LT(search(m, config, c, job, without).feasible, r.feasible);
+  without.rebalance = false;
+  EXPECT_EQ(search(m, config, c, skewed, without).feasible, r.feasible);
+  EXPECT_LT(r.feasible, edpb.feasible);
+  without = space;
+  without.max_redundant_experts = 0;  // rebalancing without spare slots only
+  const SearchResult moved_only = search(m, config, c, skewed, without);
+  EXPECT_LT(moved_only.feasible, edpb.feasible);
+  EXPECT_GT(moved_only.feasible, r.feasible);
   c.memory_bytes = 1000;  // nothing fits in 1000 bytes
   const SearchResult none = search(m, config, c, job, space);
   EXPECT_TRUE(none.best.empty());
