@@ -247,7 +247,7 @@ int run_plan_command(const std::vector<std::string>& args) {
         "spare expert slots per training EP rank, placed by EDPB (train --redundant-experts; "
         "implies --rebalance)");
     add("no-rebalance", po::bool_switch(&o.no_rebalance),
-        "search: leave EDPB's rebalancing (and its spare slots) out");
+        "search and --table: leave EDPB's rebalancing (and its spare slots) out");
     add("max-redundant-experts",
         po::value(&o.max_redundant_experts)->default_value(o.max_redundant_experts),
         "search: spare expert slots per training EP rank to consider, 0 .. this");
@@ -294,9 +294,10 @@ int run_plan_command(const std::vector<std::string>& args) {
   }
   if (o.table != 0) {
     if (o.table != 1 && o.table != 2) throw ConfigError("--table must be 1 or 2");
-    const auto rows = o.table == 1
-                          ? predict_table1(model, config, cluster, job, o.max_redundant_experts)
-                          : predict_table2(model, config, cluster, job, o.max_redundant_experts);
+    const auto rows =
+        o.table == 1
+            ? predict_table1(model, config, cluster, job, o.max_redundant_experts, !o.no_rebalance)
+            : predict_table2(model, config, cluster, job, o.max_redundant_experts, !o.no_rebalance);
     for (const TableRow& row : rows) {
       if (row.result.best.empty())
         throw ConfigError("plan --table " + std::to_string(o.table) + ": no strategy for '" +

@@ -20,16 +20,17 @@ struct TableRow {
   SearchResult result;  // the best strategy first
 };
 
-// Table 1 on one supernode of `cluster`. Each row's search considers 0 .. `max_redundant_experts`
-// spare expert slots per training EP rank (SearchSpace).
+// Table 1 on one supernode of `cluster`. Each row's search considers EDPB's rebalancing (unless
+// `rebalance` is false) with 0 .. `max_redundant_experts` spare expert slots per training EP rank
+// (SearchSpace).
 std::vector<TableRow> predict_table1(const ModelShape& model, const ModelConfig& config,
                                      ClusterConfig cluster, const RlJob& job,
-                                     int max_redundant_experts = 2);
+                                     int max_redundant_experts = 2, bool rebalance = true);
 // Table 2 on 1, 2 and 4 supernodes: the best synchronous and StaleSync strategies of one
 // supernode, then the same strategies with 2x and 4x their data parallelism and prompts per step
 // (weak scaling, as a scaling study runs); rows alternate synchronous and StaleSync.
 std::vector<TableRow> predict_table2(const ModelShape& model, const ModelConfig& config,
                                      ClusterConfig cluster, RlJob job,
-                                     int max_redundant_experts = 2);
+                                     int max_redundant_experts = 2, bool rebalance = true);
 
 }  // namespace rlf::sim

@@ -61,6 +61,23 @@ TEST(Plan, SearchTriesRebalancingForAConcentratedRouter) {
   EXPECT_EQ(searched(uniform), searched(without));
   EXPECT_EQ(without.output.find(" rebalance"), std::string::npos) << without.output;
   EXPECT_EQ(uniform.output.find(" rebalance"), std::string::npos) << uniform.output;
+  // The tables' searches likewise: Pangu at c 3 picks EDPB in a row, not with --no-rebalance.
+  std::ifstream pangu(RLFUSION_SOURCE_DIR "/inputs/jobs/pangu-rl.ini");
+  const std::string pangu_text((std::istreambuf_iterator<char>(pangu)),
+                               std::istreambuf_iterator<char>());
+  std::ofstream(dir + "/pangu-c3.ini") << pangu_text << "router_max_over_mean = 3\n";
+  auto edpb_named = [](const std::string& text) {
+    for (const char* name : {" rebalance", " r1", " r2"})
+      if (text.find(name) != std::string::npos) return true;
+    return false;
+  };
+  const auto table = run_rlfusion("plan --table 1 --job " + dir + "/pangu-c3.ini");
+  const auto table_without =
+      run_rlfusion("plan --table 1 --no-rebalance --job " + dir + "/pangu-c3.ini");
+  ASSERT_EQ(table.exit_code, 0) << table.output;
+  ASSERT_EQ(table_without.exit_code, 0) << table_without.output;
+  EXPECT_TRUE(edpb_named(table.output)) << table.output;
+  EXPECT_FALSE(edpb_named(table_without.output)) << table_without.output;
 }
 
 TEST(Plan, TableIsLabelledAsPrediction) {
