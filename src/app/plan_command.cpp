@@ -69,7 +69,8 @@ std::vector<int> parse_int_list(const std::string& text, const std::string& opti
 
 void print_prediction(const Strategy& s, const Prediction& p, const ModelShape& model,
                       const ClusterConfig& cluster, const RlJob& job, bool json) {
-  // What the EP group waits for: the hottest expert's rank, with EDPB's spare slots if any.
+  // What the EP group waits for: the hottest expert's rank, under EDPB's placement (with its spare
+  // slots, if any) where the strategy rebalances.
   const int ep = s.train.ep;
   const double hottest = expert_load_factor(model, job, ep, training_placement(s));
   const auto parts = step_parts(p);
