@@ -74,15 +74,16 @@ void print_prediction(const Strategy& s, const Prediction& p, const ModelShape& 
   const int ep = s.train.ep;
   const double hottest = expert_load_factor(model, job, ep, training_placement(s));
   const auto parts = step_parts(p);
+  const double first_migration = first_migration_seconds(model, cluster, job, s);
   if (json) {
     std::printf("{\"command\":\"plan\",\"strategy\":\"%s\",\"parts_s\":", s.describe().c_str());
     print_step_parts_json(p);
     std::printf(
         ",\"step_s\":%.6g,\"tokens_per_s\":%.6g,\"training_memory_bytes\":%.6g,"
         "\"generation_memory_bytes\":%.6g,\"memory_capacity_bytes\":%.6g,\"fits\":%s,"
-        "\"training_hottest_ep_rank_load\":%.6g}\n",
+        "\"training_hottest_ep_rank_load\":%.6g,\"first_migration_s\":%.6g}\n",
         p.step, p.tokens_per_second, p.training_memory, p.generation_memory, cluster.memory_bytes,
-        p.fits ? "true" : "false", hottest);
+        p.fits ? "true" : "false", hottest, first_migration);
     return;
   }
   std::printf("# strategy: %s on %d devices\n", s.describe().c_str(), s.devices());
@@ -106,6 +107,12 @@ void print_prediction(const Strategy& s, const Prediction& p, const ModelShape& 
         s.redundant_experts > 0 ? ", with EDPB's spare slots"
         : s.rebalance           ? ", EDPB's placement"
                                 : "");
+  }
+  if (ep > 1 && s.rebalance) {
+    std::printf(
+        "# EDPB's first placement: %.4f s once (not in the step); after it %.3g of the (layer, "
+        "expert) pairs move per step (job.expert_moves_per_step): %.4f s a step\n",
+        first_migration, job.expert_moves_per_step, p.migration);
   }
 }
 

@@ -105,6 +105,10 @@ void print_router_text(const TraceData& trace) {
                   (long long)m.bytes, m.predicted_gain_seconds, m.cost_seconds, m.max_mean_before,
                   m.max_mean_after);
     }
+    std::printf(
+        "# for rlfusion plan: job.expert_moves_per_step = %.6g (pairs moved after the first "
+        "migration, over the layers x experts, per step)\n",
+        expert_moves_per_step(trace));
   }
 }
 
@@ -284,7 +288,8 @@ void print_json(const std::string& path, const TraceData& trace, const TraceSumm
         m.step, m.experts_moved, (long long)m.bytes, m.predicted_gain_seconds, m.cost_seconds,
         m.max_mean_before, m.max_mean_after);
   }
-  out += "],\"verdict\":";
+  out += format("],\"expert_moves_per_step\":%.9g", expert_moves_per_step(trace));
+  out += ",\"verdict\":";
   out += json_string(verdict(s));
   out += ",\"phases\":[";
   JsonList phases(out);

@@ -92,4 +92,23 @@ std::vector<ExpertMigration> migrations_of(const TraceData& trace) {
   return all;
 }
 
+double expert_moves_per_step(const TraceData& trace) {
+  std::set<int> layers;
+  int experts = 0, last_step = 0;
+  for (const std::vector<RouterLoad>& rank : trace.router_loads) {
+    for (const RouterLoad& l : rank) {
+      layers.insert(l.layer);
+      experts = std::max(experts, l.expert + 1);
+      last_step = std::max(last_step, l.step);
+    }
+  }
+  const std::vector<ExpertMigration> migrations = migrations_of(trace);
+  if (migrations.empty() || layers.empty()) return 0;
+  const int steps = last_step - migrations.front().step;
+  if (steps <= 0) return 0;
+  double moved = 0;
+  for (size_t i = 1; i < migrations.size(); ++i) moved += migrations[i].experts_moved;
+  return moved / (double(layers.size()) * experts * steps);
+}
+
 }  // namespace rlf

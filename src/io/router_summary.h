@@ -43,4 +43,11 @@ std::vector<std::vector<double>> layer_routing(const TraceData& trace, int layer
 // that recorded the step.
 std::vector<ExpertMigration> migrations_of(const TraceData& trace);
 
+// The planner's job.expert_moves_per_step (src/sim/rl_job.h) from a run: the (layer, expert) pairs
+// the migrations after the first moved (the first replaces the starting blocks, a one-off the
+// planner prices on its own), over the model's pairs (the router statistics' layers x experts),
+// per step from the first migration's step to the last step with router statistics. 0 without
+// migrations or router statistics (a run that moved nothing after its first placement: 0 too).
+double expert_moves_per_step(const TraceData& trace);
+
 }  // namespace rlf

@@ -136,9 +136,17 @@ namespace {
 
 struct Training {
   double compute = 0, optimizer = 0, tensor_parallel = 0, pipeline = 0, all_to_all = 0,
-         expert_wait = 0, gradient_sync = 0;
+         expert_wait = 0, gradient_sync = 0, migration = 0;
   double memory = 0;
 };
+
+// What one migrated expert carries (src/app/train_rebalance.cpp: 3 buffers, 4 with a reference):
+// its weights, its AdamW moments and, with a reference model, the reference's weights; not its
+// gradients, which are zero between steps.
+double migrated_expert_bytes(const ModelShape& m, const RlJob& job) {
+  return m.routed / (m.layers * m.experts) *
+         (job.parameter_bytes * (job.reference ? 2 : 1) + job.optimizer_bytes);
+}
 
 // The EP ranks meet at every exchange, each with its own micro-batch, so every piece of a
 // micro-batch's work between two exchanges runs at the pace of the rank with the most tokens:
@@ -253,6 +261,14 @@ Training training_cost(const ModelShape& m, const ClusterConfig& c, const RlJob&
                     (token_work - busiest * expert_compute) *
                         micro_batch_token_excess(job, micro_tokens, p.ep) +
                     operations * c.expert_exchange_lockstep + c.expert_exchange_spread * token_work;
+  }
+  // EDPB's migrations after its first placement: job.expert_moves_per_step of the (layer, expert)
+  // pairs move per step, the moves spread over the EP ranks, each stage moving its own layers'
+  // experts; a rank receives its share of them, one expert a message, over the EP group's link.
+  if (placement.rebalanced && p.ep > 1 && job.expert_moves_per_step > 0) {
+    const Link& link = c.link(c.level_spanned(int64_t(p.ep) * p.tp));
+    const double received = job.expert_moves_per_step * layers_per_stage * m.experts / p.ep;
+    t.migration = link.seconds(received * migrated_expert_bytes(m, job), std::ceil(received));
   }
   // The runtime's hierarchical all-reduce over the ranks holding the same tensors: the
   // replicated ones over the DP group (TP x PP apart in the device order), the experts over the
@@ -452,6 +468,19 @@ SwitchParameters generation_switch(const ModelShape& m, const Parallelism& train
   return {other_stages + regrouped, stitched ? other_stages : generated, true};
 }
 
+double first_migration_seconds(const ModelShape& m, const ClusterConfig& c, const RlJob& job,
+                               const Strategy& s) {
+  const Parallelism& p = s.train;
+  const ExpertPlacement placement = training_placement(s);
+  if (!placement.rebalanced || p.ep <= 1) return 0;
+  const double received =
+      first_placement_received(job.router_max_over_mean, int(m.experts), p.ep, placement.spare) *
+      std::ceil(m.layers / p.pp);
+  if (received == 0) return 0;
+  const Link& link = c.link(c.level_spanned(int64_t(p.ep) * p.tp));
+  return link.seconds(received * migrated_expert_bytes(m, job), received);
+}
+
 bool feasible(const ModelConfig& config, const RlJob& job, const Strategy& s) {
   for (const Parallelism* p : {&s.train, &s.generate}) {
     if (p->tp < 1 || p->pp < 1 || p->vpp < 1 || p->ep < 1 || p->dp < 1) return false;
@@ -476,7 +505,7 @@ bool feasible(const ModelConfig& config, const RlJob& job, const Strategy& s) {
   return s.staleness >= 0;
 }
 
-std::array<NamedPart, 10> step_parts(const Prediction& p) {
+std::array<NamedPart, 11> step_parts(const Prediction& p) {
   return {{{"generation", p.generation},
            {"training", p.training},
            {"tensor_parallel", p.tensor_parallel},
@@ -484,6 +513,7 @@ std::array<NamedPart, 10> step_parts(const Prediction& p) {
            {"all_to_all", p.all_to_all},
            {"expert_wait", p.expert_wait},
            {"gradient_sync", p.gradient_sync},
+           {"migration", p.migration},
            {"swap", p.swap},
            {"weight_sync", p.weight_sync},
            {"queue", p.queue}}};
@@ -522,6 +552,7 @@ Prediction predict(const ModelShape& m, const ClusterConfig& c, const RlJob& job
   out.all_to_all = t.all_to_all;
   out.expert_wait = t.expert_wait;
   out.gradient_sync = t.gradient_sync;
+  out.migration = t.migration;
   const double samples = double(job.samples());
   const double queue_bytes =
       samples * (48 + 4 * (job.prompt.mean + job.response.mean) + 4 * job.response.mean);

@@ -61,6 +61,8 @@ struct Prediction {
   // and the lock-step cost of every operation (generation's are inside `generation`).
   double expert_wait = 0;
   double gradient_sync = 0;  // data-parallel gradient all-reduce
+  double migration = 0;      // EDPB's experts moved between training EP ranks after its first
+                             // placement (job.expert_moves_per_step)
   double swap = 0;           // fused: offload, onload, layout switch
   double weight_sync = 0;    // disaggregated: learners -> actors
   double queue = 0;          // DistQueue traffic of the step's samples
@@ -72,7 +74,8 @@ struct Prediction {
   bool fits = false;  // both peaks within the cluster's device memory
   // Training's parts together: what the training phase adds to a step.
   double training_total() const {
-    return training + tensor_parallel + pipeline + all_to_all + expert_wait + gradient_sync;
+    return training + tensor_parallel + pipeline + all_to_all + expert_wait + gradient_sync +
+           migration;
   }
 };
 
@@ -82,7 +85,7 @@ struct NamedPart {
   const char* name;
   double seconds;
 };
-std::array<NamedPart, 10> step_parts(const Prediction& p);
+std::array<NamedPart, 11> step_parts(const Prediction& p);
 
 // How a layout's experts sit on its EP ranks: the contiguous blocks, or EDPB's placement
 // (rebalanced) with `spare` redundant slots per rank (0 unless rebalanced).
@@ -103,6 +106,13 @@ ExpertPlacement generation_placement(const Strategy& s);
 // the placement's spare slots per rank (job.rebalanced_loads).
 double expert_load_factor(const ModelShape& model, const RlJob& job, int ep,
                           ExpertPlacement placement);
+
+// EDPB's first decision for a strategy with `rebalance` (0 without, or for a uniform router): the
+// busiest training EP rank receives first_placement_received (expert_load.h) experts of each of
+// its stage's MoE layers, each with its weights, AdamW moments and, with a reference model, the
+// reference's weights, one a message over the EP group's link. A one-off, not part of a step.
+double first_migration_seconds(const ModelShape& model, const ClusterConfig& cluster,
+                               const RlJob& job, const Strategy& s);
 
 // Whether `s` is a layout this model and job can run (degrees divide what they split).
 bool feasible(const ModelConfig& config, const RlJob& job, const Strategy& s);

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "src/balance/expert_placement.h"
+#include "src/balance/migration_planner.h"
 
 namespace rlf::sim {
 
@@ -110,6 +111,17 @@ double rebalanced_rank_load_factor(double max_over_mean, int experts, int ranks,
   const ExpertCluster cluster{1, ranks, experts / ranks + spare_slots};
   const std::vector<double> devices = place_two_level(load, cluster).device_loads(load);
   return max_of(devices) / mean_of(devices);
+}
+
+int first_placement_received(double max_over_mean, int experts, int ranks, int spare_slots) {
+  if (ranks <= 1 || experts <= 1 || max_over_mean <= 1) return 0;
+  const std::vector<double> load = geometric_router_loads(max_over_mean, experts);
+  const ExpertCluster cluster{1, ranks, experts / ranks + spare_slots};
+  const Placement blocks = round_robin_placement(cluster, experts);
+  const Placement placed = align_to(place_two_level(load, cluster), blocks);
+  std::vector<int> received(size_t(ranks), 0);
+  for (const ExpertTransfer& t : transfers_between(blocks, placed)) ++received[size_t(t.to_device)];
+  return *std::max_element(received.begin(), received.end());
 }
 
 RebalancedLoads::RebalancedLoads(double max_over_mean, int experts)

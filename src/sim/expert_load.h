@@ -70,6 +70,14 @@ std::vector<double> geometric_router_loads(double max_over_mean, int experts);
 // cold ones.
 double rebalanced_rank_load_factor(double max_over_mean, int experts, int ranks, int spare_slots);
 
+// Experts the busiest of the `ranks` devices receives (per MoE layer) when EDPB's first decision
+// replaces the contiguous blocks (round_robin_placement) by its placement of the router's
+// geometric loads (as rebalanced_rank_load_factor places them), renumbered to move as little as
+// possible (align_to), the transfers as the runtime makes them (transfers_between). The loads sit
+// in expert order, so the blocks start with the hottest experts together: the blocks' worst case.
+// 0 for a uniform router (no placement gains anything, so the runtime moves nothing).
+int first_placement_received(double max_over_mean, int experts, int ranks, int spare_slots);
+
 // rebalanced_rank_load_factor for one router and model, tabulated for EP degrees that are powers
 // of two dividing the experts and 0 .. kMostSpareSlots spare slots (one placement each), so that a
 // search of millions of strategies places nothing. Anything else is computed when asked.

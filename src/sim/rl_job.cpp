@@ -133,6 +133,9 @@ void RlJob::validate(const std::string& source) const {
   if (!(router_max_over_mean >= 1))
     fail("router_max_over_mean must be >= 1 (the busiest expert over the mean one), got " +
          std::to_string(router_max_over_mean));
+  if (!(expert_moves_per_step >= 0 && expert_moves_per_step <= 1))
+    fail("expert_moves_per_step must be in [0, 1] (a share of the (layer, expert) pairs), got " +
+         std::to_string(expert_moves_per_step));
 }
 
 void check_router_concentration(const RlJob& job, int experts, int top_k,
@@ -178,6 +181,7 @@ RlJob load_rl_job(const std::string& name_or_path) {
   add("job.reward_model", po::value(&job.reward_model));
   add("job.finish_threshold", po::value(&job.finish_threshold));
   add("job.router_max_over_mean", po::value(&job.router_max_over_mean));
+  add("job.expert_moves_per_step", po::value(&job.expert_moves_per_step));
   try {
     po::variables_map vm;
     po::store(po::parse_config_file(file, desc, /*allow_unregistered=*/false), vm);

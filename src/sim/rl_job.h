@@ -44,6 +44,12 @@ struct RlJob {
   // most experts / top_k (an expert takes one of a token's top_k slots at most): checked against
   // the model by check_router_concentration.
   double router_max_over_mean = 1;
+  // EDPB's migrations after its first placement (a strategy with `rebalance`): the share of the
+  // model's (layer, expert) pairs that move to another EP rank per step, as a drifting router
+  // makes the runtime move them (`rlfusion report` prints a run's, "expert_moves_per_step"). 0: a
+  // static router, placed once and then kept (the first placement is a one-off:
+  // first_migration_seconds in cost_model.h). In [0, 1].
+  double expert_moves_per_step = 0;
   // EDPB's placements of this router over the model's experts (expert_load.h), tabulated by
   // prepare_rebalanced_loads so that a search places nothing; without it a strategy with
   // redundant experts is predicted the same, each placement computed when asked.

@@ -147,6 +147,26 @@ TEST(Plan, RedundantExpertsNeedExpertParallelismAndRoom) {
                           "EDPB's placement"),
             std::string::npos)
       << r.output;
+  // EDPB's migrations: the first placement once, outside the step, and with a drifting router
+  // (job.expert_moves_per_step) a migration part in every step; a share above 1 is refused.
+  EXPECT_NE(r.output.find("# EDPB's first placement: "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("after it 0 of the (layer, expert) pairs move per step "
+                          "(job.expert_moves_per_step): 0.0000 s a step"),
+            std::string::npos)
+      << r.output;
+  std::ofstream(dir + "/drifting.ini") << text << "router_max_over_mean = 2\n"
+                                       << "expert_moves_per_step = 0.25\n";
+  std::string drifting = strategy + "--train-ep 2 --rebalance --json";
+  drifting.replace(drifting.find("skewed.ini"), 10, "drifting.ini");
+  r = run_rlfusion(drifting);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_GT(test::json_number(r.output, "migration"), 0) << r.output;
+  EXPECT_GT(test::json_number(r.output, "first_migration_s"), 0) << r.output;
+  std::ofstream(dir + "/drifting.ini") << text << "expert_moves_per_step = 1.5\n";
+  r = run_rlfusion(drifting);
+  EXPECT_EQ(r.exit_code, kExitConfigError) << r.output;
+  EXPECT_NE(r.output.find("job.expert_moves_per_step must be in [0, 1]"), std::string::npos)
+      << r.output;
   for (const std::string bad :
        {"--train-ep 2 --redundant-experts 3", "--redundant-experts 1", "--rebalance"}) {
     r = run_rlfusion(strategy + bad);
@@ -238,9 +258,10 @@ TEST(Plan, ValidationPredictsRecordedRunsBytesAndMemory) {
       << "the worst of 60 phases prefills longer prompts than one phase's mean";
   // Each case's predicted parts: a synchronous step is their sum; only the EP case has training
   // EP exchanges and waits; the measured phases are the row's.
-  const char* parts[] = {"generation",  "training",    "tensor_parallel", "pipeline",
-                         "all_to_all",  "expert_wait", "gradient_sync",   "swap",
-                         "weight_sync", "queue"};
+  const char* parts[] = {"generation",    "training",   "tensor_parallel",
+                         "pipeline",      "all_to_all", "expert_wait",
+                         "gradient_sync", "migration",  "swap",
+                         "weight_sync",   "queue"};
   for (const char* name :
        {"disagg-sync-tiny", "fused-sync-tiny", "fused-ep2-tiny", "fused-offload-small"}) {
     double sum = 0;

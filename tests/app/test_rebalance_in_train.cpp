@@ -86,6 +86,7 @@ TEST(TrainRebalance, MigratingLearnersTrainLikeTheRunThatNeverMigrates) {
   EXPECT_NE(report.output.find("# expert load per layer"), std::string::npos) << report.output;
   EXPECT_NE(report.output.find("# expert migrations"), std::string::npos) << report.output;
   EXPECT_NE(report.output.find("job.router_max_over_mean = "), std::string::npos) << report.output;
+  EXPECT_NE(report.output.find("job.expert_moves_per_step = "), std::string::npos) << report.output;
   const CommandResult json = test::run_rlfusion("report " + still_dir + " --json");
   ASSERT_EQ(json.exit_code, 0) << json.output;
   // The planner's input: the layers' max/mean averaged (2 layers).

@@ -56,5 +56,26 @@ TEST(RouterSummary, LayerImbalanceIsTheBusiestExpertOverTheMean) {
   EXPECT_DOUBLE_EQ(layers[1].mean_max_over_mean, 4.0);  // every token on expert 1
 }
 
+// The planner's job.expert_moves_per_step: the two-rank trace has 2 layers x 4 experts and router
+// statistics up to step 3. Migrations after step 1 (the first: 5 pairs, a one-off the planner
+// prices apart) and step 2 (3 pairs, recorded by both ranks, counted once): 3 pairs over 8 pairs
+// and the 2 steps after the first migration.
+TEST(RouterSummary, ExpertMovesPerStepCountsTheMigrationsAfterTheFirst) {
+  TraceData trace = two_rank_trace();
+  EXPECT_EQ(expert_moves_per_step(trace), 0);  // no migrations
+  trace.migrations.resize(2);
+  ExpertMigration first, later;
+  first.step = 1;
+  first.experts_moved = 5;
+  later.step = 2;
+  later.experts_moved = 3;
+  trace.migrations[0] = {first, later};
+  trace.migrations[1] = {later};
+  EXPECT_DOUBLE_EQ(expert_moves_per_step(trace), 3.0 / (8 * 2));
+  trace.migrations[0] = {first};  // nothing moved after the first placement
+  trace.migrations[1].clear();
+  EXPECT_EQ(expert_moves_per_step(trace), 0);
+}
+
 }  // namespace
 }  // namespace rlf

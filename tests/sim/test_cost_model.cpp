@@ -301,6 +301,46 @@ struct TinyExpertParallel {
   }();
 };
 
+// EDPB's migrations (job.expert_moves_per_step): tiny at EP 2, rebalanced, a quarter of its 2 x 4
+// (layer, expert) pairs moving per step, so each of the 2 ranks receives one expert a step: its
+// 3 x 32 x 32 weights, AdamW's two moments and the reference's weights, 3072 x (4 + 8 + 4) bytes,
+// in one message over the EP group's link, as part of training. The first placement (c = 2)
+// moves one expert of each of the 2 layers into each rank
+// (ExpertLoad.FirstPlacementReceivedByHand), once, outside the step; a static router moves nothing
+// after it.
+TEST(CostModel, MigrationsMoveEachExpertsWeightsMomentsAndReferenceByHand) {
+  TinyExpertParallel tiny;
+  auto& [m, job, c, s] = tiny;
+  c.intra_node = {1e9, 1e-6};
+  job.reference = true;
+  job.router_max_over_mean = 2;
+  prepare_rebalanced_loads(job, 4);
+  s.rebalance = true;
+  const double expert_bytes = 3072.0 * (4 + 8 + 4);
+  EXPECT_EQ(predict(m, c, job, s).migration, 0);
+  EXPECT_NEAR(first_migration_seconds(m, c, job, s), 2 * expert_bytes / 1e9 + 2e-6, 1e-15);
+  const RlJob still = job;
+  job.expert_moves_per_step = 0.25;
+  const Prediction moving = predict(m, c, job, s);
+  EXPECT_NEAR(moving.migration, expert_bytes / 1e9 + 1e-6, 1e-15);
+  EXPECT_NEAR(moving.training_total() - predict(m, c, still, s).training_total(), moving.migration,
+              1e-12);
+  EXPECT_NEAR(moving.step - predict(m, c, still, s).step, moving.migration, 1e-12);
+  // Without the reference an expert carries its weights and moments only.
+  RlJob no_reference = job;
+  no_reference.reference = false;
+  EXPECT_NEAR(predict(m, c, no_reference, s).migration, 3072.0 * 12 / 1e9 + 1e-6, 1e-15);
+  // Nothing moves without rebalancing, nor for a uniform router's first placement.
+  Strategy fixed = s;
+  fixed.rebalance = false;
+  EXPECT_EQ(predict(m, c, job, fixed).migration, 0);
+  EXPECT_EQ(first_migration_seconds(m, c, job, fixed), 0);
+  RlJob uniform = job;
+  uniform.router_max_over_mean = 1;
+  prepare_rebalanced_loads(uniform, 4);
+  EXPECT_EQ(first_migration_seconds(m, c, uniform, s), 0);
+}
+
 // TP x EP splits each MoE layer's rows over the TP group: training pays one ring allgather of the
 // combined rows per MoE layer and forward (the reference's too), and one of each row's input and
 // top-k weight gradients per backward, on top of TP's all-reduces.

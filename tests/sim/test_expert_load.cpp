@@ -186,6 +186,25 @@ TEST(ExpertLoad, RebalancedLoadFactorByHand) {
   }
 }
 
+// EDPB's first decision from the contiguous blocks: tiny's 4 experts at EP 2 with c = 2 start
+// {0, 1} {2, 3}, the two hottest together; the placement pairs the hottest with the coldest,
+// {0, 3} {1, 2}, which renumbered to move least has each rank receive one expert. A uniform router
+// or one rank moves nothing, and a rank never receives more experts than it has slots.
+TEST(ExpertLoad, FirstPlacementReceivedByHand) {
+  EXPECT_EQ(first_placement_received(2, 4, 2, 0), 1);
+  EXPECT_EQ(first_placement_received(1, 4, 2, 0), 0);
+  EXPECT_EQ(first_placement_received(3, 16, 1, 0), 0);
+  for (const double c : {1.5, 3.0, 6.0}) {
+    for (const int ranks : {2, 4, 8}) {
+      for (int spare = 0; spare <= 2; ++spare) {
+        const int received = first_placement_received(c, 32, ranks, spare);
+        EXPECT_GT(received, 0) << "c " << c << ", " << ranks << " ranks, spare " << spare;
+        EXPECT_LE(received, 32 / ranks + spare) << "c " << c << ", " << ranks << " ranks";
+      }
+    }
+  }
+}
+
 // The table a search reads gives the placements' own factors, and anything outside it (another
 // router, model, EP degree or spare count) is computed, not taken from a neighbour.
 TEST(ExpertLoad, RebalancedLoadsTableEqualsThePlacements) {
