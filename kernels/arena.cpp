@@ -6,6 +6,7 @@
 
 #include "kernels/error.h"
 #include "kernels/gpu.h"
+#include "kernels/huge_pages.h"
 
 namespace rlf {
 
@@ -21,8 +22,10 @@ Arena::Arena(std::string name, size_t capacity_bytes, MemoryKind kind)
     return;
   }
   // Untouched pages cost nothing on Linux, so reserving the whole capacity up front is cheap and
-  // keeps every pointer stable for the arena's lifetime.
-  base_ = static_cast<std::byte*>(std::aligned_alloc(kAlignment, capacity_));
+  // keeps every pointer stable for the arena's lifetime. On huge pages (huge_pages.h): the
+  // parameters, gradients, moments and activations all live here, and their first touch is mostly
+  // page faults on small pages.
+  base_ = static_cast<std::byte*>(allocate_host_buffer(capacity_, kAlignment));
   if (!base_) {
     throw OutOfDeviceMemory("cannot reserve " + format_bytes(capacity_) + " for arena '" + name_ +
                             "'");
@@ -31,7 +34,7 @@ Arena::Arena(std::string name, size_t capacity_bytes, MemoryKind kind)
 
 Arena::~Arena() {
   if (kind_ == MemoryKind::Host) {
-    std::free(base_);
+    free_host_buffer(base_);
   } else if (base_) {
     cuda_free(base_, kind_);
   }
