@@ -125,9 +125,7 @@ Outcome validate_row(const Row& row) {
   // EDPB's moves after its first placement (`report --json`'s expert_moves_per_step; column
   // absent: none, a static router).
   job.expert_moves_per_step = row.number_or("expert_moves_per_step", 0);
-  if (!(job.expert_moves_per_step >= 0 && job.expert_moves_per_step <= 1))
-    throw ConfigError("case " + out.name + ": expert_moves_per_step must be in [0, 1], got " +
-                      std::to_string(job.expert_moves_per_step));
+  check_expert_moves_per_step(job, "case " + out.name);
   const double samples = double(job.samples()) * steps;
   const double response = row.number("response_tokens") / samples;
   const double prompt = (row.number("trained_tokens") - row.number("response_tokens")) / samples;

@@ -133,9 +133,16 @@ void RlJob::validate(const std::string& source) const {
   if (!(router_max_over_mean >= 1))
     fail("router_max_over_mean must be >= 1 (the busiest expert over the mean one), got " +
          std::to_string(router_max_over_mean));
-  if (!(expert_moves_per_step >= 0 && expert_moves_per_step <= 1))
-    fail("expert_moves_per_step must be in [0, 1] (a share of the (layer, expert) pairs), got " +
-         std::to_string(expert_moves_per_step));
+  check_expert_moves_per_step(*this, source);
+}
+
+void check_expert_moves_per_step(const RlJob& job, const std::string& source) {
+  if (!(job.expert_moves_per_step >= 0 && job.expert_moves_per_step <= 1)) {
+    throw ConfigError(source +
+                      ": job.expert_moves_per_step must be in [0, 1] (a share of the (layer, "
+                      "expert) pairs), got " +
+                      std::to_string(job.expert_moves_per_step));
+  }
 }
 
 void check_router_concentration(const RlJob& job, int experts, int top_k,

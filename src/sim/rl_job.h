@@ -74,6 +74,10 @@ RlJob load_rl_job(const std::string& name_or_path);
 void check_router_concentration(const RlJob& job, int experts, int top_k,
                                 const std::string& source);
 
+// A ConfigError naming job.expert_moves_per_step unless it lies in [0, 1] (a share of the model's
+// (layer, expert) pairs); RlJob::validate and `plan --validate`'s cases check it here.
+void check_expert_moves_per_step(const RlJob& job, const std::string& source);
+
 // Tabulates job.rebalanced_loads for a model of `experts` experts (after
 // check_router_concentration).
 void prepare_rebalanced_loads(RlJob& job, int experts);

@@ -364,7 +364,8 @@ TEST(BenchCalibrate, TwoRanksMeasureTheLinkAndTheExpertExchange) {
 // A validation case with EDPB's spare expert slots (column redundant_experts, the runs of
 // jobs/local/validate_planner.sh's fused-ep2-tiny and fused-ep2-r1-tiny, 2026-12-04 21:10 UTC):
 // the memory the runtime's plan predicts holds the spare slot (within 5% of the arena's peak, above
-// the case without it); a spare slot without expert parallelism is a ConfigError naming the case.
+// the case without it); a spare slot without expert parallelism, or a share of migrated experts
+// outside [0, 1], is a ConfigError naming the case.
 TEST(Plan, ValidationCountsRedundantExpertSlots) {
   const std::string dir = scratch("validate-redundant");
   const std::string cluster = RLFUSION_SOURCE_DIR "/inputs/clusters/cloudmatrix-384.ini";
@@ -403,6 +404,15 @@ TEST(Plan, ValidationCountsRedundantExpertSlots) {
   const auto bad = run_rlfusion("plan --validate " + dir + "/bad.csv");
   EXPECT_EQ(bad.exit_code, kExitConfigError) << bad.output;
   EXPECT_NE(bad.output.find("case no-ep-r1: redundant_experts 1"), std::string::npos) << bad.output;
+  // A share of migrated (layer, expert) pairs above 1 (column expert_moves_per_step) likewise.
+  std::ofstream(dir + "/moves.csv")
+      << header.substr(0, header.size() - 1) << ",expert_moves_per_step\n"
+      << row("moves-ep2", "2", "0.01,0,0,2276608,1776064,0.003909,0.007536,1,0,1.5");
+  const auto moves = run_rlfusion("plan --validate " + dir + "/moves.csv");
+  EXPECT_EQ(moves.exit_code, kExitConfigError) << moves.output;
+  EXPECT_NE(moves.output.find("case moves-ep2: job.expert_moves_per_step must be in [0, 1]"),
+            std::string::npos)
+      << moves.output;
 }
 
 // jobs/local/validation_rounds.py, validate_planner.sh's last step: each round's run is predicted
