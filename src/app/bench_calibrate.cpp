@@ -262,8 +262,12 @@ LayerRates measure_layer_rates(Device& device, int repeats) {
 
 // Generation's rates: a decode step (one token for each of B sequences, attending to 16 cached
 // positions) of the same reference models at B = 1, 8, 64 and 256 (a rank's batch of a step's
-// samples is often past 64), all eight timed interleaved, FLOPs
-// counted by the cost model's formula at context 17, fitted like the layer rates (fit_rates).
+// samples is often past 64), FLOPs counted by the cost model's formula at context 17, fitted like
+// the layer rates (fit_rates). The cases are timed interleaved, each timed step right after an
+// untimed one of the same case, as the runtime decodes one model's steps back to back: timed
+// after the other cases' steps instead, the width-32 and width-128 models' steps took 1.4-6.9x
+// longer than back to back (2026-12-05, their weights evicted by the width-256 model's), which
+// put the planner's decode of `tiny` at 2-6x its measured time.
 LayerRates measure_decode_rates(Device& device, int repeats) {
   const int context = 16;
   const int batches[] = {1, 8, 64, 256};
@@ -302,7 +306,7 @@ LayerRates measure_decode_rates(Device& device, int repeats) {
       device.memory().release(top);
     });
   }
-  const std::vector<double> seconds = time_interleaved(bodies, repeats);
+  const std::vector<double> seconds = time_interleaved_warm(bodies, repeats);
   LayerRates r;
   for (size_t i = 0; i < cases.size(); ++i) {
     const sim::ModelShape shape = sim::model_shape(cases[i].model->config());

@@ -27,13 +27,16 @@ uint64_t sum_over_world(uint64_t mine) {
   return mine;
 }
 
-std::vector<double> time_interleaved(const std::vector<std::function<void()>>& bodies,
-                                     int repeats) {
+namespace {
+
+std::vector<double> time_bodies(const std::vector<std::function<void()>>& bodies, int repeats,
+                                bool warm) {
   using Clock = std::chrono::steady_clock;
   std::vector<std::vector<double>> samples(bodies.size());
   for (const auto& body : bodies) body();
   for (int r = 0; r < repeats; ++r) {
     for (size_t i = 0; i < bodies.size(); ++i) {
+      if (warm) bodies[i]();
       const auto start = Clock::now();
       bodies[i]();
       samples[i].push_back(std::chrono::duration<double>(Clock::now() - start).count());
@@ -42,6 +45,18 @@ std::vector<double> time_interleaved(const std::vector<std::function<void()>>& b
   std::vector<double> medians;
   for (auto& s : samples) medians.push_back(median(s));
   return medians;
+}
+
+}  // namespace
+
+std::vector<double> time_interleaved(const std::vector<std::function<void()>>& bodies,
+                                     int repeats) {
+  return time_bodies(bodies, repeats, false);
+}
+
+std::vector<double> time_interleaved_warm(const std::vector<std::function<void()>>& bodies,
+                                          int repeats) {
+  return time_bodies(bodies, repeats, true);
 }
 
 // The CPUs this rank may run on, e.g. "0" or "0-1".

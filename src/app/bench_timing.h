@@ -16,6 +16,11 @@ double max_over_world(double mine);
 uint64_t sum_over_world(uint64_t mine);
 // Returns each body's median wall time in seconds.
 std::vector<double> time_interleaved(const std::vector<std::function<void()>>& bodies, int repeats);
+// The same, each timed run right after an untimed run of the same body: the body's data is as
+// warm in the caches as when the runtime repeats it back to back (generation's decode steps of one
+// model), where time_interleaved's runs follow the other bodies' (which may evict it).
+std::vector<double> time_interleaved_warm(const std::vector<std::function<void()>>& bodies,
+                                          int repeats);
 // The CPUs this process may run on, e.g. "0" or "0-1" ("?" when unknown).
 std::string cpu_list();
 // Every rank's cpu_list() on rank 0 of MPI_COMM_WORLD as " 0:{0} 1:{1}" (collective; empty on

@@ -377,16 +377,19 @@ Phase generation_cost(const ModelShape& m, const ClusterConfig& c, const RlJob& 
   // by continuous batching (the next step's samples fill the slots that free up), and every sample
   // in flight at the cut, i.e. a full batch, is resumed next phase with its prefix recomputed.
   const bool cut = s.staleness > 0 && s.mode != Mode::Disaggregated;
-  const double tokens = per_rank * job.response.mean;  // response tokens a rank decodes
+  const double tokens = per_rank * job.response.mean;  // response tokens a rank draws
+  // A sample's first response token is drawn from its prefill's logits (src/model/generation.cpp,
+  // RolloutPool::prefill), so a response of L tokens takes L - 1 decode steps, and the decode
+  // steps run the other tokens.
+  const double decoded = std::max(0.0, tokens - per_rank);
   double steps = 0, live = 0;
   if (cut) {
-    steps = std::max(job.response.cut, tokens / batch);
-    live = tokens / steps;
+    steps = std::max(job.response.cut - 1, decoded / batch);
   } else {
     const double waves = std::ceil(per_rank / batch);
-    steps = waves * job.response.step_longest;
-    live = tokens / steps;
+    steps = waves * std::max(0.0, job.response.step_longest - 1);
   }
+  if (steps > 0) live = decoded / steps;
   const double context = job.prompt.mean + 0.5 * job.response.mean;
   double prefill_tokens = per_rank * job.prompt.mean;
   // A resumed sample is, on average, half its response past its prompt.

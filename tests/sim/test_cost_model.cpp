@@ -197,9 +197,10 @@ TEST(CostModel, FusedStaleSyncRecomputesAFullBatchOfPrefixes) {
   s.staleness = 1;
   const Prediction p = predict(m, flops_only(), job, s);
   // 8 samples on one rank: 32 prompt tokens + 8 x (4 + 2) resumed-prefix tokens at context 2,
-  // then max(cut 4, 32 tokens / 8) = 4 decode steps of 8 sequences at context 4 + 2.
+  // whose logits give each sample its first token, then max(cut 4 - 1, the other 24 tokens / 8)
+  // = 3 decode steps of 8 sequences at context 4 + 2.
   const double prefill = (32 + 8 * 6) * (2 * 24832 + 4 * 2 * 32 * 2.0);
-  const double decode = 4 * 8 * (2 * 24832 + 4 * 2 * 32 * 6.0);
+  const double decode = 3 * 8 * (2 * 24832 + 4 * 2 * 32 * 6.0);
   EXPECT_NEAR(p.generation, (prefill + decode) / 1e9, 1e-15);
 }
 
@@ -254,10 +255,11 @@ TEST(CostModel, TrainingComputeByHand) {
   EXPECT_NEAR(p.training, 64 * forward * 3 / 1e9, 1e-15);
   EXPECT_EQ(p.pipeline, 0);
   EXPECT_EQ(p.swap, 0);
-  // Generation: prefill of 32 prompt tokens at context 2, then 4 decode steps of 8 sequences at
-  // context 4 + 2 (the expert FLOPs count every token's top-k experts).
+  // Generation: prefill of 32 prompt tokens at context 2, whose logits give each of the 8
+  // samples its first response token, then 3 decode steps of 8 sequences at context 4 + 2 for
+  // the other 3 of each response's 4 tokens (the expert FLOPs count every token's top-k experts).
   const double prefill = 32 * (2 * 24832 + 4 * 2 * 32 * 2.0);
-  const double decode = 4 * 8 * (2 * 24832 + 4 * 2 * 32 * 6.0);
+  const double decode = 3 * 8 * (2 * 24832 + 4 * 2 * 32 * 6.0);
   EXPECT_NEAR(p.generation, (prefill + decode) / 1e9, 1e-15);
   EXPECT_NEAR(p.step, p.training + p.generation, 1e-15);
   EXPECT_NEAR(p.tokens_per_second, 64 / p.step, 1e-6);
@@ -413,14 +415,14 @@ TEST(CostModel, ExpertExchangeSoftwareCostByHand) {
   EXPECT_NEAR(p.all_to_all, 2 * 2 * 2 * ((1e-3 + 32e-6) + (2e-3 + 96e-6)), 1e-12);
   s.ep_overlap = true;  // nothing to hide: the software cost stays
   EXPECT_NEAR(predict(m, c, job, s).all_to_all, p.all_to_all, 1e-12);
-  // Generation with EP 2: every step (one prefill of 4 samples x 4 prompt tokens a rank, then 4
+  // Generation with EP 2: every step (one prefill of 4 samples x 4 prompt tokens a rank, then 3
   // decode steps of 4 rows a rank) pays 2 operations per layer, both forward ones.
   s.ep_overlap = false;
   s.generate.ep = 2;
   const double before = predict(m, flops_only(), job, s).generation;
   const double after = predict(m, c, job, s).generation;
   const double prefill = 2 * 2 * (1e-3 + 16 * 2 * 1e-6);
-  const double decode = 4 * 2 * 2 * (1e-3 + 4 * 2 * 1e-6);
+  const double decode = 3 * 2 * 2 * (1e-3 + 4 * 2 * 1e-6);
   EXPECT_NEAR(after - before, prefill + decode, 1e-12);
 }
 
@@ -443,7 +445,7 @@ TEST(CostModel, ExpertWaitByHand) {
   EXPECT_NEAR(p.step - uniform.step, 16e-3, 1e-12);
   EXPECT_NEAR(p.training_total(), p.training + p.all_to_all + p.expert_wait + p.gradient_sync,
               1e-15);
-  // Generation with EP 2 (one prefill of 4 samples x 4 prompt tokens a rank, then 4 decode steps
+  // Generation with EP 2 (one prefill of 4 samples x 4 prompt tokens a rank, then 3 decode steps
   // of 4 rows a rank): its expert FFN at the busiest rank's rows (32 and 8 group tokens), one
   // lock-step per operation, 2 a layer, and one for the step's all-reduce.
   s.train.ep = 1;
@@ -451,16 +453,16 @@ TEST(CostModel, ExpertWaitByHand) {
   Strategy data_parallel = s;
   data_parallel.generate.ep = 1;
   const double busiest_excess_rows =
-      std::sqrt(32 * 2.0 / 3) / std::sqrt(M_PI) + 4 * std::sqrt(8 * 2.0 / 3) / std::sqrt(M_PI);
+      std::sqrt(32 * 2.0 / 3) / std::sqrt(M_PI) + 3 * std::sqrt(8 * 2.0 / 3) / std::sqrt(M_PI);
   // A row through the experts of every layer: 2 layers x 3 x 32 x 32 weights, 2 FLOPs each.
   const double row_seconds = 2 * 2 * 3 * 32 * 32 / 1e9;
   EXPECT_NEAR(predict(m, flops_only(), job, s).generation -
                   predict(m, flops_only(), job, data_parallel).generation,
               busiest_excess_rows * row_seconds, 1e-12);
-  // Each of the 5 steps: 2 operations a layer and the step's all-reduce of whether any rank still
+  // Each of the 4 steps: 2 operations a layer and the step's all-reduce of whether any rank still
   // decodes, each 1 ms in lock-step.
   EXPECT_NEAR(predict(m, c, job, s).generation - predict(m, flops_only(), job, s).generation,
-              (1 + 4) * (2 * 2 + 1) * 1e-3, 1e-12);
+              (1 + 3) * (2 * 2 + 1) * 1e-3, 1e-12);
 }
 
 // The spread of equal work's finishing times (cluster key expert_exchange_spread): with EP the
@@ -510,7 +512,7 @@ TEST(CostModel, ConcentratedRouterChargesTheHottestExpertsRank) {
   EXPECT_NEAR(skewed.expert_wait, expert_seconds * (hottest - 1), 1e-12);
   EXPECT_GT(skewed.expert_wait, uniform.expert_wait);
   EXPECT_DOUBLE_EQ(skewed.training, uniform.training);  // the mean rank's work is unchanged
-  // Generation with EP 2: the prefill's 32 group tokens and each of 4 decode steps' 8, every one
+  // Generation with EP 2: the prefill's 32 group tokens and each of 3 decode steps' 8, every one
   // at the hottest rank's rows (above the spread: 32 x 1.33 = 42.67 > 34.6, 8 x 1.33 = 10.67 >
   // 8 + 0.564 x 2.31 = 9.30), against the mean's without EP.
   s.train.ep = 1;
@@ -520,11 +522,11 @@ TEST(CostModel, ConcentratedRouterChargesTheHottestExpertsRank) {
   const double row_seconds = 2 * 2 * 3 * 32 * 32 / 1e9;
   EXPECT_NEAR(predict(m, flops_only(), job, s).generation -
                   predict(m, flops_only(), job, data_parallel).generation,
-              (32 + 4 * 8) * (hottest - 1) * row_seconds, 1e-12);
+              (32 + 3 * 8) * (hottest - 1) * row_seconds, 1e-12);
   // The exchange's link time: the hottest rank receives `hottest` times the mean rank's rows.
   // Training (flat dispatch): 2 micro-batches x 2 layers x 4 operations, each 16 tokens x top-2 x
   // 1/2 remote x 32 floats x 4 bytes at 1 GB/s; generation: per layer 2 operations of a step's
-  // rows (16 prefill, then 4 decode steps of 4) x top-2 x 1/2 remote.
+  // rows (16 prefill, then 3 decode steps of 4) x top-2 x 1/2 remote.
   ClusterConfig linked = flops_only();
   linked.intra_node.bandwidth = 1e9;
   Strategy exchange = s;
@@ -539,7 +541,7 @@ TEST(CostModel, ConcentratedRouterChargesTheHottestExpertsRank) {
     return predict(m, linked, j, s).generation - predict(m, flops_only(), j, s).generation;
   };
   EXPECT_NEAR(generation_link(job) - generation_link(even),
-              2 * 2 * (16 + 4 * 4) * 2 * 0.5 * row_bytes * (hottest - 1), 1e-12);
+              2 * 2 * (16 + 3 * 4) * 2 * 0.5 * row_bytes * (hottest - 1), 1e-12);
   // Without EP the concentration costs nothing here (no group waits).
   s.generate.ep = 1;
   EXPECT_DOUBLE_EQ(predict(m, c, job, s).step, predict(m, c, even, s).step);
