@@ -64,6 +64,11 @@ double hierarchical_allreduce_seconds(double bytes, int ranks, int stride, const
   return seconds;
 }
 
+double small_allreduce_seconds(double bytes, int ranks, const Link& link) {
+  if (ranks <= 1) return 0;
+  return std::ceil(std::log2(double(ranks))) * (link.latency + bytes / link.bandwidth);
+}
+
 double ring_allgather_seconds(double bytes, int ranks, const Link& link) {
   if (ranks <= 1 || bytes <= 0) return 0;
   const double n = ranks;
@@ -305,10 +310,12 @@ Training training_cost(const ModelShape& m, const ClusterConfig& c, const RlJob&
 // `context`, on one device of the generation layout. A prefill is a forward over every prompt
 // token at once, the shape the layer rates were measured on (hundreds of rows), so it runs at the
 // layer rate; a decode step at the decode rate, measured on decode steps of 1 to 256 rows.
-// `placement`: the generation layout's (generation_placement).
+// `placement`: the generation layout's (generation_placement). `ends_step`: the call ends a
+// sampling step, after which an EP group agrees whether any rank still decodes (a continuous
+// batching step's prefill runs beside its decode, in the same step).
 double generation_step(const ModelShape& m, const ClusterConfig& c, const RlJob& job,
                        const Parallelism& g, ExpertPlacement placement, double tokens,
-                       double context, bool prefill) {
+                       double context, bool prefill, bool ends_step = true) {
   const double ab = job.activation_bytes;
   // The tokens whose routed experts the EP group computes: each TP rank's share (the token split)
   // from each of the group's ranks.
@@ -349,7 +356,8 @@ double generation_step(const ModelShape& m, const ClusterConfig& c, const RlJob&
                 c.expert_exchange_seconds(dispatched * m.top_k) + c.expert_exchange_lockstep);
     // After each step the group agrees whether any rank still decodes (a one-integer all-reduce:
     // a rank whose samples are done keeps stepping with zero rows), another meeting in lock-step.
-    seconds += ring_allreduce_seconds(sizeof(int), g.ep, link) + c.expert_exchange_lockstep;
+    if (ends_step)
+      seconds += small_allreduce_seconds(sizeof(int), g.ep, link) + c.expert_exchange_lockstep;
     // The ranks' equal work between the meetings finishes apart (ClusterConfig's spread).
     seconds += c.expert_exchange_spread * compute;
   }
@@ -391,13 +399,36 @@ Phase generation_cost(const ModelShape& m, const ClusterConfig& c, const RlJob& 
   }
   if (steps > 0) live = decoded / steps;
   const double context = job.prompt.mean + 0.5 * job.response.mean;
-  double prefill_tokens = per_rank * job.prompt.mean;
-  // A resumed sample is, on average, half its response past its prompt.
-  if (cut) prefill_tokens += batch * (job.prompt.mean + 0.5 * job.response.mean);
   const ExpertPlacement placement = generation_placement(s);
-  phase.seconds =
-      generation_step(m, c, job, g, placement, prefill_tokens, 0.5 * job.prompt.mean, true);
+  // Continuous batching (a StaleSync phase's pool, src/rl/rollout_pool.cpp): the first step
+  // prefills the resumed partials that fill the slots, and each later step prefills the samples
+  // it admits into the slots that freed up, in a call beside its decode call: at most one call a
+  // step and one sample a call, so the rank's new samples arrive in min(steps, per_rank) calls. A
+  // resumed sample is, on average, half its response past its prompt. A synchronous phase
+  // prefills every prompt in one call.
+  const double prompt_context = 0.5 * job.prompt.mean;
+  if (cut) {
+    const double later_calls = std::min(steps, per_rank);
+    const double resumed_tokens = batch * (job.prompt.mean + 0.5 * job.response.mean);
+    phase.seconds = generation_step(m, c, job, g, placement, resumed_tokens, prompt_context, true);
+    if (later_calls > 0) {
+      phase.seconds += later_calls * generation_step(m, c, job, g, placement,
+                                                     per_rank * job.prompt.mean / later_calls,
+                                                     prompt_context, true, false);
+    }
+  } else {
+    phase.seconds =
+        generation_step(m, c, job, g, placement, per_rank * job.prompt.mean, prompt_context, true);
+  }
   phase.seconds += steps * generation_step(m, c, job, g, placement, live, context, false);
+  // The pool's ranks end their phases together: after every step they agree whether all of them
+  // have reached the cut (a one-integer all-reduce over the fused ranks, src/app/fused_train.cpp),
+  // a meeting in lock-step.
+  if (cut && g.devices() > 1) {
+    const Link& link = c.link(c.level_spanned(g.devices()));
+    phase.seconds += (steps + 1) * (small_allreduce_seconds(sizeof(int), g.devices(), link) +
+                                    c.expert_exchange_lockstep);
+  }
   // Every response token is drawn once from its row of V logits (a resumed sample's prefix is
   // recomputed, not redrawn).
   phase.sampler = tokens * c.sampler_seconds(m.vocab);

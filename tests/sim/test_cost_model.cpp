@@ -189,19 +189,59 @@ TEST(CostModel, LossOverTheLogitsIsMemoryBound) {
 
 // Fused StaleSync: continuous batching keeps every slot busy, so at the cut a full batch is in
 // flight and resumed next phase with its prefix (prompt + half the mean response) prefilled again.
-TEST(CostModel, FusedStaleSyncRecomputesAFullBatchOfPrefixes) {
+// The pool prefills apart from its decode calls (src/rl/rollout_pool.cpp): the resumed partials in
+// its first step, then its new samples beside its decode steps, at most one call a step and one
+// sample a call. With 2 fused ranks the pool's ranks agree after every step whether all reached
+// the cut.
+TEST(CostModel, FusedStaleSyncPrefillsInPiecesAndAgreesEveryStep) {
   const ModelShape m = model_shape(load_model_config("tiny"));
   const RlJob job = fixed_job(4, 2, 8, 4, 4);
   Strategy s;
   s.offload = false;
   s.staleness = 1;
-  const Prediction p = predict(m, flops_only(), job, s);
   // 8 samples on one rank: 32 prompt tokens + 8 x (4 + 2) resumed-prefix tokens at context 2,
   // whose logits give each sample its first token, then max(cut 4 - 1, the other 24 tokens / 8)
   // = 3 decode steps of 8 sequences at context 4 + 2.
-  const double prefill = (32 + 8 * 6) * (2 * 24832 + 4 * 2 * 32 * 2.0);
-  const double decode = 3 * 8 * (2 * 24832 + 4 * 2 * 32 * 6.0);
-  EXPECT_NEAR(p.generation, (prefill + decode) / 1e9, 1e-15);
+  const double prefill_flops = 2 * 24832 + 4 * 2 * 32 * 2.0;
+  const double decode_flops = 3 * 8 * (2 * 24832 + 4 * 2 * 32 * 6.0);
+  EXPECT_NEAR(predict(m, flops_only(), job, s).generation,
+              ((32 + 8 * 6) * prefill_flops + decode_flops) / 1e9, 1e-15);
+  // At a rate that grows with a call's rows (half_rate_rows = 20: 1e9 / (1 + 20 / rows)): the
+  // resumed partials' 48 tokens in one call, the 8 new samples' 32 in min(3 steps, 8 samples) = 3
+  // calls; the synchronous phase prefills its 32 prompt tokens in one call.
+  ClusterConfig c = flops_only();
+  c.half_rate_rows = 20;
+  const double resumed = 48 * prefill_flops * (1 + 20.0 / 48) / 1e9;
+  const double admitted = 32 * prefill_flops * (1 + 20.0 / (32.0 / 3)) / 1e9;
+  EXPECT_NEAR(predict(m, c, job, s).generation, resumed + admitted + decode_flops / 1e9, 1e-15);
+  Strategy sync = s;
+  sync.staleness = 0;
+  EXPECT_NEAR(predict(m, c, job, sync).generation,
+              32 * prefill_flops * (1 + 20.0 / 32) / 1e9 + decode_flops / 1e9, 1e-15);
+
+  // 2 fused ranks, 4 samples each: 12 decoded tokens over max(cut 4 - 1, 12 / 4) = 3 steps, so 4
+  // agreements, each a one-integer all-reduce (recursive doubling: 1 round of 1 us) and a
+  // lock-step of 1 ms; none without StaleSync.
+  Strategy two = s;
+  two.train.dp = two.generate.dp = 2;
+  ClusterConfig linked = flops_only();
+  linked.intra_node = {1e9, 1e-6};
+  linked.expert_exchange_lockstep = 1e-3;
+  const double agreement = 1e-6 + sizeof(int) / 1e9 + 1e-3;
+  EXPECT_NEAR(
+      predict(m, linked, job, two).generation - predict(m, flops_only(), job, two).generation,
+      4 * agreement, 1e-15);
+  two.staleness = 0;
+  EXPECT_NEAR(predict(m, linked, job, two).generation,
+              predict(m, flops_only(), job, two).generation, 1e-15);
+}
+
+// One integer's all-reduce by recursive doubling: ceil(log2 n) rounds of a message.
+TEST(CostModel, SmallAllreduceTakesLogarithmicRounds) {
+  const Link link{1e9, 1e-6};
+  EXPECT_DOUBLE_EQ(small_allreduce_seconds(4, 2, link), 1e-6 + 4e-9);
+  EXPECT_DOUBLE_EQ(small_allreduce_seconds(4, 6144, link), 13 * (1e-6 + 4e-9));
+  EXPECT_EQ(small_allreduce_seconds(4, 1, link), 0);
 }
 
 TEST(CostModel, RingAllreduceAndRemoteOwnersByHand) {
@@ -656,10 +696,10 @@ TEST(CostModel, ExpertWaitChargesTheRankWithTheLongestMicroBatch) {
 
 TEST(CostModel, StaleSyncOverlapsDisaggregatedAndCutsFused) {
   const ModelShape m = model_shape(load_model_config("small"));
-  RlJob job = fixed_job(8, 4, 4, 16, 0);
+  RlJob job = fixed_job(4, 2, 4, 16, 0);
   job.response = {20, 60, 30};  // mean 20, a step's longest 60, the 0.9 cut at 30
   ClusterConfig c = flops_only();
-  c.memory_bandwidth = 1e8;  // decode steps bound by reading the weights
+  c.kernel_overhead = 1e-2;  // every call bound by its kernels' fixed cost
   Strategy d;
   d.mode = Mode::Disaggregated;
   const Prediction sync = predict(m, c, job, d);
@@ -674,7 +714,10 @@ TEST(CostModel, StaleSyncOverlapsDisaggregatedAndCutsFused) {
   const Prediction fused = predict(m, c, job, f);
   f.staleness = 1;
   const Prediction fused_stale = predict(m, c, job, f);
-  // The cut decodes 30 steps instead of 60 with the same tokens: half the weight reads.
+  // The cut decodes 29 steps instead of 59 with the same tokens; its pool prefills the resumed
+  // partials, then each of the 8 new samples in a call of its own beside a decode step: 38 calls
+  // against 60. (With as many new samples as steps the prefill calls would cost as much as the
+  // cut saves: the runtime prefills apart from its decode call.)
   EXPECT_LT(fused_stale.generation, fused.generation);
   EXPECT_DOUBLE_EQ(fused_stale.training, fused.training);
 }
