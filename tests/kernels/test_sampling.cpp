@@ -115,6 +115,38 @@ TEST(Sampling, CpuMatchesRefExactly) {
   }
 }
 
+// The fast kernel orders only the tokens that can reach the nucleus (kernels/cpu/sampling.cpp):
+// rows where that prefix is a few tokens (peaked), all of them (flat), where many probabilities tie
+// (logits on a coarse grid), and nuclei within rounding of the whole row, where its first prefix
+// can fall short and it orders the rest.
+TEST(Sampling, CpuMatchesRefExactlyOnPeakedFlatAndTiedRows) {
+  const struct {
+    int B, V;
+    double scale;
+    bool tied;
+    float temperature, top_p;
+  } cases[] = {{64, 64, 30.0, false, 1.0f, 0.9f},      {64, 4096, 20.0, false, 1.0f, 0.95f},
+               {64, 64, 1e-3, false, 1.0f, 0.9f},      {64, 1000, 1e-6, false, 0.7f, 0.5f},
+               {64, 64, 2.0, true, 1.0f, 0.9f},        {64, 257, 4.0, true, 1.3f, 0.6f},
+               {64, 64, 3.0, false, 1.0f, 0.9999999f}, {64, 4096, 1e-4, false, 1.0f, 0.99999994f},
+               {64, 50, 3.0, false, 1.0f, 1e-6f},      {64, 64, 0.0, false, 1.0f, 0.9f}};
+  for (size_t i = 0; i < std::size(cases); ++i) {
+    const auto& c = cases[i];
+    auto batch =
+        random_batch(c.B, c.V, test::seed_for("Sampling.CpuMatchesRefExactlyOnPeaked", int(i)),
+                     c.scale > 0 ? c.scale : 1.0);
+    for (float& x : batch.logits) {
+      if (c.scale == 0.0) x = 0.5f;  // every token ties
+      if (c.tied) x = std::round(x);
+    }
+    const auto a = sample_cpu(batch, 77, c.temperature, c.top_p);
+    const auto r = sample_ref(batch, 77, c.temperature, c.top_p);
+    EXPECT_EQ(a.tokens, r.tokens) << "case " << i;
+    EXPECT_EQ(0, std::memcmp(a.logp.data(), r.logp.data(), a.logp.size() * sizeof(float)))
+        << "case " << i;
+  }
+}
+
 TEST(Sampling, GreedyWhenTemperatureIsZeroOrNegative) {
   const auto batch = random_batch(20, 37, test::seed_for("Sampling.Greedy", 0));
   for (float temperature : {0.0f, -1.0f}) {
