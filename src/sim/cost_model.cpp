@@ -153,21 +153,18 @@ double migrated_expert_bytes(const ModelShape& m, const RlJob& job) {
          (job.parameter_bytes * (job.reference ? 2 : 1) + job.optimizer_bytes);
 }
 
-// The EP ranks meet at every exchange, each with its own micro-batch, so every piece of a
-// micro-batch's work between two exchanges runs at the pace of the rank with the most tokens:
-// the expected excess of the busiest of `ranks` micro-batches over the mean, as a fraction of
-// `micro_tokens`. A rank's rollouts come prompt by prompt, so a micro-batch holds
-// min(micro batch, group size) samples of each of its prompts, sharing that prompt's length: of
-// the tokens' variance, sum over its prompts of (samples of the prompt)^2 x the prompt length's
-// variance, plus, responses drawn apart, micro batch x the response length's variance. The ranks'
-// micro-batches are independent (normal approximation, expected_max_of_normals).
-double micro_batch_token_excess(const RlJob& job, double micro_tokens, int ranks) {
-  const double b = job.micro_batch;
-  const double same_prompt = std::min(b, double(job.group_size));
-  const double variance = b * same_prompt * job.prompt.deviation * job.prompt.deviation +
-                          b * job.response.deviation * job.response.deviation;
-  return micro_tokens > 0 ? expected_max_of_normals(ranks) * std::sqrt(variance) / micro_tokens
-                          : 0.0;
+// The expected excess of the busiest of `ranks` equal shares of `samples` samples each (holding
+// `tokens` tokens on average) over the mean, as a fraction of `tokens`. A rank's rollouts come
+// prompt by prompt, so a share holds min(samples, group size) samples of each of its prompts,
+// sharing that prompt's length: of the tokens' variance, sum over its prompts of (samples of the
+// prompt)^2 x the prompt length's variance, plus, responses drawn apart, samples x the response
+// length's variance. The ranks' shares are independent (normal approximation,
+// expected_max_of_normals).
+double token_excess(const RlJob& job, double samples, double tokens, int ranks) {
+  const double same_prompt = std::min(samples, double(job.group_size));
+  const double variance = samples * same_prompt * job.prompt.deviation * job.prompt.deviation +
+                          samples * job.response.deviation * job.response.deviation;
+  return tokens > 0 ? expected_max_of_normals(ranks) * std::sqrt(variance) / tokens : 0.0;
 }
 
 Training training_cost(const ModelShape& m, const ClusterConfig& c, const RlJob& job,
@@ -264,7 +261,7 @@ Training training_cost(const ModelShape& m, const ClusterConfig& c, const RlJob&
     // spread).
     t.expert_wait = busiest * expert_compute * imbalance +
                     (token_work - busiest * expert_compute) *
-                        micro_batch_token_excess(job, micro_tokens, p.ep) +
+                        token_excess(job, job.micro_batch, micro_tokens, p.ep) +
                     operations * c.expert_exchange_lockstep + c.expert_exchange_spread * token_work;
   }
   // EDPB's migrations after its first placement: job.expert_moves_per_step of the (layer, expert)
@@ -284,6 +281,13 @@ Training training_cost(const ModelShape& m, const ClusterConfig& c, const RlJob&
                                      p.tp * p.pp, c) +
       hierarchical_allreduce_seconds(routed_params * job.gradient_bytes, int(expert_dp),
                                      int(std::max(1.0, p.devices() / std::max(1.0, expert_dp))), c);
+  // Without EP the data-parallel ranks meet only at that all-reduce, each having trained its own
+  // prompts' samples, so it starts when the rank with the most tokens is done: the EP ranks'
+  // exchanges pace every micro-batch instead (expert_wait above).
+  if (p.ep == 1 && p.dp > 1) {
+    const double rank_samples = double(job.samples()) / p.dp;
+    t.gradient_sync += token_work * token_excess(job, rank_samples, rank_samples * sequence, p.dp);
+  }
 
   // Memory: weights and gradients whole, optimizer states sharded over data parallelism
   // (distributed optimizer), the reference's weights, and the activations of the micro-batches

@@ -694,6 +694,42 @@ TEST(CostModel, ExpertWaitChargesTheRankWithTheLongestMicroBatch) {
   EXPECT_EQ(predict(m, c, job, s).expert_wait, 0);
 }
 
+// Without EP the data-parallel ranks meet only at the gradient all-reduce, which starts when the
+// rank with the most tokens has trained them: tiny on 2 data-parallel ranks, 4 samples each (two
+// prompts of 2), 32 tokens a rank on average.
+TEST(CostModel, DataParallelRanksWaitAtTheAllreduceForTheLongestBatch) {
+  const ModelShape m = model_shape(load_model_config("tiny"));
+  RlJob job = fixed_job(4, 2, 2, 4, 4);
+  Strategy s;
+  s.mode = Mode::Fused;
+  s.offload = false;
+  s.train.dp = s.generate.dp = 2;
+  const ClusterConfig c = flops_only();  // no link time: the all-reduce itself is free
+  const Prediction equal = predict(m, c, job, s);
+  job.prompt.deviation = 1.5;
+  job.response.deviation = 2;
+  const Prediction spread = predict(m, c, job, s);
+  // Of a rank's tokens' variance: 4 samples x 2 of a prompt x 1.5^2, plus 4 x 2^2; E[max of 2
+  // normals] = 1 / sqrt(pi); the rank's work is all token work here (training).
+  const double excess = std::sqrt(4 * 2 * 1.5 * 1.5 + 4 * 2 * 2) / std::sqrt(M_PI) / 32;
+  EXPECT_GT(equal.training, 0);
+  EXPECT_NEAR(equal.gradient_sync, 0, 1e-15);
+  EXPECT_NEAR(spread.gradient_sync, equal.training * excess, 1e-12);
+  EXPECT_NEAR(spread.training, equal.training, 1e-15);  // the mean rank's work is unchanged
+  EXPECT_NEAR(spread.training_total(), equal.training_total() + spread.gradient_sync, 1e-12);
+  // With EP the exchanges pace every micro-batch (ExpertWaitChargesTheRankWithTheLongestMicroBatch)
+  // and the all-reduce waits for nobody; one rank waits for nobody either.
+  Strategy ep = s;
+  ep.train.ep = 2;
+  RlJob fixed = job;
+  fixed.prompt.deviation = fixed.response.deviation = 0;
+  EXPECT_NEAR(predict(m, c, job, ep).gradient_sync, predict(m, c, fixed, ep).gradient_sync, 1e-15);
+  Strategy one;
+  one.mode = Mode::Fused;
+  one.offload = false;
+  EXPECT_NEAR(predict(m, c, job, one).gradient_sync, 0, 1e-15);
+}
+
 TEST(CostModel, StaleSyncOverlapsDisaggregatedAndCutsFused) {
   const ModelShape m = model_shape(load_model_config("small"));
   RlJob job = fixed_job(4, 2, 4, 16, 0);
