@@ -1,7 +1,7 @@
 // Fast token sampling: rows in parallel, each row the reference's algorithm (kernels/sampling.h,
 // detail::sample_row) with the same floating-point operations in the same order, so tokens and
 // log-probs are bit-identical to ref:: and independent of the thread count. What differs is how
-// the nucleus is found: instead of sorting all V tokens through an index comparator, sort_nucleus
+// the nucleus is found: instead of sorting all V tokens through an index comparator, sort_prefix
 // sorts packed (probability, id) keys of only the tokens that can be in it. Scratch for the
 // probabilities and keys comes from the arena, one pair of rows per fixed chunk.
 #include "kernels/sampling.h"

@@ -257,8 +257,9 @@ Training training_cost(const ModelShape& m, const ClusterConfig& c, const RlJob&
     const double busiest_rows = busiest_rank_rows_at_load_factor(micro_tokens / p.tp * p.ep,
                                                                  m.top_k, m.experts, p.ep, hottest);
     const double imbalance = mean_rows > 0 ? busiest_rows / mean_rows - 1 : 0.0;
-    // And equal work between the operations finishes apart on the ranks (ClusterConfig's
-    // spread).
+    // Each rank brings its own micro-batch to every exchange, so a micro-batch's work between two
+    // exchanges (its expert FFN aside) runs at the pace of the rank with the most tokens; and
+    // equal work between the operations finishes apart on the ranks (ClusterConfig's spread).
     t.expert_wait = busiest * expert_compute * imbalance +
                     (token_work - busiest * expert_compute) *
                         token_excess(job, job.micro_batch, micro_tokens, p.ep) +
