@@ -33,11 +33,12 @@ int key_id(uint64_t key) {
 // of the mass together, so the tokens at or above it are a prefix of the order whose mass passes
 // top_p with that margin: the nucleus lies inside it whenever top_p < 1. A rounding that keeps
 // the prefix's running sum under top_p (a top_p within rounding of 1) is caught by the caller's
-// scan, which then asks for all V.
+// scan, which then asks for all V. A threshold of 0 takes all V (a probability is never
+// negative), NaN ones too (rows of NaN logits: the nucleus is never empty).
 int sort_prefix(const float* probs, int V, double threshold, uint64_t* keys) {
   int n = 0;
   for (int v = 0; v < V; ++v) {
-    if (double(probs[v]) >= threshold) keys[n++] = order_key(probs[v], v);
+    if (!(double(probs[v]) < threshold)) keys[n++] = order_key(probs[v], v);
   }
   std::sort(keys, keys + n, std::greater<uint64_t>());
   return n;

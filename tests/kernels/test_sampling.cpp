@@ -147,6 +147,25 @@ TEST(Sampling, CpuMatchesRefExactlyOnPeakedFlatAndTiedRows) {
   }
 }
 
+// Logits that are NaN (a diverged model) still give each row a token of its vocabulary: the fast
+// kernel's nucleus is never empty.
+TEST(Sampling, CpuGivesATokenOfTheVocabularyForNanLogits) {
+  auto batch = random_batch(16, 64, test::seed_for("Sampling.CpuGivesATokenForNanLogits", 0));
+  for (int b = 0; b < batch.B; ++b) {
+    for (int v = 0; v < batch.V; ++v) {
+      // Every logit of the even rows, every third of the odd ones.
+      if (b % 2 == 0 || v % 3 == 0) batch.logits[size_t(b) * batch.V + v] = std::nanf("");
+    }
+  }
+  for (const float top_p : {0.9f, 1.0f}) {
+    const auto d = sample_cpu(batch, 5, 1.0f, top_p);
+    for (int b = 0; b < batch.B; ++b) {
+      EXPECT_GE(d.tokens[b], 0) << "row " << b;
+      EXPECT_LT(d.tokens[b], batch.V) << "row " << b;
+    }
+  }
+}
+
 TEST(Sampling, GreedyWhenTemperatureIsZeroOrNegative) {
   const auto batch = random_batch(20, 37, test::seed_for("Sampling.Greedy", 0));
   for (float temperature : {0.0f, -1.0f}) {
