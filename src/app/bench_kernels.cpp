@@ -3,6 +3,7 @@
 // the MoE layer and KV-cache decode at the model level. nccl-tests style: '#' header with units,
 // fixed columns, verdict lines, and a --json twin.
 #include <algorithm>
+#include <bit>
 #include <boost/program_options.hpp>
 #include <chrono>
 #include <cmath>
@@ -244,11 +245,16 @@ struct ExpertCase {
   std::vector<int> expert_idx, offsets, row_of_assignment, token_of_row;
   std::vector<float> x, xg, w1, w3, w2, y, a, bb, dy, dxg, dw1, dw3, dw2;
 
-  ExpertCase(int n, int c, int f, int e, int k) : N(n), C(c), F(f), E(e), K(k) {
+  // Uniform routing: token t goes to experts t, t+1, ... (mod E): every expert gets M/E rows.
+  // Concentrated (a trained or skewed router): token t's first expert is the number of trailing
+  // zeros of t + 1 (mod E), half the tokens on expert 0, a quarter on 1, ..., the others the next
+  // ones: at 48 tokens top-2 of 16, 7 experts get rows, the busiest 6x the mean.
+  ExpertCase(int n, int c, int f, int e, int k, bool concentrated = false)
+      : N(n), C(c), F(f), E(e), K(k) {
     const int M = N * K;
-    // Uniform routing: token n goes to experts n, n+1, ... (mod E): every expert gets M/E rows.
     for (int t = 0; t < N; ++t) {
-      for (int s = 0; s < K; ++s) expert_idx.push_back((t + s) % E);
+      const int first = concentrated ? std::countr_zero(unsigned(t + 1)) % E : t % E;
+      for (int s = 0; s < K; ++s) expert_idx.push_back((first + s) % E);
     }
     offsets.resize(E + 1);
     row_of_assignment.resize(M);
@@ -273,6 +279,17 @@ struct ExpertCase {
     dw2.assign(w2.size(), 0);
   }
   double flops() const { return 3.0 * 2.0 * N * K * 3.0 * C * F; }
+  int active_experts() const {
+    int active = 0;
+    for (int e = 0; e < E; ++e) active += offsets[size_t(e) + 1] > offsets[size_t(e)];
+    return active;
+  }
+  double busiest_over_mean() const {
+    int busiest = 0;
+    for (int e = 0; e < E; ++e)
+      busiest = std::max(busiest, offsets[size_t(e) + 1] - offsets[size_t(e)]);
+    return busiest / (double(N) * K / E);
+  }
   // The kernels take one pointer per expert (kernels/moe.h).
   struct Experts {
     std::vector<const float*> w1, w3, w2;
@@ -305,8 +322,9 @@ struct ExpertCase {
   }
 };
 
-double expert_check(Arena& scratch) {
-  ExpertCase fast(256, 256, 512, 16, 2), reference(256, 256, 512, 16, 2);
+double expert_check(Arena& scratch, int tokens = 256, bool concentrated = false) {
+  ExpertCase fast(tokens, 256, 512, 16, 2, concentrated),
+      reference(tokens, 256, 512, 16, 2, concentrated);
   fast.run_fast(scratch);
   reference.run_ref();
   return std::max({nmse(fast.y, reference.y), nmse(fast.dxg, reference.dxg),
@@ -314,7 +332,8 @@ double expert_check(Arena& scratch) {
                    nmse(fast.dw3, reference.dw3)});
 }
 
-void bench_moe(Bench& b) {
+// Returns the concentrated routing's busiest expert over the mean expert.
+double bench_moe(Bench& b) {
   const int N = 4096, E = 16, K = 2;
   auto logits = random_floats(size_t(N) * E, 40);
   std::vector<int> idx(size_t(N) * K), ref_idx(idx.size());
@@ -334,6 +353,21 @@ void bench_moe(Bench& b) {
   b.add(
       "expert ffn fwd+bwd", "4096 tok C256 F512 E16 k2", expert.flops(), true,
       [&] { expert.run_fast(b.scratch); }, check);
+  // A `small` training micro-batch (4 samples of about 12 tokens) at both routings: how the
+  // router's concentration sets the expert FFN's cost at a few rows an expert, at equal FLOPs.
+  // Every expert with rows is a pass over its weights: its GEMMs pack them and its backward reads
+  // and writes its weight gradients, whatever its rows.
+  double busiest = 0;
+  for (const bool concentrated : {false, true}) {
+    ExpertCase few(48, 256, 512, E, K, concentrated);
+    char shape[64];
+    std::snprintf(shape, sizeof shape, "48 tok E16 k2, %d active", few.active_experts());
+    b.add(
+        concentrated ? "expert ffn hot" : "expert ffn spread", shape, few.flops(), true,
+        [&] { few.run_fast(b.scratch); }, expert_check(b.scratch, 48, concentrated));
+    if (concentrated) busiest = few.busiest_over_mean();
+  }
+  return busiest;
 }
 
 struct ModelRow {
@@ -465,7 +499,7 @@ int run_bench_kernels_command(const std::vector<std::string>& args) {
   bench_matmul(b);
   bench_elementwise(b, 64);
   bench_attention(b);
-  bench_moe(b);
+  const double hot_busiest = bench_moe(b);
   const double matmul_rate = b.rows[0].rate();
 
   std::printf("#\n# %-20s %-26s %10s %10s %-7s %9s %10s %6s\n", "op", "shape", "time", "rate",
@@ -490,10 +524,19 @@ int run_bench_kernels_command(const std::vector<std::string>& args) {
     if (r.op == "expert ffn fwd+bwd") expert = &r;
   }
   const double expert_fraction = expert->rate() / matmul_rate;
+  double spread_seconds = 0, hot_seconds = 0;
+  for (const Row& r : b.rows) {
+    if (r.op == "expert ffn spread") spread_seconds = r.seconds;
+    if (r.op == "expert ffn hot") hot_seconds = r.seconds;
+  }
   std::printf("#\n# Kernels checked against reference : %d wrong of %zu %s\n", wrong, b.rows.size(),
               wrong ? "FAIL" : "OK");
   std::printf("# Expert FFN fwd+bwd vs dense matmul : %.1f%% (target >= 50%%) %s\n",
               100 * expert_fraction, expert_fraction >= 0.5 ? "OK" : "BELOW TARGET");
+  std::printf(
+      "# Expert FFN, 48 tokens, hot / spread: %.2fx the time (the hot routing's busiest "
+      "expert %.1fx the mean)\n",
+      hot_seconds / spread_seconds, hot_busiest);
   std::printf("# KV-cache decode speed-up @256      : %.1fx (target >= 10x) %s\n", decode_speedup,
               decode_speedup >= 10 ? "OK" : "BELOW TARGET");
   std::printf("# Device memory peak                  : %s\n", format_bytes(device.peak()).c_str());
@@ -514,9 +557,9 @@ int run_bench_kernels_command(const std::vector<std::string>& args) {
                   model_rows[i].what.c_str(), model_rows[i].value, model_rows[i].unit.c_str());
     }
     std::printf(
-        "],\"expert_ffn_fraction_of_matmul\":%.4f,\"kv_decode_speedup\":%.3f,"
-        "\"wrong\":%d}\n",
-        expert_fraction, decode_speedup, wrong);
+        "],\"expert_ffn_fraction_of_matmul\":%.4f,\"expert_ffn_hot_over_spread\":%.4f,"
+        "\"kv_decode_speedup\":%.3f,\"wrong\":%d}\n",
+        expert_fraction, hot_seconds / spread_seconds, decode_speedup, wrong);
   }
   return wrong ? 1 : 0;
 }
