@@ -180,7 +180,8 @@ TEST(CostModel, LossOverTheLogitsIsMemoryBound) {
   Strategy s;
   s.offload = false;
   RlJob job = fixed_job(4, 2, 8, 4, 4);
-  const double tokens = 64, elementwise = tokens * 2 * 16 * 32 * 4 * 3;
+  // 8 samples of 4 + 4 tokens, each trained as 7 rows (the last token predicts nothing).
+  const double tokens = 8 * 7, elementwise = tokens * 2 * 16 * 32 * 4 * 3;
   EXPECT_NEAR(predict(m, c, job, s).training, (elementwise + tokens * 32 * 4 * 6) / 1e9, 1e-12);
   job.reference = true;  // a fourth pass of elementwise work, three more logit passes
   EXPECT_NEAR(predict(m, c, job, s).training, (elementwise * 4 / 3 + tokens * 32 * 4 * 9) / 1e9,
@@ -289,10 +290,11 @@ TEST(CostModel, TrainingComputeByHand) {
   s.mode = Mode::Fused;
   s.offload = false;
   const Prediction p = predict(m, flops_only(), job, s);
-  // 64 tokens of length-8 sequences: forward 2 x 24832 + 4 x L 2 x C 32 x context 4.5 FLOPs a
-  // token, x 3 for forward + backward, at 1e9 FLOP/s.
-  const double forward = 2 * 24832 + 4 * 2 * 32 * 4.5;
-  EXPECT_NEAR(p.training, 64 * forward * 3 / 1e9, 1e-15);
+  // 8 samples of 8 tokens, each trained as a 7-row sequence (the last token predicts nothing):
+  // forward 2 x 24832 + 4 x L 2 x C 32 x context 4 FLOPs a row, x 3 for forward + backward, at
+  // 1e9 FLOP/s.
+  const double forward = 2 * 24832 + 4 * 2 * 32 * 4.0;
+  EXPECT_NEAR(p.training, 56 * forward * 3 / 1e9, 1e-15);
   EXPECT_EQ(p.pipeline, 0);
   EXPECT_EQ(p.swap, 0);
   // Generation: prefill of 32 prompt tokens at context 2, whose logits give each of the 8
@@ -327,8 +329,8 @@ TEST(CostModel, PipelineBubbleIsMegatronFraction) {
 }
 
 // tiny on 2 devices where only the matmul rate costs time, fused, generation data-parallel and
-// training with EP 2; 8 samples of 4 + 4 tokens, micro-batches of 2: 2 micro-batches of 16
-// tokens a rank.
+// training with EP 2; 8 samples of 4 + 4 tokens, micro-batches of 2: 2 micro-batches of 14
+// trained rows a rank (a sample's last token predicts nothing).
 struct TinyExpertParallel {
   ModelShape m = model_shape(load_model_config("tiny"));
   RlJob job = fixed_job(4, 2, 2, 4, 4);
@@ -396,12 +398,12 @@ TEST(CostModel, TensorExpertSplitAllgathersTheRowsByHand) {
   auto& [m, job, c, s] = tiny;
   c.intra_node = link;
   s.train.tp = 2;
-  // 8 samples over DP 2 in micro-batches of 2: 2 micro-batches of 2 x (4 + 4) tokens, 2 layers,
+  // 8 samples over DP 2 in micro-batches of 2: 2 micro-batches of 2 x (4 + 4 - 1) rows, 2 layers,
   // C = 32, top-2, 4-byte activations; no reference, no recompute. Per layer and micro-batch four
   // allreduces (attention and the shared expert, forward and backward) and the token split's
   // allgathers: the combined rows in forward, each row's input and top-k weight gradients in
   // backward; the same with EP (the split runs through the dispatchers) and without.
-  const double rows = 16 * 32 * 4.0, gradients = 16 * (32 + 2) * 4.0;
+  const double rows = 14 * 32 * 4.0, gradients = 14 * (32 + 2) * 4.0;
   const double allreduces = 2 * 2 * 4 * ring_allreduce_seconds(rows, 2, link);
   for (const int ep : {1, 2}) {
     SCOPED_TRACE("EP " + std::to_string(ep));
@@ -450,9 +452,9 @@ TEST(CostModel, ExpertExchangeSoftwareCostByHand) {
   c.expert_backward_overhead = 2e-3;
   c.expert_backward_row_seconds = 3e-6;
   const Prediction p = predict(m, c, job, s);
-  // 2 micro-batches x 2 layers x (dispatch and combine, each 1 ms + 16 tokens x top-2 x 1 us;
-  // their backward, each 2 ms + 32 x 3 us).
-  EXPECT_NEAR(p.all_to_all, 2 * 2 * 2 * ((1e-3 + 32e-6) + (2e-3 + 96e-6)), 1e-12);
+  // 2 micro-batches x 2 layers x (dispatch and combine, each 1 ms + 14 rows x top-2 x 1 us;
+  // their backward, each 2 ms + 28 x 3 us).
+  EXPECT_NEAR(p.all_to_all, 2 * 2 * 2 * ((1e-3 + 28e-6) + (2e-3 + 84e-6)), 1e-12);
   s.ep_overlap = true;  // nothing to hide: the software cost stays
   EXPECT_NEAR(predict(m, c, job, s).all_to_all, p.all_to_all, 1e-12);
   // Generation with EP 2: every step (one prefill of 4 samples x 4 prompt tokens a rank, then 3
@@ -472,11 +474,11 @@ TEST(CostModel, ExpertWaitByHand) {
   TinyExpertParallel tiny;
   auto& [m, job, c, s] = tiny;
   const Prediction uniform = predict(m, c, job, s);
-  // A micro-batch's exchange: 2 ranks x 16 tokens x top-2 = 64 rows, 32 a rank on average; the
-  // busiest rank's expected 32 + E[max of 2 normals] x sqrt(32 x (4 - 2) / (4 - 1)). Expert FLOPs
-  // per device: 64 tokens x 2 x (2 layers x top-2 x 3 x 32 x 32) x 3 passes / 2 devices at 1e9.
-  const double expert_seconds = 64 * 2 * 12288.0 * 3 / (2 * 1e9);
-  const double excess = std::sqrt(32 * 2.0 / 3) / std::sqrt(M_PI) / 32;
+  // A micro-batch's exchange: 2 ranks x 14 rows x top-2 = 56 expert rows, 28 a rank on average;
+  // the busiest rank's expected 28 + E[max of 2 normals] x sqrt(28 x (4 - 2) / (4 - 1)). Expert
+  // FLOPs per device: 56 rows x 2 x (2 layers x top-2 x 3 x 32 x 32) x 3 passes / 2 devices at 1e9.
+  const double expert_seconds = 56 * 2 * 12288.0 * 3 / (2 * 1e9);
+  const double excess = std::sqrt(28 * 2.0 / 3) / std::sqrt(M_PI) / 28;
   EXPECT_NEAR(uniform.expert_wait, expert_seconds * excess, 1e-12);
   c.expert_exchange_lockstep = 1e-3;
   const Prediction p = predict(m, c, job, s);
@@ -545,9 +547,9 @@ TEST(CostModel, ConcentratedRouterChargesTheHottestExpertsRank) {
   const Prediction uniform = predict(m, c, job, s);
   job.router_max_over_mean = 2;  // 4 experts, top-2: at most 2
   const Prediction skewed = predict(m, c, job, s);
-  // Training (see ExpertWaitByHand): 32 rows a rank on average; the hottest rank's
-  // 32 x 2 (2 + 1 x (4 - 2) / 3) / 4 = 42.67, above 32 + 0.564 x 4.62 = 34.6.
-  const double expert_seconds = 64 * 2 * 12288.0 * 3 / (2 * 1e9);
+  // Training (see ExpertWaitByHand): 28 rows a rank on average; the hottest rank's
+  // 28 x 2 (2 + 1 x (4 - 2) / 3) / 4 = 37.33, above 28 + 0.564 x 4.32 = 30.4.
+  const double expert_seconds = 56 * 2 * 12288.0 * 3 / (2 * 1e9);
   const double hottest = 2 * (2 + 2.0 / 3) / 4;
   EXPECT_NEAR(skewed.expert_wait, expert_seconds * (hottest - 1), 1e-12);
   EXPECT_GT(skewed.expert_wait, uniform.expert_wait);
@@ -564,7 +566,7 @@ TEST(CostModel, ConcentratedRouterChargesTheHottestExpertsRank) {
                   predict(m, flops_only(), job, data_parallel).generation,
               (32 + 3 * 8) * (hottest - 1) * row_seconds, 1e-12);
   // The exchange's link time: the hottest rank receives `hottest` times the mean rank's rows.
-  // Training (flat dispatch): 2 micro-batches x 2 layers x 4 operations, each 16 tokens x top-2 x
+  // Training (flat dispatch): 2 micro-batches x 2 layers x 4 operations, each 14 rows x top-2 x
   // 1/2 remote x 32 floats x 4 bytes at 1 GB/s; generation: per layer 2 operations of a step's
   // rows (16 prefill, then 3 decode steps of 4) x top-2 x 1/2 remote.
   ClusterConfig linked = flops_only();
@@ -576,7 +578,7 @@ TEST(CostModel, ConcentratedRouterChargesTheHottestExpertsRank) {
   const double row_bytes = 32 * 4 / 1e9;
   EXPECT_NEAR(
       predict(m, linked, job, exchange).all_to_all - predict(m, linked, even, exchange).all_to_all,
-      2 * 2 * 4 * 16 * 2 * 0.5 * row_bytes * (hottest - 1), 1e-12);
+      2 * 2 * 4 * 14 * 2 * 0.5 * row_bytes * (hottest - 1), 1e-12);
   const auto generation_link = [&](const RlJob& j) {
     return predict(m, linked, j, s).generation - predict(m, flops_only(), j, s).generation;
   };
@@ -674,10 +676,10 @@ TEST(CostModel, ExpertWaitChargesTheRankWithTheLongestMicroBatch) {
   job.prompt.deviation = 1.5;
   job.response.deviation = 2;
   const Prediction spread = predict(m, c, job, s);
-  const double expert_seconds = 64 * 2 * 12288.0 * 3 / (2 * 1e9);
+  const double expert_seconds = 56 * 2 * 12288.0 * 3 / (2 * 1e9);
   const double deviation = std::sqrt(4 * 1.5 * 1.5 + 2 * 2 * 2);
-  // Two ranks: E[max of 2 normals] = 1 / sqrt(pi), over a micro-batch's 16 tokens.
-  const double excess = deviation / std::sqrt(M_PI) / 16;
+  // Two ranks: E[max of 2 normals] = 1 / sqrt(pi), over a micro-batch's 14 rows.
+  const double excess = deviation / std::sqrt(M_PI) / 14;
   EXPECT_NEAR(spread.expert_wait - equal.expert_wait, (equal.training - expert_seconds) * excess,
               1e-12);
   EXPECT_NEAR(spread.training, equal.training, 1e-15);  // the mean rank's work is unchanged
@@ -687,7 +689,7 @@ TEST(CostModel, ExpertWaitChargesTheRankWithTheLongestMicroBatch) {
   fixed.prompt.deviation = fixed.response.deviation = 0;
   const double wider = std::sqrt(4 * 2 * 1.5 * 1.5 + 4 * 2 * 2);
   EXPECT_NEAR(predict(m, c, job, s).expert_wait - predict(m, c, fixed, s).expert_wait,
-              (predict(m, c, fixed, s).training - expert_seconds) * wider / std::sqrt(M_PI) / 32,
+              (predict(m, c, fixed, s).training - expert_seconds) * wider / std::sqrt(M_PI) / 28,
               1e-12);
   // Without EP nobody waits.
   s.train.ep = 1;
@@ -696,7 +698,7 @@ TEST(CostModel, ExpertWaitChargesTheRankWithTheLongestMicroBatch) {
 
 // Without EP the data-parallel ranks meet only at the gradient all-reduce, which starts when the
 // rank with the most tokens has trained them: tiny on 2 data-parallel ranks, 4 samples each (two
-// prompts of 2), 32 tokens a rank on average.
+// prompts of 2), 28 trained rows a rank on average.
 TEST(CostModel, DataParallelRanksWaitAtTheAllreduceForTheLongestBatch) {
   const ModelShape m = model_shape(load_model_config("tiny"));
   RlJob job = fixed_job(4, 2, 2, 4, 4);
@@ -711,7 +713,7 @@ TEST(CostModel, DataParallelRanksWaitAtTheAllreduceForTheLongestBatch) {
   const Prediction spread = predict(m, c, job, s);
   // Of a rank's tokens' variance: 4 samples x 2 of a prompt x 1.5^2, plus 4 x 2^2; E[max of 2
   // normals] = 1 / sqrt(pi); the rank's work is all token work here (training).
-  const double excess = std::sqrt(4 * 2 * 1.5 * 1.5 + 4 * 2 * 2) / std::sqrt(M_PI) / 32;
+  const double excess = std::sqrt(4 * 2 * 1.5 * 1.5 + 4 * 2 * 2) / std::sqrt(M_PI) / 28;
   EXPECT_GT(equal.training, 0);
   EXPECT_NEAR(equal.gradient_sync, 0, 1e-15);
   EXPECT_NEAR(spread.gradient_sync, equal.training * excess, 1e-12);
