@@ -7,6 +7,7 @@
 
 #include "kernels/arena.h"
 #include "kernels/parallel.h"
+#include "kernels/router_row.h"
 
 namespace rlf::cpu {
 namespace {
@@ -18,34 +19,8 @@ void router_forward(int* expert_idx, float* expert_weight, float* probs, const f
                     int E, int K, bool normalize_topk, Arena& scratch) {
   parallel_for_chunks(N, kTokenGrain, [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) {
-      const float* l = logits + n * E;
-      float* p = probs + n * E;
-      float mx = l[0];
-      for (int e = 1; e < E; ++e) mx = l[e] > mx ? l[e] : mx;
-      float sum = 0;
-      for (int e = 0; e < E; ++e) {
-        p[e] = std::exp(l[e] - mx);
-        sum += p[e];
-      }
-      const float inv = 1.0f / sum;
-      for (int e = 0; e < E; ++e) p[e] *= inv;
-      int* idx = expert_idx + n * K;
-      float* w = expert_weight + n * K;
-      for (int k = 0; k < K; ++k) {
-        int best = -1;
-        for (int e = 0; e < E; ++e) {
-          bool taken = false;
-          for (int j = 0; j < k; ++j) taken |= idx[j] == e;
-          if (!taken && (best < 0 || p[e] > p[best])) best = e;
-        }
-        idx[k] = best;
-        w[k] = p[best];
-      }
-      if (normalize_topk) {
-        float s = 0;
-        for (int k = 0; k < K; ++k) s += w[k];
-        for (int k = 0; k < K; ++k) w[k] /= s;
-      }
+      detail::router_forward_row(expert_idx + n * K, expert_weight + n * K, probs + n * E,
+                                 logits + n * E, E, K, normalize_topk);
     }
   });
 }
@@ -61,27 +36,10 @@ void router_backward(float* dlogits, const float* dexpert_weight, const float* d
   parallel_for_chunks(N, kTokenGrain, [&](int64_t begin, int64_t end) {
     float* g = gbuf + (begin / kTokenGrain) * E;
     for (int64_t n = begin; n < end; ++n) {
-      const float* p = probs + n * E;
-      const int* idx = expert_idx + n * K;
-      const float* w = expert_weight + n * K;
-      for (int e = 0; e < E; ++e) g[e] = dprobs ? dprobs[n * E + e] : 0.0f;
-      if (dexpert_weight) {
-        const float* dw = dexpert_weight + n * K;
-        if (normalize_topk) {
-          float s = 0, dot = 0;
-          for (int k = 0; k < K; ++k) {
-            s += p[idx[k]];
-            dot += dw[k] * w[k];
-          }
-          for (int k = 0; k < K; ++k) g[idx[k]] += (dw[k] - dot) / s;
-        } else {
-          for (int k = 0; k < K; ++k) g[idx[k]] += dw[k];
-        }
-      }
-      float dot = 0;
-      for (int e = 0; e < E; ++e) dot += g[e] * p[e];
-      float* dl = dlogits + n * E;
-      for (int e = 0; e < E; ++e) dl[e] += p[e] * (g[e] - dot);
+      detail::router_backward_row(dlogits + n * E, g,
+                                  dexpert_weight ? dexpert_weight + n * K : nullptr,
+                                  dprobs ? dprobs + n * E : nullptr, probs + n * E,
+                                  expert_idx + n * K, expert_weight + n * K, E, K, normalize_topk);
     }
   });
 }

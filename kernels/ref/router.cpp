@@ -5,44 +5,16 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/router_row.h"
+
 namespace rlf::ref {
 
 template <typename T>
 void router_forward(int* expert_idx, T* expert_weight, T* probs, const T* logits, int N, int E,
                     int K, bool normalize_topk) {
   for (int64_t n = 0; n < N; ++n) {
-    const T* l = logits + n * E;
-    T* p = probs + n * E;
-    // Softmax.
-    T mx = l[0];
-    for (int e = 1; e < E; ++e) mx = l[e] > mx ? l[e] : mx;
-    T sum = 0;
-    for (int e = 0; e < E; ++e) {
-      p[e] = std::exp(l[e] - mx);
-      sum += p[e];
-    }
-    const T inv = T(1) / sum;
-    for (int e = 0; e < E; ++e) p[e] *= inv;
-    // Top-k: repeatedly take the largest unselected probability; the strict comparison keeps
-    // the lower expert index on ties.
-    int* idx = expert_idx + n * K;
-    T* w = expert_weight + n * K;
-    for (int k = 0; k < K; ++k) {
-      int best = -1;
-      for (int e = 0; e < E; ++e) {
-        bool taken = false;
-        for (int j = 0; j < k; ++j) taken = taken || idx[j] == e;
-        if (taken) continue;
-        if (best < 0 || p[e] > p[best]) best = e;
-      }
-      idx[k] = best;
-      w[k] = p[best];
-    }
-    if (normalize_topk) {
-      T s = 0;
-      for (int k = 0; k < K; ++k) s += w[k];
-      for (int k = 0; k < K; ++k) w[k] /= s;
-    }
+    detail::router_forward_row(expert_idx + n * K, expert_weight + n * K, probs + n * E,
+                               logits + n * E, E, K, normalize_topk);
   }
 }
 
@@ -53,29 +25,10 @@ void router_backward(T* dlogits, const T* dexpert_weight, const T* dprobs, const
   if (!dlogits) return;
   std::vector<T> g(E);
   for (int64_t n = 0; n < N; ++n) {
-    const T* p = probs + n * E;
-    const int* idx = expert_idx + n * K;
-    const T* w = expert_weight + n * K;
-    const T* dw = dexpert_weight ? dexpert_weight + n * K : nullptr;
-    // g = dloss/dprobs[n, :]: the direct gradient plus the selected weights' gradient.
-    for (int e = 0; e < E; ++e) g[e] = dprobs ? dprobs[n * E + e] : T(0);
-    if (dw) {
-      if (normalize_topk) {
-        // w_k = p_k / S, S = sum_j p_j: dp_j = (dw_j - sum_k dw_k w_k) / S.
-        T s = 0, dot = 0;
-        for (int k = 0; k < K; ++k) {
-          s += p[idx[k]];
-          dot += dw[k] * w[k];
-        }
-        for (int k = 0; k < K; ++k) g[idx[k]] += (dw[k] - dot) / s;
-      } else {
-        for (int k = 0; k < K; ++k) g[idx[k]] += dw[k];
-      }
-    }
-    // Softmax backward: dl_e = p_e * (g_e - sum_j g_j p_j).
-    T dot = 0;
-    for (int e = 0; e < E; ++e) dot += g[e] * p[e];
-    for (int e = 0; e < E; ++e) dlogits[n * E + e] += p[e] * (g[e] - dot);
+    detail::router_backward_row(dlogits + n * E, g.data(),
+                                dexpert_weight ? dexpert_weight + n * K : nullptr,
+                                dprobs ? dprobs + n * E : nullptr, probs + n * E,
+                                expert_idx + n * K, expert_weight + n * K, E, K, normalize_topk);
   }
 }
 
