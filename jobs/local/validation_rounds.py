@@ -8,7 +8,9 @@ stretch of the machine. For each round r this predicts every case's round-r run 
 cluster file (its cluster column + ".r": OUT/cluster.ini.r, OUT/cluster-1rank.ini.r, or a
 case's emulated-link file composed for the round), prints each case's error in every round, and
 writes OUT_CSV with, for every case, the round whose error is the median of its rounds' errors
-(its run and its round's cluster file), which `plan --validate OUT_CSV` then tabulates.
+(its run and its round's cluster file), which `plan --validate OUT_CSV` then tabulates. Each
+case's spread (its largest round error less its smallest, in points) and their median show how
+far the machine's own noise reaches against the targets (mean |error| <= 10%, worst <= 20%).
 
 usage: validation_rounds.py RLFUSION OUT REPEATS HEADER_CSV OUT_CSV CASE...
   HEADER_CSV: a file whose first line is the measured CSV's header; OUT/CASE.rows holds one row
@@ -61,15 +63,23 @@ def main(argv):
     print("# step-time error (%) of each round's run on its round's calibration, and the round "
           "that stands for the case (its error the median)")
     print("# case                       " + " ".join(f"{'round ' + str(r):>8}" for r in
-                                                   range(1, repeats + 1)) + "   chosen")
+                                                   range(1, repeats + 1)) + "   chosen   spread")
+    spreads = {}
     with open(out_csv, "w") as f:
         f.write(header + "\n")
         for case in cases:
             by_error = sorted(range(repeats), key=lambda i: (errors[case][i], i))
             chosen = by_error[(repeats - 1) // 2] + 1
+            spreads[case] = max(errors[case]) - min(errors[case])
             f.write(round_row(case, chosen) + "\n")
             print(f"  {case:27s}" + " ".join(f"{e:+8.1f}" for e in errors[case]) +
-                  f"   {chosen:6d}")
+                  f"   {chosen:6d} {spreads[case]:8.1f}")
+    ordered = sorted(spreads.values())
+    widest = max(cases, key=lambda case: spreads[case])
+    print(f"# rounds' spread (points: a case's largest round error less its smallest): median "
+          f"{ordered[(len(ordered) - 1) // 2]:.1f}, widest {spreads[widest]:.1f} ({widest}); "
+          f"{sum(1 for v in ordered if v > 20)} of {len(ordered)} cases spread more than the "
+          f"worst-case target's 20")
     return 0
 
 

@@ -4,10 +4,12 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <sstream>
 #include <string>
 
 #include "kernels/error.h"
@@ -470,6 +472,25 @@ TEST(Plan, ValidationRoundsPairEachRunWithItsRoundsCalibration) {
   EXPECT_NE(chosen.find(",0.002,0,18385920"), std::string::npos) << chosen;
   // "paired": round 3's faster file puts its error lowest; round 1 (2 ms) holds the median.
   EXPECT_NE(chosen.find("paired," + dir + "/paired.ini.1,"), std::string::npos) << chosen;
+  // Each case's spread: its largest round error less its smallest, and their median and widest.
+  for (const std::string name : {"same", "paired"}) {
+    const auto at = r.output.find("\n  " + name + " ");
+    ASSERT_NE(at, std::string::npos) << r.output;
+    std::istringstream line(r.output.substr(at + 1, r.output.find('\n', at + 1) - at - 1));
+    std::string label;
+    double e[3], spread = 0;
+    int chosen_round = 0;
+    line >> label >> e[0] >> e[1] >> e[2] >> chosen_round >> spread;
+    ASSERT_TRUE(line) << r.output;
+    EXPECT_NEAR(spread, *std::max_element(e, e + 3) - *std::min_element(e, e + 3), 0.11) << name;
+  }
+  EXPECT_NE(r.output.find("# rounds' spread (points: a case's largest round error less its "
+                          "smallest): median "),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find(" of 2 cases spread more than the worst-case target's 20"),
+            std::string::npos)
+      << r.output;
   // Each round's table was predicted on that round's files.
   std::ifstream round2(dir + "/round-2.csv");
   const std::string second((std::istreambuf_iterator<char>(round2)),
