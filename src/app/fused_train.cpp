@@ -543,6 +543,12 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   }
   RandomDelay random_delay(rl.random_delay_ms, run.seed, rank);
   RlProgress progress(dir, rl.steps, rl.log_every, policy.device->memory());
+  // A pipeline stage trains in activation arenas of its own (PipelineStage), device memory beside
+  // the device arena that the fit check counts with the training state: the peaks add them.
+  const auto stage_activations = [&pipeline_trainer] {
+    return pipeline_trainer ? pipeline_trainer->activation_bytes_held() : size_t(0);
+  };
+  if (pipeline_trainer) progress.count_outside_arena(stage_activations);
   // The warm start (SFT, evaluation) takes a different time on every rank: RL starts together,
   // so its first wait is not counted as RL idle time.
   MPI_Barrier(MPI_COMM_WORLD);
@@ -786,7 +792,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
       const StepStats stats = train_on_rollouts_traced(
           model, *learner.optimizer, pp ? nullptr : learner.reference.get(), rollouts, settings,
           parallel, version, pp ? pp->replicas() : training_blocks, trace, pipeline_gradient);
-      training_peak = std::max(training_peak, device.phase_peak());
+      training_peak = std::max(training_peak, device.phase_peak() + stage_activations());
       const double training_seconds = seconds_since(training_start);
       if (reordering) dir.log("%s", reordering->end_of_step(step, training_seconds).c_str());
       routed_seconds += training_seconds;

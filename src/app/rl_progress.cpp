@@ -22,7 +22,7 @@ void RlProgress::step_done(int step, const StepStats& stats) {
   dir_.log("  %6d %8.3f %8.3f %8.2f %8.4f %7.3f %10.0f %12s %9s\n", step, window_.mean_reward(),
            window_.accuracy(), window_.mean_response(), window_.kl_per_token(),
            window_.clip_fraction(), window_.tokens / window_seconds,
-           format_bytes(device_.peak()).c_str(),
+           format_bytes(device_.peak() + (outside_arena_ ? outside_arena_() : 0)).c_str(),
            format_duration(elapsed / step * (steps_ - step)).c_str());
   window_ = StepStats{};
   window_start_ = now;

@@ -1,9 +1,11 @@
 // Progress lines of the RL steps, shared by the one-rank and the multi-rank `train`: a header,
 // then one line every --log-every steps averaging the steps since the previous line (reward,
-// accuracy, response length, KL, clipped fraction, tokens/s, device-memory peak, ETA).
+// accuracy, response length, KL, clipped fraction, tokens/s, device-memory peak, ETA; with
+// pipeline parallelism the peak includes the stage's activation arenas).
 #pragma once
 
 #include <chrono>
+#include <functional>
 
 #include "kernels/arena.h"
 #include "src/io/run_directory.h"
@@ -14,6 +16,11 @@ namespace rlf {
 class RlProgress {
  public:
   RlProgress(RunDirectory& dir, int steps, int log_every, const Arena& device);
+  // Device memory held outside `device` that its peak column adds: a pipeline stage's activation
+  // arenas (PipelineTrainer::activation_bytes_held).
+  void count_outside_arena(std::function<size_t()> held_bytes) {
+    outside_arena_ = std::move(held_bytes);
+  }
   // Prints the column header and starts the clock.
   void start();
   // Adds one step's statistics (summed over learners) and prints a line when one is due.
@@ -25,6 +32,7 @@ class RlProgress {
   RunDirectory& dir_;
   int steps_, log_every_;
   const Arena& device_;
+  std::function<size_t()> outside_arena_;
   Clock::time_point start_, window_start_;
   StepStats window_;
 };

@@ -18,6 +18,7 @@
 
 #include "tests/app/fused_train_runs.h"
 #include "tests/app/json_output.h"
+#include "tests/app/progress_rows.h"
 #include "tests/app/read_parameters.h"
 #include "tests/app/run_rlfusion.h"
 #include "tests/test_util.h"
@@ -36,7 +37,7 @@ const std::string& kFusedRun = test::kModelParallelFusedRun;
 // The stage activation arenas' measured use (chunks in flight x the largest use, the busiest
 // rank's) against what the fit check counted for them: within 20% below it, and never above it
 // without EP (`bound`; with EP the analytic counts each rank's balanced share of the routed rows,
-// which the routing's imbalance can exceed).
+// which the routing's imbalance can exceed); and the training peak with them.
 void expect_activations_counted(const std::string& output, bool bound) {
   const double measured = test::json_number(output, "pipeline_activation_bytes");
   const double counted = test::json_number(output, "pipeline_activation_bytes_analytic");
@@ -45,6 +46,22 @@ void expect_activations_counted(const std::string& output, bool bound) {
   if (bound) {
     EXPECT_LE(measured, counted) << output;
   }
+  // The measured training peak adds the arenas to the device arena's training phase, as the fit
+  // check's count does (device memory beside the arena): within 20% of that count.
+  const size_t peaks = output.find("\"device_memory_peaks\"");
+  ASSERT_NE(peaks, std::string::npos) << output;
+  const double training = test::json_number(output, "training", peaks);
+  const double training_counted = test::json_number(output, "training_analytic", peaks);
+  EXPECT_GE(training, measured) << output;
+  EXPECT_GE(training, 0.8 * training_counted) << output;
+  EXPECT_LE(training, 1.2 * training_counted) << output;
+  // So does the progress table's device-peak column (value and unit, the 8th and 9th fields).
+  const auto rows = test::progress_rows(output, 9);
+  ASSERT_FALSE(rows.empty()) << output;
+  const std::vector<std::string>& last = rows.back();
+  ASSERT_EQ(last.size(), 9u) << output;
+  const double scale = last[8] == "MiB" ? 1048576.0 : last[8] == "KiB" ? 1024.0 : 1.0;
+  EXPECT_GE(std::stod(last[7]) * scale, 0.99 * measured) << output;
 }
 
 TEST(PipelineParallelTrain, TrainsLikeTheDataParallelFusedRun) {
