@@ -144,14 +144,14 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
                                                generation_tp_groups->slice())
                            : unsliced_generation_layout;
   // A pipeline stage generating at its training layout (data-parallel, or over its training TP
-  // group; with EP over its training EP group) borrows only the other stages' layers and
-  // generates from a stitched view of them and its own stage (Transformer's stitched view: no
-  // copy of its stage); with slices regrouped (training TP, generation at another TP degree), a
-  // generation EP degree of its own or redundant expert slots it copies the whole model.
+  // group; with EP over its training EP group, with redundant expert slots in their slot layout)
+  // borrows only the other stages' layers and generates from a stitched view of them and its own
+  // stage (Transformer's stitched view: no copy of its stage); with slices regrouped (training
+  // TP, generation at another TP degree) or a generation EP degree of its own it copies the whole
+  // model.
   const bool stitched_generation = pp && (!tp || tp_generates) &&
                                    (!generation_tp_groups || tp_generates) &&
-                                   options.actor_expert_parallel == options.expert_parallel &&
-                                   options.rebalance.redundant_experts == 0;
+                                   options.actor_expert_parallel == options.expert_parallel;
   // What such a stage borrows: the layers (and the embedding or head) it does not store.
   const LayerShard other_stages =
       stitched_generation ? other_stages_layer_shard(pp->stage_layout(pp->stage()).layer_shard(),

@@ -107,21 +107,24 @@ Transformer<T>::Transformer(const Transformer& first, const Transformer& second)
       device_(first.device_),
       moe_(config_, ops_, device_),
       tp_(first.tp_),
-      experts_(first.config_.n_layers, first.layout_.stored_expert_shard()),
+      // The rows of its routed-expert tensors: expert ids, or with redundant slots slot ids.
+      experts_(first.config_.n_layers,
+               ExpertShard{first.layout_.first_expert(), first.layout_.stored_experts()}),
       view_(true),
       local_expert_tokens_(std::make_shared<std::vector<int64_t>>(
           size_t(config_.n_layers) * size_t(config_.n_experts), 0)) {
   const ParameterLayout& a = first.layout_;
   const ParameterLayout& b = second.layout_;
-  const ExpertShard shard = a.stored_expert_shard();
-  if (first.view_ || second.view_ || first.tp_ != second.tp_ || a.redundant_slots() > 0 ||
-      b.redundant_slots() > 0 || b.first_expert() != shard.first ||
-      b.stored_experts() != shard.count ||
+  const ExpertShard shard = experts_.shard();
+  if (first.view_ || second.view_ || first.tp_ != second.tp_ ||
+      a.redundant_slots() != b.redundant_slots() || b.first_expert() != shard.first ||
+      b.stored_experts() != shard.count || a.own_experts().first != b.own_experts().first ||
+      a.own_experts().count != b.own_experts().count ||
       first.config_.parameter_count() != second.config_.parameter_count() ||
       first.config_.n_layers != second.config_.n_layers) {
     throw std::invalid_argument(
-        "Transformer: a stitched view needs two models of one config with the same experts and "
-        "the same TP group (or none), without redundant slots");
+        "Transformer: a stitched view needs two models of one config with the same experts (and "
+        "the same redundant slots) and the same TP group (or none)");
   }
   // With TP both hold the group's slice: the view runs collectively over it (without the expert
   // token split unless the caller sets it, as for a whole model of the slice).

@@ -149,6 +149,28 @@ TEST(StitchedView, RefusesPartsThatDoNotMakeOneModel) {
   // The two together make it (experts 0 and 1 of every layer: it runs with dispatchers only).
   EXPECT_NO_THROW(
       Transformer<float>(*part({{0}, true, false}, {0, 2}), *part({{1, 2}, false, true}, {0, 2})));
+  // With redundant slots (EDPB's replicas) both parts hold the same slots: experts 0 and 1 and a
+  // spare slot, rows 0, 1, 2 of each layer's expert tensors.
+  EXPECT_THROW(Transformer<float>(*part({{0}, true, false}, {0, 2, 1}),
+                                  *part({{1, 2}, false, true}, {0, 2})),
+               std::invalid_argument);
+  EXPECT_THROW(Transformer<float>(*part({{0}, true, false}, {0, 2, 1}),
+                                  *part({{1, 2}, false, true}, {0, 2, 2})),
+               std::invalid_argument);
+  const auto own = part({{0}, true, false}, {0, 2, 1});
+  const auto rest = part({{1, 2}, false, true}, {0, 2, 1});
+  const Transformer<float> slots(*own, *rest);
+  EXPECT_EQ(slots.layout().stored_experts(), 3);
+  EXPECT_EQ(slots.layout().redundant_slots(), 1);
+  // Every slot of every layer is read where its layer is stored.
+  for (int l = 0; l < config.n_layers; ++l) {
+    const Transformer<float>& holder = l == 0 ? *own : *rest;
+    for (int slot = 0; slot < 3; ++slot) {
+      EXPECT_EQ(slots.experts().w1(l)[slot], holder.experts().w1(l)[slot]) << l << " " << slot;
+      EXPECT_EQ(slots.experts().w3(l)[slot], holder.experts().w3(l)[slot]) << l << " " << slot;
+      EXPECT_EQ(slots.experts().w2(l)[slot], holder.experts().w2(l)[slot]) << l << " " << slot;
+    }
+  }
 }
 
 }  // namespace
