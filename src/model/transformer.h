@@ -61,13 +61,13 @@ class Transformer {
   Transformer(const Transformer& storage, ExpertTable<T> experts);
   // A stitched view for inference (no gradients, no parameters of its own) over two models of one
   // config that together store every layer, the embedding and the head, with the same routed
-  // experts, the same TP group (or none: with one, both hold its rank's slice and the view runs
-  // collectively over it) and no redundant slots: each layer (its experts too), the embedding and
-  // the head are read where `first` stores them, else where `second` does (neither copied; both
-  // must outlive the view). A pipeline stage generates so from its own layers and the other
-  // stages' received into `second` (RL Fusion's PP layout switch). Its layout is the whole
-  // model's and parameters() is null: its tensors are in two buffers. Throws
-  // std::invalid_argument when the two do not fit together so.
+  // experts (with redundant slots the same slots: the view's expert table runs over them) and the
+  // same TP group (or none: with one, both hold its rank's slice and the view runs collectively
+  // over it): each layer (its experts too), the embedding and the head are read where `first`
+  // stores them, else where `second` does (neither copied; both must outlive the view). A pipeline
+  // stage generates so from its own layers and the other stages' received into `second` (RL
+  // Fusion's PP layout switch). Its layout is the whole model's and parameters() is null: its
+  // tensors are in two buffers. Throws std::invalid_argument when the two do not fit together so.
   Transformer(const Transformer& first, const Transformer& second);
   ~Transformer();
   Transformer(const Transformer&) = delete;
