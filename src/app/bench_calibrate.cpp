@@ -122,9 +122,10 @@ struct LayerRates {
   std::vector<Point> measured;
 };
 
-// A reference model of matrix width `width` (d_model; expert and shared widths 2 x, 8 experts
-// top-2, 4 heads, vocab 64): shapes of their own, not one of the validated models.
-ModelConfig reference_model(int width) {
+// A reference model of matrix width `width` (d_model; expert and shared widths `ffn_width`, 2 x
+// the width when 0; 8 experts top-2, 4 heads, vocab 64): shapes of their own, not one of the
+// validated models.
+ModelConfig reference_model(int width, int ffn_width = 0) {
   ModelConfig config;
   config.name = "calibrate-reference";
   config.vocab_size = 64;
@@ -133,8 +134,8 @@ ModelConfig reference_model(int width) {
   config.n_heads = 4;
   config.n_experts = 8;
   config.top_k = 2;
-  config.d_ff = 2 * width;
-  config.shared_expert_d_ff = 2 * width;
+  config.d_ff = ffn_width > 0 ? ffn_width : 2 * width;
+  config.shared_expert_d_ff = config.d_ff;
   config.max_seq_len = 64;
   return config;
 }
@@ -211,10 +212,24 @@ sim::RateTable rate_table(const LayerRates& r) {
 }
 
 // FLOP/s of the runtime's own layers against the rows (tokens) a call processes and the width of
-// its matrices: forward + backward of reference models of width 32 and 128 on 1, 4, 16 and 64
-// sequences of 16 tokens, FLOPs counted by the cost model's formula, fitted (fit_rates) to
-// rate = peak / (1 + half_rows / rows + half_width / width), Hockney's law in both dimensions.
-LayerRates measure_layer_rates(Device& device, int repeats) {
+// its matrices, and a row's work beyond its FLOPs. Forward + backward of reference models of width
+// 32, 128 and 256 on 1, 4, 16 and 64 sequences of 16 tokens, and of the width-32 model with
+// experts and a shared FFN of width 8 instead of 64 (a third of the FLOPs a row, the same rows),
+// FLOPs counted by the cost model's formula.
+// - The row work (`row_seconds`: sim::ClusterConfig::row_seconds, a row a layer): at each row
+//   count the two width-32 models' times give the seconds a FLOP costs (their difference over
+//   their FLOPs' difference), and what the reference model's time holds beyond its FLOPs at that
+//   rate is its rows' work; the mean of the two largest row counts', at least 0. A difference of
+//   two times, so timed with 3 x the repeats. Measured at the narrowest
+//   width, where it weighs (a third of the width-32 model's time, 2026-12-05): at widths 128 and
+//   256 it is a few percent of the time, below what a difference of times resolves, and the cost
+//   model charges the same work a row at every width. (A model with twice the FLOPs a row, d_ff
+//   128, as the second point put the row work anywhere in 0.8-4.3 us over eight calibrations on
+//   the idle machine; the lighter one, where the row work is most of the time, in 1.1-1.5 us over
+//   five.)
+// - The rates: the reference models' times less that work, fitted (fit_rates) to
+//   rate = peak / (1 + half_rows / rows + half_width / width), Hockney's law in both dimensions.
+LayerRates measure_layer_rates(Device& device, int repeats, double& row_seconds) {
   const int length = 16;
   const int sequence_counts[] = {1, 4, 16, 64};
   struct Case {
@@ -225,6 +240,10 @@ LayerRates measure_layer_rates(Device& device, int repeats) {
   };
   const Arena::Mark mark = device.memory().mark();
   std::vector<std::unique_ptr<Transformer<float>>> models = reference_models(device, true);
+  // Last: the width-32 model with d_ff 8 (its cases follow the reference models').
+  models.push_back(std::make_unique<Transformer<float>>(reference_model(32, 8), device.ops(),
+                                                        device.memory(), true));
+  models.back()->initialize(1);
   std::vector<Case> cases;
   for (const auto& model : models) {
     const int vocab = model->config().vocab_size;
@@ -245,14 +264,36 @@ LayerRates measure_layer_rates(Device& device, int repeats) {
       c.model->backward(c.dlogits.data(), 0.0f);
     });
   }
-  const std::vector<double> seconds = time_interleaved(bodies, repeats);
-  LayerRates r;
-  for (size_t i = 0; i < cases.size(); ++i) {
+  const std::vector<double> seconds = time_interleaved(bodies, 3 * repeats);
+  auto flops_of = [&](size_t i) {
     const sim::ModelShape shape = sim::model_shape(cases[i].model->config());
-    const int tokens = cases[i].sequences * length;
-    const double rate =
-        tokens * sim::forward_flops_per_token(shape, 0.5 * (length + 1)) * 3 / seconds[i];
-    r.measured.push_back({cases[i].model->config().d_model, tokens, shape.width, rate});
+    return cases[i].sequences * length * sim::forward_flops_per_token(shape, 0.5 * (length + 1)) *
+           3;
+  };
+  auto rows_of = [&](size_t i) {
+    return double(cases[i].sequences) * length * cases[i].model->config().n_layers;
+  };
+  const size_t per_model = std::size(sequence_counts);
+  const size_t heavy_first = cases.size() - per_model;  // width 32's reference cases: from 0
+  // At 256 and 1024 rows: at fewer, each call's fixed cost (which differs between the two
+  // models' kernels) is a share of the time as well, and would come out as row work.
+  double per_row = 0;
+  const size_t large_first = per_model - 2;
+  for (size_t i = large_first; i < per_model; ++i) {
+    const size_t heavy = heavy_first + i;
+    const double seconds_per_flop = (seconds[heavy] - seconds[i]) / (flops_of(heavy) - flops_of(i));
+    per_row += (seconds[i] - seconds_per_flop * flops_of(i)) / rows_of(i) /
+               double(per_model - large_first);
+  }
+  row_seconds = std::max(0.0, per_row);
+  LayerRates r;
+  for (size_t i = 0; i < heavy_first; ++i) {
+    const ModelConfig& config = cases[i].model->config();
+    // What the FLOPs took: the time less the rows' work. That work is a mean over row counts,
+    // so a noisy point's time could come out below it: a quarter of the time bounds it.
+    const double flop_seconds = std::max(seconds[i] - rows_of(i) * row_seconds, 0.25 * seconds[i]);
+    r.measured.push_back({config.d_model, cases[i].sequences * length,
+                          sim::model_shape(config).width, flops_of(i) / flop_seconds});
   }
   models.clear();
   device.memory().release(mark);
@@ -530,7 +571,8 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
   Device device(Backend::Cpu, run.device_memory_bytes(), resolve_threads(run.threads));
   const Matmul matmul = measure_matmul(device.memory(), repeats);
   const double kernel_overhead = measure_kernel_overhead(device, repeats);
-  const LayerRates layers = measure_layer_rates(device, repeats);
+  double row_seconds = 0;
+  const LayerRates layers = measure_layer_rates(device, repeats, row_seconds);
   const LayerRates decode = measure_decode_rates(device, repeats);
   const double copy = measure_copy_bandwidth(repeats);
   const double optimizer_rate = measure_optimizer_rate(device, repeats);
@@ -547,6 +589,7 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
   c.decode_half_rate_rows = decode.half_rows;
   c.decode_half_rate_width = decode.half_width;
   c.layer_table = rate_table(layers);
+  c.row_seconds = row_seconds;
   c.decode_table = rate_table(decode);
   c.optimizer_rate = optimizer_rate;
   c.sampler_rate = sampler.rate;
@@ -589,8 +632,10 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
       comment, sizeof comment,
       "Written by `rlfusion bench calibrate` (%s): rates measured on this machine, %d "
       "rank(s), %d thread(s) each.\nmatmul_flops, half_rate_rows, half_rate_width: fit of "
-      "forward + backward rates of reference models (width 32, 128 and 256, 8 experts) on 16 .. "
-      "1024 rows; layer_rate_* and decode_rate_*: the measured points the fits were made of; "
+      "forward + backward rates of reference models (width 32, 128 and 256, 8 experts, d_ff 2 x "
+      "the width) on 16 .. 1024 rows, their rows' work beyond the FLOPs taken out; row_seconds: "
+      "that work, a row a layer, from the width-32 model against itself with d_ff 8; "
+      "layer_rate_* and decode_rate_*: the measured points the fits were made of; "
       "kernel overhead from a 1-token forward of a 1-layer d_model-8 model; "
       "optimizer_rate: gradient norm + AdamW over 4M parameters in the device arena; sampler: "
       "top-p sampling of 64 "
@@ -619,6 +664,7 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
         "\"expert_exchange_row_seconds\":%.6g,\"expert_exchange_lockstep_s\":%.6g,"
         "\"expert_exchange_spread\":%.6g,"
         "\"expert_backward_overhead_s\":%.6g,\"expert_backward_row_seconds\":%.6g,"
+        "\"row_seconds\":%.6g,"
         "\"output\":\"%s\",\"ok\":%s}\n",
         c.matmul_flops, c.half_rate_rows, c.half_rate_width, c.decode_flops,
         c.decode_half_rate_rows, c.decode_half_rate_width, c.optimizer_rate, c.sampler_rate,
@@ -626,7 +672,7 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
         c.intra_node.bandwidth, c.intra_node.latency, c.inter_supernode.bandwidth,
         c.inter_supernode.latency, c.expert_exchange_overhead, c.expert_exchange_row_seconds,
         c.expert_exchange_lockstep, c.expert_exchange_spread, c.expert_backward_overhead,
-        c.expert_backward_row_seconds, output.c_str(), matmul_ok ? "true" : "false");
+        c.expert_backward_row_seconds, c.row_seconds, output.c_str(), matmul_ok ? "true" : "false");
     return matmul_ok ? 0 : 1;
   }
   std::printf("# rlfusion bench calibrate: %s\n", build_info().c_str());
@@ -637,8 +683,8 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
   for (const LayerRates::Point& p : layers.measured) {
     char what[64];
     std::snprintf(what, sizeof what, "layers w%d, %d rows", p.width, p.rows);
-    std::printf("  %-22s %14.2f %-8s fwd+bwd of the reference model (fit: %.2f)\n", what,
-                p.rate / 1e9, "GFLOP/s",
+    std::printf("  %-22s %14.2f %-8s fwd+bwd of the reference model, less row work (fit: %.2f)\n",
+                what, p.rate / 1e9, "GFLOP/s",
                 sim::ClusterConfig::hockney(p.rows, p.model_width, c.matmul_flops, c.half_rate_rows,
                                             c.half_rate_width) /
                     1e9);
@@ -652,6 +698,8 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
                                             c.decode_half_rate_rows, c.decode_half_rate_width) /
                     1e9);
   }
+  quantity("row work", c.row_seconds * 1e9, 1, "ns",
+           "a row a layer beyond its FLOPs, fwd+bwd: w32 model at d_ff 64 vs 8");
   quantity("layer peak (written)", c.matmul_flops / 1e9, 2, "GFLOP/s",
            "Hockney fit of the layer rates");
   quantity("half-rate rows", c.half_rate_rows, 1, "rows", "rows at half the peak (same fit)");

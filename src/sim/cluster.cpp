@@ -60,6 +60,7 @@ void ClusterConfig::validate(const std::string& source) const {
   positive(memory_bandwidth, "memory_bandwidth");
   positive(host_bandwidth, "host_bandwidth");
   non_negative(kernel_overhead, "kernel_overhead");
+  non_negative(row_seconds, "row_seconds");
   non_negative(expert_exchange_overhead, "expert_exchange_overhead");
   non_negative(expert_exchange_row_seconds, "expert_exchange_row_seconds");
   non_negative(expert_exchange_lockstep, "expert_exchange_lockstep");
@@ -102,6 +103,7 @@ ClusterConfig load_cluster_config(const std::string& name_or_path) {
   add("cluster.memory_bandwidth", po::value(&c.memory_bandwidth)->required());
   add("cluster.host_bandwidth", po::value(&c.host_bandwidth)->required());
   add("cluster.kernel_overhead", po::value(&c.kernel_overhead)->required());
+  add("cluster.row_seconds", po::value(&c.row_seconds));
   add("cluster.optimizer_rate", po::value(&c.optimizer_rate)->required());
   add("cluster.sampler_rate", po::value(&c.sampler_rate)->required());
   add("cluster.sampler_sort_rate", po::value(&c.sampler_sort_rate)->required());
@@ -176,7 +178,7 @@ std::string cluster_config_ini(const ClusterConfig& c, const std::string& commen
       "supernodes = %d\nmatmul_flops = %.6g\nhalf_rate_rows = %.6g\nhalf_rate_width = %.6g\n"
       "decode_flops = %.6g\ndecode_half_rate_rows = %.6g\ndecode_half_rate_width = %.6g\n"
       "memory_bytes = %.6g\nmemory_bandwidth = %.6g\nhost_bandwidth = %.6g\n"
-      "kernel_overhead = %.6g\noptimizer_rate = %.6g\nsampler_rate = %.6g\n"
+      "kernel_overhead = %.6g\nrow_seconds = %.6g\noptimizer_rate = %.6g\nsampler_rate = %.6g\n"
       "sampler_sort_rate = %.6g\n"
       "intra_node_bandwidth = %.6g\n"
       "intra_node_latency = %.6g\nintra_supernode_bandwidth = %.6g\n"
@@ -188,7 +190,7 @@ std::string cluster_config_ini(const ClusterConfig& c, const std::string& commen
       c.name.c_str(), c.devices_per_node, c.nodes_per_supernode, c.supernodes, c.matmul_flops,
       c.half_rate_rows, c.half_rate_width, c.decode_flops, c.decode_half_rate_rows,
       c.decode_half_rate_width, c.memory_bytes, c.memory_bandwidth, c.host_bandwidth,
-      c.kernel_overhead, c.optimizer_rate, c.sampler_rate, c.sampler_sort_rate,
+      c.kernel_overhead, c.row_seconds, c.optimizer_rate, c.sampler_rate, c.sampler_sort_rate,
       c.intra_node.bandwidth, c.intra_node.latency, c.intra_supernode.bandwidth,
       c.intra_supernode.latency, c.inter_supernode.bandwidth, c.inter_supernode.latency,
       c.expert_exchange_overhead, c.expert_exchange_row_seconds, c.expert_exchange_lockstep,

@@ -56,6 +56,16 @@ struct ClusterConfig {
     return table_rate(decode_table, rows, width, decode_flops, decode_half_rate_rows,
                       decode_half_rate_width);
   }
+  // Seconds a row (a token) costs in one layer's forward + backward beyond its matmul FLOPs: the
+  // norms, residuals and activations, the router's softmax and top-k, the attention's rows, the
+  // gathers and scatters of the expert rows: work a row brings whatever its FLOPs. The layer
+  // rates time whole layers of reference models at one ratio of FLOPs to rows (d_ff = 2 d_model);
+  // a model with fewer FLOPs a row (few or narrow experts) pays that work on fewer FLOPs, so one
+  // rate cannot serve both. With this key the layer rates are the FLOPs' own (the row work taken
+  // out of the reference models' times) and every training and prefill pass charges its rows'
+  // work on top. Optional (0: no row term; the layer rates of older files hold the reference
+  // models' row work).
+  double row_seconds = 0;
   double memory_bytes = 0;      // device memory capacity
   double memory_bandwidth = 0;  // device memory bytes/s (streaming reads + writes)
   double host_bandwidth = 0;    // device <-> host bytes moved per second (offload, onload)

@@ -190,7 +190,8 @@ Training training_cost(const ModelShape& m, const ClusterConfig& c, const RlJob&
       micro_batches * job.micro_batch * p.dp / double(job.samples()) * stage_imbalance;
   const double flops = tokens * forward_flops_per_token(m, 0.5 * (sequence + 1)) * passes;
   // A measured layer table's rates are whole layers' forward + backward (norms, activations and
-  // residuals included), so the elementwise traffic is charged only on top of a matmul rate.
+  // residuals included: in the rates, or as the row work below when the file has row_seconds),
+  // so the elementwise traffic is charged only on top of a matmul rate.
   const double elementwise =
       c.layer_table.empty()
           ? tokens * m.layers * kElementwiseValuesPerLayer * m.d_model * ab * passes
@@ -201,11 +202,15 @@ Training training_cost(const ModelShape& m, const ClusterConfig& c, const RlJob&
                              (p.tp * p.dp);
   const double kernels = micro_batches * layers_per_stage * kKernelsPerLayer * passes;
   const double rate = c.compute_rate(micro_tokens / p.tp, m.width);
+  // The rows' own work beyond their FLOPs (ClusterConfig::row_seconds, measured for a forward +
+  // backward: a third of it a pass): each device runs its DP rank's rows through its stage's
+  // layers, every TP rank all of them (the norms and residuals are not split by TP).
+  const double row_work = tokens * m.layers * p.tp / devices * passes / 3 * c.row_seconds;
   // The work that grows with a micro-batch's tokens (its expert FFN aside: the experts' rows come
   // from the whole EP group).
-  const double token_work =
-      busiest * (flops / (devices * rate) + elementwise / (devices * c.memory_bandwidth)) +
-      logit_bytes / c.memory_bandwidth;
+  const double token_work = busiest * (flops / (devices * rate) +
+                                       elementwise / (devices * c.memory_bandwidth) + row_work) +
+                            logit_bytes / c.memory_bandwidth;
   t.compute = token_work + kernels * c.kernel_overhead;
   const ExpertPlacement placement = training_placement(s);
   const int spare = placement.spare;
@@ -342,11 +347,15 @@ double generation_step(const ModelShape& m, const ClusterConfig& c, const RlJob&
                                                     group_tokens, m.top_k, m.experts, g.ep, hottest)
                                           : 0.0;
   const double attention_flops = tokens * 4 * m.layers * m.d_model * context / g.tp;
-  const double compute =
+  double compute =
       std::max((weights + kv + elementwise) / c.memory_bandwidth,
                (dense_flops + expert_flops + attention_flops) /
                    (prefill ? c.compute_rate(tokens, m.width) : c.decode_rate(tokens, m.width))) +
       (m.layers * kKernelsPerLayer + 3) * c.kernel_overhead;
+  // A prefill's rows' own work beyond their FLOPs, a forward's third of the calibrated forward +
+  // backward (its rate is the layer rate, whose FLOPs exclude it); the decode rates were measured
+  // on decode steps whole.
+  if (prefill) compute += tokens * m.layers * c.row_seconds / 3;
   double seconds = compute;
   if (g.tp > 1) {
     const Link& tp_link = c.link(c.level_spanned(g.tp));
@@ -443,8 +452,11 @@ Phase generation_cost(const ModelShape& m, const ClusterConfig& c, const RlJob& 
   phase.seconds += phase.sampler;
   if (job.reward_model) {  // scoring: one forward of every sample with a policy-shaped model
     const double sequence = job.prompt.mean + job.response.mean;
-    phase.seconds += samples * sequence * forward_flops_per_token(m, 0.5 * sequence) /
-                     (g.devices() * c.compute_rate(job.micro_batch * sequence, m.width));
+    phase.seconds += samples * sequence *
+                     (forward_flops_per_token(m, 0.5 * sequence) /
+                          c.compute_rate(job.micro_batch * sequence, m.width) +
+                      m.layers * c.row_seconds / 3) /
+                     g.devices();
   }
   return phase;
 }

@@ -315,8 +315,12 @@ TEST(BenchCalibrate, WritesAClusterFileThePlannerReads) {
   EXPECT_GT(c.sampler_rate, 0);
   EXPECT_GT(c.sampler_sort_rate, 0);
   EXPECT_GT(c.sampler_seconds(64), 0);
+  // A row's work beyond its FLOPs: most of the light width-32 model's time, so measurably above 0
+  // (about 1.5 us a row a layer on this machine), and below a millisecond.
+  EXPECT_GT(c.row_seconds, 0);
+  EXPECT_LT(c.row_seconds, 1e-3);
   for (const char* key : {"half-rate width", "decode peak", "decode w128, 64 rows",
-                          "optimizer rate", "sampler sort rate"})
+                          "optimizer rate", "sampler sort rate", "row work"})
     EXPECT_NE(r.output.find(key), std::string::npos) << key << "\n" << r.output;
   const auto plan = run_rlfusion("plan --cluster " + dir +
                                  "/machine.ini --model tiny --job tiny-sort --mode fused");

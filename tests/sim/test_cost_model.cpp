@@ -307,6 +307,36 @@ TEST(CostModel, TrainingComputeByHand) {
   EXPECT_NEAR(p.tokens_per_second, 64 / p.step, 1e-6);
 }
 
+// The rows' own work beyond their FLOPs (cluster key row_seconds, a row a layer, forward +
+// backward): on a machine where FLOPs cost nothing, training pays it on every trained row and
+// pass (a third of it a pass), the prefill a forward's third on every prompt row, a reward
+// model's scoring a forward's third on every sample row; the decode steps nothing (their rates
+// were measured on whole decode steps). TP does not split it: every TP rank runs its rows' norms.
+TEST(CostModel, RowWorkIsChargedOnEveryTrainingAndPrefillRow) {
+  const ModelShape m = model_shape(load_model_config("tiny"));
+  RlJob job = fixed_job(4, 2, 8, 4, 4);
+  ClusterConfig c = flops_only();
+  c.matmul_flops = c.decode_flops = 1e300;
+  Strategy s;
+  s.mode = Mode::Fused;
+  s.offload = false;
+  EXPECT_NEAR(predict(m, c, job, s).training, 0, 1e-18);
+  c.row_seconds = 1e-6;
+  const Prediction p = predict(m, c, job, s);
+  // 8 samples of 7 trained rows, L 2 layers, forward + backward: 3 passes of a third each.
+  EXPECT_NEAR(p.training, 56 * 2 * 1e-6, 1e-15);
+  // 8 prompts of 4 tokens prefilled, a forward's third.
+  EXPECT_NEAR(p.generation, 32 * 2 * 1e-6 / 3, 1e-15);
+  Strategy recompute = s;
+  recompute.recompute = true;  // the forward once more
+  EXPECT_NEAR(predict(m, c, job, recompute).training, 56 * 2 * 1e-6 * 4 / 3, 1e-15);
+  Strategy tp = s;
+  tp.train.tp = tp.generate.tp = 2;
+  EXPECT_NEAR(predict(m, c, job, tp).training, p.training, 1e-15);
+  job.reward_model = true;  // scoring: a forward over 8 samples of 8 tokens
+  EXPECT_NEAR(predict(m, c, job, s).generation, (32 + 64) * 2 * 1e-6 / 3, 1e-15);
+}
+
 TEST(CostModel, PipelineBubbleIsMegatronFraction) {
   const ModelConfig config = load_model_config("small");
   const ModelShape m = model_shape(config);

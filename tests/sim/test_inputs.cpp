@@ -134,6 +134,24 @@ TEST(ClusterConfig, ExpertExchangeKeysAreOptional) {
   EXPECT_NE(malformed.find("expert_exchange_lockstep"), std::string::npos) << malformed;
 }
 
+// The rows' work beyond their FLOPs (row_seconds): optional (0 without it, the files of before it
+// and the shipped ones), read back as written, never negative.
+TEST(ClusterConfig, RowWorkIsOptionalAndReadsBack) {
+  ClusterConfig c = load_cluster_config(test::write_scratch("no_rows.ini", kCluster));
+  EXPECT_EQ(c.row_seconds, 0);
+  EXPECT_EQ(load_cluster_config("cloudmatrix-384").row_seconds, 0);
+  c.row_seconds = 1.5e-6;
+  EXPECT_DOUBLE_EQ(
+      load_cluster_config(test::write_scratch("rows.ini", cluster_config_ini(c, ""))).row_seconds,
+      1.5e-6);
+  const std::string negative =
+      test::cluster_error_of(std::string(kCluster) + "row_seconds = -1e-6\n", "bad_rows.ini");
+  EXPECT_NE(negative.find("cluster.row_seconds"), std::string::npos) << negative;
+  const std::string malformed =
+      test::cluster_error_of(std::string(kCluster) + "row_seconds = a few\n", "word_rows.ini");
+  EXPECT_NE(malformed.find("row_seconds"), std::string::npos) << malformed;
+}
+
 TEST(ClusterConfig, UnknownKeyAndMalformedValueAreErrors) {
   EXPECT_NE(
       test::cluster_error_of(std::string(kCluster) + "nvlink = 1\n", "unknown.ini").find("nvlink"),
