@@ -293,9 +293,12 @@ Training training_cost(const ModelShape& m, const ClusterConfig& c, const RlJob&
   // Without EP the data-parallel ranks meet only at that all-reduce, each having trained its own
   // prompts' samples, so it starts when the rank with the most tokens is done: the EP ranks'
   // exchanges pace every micro-batch instead (expert_wait above).
+  // And their equal work finishes apart as well (ClusterConfig's spread, as at the EP meetings).
   if (p.ep == 1 && p.dp > 1) {
     const double rank_samples = double(job.samples()) / p.dp;
-    t.gradient_sync += token_work * token_excess(job, rank_samples, rank_samples * sequence, p.dp);
+    t.gradient_sync +=
+        token_work *
+        (token_excess(job, rank_samples, rank_samples * sequence, p.dp) + c.expert_exchange_spread);
   }
 
   // Memory: weights and gradients whole, optimizer states sharded over data parallelism
@@ -441,10 +444,11 @@ Phase generation_cost(const ModelShape& m, const ClusterConfig& c, const RlJob& 
   // The pool's ranks end their phases together: after every step they agree whether all of them
   // have reached the cut (a one-integer all-reduce over the fused ranks, src/app/fused_train.cpp),
   // a meeting in lock-step.
+  double agreements = 0;
   if (cut && g.devices() > 1) {
     const Link& link = c.link(c.level_spanned(g.devices()));
-    phase.seconds += (steps + 1) * (small_allreduce_seconds(sizeof(int), g.devices(), link) +
-                                    c.expert_exchange_lockstep);
+    agreements = (steps + 1) * (small_allreduce_seconds(sizeof(int), g.devices(), link) +
+                                c.expert_exchange_lockstep);
   }
   // Every response token is drawn once from its row of V logits (a resumed sample's prefix is
   // recomputed, not redrawn).
@@ -458,6 +462,12 @@ Phase generation_cost(const ModelShape& m, const ClusterConfig& c, const RlJob& 
                       m.layers * c.row_seconds / 3) /
                      g.devices();
   }
+  // Data-parallel generation ranks meet when the phase ends (the fused ranks' barrier before
+  // training; a StaleSync pool's ranks after every step), and their equal work finishes apart:
+  // ClusterConfig's spread, a fraction of the work between the meetings, measured on two ranks.
+  // (EP ranks pay it at every step, generation_step.)
+  if (g.devices() > 1 && g.ep == 1) phase.seconds += c.expert_exchange_spread * phase.seconds;
+  phase.seconds += agreements;
   return phase;
 }
 

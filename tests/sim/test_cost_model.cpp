@@ -540,7 +540,9 @@ TEST(CostModel, ExpertWaitByHand) {
 // The spread of equal work's finishing times (cluster key expert_exchange_spread): with EP the
 // ranks meet at every MoE operation, so a fraction of the work between them is charged as waiting:
 // in training on the busiest rank's compute of its micro-batches (the optimizer step comes after
-// the last meeting), in generation on every step's compute; nothing without EP.
+// the last meeting), in generation on every step's compute. Without EP the data-parallel ranks
+// meet twice a step, at the barrier after generation and at the gradient all-reduce: a fraction of
+// each phase's work.
 TEST(CostModel, ExpertExchangeSpreadChargesAFractionOfTheWorkBetweenMeetings) {
   TinyExpertParallel tiny;
   auto& [m, job, c, s] = tiny;
@@ -562,8 +564,17 @@ TEST(CostModel, ExpertExchangeSpreadChargesAFractionOfTheWorkBetweenMeetings) {
   const Prediction flops_with = predict(m, flops, job, s);
   EXPECT_NEAR(flops_with.generation - flops_without.generation,
               0.25 * (flops_without.generation - flops_without.sampler), 1e-12);
-  // Without EP no rank waits for another's layers.
+  // Without EP (training at EP 1 above too): a quarter of the generation phase (the flops-only
+  // cluster's sampler is free) and a quarter of training's compute before the all-reduce.
   s.generate.ep = 1;
+  const Prediction dp_without = predict(m, flops_only(), job, s);
+  const Prediction dp_with = predict(m, flops, job, s);
+  EXPECT_GT(dp_without.generation, 0);
+  EXPECT_NEAR(dp_with.generation, 1.25 * dp_without.generation, 1e-15);
+  EXPECT_NEAR(dp_with.gradient_sync - dp_without.gradient_sync, 0.25 * dp_without.training, 1e-15);
+  EXPECT_DOUBLE_EQ(dp_with.training, dp_without.training);
+  // One rank meets no one.
+  s.train.dp = s.generate.dp = 1;
   EXPECT_DOUBLE_EQ(predict(m, flops, job, s).step, predict(m, flops_only(), job, s).step);
 }
 
