@@ -274,20 +274,20 @@ LayerRates measure_layer_rates(Device& device, int repeats, double& row_seconds)
     return double(cases[i].sequences) * length * cases[i].model->config().n_layers;
   };
   const size_t per_model = std::size(sequence_counts);
-  const size_t heavy_first = cases.size() - per_model;  // width 32's reference cases: from 0
+  const size_t light_first = cases.size() - per_model;  // width 32's reference cases: from 0
   // At 256 and 1024 rows: at fewer, each call's fixed cost (which differs between the two
   // models' kernels) is a share of the time as well, and would come out as row work.
   double per_row = 0;
   const size_t large_first = per_model - 2;
   for (size_t i = large_first; i < per_model; ++i) {
-    const size_t heavy = heavy_first + i;
-    const double seconds_per_flop = (seconds[heavy] - seconds[i]) / (flops_of(heavy) - flops_of(i));
+    const size_t light = light_first + i;
+    const double seconds_per_flop = (seconds[i] - seconds[light]) / (flops_of(i) - flops_of(light));
     per_row += (seconds[i] - seconds_per_flop * flops_of(i)) / rows_of(i) /
                double(per_model - large_first);
   }
   row_seconds = std::max(0.0, per_row);
   LayerRates r;
-  for (size_t i = 0; i < heavy_first; ++i) {
+  for (size_t i = 0; i < light_first; ++i) {
     const ModelConfig& config = cases[i].model->config();
     // What the FLOPs took: the time less the rows' work. That work is a mean over row counts,
     // so a noisy point's time could come out below it: a quarter of the time bounds it.
