@@ -143,15 +143,14 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
       generation_tp_groups ? with_tensor_slice(model_config, unsliced_generation_layout,
                                                generation_tp_groups->slice())
                            : unsliced_generation_layout;
-  // A pipeline stage generating at its training layout (data-parallel, or over its training TP
-  // group; with EP over its training EP group, with redundant expert slots in their slot layout)
-  // borrows only the other stages' layers and generates from a stitched view of them and its own
-  // stage (Transformer's stitched view: no copy of its stage); with slices regrouped (training
-  // TP, generation at another TP degree) or a generation EP degree of its own it copies the whole
-  // model.
-  const bool stitched_generation = pp && (!tp || tp_generates) &&
-                                   (!generation_tp_groups || tp_generates) &&
-                                   options.actor_expert_parallel == options.expert_parallel;
+  // A pipeline stage generating at its training TP layout (data-parallel, or over its training TP
+  // group; with EP over its training EP group, with redundant expert slots in their slot layout,
+  // or at a generation EP degree of its own, switched from the view) borrows only the other
+  // stages' layers and generates from a stitched view of them and its own stage (Transformer's
+  // stitched view: no copy of its stage); with slices regrouped (training TP, generation at
+  // another TP degree) it copies the whole model.
+  const bool stitched_generation =
+      pp && (!tp || tp_generates) && (!generation_tp_groups || tp_generates);
   // What such a stage borrows: the layers (and the embedding or head) it does not store.
   const LayerShard other_stages =
       stitched_generation ? other_stages_layer_shard(pp->stage_layout(pp->stage()).layer_shard(),
@@ -603,8 +602,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
       {
         TraceScope traced(trace, Phase::Reshard);
         traced.set_version(version);
-        generation_experts =
-            layout_switch->to_generation(training.parameters(), training.layout(), received);
+        generation_experts = layout_switch->to_generation(training.experts(), received);
         traced.set_bytes(int64_t(generation_experts.received_bytes));
       }
       Transformer<float> generation(training, generation_experts.table);
@@ -648,8 +646,13 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
           gather_into(borrowed);
           Transformer<float> whole(model, borrowed);
           whole.set_expert_token_split(generation_token_split);
-          if (ep) ep->attach_reusing(whole);
-          generate(whole);
+          if (layout_switch) {
+            // PP x EP at a generation EP degree of its own: switched from the stitched view.
+            generation_switch_bytes += generate_switched(whole);
+          } else {
+            if (ep) ep->attach_reusing(whole);
+            generate(whole);
+          }
         } else {
           Transformer<float> whole(policy.config, policy.device->ops(), device,
                                    /*with_gradients=*/false, pp->expert_shard(), LayerShard{},

@@ -98,12 +98,18 @@ uint64_t ExpertLayoutSwitch::minimum_bytes() const {
 GenerationExperts ExpertLayoutSwitch::to_generation(float* training,
                                                     const ParameterLayout& training_layout,
                                                     SlotPool& pool) {
+  return to_generation(ExpertTable<float>(training_layout, training), pool);
+}
+
+GenerationExperts ExpertLayoutSwitch::to_generation(const ExpertTable<float>& held,
+                                                    SlotPool& pool) {
   const ExpertShard wanted = generation_shard(rank_);
   const int ep_rank = rank_ % train_degree_;
-  if (training_layout.first_expert() != ep_rank * local_slots_ ||
-      training_layout.stored_experts() != local_slots_) {
+  if (held.layers() != layers_ || !held.complete() ||
+      held.shard().first != ep_rank * local_slots_ || held.shard().count != local_slots_) {
     throw std::invalid_argument(
-        "ExpertLayoutSwitch: the training layout must store exactly this rank's training slots");
+        "ExpertLayoutSwitch: the training experts must be exactly this rank's training slots on "
+        "every layer");
   }
   if (pool.free_slots() < buckets_to_receive() || pool.slot_bytes() < bucket_bytes()) {
     throw std::invalid_argument(
@@ -111,8 +117,8 @@ GenerationExperts ExpertLayoutSwitch::to_generation(float* training,
         " free slots of " + std::to_string(pool.slot_bytes()) + " bytes, the switch needs " +
         std::to_string(buckets_to_receive()) + " of " + std::to_string(bucket_bytes()));
   }
-  // The training slots this rank stores, by index: which expert each holds is the placement's.
-  const ExpertTable<float> held(training_layout, training);
+  // `held`: the training slots this rank stores, by index; which expert each holds is the
+  // placement's.
   const int64_t FC = int64_t(d_ff_) * d_model_;
   const Replicas placed = replicas();
   GenerationExperts out{ExpertTable<float>(layers_, wanted), {}, 0};

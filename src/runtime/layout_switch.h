@@ -82,6 +82,11 @@ class ExpertLayoutSwitch {
   // must be free).
   GenerationExperts to_generation(float* training, const ParameterLayout& training_layout,
                                   SlotPool& pool);
+  // The same over the training slots `held` addresses (every layer's, slot by slot: a model's
+  // experts(), also a stitched view's, whose layers lie in two buffers, so that a pipeline stage
+  // switches without a whole-model copy of its own layers). Its shard must be exactly this rank's
+  // training slots.
+  GenerationExperts to_generation(const ExpertTable<float>& held, SlotPool& pool);
   // After the generation phase: the received slots go back to `pool`.
   void to_training(GenerationExperts& generation, SlotPool& pool) const;
 

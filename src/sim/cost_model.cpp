@@ -517,11 +517,23 @@ SwitchParameters generation_switch(const ModelShape& m, const Parallelism& train
   }
   const int T = train.tp, G = generate.tp;
   const double P = train.pp;
+  // A pipeline stage generating at its training TP degree and an EP degree of its own: it
+  // borrows the other stages' layers with the pipeline's experts, then the bucketed switch
+  // receives, on every layer, the experts its generation shard lacks; it reads both beside its
+  // own stage (a stitched view), so all it adds it receives (some of it from other pipelines).
+  if (P > 1 && generate.pp == 1 && G == T && train.ep != generate.ep) {
+    Parallelism borrowed = train;
+    borrowed.pp = 1;
+    const double other_stages = generation_parameters(m, borrowed, 0) * (P - 1) / P;
+    const double buckets =
+        experts_received_in_switch(m.experts, train.ep, generate.ep) * (m.routed / m.experts);
+    return {other_stages + buckets, other_stages + buckets, false};
+  }
   // Built at the training EP degree: generation at TP G from training at TP 1 (each rank cuts its
   // slice: the experts stay, and after EP training the TP groups are the ranks holding one block)
   // or at TP G dividing T (the TP mates' slices regrouped), each pipeline stage receiving the
   // other stages' layers at its generation slice. Anything else (a generation EP degree of its
-  // own together with TP or PP): a whole second copy received, an upper bound.
+  // own together with a TP switch): a whole second copy received, an upper bound.
   if (train.ep != generate.ep || (T > 1 && T % G != 0)) return {generated, generated};
   const double other_stages = generated * (P - 1) / P;
   // This stage's dense slice at 1 / G, of which it holds 1 / T.

@@ -127,8 +127,8 @@ Prediction predict(const ModelShape& model, const ClusterConfig& cluster, const 
 struct SwitchParameters {
   double received = 0, added = 0;
   // Whether the received weights stay inside the training TP x PP group (the TP and PP switches)
-  // or may come from anywhere in the layout (the bucketed EP switch, and the whole copy counted
-  // for a switch the runtime does not build).
+  // or may come from anywhere in the layout (the bucketed EP switch, also after a pipeline's
+  // switch, and the whole copy counted for a switch the runtime does not build).
   bool inside_model_parallel_group = false;
 };
 SwitchParameters generation_switch(const ModelShape& model, const Parallelism& train,

@@ -7,7 +7,8 @@
 // moved are the analytic minimum. After expert migration (EDPB) the switch finds each expert
 // through the training placement, layer by layer, with replicas of hot experts too (one copy of
 // each, the rank's own if it holds one), and the view generates the same samples; so it does with
-// a generation placement of its own (generation's experts placed by load).
+// a generation placement of its own (generation's experts placed by load). A pipeline stage
+// switches from a stitched view of its own and the borrowed layers, with no copy of either.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -153,8 +154,7 @@ class ParameterBuckets : public ::testing::Test {
               expert_buckets_missing_any_placement(training.layout().stored_experts(), wanted,
                                                    config.n_experts, config.n_layers));
     ArenaScope generation_memory(device);
-    SlotPool pool(device, layout_switch.bucket_bytes(), layout_switch.buckets_to_receive(),
-                  "received expert buckets");
+    SlotPool pool = bucket_pool(layout_switch, device);
     GenerationExperts experts =
         layout_switch.to_generation(training.parameters(), training.layout(), pool);
     EXPECT_EQ(experts.received_bytes, uint64_t(missing) * layout_switch.bucket_bytes());
@@ -163,6 +163,12 @@ class ParameterBuckets : public ::testing::Test {
     EXPECT_TRUE(
         same_samples(generate(view, prompts.tokens, prompts.ids, sampling_for(*task)), want));
     layout_switch.to_training(experts, pool);
+  }
+
+  // A pool for the buckets `layout_switch` receives, in `device`.
+  static SlotPool bucket_pool(const ExpertLayoutSwitch& layout_switch, Arena& device) {
+    return SlotPool(device, layout_switch.bucket_bytes(), layout_switch.buckets_to_receive(),
+                    "received expert buckets");
   }
 
   // The whole model's parameters, initialized from `seed`.
@@ -202,8 +208,7 @@ TEST_F(ParameterBuckets, TheBucketViewGeneratesWhatTheCopiedLayoutGeneratesBitFo
     const size_t before = device.used();
     device.start_phase_peak();
     ArenaScope generation_memory(device);
-    SlotPool pool(device, layout_switch.bucket_bytes(), layout_switch.buckets_to_receive(),
-                  "received expert buckets");
+    SlotPool pool = bucket_pool(layout_switch, device);
     GenerationExperts experts =
         layout_switch.to_generation(training.parameters(), training.layout(), pool);
     const size_t switch_peak = device.phase_peak() - before;
@@ -237,6 +242,60 @@ TEST_F(ParameterBuckets, TheBucketViewGeneratesWhatTheCopiedLayoutGeneratesBitFo
     if (held.count == own.count) {
       EXPECT_LE(training_bytes + switch_peak, arena_bytes(generation_layout.total()) + bucket);
     }
+    layout_switch.to_training(experts, pool);
+    EXPECT_EQ(pool.slots_in_use(), 0);
+  }
+}
+
+// A pipeline stage switching to a generation EP degree of its own: its own layers (layer 0 with
+// the embedding) and the other stages' (layer 1 with the head, as the pipeline's switch borrows
+// them) in two models, stitched into one view with no copy of either. The switch reads the
+// training experts through the view's table, receives exactly the buckets the flat switch does,
+// allocates nothing but them, and the generation view over the stitched one generates what the
+// copied layout generates, bit for bit. A table missing a layer (the stage's own) is refused.
+TEST_F(ParameterBuckets, APipelineStageSwitchesFromAStitchedViewWithoutACopyOfItsLayers) {
+  const int rank = test::world_rank();
+  const ParameterLayout whole_layout(config);
+  const std::vector<float> whole = whole_model(29);
+  for (const Switch& c : cases) {
+    SCOPED_TRACE("training EP " + std::to_string(c.train) + ", generation EP " +
+                 std::to_string(c.generation));
+    ExpertLayoutSwitch layout_switch(ranks, links, config, c.train, c.generation);
+    Arena device("device", 32 << 20);
+    const ExpertShard training_shard = shard_at(rank, c.train, config.n_experts);
+    Transformer<float> training(config, cpu_ops(), device, /*with_gradients=*/false,
+                                training_shard);
+    copy_common_parameters(whole.data(), whole_layout, training.parameters(), training.layout());
+    std::unique_ptr<RoleExpertParallel> generation_ep;
+    const std::vector<GeneratedSample> want =
+        generate_from_copy(whole, c.generation, generation_ep);
+    // The stage and the borrowed layers, each tensor copied by name from the training model.
+    Transformer<float> stage(config, cpu_ops(), device, false, training_shard,
+                             LayerShard{{0}, true, false});
+    Transformer<float> borrowed(config, cpu_ops(), device, false, training_shard,
+                                LayerShard{{1}, false, true});
+    for (Transformer<float>* part : {&stage, &borrowed}) {
+      for (const ParameterTensor& t : part->layout().tensors()) {
+        const ParameterTensor& from = *training.layout().find(t.name);
+        std::memcpy(part->parameters() + t.offset, training.parameters() + from.offset,
+                    size_t(t.numel) * sizeof(float));
+      }
+    }
+    const Transformer<float> stitched(stage, borrowed);
+
+    const size_t before = device.used();
+    device.start_phase_peak();
+    ArenaScope generation_memory(device);
+    SlotPool pool = bucket_pool(layout_switch, device);
+    EXPECT_THROW(layout_switch.to_generation(stage.experts(), pool), std::invalid_argument);
+    GenerationExperts experts = layout_switch.to_generation(stitched.experts(), pool);
+    EXPECT_EQ(experts.received_bytes, layout_switch.minimum_bytes());
+    EXPECT_EQ(device.phase_peak() - before, size_t(layout_switch.minimum_bytes()));
+    Transformer<float> view(stitched, experts.table);
+    EXPECT_EQ(view.parameters(), nullptr) << "its tensors are in the stage and the borrowed layers";
+    if (generation_ep) generation_ep->attach_reusing(view);
+    EXPECT_TRUE(
+        same_samples(generate(view, prompts.tokens, prompts.ids, sampling_for(*task)), want));
     layout_switch.to_training(experts, pool);
     EXPECT_EQ(pool.slots_in_use(), 0);
   }

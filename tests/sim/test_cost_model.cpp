@@ -823,10 +823,11 @@ TEST(CostModel, OffloadTradesSwapTimeForMemory) {
 // {tp, pp, vpp, ep, dp}): TP 1 -> TP G cuts the slice locally (nothing received, a copy of the
 // slice added), also after EP training; TP T -> TP G < T receives the TP mates' dense slices it
 // lacks; a pipeline stage generating at its training TP degree borrows the other stages' layers
-// (received = added); at another TP degree it receives their generation slices and adds a whole
-// generation model; a generation EP degree of its own together with TP or PP is not built
-// (a whole copy received, the bound). Then the swap time: received over the link, the rest
-// copied at memory speed.
+// (received = added), also at a generation EP degree of its own (then with the experts its
+// generation shard lacks on every layer received into buckets); at another TP degree it receives
+// their generation slices and adds a whole generation model; a generation EP degree of its own
+// together with a TP switch is not built (a whole copy received, the bound). Then the swap time:
+// received over the link, the rest copied at memory speed.
 TEST(CostModel, FusedSwitchesMoveWhatTheRuntimesSwitchesMove) {
   const ModelShape m = model_shape(load_model_config("small"));
   const double dense = m.replicated, experts = m.routed;
@@ -847,6 +848,13 @@ TEST(CostModel, FusedSwitchesMoveWhatTheRuntimesSwitchesMove) {
                 "PP 2 -> DP (stitched)");
   expect_switch({2, 2, 1, 2, 2}, {2, 1, 1, 2, 4}, (dense / 2 + experts / 2) / 2,
                 (dense / 2 + experts / 2) / 2, "TP 2 x PP 2 x EP 2 -> TP 2 x EP 2 (stitched)");
+  expect_switch({1, 2, 1, 2, 2}, {1, 1, 1, 1, 4}, (dense + experts / 2) / 2 + experts / 2,
+                (dense + experts / 2) / 2 + experts / 2, "PP 2 x EP 2 -> EP 1 (stitched)");
+  expect_switch({2, 2, 1, 2, 2}, {2, 1, 1, 1, 4}, (dense / 2 + experts / 2) / 2 + experts / 2,
+                (dense / 2 + experts / 2) / 2 + experts / 2,
+                "TP 2 x PP 2 x EP 2 -> TP 2 x EP 1 (stitched)");
+  expect_switch({1, 2, 1, 1, 2}, {1, 1, 1, 2, 4}, dense / 2 + experts / 2, dense / 2 + experts / 2,
+                "PP 2 -> EP 2 (stitched, every expert held)");
   expect_switch({1, 2, 1, 1, 2}, {2, 1, 1, 1, 2}, (dense / 2 + experts) / 2, dense / 2 + experts,
                 "PP 2 -> TP 2");
   expect_switch({2, 2, 1, 1, 1}, {1, 1, 1, 1, 4}, dense / 2 * (1 - 1.0 / 2) + (dense + experts) / 2,
