@@ -47,6 +47,10 @@ struct DisaggregatedOptions {
   int pipeline_parallel = 1;
   int virtual_stages = 1;
   int micro_batches = 0;
+  // --actor-pipeline-parallel (fused, with --pipeline-parallel P): 1 (default) generates
+  // data-parallel, each rank borrowing the other stages' layers; P generates inside the
+  // training pipelines, each stage from its own layers (src/runtime/pipeline_generation.h).
+  int actor_pipeline_parallel = 1;
   // --pipeline-balance: layers per chunk, uniform | counted | measured | a list
   // (pipeline_balance.h)
   std::string pipeline_balance = "uniform";

@@ -29,6 +29,7 @@
 #include "src/io/parameter_file.h"
 #include "src/io/run_directory.h"
 #include "src/io/trace.h"
+#include "src/model/activation_memory.h"
 #include "src/model/lr_schedule.h"
 #include "src/model/overlapped_experts.h"
 #include "src/rl/rl_step.h"
@@ -37,6 +38,7 @@
 #include "src/runtime/expert_aligned_tensor_groups.h"
 #include "src/runtime/expert_weight_sync.h"
 #include "src/runtime/layout_switch.h"
+#include "src/runtime/pipeline_generation.h"
 #include "src/runtime/pipeline_layout_switch.h"
 #include "src/runtime/training_offload.h"
 
@@ -127,7 +129,11 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
       generation_tp_groups ? generation_tp_groups->replica() : topology.world_rank();
   // The model a pipeline rank, a TP rank generating at a lower TP degree, or a data-parallel rank
   // generating at TP G generates from: every layer (with TP generation, its TP slice).
-  const bool borrows_whole_model = pp || tp_regrouped_generation || sliced_generation;
+  // --actor-pipeline-parallel P: the training pipelines generate their ranks' prompts together,
+  // each stage from its own layers (generate_pipelined): nothing borrowed, nothing switched.
+  const bool pipeline_generates = pp && options.actor_pipeline_parallel > 1;
+  const bool borrows_whole_model =
+      (pp && !pipeline_generates) || tp_regrouped_generation || sliced_generation;
   // (TP x EP generating at a lower TP degree, or EP training generating at TP G: every layer
   // with the rank's training expert slots, its spare replica slots included, which its training
   // EP group's dispatchers route to.)
@@ -150,7 +156,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   // stitched view: no copy of its stage); with slices regrouped (training TP, generation at
   // another TP degree) it copies the whole model.
   const bool stitched_generation =
-      pp && (!tp || tp_generates) && (!generation_tp_groups || tp_generates);
+      pp && !pipeline_generates && (!tp || tp_generates) && (!generation_tp_groups || tp_generates);
   // What such a stage borrows: the layers (and the embedding or head) it does not store.
   const LayerShard other_stages =
       stitched_generation ? other_stages_layer_shard(pp->stage_layout(pp->stage()).layer_shard(),
@@ -223,6 +229,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
                                                         generation_tp_groups->slice())
                                     : switched_layout)
         : borrows_whole_model ? whole_generation_layout
+        : pipeline_generates  ? policy.model->layout()
                               : ParameterLayout(policy.config, generation_experts);
     // The token split (below) in training and, on the training slices, in generation (a
     // pipeline stage's generation model is counted unsplit, an upper bound; its chunks: below).
@@ -235,7 +242,17 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
     // A pipeline stage generates from the other stages' layers beside its own (stitched), or from
     // a whole model of its own (with EP, every layer with the pipeline's experts; with TP
     // generation, its TP slice); so does a TP rank generating data-parallel.
-    if (stitched_generation) {
+    if (pipeline_generates) {
+      // Each stage holds the KV cache of its layers for all of its pipeline's samples and runs
+      // one group of them (a stage's share) at a time.
+      const int pipeline_samples = pp->shape().stages * batch.samples;
+      const int group = (pipeline_samples + pp->shape().stages - 1) / pp->shape().stages;
+      memory_plan.generation_activations = std::max(
+          memory_plan.generation_activations,
+          pipeline_generation_peak_bytes(policy.config, policy.model->layout(),
+                                         uniform_batch(group, batch.longest_prompt),
+                                         pipeline_samples, batch.max_sequence, batch.sampled));
+    } else if (stitched_generation) {
       add_pipeline_generation_model(memory_plan,
                                     ParameterLayout(policy.config, pp->expert_shard(), other_stages,
                                                     policy.model->layout().tensor_slice())
@@ -457,7 +474,11 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
     const std::string borrowed = format_bytes(
         size_t(whole_generation_layout.total() - model.parameter_count()) * sizeof(float));
     const std::string generation =
-        generation_tp_groups
+        pipeline_generates
+            ? "generation inside the " + std::to_string(pp->replicas()) +
+                  " pipelines (--actor-pipeline-parallel " + std::to_string(shape.stages) +
+                  "), each stage from its own layers, nothing borrowed"
+        : generation_tp_groups
             ? "generation at TP " + std::to_string(generation_tp) + " on " +
                   std::to_string(replicas) +
                   " TP groups (--actor-tensor-parallel), each rank borrowing its generation TP "
@@ -580,6 +601,18 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         rollouts = pool->take_complete_groups();
         traced.add_tokens(phase.generated_tokens);
         occupancy = phase.occupancy;
+      } else if (pipeline_generates) {
+        // The pipeline's ranks draw their samples together, each stage running its own layers.
+        const SampleGenerator in_pipeline = [&](const std::vector<std::vector<int>>& prompts,
+                                                const std::vector<int64_t>& sample_ids,
+                                                BatchOccupancy* steps) {
+          return generate_own_prompts_pipelined(generator, pp->chunks(pp->stage()), prompts,
+                                                sample_ids, sampling, pp->pipeline().comm, links,
+                                                steps);
+        };
+        rollouts = generate_rollouts(in_pipeline, task, first_prompt, my_prompts, rl.group_size,
+                                     version, estimator, rollout_reward(learned), &occupancy);
+        for (const Rollout& r : rollouts) traced.add_tokens(int64_t(r.response.size()));
       } else {
         rollouts =
             generate_rollouts(generator, task, first_prompt, my_prompts, rl.group_size, sampling,
@@ -619,7 +652,10 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
     device.start_phase_peak();
     const auto generation_start = std::chrono::steady_clock::now();
     try {
-      if (pp) {
+      if (pipeline_generates) {
+        // Inside the training pipelines, from the stage's own layers: nothing borrowed.
+        generate(model);
+      } else if (pp) {
         // The borrowed layers live in the device arena only for this phase (the scope is declared
         // first, so the borrowed model is gone before the arena rewinds); the stage is only read.
         // With EP the whole model holds the pipeline's experts only and generates collectively

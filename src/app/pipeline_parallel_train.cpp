@@ -13,6 +13,31 @@
 
 namespace rlf {
 
+void validate_pipeline_generation(const DisaggregatedOptions& options, bool fused,
+                                  const RlOptions& rl) {
+  const int degree = options.pipeline_parallel, generation = options.actor_pipeline_parallel;
+  if (generation == 1) return;
+  const std::string option = "--actor-pipeline-parallel " + std::to_string(generation);
+  if (!fused || degree < 2 || generation != degree) {
+    throw ConfigError(option + " needs --mode fused and --pipeline-parallel " +
+                      std::to_string(generation) +
+                      " (generation inside the training pipelines; 1: data-parallel)");
+  }
+  // Pipelined generation runs each stage's own layers whole (no TP slices, no EP dispatchers),
+  // one phase a step (StaleSync's pool batches continuously), and scores with the task's reward.
+  const char* unsupported =
+      options.tensor_parallel > 1 || options.actor_tensor_parallel > 1   ? "--tensor-parallel"
+      : options.expert_parallel > 1 || options.actor_expert_parallel > 1 ? "--expert-parallel"
+      : rl.staleness > 0                                                 ? "--staleness (StaleSync)"
+      : !rl.reward_model.empty()                                         ? "--reward-model"
+                                                                         : nullptr;
+  if (unsupported) {
+    throw ConfigError(option + " with " + unsupported +
+                      " is not supported (pipelined generation runs each stage's own layers, "
+                      "without TP, EP, StaleSync or a learned reward)");
+  }
+}
+
 void validate_pipeline_parallel_train(const DisaggregatedOptions& options, bool fused,
                                       int world_size, const RlOptions& rl) {
   const int degree = options.pipeline_parallel;
@@ -29,6 +54,7 @@ void validate_pipeline_parallel_train(const DisaggregatedOptions& options, bool 
         "--pipeline-pairing needs --pipeline-parallel 2 or more and "
         "--expert-parallel 2 or more (it interleaves the stages' EP exchanges)");
   }
+  validate_pipeline_generation(options, fused, rl);
   if (degree == 1) {
     if (options.virtual_stages != 1 || options.micro_batches != 0 ||
         options.pipeline_balance != "uniform") {

@@ -37,6 +37,10 @@ namespace rlf {
 // path's exchanges are not resumable).
 void validate_pipeline_parallel_train(const DisaggregatedOptions& options, bool fused,
                                       int world_size, const RlOptions& rl);
+// --actor-pipeline-parallel: 1, or (fused) the training pipeline's degree, without TP, EP,
+// StaleSync or a learned reward; ConfigError naming what does not fit otherwise.
+void validate_pipeline_generation(const DisaggregatedOptions& options, bool fused,
+                                  const RlOptions& rl);
 
 // The pipelines over the fused ranks (null for --pipeline-parallel 1), each rank generating
 // `rank_samples` samples (prompt groups of `group_size`) per step, trained in `minibatches`

@@ -130,6 +130,13 @@ int run_train_command(const std::vector<std::string>& args) {
         "--mode fused: pipeline-parallel degree: pipelines of this many consecutive ranks train "
         "one replica of the policy, each rank its stage's layers (1F1B, interleaved with "
         "--virtual-stages); generation borrows the other stages' layers and runs data-parallel");
+    add("actor-pipeline-parallel",
+        po::value(&multi_rank.actor_pipeline_parallel)
+            ->default_value(multi_rank.actor_pipeline_parallel),
+        "--mode fused with --pipeline-parallel P: the generation layout's pipeline degree, 1 "
+        "(generation data-parallel, each rank borrowing the other stages' layers for the phase) "
+        "or P (the training pipelines generate their ranks' prompts together, each stage from "
+        "its own layers, nothing borrowed; without TP, EP, StaleSync or a learned reward)");
     add("virtual-stages",
         po::value(&multi_rank.virtual_stages)->default_value(multi_rank.virtual_stages),
         "with --pipeline-parallel: model chunks per rank (> 1: interleaved 1F1B)");

@@ -366,16 +366,53 @@ PackedBatch uniform_batch(int sequences, int length) {
   return packed_batch(std::vector<int>(size_t(std::max(sequences, 0)), length));
 }
 
+namespace {
+
+// Transformer::allocate_kv_cache: keys and values of every layer the layout stores, every slot at
+// max_len (with tensor parallelism of the rank's heads).
+void hold_kv_cache(Tally& t, const ModelConfig& config, const ParameterLayout& layout,
+                   int64_t slots, int max_len) {
+  for (int l = 0; l < config.n_layers; ++l) {
+    if (!layout.stores_layer(l)) continue;
+    for (int kv = 0; kv < 2; ++kv) t.hold<float>(slots * max_len * layout.attention_width());
+  }
+}
+
+}  // namespace
+
+size_t pipeline_generation_peak_bytes(const ModelConfig& config, const ParameterLayout& layout,
+                                      const PackedBatch& group, int cache_slots, int max_len,
+                                      bool sampled) {
+  const int64_t B = group.sequences, C = config.d_model;
+  Tally t;
+  hold_kv_cache(t, config, layout, cache_slots, max_len);
+  const size_t after_cache = t.mark();
+  // A group's prefill: the hidden rows received (or the packed tokens on the first stage), each
+  // token's position and slot, the pass, then on the last stage the last tokens, the head and
+  // the sampling.
+  t.hold<float>(group.tokens * C);
+  t.hold<int>(group.tokens);
+  t.hold<int>(group.tokens);
+  inference_pass(t, config, layout, RoutedShare{}, group.tokens, &group, 0);
+  t.hold<float>(B * C);
+  hold_head(t, config, B);
+  t.scratch(sampling_scratch(B, config.vocab_size, sampled));
+  // A decode step of the group, every row running.
+  t.release(after_cache);
+  t.hold<float>(B * C);
+  inference_pass(t, config, layout, RoutedShare{}, B, nullptr, max_len);
+  hold_head(t, config, B);
+  t.scratch(sampling_scratch(B, config.vocab_size, sampled));
+  return t.peak();
+}
+
 size_t generation_peak_bytes(const ModelConfig& config, const ParameterLayout& layout,
                              const PackedBatch& prompts, int max_len, bool sampled,
                              bool expert_token_split) {
   const int64_t B = prompts.sequences, C = config.d_model;
   const RoutedShare share = routed_share(layout, expert_token_split);
   Tally t;
-  // Transformer::allocate_kv_cache: keys and values of every layer, every slot at max_len (with
-  // tensor parallelism of the rank's heads).
-  for (int l = 0; l < 2 * config.n_layers; ++l)
-    t.hold<float>(B * max_len * layout.attention_width());
+  hold_kv_cache(t, config, layout, B, max_len);
   const size_t after_cache = t.mark();
   // Transformer::prefill: each prompt token's position and cache slot, the pass, the last token
   // of each prompt, its logits; then the first sampling.

@@ -625,6 +625,11 @@ KVCache<T> Transformer<T>::allocate_kv_cache(int slots, int max_len) {
   const int width = layout_.attention_width();
   const size_t per_layer = size_t(slots) * size_t(max_len) * size_t(width);
   for (int l = 0; l < config_.n_layers; ++l) {
+    if (!layout_.stores_layer(l)) {  // another stage's layer: never run here
+      cache.keys.emplace_back();
+      cache.values.emplace_back();
+      continue;
+    }
     cache.keys.emplace_back(device_.allocate<T>(per_layer, "KV cache"),
                             std::initializer_list<int64_t>{slots, max_len, width});
     cache.values.emplace_back(device_.allocate<T>(per_layer, "KV cache"),
@@ -634,8 +639,26 @@ KVCache<T> Transformer<T>::allocate_kv_cache(int slots, int max_len) {
 }
 
 template <typename T>
+void Transformer<T>::check_range(const T* x_in, int first, int last, const char* caller) const {
+  if (first < 0 || first > last || last > config_.n_layers || (first > 0 && !x_in)) {
+    throw std::invalid_argument("Transformer::" + std::string(caller) + ": layers [" +
+                                std::to_string(first) + ", " + std::to_string(last) +
+                                ") need 0 <= first <= last <= n_layers, and hidden rows when "
+                                "first > 0");
+  }
+}
+
+template <typename T>
 const T* Transformer<T>::prefill(KVCache<T>& cache, const int* tokens, const int* seq_offsets,
                                  int S, const int* slots) {
+  return prefill_range(cache, tokens, nullptr, seq_offsets, S, slots, 0, config_.n_layers);
+}
+
+template <typename T>
+const T* Transformer<T>::prefill_range(KVCache<T>& cache, const int* tokens, const T* x_in,
+                                       const int* seq_offsets, int S, const int* slots, int first,
+                                       int last) {
+  check_range(x_in, first, last, "prefill_range");
   const int N = seq_offsets[S], C = config_.d_model;
   int* positions = device_.allocate<int>(size_t(N), "prefill layout");
   int* token_slots = device_.allocate<int>(size_t(N), "prefill layout");
@@ -651,27 +674,34 @@ const T* Transformer<T>::prefill(KVCache<T>& cache, const int* tokens, const int
   mode.cache = &cache;
   mode.token_slots = token_slots;
   const T* x = nullptr;
-  run_to_end(run(tokens, nullptr, N, positions, mode, /*keep_activations=*/false, 0,
-                 config_.n_layers, &x));
-  T* last = device_.allocate<T>(size_t(S) * C, "prefill last tokens");
+  run_to_end(run(tokens, x_in, N, positions, mode, /*keep_activations=*/false, first, last, &x));
+  if (last < config_.n_layers) return x;
+  T* last_rows = device_.allocate<T>(size_t(S) * C, "prefill last tokens");
   for (int s = 0; s < S; ++s) {
-    std::memcpy(last + int64_t(s) * C, x + int64_t(seq_offsets[s + 1] - 1) * C,
+    std::memcpy(last_rows + int64_t(s) * C, x + int64_t(seq_offsets[s + 1] - 1) * C,
                 size_t(C) * sizeof(T));
   }
-  return head(last, S, /*keep_activations=*/false);
+  return head(last_rows, S, /*keep_activations=*/false);
 }
 
 template <typename T>
 const T* Transformer<T>::decode(KVCache<T>& cache, const int* tokens, const int* slots,
                                 const int* positions, int B) {
+  return decode_range(cache, tokens, nullptr, slots, positions, B, 0, config_.n_layers);
+}
+
+template <typename T>
+const T* Transformer<T>::decode_range(KVCache<T>& cache, const int* tokens, const T* x_in,
+                                      const int* slots, const int* positions, int B, int first,
+                                      int last) {
+  check_range(x_in, first, last, "decode_range");
   AttentionMode mode;
   mode.kind = AttentionMode::Decode;
   mode.cache = &cache;
   mode.token_slots = slots;
   const T* x = nullptr;
-  run_to_end(run(tokens, nullptr, B, positions, mode, /*keep_activations=*/false, 0,
-                 config_.n_layers, &x));
-  return head(x, B, /*keep_activations=*/false);
+  run_to_end(run(tokens, x_in, B, positions, mode, /*keep_activations=*/false, first, last, &x));
+  return last < config_.n_layers ? x : head(x, B, /*keep_activations=*/false);
 }
 
 template class Transformer<float>;

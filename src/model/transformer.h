@@ -165,7 +165,8 @@ class Transformer {
                                    int first, int last, const T** result);
   ResumablePass backward_range_pass(const T* dy, T aux_weight, T* dx_in);
 
-  // Generation. The cache lives in device memory until the arena is rewound past it.
+  // Generation. The cache lives in device memory until the arena is rewound past it: keys and
+  // values of the layers this model stores (a pipeline stage's only).
   KVCache<T> allocate_kv_cache(int slots, int max_len);
   // Runs S prompts (packed) and fills their cache slots from position 0. Returns logits of each
   // prompt's last token [S, V], valid until the caller rewinds the arena.
@@ -175,6 +176,16 @@ class Transformer {
   // logits [B, V], valid until the caller rewinds the arena.
   const T* decode(KVCache<T>& cache, const int* tokens, const int* slots, const int* positions,
                   int B);
+  // The same over layers [first, last) only (a pipeline stage generating, pipeline_generation.h):
+  // on the embedding of `tokens` when x_in is null (first must be 0), else on the hidden rows
+  // x_in [N, d_model] leaving layer first - 1; filling the cache of those layers. With last ==
+  // n_layers the final norm and head run too and the result is the logits (prefill: of each
+  // prompt's last token [S, V]); otherwise the hidden rows leaving layer last - 1 ([N, d_model],
+  // every token of the prompts). Valid until the caller rewinds the arena.
+  const T* prefill_range(KVCache<T>& cache, const int* tokens, const T* x_in,
+                         const int* seq_offsets, int S, const int* slots, int first, int last);
+  const T* decode_range(KVCache<T>& cache, const int* tokens, const T* x_in, const int* slots,
+                        const int* positions, int B, int first, int last);
 
  private:
   struct Layer;          // one layer's saved activations
@@ -205,6 +216,9 @@ class Transformer {
   OverlappedExperts* overlap(int l) const {
     return overlap_.empty() ? nullptr : overlap_[size_t(l)];
   }
+  // std::invalid_argument (naming `caller`) unless 0 <= first <= last <= n_layers with hidden
+  // rows x_in when first > 0.
+  void check_range(const T* x_in, int first, int last, const char* caller) const;
   // Final RMSNorm and LM head over N hidden rows.
   const T* head(const T* x, int N, bool keep_activations);
   // Where layer l's tensors are (its base and offsets) and the embedding and head: params_ and

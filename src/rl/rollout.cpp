@@ -28,6 +28,19 @@ std::vector<Rollout> generate_rollouts(Transformer<float>& policy, const Task& t
                                        const GenerationSettings& settings, int version,
                                        AdvantageEstimator estimator, RolloutReward* learned,
                                        BatchOccupancy* occupancy) {
+  const SampleGenerator from_policy =
+      [&policy, &settings](const std::vector<std::vector<int>>& generation_prompts,
+                           const std::vector<int64_t>& sample_ids, BatchOccupancy* steps) {
+        return generate(policy, generation_prompts, sample_ids, settings, steps);
+      };
+  return generate_rollouts(from_policy, task, first_prompt, prompts, group_size, version, estimator,
+                           learned, occupancy);
+}
+
+std::vector<Rollout> generate_rollouts(const SampleGenerator& generate_samples, const Task& task,
+                                       int64_t first_prompt, int prompts, int group_size,
+                                       int version, AdvantageEstimator estimator,
+                                       RolloutReward* learned, BatchOccupancy* occupancy) {
   std::vector<Rollout> rollouts;
   std::vector<std::vector<int>> generation_prompts;
   std::vector<int64_t> sample_ids;
@@ -47,7 +60,7 @@ std::vector<Rollout> generate_rollouts(Transformer<float>& policy, const Task& t
     }
   }
   const std::vector<GeneratedSample> generated =
-      generate(policy, generation_prompts, sample_ids, settings, occupancy);
+      generate_samples(generation_prompts, sample_ids, occupancy);
   for (size_t i = 0; i < rollouts.size(); ++i) {
     rollouts[i].response = generated[i].tokens;
     rollouts[i].behaviour_logp = generated[i].logprobs;

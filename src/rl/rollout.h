@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "src/model/generation.h"
@@ -48,6 +49,18 @@ std::vector<Rollout> generate_rollouts(Transformer<float>& policy, const Task& t
                                        int64_t first_prompt, int prompts, int group_size,
                                        const GenerationSettings& settings, int version,
                                        AdvantageEstimator estimator,
+                                       RolloutReward* learned = nullptr,
+                                       BatchOccupancy* occupancy = nullptr);
+
+// What draws the samples of prompts (with their sample ids): generate() on a model, or a
+// collective generator such as a pipeline's (src/runtime/pipeline_generation.h).
+using SampleGenerator = std::function<std::vector<GeneratedSample>(
+    const std::vector<std::vector<int>>& prompts, const std::vector<int64_t>& sample_ids,
+    BatchOccupancy* occupancy)>;
+// The same with the samples drawn by `generate_samples`.
+std::vector<Rollout> generate_rollouts(const SampleGenerator& generate_samples, const Task& task,
+                                       int64_t first_prompt, int prompts, int group_size,
+                                       int version, AdvantageEstimator estimator,
                                        RolloutReward* learned = nullptr,
                                        BatchOccupancy* occupancy = nullptr);
 

@@ -7,9 +7,9 @@
 // reward every step, and a saved whole model within float rounding of it. The pipeline's samples
 // come through DistQueue, one get per pipeline and shard each step. Shapes and combinations that do
 // not fit stop every rank with exit code 2 before any output. Stage balancing
-// (--pipeline-balance: uneven chunks) trains like the data-parallel run too. (Several
-// minibatches, a KL term and checkpoints with PP: test_pipeline_parallel_state.cpp and
-// test_checkpoints.cpp.)
+// (--pipeline-balance: uneven chunks) trains like the data-parallel run too, and so does
+// generation inside the pipelines (--actor-pipeline-parallel). (Several minibatches, a KL term
+// and checkpoints with PP: test_pipeline_parallel_state.cpp and test_checkpoints.cpp.)
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -233,6 +233,56 @@ TEST(PipelineParallelTrain, InterleavedScheduleTrainsLikeTheDataParallelFusedRun
   test::expect_trains_like(dp, dp_dir, pp, pp_dir, 3);
 }
 
+// Generation inside the training pipelines (--actor-pipeline-parallel 2): each stage generates
+// from its own layers with the other stages of its pipeline (nothing borrowed), on PP 2 (2 ranks),
+// PP 2 x DP 2 (4 ranks), the interleaved schedule's 2 chunks per rank on the 4-layer `tiny` and
+// PP 2 with --offload and a KL term:
+// the data-parallel run's samples (its rewards every step) and its model within float rounding;
+// the generation peak within 15% under the fit check's count of it (the stage's KV cache for its
+// pipeline's samples, one group's rows) and below the same run borrowing the other stages' layers.
+TEST(PipelineParallelTrain, GeneratesInsideThePipelinesLikeTheDataParallelRun) {
+  const std::string interleaved = test::interleaved_fused_run(temp_dir("model-pipelined"));
+  struct Layout {
+    int ranks;
+    std::string run, options;
+    size_t steps;
+  };
+  for (const Layout& layout :
+       {Layout{2, kFusedRun, "--pipeline-parallel 2 ", 6},
+        Layout{4, kFusedRun, "--pipeline-parallel 2 ", 6},
+        Layout{2, interleaved, "--pipeline-parallel 2 --virtual-stages 2 ", 3},
+        // With the gradients and moments off the device and a KL term's reference stages.
+        Layout{2, kFusedRun + "--offload --kl-coef 0.05 ", "--pipeline-parallel 2 ", 6}}) {
+    SCOPED_TRACE(std::to_string(layout.ranks) + " ranks " + layout.options);
+    const std::string dp_dir = temp_dir("pg-dp"), borrowing_dir = temp_dir("pg-borrowing"),
+                      dir = temp_dir("pg");
+    const std::string pipeline_run = layout.run + layout.options;
+    const Result dp = test::run_rlfusion(layout.run + "--run-dir " + dp_dir, layout.ranks);
+    const Result borrowing =
+        test::run_rlfusion(pipeline_run + "--run-dir " + borrowing_dir, layout.ranks);
+    const Result pp = test::run_rlfusion(
+        pipeline_run + "--actor-pipeline-parallel 2 --run-dir " + dir, layout.ranks);
+    for (const Result* run : {&dp, &borrowing, &pp}) ASSERT_EQ(run->exit_code, 0) << run->output;
+    EXPECT_NE(pp.output.find("(--actor-pipeline-parallel 2), each stage from its own layers, "
+                             "nothing borrowed"),
+              std::string::npos)
+        << pp.output;
+    test::expect_trains_like(dp, dp_dir, pp, dir, layout.steps);
+    const auto generation_peak = [](const std::string& output, const char* key) {
+      return test::json_number(output, key, output.find("\"device_memory_peaks\""));
+    };
+    EXPECT_LE(generation_peak(pp.output, "generation"),
+              generation_peak(pp.output, "generation_analytic"))
+        << pp.output;
+    EXPECT_GE(generation_peak(pp.output, "generation"),
+              0.85 * generation_peak(pp.output, "generation_analytic"))
+        << pp.output;
+    EXPECT_LT(generation_peak(pp.output, "generation"),
+              generation_peak(borrowing.output, "generation"))
+        << pp.output << borrowing.output;
+  }
+}
+
 // Stage balancing (--pipeline-balance) on the 4-layer `tiny` over PP 2: pinned at 3 + 1 layers
 // (the head's stage holds one), by counted FLOPs and by measured times on 2 ranks, and pinned
 // uneven cuts with EP 2 (3 + 1) and TP 2 (1 + 3) inside the stages on 4 ranks. Each cut trains
@@ -312,6 +362,18 @@ TEST(PipelineParallelTrain, ShapesThatDoNotFitStopEveryRankBeforeOutput) {
            "chunks must not exceed the model's 2 layers"},
           {2, "--mode disaggregated --pipeline-parallel 2",
            "--pipeline-parallel 2 is not supported outside --mode fused"},
+          // Generation inside the pipelines: at the pipelines' degree, without EP or StaleSync.
+          {2, "--actor-pipeline-parallel 2",
+           "--actor-pipeline-parallel 2 needs --mode fused and --pipeline-parallel 2 (generation "
+           "inside the training pipelines; 1: data-parallel)"},
+          {4, "--pipeline-parallel 2 --actor-pipeline-parallel 4",
+           "--actor-pipeline-parallel 4 needs --mode fused and --pipeline-parallel 4"},
+          {4, "--pipeline-parallel 2 --actor-pipeline-parallel 2 --expert-parallel 2",
+           "--actor-pipeline-parallel 2 with --expert-parallel is not supported (pipelined "
+           "generation runs each stage's own layers, without TP, EP, StaleSync or a learned "
+           "reward)"},
+          {2, "--pipeline-parallel 2 --actor-pipeline-parallel 2 --staleness 1",
+           "--actor-pipeline-parallel 2 with --staleness (StaleSync) is not supported"},
           {2, "--pipeline-parallel 2 --expert-parallel 2",
            "--pipeline-parallel 2 x --expert-parallel 2: the EP degree must divide the 1 "
            "pipelines"},

@@ -1,0 +1,52 @@
+// Generation inside a pipeline: the stages generate together from the layers each already stores,
+// so no rank borrows another stage's layers (fused `train --actor-pipeline-parallel P`, P the
+// training pipeline's degree: RL Fusion with no layout switch at all).
+//
+// The pipeline's sequences are cut into groups (one per stage, so that every stage has work while
+// the others compute); each group's prefill and then each decode step flow through the virtual
+// stages in order (virtual stage s on pipeline rank s mod P, its layer range from the chunk
+// boundaries): a stage runs its layers over the group's rows and sends the hidden rows on; the
+// last stage runs the head, draws the next token of every row and sends the tokens of the rows
+// still running back to the first stage, which embeds them for the next decode step. Each rank
+// keeps the KV cache of its own layers only. Tokens are drawn by the counter-based sampler keyed
+// by (seed, sample id, position), so a sample does not depend on its group: the samples are the
+// ones generate() draws from the whole model.
+//
+// Every message is a point-to-point send to the next rank of the pipeline (nonblocking: a ring
+// of stages each sending at once must not wait on each other), counted on the Links and delayed by
+// their emulation. At the end the last stage broadcasts the samples over the pipeline.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "mpi_comm/links.h"
+#include "src/model/generation.h"
+#include "src/model/pipeline_stage.h"
+
+namespace rlf {
+
+// Collective over `pipeline` (rank = pipeline stage, size P >= 2): every rank passes the same
+// `prompts` and `sample_ids` (the pipeline's sequences) and its `stage` model storing the layers
+// of `chunks` (pipeline_rank_chunks: chunk k of rank r is virtual stage k P + r; every rank the
+// same number of them), with the embedding on rank 0 and the head on rank P - 1. Returns every
+// sequence's sample on every rank. `occupancy`, when given, gets each of this rank's passes (rows
+// and wall time; capacity: the largest group). Without expert or tensor parallelism.
+std::vector<GeneratedSample> generate_pipelined(Transformer<float>& stage,
+                                                const std::vector<LayerRange>& chunks,
+                                                const std::vector<std::vector<int>>& prompts,
+                                                const std::vector<int64_t>& sample_ids,
+                                                const GenerationSettings& settings,
+                                                MPI_Comm pipeline, Links& links,
+                                                BatchOccupancy* occupancy = nullptr);
+
+// The same for this rank's own `prompts`: the pipeline's ranks' prompts gathered in rank order,
+// generated together, and this rank's own samples returned (a drop-in for generate() on a
+// pipeline stage).
+std::vector<GeneratedSample> generate_own_prompts_pipelined(
+    Transformer<float>& stage, const std::vector<LayerRange>& chunks,
+    const std::vector<std::vector<int>>& prompts, const std::vector<int64_t>& sample_ids,
+    const GenerationSettings& settings, MPI_Comm pipeline, Links& links,
+    BatchOccupancy* occupancy = nullptr);
+
+}  // namespace rlf

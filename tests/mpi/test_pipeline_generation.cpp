@@ -1,0 +1,153 @@
+// Generation inside a pipeline (src/runtime/pipeline_generation.h): the world is one pipeline,
+// each rank storing only its stage's layers (1F1B chunks and interleaved ones, 2 per rank); the
+// stages generate the sequences together and every rank gets the samples the whole single-rank
+// model generates: the same tokens (sampled and greedy, sequences ending at the end token or at
+// max_new_tokens) and log-probs within 1e-5. Each rank holds the KV cache of its own layers only,
+// every message goes to the next rank of the pipeline and is counted, and a rank's own prompts
+// come back as its own samples.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cstring>
+#include <vector>
+
+#include "kernels/arena.h"
+#include "src/balance/stage_balance.h"
+#include "src/model/pipeline_stage.h"
+#include "src/rl/tokenizer.h"
+#include "src/runtime/pipeline_generation.h"
+#include "src/runtime/pipeline_step.h"
+#include "tests/mpi/mpi_test_util.h"
+#include "tests/test_util.h"
+#include "tests/tiny_policy.h"
+
+namespace rlf {
+namespace {
+
+// Prompts of 2 to 9 tokens (the same on every rank), sample ids 100 + b.
+void make_prompts(int count, std::vector<std::vector<int>>& prompts, std::vector<int64_t>& ids) {
+  for (int b = 0; b < count; ++b) {
+    std::vector<int> p{Tokenizer::kBos};
+    for (int t = 0; t <= b % 8; ++t) p.push_back(3 + (b * 7 + t * 5) % 20);
+    prompts.push_back(p);
+    ids.push_back(100 + b);
+  }
+}
+
+// The stage of this rank under `virtual_stages` chunks per rank, its tensors copied by name from
+// `whole`.
+struct Stage {
+  std::vector<LayerRange> chunks;
+  std::unique_ptr<Transformer<float>> model;
+};
+Stage stage_of(const Transformer<float>& whole, int virtual_stages, Arena& device) {
+  const int P = test::world_size();
+  const ModelConfig& config = whole.config();
+  const PipelineShape shape{P, 1, virtual_stages};
+  Stage s;
+  s.chunks = pipeline_rank_chunks(shape, test::world_rank(),
+                                  uniform_boundaries(config.n_layers, P * virtual_stages));
+  s.model = std::make_unique<Transformer<float>>(config, cpu_ops(), device, false, ExpertShard{},
+                                                 stage_layer_shard(s.chunks, config.n_layers));
+  for (const ParameterTensor& t : s.model->layout().tensors()) {
+    const ParameterTensor& from = *whole.layout().find(t.name);
+    std::memcpy(s.model->parameters() + t.offset, whole.parameters() + from.offset,
+                size_t(t.numel) * sizeof(float));
+  }
+  return s;
+}
+
+class PipelineGeneration : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (test::world_size() < 2) GTEST_SKIP() << "a pipeline needs 2 ranks or more";
+  }
+};
+
+TEST_F(PipelineGeneration, StagesGenerateWhatTheWholeModelGenerates) {
+  const int P = test::world_size();
+  ModelConfig config = test::tiny_policy_config();
+  config.n_layers = 2 * P;  // 2 layers per rank: 1F1B chunks of 2, or 2 chunks of 1
+  Arena device("device", 64 << 20);
+  Transformer<float> whole(config, cpu_ops(), device, false);
+  whole.initialize(41);
+  std::vector<std::vector<int>> prompts;
+  std::vector<int64_t> ids;
+  make_prompts(7, prompts, ids);
+  Links links(test::virtual_node_list(P, 1), LinkEmulation{});
+  for (const int virtual_stages : {1, 2}) {
+    const Stage stage = stage_of(whole, virtual_stages, device);
+    // The KV cache of the rank's own layers only.
+    const KVCache<float> cache = stage.model->allocate_kv_cache(3, 8);
+    for (int l = 0; l < config.n_layers; ++l) {
+      EXPECT_EQ(cache.keys[size_t(l)].data != nullptr, stage.model->layout().stores_layer(l))
+          << "layer " << l;
+    }
+    for (const float temperature : {1.0f, 0.0f}) {
+      SCOPED_TRACE("v " + std::to_string(virtual_stages) + ", temperature " +
+                   std::to_string(temperature));
+      GenerationSettings settings;
+      settings.max_new_tokens = 12;
+      settings.temperature = temperature;
+      settings.eos_token = Tokenizer::kEos;
+      settings.seed = 5;
+      const std::vector<GeneratedSample> want = generate(whole, prompts, ids, settings);
+      if (temperature > 0) {
+        // Rows leave the groups at different steps: some end at the end token, some run on.
+        int ended = 0;
+        for (const GeneratedSample& w : want) ended += w.ended;
+        EXPECT_GT(ended, 0);
+        EXPECT_LT(ended, int(want.size()));
+      }
+      links.reset_counters();
+      BatchOccupancy occupancy;
+      const std::vector<GeneratedSample> got = generate_pipelined(
+          *stage.model, stage.chunks, prompts, ids, settings, MPI_COMM_WORLD, links, &occupancy);
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t b = 0; b < want.size(); ++b) {
+        EXPECT_EQ(got[b].tokens, want[b].tokens) << "sequence " << b;
+        EXPECT_EQ(got[b].ended, want[b].ended) << "sequence " << b;
+        test::expect_close(got[b].logprobs, want[b].logprobs, "log-probs", 1e-5, 1e-5);
+      }
+      // Every rank sent its stage's results on (counted) and ran passes.
+      const LinkCounters& counted = links.counters();
+      EXPECT_GT(counted.messages[0] + counted.messages[1], 0u);
+      EXPECT_GT(occupancy.steps, 0);
+    }
+  }
+}
+
+TEST_F(PipelineGeneration, EachRankGetsTheSamplesOfItsOwnPrompts) {
+  const int P = test::world_size(), rank = test::world_rank();
+  ModelConfig config = test::tiny_policy_config();
+  config.n_layers = P;
+  Arena device("device", 64 << 20);
+  Transformer<float> whole(config, cpu_ops(), device, false);
+  whole.initialize(43);
+  std::vector<std::vector<int>> all;
+  std::vector<int64_t> all_ids;
+  make_prompts(3 * P, all, all_ids);
+  // Rank r brings 1 + r % 3 prompts of its own.
+  std::vector<std::vector<int>> mine;
+  std::vector<int64_t> my_ids;
+  for (int i = 0; i <= rank % 3; ++i) {
+    mine.push_back(all[size_t(3 * rank + i)]);
+    my_ids.push_back(all_ids[size_t(3 * rank + i)]);
+  }
+  Links links(test::virtual_node_list(P, 1), LinkEmulation{});
+  const Stage stage = stage_of(whole, 1, device);
+  GenerationSettings settings;
+  settings.max_new_tokens = 9;
+  settings.seed = 8;
+  const std::vector<GeneratedSample> want = generate(whole, mine, my_ids, settings);
+  const std::vector<GeneratedSample> got = generate_own_prompts_pipelined(
+      *stage.model, stage.chunks, mine, my_ids, settings, MPI_COMM_WORLD, links);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t b = 0; b < want.size(); ++b) {
+    EXPECT_EQ(got[b].tokens, want[b].tokens) << "sequence " << b;
+    test::expect_close(got[b].logprobs, want[b].logprobs, "log-probs", 1e-5, 1e-5);
+  }
+}
+
+}  // namespace
+}  // namespace rlf
