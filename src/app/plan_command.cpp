@@ -242,6 +242,9 @@ int run_plan_command(const std::vector<std::string>& args) {
         "training data parallelism (0: the devices left)");
     add("gen-tp", po::value(&o.generate.tp)->default_value(1), "generation tensor parallelism");
     add("gen-ep", po::value(&o.generate.ep)->default_value(1), "generation expert parallelism");
+    add("gen-pp", po::value(&o.generate.pp)->default_value(1),
+        "generation pipeline parallelism: 1, or (fused, synchronous) --train-pp with the "
+        "training's TP and EP: generation inside the training pipelines");
     add("gen-dp", po::value(&o.generate.dp)->default_value(0),
         "generation data parallelism (0: the devices left)");
     add("staleness", po::value(&o.staleness)->default_value(0), "StaleSync bound (0: synchronous)");
@@ -337,7 +340,9 @@ int run_plan_command(const std::vector<std::string>& args) {
     const int generate_devices =
         s.mode == Mode::Disaggregated ? devices - s.train.devices() : s.train.devices();
     if (s.generate.tp <= 0) throw ConfigError("--gen-tp must be >= 1");
-    if (s.generate.dp == 0) s.generate.dp = generate_devices / s.generate.tp;
+    if (s.generate.pp <= 0) throw ConfigError("--gen-pp must be >= 1");
+    s.generate.vpp = s.generate.pp > 1 ? s.train.vpp : 1;
+    if (s.generate.dp == 0) s.generate.dp = generate_devices / (s.generate.tp * s.generate.pp);
     if (s.devices() > devices || !feasible(config, job, s))
       throw ConfigError("plan: strategy " + s.describe() + " does not fit " +
                         std::to_string(devices) + " devices, model " + config.name + " and job " +

@@ -117,8 +117,9 @@ double routed_per_rank(const ModelShape& m, int ep, int spare) {
 double training_parameters(const ModelShape& m, const Parallelism& p, int spare) {
   return m.replicated / (p.tp * p.pp) + routed_per_rank(m, p.ep, spare) / p.pp;
 }
+// (Generating inside the training pipelines, a stage holds its 1 / PP of the layers.)
 double generation_parameters(const ModelShape& m, const Parallelism& g, int spare) {
-  return m.replicated / g.tp + routed_per_rank(m, g.ep, spare);
+  return (m.replicated / g.tp + routed_per_rank(m, g.ep, spare)) / g.pp;
 }
 
 bool layouts_equal(const Parallelism& a, const Parallelism& b) {
@@ -392,10 +393,15 @@ Phase generation_cost(const ModelShape& m, const ClusterConfig& c, const RlJob& 
                       const Strategy& s, double resident, double weights) {
   const Parallelism& g = s.generate;
   const double samples = double(job.samples());
-  const double ranks = g.devices() / g.tp;  // attention data-parallel ranks
-  const double per_rank = samples / ranks;
+  const double ranks = g.devices() / g.tp;  // attention data-parallel ranks (every stage's)
+  // Generating inside a pipeline of P stages, a stage runs its 1 / P of the layers over its
+  // pipeline's P groups of sequences, one group a call, and holds their KV cache of its layers:
+  // each round of P calls costs what a data-parallel rank's step over one group costs (its
+  // FLOPs, weight reads and KV bytes), costed below as that step at 1 / P of the rows.
+  const double P = g.pp;
+  const double per_rank = samples / ranks * P;  // the sequences a rank (a stage) runs
   const double kv_per_sequence = (job.prompt.mean + job.response.step_longest) * 2 * m.d_model *
-                                 m.layers * job.activation_bytes / g.tp;
+                                 m.layers * job.activation_bytes / g.tp / P;
   const double room = std::floor((c.memory_bytes - resident - weights) / kv_per_sequence);
   const double batch = std::max(1.0, std::min(per_rank, room));
   Phase phase;
@@ -437,10 +443,17 @@ Phase generation_cost(const ModelShape& m, const ClusterConfig& c, const RlJob& 
                                                      prompt_context, true, false);
     }
   } else {
-    phase.seconds =
-        generation_step(m, c, job, g, placement, per_rank * job.prompt.mean, prompt_context, true);
+    phase.seconds = generation_step(m, c, job, g, placement, per_rank * job.prompt.mean / P,
+                                    prompt_context, true);
   }
-  phase.seconds += steps * generation_step(m, c, job, g, placement, live, context, false);
+  phase.seconds += steps * generation_step(m, c, job, g, placement, live / P, context, false);
+  if (P > 1) {
+    // Each decode step (and the prefill) of each of the P groups sends its rows' hidden states
+    // from every stage to the next, and the last stage's tokens back to the first.
+    const Link& link = c.link(c.level_spanned(int64_t(g.tp) * g.pp));
+    const double hidden = m.d_model * job.activation_bytes;
+    phase.seconds += (steps + 1) * link.seconds(std::max(live, batch) * hidden, P);
+  }
   // The pool's ranks end their phases together: after every step they agree whether all of them
   // have reached the cut (a one-integer all-reduce over the fused ranks, src/app/fused_train.cpp),
   // a meeting in lock-step.
@@ -451,7 +464,8 @@ Phase generation_cost(const ModelShape& m, const ClusterConfig& c, const RlJob& 
                                 c.expert_exchange_lockstep);
   }
   // Every response token is drawn once from its row of V logits (a resumed sample's prefix is
-  // recomputed, not redrawn).
+  // recomputed, not redrawn); inside a pipeline the last stage draws its pipeline's tokens, while
+  // the stages before it wait for them.
   phase.sampler = tokens * c.sampler_seconds(m.vocab);
   phase.seconds += phase.sampler;
   if (job.reward_model) {  // scoring: one forward of every sample with a policy-shaped model
@@ -564,7 +578,12 @@ bool feasible(const ModelConfig& config, const RlJob& job, const Strategy& s) {
     if (!divides(p->ep, config.n_experts)) return false;
     if (!divides(p->ep, double(p->tp) * p->dp)) return false;  // EP carved from TP x DP
   }
-  if (s.generate.pp != 1 || s.generate.vpp != 1) return false;
+  // Generation at PP 1, or inside the training pipelines (fused, synchronous, the training layout
+  // itself: each stage generates from its own layers, src/runtime/pipeline_generation.h).
+  if ((s.generate.pp != 1 || s.generate.vpp != 1) &&
+      !(s.mode == Mode::Fused && s.staleness == 0 && s.train.pp > 1 &&
+        layouts_equal(s.train, s.generate) && s.generate.vpp == s.train.vpp))
+    return false;
   // Spare slots need experts spread over EP ranks, and a rank never holds two copies of one.
   if (s.redundant_experts < 0) return false;
   if (s.redundant_experts > 0 &&

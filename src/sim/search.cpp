@@ -64,6 +64,14 @@ bool decode(const Axes& a, int64_t index, Strategy& s) {
   s.train.ep = digit(a.ep, index);
   s.generate.tp = digit(a.gen_tp, index);
   s.generate.ep = digit(a.gen_ep, index);
+  // Generation TP 0: inside the training pipelines, at the training layout (its EP axis then
+  // names nothing: only its first value is searched).
+  const bool inside_pipelines = s.generate.tp == 0;
+  if (inside_pipelines) {
+    if (s.mode != Mode::Fused || s.train.pp == 1 || s.generate.ep != a.gen_ep.front()) return false;
+    s.generate.tp = s.train.tp;
+    s.generate.ep = s.train.ep;
+  }
   const int edpb = digit(a.edpb, index);
   s.rebalance = edpb >= 0;
   s.redundant_experts = std::max(0, edpb);
@@ -92,8 +100,9 @@ bool decode(const Axes& a, int64_t index, Strategy& s) {
   const int model_parallel = s.train.tp * s.train.pp;
   if (train_devices % model_parallel != 0 || generate_devices % s.generate.tp != 0) return false;
   s.train.dp = train_devices / model_parallel;
-  s.generate.dp = generate_devices / s.generate.tp;
-  s.generate.pp = s.generate.vpp = 1;
+  s.generate.pp = inside_pipelines ? s.train.pp : 1;
+  s.generate.vpp = inside_pipelines ? s.train.vpp : 1;
+  s.generate.dp = generate_devices / (s.generate.tp * s.generate.pp);
   return true;
 }
 
@@ -136,6 +145,10 @@ SearchResult search(const ModelShape& model, const ModelConfig& config,
   a.ep = powers_of_two_up_to(config.n_experts);
   a.learner_devices = learner_device_counts(space.devices);
   a.gen_tp = a.tp;
+  // (0: generation inside the training pipelines, a fused layout of its own.)
+  if (space.generation_inside_pipelines &&
+      std::find(a.modes.begin(), a.modes.end(), Mode::Fused) != a.modes.end())
+    a.gen_tp.push_back(0);
   a.gen_ep = a.ep;
   // A uniform router gains nothing from placing experts: no EDPB strategies then.
   a.edpb.push_back(-1);

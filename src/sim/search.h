@@ -24,6 +24,9 @@ struct SearchSpace {
   // rank (strategies without it are searched too; with a uniform router, only those).
   bool rebalance = true;
   int max_redundant_experts = 2;
+  // Fused strategies generating inside the training pipelines (each stage from its own layers)
+  // beside those generating at PP 1.
+  bool generation_inside_pipelines = true;
 };
 
 inline constexpr int kKeepBest = 10;

@@ -30,8 +30,11 @@ std::string Strategy::describe() const {
   char buffer[192];
   const Parallelism& t = train;
   const Parallelism& g = generate;
-  std::snprintf(buffer, sizeof buffer, "%s train t%dp%dv%de%dd%d gen t%de%dd%d s%d%s%s%s%s%s",
-                mode_name(mode), t.tp, t.pp, t.vpp, t.ep, t.dp, g.tp, g.ep, g.dp, staleness,
+  // (Generation inside the training pipelines: its PP after its TP.)
+  char gen_pp[16] = "";
+  if (g.pp > 1) std::snprintf(gen_pp, sizeof gen_pp, "p%d", g.pp);
+  std::snprintf(buffer, sizeof buffer, "%s train t%dp%dv%de%dd%d gen t%d%se%dd%d s%d%s%s%s%s%s",
+                mode_name(mode), t.tp, t.pp, t.vpp, t.ep, t.dp, g.tp, gen_pp, g.ep, g.dp, staleness,
                 mode != Mode::Disaggregated && offload ? " offload" : "",
                 ep_overlap ? " overlap" : "", dispatch == Dispatch::Dedup ? " dedup" : "",
                 recompute ? " recompute" : "",

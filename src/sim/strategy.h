@@ -23,7 +23,8 @@ struct Parallelism {
 struct Strategy {
   Mode mode = Mode::Fused;
   Parallelism train;
-  Parallelism generate;  // pp = vpp = 1
+  // pp = vpp = 1, or the training's: generation inside the training pipelines (fused)
+  Parallelism generate;
   int staleness = 0;
   bool offload = true;      // fused: gradients and optimizer states to host during generation
   bool ep_overlap = false;  // EP communication overlapped with the expert compute (Adaptive Pipe)

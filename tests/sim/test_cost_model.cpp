@@ -801,6 +801,52 @@ TEST(CostModel, StaleSyncOverlapsDisaggregatedAndCutsFused) {
   EXPECT_DOUBLE_EQ(fused_stale.training, fused.training);
 }
 
+// Generation inside the training pipelines (fused, `--actor-pipeline-parallel`): each stage runs
+// its half of the layers over its pipeline's two groups of sequences, a data-parallel rank's
+// FLOPs per device, so with free links and sampling it takes the data-parallel generation's time;
+// it holds no borrowed layers (the stitched switch's added parameters), and its last stage draws
+// the pipeline's tokens (twice a data-parallel rank's sampling). Only fused, synchronous, at the
+// training layout itself.
+TEST(CostModel, GenerationInsideThePipelinesRunsADataParallelRanksWorkWithoutBorrowing) {
+  const ModelConfig config = load_model_config("small");
+  const ModelShape m = model_shape(config);
+  const RlJob job = fixed_job(8, 4, 4, 16, 16);
+  ClusterConfig c = flops_only();
+  Strategy s;
+  s.mode = Mode::Fused;
+  s.offload = false;
+  s.train = {1, 2, 1, 1, 4};  // PP 2 x DP 4 on 8 devices
+  const Parallelism data_parallel{1, 1, 1, 1, 8}, inside_pipelines{1, 2, 1, 1, 4};
+  auto predict_generating = [&](const Parallelism& generate) {
+    s.generate = generate;
+    EXPECT_TRUE(feasible(config, job, s));
+    return predict(m, c, job, s);
+  };
+  const Prediction borrowing = predict_generating(data_parallel);
+  const Prediction inside = predict_generating(inside_pipelines);
+  EXPECT_NEAR(inside.generation, borrowing.generation, 1e-9 * borrowing.generation);
+  EXPECT_NEAR(borrowing.generation_memory - inside.generation_memory,
+              generation_switch(m, s.train, data_parallel).added * job.parameter_bytes,
+              1e-6 * borrowing.generation_memory);
+  c.sampler_rate = 1e8;
+  EXPECT_NEAR(predict_generating(inside_pipelines).sampler,
+              2 * predict_generating(data_parallel).sampler, 1e-12);
+  // A link with latency: each group's hidden rows (and tokens) cross a hop every step.
+  c.intra_node = {1e9, 1e-6};
+  EXPECT_GT(predict_generating(inside_pipelines).generation - inside.generation,
+            predict_generating(data_parallel).generation - borrowing.generation);
+  // Not with StaleSync, not disaggregated, not at another layout than training's.
+  s.generate = inside_pipelines;
+  s.staleness = 1;
+  EXPECT_FALSE(feasible(config, job, s));
+  s.staleness = 0;
+  s.mode = Mode::Disaggregated;
+  EXPECT_FALSE(feasible(config, job, s));
+  s.mode = Mode::Fused;
+  s.generate = {2, 2, 1, 1, 2};
+  EXPECT_FALSE(feasible(config, job, s));
+}
+
 TEST(CostModel, OffloadTradesSwapTimeForMemory) {
   const ModelShape m = model_shape(load_model_config("small"));
   const RlJob job = fixed_job(8, 4, 4, 16, 16);
@@ -930,6 +976,12 @@ TEST(Search, BestMatchesADirectLoopAndNoFitIsEmpty) {
   SearchSpace without = space;
   without.rebalance = false;
   EXPECT_EQ(search(m, config, c, skewed, without).feasible, r.feasible);
+  // Fused strategies generating inside their training pipelines are searched too.
+  without = space;
+  without.generation_inside_pipelines = false;
+  const SearchResult at_pp_1 = search(m, config, c, job, without);
+  EXPECT_LT(at_pp_1.feasible, r.feasible);
+  for (const Ranked& ranked : at_pp_1.best) EXPECT_EQ(ranked.strategy.generate.pp, 1);
   EXPECT_LT(r.feasible, edpb.feasible);
   without = space;
   without.max_redundant_experts = 0;  // rebalancing without spare slots only
