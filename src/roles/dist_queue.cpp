@@ -473,16 +473,16 @@ std::vector<QueueSample> DistQueue::get_range(int64_t first_sample_id, int64_t c
 }
 
 std::vector<QueueSample> DistQueue::scatter_from_leader(
-    const HierarchicalComm& group, int64_t count_per_member,
+    MPI_Comm group, int64_t count_per_member,
     const std::function<std::vector<std::vector<QueueSample>>(int members)>& take_node) {
   int local = 0, members = 0;
-  MPI_Comm_rank(group.intra, &local);
-  MPI_Comm_size(group.intra, &members);
+  MPI_Comm_rank(group, &local);
+  MPI_Comm_size(group, &members);
   if (local == 0) {
     auto parts = take_node(members);
     std::vector<int> member_ranks(static_cast<size_t>(members));
     for (int i = 0; i < members; ++i) member_ranks[size_t(i)] = i;
-    const auto dest = translate_ranks(group.intra, member_ranks, comm_);
+    const auto dest = translate_ranks(group, member_ranks, comm_);
     for (int i = 1; i < members; ++i) {
       qp::Header h;
       h.count = int64_t(parts[size_t(i)].size());
@@ -492,7 +492,7 @@ std::vector<QueueSample> DistQueue::scatter_from_leader(
     }
     return std::move(parts[0]);
   }
-  const int leader = translate_ranks(group.intra, {0}, comm_)[0];
+  const int leader = translate_ranks(group, {0}, comm_)[0];
   std::vector<QueueSample> mine;
   // The leader may need shards this member hosts before it can scatter: serve while waiting.
   await_replies(qp::kScatter, 1, [&](Message& m) {
@@ -511,7 +511,7 @@ std::vector<QueueSample> DistQueue::get_hierarchical(int64_t count_per_member, i
                                                      const HierarchicalComm& group) {
   if (closed_) throw std::logic_error("DistQueue::get_hierarchical after close()");
   if (count_per_member <= 0) return {};
-  return scatter_from_leader(group, count_per_member, [&](int members) {
+  return scatter_from_leader(group.intra, count_per_member, [&](int members) {
     auto all = get(count_per_member * members, v_min);
     // Member i takes the i-th run of count_per_member samples in canonical order.
     std::vector<std::vector<QueueSample>> parts(static_cast<size_t>(members));
@@ -527,7 +527,7 @@ std::vector<QueueSample> DistQueue::get_range_hierarchical(int64_t first_sample_
   if (closed_) throw std::logic_error("DistQueue::get_range_hierarchical after close()");
   check_range(first_sample_id, count, "get_range_hierarchical");
   const qp::SampleRange range{first_sample_id, count};
-  auto mine = scatter_from_leader(group, count, [&](int members) {
+  auto mine = scatter_from_leader(group.intra, count, [&](int members) {
     // The leader's range comes first and the members' follow it: their union is one range.
     auto all = get_range(first_sample_id, count * members, v_min);
     // Member i takes the ids of its own range; a stable split keeps each part canonical.
@@ -547,7 +547,9 @@ std::vector<QueueSample> DistQueue::get_range_replicated(int64_t first_sample_id
                                                          int32_t v_min) {
   if (closed_) throw std::logic_error("DistQueue::get_range_replicated after close()");
   check_range(first_sample_id, count, "get_range_replicated");
-  auto mine = scatter_from_leader(group, count, [&](int members) {
+  // One leader for the whole group, wherever its ranks are: the range is taken from the queue
+  // once, so a second leader (one per node) would wait for samples already taken.
+  auto mine = scatter_from_leader(group.comm, count, [&](int members) {
     return std::vector<std::vector<QueueSample>>(size_t(members),
                                                  get_range(first_sample_id, count, v_min));
   });

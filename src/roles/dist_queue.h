@@ -135,10 +135,11 @@ class DistQueue {
                                                   const HierarchicalComm& group,
                                                   int32_t v_min = kAnyVersion);
   // One get_range for a group whose every member trains the same samples (a tensor-parallel
-  // group: TensorParallel::group(), inside one node), collective over group.intra: every member
-  // names the same range; only the leader (local rank 0) asks the queue for it and sends every
-  // member the same samples (one Scatter message each, intra-node). The queue sees 1/members of
-  // the requests and bytes of each member fetching its own copy. A member whose samples fall
+  // group: TensorParallel::group(); a pipeline or a model replica, which may span nodes),
+  // collective over group.comm: every member names the same range; only the leader (the group's
+  // rank 0) asks the queue for it and sends every member the same samples (one Scatter message
+  // each, inter-node for members on other nodes). The queue sees 1/members of the requests and
+  // bytes of each member fetching its own copy. A member whose samples fall
   // outside its range throws std::logic_error (members named different ranges).
   std::vector<QueueSample> get_range_replicated(int64_t first_sample_id, int64_t count,
                                                 const HierarchicalComm& group,
@@ -187,12 +188,12 @@ class DistQueue {
   std::vector<int64_t> ask_round(int tag, int32_t v_min, std::span<const std::byte> payload,
                                  const std::vector<ShardAsk>& asks, std::vector<QueueSample>& out,
                                  std::vector<int64_t>* stale = nullptr);
-  // The hierarchical half both hierarchical gets share, collective over group.intra: the leader
-  // (local rank 0) gets the node's samples from take_node(members), one part per member, keeps
-  // part 0 and sends part i to local rank i; a member serves until its part of count_per_member
-  // samples arrives.
+  // The half the leader gets share, collective over `group` (a node's ranks, or a whole
+  // replicated group): the leader (its rank 0) gets the samples from take_node(members), one part
+  // per member, keeps part 0 and sends part i to rank i; a member serves until its part of
+  // count_per_member samples arrives.
   std::vector<QueueSample> scatter_from_leader(
-      const HierarchicalComm& group, int64_t count_per_member,
+      MPI_Comm group, int64_t count_per_member,
       const std::function<std::vector<std::vector<QueueSample>>(int members)>& take_node);
 
   DistQueueConfig config_;

@@ -788,10 +788,29 @@ TEST(DistQueue, PipelineLeaderGetCutsQueueLoadToOneOverPP) {
   }
 }
 
+// A pipeline spanning nodes (every rank its own node, as `train --ranks-per-node 1` lays out a
+// pipeline of 2 ranks): still one leader for the whole pipeline, the fan-out crossing nodes. (A
+// leader per node hung: the first took the range from the queue, the second waited for it.)
+TEST(DistQueue, PipelineAcrossNodesHasOneLeader) {
+  if (world_size() < 4) GTEST_SKIP() << "needs 2 learners and 2 actors";
+  const QueueLayout across{"2 learners on nodes of their own, learner-hosted shards",
+                           layout(2, world_size() - 2, 0, 2, 1)};
+  SCOPED_TRACE(across.name);
+  Topology topology(MPI_COMM_WORLD, across.config);
+  std::unique_ptr<PipelineGroups> pp;
+  if (topology.role() == Role::Learner) {
+    pp = std::make_unique<PipelineGroups>(topology.role_comm().comm, PipelineShape{2, 2, 1},
+                                          group_test_model(), topology.links());
+    ASSERT_EQ(pp->pipeline().node_count(), 2) << "a pipeline over two nodes";
+  }
+  check_leader_get_cuts_queue_load(topology, 2, pp ? &pp->pipeline() : nullptr,
+                                   pp ? pp->replica() : 0);
+}
+
 // TP x PP inside `train` (--tensor-parallel 2 --pipeline-parallel 2): every rank of a model
 // replica, T x P = 4 ranks, trains the same samples, so one leader per replica fetches them: the
-// queue's load falls to exactly 1/(T x P). The replica sits inside one node (a replica spread
-// over n nodes has a leader per node: 1/(T x P / n)).
+// queue's load falls to exactly 1/(T x P), wherever its ranks are
+// (PipelineAcrossNodesHasOneLeader).
 TEST(DistQueue, TensorPipelineLeaderGetCutsQueueLoadToOneOverTPxPP) {
   if (world_size() != 6) GTEST_SKIP() << "needs 4 learners on one node and an actor (6 ranks)";
   const std::vector<QueueLayout> layouts = {
