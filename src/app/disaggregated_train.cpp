@@ -651,9 +651,13 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
       if (reordering) rollouts = reordering->reorder(std::move(rollouts), rl.group_size, version);
       random_delay();
       const auto train_start = Clock::now();
+      // Every learner counts its share of the step's tokens (a TP group's ranks train the same
+      // samples).
+      const TokenShare learner_share{int(topology.ranks_of(Role::Learner).size()),
+                                     topology.role_comm().rank()};
       const StepStats stats =
           train_on_rollouts_traced(model, *optimizer, reference, rollouts, settings, parallel,
-                                   version, learner_replicas, trace);
+                                   version, learner_share, trace);
       const double train_seconds =
           std::chrono::duration<double>(Clock::now() - train_start).count();
       if (reordering) dir.log("%s", reordering->end_of_step(step, train_seconds).c_str());

@@ -586,6 +586,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
       TraceScope traced(trace, Phase::Generate);
       traced.set_version(version);
       BatchOccupancy occupancy;
+      int64_t generated = 0;  // response tokens drawn
       if (pool) {
         // Continuous batching with one step of lookahead: the next step's prompts are in the
         // pool too, and fill the slots this step's finished samples free (the phase's own work
@@ -599,7 +600,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         pool_settings.finish_older_than = version - rl.staleness + 1;
         const PhaseStats phase = pool->generate_phase(generator, sampling, version, pool_settings);
         rollouts = pool->take_complete_groups();
-        traced.add_tokens(phase.generated_tokens);
+        generated = phase.generated_tokens;
         occupancy = phase.occupancy;
       } else if (pipeline_generates) {
         // The pipeline's ranks draw their samples together, each stage running its own layers.
@@ -612,13 +613,21 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         };
         rollouts = generate_rollouts(in_pipeline, task, first_prompt, my_prompts, rl.group_size,
                                      version, estimator, rollout_reward(learned), &occupancy);
-        for (const Rollout& r : rollouts) traced.add_tokens(int64_t(r.response.size()));
       } else {
         rollouts =
             generate_rollouts(generator, task, first_prompt, my_prompts, rl.group_size, sampling,
                               version, estimator, rollout_reward(learned), &occupancy);
-        for (const Rollout& r : rollouts) traced.add_tokens(int64_t(r.response.size()));
       }
+      if (!pool) {
+        for (const Rollout& r : rollouts) generated += int64_t(r.response.size());
+      }
+      // The ranks of a generation TP group draw the same samples: each counts its share, so that
+      // the trace counts every token once.
+      if (generation_tp_groups) {
+        const TensorSlice& slice = generation_tp_groups->slice();
+        generated = tensor_parallel_row_share(int(generated), slice.size, slice.rank).count;
+      }
+      traced.add_tokens(generated);
       // The long-tail bubble (the unused share of the decode steps' time, generation.h) as an
       // Idle event nested at the end of the phase, where the tail is.
       const double end = trace.now();
@@ -828,9 +837,13 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
       }
       device.start_phase_peak();
       const auto training_start = std::chrono::steady_clock::now();
+      // Every fused rank takes its share of the step's tokens in the trace: the stages of a
+      // pipeline and the ranks of a TP group train the same samples, so their counts together
+      // are the step's once (a pipeline's stages each counting its samples made `report` count
+      // them P times).
       const StepStats stats = train_on_rollouts_traced(
           model, *learner.optimizer, pp ? nullptr : learner.reference.get(), rollouts, settings,
-          parallel, version, pp ? pp->replicas() : training_blocks, trace, pipeline_gradient);
+          parallel, version, TokenShare{ranks, all.rank()}, trace, pipeline_gradient);
       training_peak = std::max(training_peak, device.phase_peak() + stage_activations());
       const double training_seconds = seconds_since(training_start);
       if (reordering) dir.log("%s", reordering->end_of_step(step, training_seconds).c_str());

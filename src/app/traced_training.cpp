@@ -1,13 +1,19 @@
 #include "src/app/traced_training.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace rlf {
+
+int64_t TokenShare::of(double tokens) const {
+  const int64_t total = std::llround(tokens);
+  return total / ranks + (index < total % ranks ? 1 : 0);
+}
 
 StepStats train_on_rollouts_traced(Transformer<float>& model, AdamW<float>& optimizer,
                                    Transformer<float>* reference, std::vector<Rollout>& rollouts,
                                    const RlStepSettings& settings,
-                                   const DataParallelHooks& parallel, int version, int learners,
+                                   const DataParallelHooks& parallel, int version, TokenShare share,
                                    TraceRecorder& trace, const MinibatchGradient& gradient) {
   if (reference) {
     TraceScope traced(trace, Phase::Reference);
@@ -26,7 +32,7 @@ StepStats train_on_rollouts_traced(Transformer<float>& model, AdamW<float>& opti
   traced.set_version(version);
   const StepStats stats =
       optimize_on_rollouts(model, optimizer, rollouts, settings, parallel, gradient);
-  traced.set_tokens(int64_t(stats.tokens / double(learners)));
+  traced.set_tokens(share.of(stats.tokens));
   record_local_router_loads(model, version, trace);
   return stats;
 }

@@ -10,13 +10,21 @@
 
 namespace rlf {
 
-// `reference` may be null. `learners` ranks share the step: the Train event counts this rank's
-// share of the tokens; `gradient` as optimize_on_rollouts takes it. Returns the step's statistics
-// (summed over learners by `parallel`).
+// Which of how many ranks that train a step this one is: its Train event counts its share of the
+// step's tokens (their shares add up to the step's tokens exactly, however many ranks of a TP
+// group or a pipeline train the same samples).
+struct TokenShare {
+  int ranks = 1, index = 0;
+  int64_t of(double tokens) const;
+};
+
+// `reference` may be null. `share`: this rank's share of the step (the Train event's tokens);
+// `gradient` as optimize_on_rollouts takes it. Returns the step's statistics (summed over the
+// data-parallel learners by `parallel`).
 StepStats train_on_rollouts_traced(Transformer<float>& model, AdamW<float>& optimizer,
                                    Transformer<float>* reference, std::vector<Rollout>& rollouts,
                                    const RlStepSettings& settings,
-                                   const DataParallelHooks& parallel, int version, int learners,
+                                   const DataParallelHooks& parallel, int version, TokenShare share,
                                    TraceRecorder& trace, const MinibatchGradient& gradient = {});
 
 // The router statistics of a run without expert parallelism, as an expert-parallel run records

@@ -314,7 +314,7 @@ int run_train_command(const std::vector<std::string>& args) {
       for (const Rollout& r : rollouts) traced.add_tokens(int64_t(r.response.size()));
     }
     const StepStats s = train_on_rollouts_traced(model, optimizer, reference.get(), rollouts,
-                                                 settings, DataParallelHooks{}, version, 1, trace);
+                                                 settings, DataParallelHooks{}, version, {}, trace);
     position.rl_tokens += int64_t(s.tokens);
     position.step_rewards.push_back(s.mean_reward());
     progress.step_done(step, s);

@@ -8,8 +8,10 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "tests/app/json_output.h"
 #include "tests/app/read_parameters.h"
 #include "tests/app/run_rlfusion.h"
 #include "tests/test_util.h"
@@ -110,6 +112,33 @@ inline void expect_trains_like(const CommandResult& dp, const std::string& dp_di
   const std::vector<float> model = read_saved_parameters(dir + "/model.h5");
   ASSERT_EQ(model.size(), dp_model.size());
   EXPECT_LT(nmse(model.data(), dp_model.data(), dp_model.size()), 1e-6);
+}
+
+// `report --json` of the run in `dir`: the tokens its RL phases drew (the generate phase) and
+// trained (its steps' tokens, the SFT warm start's apart: every rank runs that on its own).
+inline std::pair<double, double> reported_rl_tokens(const std::string& dir) {
+  const CommandResult report = run_rlfusion("report " + dir + " --json");
+  EXPECT_EQ(report.exit_code, 0) << report.output;
+  const std::string& json = report.output;
+  const size_t generate = json.find("{\"phase\":\"generate\"");
+  EXPECT_NE(generate, std::string::npos) << json;
+  double trained = 0;
+  const size_t steps = json.find("\"steps\":["), end = json.find(']', steps);
+  for (size_t at = json.find("\"tokens\":", steps); at < end;
+       at = json.find("\"tokens\":", at + 1)) {
+    trained += std::stod(json.substr(at + 9));
+  }
+  return {generate == std::string::npos ? -1 : json_number(json, "tokens", generate), trained};
+}
+
+// The run in `dir` generated and trained the data-parallel run's samples (in `dp_dir`): its trace
+// counts their tokens once, however many ranks of a TP group or a pipeline drew or trained them.
+inline void expect_trace_counts_tokens_like(const std::string& dp_dir, const std::string& dir) {
+  const auto [dp_generated, dp_trained] = reported_rl_tokens(dp_dir);
+  const auto [generated, trained] = reported_rl_tokens(dir);
+  EXPECT_GT(dp_trained, 0);
+  EXPECT_EQ(generated, dp_generated) << dir;
+  EXPECT_EQ(trained, dp_trained) << dir;
 }
 
 }  // namespace rlf::test

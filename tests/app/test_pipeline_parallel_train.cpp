@@ -268,6 +268,8 @@ TEST(PipelineParallelTrain, GeneratesInsideThePipelinesLikeTheDataParallelRun) {
               std::string::npos)
         << pp.output;
     test::expect_trains_like(dp, dp_dir, pp, dir, layout.steps);
+    test::expect_trace_counts_tokens_like(dp_dir, borrowing_dir);
+    test::expect_trace_counts_tokens_like(dp_dir, dir);
     const auto generation_peak = [](const std::string& output, const char* key) {
       return test::json_number(output, key, output.find("\"device_memory_peaks\""));
     };

@@ -188,6 +188,7 @@ TEST(TensorParallelTrain, DataParallelAndPipelineTrainingGenerateAtATensorParall
     }
     // (Every progress row, the migration lines between them skipped.)
     EXPECT_EQ(test::progress_rows(run.output, 5), dp_rows) << run.output;
+    test::expect_trace_counts_tokens_like(dp_dir, dir);
     const std::vector<float> model = test::read_tiny_parameters(dir + "/model.h5");
     EXPECT_LT(test::nmse(model.data(), dp_model.data(), dp_model.size()), 1e-6);
   }
