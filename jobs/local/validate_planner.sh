@@ -63,7 +63,7 @@ PY
 }
 
 MEASURED="$OUT/measured.csv"
-echo "case,cluster,task,model,mode,ranks,ranks_per_node,actors,expert_parallel,actor_expert_parallel,staleness,offload,inter_bandwidth,inter_latency,prompts,group_size,micro_batch,reference,queue_shards,steps,trained_tokens,response_tokens,step_s,intra_bytes,inter_bytes,generation_peak,training_peak,generate_s,train_s,router_max_over_mean,redundant_experts,rebalance,expert_moves_per_step" > "$MEASURED"
+echo "case,cluster,task,model,mode,ranks,ranks_per_node,actors,expert_parallel,actor_expert_parallel,staleness,offload,inter_bandwidth,inter_latency,prompts,group_size,micro_batch,reference,queue_shards,steps,trained_tokens,response_tokens,step_s,intra_bytes,inter_bytes,generation_peak,training_peak,generate_s,train_s,router_max_over_mean,redundant_experts,rebalance,expert_moves_per_step,pipeline_parallel,actor_pipeline_parallel" > "$MEASURED"
 mapfile -t CASE_LINES < <(grep -v '^#' "$CASES" | tail -n +2)
 
 # cluster_of NAME RANKS BW LAT: the cluster file a case is predicted with. One-rank cases run
@@ -78,10 +78,11 @@ cluster_of() {
 
 # run_case LINE R: round R's run of one case, its row appended to $OUT/NAME.rows.
 run_case() {
-  local name ranks rpn mode stale ep aep offload bw lat model task prompts group micro steps redundant every
-  IFS=, read -r name ranks rpn mode stale ep aep offload bw lat model task prompts group micro steps redundant every <<< "$1"
-  # The optional last columns: EDPB's spare expert slots per EP rank, its decision interval.
-  redundant=${redundant:-0} every=${every:-0}
+  local name ranks rpn mode stale ep aep offload bw lat model task prompts group micro steps redundant every pp app
+  IFS=, read -r name ranks rpn mode stale ep aep offload bw lat model task prompts group micro steps redundant every pp app <<< "$1"
+  # The optional last columns: EDPB's spare expert slots per EP rank, its decision interval; the
+  # pipeline stages and generation's pipeline degree.
+  redundant=${redundant:-0} every=${every:-0} pp=${pp:-1} app=${app:-1}
   local r=$2 dir="$OUT/$name" actors=0 cluster
   cluster=$(cluster_of "$name" "$ranks" "$bw" "$lat")
   local args=(train --model "$model" --task "$task" --sft-steps 0 --steps "$steps" --prompts "$prompts"
@@ -98,6 +99,7 @@ run_case() {
     [ "$offload" = 1 ] && args+=(--offload)
     [ "$redundant" != 0 ] && args+=(--redundant-experts "$redundant")
     [ "$every" != 0 ] && args+=(--rebalance-every "$every")
+    [ "$pp" != 1 ] && args+=(--pipeline-parallel "$pp" --actor-pipeline-parallel "$app")
     [ "$bw" != 0 ] && args+=(--inter-node-bandwidth "$bw")
     [ "$lat" != 0 ] && args+=(--inter-node-latency "$lat")
     [ "$mode" = disaggregated ] && actors=1
@@ -108,9 +110,9 @@ run_case() {
   mpiexec -n "$ranks" --bind-to core "$RLFUSION" "${args[@]}" --run-dir "$run" < /dev/null \
     > "$run.stdout" 2>&1 || { echo "case $name failed:"; tail -5 "$run.stdout"; exit 1; }
   "$RLFUSION" report "$run" --json < /dev/null > "$run.report.json"
-  "$PYTHON" - "$run" "$name,$cluster,$task,$model,$mode,$ranks,$rpn,$actors,$ep,$aep,$stale,$offload,$bw,$lat,$prompts,$group,$micro,0,2,$steps" "$redundant" "$every" >> "$dir.rows" <<'PY'
+  "$PYTHON" - "$run" "$name,$cluster,$task,$model,$mode,$ranks,$rpn,$actors,$ep,$aep,$stale,$offload,$bw,$lat,$prompts,$group,$micro,0,2,$steps" "$redundant" "$every" "$pp" "$app" >> "$dir.rows" <<'PY'
 import json, re, sys
-run, prefix, redundant, every = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+run, prefix, redundant, every, pp, app = sys.argv[1:7]
 summary = json.load(open(run + "/summary.json"))
 report = json.load(open(run + ".report.json"))
 log = open(run + "/log.txt").read()
@@ -139,7 +141,7 @@ rebalance = 1 if redundant != "0" or every != "0" else 0
 moves = report.get("expert_moves_per_step", 0)
 print(f'{prefix},{report["total"]["tokens"]},{generated},{step_s:.6f},{counter("intra")},'
       f'{counter("inter")},{peaks.get("generation", 0)},{peaks.get("training", 0)},'
-      f'{generate_s:.6f},{train_s:.6f},{router:.6f},{redundant},{rebalance},{moves:.6g}')
+      f'{generate_s:.6f},{train_s:.6f},{router:.6f},{redundant},{rebalance},{moves:.6g},{pp},{app}')
 PY
 }
 

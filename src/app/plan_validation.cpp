@@ -148,6 +148,24 @@ Outcome validate_row(const Row& row) {
     s.train.ep = row.integer("expert_parallel");
     s.generate.ep = row.integer("actor_expert_parallel");
   }
+  // Pipeline parallelism (columns absent: none): PP stages of consecutive ranks training, and
+  // generation data-parallel (borrowing the other stages' layers) or inside the pipelines.
+  const int pipeline = int(row.number_or("pipeline_parallel", 1));
+  const int generation_pipeline = int(row.number_or("actor_pipeline_parallel", 1));
+  if (pipeline > 1) {
+    if (s.mode == Mode::Disaggregated || ranks % pipeline != 0 ||
+        (generation_pipeline != 1 && generation_pipeline != pipeline)) {
+      throw ConfigError("case " + out.name + ": pipeline_parallel " + std::to_string(pipeline) +
+                        " needs a fused run on a multiple of that many ranks, and "
+                        "actor_pipeline_parallel 1 or the same");
+    }
+    s.train.pp = pipeline;
+    s.train.dp = ranks / pipeline;
+    if (generation_pipeline > 1) {
+      s.generate.pp = pipeline;
+      s.generate.dp = ranks / pipeline;
+    }
+  }
   // EDPB's spare expert slots per EP rank (column absent in older CSVs: none), and its rebalancing
   // (column absent: on with spare slots, as the validation's replica case runs it).
   s.redundant_experts = int(row.number_or("redundant_experts", 0));
@@ -179,10 +197,11 @@ Outcome validate_row(const Row& row) {
   run.response_tokens = int64_t(row.number("response_tokens"));
   const CountedBytes counted = counted_bytes(run);
   out.predicted_bytes = counted.intra + counted.inter;
-  out.bytes_exact_rule = counted.exact;
+  // (No counted-bytes rule for a pipeline's messages and layout switches.)
+  out.bytes_exact_rule = counted.exact && pipeline == 1;
   out.measured_bytes = uint64_t(row.number("intra_bytes") + row.number("inter_bytes"));
 
-  if (s.mode != Mode::Disaggregated && ranks > 1) {
+  if (s.mode != Mode::Disaggregated && ranks > 1 && pipeline == 1) {
     // The fused runtime's own plan (src/app/fused_memory.h) at the task's longest lengths, for
     // rank 0, whose peaks the run reports.
     const int ep = s.train.ep, gen_ep = s.generate.ep;
@@ -338,7 +357,7 @@ int run_plan_validation(const std::string& csv_path, bool json) {
       outcomes.size());
   std::printf(
       "# bytes: %d of %d cases with an exact rule predicted exactly (%s); n/a: expert "
-      "dispatch depends on the routing\n",
+      "dispatch depends on the routing or a pipeline's messages\n",
       exact, exact_rules, exact == exact_rules ? "met" : "NOT met");
   std::printf("# memory: worst |error| %.1f%% over %d fused cases (target <= 5%%: %s)\n",
               worst_memory, memory_cases, worst_memory <= 5 ? "met" : "NOT met");

@@ -367,6 +367,14 @@ TEST(BenchCalibrate, TwoRanksMeasureTheLinkAndTheExpertExchange) {
   EXPECT_NE(r.output.find("EP lock-step spread"), std::string::npos) << r.output;
 }
 
+// The columns of validate_planner.sh's measured CSV up to the router's concentration (the
+// optional ones follow).
+constexpr const char* kMeasuredColumns =
+    "case,cluster,task,model,mode,ranks,ranks_per_node,actors,expert_parallel,"
+    "actor_expert_parallel,staleness,offload,inter_bandwidth,inter_latency,prompts,group_size,"
+    "micro_batch,reference,queue_shards,steps,trained_tokens,response_tokens,step_s,intra_bytes,"
+    "inter_bytes,generation_peak,training_peak,generate_s,train_s,router_max_over_mean";
+
 // A validation case with EDPB's spare expert slots (column redundant_experts, the runs of
 // jobs/local/validate_planner.sh's fused-ep2-tiny and fused-ep2-r1-tiny, 2026-12-04 21:10 UTC):
 // the memory the runtime's plan predicts holds the spare slot (within 5% of the arena's peak, above
@@ -375,12 +383,7 @@ TEST(BenchCalibrate, TwoRanksMeasureTheLinkAndTheExpertExchange) {
 TEST(Plan, ValidationCountsRedundantExpertSlots) {
   const std::string dir = scratch("validate-redundant");
   const std::string cluster = RLFUSION_SOURCE_DIR "/inputs/clusters/cloudmatrix-384.ini";
-  const std::string header =
-      "case,cluster,task,model,mode,ranks,ranks_per_node,actors,expert_parallel,"
-      "actor_expert_parallel,staleness,offload,inter_bandwidth,inter_latency,prompts,group_size,"
-      "micro_batch,reference,queue_shards,steps,trained_tokens,response_tokens,step_s,intra_bytes,"
-      "inter_bytes,generation_peak,training_peak,generate_s,train_s,router_max_over_mean,"
-      "redundant_experts\n";
+  const std::string header = std::string(kMeasuredColumns) + ",redundant_experts\n";
   const auto row = [&](const std::string& name, const std::string& ep, const std::string& rest) {
     return name + "," + cluster + ",sort,tiny,fused,2,1,0," + ep + "," + ep +
            ",0,0,0,0,16,8,8,0,2,60,94710,49011," + rest + "\n";
@@ -419,6 +422,55 @@ TEST(Plan, ValidationCountsRedundantExpertSlots) {
   EXPECT_NE(moves.output.find("case moves-ep2: job.expert_moves_per_step must be in [0, 1]"),
             std::string::npos)
       << moves.output;
+}
+
+// Validation cases with pipeline parallelism (columns pipeline_parallel and
+// actor_pipeline_parallel, the runs of jobs/local/validate_planner.sh's fused-pp2-tiny and
+// fused-pp2-gen-pp2-tiny, 2026-12-06 00:37 UTC): PP 2 training generating data-parallel from the
+// borrowed layers (a layout switch: swap time) or inside the pipeline (no switch, the last stage
+// drawing the pipeline's tokens: twice the sampling); no counted-bytes rule (n/a) and no memory
+// comparison for them; a generation pipeline degree other than 1 or the training's is a
+// ConfigError naming the case.
+TEST(Plan, ValidationPredictsPipelineCases) {
+  const std::string dir = scratch("validate-pipeline");
+  const std::string cluster = RLFUSION_SOURCE_DIR "/inputs/clusters/cloudmatrix-384.ini";
+  const std::string header = std::string(kMeasuredColumns) +
+                             ",redundant_experts,rebalance,expert_moves_per_step,"
+                             "pipeline_parallel,actor_pipeline_parallel\n";
+  const auto row = [&](const std::string& name, const std::string& rest,
+                       const std::string& generation_pipeline) {
+    return name + "," + cluster + ",sort,tiny,fused,2,1,0,1,1,0,0,0,0,16,8,8,0,2,60,94739,49011," +
+           rest + ",1.165960,0,0,0,2," + generation_pipeline + "\n";
+  };
+  std::ofstream(dir + "/measured.csv")
+      << header
+      << row("fused-pp2-tiny", "0.008440,0,33465152,2367616,2283712,0.002137,0.005699", "1")
+      << row("fused-pp2-gen-pp2-tiny", "0.009245,0,36332604,2312320,2283712,0.003229,0.005644",
+             "2");
+  const auto r = run_rlfusion("plan --validate " + dir + "/measured.csv --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto field = [&](const std::string& name, const char* key) {
+    const size_t at = r.output.find("{\"case\":\"" + name + "\"");
+    EXPECT_NE(at, std::string::npos) << name << "\n" << r.output;
+    return test::json_number(r.output, key, at);
+  };
+  EXPECT_GT(field("fused-pp2-tiny", "swap"), 0.0);
+  EXPECT_EQ(field("fused-pp2-gen-pp2-tiny", "swap"), 0.0);
+  EXPECT_NEAR(field("fused-pp2-gen-pp2-tiny", "predicted_sampler_s"),
+              2 * field("fused-pp2-tiny", "predicted_sampler_s"),
+              1e-9 + 1e-9 * field("fused-pp2-tiny", "predicted_sampler_s"));
+  for (const char* name : {"fused-pp2-tiny", "fused-pp2-gen-pp2-tiny"}) {
+    EXPECT_GT(field(name, "predicted_step_s"), 0.0) << name;
+    EXPECT_EQ(field(name, "measured_memory"), 0.0) << name;
+  }
+  EXPECT_NE(r.output.find("\"bytes\":\"n/a\""), std::string::npos) << r.output;
+  std::ofstream(dir + "/bad.csv") << header
+                                  << row("pp2-gen-pp3",
+                                         "0.01,0,0,2312320,2283712,0.003229,0.005644", "3");
+  const auto bad = run_rlfusion("plan --validate " + dir + "/bad.csv");
+  EXPECT_EQ(bad.exit_code, kExitConfigError) << bad.output;
+  EXPECT_NE(bad.output.find("case pp2-gen-pp3: pipeline_parallel 2"), std::string::npos)
+      << bad.output;
 }
 
 // jobs/local/validation_rounds.py, validate_planner.sh's last step: each round's run is predicted
