@@ -591,7 +591,16 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
           traced.set_version(generator);
           rollouts = generate_rollouts(model, task, first, count, rl.group_size, sampling,
                                        generator, estimator, rollout_reward(learned));
-          for (const Rollout& r : rollouts) traced.add_tokens(int64_t(r.response.size()));
+          int64_t generated = 0;
+          for (const Rollout& r : rollouts) generated += int64_t(r.response.size());
+          // An actor TP group's ranks draw the same samples: each counts its share, so that the
+          // trace counts every token once.
+          if (actor_tp) {
+            generated = tensor_parallel_row_share(int(generated), actor_tp->slice().size,
+                                                  actor_tp->slice().rank)
+                            .count;
+          }
+          traced.add_tokens(generated);
         }
         if (schedule.lag >= 1) queued.add(step, to_in_flight(rollouts, rl.group_size));
         {

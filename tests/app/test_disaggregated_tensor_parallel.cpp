@@ -92,6 +92,9 @@ void expect_trains_like_data_parallel(const Layout& layout, const std::string& s
   // (sampling is keyed by sample id, the weights equal up to float rounding) and the same
   // data-parallel math over the TP groups.
   expect_same_rewards_and_model(dp, dp_dir, tp, tp_dir);
+  // The trace counts every drawn and trained token once (an actor TP group's ranks and a learner
+  // TP group's ranks each count their share).
+  test::expect_trace_counts_tokens_like(dp_dir, tp_dir);
   // One request per TP group, shard and step, each sample served once: T = 2 ranks fetching their
   // own copies would double both.
   EXPECT_EQ(test::json_number(tp.output, "queue_replica_ranks"), 2);
