@@ -249,9 +249,10 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
       const int group = (pipeline_samples + pp->shape().stages - 1) / pp->shape().stages;
       memory_plan.generation_activations = std::max(
           memory_plan.generation_activations,
-          pipeline_generation_peak_bytes(policy.config, policy.model->layout(),
-                                         uniform_batch(group, batch.longest_prompt),
-                                         pipeline_samples, batch.max_sequence, batch.sampled));
+          pipeline_generation_peak_bytes(
+              policy.config, policy.model->layout(), uniform_batch(group, batch.longest_prompt),
+              pipeline_samples, batch.max_sequence, batch.sampled,
+              /*expert_token_split=*/tp != nullptr && !options.tensor_parallel_duplicate_experts));
     } else if (stitched_generation) {
       add_pipeline_generation_model(memory_plan,
                                     ParameterLayout(policy.config, pp->expert_shard(), other_stages,
@@ -477,7 +478,11 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         pipeline_generates
             ? "generation inside the " + std::to_string(pp->replicas()) +
                   " pipelines (--actor-pipeline-parallel " + std::to_string(shape.stages) +
-                  "), each stage from its own layers, nothing borrowed"
+                  "), each stage from its own layers, nothing borrowed" +
+                  (generation_tp_groups
+                       ? ", over each stage's TP " + std::to_string(generation_tp) +
+                             " group from its slices"
+                       : "")
         : generation_tp_groups
             ? "generation at TP " + std::to_string(generation_tp) + " on " +
                   std::to_string(replicas) +
@@ -662,8 +667,14 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
     const auto generation_start = std::chrono::steady_clock::now();
     try {
       if (pipeline_generates) {
-        // Inside the training pipelines, from the stage's own layers: nothing borrowed.
+        // Inside the training pipelines, from the stage's own layers: nothing borrowed. (With TP
+        // from the stage's slices, over its TP group: each rank then keeps its share of the
+        // group's samples, the block the data-parallel layout gives it.)
         generate(model);
+        if (generation_tp_groups) {
+          rollouts =
+              tensor_parallel_share(std::move(rollouts), *generation_tp_groups, rl.group_size);
+        }
       } else if (pp) {
         // The borrowed layers live in the device arena only for this phase (the scope is declared
         // first, so the borrowed model is gone before the arena rewinds); the stage is only read.

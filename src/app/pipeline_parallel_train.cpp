@@ -23,18 +23,26 @@ void validate_pipeline_generation(const DisaggregatedOptions& options, bool fuse
                       std::to_string(generation) +
                       " (generation inside the training pipelines; 1: data-parallel)");
   }
-  // Pipelined generation runs each stage's own layers whole (no TP slices, no EP dispatchers),
-  // one phase a step (StaleSync's pool batches continuously), and scores with the task's reward.
-  const char* unsupported =
-      options.tensor_parallel > 1 || options.actor_tensor_parallel > 1   ? "--tensor-parallel"
-      : options.expert_parallel > 1 || options.actor_expert_parallel > 1 ? "--expert-parallel"
-      : rl.staleness > 0                                                 ? "--staleness (StaleSync)"
-      : !rl.reward_model.empty()                                         ? "--reward-model"
-                                                                         : nullptr;
+  // Pipelined generation runs each stage's own layers as training stores them: with TP, each
+  // stage's TP group generates from its slices, so at the training TP degree.
+  const int generation_tp = generation_tensor_parallel(options);
+  if (generation_tp != options.tensor_parallel) {
+    throw ConfigError(option + " with --actor-tensor-parallel " + std::to_string(generation_tp) +
+                      " is not supported: generation inside the pipelines runs each stage's own "
+                      "layers at the training TP degree (--tensor-parallel " +
+                      std::to_string(options.tensor_parallel) + ")");
+  }
+  // No EP dispatchers, one phase a step (StaleSync's pool batches continuously), and the task's
+  // reward.
+  const char* unsupported = options.expert_parallel > 1 || options.actor_expert_parallel > 1
+                                ? "--expert-parallel"
+                            : rl.staleness > 0         ? "--staleness (StaleSync)"
+                            : !rl.reward_model.empty() ? "--reward-model"
+                                                       : nullptr;
   if (unsupported) {
     throw ConfigError(option + " with " + unsupported +
                       " is not supported (pipelined generation runs each stage's own layers, "
-                      "without TP, EP, StaleSync or a learned reward)");
+                      "without EP, StaleSync or a learned reward)");
   }
 }
 

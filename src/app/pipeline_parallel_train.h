@@ -37,8 +37,9 @@ namespace rlf {
 // path's exchanges are not resumable).
 void validate_pipeline_parallel_train(const DisaggregatedOptions& options, bool fused,
                                       int world_size, const RlOptions& rl);
-// --actor-pipeline-parallel: 1, or (fused) the training pipeline's degree, without TP, EP,
-// StaleSync or a learned reward; ConfigError naming what does not fit otherwise.
+// --actor-pipeline-parallel: 1, or (fused) the training pipeline's degree, at the training TP
+// degree (generation_tensor_parallel), without EP, StaleSync or a learned reward; ConfigError
+// naming what does not fit otherwise.
 void validate_pipeline_generation(const DisaggregatedOptions& options, bool fused,
                                   const RlOptions& rl);
 

@@ -14,7 +14,10 @@ namespace rlf {
 
 int generation_tensor_parallel(const DisaggregatedOptions& options) {
   if (options.actor_tensor_parallel != 0) return options.actor_tensor_parallel;
-  return options.pipeline_parallel > 1 ? 1 : options.tensor_parallel;
+  // Generating inside the training pipelines is generating at the training layout.
+  return options.pipeline_parallel > 1 && options.actor_pipeline_parallel == 1
+             ? 1
+             : options.tensor_parallel;
 }
 
 namespace {

@@ -29,8 +29,8 @@ void refuse_unsupported_with_learner_groups(const std::string& option,
                                             const DisaggregatedOptions& options);
 
 // The TP degree of the generation layout: --actor-tensor-parallel, or by default the training TP
-// degree without a pipeline and 1 (data-parallel generation) with one. It divides the training
-// degree, or the training runs at TP 1 (validate_tensor_parallel_train).
+// degree, except with a pipeline generating data-parallel (--actor-pipeline-parallel 1): 1. It
+// divides the training degree, or the training runs at TP 1 (validate_tensor_parallel_train).
 int generation_tensor_parallel(const DisaggregatedOptions& options);
 
 // ConfigError, the same on every rank before any work, for --tensor-parallel outside what is

@@ -119,7 +119,8 @@ int run_train_command(const std::vector<std::string>& args) {
         "tensor-parallel degree of generation; --mode disaggregated (with --tensor-parallel): TP "
         "groups of this many consecutive actors (0, 1: data-parallel actors); --mode fused: "
         "dividing --tensor-parallel (0: "
-        "--tensor-parallel, or 1 with --pipeline-parallel): groups of this many consecutive "
+        "--tensor-parallel, or 1 with --pipeline-parallel and --actor-pipeline-parallel 1): groups "
+        "of this many consecutive "
         "ranks generate from TP slices regrouped for the phase (1: data-parallel from the whole "
         "model), with --pipeline-parallel each rank borrowing only its slice of the other "
         "stages; without --tensor-parallel (fused, no EP) any degree dividing the ranks and "
@@ -136,7 +137,9 @@ int run_train_command(const std::vector<std::string>& args) {
         "--mode fused with --pipeline-parallel P: the generation layout's pipeline degree, 1 "
         "(generation data-parallel, each rank borrowing the other stages' layers for the phase) "
         "or P (the training pipelines generate their ranks' prompts together, each stage from "
-        "its own layers, nothing borrowed; without TP, EP, StaleSync or a learned reward)");
+        "its own layers, nothing borrowed; with --tensor-parallel T each stage's TP group "
+        "generating "
+        "at TP T from its slices; without EP, StaleSync or a learned reward)");
     add("virtual-stages",
         po::value(&multi_rank.virtual_stages)->default_value(multi_rank.virtual_stages),
         "with --pipeline-parallel: model chunks per rank (> 1: interleaved 1F1B)");

@@ -382,8 +382,9 @@ void hold_kv_cache(Tally& t, const ModelConfig& config, const ParameterLayout& l
 
 size_t pipeline_generation_peak_bytes(const ModelConfig& config, const ParameterLayout& layout,
                                       const PackedBatch& group, int cache_slots, int max_len,
-                                      bool sampled) {
+                                      bool sampled, bool expert_token_split) {
   const int64_t B = group.sequences, C = config.d_model;
+  const RoutedShare share = routed_share(layout, expert_token_split);
   Tally t;
   hold_kv_cache(t, config, layout, cache_slots, max_len);
   const size_t after_cache = t.mark();
@@ -393,14 +394,14 @@ size_t pipeline_generation_peak_bytes(const ModelConfig& config, const Parameter
   t.hold<float>(group.tokens * C);
   t.hold<int>(group.tokens);
   t.hold<int>(group.tokens);
-  inference_pass(t, config, layout, RoutedShare{}, group.tokens, &group, 0);
+  inference_pass(t, config, layout, share, group.tokens, &group, 0);
   t.hold<float>(B * C);
   hold_head(t, config, B);
   t.scratch(sampling_scratch(B, config.vocab_size, sampled));
   // A decode step of the group, every row running.
   t.release(after_cache);
   t.hold<float>(B * C);
-  inference_pass(t, config, layout, RoutedShare{}, B, nullptr, max_len);
+  inference_pass(t, config, layout, share, B, nullptr, max_len);
   hold_head(t, config, B);
   t.scratch(sampling_scratch(B, config.vocab_size, sampled));
   return t.peak();

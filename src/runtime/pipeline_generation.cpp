@@ -147,10 +147,10 @@ std::vector<GeneratedSample> generate_pipelined(Transformer<float>& stage,
   MPI_Comm_size(pipeline, &P);
   const int B = int(prompts.size());
   if (P < 2 || chunks.empty() || sample_ids.size() != prompts.size() || !settings.use_kv_cache ||
-      stage.expert_parallel() || stage.tensor_parallel()) {
+      stage.expert_parallel()) {
     throw std::invalid_argument(
         "generate_pipelined: needs a pipeline of 2 or more stages, the rank's chunks, one sample "
-        "id per prompt and the KV cache, without expert or tensor parallelism");
+        "id per prompt and the KV cache, without expert parallelism");
   }
   std::vector<GeneratedSample> out(static_cast<size_t>(B));
   if (B == 0) return out;

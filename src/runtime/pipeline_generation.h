@@ -15,6 +15,14 @@
 // Every message is a point-to-point send to the next rank of the pipeline (nonblocking: a ring
 // of stages each sending at once must not wait on each other), counted on the Links and delayed by
 // their emulation. At the end the last stage broadcasts the samples over the pipeline.
+//
+// With tensor parallelism inside the stages (TP x PP), each TP rank runs this over its own
+// pipeline (the stages' ranks of its TP rank) from its slices of its stage's layers, and the TP
+// group's collectives run inside the layers. The TP ranks of a stage make the same calls in the
+// same order: each rank's calls follow from the messages of its one predecessor, in the order
+// sent, which are the same on every TP rank (a stage's output rows are whole on each of its TP
+// ranks after the row-parallel sums, and the head's logits too, so every last-stage TP rank draws
+// the same tokens).
 #pragma once
 
 #include <cstdint>
@@ -31,7 +39,8 @@ namespace rlf {
 // of `chunks` (pipeline_rank_chunks: chunk k of rank r is virtual stage k P + r; every rank the
 // same number of them), with the embedding on rank 0 and the head on rank P - 1. Returns every
 // sequence's sample on every rank. `occupancy`, when given, gets each of this rank's passes (rows
-// and wall time; capacity: the largest group). Without expert or tensor parallelism.
+// and wall time; capacity: the largest group). With a TP `stage`, every TP rank of every stage
+// passes the same prompts; without expert parallelism.
 std::vector<GeneratedSample> generate_pipelined(Transformer<float>& stage,
                                                 const std::vector<LayerRange>& chunks,
                                                 const std::vector<std::vector<int>>& prompts,

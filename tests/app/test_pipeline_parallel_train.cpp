@@ -235,8 +235,9 @@ TEST(PipelineParallelTrain, InterleavedScheduleTrainsLikeTheDataParallelFusedRun
 
 // Generation inside the training pipelines (--actor-pipeline-parallel 2): each stage generates
 // from its own layers with the other stages of its pipeline (nothing borrowed), on PP 2 (2 ranks),
-// PP 2 x DP 2 (4 ranks), the interleaved schedule's 2 chunks per rank on the 4-layer `tiny` and
-// PP 2 with --offload and a KL term:
+// PP 2 x DP 2 (4 ranks), the interleaved schedule's 2 chunks per rank on the 4-layer `tiny`,
+// PP 2 with --offload and a KL term, and TP 2 x PP 2 (4 ranks: each stage's TP group generating
+// from its slices, each TP rank then training its share of its group's samples):
 // the data-parallel run's samples (its rewards every step) and its model within float rounding;
 // the generation peak within 15% under the fit check's count of it (the stage's KV cache for its
 // pipeline's samples, one group's rows) and below the same run borrowing the other stages' layers.
@@ -252,7 +253,8 @@ TEST(PipelineParallelTrain, GeneratesInsideThePipelinesLikeTheDataParallelRun) {
         Layout{4, kFusedRun, "--pipeline-parallel 2 ", 6},
         Layout{2, interleaved, "--pipeline-parallel 2 --virtual-stages 2 ", 3},
         // With the gradients and moments off the device and a KL term's reference stages.
-        Layout{2, kFusedRun + "--offload --kl-coef 0.05 ", "--pipeline-parallel 2 ", 6}}) {
+        Layout{2, kFusedRun + "--offload --kl-coef 0.05 ", "--pipeline-parallel 2 ", 6},
+        Layout{4, kFusedRun, "--tensor-parallel 2 --pipeline-parallel 2 ", 6}}) {
     SCOPED_TRACE(std::to_string(layout.ranks) + " ranks " + layout.options);
     const std::string dp_dir = temp_dir("pg-dp"), borrowing_dir = temp_dir("pg-borrowing"),
                       dir = temp_dir("pg");
@@ -372,8 +374,19 @@ TEST(PipelineParallelTrain, ShapesThatDoNotFitStopEveryRankBeforeOutput) {
            "--actor-pipeline-parallel 4 needs --mode fused and --pipeline-parallel 4"},
           {4, "--pipeline-parallel 2 --actor-pipeline-parallel 2 --expert-parallel 2",
            "--actor-pipeline-parallel 2 with --expert-parallel is not supported (pipelined "
-           "generation runs each stage's own layers, without TP, EP, StaleSync or a learned "
+           "generation runs each stage's own layers, without EP, StaleSync or a learned "
            "reward)"},
+          // (With TP inside the stages, at the training TP degree only.)
+          {4,
+           "--pipeline-parallel 2 --tensor-parallel 2 --actor-pipeline-parallel 2 "
+           "--actor-tensor-parallel 1",
+           "--actor-pipeline-parallel 2 with --actor-tensor-parallel 1 is not supported: "
+           "generation inside the pipelines runs each stage's own layers at the training TP "
+           "degree (--tensor-parallel 2)"},
+          {2, "--pipeline-parallel 2 --actor-pipeline-parallel 2 --actor-tensor-parallel 2",
+           "--actor-pipeline-parallel 2 with --actor-tensor-parallel 2 is not supported: "
+           "generation inside the pipelines runs each stage's own layers at the training TP "
+           "degree (--tensor-parallel 1)"},
           {2, "--pipeline-parallel 2 --actor-pipeline-parallel 2 --staleness 1",
            "--actor-pipeline-parallel 2 with --staleness (StaleSync) is not supported"},
           {2, "--pipeline-parallel 2 --expert-parallel 2",

@@ -14,9 +14,12 @@
 #include "kernels/arena.h"
 #include "src/balance/stage_balance.h"
 #include "src/model/pipeline_stage.h"
+#include "src/model/tensor_parallel.h"
 #include "src/rl/tokenizer.h"
 #include "src/runtime/pipeline_generation.h"
+#include "src/runtime/pipeline_groups.h"
 #include "src/runtime/pipeline_step.h"
+#include "tests/micro_model_config.h"
 #include "tests/mpi/mpi_test_util.h"
 #include "tests/test_util.h"
 #include "tests/tiny_policy.h"
@@ -146,6 +149,94 @@ TEST_F(PipelineGeneration, EachRankGetsTheSamplesOfItsOwnPrompts) {
   for (size_t b = 0; b < want.size(); ++b) {
     EXPECT_EQ(got[b].tokens, want[b].tokens) << "sequence " << b;
     test::expect_close(got[b].logprobs, want[b].logprobs, "log-probs", 1e-5, 1e-5);
+  }
+}
+
+// TP x PP (each stage's TP group generating from its slices, each TP rank over its own pipeline):
+// TP 2 x PP 2 on 4 ranks, TP 2 x PP 3 and TP 3 x PP 2 on 6, 1F1B chunks and 2 per rank. Every
+// rank gets the single-rank model's samples; each TP group (stage) bringing prompts of its own, a
+// rank gets the samples of its group's prompts; a rank's KV cache holds its own heads of its own
+// layers only.
+TEST(PipelineGenerationTensorParallel, StagesGenerateWhatTheWholeModelGenerates) {
+  const int world = test::world_size();
+  std::vector<int> degrees;
+  for (const int t : {2, 3}) {
+    if (world % t == 0 && world / t >= 2) degrees.push_back(t);
+  }
+  if (degrees.empty()) GTEST_SKIP() << "TP x PP on 4 and 6 ranks";
+  for (const int T : degrees) {
+    const int P = world / T;
+    for (const int virtual_stages : {1, 2}) {
+      SCOPED_TRACE("TP " + std::to_string(T) + " x PP " + std::to_string(P) + ", v " +
+                   std::to_string(virtual_stages));
+      ModelConfig config = test::tensor_parallel_micro_config(2 * P);
+      config.vocab_size = 32;  // make_prompts' tokens
+      config.validate("test");
+      const uint64_t seed = test::seed_for(
+          "PipelineGenerationTensorParallel " + std::to_string(T) + std::to_string(virtual_stages),
+          world);
+      Links links(test::virtual_node_list(world, 1), LinkEmulation{});
+      TensorParallel tp(MPI_COMM_WORLD, T, /*attention_only=*/false, config, links);
+      PipelineGroups groups(MPI_COMM_WORLD, {P, P, virtual_stages}, config, links, &tp);
+      Arena device("device", 64 << 20), reference_device("reference", 64 << 20);
+      const std::vector<LayerRange> chunks = groups.chunks(groups.stage());
+      Transformer<float> stage(config, cpu_ops(), device, /*with_gradients=*/false, ExpertShard{},
+                               stage_layer_shard(chunks, config.n_layers), &tp);
+      stage.initialize(seed);
+      Transformer<float> whole(config, cpu_ops(), reference_device, /*with_gradients=*/false);
+      whole.initialize(seed);
+      {
+        ArenaScope stage_scope(device), whole_scope(reference_device);
+        const KVCache<float> cache = stage.allocate_kv_cache(2, 4);
+        const KVCache<float> whole_cache = whole.allocate_kv_cache(2, 4);
+        for (int l = 0; l < config.n_layers; ++l) {
+          const TensorView<float>& keys = cache.keys[size_t(l)];
+          const int64_t want =
+              stage.layout().stores_layer(l) ? whole_cache.keys[size_t(l)].numel() / T : 0;
+          EXPECT_EQ(keys.data ? keys.numel() : 0, want) << "layer " << l;
+        }
+      }
+      std::vector<std::vector<int>> prompts;
+      std::vector<int64_t> ids;
+      make_prompts(7, prompts, ids);
+      for (const float temperature : {1.0f, 0.0f}) {
+        GenerationSettings settings;
+        settings.max_new_tokens = 10;
+        settings.temperature = temperature;
+        settings.eos_token = Tokenizer::kEos;
+        settings.seed = seed;
+        const std::vector<GeneratedSample> want = generate(whole, prompts, ids, settings);
+        const std::vector<GeneratedSample> got = generate_pipelined(
+            stage, chunks, prompts, ids, settings, groups.pipeline().comm, links);
+        ASSERT_EQ(got.size(), want.size());
+        for (size_t b = 0; b < want.size(); ++b) {
+          EXPECT_EQ(got[b].tokens, want[b].tokens) << "sequence " << b << ", t " << temperature;
+          EXPECT_EQ(got[b].ended, want[b].ended) << "sequence " << b;
+          test::expect_close(got[b].logprobs, want[b].logprobs, "log-probs", 1e-5, 1e-5);
+        }
+      }
+      // Stage s's TP group brings 1 + s % 3 prompts of its own (the same on its TP ranks).
+      std::vector<std::vector<int>> all, mine;
+      std::vector<int64_t> all_ids, my_ids;
+      make_prompts(3 * P, all, all_ids);
+      const int s = groups.stage();
+      for (int i = 0; i <= s % 3; ++i) {
+        mine.push_back(all[size_t(3 * s + i)]);
+        my_ids.push_back(all_ids[size_t(3 * s + i)]);
+      }
+      GenerationSettings settings;
+      settings.max_new_tokens = 9;
+      settings.seed = seed + 1;
+      const std::vector<GeneratedSample> want = generate(whole, mine, my_ids, settings);
+      const std::vector<GeneratedSample> got = generate_own_prompts_pipelined(
+          stage, chunks, mine, my_ids, settings, groups.pipeline().comm, links);
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t b = 0; b < want.size(); ++b) {
+        EXPECT_EQ(got[b].tokens, want[b].tokens) << "own sequence " << b;
+        test::expect_close(got[b].logprobs, want[b].logprobs, "log-probs", 1e-5, 1e-5);
+      }
+      ASSERT_TRUE(test::on_every_rank(!::testing::Test::HasFailure()));
+    }
   }
 }
 
