@@ -355,7 +355,7 @@ double generation_step(const ModelShape& m, const ClusterConfig& c, const RlJob&
       std::max((weights + kv + elementwise) / c.memory_bandwidth,
                (dense_flops + expert_flops + attention_flops) /
                    (prefill ? c.compute_rate(tokens, m.width) : c.decode_rate(tokens, m.width))) +
-      (m.layers * kKernelsPerLayer + 3) * c.kernel_overhead;
+      (m.layers * kKernelsPerLayer + kEmbeddingKernels + kHeadKernels) * c.kernel_overhead;
   // A prefill's rows' own work beyond their FLOPs, a forward's third of the calibrated forward +
   // backward (its rate is the layer rate, whose FLOPs exclude it); the decode rates were measured
   // on decode steps whole.
@@ -443,8 +443,14 @@ Phase generation_cost(const ModelShape& m, const ClusterConfig& c, const RlJob& 
                                                      prompt_context, true, false);
     }
   } else {
-    phase.seconds = generation_step(m, c, job, g, placement, per_rank * job.prompt.mean / P,
-                                    prompt_context, true);
+    const double group_prefill = generation_step(
+        m, c, job, g, placement, per_rank * job.prompt.mean / P, prompt_context, true);
+    phase.seconds = group_prefill;
+    // The pipeline's fill: the last stage, which draws every token and so paces the decode
+    // rounds, starts once the first group's prompts have passed the P V - 1 virtual stages
+    // before its first one ((P - 1) / (P V) of the layers); every stage's work after that runs as
+    // on a data-parallel rank.
+    if (P > 1) phase.seconds += (P - 1) / (P * g.vpp) * group_prefill;
   }
   phase.seconds += steps * generation_step(m, c, job, g, placement, live / P, context, false);
   if (P > 1) {
@@ -453,6 +459,9 @@ Phase generation_cost(const ModelShape& m, const ClusterConfig& c, const RlJob& 
     const Link& link = c.link(c.level_spanned(int64_t(g.tp) * g.pp));
     const double hidden = m.d_model * job.activation_bytes;
     phase.seconds += (steps + 1) * link.seconds(std::max(live, batch) * hidden, P);
+    // And the last stage runs the head (the final norm and the logits) once for each of the P
+    // groups a round, where a data-parallel rank's step runs it once.
+    phase.seconds += (steps + 1) * (P - 1) * kHeadKernels * c.kernel_overhead;
   }
   // The pool's ranks end their phases together: after every step they agree whether all of them
   // have reached the cut (a one-integer all-reduce over the fused ranks, src/app/fused_train.cpp),

@@ -35,6 +35,10 @@ double forward_flops_per_token(const ModelShape& model, double context);
 // top-k, the grouped experts and the shared expert, combine, residual adds): the per-call cost of
 // small batches.
 inline constexpr double kKernelsPerLayer = 18;
+// A generation call's kernels outside the layers: the embedding's, and the head's (the final norm
+// and the logits).
+inline constexpr double kEmbeddingKernels = 1;
+inline constexpr double kHeadKernels = 2;
 // Rounds of messages an EP stage (dispatch, combine or their backward) takes: the counts, the
 // routing metadata, the rows (mpi_comm/expert_dispatch.h), each round sent to every peer at once,
 // so a stage pays three latencies whatever the group's size.

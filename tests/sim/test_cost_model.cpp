@@ -807,7 +807,10 @@ TEST(CostModel, StaleSyncOverlapsDisaggregatedAndCutsFused) {
 // it holds no borrowed layers (the stitched switch's added parameters), and its last stage draws
 // the pipeline's tokens (twice a data-parallel rank's sampling). Only fused, synchronous, at the
 // training layout itself.
-TEST(CostModel, GenerationInsideThePipelinesRunsADataParallelRanksWorkWithoutBorrowing) {
+// 32 samples of 16 prompt and 16 response tokens on 8 devices: a data-parallel rank prefills its 4
+// prompts (64 tokens) and decodes 15 steps; inside a PP 2 pipeline a stage runs its half of the
+// layers over 2 groups of 4 sequences each, the same work, after the pipeline's fill.
+TEST(CostModel, GenerationInsideThePipelinesRunsADataParallelRanksWorkAfterItsFill) {
   const ModelConfig config = load_model_config("small");
   const ModelShape m = model_shape(config);
   const RlJob job = fixed_job(8, 4, 4, 16, 16);
@@ -824,7 +827,29 @@ TEST(CostModel, GenerationInsideThePipelinesRunsADataParallelRanksWorkWithoutBor
   };
   const Prediction borrowing = predict_generating(data_parallel);
   const Prediction inside = predict_generating(inside_pipelines);
-  EXPECT_NEAR(inside.generation, borrowing.generation, 1e-9 * borrowing.generation);
+  EXPECT_GT(borrowing.generation, 0);
+  // Only the prefill's row work costs time: the last stage starts once the first group's 64
+  // prompt tokens have passed the first stage's half of the layers.
+  c.matmul_flops = c.decode_flops = 1e300;
+  c.row_seconds = 1e-6;
+  const double group_prefill = 64 * m.layers * 1e-6 / 3;
+  EXPECT_NEAR(predict_generating(data_parallel).generation, group_prefill, 1e-15);
+  EXPECT_NEAR(predict_generating(inside_pipelines).generation, 1.5 * group_prefill, 1e-15);
+  // With v = 2 virtual stages, a quarter of the layers before the last rank's first chunk.
+  s.train.vpp = 2;
+  EXPECT_NEAR(predict_generating({1, 2, 2, 1, 4}).generation, 1.25 * group_prefill, 1e-15);
+  s.train.vpp = 1;
+  c.row_seconds = 0;
+  // Only the kernels' launch overhead: the same calls, but the last stage runs the head (2
+  // kernels) for each of the 2 groups in the prefill and each of the 15 decode rounds, and the
+  // fill is the first stage's prefill call (its half of the layers' 18 kernels each, and half
+  // of the embedding and head's 3).
+  c.kernel_overhead = 1e-6;
+  EXPECT_NEAR(predict_generating(inside_pipelines).generation -
+                  predict_generating(data_parallel).generation,
+              16 * 2 * 1e-6 + 0.5 * (m.layers * 18 + 3) * 1e-6, 1e-12);
+  c.kernel_overhead = 0;
+  c.matmul_flops = c.decode_flops = 1e9;
   EXPECT_NEAR(borrowing.generation_memory - inside.generation_memory,
               generation_switch(m, s.train, data_parallel).added * job.parameter_bytes,
               1e-6 * borrowing.generation_memory);
