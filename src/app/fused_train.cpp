@@ -478,11 +478,14 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         pipeline_generates
             ? "generation inside the " + std::to_string(pp->replicas()) +
                   " pipelines (--actor-pipeline-parallel " + std::to_string(shape.stages) +
-                  "), each stage from its own layers, nothing borrowed" +
+                  "), each stage from its own layers" +
                   (generation_tp_groups
-                       ? ", over each stage's TP " + std::to_string(generation_tp) +
-                             " group from its slices"
-                       : "")
+                       ? " (its TP group's slices at TP " + std::to_string(generation_tp) + ")"
+                       : "") +
+                  (ep ? ", its experts dispatched over its EP " +
+                            std::to_string(options.expert_parallel) + " group"
+                      : "") +
+                  ", nothing borrowed"
         : generation_tp_groups
             ? "generation at TP " + std::to_string(generation_tp) + " on " +
                   std::to_string(replicas) +

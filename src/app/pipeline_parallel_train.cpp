@@ -32,17 +32,22 @@ void validate_pipeline_generation(const DisaggregatedOptions& options, bool fuse
                       "layers at the training TP degree (--tensor-parallel " +
                       std::to_string(options.tensor_parallel) + ")");
   }
-  // No EP dispatchers, one phase a step (StaleSync's pool batches continuously), and the task's
-  // reward.
-  const char* unsupported = options.expert_parallel > 1 || options.actor_expert_parallel > 1
-                                ? "--expert-parallel"
-                            : rl.staleness > 0         ? "--staleness (StaleSync)"
+  // With EP, over the stage's training EP group (its own dispatchers).
+  if (options.actor_expert_parallel != options.expert_parallel) {
+    throw ConfigError(option + " with --actor-expert-parallel " +
+                      std::to_string(options.actor_expert_parallel) +
+                      " is not supported: generation inside the pipelines runs each stage's own "
+                      "experts over its training EP group (--expert-parallel " +
+                      std::to_string(options.expert_parallel) + ")");
+  }
+  // One phase a step (StaleSync's pool batches continuously), and the task's reward.
+  const char* unsupported = rl.staleness > 0           ? "--staleness (StaleSync)"
                             : !rl.reward_model.empty() ? "--reward-model"
                                                        : nullptr;
   if (unsupported) {
     throw ConfigError(option + " with " + unsupported +
                       " is not supported (pipelined generation runs each stage's own layers, "
-                      "without EP, StaleSync or a learned reward)");
+                      "without StaleSync or a learned reward)");
   }
 }
 

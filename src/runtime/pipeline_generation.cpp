@@ -146,14 +146,16 @@ std::vector<GeneratedSample> generate_pipelined(Transformer<float>& stage,
   MPI_Comm_rank(pipeline, &rank);
   MPI_Comm_size(pipeline, &P);
   const int B = int(prompts.size());
-  if (P < 2 || chunks.empty() || sample_ids.size() != prompts.size() || !settings.use_kv_cache ||
-      stage.expert_parallel()) {
+  if (P < 2 || chunks.empty() || sample_ids.size() != prompts.size() || !settings.use_kv_cache) {
     throw std::invalid_argument(
         "generate_pipelined: needs a pipeline of 2 or more stages, the rank's chunks, one sample "
-        "id per prompt and the KV cache, without expert parallelism");
+        "id per prompt and the KV cache");
   }
+  // With expert parallelism every pass is collective over the stage's EP group (this stage in
+  // other pipelines), so a pipeline with nothing to generate still takes part.
+  const bool expert_parallel = stage.expert_parallel();
   std::vector<GeneratedSample> out(static_cast<size_t>(B));
-  if (B == 0) return out;
+  if (B == 0 && !expert_parallel) return out;
   int longest = 0;
   for (const auto& p : prompts) {
     if (p.empty()) throw std::invalid_argument("generate_pipelined: empty prompt");
@@ -167,7 +169,8 @@ std::vector<GeneratedSample> generate_pipelined(Transformer<float>& stage,
   Sends sends(pipeline, next, links.world_rank_of(next, pipeline), links);
 
   // The groups: about B / P consecutive sequences each, every sequence's cache slot its index.
-  const int M = std::min(P, B);
+  // (With EP always P, some empty if B < P: the EP mates' passes must pair up.)
+  const int M = expert_parallel ? P : std::min(P, B);
   std::vector<int> group_first(static_cast<size_t>(M) + 1);
   for (int g = 0; g <= M; ++g) group_first[size_t(g)] = int(int64_t(g) * B / M);
   size_t largest_message = 0;
@@ -248,9 +251,14 @@ std::vector<GeneratedSample> generate_pipelined(Transformer<float>& stage,
         }
       }
       const int n = int(running.size());
-      sends.post(n > 0 ? pack({Kind::Tokens, group, 0, n}, running.data(), running_positions.data(),
-                              running_tokens.data(), size_t(n) * sizeof(int))
-                       : pack({Kind::Done, group, 0, 0}, nullptr, nullptr, nullptr, 0));
+      // With EP the group runs on, with no rows if need be, until it has finished in every
+      // pipeline of the EP group: the mates' passes stay paired (the last stages agree after
+      // each of the group's steps, in the same order on every mate).
+      const bool runs_on = expert_parallel ? stage.on_any_expert_parallel_rank(n > 0) : n > 0;
+      sends.post(runs_on
+                     ? pack({Kind::Tokens, group, 0, n}, running.data(), running_positions.data(),
+                            running_tokens.data(), size_t(n) * sizeof(int))
+                     : pack({Kind::Done, group, 0, 0}, nullptr, nullptr, nullptr, 0));
     }
     device.release(after_cache);
     if (occupancy) {

@@ -23,6 +23,13 @@
 // sent, which are the same on every TP rank (a stage's output rows are whole on each of its TP
 // ranks after the row-parallel sums, and the head's logits too, so every last-stage TP rank draws
 // the same tokens).
+//
+// With expert parallelism inside the stages (PP x EP), a stage's MoE layers dispatch over its EP
+// group: the same stage in E pipelines, which generate their own sequences. Their passes pair up
+// in the same way, as long as every pipeline makes the same passes: each has P groups (some empty
+// when it has fewer than P sequences), and a group runs on (with no rows when its own sequences
+// have ended) until it has ended in every pipeline of the group, which the last stages agree on
+// after each of the group's steps (Transformer::on_any_expert_parallel_rank).
 #pragma once
 
 #include <cstdint>
@@ -40,7 +47,8 @@ namespace rlf {
 // same number of them), with the embedding on rank 0 and the head on rank P - 1. Returns every
 // sequence's sample on every rank. `occupancy`, when given, gets each of this rank's passes (rows
 // and wall time; capacity: the largest group). With a TP `stage`, every TP rank of every stage
-// passes the same prompts; without expert parallelism.
+// passes the same prompts; with an EP `stage` (its dispatchers attached), every rank of its EP
+// group calls this at once, each pipeline with its own prompts.
 std::vector<GeneratedSample> generate_pipelined(Transformer<float>& stage,
                                                 const std::vector<LayerRange>& chunks,
                                                 const std::vector<std::vector<int>>& prompts,

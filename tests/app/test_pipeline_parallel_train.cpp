@@ -236,8 +236,10 @@ TEST(PipelineParallelTrain, InterleavedScheduleTrainsLikeTheDataParallelFusedRun
 // Generation inside the training pipelines (--actor-pipeline-parallel 2): each stage generates
 // from its own layers with the other stages of its pipeline (nothing borrowed), on PP 2 (2 ranks),
 // PP 2 x DP 2 (4 ranks), the interleaved schedule's 2 chunks per rank on the 4-layer `tiny`,
-// PP 2 with --offload and a KL term, and TP 2 x PP 2 (4 ranks: each stage's TP group generating
-// from its slices, each TP rank then training its share of its group's samples):
+// PP 2 with --offload and a KL term, TP 2 x PP 2 (4 ranks: each stage's TP group generating
+// from its slices, each TP rank then training its share of its group's samples), PP 2 x EP 2
+// (4 ranks: each stage's experts dispatched over the stage in both pipelines) and TP 2 x PP 2 x
+// EP 2 (8 ranks), also PP 2 x EP 2 rebalancing with a spare expert slot:
 // the data-parallel run's samples (its rewards every step) and its model within float rounding;
 // the generation peak within 15% under the fit check's count of it (the stage's KV cache for its
 // pipeline's samples, one group's rows) and below the same run borrowing the other stages' layers.
@@ -254,7 +256,10 @@ TEST(PipelineParallelTrain, GeneratesInsideThePipelinesLikeTheDataParallelRun) {
         Layout{2, interleaved, "--pipeline-parallel 2 --virtual-stages 2 ", 3},
         // With the gradients and moments off the device and a KL term's reference stages.
         Layout{2, kFusedRun + "--offload --kl-coef 0.05 ", "--pipeline-parallel 2 ", 6},
-        Layout{4, kFusedRun, "--tensor-parallel 2 --pipeline-parallel 2 ", 6}}) {
+        Layout{4, kFusedRun, "--tensor-parallel 2 --pipeline-parallel 2 ", 6},
+        Layout{4, kFusedRun, "--pipeline-parallel 2 --expert-parallel 2 ", 6},
+        Layout{8, kFusedRun, "--tensor-parallel 2 --pipeline-parallel 2 --expert-parallel 2 ",
+               6}}) {
     SCOPED_TRACE(std::to_string(layout.ranks) + " ranks " + layout.options);
     const std::string dp_dir = temp_dir("pg-dp"), borrowing_dir = temp_dir("pg-borrowing"),
                       dir = temp_dir("pg");
@@ -265,10 +270,10 @@ TEST(PipelineParallelTrain, GeneratesInsideThePipelinesLikeTheDataParallelRun) {
     const Result pp = test::run_rlfusion(
         pipeline_run + "--actor-pipeline-parallel 2 --run-dir " + dir, layout.ranks);
     for (const Result* run : {&dp, &borrowing, &pp}) ASSERT_EQ(run->exit_code, 0) << run->output;
-    EXPECT_NE(pp.output.find("(--actor-pipeline-parallel 2), each stage from its own layers, "
-                             "nothing borrowed"),
+    EXPECT_NE(pp.output.find("(--actor-pipeline-parallel 2), each stage from its own layers"),
               std::string::npos)
         << pp.output;
+    EXPECT_NE(pp.output.find(", nothing borrowed per phase"), std::string::npos) << pp.output;
     test::expect_trains_like(dp, dp_dir, pp, dir, layout.steps);
     test::expect_trace_counts_tokens_like(dp_dir, borrowing_dir);
     test::expect_trace_counts_tokens_like(dp_dir, dir);
@@ -285,6 +290,27 @@ TEST(PipelineParallelTrain, GeneratesInsideThePipelinesLikeTheDataParallelRun) {
               generation_peak(borrowing.output, "generation"))
         << pp.output << borrowing.output;
   }
+  // PP 2 x EP 2 rebalancing every step under a skewed router, with a spare slot per rank: the
+  // generation dispatchers follow every migration, so the samples and the model are the same run's
+  // borrowing the other stage's layers.
+  const std::string options = kFusedRun +
+                              "--pipeline-parallel 2 --expert-parallel 2 --rebalance-every 1 "
+                              "--router-skew 4 --redundant-experts 1 ";
+  const std::string borrowing_dir = temp_dir("pg-rebalanced-borrowing"),
+                    dir = temp_dir("pg-rebalanced");
+  const Result borrowing = test::run_rlfusion(options + "--run-dir " + borrowing_dir, 4);
+  const Result pp = test::run_rlfusion(options + "--actor-pipeline-parallel 2 --run-dir " + dir, 4);
+  for (const Result* run : {&borrowing, &pp}) ASSERT_EQ(run->exit_code, 0) << run->output;
+  EXPECT_NE(pp.output.find("# migration after step"), std::string::npos) << pp.output;
+  // (The progress rows' step, reward, accuracy, response length and KL; the migration lines
+  // between them aside.)
+  EXPECT_EQ(test::progress_rows(pp.output, 5).size(), 6u) << pp.output;
+  EXPECT_EQ(test::progress_rows(pp.output, 5), test::progress_rows(borrowing.output, 5))
+      << pp.output;
+  const std::vector<float> borrowing_model =
+      test::read_tiny_parameters(borrowing_dir + "/model.h5");
+  const std::vector<float> pp_model = test::read_tiny_parameters(dir + "/model.h5");
+  EXPECT_LT(test::nmse(pp_model.data(), borrowing_model.data(), borrowing_model.size()), 1e-6);
 }
 
 // Stage balancing (--pipeline-balance) on the 4-layer `tiny` over PP 2: pinned at 3 + 1 layers
@@ -372,10 +398,12 @@ TEST(PipelineParallelTrain, ShapesThatDoNotFitStopEveryRankBeforeOutput) {
            "inside the training pipelines; 1: data-parallel)"},
           {4, "--pipeline-parallel 2 --actor-pipeline-parallel 4",
            "--actor-pipeline-parallel 4 needs --mode fused and --pipeline-parallel 4"},
-          {4, "--pipeline-parallel 2 --actor-pipeline-parallel 2 --expert-parallel 2",
-           "--actor-pipeline-parallel 2 with --expert-parallel is not supported (pipelined "
-           "generation runs each stage's own layers, without EP, StaleSync or a learned "
-           "reward)"},
+          {4,
+           "--pipeline-parallel 2 --actor-pipeline-parallel 2 --expert-parallel 2 "
+           "--actor-expert-parallel 1",
+           "--actor-pipeline-parallel 2 with --actor-expert-parallel 1 is not supported: "
+           "generation inside the pipelines runs each stage's own experts over its training EP "
+           "group (--expert-parallel 2)"},
           // (With TP inside the stages, at the training TP degree only.)
           {4,
            "--pipeline-parallel 2 --tensor-parallel 2 --actor-pipeline-parallel 2 "
@@ -388,7 +416,8 @@ TEST(PipelineParallelTrain, ShapesThatDoNotFitStopEveryRankBeforeOutput) {
            "generation inside the pipelines runs each stage's own layers at the training TP "
            "degree (--tensor-parallel 1)"},
           {2, "--pipeline-parallel 2 --actor-pipeline-parallel 2 --staleness 1",
-           "--actor-pipeline-parallel 2 with --staleness (StaleSync) is not supported"},
+           "--actor-pipeline-parallel 2 with --staleness (StaleSync) is not supported (pipelined "
+           "generation runs each stage's own layers, without StaleSync or a learned reward)"},
           {2, "--pipeline-parallel 2 --expert-parallel 2",
            "--pipeline-parallel 2 x --expert-parallel 2: the EP degree must divide the 1 "
            "pipelines"},
