@@ -462,6 +462,15 @@ Phase generation_cost(const ModelShape& m, const ClusterConfig& c, const RlJob& 
     // And the last stage runs the head (the final norm and the logits) once for each of the P
     // groups a round, where a data-parallel rank's step runs it once.
     phase.seconds += (steps + 1) * (P - 1) * kHeadKernels * c.kernel_overhead;
+    // With EP the last stages of the EP group's pipelines agree after each group's step whether
+    // it runs on (a one-integer all-reduce, in lock-step): P agreements a round, where
+    // generation_step charges a data-parallel rank's step one.
+    if (g.ep > 1) {
+      const Link& ep_link = c.link(c.level_spanned(g.ep));
+      phase.seconds +=
+          (steps + 1) * (P - 1) *
+          (small_allreduce_seconds(sizeof(int), g.ep, ep_link) + c.expert_exchange_lockstep);
+    }
   }
   // The pool's ranks end their phases together: after every step they agree whether all of them
   // have reached the cut (a one-integer all-reduce over the fused ranks, src/app/fused_train.cpp),

@@ -849,6 +849,19 @@ TEST(CostModel, GenerationInsideThePipelinesRunsADataParallelRanksWorkAfterItsFi
                   predict_generating(data_parallel).generation,
               16 * 2 * 1e-6 + 0.5 * (m.layers * 18 + 3) * 1e-6, 1e-12);
   c.kernel_overhead = 0;
+  // PP 2 x EP 2: the last stages agree after each of the 2 groups' steps, the prefill's and the
+  // 15 decode rounds', where a data-parallel EP rank agrees once a step; and the fill holds the
+  // first stage's lock-step share of the prefill (2 per layer, the agreement).
+  s.train = {1, 2, 1, 2, 4};
+  auto lockstep_seconds = [&](const Parallelism& generate) {
+    c.expert_exchange_lockstep = 1e-6;
+    const double with = predict_generating(generate).generation;
+    c.expert_exchange_lockstep = 0;
+    return with - predict_generating(generate).generation;
+  };
+  EXPECT_NEAR(lockstep_seconds({1, 2, 1, 2, 4}) - lockstep_seconds({1, 1, 1, 2, 8}),
+              16 * 1e-6 + 0.5 * (2 * m.layers + 1) * 1e-6, 1e-12);
+  s.train = {1, 2, 1, 1, 4};
   c.matmul_flops = c.decode_flops = 1e9;
   EXPECT_NEAR(borrowing.generation_memory - inside.generation_memory,
               generation_switch(m, s.train, data_parallel).added * job.parameter_bytes,
