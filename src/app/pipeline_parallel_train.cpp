@@ -40,14 +40,11 @@ void validate_pipeline_generation(const DisaggregatedOptions& options, bool fuse
                       "experts over its training EP group (--expert-parallel " +
                       std::to_string(options.expert_parallel) + ")");
   }
-  // One phase a step (StaleSync's pool batches continuously), and the task's reward.
-  const char* unsupported = rl.staleness > 0           ? "--staleness (StaleSync)"
-                            : !rl.reward_model.empty() ? "--reward-model"
-                                                       : nullptr;
-  if (unsupported) {
-    throw ConfigError(option + " with " + unsupported +
-                      " is not supported (pipelined generation runs each stage's own layers, "
-                      "without StaleSync or a learned reward)");
+  // One phase a step: StaleSync's pool batches continuously on one model.
+  if (rl.staleness > 0) {
+    throw ConfigError(option +
+                      " with --staleness (StaleSync) is not supported (pipelined generation runs "
+                      "one phase a step, not StaleSync's continuous batching)");
   }
 }
 

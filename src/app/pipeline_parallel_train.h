@@ -38,8 +38,8 @@ namespace rlf {
 void validate_pipeline_parallel_train(const DisaggregatedOptions& options, bool fused,
                                       int world_size, const RlOptions& rl);
 // --actor-pipeline-parallel: 1, or (fused) the training pipeline's degree, at the training TP
-// degree (generation_tensor_parallel) and the training EP degree, without StaleSync or a learned
-// reward; ConfigError naming what does not fit otherwise.
+// degree (generation_tensor_parallel) and the training EP degree, without StaleSync; ConfigError
+// naming what does not fit otherwise.
 void validate_pipeline_generation(const DisaggregatedOptions& options, bool fused,
                                   const RlOptions& rl);
 

@@ -417,7 +417,7 @@ TEST(PipelineParallelTrain, ShapesThatDoNotFitStopEveryRankBeforeOutput) {
            "degree (--tensor-parallel 1)"},
           {2, "--pipeline-parallel 2 --actor-pipeline-parallel 2 --staleness 1",
            "--actor-pipeline-parallel 2 with --staleness (StaleSync) is not supported (pipelined "
-           "generation runs each stage's own layers, without StaleSync or a learned reward)"},
+           "generation runs one phase a step, not StaleSync's continuous batching)"},
           {2, "--pipeline-parallel 2 --expert-parallel 2",
            "--pipeline-parallel 2 x --expert-parallel 2: the EP degree must divide the 1 "
            "pipelines"},

@@ -111,10 +111,11 @@ TEST(RewardModelTrain, FusedAllPlacesTheModelsOnTheDeviceAndTrainsWhatFusedTrain
 }
 
 // Model parallelism with a learned reward (refused before 2026-12-04): the reward model is whole on
-// every generating rank, so fused TP 2, PP 2, TP 2 x PP 2, EP 2 generating at TP 2 and TP 2 x EP
-// 2, and disaggregated TP 2 learners and TP 2 actors, score and train like the data-parallel run
-// (fused on 2 ranks; disaggregated 1 learner + 1 actor): the same rows every step (reward,
-// accuracy, response length, KL) and the saved model within float rounding.
+// every generating rank, so fused TP 2, PP 2 (also generating inside the pipeline, each rank
+// scoring its own samples), TP 2 x PP 2, EP 2 generating at TP 2 and TP 2 x EP 2, and disaggregated
+// TP 2 learners and TP 2 actors, score and train like the data-parallel run (fused on 2 ranks;
+// disaggregated 1 learner + 1 actor): the same rows every step (reward, accuracy, response length,
+// KL) and the saved model within float rounding.
 TEST(RewardModelTrain, ModelParallelLayoutsScoreAndTrainLikeTheDataParallelRun) {
   std::string run = kShortRun + "--reward-model " + verifier_path() + " --reward-blend 0.5 ";
   run.replace(run.find("--log-every 3"), 13, "--log-every 1");
@@ -134,6 +135,7 @@ TEST(RewardModelTrain, ModelParallelLayoutsScoreAndTrainLikeTheDataParallelRun) 
     const std::vector<Layout> layouts =
         fused ? std::vector<Layout>{{2, "--tensor-parallel 2"},
                                     {2, "--pipeline-parallel 2"},
+                                    {2, "--pipeline-parallel 2 --actor-pipeline-parallel 2"},
                                     {4, "--tensor-parallel 2 --pipeline-parallel 2"},
                                     {4, "--expert-parallel 2 --actor-tensor-parallel 2"},
                                     {4, "--tensor-parallel 2 --expert-parallel 2"}}
