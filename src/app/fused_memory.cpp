@@ -22,6 +22,14 @@ size_t arena_bytes(size_t floats) {
 
 }  // namespace
 
+size_t reward_scoring_peak_bytes(const ModelConfig* reward_model, const FusedBatch& batch) {
+  if (!reward_model) return 0;
+  // RolloutReward scores whole sequences, --micro-batch at a time (RewardModel::scores).
+  return forward_peak_bytes(
+      *reward_model, ParameterLayout(*reward_model),
+      uniform_batch(std::min(batch.micro_batch, batch.samples), batch.max_sequence));
+}
+
 FusedMemoryPlan plan_fused_memory(const ModelConfig& config, const ParameterLayout& training_layout,
                                   const ParameterLayout& generation_layout, bool layout_switch,
                                   bool reference, const ModelConfig* reward_model, bool offload,
@@ -60,14 +68,8 @@ FusedMemoryPlan plan_fused_memory(const ModelConfig& config, const ParameterLayo
   plan.generation_activations = generation_peak_bytes(
       config, generation_layout, uniform_batch(batch.samples, longest_prefill), batch.max_sequence,
       batch.sampled, split.generation);
-  if (reward_model) {
-    // RolloutReward scores whole sequences, --micro-batch at a time (RewardModel::scores).
-    plan.generation_activations = std::max(
-        plan.generation_activations,
-        forward_peak_bytes(
-            *reward_model, ParameterLayout(*reward_model),
-            uniform_batch(std::min(batch.micro_batch, batch.samples), batch.max_sequence)));
-  }
+  plan.generation_activations =
+      std::max(plan.generation_activations, reward_scoring_peak_bytes(reward_model, batch));
   // A training input is its sequence without the last token.
   const int trained = batch.training_samples > 0 ? batch.training_samples : batch.samples;
   plan.training_activations = training_micro_batch_peak_bytes(

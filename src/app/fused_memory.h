@@ -55,6 +55,10 @@ struct FusedBatch {
   int training_samples = 0;
 };
 
+// The analytic peak of scoring `batch`'s samples with a learned reward model of `reward_model`'s
+// config (0 without one): whole sequences, --micro-batch at a time.
+size_t reward_scoring_peak_bytes(const ModelConfig* reward_model, const FusedBatch& batch);
+
 // `training_layout` and `generation_layout` are this rank's; `reward_model` the config of a learned
 // reward model in the device arena (null: none there), which scores each generation's samples in
 // micro-batches after the KV cache is gone. `experts_migrate` (--rebalance-every): the training

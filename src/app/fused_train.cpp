@@ -244,14 +244,18 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
     // generation, its TP slice); so does a TP rank generating data-parallel.
     if (pipeline_generates) {
       // Each stage holds the KV cache of its layers for all of its pipeline's samples and runs
-      // one group of them (a stage's share) at a time.
+      // one group of them (a stage's share) at a time, its prompts in pieces.
       const int pipeline_samples = pp->shape().stages * batch.samples;
       const int group = (pipeline_samples + pp->shape().stages - 1) / pp->shape().stages;
+      const int pieces = pipeline_prefill_pieces(group, options.expert_parallel > 1);
+      const int piece = (group + pieces - 1) / pieces;
+      // (Instead of a data-parallel generation of the rank's own prompts; a learned reward's
+      // scoring of them after it.)
       memory_plan.generation_activations = std::max(
-          memory_plan.generation_activations,
+          reward_scoring_peak_bytes(reward_model ? &*reward_model : nullptr, batch),
           pipeline_generation_peak_bytes(
-              policy.config, policy.model->layout(), uniform_batch(group, batch.longest_prompt),
-              pipeline_samples, batch.max_sequence, batch.sampled,
+              policy.config, policy.model->layout(), uniform_batch(piece, batch.longest_prompt),
+              group, pipeline_samples, batch.max_sequence, batch.sampled,
               /*expert_token_split=*/tp != nullptr && !options.tensor_parallel_duplicate_experts));
     } else if (stitched_generation) {
       add_pipeline_generation_model(memory_plan,

@@ -12,10 +12,15 @@
 #include "src/app/fused_memory.h"
 #include "src/model/expert_parallel.h"
 #include "src/rl/task.h"
+#include "src/runtime/pipeline_generation.h"
 #include "src/sim/cost_model.h"
 #include "src/sim/counted_bytes.h"
 
 namespace rlf {
+
+// The planner prices the runtime's pipelined generation: its prefill in as many pieces.
+static_assert(sim::kPrefillPieces == kPipelinePrefillPieces,
+              "the cost model's prefill pieces differ from generate_pipelined's");
 
 namespace {
 

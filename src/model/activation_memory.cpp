@@ -381,23 +381,25 @@ void hold_kv_cache(Tally& t, const ModelConfig& config, const ParameterLayout& l
 }  // namespace
 
 size_t pipeline_generation_peak_bytes(const ModelConfig& config, const ParameterLayout& layout,
-                                      const PackedBatch& group, int cache_slots, int max_len,
-                                      bool sampled, bool expert_token_split) {
-  const int64_t B = group.sequences, C = config.d_model;
+                                      const PackedBatch& prefill_piece, int group_sequences,
+                                      int cache_slots, int max_len, bool sampled,
+                                      bool expert_token_split) {
+  const int64_t S = prefill_piece.sequences, B = group_sequences, C = config.d_model;
   const RoutedShare share = routed_share(layout, expert_token_split);
   Tally t;
   hold_kv_cache(t, config, layout, cache_slots, max_len);
   const size_t after_cache = t.mark();
-  // A group's prefill: the hidden rows received (or the packed tokens on the first stage), each
+  // A prefill piece: the hidden rows received (or the packed tokens on the first stage), each
   // token's position and slot, the pass, then on the last stage the last tokens, the head and
   // the sampling.
-  t.hold<float>(group.tokens * C);
-  t.hold<int>(group.tokens);
-  t.hold<int>(group.tokens);
-  inference_pass(t, config, layout, share, group.tokens, &group, 0);
-  t.hold<float>(B * C);
-  hold_head(t, config, B);
-  t.scratch(sampling_scratch(B, config.vocab_size, sampled));
+  const PackedBatch& piece = prefill_piece;
+  t.hold<float>(piece.tokens * C);
+  t.hold<int>(piece.tokens);
+  t.hold<int>(piece.tokens);
+  inference_pass(t, config, layout, share, piece.tokens, &piece, 0);
+  t.hold<float>(S * C);
+  hold_head(t, config, S);
+  t.scratch(sampling_scratch(S, config.vocab_size, sampled));
   // A decode step of the group, every row running.
   t.release(after_cache);
   t.hold<float>(B * C);

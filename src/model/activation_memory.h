@@ -42,13 +42,15 @@ size_t generation_peak_bytes(const ModelConfig& config, const ParameterLayout& l
 
 // Bytes generate_pipelined() (src/runtime/pipeline_generation.h) allocates on a pipeline stage
 // storing `layout`'s layers, at its highest: the KV cache of those layers for all `cache_slots`
-// sequences of the pipeline, then one group's prefill (`group`: its prompts) or decode step with
-// the hidden rows it received, and on the last stage the head and the sampling. With a TP
+// sequences of the pipeline, then one prefill piece's pass (`prefill_piece`: its prompts) or a
+// decode step of one group (`group_sequences` rows) with the hidden rows it received, and on the
+// last stage the head and the sampling. With a TP
 // `layout`, its slices; `expert_token_split`: each TP rank computes its share of the rows' routed
 // experts (Transformer::set_expert_token_split).
 size_t pipeline_generation_peak_bytes(const ModelConfig& config, const ParameterLayout& layout,
-                                      const PackedBatch& group, int cache_slots, int max_len,
-                                      bool sampled, bool expert_token_split = false);
+                                      const PackedBatch& prefill_piece, int group_sequences,
+                                      int cache_slots, int max_len, bool sampled,
+                                      bool expert_token_split = false);
 
 // Bytes Transformer::forward (saved activations and logits) allocates for `inputs` at its
 // highest: what scoring a batch with a learned reward model holds (src/model/reward_model.h).

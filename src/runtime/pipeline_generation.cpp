@@ -135,6 +135,11 @@ void broadcast_samples(std::vector<GeneratedSample>& samples, int root, MPI_Comm
 
 }  // namespace
 
+int pipeline_prefill_pieces(int group_sequences, bool expert_parallel) {
+  return expert_parallel ? kPipelinePrefillPieces
+                         : std::max(1, std::min(kPipelinePrefillPieces, group_sequences));
+}
+
 std::vector<GeneratedSample> generate_pipelined(Transformer<float>& stage,
                                                 const std::vector<LayerRange>& chunks,
                                                 const std::vector<std::vector<int>>& prompts,
@@ -169,10 +174,23 @@ std::vector<GeneratedSample> generate_pipelined(Transformer<float>& stage,
   Sends sends(pipeline, next, links.world_rank_of(next, pipeline), links);
 
   // The groups: about B / P consecutive sequences each, every sequence's cache slot its index.
-  // (With EP always P, some empty if B < P: the EP mates' passes must pair up.)
+  // (With EP always P, some empty if B < P, and always kPrefillPieces prefill pieces: the EP
+  // mates' passes must pair up.)
   const int M = expert_parallel ? P : std::min(P, B);
   std::vector<int> group_first(static_cast<size_t>(M) + 1);
   for (int g = 0; g <= M; ++g) group_first[size_t(g)] = int(int64_t(g) * B / M);
+  auto prefill_pieces = [&](int g) {
+    return pipeline_prefill_pieces(group_first[size_t(g) + 1] - group_first[size_t(g)],
+                                   expert_parallel);
+  };
+  // The last stage's rows of each group still to run after its prefill pieces so far, and the
+  // pieces it still waits for.
+  struct PrefillPending {
+    std::vector<int> slots, positions, tokens;
+    int pieces_left = 0;
+  };
+  std::vector<PrefillPending> prefilled(static_cast<size_t>(M));
+  for (int g = 0; g < M; ++g) prefilled[size_t(g)].pieces_left = prefill_pieces(g);
   size_t largest_message = 0;
   int largest_group = 0;
   for (int g = 0; g < M; ++g) {
@@ -250,15 +268,32 @@ std::vector<GeneratedSample> generate_pipelined(Transformer<float>& stage,
           running_tokens.push_back(next_tokens[size_t(i)]);
         }
       }
-      const int n = int(running.size());
-      // With EP the group runs on, with no rows if need be, until it has finished in every
-      // pipeline of the EP group: the mates' passes stay paired (the last stages agree after
-      // each of the group's steps, in the same order on every mate).
-      const bool runs_on = expert_parallel ? stage.on_any_expert_parallel_rank(n > 0) : n > 0;
-      sends.post(runs_on
-                     ? pack({Kind::Tokens, group, 0, n}, running.data(), running_positions.data(),
-                            running_tokens.data(), size_t(n) * sizeof(int))
-                     : pack({Kind::Done, group, 0, 0}, nullptr, nullptr, nullptr, 0));
+      // A prefill piece: the group goes on once all of its pieces have come.
+      bool step_ends = true;
+      if (kind == Kind::Prefill) {
+        PrefillPending& pending = prefilled[size_t(group)];
+        pending.slots.insert(pending.slots.end(), running.begin(), running.end());
+        pending.positions.insert(pending.positions.end(), running_positions.begin(),
+                                 running_positions.end());
+        pending.tokens.insert(pending.tokens.end(), running_tokens.begin(), running_tokens.end());
+        step_ends = --pending.pieces_left == 0;
+        if (step_ends) {
+          running.swap(pending.slots);
+          running_positions.swap(pending.positions);
+          running_tokens.swap(pending.tokens);
+        }
+      }
+      if (step_ends) {
+        const int n = int(running.size());
+        // With EP the group runs on, with no rows if need be, until it has finished in every
+        // pipeline of the EP group: the mates' passes stay paired (the last stages agree after
+        // each of the group's steps, in the same order on every mate).
+        const bool runs_on = expert_parallel ? stage.on_any_expert_parallel_rank(n > 0) : n > 0;
+        sends.post(runs_on
+                       ? pack({Kind::Tokens, group, 0, n}, running.data(), running_positions.data(),
+                              running_tokens.data(), size_t(n) * sizeof(int))
+                       : pack({Kind::Done, group, 0, 0}, nullptr, nullptr, nullptr, 0));
+      }
     }
     device.release(after_cache);
     if (occupancy) {
@@ -269,9 +304,14 @@ std::vector<GeneratedSample> generate_pipelined(Transformer<float>& stage,
 
   if (rank == 0) {
     for (int g = 0; g < M; ++g) {
-      std::vector<int> slots(size_t(group_first[size_t(g) + 1] - group_first[size_t(g)]));
-      std::iota(slots.begin(), slots.end(), group_first[size_t(g)]);
-      run_stage(Kind::Prefill, g, 0, slots, std::vector<int>(slots.size(), 0), nullptr, nullptr);
+      const int first = group_first[size_t(g)], size = group_first[size_t(g) + 1] - first;
+      const int pieces = prefill_pieces(g);
+      for (int piece = 0; piece < pieces; ++piece) {
+        const int begin = first + size * piece / pieces, end = first + size * (piece + 1) / pieces;
+        std::vector<int> slots(size_t(end - begin));
+        std::iota(slots.begin(), slots.end(), begin);
+        run_stage(Kind::Prefill, g, 0, slots, std::vector<int>(slots.size(), 0), nullptr, nullptr);
+      }
     }
   }
   std::vector<char> buffer(std::max(largest_message, sizeof(Header) + 3 * size_t(B) * sizeof(int) +

@@ -7,10 +7,12 @@
 // stages in order (virtual stage s on pipeline rank s mod P, its layer range from the chunk
 // boundaries): a stage runs its layers over the group's rows and sends the hidden rows on; the
 // last stage runs the head, draws the next token of every row and sends the tokens of the rows
-// still running back to the first stage, which embeds them for the next decode step. Each rank
-// keeps the KV cache of its own layers only. Tokens are drawn by the counter-based sampler keyed
-// by (seed, sample id, position), so a sample does not depend on its group: the samples are the
-// ones generate() draws from the whole model.
+// still running back to the first stage, which embeds them for the next decode step. A group's
+// prompts enter in up to 4 pieces, so the last stage starts after one piece has passed the stages
+// before it (the pipeline's fill), and the group's first decode step follows its last piece. Each
+// rank keeps the KV cache of its own layers only. Tokens are drawn by the counter-based sampler
+// keyed by (seed, sample id, position), so a sample does not depend on its group: the samples are
+// the ones generate() draws from the whole model.
 //
 // Every message is a point-to-point send to the next rank of the pipeline (nonblocking: a ring
 // of stages each sending at once must not wait on each other), counted on the Links and delayed by
@@ -40,6 +42,17 @@
 #include "src/model/pipeline_stage.h"
 
 namespace rlf {
+
+// A group's prompts enter the pipeline in this many pieces: the last stage, which draws every
+// token and so paces the decode rounds, starts once the first piece, not the whole first group,
+// has passed the stages before it (the pipeline's fill), and the group's first decode step waits
+// for all of its pieces.
+inline constexpr int kPipelinePrefillPieces = 4;
+
+// The prefill pieces of a group of `group_sequences` sequences: kPipelinePrefillPieces, or without
+// EP fewer for a smaller group (with EP every pipeline of an EP group makes as many passes, some
+// with no rows).
+int pipeline_prefill_pieces(int group_sequences, bool expert_parallel);
 
 // Collective over `pipeline` (rank = pipeline stage, size P >= 2): every rank passes the same
 // `prompts` and `sample_ids` (the pipeline's sequences) and its `stage` model storing the layers

@@ -442,15 +442,28 @@ Phase generation_cost(const ModelShape& m, const ClusterConfig& c, const RlJob& 
                                                      per_rank * job.prompt.mean / later_calls,
                                                      prompt_context, true, false);
     }
+  } else if (P == 1) {
+    phase.seconds =
+        generation_step(m, c, job, g, placement, per_rank * job.prompt.mean, prompt_context, true);
   } else {
-    const double group_prefill = generation_step(
-        m, c, job, g, placement, per_rank * job.prompt.mean / P, prompt_context, true);
-    phase.seconds = group_prefill;
+    // Inside a pipeline a group's prompts enter in pieces (the runtime's kPipelinePrefillPieces,
+    // fewer for a smaller group without EP), the group's step ending with its last piece.
+    const double group_sequences = per_rank / P;
+    const double pieces =
+        g.ep > 1 ? kPrefillPieces
+                 : std::max(1.0, std::min(double(kPrefillPieces), std::ceil(group_sequences)));
+    const double piece =
+        generation_step(m, c, job, g, placement, per_rank * job.prompt.mean / (P * pieces),
+                        prompt_context, true, /*ends_step=*/false);
+    phase.seconds =
+        (pieces - 1) * piece + generation_step(m, c, job, g, placement,
+                                               per_rank * job.prompt.mean / (P * pieces),
+                                               prompt_context, true);
     // The pipeline's fill: the last stage, which draws every token and so paces the decode
-    // rounds, starts once the first group's prompts have passed the P V - 1 virtual stages
-    // before its first one ((P - 1) / (P V) of the layers); every stage's work after that runs as
-    // on a data-parallel rank.
-    if (P > 1) phase.seconds += (P - 1) / (P * g.vpp) * group_prefill;
+    // rounds, starts once the first piece has passed the P V - 1 virtual stages before its first
+    // one ((P - 1) / (P V) of the layers); every stage's work after that runs as on a
+    // data-parallel rank.
+    phase.seconds += (P - 1) / (P * g.vpp) * piece;
   }
   phase.seconds += steps * generation_step(m, c, job, g, placement, live / P, context, false);
   if (P > 1) {

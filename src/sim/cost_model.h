@@ -39,6 +39,9 @@ inline constexpr double kKernelsPerLayer = 18;
 // and the logits).
 inline constexpr double kEmbeddingKernels = 1;
 inline constexpr double kHeadKernels = 2;
+// Pieces a pipeline group's prompts enter generation in (src/runtime/pipeline_generation.h's
+// kPipelinePrefillPieces, checked equal where both are seen: src/app/plan_validation.cpp).
+inline constexpr int kPrefillPieces = 4;
 // Rounds of messages an EP stage (dispatch, combine or their backward) takes: the counts, the
 // routing metadata, the rows (mpi_comm/expert_dispatch.h), each round sent to every peer at once,
 // so a stage pays three latencies whatever the group's size.

@@ -809,7 +809,8 @@ TEST(CostModel, StaleSyncOverlapsDisaggregatedAndCutsFused) {
 // training layout itself.
 // 32 samples of 16 prompt and 16 response tokens on 8 devices: a data-parallel rank prefills its 4
 // prompts (64 tokens) and decodes 15 steps; inside a PP 2 pipeline a stage runs its half of the
-// layers over 2 groups of 4 sequences each, the same work, after the pipeline's fill.
+// layers over 2 groups of 4 sequences each, the same work, the prompts in 4 pieces of a group,
+// after the pipeline's fill (one piece through the first stage).
 TEST(CostModel, GenerationInsideThePipelinesRunsADataParallelRanksWorkAfterItsFill) {
   const ModelConfig config = load_model_config("small");
   const ModelShape m = model_shape(config);
@@ -828,30 +829,33 @@ TEST(CostModel, GenerationInsideThePipelinesRunsADataParallelRanksWorkAfterItsFi
   const Prediction borrowing = predict_generating(data_parallel);
   const Prediction inside = predict_generating(inside_pipelines);
   EXPECT_GT(borrowing.generation, 0);
-  // Only the prefill's row work costs time: the last stage starts once the first group's 64
+  // Only the prefill's row work costs time: the last stage starts once the first piece's 16
   // prompt tokens have passed the first stage's half of the layers.
   c.matmul_flops = c.decode_flops = 1e300;
   c.row_seconds = 1e-6;
   const double group_prefill = 64 * m.layers * 1e-6 / 3;
   EXPECT_NEAR(predict_generating(data_parallel).generation, group_prefill, 1e-15);
-  EXPECT_NEAR(predict_generating(inside_pipelines).generation, 1.5 * group_prefill, 1e-15);
+  EXPECT_NEAR(predict_generating(inside_pipelines).generation, (1 + 0.5 / 4) * group_prefill,
+              1e-15);
   // With v = 2 virtual stages, a quarter of the layers before the last rank's first chunk.
   s.train.vpp = 2;
-  EXPECT_NEAR(predict_generating({1, 2, 2, 1, 4}).generation, 1.25 * group_prefill, 1e-15);
+  EXPECT_NEAR(predict_generating({1, 2, 2, 1, 4}).generation, (1 + 0.25 / 4) * group_prefill,
+              1e-15);
   s.train.vpp = 1;
   c.row_seconds = 0;
-  // Only the kernels' launch overhead: the same calls, but the last stage runs the head (2
-  // kernels) for each of the 2 groups in the prefill and each of the 15 decode rounds, and the
-  // fill is the first stage's prefill call (its half of the layers' 18 kernels each, and half
-  // of the embedding and head's 3).
+  // Only the kernels' launch overhead: 3 more prefill calls (the pieces) of the layers' 18
+  // kernels each and the embedding and head's 3, the last stage's head (2 kernels) for each of
+  // the 2 groups in the prefill and each of the 15 decode rounds, and the fill, the first stage's
+  // call of a piece (half of a call's kernels).
   c.kernel_overhead = 1e-6;
   EXPECT_NEAR(predict_generating(inside_pipelines).generation -
                   predict_generating(data_parallel).generation,
-              16 * 2 * 1e-6 + 0.5 * (m.layers * 18 + 3) * 1e-6, 1e-12);
+              16 * 2 * 1e-6 + 3.5 * (m.layers * 18 + 3) * 1e-6, 1e-12);
   c.kernel_overhead = 0;
   // PP 2 x EP 2: the last stages agree after each of the 2 groups' steps, the prefill's and the
-  // 15 decode rounds', where a data-parallel EP rank agrees once a step; and the fill holds the
-  // first stage's lock-step share of the prefill (2 per layer, the agreement).
+  // 15 decode rounds', where a data-parallel EP rank agrees once a step; the prefill's 4 pieces
+  // each meet at every layer's dispatch and combine (2 per layer), and the fill holds the first
+  // stage's share of a piece's.
   s.train = {1, 2, 1, 2, 4};
   auto lockstep_seconds = [&](const Parallelism& generate) {
     c.expert_exchange_lockstep = 1e-6;
@@ -860,7 +864,7 @@ TEST(CostModel, GenerationInsideThePipelinesRunsADataParallelRanksWorkAfterItsFi
     return with - predict_generating(generate).generation;
   };
   EXPECT_NEAR(lockstep_seconds({1, 2, 1, 2, 4}) - lockstep_seconds({1, 1, 1, 2, 8}),
-              16 * 1e-6 + 0.5 * (2 * m.layers + 1) * 1e-6, 1e-12);
+              (16 + 3 * 2 * m.layers + 0.5 * 2 * m.layers) * 1e-6, 1e-12);
   s.train = {1, 2, 1, 1, 4};
   c.matmul_flops = c.decode_flops = 1e9;
   EXPECT_NEAR(borrowing.generation_memory - inside.generation_memory,
