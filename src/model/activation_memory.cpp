@@ -380,57 +380,64 @@ void hold_kv_cache(Tally& t, const ModelConfig& config, const ParameterLayout& l
 
 }  // namespace
 
+namespace {
+
+// Transformer::prefill(_range) over `prompts`: each prompt token's position and cache slot, the
+// pass, the last token of each prompt, its logits; then the sampling of the first tokens.
+void hold_prefill(Tally& t, const ModelConfig& config, const ParameterLayout& layout,
+                  const RoutedShare& share, const PackedBatch& prompts, bool sampled) {
+  t.hold<int>(prompts.tokens);
+  t.hold<int>(prompts.tokens);
+  inference_pass(t, config, layout, share, prompts.tokens, &prompts, 0);
+  t.hold<float>(prompts.sequences * config.d_model);
+  hold_head(t, config, prompts.sequences);
+  t.scratch(sampling_scratch(prompts.sequences, config.vocab_size, sampled));
+}
+
+// A decode step of `rows` rows, each attending to at most `max_len` positions: the pass, the
+// logits and the sampling.
+void hold_decode_step(Tally& t, const ModelConfig& config, const ParameterLayout& layout,
+                      const RoutedShare& share, int64_t rows, int max_len, bool sampled) {
+  inference_pass(t, config, layout, share, rows, nullptr, max_len);
+  hold_head(t, config, rows);
+  t.scratch(sampling_scratch(rows, config.vocab_size, sampled));
+}
+
+}  // namespace
+
 size_t pipeline_generation_peak_bytes(const ModelConfig& config, const ParameterLayout& layout,
                                       const PackedBatch& prefill_piece, int group_sequences,
                                       int cache_slots, int max_len, bool sampled,
                                       bool expert_token_split) {
-  const int64_t S = prefill_piece.sequences, B = group_sequences, C = config.d_model;
+  const int64_t C = config.d_model;
   const RoutedShare share = routed_share(layout, expert_token_split);
   Tally t;
   hold_kv_cache(t, config, layout, cache_slots, max_len);
   const size_t after_cache = t.mark();
-  // A prefill piece: the hidden rows received (or the packed tokens on the first stage), each
-  // token's position and slot, the pass, then on the last stage the last tokens, the head and
-  // the sampling.
-  const PackedBatch& piece = prefill_piece;
-  t.hold<float>(piece.tokens * C);
-  t.hold<int>(piece.tokens);
-  t.hold<int>(piece.tokens);
-  inference_pass(t, config, layout, share, piece.tokens, &piece, 0);
-  t.hold<float>(S * C);
-  hold_head(t, config, S);
-  t.scratch(sampling_scratch(S, config.vocab_size, sampled));
-  // A decode step of the group, every row running.
+  // A prefill piece: the hidden rows received (or the packed tokens on the first stage), then the
+  // prefill and on the last stage the sampling.
+  t.hold<float>(prefill_piece.tokens * C);
+  hold_prefill(t, config, layout, share, prefill_piece, sampled);
+  // A decode step of the group, every row running, on the hidden rows received.
   t.release(after_cache);
-  t.hold<float>(B * C);
-  inference_pass(t, config, layout, share, B, nullptr, max_len);
-  hold_head(t, config, B);
-  t.scratch(sampling_scratch(B, config.vocab_size, sampled));
+  t.hold<float>(int64_t(group_sequences) * C);
+  hold_decode_step(t, config, layout, share, group_sequences, max_len, sampled);
   return t.peak();
 }
 
 size_t generation_peak_bytes(const ModelConfig& config, const ParameterLayout& layout,
                              const PackedBatch& prompts, int max_len, bool sampled,
                              bool expert_token_split) {
-  const int64_t B = prompts.sequences, C = config.d_model;
+  const int64_t B = prompts.sequences;
   const RoutedShare share = routed_share(layout, expert_token_split);
   Tally t;
   hold_kv_cache(t, config, layout, B, max_len);
   const size_t after_cache = t.mark();
-  // Transformer::prefill: each prompt token's position and cache slot, the pass, the last token
-  // of each prompt, its logits; then the first sampling.
-  t.hold<int>(prompts.tokens);
-  t.hold<int>(prompts.tokens);
-  inference_pass(t, config, layout, share, prompts.tokens, &prompts, 0);
-  t.hold<float>(B * C);
-  hold_head(t, config, B);
-  t.scratch(sampling_scratch(B, config.vocab_size, sampled));
+  hold_prefill(t, config, layout, share, prompts, sampled);
   // generate() rewinds to after the cache before each decode step; the largest has every sample
   // active, each attending to at most max_len positions.
   t.release(after_cache);
-  inference_pass(t, config, layout, share, B, nullptr, max_len);
-  hold_head(t, config, B);
-  t.scratch(sampling_scratch(B, config.vocab_size, sampled));
+  hold_decode_step(t, config, layout, share, B, max_len, sampled);
   return t.peak();
 }
 

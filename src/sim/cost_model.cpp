@@ -240,6 +240,10 @@ Training training_cost(const ModelShape& m, const ClusterConfig& c, const RlJob&
     const double transfer = link.seconds(micro_tokens * m.d_model * ab / p.tp);
     t.pipeline =
         ideal * (p.pp - 1.0) / (micro_batches * p.vpp) + micro_batches * 2 * p.vpp * transfer;
+    // The stages hand every micro-batch on, so the slowest stage paces the pipeline: their equal
+    // work finishes apart (ClusterConfig's spread, as at the data-parallel meetings; with EP the
+    // exchanges' waits charge it, expert_wait below).
+    if (p.ep == 1) t.pipeline += c.expert_exchange_spread * token_work;
   }
   if (p.ep > 1) {
     const Link& link = c.link(c.level_spanned(int64_t(p.ep) * p.tp));

@@ -356,6 +356,11 @@ TEST(CostModel, PipelineBubbleIsMegatronFraction) {
   // ideal time a quarter of one device's.
   EXPECT_NEAR(b.training, a.training / 4, 1e-12);
   EXPECT_NEAR(b.pipeline, a.training / 4 * 3.0 / 64, 1e-12);
+  // The stages' equal work finishing 10% apart: the slowest paces the pipeline, 10% of a stage's
+  // work more (one device has nobody to wait for).
+  c.expert_exchange_spread = 0.1;
+  EXPECT_NEAR(predict(m, c, job, piped).pipeline, a.training / 4 * (3.0 / 64 + 0.1), 1e-12);
+  EXPECT_NEAR(predict(m, c, job, flat).training, a.training, 1e-12);
 }
 
 // tiny on 2 devices where only the matmul rate costs time, fused, generation data-parallel and
