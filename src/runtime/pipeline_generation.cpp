@@ -174,8 +174,8 @@ std::vector<GeneratedSample> generate_pipelined(Transformer<float>& stage,
   Sends sends(pipeline, next, links.world_rank_of(next, pipeline), links);
 
   // The groups: about B / P consecutive sequences each, every sequence's cache slot its index.
-  // (With EP always P, some empty if B < P, and always kPrefillPieces prefill pieces: the EP
-  // mates' passes must pair up.)
+  // (With EP always P, some empty if B < P, and always kPipelinePrefillPieces prefill pieces: the
+  // EP mates' passes must pair up.)
   const int M = expert_parallel ? P : std::min(P, B);
   std::vector<int> group_first(static_cast<size_t>(M) + 1);
   for (int g = 0; g <= M; ++g) group_first[size_t(g)] = int(int64_t(g) * B / M);
