@@ -144,19 +144,27 @@ void Links::sendrecv(const void* send_data, uint64_t send_bytes, int dest, void*
   emulate(world_rank_of(status.MPI_SOURCE, comm), uint64_t(received));
 }
 
+void Backoff::reset() {
+  sleep_ = std::chrono::microseconds(1);
+  quiet_since_ = steady_seconds();
+}
+
+void Backoff::wait() {
+  if (steady_seconds() - quiet_since_ < poll_before_sleep_seconds()) {
+    std::this_thread::yield();
+    return;
+  }
+  std::this_thread::sleep_for(sleep_);
+  sleep_ = std::min(sleep_ * 2, longest_sleep_);
+}
+
 void wait_with_backoff(MPI_Request* request, MPI_Status* status,
                        std::chrono::microseconds longest_sleep) {
-  auto sleep = std::chrono::microseconds(1);
   int done = 0;
   MPI_Test(request, &done, status);
-  const double polled_until = steady_seconds() + poll_before_sleep_seconds();
-  while (!done && steady_seconds() < polled_until) {
-    std::this_thread::yield();
-    MPI_Test(request, &done, status);
-  }
+  Backoff backoff(longest_sleep);
   while (!done) {
-    std::this_thread::sleep_for(sleep);
-    sleep = std::min(sleep * 2, longest_sleep);
+    backoff.wait();
     MPI_Test(request, &done, status);
   }
 }

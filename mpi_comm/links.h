@@ -100,4 +100,22 @@ double steady_seconds();
 void wait_with_backoff(MPI_Request* request, MPI_Status* status,
                        std::chrono::microseconds longest_sleep = std::chrono::microseconds(1000));
 
+// wait_with_backoff's pacing for a loop that polls several things itself: wait() after a poll
+// that found nothing (it yields the core within the poll window, then sleeps for a growing
+// time), reset() after one that made progress; step(worked) does either.
+class Backoff {
+ public:
+  explicit Backoff(std::chrono::microseconds longest_sleep = std::chrono::microseconds(1000))
+      : longest_sleep_(longest_sleep) {
+    reset();
+  }
+  void reset();
+  void wait();
+  void step(bool worked) { worked ? reset() : wait(); }
+
+ private:
+  std::chrono::microseconds longest_sleep_, sleep_{1};
+  double quiet_since_ = 0;
+};
+
 }  // namespace rlf

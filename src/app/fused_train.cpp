@@ -40,6 +40,7 @@
 #include "src/runtime/layout_switch.h"
 #include "src/runtime/pipeline_generation.h"
 #include "src/runtime/pipeline_layout_switch.h"
+#include "src/runtime/pipeline_rollout.h"
 #include "src/runtime/training_offload.h"
 
 namespace rlf {
@@ -246,16 +247,23 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
       // Each stage holds the KV cache of its layers for all of its pipeline's samples and runs
       // one group of them (a stage's share) at a time, its prompts in pieces.
       const int pipeline_samples = pp->shape().stages * batch.samples;
-      const int group = (pipeline_samples + pp->shape().stages - 1) / pp->shape().stages;
+      int group = (pipeline_samples + pp->shape().stages - 1) / pp->shape().stages;
       const int pieces = pipeline_prefill_pieces(group, options.expert_parallel > 1);
-      const int piece = (group + pieces - 1) / pieces;
+      int piece = (group + pieces - 1) / pieces;
+      int piece_length = batch.longest_prompt;
+      if (rl.staleness > 0) {
+        // StaleSync: each rank's pool is a lane of its own slots (its batch), and a step may
+        // prefill every slot with a resumed prefix (generate_phase_pipelined).
+        group = piece = batch.samples;
+        piece_length = std::max(batch.longest_prompt, batch.longest_prefill);
+      }
       // (Instead of a data-parallel generation of the rank's own prompts; a learned reward's
       // scoring of them after it.)
       memory_plan.generation_activations = std::max(
           reward_scoring_peak_bytes(reward_model ? &*reward_model : nullptr, batch),
           pipeline_generation_peak_bytes(
-              policy.config, policy.model->layout(), uniform_batch(piece, batch.longest_prompt),
-              group, pipeline_samples, batch.max_sequence, batch.sampled,
+              policy.config, policy.model->layout(), uniform_batch(piece, piece_length), group,
+              pipeline_samples, batch.max_sequence, batch.sampled,
               /*expert_token_split=*/tp != nullptr && !options.tensor_parallel_duplicate_experts));
     } else if (stitched_generation) {
       add_pipeline_generation_model(memory_plan,
@@ -610,7 +618,15 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         pool->enforce_staleness(version - rl.staleness, stale_policy);
         // Partials already carried `staleness` times finish in this phase.
         pool_settings.finish_older_than = version - rl.staleness + 1;
-        const PhaseStats phase = pool->generate_phase(generator, sampling, version, pool_settings);
+        // Inside the pipeline each rank's pool is a lane whose logits the stages compute; the
+        // ranks agree on each phase's end by a nonblocking allreduce instead of the hook.
+        PoolSettings in_pipeline = pool_settings;
+        in_pipeline.all_ranks_ready = nullptr;
+        const PhaseStats phase =
+            pipeline_generates ? generate_phase_pipelined(
+                                     *pool, generator, pp->chunks(pp->stage()), sampling, version,
+                                     in_pipeline, MPI_COMM_WORLD, pp->pipeline().comm, links)
+                               : pool->generate_phase(generator, sampling, version, pool_settings);
         rollouts = pool->take_complete_groups();
         generated = phase.generated_tokens;
         occupancy = phase.occupancy;

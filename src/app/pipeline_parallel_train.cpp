@@ -40,11 +40,14 @@ void validate_pipeline_generation(const DisaggregatedOptions& options, bool fuse
                       "experts over its training EP group (--expert-parallel " +
                       std::to_string(options.expert_parallel) + ")");
   }
-  // One phase a step: StaleSync's pool batches continuously on one model.
-  if (rl.staleness > 0) {
+  // StaleSync's pools run as lanes of the pipeline (generate_phase_pipelined), whose stages take
+  // the lanes' steps in the order they come: TP mates would enter their collectives in different
+  // orders, and EP mates' passes would not pair up.
+  if (rl.staleness > 0 && (options.tensor_parallel > 1 || options.expert_parallel > 1)) {
     throw ConfigError(option +
-                      " with --staleness (StaleSync) is not supported (pipelined generation runs "
-                      "one phase a step, not StaleSync's continuous batching)");
+                      " with --staleness (StaleSync) is not supported with --tensor-parallel or "
+                      "--expert-parallel (the pools' steps go through the stages in the order "
+                      "they come)");
   }
 }
 

@@ -133,35 +133,6 @@ void check_settings(const PoolSettings& settings) {
 
 }  // namespace
 
-const float* RolloutPool::prefill(Transformer<float>& model, KVCache<float>& cache,
-                                  const std::vector<Sequence>& sequences) {
-  std::vector<int> tokens, offsets{0}, slots;
-  for (const Sequence& s : sequences) {
-    const Rollout& r = member(s).rollout;
-    tokens.insert(tokens.end(), r.prompt.begin(), r.prompt.end());
-    tokens.insert(tokens.end(), r.response.begin(), r.response.end());
-    offsets.push_back(int(tokens.size()));
-    slots.push_back(s.slot);
-    if (!r.response.empty()) {
-      ++counters_.resumed_samples;
-      counters_.recomputed_prefix_tokens += int64_t(r.prompt.size() + r.response.size());
-    }
-  }
-  return model.prefill(cache, tokens.data(), offsets.data(), int(sequences.size()), slots.data());
-}
-
-const float* RolloutPool::decode(Transformer<float>& model, KVCache<float>& cache,
-                                 const std::vector<Sequence>& sequences) {
-  std::vector<int> tokens, slots, positions;
-  for (const Sequence& s : sequences) {
-    const Rollout& r = member(s).rollout;
-    tokens.push_back(r.response.back());
-    slots.push_back(s.slot);
-    positions.push_back(int(r.prompt.size() + r.response.size()) - 1);
-  }
-  return model.decode(cache, tokens.data(), slots.data(), positions.data(), int(sequences.size()));
-}
-
 int RolloutPool::append_tokens(Transformer<float>& model, const GenerationSettings& sampling,
                                int version, const float* logits,
                                const std::vector<Sequence>& sequences) {
@@ -208,106 +179,140 @@ void RolloutPool::release_finished(std::vector<Sequence>& decoding, std::vector<
   decoding.swap(still_decoding);
 }
 
-PhaseStats RolloutPool::generate_phase(Transformer<float>& model,
-                                       const GenerationSettings& sampling, int version,
-                                       const PoolSettings& settings) {
+RolloutPool::Phase::Phase(RolloutPool& pool, int version, const PoolSettings& settings)
+    : pool_(pool), version_(version), settings_(settings) {
   check_settings(settings);
-  const std::vector<Sequence> waiting = phase_order();
-  PhaseStats stats;
-  stats.phase_samples = int(waiting.size());
-  const auto counted = [&](const Sequence& s) {
-    return s.prompt_id < settings.count_prompts_below;
-  };
-  const int64_t counted_samples = std::count_if(waiting.begin(), waiting.end(), counted);
-  int64_t counted_finished = 0;
-  std::set<int64_t> last_phase;  // groups on their last chance (settings.finish_older_than)
-  for (const auto& [prompt_id, group] : groups_) {
+  waiting_ = pool.phase_order();
+  stats_.phase_samples = int(waiting_.size());
+  for (const Sequence& s : waiting_) {
+    counted_samples_ += s.prompt_id < settings.count_prompts_below;
+    longest_prompt_ = std::max(longest_prompt_, int(pool.member(s).rollout.prompt.size()));
+  }
+  for (const auto& [prompt_id, group] : pool.groups_) {
     for (const Member& m : group) {
       if (!m.rollout.response.empty() && m.rollout.version_min < settings.finish_older_than) {
-        last_phase.insert(prompt_id);
+        last_phase_.insert(prompt_id);
       }
     }
   }
+  slots_ =
+      settings.slots == 0 ? stats_.phase_samples : std::min(settings.slots, stats_.phase_samples);
+  for (int s = slots_ - 1; s >= 0; --s) free_slots_.push_back(s);
+  stats_.occupancy.capacity = slots_;
+  step_began_ = std::chrono::steady_clock::now();
+}
+
+RolloutPool::Phase::Step RolloutPool::Phase::begin_step() {
+  admitted_.clear();
+  while (!stopped_ && !free_slots_.empty() && next_waiting_ < waiting_.size()) {
+    admitted_.push_back(waiting_[next_waiting_++]);
+    admitted_.back().slot = free_slots_.back();
+    free_slots_.pop_back();
+  }
+  Step step;
+  for (const Sequence& s : decoding_) {
+    const Rollout& r = pool_.member(s).rollout;
+    step.decode_tokens.push_back(r.response.back());
+    step.decode_slots.push_back(s.slot);
+    step.decode_positions.push_back(int(r.prompt.size() + r.response.size()) - 1);
+  }
+  for (const Sequence& s : admitted_) {
+    const Rollout& r = pool_.member(s).rollout;
+    step.prefill_tokens.insert(step.prefill_tokens.end(), r.prompt.begin(), r.prompt.end());
+    step.prefill_tokens.insert(step.prefill_tokens.end(), r.response.begin(), r.response.end());
+    step.prefill_offsets.push_back(int(step.prefill_tokens.size()));
+    step.prefill_slots.push_back(s.slot);
+    if (!r.response.empty()) {
+      ++pool_.counters_.resumed_samples;
+      pool_.counters_.recomputed_prefix_tokens += int64_t(r.prompt.size() + r.response.size());
+    }
+  }
+  return step;
+}
+
+bool RolloutPool::Phase::end_step(Transformer<float>& model, const GenerationSettings& sampling,
+                                  const float* decode_logits, const float* prefill_logits) {
+  int finished = 0;
+  if (!decoding_.empty()) {
+    finished += pool_.append_tokens(model, sampling, version_, decode_logits, decoding_);
+  }
+  if (!admitted_.empty()) {
+    finished += pool_.append_tokens(model, sampling, version_, prefill_logits, admitted_);
+  }
+  const int64_t rows = int64_t(decoding_.size() + admitted_.size());
+  stats_.generated_tokens += rows;
+  if (rows > 0) ++stats_.steps;
+  {
+    // After this rank's cut, EP steps with zero rows are all bubble.
+    const auto now = std::chrono::steady_clock::now();
+    stats_.occupancy.add_step(int(rows), std::chrono::duration<double>(now - step_began_).count());
+    step_began_ = now;
+  }
+  stats_.finished += finished;
+  decoding_.insert(decoding_.end(), admitted_.begin(), admitted_.end());
+  admitted_.clear();
+  for (const Sequence& s : decoding_) {
+    counted_finished_ += pool_.member(s).finished && s.prompt_id < settings_.count_prompts_below;
+  }
+  pool_.release_finished(decoding_, free_slots_);
+  const bool all_done = decoding_.empty() && next_waiting_ == waiting_.size();
+  const auto last_chance = [&](const Sequence& s) { return last_phase_.count(s.prompt_id) > 0; };
+  // (partials are admitted first, so one still waiting for a slot is rare but possible)
+  const bool last_chance_decoding =
+      std::any_of(decoding_.begin(), decoding_.end(), last_chance) ||
+      std::any_of(waiting_.begin() + ptrdiff_t(next_waiting_), waiting_.end(), last_chance);
+  const bool threshold_reached =
+      double(counted_finished_) >= settings_.finish_threshold * double(counted_samples_) &&
+      !last_chance_decoding;
+  return all_done || threshold_reached;
+}
+
+void RolloutPool::Phase::settle(bool ready) {
+  if (stopped_ || !ready) return;
+  stopped_ = true;
+  stats_.cut = int(decoding_.size());
+  pool_.counters_.cut_samples += stats_.cut;
+  decoding_.clear();
+}
+
+PhaseStats RolloutPool::generate_phase(Transformer<float>& model,
+                                       const GenerationSettings& sampling, int version,
+                                       const PoolSettings& settings) {
+  Phase phase(*this, version, settings);
   // With expert parallelism every prefill and decode step is collective over the EP group, and
   // with all_ranks_ready every step's agreement is collective: a rank with nothing to generate
   // still takes part, with zero rows.
-  if (waiting.empty() && !model.expert_parallel() && !settings.all_ranks_ready) return stats;
-  const int slots =
-      settings.slots == 0 ? stats.phase_samples : std::min(settings.slots, stats.phase_samples);
-  int longest = 0;
-  for (const Sequence& s : waiting) {
-    longest = std::max(longest, int(member(s).rollout.prompt.size()));
+  if (phase.samples() == 0 && !model.expert_parallel() && !settings.all_ranks_ready) {
+    return phase.stats();
   }
-  const int max_len = generation_length(model, longest, sampling, "RolloutPool::generate_phase");
+  const int max_len =
+      generation_length(model, phase.longest_prompt(), sampling, "RolloutPool::generate_phase");
   Arena& device = model.device();
   ArenaScope scope(device);
-  KVCache<float> cache = model.allocate_kv_cache(slots, max_len);
+  KVCache<float> cache = model.allocate_kv_cache(phase.slots(), max_len);
   const Arena::Mark after_cache = device.mark();
-
-  std::vector<int> free_slots;  // lowest slot last, so slots are reused lowest first
-  for (int s = slots - 1; s >= 0; --s) free_slots.push_back(s);
-  stats.occupancy.capacity = slots;
-  auto step_began = std::chrono::steady_clock::now();
-  size_t next_waiting = 0;
-  std::vector<Sequence> decoding;  // in phase order: admission preserves it
-  bool stopped = false;
   const bool skip_empty = !model.expert_parallel();
   for (int step = 0;; ++step) {
-    std::vector<Sequence> admitted;
-    while (!stopped && !free_slots.empty() && next_waiting < waiting.size()) {
-      admitted.push_back(waiting[next_waiting++]);
-      admitted.back().slot = free_slots.back();
-      free_slots.pop_back();
-    }
+    Phase::Step rows = phase.begin_step();
     // Step 0 has nothing to decode on any rank; later steps decode on every EP rank.
     const float* decode_logits = nullptr;
-    if (step > 0 && !(skip_empty && decoding.empty())) {
-      decode_logits = decode(model, cache, decoding);
+    if (step > 0 && !(skip_empty && rows.decode_rows() == 0)) {
+      decode_logits = model.decode(cache, rows.decode_tokens.data(), rows.decode_slots.data(),
+                                   rows.decode_positions.data(), rows.decode_rows());
     }
     const float* prefill_logits = nullptr;
-    if (!(skip_empty && admitted.empty())) prefill_logits = prefill(model, cache, admitted);
-    int finished = 0;
-    if (!decoding.empty()) {
-      finished += append_tokens(model, sampling, version, decode_logits, decoding);
+    if (!(skip_empty && rows.prefill_rows() == 0)) {
+      prefill_logits = model.prefill(cache, rows.prefill_tokens.data(), rows.prefill_offsets.data(),
+                                     rows.prefill_rows(), rows.prefill_slots.data());
     }
-    if (!admitted.empty()) {
-      finished += append_tokens(model, sampling, version, prefill_logits, admitted);
-    }
-    const int64_t rows = int64_t(decoding.size() + admitted.size());
-    stats.generated_tokens += rows;
-    if (rows > 0) ++stats.steps;
-    {
-      // After this rank's cut, EP steps with zero rows are all bubble.
-      const auto now = std::chrono::steady_clock::now();
-      stats.occupancy.add_step(int(rows), std::chrono::duration<double>(now - step_began).count());
-      step_began = now;
-    }
-    stats.finished += finished;
-    decoding.insert(decoding.end(), admitted.begin(), admitted.end());
-    for (const Sequence& s : decoding) counted_finished += member(s).finished && counted(s);
-    release_finished(decoding, free_slots);
-    const bool all_done = decoding.empty() && next_waiting == waiting.size();
-    const auto last_chance = [&](const Sequence& s) { return last_phase.count(s.prompt_id) > 0; };
-    // (partials are admitted first, so one still waiting for a slot is rare but possible)
-    const bool last_chance_decoding =
-        std::any_of(decoding.begin(), decoding.end(), last_chance) ||
-        std::any_of(waiting.begin() + ptrdiff_t(next_waiting), waiting.end(), last_chance);
-    const bool threshold_reached =
-        double(counted_finished) >= settings.finish_threshold * double(counted_samples) &&
-        !last_chance_decoding;
-    bool ready = all_done || threshold_reached;
-    if (settings.all_ranks_ready && !stopped) ready = settings.all_ranks_ready(ready);
-    if (!stopped && ready) {
-      stopped = true;
-      stats.cut = int(decoding.size());
-      counters_.cut_samples += stats.cut;
-      decoding.clear();
-    }
-    if (!model.on_any_expert_parallel_rank(!stopped)) break;
+    bool ready = phase.end_step(model, sampling, decode_logits, prefill_logits);
+    if (settings.all_ranks_ready && !phase.stopped()) ready = settings.all_ranks_ready(ready);
+    phase.settle(ready);
+    if (!model.on_any_expert_parallel_rank(!phase.stopped())) break;
     // The step's logits are consumed: rewind to just after the cache.
     device.release(after_cache);
   }
-  return stats;
+  return phase.stats();
 }
 
 std::vector<Rollout> RolloutPool::take_complete_groups() {

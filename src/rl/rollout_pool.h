@@ -3,10 +3,12 @@
 // samples stay as partial rollouts and resume in a later phase under newer weights.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <limits>
 #include <map>
+#include <set>
 #include <vector>
 
 #include "src/io/in_flight_sample.h"
@@ -67,6 +69,21 @@ struct PhaseStats {
 };
 
 class RolloutPool {
+  // A sample as it will be returned: its response, log-probs and versions grow phase by phase
+  // (the versions are meaningful once the response is not empty); reward and advantage are
+  // filled when its group is taken.
+  struct Member {
+    Rollout rollout;
+    bool finished = false;
+  };
+  using Group = std::vector<Member>;
+  // One sample of a phase: where it lives in the pool and, while decoding, its cache slot.
+  struct Sequence {
+    int64_t prompt_id = 0;
+    int member = 0;
+    int slot = -1;
+  };
+
  public:
   RolloutPool(const Task& task, int group_size, AdvantageEstimator estimator);
 
@@ -88,6 +105,56 @@ class RolloutPool {
   PhaseStats generate_phase(Transformer<float>& model, const GenerationSettings& sampling,
                             int version, const PoolSettings& settings);
 
+  // The same phase a step at a time, for a caller that computes the logits itself: generate_phase
+  // on one model, or a pipeline's stages (src/runtime/pipeline_rollout.h). A step: begin_step()
+  // admits waiting samples into free cache slots and gives the rows to run; the caller runs the
+  // decode rows, then the prefill rows, over the cache slots; end_step() samples the next tokens
+  // from their logits and says whether this rank is ready to end the phase; settle() takes the
+  // readiness the ranks agreed on (settings.all_ranks_ready is the caller's to call) and the
+  // phase is over once stopped(). The pool must outlive the Phase and not change meanwhile.
+  class Phase {
+   public:
+    Phase(RolloutPool& pool, int version, const PoolSettings& settings);
+    // Unfinished samples at the start (none: a rank alone has nothing to do).
+    int samples() const { return stats_.phase_samples; }
+    int slots() const { return slots_; }  // the KV cache slots the phase decodes in
+    int longest_prompt() const { return longest_prompt_; }
+
+    struct Step {
+      // One row per running sequence: its last token, cache slot and that token's position.
+      std::vector<int> decode_tokens, decode_slots, decode_positions;
+      // Each admitted sequence's prompt and response so far (a resumed partial's prefix is
+      // prefilled again), packed: offsets into tokens, one cache slot each.
+      std::vector<int> prefill_tokens, prefill_offsets{0}, prefill_slots;
+      int decode_rows() const { return int(decode_slots.size()); }
+      int prefill_rows() const { return int(prefill_slots.size()); }
+    };
+    Step begin_step();
+    // The logits [decode_rows, V] and [prefill_rows, V] of the step begun (null where it has no
+    // such rows), on `model`'s backend; returns this rank's readiness.
+    bool end_step(Transformer<float>& model, const GenerationSettings& sampling,
+                  const float* decode_logits, const float* prefill_logits);
+    void settle(bool ready);
+    bool stopped() const { return stopped_; }
+    const PhaseStats& stats() const { return stats_; }
+
+   private:
+    RolloutPool& pool_;
+    int version_;
+    PoolSettings settings_;
+    std::vector<Sequence> waiting_;
+    size_t next_waiting_ = 0;
+    std::vector<Sequence> decoding_;  // in phase order: admission preserves it
+    std::vector<Sequence> admitted_;  // the step's
+    std::vector<int> free_slots_;     // lowest slot last, so slots are reused lowest first
+    std::set<int64_t> last_phase_;    // groups on their last chance (finish_older_than)
+    int64_t counted_samples_ = 0, counted_finished_ = 0;
+    int slots_ = 0, longest_prompt_ = 0;
+    bool stopped_ = false;
+    PhaseStats stats_;
+    std::chrono::steady_clock::time_point step_began_;
+  };
+
   // Removes the groups whose every member has finished and returns them as scored rollouts with
   // group advantages, in sample-id order.
   std::vector<Rollout> take_complete_groups();
@@ -106,30 +173,9 @@ class RolloutPool {
   const PoolCounters& counters() const { return counters_; }
 
  private:
-  // A sample as it will be returned: its response, log-probs and versions grow phase by phase
-  // (the versions are meaningful once the response is not empty); reward and advantage are
-  // filled when its group is taken.
-  struct Member {
-    Rollout rollout;
-    bool finished = false;
-  };
-  using Group = std::vector<Member>;
-  // One sample of a phase: where it lives in the pool and, while decoding, its cache slot.
-  struct Sequence {
-    int64_t prompt_id = 0;
-    int member = 0;
-    int slot = -1;
-  };
-
   Member& member(const Sequence& s) { return groups_.at(s.prompt_id)[size_t(s.member)]; }
   std::vector<Sequence> phase_order() const;
   void restart(Member& m);
-  // Prompt + response so far of each sequence into its slot; logits of each last token.
-  const float* prefill(Transformer<float>& model, KVCache<float>& cache,
-                       const std::vector<Sequence>& sequences);
-  // Each sequence's last token; logits for the next.
-  const float* decode(Transformer<float>& model, KVCache<float>& cache,
-                      const std::vector<Sequence>& sequences);
   // Drops finished sequences from `decoding` and returns their slots to `free_slots` (kept
   // sorted so the lowest free slot is last).
   void release_finished(std::vector<Sequence>& decoding, std::vector<int>& free_slots);

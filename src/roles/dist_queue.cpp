@@ -23,30 +23,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::microseconds;
 
-// Idle waits poll (yielding the core) for poll_before_sleep_seconds() after the loop last made
-// progress, then sleep 1 us, 2 us, ... up to 1 ms (like wait_with_backoff, whose comment says why
-// they poll first): short waits stay short, long ones cost a core almost nothing.
-class Backoff {
- public:
-  void reset() {
-    sleep_ = microseconds(1);
-    quiet_since_ = steady_seconds();
-  }
-  void wait() {
-    if (steady_seconds() - quiet_since_ < poll_before_sleep_seconds()) {
-      std::this_thread::yield();
-      return;
-    }
-    std::this_thread::sleep_for(sleep_);
-    sleep_ = std::min(sleep_ * 2, microseconds(1000));
-  }
-  void step(bool worked) { worked ? reset() : wait(); }
-
- private:
-  microseconds sleep_{1};
-  double quiet_since_ = steady_seconds();
-};
-
 // A put refused for lack of room waits 20 us, 40 us, ... up to 2 ms before it is sent again,
 // so a full queue sees a trickle of retries, not a storm.
 microseconds retry_delay(int refusals) {

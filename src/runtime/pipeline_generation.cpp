@@ -5,12 +5,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <list>
 #include <numeric>
 #include <stdexcept>
 #include <string>
 
 #include "kernels/arena.h"
+#include "src/runtime/posted_sends.h"
 
 namespace rlf {
 
@@ -65,41 +65,6 @@ Message unpack(const std::vector<char>& buffer, size_t bytes) {
   m.payload_bytes = bytes - used;
   return m;
 }
-
-// The sends of one rank: in flight until their receiver took them (a ring of stages all sending
-// at once must not wait on each other), their buffers kept until then.
-class Sends {
- public:
-  Sends(MPI_Comm comm, int to, int to_world, Links& links)
-      : comm_(comm), to_(to), to_world_(to_world), links_(links) {}
-  ~Sends() { finish(); }
-  void post(std::vector<char> message) {
-    links_.count_send(to_world_, message.size());
-    pending_.push_back({std::move(message), MPI_REQUEST_NULL});
-    Pending& p = pending_.back();
-    MPI_Isend(p.bytes.data(), int(p.bytes.size()), MPI_BYTE, to_, kTag, comm_, &p.request);
-    // Frees the buffers of the sends already received.
-    for (auto it = pending_.begin(); it != pending_.end();) {
-      int done = 0;
-      MPI_Test(&it->request, &done, MPI_STATUS_IGNORE);
-      it = done ? pending_.erase(it) : std::next(it);
-    }
-  }
-  void finish() {
-    for (Pending& p : pending_) wait_with_backoff(&p.request, MPI_STATUS_IGNORE);
-    pending_.clear();
-  }
-
- private:
-  struct Pending {
-    std::vector<char> bytes;
-    MPI_Request request;
-  };
-  MPI_Comm comm_;
-  int to_, to_world_;
-  Links& links_;
-  std::list<Pending> pending_;
-};
 
 // Every sample's tokens, log-probs and end flag, from `root` to every rank of `comm`.
 void broadcast_samples(std::vector<GeneratedSample>& samples, int root, MPI_Comm comm) {
@@ -171,7 +136,7 @@ std::vector<GeneratedSample> generate_pipelined(Transformer<float>& stage,
   const int stages = P * int(chunks.size());  // virtual stages
   const int next = (rank + 1) % P, previous = (rank + P - 1) % P;
   const int previous_world = links.world_rank_of(previous, pipeline);
-  Sends sends(pipeline, next, links.world_rank_of(next, pipeline), links);
+  PostedSends sends(pipeline, kTag, links);
 
   // The groups: about B / P consecutive sequences each, every sequence's cache slot its index.
   // (With EP always P, some empty if B < P, and always kPipelinePrefillPieces prefill pieces: the
@@ -237,7 +202,7 @@ std::vector<GeneratedSample> generate_pipelined(Transformer<float>& stage,
     }
     if (s + 1 < stages) {
       const int hidden_rows = kind == Kind::Prefill ? offsets.back() : rows;
-      sends.post(pack({kind, group, s + 1, rows}, slots.data(), positions.data(), result,
+      sends.post(next, pack({kind, group, s + 1, rows}, slots.data(), positions.data(), result,
                       size_t(hidden_rows) * size_t(C) * sizeof(float)));
     } else {
       // The head's logits: the next token of every row.
@@ -289,7 +254,7 @@ std::vector<GeneratedSample> generate_pipelined(Transformer<float>& stage,
         // pipeline of the EP group: the mates' passes stay paired (the last stages agree after
         // each of the group's steps, in the same order on every mate).
         const bool runs_on = expert_parallel ? stage.on_any_expert_parallel_rank(n > 0) : n > 0;
-        sends.post(runs_on
+        sends.post(next, runs_on
                        ? pack({Kind::Tokens, group, 0, n}, running.data(), running_positions.data(),
                               running_tokens.data(), size_t(n) * sizeof(int))
                        : pack({Kind::Done, group, 0, 0}, nullptr, nullptr, nullptr, 0));
@@ -329,7 +294,7 @@ std::vector<GeneratedSample> generate_pipelined(Transformer<float>& stage,
     const Header h = m.header;
     if (h.kind == Kind::Done) {
       ++done;
-      if (rank != P - 1) sends.post(pack(h, nullptr, nullptr, nullptr, 0));
+      if (rank != P - 1) sends.post(next, pack(h, nullptr, nullptr, nullptr, 0));
       continue;
     }
     const std::vector<int> slots(m.slots, m.slots + h.rows);

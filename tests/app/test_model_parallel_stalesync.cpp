@@ -268,6 +268,24 @@ TEST(ModelParallelStaleSync, KeepsTheBoundReproduciblyAndTrainsTheDataParallelRu
   }
 }
 
+// Generation inside the pipelines with StaleSync (--actor-pipeline-parallel 2): every rank's pool
+// is a lane of its pipeline, the stages computing its logits from their own layers, so it makes the
+// decisions of one rank's pool of the data-parallel run on 4 ranks: PP 2 x DP 2 (1F1B) and
+// interleaved with 2 virtual stages on the 4-layer tiny. The random delays change the order in
+// which a stage takes its lanes' steps, and the weights stay bit for bit.
+TEST(ModelParallelStaleSync, GeneratesInsideThePipelinesLikeTheDataParallelRun) {
+  using Layout = StaleLayout;
+  const std::string tiny4 = test::write_tiny4_model(test::fresh_temp_dir("mp-stale-model"));
+  for (const Layout& layout :
+       {Layout{"--pipeline-parallel 2 --actor-pipeline-parallel 2 ", 2, 4, ""},
+        Layout{"--pipeline-parallel 2 --virtual-stages 2 --actor-pipeline-parallel 2 "
+               "--micro-batch 3 ",
+               2, 4, "--micro-batch 3 ", true}}) {
+    SCOPED_TRACE(layout.options);
+    expect_keeps_the_bound_like_the_data_parallel_run(layout, tiny4);
+  }
+}
+
 // Training at TP 1 generating at TP G with StaleSync: a generation TP group holds one pool (one
 // rank's of the data-parallel run on half the ranks) and its ranks take whole finished groups,
 // consecutive, in TP-rank order, unequal when the count does not split (odd counts of groups of

@@ -392,7 +392,8 @@ TEST(PipelineParallelTrain, ShapesThatDoNotFitStopEveryRankBeforeOutput) {
            "chunks must not exceed the model's 2 layers"},
           {2, "--mode disaggregated --pipeline-parallel 2",
            "--pipeline-parallel 2 is not supported outside --mode fused"},
-          // Generation inside the pipelines: at the pipelines' degree, without EP or StaleSync.
+          // Generation inside the pipelines: at the pipelines' degree and the training TP and EP
+          // degrees.
           {2, "--actor-pipeline-parallel 2",
            "--actor-pipeline-parallel 2 needs --mode fused and --pipeline-parallel 2 (generation "
            "inside the training pipelines; 1: data-parallel)"},
@@ -415,9 +416,14 @@ TEST(PipelineParallelTrain, ShapesThatDoNotFitStopEveryRankBeforeOutput) {
            "--actor-pipeline-parallel 2 with --actor-tensor-parallel 2 is not supported: "
            "generation inside the pipelines runs each stage's own layers at the training TP "
            "degree (--tensor-parallel 1)"},
-          {2, "--pipeline-parallel 2 --actor-pipeline-parallel 2 --staleness 1",
-           "--actor-pipeline-parallel 2 with --staleness (StaleSync) is not supported (pipelined "
-           "generation runs one phase a step, not StaleSync's continuous batching)"},
+          // (StaleSync's pools go through the stages in the order their steps come.)
+          {4, "--pipeline-parallel 2 --actor-pipeline-parallel 2 --expert-parallel 2 --staleness 1",
+           "--actor-pipeline-parallel 2 with --staleness (StaleSync) is not supported with "
+           "--tensor-parallel or --expert-parallel (the pools' steps go through the stages in the "
+           "order they come)"},
+          {4, "--pipeline-parallel 2 --actor-pipeline-parallel 2 --tensor-parallel 2 --staleness 1",
+           "--actor-pipeline-parallel 2 with --staleness (StaleSync) is not supported with "
+           "--tensor-parallel or --expert-parallel"},
           {2, "--pipeline-parallel 2 --expert-parallel 2",
            "--pipeline-parallel 2 x --expert-parallel 2: the EP degree must divide the 1 "
            "pipelines"},

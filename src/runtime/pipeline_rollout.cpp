@@ -1,0 +1,323 @@
+#include "src/runtime/pipeline_rollout.h"
+
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/arena.h"
+#include "src/runtime/posted_sends.h"
+
+namespace rlf {
+
+namespace {
+
+constexpr int kTag = 7312;
+
+// Pass: a lane's step entering virtual stage `stage`. Logits: the step's logits, to the lane's
+// owner. Done: the lane's phase is over (nothing of it is in flight any more).
+enum class Kind : int32_t { Pass, Logits, Done };
+
+struct Header {
+  Kind kind;
+  int32_t lane, stage;
+  int32_t decode_rows, prefill_rows, prefill_tokens;
+  int32_t ints, floats;  // the counts that follow the header, ints first
+};
+
+// A Pass's ints: decode slots and positions, prefill slots and offsets, and on the first stage the
+// decode tokens and prefill tokens. Its floats (later stages): the decode rows' hidden rows, then
+// the prefill tokens'. A Logits's floats: the decode rows' logits, then the prefill rows'.
+struct Message {
+  Header header{};
+  std::vector<int> ints;
+  std::vector<float> floats;
+};
+
+std::vector<char> pack(Header h, const std::vector<int>& ints, const std::vector<float>& floats) {
+  h.ints = int32_t(ints.size());
+  h.floats = int32_t(floats.size());
+  std::vector<char> out(sizeof(Header) + ints.size() * sizeof(int) + floats.size() * sizeof(float));
+  char* at = out.data();
+  std::memcpy(at, &h, sizeof(Header));
+  at += sizeof(Header);
+  if (!ints.empty()) std::memcpy(at, ints.data(), ints.size() * sizeof(int));
+  at += ints.size() * sizeof(int);
+  if (!floats.empty()) std::memcpy(at, floats.data(), floats.size() * sizeof(float));
+  return out;
+}
+
+Message unpack(const std::vector<char>& bytes) {
+  Message m;
+  std::memcpy(&m.header, bytes.data(), sizeof(Header));
+  const char* at = bytes.data() + sizeof(Header);
+  m.ints.resize(size_t(m.header.ints));
+  if (m.header.ints > 0) std::memcpy(m.ints.data(), at, m.ints.size() * sizeof(int));
+  at += m.ints.size() * sizeof(int);
+  m.floats.resize(size_t(m.header.floats));
+  if (m.header.floats > 0) std::memcpy(m.floats.data(), at, m.floats.size() * sizeof(float));
+  return m;
+}
+
+class PipelinedPhase {
+ public:
+  PipelinedPhase(RolloutPool& pool, Transformer<float>& stage,
+                 const std::vector<LayerRange>& chunks, const GenerationSettings& sampling,
+                 int version, const PoolSettings& settings, MPI_Comm ready_over, MPI_Comm pipeline,
+                 Links& links)
+      : phase_(pool, version, settings),
+        stage_(stage),
+        chunks_(chunks),
+        sampling_(sampling),
+        ready_over_(ready_over),
+        pipeline_(pipeline),
+        links_(links),
+        device_(stage.device()),
+        sends_(pipeline, kTag, links) {
+    MPI_Comm_rank(pipeline, &rank_);
+    MPI_Comm_size(pipeline, &P_);
+    stages_ = P_ * int(chunks.size());
+  }
+
+  PhaseStats run() {
+    // Every lane's cache shape (slots, length), so that each stage keeps a cache for every lane.
+    const int own[2] = {phase_.slots(),
+                        phase_.slots() > 0
+                            ? generation_length(stage_, phase_.longest_prompt(), sampling_,
+                                                "generate_phase_pipelined")
+                            : 0};
+    std::vector<int> shapes(2 * size_t(P_));
+    MPI_Allgather(own, 2, MPI_INT, shapes.data(), 2, MPI_INT, pipeline_);
+    ArenaScope scope(device_);
+    caches_.resize(size_t(P_));
+    for (int lane = 0; lane < P_; ++lane) {
+      const int slots = shapes[2 * size_t(lane)];
+      if (slots > 0) {
+        caches_[size_t(lane)] = stage_.allocate_kv_cache(slots, shapes[2 * size_t(lane) + 1]);
+      }
+    }
+    after_caches_ = device_.mark();
+    // A rank alone with nothing to generate is done at once (generate_phase's early return).
+    if (phase_.samples() == 0 && ready_over_ == MPI_COMM_NULL) {
+      finish_lane();
+    } else {
+      start_step();
+    }
+    Backoff backoff;
+    std::vector<char> buffer;
+    while (lanes_done_ < P_) {
+      int arrived = 0;
+      MPI_Status status;
+      MPI_Iprobe(MPI_ANY_SOURCE, kTag, pipeline_, &arrived, &status);
+      if (arrived) {
+        int bytes = 0;
+        MPI_Get_count(&status, MPI_BYTE, &bytes);
+        buffer.resize(size_t(bytes));
+        MPI_Recv(buffer.data(), bytes, MPI_BYTE, status.MPI_SOURCE, kTag, pipeline_,
+                 MPI_STATUS_IGNORE);
+        links_.emulate(links_.world_rank_of(status.MPI_SOURCE, pipeline_), uint64_t(bytes));
+        take(unpack(buffer));
+        backoff.reset();
+        continue;
+      }
+      if (agreement_ != MPI_REQUEST_NULL) {
+        int agreed = 0;
+        MPI_Test(&agreement_, &agreed, MPI_STATUS_IGNORE);
+        if (agreed) {
+          if (settle(all_ready_ != 0)) start_step();
+          backoff.reset();
+          continue;
+        }
+      }
+      backoff.wait();
+    }
+    sends_.finish();
+    return phase_.stats();
+  }
+
+ private:
+  void take(const Message& m) {
+    switch (m.header.kind) {
+      case Kind::Done:
+        ++lanes_done_;
+        return;
+      case Kind::Pass:
+        run_pass(m);
+        return;
+      case Kind::Logits:
+        if (m.header.lane != rank_) {
+          throw std::logic_error("generate_phase_pipelined: another lane's logits");
+        }
+        take_logits(m.floats);
+        return;
+    }
+  }
+
+  // This rank's lane: begins steps until one goes into the pipeline, the lane waits for the
+  // ranks' agreement, or its phase is over.
+  void start_step() {
+    for (;;) {
+      const RolloutPool::Phase::Step step = phase_.begin_step();
+      if (step.decode_rows() + step.prefill_rows() > 0) {
+        decode_rows_ = step.decode_rows();
+        prefill_rows_ = step.prefill_rows();
+        Message first;
+        first.header = {Kind::Pass,
+                        int32_t(rank_),
+                        0,
+                        decode_rows_,
+                        prefill_rows_,
+                        int32_t(step.prefill_tokens.size()),
+                        0,
+                        0};
+        for (const std::vector<int>* part :
+             {&step.decode_slots, &step.decode_positions, &step.prefill_slots,
+              &step.prefill_offsets, &step.decode_tokens, &step.prefill_tokens}) {
+          first.ints.insert(first.ints.end(), part->begin(), part->end());
+        }
+        if (rank_ == 0) {
+          run_pass(first);
+        } else {
+          sends_.post(0, pack(first.header, first.ints, first.floats));
+        }
+        return;
+      }
+      // Nothing to run: the step ends at once.
+      if (!after_step(phase_.end_step(stage_, sampling_, nullptr, nullptr))) return;
+    }
+  }
+
+  // Virtual stage h.stage over a lane's step: its decode rows, then its prefill rows.
+  void run_pass(const Message& m) {
+    const Header& h = m.header;
+    const int s = h.stage, d = h.decode_rows, p = h.prefill_rows, t = h.prefill_tokens;
+    const LayerRange range = chunks_[size_t(s / P_)];
+    KVCache<float>& cache = caches_[size_t(h.lane)];
+    const int C = stage_.config().d_model, V = stage_.config().vocab_size;
+    const bool last = s + 1 == stages_;
+    const int* decode_slots = m.ints.data();
+    const int* positions = decode_slots + d;
+    const int* prefill_slots = positions + d;
+    const int* offsets = prefill_slots + p;
+    const int* decode_tokens = offsets + p + 1;
+    const int* prefill_tokens = decode_tokens + d;
+    // The rows received into the device arena (the kernels read them there).
+    auto rows_in = [&](size_t first, size_t count) -> const float* {
+      if (s == 0) return nullptr;
+      float* x = device_.allocate<float>(count, "pipelined rollout rows");
+      std::memcpy(x, m.floats.data() + first, count * sizeof(float));
+      return x;
+    };
+    std::vector<float> out;
+    if (d > 0) {
+      const float* x = rows_in(0, size_t(d) * size_t(C));
+      const float* result =
+          stage_.decode_range(cache, s == 0 ? decode_tokens : nullptr, x, decode_slots, positions,
+                              d, range.first, range.last);
+      out.insert(out.end(), result, result + size_t(d) * size_t(last ? V : C));
+      device_.release(after_caches_);
+    }
+    if (p > 0) {
+      const float* x = rows_in(size_t(d) * size_t(C), size_t(t) * size_t(C));
+      const float* result =
+          stage_.prefill_range(cache, s == 0 ? prefill_tokens : nullptr, x, offsets, p,
+                               prefill_slots, range.first, range.last);
+      out.insert(out.end(), result,
+                 result + (last ? size_t(p) * size_t(V) : size_t(t) * size_t(C)));
+      device_.release(after_caches_);
+    }
+    Header next = h;
+    if (!last) {
+      // The tokens stay behind: later stages take hidden rows.
+      next.stage = s + 1;
+      const std::vector<int> ints(m.ints.begin(), m.ints.begin() + (2 * d + 2 * p + 1));
+      sends_.post((rank_ + 1) % P_, pack(next, ints, out));
+      return;
+    }
+    next.kind = Kind::Logits;
+    if (h.lane == rank_) {
+      take_logits(out);
+    } else {
+      sends_.post(h.lane, pack(next, {}, out));
+    }
+  }
+
+  // This rank's lane: its step's logits are in.
+  void take_logits(const std::vector<float>& logits) {
+    const int V = stage_.config().vocab_size;
+    auto in_arena = [&](size_t first, int rows) -> const float* {
+      if (rows == 0) return nullptr;
+      float* x = device_.allocate<float>(size_t(rows) * size_t(V), "pipelined rollout logits");
+      std::memcpy(x, logits.data() + first, size_t(rows) * size_t(V) * sizeof(float));
+      return x;
+    };
+    const float* decode_logits = in_arena(0, decode_rows_);
+    const float* prefill_logits = in_arena(size_t(decode_rows_) * size_t(V), prefill_rows_);
+    const bool ready = phase_.end_step(stage_, sampling_, decode_logits, prefill_logits);
+    device_.release(after_caches_);
+    if (after_step(ready)) start_step();
+  }
+
+  // After a step: the ranks' agreement (nonblocking), or the lane's own readiness. True when the
+  // lane goes on to its next step now.
+  bool after_step(bool ready) {
+    if (ready_over_ != MPI_COMM_NULL && !phase_.stopped()) {
+      all_ready_ = ready ? 1 : 0;
+      MPI_Iallreduce(MPI_IN_PLACE, &all_ready_, 1, MPI_INT, MPI_LAND, ready_over_, &agreement_);
+      return false;
+    }
+    return settle(ready);
+  }
+
+  bool settle(bool ready) {
+    phase_.settle(ready);
+    if (!phase_.stopped()) return true;
+    finish_lane();
+    return false;
+  }
+
+  void finish_lane() {
+    ++lanes_done_;
+    for (int r = 0; r < P_; ++r) {
+      if (r != rank_) sends_.post(r, pack({Kind::Done, int32_t(rank_), 0, 0, 0, 0, 0, 0}, {}, {}));
+    }
+  }
+
+  RolloutPool::Phase phase_;
+  Transformer<float>& stage_;
+  const std::vector<LayerRange>& chunks_;
+  const GenerationSettings& sampling_;
+  MPI_Comm ready_over_, pipeline_;
+  Links& links_;
+  Arena& device_;
+  PostedSends sends_;
+  int rank_ = 0, P_ = 0, stages_ = 0;
+  std::vector<KVCache<float>> caches_;  // one a lane, for this stage's layers
+  Arena::Mark after_caches_{};
+  int lanes_done_ = 0;
+  int decode_rows_ = 0, prefill_rows_ = 0;  // this lane's step in flight
+  int all_ready_ = 0;
+  MPI_Request agreement_ = MPI_REQUEST_NULL;
+};
+
+}  // namespace
+
+PhaseStats generate_phase_pipelined(RolloutPool& pool, Transformer<float>& stage,
+                                    const std::vector<LayerRange>& chunks,
+                                    const GenerationSettings& sampling, int version,
+                                    const PoolSettings& settings, MPI_Comm ready_over,
+                                    MPI_Comm pipeline, Links& links) {
+  int P = 0;
+  MPI_Comm_size(pipeline, &P);
+  if (P < 2 || chunks.empty() || !sampling.use_kv_cache || settings.all_ranks_ready ||
+      stage.expert_parallel() || stage.tensor_parallel() != nullptr) {
+    throw std::invalid_argument(
+        "generate_phase_pipelined: needs a pipeline of 2 or more stages, the rank's chunks, the "
+        "KV cache, ready_over instead of all_ranks_ready, and no tensor or expert parallelism "
+        "inside the stages");
+  }
+  return PipelinedPhase(pool, stage, chunks, sampling, version, settings, ready_over, pipeline,
+                        links)
+      .run();
+}
+
+}  // namespace rlf

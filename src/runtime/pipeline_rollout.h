@@ -1,0 +1,49 @@
+// StaleSync's rollout pools generating inside a pipeline (fused `train --staleness s
+// --actor-pipeline-parallel P`): each rank keeps its own pool, as in the data-parallel run, and the
+// pipeline's stages compute every pool's logits from the layers they store, so no rank borrows
+// another stage's layers.
+//
+// Each rank's pool is a lane of the pipeline. Its owner takes the phase a step at a time
+// (RolloutPool::Phase): it sends the step's rows (the running sequences' last tokens, the admitted
+// sequences' prompts and responses so far, their cache slots) to the first stage; each virtual
+// stage runs its layers over them, decode rows first, and sends the hidden rows on; the last
+// stage's logits go back to the owner, which draws the next tokens, decides on continuous batching
+// and the long-tail cut as its pool always does, and starts its next step. The P lanes are in the
+// pipeline at once, like the P groups of generate_pipelined, and every stage keeps one KV cache a
+// lane for its own layers. The owner's decisions do not depend on where the logits were computed,
+// so each pool runs the phase generate_phase runs on the whole model (the same samples, cuts and
+// steps, up to float rounding of the stages' calls).
+//
+// With `ready_over` (the ranks that train together; MPI_COMM_NULL: none) a phase ends only at the
+// first step at which every lane is ready, as PoolSettings::all_ranks_ready makes the data-parallel
+// pools agree: here by a nonblocking allreduce per step, so a lane waiting for the agreement keeps
+// its stage's work for the other lanes going. A step with no rows to run (a ready lane with
+// nothing left to decode) does not enter the pipeline.
+//
+// Every message is a point-to-point send (posted, counted on the Links and delayed by their
+// emulation). A stage takes its lanes' messages as they come: each lane has its own cache, so
+// the order changes no result.
+#pragma once
+
+#include <mpi.h>
+
+#include <vector>
+
+#include "mpi_comm/links.h"
+#include "src/model/pipeline_stage.h"
+#include "src/rl/rollout_pool.h"
+
+namespace rlf {
+
+// Collective over `pipeline` (rank = pipeline stage, size P >= 2) and `ready_over`: one phase of
+// this rank's `pool` (RolloutPool::generate_phase's arguments; settings.all_ranks_ready must be
+// empty: `ready_over` replaces it) with `stage` storing the layers of `chunks` (as
+// generate_pipelined), the embedding on rank 0 and the head on rank P - 1. Not with tensor or
+// expert parallelism inside the stages (std::invalid_argument). Returns this rank's phase's stats.
+PhaseStats generate_phase_pipelined(RolloutPool& pool, Transformer<float>& stage,
+                                    const std::vector<LayerRange>& chunks,
+                                    const GenerationSettings& sampling, int version,
+                                    const PoolSettings& settings, MPI_Comm ready_over,
+                                    MPI_Comm pipeline, Links& links);
+
+}  // namespace rlf
