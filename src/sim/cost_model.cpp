@@ -438,12 +438,18 @@ Phase generation_cost(const ModelShape& m, const ClusterConfig& c, const RlJob& 
   // prefills every prompt in one call.
   const double prompt_context = 0.5 * job.prompt.mean;
   if (cut) {
+    // (Inside a pipeline each rank's pool is a lane, src/runtime/pipeline_rollout.h: a round of
+    // the P lanes' steps, each 1 / P of the stage's rows, costs a data-parallel rank's step over
+    // one lane's rows; the last stage starts once the first lane's first step has passed the
+    // stages before it, the fill.)
     const double later_calls = std::min(steps, per_rank);
     const double resumed_tokens = batch * (job.prompt.mean + 0.5 * job.response.mean);
-    phase.seconds = generation_step(m, c, job, g, placement, resumed_tokens, prompt_context, true);
+    const double first =
+        generation_step(m, c, job, g, placement, resumed_tokens / P, prompt_context, true);
+    phase.seconds = first + (P - 1) / (P * g.vpp) * first;
     if (later_calls > 0) {
       phase.seconds += later_calls * generation_step(m, c, job, g, placement,
-                                                     per_rank * job.prompt.mean / later_calls,
+                                                     per_rank * job.prompt.mean / (P * later_calls),
                                                      prompt_context, true, false);
     }
   } else if (P == 1) {
@@ -613,11 +619,13 @@ bool feasible(const ModelConfig& config, const RlJob& job, const Strategy& s) {
     if (!divides(p->ep, config.n_experts)) return false;
     if (!divides(p->ep, double(p->tp) * p->dp)) return false;  // EP carved from TP x DP
   }
-  // Generation at PP 1, or inside the training pipelines (fused, synchronous, the training layout
-  // itself: each stage generates from its own layers, src/runtime/pipeline_generation.h).
+  // Generation at PP 1, or inside the training pipelines (fused, the training layout itself: each
+  // stage generates from its own layers, src/runtime/pipeline_generation.h; with StaleSync without
+  // TP or EP inside the stages, src/runtime/pipeline_rollout.h).
   if ((s.generate.pp != 1 || s.generate.vpp != 1) &&
-      !(s.mode == Mode::Fused && s.staleness == 0 && s.train.pp > 1 &&
-        layouts_equal(s.train, s.generate) && s.generate.vpp == s.train.vpp))
+      !(s.mode == Mode::Fused && s.train.pp > 1 && layouts_equal(s.train, s.generate) &&
+        s.generate.vpp == s.train.vpp &&
+        (s.staleness == 0 || (s.train.tp == 1 && s.train.ep == 1))))
     return false;
   // Spare slots need experts spread over EP ranks, and a rank never holds two copies of one.
   if (s.redundant_experts < 0) return false;

@@ -810,8 +810,8 @@ TEST(CostModel, StaleSyncOverlapsDisaggregatedAndCutsFused) {
 // its half of the layers over its pipeline's two groups of sequences, a data-parallel rank's
 // FLOPs per device, so with free links and sampling it takes the data-parallel generation's time;
 // it holds no borrowed layers (the stitched switch's added parameters), and its last stage draws
-// the pipeline's tokens (twice a data-parallel rank's sampling). Only fused, synchronous, at the
-// training layout itself.
+// the pipeline's tokens (twice a data-parallel rank's sampling). Only fused, at the training
+// layout itself; with StaleSync only without TP or EP inside the stages.
 // 32 samples of 16 prompt and 16 response tokens on 8 devices: a data-parallel rank prefills its 4
 // prompts (64 tokens) and decodes 15 steps; inside a PP 2 pipeline a stage runs its half of the
 // layers over 2 groups of 4 sequences each, the same work, the prompts in 4 pieces of a group,
@@ -882,11 +882,32 @@ TEST(CostModel, GenerationInsideThePipelinesRunsADataParallelRanksWorkAfterItsFi
   c.intra_node = {1e9, 1e-6};
   EXPECT_GT(predict_generating(inside_pipelines).generation - inside.generation,
             predict_generating(data_parallel).generation - borrowing.generation);
-  // Not with StaleSync, not disaggregated, not at another layout than training's.
-  s.generate = inside_pipelines;
+  // With StaleSync each rank's pool is a lane of its pipeline: a round of the 2 lanes' steps
+  // costs a data-parallel rank's step, after the fill (the first lane's first prefill, of the
+  // resumed prefixes of a data-parallel rank's 4 slots, through the first stage's half of the
+  // layers). Only the prefill's row work costs time here.
   s.staleness = 1;
+  c.intra_node = flops_only().intra_node;  // free links and sampling again
+  c.sampler_rate = flops_only().sampler_rate;
+  c.matmul_flops = c.decode_flops = 1e300;
+  c.row_seconds = 1e-6;
+  const double resumed_prefill = 4 * (16 + 0.5 * 16) * m.layers * 1e-6 / 3;
+  EXPECT_NEAR(predict_generating(inside_pipelines).generation -
+                  predict_generating(data_parallel).generation,
+              0.5 * resumed_prefill, 1e-15);
+  c.row_seconds = 0;
+  c.matmul_flops = c.decode_flops = 1e9;
+  // Not with TP or EP inside the stages (the runtime takes the lanes' steps as they come).
+  s.train = {1, 2, 1, 2, 4};
+  s.generate = s.train;
   EXPECT_FALSE(feasible(config, job, s));
+  s.train = {2, 2, 1, 1, 2};
+  s.generate = s.train;
+  EXPECT_FALSE(feasible(config, job, s));
+  s.train = {1, 2, 1, 1, 4};
+  s.generate = inside_pipelines;
   s.staleness = 0;
+  // Not disaggregated, not at another layout than training's.
   s.mode = Mode::Disaggregated;
   EXPECT_FALSE(feasible(config, job, s));
   s.mode = Mode::Fused;
