@@ -40,15 +40,6 @@ void validate_pipeline_generation(const DisaggregatedOptions& options, bool fuse
                       "experts over its training EP group (--expert-parallel " +
                       std::to_string(options.expert_parallel) + ")");
   }
-  // StaleSync's pools run as lanes of the pipeline (generate_phase_pipelined), whose stages take
-  // the lanes' steps in the order they come: TP mates would enter their collectives in different
-  // orders, and EP mates' passes would not pair up.
-  if (rl.staleness > 0 && (options.tensor_parallel > 1 || options.expert_parallel > 1)) {
-    throw ConfigError(option +
-                      " with --staleness (StaleSync) is not supported with --tensor-parallel or "
-                      "--expert-parallel (the pools' steps go through the stages in the order "
-                      "they come)");
-  }
 }
 
 void validate_pipeline_parallel_train(const DisaggregatedOptions& options, bool fused,

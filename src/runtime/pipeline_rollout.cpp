@@ -1,8 +1,11 @@
 #include "src/runtime/pipeline_rollout.h"
 
 #include <cstring>
+#include <map>
 #include <stdexcept>
 #include <string>
+#include <tuple>
+#include <utility>
 
 #include "kernels/arena.h"
 #include "src/runtime/posted_sends.h"
@@ -14,12 +17,12 @@ namespace {
 constexpr int kTag = 7312;
 
 // Pass: a lane's step entering virtual stage `stage`. Logits: the step's logits, to the lane's
-// owner. Done: the lane's phase is over (nothing of it is in flight any more).
-enum class Kind : int32_t { Pass, Logits, Done };
+// owner.
+enum class Kind : int32_t { Pass, Logits };
 
 struct Header {
   Kind kind;
-  int32_t lane, stage;
+  int32_t lane, round, stage;
   int32_t decode_rows, prefill_rows, prefill_tokens;
   int32_t ints, floats;  // the counts that follow the header, ints first
 };
@@ -58,6 +61,9 @@ Message unpack(const std::vector<char>& bytes) {
   return m;
 }
 
+// Where a pass stands in a rank's order: round (the lanes' step), the rank's chunk, lane.
+using PassKey = std::tuple<int, int, int>;
+
 class PipelinedPhase {
  public:
   PipelinedPhase(RolloutPool& pool, Transformer<float>& stage,
@@ -76,35 +82,30 @@ class PipelinedPhase {
     MPI_Comm_rank(pipeline, &rank_);
     MPI_Comm_size(pipeline, &P_);
     stages_ = P_ * int(chunks.size());
+    // With EP a stage's passes pair with its EP mates' (the same stage in other pipelines), which
+    // run other samples: every pass makes both of its calls, with no rows if need be.
+    calls_without_rows_ = stage.expert_parallel();
   }
 
   PhaseStats run() {
-    // Every lane's cache shape (slots, length), so that each stage keeps a cache for every lane.
-    const int own[2] = {phase_.slots(),
-                        phase_.slots() > 0
-                            ? generation_length(stage_, phase_.longest_prompt(), sampling_,
-                                                "generate_phase_pipelined")
-                            : 0};
+    // Every lane's cache shape (slots, length), so that each stage keeps a cache for every lane
+    // (one without slots too: an EP pass with no rows still runs the layers).
+    const int own[2] = {phase_.slots(), generation_length(stage_, phase_.longest_prompt(),
+                                                          sampling_, "generate_phase_pipelined")};
     std::vector<int> shapes(2 * size_t(P_));
     MPI_Allgather(own, 2, MPI_INT, shapes.data(), 2, MPI_INT, pipeline_);
     ArenaScope scope(device_);
-    caches_.resize(size_t(P_));
     for (int lane = 0; lane < P_; ++lane) {
-      const int slots = shapes[2 * size_t(lane)];
-      if (slots > 0) {
-        caches_[size_t(lane)] = stage_.allocate_kv_cache(slots, shapes[2 * size_t(lane) + 1]);
-      }
+      caches_.push_back(
+          stage_.allocate_kv_cache(shapes[2 * size_t(lane)], shapes[2 * size_t(lane) + 1]));
     }
     after_caches_ = device_.mark();
-    // A rank alone with nothing to generate is done at once (generate_phase's early return).
-    if (phase_.samples() == 0 && ready_over_ == MPI_COMM_NULL) {
-      finish_lane();
-    } else {
-      start_step();
-    }
+    start_step();
     Backoff backoff;
     std::vector<char> buffer;
-    while (lanes_done_ < P_) {
+    // The last agreement ends every lane's phase at once, after the last round has passed every
+    // stage (each owner agrees only once its step's logits are in): nothing is left in flight.
+    while (!phase_.stopped()) {
       int arrived = 0;
       MPI_Status status;
       MPI_Iprobe(MPI_ANY_SOURCE, kTag, pipeline_, &arrived, &status);
@@ -123,7 +124,8 @@ class PipelinedPhase {
         int agreed = 0;
         MPI_Test(&agreement_, &agreed, MPI_STATUS_IGNORE);
         if (agreed) {
-          if (settle(all_ready_ != 0)) start_step();
+          phase_.settle(all_ready_ != 0);
+          if (!phase_.stopped()) start_step();
           backoff.reset();
           continue;
         }
@@ -135,54 +137,67 @@ class PipelinedPhase {
   }
 
  private:
-  void take(const Message& m) {
-    switch (m.header.kind) {
-      case Kind::Done:
-        ++lanes_done_;
-        return;
-      case Kind::Pass:
-        run_pass(m);
-        return;
-      case Kind::Logits:
-        if (m.header.lane != rank_) {
-          throw std::logic_error("generate_phase_pipelined: another lane's logits");
+  void take(Message m) {
+    if (m.header.kind == Kind::Logits) {
+      if (m.header.lane != rank_) {
+        throw std::logic_error("generate_phase_pipelined: another lane's logits");
+      }
+      take_logits(m.floats);
+      return;
+    }
+    const Header& h = m.header;
+    passes_.emplace(PassKey{h.round, h.stage / P_, h.lane}, std::move(m));
+    run_passes_in_order();
+  }
+
+  // A rank runs its passes in one order: by round, then its chunk, then lane. Every pass's inputs
+  // come from passes earlier in that order (on this or another rank), so no rank waits for a pass
+  // that waits for it; and the ranks of a stage's TP group, or of its EP group, make their
+  // collective calls in the same order.
+  void run_passes_in_order() {
+    for (;;) {
+      const auto next = passes_.find(expected_);
+      if (next == passes_.end()) return;
+      const Message m = std::move(next->second);
+      passes_.erase(next);
+      auto& [round, chunk, lane] = expected_;
+      if (++lane == P_) {
+        lane = 0;
+        if (++chunk == int(chunks_.size())) {
+          chunk = 0;
+          ++round;
         }
-        take_logits(m.floats);
-        return;
+      }
+      run_pass(m);
     }
   }
 
-  // This rank's lane: begins steps until one goes into the pipeline, the lane waits for the
-  // ranks' agreement, or its phase is over.
+  // This rank's lane: its next step goes into the pipeline, with no rows if it has none (every
+  // lane makes every round's passes).
   void start_step() {
-    for (;;) {
-      const RolloutPool::Phase::Step step = phase_.begin_step();
-      if (step.decode_rows() + step.prefill_rows() > 0) {
-        decode_rows_ = step.decode_rows();
-        prefill_rows_ = step.prefill_rows();
-        Message first;
-        first.header = {Kind::Pass,
-                        int32_t(rank_),
-                        0,
-                        decode_rows_,
-                        prefill_rows_,
-                        int32_t(step.prefill_tokens.size()),
-                        0,
-                        0};
-        for (const std::vector<int>* part :
-             {&step.decode_slots, &step.decode_positions, &step.prefill_slots,
-              &step.prefill_offsets, &step.decode_tokens, &step.prefill_tokens}) {
-          first.ints.insert(first.ints.end(), part->begin(), part->end());
-        }
-        if (rank_ == 0) {
-          run_pass(first);
-        } else {
-          sends_.post(0, pack(first.header, first.ints, first.floats));
-        }
-        return;
-      }
-      // Nothing to run: the step ends at once.
-      if (!after_step(phase_.end_step(stage_, sampling_, nullptr, nullptr))) return;
+    const RolloutPool::Phase::Step step = phase_.begin_step();
+    decode_rows_ = step.decode_rows();
+    prefill_rows_ = step.prefill_rows();
+    Message first;
+    first.header = {Kind::Pass,
+                    int32_t(rank_),
+                    round_,
+                    0,
+                    decode_rows_,
+                    prefill_rows_,
+                    int32_t(step.prefill_tokens.size()),
+                    0,
+                    0};
+    ++round_;
+    for (const std::vector<int>* part :
+         {&step.decode_slots, &step.decode_positions, &step.prefill_slots, &step.prefill_offsets,
+          &step.decode_tokens, &step.prefill_tokens}) {
+      first.ints.insert(first.ints.end(), part->begin(), part->end());
+    }
+    if (rank_ == 0) {
+      take(std::move(first));
+    } else {
+      sends_.post(0, pack(first.header, first.ints, first.floats));
     }
   }
 
@@ -204,11 +219,12 @@ class PipelinedPhase {
     auto rows_in = [&](size_t first, size_t count) -> const float* {
       if (s == 0) return nullptr;
       float* x = device_.allocate<float>(count, "pipelined rollout rows");
-      std::memcpy(x, m.floats.data() + first, count * sizeof(float));
+      if (count > 0) std::memcpy(x, m.floats.data() + first, count * sizeof(float));
       return x;
     };
     std::vector<float> out;
-    if (d > 0) {
+    // (As generate_phase: the first round has nothing to decode on any lane.)
+    if (d > 0 || (calls_without_rows_ && h.round > 0)) {
       const float* x = rows_in(0, size_t(d) * size_t(C));
       const float* result =
           stage_.decode_range(cache, s == 0 ? decode_tokens : nullptr, x, decode_slots, positions,
@@ -216,7 +232,7 @@ class PipelinedPhase {
       out.insert(out.end(), result, result + size_t(d) * size_t(last ? V : C));
       device_.release(after_caches_);
     }
-    if (p > 0) {
+    if (p > 0 || calls_without_rows_) {
       const float* x = rows_in(size_t(d) * size_t(C), size_t(t) * size_t(C));
       const float* result =
           stage_.prefill_range(cache, s == 0 ? prefill_tokens : nullptr, x, offsets, p,
@@ -241,7 +257,8 @@ class PipelinedPhase {
     }
   }
 
-  // This rank's lane: its step's logits are in.
+  // This rank's lane: its step's logits are in. The ranks then agree whether all are ready
+  // (nonblocking: this rank's stage keeps working for the other lanes meanwhile).
   void take_logits(const std::vector<float>& logits) {
     const int V = stage_.config().vocab_size;
     auto in_arena = [&](size_t first, int rows) -> const float* {
@@ -252,34 +269,9 @@ class PipelinedPhase {
     };
     const float* decode_logits = in_arena(0, decode_rows_);
     const float* prefill_logits = in_arena(size_t(decode_rows_) * size_t(V), prefill_rows_);
-    const bool ready = phase_.end_step(stage_, sampling_, decode_logits, prefill_logits);
+    all_ready_ = phase_.end_step(stage_, sampling_, decode_logits, prefill_logits) ? 1 : 0;
     device_.release(after_caches_);
-    if (after_step(ready)) start_step();
-  }
-
-  // After a step: the ranks' agreement (nonblocking), or the lane's own readiness. True when the
-  // lane goes on to its next step now.
-  bool after_step(bool ready) {
-    if (ready_over_ != MPI_COMM_NULL && !phase_.stopped()) {
-      all_ready_ = ready ? 1 : 0;
-      MPI_Iallreduce(MPI_IN_PLACE, &all_ready_, 1, MPI_INT, MPI_LAND, ready_over_, &agreement_);
-      return false;
-    }
-    return settle(ready);
-  }
-
-  bool settle(bool ready) {
-    phase_.settle(ready);
-    if (!phase_.stopped()) return true;
-    finish_lane();
-    return false;
-  }
-
-  void finish_lane() {
-    ++lanes_done_;
-    for (int r = 0; r < P_; ++r) {
-      if (r != rank_) sends_.post(r, pack({Kind::Done, int32_t(rank_), 0, 0, 0, 0, 0, 0}, {}, {}));
-    }
+    MPI_Iallreduce(MPI_IN_PLACE, &all_ready_, 1, MPI_INT, MPI_LAND, ready_over_, &agreement_);
   }
 
   RolloutPool::Phase phase_;
@@ -291,9 +283,12 @@ class PipelinedPhase {
   Arena& device_;
   PostedSends sends_;
   int rank_ = 0, P_ = 0, stages_ = 0;
+  bool calls_without_rows_ = false;
   std::vector<KVCache<float>> caches_;  // one a lane, for this stage's layers
   Arena::Mark after_caches_{};
-  int lanes_done_ = 0;
+  std::map<PassKey, Message> passes_;  // received, waiting for their turn
+  PassKey expected_{0, 0, 0};
+  int round_ = 0;                           // this lane's next step
   int decode_rows_ = 0, prefill_rows_ = 0;  // this lane's step in flight
   int all_ready_ = 0;
   MPI_Request agreement_ = MPI_REQUEST_NULL;
@@ -309,11 +304,10 @@ PhaseStats generate_phase_pipelined(RolloutPool& pool, Transformer<float>& stage
   int P = 0;
   MPI_Comm_size(pipeline, &P);
   if (P < 2 || chunks.empty() || !sampling.use_kv_cache || settings.all_ranks_ready ||
-      stage.expert_parallel() || stage.tensor_parallel() != nullptr) {
+      ready_over == MPI_COMM_NULL) {
     throw std::invalid_argument(
         "generate_phase_pipelined: needs a pipeline of 2 or more stages, the rank's chunks, the "
-        "KV cache, ready_over instead of all_ranks_ready, and no tensor or expert parallelism "
-        "inside the stages");
+        "KV cache, and ready_over (instead of all_ranks_ready)");
   }
   return PipelinedPhase(pool, stage, chunks, sampling, version, settings, ready_over, pipeline,
                         links)

@@ -14,15 +14,18 @@
 // so each pool runs the phase generate_phase runs on the whole model (the same samples, cuts and
 // steps, up to float rounding of the stages' calls).
 //
-// With `ready_over` (the ranks that train together; MPI_COMM_NULL: none) a phase ends only at the
-// first step at which every lane is ready, as PoolSettings::all_ranks_ready makes the data-parallel
-// pools agree: here by a nonblocking allreduce per step, so a lane waiting for the agreement keeps
-// its stage's work for the other lanes going. A step with no rows to run (a ready lane with
-// nothing left to decode) does not enter the pipeline.
+// The ranks that train together (`ready_over`) end each phase at the first step at which every
+// lane is ready, as PoolSettings::all_ranks_ready makes the data-parallel pools agree: here by a
+// nonblocking allreduce per step, so a lane waiting for the agreement keeps its stage's work for
+// the other lanes going. Every lane thus takes the same steps, each of them through the pipeline
+// (with no rows if it has none), and every rank runs its passes in one order: by round (the lanes'
+// step), then its chunk, then lane. A pass's inputs come from passes earlier in that order, so no
+// rank waits on one that waits on it; the ranks of a stage's TP group make their collective calls
+// in the same order, and so do its EP mates (the same stage in other pipelines, running other
+// samples: with EP every pass makes its decode and prefill calls, with no rows if need be).
 //
 // Every message is a point-to-point send (posted, counted on the Links and delayed by their
-// emulation). A stage takes its lanes' messages as they come: each lane has its own cache, so
-// the order changes no result.
+// emulation).
 #pragma once
 
 #include <mpi.h>
@@ -35,11 +38,12 @@
 
 namespace rlf {
 
-// Collective over `pipeline` (rank = pipeline stage, size P >= 2) and `ready_over`: one phase of
-// this rank's `pool` (RolloutPool::generate_phase's arguments; settings.all_ranks_ready must be
-// empty: `ready_over` replaces it) with `stage` storing the layers of `chunks` (as
-// generate_pipelined), the embedding on rank 0 and the head on rank P - 1. Not with tensor or
-// expert parallelism inside the stages (std::invalid_argument). Returns this rank's phase's stats.
+// Collective over `pipeline` (rank = pipeline stage, size P >= 2) and `ready_over` (not
+// MPI_COMM_NULL): one phase of this rank's `pool` (RolloutPool::generate_phase's arguments;
+// settings.all_ranks_ready must be empty: `ready_over` replaces it) with `stage` storing the layers
+// of `chunks` (as generate_pipelined), the embedding on rank 0 and the head on rank P - 1. With TP
+// (or EP) inside the stages every rank of the TP (EP) group calls this at once; a TP group's ranks
+// hold alike pools. Returns this rank's phase's stats.
 PhaseStats generate_phase_pipelined(RolloutPool& pool, Transformer<float>& stage,
                                     const std::vector<LayerRange>& chunks,
                                     const GenerationSettings& sampling, int version,

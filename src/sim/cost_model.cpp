@@ -620,12 +620,11 @@ bool feasible(const ModelConfig& config, const RlJob& job, const Strategy& s) {
     if (!divides(p->ep, double(p->tp) * p->dp)) return false;  // EP carved from TP x DP
   }
   // Generation at PP 1, or inside the training pipelines (fused, the training layout itself: each
-  // stage generates from its own layers, src/runtime/pipeline_generation.h; with StaleSync without
-  // TP or EP inside the stages, src/runtime/pipeline_rollout.h).
+  // stage generates from its own layers, src/runtime/pipeline_generation.h; with StaleSync each
+  // rank's pool a lane, src/runtime/pipeline_rollout.h).
   if ((s.generate.pp != 1 || s.generate.vpp != 1) &&
       !(s.mode == Mode::Fused && s.train.pp > 1 && layouts_equal(s.train, s.generate) &&
-        s.generate.vpp == s.train.vpp &&
-        (s.staleness == 0 || (s.train.tp == 1 && s.train.ep == 1))))
+        s.generate.vpp == s.train.vpp))
     return false;
   // Spare slots need experts spread over EP ranks, and a rank never holds two copies of one.
   if (s.redundant_experts < 0) return false;

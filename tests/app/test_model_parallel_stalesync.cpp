@@ -270,19 +270,39 @@ TEST(ModelParallelStaleSync, KeepsTheBoundReproduciblyAndTrainsTheDataParallelRu
 
 // Generation inside the pipelines with StaleSync (--actor-pipeline-parallel 2): every rank's pool
 // is a lane of its pipeline, the stages computing its logits from their own layers, so it makes the
-// decisions of one rank's pool of the data-parallel run on 4 ranks: PP 2 x DP 2 (1F1B) and
-// interleaved with 2 virtual stages on the 4-layer tiny. The random delays change the order in
-// which a stage takes its lanes' steps, and the weights stay bit for bit.
+// decisions of one rank's pool of the data-parallel run: PP 2 x DP 2 (1F1B), interleaved with 2
+// virtual stages on the 4-layer tiny and PP 2 x EP 2 (a stage's passes pairing with its EP mate's)
+// against the data-parallel run on 4 ranks. With TP inside the stages generation runs at the
+// training TP degree, a TP group's ranks holding alike pools, as TP x PP generating at TP 2
+// borrowing does (GenerationAtATensorParallelDegreeOfItsOwn... below: groups of 3, tiny without
+// the router loss): TP 2 x PP 2 against the data-parallel run on 2 ranks, and TP 2 x PP 2 x EP 2
+// on 8 ranks against it on 4. The random delays change when each lane's steps come, and the
+// weights stay bit for bit.
 TEST(ModelParallelStaleSync, GeneratesInsideThePipelinesLikeTheDataParallelRun) {
   using Layout = StaleLayout;
-  const std::string tiny4 = test::write_tiny4_model(test::fresh_temp_dir("mp-stale-model"));
+  const std::string model_dir = test::fresh_temp_dir("mp-stale-inside-model");
+  const std::string tiny4 = test::write_tiny4_model(model_dir);
   for (const Layout& layout :
        {Layout{"--pipeline-parallel 2 --actor-pipeline-parallel 2 ", 2, 4, ""},
         Layout{"--pipeline-parallel 2 --virtual-stages 2 --actor-pipeline-parallel 2 "
                "--micro-batch 3 ",
-               2, 4, "--micro-batch 3 ", true}}) {
+               2, 4, "--micro-batch 3 ", true},
+        Layout{"--pipeline-parallel 2 --expert-parallel 2 --micro-batch 4 "
+               "--actor-pipeline-parallel 2 ",
+               2, 4, "--micro-batch 4 "}}) {
     SCOPED_TRACE(layout.options);
     expect_keeps_the_bound_like_the_data_parallel_run(layout, tiny4);
+  }
+  const std::string no_aux = write_tiny_no_aux_model(model_dir);
+  for (Layout layout :
+       {Layout{"--tensor-parallel 2 --pipeline-parallel 2 --actor-pipeline-parallel 2 ", 4, 2, ""},
+        Layout{"--tensor-parallel 2 --pipeline-parallel 2 --expert-parallel 2 "
+               "--actor-pipeline-parallel 2 ",
+               4, 4, "", false, "", 8}}) {
+    SCOPED_TRACE(layout.options);
+    layout.group_size = 3;
+    layout.model = no_aux;
+    expect_keeps_the_bound_like_the_data_parallel_run(layout, "");
   }
 }
 

@@ -416,14 +416,6 @@ TEST(PipelineParallelTrain, ShapesThatDoNotFitStopEveryRankBeforeOutput) {
            "--actor-pipeline-parallel 2 with --actor-tensor-parallel 2 is not supported: "
            "generation inside the pipelines runs each stage's own layers at the training TP "
            "degree (--tensor-parallel 1)"},
-          // (StaleSync's pools go through the stages in the order their steps come.)
-          {4, "--pipeline-parallel 2 --actor-pipeline-parallel 2 --expert-parallel 2 --staleness 1",
-           "--actor-pipeline-parallel 2 with --staleness (StaleSync) is not supported with "
-           "--tensor-parallel or --expert-parallel (the pools' steps go through the stages in the "
-           "order they come)"},
-          {4, "--pipeline-parallel 2 --actor-pipeline-parallel 2 --tensor-parallel 2 --staleness 1",
-           "--actor-pipeline-parallel 2 with --staleness (StaleSync) is not supported with "
-           "--tensor-parallel or --expert-parallel"},
           {2, "--pipeline-parallel 2 --expert-parallel 2",
            "--pipeline-parallel 2 x --expert-parallel 2: the EP degree must divide the 1 "
            "pipelines"},

@@ -811,7 +811,7 @@ TEST(CostModel, StaleSyncOverlapsDisaggregatedAndCutsFused) {
 // FLOPs per device, so with free links and sampling it takes the data-parallel generation's time;
 // it holds no borrowed layers (the stitched switch's added parameters), and its last stage draws
 // the pipeline's tokens (twice a data-parallel rank's sampling). Only fused, at the training
-// layout itself; with StaleSync only without TP or EP inside the stages.
+// layout itself (with StaleSync too: each rank's pool a lane of its pipeline).
 // 32 samples of 16 prompt and 16 response tokens on 8 devices: a data-parallel rank prefills its 4
 // prompts (64 tokens) and decodes 15 steps; inside a PP 2 pipeline a stage runs its half of the
 // layers over 2 groups of 4 sequences each, the same work, the prompts in 4 pieces of a group,
@@ -897,13 +897,11 @@ TEST(CostModel, GenerationInsideThePipelinesRunsADataParallelRanksWorkAfterItsFi
               0.5 * resumed_prefill, 1e-15);
   c.row_seconds = 0;
   c.matmul_flops = c.decode_flops = 1e9;
-  // Not with TP or EP inside the stages (the runtime takes the lanes' steps as they come).
-  s.train = {1, 2, 1, 2, 4};
-  s.generate = s.train;
-  EXPECT_FALSE(feasible(config, job, s));
-  s.train = {2, 2, 1, 1, 2};
-  s.generate = s.train;
-  EXPECT_FALSE(feasible(config, job, s));
+  // Also with TP or EP inside the stages.
+  for (const Parallelism& layout : {Parallelism{1, 2, 1, 2, 4}, Parallelism{2, 2, 1, 1, 2}}) {
+    s.train = s.generate = layout;
+    EXPECT_TRUE(feasible(config, job, s));
+  }
   s.train = {1, 2, 1, 1, 4};
   s.generate = inside_pipelines;
   s.staleness = 0;
