@@ -457,6 +457,16 @@ TEST(Checkpoint, FusedPipelineParallelStaleSyncResumeIsBitExact) {
                                        stale_options +
                                        "--pipeline-parallel 2 --virtual-stages 2 --micro-batch 3 ",
                                    "data");
+  // Generating inside the pipelines: each rank's pool a lane of its pipeline, saved and restored
+  // as the data-parallel generation's (with TP and EP inside the stages too).
+  expect_kill_and_resume_bit_exact("pipeline-inside-stale", 2,
+                                   stale + "--pipeline-parallel 2 --actor-pipeline-parallel 2 ",
+                                   "data");
+  expect_kill_and_resume_bit_exact("pipeline-experts-inside-stale", 4,
+                                   stale +
+                                       "--pipeline-parallel 2 --expert-parallel 2 --micro-batch 4 "
+                                       "--actor-pipeline-parallel 2 ",
+                                   "data");
 }
 
 // Training at TP 1 generating at TP 2 with StaleSync: each generation group's ranks hold the same
