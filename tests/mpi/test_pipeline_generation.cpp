@@ -26,6 +26,7 @@
 #include "src/runtime/pipeline_step.h"
 #include "src/runtime/role_expert_parallel.h"
 #include "tests/micro_model_config.h"
+#include "tests/mpi/model_parallel_stage.h"
 #include "tests/mpi/mpi_test_util.h"
 #include "tests/test_util.h"
 #include "tests/tiny_policy.h"
@@ -312,33 +313,21 @@ TEST(PipelineGenerationExpertParallel, StagesGenerateWhatTheWholeModelGenerates)
                                                std::to_string(P) + std::to_string(virtual_stages),
                                            world);
       Links links(test::virtual_node_list(world, 1), LinkEmulation{});
-      std::unique_ptr<TensorParallel> tp;
-      if (T > 1) {
-        tp = std::make_unique<TensorParallel>(MPI_COMM_WORLD, T, /*attention_only=*/false, config,
-                                              links);
-      }
-      PipelineGroups groups(MPI_COMM_WORLD, {P, P, virtual_stages}, config, links, tp.get(), E);
-      RoleExpertParallel ep(groups.data_parallel(), links, config.n_experts, E, DispatchMode::Flat);
       Arena device("device", 64 << 20), reference_device("reference", 64 << 20);
-      const std::vector<LayerRange> chunks = groups.chunks(groups.stage());
-      Transformer<float> stage(config, cpu_ops(), device, /*with_gradients=*/false,
-                               groups.expert_shard(), stage_layer_shard(chunks, config.n_layers),
-                               tp.get());
-      stage.set_expert_token_split(T > 1);
-      stage.initialize(seed);
-      ep.attach(stage);
+      test::ModelParallelStage stage(config, T, P, E, virtual_stages, links, device);
+      stage.model.initialize(seed);
       Transformer<float> whole(config, cpu_ops(), reference_device, /*with_gradients=*/false);
       whole.initialize(seed);
       std::vector<std::vector<int>> all, prompts;
       std::vector<int64_t> all_ids, ids;
       make_prompts(10 * E, all, all_ids);
-      const int pipeline = groups.replica();
+      const int pipeline = stage.groups.replica();
       for (int i = 0; i < (pipeline == 0 ? 1 : 2 + 3 * pipeline); ++i) {
         prompts.push_back(all[size_t(10 * pipeline + i)]);
         ids.push_back(all_ids[size_t(10 * pipeline + i)]);
       }
-      expect_pipelined_like_whole(stage, chunks, whole, prompts, ids, seed, groups.pipeline().comm,
-                                  links);
+      expect_pipelined_like_whole(stage.model, stage.chunks, whole, prompts, ids, seed,
+                                  stage.groups.pipeline().comm, links);
       ASSERT_TRUE(test::on_every_rank(!::testing::Test::HasFailure()));
     }
   }

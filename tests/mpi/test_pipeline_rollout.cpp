@@ -18,14 +18,12 @@
 #include "kernels/arena.h"
 #include "src/balance/stage_balance.h"
 #include "src/model/pipeline_stage.h"
-#include "src/model/tensor_parallel.h"
 #include "src/rl/rollout_pool.h"
 #include "src/rl/tokenizer.h"
-#include "src/runtime/pipeline_groups.h"
 #include "src/runtime/pipeline_rollout.h"
 #include "src/runtime/pipeline_step.h"
-#include "src/runtime/role_expert_parallel.h"
 #include "tests/micro_model_config.h"
+#include "tests/mpi/model_parallel_stage.h"
 #include "tests/mpi/mpi_test_util.h"
 #include "tests/test_util.h"
 #include "tests/tiny_policy.h"
@@ -198,32 +196,16 @@ TEST(PipelineRollout, TensorAndExpertParallelStagesRunThePhasesOfTheWholeModel) 
       config.vocab_size = Tokenizer::vocab_size();
       config.validate("test");
       Links links(test::virtual_node_list(world, 1), LinkEmulation{});
-      std::unique_ptr<TensorParallel> tp;
-      if (T > 1) {
-        tp = std::make_unique<TensorParallel>(MPI_COMM_WORLD, T, /*attention_only=*/false, config,
-                                              links);
-      }
-      PipelineGroups groups(MPI_COMM_WORLD, {P, P, virtual_stages}, config, links, tp.get(), E);
-      std::unique_ptr<RoleExpertParallel> ep;
-      if (E > 1) {
-        ep = std::make_unique<RoleExpertParallel>(groups.data_parallel(), links, config.n_experts,
-                                                  E, DispatchMode::Flat);
-      }
       Arena device("device", 64 << 20), reference_device("reference", 64 << 20);
-      const std::vector<LayerRange> chunks = groups.chunks(groups.stage());
-      Transformer<float> stage(config, cpu_ops(), device, /*with_gradients=*/false,
-                               groups.expert_shard(), stage_layer_shard(chunks, config.n_layers),
-                               tp.get());
-      stage.set_expert_token_split(T > 1);
-      if (ep) ep->attach(stage);
+      test::ModelParallelStage stage(config, T, P, E, virtual_stages, links, device);
       Transformer<float> whole(config, cpu_ops(), reference_device, /*with_gradients=*/false);
-      const int place = groups.replica() * P + groups.stage();
+      const int place = stage.groups.replica() * P + stage.groups.stage();
       const PoolRun want = whole_model_run(*task, place, whole);
       const PoolRun got = run_pool(
           *task, place, [&](RolloutPool& pool, uint64_t seed, int version, const PoolSettings& s) {
-            stage.initialize(seed);
-            return generate_phase_pipelined(pool, stage, chunks, sampling, version, s,
-                                            MPI_COMM_WORLD, groups.pipeline().comm, links);
+            stage.model.initialize(seed);
+            return generate_phase_pipelined(pool, stage.model, stage.chunks, sampling, version, s,
+                                            MPI_COMM_WORLD, stage.groups.pipeline().comm, links);
           });
       expect_same_run(got, want);
       ASSERT_TRUE(test::on_every_rank(!::testing::Test::HasFailure()));
