@@ -140,7 +140,7 @@ int run_train_command(const std::vector<std::string>& args) {
         "its own layers, nothing borrowed; with --tensor-parallel T each stage's TP group "
         "generating "
         "at TP T from its slices, with --expert-parallel E over the stage's training EP group; "
-        "not with StaleSync)");
+        "with --staleness each rank's rollout pool runs as a lane of its pipeline)");
     add("virtual-stages",
         po::value(&multi_rank.virtual_stages)->default_value(multi_rank.virtual_stages),
         "with --pipeline-parallel: model chunks per rank (> 1: interleaved 1F1B)");
