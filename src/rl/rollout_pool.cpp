@@ -204,6 +204,9 @@ RolloutPool::Phase::Phase(RolloutPool& pool, int version, const PoolSettings& se
 
 RolloutPool::Phase::Step RolloutPool::Phase::begin_step() {
   admitted_.clear();
+  next_waiting_before_ = next_waiting_;
+  free_slots_before_ = free_slots_;
+  counters_before_ = pool_.counters_;
   while (!stopped_ && !free_slots_.empty() && next_waiting_ < waiting_.size()) {
     admitted_.push_back(waiting_[next_waiting_++]);
     admitted_.back().slot = free_slots_.back();
@@ -228,6 +231,13 @@ RolloutPool::Phase::Step RolloutPool::Phase::begin_step() {
     }
   }
   return step;
+}
+
+void RolloutPool::Phase::undo_begin_step() {
+  admitted_.clear();
+  next_waiting_ = next_waiting_before_;
+  free_slots_ = free_slots_before_;
+  pool_.counters_ = counters_before_;
 }
 
 bool RolloutPool::Phase::end_step(Transformer<float>& model, const GenerationSettings& sampling,

@@ -130,6 +130,9 @@ class RolloutPool {
       int prefill_rows() const { return int(prefill_slots.size()); }
     };
     Step begin_step();
+    // Undoes the last begin_step's admissions, for a caller that began a step before the ranks
+    // agreed to end the phase at the step before it (nothing of the step was run on the pool).
+    void undo_begin_step();
     // The logits [decode_rows, V] and [prefill_rows, V] of the step begun (null where it has no
     // such rows), on `model`'s backend; returns this rank's readiness.
     bool end_step(Transformer<float>& model, const GenerationSettings& sampling,
@@ -147,7 +150,11 @@ class RolloutPool {
     std::vector<Sequence> decoding_;  // in phase order: admission preserves it
     std::vector<Sequence> admitted_;  // the step's
     std::vector<int> free_slots_;     // lowest slot last, so slots are reused lowest first
-    std::set<int64_t> last_phase_;    // groups on their last chance (finish_older_than)
+    // As they stood before the last begin_step (undo_begin_step).
+    size_t next_waiting_before_ = 0;
+    std::vector<int> free_slots_before_;
+    PoolCounters counters_before_;
+    std::set<int64_t> last_phase_;  // groups on their last chance (finish_older_than)
     int64_t counted_samples_ = 0, counted_finished_ = 0;
     int slots_ = 0, longest_prompt_ = 0;
     bool stopped_ = false;

@@ -103,9 +103,9 @@ class PipelinedPhase {
     start_step();
     Backoff backoff;
     std::vector<char> buffer;
-    // The last agreement ends every lane's phase at once, after the last round has passed every
-    // stage (each owner agrees only once its step's logits are in): nothing is left in flight.
-    while (!phase_.stopped()) {
+    // The last agreement ends every lane's phase at once; every lane has begun one more round,
+    // whose passes run to the end on every rank before it leaves.
+    while (!done()) {
       int arrived = 0;
       MPI_Status status;
       MPI_Iprobe(MPI_ANY_SOURCE, kTag, pipeline_, &arrived, &status);
@@ -121,11 +121,10 @@ class PipelinedPhase {
         continue;
       }
       if (agreement_ != MPI_REQUEST_NULL) {
-        int agreed = 0;
-        MPI_Test(&agreement_, &agreed, MPI_STATUS_IGNORE);
-        if (agreed) {
-          phase_.settle(all_ready_ != 0);
-          if (!phase_.stopped()) start_step();
+        int complete = 0;
+        MPI_Test(&agreement_, &complete, MPI_STATUS_IGNORE);
+        if (complete) {
+          agreed();
           backoff.reset();
           continue;
         }
@@ -142,7 +141,7 @@ class PipelinedPhase {
       if (m.header.lane != rank_) {
         throw std::logic_error("generate_phase_pipelined: another lane's logits");
       }
-      take_logits(m.floats);
+      take_logits(std::move(m.floats));
       return;
     }
     const Header& h = m.header;
@@ -251,15 +250,28 @@ class PipelinedPhase {
     }
     next.kind = Kind::Logits;
     if (h.lane == rank_) {
-      take_logits(out);
+      take_logits(std::move(out));
     } else {
       sends_.post(h.lane, pack(next, {}, out));
     }
   }
 
   // This rank's lane: its step's logits are in. The ranks then agree whether all are ready
-  // (nonblocking: this rank's stage keeps working for the other lanes meanwhile).
-  void take_logits(const std::vector<float>& logits) {
+  // (nonblocking: this rank's stage keeps working for the other lanes meanwhile), and the lane's
+  // next step goes in at once, before the agreement (agreed() undoes it if the phase ends): so
+  // the lanes stay staggered in the pipeline as the groups of generate_pipelined do, where waiting
+  // for the agreement would start every round with a pipeline's fill. Logits that come before the
+  // previous step's agreement wait for it.
+  void take_logits(std::vector<float> logits) {
+    if (phase_.stopped()) {
+      drained_ = true;  // the step begun after the last one: nothing of it is kept
+      return;
+    }
+    if (agreement_ != MPI_REQUEST_NULL) {
+      early_logits_ = std::move(logits);
+      has_early_logits_ = true;
+      return;
+    }
     const int V = stage_.config().vocab_size;
     auto in_arena = [&](size_t first, int rows) -> const float* {
       if (rows == 0) return nullptr;
@@ -272,7 +284,28 @@ class PipelinedPhase {
     all_ready_ = phase_.end_step(stage_, sampling_, decode_logits, prefill_logits) ? 1 : 0;
     device_.release(after_caches_);
     MPI_Iallreduce(MPI_IN_PLACE, &all_ready_, 1, MPI_INT, MPI_LAND, ready_over_, &agreement_);
+    start_step();
   }
+
+  // The ranks' agreement on the last step taken: the phase ends there (the step begun since is
+  // undone, its passes still run to the end, so that every rank's order completes), or the lane
+  // goes on with the logits of the step begun, if they came meanwhile.
+  void agreed() {
+    if (all_ready_ != 0) {
+      phase_.undo_begin_step();
+      phase_.settle(true);
+      last_round_ = round_ - 1;
+      if (has_early_logits_) drained_ = true;
+      return;
+    }
+    if (has_early_logits_) {
+      has_early_logits_ = false;
+      take_logits(std::move(early_logits_));
+    }
+  }
+
+  // Every pass of the last round has run here and this lane's last step has come back.
+  bool done() const { return phase_.stopped() && drained_ && std::get<0>(expected_) > last_round_; }
 
   RolloutPool::Phase phase_;
   Transformer<float>& stage_;
@@ -292,6 +325,10 @@ class PipelinedPhase {
   int decode_rows_ = 0, prefill_rows_ = 0;  // this lane's step in flight
   int all_ready_ = 0;
   MPI_Request agreement_ = MPI_REQUEST_NULL;
+  std::vector<float> early_logits_;  // the step begun's, before the previous step's agreement
+  bool has_early_logits_ = false;
+  int last_round_ = 0;  // once the phase has ended: the round begun after its last step
+  bool drained_ = false;
 };
 
 }  // namespace

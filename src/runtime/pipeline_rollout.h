@@ -16,8 +16,11 @@
 //
 // The ranks that train together (`ready_over`) end each phase at the first step at which every
 // lane is ready, as PoolSettings::all_ranks_ready makes the data-parallel pools agree: here by a
-// nonblocking allreduce per step, so a lane waiting for the agreement keeps its stage's work for
-// the other lanes going. Every lane thus takes the same steps, each of them through the pipeline
+// nonblocking allreduce per step. A lane begins its next step as soon as its logits are in, before
+// that agreement, so the lanes stay staggered in the pipeline (waiting would start every round
+// with the pipeline's fill); when the ranks agree to end the phase the step begun is undone
+// (RolloutPool::Phase::undo_begin_step) and its passes run to the end unused. Every lane thus
+// takes the same steps, each of them through the pipeline
 // (with no rows if it has none), and every rank runs its passes in one order: by round (the lanes'
 // step), then its chunk, then lane. A pass's inputs come from passes earlier in that order, so no
 // rank waits on one that waits on it; the ranks of a stage's TP group make their collective calls

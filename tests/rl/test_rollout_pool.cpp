@@ -225,6 +225,78 @@ TEST(RolloutPool, CutSamplesResumeUnderNewWeights) {
 
 // A checkpoint's view of the pool: saved between phases and restored into a fresh pool, the
 // phases that follow draw the same tokens, log-probs and versions as the original's.
+// A phase taken a step at a time (RolloutPool::Phase, as a pipeline drives it), each step begun,
+// undone and begun again (a pipelined lane begins its next step before the ranks agree to end the
+// phase): the undone step changes nothing (the same rows again, the counters as before), and the
+// phase ends where generate_phase ends, with the same samples, counters and statistics. Partials
+// from a cut phase are resumed, in three slots, and the phase is cut again.
+TEST(RolloutPool, AStepBegunAndUndoneLeavesThePhaseAsItWas) {
+  Policy policy(5);
+  LengthTask task;
+  RolloutPool original(task, kGroup, AdvantageEstimator::Grpo);
+  original.add_prompts(0, 4);
+  original.generate_phase(policy.model, sampling(), 0, pool_settings(0, 0.25));
+  RolloutPool stepped(task, kGroup, AdvantageEstimator::Grpo);
+  stepped.restore(original.saved_samples());
+  stepped.add_prompts(4, 2);
+  original.add_prompts(4, 2);
+  policy.perturb(7);
+  const PoolSettings settings = pool_settings(3, 0.5);
+  // (A restored pool's counters start at zero: the original's are compared by this phase's part.)
+  const PoolCounters earlier = original.counters();
+  const PhaseStats want = original.generate_phase(policy.model, sampling(), 1, settings);
+
+  RolloutPool::Phase phase(stepped, 1, settings);
+  ASSERT_GT(phase.samples(), 0);
+  Arena& device = policy.model.device();
+  ArenaScope scope(device);
+  KVCache<float> cache = policy.model.allocate_kv_cache(
+      phase.slots(), generation_length(policy.model, phase.longest_prompt(), sampling(), "test"));
+  const Arena::Mark after_cache = device.mark();
+  int resumed = 0;
+  while (!phase.stopped()) {
+    const PoolCounters before = stepped.counters();
+    const RolloutPool::Phase::Step first = phase.begin_step();
+    phase.undo_begin_step();
+    EXPECT_EQ(stepped.counters().resumed_samples, before.resumed_samples);
+    EXPECT_EQ(stepped.counters().recomputed_prefix_tokens, before.recomputed_prefix_tokens);
+    RolloutPool::Phase::Step step = phase.begin_step();
+    EXPECT_EQ(step.decode_tokens, first.decode_tokens);
+    EXPECT_EQ(step.decode_slots, first.decode_slots);
+    EXPECT_EQ(step.decode_positions, first.decode_positions);
+    EXPECT_EQ(step.prefill_tokens, first.prefill_tokens);
+    EXPECT_EQ(step.prefill_offsets, first.prefill_offsets);
+    EXPECT_EQ(step.prefill_slots, first.prefill_slots);
+    resumed += int(stepped.counters().resumed_samples - before.resumed_samples);
+    const float* decode_logits =
+        step.decode_rows() > 0
+            ? policy.model.decode(cache, step.decode_tokens.data(), step.decode_slots.data(),
+                                  step.decode_positions.data(), step.decode_rows())
+            : nullptr;
+    const float* prefill_logits =
+        step.prefill_rows() > 0
+            ? policy.model.prefill(cache, step.prefill_tokens.data(), step.prefill_offsets.data(),
+                                   step.prefill_rows(), step.prefill_slots.data())
+            : nullptr;
+    phase.settle(phase.end_step(policy.model, sampling(), decode_logits, prefill_logits));
+    device.release(after_cache);
+  }
+  EXPECT_GT(resumed, 0);
+  EXPECT_GT(want.cut, 0);
+  EXPECT_EQ(phase.stats().steps, want.steps);
+  EXPECT_EQ(phase.stats().finished, want.finished);
+  EXPECT_EQ(phase.stats().cut, want.cut);
+  EXPECT_EQ(phase.stats().generated_tokens, want.generated_tokens);
+  EXPECT_EQ(stepped.saved_samples(), original.saved_samples());
+  EXPECT_EQ(stepped.counters().resumed_samples,
+            original.counters().resumed_samples - earlier.resumed_samples);
+  EXPECT_EQ(stepped.counters().recomputed_prefix_tokens,
+            original.counters().recomputed_prefix_tokens - earlier.recomputed_prefix_tokens);
+  EXPECT_EQ(stepped.counters().cut_samples, original.counters().cut_samples - earlier.cut_samples);
+  EXPECT_EQ(stepped.counters().generated_tokens,
+            original.counters().generated_tokens - earlier.generated_tokens);
+}
+
 TEST(RolloutPool, ARestoredPoolContinuesExactlyLikeTheSavedOne) {
   Policy policy(5);
   LengthTask task;
