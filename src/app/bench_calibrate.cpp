@@ -220,13 +220,17 @@ sim::RateTable rate_table(const LayerRates& r) {
 //   count the two width-32 models' times give the seconds a FLOP costs (their difference over
 //   their FLOPs' difference), and what the reference model's time holds beyond its FLOPs at that
 //   rate is its rows' work; the mean of the two largest row counts', at least 0. A difference of
-//   two times, so timed with 3 x the repeats. Measured at the narrowest
-//   width, where it weighs (a third of the width-32 model's time, 2026-12-05): at widths 128 and
-//   256 it is a few percent of the time, below what a difference of times resolves, and the cost
-//   model charges the same work a row at every width. (A model with twice the FLOPs a row, d_ff
-//   128, as the second point put the row work anywhere in 0.8-4.3 us over eight calibrations on
-//   the idle machine; the lighter one, where the row work is most of the time, in 1.1-1.5 us over
-//   five.)
+//   two times, so timed with 3 x the repeats, and from each case's fastest run, not its median:
+//   on a busy machine (three spinning processes on the 2 cores, 2026-12-06) the medians put it at
+//   4.7-2073 ns over eight calibrations (below 100 ns in two; at 0, so the rows' work went into
+//   the rates, in two of six others), the fastest runs at 1429-2911 ns; on the idle machine the
+//   two agree within 3-14% (1297-1461 against 1479-1509 ns, four calibrations). Measured at the
+//   narrowest width, where it weighs (a third of the width-32 model's time, 2026-12-05): at widths
+//   128 and 256 it is a few percent of the time, below what a difference of times resolves, and
+//   the cost model charges the same work a row at every width. (A model with twice the FLOPs a row,
+//   d_ff 128, as the second point put the row work anywhere in 0.8-4.3 us over eight calibrations
+//   on the idle machine; the lighter one, where the row work is most of the time, in 1.1-1.5 us
+//   over five.)
 // - The rates: the reference models' times less that work, fitted (fit_rates) to
 //   rate = peak / (1 + half_rows / rows + half_width / width), Hockney's law in both dimensions.
 LayerRates measure_layer_rates(Device& device, int repeats, double& row_seconds) {
@@ -264,7 +268,12 @@ LayerRates measure_layer_rates(Device& device, int repeats, double& row_seconds)
       c.model->backward(c.dlogits.data(), 0.0f);
     });
   }
-  const std::vector<double> seconds = time_interleaved(bodies, 3 * repeats);
+  const std::vector<std::vector<double>> samples = time_interleaved_samples(bodies, 3 * repeats);
+  std::vector<double> seconds, fastest;
+  for (const std::vector<double>& s : samples) {
+    seconds.push_back(median(s));
+    fastest.push_back(*std::min_element(s.begin(), s.end()));
+  }
   auto flops_of = [&](size_t i) {
     const sim::ModelShape shape = sim::model_shape(cases[i].model->config());
     return cases[i].sequences * length * sim::forward_flops_per_token(shape, 0.5 * (length + 1)) *
@@ -281,8 +290,8 @@ LayerRates measure_layer_rates(Device& device, int repeats, double& row_seconds)
   const size_t large_first = per_model - 2;
   for (size_t i = large_first; i < per_model; ++i) {
     const size_t light = light_first + i;
-    const double seconds_per_flop = (seconds[i] - seconds[light]) / (flops_of(i) - flops_of(light));
-    per_row += (seconds[i] - seconds_per_flop * flops_of(i)) / rows_of(i) /
+    const double seconds_per_flop = (fastest[i] - fastest[light]) / (flops_of(i) - flops_of(light));
+    per_row += (fastest[i] - seconds_per_flop * flops_of(i)) / rows_of(i) /
                double(per_model - large_first);
   }
   row_seconds = std::max(0.0, per_row);
@@ -700,6 +709,10 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
   }
   quantity("row work", c.row_seconds * 1e9, 1, "ns",
            "a row a layer beyond its FLOPs, fwd+bwd: w32 model at d_ff 64 vs 8");
+  if (c.row_seconds == 0)
+    std::printf(
+        "# warning: the row work came out at 0 (it is a difference of two timings, at least 0): "
+        "the machine was busy; calibrate again on an idle node\n");
   quantity("layer peak (written)", c.matmul_flops / 1e9, 2, "GFLOP/s",
            "Hockney fit of the layer rates");
   quantity("half-rate rows", c.half_rate_rows, 1, "rows", "rows at half the peak (same fit)");

@@ -29,8 +29,8 @@ uint64_t sum_over_world(uint64_t mine) {
 
 namespace {
 
-std::vector<double> time_bodies(const std::vector<std::function<void()>>& bodies, int repeats,
-                                bool warm) {
+std::vector<std::vector<double>> sample_bodies(const std::vector<std::function<void()>>& bodies,
+                                               int repeats, bool warm) {
   using Clock = std::chrono::steady_clock;
   std::vector<std::vector<double>> samples(bodies.size());
   for (const auto& body : bodies) body();
@@ -42,21 +42,30 @@ std::vector<double> time_bodies(const std::vector<std::function<void()>>& bodies
       samples[i].push_back(std::chrono::duration<double>(Clock::now() - start).count());
     }
   }
+  return samples;
+}
+
+std::vector<double> medians_of(const std::vector<std::vector<double>>& samples) {
   std::vector<double> medians;
-  for (auto& s : samples) medians.push_back(median(s));
+  for (const auto& s : samples) medians.push_back(median(s));
   return medians;
 }
 
 }  // namespace
 
+std::vector<std::vector<double>> time_interleaved_samples(
+    const std::vector<std::function<void()>>& bodies, int repeats) {
+  return sample_bodies(bodies, repeats, false);
+}
+
 std::vector<double> time_interleaved(const std::vector<std::function<void()>>& bodies,
                                      int repeats) {
-  return time_bodies(bodies, repeats, false);
+  return medians_of(sample_bodies(bodies, repeats, false));
 }
 
 std::vector<double> time_interleaved_warm(const std::vector<std::function<void()>>& bodies,
                                           int repeats) {
-  return time_bodies(bodies, repeats, true);
+  return medians_of(sample_bodies(bodies, repeats, true));
 }
 
 // The CPUs this rank may run on, e.g. "0" or "0-1".

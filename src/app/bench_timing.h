@@ -16,6 +16,9 @@ double max_over_world(double mine);
 uint64_t sum_over_world(uint64_t mine);
 // Returns each body's median wall time in seconds.
 std::vector<double> time_interleaved(const std::vector<std::function<void()>>& bodies, int repeats);
+// The same runs, every repeat's wall time of each body (in the order run).
+std::vector<std::vector<double>> time_interleaved_samples(
+    const std::vector<std::function<void()>>& bodies, int repeats);
 // The same, each timed run right after an untimed run of the same body: the body's data is as
 // warm in the caches as when the runtime repeats it back to back (generation's decode steps of one
 // model), where time_interleaved's runs follow the other bodies' (which may evict it).

@@ -2,8 +2,10 @@
 // timed run finds in the caches.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "src/app/bench_timing.h"
@@ -24,6 +26,26 @@ TEST(BenchTiming, WarmTimingRunsEachBodyRightAfterAnUntimedRunOfItself) {
   calls.clear();
   EXPECT_EQ(time_interleaved(bodies, 2).size(), 2u);
   EXPECT_EQ(calls, "ababab");
+}
+
+// The samples behind the medians: every timed run of each body, in the order run, after the
+// warm-up (the calibration's row work takes the fastest run of each). A body that sleeps 2 ms is
+// never timed below it.
+TEST(BenchTiming, SamplesAreEveryTimedRunOfEachBody) {
+  std::string calls;
+  const std::vector<std::function<void()>> bodies{
+      [&] { calls += 'a'; },
+      [&] {
+        calls += 'b';
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      }};
+  const std::vector<std::vector<double>> samples = time_interleaved_samples(bodies, 3);
+  EXPECT_EQ(calls, "abababab");
+  ASSERT_EQ(samples.size(), 2u);
+  ASSERT_EQ(samples[0].size(), 3u);
+  ASSERT_EQ(samples[1].size(), 3u);
+  for (double seconds : samples[0]) EXPECT_GE(seconds, 0);
+  for (double seconds : samples[1]) EXPECT_GE(seconds, 2e-3);
 }
 
 }  // namespace
