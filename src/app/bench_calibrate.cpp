@@ -120,6 +120,9 @@ struct LayerRates {
     double model_width, rate;  // ModelShape::width, FLOP/s
   };
   std::vector<Point> measured;
+  // The touched experts' cost of each reference model (sim::ClusterConfig::active_expert_seconds):
+  // expert bytes ascending, seconds an expert a layer's forward + backward.
+  std::vector<double> expert_bytes, expert_seconds;
 };
 
 // A reference model of matrix width `width` (d_model; expert and shared widths `ffn_width`, 2 x
@@ -139,6 +142,10 @@ ModelConfig reference_model(int width, int ffn_width = 0) {
   config.max_seq_len = 64;
   return config;
 }
+
+// The router skew (src/model/router_skew.h) that sends the reference models' rows to 2 of their 8
+// experts: the same weights and FLOPs, 6 experts fewer touched a layer.
+constexpr float kTouchedExpertSkew = 16.0f;
 
 // The reference models of the calibration widths (32, 128 and 256: narrow models, where per-call
 // costs weigh, to matrices wide enough for the kernels' blocking), initialized, in `device`'s
@@ -231,11 +238,21 @@ sim::RateTable rate_table(const LayerRates& r) {
 //   d_ff 128, as the second point put the row work anywhere in 0.8-4.3 us over eight calibrations
 //   on the idle machine; the lighter one, where the row work is most of the time, in 1.1-1.5 us
 //   over five.)
-// - The rates: the reference models' times less that work, fitted (fit_rates) to
+// - The touched experts' cost (`active_expert_seconds`: sim::ClusterConfig, an expert a layer,
+//   by the expert's bytes): each reference model again with a skewed router (kTouchedExpertSkew,
+//   the same weights and FLOPs) on 16 and 64 rows; the plain model's time less the skewed one's
+//   (fastest runs) over the experts fewer it touched (counted from the router's statistics) and
+//   its layers, the mean of the two, at least 0. A CPU reads an expert's weights and writes its
+//   gradients once a call whatever its rows: on this machine (2026-12-06) 0.45-0.54 ms an expert
+//   at width 256 (1.5 MB an expert) on 16-1024 rows, 0.07-0.09 ms at width 128, under 0.06 ms at
+//   width 32 (in cache). The width-32 reference's is taken out of the row work's two times.
+// - The rates: the reference models' times less both, fitted (fit_rates) to
 //   rate = peak / (1 + half_rows / rows + half_width / width), Hockney's law in both dimensions.
 LayerRates measure_layer_rates(Device& device, int repeats, double& row_seconds) {
   const int length = 16;
   const int sequence_counts[] = {1, 4, 16, 64};
+  // The skewed copies' row counts (see above): 16 and 64 rows.
+  const int skewed_sequence_counts[] = {1, 4};
   struct Case {
     Transformer<float>* model;
     int sequences;
@@ -244,15 +261,29 @@ LayerRates measure_layer_rates(Device& device, int repeats, double& row_seconds)
   };
   const Arena::Mark mark = device.memory().mark();
   std::vector<std::unique_ptr<Transformer<float>>> models = reference_models(device, true);
-  // Last: the width-32 model with d_ff 8 (its cases follow the reference models').
+  const size_t reference_count = models.size();
+  // Then the width-32 model with d_ff 8 (its cases follow the reference models').
   models.push_back(std::make_unique<Transformer<float>>(reference_model(32, 8), device.ops(),
                                                         device.memory(), true));
   models.back()->initialize(1);
+  // Then each reference model again with a skewed router, the same weights: its rows go to 2
+  // experts of 8 (their cases last, at the skewed row counts only).
+  for (size_t k = 0; k < reference_count; ++k) {
+    ModelConfig skewed = models[k]->config();
+    skewed.router_skew = kTouchedExpertSkew;
+    models.push_back(
+        std::make_unique<Transformer<float>>(skewed, device.ops(), device.memory(), true));
+    models.back()->initialize(1);
+  }
   std::vector<Case> cases;
-  for (const auto& model : models) {
-    const int vocab = model->config().vocab_size;
+  for (size_t k = 0; k < models.size(); ++k) {
+    const int vocab = models[k]->config().vocab_size;
+    const bool skewed = k > reference_count;
     for (int sequences : sequence_counts) {
-      Case c{model.get(), sequences, {}, {}, {}};
+      if (skewed && std::find(std::begin(skewed_sequence_counts), std::end(skewed_sequence_counts),
+                              sequences) == std::end(skewed_sequence_counts))
+        continue;
+      Case c{models[k].get(), sequences, {}, {}, {}};
       const int tokens = sequences * length;
       for (int i = 0; i < tokens; ++i) c.ids.push_back((i * 7 + 3) % vocab);
       for (int q = 0; q <= sequences; ++q) c.offsets.push_back(q * length);
@@ -282,25 +313,69 @@ LayerRates measure_layer_rates(Device& device, int repeats, double& row_seconds)
   auto rows_of = [&](size_t i) {
     return double(cases[i].sequences) * length * cases[i].model->config().n_layers;
   };
+  // The experts a case's forward touches, a layer on average (the runtime's router statistics).
+  auto touched_of = [&](size_t i) {
+    Transformer<float>& model = *cases[i].model;
+    const int layers = model.config().n_layers;
+    for (int l = 0; l < layers; ++l) model.take_local_expert_tokens(l);
+    model.forward(cases[i].ids.data(), cases[i].offsets.data(), cases[i].sequences);
+    double touched = 0;
+    for (int l = 0; l < layers; ++l)
+      for (int64_t rows : model.take_local_expert_tokens(l)) touched += rows > 0;
+    return touched / layers;
+  };
   const size_t per_model = std::size(sequence_counts);
-  const size_t light_first = cases.size() - per_model;  // width 32's reference cases: from 0
+  const size_t light_first = reference_count * per_model;  // the reference cases: from 0
+  const size_t skewed_first = light_first + per_model;
+  const size_t per_skewed = std::size(skewed_sequence_counts);
+  LayerRates r;
+  // The touched experts' cost, a reference model at a time: its time less the skewed copy's at
+  // the same rows, over the experts fewer and its layers.
+  std::vector<double> touched(cases.size(), 0);
+  for (size_t i = 0; i < cases.size(); ++i) touched[i] = touched_of(i);
+  std::vector<double> expert_seconds(reference_count, 0);
+  for (size_t k = 0; k < reference_count; ++k) {
+    const ModelConfig& config = models[k]->config();
+    for (size_t j = 0; j < per_skewed; ++j) {
+      const size_t skewed = skewed_first + k * per_skewed + j;
+      const size_t plain =
+          k * per_model + size_t(std::find(std::begin(sequence_counts), std::end(sequence_counts),
+                                           cases[skewed].sequences) -
+                                 std::begin(sequence_counts));
+      const double fewer = touched[plain] - touched[skewed];
+      if (fewer > 0)
+        expert_seconds[k] +=
+            std::max(0.0, (fastest[plain] - fastest[skewed]) / (fewer * config.n_layers)) /
+            double(per_skewed);
+    }
+    r.expert_bytes.push_back(3.0 * config.d_model * config.d_ff * sizeof(float));
+    r.expert_seconds.push_back(expert_seconds[k]);
+  }
+  auto touched_seconds = [&](size_t i) {  // a reference case's touched experts
+    const size_t k = i / per_model;
+    return touched[i] * cases[i].model->config().n_layers * expert_seconds[k];
+  };
   // At 256 and 1024 rows: at fewer, each call's fixed cost (which differs between the two
-  // models' kernels) is a share of the time as well, and would come out as row work.
+  // models' kernels) is a share of the time as well, and would come out as row work. The width-32
+  // reference's touched experts are taken out of both models' times (the light model's experts,
+  // smaller still, cost as little at that width).
   double per_row = 0;
   const size_t large_first = per_model - 2;
   for (size_t i = large_first; i < per_model; ++i) {
     const size_t light = light_first + i;
+    const double experts = touched_seconds(i);
     const double seconds_per_flop = (fastest[i] - fastest[light]) / (flops_of(i) - flops_of(light));
-    per_row += (fastest[i] - seconds_per_flop * flops_of(i)) / rows_of(i) /
+    per_row += (fastest[i] - experts - seconds_per_flop * flops_of(i)) / rows_of(i) /
                double(per_model - large_first);
   }
   row_seconds = std::max(0.0, per_row);
-  LayerRates r;
   for (size_t i = 0; i < light_first; ++i) {
     const ModelConfig& config = cases[i].model->config();
-    // What the FLOPs took: the time less the rows' work. That work is a mean over row counts,
-    // so a noisy point's time could come out below it: a quarter of the time bounds it.
-    const double flop_seconds = std::max(seconds[i] - rows_of(i) * row_seconds, 0.25 * seconds[i]);
+    // What the FLOPs took: the time less the rows' work and the touched experts'. That work is a
+    // mean over row counts, so a noisy point's time could come out below it: a quarter of the
+    // time bounds it.
+    const double flop_seconds =
+        std::max(seconds[i] - rows_of(i) * row_seconds - touched_seconds(i), 0.25 * seconds[i]);
     r.measured.push_back({config.d_model, cases[i].sequences * length,
                           sim::model_shape(config).width, flops_of(i) / flop_seconds});
   }
@@ -599,6 +674,8 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
   c.decode_half_rate_width = decode.half_width;
   c.layer_table = rate_table(layers);
   c.row_seconds = row_seconds;
+  c.active_expert_bytes = layers.expert_bytes;
+  c.active_expert_seconds = layers.expert_seconds;
   c.decode_table = rate_table(decode);
   c.optimizer_rate = optimizer_rate;
   c.sampler_rate = sampler.rate;
@@ -692,11 +769,13 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
   for (const LayerRates::Point& p : layers.measured) {
     char what[64];
     std::snprintf(what, sizeof what, "layers w%d, %d rows", p.width, p.rows);
-    std::printf("  %-22s %14.2f %-8s fwd+bwd of the reference model, less row work (fit: %.2f)\n",
-                what, p.rate / 1e9, "GFLOP/s",
-                sim::ClusterConfig::hockney(p.rows, p.model_width, c.matmul_flops, c.half_rate_rows,
-                                            c.half_rate_width) /
-                    1e9);
+    std::printf(
+        "  %-22s %14.2f %-8s fwd+bwd of the reference model, less row work and touched experts "
+        "(fit: %.2f)\n",
+        what, p.rate / 1e9, "GFLOP/s",
+        sim::ClusterConfig::hockney(p.rows, p.model_width, c.matmul_flops, c.half_rate_rows,
+                                    c.half_rate_width) /
+            1e9);
   }
   for (const LayerRates::Point& p : decode.measured) {
     char what[64];
@@ -709,6 +788,12 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
   }
   quantity("row work", c.row_seconds * 1e9, 1, "ns",
            "a row a layer beyond its FLOPs, fwd+bwd: w32 model at d_ff 64 vs 8");
+  for (size_t k = 0; k < c.active_expert_bytes.size(); ++k) {
+    char what[64];
+    std::snprintf(what, sizeof what, "touched expert %.0f KiB", c.active_expert_bytes[k] / 1024);
+    quantity(what, c.active_expert_seconds[k] * 1e6, 2, "us",
+             "an expert a call touches, a layer fwd+bwd: plain vs skewed router");
+  }
   if (c.row_seconds == 0)
     std::printf(
         "# warning: the row work came out at 0 (it is a difference of two timings, at least 0): "

@@ -3,6 +3,7 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <vector>
 
 namespace rlf {
@@ -39,6 +40,17 @@ std::string expert_rows_report(int64_t rows_here, const TensorParallel* tp, bool
   return json + "\"tensor_expert_split\":" + (token_split ? "true" : "false") +
          ",\"tp_allgathers\":" + std::to_string(c.allgathers) +
          ",\"tp_allgathered_elements\":" + std::to_string(c.allgathered_elements) + ",";
+}
+
+std::string touched_experts_json(Transformer<float>& model) {
+  const Transformer<float>::TouchedExperts mine = model.take_touched_experts();
+  long long counts[2] = {(long long)mine.calls, (long long)mine.touched};
+  MPI_Allreduce(MPI_IN_PLACE, counts, 2, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
+  if (counts[0] == 0) return "";
+  char json[64];
+  std::snprintf(json, sizeof json, "\"active_experts_per_call\":%.4f,",
+                double(counts[1]) / double(counts[0]));
+  return json;
 }
 
 }  // namespace rlf

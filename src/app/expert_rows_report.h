@@ -9,6 +9,7 @@
 
 #include "src/io/run_directory.h"
 #include "src/model/tensor_parallel.h"
+#include "src/model/transformer.h"
 
 namespace rlf {
 
@@ -20,5 +21,12 @@ namespace rlf {
 // "tensor_expert_split", "tp_allgathers" and "tp_allgathered_elements" (rank 0's).
 std::string expert_rows_report(int64_t rows, const TensorParallel* tp, bool token_split,
                                RunDirectory& dir);
+
+// Collective over MPI_COMM_WORLD: the routed experts the ranks' training forwards without a
+// dispatcher (SFT's included) gave rows to, a (layer, call) on average over every rank's
+// (Transformer::take_touched_experts: taken). Returns the summary.json field
+// "active_experts_per_call" (ending in a comma; the planner's job.active_experts), or nothing
+// when no such call ran (with EP the dispatchers route).
+std::string touched_experts_json(Transformer<float>& model);
 
 }  // namespace rlf

@@ -125,6 +125,9 @@ Outcome validate_row(const Row& row) {
   job.reference = row.integer("reference") != 0;
   // The run's router concentration (its trace's router statistics: EP runs only), 1 without.
   job.router_max_over_mean = row.number_or("router_max_over_mean", 1);
+  // The routed experts a training call touched (summary.json's active_experts_per_call; column
+  // absent or 0: as a uniform router touches them).
+  job.active_experts = row.number_or("active_experts", 0);
   check_router_concentration(job, config.n_experts, config.top_k, "case " + out.name);
   out.router_max_over_mean = job.router_max_over_mean;
   // EDPB's moves after its first placement (`report --json`'s expert_moves_per_step; column

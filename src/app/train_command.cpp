@@ -14,6 +14,7 @@
 #include "src/app/build_info.h"
 #include "src/app/commands.h"
 #include "src/app/disaggregated_train.h"
+#include "src/app/expert_rows_report.h"
 #include "src/app/fused_train.h"
 #include "src/app/layout_options.h"
 #include "src/app/learned_reward.h"
@@ -360,17 +361,18 @@ int run_train_command(const std::vector<std::string>& args) {
   dir.log("# held-out prompts: %d; parameters in %s; trace in %s (rlfusion report %s)\n",
           after.prompts, dir.file("model.h5").c_str(), dir.file("trace.h5").c_str(),
           dir.path().c_str());
+  const std::string touched = touched_experts_json(model);
   char json[2048];
   std::snprintf(json, sizeof json,
                 "{\"command\":\"train\",\"mode\":\"one-rank\",\"task\":\"%s\",\"model\":\"%s\","
-                "\"seed\":%llu,%s%s"
+                "\"seed\":%llu,%s%s%s"
                 "\"sft_steps\":%d,\"rl_steps\":%d,\"heldout_accuracy_start\":%.4f,"
                 "\"heldout_accuracy_before_rl\":%.4f,\"heldout_accuracy_after_rl\":%.4f,"
                 "\"rl_tokens_per_s\":%.1f,\"total_seconds\":%.3f}",
                 task.name().c_str(), policy.config.name.c_str(), (unsigned long long)run.seed,
-                reward_json(o).c_str(), router_skew_json(multi_rank.rebalance).c_str(), sft.steps,
-                o.steps, initial.accuracy(), before_rl.accuracy(), after.accuracy(),
-                rl_seconds > 0 ? rl_tokens / rl_seconds : 0.0, total_seconds);
+                reward_json(o).c_str(), router_skew_json(multi_rank.rebalance).c_str(),
+                touched.c_str(), sft.steps, o.steps, initial.accuracy(), before_rl.accuracy(),
+                after.accuracy(), rl_seconds > 0 ? rl_tokens / rl_seconds : 0.0, total_seconds);
   if (run.json) dir.log("%s\n", json);
   dir.finish(json);
   return 0;

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "src/app/expert_rows_report.h"
 #include "src/app/learned_reward.h"
 #include "src/io/parameter_file.h"
 #include "src/io/trace_writer.h"
@@ -162,10 +163,11 @@ int finish_multi_rank_train(const MultiRankTrainEnd& end, const RunOptions& run,
   }
   dir.log("# parameters in %s; trace in %s (rlfusion report %s)\n", dir.file("model.h5").c_str(),
           dir.file("trace.h5").c_str(), dir.path().c_str());
+  const std::string touched = touched_experts_json(model);
   char json[2048];
   std::snprintf(json, sizeof json,
                 "{\"command\":\"train\",\"mode\":\"%s\",\"task\":\"%s\",\"model\":\"%s\","
-                "\"seed\":%llu,%s%s%s\"migrations\":%d,\"replicated_experts\":%d,\"ranks\":%d,"
+                "\"seed\":%llu,%s%s%s%s\"migrations\":%d,\"replicated_experts\":%d,\"ranks\":%d,"
                 "\"expert_parallel\":%d,\"actor_"
                 "expert_parallel\":%d,\"tensor_parallel\":%d,"
                 "\"staleness\":%d,\"sft_steps\":%d,\"rl_steps\":%d,"
@@ -174,7 +176,7 @@ int finish_multi_rank_train(const MultiRankTrainEnd& end, const RunOptions& run,
                 "\"total_seconds\":%.3f}",
                 end.mode, policy.task->name().c_str(), policy.config.name.c_str(),
                 (unsigned long long)run.seed, reward_json(rl).c_str(), end.memory_json.c_str(),
-                router_skew_json(options.rebalance).c_str(), end.migrations,
+                router_skew_json(options.rebalance).c_str(), touched.c_str(), end.migrations,
                 end.ep && end.learner ? end.ep->replicated_experts() : 0, topology.world_size(),
                 options.expert_parallel, options.actor_expert_parallel, options.tensor_parallel,
                 rl.staleness, sft.steps, rl.steps, end.before_rl.accuracy(), after.accuracy(),

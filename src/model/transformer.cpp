@@ -44,8 +44,7 @@ Transformer<T>::Transformer(const ModelConfig& config, const Ops<T>& ops, Arena&
       device_(device),
       moe_(config_, ops, device),
       tp_(tp),
-      local_expert_tokens_(std::make_shared<std::vector<int64_t>>(
-          size_t(config.n_layers) * size_t(config.n_experts), 0)) {
+      router_counts_(std::make_shared<RouterCounts>(config)) {
   if (tp && tp->slice().splits_shared_expert())
     moe_.set_tensor_parallel(tp, layout_.shared_width());
   params_ = device_.allocate<T>(size_t(layout_.total()), "model parameters");
@@ -67,7 +66,7 @@ Transformer<T>::Transformer(const Transformer& shared, Arena& activations)
       expert_grads_(shared.expert_grads_),
       view_(shared.view_),
       stitch_(shared.stitch_),
-      local_expert_tokens_(shared.local_expert_tokens_) {
+      router_counts_(shared.router_counts_) {
   if (tp_ && tp_->slice().splits_shared_expert())
     moe_.set_tensor_parallel(tp_, layout_.shared_width());
   moe_.set_token_split(shared.moe_.token_split());
@@ -86,7 +85,7 @@ Transformer<T>::Transformer(const Transformer& storage, ExpertTable<T> experts)
       experts_(std::move(experts)),
       view_(true),
       stitch_(storage.stitch_),
-      local_expert_tokens_(storage.local_expert_tokens_) {
+      router_counts_(storage.router_counts_) {
   if (experts_.layers() != config_.n_layers || !experts_.complete() ||
       experts_.shard().first + experts_.shard().count > config_.n_experts) {
     throw std::invalid_argument(
@@ -111,8 +110,7 @@ Transformer<T>::Transformer(const Transformer& first, const Transformer& second)
       experts_(first.config_.n_layers,
                ExpertShard{first.layout_.first_expert(), first.layout_.stored_experts()}),
       view_(true),
-      local_expert_tokens_(std::make_shared<std::vector<int64_t>>(
-          size_t(config_.n_layers) * size_t(config_.n_experts), 0)) {
+      router_counts_(std::make_shared<RouterCounts>(config_)) {
   const ParameterLayout& a = first.layout_;
   const ParameterLayout& b = second.layout_;
   const ExpertShard shard = experts_.shard();
@@ -314,10 +312,15 @@ void Transformer<T>::decode_attention(int l, Layer& a, int N, const int* positio
 template <typename T>
 std::vector<int64_t> Transformer<T>::take_local_expert_tokens(int l) {
   const int E = config_.n_experts;
-  const auto first = local_expert_tokens_->begin() + int64_t(l) * E;
+  const auto first = router_counts_->expert_tokens.begin() + int64_t(l) * E;
   std::vector<int64_t> tokens(first, first + E);
   std::fill(first, first + E, 0);
   return tokens;
+}
+
+template <typename T>
+typename Transformer<T>::TouchedExperts Transformer<T>::take_touched_experts() {
+  return std::exchange(router_counts_->touched, TouchedExperts{});
 }
 
 template <typename T>
@@ -362,9 +365,15 @@ ResumablePass Transformer<T>::layer_forward(int l, Layer& a, const T* x_in, T* x
     // The router statistics of a run without a dispatcher (which counts its own).
     const int E = config_.n_experts, K = config_.top_k;
     const RowShare own = moe_.own_rows(N);
-    int64_t* counts = local_expert_tokens_->data() + int64_t(l) * E;
+    int64_t* counts = router_counts_->expert_tokens.data() + int64_t(l) * E;
     const int* chosen = a.moe.expert_idx + int64_t(own.first) * K;
-    for (int64_t i = 0; i < int64_t(own.count) * K; ++i) ++counts[chosen[i]];
+    std::vector<bool> touched(size_t(E), false);
+    for (int64_t i = 0; i < int64_t(own.count) * K; ++i) {
+      ++counts[chosen[i]];
+      touched[size_t(chosen[i])] = true;
+    }
+    router_counts_->touched.calls += 1;
+    router_counts_->touched.touched += std::count(touched.begin(), touched.end(), true);
   }
   ops_.add(x_out, a.x_mid, a.moe_out, NC, device_);
 }

@@ -112,6 +112,13 @@ class Transformer {
   // from this model count into it. The router statistics of a run without expert parallelism
   // (with it the dispatchers count: ExpertDispatcher::take_expert_tokens).
   std::vector<int64_t> take_local_expert_tokens(int l);
+  // The same forwards' (layer, call) pairs and the routed experts each gave rows to, summed since
+  // the last call: what a call's expert FFN reads (the planner's RlJob::active_experts is
+  // touched / calls).
+  struct TouchedExperts {
+    int64_t calls = 0, touched = 0;
+  };
+  TouchedExperts take_touched_experts();
   // Training forward and backward then run layer l's routed experts through `per_layer[l]`
   // (chunked, transfers overlapped with the expert FFN; same EP group and experts as the
   // dispatchers); prefill and decode keep the dispatchers. Empty: off. Not owned.
@@ -250,8 +257,15 @@ class Transformer {
     T *embedding = nullptr, *final_norm = nullptr, *lm_head = nullptr;
   };
   std::shared_ptr<const Stitch> stitch_;
-  // take_local_expert_tokens' counts, [layer * E + expert]; shared with the views.
-  std::shared_ptr<std::vector<int64_t>> local_expert_tokens_;
+  // take_local_expert_tokens' counts, [layer * E + expert], and take_touched_experts'; shared with
+  // the views.
+  struct RouterCounts {
+    explicit RouterCounts(const ModelConfig& config)
+        : expert_tokens(size_t(config.n_layers) * size_t(config.n_experts), 0) {}
+    std::vector<int64_t> expert_tokens;
+    TouchedExperts touched;
+  };
+  std::shared_ptr<RouterCounts> router_counts_;
 
   // State of the last training forward.
   bool has_activations_ = false;

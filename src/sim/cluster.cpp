@@ -1,5 +1,6 @@
 #include "src/sim/cluster.h"
 
+#include <algorithm>
 #include <boost/program_options.hpp>
 #include <cmath>
 #include <cstdio>
@@ -76,8 +77,29 @@ void ClusterConfig::validate(const std::string& source) const {
   non_negative(intra_supernode.latency, "intra_supernode_latency");
   positive(inter_supernode.bandwidth, "inter_supernode_bandwidth");
   non_negative(inter_supernode.latency, "inter_supernode_latency");
+  if (active_expert_bytes.size() != active_expert_seconds.size())
+    fail("active_expert_bytes and active_expert_seconds must list as many values (" +
+         std::to_string(active_expert_bytes.size()) + " against " +
+         std::to_string(active_expert_seconds.size()) + ")");
+  for (size_t i = 0; i < active_expert_bytes.size(); ++i) {
+    positive(active_expert_bytes[i], "active_expert_bytes");
+    if (i > 0 && !(active_expert_bytes[i] > active_expert_bytes[i - 1]))
+      fail("active_expert_bytes must be strictly ascending");
+    non_negative(active_expert_seconds[i], "active_expert_seconds");
+  }
   if (!layer_table.empty()) layer_table.validate(source, "layer_rate");
   if (!decode_table.empty()) decode_table.validate(source, "decode_rate");
+}
+
+double ClusterConfig::active_expert_call_seconds(double expert_bytes) const {
+  const std::vector<double>& x = active_expert_bytes;
+  const std::vector<double>& y = active_expert_seconds;
+  if (x.empty() || !(expert_bytes > 0)) return 0;
+  if (expert_bytes <= x.front()) return y.front();
+  if (expert_bytes >= x.back()) return y.back();
+  const size_t i = size_t(std::upper_bound(x.begin(), x.end(), expert_bytes) - x.begin()) - 1;
+  const double t = std::log(expert_bytes / x[i]) / std::log(x[i + 1] / x[i]);
+  return (1 - t) * y[i] + t * y[i + 1];
 }
 
 ClusterConfig load_cluster_config(const std::string& name_or_path) {
@@ -104,6 +126,9 @@ ClusterConfig load_cluster_config(const std::string& name_or_path) {
   add("cluster.host_bandwidth", po::value(&c.host_bandwidth)->required());
   add("cluster.kernel_overhead", po::value(&c.kernel_overhead)->required());
   add("cluster.row_seconds", po::value(&c.row_seconds));
+  std::string active_expert_bytes, active_expert_seconds;
+  add("cluster.active_expert_bytes", po::value(&active_expert_bytes));
+  add("cluster.active_expert_seconds", po::value(&active_expert_seconds));
   add("cluster.optimizer_rate", po::value(&c.optimizer_rate)->required());
   add("cluster.sampler_rate", po::value(&c.sampler_rate)->required());
   add("cluster.sampler_sort_rate", po::value(&c.sampler_sort_rate)->required());
@@ -142,6 +167,16 @@ ClusterConfig load_cluster_config(const std::string& name_or_path) {
         !vm.count("cluster.expert_backward_row_seconds")) {
       c.expert_backward_overhead = c.expert_exchange_overhead;
       c.expert_backward_row_seconds = c.expert_exchange_row_seconds;
+    }
+    if (active_expert_bytes.empty() != active_expert_seconds.empty())
+      throw ConfigError("cluster file '" + path +
+                        "': cluster.active_expert_bytes and active_expert_seconds come together "
+                        "(both or neither)");
+    if (!active_expert_bytes.empty()) {
+      const std::string where = "cluster file '" + path + "': cluster.";
+      c.active_expert_bytes = parse_number_list(active_expert_bytes, where + "active_expert_bytes");
+      c.active_expert_seconds =
+          parse_number_list(active_expert_seconds, where + "active_expert_seconds");
     }
     for (TableKeys& t : tables) {
       const std::string where = "cluster file '" + path + "': cluster." + t.key;
@@ -196,6 +231,9 @@ std::string cluster_config_ini(const ClusterConfig& c, const std::string& commen
       c.expert_exchange_overhead, c.expert_exchange_row_seconds, c.expert_exchange_lockstep,
       c.expert_exchange_spread, c.expert_backward_overhead, c.expert_backward_row_seconds);
   out << buffer;
+  if (!c.active_expert_bytes.empty())
+    out << "active_expert_bytes = " << number_list(c.active_expert_bytes) << "\n"
+        << "active_expert_seconds = " << number_list(c.active_expert_seconds) << "\n";
   const std::pair<const char*, const RateTable*> tables[] = {{"layer_rate", &c.layer_table},
                                                              {"decode_rate", &c.decode_table}};
   for (const auto& [key, table] : tables) {

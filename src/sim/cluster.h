@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "src/sim/rate_table.h"
 
@@ -66,6 +67,19 @@ struct ClusterConfig {
   // work on top. Optional (0: no row term; the layer rates of older files hold the reference
   // models' row work).
   double row_seconds = 0;
+  // Seconds an expert that gets rows costs one layer's forward + backward beyond its FLOPs and
+  // its rows' work, by the expert's size in bytes (its three matrices): on a CPU its weights are
+  // read (and its gradients written) once a call whatever its rows, so at a few rows an expert
+  // the number of experts a call touches, more than its FLOPs, sets the expert FFN's time
+  // (`small` on this machine, 2026-12-06: 0.5 ms per 1.5 MB expert a layer; its micro-batch of
+  // 44 rows ran 2.2x faster with 2 of its 16 experts touched than with 15). Measured at the
+  // reference models' expert sizes (ascending), interpolated in log(bytes) between them and held at
+  // the ends. With these keys the layer rates are the FLOPs' own (the reference models' touched
+  // experts taken out too) and every training, prefill and scoring pass charges its touched experts
+  // on top (a third a forward). Optional (empty: no such term; the rates hold the reference models'
+  // experts).
+  std::vector<double> active_expert_bytes, active_expert_seconds;
+  double active_expert_call_seconds(double expert_bytes) const;
   double memory_bytes = 0;      // device memory capacity
   double memory_bandwidth = 0;  // device memory bytes/s (streaming reads + writes)
   double host_bandwidth = 0;    // device <-> host bytes moved per second (offload, onload)

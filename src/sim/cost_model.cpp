@@ -168,6 +168,26 @@ double token_excess(const RlJob& job, double samples, double tokens, int ranks) 
   return tokens > 0 ? expected_max_of_normals(ranks) * std::sqrt(variance) / tokens : 0.0;
 }
 
+// The routed experts a forward call touches on a device holding `local` of the model's experts,
+// when its EP group sends them `rows` rows in all: the run's measured share
+// (RlJob::active_experts) or, without one, a uniform router's (an expert misses each row with
+// probability 1 - top_k / experts).
+double touched_experts(const ModelShape& m, const RlJob& job, double rows, double local) {
+  if (m.experts <= 0 || m.top_k <= 0 || rows <= 0) return 0;
+  const double share = job.active_experts > 0
+                           ? job.active_experts / m.experts
+                           : 1 - std::pow(std::max(0.0, 1 - m.top_k / m.experts), rows);
+  return share * local;
+}
+
+// What the experts a forward call touches cost in one layer beyond their FLOPs
+// (ClusterConfig::active_expert_seconds, measured for a forward + backward: a third of it a pass).
+double touched_expert_seconds(const ModelShape& m, const ClusterConfig& c, const RlJob& job,
+                              double rows, double local) {
+  const double expert_bytes = 3 * m.d_model * m.d_ff * job.parameter_bytes;
+  return touched_experts(m, job, rows, local) * c.active_expert_call_seconds(expert_bytes) / 3;
+}
+
 Training training_cost(const ModelShape& m, const ClusterConfig& c, const RlJob& job,
                        const Strategy& s) {
   const Parallelism& p = s.train;
@@ -213,6 +233,10 @@ Training training_cost(const ModelShape& m, const ClusterConfig& c, const RlJob&
                                        elementwise / (devices * c.memory_bandwidth) + row_work) +
                             logit_bytes / c.memory_bandwidth;
   t.compute = token_work + kernels * c.kernel_overhead;
+  // The experts each micro-batch's call touches, in every pass through each of the stage's layers
+  // (the token split: a TP rank's share of the rows, on its own copy of the experts).
+  t.compute += micro_batches * layers_per_stage * passes *
+               touched_expert_seconds(m, c, job, micro_tokens / p.tp * p.ep, m.experts / p.ep);
   const ExpertPlacement placement = training_placement(s);
   const int spare = placement.spare;
   const double params = training_parameters(m, p, spare);
@@ -363,7 +387,9 @@ double generation_step(const ModelShape& m, const ClusterConfig& c, const RlJob&
   // A prefill's rows' own work beyond their FLOPs, a forward's third of the calibrated forward +
   // backward (its rate is the layer rate, whose FLOPs exclude it); the decode rates were measured
   // on decode steps whole.
-  if (prefill) compute += tokens * m.layers * c.row_seconds / 3;
+  if (prefill)
+    compute += tokens * m.layers * c.row_seconds / 3 +
+               m.layers * touched_expert_seconds(m, c, job, group_tokens, m.experts / g.ep);
   double seconds = compute;
   if (g.tp > 1) {
     const Link& tp_link = c.link(c.level_spanned(g.tp));
@@ -511,11 +537,14 @@ Phase generation_cost(const ModelShape& m, const ClusterConfig& c, const RlJob& 
   phase.seconds += phase.sampler;
   if (job.reward_model) {  // scoring: one forward of every sample with a policy-shaped model
     const double sequence = job.prompt.mean + job.response.mean;
-    phase.seconds += samples * sequence *
-                     (forward_flops_per_token(m, 0.5 * sequence) /
-                          c.compute_rate(job.micro_batch * sequence, m.width) +
-                      m.layers * c.row_seconds / 3) /
-                     g.devices();
+    phase.seconds +=
+        (samples * sequence *
+             (forward_flops_per_token(m, 0.5 * sequence) /
+                  c.compute_rate(job.micro_batch * sequence, m.width) +
+              m.layers * c.row_seconds / 3) +
+         samples / job.micro_batch * m.layers *
+             touched_expert_seconds(m, c, job, job.micro_batch * sequence, m.experts)) /
+        g.devices();
   }
   // Data-parallel generation ranks meet when the phase ends (the fused ranks' barrier before
   // training; a StaleSync pool's ranks after every step), and their equal work finishes apart:

@@ -133,6 +133,9 @@ void RlJob::validate(const std::string& source) const {
   if (!(router_max_over_mean >= 1))
     fail("router_max_over_mean must be >= 1 (the busiest expert over the mean one), got " +
          std::to_string(router_max_over_mean));
+  if (!(active_experts >= 0))
+    fail("active_experts must be >= 0 (0: as a uniform router touches them), got " +
+         std::to_string(active_experts));
   check_expert_moves_per_step(*this, source);
 }
 
@@ -154,6 +157,10 @@ void check_router_concentration(const RlJob& job, int experts, int top_k,
         " must lie in [1, the model's experts / top_k = " + std::to_string(experts) + " / " +
         std::to_string(top_k) + "] (an expert takes at most one of a token's top_k slots)");
   }
+  if (!(job.active_experts >= 0 && job.active_experts <= experts))
+    throw ConfigError(source + ": job.active_experts = " + std::to_string(job.active_experts) +
+                      " must lie in [0, the model's experts = " + std::to_string(experts) +
+                      "] (0: as a uniform router touches them)");
 }
 
 RlJob load_rl_job(const std::string& name_or_path) {
@@ -189,6 +196,7 @@ RlJob load_rl_job(const std::string& name_or_path) {
   add("job.finish_threshold", po::value(&job.finish_threshold));
   add("job.router_max_over_mean", po::value(&job.router_max_over_mean));
   add("job.expert_moves_per_step", po::value(&job.expert_moves_per_step));
+  add("job.active_experts", po::value(&job.active_experts));
   try {
     po::variables_map vm;
     po::store(po::parse_config_file(file, desc, /*allow_unregistered=*/false), vm);

@@ -44,6 +44,11 @@ struct RlJob {
   // most experts / top_k (an expert takes one of a token's top_k slots at most): checked against
   // the model by check_router_concentration.
   double router_max_over_mean = 1;
+  // The routed experts a training forward call gives rows to in a layer, averaged over a run's
+  // calls (`train` writes a run's, `summary.json` "active_experts_per_call"; ClusterConfig's
+  // active_expert_seconds charges each). A concentrated router touches few: `small` 6.4 of 16 at
+  // 44 rows a call on the sort task, a uniform one all 16. 0: as many as a uniform router touches at the call's rows. In [0, experts].
+  double active_experts = 0;
   // EDPB's migrations after its first placement (a strategy with `rebalance`): the share of the
   // model's (layer, expert) pairs that move to another EP rank per step, as a drifting router
   // makes the runtime move them (`rlfusion report` prints a run's, "expert_moves_per_step"). 0: a
@@ -70,7 +75,7 @@ RlJob load_rl_job(const std::string& name_or_path);
 
 // The job's router concentration against a model of `experts` experts choosing `top_k` each: a
 // ConfigError naming job.router_max_over_mean unless it lies in [1, experts / top_k] (so 1 for a
-// model without routed choice, top_k = experts).
+// model without routed choice, top_k = experts), or job.active_experts outside [0, experts].
 void check_router_concentration(const RlJob& job, int experts, int top_k,
                                 const std::string& source);
 

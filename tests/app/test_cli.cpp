@@ -13,6 +13,7 @@
 #include "kernels/error.h"
 #include "src/app/options.h"
 #include "src/model/model_config.h"
+#include "tests/app/json_output.h"
 #include "tests/app/read_parameters.h"
 #include "tests/app/run_rlfusion.h"
 
@@ -116,6 +117,13 @@ TEST(PolicyCommands, SftTrainEvalWriteTheirRunDirectoriesAndGuardFinishedRuns) {
   ASSERT_EQ(train.exit_code, 0) << train.output;
   EXPECT_NE(train.output.find("held-out accuracy after RL"), std::string::npos) << train.output;
   EXPECT_TRUE(std::filesystem::exists(dir + "/train/model.h5"));
+  // The experts its training calls touched, a layer on average (SFT's and RL's): tiny's top 2 of 4.
+  std::ifstream summary_file(dir + "/train/summary.json");
+  const std::string summary((std::istreambuf_iterator<char>(summary_file)),
+                            std::istreambuf_iterator<char>());
+  const double touched = test::json_number(summary, "active_experts_per_call");
+  EXPECT_GE(touched, 2) << summary;
+  EXPECT_LE(touched, 4) << summary;
 
   const Result eval = run_rlfusion("eval" + common + "--init " + dir + "/train/model.h5 --json");
   ASSERT_EQ(eval.exit_code, 0) << eval.output;

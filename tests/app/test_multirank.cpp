@@ -44,6 +44,10 @@ TEST(MultiRankTrain, TwoRanksActorAndLearnerWithShardsInsideTheLearner) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("\"mode\":\"disaggregated\""), std::string::npos) << r.output;
   EXPECT_EQ(test::json_number(r.output, "ranks"), 2);
+  // The experts the learner's training calls touched, a layer on average: tiny's top 2 of 4.
+  const double touched = test::json_number(r.output, "active_experts_per_call");
+  EXPECT_GE(touched, 2);
+  EXPECT_LE(touched, 4);
   for (const char* file : {"model.h5", "trace.h5", "config.ini", "log.txt", "summary.json"}) {
     EXPECT_TRUE(std::filesystem::exists(dir + "/" + file)) << file;
   }

@@ -319,8 +319,21 @@ TEST(BenchCalibrate, WritesAClusterFileThePlannerReads) {
   // (about 1.5 us a row a layer on this machine), and below a millisecond.
   EXPECT_GT(c.row_seconds, 0);
   EXPECT_LT(c.row_seconds, 1e-3);
-  for (const char* key : {"half-rate width", "decode peak", "decode w128, 64 rows",
-                          "optimizer rate", "sampler sort rate", "row work"})
+  // The touched experts' cost at the three reference models' expert sizes (3 x width x 2 width
+  // floats), never below 0 (a difference of two timings), below 10 ms an expert a layer.
+  // (written with 6 significant digits)
+  const std::vector<double> expert_bytes{24576, 393216, 1572864};
+  ASSERT_EQ(c.active_expert_bytes.size(), 3u);
+  for (size_t k = 0; k < 3; ++k)
+    EXPECT_NEAR(c.active_expert_bytes[k], expert_bytes[k], 1e-5 * expert_bytes[k]);
+  ASSERT_EQ(c.active_expert_seconds.size(), 3u);
+  for (double seconds : c.active_expert_seconds) {
+    EXPECT_GE(seconds, 0);
+    EXPECT_LT(seconds, 1e-2);
+  }
+  for (const char* key :
+       {"half-rate width", "decode peak", "decode w128, 64 rows", "optimizer rate",
+        "sampler sort rate", "row work", "touched expert 1536 KiB"})
     EXPECT_NE(r.output.find(key), std::string::npos) << key << "\n" << r.output;
   const auto plan = run_rlfusion("plan --cluster " + dir +
                                  "/machine.ini --model tiny --job tiny-sort --mode fused");
@@ -422,6 +435,42 @@ TEST(Plan, ValidationCountsRedundantExpertSlots) {
   EXPECT_NE(moves.output.find("case moves-ep2: job.expert_moves_per_step must be in [0, 1]"),
             std::string::npos)
       << moves.output;
+}
+
+// The column active_experts (summary.json's active_experts_per_call): the experts each training
+// call touched, each charged the cluster's active_expert_seconds a layer; absent or 0, a uniform
+// router's (all 4 of tiny's at ~94 rows a call). 2 ranks of tiny, 128 samples in micro-batches of
+// 8: 8 calls a rank, 2 layers, forward + backward; above the model's experts, a ConfigError.
+TEST(Plan, ValidationChargesTheExpertsTheRunsTrainingTouched) {
+  const std::string dir = scratch("validate-touched");
+  std::ifstream source(RLFUSION_SOURCE_DIR "/inputs/clusters/cloudmatrix-384.ini");
+  std::ofstream(dir + "/touched.ini")
+      << std::string((std::istreambuf_iterator<char>(source)), std::istreambuf_iterator<char>())
+      << "active_expert_bytes = 12288\nactive_expert_seconds = 1e-3\n";
+  const std::string header = std::string(kMeasuredColumns) +
+                             ",redundant_experts,rebalance,expert_moves_per_step,"
+                             "pipeline_parallel,actor_pipeline_parallel,active_experts\n";
+  const auto row = [&](const std::string& name, const std::string& touched) {
+    return name + "," + dir +
+           "/touched.ini,sort,tiny,fused,2,1,0,1,1,0,0,0,0,16,8,8,0,2,60,94739,49011,0.008440,0,"
+           "18385920,2367616,2283712,0.002137,0.005699,1.165960,0,0,0,1,1," +
+           touched + "\n";
+  };
+  std::ofstream(dir + "/measured.csv")
+      << header << row("uniform", "0") << row("four", "4") << row("two", "2");
+  const auto r = run_rlfusion("plan --validate " + dir + "/measured.csv --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto training = [&](const std::string& name) {
+    const size_t at = r.output.find("{\"case\":\"" + name + "\"");
+    EXPECT_NE(at, std::string::npos) << name << "\n" << r.output;
+    return test::json_number(r.output, "training", at);
+  };
+  EXPECT_NEAR(training("uniform"), training("four"), 1e-6);
+  EXPECT_NEAR(training("four") - training("two"), 8 * 2 * 2 * 1e-3, 1e-5);
+  std::ofstream(dir + "/bad.csv") << header << row("five", "5");
+  const auto bad = run_rlfusion("plan --validate " + dir + "/bad.csv");
+  EXPECT_EQ(bad.exit_code, kExitConfigError) << bad.output;
+  EXPECT_NE(bad.output.find("case five: job.active_experts = 5"), std::string::npos) << bad.output;
 }
 
 // Validation cases with pipeline parallelism (columns pipeline_parallel and

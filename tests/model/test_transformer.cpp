@@ -205,6 +205,53 @@ TEST(TransformerRouterStatistics, TrainingForwardsCountEveryAssignmentOnce) {
   }
 }
 
+// The experts each training forward's layer gave rows to (Transformer::take_touched_experts): one
+// call per layer a forward, the distinct experts among its token x top-k assignments (recounted
+// here from take_local_expert_tokens), generation counting nothing, a view counting into its
+// model, taking resets; a router skewed to the first top_k experts touches exactly those.
+TEST(TransformerRouterStatistics, TrainingForwardsCountTheExpertsTheyTouch) {
+  ModelConfig config = micro_config();
+  const int E = config.n_experts, K = config.top_k, L = config.n_layers;
+  Arena device("test-device", 64 << 20);
+  Transformer<float> model(config, cpu_ops(), device, false);
+  model.initialize(5);
+  const Batch batch = micro_batch(config.vocab_size);
+  const int S = int(batch.offsets.size()) - 1;
+  model.forward(batch.tokens.data(), batch.offsets.data(), S);
+  int64_t expected = 0;
+  for (int l = 0; l < L; ++l)
+    for (int64_t rows : model.take_local_expert_tokens(l)) expected += rows > 0;
+  Transformer<float>::TouchedExperts touched = model.take_touched_experts();
+  EXPECT_EQ(touched.calls, L);
+  EXPECT_EQ(touched.touched, expected);
+  EXPECT_GE(touched.touched, int64_t(L) * K);
+  EXPECT_LE(touched.touched, int64_t(L) * E);
+  touched = model.take_touched_experts();
+  EXPECT_EQ(touched.calls, 0) << "taken";
+
+  KVCache<float> cache = model.allocate_kv_cache(S, 16);
+  const std::vector<int> slots = {0, 1, 2};
+  model.prefill(cache, batch.tokens.data(), batch.offsets.data(), S, slots.data());
+  EXPECT_EQ(model.take_touched_experts().calls, 0) << "prefill";
+
+  Arena activations("view-activations", 64 << 20);
+  Transformer<float> view(model, activations);
+  view.forward(batch.tokens.data(), batch.offsets.data(), S);
+  view.forward(batch.tokens.data(), batch.offsets.data(), S);
+  touched = model.take_touched_experts();
+  EXPECT_EQ(touched.calls, 2 * L) << "view";
+  EXPECT_EQ(touched.touched, 2 * expected) << "view";
+
+  config.router_skew = 1000.0f;
+  Arena skewed_device("skewed-device", 64 << 20);
+  Transformer<float> skewed(config, cpu_ops(), skewed_device, false);
+  skewed.initialize(5);
+  skewed.forward(batch.tokens.data(), batch.offsets.data(), S);
+  touched = skewed.take_touched_experts();
+  EXPECT_EQ(touched.calls, L);
+  EXPECT_EQ(touched.touched, int64_t(L) * K) << "skewed";
+}
+
 std::vector<float> train_three_steps(int threads, uint64_t seed) {
   ThreadLimit limit(threads);
   ModelConfig config = micro_config();

@@ -40,6 +40,21 @@ RlJob fixed_job(int prompts, int group, int micro_batch, double prompt, double r
   return j;
 }
 
+// A cluster where nothing costs time (flops_only at infinite rates) and a fused strategy without
+// offload: the row work's and the touched experts' tests add one cost and count it by hand.
+ClusterConfig free_compute() {
+  ClusterConfig c = flops_only();
+  c.matmul_flops = c.decode_flops = 1e300;
+  return c;
+}
+
+Strategy fused_without_offload() {
+  Strategy s;
+  s.mode = Mode::Fused;
+  s.offload = false;
+  return s;
+}
+
 TEST(CostModel, TinyShapeByHand) {
   const ModelShape m = model_shape(load_model_config("tiny"));
   // tiny: C 32, L 2, V 32, E 4, k 2, F 32, S 16.
@@ -315,11 +330,8 @@ TEST(CostModel, TrainingComputeByHand) {
 TEST(CostModel, RowWorkIsChargedOnEveryTrainingAndPrefillRow) {
   const ModelShape m = model_shape(load_model_config("tiny"));
   RlJob job = fixed_job(4, 2, 8, 4, 4);
-  ClusterConfig c = flops_only();
-  c.matmul_flops = c.decode_flops = 1e300;
-  Strategy s;
-  s.mode = Mode::Fused;
-  s.offload = false;
+  ClusterConfig c = free_compute();
+  const Strategy s = fused_without_offload();
   EXPECT_NEAR(predict(m, c, job, s).training, 0, 1e-18);
   c.row_seconds = 1e-6;
   const Prediction p = predict(m, c, job, s);
@@ -335,6 +347,40 @@ TEST(CostModel, RowWorkIsChargedOnEveryTrainingAndPrefillRow) {
   EXPECT_NEAR(predict(m, c, job, tp).training, p.training, 1e-15);
   job.reward_model = true;  // scoring: a forward over 8 samples of 8 tokens
   EXPECT_NEAR(predict(m, c, job, s).generation, (32 + 64) * 2 * 1e-6 / 3, 1e-15);
+}
+
+// The experts a call touches: each costs active_expert_seconds a layer's forward + backward (a
+// third a pass), whatever its rows. tiny: 4 experts of 3 x 32 x 32 floats (12288 bytes), top 2,
+// 2 layers; 8 samples of 7 trained rows in one micro-batch.
+TEST(CostModel, TouchedExpertsAreChargedOnEveryTrainingAndPrefillCall) {
+  const ModelShape m = model_shape(load_model_config("tiny"));
+  RlJob job = fixed_job(4, 2, 8, 4, 4);
+  ClusterConfig c = free_compute();
+  const Strategy s = fused_without_offload();
+  const Prediction none = predict(m, c, job, s);
+  EXPECT_NEAR(none.training, 0, 1e-18);
+  c.active_expert_bytes = {12288};
+  c.active_expert_seconds = {3e-6};
+  // A uniform router (no measured count) touches all 4 experts of 56 rows (1 - 2^-56 of them).
+  EXPECT_NEAR(predict(m, c, job, s).training, 1 * 2 * 4 * 3e-6, 1e-15);
+  job.active_experts = 3;  // the run's measured count
+  const Prediction p = predict(m, c, job, s);
+  EXPECT_NEAR(p.training, 1 * 2 * 3 * 3e-6, 1e-15);
+  // Each prefill call touches them too, a forward's third: a whole number of calls' worth.
+  const double calls = (p.generation - none.generation) / (2 * 3 * 3e-6 / 3);
+  EXPECT_GE(calls, 1 - 1e-9);
+  EXPECT_NEAR(calls, std::round(calls), 1e-6);
+  Strategy recompute = s;
+  recompute.recompute = true;  // the forward once more
+  EXPECT_NEAR(predict(m, c, job, recompute).training, 2 * 3 * 3e-6 * 4 / 3, 1e-15);
+  // The token split: each TP rank's share of the rows on its own copy of the experts, touching the
+  // measured share of them.
+  Strategy tp = s;
+  tp.train.tp = tp.generate.tp = 2;
+  EXPECT_NEAR(predict(m, c, job, tp).training, p.training, 1e-15);
+  // Twice the micro-batches, twice the calls.
+  job.micro_batch = 4;
+  EXPECT_NEAR(predict(m, c, job, s).training, 2 * p.training, 1e-15);
 }
 
 TEST(CostModel, PipelineBubbleIsMegatronFraction) {

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <string>
+#include <utility>
 
 #include "kernels/error.h"
 #include "src/sim/cluster.h"
@@ -150,6 +151,38 @@ TEST(ClusterConfig, RowWorkIsOptionalAndReadsBack) {
   const std::string malformed =
       test::cluster_error_of(std::string(kCluster) + "row_seconds = a few\n", "word_rows.ini");
   EXPECT_NE(malformed.find("row_seconds"), std::string::npos) << malformed;
+}
+
+// The touched experts' cost: optional (both keys or neither), read back, interpolated in
+// log(bytes) between its points and held at the ends; bad lists name the key.
+TEST(ClusterConfig, TouchedExpertCostIsOptionalInterpolatedAndReadsBack) {
+  ClusterConfig c = load_cluster_config(test::write_scratch("no_touched.ini", kCluster));
+  EXPECT_TRUE(c.active_expert_bytes.empty());
+  EXPECT_EQ(c.active_expert_call_seconds(1e6), 0);
+  EXPECT_TRUE(load_cluster_config("cloudmatrix-384").active_expert_bytes.empty());
+  c.active_expert_bytes = {1e4, 1e6};
+  c.active_expert_seconds = {1e-6, 5e-6};
+  const ClusterConfig back =
+      load_cluster_config(test::write_scratch("touched.ini", cluster_config_ini(c, "")));
+  ASSERT_EQ(back.active_expert_bytes.size(), 2u);
+  EXPECT_DOUBLE_EQ(back.active_expert_bytes[1], 1e6);
+  EXPECT_DOUBLE_EQ(back.active_expert_seconds[1], 5e-6);
+  EXPECT_DOUBLE_EQ(back.active_expert_call_seconds(1e5), 3e-6);  // halfway in log(bytes)
+  EXPECT_DOUBLE_EQ(back.active_expert_call_seconds(1e3), 1e-6);  // held at the ends
+  EXPECT_DOUBLE_EQ(back.active_expert_call_seconds(1e8), 5e-6);
+  EXPECT_EQ(back.active_expert_call_seconds(0), 0);
+  for (const auto& [lines, key] :
+       {std::pair{"active_expert_bytes = 1e4 1e6\n", "both or neither"},
+        {"active_expert_bytes = 1e4 1e6\nactive_expert_seconds = 1e-6\n", "as many values"},
+        {"active_expert_bytes = 1e6 1e4\nactive_expert_seconds = 1e-6 2e-6\n", "ascending"},
+        {"active_expert_bytes = 1e4 1e6\nactive_expert_seconds = 1e-6 -2e-6\n",
+         "active_expert_seconds must be >= 0"},
+        {"active_expert_bytes = 1e4 lots\nactive_expert_seconds = 1e-6 2e-6\n",
+         "active_expert_bytes"}}) {
+    const std::string error =
+        test::cluster_error_of(std::string(kCluster) + lines, "bad_touched.ini");
+    EXPECT_NE(error.find(key), std::string::npos) << lines << error;
+  }
 }
 
 TEST(ClusterConfig, UnknownKeyAndMalformedValueAreErrors) {
@@ -299,6 +332,32 @@ TEST(RlJob, RouterConcentrationIsReadAndBounded) {
     message = e.what();
   }
   EXPECT_NE(message.find("job.router_max_over_mean must be >= 1"), std::string::npos) << message;
+}
+
+// The experts a training call touches: 0 (a uniform router's) unless the file says; below 0 is
+// refused when read, above the model's experts when checked against the model.
+TEST(RlJob, TouchedExpertsAreReadAndBounded) {
+  EXPECT_EQ(load_rl_job(test::write_scratch("touched0.ini", kJob)).active_experts, 0);
+  const RlJob measured = load_rl_job(
+      test::write_scratch("touched.ini", std::string(kJob) + "active_experts = 6.36\n"));
+  EXPECT_DOUBLE_EQ(measured.active_experts, 6.36);
+  EXPECT_NO_THROW(check_router_concentration(measured, 16, 2, "here"));
+  std::string message;
+  try {
+    check_router_concentration(measured, 4, 2, "here");
+  } catch (const ConfigError& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find("job.active_experts = 6.36"), std::string::npos) << message;
+  EXPECT_NE(message.find("experts = 4"), std::string::npos) << message;
+  message.clear();
+  try {
+    load_rl_job(
+        test::write_scratch("touched_negative.ini", std::string(kJob) + "active_experts = -1\n"));
+  } catch (const ConfigError& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find("job.active_experts must be >= 0"), std::string::npos) << message;
 }
 
 TEST(RlJob, MeasuredMeanAndLongest) {
