@@ -243,9 +243,9 @@ sim::RateTable rate_table(const LayerRates& r) {
 //   the same weights and FLOPs) on 16 and 64 rows; the plain model's time less the skewed one's
 //   (fastest runs) over the experts fewer it touched (counted from the router's statistics) and
 //   its layers, the mean of the two, at least 0. A CPU reads an expert's weights and writes its
-//   gradients once a call whatever its rows: on this machine (2026-12-06) 0.45-0.54 ms an expert
-//   at width 256 (1.5 MB an expert) on 16-1024 rows, 0.07-0.09 ms at width 128, under 0.06 ms at
-//   width 32 (in cache). The width-32 reference's is taken out of the row work's two times.
+//   gradients once a call whatever its rows: on this machine (2026-12-06, 20 calibrations)
+//   0.45-0.61 ms an expert at width 256 (1.5 MB an expert), 0.11-0.14 ms at width 128, 3-9 us at
+//   width 32 (in cache). At 256 rows the difference was too small a share of the time to repeat. The width-32 reference's is taken out of the row work's two times.
 // - The rates: the reference models' times less both, fitted (fit_rates) to
 //   rate = peak / (1 + half_rows / rows + half_width / width), Hockney's law in both dimensions.
 LayerRates measure_layer_rates(Device& device, int repeats, double& row_seconds) {
