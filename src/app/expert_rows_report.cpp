@@ -42,15 +42,25 @@ std::string expert_rows_report(int64_t rows_here, const TensorParallel* tp, bool
          ",\"tp_allgathered_elements\":" + std::to_string(c.allgathered_elements) + ",";
 }
 
-std::string touched_experts_json(Transformer<float>& model) {
+double touched_experts_per_call(Transformer<float>& model) {
   const Transformer<float>::TouchedExperts mine = model.take_touched_experts();
   long long counts[2] = {(long long)mine.calls, (long long)mine.touched};
   MPI_Allreduce(MPI_IN_PLACE, counts, 2, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
-  if (counts[0] == 0) return "";
+  return counts[0] > 0 ? double(counts[1]) / double(counts[0]) : 0.0;
+}
+
+std::string touched_experts_json(double per_call) {
+  if (per_call <= 0) return "";
   char json[64];
-  std::snprintf(json, sizeof json, "\"active_experts_per_call\":%.4f,",
-                double(counts[1]) / double(counts[0]));
+  std::snprintf(json, sizeof json, "\"active_experts_per_call\":%.4f,", per_call);
   return json;
+}
+
+void add_touched_experts(std::map<std::string, std::string>& metadata, double per_call) {
+  if (per_call <= 0) return;
+  char value[32];
+  std::snprintf(value, sizeof value, "%.4f", per_call);
+  metadata["active_experts_per_call"] = value;
 }
 
 }  // namespace rlf

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 
 #include "src/io/run_directory.h"
@@ -24,9 +25,12 @@ std::string expert_rows_report(int64_t rows, const TensorParallel* tp, bool toke
 
 // Collective over MPI_COMM_WORLD: the routed experts the ranks' training forwards without a
 // dispatcher (SFT's included) gave rows to, a (layer, call) on average over every rank's
-// (Transformer::take_touched_experts: taken). Returns the summary.json field
-// "active_experts_per_call" (ending in a comma; the planner's job.active_experts), or nothing
-// when no such call ran (with EP the dispatchers route).
-std::string touched_experts_json(Transformer<float>& model);
+// (Transformer::take_touched_experts: taken); 0 when no such call ran (with EP the dispatchers
+// route). The planner's job.active_experts.
+double touched_experts_per_call(Transformer<float>& model);
+// That mean as the summary.json field "active_experts_per_call" (ending in a comma), or nothing
+// for 0; and as the trace's metadata of the same name (`rlfusion report` prints it for the plan).
+std::string touched_experts_json(double per_call);
+void add_touched_experts(std::map<std::string, std::string>& metadata, double per_call);
 
 }  // namespace rlf

@@ -92,6 +92,14 @@ void print_router_text(const TraceData& trace) {
         "layers)\n",
         router_max_over_mean(layers));
   }
+  // The experts a training call touched (`train` records it in the metadata since 2026-12-06).
+  const auto touched = trace.metadata.find("active_experts_per_call");
+  if (touched != trace.metadata.end()) {
+    std::printf(
+        "# for rlfusion plan: job.active_experts = %s (routed experts a training call gave rows "
+        "to, a layer on average)\n",
+        touched->second.c_str());
+  }
   const std::vector<ExpertMigration> migrations = migrations_of(trace);
   if (!migrations.empty()) {
     std::printf(

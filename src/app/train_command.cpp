@@ -357,11 +357,13 @@ int run_train_command(const std::vector<std::string>& args) {
   dir.log("  %-40s %14.1f\n", "RL time (s)", rl_seconds);
   dir.log("  %-40s %14.1f\n", "total time (s)", total_seconds);
   dir.log("  %-40s %14s\n", "device memory peak", format_bytes(device.peak()).c_str());
-  write_trace(dir.file("trace.h5"), trace, MPI_COMM_WORLD, run_metadata("train", run, policy));
+  const double touched = touched_experts_per_call(model);
+  std::map<std::string, std::string> metadata = run_metadata("train", run, policy);
+  add_touched_experts(metadata, touched);
+  write_trace(dir.file("trace.h5"), trace, MPI_COMM_WORLD, metadata);
   dir.log("# held-out prompts: %d; parameters in %s; trace in %s (rlfusion report %s)\n",
           after.prompts, dir.file("model.h5").c_str(), dir.file("trace.h5").c_str(),
           dir.path().c_str());
-  const std::string touched = touched_experts_json(model);
   char json[2048];
   std::snprintf(json, sizeof json,
                 "{\"command\":\"train\",\"mode\":\"one-rank\",\"task\":\"%s\",\"model\":\"%s\","
@@ -371,8 +373,9 @@ int run_train_command(const std::vector<std::string>& args) {
                 "\"rl_tokens_per_s\":%.1f,\"total_seconds\":%.3f}",
                 task.name().c_str(), policy.config.name.c_str(), (unsigned long long)run.seed,
                 reward_json(o).c_str(), router_skew_json(multi_rank.rebalance).c_str(),
-                touched.c_str(), sft.steps, o.steps, initial.accuracy(), before_rl.accuracy(),
-                after.accuracy(), rl_seconds > 0 ? rl_tokens / rl_seconds : 0.0, total_seconds);
+                touched_experts_json(touched).c_str(), sft.steps, o.steps, initial.accuracy(),
+                before_rl.accuracy(), after.accuracy(),
+                rl_seconds > 0 ? rl_tokens / rl_seconds : 0.0, total_seconds);
   if (run.json) dir.log("%s\n", json);
   dir.finish(json);
   return 0;

@@ -121,7 +121,9 @@ int finish_multi_rank_train(const MultiRankTrainEnd& end, const RunOptions& run,
   DispatchTraffic dispatched = end.ep ? end.ep->traffic() : DispatchTraffic{};
   MPI_Allreduce(MPI_IN_PLACE, dispatched.payload.bytes.data(), 2, MPI_UINT64_T, MPI_SUM,
                 MPI_COMM_WORLD);
+  const double touched = touched_experts_per_call(model);
   std::map<std::string, std::string> metadata = run_metadata("train", run, policy);
+  add_touched_experts(metadata, touched);
   metadata["mode"] = end.mode;
   metadata["staleness"] = std::to_string(rl.staleness);
   metadata["expert_parallel"] = std::to_string(options.expert_parallel);
@@ -163,7 +165,6 @@ int finish_multi_rank_train(const MultiRankTrainEnd& end, const RunOptions& run,
   }
   dir.log("# parameters in %s; trace in %s (rlfusion report %s)\n", dir.file("model.h5").c_str(),
           dir.file("trace.h5").c_str(), dir.path().c_str());
-  const std::string touched = touched_experts_json(model);
   char json[2048];
   std::snprintf(json, sizeof json,
                 "{\"command\":\"train\",\"mode\":\"%s\",\"task\":\"%s\",\"model\":\"%s\","
@@ -176,11 +177,12 @@ int finish_multi_rank_train(const MultiRankTrainEnd& end, const RunOptions& run,
                 "\"total_seconds\":%.3f}",
                 end.mode, policy.task->name().c_str(), policy.config.name.c_str(),
                 (unsigned long long)run.seed, reward_json(rl).c_str(), end.memory_json.c_str(),
-                router_skew_json(options.rebalance).c_str(), touched.c_str(), end.migrations,
-                end.ep && end.learner ? end.ep->replicated_experts() : 0, topology.world_size(),
-                options.expert_parallel, options.actor_expert_parallel, options.tensor_parallel,
-                rl.staleness, sft.steps, rl.steps, end.before_rl.accuracy(), after.accuracy(),
-                tokens_per_s, end.rl_seconds, figures[2], total_seconds);
+                router_skew_json(options.rebalance).c_str(), touched_experts_json(touched).c_str(),
+                end.migrations, end.ep && end.learner ? end.ep->replicated_experts() : 0,
+                topology.world_size(), options.expert_parallel, options.actor_expert_parallel,
+                options.tensor_parallel, rl.staleness, sft.steps, rl.steps,
+                end.before_rl.accuracy(), after.accuracy(), tokens_per_s, end.rl_seconds,
+                figures[2], total_seconds);
   if (run.json) dir.log("%s\n", json);
   dir.finish(json);
   return 0;

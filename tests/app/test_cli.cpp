@@ -124,6 +124,12 @@ TEST(PolicyCommands, SftTrainEvalWriteTheirRunDirectoriesAndGuardFinishedRuns) {
   const double touched = test::json_number(summary, "active_experts_per_call");
   EXPECT_GE(touched, 2) << summary;
   EXPECT_LE(touched, 4) << summary;
+  // `report` gives it to the planner from the trace, as written in summary.json.
+  const Result report = run_rlfusion("report " + dir + "/train");
+  ASSERT_EQ(report.exit_code, 0) << report.output;
+  const size_t line = report.output.find("# for rlfusion plan: job.active_experts = ");
+  ASSERT_NE(line, std::string::npos) << report.output;
+  EXPECT_DOUBLE_EQ(std::stod(report.output.substr(line + 42)), touched) << report.output;
 
   const Result eval = run_rlfusion("eval" + common + "--init " + dir + "/train/model.h5 --json");
   ASSERT_EQ(eval.exit_code, 0) << eval.output;
