@@ -245,7 +245,8 @@ sim::RateTable rate_table(const LayerRates& r) {
 //   its layers, the mean of the two, at least 0. A CPU reads an expert's weights and writes its
 //   gradients once a call whatever its rows: on this machine (2026-12-06, 20 calibrations)
 //   0.45-0.61 ms an expert at width 256 (1.5 MB an expert), 0.11-0.14 ms at width 128, 3-9 us at
-//   width 32 (in cache). At 256 rows the difference was too small a share of the time to repeat. The width-32 reference's is taken out of the row work's two times.
+//   width 32 (in cache). At 256 rows the difference was too small a share of the time to repeat.
+//   The width-32 reference's is taken out of the row work's two times.
 // - The rates: the reference models' times less both, fitted (fit_rates) to
 //   rate = peak / (1 + half_rows / rows + half_width / width), Hockney's law in both dimensions.
 LayerRates measure_layer_rates(Device& device, int repeats, double& row_seconds) {
@@ -313,16 +314,13 @@ LayerRates measure_layer_rates(Device& device, int repeats, double& row_seconds)
   auto rows_of = [&](size_t i) {
     return double(cases[i].sequences) * length * cases[i].model->config().n_layers;
   };
-  // The experts a case's forward touches, a layer on average (the runtime's router statistics).
+  // The experts a case's forward touches, a layer on average (the count `train` reports).
   auto touched_of = [&](size_t i) {
     Transformer<float>& model = *cases[i].model;
-    const int layers = model.config().n_layers;
-    for (int l = 0; l < layers; ++l) model.take_local_expert_tokens(l);
+    model.take_touched_experts();  // the timed runs'
     model.forward(cases[i].ids.data(), cases[i].offsets.data(), cases[i].sequences);
-    double touched = 0;
-    for (int l = 0; l < layers; ++l)
-      for (int64_t rows : model.take_local_expert_tokens(l)) touched += rows > 0;
-    return touched / layers;
+    const Transformer<float>::TouchedExperts touched = model.take_touched_experts();
+    return touched.calls > 0 ? double(touched.touched) / double(touched.calls) : 0.0;
   };
   const size_t per_model = std::size(sequence_counts);
   const size_t light_first = reference_count * per_model;  // the reference cases: from 0
