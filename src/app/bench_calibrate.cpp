@@ -123,6 +123,9 @@ struct LayerRates {
   // The touched experts' cost of each reference model (sim::ClusterConfig::active_expert_seconds):
   // expert bytes ascending, seconds an expert a layer's forward + backward.
   std::vector<double> expert_bytes, expert_seconds;
+  // A row's work beyond its FLOPs, a layer: forward + backward (sim::ClusterConfig::row_seconds),
+  // and a forward's share of it (forward_row_seconds). Layer rates only.
+  double row_seconds = 0, forward_row_seconds = 0;
 };
 
 // A reference model of matrix width `width` (d_model; expert and shared widths `ffn_width`, 2 x
@@ -247,9 +250,16 @@ sim::RateTable rate_table(const LayerRates& r) {
 //   0.45-0.61 ms an expert at width 256 (1.5 MB an expert), 0.11-0.14 ms at width 128, 3-9 us at
 //   width 32 (in cache). At 256 rows the difference was too small a share of the time to repeat.
 //   The width-32 reference's is taken out of the row work's two times.
+// - A forward's share of the row work (`forward_row_seconds`): the width-32 reference model's
+//   forward alone at the two largest row counts, timed with the others; what it takes beyond a
+//   third of the forward + backward's time, a row a layer, added to a third of the row work (the
+//   FLOPs and touched experts counted a third a pass, the rest being the rows'), the mean of the
+//   two, within [0, row work]. On this machine (2026-12-06) `tiny`'s forward took 0.37-0.39 of
+//   its forward + backward (its prefill as much), so a third of the row work left its prefill
+//   14-17% short.
 // - The rates: the reference models' times less both, fitted (fit_rates) to
 //   rate = peak / (1 + half_rows / rows + half_width / width), Hockney's law in both dimensions.
-LayerRates measure_layer_rates(Device& device, int repeats, double& row_seconds) {
+LayerRates measure_layer_rates(Device& device, int repeats) {
   const int length = 16;
   const int sequence_counts[] = {1, 4, 16, 64};
   // The skewed copies' row counts (see above): 16 and 64 rows.
@@ -300,6 +310,16 @@ LayerRates measure_layer_rates(Device& device, int repeats, double& row_seconds)
       c.model->backward(c.dlogits.data(), 0.0f);
     });
   }
+  // Then the width-32 reference's forward alone at its two largest row counts (cases
+  // large_first.. of the first model), timed after the cases above.
+  const size_t per_model = std::size(sequence_counts);
+  const size_t large_first = per_model - 2;
+  for (size_t i = large_first; i < per_model; ++i) {
+    bodies.push_back([&c = cases[i]] {
+      c.model->forward(c.ids.data(), c.offsets.data(), c.sequences);
+      c.model->release_activations();
+    });
+  }
   const std::vector<std::vector<double>> samples = time_interleaved_samples(bodies, 3 * repeats);
   std::vector<double> seconds, fastest;
   for (const std::vector<double>& s : samples) {
@@ -322,7 +342,6 @@ LayerRates measure_layer_rates(Device& device, int repeats, double& row_seconds)
     const Transformer<float>::TouchedExperts touched = model.take_touched_experts();
     return touched.calls > 0 ? double(touched.touched) / double(touched.calls) : 0.0;
   };
-  const size_t per_model = std::size(sequence_counts);
   const size_t light_first = reference_count * per_model;  // the reference cases: from 0
   const size_t skewed_first = light_first + per_model;
   const size_t per_skewed = std::size(skewed_sequence_counts);
@@ -358,7 +377,6 @@ LayerRates measure_layer_rates(Device& device, int repeats, double& row_seconds)
   // reference's touched experts are taken out of both models' times (the light model's experts,
   // smaller still, cost as little at that width).
   double per_row = 0;
-  const size_t large_first = per_model - 2;
   for (size_t i = large_first; i < per_model; ++i) {
     const size_t light = light_first + i;
     const double experts = touched_seconds(i);
@@ -366,7 +384,15 @@ LayerRates measure_layer_rates(Device& device, int repeats, double& row_seconds)
     per_row += (fastest[i] - experts - seconds_per_flop * flops_of(i)) / rows_of(i) /
                double(per_model - large_first);
   }
-  row_seconds = std::max(0.0, per_row);
+  const double row_seconds = std::max(0.0, per_row);
+  r.row_seconds = row_seconds;
+  double forward_per_row = 0;
+  for (size_t i = large_first; i < per_model; ++i) {
+    const double forward = fastest[cases.size() + (i - large_first)];
+    forward_per_row += (row_seconds / 3 + (forward - fastest[i] / 3) / rows_of(i)) /
+                       double(per_model - large_first);
+  }
+  r.forward_row_seconds = std::clamp(forward_per_row, 0.0, row_seconds);
   for (size_t i = 0; i < light_first; ++i) {
     const ModelConfig& config = cases[i].model->config();
     // What the FLOPs took: the time less the rows' work and the touched experts'. That work is a
@@ -653,8 +679,7 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
   Device device(Backend::Cpu, run.device_memory_bytes(), resolve_threads(run.threads));
   const Matmul matmul = measure_matmul(device.memory(), repeats);
   const double kernel_overhead = measure_kernel_overhead(device, repeats);
-  double row_seconds = 0;
-  const LayerRates layers = measure_layer_rates(device, repeats, row_seconds);
+  const LayerRates layers = measure_layer_rates(device, repeats);
   const LayerRates decode = measure_decode_rates(device, repeats);
   const double copy = measure_copy_bandwidth(repeats);
   const double optimizer_rate = measure_optimizer_rate(device, repeats);
@@ -671,7 +696,8 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
   c.decode_half_rate_rows = decode.half_rows;
   c.decode_half_rate_width = decode.half_width;
   c.layer_table = rate_table(layers);
-  c.row_seconds = row_seconds;
+  c.row_seconds = layers.row_seconds;
+  c.forward_row_seconds = layers.forward_row_seconds;
   c.active_expert_bytes = layers.expert_bytes;
   c.active_expert_seconds = layers.expert_seconds;
   c.decode_table = rate_table(decode);
@@ -711,7 +737,7 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
   }
   if (rank != 0) return 0;
   const bool matmul_ok = matmul.nmse <= 1e-8;
-  char comment[2048];
+  char comment[4096];
   std::snprintf(
       comment, sizeof comment,
       "Written by `rlfusion bench calibrate` (%s): rates measured on this machine, %d "
@@ -719,6 +745,7 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
       "forward + backward rates of reference models (width 32, 128 and 256, 8 experts, d_ff 2 x "
       "the width) on 16 .. 1024 rows, their rows' work beyond the FLOPs taken out; row_seconds: "
       "that work, a row a layer, from the width-32 model against itself with d_ff 8; "
+      "forward_row_seconds: a forward's share of it, from the width-32 model's forward alone; "
       "layer_rate_* and decode_rate_*: the measured points the fits were made of; "
       "kernel overhead from a 1-token forward of a 1-layer d_model-8 model; "
       "optimizer_rate: gradient norm + AdamW over 4M parameters in the device arena; sampler: "
@@ -748,7 +775,7 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
         "\"expert_exchange_row_seconds\":%.6g,\"expert_exchange_lockstep_s\":%.6g,"
         "\"expert_exchange_spread\":%.6g,"
         "\"expert_backward_overhead_s\":%.6g,\"expert_backward_row_seconds\":%.6g,"
-        "\"row_seconds\":%.6g,"
+        "\"row_seconds\":%.6g,\"forward_row_seconds\":%.6g,"
         "\"output\":\"%s\",\"ok\":%s}\n",
         c.matmul_flops, c.half_rate_rows, c.half_rate_width, c.decode_flops,
         c.decode_half_rate_rows, c.decode_half_rate_width, c.optimizer_rate, c.sampler_rate,
@@ -756,7 +783,8 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
         c.intra_node.bandwidth, c.intra_node.latency, c.inter_supernode.bandwidth,
         c.inter_supernode.latency, c.expert_exchange_overhead, c.expert_exchange_row_seconds,
         c.expert_exchange_lockstep, c.expert_exchange_spread, c.expert_backward_overhead,
-        c.expert_backward_row_seconds, c.row_seconds, output.c_str(), matmul_ok ? "true" : "false");
+        c.expert_backward_row_seconds, c.row_seconds, c.forward_row_work(), output.c_str(),
+        matmul_ok ? "true" : "false");
     return matmul_ok ? 0 : 1;
   }
   std::printf("# rlfusion bench calibrate: %s\n", build_info().c_str());
@@ -786,6 +814,8 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
   }
   quantity("row work", c.row_seconds * 1e9, 1, "ns",
            "a row a layer beyond its FLOPs, fwd+bwd: w32 model at d_ff 64 vs 8");
+  quantity("forward row work", c.forward_row_work() * 1e9, 1, "ns",
+           "its forward's share: the w32 model's forward alone vs a third of fwd+bwd");
   for (size_t k = 0; k < c.active_expert_bytes.size(); ++k) {
     char what[64];
     std::snprintf(what, sizeof what, "touched expert %.0f KiB", c.active_expert_bytes[k] / 1024);

@@ -62,6 +62,14 @@ void ClusterConfig::validate(const std::string& source) const {
   positive(host_bandwidth, "host_bandwidth");
   non_negative(kernel_overhead, "kernel_overhead");
   non_negative(row_seconds, "row_seconds");
+  if (forward_row_seconds) {
+    non_negative(*forward_row_seconds, "forward_row_seconds");
+    if (*forward_row_seconds > row_seconds)
+      fail(
+          "forward_row_seconds must be at most row_seconds (a forward's share of the row work), "
+          "got " +
+          std::to_string(*forward_row_seconds) + " against " + std::to_string(row_seconds));
+  }
   non_negative(expert_exchange_overhead, "expert_exchange_overhead");
   non_negative(expert_exchange_row_seconds, "expert_exchange_row_seconds");
   non_negative(expert_exchange_lockstep, "expert_exchange_lockstep");
@@ -126,6 +134,8 @@ ClusterConfig load_cluster_config(const std::string& name_or_path) {
   add("cluster.host_bandwidth", po::value(&c.host_bandwidth)->required());
   add("cluster.kernel_overhead", po::value(&c.kernel_overhead)->required());
   add("cluster.row_seconds", po::value(&c.row_seconds));
+  double forward_row_seconds = 0;
+  add("cluster.forward_row_seconds", po::value(&forward_row_seconds));
   std::string active_expert_bytes, active_expert_seconds;
   add("cluster.active_expert_bytes", po::value(&active_expert_bytes));
   add("cluster.active_expert_seconds", po::value(&active_expert_seconds));
@@ -168,6 +178,7 @@ ClusterConfig load_cluster_config(const std::string& name_or_path) {
       c.expert_backward_overhead = c.expert_exchange_overhead;
       c.expert_backward_row_seconds = c.expert_exchange_row_seconds;
     }
+    if (vm.count("cluster.forward_row_seconds")) c.forward_row_seconds = forward_row_seconds;
     if (active_expert_bytes.empty() != active_expert_seconds.empty())
       throw ConfigError("cluster file '" + path +
                         "': cluster.active_expert_bytes and active_expert_seconds come together "
@@ -231,6 +242,10 @@ std::string cluster_config_ini(const ClusterConfig& c, const std::string& commen
       c.expert_exchange_overhead, c.expert_exchange_row_seconds, c.expert_exchange_lockstep,
       c.expert_exchange_spread, c.expert_backward_overhead, c.expert_backward_row_seconds);
   out << buffer;
+  if (c.forward_row_seconds) {
+    std::snprintf(buffer, sizeof buffer, "forward_row_seconds = %.6g\n", *c.forward_row_seconds);
+    out << buffer;
+  }
   if (!c.active_expert_bytes.empty())
     out << "active_expert_bytes = " << number_list(c.active_expert_bytes) << "\n"
         << "active_expert_seconds = " << number_list(c.active_expert_seconds) << "\n";

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -67,6 +68,16 @@ struct ClusterConfig {
   // work on top. Optional (0: no row term; the layer rates of older files hold the reference
   // models' row work).
   double row_seconds = 0;
+  // The share of that row work a forward alone costs (a prefill, a reference or reward model's
+  // forward, a recompute): seconds a row a layer. A forward does more of a row's work than its
+  // third of the FLOPs (the norms, the router's softmax and top-k, the attention's softmax run
+  // there; their backward is lighter): `tiny`'s forward took 0.37-0.39 of its forward + backward
+  // on this machine (2026-12-06), `small`'s, whose FLOPs dominate, 0.34. Optional (absent: a third
+  // of row_seconds, as before the key existed); at most row_seconds.
+  std::optional<double> forward_row_seconds;
+  double forward_row_work() const {
+    return forward_row_seconds ? *forward_row_seconds : row_seconds / 3;
+  }
   // Seconds an expert that gets rows costs one layer's forward + backward beyond its FLOPs and
   // its rows' work, by the expert's size in bytes (its three matrices): on a CPU its weights are
   // read (and its gradients written) once a call whatever its rows, so at a few rows an expert

@@ -224,9 +224,11 @@ Training training_cost(const ModelShape& m, const ClusterConfig& c, const RlJob&
   const double kernels = micro_batches * layers_per_stage * kKernelsPerLayer * passes;
   const double rate = c.compute_rate(micro_tokens / p.tp, m.width);
   // The rows' own work beyond their FLOPs (ClusterConfig::row_seconds, measured for a forward +
-  // backward: a third of it a pass): each device runs its DP rank's rows through its stage's
-  // layers, every TP rank all of them (the norms and residuals are not split by TP).
-  const double row_work = tokens * m.layers * p.tp / devices * passes / 3 * c.row_seconds;
+  // backward, and its forward's share for each forward-only pass: the reference's, a recompute):
+  // each device runs its DP rank's rows through its stage's layers, every TP rank all of them (the
+  // norms and residuals are not split by TP).
+  const double row_work =
+      tokens * m.layers * p.tp / devices * (c.row_seconds + (passes - 3) * c.forward_row_work());
   // The work that grows with a micro-batch's tokens (its expert FFN aside: the experts' rows come
   // from the whole EP group).
   const double token_work = busiest * (flops / (devices * rate) +
@@ -384,11 +386,11 @@ double generation_step(const ModelShape& m, const ClusterConfig& c, const RlJob&
                (dense_flops + expert_flops + attention_flops) /
                    (prefill ? c.compute_rate(tokens, m.width) : c.decode_rate(tokens, m.width))) +
       (m.layers * kKernelsPerLayer + kEmbeddingKernels + kHeadKernels) * c.kernel_overhead;
-  // A prefill's rows' own work beyond their FLOPs, a forward's third of the calibrated forward +
-  // backward (its rate is the layer rate, whose FLOPs exclude it); the decode rates were measured
-  // on decode steps whole.
+  // A prefill's rows' own work beyond their FLOPs, a forward's share of the calibrated forward +
+  // backward's (its rate is the layer rate, whose FLOPs exclude it); the decode rates were
+  // measured on decode steps whole.
   if (prefill)
-    compute += tokens * m.layers * c.row_seconds / 3 +
+    compute += tokens * m.layers * c.forward_row_work() +
                m.layers * touched_expert_seconds(m, c, job, group_tokens, m.experts / g.ep);
   double seconds = compute;
   if (g.tp > 1) {
@@ -541,7 +543,7 @@ Phase generation_cost(const ModelShape& m, const ClusterConfig& c, const RlJob& 
         (samples * sequence *
              (forward_flops_per_token(m, 0.5 * sequence) /
                   c.compute_rate(job.micro_batch * sequence, m.width) +
-              m.layers * c.row_seconds / 3) +
+              m.layers * c.forward_row_work()) +
          samples / job.micro_batch * m.layers *
              touched_expert_seconds(m, c, job, job.micro_batch * sequence, m.experts)) /
         g.devices();

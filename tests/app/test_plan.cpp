@@ -319,6 +319,10 @@ TEST(BenchCalibrate, WritesAClusterFileThePlannerReads) {
   // (about 1.5 us a row a layer on this machine), and below a millisecond.
   EXPECT_GT(c.row_seconds, 0);
   EXPECT_LT(c.row_seconds, 1e-3);
+  // Its forward's share, written, within [0, the forward + backward's] (6 significant digits).
+  ASSERT_TRUE(c.forward_row_seconds.has_value());
+  EXPECT_GE(*c.forward_row_seconds, 0);
+  EXPECT_LE(*c.forward_row_seconds, c.row_seconds * (1 + 1e-5));
   // The touched experts' cost at the three reference models' expert sizes (3 x width x 2 width
   // floats), never below 0 (a difference of two timings), below 10 ms an expert a layer.
   // (written with 6 significant digits)
@@ -333,7 +337,7 @@ TEST(BenchCalibrate, WritesAClusterFileThePlannerReads) {
   }
   for (const char* key :
        {"half-rate width", "decode peak", "decode w128, 64 rows", "optimizer rate",
-        "sampler sort rate", "row work", "touched expert 1536 KiB"})
+        "sampler sort rate", "row work", "forward row work", "touched expert 1536 KiB"})
     EXPECT_NE(r.output.find(key), std::string::npos) << key << "\n" << r.output;
   const auto plan = run_rlfusion("plan --cluster " + dir +
                                  "/machine.ini --model tiny --job tiny-sort --mode fused");

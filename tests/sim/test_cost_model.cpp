@@ -349,6 +349,31 @@ TEST(CostModel, RowWorkIsChargedOnEveryTrainingAndPrefillRow) {
   EXPECT_NEAR(predict(m, c, job, s).generation, (32 + 64) * 2 * 1e-6 / 3, 1e-15);
 }
 
+// A forward's share of the row work (cluster key forward_row_seconds): every forward-only pass
+// pays it instead of a third of row_seconds (the prefill, a reference model's forward, a
+// recompute, a reward model's scoring); a training forward + backward still pays row_seconds.
+TEST(CostModel, ForwardOnlyPassesPayTheForwardsShareOfTheRowWork) {
+  const ModelShape m = model_shape(load_model_config("tiny"));
+  RlJob job = fixed_job(4, 2, 8, 4, 4);
+  ClusterConfig c = free_compute();
+  const Strategy s = fused_without_offload();
+  c.row_seconds = 1e-6;
+  c.forward_row_seconds = 0.5e-6;
+  const Prediction p = predict(m, c, job, s);
+  // 8 samples of 7 trained rows, 2 layers: forward + backward.
+  EXPECT_NEAR(p.training, 56 * 2 * 1e-6, 1e-15);
+  // 8 prompts of 4 tokens prefilled: a forward.
+  EXPECT_NEAR(p.generation, 32 * 2 * 0.5e-6, 1e-15);
+  Strategy recompute = s;
+  recompute.recompute = true;
+  EXPECT_NEAR(predict(m, c, job, recompute).training, 56 * 2 * 1.5e-6, 1e-15);
+  RlJob with_reference = job;
+  with_reference.reference = true;  // the reference model's forward of every trained row
+  EXPECT_NEAR(predict(m, c, with_reference, s).training, 56 * 2 * 1.5e-6, 1e-15);
+  job.reward_model = true;  // scoring: a forward over 8 samples of 8 tokens
+  EXPECT_NEAR(predict(m, c, job, s).generation, (32 + 64) * 2 * 0.5e-6, 1e-15);
+}
+
 // The experts a call touches: each costs active_expert_seconds a layer's forward + backward (a
 // third a pass), whatever its rows. tiny: 4 experts of 3 x 32 x 32 floats (12288 bytes), top 2,
 // 2 layers; 8 samples of 7 trained rows in one micro-batch.

@@ -153,6 +153,36 @@ TEST(ClusterConfig, RowWorkIsOptionalAndReadsBack) {
   EXPECT_NE(malformed.find("row_seconds"), std::string::npos) << malformed;
 }
 
+// A forward's share of the row work (forward_row_seconds): optional (a third of row_seconds
+// without it, the files of before it and the shipped ones), read back as written, within
+// [0, row_seconds].
+TEST(ClusterConfig, ForwardRowWorkIsOptionalBoundedAndReadsBack) {
+  ClusterConfig c = load_cluster_config(test::write_scratch("no_forward_rows.ini", kCluster));
+  EXPECT_FALSE(c.forward_row_seconds.has_value());
+  c.row_seconds = 1.5e-6;
+  EXPECT_DOUBLE_EQ(c.forward_row_work(), 0.5e-6);
+  EXPECT_FALSE(load_cluster_config("cloudmatrix-384").forward_row_seconds.has_value());
+  c.forward_row_seconds = 0.75e-6;
+  EXPECT_DOUBLE_EQ(c.forward_row_work(), 0.75e-6);
+  const ClusterConfig back =
+      load_cluster_config(test::write_scratch("forward_rows.ini", cluster_config_ini(c, "")));
+  ASSERT_TRUE(back.forward_row_seconds.has_value());
+  EXPECT_DOUBLE_EQ(*back.forward_row_seconds, 0.75e-6);
+  EXPECT_DOUBLE_EQ(back.forward_row_work(), 0.75e-6);
+  const std::string rows = std::string(kCluster) + "row_seconds = 1e-6\n";
+  const std::string negative =
+      test::cluster_error_of(rows + "forward_row_seconds = -1e-7\n", "bad_forward_rows.ini");
+  EXPECT_NE(negative.find("cluster.forward_row_seconds"), std::string::npos) << negative;
+  const std::string above =
+      test::cluster_error_of(rows + "forward_row_seconds = 2e-6\n", "above_forward_rows.ini");
+  EXPECT_NE(above.find("cluster.forward_row_seconds must be at most row_seconds"),
+            std::string::npos)
+      << above;
+  const std::string malformed =
+      test::cluster_error_of(rows + "forward_row_seconds = quick\n", "word_forward_rows.ini");
+  EXPECT_NE(malformed.find("forward_row_seconds"), std::string::npos) << malformed;
+}
+
 // The touched experts' cost: optional (both keys or neither), read back, interpolated in
 // log(bytes) between its points and held at the ends; bad lists name the key.
 TEST(ClusterConfig, TouchedExpertCostIsOptionalInterpolatedAndReadsBack) {
