@@ -17,7 +17,13 @@
 # (jobs/local/validation_rounds.py; its other columns, deterministic, are the same in every round).
 # $OUT/cluster.ini and $OUT/cluster-1rank.ini are the rounds' calibrations merged, every number the
 # median of its measurements: one file for the machine.
-#   RLFUSION=build/src/rlfusion  CASES=jobs/local/planner_validation_cases.csv  OUT=runs/validate_planner  REPEATS=5
+# CALIBRATE=each (the default since 2026-12-06) calibrates again right before every run of every
+# case (on the case's rank count, 15 s), into $OUT/cluster-at-NAME.ini.R, and predicts the run on
+# it: the machine drifts within a round too (`tiny`'s generation 3.9 -> 4.8 ms between the rounds
+# of one validation, the calibrated decode rates 25% apart), and a round's cases ran up to two
+# minutes after its calibration. About 25 minutes with 5 repeats. CALIBRATE=round: one
+# calibration a round, as before (about 10 minutes).
+#   RLFUSION=build/src/rlfusion  CASES=jobs/local/planner_validation_cases.csv  OUT=runs/validate_planner  REPEATS=5  CALIBRATE=each
 set -euo pipefail
 RLFUSION=${RLFUSION:-build/src/rlfusion}
 CASES=${CASES:-jobs/local/planner_validation_cases.csv}
@@ -27,6 +33,8 @@ PYTHON=${PYTHON:-python3}
 # fused-ep2-tiny -0.1, -35.3, +16.5, -15.4, -17.3%), so the median of 3 still lands on an outlier
 # now and then.
 REPEATS=${REPEATS:-5}
+CALIBRATE=${CALIBRATE:-each}
+case "$CALIBRATE" in each|round) ;; *) echo "CALIBRATE must be each or round, got '$CALIBRATE'" >&2; exit 2 ;; esac
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 mkdir -p "$OUT"
 [ "$REPEATS" -ge 1 ] 2>/dev/null || { echo "REPEATS must be an integer >= 1, got '$REPEATS'" >&2; exit 2; }
@@ -70,8 +78,17 @@ mapfile -t CASE_LINES < <(grep -v '^#' "$CASES" | tail -n +2)
 # alone on the machine, so their rates come from the one-rank calibration (no second rank
 # sharing the memory bandwidth); a case that emulates links gets the two-rank rates with its
 # emulated link (composed after the rounds).
+# With CALIBRATE=each every case has its own calibrations, $OUT/cluster-at-NAME.ini.R (an
+# emulated-link case's composed with its link as before).
 cluster_of() {
   if [ "$3" != 0 ] || [ "$4" != 0 ]; then echo "$OUT/cluster-$1.ini"
+  elif [ "$CALIBRATE" = each ]; then echo "$OUT/cluster-at-$1.ini"
+  elif [ "$2" = 1 ]; then echo "$OUT/cluster-1rank.ini"
+  else echo "$OUT/cluster.ini"; fi
+}
+# rates_of NAME RANKS: the file whose rates (round R's: FILE.R) predict the case.
+rates_of() {
+  if [ "$CALIBRATE" = each ]; then echo "$OUT/cluster-at-$1.ini"
   elif [ "$2" = 1 ]; then echo "$OUT/cluster-1rank.ini"
   else echo "$OUT/cluster.ini"; fi
 }
@@ -105,6 +122,10 @@ run_case() {
     [ "$mode" = disaggregated ] && actors=1
   fi
   [ "$r" = 1 ] && : > "$dir.rows"
+  if [ "$CALIBRATE" = each ]; then
+    echo "# round $r, case $name: calibrating on $ranks rank(s) into $OUT/cluster-at-$name.ini.$r"
+    calibrate_once "$ranks" "$OUT/cluster-at-$name.ini" "$r"
+  fi
   echo "# round $r, case $name: mpiexec -n $ranks rlfusion ${args[*]} --run-dir $dir-run$r"
   local run="$dir-run$r"
   mpiexec -n "$ranks" --bind-to core "$RLFUSION" "${args[@]}" --run-dir "$run" < /dev/null \
@@ -150,26 +171,35 @@ PY
 }
 
 for r in $(seq "$REPEATS"); do
-  echo "# round $r of $REPEATS: calibrating this machine ($OUT/cluster.ini.$r on 2 ranks, $OUT/cluster-1rank.ini.$r on 1), then every case once"
-  calibrate_once 2 "$OUT/cluster.ini" "$r"
-  calibrate_once 1 "$OUT/cluster-1rank.ini" "$r"
+  if [ "$CALIBRATE" = round ]; then
+    echo "# round $r of $REPEATS: calibrating this machine ($OUT/cluster.ini.$r on 2 ranks, $OUT/cluster-1rank.ini.$r on 1), then every case once"
+    calibrate_once 2 "$OUT/cluster.ini" "$r"
+    calibrate_once 1 "$OUT/cluster-1rank.ini" "$r"
+  else
+    echo "# round $r of $REPEATS: every case once, each right after a calibration of its own"
+  fi
   for line in "${CASE_LINES[@]}"; do run_case "$line" "$r"; done
 done
-merge_calibrations "$OUT/cluster.ini"
-merge_calibrations "$OUT/cluster-1rank.ini"
+if [ "$CALIBRATE" = round ]; then
+  merge_calibrations "$OUT/cluster.ini"
+  merge_calibrations "$OUT/cluster-1rank.ini"
+else
+  for line in "${CASE_LINES[@]}"; do merge_calibrations "$OUT/cluster-at-${line%%,*}.ini"; done
+fi
 
 CASE_NAMES=()
 for line in "${CASE_LINES[@]}"; do
   IFS=, read -r name ranks _ _ _ _ _ _ bw lat _ <<< "$line"
   CASE_NAMES+=("$name")
   if [ "$bw" != 0 ] || [ "$lat" != 0 ]; then
-    # The compute rates stay those of the two-rank calibration, so every two-rank case is
-    # predicted from one measurement of the machine; only the link is the case's own. One file
-    # per round (the round's two-rank rates), and one from the merged calibration.
+    # The compute rates stay those of the two-rank calibration (the round's, or the case's own with
+    # CALIBRATE=each); only the link is the emulated one. One file per round, and one from the
+    # merged calibration.
     cluster=$(cluster_of "$name" "$ranks" "$bw" "$lat")
+    rates=$(rates_of "$name" "$ranks")
     for r in $(seq "$REPEATS") ""; do
       suffix=${r:+.$r}
-      { grep -v -E '^(intra|inter)_supernode_' "$OUT/cluster.ini$suffix"
+      { grep -v -E '^(intra|inter)_supernode_' "$rates$suffix"
         grep -E '^(intra|inter)_supernode_' "$OUT/links-$name.ini"; } > "$cluster$suffix"
     done
   fi

@@ -499,11 +499,14 @@ double measure_optimizer_rate(Device& device, int repeats) {
 
 struct SamplerRate {
   double rate = 0, sort_rate = 0;
+  std::vector<double> vocab, row_seconds;  // each vocabulary's measured seconds a row
 };
 
 // The sampler (temperature 1, top-p 0.9) on 64 rows of V = 16, 32, 64, 256, 1024 and 4096 logits,
-// timed interleaved; the time per entry, 1 / rate + log2 V / sort_rate, fitted by least squares of
-// the relative error (a coefficient the noise makes negative is left out and the other refitted).
+// timed interleaved: each vocabulary's seconds a row (written as sampler_vocab /
+// sampler_row_seconds, which the cost model interpolates), and the time per entry,
+// 1 / rate + log2 V / sort_rate, fitted by least squares of the relative error (a coefficient the
+// noise makes negative is left out and the other refitted), which scales them past their ends.
 // Every call samples fresh logits (the next block of a pool of 4 MiB a vocabulary, at least 4
 // blocks), as the runtime's do: sampling the same rows again and again, the branch predictor
 // learns their sort, and V = 16-64 ran 1.4-2.1x faster than on fresh rows (2026-12-06: V = 32 at
@@ -565,8 +568,14 @@ SamplerRate measure_sampler(Device& device, int repeats) {
     return s;
   };
   const SamplerRate both = fit(true, true);
-  if (both.rate > 0 && both.sort_rate > 0) return both;
-  return both.sort_rate > 0 ? fit(false, true) : fit(true, false);
+  SamplerRate s = both.rate > 0 && both.sort_rate > 0 ? both
+                  : both.sort_rate > 0                ? fit(false, true)
+                                                      : fit(true, false);
+  for (int i = 0; i < n; ++i) {
+    s.vocab.push_back(cases[size_t(i)].vocab);
+    s.row_seconds.push_back(per_entry[size_t(i)] * cases[size_t(i)].vocab);
+  }
+  return s;
 }
 
 // The work before each operation of the expert exchange's second lock-step loop: the runtime's
@@ -715,6 +724,8 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
   c.optimizer_rate = optimizer_rate;
   c.sampler_rate = sampler.rate;
   c.sampler_sort_rate = sampler.sort_rate;
+  c.sampler_vocab = sampler.vocab;
+  c.sampler_row_seconds = sampler.row_seconds;
   c.kernel_overhead = kernel_overhead;
   c.memory_bytes = double(run.device_memory_bytes());
   c.memory_bandwidth = copy;
@@ -851,6 +862,11 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
   quantity("sampler rate", c.sampler_rate, -1, "entry/s", "top-p sampling, V = 16 .. 4096");
   quantity("sampler sort rate", c.sampler_sort_rate, -1, "cmp/s",
            "same fit, V log2 V comparisons a row");
+  for (size_t i = 0; i < c.sampler_vocab.size(); ++i) {
+    char what[64];
+    std::snprintf(what, sizeof what, "sampler V = %.0f", c.sampler_vocab[i]);
+    quantity(what, c.sampler_row_seconds[i] * 1e6, 3, "us", "a row, fresh logits (written)");
+  }
   quantity("kernel overhead", c.kernel_overhead * 1e6, 2, "us",
            "1-token forward of a 1-layer d_model-8 model / 21 calls");
   quantity("memory bandwidth", c.memory_bandwidth / 1e9, 2, "GB/s", "memcpy 128 MiB, read + write");

@@ -95,6 +95,16 @@ void ClusterConfig::validate(const std::string& source) const {
       fail("active_expert_bytes must be strictly ascending");
     non_negative(active_expert_seconds[i], "active_expert_seconds");
   }
+  if (sampler_vocab.size() != sampler_row_seconds.size())
+    fail("sampler_vocab and sampler_row_seconds must list as many values (" +
+         std::to_string(sampler_vocab.size()) + " against " +
+         std::to_string(sampler_row_seconds.size()) + ")");
+  for (size_t i = 0; i < sampler_vocab.size(); ++i) {
+    positive(sampler_vocab[i], "sampler_vocab");
+    if (i > 0 && !(sampler_vocab[i] > sampler_vocab[i - 1]))
+      fail("sampler_vocab must be strictly ascending");
+    positive(sampler_row_seconds[i], "sampler_row_seconds");
+  }
   if (!layer_table.empty()) layer_table.validate(source, "layer_rate");
   if (!decode_table.empty()) decode_table.validate(source, "decode_rate");
 }
@@ -108,6 +118,19 @@ double ClusterConfig::active_expert_call_seconds(double expert_bytes) const {
   const size_t i = size_t(std::upper_bound(x.begin(), x.end(), expert_bytes) - x.begin()) - 1;
   const double t = std::log(expert_bytes / x[i]) / std::log(x[i + 1] / x[i]);
   return (1 - t) * y[i] + t * y[i + 1];
+}
+
+double ClusterConfig::sampler_seconds(double vocab) const {
+  const std::vector<double>& x = sampler_vocab;
+  const std::vector<double>& y = sampler_row_seconds;
+  if (x.empty()) return sampler_fit_seconds(vocab);
+  if (vocab <= x.front())
+    return y.front() * sampler_fit_seconds(vocab) / sampler_fit_seconds(x.front());
+  if (vocab >= x.back())
+    return y.back() * sampler_fit_seconds(vocab) / sampler_fit_seconds(x.back());
+  const size_t i = size_t(std::upper_bound(x.begin(), x.end(), vocab) - x.begin()) - 1;
+  const double t = std::log(vocab / x[i]) / std::log(x[i + 1] / x[i]);
+  return std::exp((1 - t) * std::log(y[i]) + t * std::log(y[i + 1]));
 }
 
 ClusterConfig load_cluster_config(const std::string& name_or_path) {
@@ -136,7 +159,9 @@ ClusterConfig load_cluster_config(const std::string& name_or_path) {
   add("cluster.row_seconds", po::value(&c.row_seconds));
   double forward_row_seconds = 0;
   add("cluster.forward_row_seconds", po::value(&forward_row_seconds));
-  std::string active_expert_bytes, active_expert_seconds;
+  std::string active_expert_bytes, active_expert_seconds, sampler_vocab, sampler_row_seconds;
+  add("cluster.sampler_vocab", po::value(&sampler_vocab));
+  add("cluster.sampler_row_seconds", po::value(&sampler_row_seconds));
   add("cluster.active_expert_bytes", po::value(&active_expert_bytes));
   add("cluster.active_expert_seconds", po::value(&active_expert_seconds));
   add("cluster.optimizer_rate", po::value(&c.optimizer_rate)->required());
@@ -179,6 +204,15 @@ ClusterConfig load_cluster_config(const std::string& name_or_path) {
       c.expert_backward_row_seconds = c.expert_exchange_row_seconds;
     }
     if (vm.count("cluster.forward_row_seconds")) c.forward_row_seconds = forward_row_seconds;
+    if (sampler_vocab.empty() != sampler_row_seconds.empty())
+      throw ConfigError("cluster file '" + path +
+                        "': cluster.sampler_vocab and sampler_row_seconds come together "
+                        "(both or neither)");
+    if (!sampler_vocab.empty()) {
+      const std::string where = "cluster file '" + path + "': cluster.";
+      c.sampler_vocab = parse_number_list(sampler_vocab, where + "sampler_vocab");
+      c.sampler_row_seconds = parse_number_list(sampler_row_seconds, where + "sampler_row_seconds");
+    }
     if (active_expert_bytes.empty() != active_expert_seconds.empty())
       throw ConfigError("cluster file '" + path +
                         "': cluster.active_expert_bytes and active_expert_seconds come together "
@@ -246,6 +280,9 @@ std::string cluster_config_ini(const ClusterConfig& c, const std::string& commen
     std::snprintf(buffer, sizeof buffer, "forward_row_seconds = %.6g\n", *c.forward_row_seconds);
     out << buffer;
   }
+  if (!c.sampler_vocab.empty())
+    out << "sampler_vocab = " << number_list(c.sampler_vocab) << "\n"
+        << "sampler_row_seconds = " << number_list(c.sampler_row_seconds) << "\n";
   if (!c.active_expert_bytes.empty())
     out << "active_expert_bytes = " << number_list(c.active_expert_bytes) << "\n"
         << "active_expert_seconds = " << number_list(c.active_expert_seconds) << "\n";

@@ -103,9 +103,17 @@ struct ClusterConfig {
   // V entries through the softmax and the scans, V log2 V comparisons in the sort.
   double sampler_rate = 0;       // vocabulary entries per second
   double sampler_sort_rate = 0;  // sort comparisons per second
-  double sampler_seconds(double vocab) const {
+  double sampler_fit_seconds(double vocab) const {
     return vocab / sampler_rate + vocab * std::log2(vocab) / sampler_sort_rate;
   }
+  // The sampler's measured seconds a row at each calibrated vocabulary (ascending): the fit's two
+  // terms cannot follow the kernel from V = 16 to 4096 (its cost an entry grows with V unevenly;
+  // the fitted V = 32 moved 0.95-1.55 us a row between calibrations whose points agreed), so
+  // sampler_seconds interpolates these in log V and log seconds, and outside them scales the
+  // nearest by the fit. Optional (both keys or neither; empty: the fit alone).
+  std::vector<double> sampler_vocab, sampler_row_seconds;
+  // Seconds the sampler takes over one row of `vocab` logits.
+  double sampler_seconds(double vocab) const;
   Link intra_node, intra_supernode, inter_supernode;
   // An expert-parallel dispatch or combine beyond its link time: routing bookkeeping, counts and
   // metadata, packing and unpacking rows, the split-phase chain. Seconds per operation plus

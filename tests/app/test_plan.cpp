@@ -315,6 +315,15 @@ TEST(BenchCalibrate, WritesAClusterFileThePlannerReads) {
   EXPECT_GT(c.sampler_rate, 0);
   EXPECT_GT(c.sampler_sort_rate, 0);
   EXPECT_GT(c.sampler_seconds(64), 0);
+  // Each vocabulary's measured cost a row, which the cost model interpolates.
+  const std::vector<double> vocabularies{16, 32, 64, 256, 1024, 4096};
+  EXPECT_EQ(c.sampler_vocab, vocabularies);
+  ASSERT_EQ(c.sampler_row_seconds.size(), vocabularies.size());
+  for (double seconds : c.sampler_row_seconds) {
+    EXPECT_GT(seconds, 0);
+    EXPECT_LT(seconds, 1e-2);
+  }
+  EXPECT_NEAR(c.sampler_seconds(64), c.sampler_row_seconds[2], 1e-5 * c.sampler_row_seconds[2]);
   // A row's work beyond its FLOPs: most of the light width-32 model's time, so measurably above 0
   // (about 1.5 us a row a layer on this machine), and below a millisecond.
   EXPECT_GT(c.row_seconds, 0);
@@ -335,9 +344,9 @@ TEST(BenchCalibrate, WritesAClusterFileThePlannerReads) {
     EXPECT_GE(seconds, 0);
     EXPECT_LT(seconds, 1e-2);
   }
-  for (const char* key :
-       {"half-rate width", "decode peak", "decode w128, 64 rows", "optimizer rate",
-        "sampler sort rate", "row work", "forward row work", "touched expert 1536 KiB"})
+  for (const char* key : {"half-rate width", "decode peak", "decode w128, 64 rows",
+                          "optimizer rate", "sampler sort rate", "sampler V = 32", "row work",
+                          "forward row work", "touched expert 1536 KiB"})
     EXPECT_NE(r.output.find(key), std::string::npos) << key << "\n" << r.output;
   const auto plan = run_rlfusion("plan --cluster " + dir +
                                  "/machine.ini --model tiny --job tiny-sort --mode fused");

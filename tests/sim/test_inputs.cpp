@@ -215,6 +215,41 @@ TEST(ClusterConfig, TouchedExpertCostIsOptionalInterpolatedAndReadsBack) {
   }
 }
 
+// The sampler's measured seconds a row by vocabulary: optional (both keys or neither; without them
+// the fit), read back, interpolated in log V and log seconds between its points, and scaled by
+// the fit past its ends; bad lists name the key.
+TEST(ClusterConfig, SamplerTableIsOptionalInterpolatedAndReadsBack) {
+  ClusterConfig c = load_cluster_config(test::write_scratch("no_sampler_table.ini", kCluster));
+  EXPECT_TRUE(c.sampler_vocab.empty());
+  EXPECT_DOUBLE_EQ(c.sampler_seconds(64), c.sampler_fit_seconds(64));
+  EXPECT_TRUE(load_cluster_config("cloudmatrix-384").sampler_vocab.empty());
+  c.sampler_vocab = {16, 64};
+  c.sampler_row_seconds = {1e-7, 4e-7};
+  const ClusterConfig back =
+      load_cluster_config(test::write_scratch("sampler_table.ini", cluster_config_ini(c, "")));
+  ASSERT_EQ(back.sampler_vocab.size(), 2u);
+  EXPECT_DOUBLE_EQ(back.sampler_vocab[1], 64);
+  EXPECT_DOUBLE_EQ(back.sampler_row_seconds[1], 4e-7);
+  EXPECT_DOUBLE_EQ(back.sampler_seconds(16), 1e-7);
+  EXPECT_NEAR(back.sampler_seconds(32), 2e-7, 1e-20);  // halfway in log V: the geometric mean
+  // Past the ends: the nearest point times the fit's growth.
+  EXPECT_NEAR(back.sampler_seconds(4096),
+              4e-7 * back.sampler_fit_seconds(4096) / back.sampler_fit_seconds(64), 1e-18);
+  EXPECT_NEAR(back.sampler_seconds(8),
+              1e-7 * back.sampler_fit_seconds(8) / back.sampler_fit_seconds(16), 1e-20);
+  for (const auto& [lines, key] :
+       {std::pair{"sampler_vocab = 16 64\n", "both or neither"},
+        {"sampler_vocab = 16 64\nsampler_row_seconds = 1e-7\n", "as many values"},
+        {"sampler_vocab = 64 16\nsampler_row_seconds = 1e-7 2e-7\n", "ascending"},
+        {"sampler_vocab = 16 64\nsampler_row_seconds = 1e-7 0\n",
+         "sampler_row_seconds must be a positive"},
+        {"sampler_vocab = 16 many\nsampler_row_seconds = 1e-7 2e-7\n", "sampler_vocab"}}) {
+    const std::string error =
+        test::cluster_error_of(std::string(kCluster) + lines, "bad_sampler_table.ini");
+    EXPECT_NE(error.find(key), std::string::npos) << lines << error;
+  }
+}
+
 TEST(ClusterConfig, UnknownKeyAndMalformedValueAreErrors) {
   EXPECT_NE(
       test::cluster_error_of(std::string(kCluster) + "nvlink = 1\n", "unknown.ini").find("nvlink"),
