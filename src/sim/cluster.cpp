@@ -85,26 +85,21 @@ void ClusterConfig::validate(const std::string& source) const {
   non_negative(intra_supernode.latency, "intra_supernode_latency");
   positive(inter_supernode.bandwidth, "inter_supernode_bandwidth");
   non_negative(inter_supernode.latency, "inter_supernode_latency");
-  if (active_expert_bytes.size() != active_expert_seconds.size())
-    fail("active_expert_bytes and active_expert_seconds must list as many values (" +
-         std::to_string(active_expert_bytes.size()) + " against " +
-         std::to_string(active_expert_seconds.size()) + ")");
-  for (size_t i = 0; i < active_expert_bytes.size(); ++i) {
-    positive(active_expert_bytes[i], "active_expert_bytes");
-    if (i > 0 && !(active_expert_bytes[i] > active_expert_bytes[i - 1]))
-      fail("active_expert_bytes must be strictly ascending");
-    non_negative(active_expert_seconds[i], "active_expert_seconds");
-  }
-  if (sampler_vocab.size() != sampler_row_seconds.size())
-    fail("sampler_vocab and sampler_row_seconds must list as many values (" +
-         std::to_string(sampler_vocab.size()) + " against " +
-         std::to_string(sampler_row_seconds.size()) + ")");
-  for (size_t i = 0; i < sampler_vocab.size(); ++i) {
-    positive(sampler_vocab[i], "sampler_vocab");
-    if (i > 0 && !(sampler_vocab[i] > sampler_vocab[i - 1]))
-      fail("sampler_vocab must be strictly ascending");
-    positive(sampler_row_seconds[i], "sampler_row_seconds");
-  }
+  // A measured curve: points x (positive, strictly ascending) and their values y, as many.
+  auto curve = [&](const std::vector<double>& x, const std::vector<double>& y, const char* x_key,
+                   const char* y_key, bool y_positive) {
+    if (x.size() != y.size())
+      fail(std::string(x_key) + " and " + y_key + " must list as many values (" +
+           std::to_string(x.size()) + " against " + std::to_string(y.size()) + ")");
+    for (size_t i = 0; i < x.size(); ++i) {
+      positive(x[i], x_key);
+      if (i > 0 && !(x[i] > x[i - 1])) fail(std::string(x_key) + " must be strictly ascending");
+      y_positive ? positive(y[i], y_key) : non_negative(y[i], y_key);
+    }
+  };
+  curve(active_expert_bytes, active_expert_seconds, "active_expert_bytes", "active_expert_seconds",
+        false);
+  curve(sampler_vocab, sampler_row_seconds, "sampler_vocab", "sampler_row_seconds", true);
   if (!layer_table.empty()) layer_table.validate(source, "layer_rate");
   if (!decode_table.empty()) decode_table.validate(source, "decode_rate");
 }
@@ -204,25 +199,21 @@ ClusterConfig load_cluster_config(const std::string& name_or_path) {
       c.expert_backward_row_seconds = c.expert_exchange_row_seconds;
     }
     if (vm.count("cluster.forward_row_seconds")) c.forward_row_seconds = forward_row_seconds;
-    if (sampler_vocab.empty() != sampler_row_seconds.empty())
-      throw ConfigError("cluster file '" + path +
-                        "': cluster.sampler_vocab and sampler_row_seconds come together "
-                        "(both or neither)");
-    if (!sampler_vocab.empty()) {
+    // The measured curves: both lists or neither.
+    auto read_curve = [&](const std::string& x_text, const std::string& y_text, const char* x_key,
+                          const char* y_key, std::vector<double>& x, std::vector<double>& y) {
+      if (x_text.empty() != y_text.empty())
+        throw ConfigError("cluster file '" + path + "': cluster." + x_key + " and " + y_key +
+                          " come together (both or neither)");
+      if (x_text.empty()) return;
       const std::string where = "cluster file '" + path + "': cluster.";
-      c.sampler_vocab = parse_number_list(sampler_vocab, where + "sampler_vocab");
-      c.sampler_row_seconds = parse_number_list(sampler_row_seconds, where + "sampler_row_seconds");
-    }
-    if (active_expert_bytes.empty() != active_expert_seconds.empty())
-      throw ConfigError("cluster file '" + path +
-                        "': cluster.active_expert_bytes and active_expert_seconds come together "
-                        "(both or neither)");
-    if (!active_expert_bytes.empty()) {
-      const std::string where = "cluster file '" + path + "': cluster.";
-      c.active_expert_bytes = parse_number_list(active_expert_bytes, where + "active_expert_bytes");
-      c.active_expert_seconds =
-          parse_number_list(active_expert_seconds, where + "active_expert_seconds");
-    }
+      x = parse_number_list(x_text, where + x_key);
+      y = parse_number_list(y_text, where + y_key);
+    };
+    read_curve(sampler_vocab, sampler_row_seconds, "sampler_vocab", "sampler_row_seconds",
+               c.sampler_vocab, c.sampler_row_seconds);
+    read_curve(active_expert_bytes, active_expert_seconds, "active_expert_bytes",
+               "active_expert_seconds", c.active_expert_bytes, c.active_expert_seconds);
     for (TableKeys& t : tables) {
       const std::string where = "cluster file '" + path + "': cluster." + t.key;
       const int given = int(!t.rows.empty()) + int(!t.widths.empty()) + int(!t.rates.empty());
