@@ -207,9 +207,12 @@ Training training_cost(const ModelShape& m, const ClusterConfig& c, const RlJob&
   const double stage_imbalance = layers_per_stage * p.pp / m.layers;
   const double micro_tokens = job.micro_batch * sequence;
   const double ab = job.activation_bytes;
-  const double busiest =
-      micro_batches * job.micro_batch * p.dp / double(job.samples()) * stage_imbalance;
+  const double busiest_rank = micro_batches * job.micro_batch * p.dp / double(job.samples());
+  const double busiest = busiest_rank * stage_imbalance;
   const double flops = tokens * forward_flops_per_token(m, 0.5 * (sequence + 1)) * passes;
+  // The LM head's share: the last stage runs it whole, on every TP rank (it is replicated, not
+  // cut by TP), where the layers' FLOPs spread over the stages and the TP ranks.
+  const double head_flops = tokens * 2 * m.vocab * m.d_model * passes;
   // A measured layer table's rates are whole layers' forward + backward (norms, activations and
   // residuals included: in the rates, or as the row work below when the file has row_seconds),
   // so the elementwise traffic is charged only on top of a matmul rate.
@@ -231,8 +234,9 @@ Training training_cost(const ModelShape& m, const ClusterConfig& c, const RlJob&
       tokens * m.layers * p.tp / devices * (c.row_seconds + (passes - 3) * c.forward_row_work());
   // The work that grows with a micro-batch's tokens (its expert FFN aside: the experts' rows come
   // from the whole EP group).
-  const double token_work = busiest * (flops / (devices * rate) +
+  const double token_work = busiest * ((flops - head_flops) / (devices * rate) +
                                        elementwise / (devices * c.memory_bandwidth) + row_work) +
+                            busiest_rank * head_flops / (p.dp * rate) +
                             logit_bytes / c.memory_bandwidth;
   t.compute = token_work + kernels * c.kernel_overhead;
   // The experts each micro-batch's call touches, in every pass through each of the stage's layers
@@ -374,7 +378,10 @@ double generation_step(const ModelShape& m, const ClusterConfig& c, const RlJob&
   const double hottest = expert_load_factor(m, job, g.ep, placement);
   const double kv = tokens * context * 2 * m.d_model * m.layers * ab / g.tp;
   const double elementwise = tokens * m.layers * kElementwiseValuesPerLayer * m.d_model * ab;
-  const double dense_flops = tokens * 2 * (m.active_matmul - m.expert_matmul) / g.tp;
+  // The LM head is replicated over TP: every TP rank computes it whole.
+  const double head = m.vocab * m.d_model;
+  const double dense_flops =
+      tokens * 2 * ((m.active_matmul - m.expert_matmul - head) / g.tp + head);
   // With EP the step's expert FFN runs at the busiest rank's routed rows (expert_load.h).
   const double expert_flops = m.top_k > 0 ? 2 * m.expert_matmul / m.top_k *
                                                 busiest_rank_rows_at_load_factor(
@@ -511,8 +518,12 @@ Phase generation_cost(const ModelShape& m, const ClusterConfig& c, const RlJob& 
     const double hidden = m.d_model * job.activation_bytes;
     phase.seconds += (steps + 1) * link.seconds(std::max(live, batch) * hidden, P);
     // And the last stage runs the head (the final norm and the logits) once for each of the P
-    // groups a round, where a data-parallel rank's step runs it once.
+    // groups a round, where a data-parallel rank's step runs it once: its calls, and each decode
+    // round's other P - 1 groups' logits (whole on every TP rank).
     phase.seconds += (steps + 1) * (P - 1) * kHeadKernels * c.kernel_overhead;
+    if (steps > 0)
+      phase.seconds +=
+          steps * (P - 1) * live / P * 2 * m.vocab * m.d_model / c.decode_rate(live / P, m.width);
     // With EP the last stages of the EP group's pipelines agree after each group's step whether
     // it runs on (a one-integer all-reduce, in lock-step): P agreements a round, where
     // generation_step charges a data-parallel rank's step one.

@@ -408,6 +408,22 @@ TEST(CostModel, TouchedExpertsAreChargedOnEveryTrainingAndPrefillCall) {
   EXPECT_NEAR(predict(m, c, job, s).training, 2 * p.training, 1e-15);
 }
 
+// The LM head is replicated over TP (src/model/tensor_parallel.h): every TP rank computes it
+// whole, where the layers' FLOPs split. tiny, 8 samples of 7 trained rows, forward + backward, on
+// a machine where only FLOPs cost time (1 GFLOP/s).
+TEST(CostModel, TheLmHeadRunsWholeOnEveryTensorParallelRank) {
+  const ModelShape m = model_shape(load_model_config("tiny"));
+  const RlJob job = fixed_job(4, 2, 8, 4, 4);
+  const ClusterConfig c = flops_only();
+  const Strategy s = fused_without_offload();
+  Strategy tp = s;
+  tp.train.tp = tp.generate.tp = 2;
+  const double head = 56 * 2 * m.vocab * m.d_model * 3 / 1e9;
+  const double one = predict(m, c, job, s).training;
+  EXPECT_GT(one, 2 * head);
+  EXPECT_NEAR(predict(m, c, job, tp).training, (one - head) / 2 + head, 1e-15);
+}
+
 TEST(CostModel, PipelineBubbleIsMegatronFraction) {
   const ModelConfig config = load_model_config("small");
   const ModelShape m = model_shape(config);
@@ -423,14 +439,18 @@ TEST(CostModel, PipelineBubbleIsMegatronFraction) {
   c.intra_node.latency = 0;
   const Prediction a = predict(m, c, job, flat);
   const Prediction b = predict(m, c, job, piped);
+  // The LM head's FLOPs (32 samples of 31 trained rows, forward + backward): the last stage runs
+  // all of them, where the layers' are a quarter of one device's.
+  const double head = 32 * 31 * 2 * m.vocab * m.d_model * 3 / c.compute_rate(31, m.width);
+  const double stage = a.training / 4 + head * 3 / 4;
   // 32 micro-batches, 4 stages, 2 virtual stages: bubble = ideal x 3 / 64 (free transfers), the
-  // ideal time a quarter of one device's.
-  EXPECT_NEAR(b.training, a.training / 4, 1e-12);
-  EXPECT_NEAR(b.pipeline, a.training / 4 * 3.0 / 64, 1e-12);
+  // ideal time the last stage's.
+  EXPECT_NEAR(b.training, stage, 1e-12);
+  EXPECT_NEAR(b.pipeline, stage * 3.0 / 64, 1e-12);
   // The stages' equal work finishing 10% apart: the slowest paces the pipeline, 10% of a stage's
   // work more (one device has nobody to wait for).
   c.expert_exchange_spread = 0.1;
-  EXPECT_NEAR(predict(m, c, job, piped).pipeline, a.training / 4 * (3.0 / 64 + 0.1), 1e-12);
+  EXPECT_NEAR(predict(m, c, job, piped).pipeline, stage * (3.0 / 64 + 0.1), 1e-12);
   EXPECT_NEAR(predict(m, c, job, flat).training, a.training, 1e-12);
 }
 
