@@ -22,14 +22,15 @@ ModelShape model_shape(const ModelConfig& c) {
   m.routed = L * m.experts * 3 * C * m.d_ff;
   m.replicated = double(c.parameter_count()) - m.routed;
   m.expert_matmul = L * m.top_k * 3 * C * m.d_ff;
+  m.head_matmul = m.vocab * C;
   m.active_matmul =
-      L * (4 * C * C + m.experts * C + 3 * C * m.shared_d_ff) + m.expert_matmul + m.vocab * C;
+      L * (4 * C * C + m.experts * C + 3 * C * m.shared_d_ff) + m.expert_matmul + m.head_matmul;
   // (weights a token passes through, smaller dimension) of each matmul kind.
   const double matmuls[][2] = {{L * 4 * C * C, C},
                                {L * m.experts * C, std::min(C, m.experts)},
                                {m.expert_matmul, std::min(C, m.d_ff)},
                                {L * 3 * C * m.shared_d_ff, std::min(C, m.shared_d_ff)},
-                               {m.vocab * C, std::min(C, m.vocab)}};
+                               {m.head_matmul, std::min(C, m.vocab)}};
   double weighted_inverse = 0;
   for (const auto& [weights, width] : matmuls)
     if (weights > 0) weighted_inverse += weights / width;
@@ -212,7 +213,7 @@ Training training_cost(const ModelShape& m, const ClusterConfig& c, const RlJob&
   const double flops = tokens * forward_flops_per_token(m, 0.5 * (sequence + 1)) * passes;
   // The LM head's share: the last stage runs it whole, on every TP rank (it is replicated, not
   // cut by TP), where the layers' FLOPs spread over the stages and the TP ranks.
-  const double head_flops = tokens * 2 * m.vocab * m.d_model * passes;
+  const double head_flops = tokens * 2 * m.head_matmul * passes;
   // A measured layer table's rates are whole layers' forward + backward (norms, activations and
   // residuals included: in the rates, or as the row work below when the file has row_seconds),
   // so the elementwise traffic is charged only on top of a matmul rate.
@@ -379,9 +380,8 @@ double generation_step(const ModelShape& m, const ClusterConfig& c, const RlJob&
   const double kv = tokens * context * 2 * m.d_model * m.layers * ab / g.tp;
   const double elementwise = tokens * m.layers * kElementwiseValuesPerLayer * m.d_model * ab;
   // The LM head is replicated over TP: every TP rank computes it whole.
-  const double head = m.vocab * m.d_model;
   const double dense_flops =
-      tokens * 2 * ((m.active_matmul - m.expert_matmul - head) / g.tp + head);
+      tokens * 2 * ((m.active_matmul - m.expert_matmul - m.head_matmul) / g.tp + m.head_matmul);
   // With EP the step's expert FFN runs at the busiest rank's routed rows (expert_load.h).
   const double expert_flops = m.top_k > 0 ? 2 * m.expert_matmul / m.top_k *
                                                 busiest_rank_rows_at_load_factor(
@@ -523,7 +523,7 @@ Phase generation_cost(const ModelShape& m, const ClusterConfig& c, const RlJob& 
     phase.seconds += (steps + 1) * (P - 1) * kHeadKernels * c.kernel_overhead;
     if (steps > 0)
       phase.seconds +=
-          steps * (P - 1) * live / P * 2 * m.vocab * m.d_model / c.decode_rate(live / P, m.width);
+          steps * (P - 1) * live / P * 2 * m.head_matmul / c.decode_rate(live / P, m.width);
     // With EP the last stages of the EP group's pipelines agree after each group's step whether
     // it runs on (a one-integer all-reduce, in lock-step): P agreements a round, where
     // generation_step charges a data-parallel rank's step one.

@@ -20,6 +20,8 @@ struct ModelShape {
   double routed = 0;         // the routed experts of every layer
   double active_matmul = 0;  // matmul weights one token passes through (lm head included)
   double expert_matmul = 0;  // of which routed-expert weights (top_k experts per layer)
+  double head_matmul = 0;    // of which the LM head's (vocab x d_model): the last stage's, whole on
+                             // every TP rank (replicated over TP)
   // The FLOP-weighted harmonic mean, over the matmuls a token passes through, of each weight
   // matrix's smaller dimension: the width ClusterConfig::compute_rate's half_rate_width applies to.
   double width = 0;
