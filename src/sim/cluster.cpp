@@ -110,8 +110,9 @@ double ClusterConfig::active_expert_call_seconds(double expert_bytes) const {
   if (x.empty() || !(expert_bytes > 0)) return 0;
   if (expert_bytes <= x.front()) return y.front();
   if (expert_bytes >= x.back()) return y.back();
-  const size_t i = size_t(std::upper_bound(x.begin(), x.end(), expert_bytes) - x.begin()) - 1;
-  const double t = std::log(expert_bytes / x[i]) / std::log(x[i + 1] / x[i]);
+  size_t i = 0;
+  double t = 0;
+  log_bracket(x, expert_bytes, i, t);
   return (1 - t) * y[i] + t * y[i + 1];
 }
 
@@ -123,8 +124,9 @@ double ClusterConfig::sampler_seconds(double vocab) const {
     return y.front() * sampler_fit_seconds(vocab) / sampler_fit_seconds(x.front());
   if (vocab >= x.back())
     return y.back() * sampler_fit_seconds(vocab) / sampler_fit_seconds(x.back());
-  const size_t i = size_t(std::upper_bound(x.begin(), x.end(), vocab) - x.begin()) - 1;
-  const double t = std::log(vocab / x[i]) / std::log(x[i + 1] / x[i]);
+  size_t i = 0;
+  double t = 0;
+  log_bracket(x, vocab, i, t);
   return std::exp((1 - t) * std::log(y[i]) + t * std::log(y[i + 1]));
 }
 

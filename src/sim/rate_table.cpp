@@ -9,10 +9,8 @@
 
 namespace rlf::sim {
 
-namespace {
-
-// Index i and weight t of x between axis[i] and axis[i + 1] in log space (x already clamped).
-void bracket(const std::vector<double>& axis, double x, size_t& i, double& t) {
+void log_bracket(const std::vector<double>& axis, double x, size_t& i, double& t) {
+  x = std::clamp(x, axis.front(), axis.back());
   if (axis.size() == 1) {
     i = 0;
     t = 0;
@@ -22,8 +20,6 @@ void bracket(const std::vector<double>& axis, double x, size_t& i, double& t) {
   i = std::min(std::max<size_t>(i, 1), axis.size() - 1) - 1;
   t = std::log(x / axis[i]) / std::log(axis[i + 1] / axis[i]);
 }
-
-}  // namespace
 
 double RateTable::clamp_rows(double r) const {
   return std::clamp(r, rows.front(), rows.back());
@@ -36,8 +32,8 @@ double RateTable::clamp_width(double w) const {
 double RateTable::at(double r, double w) const {
   size_t i = 0, j = 0;
   double t = 0, u = 0;
-  bracket(rows, clamp_rows(r), i, t);
-  bracket(widths, clamp_width(w), j, u);
+  log_bracket(rows, r, i, t);
+  log_bracket(widths, w, j, u);
   const size_t n = rows.size();
   auto log_rate = [&](size_t width_index, size_t row_index) {
     return std::log(

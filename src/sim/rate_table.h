@@ -6,6 +6,7 @@
 // from narrow to wide matrices); the measured points themselves can.
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,11 @@ struct RateTable {
   // Throws ConfigError naming `source` and `key` when the grid is malformed (sizes, order, signs).
   void validate(const std::string& source, const std::string& key) const;
 };
+
+// Where x (clamped to the axis' range) falls on an ascending axis, in log space: the index i of
+// the lower of its two neighbours and its weight t towards the upper, log(x / axis[i]) /
+// log(axis[i + 1] / axis[i]) (i = 0, t = 0 on a one-point axis).
+void log_bracket(const std::vector<double>& axis, double x, size_t& i, double& t);
 
 // "a b c" <-> a list of numbers (the cluster file's form of a table's axes and rates).
 std::vector<double> parse_number_list(const std::string& text, const std::string& what);
