@@ -471,12 +471,18 @@ LayerRates measure_decode_rates(Device& device, int repeats) {
 }
 
 // Parameters per second of the optimizer step as the runtime takes it (Ops' gradient norm, then
-// AdamW's update) over 4M float32 parameters (64 MiB of states: past the caches, as a model's),
-// the four buffers in the device arena as the runtime's are. (Four separate heap vectors ran at
-// about half the arena's rate in some calibrations and not in others, 7-8e7 against 1.5-1.7e8
-// parameters/s on the same idle machine: not the runtime's memory.)
+// AdamW's update) over about 4M float32 parameters (64 MiB of states: past the caches, as a
+// model's), the four buffers in the device arena as the runtime's are. The count is 4M + 1000,
+// not a power of two: with 2^22 the four streams start a power-of-two stride (16 MiB) apart, map
+// onto the same cache sets and ran at 2.3-2.8e8 parameters/s where 2^22 + 64 or + 1000 ran at
+// 5.5-6.8e8, as `small`'s 27.84M did in the runtime's AdamW (5.6-6.1e8, one core, same
+// machine); a model's parameter count is no such stride, so the calibration halved its rate.
+// (Four separate heap vectors, page-aligned, ran at about half the arena's rate in some
+// calibrations and not in others before: likely the same cache-set conflict.)
+constexpr int64_t kOptimizerCalibrationParameters = (int64_t(1) << 22) + 1000;
+
 double measure_optimizer_rate(Device& device, int repeats) {
-  const int64_t n = int64_t(1) << 22;
+  const int64_t n = kOptimizerCalibrationParameters;
   const size_t count = size_t(n);
   Arena& arena = device.memory();
   ArenaScope scope(arena);
@@ -770,7 +776,8 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
       "forward_row_seconds: a forward's share of it, from the width-32 model's forward alone; "
       "layer_rate_* and decode_rate_*: the measured points the fits were made of; "
       "kernel overhead from a 1-token forward of a 1-layer d_model-8 model; "
-      "optimizer_rate: gradient norm + AdamW over 4M parameters in the device arena; sampler: "
+      "optimizer_rate: gradient norm + AdamW over 4M + 1000 parameters in the device arena; "
+      "sampler: "
       "top-p sampling of 64 fresh "
       "rows at V = 16 .. 4096; copy bandwidth from memcpy of 128 MiB; links: %s; %s; "
       "expert exchange (2 ranks): the runtime's dispatcher, 8 and 256 tokens top-2 of 4 experts, "
@@ -789,7 +796,8 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
         "{\"command\":\"bench "
         "calibrate\",\"matmul_flops\":%.6g,\"half_rate_rows\":%.6g,\"half_rate_width\":%.6g,"
         "\"decode_flops\":%.6g,\"decode_half_rate_rows\":%.6g,\"decode_half_rate_width\":%.6g,"
-        "\"optimizer_rate\":%.6g,\"sampler_rate\":%.6g,\"sampler_sort_rate\":%.6g,"
+        "\"optimizer_rate\":%.6g,\"optimizer_parameters\":%lld,\"sampler_rate\":%.6g,"
+        "\"sampler_sort_rate\":%.6g,"
         "\"matmul_nmse\":%.3g,"
         "\"kernel_overhead_s\":%.6g,\"memory_bandwidth\":%.6g,\"intra_node_bandwidth\":%.6g,"
         "\"intra_node_latency_s\":%.6g,\"inter_node_bandwidth\":%.6g,"
@@ -800,7 +808,8 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
         "\"row_seconds\":%.6g,\"forward_row_seconds\":%.6g,"
         "\"output\":\"%s\",\"ok\":%s}\n",
         c.matmul_flops, c.half_rate_rows, c.half_rate_width, c.decode_flops,
-        c.decode_half_rate_rows, c.decode_half_rate_width, c.optimizer_rate, c.sampler_rate,
+        c.decode_half_rate_rows, c.decode_half_rate_width, c.optimizer_rate,
+        static_cast<long long>(kOptimizerCalibrationParameters), c.sampler_rate,
         c.sampler_sort_rate, matmul.nmse, c.kernel_overhead, c.memory_bandwidth,
         c.intra_node.bandwidth, c.intra_node.latency, c.inter_supernode.bandwidth,
         c.inter_supernode.latency, c.expert_exchange_overhead, c.expert_exchange_row_seconds,
@@ -857,7 +866,7 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
   quantity("decode half-rate rows", c.decode_half_rate_rows, 1, "rows", "same fit");
   quantity("decode half width", c.decode_half_rate_width, 1, "columns", "same fit");
   quantity("optimizer rate", c.optimizer_rate / 1e6, 2, "Mparam/s",
-           "gradient norm + AdamW, 4M parameters");
+           "gradient norm + AdamW, 4M + 1000 parameters");
   // 1e300: that part of the fit left out (no measurable cost).
   quantity("sampler rate", c.sampler_rate, -1, "entry/s", "top-p sampling, V = 16 .. 4096");
   quantity("sampler sort rate", c.sampler_sort_rate, -1, "cmp/s",
