@@ -470,19 +470,31 @@ LayerRates measure_decode_rates(Device& device, int repeats) {
   return r;
 }
 
-// Parameters per second of the optimizer step as the runtime takes it (Ops' gradient norm, then
-// AdamW's update) over about 4M float32 parameters (64 MiB of states: past the caches, as a
-// model's), the four buffers in the device arena as the runtime's are. The count is 4M + 1000,
-// not a power of two: with 2^22 the four streams start a power-of-two stride (16 MiB) apart, map
-// onto the same cache sets and ran at 2.3-2.8e8 parameters/s where 2^22 + 64 or + 1000 ran at
-// 5.5-6.8e8, as `small`'s 27.84M did in the runtime's AdamW (5.6-6.1e8, one core, same
-// machine); a model's parameter count is no such stride, so the calibration halved its rate.
-// (Four separate heap vectors, page-aligned, ran at about half the arena's rate in some
-// calibrations and not in others before: likely the same cache-set conflict.)
-constexpr int64_t kOptimizerCalibrationParameters = (int64_t(1) << 22) + 1000;
+// The optimizer step as the runtime takes it (Ops' gradient norm, then AdamW's update), float32,
+// the four buffers (parameters, gradients, two moments) one after the other in the device arena as
+// the runtime's are, at three parameter counts: 2^16, 2^22 and 2^25, each + 1000.
+// - Three counts, because the four streams run from the caches while they fit: on this VM (one
+//   core, 2026-12-06) 2^22 + 1000 parameters (64 MiB of states, partly in its 300 MiB L3) ran at
+//   8.4-9.1e8 parameters/s, 27.84M (`small`, 445 MiB) at 6.4e8, in the same layout and in the
+//   runtime's own AdamW on `small` (6.3e8). Written as optimizer_parameters /
+//   optimizer_parameter_seconds, which the cost model interpolates; optimizer_rate is the middle
+//   count's rate. A count whose buffers do not fit in the arena's free space is left out.
+// - + 1000, not a power of two: with 2^22 the four buffers start a power-of-two stride (16 MiB)
+//   apart, their streams fall on the same cache sets, and they ran at 2.7-3.1e8 parameters/s
+//   against 8.4-9.1e8 with 2^22 + 1000, back to back (offsets of 64 to 4099 parameters as fast).
+//   A model's parameter count is no such stride. (Four separate heap vectors, page-aligned, ran at
+//   about half the arena's rate in some calibrations and not in others before: likely the same.)
+constexpr int64_t kOptimizerCalibrationParameters[] = {
+    (int64_t(1) << 16) + 1000, (int64_t(1) << 22) + 1000, (int64_t(1) << 25) + 1000};
+constexpr int64_t kOptimizerRateParameters = kOptimizerCalibrationParameters[1];
 
-double measure_optimizer_rate(Device& device, int repeats) {
-  const int64_t n = kOptimizerCalibrationParameters;
+struct OptimizerCost {
+  double rate = 0;  // parameters per second at kOptimizerRateParameters
+  std::vector<double> parameters, parameter_seconds;  // each measured count's seconds a parameter
+};
+
+// Seconds a parameter of one optimizer step over `n` parameters.
+double optimizer_parameter_seconds(Device& device, int64_t n, int repeats) {
   const size_t count = size_t(n);
   Arena& arena = device.memory();
   ArenaScope scope(arena);
@@ -494,13 +506,37 @@ double measure_optimizer_rate(Device& device, int repeats) {
   for (int64_t i = 0; i < n; ++i) grad[size_t(i)] = philox_uniform(5, 1, uint64_t(i)) - 0.5f;
   const Ops<float>& ops = device.ops();
   int step = 0;
+  // Steps of at least ~1M parameters a timing: the smallest count's step takes tens of us.
+  const int64_t steps = std::max<int64_t>(1, (int64_t(1) << 20) / n);
   const double seconds = seconds_of(
       [&] {
-        const double norm = std::sqrt(ops.grad_norm_squared(grad, n, arena));
-        ops.adamw_update(param, grad, m, v, n, AdamWHyper{}, ++step, clip_scale(norm, 1.0f), arena);
+        for (int64_t k = 0; k < steps; ++k) {
+          const double norm = std::sqrt(ops.grad_norm_squared(grad, n, arena));
+          ops.adamw_update(param, grad, m, v, n, AdamWHyper{}, ++step, clip_scale(norm, 1.0f),
+                           arena);
+        }
       },
       repeats);
-  return double(n) / seconds;
+  return seconds / double(steps * n);
+}
+
+OptimizerCost measure_optimizer(Device& device, int repeats) {
+  OptimizerCost cost;
+  const Arena& arena = device.memory();
+  for (const int64_t n : kOptimizerCalibrationParameters) {
+    // Four buffers, each rounded up to the arena's alignment, and the norm's partials.
+    const size_t bytes = 4 * (size_t(n) * sizeof(float) + Arena::kAlignment) + (size_t(1) << 20);
+    if (bytes > arena.capacity() - arena.used()) continue;
+    const double seconds = optimizer_parameter_seconds(device, n, repeats);
+    cost.parameters.push_back(double(n));
+    cost.parameter_seconds.push_back(seconds);
+    if (n == kOptimizerRateParameters) cost.rate = 1 / seconds;
+  }
+  if (cost.rate == 0)
+    throw ConfigError(
+        "bench calibrate: --device-memory is too small for the optimizer's "
+        "calibration (4 x 16 MiB of buffers)");
+  return cost;
 }
 
 struct SamplerRate {
@@ -708,7 +744,7 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
   const LayerRates layers = measure_layer_rates(device, repeats);
   const LayerRates decode = measure_decode_rates(device, repeats);
   const double copy = measure_copy_bandwidth(repeats);
-  const double optimizer_rate = measure_optimizer_rate(device, repeats);
+  const OptimizerCost optimizer = measure_optimizer(device, repeats);
   const SamplerRate sampler = measure_sampler(device, repeats);
   sim::ClusterConfig c;
   c.name = name;
@@ -727,7 +763,9 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
   c.active_expert_bytes = layers.expert_bytes;
   c.active_expert_seconds = layers.expert_seconds;
   c.decode_table = rate_table(decode);
-  c.optimizer_rate = optimizer_rate;
+  c.optimizer_rate = optimizer.rate;
+  c.optimizer_parameters = optimizer.parameters;
+  c.optimizer_parameter_seconds = optimizer.parameter_seconds;
   c.sampler_rate = sampler.rate;
   c.sampler_sort_rate = sampler.sort_rate;
   c.sampler_vocab = sampler.vocab;
@@ -777,6 +815,7 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
       "layer_rate_* and decode_rate_*: the measured points the fits were made of; "
       "kernel overhead from a 1-token forward of a 1-layer d_model-8 model; "
       "optimizer_rate: gradient norm + AdamW over 4M + 1000 parameters in the device arena; "
+      "optimizer_parameter_seconds: the same, seconds a parameter, at 64K, 4M and 32M + 1000; "
       "sampler: "
       "top-p sampling of 64 fresh "
       "rows at V = 16 .. 4096; copy bandwidth from memcpy of 128 MiB; links: %s; %s; "
@@ -796,7 +835,7 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
         "{\"command\":\"bench "
         "calibrate\",\"matmul_flops\":%.6g,\"half_rate_rows\":%.6g,\"half_rate_width\":%.6g,"
         "\"decode_flops\":%.6g,\"decode_half_rate_rows\":%.6g,\"decode_half_rate_width\":%.6g,"
-        "\"optimizer_rate\":%.6g,\"optimizer_parameters\":%lld,\"sampler_rate\":%.6g,"
+        "\"optimizer_rate\":%.6g,\"optimizer_rate_parameters\":%lld,\"sampler_rate\":%.6g,"
         "\"sampler_sort_rate\":%.6g,"
         "\"matmul_nmse\":%.3g,"
         "\"kernel_overhead_s\":%.6g,\"memory_bandwidth\":%.6g,\"intra_node_bandwidth\":%.6g,"
@@ -809,13 +848,12 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
         "\"output\":\"%s\",\"ok\":%s}\n",
         c.matmul_flops, c.half_rate_rows, c.half_rate_width, c.decode_flops,
         c.decode_half_rate_rows, c.decode_half_rate_width, c.optimizer_rate,
-        static_cast<long long>(kOptimizerCalibrationParameters), c.sampler_rate,
-        c.sampler_sort_rate, matmul.nmse, c.kernel_overhead, c.memory_bandwidth,
-        c.intra_node.bandwidth, c.intra_node.latency, c.inter_supernode.bandwidth,
-        c.inter_supernode.latency, c.expert_exchange_overhead, c.expert_exchange_row_seconds,
-        c.expert_exchange_lockstep, c.expert_exchange_spread, c.expert_backward_overhead,
-        c.expert_backward_row_seconds, c.row_seconds, c.forward_row_work(), output.c_str(),
-        matmul_ok ? "true" : "false");
+        static_cast<long long>(kOptimizerRateParameters), c.sampler_rate, c.sampler_sort_rate,
+        matmul.nmse, c.kernel_overhead, c.memory_bandwidth, c.intra_node.bandwidth,
+        c.intra_node.latency, c.inter_supernode.bandwidth, c.inter_supernode.latency,
+        c.expert_exchange_overhead, c.expert_exchange_row_seconds, c.expert_exchange_lockstep,
+        c.expert_exchange_spread, c.expert_backward_overhead, c.expert_backward_row_seconds,
+        c.row_seconds, c.forward_row_work(), output.c_str(), matmul_ok ? "true" : "false");
     return matmul_ok ? 0 : 1;
   }
   std::printf("# rlfusion bench calibrate: %s\n", build_info().c_str());
@@ -867,6 +905,12 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
   quantity("decode half width", c.decode_half_rate_width, 1, "columns", "same fit");
   quantity("optimizer rate", c.optimizer_rate / 1e6, 2, "Mparam/s",
            "gradient norm + AdamW, 4M + 1000 parameters");
+  for (size_t i = 0; i < c.optimizer_parameters.size(); ++i) {
+    char what[64];
+    std::snprintf(what, sizeof what, "optimizer at %.3gM", c.optimizer_parameters[i] / 1e6);
+    quantity(what, c.optimizer_parameter_seconds[i] * 1e9, 3, "ns",
+             "a parameter of a step over that many (written)");
+  }
   // 1e300: that part of the fit left out (no measurable cost).
   quantity("sampler rate", c.sampler_rate, -1, "entry/s", "top-p sampling, V = 16 .. 4096");
   quantity("sampler sort rate", c.sampler_sort_rate, -1, "cmp/s",

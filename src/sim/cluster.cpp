@@ -100,6 +100,8 @@ void ClusterConfig::validate(const std::string& source) const {
   curve(active_expert_bytes, active_expert_seconds, "active_expert_bytes", "active_expert_seconds",
         false);
   curve(sampler_vocab, sampler_row_seconds, "sampler_vocab", "sampler_row_seconds", true);
+  curve(optimizer_parameters, optimizer_parameter_seconds, "optimizer_parameters",
+        "optimizer_parameter_seconds", true);
   if (!layer_table.empty()) layer_table.validate(source, "layer_rate");
   if (!decode_table.empty()) decode_table.validate(source, "decode_rate");
 }
@@ -130,6 +132,18 @@ double ClusterConfig::sampler_seconds(double vocab) const {
   return std::exp((1 - t) * std::log(y[i]) + t * std::log(y[i + 1]));
 }
 
+double ClusterConfig::optimizer_seconds(double parameters) const {
+  const std::vector<double>& x = optimizer_parameters;
+  const std::vector<double>& y = optimizer_parameter_seconds;
+  if (x.empty() || !(parameters > 0)) return parameters > 0 ? parameters / optimizer_rate : 0.0;
+  size_t i = 0;
+  double t = 0;
+  log_bracket(x, parameters, i, t);  // clamped to the measured counts: the ends held
+  const double per_parameter =
+      x.size() == 1 ? y.front() : std::exp((1 - t) * std::log(y[i]) + t * std::log(y[i + 1]));
+  return parameters * per_parameter;
+}
+
 ClusterConfig load_cluster_config(const std::string& name_or_path) {
   const std::string path = resolve_input_file("clusters", name_or_path);
   std::ifstream file(path);
@@ -156,8 +170,11 @@ ClusterConfig load_cluster_config(const std::string& name_or_path) {
   add("cluster.row_seconds", po::value(&c.row_seconds));
   double forward_row_seconds = 0;
   add("cluster.forward_row_seconds", po::value(&forward_row_seconds));
-  std::string active_expert_bytes, active_expert_seconds, sampler_vocab, sampler_row_seconds;
+  std::string active_expert_bytes, active_expert_seconds, sampler_vocab, sampler_row_seconds,
+      optimizer_parameters, optimizer_parameter_seconds;
   add("cluster.sampler_vocab", po::value(&sampler_vocab));
+  add("cluster.optimizer_parameters", po::value(&optimizer_parameters));
+  add("cluster.optimizer_parameter_seconds", po::value(&optimizer_parameter_seconds));
   add("cluster.sampler_row_seconds", po::value(&sampler_row_seconds));
   add("cluster.active_expert_bytes", po::value(&active_expert_bytes));
   add("cluster.active_expert_seconds", po::value(&active_expert_seconds));
@@ -216,6 +233,9 @@ ClusterConfig load_cluster_config(const std::string& name_or_path) {
                c.sampler_vocab, c.sampler_row_seconds);
     read_curve(active_expert_bytes, active_expert_seconds, "active_expert_bytes",
                "active_expert_seconds", c.active_expert_bytes, c.active_expert_seconds);
+    read_curve(optimizer_parameters, optimizer_parameter_seconds, "optimizer_parameters",
+               "optimizer_parameter_seconds", c.optimizer_parameters,
+               c.optimizer_parameter_seconds);
     for (TableKeys& t : tables) {
       const std::string where = "cluster file '" + path + "': cluster." + t.key;
       const int given = int(!t.rows.empty()) + int(!t.widths.empty()) + int(!t.rates.empty());
@@ -279,6 +299,9 @@ std::string cluster_config_ini(const ClusterConfig& c, const std::string& commen
   if (!c.active_expert_bytes.empty())
     out << "active_expert_bytes = " << number_list(c.active_expert_bytes) << "\n"
         << "active_expert_seconds = " << number_list(c.active_expert_seconds) << "\n";
+  if (!c.optimizer_parameters.empty())
+    out << "optimizer_parameters = " << number_list(c.optimizer_parameters) << "\n"
+        << "optimizer_parameter_seconds = " << number_list(c.optimizer_parameter_seconds) << "\n";
   const std::pair<const char*, const RateTable*> tables[] = {{"layer_rate", &c.layer_table},
                                                              {"decode_rate", &c.decode_table}};
   for (const auto& [key, table] : tables) {

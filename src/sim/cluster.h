@@ -99,6 +99,15 @@ struct ClusterConfig {
   // the parameter and both moments (memory-bound on an accelerator, bound by its divide and
   // square root per parameter on a CPU).
   double optimizer_rate = 0;
+  // The optimizer step's measured seconds a parameter at each calibrated parameter count
+  // (ascending): its four float streams (parameters, gradients, both moments) run from the caches
+  // while they fit and from memory past them (this VM, one core, 2026-12-06: 8.4-9.1e8
+  // parameters/s at 4M, 6.4e8 at 27.84M), so optimizer_seconds interpolates these in log count and
+  // log seconds, holding the ends. Optional (both keys or neither; empty: optimizer_rate at every
+  // count).
+  std::vector<double> optimizer_parameters, optimizer_parameter_seconds;
+  // Seconds one optimizer step takes over `parameters` parameters of a device.
+  double optimizer_seconds(double parameters) const;
   // The sampler (softmax, sort by probability, top-p, inverse CDF) over one row of V logits:
   // V entries through the softmax and the scans, V log2 V comparisons in the sort.
   double sampler_rate = 0;       // vocabulary entries per second

@@ -248,7 +248,8 @@ Training training_cost(const ModelShape& m, const ClusterConfig& c, const RlJob&
   const int spare = placement.spare;
   const double params = training_parameters(m, p, spare);
   const double routed_params = routed_per_rank(m, p.ep, spare) / p.pp;
-  t.optimizer = params / c.optimizer_rate;  // every local parameter: norm, then AdamW
+  // Every local parameter: norm, then AdamW, at the rate of its count (in the caches or past them).
+  t.optimizer = c.optimizer_seconds(params);
   t.compute += t.optimizer;
 
   const double collectives_per_layer = 4 + (job.reference ? 2 : 0);

@@ -312,6 +312,14 @@ TEST(BenchCalibrate, WritesAClusterFileThePlannerReads) {
   EXPECT_GE(c.decode_half_rate_rows, 0);
   EXPECT_GE(c.decode_half_rate_width, 0);
   EXPECT_GT(c.optimizer_rate, 1e5);
+  // The optimizer at three counts, the middle one the rate's (6 significant digits written).
+  ASSERT_EQ(c.optimizer_parameters.size(), 3u);
+  EXPECT_NEAR(c.optimizer_parameters[1], 4195304, 10);
+  EXPECT_NEAR(c.optimizer_parameter_seconds[1] * c.optimizer_rate, 1, 1e-5);
+  for (double seconds : c.optimizer_parameter_seconds) {
+    EXPECT_GT(seconds, 0);
+    EXPECT_LT(seconds, 1e-6);
+  }
   EXPECT_GT(c.sampler_rate, 0);
   EXPECT_GT(c.sampler_sort_rate, 0);
   EXPECT_GT(c.sampler_seconds(64), 0);
@@ -349,7 +357,7 @@ TEST(BenchCalibrate, WritesAClusterFileThePlannerReads) {
                           "forward row work", "touched expert 1536 KiB",
                           // not 2^22: the four AdamW buffers a power-of-two stride apart share
                           // cache sets and halved the rate (bench_calibrate.cpp)
-                          "AdamW, 4M + 1000 parameters"})
+                          "AdamW, 4M + 1000 parameters", "optimizer at 33.6M"})
     EXPECT_NE(r.output.find(key), std::string::npos) << key << "\n" << r.output;
   const auto plan = run_rlfusion("plan --cluster " + dir +
                                  "/machine.ini --model tiny --job tiny-sort --mode fused");

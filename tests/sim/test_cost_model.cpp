@@ -123,6 +123,18 @@ TEST(CostModel, OptimizerTimeIsLocalParametersOverItsRate) {
   s.train.ep = s.generate.ep = 2;
   const Prediction ep = predict(m, c, job, s);
   EXPECT_DOUBLE_EQ(ep.optimizer, (m.replicated + m.routed / 2) / 1e6);
+  // With a measured curve, each count at its own rate: tiny's 38304 parameters sit halfway in log
+  // count between 19152 and 76608 (2 us and 8 us a parameter: the geometric mean, 4 us); the EP
+  // rank's fewer ones fall below the smallest count, which holds.
+  c.optimizer_parameters = {19152, 76608};
+  c.optimizer_parameter_seconds = {2e-6, 8e-6};
+  s.train.dp = s.generate.dp = 1;
+  s.train.ep = s.generate.ep = 1;
+  EXPECT_NEAR(predict(m, c, job, s).optimizer, 38304 * 4e-6, 1e-12);
+  c.optimizer_parameters = {1e6, 2e6};
+  s.train.dp = s.generate.dp = 2;
+  s.train.ep = s.generate.ep = 2;
+  EXPECT_NEAR(predict(m, c, job, s).optimizer, (m.replicated + m.routed / 2) * 2e-6, 1e-12);
 }
 
 // A fused switch of the EP degree alone (parameter buckets): the generation view keeps the

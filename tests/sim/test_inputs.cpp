@@ -250,6 +250,35 @@ TEST(ClusterConfig, SamplerTableIsOptionalInterpolatedAndReadsBack) {
   }
 }
 
+TEST(ClusterConfig, OptimizerCurveIsOptionalInterpolatedAndReadsBack) {
+  ClusterConfig c = load_cluster_config(test::write_scratch("no_optimizer_curve.ini", kCluster));
+  EXPECT_TRUE(c.optimizer_parameters.empty());
+  EXPECT_DOUBLE_EQ(c.optimizer_seconds(4e6), 4e6 / 2e10);  // the rate at every count
+  EXPECT_TRUE(load_cluster_config("cloudmatrix-384").optimizer_parameters.empty());
+  c.optimizer_parameters = {1e5, 1e7};
+  c.optimizer_parameter_seconds = {1e-9, 4e-9};
+  const ClusterConfig back =
+      load_cluster_config(test::write_scratch("optimizer_curve.ini", cluster_config_ini(c, "")));
+  ASSERT_EQ(back.optimizer_parameters.size(), 2u);
+  EXPECT_DOUBLE_EQ(back.optimizer_parameter_seconds[1], 4e-9);
+  EXPECT_NEAR(back.optimizer_seconds(1e6), 1e6 * 2e-9, 1e-15);  // halfway in log: 2 ns each
+  EXPECT_NEAR(back.optimizer_seconds(1e4), 1e4 * 1e-9, 1e-18);  // below the ends: held
+  EXPECT_NEAR(back.optimizer_seconds(1e9), 1e9 * 4e-9, 1e-12);  // above
+  EXPECT_DOUBLE_EQ(back.optimizer_seconds(0), 0);
+  for (const auto& [lines, key] :
+       {std::pair{"optimizer_parameter_seconds = 1e-9\n", "both or neither"},
+        {"optimizer_parameters = 1e5 1e7\noptimizer_parameter_seconds = 1e-9\n", "as many values"},
+        {"optimizer_parameters = 1e7 1e5\noptimizer_parameter_seconds = 1e-9 2e-9\n", "ascending"},
+        {"optimizer_parameters = 1e5 1e7\noptimizer_parameter_seconds = 1e-9 0\n",
+         "optimizer_parameter_seconds must be a positive"},
+        {"optimizer_parameters = 0 1e7\noptimizer_parameter_seconds = 1e-9 2e-9\n",
+         "optimizer_parameters must be a positive"}}) {
+    const std::string error =
+        test::cluster_error_of(std::string(kCluster) + lines, "bad_optimizer_curve.ini");
+    EXPECT_NE(error.find(key), std::string::npos) << lines << error;
+  }
+}
+
 TEST(ClusterConfig, UnknownKeyAndMalformedValueAreErrors) {
   EXPECT_NE(
       test::cluster_error_of(std::string(kCluster) + "nvlink = 1\n", "unknown.ini").find("nvlink"),
