@@ -173,9 +173,9 @@ ClusterConfig load_cluster_config(const std::string& name_or_path) {
   std::string active_expert_bytes, active_expert_seconds, sampler_vocab, sampler_row_seconds,
       optimizer_parameters, optimizer_parameter_seconds;
   add("cluster.sampler_vocab", po::value(&sampler_vocab));
+  add("cluster.sampler_row_seconds", po::value(&sampler_row_seconds));
   add("cluster.optimizer_parameters", po::value(&optimizer_parameters));
   add("cluster.optimizer_parameter_seconds", po::value(&optimizer_parameter_seconds));
-  add("cluster.sampler_row_seconds", po::value(&sampler_row_seconds));
   add("cluster.active_expert_bytes", po::value(&active_expert_bytes));
   add("cluster.active_expert_seconds", po::value(&active_expert_seconds));
   add("cluster.optimizer_rate", po::value(&c.optimizer_rate)->required());
