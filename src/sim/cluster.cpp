@@ -15,6 +15,18 @@
 namespace po = boost::program_options;
 
 namespace rlf::sim {
+namespace {
+
+// A measured curve's value at `at`, interpolated in log x and log y between its two neighbours
+// (log_bracket; clamped to the curve's ends, which hold).
+double log_log_value(const std::vector<double>& x, const std::vector<double>& y, double at) {
+  size_t i = 0;
+  double t = 0;
+  log_bracket(x, at, i, t);
+  return x.size() == 1 ? y.front() : std::exp((1 - t) * std::log(y[i]) + t * std::log(y[i + 1]));
+}
+
+}  // namespace
 
 const Link& ClusterConfig::link(LinkLevel level) const {
   switch (level) {
@@ -126,22 +138,14 @@ double ClusterConfig::sampler_seconds(double vocab) const {
     return y.front() * sampler_fit_seconds(vocab) / sampler_fit_seconds(x.front());
   if (vocab >= x.back())
     return y.back() * sampler_fit_seconds(vocab) / sampler_fit_seconds(x.back());
-  size_t i = 0;
-  double t = 0;
-  log_bracket(x, vocab, i, t);
-  return std::exp((1 - t) * std::log(y[i]) + t * std::log(y[i + 1]));
+  return log_log_value(x, y, vocab);
 }
 
 double ClusterConfig::optimizer_seconds(double parameters) const {
   const std::vector<double>& x = optimizer_parameters;
   const std::vector<double>& y = optimizer_parameter_seconds;
   if (x.empty() || !(parameters > 0)) return parameters > 0 ? parameters / optimizer_rate : 0.0;
-  size_t i = 0;
-  double t = 0;
-  log_bracket(x, parameters, i, t);  // clamped to the measured counts: the ends held
-  const double per_parameter =
-      x.size() == 1 ? y.front() : std::exp((1 - t) * std::log(y[i]) + t * std::log(y[i + 1]));
-  return parameters * per_parameter;
+  return parameters * log_log_value(x, y, parameters);  // the ends held
 }
 
 ClusterConfig load_cluster_config(const std::string& name_or_path) {
