@@ -59,6 +59,10 @@ void Arena::zero(void* p, size_t bytes) const {
   zero_memory(p, bytes, kind_);
 }
 
+void Arena::zero_streaming(void* p, size_t bytes) const {
+  zero_memory_streaming(p, bytes, kind_);
+}
+
 void Arena::release(Mark mark) {
   if (mark > used_) throw std::logic_error("Arena::release: mark beyond current use");
   used_ = mark;

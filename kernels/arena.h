@@ -43,6 +43,9 @@ class Arena {
   // Zeroes `bytes` at p (memory of this arena) where the kernels use it: managed memory on the
   // GPU (zero_memory), host and pinned memory on the host.
   void zero(void* p, size_t bytes) const;
+  // The same with streaming stores on the host (zero_memory_streaming): for a large buffer that is
+  // not read again soon.
+  void zero_streaming(void* p, size_t bytes) const;
 
   using Mark = size_t;
   Mark mark() const { return used_; }

@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "kernels/error.h"
+#include "kernels/streaming_copy.h"
 
 #if defined(RLFUSION_HAVE_CUDA)
 #include <cuda_runtime_api.h>
@@ -246,22 +247,39 @@ void cuda_free_device(void* p) {
 #endif
 }
 
-void zero_memory(void* p, size_t bytes, MemoryKind kind) {
-  if (bytes == 0) return;
+namespace {
+
+// cudaMemset of managed memory (and waited for); false, nothing zeroed, for host memory.
+bool cuda_zero(void* p, size_t bytes, MemoryKind kind) {
 #if defined(RLFUSION_HAVE_CUDA)
   if (kind == MemoryKind::CudaManaged) {
     check(cudaMemset(p, 0, bytes), "cudaMemset");
     // The kernels' non-blocking stream does not wait for the default stream's memset.
     check(cudaDeviceSynchronize(), "cudaDeviceSynchronize after cudaMemset");
-    return;
+    return true;
   }
+#else
+  (void)p, (void)bytes, (void)kind;
 #endif
-  (void)kind;
+  return false;
+}
+
+}  // namespace
+
+void zero_memory(void* p, size_t bytes, MemoryKind kind) {
+  if (bytes == 0 || cuda_zero(p, bytes, kind)) return;
   std::memset(p, 0, bytes);
 }
 
-void copy_bytes(void* dst, const void* src, size_t bytes) {
-  if (bytes == 0) return;
+void zero_memory_streaming(void* p, size_t bytes, MemoryKind kind) {
+  if (bytes == 0 || cuda_zero(p, bytes, kind)) return;
+  stream_zero(p, bytes);
+}
+
+namespace {
+
+// cudaMemcpy where either side is CUDA memory (and waited for); false, nothing copied, otherwise.
+bool cuda_copy(void* dst, const void* src, size_t bytes) {
 #if defined(RLFUSION_HAVE_CUDA)
   if (cuda_usable()) {
     auto cuda_memory = [](const void* ptr) {
@@ -278,11 +296,25 @@ void copy_bytes(void* dst, const void* src, size_t bytes) {
       // source) is done, and the kernels run on a non-blocking stream that does not wait for
       // it: wait here, so the bytes are in place when copy_bytes returns.
       check(cudaDeviceSynchronize(), "cudaDeviceSynchronize after cudaMemcpy");
-      return;
+      return true;
     }
   }
+#else
+  (void)dst, (void)src, (void)bytes;
 #endif
+  return false;
+}
+
+}  // namespace
+
+void copy_bytes(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0 || cuda_copy(dst, src, bytes)) return;
   std::memcpy(dst, src, bytes);
+}
+
+void copy_bytes_streaming(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0 || cuda_copy(dst, src, bytes)) return;
+  stream_copy(dst, src, bytes);
 }
 
 }  // namespace rlf

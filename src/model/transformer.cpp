@@ -240,9 +240,14 @@ void Transformer<T>::tensor_parallel_sum(T* data, int64_t count) const {
 }
 
 template <typename T>
-T* Transformer<T>::allocate_gradients() {
+T* Transformer<T>::allocate_gradients(Zeroing zeroing) {
   if (view_) throw std::logic_error("Transformer: a view has no gradients");
-  grads_ = device_.allocate_zeroed<T>(size_t(layout_.total()), "parameter gradients");
+  const size_t count = size_t(layout_.total());
+  grads_ = device_.allocate<T>(count, "parameter gradients");
+  if (zeroing == Zeroing::Streaming)
+    device_.zero_streaming(grads_, count * sizeof(T));
+  else
+    device_.zero(grads_, count * sizeof(T));
   expert_grads_ = ExpertTable<T>(layout_, grads_);
   return grads_;
 }

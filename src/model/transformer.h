@@ -132,8 +132,10 @@ class Transformer {
 
   // Allocates a zeroed gradient buffer at the top of the device arena (the constructor does so
   // when with_gradients): for a model built without gradients, or again after the arena was
-  // rewound past them (RL Fusion's offload). Returns it. Not for a view (std::logic_error).
-  T* allocate_gradients();
+  // rewound past them (RL Fusion's offload, which zeroes with streaming stores: the buffer is
+  // zeroed again before the next backward). Returns it. Not for a view (std::logic_error).
+  enum class Zeroing { Cached, Streaming };
+  T* allocate_gradients(Zeroing zeroing = Zeroing::Cached);
 
   void initialize(uint64_t seed);  // not for a view (std::logic_error)
   void zero_gradients();

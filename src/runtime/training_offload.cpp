@@ -48,8 +48,9 @@ uint64_t TrainingOffload::offload() {
   host_mark_ = host_.mark();
   saved_m_ = host_.allocate<float>(n, "offloaded first moment");
   saved_v_ = host_.allocate<float>(n, "offloaded second moment");
-  copy_bytes(saved_m_, optimizer_.first_moment(), n * sizeof(float));
-  copy_bytes(saved_v_, optimizer_.second_moment(), n * sizeof(float));
+  // Streaming stores: the moments stay in host memory for the whole generation phase.
+  copy_bytes_streaming(saved_m_, optimizer_.first_moment(), n * sizeof(float));
+  copy_bytes_streaming(saved_v_, optimizer_.second_moment(), n * sizeof(float));
   device_.release(mark_);
   offloaded_ = true;
   return 2 * n * sizeof(float);
@@ -61,7 +62,9 @@ uint64_t TrainingOffload::onload() {
     throw std::logic_error("TrainingOffload: the generation phase left memory allocated");
   }
   const size_t n = size_t(model_.parameter_count());
-  float* grads = model_.allocate_gradients();
+  // The gradients come back zeroed with streaming stores: the step zeroes them again before its
+  // first backward (memset's stores would read every line first, twice the traffic).
+  float* grads = model_.allocate_gradients(Transformer<float>::Zeroing::Streaming);
   float* m = device_.allocate<float>(n, "optimizer first moment");
   float* v = device_.allocate<float>(n, "optimizer second moment");
   // A stack arena rewound to the same mark hands out the same addresses for the same requests;
@@ -70,8 +73,9 @@ uint64_t TrainingOffload::onload() {
       grads == nullptr) {
     throw std::logic_error("TrainingOffload: the optimizer state did not come back in place");
   }
-  copy_bytes(m, saved_m_, n * sizeof(float));
-  copy_bytes(v, saved_v_, n * sizeof(float));
+  // Streaming stores too: AdamW reads the moments only after the whole forward and backward.
+  copy_bytes_streaming(m, saved_m_, n * sizeof(float));
+  copy_bytes_streaming(v, saved_v_, n * sizeof(float));
   host_.release(host_mark_);
   offloaded_ = false;
   return 2 * n * sizeof(float);

@@ -744,9 +744,10 @@ Prediction predict(const ModelShape& m, const ClusterConfig& c, const RlJob& job
                                   ? c.link(c.level_spanned(int64_t(s.train.tp) * s.train.pp))
                                   : wide;
     const double received = switched.received * job.parameter_bytes;
-    // Offload moves AdamW's moments to host memory and back (TrainingOffload); the gradients are
-    // freed, not moved, and come back as one zeroing pass. A copy at memory speed reads and
-    // writes every byte (memory_bandwidth counts both).
+    // Offload moves AdamW's moments to host memory and back (TrainingOffload, at host_bandwidth:
+    // its streaming copy, bytes moved); the gradients are freed, not moved, and come back as one
+    // zeroing pass (streaming stores: one write a byte). A copy at memory speed reads and writes
+    // every byte (memory_bandwidth counts both).
     const double moments = train_params * job.optimizer_bytes;
     out.swap = (s.offload ? 2 * moments / c.host_bandwidth +
                                 train_params * job.gradient_bytes / c.memory_bandwidth
