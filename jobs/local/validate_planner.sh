@@ -148,9 +148,11 @@ peaks = summary.get("device_memory_peaks", {})
 walls = [s["wall_s"] for s in report["steps"]]
 steps = len(walls)
 step_s = sum(walls[1:]) / (steps - 1) if steps > 1 else walls[0]
-# By phase: the busiest rank's generate and train time per step, over the same steps.
+# By phase: the busiest rank's generate and train time per step, over the same steps. Generation
+# is its phases' wall, the long-tail bubble nested at their ends included, as the planner predicts
+# it (a phase decodes until its longest response); `generate_s` leaves the bubble out.
 steady = report["steps"][1:] if steps > 1 else report["steps"]
-generate_s = sum(s["generate_s"] for s in steady) / len(steady)
+generate_s = sum(s.get("generate_phase_s", s["generate_s"]) for s in steady) / len(steady)
 train_s = sum(s["train_s"] for s in steady) / len(steady)
 # The router's concentration (the busiest expert over the mean one, averaged over the layers): a
 # property of the workload like the lengths above, recorded by every MoE `train` run (1 where a

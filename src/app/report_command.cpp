@@ -207,15 +207,15 @@ void print_text(const std::string& path, const TraceData& trace, const TraceSumm
   }
 }
 
-// {"version":v,"wall_s":...,"generate_s":...,"train_s":...}; the total has no version and no
-// per-phase seconds (each step's are its busiest rank's).
+// {"version":v,"wall_s":...,"generate_s":...,"train_s":...,"generate_phase_s":...}; the total
+// has no version and no per-phase seconds (each step's are its busiest rank's).
 std::string json_step(const StepThroughput& step, bool with_version = true) {
   std::string out = with_version ? format("{\"version\":%d,", step.version) : std::string("{");
   out += format("\"wall_s\":%.9g,\"tokens\":%lld,\"tokens_per_s\":%.9g", step.wall(),
                 (long long)step.tokens, step.tokens_per_second());
   if (with_version) {
-    out +=
-        format(",\"generate_s\":%.9g,\"train_s\":%.9g", step.generate_seconds, step.train_seconds);
+    out += format(",\"generate_s\":%.9g,\"train_s\":%.9g,\"generate_phase_s\":%.9g",
+                  step.generate_seconds, step.train_seconds, step.generate_phase_seconds);
   }
   return out + "}";
 }

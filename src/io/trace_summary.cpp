@@ -97,6 +97,24 @@ std::array<double, kTimeCategoryCount> time_breakdown(const std::vector<TraceEve
 
 namespace {
 
+// The time inside [begin, end) that `phase`'s events cover (their union, whatever is nested in
+// them included).
+double phase_cover_seconds(const std::vector<TraceEvent>& events, Phase phase, double begin,
+                           double end) {
+  std::vector<std::pair<double, double>> spans;
+  for (const TraceEvent& e : events) {
+    const double from = std::max(e.begin, begin), to = std::min(e.end, end);
+    if (e.phase == phase && to > from) spans.emplace_back(from, to);
+  }
+  std::sort(spans.begin(), spans.end());
+  double covered = 0, reached = begin;
+  for (const auto& [from, to] : spans) {
+    if (to > reached) covered += to - std::max(from, reached);
+    reached = std::max(reached, to);
+  }
+  return covered;
+}
+
 bool is_training(Phase phase) {
   return time_category(phase) == TimeCategory::Train;
 }
@@ -155,6 +173,9 @@ TraceSummary summarize(const TraceData& trace) {
       step.generate_seconds =
           std::max(step.generate_seconds, seconds[size_t(TimeCategory::Generate)]);
       step.train_seconds = std::max(step.train_seconds, seconds[size_t(TimeCategory::Train)]);
+      step.generate_phase_seconds =
+          std::max(step.generate_phase_seconds,
+                   phase_cover_seconds(events, Phase::Generate, step.begin, step.end));
     }
   }
   if (!summary.steps.empty()) {

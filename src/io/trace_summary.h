@@ -35,6 +35,10 @@ struct StepThroughput {
   // (time_breakdown): what one step spends generating and training, the first step's one-off
   // costs (first touches of every buffer) apart from the later ones'.
   double generate_seconds = 0, train_seconds = 0;
+  // The busiest rank's generation phases' wall time inside [begin, end), the events nested in
+  // them included: the long-tail bubble (the Idle event at a phase's end, the decode steps'
+  // unused share) is generation's own time here, as the planner's generation part counts it.
+  double generate_phase_seconds = 0;
 
   double wall() const { return end > begin ? end - begin : 0.0; }
   // 0 for a step shorter than the clock can time (MPI_Wtime's resolution is far coarser than a

@@ -231,12 +231,38 @@ TEST(TraceSummary, StepWallTimesRunFromOneStepEndToTheNextAcrossRanks) {
   EXPECT_DOUBLE_EQ(s.steps[0].train_seconds, 2);
   EXPECT_DOUBLE_EQ(s.steps[1].generate_seconds, 1);
   EXPECT_DOUBLE_EQ(s.steps[1].train_seconds, 3);
+  // The generation phases' wall: here no event is nested in them, so the same seconds.
+  EXPECT_DOUBLE_EQ(s.steps[0].generate_phase_seconds, 4);
+  EXPECT_DOUBLE_EQ(s.steps[1].generate_phase_seconds, 1);
   ASSERT_EQ(s.ranks.size(), 2u);
   EXPECT_DOUBLE_EQ(s.ranks[0].seconds[size_t(TimeCategory::Idle)], 4);
   EXPECT_DOUBLE_EQ(s.ranks[1].seconds[size_t(TimeCategory::Train)], 5);
   ASSERT_EQ(s.phases.size(), 5u);
   EXPECT_EQ(s.phases[0].phase, Phase::Generate);
   EXPECT_EQ(s.phases[0].tokens, 110);
+}
+
+// A generation phase's long-tail bubble is an Idle event nested at its end: the generate category
+// leaves it out, the phase's wall keeps it (what the planner's generation part predicts). Each the
+// busiest rank's.
+TEST(TraceSummary, GenerationPhaseWallKeepsTheNestedTailBubble) {
+  TraceData trace;
+  trace.world_size = 2;
+  trace.ranks = {
+      {event(Phase::Generate, 0, 4, 0), event(Phase::Idle, 3, 4, 0), event(Phase::Train, 4, 6, 0),
+       event(Phase::Generate, 6, 9, 1), event(Phase::Idle, 7.5, 9, 1),
+       event(Phase::Train, 9, 10, 1)},
+      {event(Phase::Generate, 0, 3.5, 0), event(Phase::Idle, 3.5, 4, 0),
+       event(Phase::Train, 4, 6, 0), event(Phase::Generate, 6, 8, 1),
+       event(Phase::Train, 9, 10, 1)},
+  };
+  const TraceSummary s = summarize(trace);
+  ASSERT_EQ(s.steps.size(), 2u);
+  EXPECT_DOUBLE_EQ(s.steps[0].generate_seconds, 3.5);      // rank 1: no bubble nested
+  EXPECT_DOUBLE_EQ(s.steps[0].generate_phase_seconds, 4);  // rank 0: 3 + its bubble's 1
+  EXPECT_DOUBLE_EQ(s.steps[1].wall(), 4);                  // 6 .. 10
+  EXPECT_DOUBLE_EQ(s.steps[1].generate_seconds, 2);        // rank 1's 6 .. 8
+  EXPECT_DOUBLE_EQ(s.steps[1].generate_phase_seconds, 3);  // rank 0's 6 .. 9
 }
 
 // --- trace.h5, one process -------------------------------------------------------------------
