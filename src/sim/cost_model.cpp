@@ -276,6 +276,11 @@ Training training_cost(const ModelShape& m, const ClusterConfig& c, const RlJob&
     // work finishes apart (ClusterConfig's spread, as at the data-parallel meetings; with EP the
     // exchanges' waits charge it, expert_wait below).
     if (p.ep == 1) t.pipeline += c.expert_exchange_spread * token_work;
+    // And the stages work on different micro-batches at once (1F1B: the stage s places down the
+    // pipeline on the micro-batch s places behind the first's), so each period between hand-offs
+    // lasts as long as the longest of the P micro-batches in flight, and micro-batches differ in
+    // tokens (token_excess: their lengths' spread, normal approximation).
+    t.pipeline += token_work * token_excess(job, job.micro_batch, micro_tokens, p.pp);
   }
   if (p.ep > 1) {
     const Link& link = c.link(c.level_spanned(int64_t(p.ep) * p.tp));

@@ -464,6 +464,17 @@ TEST(CostModel, PipelineBubbleIsMegatronFraction) {
   c.expert_exchange_spread = 0.1;
   EXPECT_NEAR(predict(m, c, job, piped).pipeline, stage * (3.0 / 64 + 0.1), 1e-12);
   EXPECT_NEAR(predict(m, c, job, flat).training, a.training, 1e-12);
+  // Micro-batches of different lengths: the 4 stages work on 4 micro-batches at once, and each
+  // period lasts as long as the longest of them. A micro-batch (1 sample) of 31 rows on average,
+  // its prompt's and its response's lengths 3 and 4 tokens apart (standard deviations): 5 tokens,
+  // so the longest of 4 is E[max of 4 standard normals] = 1.0293753730 x 5 / 31 of the stage's
+  // work above the mean. Without stages nothing waits.
+  RlJob spread = job;
+  spread.prompt.deviation = 3;
+  spread.response.deviation = 4;
+  EXPECT_NEAR(predict(m, c, spread, piped).pipeline,
+              stage * (3.0 / 64 + 0.1 + 1.0293753730 * 5 / 31), 1e-9 * stage);
+  EXPECT_NEAR(predict(m, c, spread, flat).pipeline, 0, 1e-15);
 }
 
 // tiny on 2 devices where only the matmul rate costs time, fused, generation data-parallel and
