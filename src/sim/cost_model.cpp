@@ -240,12 +240,15 @@ Training training_cost(const ModelShape& m, const ClusterConfig& c, const RlJob&
                             busiest_rank * head_flops / (p.dp * rate) +
                             logit_bytes / c.memory_bandwidth;
   t.compute = token_work + kernels * c.kernel_overhead;
-  // The experts each micro-batch's call touches, in every pass through each of the stage's layers
-  // (the token split: a TP rank's share of the rows, on its own copy of the experts).
-  t.compute += micro_batches * layers_per_stage * passes *
-               touched_expert_seconds(m, c, job, micro_tokens / p.tp * p.ep, m.experts / p.ep);
   const ExpertPlacement placement = training_placement(s);
   const int spare = placement.spare;
+  // The experts each micro-batch's call touches, in every pass through each of the stage's layers
+  // (the token split: a TP rank's share of the rows, on its own copy of the experts), the spare
+  // slots' replicas among them (the dispatcher splits a replicated expert's rows over its slots,
+  // so each slot is a call of its own).
+  t.compute += micro_batches * layers_per_stage * passes *
+               touched_expert_seconds(m, c, job, micro_tokens / p.tp * p.ep,
+                                      m.experts / p.ep + (p.ep > 1 ? spare : 0));
   const double params = training_parameters(m, p, spare);
   const double routed_params = routed_per_rank(m, p.ep, spare) / p.pp;
   // Every local parameter: norm, then AdamW, at the rate of its count (in the caches or past them).
@@ -332,6 +335,17 @@ Training training_cost(const ModelShape& m, const ClusterConfig& c, const RlJob&
                                      p.tp * p.pp, c) +
       hierarchical_allreduce_seconds(routed_params * job.gradient_bytes, int(expert_dp),
                                      int(std::max(1.0, p.devices() / std::max(1.0, expert_dp))), c);
+  // A replicated expert's slots sum their gradients first (src/runtime/expert_replicas.h): each
+  // of the EP group's spare slots holds a replica of an expert another slot holds, and each of the
+  // two holders sends the other its gradient (each TP rank its own copy's), one message an expert
+  // a layer: 2 R messages a rank and layer on average; then the group waits for all of them.
+  if (spare > 0 && p.ep > 1) {
+    const Link& link = c.link(c.level_spanned(int64_t(p.ep) * p.tp));
+    const double messages = 2.0 * spare * layers_per_stage;
+    t.gradient_sync +=
+        link.seconds(messages * m.routed / (m.layers * m.experts) * job.gradient_bytes, messages) +
+        c.expert_exchange_lockstep;
+  }
   // Without EP the data-parallel ranks meet only at that all-reduce, each having trained its own
   // prompts' samples, so it starts when the rank with the most tokens is done: the EP ranks'
   // exchanges pace every micro-batch instead (expert_wait above).
@@ -403,8 +417,10 @@ double generation_step(const ModelShape& m, const ClusterConfig& c, const RlJob&
   // backward's (its rate is the layer rate, whose FLOPs exclude it); the decode rates were
   // measured on decode steps whole.
   if (prefill)
-    compute += tokens * m.layers * c.forward_row_work() +
-               m.layers * touched_expert_seconds(m, c, job, group_tokens, m.experts / g.ep);
+    compute +=
+        tokens * m.layers * c.forward_row_work() +
+        m.layers * touched_expert_seconds(m, c, job, group_tokens,
+                                          m.experts / g.ep + (g.ep > 1 ? placement.spare : 0));
   double seconds = compute;
   if (g.tp > 1) {
     const Link& tp_link = c.link(c.level_spanned(g.tp));

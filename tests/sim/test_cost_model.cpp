@@ -415,6 +415,19 @@ TEST(CostModel, TouchedExpertsAreChargedOnEveryTrainingAndPrefillCall) {
   Strategy tp = s;
   tp.train.tp = tp.generate.tp = 2;
   EXPECT_NEAR(predict(m, c, job, tp).training, p.training, 1e-15);
+  // With EP 2 each rank calls its 2 experts (1 micro-batch a rank), the measured share 3 of 4 of
+  // them; with a spare slot a rank (EDPB's redundant experts) its replica too: 3 slots. Generating
+  // at the training layout, its prefill calls them as well.
+  Strategy ep = s;
+  ep.train.dp = ep.generate.dp = 2;
+  ep.train.ep = ep.generate.ep = 2;
+  EXPECT_NEAR(predict(m, c, job, ep).training, 1 * 2 * 3 * 0.75 * 2 * 1e-6, 1e-15);
+  Strategy replicas = ep;
+  replicas.redundant_experts = 1;
+  const Prediction with_spare = predict(m, c, job, replicas), without = predict(m, c, job, ep);
+  EXPECT_NEAR(with_spare.training, 1 * 2 * 3 * 0.75 * 3 * 1e-6, 1e-15);
+  EXPECT_NEAR((with_spare.generation - none.generation) / (without.generation - none.generation),
+              1.5, 1e-9);
   // Twice the micro-batches, twice the calls.
   job.micro_batch = 4;
   EXPECT_NEAR(predict(m, c, job, s).training, 2 * p.training, 1e-15);
@@ -824,6 +837,21 @@ TEST(CostModel, RedundantExpertsTakeTheHottestRanksLoadForTheirMemory) {
   spare.redundant_experts = 1;
   spare.train.ep = 1;
   EXPECT_FALSE(feasible(config, job, spare));
+}
+
+// A replicated expert's holders sum their gradients (src/runtime/expert_replicas.h): tiny at EP 2
+// with a spare slot a rank, each rank sends 2 expert gradients (its replica's and its original's)
+// a layer, 2 layers: 4 messages of 3 x 32 x 32 floats over the EP link, then the group meets.
+TEST(CostModel, ReplicatedExpertsSumTheirGradientsOverTheExpertParallelLink) {
+  TinyExpertParallel tiny;
+  auto& [m, job, c, s] = tiny;
+  c.intra_node = {1e9, 1e-6};
+  c.expert_exchange_lockstep = 5e-6;
+  Strategy spare = s;
+  spare.redundant_experts = 1;
+  const double sum = 4 * 1e-6 + 4 * 3072 * 4 / 1e9 + 5e-6;
+  EXPECT_NEAR(predict(m, c, job, spare).gradient_sync - predict(m, c, job, s).gradient_sync, sum,
+              1e-12);
 }
 
 // Each EP rank brings its own micro-batch to every exchange, so the micro-batch's work outside the
