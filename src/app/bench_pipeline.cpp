@@ -7,7 +7,11 @@
 // every virtual stage (what the stages' cost imbalance allows). The first step of each row is
 // checked against the single-rank model (loss and every gradient: #wrong). --balance counted or
 // measured assigns layers to chunks by their counted FLOPs or measured cost
-// (src/balance/stage_balance.h, src/app/pipeline_balance.h). nccl-tests style:
+// (src/balance/stage_balance.h, src/app/pipeline_balance.h). With --pace (default 1.2) every
+// row's steps run again with each forward and backward pass spun up to one floor on every rank
+// (PassFloor: --pace times the slowest virtual stage's mean pass): equal stages, as the formula
+// assumes, so that their measured bubble tests the schedule and the runtime's overhead apart from
+// the stages' imbalance (which the unpaced rows and the simulated column show). nccl-tests style:
 // '#' header with units, fixed columns, verdict lines and a --json twin.
 #include "src/app/bench_pipeline.h"
 
@@ -61,6 +65,9 @@ void validate(const PipelineBenchOptions& o, const ModelConfig& model, int world
     throw ConfigError("--sequences must be >= 1 and --length in [2, " +
                       std::to_string(model.max_seq_len) + "] (the model's max_seq_len)");
   }
+  if (!(o.pace == 0 || (o.pace >= 1 && o.pace <= 10))) {
+    throw ConfigError("--pace must be 0 (off) or in [1, 10], got " + std::to_string(o.pace));
+  }
   if (o.balance != "uniform" && o.balance != "measured" && o.balance != "counted") {
     throw ConfigError("--balance must be uniform, counted or measured, got '" + o.balance + "'");
   }
@@ -80,7 +87,12 @@ struct RankStats {
   double wall = 0, compute = 0, wait = 0, in_flight = 0, compute_cpu = 0;
   // The schedule simulated with every stage's measured pass times (rank 0 fills it).
   double simulated = 0;
+  // The median paced step (--pace): its wall and wait, and the passes whose work outlasted the
+  // floor (each one unevens the stages by its excess).
+  double paced_wall = 0, paced_wait = 0, paced_overruns = 0;
 };
+constexpr int kRankStatsFields = 9;
+static_assert(sizeof(RankStats) == kRankStatsFields * sizeof(double));
 
 struct Row {
   int v = 1, m = 1;
@@ -89,6 +101,7 @@ struct Row {
   double formula = 0, counted = 0;
   // Mean seconds of one forward / backward pass of each virtual stage (p v entries), measured.
   std::vector<double> forward_pass, backward_pass;
+  PassFloor floor;  // --pace: every pass's floor (zero: not paced)
   uint64_t wrong = 0;
   double loss = 0;
 };
@@ -125,6 +138,14 @@ uint64_t count_wrong(PipelineStage<float>& stage, const ModelConfig& config, Dev
     }
   }
   return wrong;
+}
+
+// The repeat of median wall time (its wait and compute belong together, so it is taken whole).
+size_t median_index(const std::vector<double>& wall) {
+  std::vector<size_t> order(wall.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return wall[a] < wall[b]; });
+  return order[order.size() / 2];
 }
 
 // One row: p = shape.stages, world / p data-parallel pipelines of consecutive ranks, each on its
@@ -183,15 +204,36 @@ Row measure(const PipelineBenchOptions& o, const ModelConfig& config, Device& de
     passes.push_back(s.forward_seconds);
     passes.back().insert(passes.back().end(), s.backward_seconds.begin(), s.backward_seconds.end());
   }
-  // The repeat of median wall time, whole (its wait and compute belong together).
-  std::vector<size_t> order(wall.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return wall[a] < wall[b]; });
-  const size_t mid = order[order.size() / 2];
-  const RankStats mine{wall[mid],        compute[mid], wait[mid], double(stage.activation_arenas()),
-                       compute_cpu[mid], 0.0};
+  const size_t mid = median_index(wall);
+  RankStats mine{wall[mid],        compute[mid], wait[mid], double(stage.activation_arenas()),
+                 compute_cpu[mid], 0.0};
+  if (o.pace > 0) {
+    // One floor for every virtual stage of every pipeline: --pace times the slowest stage's mean
+    // pass of the median step.
+    double slowest[2] = {0, 0};
+    for (int k = 0; k < v; ++k) {
+      slowest[0] = std::max(slowest[0], passes[mid][size_t(k)] / m);
+      slowest[1] = std::max(slowest[1], passes[mid][size_t(v + k)] / m);
+    }
+    MPI_Allreduce(MPI_IN_PLACE, slowest, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    row.floor = {o.pace * slowest[0], o.pace * slowest[1]};
+    std::vector<double> paced_wall, paced_wait, overruns;
+    for (int r = 0; r < o.repeats; ++r) {
+      stage.model().zero_gradients();
+      const PipelineStepStats s =
+          run_pipeline_step(stage, shape, batches, aux, pipeline, links, false, row.floor);
+      paced_wall.push_back(s.wall_seconds);
+      paced_wait.push_back(s.wait_seconds);
+      overruns.push_back(s.floor_overruns);
+    }
+    const size_t paced_mid = median_index(paced_wall);
+    mine.paced_wall = paced_wall[paced_mid];
+    mine.paced_wait = paced_wait[paced_mid];
+    mine.paced_overruns = overruns[paced_mid];
+  }
   row.ranks.resize(size_t(world));
-  MPI_Gather(&mine, 6, MPI_DOUBLE, row.ranks.data(), 6, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  MPI_Gather(&mine, kRankStatsFields, MPI_DOUBLE, row.ranks.data(), kRankStatsFields, MPI_DOUBLE, 0,
+             MPI_COMM_WORLD);
   // Every virtual stage's mean pass time (the median step's, averaged over the data-parallel
   // pipelines), then the schedule simulated with them: the bubble these stage costs allow with
   // messages taking no time. Measured against it, what is left is the runtime's own overhead.
@@ -263,6 +305,9 @@ int run_bench_pipeline_command(const std::vector<std::string>& args) {
   add("balance", po::value(&o.balance)->default_value(o.balance),
       "layers per chunk: uniform, counted (stage balancing by counted per-layer FLOPs) or "
       "measured (by per-layer forward+backward times, each layer's slowest rank)");
+  add("pace", po::value(&o.pace)->default_value(o.pace),
+      "> 0: every row's steps again with each pass paced to PACE x the slowest virtual stage's "
+      "mean pass (equal stages, as the formula assumes; spinning); 0: off");
   add("repeats", po::value(&o.repeats)->default_value(o.repeats),
       "timed steps per row after a checked one (the median step is reported)");
   add("expert-parallel", po::value(&o.expert_parallel)->default_value(o.expert_parallel),
@@ -354,34 +399,56 @@ int run_bench_pipeline_command(const std::vector<std::string>& args) {
         "forward and backward pass times and messages taking no time: apart from formula, the "
         "stages cost differently; measured apart from simulated, the runtime's own overhead "
         "(messages, wake-ups)\n#\n");
-    std::printf("# %-16s %2s %3s %-12s %4s %9s %9s %9s %9s %8s %8s %6s %9s %8s %9s %7s\n",
-                "schedule", "v", "m", "chunks", "rank", "wall", "compute", "cpu", "wait", "bubble",
-                "formula", "ratio", "simulated", "counted", "in-flight", "#wrong");
-    std::printf("# %-16s %2s %3s %-12s %4s %9s %9s %9s %9s %8s %8s %6s %9s %8s %9s %7s\n", "", "",
-                "", "(layers)", "", "(ms)", "(ms)", "(ms)", "(ms)", "(%)", "(%)", "(x)", "(%)",
-                "(%)", "(chunks)", "");
+    if (o.pace > 0) {
+      std::printf(
+          "# paced = the bubble of the same steps with every pass spun up to one floor (--pace "
+          "%.2f x the slowest virtual stage's mean forward, and backward): equal stages, as the "
+          "formula assumes; apart from formula, the schedule's and the runtime's own; overruns = "
+          "passes whose work outlasted the floor (the floors in ms follow each row's table)\n#\n",
+          o.pace);
+    }
+    std::printf(
+        "# %-16s %2s %3s %-12s %4s %9s %9s %9s %9s %8s %8s %6s %9s %8s %9s %7s %8s %6s %7s\n",
+        "schedule", "v", "m", "chunks", "rank", "wall", "compute", "cpu", "wait", "bubble",
+        "formula", "ratio", "simulated", "counted", "in-flight", "#wrong", "paced", "ratio",
+        "overrun");
+    std::printf(
+        "# %-16s %2s %3s %-12s %4s %9s %9s %9s %9s %8s %8s %6s %9s %8s %9s %7s %8s %6s %7s\n", "",
+        "", "", "(layers)", "", "(ms)", "(ms)", "(ms)", "(ms)", "(%)", "(%)", "(x)", "(%)", "(%)",
+        "(chunks)", "", "(%)", "(x)", "(passes)");
     for (const Row& row : rows) {
       const std::string name = schedule_name({p, row.m, row.v});
       for (int r = 0; r < world; ++r) {
         const RankStats& s = row.ranks[size_t(r)];
         const double bubble = s.wall > 0 ? s.wait / s.wall : 0;
+        const double paced = s.paced_wall > 0 ? s.paced_wait / s.paced_wall : 0;
         std::printf(
             "  %-16s %2d %3d %-12s %4d %9.2f %9.2f %9.2f %9.2f %8.1f %8.1f %6.2f %9.1f %8.1f "
-            "%9.0f %7llu\n",
+            "%9.0f %7llu %8.1f %6.2f %7.0f\n",
             name.c_str(), row.v, row.m, join(row.boundaries).c_str(), r, s.wall * 1e3,
             s.compute * 1e3, s.compute_cpu * 1e3, s.wait * 1e3, 100 * bubble, 100 * row.formula,
             row.formula > 0 ? bubble / row.formula : 0, 100 * s.simulated, 100 * row.counted,
-            s.in_flight, (unsigned long long)row.wrong);
+            s.in_flight, (unsigned long long)row.wrong, 100 * paced,
+            row.formula > 0 ? paced / row.formula : 0, s.paced_overruns);
+      }
+      if (row.floor.any()) {
+        std::printf("#   paced floors: forward %.3f ms, backward %.3f ms a pass\n",
+                    row.floor.forward * 1e3, row.floor.backward * 1e3);
       }
     }
     std::printf("#\n# Pipeline vs single-rank model (loss and gradients) : %llu wrong %s\n",
                 (unsigned long long)wrong, wrong ? "FAIL" : "OK");
-    double worst = 0, worst_simulated = 0, worst_stages = 0;
+    double worst = 0, worst_simulated = 0, worst_stages = 0, worst_paced = 0, overruns = 0;
     for (const Row& row : rows) {
       for (const RankStats& s : row.ranks) {
         if (row.formula > 0 && s.wall > 0) {
           worst = std::max(worst, std::fabs(s.wait / s.wall / row.formula - 1));
           worst_stages = std::max(worst_stages, std::fabs(s.simulated / row.formula - 1));
+        }
+        if (row.formula > 0 && s.paced_wall > 0) {
+          worst_paced =
+              std::max(worst_paced, std::fabs(s.paced_wait / s.paced_wall / row.formula - 1));
+          overruns += s.paced_overruns;
         }
         if (s.simulated > 0 && s.wall > 0) {
           worst_simulated = std::max(worst_simulated, std::fabs(s.wait / s.wall / s.simulated - 1));
@@ -397,6 +464,12 @@ int run_bench_pipeline_command(const std::vector<std::string>& args) {
         "stages' cost imbalance); measured vs simulated: worst |ratio - 1| = %.0f%% (the "
         "runtime's overhead)\n",
         100 * worst_stages, 100 * worst_simulated);
+    if (o.pace > 0) {
+      std::printf(
+          "# Paced (equal stages) vs formula: worst |ratio - 1| = %.0f%% (goal <= 10%% on idle "
+          "cores), %.0f passes over their floor in the median steps\n",
+          100 * worst_paced, overruns);
+    }
   }
   if (run.json && rank == 0) {
     std::printf(
@@ -410,18 +483,20 @@ int run_bench_pipeline_command(const std::vector<std::string>& args) {
       std::printf(
           "%s{\"virtual_stages\":%d,\"micro_batches\":%d,\"boundaries\":[%s],\"formula\":%.6f,"
           "\"counted\":%.6f,\"loss\":%.8g,\"wrong\":%llu,\"forward_pass_seconds\":[%s],"
-          "\"backward_pass_seconds\":[%s],\"ranks\":[",
+          "\"backward_pass_seconds\":[%s],\"paced_floor_seconds\":[%.6e,%.6e],\"ranks\":[",
           i ? "," : "", row.v, row.m, join(row.boundaries).c_str(), row.formula, row.counted,
           row.loss, (unsigned long long)row.wrong, join(row.forward_pass).c_str(),
-          join(row.backward_pass).c_str());
+          join(row.backward_pass).c_str(), row.floor.forward, row.floor.backward);
       for (int r = 0; r < world; ++r) {
         const RankStats& s = row.ranks[size_t(r)];
         std::printf(
             "%s{\"rank\":%d,\"wall_seconds\":%.6e,\"compute_seconds\":%.6e,"
             "\"compute_cpu_seconds\":%.6e,\"wait_seconds\":%.6e,\"bubble\":%.6f,"
-            "\"simulated_bubble\":%.6f,\"in_flight\":%.0f}",
+            "\"simulated_bubble\":%.6f,\"in_flight\":%.0f,\"paced_wall_seconds\":%.6e,"
+            "\"paced_wait_seconds\":%.6e,\"paced_bubble\":%.6f,\"paced_overruns\":%.0f}",
             r ? "," : "", r, s.wall, s.compute, s.compute_cpu, s.wait,
-            s.wall > 0 ? s.wait / s.wall : 0, s.simulated, s.in_flight);
+            s.wall > 0 ? s.wait / s.wall : 0, s.simulated, s.in_flight, s.paced_wall, s.paced_wait,
+            s.paced_wall > 0 ? s.paced_wait / s.paced_wall : 0, s.paced_overruns);
       }
       std::printf("]}");
     }

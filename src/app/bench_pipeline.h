@@ -20,6 +20,9 @@ struct PipelineBenchOptions {
   int layers = 8;  // 0: the model's
   int sequences = 2, length = 32, repeats = 3;
   std::string balance = "uniform";
+  // > 0: each row's steps again with every pass paced to this times the slowest virtual stage's
+  // mean pass (forward and backward apart), so that the stages cost the same (PassFloor).
+  double pace = 1.2;
   // PP x EP: EP inside every stage, each row run without and with --ep-overlap-chunks.
   int expert_parallel = 1, overlap_chunks = 2;
   double inter_node_bandwidth = 0;  // with EP: each rank its own node, links emulated

@@ -32,6 +32,13 @@ double process_cpu_seconds() {
   return double(now.tv_sec) + 1e-9 * double(now.tv_nsec);
 }
 
+// Holds the core until steady_seconds() reaches `deadline` (a PassFloor's pacing: sleeping
+// would wake late by the scheduler's slack, which is what the pacing must not add).
+void spin_until(double deadline) {
+  while (steady_seconds() < deadline) {
+  }
+}
+
 double quiet_barrier(MPI_Comm comm) {
   MPI_Request request;
   MPI_Ibarrier(comm, &request);
@@ -199,7 +206,8 @@ std::vector<PipelineSlot> schedule_slots(const PipelineShape& shape, int rank, S
 template <typename T>
 PipelineStepStats run_schedule(PipelineStage<T>& stage, const PipelineShape& shape,
                                const std::vector<PipelineMicroBatch<T>>& batches, T aux_weight,
-                               MPI_Comm pipeline, Links& links, SlotMode mode) {
+                               MPI_Comm pipeline, Links& links, SlotMode mode,
+                               PassFloor floor = {}) {
   int rank = 0, size = 0;
   MPI_Comm_rank(pipeline, &rank);
   MPI_Comm_size(pipeline, &size);
@@ -207,6 +215,9 @@ PipelineStepStats run_schedule(PipelineStage<T>& stage, const PipelineShape& sha
       int(batches.size()) != shape.micro_batches) {
     throw std::invalid_argument(
         "run_pipeline_step: the pipeline needs p ranks, v chunks per stage and m micro-batches");
+  }
+  if (floor.any() && mode == SlotMode::Pairs) {
+    throw std::invalid_argument("run_pipeline_step: a PassFloor paces single passes, not pairs");
   }
   const int last_stage = shape.chunks() - 1;
   const std::vector<PipelineSlot> slots = schedule_slots(shape, rank, mode);
@@ -294,6 +305,9 @@ PipelineStepStats run_schedule(PipelineStage<T>& stage, const PipelineShape& sha
       ++stats.pairs;
     } else {
       run_to_end(std::move(*passes[0].pass));
+      const double least = passes[0].op.kind == PassKind::Forward ? floor.forward : floor.backward;
+      if (least > 0 && steady_seconds() - begin > least) ++stats.floor_overruns;
+      spin_until(begin + least);
       const double pass = steady_seconds() - begin;
       seconds_of(passes[0]) += pass;
       stats.compute_seconds += pass;
@@ -319,9 +333,10 @@ PipelineStepStats run_schedule(PipelineStage<T>& stage, const PipelineShape& sha
 template <typename T>
 PipelineStepStats run_pipeline_step(PipelineStage<T>& stage, const PipelineShape& shape,
                                     const std::vector<PipelineMicroBatch<T>>& batches, T aux_weight,
-                                    MPI_Comm pipeline, Links& links, bool pairing) {
+                                    MPI_Comm pipeline, Links& links, bool pairing,
+                                    PassFloor floor) {
   return run_schedule(stage, shape, batches, aux_weight, pipeline, links,
-                      pairing ? SlotMode::Pairs : SlotMode::Passes);
+                      pairing ? SlotMode::Pairs : SlotMode::Passes, floor);
 }
 
 template <typename T>
@@ -333,10 +348,10 @@ PipelineStepStats run_pipeline_forward(PipelineStage<T>& stage, const PipelineSh
 
 template PipelineStepStats run_pipeline_step<float>(PipelineStage<float>&, const PipelineShape&,
                                                     const std::vector<PipelineMicroBatch<float>>&,
-                                                    float, MPI_Comm, Links&, bool);
+                                                    float, MPI_Comm, Links&, bool, PassFloor);
 template PipelineStepStats run_pipeline_step<double>(PipelineStage<double>&, const PipelineShape&,
                                                      const std::vector<PipelineMicroBatch<double>>&,
-                                                     double, MPI_Comm, Links&, bool);
+                                                     double, MPI_Comm, Links&, bool, PassFloor);
 template PipelineStepStats run_pipeline_forward<float>(
     PipelineStage<float>&, const PipelineShape&, const std::vector<PipelineMicroBatch<float>>&,
     MPI_Comm, Links&);

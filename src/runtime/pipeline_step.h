@@ -42,7 +42,18 @@ struct PipelineStepStats {
   uint64_t bytes_sent = 0, messages_sent = 0;
   int in_flight_peak = 0;  // micro-batch chunks held at once (the stage's activation arenas)
   int pairs = 0;           // slots that ran a forward and a backward as a pair (pairing)
+  int floor_overruns = 0;  // passes whose own work outlasted their PassFloor (none without one)
   double bubble() const { return wall_seconds > 0 ? wait_seconds / wall_seconds : 0; }
+};
+
+// The least time a pass of the step takes: a pass that ends sooner spins (holding its core)
+// until `forward` or `backward` seconds after it began. `bench pipeline` paces every stage's
+// passes to one floor so that the stages cost the same, as the bubble formula assumes, and the
+// measured bubble then tests the schedule and the runtime's own overhead apart from the stages'
+// imbalance. Zero (the default): passes take what their work takes.
+struct PassFloor {
+  double forward = 0, backward = 0;
+  bool any() const { return forward > 0 || backward > 0; }
 };
 
 // Collective over `pipeline` (rank = pipeline stage, size = shape.stages); `stage` holds this
@@ -53,11 +64,13 @@ struct PipelineStepStats {
 // in paired_schedule's slots, each pair's forward and backward interleaved at their MoE exchanges
 // (src/model/pass_pair.h); the same loss and gradients bit for bit (each pass's arithmetic and
 // the order of the backwards, which accumulate the gradients, are the unpaired ones). Every rank
-// of an EP group must pass the same `pairing`.
+// of an EP group must pass the same `pairing`. `floor` paces the passes (not with `pairing`:
+// std::invalid_argument); the loss and gradients are the same bits either way.
 template <typename T>
 PipelineStepStats run_pipeline_step(PipelineStage<T>& stage, const PipelineShape& shape,
                                     const std::vector<PipelineMicroBatch<T>>& batches, T aux_weight,
-                                    MPI_Comm pipeline, Links& links, bool pairing = false);
+                                    MPI_Comm pipeline, Links& links, bool pairing = false,
+                                    PassFloor floor = {});
 
 // A forward-only pass of the same stage over the step's micro-batches: every forward of the
 // schedule, no backward (forward_only_schedule), each micro-batch chunk's activations freed once

@@ -2,12 +2,14 @@
 // interleaved; measured stage balancing; 4 ranks as PP 2 x DP 2), checked on the JSON twin: every
 // row's first step equal to the single-rank model (#wrong 0), the formula and the counted bubble
 // equal, a bubble and times per rank, the pass times adding up to each rank's compute time and
-// the simulated bubble being the schedule's with those pass times; PP 2 x EP 2 on 4 ranks without
+// the simulated bubble being the schedule's with those pass times, the paced steps' floors and
+// times; PP 2 x EP 2 on 4 ranks without
 // and with overlap chunks, the overlapped step equal to the plain one. Times of an oversubscribed
 // run are not asserted. Bad shapes and options stop every rank with exit code 2 and one message
 // before any work.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 #include <string>
@@ -67,10 +69,22 @@ TEST(BenchPipeline, TwoRanksOneFOneBAndInterleavedEqualTheSingleRankModel) {
     ASSERT_EQ(int(backward.size()), shape.chunks()) << json;
     const ScheduleTiming simulated = simulate_schedule(
         shape, {pipeline_schedule(shape, 0), pipeline_schedule(shape, 1)}, forward, backward);
+    // --pace 1.2 (the default): one floor for every stage's passes, 1.2 times the slowest
+    // virtual stage's mean pass of the unpaced median step (rank 0's row holds those means).
+    const std::vector<double> floor = json_numbers(json, "paced_floor_seconds", at);
+    ASSERT_EQ(floor.size(), 2u) << json;
+    EXPECT_NEAR(floor[0], 1.2 * *std::max_element(forward.begin(), forward.end()), 1e-6 * floor[0]);
+    EXPECT_NEAR(floor[1], 1.2 * *std::max_element(backward.begin(), backward.end()),
+                1e-6 * floor[1]);
     size_t rank_at = json.find("\"ranks\":[", at);
     for (int rank = 0; rank < 2; ++rank) {
       rank_at = json.find("{\"rank\":" + std::to_string(rank), rank_at);
       ASSERT_NE(rank_at, std::string::npos) << json;
+      // Each paced step passes m v forwards and backwards, each at least its floor.
+      EXPECT_GE(test::json_number(json, "paced_wall_seconds", rank_at),
+                m * v * (floor[0] + floor[1]));
+      EXPECT_GE(test::json_number(json, "paced_bubble", rank_at), 0);
+      EXPECT_LE(test::json_number(json, "paced_overruns", rank_at), 2 * m * v);
       double passes = 0;
       for (int k = 0; k < v; ++k) {
         const size_t stage = size_t(virtual_stage(shape, rank, k));
@@ -162,6 +176,7 @@ TEST(BenchPipeline, BadShapesStopEveryRankWithExitCodeTwo) {
       {"--layers 8 --virtual-stages 2 --micro-batches 2", 4, "multiple of --pipeline-parallel 4"},
       {"--layers 6 --pipeline-parallel 3", 2, "must divide the world size 2"},
       {"--layers 4 --balance greedy", 2, "--balance"},
+      {"--layers 4 --pace 0.5", 2, "--pace must be 0 (off) or in [1, 10]"},
       {"--layers 4 --micro-batches 2,x", 2, "--micro-batches"},
       {"--layers 4 --pipeline-parallel 2 --expert-parallel 2", 2,
        "--expert-parallel 2 must divide both the 1 pipelines"},

@@ -4,11 +4,14 @@
 // micro-batches the step's loss and the gradient of every tensor each rank stores equal the
 // single-rank model's, gradients summed over the data-parallel pipelines; every activation and
 // gradient crosses exactly once (byte counters); each rank holds at most the schedule's bound of
-// micro-batch chunks. Bad shapes stop every rank with the same ConfigError.
+// micro-batch chunks. Passes paced to a PassFloor take at least the floor and leave the gradients'
+// bits alone. Bad shapes stop every rank with the same ConfigError.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <cstring>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -124,6 +127,52 @@ TEST(Pipeline, LossAndGradientsEqualTheSingleRankModel) {
     check_case(c);
     ASSERT_TRUE(test::on_every_rank(!::testing::Test::HasFailure())) << case_name(c);
   }
+}
+
+// bench pipeline's equal stages: every pass spins up to its floor, so each chunk's m forwards
+// take at least m floors (and the backwards theirs); the arithmetic is untouched, so the
+// gradients are the unpaced step's bits. A floor below any pass's work counts every pass as an
+// overrun. Pairs are not paced.
+TEST(Pipeline, PacedPassesTakeTheirFloorAndKeepTheGradientsBits) {
+  const int world = test::world_size(), rank = test::world_rank();
+  const PipelineShape shape{world, 2 * world, 2};
+  ModelConfig config = test::micro_config();
+  config.n_layers = shape.chunks();
+  const uint64_t seed = test::seed_for("paced passes", world);
+  const auto batches =
+      test::random_micro_batches<float>(shape.micro_batches, config.vocab_size, 7, seed);
+  Arena device("stage", 16 << 20);
+  PipelineStage<float> stage(
+      config, cpu_ops(), device,
+      pipeline_rank_chunks(shape, rank, uniform_boundaries(config.n_layers, shape.chunks())),
+      8 << 20);
+  stage.model().initialize(seed);
+  Links links(test::virtual_node_list(world, 1), {});
+  const float aux = config.aux_loss_coef;
+  const size_t n = size_t(stage.model().parameter_count());
+  auto step = [&](PassFloor floor) {
+    stage.model().zero_gradients();
+    const PipelineStepStats stats =
+        run_pipeline_step(stage, shape, batches, aux, MPI_COMM_WORLD, links, false, floor);
+    return std::pair{stats,
+                     std::vector<float>(stage.model().gradients(), stage.model().gradients() + n)};
+  };
+  const auto [plain, plain_gradients] = step({});
+  EXPECT_EQ(plain.floor_overruns, 0);
+  const PassFloor floor{2e-3, 3e-3};
+  const auto [paced, paced_gradients] = step(floor);
+  EXPECT_EQ(std::memcmp(paced_gradients.data(), plain_gradients.data(), n * sizeof(float)), 0);
+  EXPECT_EQ(paced.loss, plain.loss);
+  for (int k = 0; k < shape.virtual_stages; ++k) {
+    EXPECT_GE(paced.forward_seconds[size_t(k)], shape.micro_batches * floor.forward) << k;
+    EXPECT_GE(paced.backward_seconds[size_t(k)], shape.micro_batches * floor.backward) << k;
+  }
+  EXPECT_GE(paced.compute_seconds,
+            shape.micro_batches * shape.virtual_stages * (floor.forward + floor.backward));
+  const auto [under, under_gradients] = step({1e-9, 1e-9});
+  EXPECT_EQ(under.floor_overruns, 2 * shape.micro_batches * shape.virtual_stages);
+  EXPECT_THROW(run_pipeline_step(stage, shape, batches, aux, MPI_COMM_WORLD, links, true, floor),
+               std::invalid_argument);
 }
 
 TEST(Pipeline, BadShapesAreTheSameConfigErrorOnEveryRank) {
