@@ -7,7 +7,9 @@
 // every virtual stage (what the stages' cost imbalance allows). The first step of each row is
 // checked against the single-rank model (loss and every gradient: #wrong). --balance counted or
 // measured assigns layers to chunks by their counted FLOPs or measured cost
-// (src/balance/stage_balance.h, src/app/pipeline_balance.h). With --pace (default 1.2) every
+// (src/balance/stage_balance.h, src/app/pipeline_balance.h). Then DistQueue's load per TP x PP
+// layout (bench_pipeline_queue.h: one leader per replica against every rank fetching its own
+// copy, exactly 1/(T x P) of the requests and bytes). With --pace (default 1.2) every
 // row's steps run again with each forward and backward pass spun up to one floor on every rank
 // (PassFloor: --pace times the slowest virtual stage's mean pass): equal stages, as the formula
 // assumes, so that their measured bubble tests the schedule and the runtime's overhead apart from
@@ -31,6 +33,7 @@
 #include "kernels/error.h"
 #include "kernels/rng.h"
 #include "mpi_comm/links.h"
+#include "src/app/bench_pipeline_queue.h"
 #include "src/app/bench_timing.h"
 #include "src/app/build_info.h"
 #include "src/app/commands.h"
@@ -319,6 +322,13 @@ int run_bench_pipeline_command(const std::vector<std::string>& args) {
   add("inter-node-bandwidth",
       po::value(&o.inter_node_bandwidth)->default_value(o.inter_node_bandwidth),
       "with --expert-parallel: bytes/s of the emulated links, every rank its own node (0: none)");
+  add("queue-layouts", po::value(&o.queue_layouts)->default_value(o.queue_layouts),
+      "DistQueue load per layout: TxP list (tensor x pipeline degrees; by default those whose "
+      "T x P divides the world size), or none");
+  add("queue-samples", po::value(&o.queue_samples)->default_value(o.queue_samples),
+      "the queue part's rollouts per step (a multiple of the world size)");
+  add("queue-shards", po::value(&o.queue_shards)->default_value(o.queue_shards),
+      "the queue part's DistQueue shards");
   description.add(bench);
   if (!parse_options("bench pipeline", args, description, run)) return 0;
 
@@ -331,13 +341,23 @@ int run_bench_pipeline_command(const std::vector<std::string>& args) {
   config.validate("--model " + run.model + " --layers " + std::to_string(config.n_layers));
   validate(o, config, world);
   validate_pipeline_overlap_options(o, config, world);
+  const std::vector<QueueLayout> queue_layouts = parse_queue_layouts(
+      o.queue_layouts, world, o.queue_layouts == PipelineBenchOptions{}.queue_layouts);
+  const QueueLoadOptions queue_options{o.queue_samples, o.queue_shards, o.repeats, run.seed};
+  validate_queue_load(queue_options, queue_layouts, world);
+  // The queue's table after the pipeline's (either kind of rows); a layout that is not exact or
+  // delivered wrong samples fails the run like a wrong gradient.
+  auto queue_part = [&](uint64_t wrong) {
+    const int bad = print_queue_load(
+        queue_options, measure_queue_load(queue_options, queue_layouts), world, run.json);
+    return wrong || bad ? 1 : 0;
+  };
   const std::vector<int> vs = parse_list(o.virtual_stages, "--virtual-stages");
   const std::vector<int> ms = parse_list(o.micro_batches, "--micro-batches");
   const int p = o.pipeline_parallel > 0 ? o.pipeline_parallel : world;
   Device device(run.backend_kind(), run.device_memory_bytes(), resolve_threads(run.threads));
   if (o.expert_parallel > 1) {
-    const uint64_t wrong = run_pipeline_overlap_rows(o, config, device, vs, ms, run.seed, run.json);
-    return wrong ? 1 : 0;
+    return queue_part(run_pipeline_overlap_rows(o, config, device, vs, ms, run.seed, run.json));
   }
   Links links(std::vector<int>(size_t(world), 0), {});  // one node: no emulation
   double load[1] = {-1};
@@ -502,7 +522,7 @@ int run_bench_pipeline_command(const std::vector<std::string>& args) {
     }
     std::printf("],\"wrong\":%llu}\n", (unsigned long long)wrong);
   }
-  return wrong ? 1 : 0;
+  return queue_part(wrong);
 }
 
 }  // namespace rlf

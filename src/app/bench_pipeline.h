@@ -26,6 +26,9 @@ struct PipelineBenchOptions {
   // PP x EP: EP inside every stage, each row run without and with --ep-overlap-chunks.
   int expert_parallel = 1, overlap_chunks = 2;
   double inter_node_bandwidth = 0;  // with EP: each rank its own node, links emulated
+  // The queue part (bench_pipeline_queue.h): TxP layouts, a step's samples, queue shards.
+  std::string queue_layouts = "1x1,2x1,1x2,2x2";
+  int queue_samples = 256, queue_shards = 2;
 };
 
 // ConfigError, the same on every rank, for the PP x EP options: EP not dividing the pipelines or

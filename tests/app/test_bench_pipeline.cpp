@@ -3,7 +3,7 @@
 // row's first step equal to the single-rank model (#wrong 0), the formula and the counted bubble
 // equal, a bubble and times per rank, the pass times adding up to each rank's compute time and
 // the simulated bubble being the schedule's with those pass times, the paced steps' floors and
-// times; PP 2 x EP 2 on 4 ranks without
+// times, the queue's load per TP x PP layout (1/(T x P) exactly); PP 2 x EP 2 on 4 ranks without
 // and with overlap chunks, the overlapped step equal to the plain one. Times of an oversubscribed
 // run are not asserted. Bad shapes and options stop every rank with exit code 2 and one message
 // before any work.
@@ -35,8 +35,31 @@ std::vector<double> json_numbers(const std::string& json, const std::string& key
   return values;
 }
 
-const std::string kTiny =
+const std::string kTinyBase =
     "bench pipeline --model tiny --sequences 2 --length 8 --repeats 1 --json ";
+const std::string kTiny = kTinyBase + "--queue-samples 32 ";
+
+// The queue part's JSON twin: every layout in `want` (T, P) exact, with the leader's get
+// requests and reply bytes x T x P equal to every rank fetching its own copy, and no wrong
+// sample.
+void expect_queue_load(const std::string& output, const std::vector<std::pair<int, int>>& want) {
+  const std::string json = test::json_line(output, "pipeline_queue");
+  ASSERT_FALSE(json.empty()) << output;
+  EXPECT_NE(json.find("\"ok\":true"), std::string::npos) << json;
+  size_t at = 0;
+  for (const auto& [t, p] : want) {
+    at = json.find("{\"tensor\":" + std::to_string(t) + ",\"pipeline\":" + std::to_string(p), at);
+    ASSERT_NE(at, std::string::npos) << t << "x" << p << " in " << json;
+    const size_t each = json.find("\"each\":", at), leader = json.find("\"leader\":", at);
+    for (const char* key : {"get_requests", "reply_bytes", "samples_served"}) {
+      EXPECT_EQ(test::json_number(json, key, leader) * t * p, test::json_number(json, key, each))
+          << key << " at " << t << "x" << p;
+    }
+    EXPECT_EQ(test::json_number(json, "samples_served", leader), 32);
+    EXPECT_EQ(test::json_number(json, "wrong", each) + test::json_number(json, "wrong", leader), 0);
+    EXPECT_NE(json.find("\"exact\":true", at), std::string::npos);
+  }
+}
 
 TEST(BenchPipeline, TwoRanksOneFOneBAndInterleavedEqualTheSingleRankModel) {
   const test::CommandResult r =
@@ -44,6 +67,10 @@ TEST(BenchPipeline, TwoRanksOneFOneBAndInterleavedEqualTheSingleRankModel) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("0 wrong OK"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("one idle core per rank"), std::string::npos) << r.output;
+  // The default layouts that divide 2 ranks.
+  expect_queue_load(r.output, {{1, 1}, {2, 1}, {1, 2}});
+  EXPECT_EQ(test::json_line(r.output, "pipeline_queue").find("\"tensor\":2,\"pipeline\":2"),
+            std::string::npos);
   const std::string json = test::json_line(r.output, "pipeline");
   EXPECT_EQ(test::json_number(json, "wrong"), 0);
   EXPECT_EQ(test::json_number(json, "ranks"), 2);
@@ -127,6 +154,7 @@ TEST(BenchPipeline, TwoDataParallelPipelinesOnFourRanks) {
   EXPECT_EQ(test::json_number(json, "pipeline_parallel"), 2);
   EXPECT_EQ(test::json_number(json, "wrong"), 0) << r.output;
   EXPECT_NE(json.find("\"rank\":3"), std::string::npos) << json;
+  expect_queue_load(r.output, {{1, 1}, {2, 1}, {1, 2}, {2, 2}});
 }
 
 // PP 2 x DP 2 with EP 2 inside the stages: each row's step plain, with 2 overlap chunks per MoE
@@ -177,6 +205,10 @@ TEST(BenchPipeline, BadShapesStopEveryRankWithExitCodeTwo) {
       {"--layers 6 --pipeline-parallel 3", 2, "must divide the world size 2"},
       {"--layers 4 --balance greedy", 2, "--balance"},
       {"--layers 4 --pace 0.5", 2, "--pace must be 0 (off) or in [1, 10]"},
+      {"--layers 4 --queue-layouts 1x1,3x1", 2, "--queue-layouts 3x1: T x P = 3 must divide"},
+      {"--layers 4 --queue-layouts 2y2", 2, "--queue-layouts must be 'none' or"},
+      {"--layers 4 --queue-samples 33", 2, "--queue-samples must be a positive multiple"},
+      {"--layers 4 --queue-samples 2 --queue-shards 2", 2, "smaller than the 2 queue shards"},
       {"--layers 4 --micro-batches 2,x", 2, "--micro-batches"},
       {"--layers 4 --pipeline-parallel 2 --expert-parallel 2", 2,
        "--expert-parallel 2 must divide both the 1 pipelines"},
@@ -185,7 +217,10 @@ TEST(BenchPipeline, BadShapesStopEveryRankWithExitCodeTwo) {
       {"--layers 4 --pipeline-parallel 2 --expert-parallel 2 --balance measured", 4,
        "--balance measured is not supported with --expert-parallel"}};
   std::vector<test::RlfusionRun> runs;
-  for (const auto& [args, ranks, message] : cases) runs.push_back({kTiny + args, ranks});
+  for (const auto& [args, ranks, message] : cases) {
+    const bool own_samples = args.find("--queue-samples") != std::string::npos;
+    runs.push_back({(own_samples ? kTinyBase : kTiny) + args, ranks});
+  }
   const std::vector<test::CommandResult> results = test::run_rlfusion_concurrently(runs);
   for (size_t i = 0; i < cases.size(); ++i) {
     const auto& [args, ranks, message] = cases[i];
