@@ -411,16 +411,19 @@ LayerRates measure_layer_rates(Device& device, int repeats) {
 }
 
 // Generation's rates: a decode step (one token for each of B sequences, attending to 16 cached
-// positions) of the same reference models at B = 1, 8, 64 and 256 (a rank's batch of a step's
-// samples is often past 64), FLOPs counted by the cost model's formula at context 17, fitted like
-// the layer rates (fit_rates). The cases are timed interleaved, each timed step right after an
-// untimed one of the same case, as the runtime decodes one model's steps back to back: timed
-// after the other cases' steps instead, the width-32 and width-128 models' steps took 1.4-6.9x
-// longer than back to back (2026-12-05, their weights evicted by the width-256 model's), which
-// put the planner's decode of `tiny` at 2-6x its measured time.
+// positions) of the same reference models at B = 1, 8, 16, 32, 64, 128 and 256 (a rank's batch of
+// a step's samples is often past 64; a step's long tail decodes a few dozen rows), FLOPs counted by
+// the cost model's formula at context 17, fitted like the layer rates (fit_rates). The cases are
+// timed interleaved, each timed step right after an untimed one of the same case, as the runtime
+// decodes one model's steps back to back: timed after the other cases' steps instead, the width-32
+// and width-128 models' steps took 1.4-6.9x longer than back to back (2026-12-05, their weights
+// evicted by the width-256 model's), which put the planner's decode of `tiny` at 2-6x its measured
+// time. Rows 16, 32 and 128 since 2026-12-06: the rates there ran 10% (width 32) to 27% (width 128,
+// 16 rows) above the log-log interpolation between 8, 64 and 256 rows, which had put `small`'s
+// generation 10% high.
 LayerRates measure_decode_rates(Device& device, int repeats) {
   const int context = 16;
-  const int batches[] = {1, 8, 64, 256};
+  const int batches[] = {1, 8, 16, 32, 64, 128, 256};
   struct Case {
     Transformer<float>* model;
     KVCache<float> cache;
