@@ -3,11 +3,11 @@
 #include <mpi.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <string>
 
 #include "kernels/error.h"
+#include "mpi_comm/links.h"
 #include "mpi_comm/topology.h"
 #include "src/app/bench_timing.h"
 #include "src/app/integer_list.h"
@@ -32,10 +32,6 @@ QueueSample numbered(const QueueSample& base, int64_t first_id, int copy, int64_
   QueueSample s = base;
   s.sample_id = s.prompt_id = first_id + int64_t(copy) * batch + base.sample_id;
   return s;
-}
-
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 struct Round {
@@ -65,11 +61,11 @@ QueueLoadWay round_of(DistQueue& queue, Topology& topology, const ConsecutiveGro
   queue.barrier();
   const int64_t per_replica = n / groups.groups, begin = per_replica * groups.group;
   const int copy = leader ? 0 : groups.place;
-  const auto start = std::chrono::steady_clock::now();
+  const double start = steady_seconds();
   const std::vector<QueueSample> got =
       leader ? queue.get_range_replicated(first_id + begin, per_replica, groups.members)
              : queue.get_range(first_id + int64_t(copy) * n + begin, per_replica);
-  const double seconds = seconds_since(start);
+  const double seconds = steady_seconds() - start;
   queue.barrier();
   QueueLoadWay way;
   way.wrong = got.size() == size_t(per_replica) ? 0 : uint64_t(per_replica);
