@@ -34,11 +34,6 @@ QueueSample numbered(const QueueSample& base, int64_t first_id, int copy, int64_
   return s;
 }
 
-struct Round {
-  QueueLoadWay counts;
-  double seconds = 0;  // this rank's gets
-};
-
 // One step of one way: every rank puts its share (once per copy a replica's ranks need), the
 // counters restart, each rank takes its replica's range, and the round's counts come back summed
 // over the world, the time as the slowest rank's.
@@ -179,7 +174,7 @@ std::vector<QueueLoadRow> measure_queue_load(const QueueLoadOptions& o,
         seconds[leader].push_back(way.seconds);
         QueueLoadWay& kept = leader ? row.leader : row.each;
         const uint64_t wrong = kept.wrong + way.wrong;
-        kept = way;  // the counts are the same every round (checked by exact() on the last)
+        kept = way;  // the last round's counts (every round moves the same samples)
         kept.wrong = wrong;
       }
     }
