@@ -846,7 +846,8 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
           settings.block_sizes = blocks;
           pipeline_trainer->set_blocks(std::move(blocks));
         } else {
-          rollouts = pipeline_rollouts(*pipeline_queue, *pp, rollouts, rl.group_size);
+          rollouts =
+              pipeline_rollouts(*pipeline_queue, pp->model_parallel(), rollouts, rl.group_size);
         }
       }
       // Under PP the log-probs that anchor the loss come from forward-only passes over the

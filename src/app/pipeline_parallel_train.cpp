@@ -166,7 +166,7 @@ std::unique_ptr<PipelineGroups> make_train_pipeline(const DisaggregatedOptions& 
       std::move(boundaries), options.expert_parallel > 1 ? options.rebalance.redundant_experts : 0);
 }
 
-std::vector<Rollout> pipeline_rollouts(DistQueue& queue, const PipelineGroups& groups,
+std::vector<Rollout> pipeline_rollouts(DistQueue& queue, const HierarchicalComm& replica,
                                        const std::vector<Rollout>& own, int group_size) {
   queue.put(to_queue_samples(own, group_size));
   // Every sample stored before any leader asks: one request per shard and pipeline, whatever the
@@ -174,7 +174,6 @@ std::vector<Rollout> pipeline_rollouts(DistQueue& queue, const PipelineGroups& g
   queue.barrier();
   // The replica's ranks (consecutive: a pipeline, or T x P with TP) generated consecutive blocks
   // of equal size, its rank 0's first.
-  const HierarchicalComm& replica = groups.model_parallel();
   const int64_t block = int64_t(own.size());
   const int64_t first = own.front().sample_id - int64_t(replica.rank()) * block;
   std::vector<QueueSample> samples =

@@ -93,12 +93,12 @@ size_t pipeline_activation_bytes(const PipelineGroups& groups, const ParameterLa
 
 // The samples a pipeline trains: every rank puts the rollouts it generated (sample ids
 // [first_sample, first_sample + rollouts.size()) of its own block) into `queue`, then one leader
-// per model replica (the pipeline, or its T x P ranks with TP; per node of it) fetches the
-// replica's consecutive blocks with get_range_replicated and hands every rank of it the same
-// samples, in canonical order. Collective over the world. (The queue carries no reference or
-// proximal log-probs: under PP they come from passes over the stages,
-// src/app/pipeline_reference.h.)
-std::vector<Rollout> pipeline_rollouts(DistQueue& queue, const PipelineGroups& groups,
+// per model replica (`replica`: the pipeline, or its T x P ranks with TP,
+// PipelineGroups::model_parallel; per node of it) fetches the replica's consecutive blocks with
+// get_range_replicated and hands every rank of it the same samples, in canonical order. Collective
+// over the world. (The queue carries no reference or proximal log-probs: under PP they come from
+// passes over the stages, src/app/pipeline_reference.h.)
+std::vector<Rollout> pipeline_rollouts(DistQueue& queue, const HierarchicalComm& replica,
                                        const std::vector<Rollout>& own, int group_size);
 
 // StaleSync: the samples a model replica (the pipeline, or its T x P ranks with TP) trains, when

@@ -779,6 +779,14 @@ Prediction predict(const ModelShape& m, const ClusterConfig& c, const RlJob& job
     if (s.mode == Mode::FusedAll && job.reward_model) {
       out.training_memory += gen_params * job.parameter_bytes;
     }
+    // A pipeline's samples reach its stages through DistQueue: every rank puts what it generated,
+    // the replica's leader gets the replica's share and fans it out (pipeline_rollouts), at the
+    // calibrated cost of that hand-off (0 in a file without it). StaleSync's pools exchange their
+    // finished groups with an allgather inside the replica instead, not charged.
+    if (s.train.pp > 1 && s.staleness == 0) {
+      const double replicas = double(s.train.dp);
+      out.queue = c.queue_handoff_seconds(samples / replicas, queue_bytes / replicas);
+    }
   } else {
     // Every actor device receives its generation shard; learner devices share the sending.
     const double received = gen_params * job.parameter_bytes;

@@ -490,6 +490,40 @@ TEST(CostModel, PipelineBubbleIsMegatronFraction) {
   EXPECT_NEAR(predict(m, c, spread, flat).pipeline, 0, 1e-15);
 }
 
+// A fused pipeline's rollouts reach its stages through DistQueue: the replica's share of the step's
+// samples at the calibrated hand-off cost (a fixed part, one a sample, one a packed byte). tiny on
+// 4 devices, PP 2 (2 replicas), 8 x 4 samples of 16 + 16 tokens: each replica takes 16 samples of
+// 48 + 4 x 32 + 4 x 16 = 240 packed bytes. Without stages (every rank trains its own) or with
+// StaleSync (the replica's pools allgather their groups) no hand-off is charged.
+TEST(CostModel, PipelineRolloutHandoffIsChargedPerSampleAndByte) {
+  const ModelShape m = model_shape(load_model_config("tiny"));
+  const RlJob job = fixed_job(8, 4, 1, 16, 16);
+  ClusterConfig c = free_compute();
+  Strategy piped = fused_without_offload();
+  piped.train.pp = 2;
+  piped.train.dp = 2;
+  piped.generate.dp = 4;
+  EXPECT_EQ(predict(m, c, job, piped).queue, 0);  // a file without the keys charges nothing
+  c.queue_handoff_overhead = 50e-6;
+  c.queue_handoff_sample_seconds = 1e-6;
+  c.queue_handoff_byte_seconds = 2e-9;
+  const Prediction p = predict(m, c, job, piped);
+  EXPECT_NEAR(p.queue, 50e-6 + 16 * 1e-6 + 16 * 240 * 2e-9, 1e-15);
+  const Prediction without = predict(m, c, job, [&] {
+    Strategy s = piped;
+    s.train.pp = 1;
+    s.train.dp = 4;
+    return s;
+  }());
+  EXPECT_EQ(without.queue, 0);
+  Strategy stale = piped;
+  stale.staleness = 1;
+  EXPECT_EQ(predict(m, c, job, stale).queue, 0);
+  // The hand-off is part of the step, between generation and training.
+  c.queue_handoff_overhead = 1;
+  EXPECT_NEAR(predict(m, c, job, piped).step - p.step, 1 - 50e-6, 1e-9);
+}
+
 // tiny on 2 devices where only the matmul rate costs time, fused, generation data-parallel and
 // training with EP 2; 8 samples of 4 + 4 tokens, micro-batches of 2: 2 micro-batches of 14
 // trained rows a rank (a sample's last token predicts nothing).
