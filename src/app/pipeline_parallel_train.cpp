@@ -218,15 +218,23 @@ int pipeline_micro_batch_sequences(const PipelineGroups& groups, int micro_batch
 
 size_t pipeline_activation_bytes(const PipelineGroups& groups, const ParameterLayout& layout,
                                  int sequences, int longest_sequence, bool expert_token_split) {
+  return pipeline_activation_bytes(groups.config(), groups.shape(), groups.stage(),
+                                   groups.chunks(groups.stage()), layout, sequences,
+                                   longest_sequence, expert_token_split);
+}
+
+size_t pipeline_activation_bytes(const ModelConfig& config, const PipelineShape& shape, int stage,
+                                 const std::vector<LayerRange>& chunks,
+                                 const ParameterLayout& layout, int sequences, int longest_sequence,
+                                 bool expert_token_split) {
   // A training input is its sequence without the last token.
   const PackedBatch batch = uniform_batch(sequences, longest_sequence - 1);
   size_t largest = 0;
-  for (const LayerRange& chunk : groups.chunks(groups.stage())) {
-    largest =
-        std::max(largest, pipeline_chunk_peak_bytes(groups.config(), layout, batch, chunk.first,
-                                                    chunk.last, expert_token_split));
+  for (const LayerRange& chunk : chunks) {
+    largest = std::max(largest, pipeline_chunk_peak_bytes(config, layout, batch, chunk.first,
+                                                          chunk.last, expert_token_split));
   }
-  return size_t(in_flight_bound(groups.shape(), groups.stage())) * largest;
+  return size_t(in_flight_bound(shape, stage)) * largest;
 }
 
 PipelineTrainer::PipelineTrainer(const PipelineGroups& groups, Transformer<float>& model,

@@ -90,6 +90,12 @@ int pipeline_micro_batch_sequences(const PipelineGroups& groups, int micro_batch
 size_t pipeline_activation_bytes(const PipelineGroups& groups, const ParameterLayout& layout,
                                  int sequences, int longest_sequence,
                                  bool expert_token_split = false);
+// The same for stage `stage` of a pipeline of `shape` running `chunks` (pipeline_rank_chunks), no
+// communicator needed: what `plan --validate` counts for a run's rank.
+size_t pipeline_activation_bytes(const ModelConfig& config, const PipelineShape& shape, int stage,
+                                 const std::vector<LayerRange>& chunks,
+                                 const ParameterLayout& layout, int sequences, int longest_sequence,
+                                 bool expert_token_split = false);
 
 // The samples a pipeline trains: every rank puts the rollouts it generated (sample ids
 // [first_sample, first_sample + rollouts.size()) of its own block) into `queue`, then one leader

@@ -10,6 +10,9 @@
 
 #include "kernels/error.h"
 #include "src/app/fused_memory.h"
+#include "src/app/pipeline_parallel_train.h"
+#include "src/balance/stage_balance.h"
+#include "src/model/activation_memory.h"
 #include "src/model/expert_parallel.h"
 #include "src/rl/task.h"
 #include "src/runtime/pipeline_generation.h"
@@ -96,6 +99,56 @@ struct Outcome {
   double measured_memory = 0, predicted_memory = 0;  // the larger phase peak; 0: not measured
   double router_max_over_mean = 1;  // the run's router concentration (1: none recorded)
 };
+
+// The expected peak of a fused pipeline run's rank 0 (stage 0 of the first pipeline), by the
+// runtime's own plan (src/app/fused_train.cpp's for a pipeline rank; PP without TP or EP, one
+// virtual stage, the uniform cut: the validation's pipeline cases) at the task's longest lengths
+// where the runtime allocates so (the KV cache, training's micro-batches), and at the expected
+// lengths where the peak follows the run's samples: a prefill piece's prompts, at the worst of the
+// run's pieces, and with StaleSync a resumed partial's prefix. `batch` is the rank's as the
+// data-parallel case gets it (prefill and resumed prefix expected).
+size_t pipeline_rank_expected_peak(const ModelConfig& config, const RlJob& job, const Strategy& s,
+                                   int ranks, int steps, const FusedBatch& batch) {
+  const int p = s.train.pp;
+  // make_train_pipeline's shape: every rank trains its own block in --micro-batch pieces.
+  const int rank_samples = job.prompts / ranks * job.group_size;
+  const PipelineShape shape{p, p * ((rank_samples + job.micro_batch - 1) / job.micro_batch), 1};
+  const std::vector<LayerRange> chunks =
+      pipeline_rank_chunks(shape, 0, uniform_boundaries(config.n_layers, p));
+  const ParameterLayout stage(config, ExpertShard{}, stage_layer_shard(chunks, config.n_layers));
+  const bool pipeline_generates = s.generate.pp > 1;
+  FusedMemoryPlan plan =
+      plan_fused_memory(config, stage, pipeline_generates ? stage : ParameterLayout(config),
+                        /*layout_switch=*/false, job.reference, nullptr, s.offload, batch);
+  if (pipeline_generates) {
+    // Each stage caches its layers' KV for the pipeline's samples and runs one group (a rank's
+    // samples) at a time, its prompts in pieces: the worst piece of the run's steps x pieces,
+    // each piece / group_size distinct prompts (a group's samples share its prompt).
+    const int pipeline_samples = p * batch.samples;
+    int group = batch.samples;
+    const int pieces = pipeline_prefill_pieces(group, /*expert_parallel=*/false);
+    int piece = (group + pieces - 1) / pieces;
+    int piece_length = int(std::lround(
+        expected_worst_phase_mean(job.prompt, steps * pieces, double(piece) / job.group_size)));
+    if (s.staleness > 0) {  // a pool's step may prefill every slot with a resumed prefix
+      group = piece = batch.samples;
+      piece_length = std::max(batch.longest_prompt, batch.longest_prefill);
+    }
+    plan.generation_activations =
+        pipeline_generation_peak_bytes(config, stage, uniform_batch(piece, piece_length), group,
+                                       pipeline_samples, batch.max_sequence, batch.sampled);
+  } else {
+    // Generation data-parallel from a stitched view: the other stages' layers borrowed.
+    add_pipeline_generation_model(
+        plan, ParameterLayout(config, ExpertShard{},
+                              other_stages_layer_shard(stage.layer_shard(), config.n_layers))
+                  .total());
+  }
+  const int sequences = std::min(job.micro_batch, rank_samples);
+  add_pipeline_activations(plan, pipeline_activation_bytes(config, shape, 0, chunks, stage,
+                                                           sequences, batch.max_sequence));
+  return std::max(plan.training_peak(), plan.generation_peak());
+}
 
 Outcome validate_row(const Row& row) {
   Outcome out;
@@ -209,14 +262,12 @@ Outcome validate_row(const Row& row) {
   out.bytes_exact_rule = counted.exact && pipeline == 1;
   out.measured_bytes = uint64_t(row.number("intra_bytes") + row.number("inter_bytes"));
 
-  if (s.mode != Mode::Disaggregated && ranks > 1 && pipeline == 1) {
+  // (A pipeline case with EP: its expert layouts are not replayed here, so memory is not
+  // predicted.)
+  if (s.mode != Mode::Disaggregated && ranks > 1 &&
+      (pipeline == 1 || (s.train.ep == 1 && s.generate.ep == 1))) {
     // The fused runtime's own plan (src/app/fused_memory.h) at the task's longest lengths, for
     // rank 0, whose peaks the run reports.
-    const int ep = s.train.ep, gen_ep = s.generate.ep;
-    ExpertShard own = ep > 1 ? expert_shard_of(0, ep, config.n_experts) : ExpertShard{};
-    own.redundant = s.redundant_experts;  // the training slots (generation's too at its layout)
-    const ExpertShard gen =
-        gen_ep > 1 ? expert_shard_of(0, gen_ep, config.n_experts) : ExpertShard{};
     // The expected peak, where the runtime's own check takes the bound: the KV cache at the
     // longest sequence (allocated so), a prefill packing the worst phase's prompts (not the
     // longest): the peak is the largest of `steps` phases, each the rank's prompts' mean (their
@@ -234,10 +285,20 @@ Outcome validate_row(const Row& row) {
                            job.micro_batch,
                            true,
                            s.staleness > 0 ? resumed_prefix : 0};
-    const FusedMemoryPlan plan =
-        plan_fused_memory(config, ParameterLayout(config, own), ParameterLayout(config, gen),
-                          ep != gen_ep, job.reference, nullptr, s.offload, batch);
-    out.predicted_memory = double(std::max(plan.training_peak(), plan.generation_peak()));
+    if (pipeline > 1) {
+      out.predicted_memory =
+          double(pipeline_rank_expected_peak(config, job, s, ranks, steps, batch));
+    } else {
+      const int ep = s.train.ep, gen_ep = s.generate.ep;
+      ExpertShard own = ep > 1 ? expert_shard_of(0, ep, config.n_experts) : ExpertShard{};
+      own.redundant = s.redundant_experts;  // the training slots (generation's too at its layout)
+      const ExpertShard gen =
+          gen_ep > 1 ? expert_shard_of(0, gen_ep, config.n_experts) : ExpertShard{};
+      const FusedMemoryPlan plan =
+          plan_fused_memory(config, ParameterLayout(config, own), ParameterLayout(config, gen),
+                            ep != gen_ep, job.reference, nullptr, s.offload, batch);
+      out.predicted_memory = double(std::max(plan.training_peak(), plan.generation_peak()));
+    }
     out.measured_memory = std::max(row.number("generation_peak"), row.number("training_peak"));
   }
   return out;
