@@ -34,7 +34,7 @@
 #include "src/app/bench_timing.h"
 #include "src/app/build_info.h"
 #include "src/app/calibrate_expert_exchange.h"
-#include "src/app/calibrate_queue_handoff.h"
+#include "src/app/calibrate_rollout_handoffs.h"
 #include "src/app/commands.h"
 #include "src/app/options.h"
 #include "src/model/transformer.h"
@@ -815,12 +815,13 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
     c.expert_exchange_lockstep = exchange.lockstep;
     c.expert_exchange_spread = exchange.spread;
   }
-  QueueHandoffCost handoff;
+  ReplicaHandoffCost handoffs;
   if (ranks == 2) {
-    handoff = measure_queue_handoff(repeats);
-    c.queue_handoff_overhead = handoff.overhead;
-    c.queue_handoff_sample_seconds = handoff.sample_seconds;
-    c.queue_handoff_byte_seconds = handoff.byte_seconds;
+    handoffs = measure_replica_handoffs(repeats);
+    c.queue_handoff = {handoffs.queue.overhead, handoffs.queue.sample_seconds,
+                       handoffs.queue.byte_seconds};
+    c.replica_allgather = {handoffs.allgather.overhead, handoffs.allgather.sample_seconds,
+                           handoffs.allgather.byte_seconds};
   }
   c.intra_supernode = c.inter_supernode = c.intra_node;
   std::string inter_method = "no emulation: as intra-node";
@@ -853,8 +854,9 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
       "beyond the work and the operation alone; its spread: the same after the forward of the "
       "width-32 reference model on 64 rows, beyond the lock-step, per second of that work; "
       "queue hand-off (2 ranks): a fused pipeline's rollouts through DistQueue (put, barrier, "
-      "the leader's get and fan-out, barrier: the runtime's pipeline_rollouts), 32 and 256 short "
-      "samples and 32 long, per hand-off, sample and packed byte.",
+      "the leader's get and fan-out, barrier: the runtime's pipeline_rollouts) and replica "
+      "allgather (StaleSync's allgather_rollouts), 32 and 256 short samples and 32 long, per "
+      "hand-off, sample and packed byte.",
       build_info().c_str(), ranks, resolve_threads(run.threads), intra_method.c_str(),
       inter_method.c_str());
   const std::string text = sim::cluster_config_ini(c, comment);
@@ -878,7 +880,8 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
         "\"expert_backward_overhead_s\":%.6g,\"expert_backward_row_seconds\":%.6g,"
         "\"row_seconds\":%.6g,\"forward_row_seconds\":%.6g,"
         "\"queue_handoff_overhead_s\":%.6g,\"queue_handoff_sample_seconds\":%.6g,"
-        "\"queue_handoff_byte_seconds\":%.6g,"
+        "\"queue_handoff_byte_seconds\":%.6g,\"replica_allgather_overhead_s\":%.6g,"
+        "\"replica_allgather_sample_seconds\":%.6g,\"replica_allgather_byte_seconds\":%.6g,"
         "\"output\":\"%s\",\"ok\":%s}\n",
         c.matmul_flops, c.half_rate_rows, c.half_rate_width, c.decode_flops,
         c.decode_half_rate_rows, c.decode_half_rate_width, c.optimizer_rate,
@@ -887,8 +890,9 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
         c.intra_node.latency, c.inter_supernode.bandwidth, c.inter_supernode.latency,
         c.expert_exchange_overhead, c.expert_exchange_row_seconds, c.expert_exchange_lockstep,
         c.expert_exchange_spread, c.expert_backward_overhead, c.expert_backward_row_seconds,
-        c.row_seconds, c.forward_row_work(), c.queue_handoff_overhead,
-        c.queue_handoff_sample_seconds, c.queue_handoff_byte_seconds, output.c_str(),
+        c.row_seconds, c.forward_row_work(), c.queue_handoff.overhead,
+        c.queue_handoff.sample_seconds, c.queue_handoff.byte_seconds, c.replica_allgather.overhead,
+        c.replica_allgather.sample_seconds, c.replica_allgather.byte_seconds, output.c_str(),
         matmul_ok ? "true" : "false");
     return matmul_ok ? 0 : 1;
   }
@@ -991,16 +995,22 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
                   exchange.layer.period * 1e6, exchange.layer.work_seconds * 1e6,
                   exchange.layer.exchange_seconds * 1e6);
     quantity("EP lock-step spread", c.expert_exchange_spread * 100, 2, "%", method);
-    const QueueHandoffCost::Point* p = handoff.points;
-    std::snprintf(method, sizeof method,
-                  "pipeline_rollouts; %d / %d / %d samples, %.1f / %.1f / %.1f kB: %.0f / %.0f / "
-                  "%.0f us",
-                  p[0].samples, p[1].samples, p[2].samples, p[0].bytes / 1e3, p[1].bytes / 1e3,
-                  p[2].bytes / 1e3, p[0].seconds * 1e6, p[1].seconds * 1e6, p[2].seconds * 1e6);
-    quantity("queue hand-off", c.queue_handoff_overhead * 1e6, 2, "us", method);
-    quantity("queue hand-off a sample", c.queue_handoff_sample_seconds * 1e6, 3, "us", "same fit");
-    quantity("queue hand-off a kB", c.queue_handoff_byte_seconds * 1e9, 3, "us",
-             "same fit, a kB of packed samples");
+    // Each hand-off's fit: the fixed cost with the three batches it came from, then the costs per
+    // sample and per kB.
+    auto handoff_lines = [&](const char* what, const char* calls, const HandoffFit& fit) {
+      const HandoffFit::Point* p = fit.points;
+      std::snprintf(method, sizeof method,
+                    "%s; %d / %d / %d samples, %.1f / %.1f / %.1f kB: %.0f / %.0f / %.0f us", calls,
+                    p[0].samples, p[1].samples, p[2].samples, p[0].bytes / 1e3, p[1].bytes / 1e3,
+                    p[2].bytes / 1e3, p[0].seconds * 1e6, p[1].seconds * 1e6, p[2].seconds * 1e6);
+      quantity(what, fit.overhead * 1e6, 2, "us", method);
+      quantity((std::string(what) + " a sample").c_str(), fit.sample_seconds * 1e6, 3, "us",
+               "same fit");
+      quantity((std::string(what) + " a kB").c_str(), fit.byte_seconds * 1e9, 3, "us",
+               "same fit, a kB of packed samples");
+    };
+    handoff_lines("queue hand-off", "pipeline_rollouts", handoffs.queue);
+    handoff_lines("replica allgather", "allgather_rollouts", handoffs.allgather);
   }
   std::printf("# matmul check: %s; wrote %s (reads back)\n", matmul_ok ? "OK" : "WRONG",
               output.c_str());

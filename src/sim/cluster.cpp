@@ -88,9 +88,13 @@ void ClusterConfig::validate(const std::string& source) const {
   non_negative(expert_exchange_spread, "expert_exchange_spread");
   non_negative(expert_backward_overhead, "expert_backward_overhead");
   non_negative(expert_backward_row_seconds, "expert_backward_row_seconds");
-  non_negative(queue_handoff_overhead, "queue_handoff_overhead");
-  non_negative(queue_handoff_sample_seconds, "queue_handoff_sample_seconds");
-  non_negative(queue_handoff_byte_seconds, "queue_handoff_byte_seconds");
+  for (const auto& [handoff, prefix] : {std::pair{&queue_handoff, "queue_handoff_"},
+                                        std::pair{&replica_allgather, "replica_allgather_"}}) {
+    const std::string key(prefix);
+    non_negative(handoff->overhead, (key + "overhead").c_str());
+    non_negative(handoff->sample_seconds, (key + "sample_seconds").c_str());
+    non_negative(handoff->byte_seconds, (key + "byte_seconds").c_str());
+  }
   positive(optimizer_rate, "optimizer_rate");
   positive(sampler_rate, "sampler_rate");
   positive(sampler_sort_rate, "sampler_sort_rate");
@@ -200,9 +204,12 @@ ClusterConfig load_cluster_config(const std::string& name_or_path) {
   add("cluster.expert_exchange_spread", po::value(&c.expert_exchange_spread));
   add("cluster.expert_backward_overhead", po::value(&c.expert_backward_overhead));
   add("cluster.expert_backward_row_seconds", po::value(&c.expert_backward_row_seconds));
-  add("cluster.queue_handoff_overhead", po::value(&c.queue_handoff_overhead));
-  add("cluster.queue_handoff_sample_seconds", po::value(&c.queue_handoff_sample_seconds));
-  add("cluster.queue_handoff_byte_seconds", po::value(&c.queue_handoff_byte_seconds));
+  add("cluster.queue_handoff_overhead", po::value(&c.queue_handoff.overhead));
+  add("cluster.queue_handoff_sample_seconds", po::value(&c.queue_handoff.sample_seconds));
+  add("cluster.queue_handoff_byte_seconds", po::value(&c.queue_handoff.byte_seconds));
+  add("cluster.replica_allgather_overhead", po::value(&c.replica_allgather.overhead));
+  add("cluster.replica_allgather_sample_seconds", po::value(&c.replica_allgather.sample_seconds));
+  add("cluster.replica_allgather_byte_seconds", po::value(&c.replica_allgather.byte_seconds));
   // The optional measured rate grids: rows, widths and rates, all three or none.
   struct TableKeys {
     const char* key;
@@ -290,7 +297,8 @@ std::string cluster_config_ini(const ClusterConfig& c, const std::string& commen
       "expert_exchange_row_seconds = %.6g\nexpert_exchange_lockstep = %.6g\n"
       "expert_exchange_spread = %.6g\nexpert_backward_overhead = %.6g\nexpert_backward_row_seconds "
       "= %.6g\nqueue_handoff_overhead = %.6g\nqueue_handoff_sample_seconds = %.6g\n"
-      "queue_handoff_byte_seconds = %.6g\n",
+      "queue_handoff_byte_seconds = %.6g\nreplica_allgather_overhead = %.6g\n"
+      "replica_allgather_sample_seconds = %.6g\nreplica_allgather_byte_seconds = %.6g\n",
       c.name.c_str(), c.devices_per_node, c.nodes_per_supernode, c.supernodes, c.matmul_flops,
       c.half_rate_rows, c.half_rate_width, c.decode_flops, c.decode_half_rate_rows,
       c.decode_half_rate_width, c.memory_bytes, c.memory_bandwidth, c.host_bandwidth,
@@ -299,7 +307,9 @@ std::string cluster_config_ini(const ClusterConfig& c, const std::string& commen
       c.intra_supernode.latency, c.inter_supernode.bandwidth, c.inter_supernode.latency,
       c.expert_exchange_overhead, c.expert_exchange_row_seconds, c.expert_exchange_lockstep,
       c.expert_exchange_spread, c.expert_backward_overhead, c.expert_backward_row_seconds,
-      c.queue_handoff_overhead, c.queue_handoff_sample_seconds, c.queue_handoff_byte_seconds);
+      c.queue_handoff.overhead, c.queue_handoff.sample_seconds, c.queue_handoff.byte_seconds,
+      c.replica_allgather.overhead, c.replica_allgather.sample_seconds,
+      c.replica_allgather.byte_seconds);
   out << buffer;
   if (c.forward_row_seconds) {
     std::snprintf(buffer, sizeof buffer, "forward_row_seconds = %.6g\n", *c.forward_row_seconds);

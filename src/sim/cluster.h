@@ -151,18 +151,23 @@ struct ClusterConfig {
   // busiest rank's compute; optional (0: none), measured by `bench calibrate` on 2 ranks after
   // the runtime's forward of a reference model (calibrate_expert_exchange.h).
   double expert_exchange_spread = 0;
-  // A fused pipeline's rollout hand-off through DistQueue (pipeline_rollouts: put, barrier, the
-  // replica leader's get and fan-out, barrier, and the conversions to and from queue samples):
-  // seconds per hand-off, per sample and per packed byte of the replica's samples, everything it
-  // costs on the calibration's link (software, messages, waits). Optional keys (0: not charged);
-  // `bench calibrate` measures them on 2 ranks (calibrate_queue_handoff.h).
-  double queue_handoff_overhead = 0;
-  double queue_handoff_sample_seconds = 0;
-  double queue_handoff_byte_seconds = 0;
-  double queue_handoff_seconds(double samples, double packed_bytes) const {
-    return queue_handoff_overhead + samples * queue_handoff_sample_seconds +
-           packed_bytes * queue_handoff_byte_seconds;
-  }
+  // A model replica's rollout hand-offs in a fused run with pipelines: through DistQueue
+  // (`queue_handoff`: pipeline_rollouts' put, barrier, the replica leader's get and fan-out,
+  // barrier, and the conversions to and from queue samples) and, with StaleSync, the pools'
+  // finished groups allgathered inside the replica (`replica_allgather`: allgather_rollouts).
+  // Each costs a fixed part, a part per sample and one per packed byte of the replica's samples:
+  // everything on the calibration's link (software, messages, waits). Optional keys
+  // queue_handoff_* and replica_allgather_* (0: not charged); `bench calibrate` measures them on 2
+  // ranks (calibrate_rollout_handoffs.h).
+  struct RolloutHandoff {
+    double overhead = 0;        // seconds per hand-off
+    double sample_seconds = 0;  // seconds per sample
+    double byte_seconds = 0;    // seconds per packed byte
+    double seconds(double samples, double packed_bytes) const {
+      return overhead + samples * sample_seconds + packed_bytes * byte_seconds;
+    }
+  };
+  RolloutHandoff queue_handoff, replica_allgather;
 
   static double hockney(double rows, double width, double peak, double half_rows,
                         double half_width) {

@@ -780,12 +780,14 @@ Prediction predict(const ModelShape& m, const ClusterConfig& c, const RlJob& job
       out.training_memory += gen_params * job.parameter_bytes;
     }
     // A pipeline's samples reach its stages through DistQueue: every rank puts what it generated,
-    // the replica's leader gets the replica's share and fans it out (pipeline_rollouts), at the
-    // calibrated cost of that hand-off (0 in a file without it). StaleSync's pools exchange their
-    // finished groups with an allgather inside the replica instead, not charged.
-    if (s.train.pp > 1 && s.staleness == 0) {
+    // the replica's leader gets the replica's share and fans it out (pipeline_rollouts); with
+    // StaleSync the replica's pools allgather their finished groups (allgather_rollouts). Each at
+    // its calibrated cost (0 in a file without it).
+    if (s.train.pp > 1) {
       const double replicas = double(s.train.dp);
-      out.queue = c.queue_handoff_seconds(samples / replicas, queue_bytes / replicas);
+      const ClusterConfig::RolloutHandoff& handoff =
+          s.staleness > 0 ? c.replica_allgather : c.queue_handoff;
+      out.queue = handoff.seconds(samples / replicas, queue_bytes / replicas);
     }
   } else {
     // Every actor device receives its generation shard; learner devices share the sending.

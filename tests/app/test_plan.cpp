@@ -396,13 +396,17 @@ TEST(BenchCalibrate, TwoRanksMeasureTheLinkAndTheExpertExchange) {
   EXPECT_GE(c.expert_exchange_lockstep, 0);
   EXPECT_LT(c.expert_exchange_lockstep, 1);
   EXPECT_NE(r.output.find("EP lock-step"), std::string::npos) << r.output;
-  // The queue hand-off's fit (never below 0) with the three batches it came from.
-  for (const char* key : {"\nqueue_handoff_overhead = ", "\nqueue_handoff_sample_seconds = ",
-                          "\nqueue_handoff_byte_seconds = "})
+  // The replica hand-offs' fits (never below 0) with the three batches each came from.
+  for (const char* key :
+       {"\nqueue_handoff_overhead = ", "\nqueue_handoff_sample_seconds = ",
+        "\nqueue_handoff_byte_seconds = ", "\nreplica_allgather_overhead = ",
+        "\nreplica_allgather_sample_seconds = ", "\nreplica_allgather_byte_seconds = "})
     EXPECT_NE(machine_ini.find(key), std::string::npos) << key << "\n" << machine_ini;
-  EXPECT_GT(c.queue_handoff_seconds(128, 16e3), 0);
-  EXPECT_NE(r.output.find("queue hand-off"), std::string::npos) << r.output;
+  EXPECT_GT(c.queue_handoff.seconds(128, 16e3), 0);
+  EXPECT_GT(c.replica_allgather.seconds(128, 16e3), 0);
   EXPECT_NE(r.output.find("pipeline_rollouts; 32 / 256 / 32 samples"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("allgather_rollouts; 32 / 256 / 32 samples"), std::string::npos)
       << r.output;
   EXPECT_NE(r.output.find("each operation after equal work"), std::string::npos) << r.output;
   // Its spread after a layer's forward likewise, a fraction of that work.

@@ -491,10 +491,11 @@ TEST(CostModel, PipelineBubbleIsMegatronFraction) {
 }
 
 // A fused pipeline's rollouts reach its stages through DistQueue: the replica's share of the step's
-// samples at the calibrated hand-off cost (a fixed part, one a sample, one a packed byte). tiny on
-// 4 devices, PP 2 (2 replicas), 8 x 4 samples of 16 + 16 tokens: each replica takes 16 samples of
-// 48 + 4 x 32 + 4 x 16 = 240 packed bytes. Without stages (every rank trains its own) or with
-// StaleSync (the replica's pools allgather their groups) no hand-off is charged.
+// samples at the calibrated hand-off cost (a fixed part, one a sample, one a packed byte); with
+// StaleSync the replica's pools allgather their finished groups, at that exchange's own cost. tiny
+// on 4 devices, PP 2 (2 replicas), 8 x 4 samples of 16 + 16 tokens: each replica takes 16 samples
+// of 48 + 4 x 32 + 4 x 16 = 240 packed bytes. Without stages (every rank trains its own) no
+// hand-off is charged.
 TEST(CostModel, PipelineRolloutHandoffIsChargedPerSampleAndByte) {
   const ModelShape m = model_shape(load_model_config("tiny"));
   const RlJob job = fixed_job(8, 4, 1, 16, 16);
@@ -503,12 +504,15 @@ TEST(CostModel, PipelineRolloutHandoffIsChargedPerSampleAndByte) {
   piped.train.pp = 2;
   piped.train.dp = 2;
   piped.generate.dp = 4;
+  Strategy stale = piped;
+  stale.staleness = 1;
   EXPECT_EQ(predict(m, c, job, piped).queue, 0);  // a file without the keys charges nothing
-  c.queue_handoff_overhead = 50e-6;
-  c.queue_handoff_sample_seconds = 1e-6;
-  c.queue_handoff_byte_seconds = 2e-9;
+  EXPECT_EQ(predict(m, c, job, stale).queue, 0);
+  c.queue_handoff = {50e-6, 1e-6, 2e-9};
+  c.replica_allgather = {20e-6, 0.5e-6, 1e-9};
   const Prediction p = predict(m, c, job, piped);
   EXPECT_NEAR(p.queue, 50e-6 + 16 * 1e-6 + 16 * 240 * 2e-9, 1e-15);
+  EXPECT_NEAR(predict(m, c, job, stale).queue, 20e-6 + 16 * 0.5e-6 + 16 * 240 * 1e-9, 1e-15);
   const Prediction without = predict(m, c, job, [&] {
     Strategy s = piped;
     s.train.pp = 1;
@@ -516,11 +520,8 @@ TEST(CostModel, PipelineRolloutHandoffIsChargedPerSampleAndByte) {
     return s;
   }());
   EXPECT_EQ(without.queue, 0);
-  Strategy stale = piped;
-  stale.staleness = 1;
-  EXPECT_EQ(predict(m, c, job, stale).queue, 0);
   // The hand-off is part of the step, between generation and training.
-  c.queue_handoff_overhead = 1;
+  c.queue_handoff.overhead = 1;
   EXPECT_NEAR(predict(m, c, job, piped).step - p.step, 1 - 50e-6, 1e-9);
 }
 

@@ -123,19 +123,21 @@ TEST(ClusterConfig, ExpertExchangeKeysAreOptional) {
       load_cluster_config(test::write_scratch("backward.ini", cluster_config_ini(c, "")));
   EXPECT_DOUBLE_EQ(both.expert_backward_seconds(100), 5e-6 + 100 * 1e-8);
   EXPECT_DOUBLE_EQ(both.expert_exchange_seconds(100), 3e-6 + 100 * 2e-8);
-  // The queue hand-off's three costs likewise (optional: 0 without them).
-  EXPECT_EQ(both.queue_handoff_seconds(100, 1e4), 0);
-  c.queue_handoff_overhead = 5e-5;
-  c.queue_handoff_sample_seconds = 1e-6;
-  c.queue_handoff_byte_seconds = 2e-9;
-  EXPECT_DOUBLE_EQ(
-      load_cluster_config(test::write_scratch("handoff.ini", cluster_config_ini(c, "")))
-          .queue_handoff_seconds(100, 1e4),
-      5e-5 + 100 * 1e-6 + 1e4 * 2e-9);
+  // The replica hand-offs' three costs each likewise (optional: 0 without them).
+  EXPECT_EQ(both.queue_handoff.seconds(100, 1e4), 0);
+  EXPECT_EQ(both.replica_allgather.seconds(100, 1e4), 0);
+  c.queue_handoff = {5e-5, 1e-6, 2e-9};
+  c.replica_allgather = {3e-5, 4e-7, 1e-9};
+  const ClusterConfig handoffs =
+      load_cluster_config(test::write_scratch("handoff.ini", cluster_config_ini(c, "")));
+  EXPECT_DOUBLE_EQ(handoffs.queue_handoff.seconds(100, 1e4), 5e-5 + 100 * 1e-6 + 1e4 * 2e-9);
+  EXPECT_DOUBLE_EQ(handoffs.replica_allgather.seconds(100, 1e4), 3e-5 + 100 * 4e-7 + 1e4 * 1e-9);
   for (const std::string key :
        {"expert_exchange_overhead", "expert_exchange_row_seconds", "expert_exchange_lockstep",
         "expert_exchange_spread", "expert_backward_overhead", "expert_backward_row_seconds",
-        "queue_handoff_overhead", "queue_handoff_sample_seconds", "queue_handoff_byte_seconds"}) {
+        "queue_handoff_overhead", "queue_handoff_sample_seconds", "queue_handoff_byte_seconds",
+        "replica_allgather_overhead", "replica_allgather_sample_seconds",
+        "replica_allgather_byte_seconds"}) {
     const std::string message =
         test::cluster_error_of(std::string(kCluster) + key + " = -1e-6\n", "bad_" + key + ".ini");
     EXPECT_NE(message.find("cluster." + key), std::string::npos) << key << ": " << message;

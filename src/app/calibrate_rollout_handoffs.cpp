@@ -1,4 +1,4 @@
-#include "src/app/calibrate_queue_handoff.h"
+#include "src/app/calibrate_rollout_handoffs.h"
 
 #include <mpi.h>
 
@@ -14,6 +14,7 @@
 #include "src/app/pipeline_parallel_train.h"
 #include "src/roles/dist_queue.h"
 #include "src/roles/long_sequence_batch.h"
+#include "src/roles/rollout_allgather.h"
 #include "src/roles/rollout_samples.h"
 #include "src/roles/sample_packing.h"
 
@@ -53,11 +54,13 @@ class CacheSweep {
   std::vector<float> buffer_ = std::vector<float>(size_t(4) << 20, 1.0f);
 };
 
-// One hand-off of `batch` (ids from `first_id`; this rank brings its half) through the runtime's
-// pipeline_rollouts, after a cache sweep. Returns the slowest rank's seconds; throws if a rank got
-// other samples.
-double handoff_seconds(DistQueue& queue, const HierarchicalComm& replica, const Batch& batch,
-                       int64_t first_id, CacheSweep& sweep) {
+enum class Way { Queue, Allgather };
+
+// One hand-off of `batch` (ids from `first_id`; this rank brings its half) the runtime's way:
+// pipeline_rollouts through `queue`, or allgather_rollouts inside the replica; after a cache sweep.
+// Returns the slowest rank's seconds; throws if a rank got other samples.
+double handoff_seconds(Way way, DistQueue& queue, const HierarchicalComm& replica, Links& links,
+                       const Batch& batch, int64_t first_id, CacheSweep& sweep) {
   const size_t n = batch.rollouts.size(), ranks = size_t(replica.size());
   const size_t rank = size_t(replica.rank());
   std::vector<Rollout> mine(batch.rollouts.begin() + ptrdiff_t(n * rank / ranks),
@@ -66,7 +69,9 @@ double handoff_seconds(DistQueue& queue, const HierarchicalComm& replica, const 
   sweep.run();
   MPI_Barrier(MPI_COMM_WORLD);
   const double start = steady_seconds();
-  const std::vector<Rollout> got = pipeline_rollouts(queue, replica, mine, kGroupSize);
+  const std::vector<Rollout> got = way == Way::Queue
+                                       ? pipeline_rollouts(queue, replica, mine, kGroupSize)
+                                       : allgather_rollouts(replica, links, mine, kGroupSize);
   const double seconds = steady_seconds() - start;
   bool wrong = got.size() != n;
   for (size_t i = 0; !wrong && i < n; ++i) {
@@ -74,7 +79,7 @@ double handoff_seconds(DistQueue& queue, const HierarchicalComm& replica, const 
         got[i].sample_id != first_id + int64_t(i) || got[i].response != batch.rollouts[i].response;
   }
   if (sum_over_world(wrong ? 1 : 0) != 0) {
-    throw ConfigError("bench calibrate: the queue hand-off delivered other samples than were put");
+    throw ConfigError("bench calibrate: a rollout hand-off delivered other samples than were put");
   }
   return max_over_world(seconds);
 }
@@ -82,14 +87,14 @@ double handoff_seconds(DistQueue& queue, const HierarchicalComm& replica, const 
 // seconds = overhead + samples x sample_seconds + bytes x byte_seconds through the three points,
 // a coefficient that comes out negative (the machine's noise on a small cost) dropped and the
 // rest fitted again (least squares), as the layer rates' fit does.
-void fit(QueueHandoffCost& cost) {
+void fit(HandoffFit& cost) {
   std::array<bool, 3> used{true, true, true};
   for (;;) {
     const int k = int(used[0]) + int(used[1]) + int(used[2]);
     Eigen::MatrixXd a(3, k);
     Eigen::VectorXd y(3);
     for (int i = 0; i < 3; ++i) {
-      const QueueHandoffCost::Point& p = cost.points[i];
+      const HandoffFit::Point& p = cost.points[i];
       const double x[3] = {1.0, double(p.samples), double(p.bytes)};
       for (int j = 0, col = 0; j < 3; ++j)
         if (used[size_t(j)]) a(i, col++) = x[j];
@@ -117,7 +122,7 @@ void fit(QueueHandoffCost& cost) {
 
 }  // namespace
 
-QueueHandoffCost measure_queue_handoff(int repeats) {
+ReplicaHandoffCost measure_replica_handoffs(int repeats) {
   LayoutConfig config;
   config.fused = true;  // every rank trains and hosts one of the default 2 shards
   Topology topology(MPI_COMM_WORLD, config);
@@ -129,24 +134,31 @@ QueueHandoffCost measure_queue_handoff(int repeats) {
   ConsecutiveGroups replica =
       split_consecutive_groups(MPI_COMM_WORLD, topology.world_size(), topology.links());
   // A hand-off is short (0.1-1 ms) next to the machine's drift, so each batch gets 3 x the
-  // repeats, the batches interleaved after one untimed hand-off of each; fresh ids every time.
+  // repeats, the batches and the ways interleaved after one untimed hand-off of each; fresh ids
+  // every time.
   CacheSweep sweep;
-  std::vector<double> seconds[3];
+  std::vector<double> seconds[2][3];
   int64_t first_id = 0;
   for (int r = -1; r < 3 * repeats; ++r) {
-    for (int b = 0; b < 3; ++b) {
-      const double s = handoff_seconds(queue, replica.members, batches[b], first_id, sweep);
-      first_id += int64_t(batches[b].rollouts.size());
-      if (r >= 0) seconds[b].push_back(s);
+    for (int way = 0; way < 2; ++way) {
+      for (int b = 0; b < 3; ++b) {
+        const double s = handoff_seconds(Way(way), queue, replica.members, topology.links(),
+                                         batches[b], first_id, sweep);
+        first_id += int64_t(batches[b].rollouts.size());
+        if (r >= 0) seconds[way][b].push_back(s);
+      }
     }
   }
   free_consecutive_groups(replica);
   queue.close();
-  QueueHandoffCost cost;
-  for (int b = 0; b < 3; ++b) {
-    cost.points[b] = {int(batches[b].rollouts.size()), batches[b].bytes, median(seconds[b])};
+  ReplicaHandoffCost cost;
+  for (int way = 0; way < 2; ++way) {
+    HandoffFit& f = way == 0 ? cost.queue : cost.allgather;
+    for (int b = 0; b < 3; ++b) {
+      f.points[b] = {int(batches[b].rollouts.size()), batches[b].bytes, median(seconds[way][b])};
+    }
+    fit(f);
   }
-  fit(cost);
   return cost;
 }
 

@@ -1,4 +1,5 @@
-// `bench calibrate`'s measurement of a fused pipeline's rollout hand-off through DistQueue.
+// `bench calibrate`'s measurement of a fused pipeline's rollout hand-offs: through DistQueue, and
+// StaleSync's allgather inside the model replica.
 //
 // Under PP a fused step's rollouts reach the pipeline's stages through the queue
 // (pipeline_parallel_train.cpp's pipeline_rollouts): every rank puts the samples it generated, a
@@ -13,13 +14,16 @@
 // cost per packed byte of the replica's samples (sample_packing.h's packed_bytes). A rank's
 // per-sample work (its vectors allocated, filled and freed four times over) outweighs its bytes
 // on short samples: 128 samples of 18 tokens took 3 x the time of 32 (measured 2026-12-06).
+// With StaleSync the replica's ranks exchange their pools' finished groups instead
+// (allgather_rollouts: each rank packs its own, every rank unpacks all): 0.08 ms a step in
+// `tiny`'s PP runs, timed and fitted the same way on the same batches.
 #pragma once
 
 #include <cstdint>
 
 namespace rlf {
 
-struct QueueHandoffCost {
+struct HandoffFit {
   double overhead = 0;        // seconds per hand-off
   double sample_seconds = 0;  // seconds per sample of the replica
   double byte_seconds = 0;    // seconds per packed byte of the replica's samples
@@ -31,9 +35,14 @@ struct QueueHandoffCost {
   Point points[3];  // the batches the fit was made of
 };
 
+struct ReplicaHandoffCost {
+  HandoffFit queue;      // pipeline_rollouts
+  HandoffFit allgather;  // allgather_rollouts
+};
+
 // Collective over MPI_COMM_WORLD of exactly 2 ranks (builds its own fused Topology and DistQueue):
-// 3 x `repeats` timed hand-offs of each batch, interleaved, after one untimed of each. Throws if a
-// rank is handed other samples than were put.
-QueueHandoffCost measure_queue_handoff(int repeats);
+// 3 x `repeats` timed hand-offs of each batch each way, interleaved, after one untimed of each.
+// Throws if a rank is handed other samples than were put.
+ReplicaHandoffCost measure_replica_handoffs(int repeats);
 
 }  // namespace rlf
