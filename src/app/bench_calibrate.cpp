@@ -818,10 +818,8 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
   ReplicaHandoffCost handoffs;
   if (ranks == 2) {
     handoffs = measure_replica_handoffs(repeats);
-    c.queue_handoff = {handoffs.queue.overhead, handoffs.queue.sample_seconds,
-                       handoffs.queue.byte_seconds};
-    c.replica_allgather = {handoffs.allgather.overhead, handoffs.allgather.sample_seconds,
-                           handoffs.allgather.byte_seconds};
+    c.queue_handoff = handoffs.queue.cost;
+    c.replica_allgather = handoffs.allgather.cost;
   }
   c.intra_supernode = c.inter_supernode = c.intra_node;
   std::string inter_method = "no emulation: as intra-node";
@@ -1003,10 +1001,10 @@ int run_bench_calibrate_command(const std::vector<std::string>& args) {
                     "%s; %d / %d / %d samples, %.1f / %.1f / %.1f kB: %.0f / %.0f / %.0f us", calls,
                     p[0].samples, p[1].samples, p[2].samples, p[0].bytes / 1e3, p[1].bytes / 1e3,
                     p[2].bytes / 1e3, p[0].seconds * 1e6, p[1].seconds * 1e6, p[2].seconds * 1e6);
-      quantity(what, fit.overhead * 1e6, 2, "us", method);
-      quantity((std::string(what) + " a sample").c_str(), fit.sample_seconds * 1e6, 3, "us",
+      quantity(what, fit.cost.overhead * 1e6, 2, "us", method);
+      quantity((std::string(what) + " a sample").c_str(), fit.cost.sample_seconds * 1e6, 3, "us",
                "same fit");
-      quantity((std::string(what) + " a kB").c_str(), fit.byte_seconds * 1e9, 3, "us",
+      quantity((std::string(what) + " a kB").c_str(), fit.cost.byte_seconds * 1e9, 3, "us",
                "same fit, a kB of packed samples");
     };
     handoff_lines("queue hand-off", "pipeline_rollouts", handoffs.queue);

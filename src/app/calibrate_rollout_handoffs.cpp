@@ -87,14 +87,14 @@ double handoff_seconds(Way way, DistQueue& queue, const HierarchicalComm& replic
 // seconds = overhead + samples x sample_seconds + bytes x byte_seconds through the three points,
 // a coefficient that comes out negative (the machine's noise on a small cost) dropped and the
 // rest fitted again (least squares), as the layer rates' fit does.
-void fit(HandoffFit& cost) {
+void fit(HandoffFit& fit) {
   std::array<bool, 3> used{true, true, true};
   for (;;) {
     const int k = int(used[0]) + int(used[1]) + int(used[2]);
     Eigen::MatrixXd a(3, k);
     Eigen::VectorXd y(3);
     for (int i = 0; i < 3; ++i) {
-      const HandoffFit::Point& p = cost.points[i];
+      const HandoffFit::Point& p = fit.points[i];
       const double x[3] = {1.0, double(p.samples), double(p.bytes)};
       for (int j = 0, col = 0; j < 3; ++j)
         if (used[size_t(j)]) a(i, col++) = x[j];
@@ -112,9 +112,8 @@ void fit(HandoffFit& cost) {
       }
     }
     if (!negative || k == 1) {
-      cost.overhead = std::max(0.0, coefficient[0]);
-      cost.sample_seconds = std::max(0.0, coefficient[1]);
-      cost.byte_seconds = std::max(0.0, coefficient[2]);
+      fit.cost = {std::max(0.0, coefficient[0]), std::max(0.0, coefficient[1]),
+                  std::max(0.0, coefficient[2])};
       return;
     }
   }

@@ -21,12 +21,12 @@
 
 #include <cstdint>
 
+#include "src/sim/cluster.h"
+
 namespace rlf {
 
 struct HandoffFit {
-  double overhead = 0;        // seconds per hand-off
-  double sample_seconds = 0;  // seconds per sample of the replica
-  double byte_seconds = 0;    // seconds per packed byte of the replica's samples
+  sim::ClusterConfig::RolloutHandoff cost;  // what the cluster file gets
   struct Point {
     int samples = 0;
     uint64_t bytes = 0;  // packed

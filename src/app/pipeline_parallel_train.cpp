@@ -144,7 +144,7 @@ std::unique_ptr<PipelineGroups> make_train_pipeline(const DisaggregatedOptions& 
   const int smallest_minibatch = model_ranks * smallest_share;
   const int micro_batches = options.micro_batches > 0
                                 ? options.micro_batches
-                                : model_ranks * ((smallest_share + micro_batch - 1) / micro_batch);
+                                : pipeline_micro_batches(model_ranks, smallest_share, micro_batch);
   if (minibatches == 1 && micro_batches > smallest_minibatch) {
     throw ConfigError("--micro-batches " + std::to_string(micro_batches) +
                       ": a pipeline trains only " + std::to_string(smallest_minibatch) +
@@ -164,6 +164,10 @@ std::unique_ptr<PipelineGroups> make_train_pipeline(const DisaggregatedOptions& 
   return std::make_unique<PipelineGroups>(
       topology.role_comm().comm, shape, config, topology.links(), tp, options.expert_parallel,
       std::move(boundaries), options.expert_parallel > 1 ? options.rebalance.redundant_experts : 0);
+}
+
+int pipeline_micro_batches(int model_ranks, int rank_share, int micro_batch) {
+  return model_ranks * ((rank_share + micro_batch - 1) / micro_batch);
 }
 
 std::vector<Rollout> pipeline_rollouts(DistQueue& queue, const HierarchicalComm& replica,

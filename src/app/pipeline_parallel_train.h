@@ -60,6 +60,11 @@ std::unique_ptr<PipelineGroups> make_train_pipeline(const DisaggregatedOptions& 
                                                     const StageCostProbe& probe,
                                                     const TensorParallel* tp = nullptr);
 
+// The micro-batches a pipeline runs without --micro-batches: each of the replica's `model_ranks`
+// ranks cuts its share (`rank_share` samples: its block, or its block's share of the smallest
+// minibatch) into pieces of `micro_batch`.
+int pipeline_micro_batches(int model_ranks, int rank_share, int micro_batch);
+
 // [begin, end) of the micro-batches of `count` samples made of `blocks` equal blocks (the model
 // replica's ranks' samples, in rank order), each block in pieces of `piece` samples: the
 // micro-batches in which the data-parallel run computes each rank's own samples.

@@ -112,7 +112,7 @@ size_t pipeline_rank_expected_peak(const ModelConfig& config, const RlJob& job, 
   const int p = s.train.pp;
   // make_train_pipeline's shape: every rank trains its own block in --micro-batch pieces.
   const int rank_samples = job.prompts / ranks * job.group_size;
-  const PipelineShape shape{p, p * ((rank_samples + job.micro_batch - 1) / job.micro_batch), 1};
+  const PipelineShape shape{p, pipeline_micro_batches(p, rank_samples, job.micro_batch), 1};
   const std::vector<LayerRange> chunks =
       pipeline_rank_chunks(shape, 0, uniform_boundaries(config.n_layers, p));
   const ParameterLayout stage(config, ExpertShard{}, stage_layer_shard(chunks, config.n_layers));
