@@ -177,7 +177,10 @@ void ExpertDispatcher::post(const Stage& stage, const Transfer& t, int tag, Link
   for (size_t q = 0; q < Q; ++q) {
     if (int(q) == stage.self || t.send_bytes[q] == 0) continue;
     const int world = world_ranks_[size_t(stage.peers[q])];
-    links_.count_send(world, t.send_bytes[q]);
+    {
+      const TrafficScope dispatch_traffic(links_, TrafficKind::ExpertDispatch);
+      links_.count_send(world, t.send_bytes[q]);
+    }
     kind.add(links_.classify(links_.world_rank(), world), t.send_bytes[q]);
     MPI_Request request;
     MPI_Isend(t.send[q], checked_count(t.send_bytes[q]), MPI_BYTE, stage.peers[q], tag, comm_,

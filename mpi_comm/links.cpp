@@ -74,7 +74,9 @@ LinkClass Links::classify(int world_rank_a, int world_rank_b) const {
 }
 
 void Links::count_send(int dest_world_rank, uint64_t bytes) {
-  counters_.add(classify(my_world_rank_, dest_world_rank), bytes);
+  const LinkClass link = classify(my_world_rank_, dest_world_rank);
+  counters_.add(link, bytes);
+  by_kind_[size_t(kind_)].add(link, bytes);
 }
 
 void Links::emulate(int peer_world_rank, uint64_t bytes) const {

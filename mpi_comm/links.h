@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "mpi_comm/traffic_kind.h"
+
 namespace rlf {
 
 enum class LinkClass { IntraNode = 0, InterNode = 1 };
@@ -52,7 +54,8 @@ class Links {
   int world_rank() const { return my_world_rank_; }
   const LinkEmulation& emulation() const { return emulation_; }
 
-  // Counts a message this rank sends to `dest_world_rank` (counters are per sender).
+  // Counts a message this rank sends to `dest_world_rank` (counters are per sender), under the
+  // traffic kind in effect (TrafficScope).
   void count_send(int dest_world_rank, uint64_t bytes);
   // Sleeps for the emulated duration of a message between this rank and `peer_world_rank`.
   void emulate(int peer_world_rank, uint64_t bytes) const;
@@ -73,7 +76,14 @@ class Links {
                 uint64_t recv_bytes, int source, int tag, MPI_Comm comm);
 
   const LinkCounters& counters() const { return counters_; }
-  void reset_counters() { counters_ = LinkCounters{}; }
+  // The part of counters() sent under `kind`; the kinds' counters sum to counters().
+  const LinkCounters& counters(TrafficKind kind) const { return by_kind_[size_t(kind)]; }
+  void reset_counters() {
+    counters_ = LinkCounters{};
+    by_kind_ = {};
+  }
+  // The kind sends are counted under (TrafficScope sets it).
+  TrafficKind traffic_kind() const { return kind_; }
 
   // The rank of the Links' world that is `rank` of `comm` (for counting nonblocking transfers).
   int world_rank_of(int rank, MPI_Comm comm) const;
@@ -83,8 +93,29 @@ class Links {
   MPI_Comm world_;
   LinkEmulation emulation_;
   LinkCounters counters_;
+  std::array<LinkCounters, kTrafficKinds> by_kind_{};
+  TrafficKind kind_ = TrafficKind::Other;
   int my_world_rank_ = 0;
   double port_free_at_ = 0;  // steady_seconds() when the emulated incoming port is idle again
+
+  friend class TrafficScope;
+};
+
+// Counts this rank's sends on `links` under `kind` while it lives; the kind before comes back at
+// its end, so the innermost scope names the traffic (the EP dispatcher's inside a pipeline pass
+// counts as dispatch). One rank's sends come from one thread.
+class TrafficScope {
+ public:
+  TrafficScope(Links& links, TrafficKind kind) : links_(links), before_(links.kind_) {
+    links.kind_ = kind;
+  }
+  ~TrafficScope() { links_.kind_ = before_; }
+  TrafficScope(const TrafficScope&) = delete;
+  TrafficScope& operator=(const TrafficScope&) = delete;
+
+ private:
+  Links& links_;
+  TrafficKind before_;
 };
 
 // `bytes` as an MPI count; std::length_error naming `what` when it exceeds an int (a larger

@@ -71,7 +71,12 @@ PY
 }
 
 MEASURED="$OUT/measured.csv"
-echo "case,cluster,task,model,mode,ranks,ranks_per_node,actors,expert_parallel,actor_expert_parallel,staleness,offload,inter_bandwidth,inter_latency,prompts,group_size,micro_batch,reference,queue_shards,steps,trained_tokens,response_tokens,step_s,intra_bytes,inter_bytes,generation_peak,training_peak,generate_s,train_s,router_max_over_mean,redundant_experts,rebalance,expert_moves_per_step,pipeline_parallel,actor_pipeline_parallel,active_experts" > "$MEASURED"
+# The link bytes by traffic kind (mpi_comm/traffic_kind.h; a run's summary.json "traffic_bytes",
+# intra- plus inter-node), one column each, which `plan --validate` checks kind by kind.
+KINDS=(other weight_sync gradient_reduce rollout_queue expert_dispatch expert_migration
+       pipeline_activations pipeline_generation layout_switch tensor_parallel final_gather)
+KIND_COLUMNS=$(printf 'bytes_%s,' "${KINDS[@]}"); KIND_COLUMNS=${KIND_COLUMNS%,}
+echo "case,cluster,task,model,mode,ranks,ranks_per_node,actors,expert_parallel,actor_expert_parallel,staleness,offload,inter_bandwidth,inter_latency,prompts,group_size,micro_batch,reference,queue_shards,steps,trained_tokens,response_tokens,step_s,intra_bytes,inter_bytes,generation_peak,training_peak,generate_s,train_s,router_max_over_mean,redundant_experts,rebalance,expert_moves_per_step,pipeline_parallel,actor_pipeline_parallel,active_experts,$KIND_COLUMNS" > "$MEASURED"
 mapfile -t CASE_LINES < <(grep -v '^#' "$CASES" | tail -n +2)
 
 # cluster_of NAME RANKS BW LAT: the cluster file a case is predicted with. One-rank cases run
@@ -131,9 +136,10 @@ run_case() {
   mpiexec -n "$ranks" --bind-to core "$RLFUSION" "${args[@]}" --run-dir "$run" < /dev/null \
     > "$run.stdout" 2>&1 || { echo "case $name failed:"; tail -5 "$run.stdout"; exit 1; }
   "$RLFUSION" report "$run" --json < /dev/null > "$run.report.json"
-  "$PYTHON" - "$run" "$name,$cluster,$task,$model,$mode,$ranks,$rpn,$actors,$ep,$aep,$stale,$offload,$bw,$lat,$prompts,$group,$micro,0,2,$steps" "$redundant" "$every" "$pp" "$app" >> "$dir.rows" <<'PY'
+  "$PYTHON" - "$run" "$name,$cluster,$task,$model,$mode,$ranks,$rpn,$actors,$ep,$aep,$stale,$offload,$bw,$lat,$prompts,$group,$micro,0,2,$steps" "$redundant" "$every" "$pp" "$app" "${KINDS[@]}" >> "$dir.rows" <<'PY'
 import json, re, sys
 run, prefix, redundant, every, pp, app = sys.argv[1:7]
+kinds = sys.argv[7:]
 summary = json.load(open(run + "/summary.json"))
 report = json.load(open(run + ".report.json"))
 log = open(run + "/log.txt").read()
@@ -165,10 +171,12 @@ moves = report.get("expert_moves_per_step", 0)
 # The routed experts a training call touched, a layer on average (0: not recorded, with EP the
 # dispatchers route; the planner then takes a uniform router's).
 touched = summary.get("active_experts_per_call", 0)
+traffic = summary.get("traffic_bytes", {})
+by_kind = ",".join(str(sum(traffic.get(kind, [0, 0]))) for kind in kinds)
 print(f'{prefix},{report["total"]["tokens"]},{generated},{step_s:.6f},{counter("intra")},'
       f'{counter("inter")},{peaks.get("generation", 0)},{peaks.get("training", 0)},'
       f'{generate_s:.6f},{train_s:.6f},{router:.6f},{redundant},{rebalance},{moves:.6g},{pp},{app},'
-      f'{touched:.4f}')
+      f'{touched:.4f},{by_kind}')
 PY
 }
 

@@ -420,6 +420,7 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
         return;
       }
       TraceScope traced(trace, Phase::WeightSync);
+      const TrafficScope traffic(topology.links(), TrafficKind::WeightSync);
       traced.set_version(version);
       uint64_t bytes = 0;
       if (sliced_sync) {
@@ -456,6 +457,7 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
       }
       if (role == Role::Learner && !learner_sends_weights) return;
       TraceScope traced(trace, Phase::WeightSync);
+      const TrafficScope traffic(topology.links(), TrafficKind::WeightSync);
       traced.set_version(version);
       float* params = model.parameters();
       if (role == Role::Actor) {
@@ -605,6 +607,7 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
         if (schedule.lag >= 1) queued.add(step, to_in_flight(rollouts, rl.group_size));
         {
           TraceScope traced(trace, Phase::QueuePut);
+          const TrafficScope traffic(topology.links(), TrafficKind::RolloutQueue);
           traced.set_version(generator);
           std::vector<QueueSample> samples = to_queue_samples(rollouts, rl.group_size);
           // (The ranks of an actor TP group hold the same samples: its first rank puts them.)
@@ -640,6 +643,7 @@ int run_disaggregated_train(const RunOptions& run, const PolicyOptions& policy_o
       batch_complete_barrier(step);
       {
         TraceScope traced(trace, Phase::QueueGet);
+        const TrafficScope traffic(topology.links(), TrafficKind::RolloutQueue);
         traced.set_version(version);
         // Learner (with TP: TP group) i takes the i-th share of the step's sample ids, whatever
         // arrived first: the same samples every run, so a seed fixes the weights bit for bit.

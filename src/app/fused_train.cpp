@@ -605,6 +605,9 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
     auto generate = [&](Transformer<float>& generator) {
       TraceScope traced(trace, Phase::Generate);
       traced.set_version(version);
+      // (Only a pipeline's generation sends rows of its own; EP and TP count their messages
+      // under their kinds.)
+      const TrafficScope traffic(links, TrafficKind::PipelineGeneration);
       BatchOccupancy occupancy;
       int64_t generated = 0;  // response tokens drawn
       if (pool) {
@@ -671,6 +674,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
       GenerationExperts generation_experts;
       {
         TraceScope traced(trace, Phase::Reshard);
+        const TrafficScope traffic(links, TrafficKind::LayoutSwitch);
         traced.set_version(version);
         generation_experts = layout_switch->to_generation(training.experts(), received);
         traced.set_bytes(int64_t(generation_experts.received_bytes));
@@ -710,6 +714,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         // The other stages' layers (or, copying, every layer) received into `target`.
         auto gather_into = [&](Transformer<float>& target) {
           TraceScope traced(trace, Phase::Reshard);
+          const TrafficScope traffic(links, TrafficKind::LayoutSwitch);
           traced.set_version(version);
           const uint64_t received =
               gather_pipeline_model(model.parameters(), *pp, target.parameters(), target.layout());
@@ -766,6 +771,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         generator.set_expert_token_split(generation_token_split);
         {
           TraceScope traced(trace, Phase::Reshard);
+          const TrafficScope traffic(links, TrafficKind::LayoutSwitch);
           traced.set_version(version);
           uint64_t received = 0;
           if (tp) {
@@ -786,6 +792,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         }
         if (tp) {
           TraceScope traced(trace, Phase::QueueGet);
+          const TrafficScope traffic(links, TrafficKind::RolloutQueue);
           traced.set_version(version);
           rollouts = gather_tensor_parallel_rollouts(rollouts, *tp, rl.group_size);
         }
@@ -837,6 +844,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
       random_delay();
       if (pp) {
         TraceScope traced(trace, Phase::QueueGet);
+        const TrafficScope traffic(links, TrafficKind::RolloutQueue);
         traced.set_version(version);
         if (pool) {
           // Every rank finished its own count of groups: the replica's ranks exchange them, and

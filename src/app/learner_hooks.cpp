@@ -24,6 +24,7 @@ DataParallelHooks learner_hooks(const HierarchicalComm& learners, Links& links,
   };
   hooks.reduce_gradients = [&learners, &links, &model, ep, &trace] {
     TraceScope traced(trace, Phase::GradientReduce);
+    const TrafficScope gradient_traffic(links, TrafficKind::GradientReduce);
     if (ep) {
       // TP x EP with the token split: each TP rank's expert copies saw its rows only.
       traced.set_bytes(

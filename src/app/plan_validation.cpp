@@ -94,8 +94,12 @@ struct Outcome {
   // Seconds per step by phase (measured: the busiest rank's trace time; -1: not in the CSV).
   double measured_generation = -1, measured_training = -1;
   Prediction predicted;
-  uint64_t measured_bytes = 0, predicted_bytes = 0;
+  // Link bytes. With the run's bytes per traffic kind (columns bytes_<kind>), over the kinds the
+  // rules fix, the others' measured bytes apart (`unpredicted`: "kind bytes" pairs); without, the
+  // run's total, compared only where every kind has a rule.
+  uint64_t measured_bytes = 0, predicted_bytes = 0, unpredicted_bytes = 0;
   bool bytes_exact_rule = false;
+  std::string unpredicted, wrong_kinds;
   double measured_memory = 0, predicted_memory = 0;  // the larger phase peak; 0: not measured
   double router_max_over_mean = 1;  // the run's router concentration (1: none recorded)
 };
@@ -148,6 +152,38 @@ size_t pipeline_rank_expected_peak(const ModelConfig& config, const RlJob& job, 
   add_pipeline_activations(plan, pipeline_activation_bytes(config, shape, 0, chunks, stage,
                                                            sequences, batch.max_sequence));
   return std::max(plan.training_peak(), plan.generation_peak());
+}
+
+// The run's link bytes against the rules' (Outcome's bytes fields).
+void compare_bytes(const Row& row, const CountedBytes& counted, Outcome& out) {
+  const bool by_kind =
+      row.number_or(std::string("bytes_") + traffic_kind_name(TrafficKind::GradientReduce), -1) >=
+      0;
+  if (!by_kind) {  // (a CSV from before the runtime counted bytes by kind)
+    out.predicted_bytes = counted.intra() + counted.inter();
+    out.bytes_exact_rule = counted.exact();
+    out.measured_bytes = uint64_t(row.number("intra_bytes") + row.number("inter_bytes"));
+    return;
+  }
+  out.bytes_exact_rule = true;
+  for (const TrafficKind kind : all_traffic_kinds()) {
+    const std::string name = traffic_kind_name(kind);
+    const uint64_t measured = uint64_t(row.number_or("bytes_" + name, 0));
+    const KindBytes& predicted = counted[kind];
+    if (!predicted.exact) {
+      out.unpredicted_bytes += measured;
+      out.unpredicted +=
+          (out.unpredicted.empty() ? "" : ", ") + name + " " + std::to_string(measured);
+      continue;
+    }
+    out.measured_bytes += measured;
+    out.predicted_bytes += predicted.total();
+    if (measured != predicted.total()) {
+      out.wrong_kinds += (out.wrong_kinds.empty() ? "" : ", ") + name + " " +
+                         std::to_string(measured) + " measured, " +
+                         std::to_string(predicted.total()) + " predicted";
+    }
+  }
 }
 
 Outcome validate_row(const Row& row) {
@@ -249,18 +285,31 @@ Outcome validate_row(const Row& row) {
   run.actors = actors;
   run.queue_shards = row.integer("queue_shards");
   run.expert_parallel = s.train.ep;
+  run.actor_expert_parallel = s.generate.ep;
+  run.redundant_experts = s.redundant_experts;
+  run.pipeline_parallel = pipeline;
+  run.actor_pipeline_parallel = generation_pipeline;
   run.staleness = s.staleness;
   run.steps = steps;
   run.samples_per_step = job.samples();
   run.parameters = config.parameter_count();
   run.routed_parameters = int64_t(model.routed);
+  run.experts = config.n_experts;
+  run.d_model = config.d_model;
+  if (pipeline > 1) {
+    // The uniform cut's stages, as make_train_pipeline builds them without --pipeline-balance.
+    const std::vector<int> cut = uniform_boundaries(config.n_layers, pipeline);
+    for (int stage = 0; stage < pipeline; ++stage) {
+      const std::vector<LayerRange> chunks =
+          pipeline_rank_chunks(PipelineShape{pipeline, 1, 1}, stage, cut);
+      run.stage_parameters.push_back(
+          ParameterLayout(config, ExpertShard{}, stage_layer_shard(chunks, config.n_layers))
+              .total());
+    }
+  }
   run.trained_tokens = int64_t(row.number("trained_tokens"));
   run.response_tokens = int64_t(row.number("response_tokens"));
-  const CountedBytes counted = counted_bytes(run);
-  out.predicted_bytes = counted.intra + counted.inter;
-  // (No counted-bytes rule for a pipeline's messages and layout switches.)
-  out.bytes_exact_rule = counted.exact && pipeline == 1;
-  out.measured_bytes = uint64_t(row.number("intra_bytes") + row.number("inter_bytes"));
+  compare_bytes(row, counted_bytes(run), out);
 
   // (A pipeline case with EP: its expert layouts are not replayed here, so memory is not
   // predicted.)
@@ -366,11 +415,11 @@ int run_plan_validation(const std::string& csv_path, bool json) {
   if (!json) {
     std::printf("# rlfusion plan --validate %s (each case on its calibrated cluster file)\n",
                 csv_path.c_str());
-    std::printf("# %-26s %10s %10s %8s %14s %14s %7s %10s %10s %7s\n", "case", "measured",
-                "predicted", "error", "bytes meas.", "bytes pred.", "bytes", "mem meas.",
-                "mem pred.", "error");
-    std::printf("# %-26s %10s %10s %8s %14s %14s %7s %10s %10s %7s\n", "", "(ms/step)", "(ms/step)",
-                "(%)", "(B)", "(B)", "", "(MiB)", "(MiB)", "(%)");
+    std::printf("# %-26s %10s %10s %8s %14s %14s %7s %12s %10s %10s %7s\n", "case", "measured",
+                "predicted", "error", "bytes meas.", "bytes pred.", "bytes", "not pred.",
+                "mem meas.", "mem pred.", "error");
+    std::printf("# %-26s %10s %10s %8s %14s %14s %7s %12s %10s %10s %7s\n", "", "(ms/step)",
+                "(ms/step)", "(%)", "(B)", "(B)", "", "(B)", "(MiB)", "(MiB)", "(%)");
   } else {
     std::printf("{\"command\":\"plan\",\"validate\":\"%s\",\"cases\":[", csv_path.c_str());
   }
@@ -379,7 +428,7 @@ int run_plan_validation(const std::string& csv_path, bool json) {
     const double error = 100 * (o.predicted_step - o.measured_step) / o.measured_step;
     sum_error += std::abs(error);
     worst = std::max(worst, std::abs(error));
-    const bool equal = o.predicted_bytes == o.measured_bytes;
+    const bool equal = o.predicted_bytes == o.measured_bytes && o.wrong_kinds.empty();
     if (o.bytes_exact_rule) {
       ++exact_rules;
       exact += equal ? 1 : 0;
@@ -395,10 +444,12 @@ int run_plan_validation(const std::string& csv_path, bool json) {
       std::printf(
           "%s{\"case\":\"%s\",\"measured_step_s\":%.6g,\"predicted_step_s\":%.6g,"
           "\"error_pct\":%.3f,\"measured_bytes\":%llu,\"predicted_bytes\":%llu,"
-          "\"bytes\":\"%s\",\"measured_memory\":%.6g,\"predicted_memory\":%.6g,",
+          "\"bytes\":\"%s\",\"unpredicted_bytes\":%llu,\"unpredicted_kinds\":\"%s\","
+          "\"measured_memory\":%.6g,\"predicted_memory\":%.6g,",
           i ? "," : "", o.name.c_str(), o.measured_step, o.predicted_step, error,
           (unsigned long long)o.measured_bytes, (unsigned long long)o.predicted_bytes, verdict,
-          o.measured_memory, o.predicted_memory);
+          (unsigned long long)o.unpredicted_bytes, o.unpredicted.c_str(), o.measured_memory,
+          o.predicted_memory);
       print_parts_json(o);
       std::printf("}");
       continue;
@@ -409,10 +460,10 @@ int run_plan_validation(const std::string& csv_path, bool json) {
       std::snprintf(mem[1], 32, "%.2f", o.predicted_memory / (1 << 20));
       std::snprintf(mem[2], 32, "%+.1f", memory_error);
     }
-    std::printf("  %-26s %10.3f %10.3f %+8.1f %14llu %14llu %7s %10s %10s %7s\n", o.name.c_str(),
-                1e3 * o.measured_step, 1e3 * o.predicted_step, error,
+    std::printf("  %-26s %10.3f %10.3f %+8.1f %14llu %14llu %7s %12llu %10s %10s %7s\n",
+                o.name.c_str(), 1e3 * o.measured_step, 1e3 * o.predicted_step, error,
                 (unsigned long long)o.measured_bytes, (unsigned long long)o.predicted_bytes,
-                verdict, mem[0], mem[1], mem[2]);
+                verdict, (unsigned long long)o.unpredicted_bytes, mem[0], mem[1], mem[2]);
   }
   const double mean = sum_error / double(outcomes.size());
   if (json) {
@@ -428,9 +479,16 @@ int run_plan_validation(const std::string& csv_path, bool json) {
       mean, mean <= 10 ? "met" : "NOT met", worst, worst <= 20 ? "met" : "NOT met",
       outcomes.size());
   std::printf(
-      "# bytes: %d of %d cases with an exact rule predicted exactly (%s); n/a: expert "
-      "dispatch depends on the routing or a pipeline's messages\n",
+      "# bytes: %d of %d cases predicted exactly (%s), over the traffic kinds a rule fixes; not "
+      "pred.: the kinds that follow the routing (expert_dispatch), the sample ids "
+      "(rollout_queue in a pipeline) or the decode steps (pipeline_generation), measured\n",
       exact, exact_rules, exact == exact_rules ? "met" : "NOT met");
+  for (const Outcome& o : outcomes) {
+    if (!o.unpredicted.empty())
+      std::printf("# %s: not predicted: %s B\n", o.name.c_str(), o.unpredicted.c_str());
+    if (!o.wrong_kinds.empty())
+      std::printf("# %s: WRONG: %s B\n", o.name.c_str(), o.wrong_kinds.c_str());
+  }
   std::printf("# memory: worst |error| %.1f%% over %d fused cases (target <= 5%%: %s)\n",
               worst_memory, memory_cases, worst_memory <= 5 ? "met" : "NOT met");
   for (const Outcome& o : outcomes) {

@@ -54,6 +54,8 @@ int finish_multi_rank_train(const MultiRankTrainEnd& end, const RunOptions& run,
     whole = std::make_unique<Transformer<float>>(policy.config, policy.device->ops(), *whole_memory,
                                                  /*with_gradients=*/false);
   }
+  // Whatever is sent from here on gathers the model for model.h5 (no collective after it counts).
+  const TrafficScope final_gather(topology.links(), TrafficKind::FinalGather);
   if (end.ep && end.tensor_parallel && !end.pipeline) {
     // TP x EP: the experts come together on the first TP group, which assembles the slices.
     gather_tensor_expert_parallel(
@@ -118,6 +120,14 @@ int finish_multi_rank_train(const MultiRankTrainEnd& end, const RunOptions& run,
   LinkCounters total = own;
   MPI_Allreduce(MPI_IN_PLACE, total.bytes.data(), 2, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
   MPI_Allreduce(MPI_IN_PLACE, total.messages.data(), 2, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+  // And per traffic kind: kind k's intra- and inter-node bytes at [2 k], [2 k + 1].
+  std::vector<uint64_t> by_kind;
+  for (const TrafficKind kind : all_traffic_kinds()) {
+    const LinkCounters& c = topology.links().counters(kind);
+    by_kind.insert(by_kind.end(), c.bytes.begin(), c.bytes.end());
+  }
+  MPI_Allreduce(MPI_IN_PLACE, by_kind.data(), int(by_kind.size()), MPI_UINT64_T, MPI_SUM,
+                MPI_COMM_WORLD);
   DispatchTraffic dispatched = end.ep ? end.ep->traffic() : DispatchTraffic{};
   MPI_Allreduce(MPI_IN_PLACE, dispatched.payload.bytes.data(), 2, MPI_UINT64_T, MPI_SUM,
                 MPI_COMM_WORLD);
@@ -163,12 +173,27 @@ int finish_multi_rank_train(const MultiRankTrainEnd& end, const RunOptions& run,
     dir.log("  %-40s %14llu\n", "EP dispatch payload, inter-node bytes",
             (unsigned long long)dispatched.payload.bytes[size_t(LinkClass::InterNode)]);
   }
+  std::string traffic_json = "\"traffic_bytes\":{";
+  bool any_kind = false;
+  for (const TrafficKind kind : all_traffic_kinds()) {
+    const uint64_t intra = by_kind[2 * size_t(kind)], inter = by_kind[2 * size_t(kind) + 1];
+    if (intra + inter == 0) continue;
+    if (!any_kind)
+      dir.log("# bytes by traffic kind (all ranks)%10s %14s %14s\n", "", "intra-node",
+              "inter-node");
+    dir.log("  %-40s %14llu %14llu\n", traffic_kind_name(kind), (unsigned long long)intra,
+            (unsigned long long)inter);
+    traffic_json += std::string(any_kind ? "," : "") + "\"" + traffic_kind_name(kind) + "\":[" +
+                    std::to_string(intra) + "," + std::to_string(inter) + "]";
+    any_kind = true;
+  }
+  traffic_json += "},";
   dir.log("# parameters in %s; trace in %s (rlfusion report %s)\n", dir.file("model.h5").c_str(),
           dir.file("trace.h5").c_str(), dir.path().c_str());
-  char json[2048];
+  char json[4096];
   std::snprintf(json, sizeof json,
                 "{\"command\":\"train\",\"mode\":\"%s\",\"task\":\"%s\",\"model\":\"%s\","
-                "\"seed\":%llu,%s%s%s%s\"migrations\":%d,\"replicated_experts\":%d,\"ranks\":%d,"
+                "\"seed\":%llu,%s%s%s%s%s\"migrations\":%d,\"replicated_experts\":%d,\"ranks\":%d,"
                 "\"expert_parallel\":%d,\"actor_"
                 "expert_parallel\":%d,\"tensor_parallel\":%d,"
                 "\"staleness\":%d,\"sft_steps\":%d,\"rl_steps\":%d,"
@@ -178,11 +203,11 @@ int finish_multi_rank_train(const MultiRankTrainEnd& end, const RunOptions& run,
                 end.mode, policy.task->name().c_str(), policy.config.name.c_str(),
                 (unsigned long long)run.seed, reward_json(rl).c_str(), end.memory_json.c_str(),
                 router_skew_json(options.rebalance).c_str(), touched_experts_json(touched).c_str(),
-                end.migrations, end.ep && end.learner ? end.ep->replicated_experts() : 0,
-                topology.world_size(), options.expert_parallel, options.actor_expert_parallel,
-                options.tensor_parallel, rl.staleness, sft.steps, rl.steps,
-                end.before_rl.accuracy(), after.accuracy(), tokens_per_s, end.rl_seconds,
-                figures[2], total_seconds);
+                traffic_json.c_str(), end.migrations,
+                end.ep && end.learner ? end.ep->replicated_experts() : 0, topology.world_size(),
+                options.expert_parallel, options.actor_expert_parallel, options.tensor_parallel,
+                rl.staleness, sft.steps, rl.steps, end.before_rl.accuracy(), after.accuracy(),
+                tokens_per_s, end.rl_seconds, figures[2], total_seconds);
   if (run.json) dir.log("%s\n", json);
   dir.finish(json);
   return 0;

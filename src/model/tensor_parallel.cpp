@@ -53,6 +53,7 @@ TensorParallel::~TensorParallel() {
 void TensorParallel::allreduce_sum(float* data, int64_t count) const {
   counters_.allreduces += 1;
   counters_.allreduced_elements += count;
+  const TrafficScope layer_traffic(links_, TrafficKind::TensorParallel);
   if (slice_.size > 1) flat_allreduce_sum(data, count, groups_.members, links_);
 }
 
@@ -74,6 +75,7 @@ void TensorParallel::allgather_rows(float* rows, int N, int width) const {
     offsets.push_back(uint64_t(tensor_parallel_row_share(N, slice_.size, r).first) *
                       uint64_t(width) * sizeof(float));
   }
+  const TrafficScope layer_traffic(links_, TrafficKind::TensorParallel);
   flat_allgather(rows, offsets, groups_.members, links_);
 }
 

@@ -137,6 +137,7 @@ void DistQueue::post(int dest, int tag, std::shared_ptr<const std::vector<std::b
     counters_.self.messages += 1;
     counters_.self.bytes += bytes;
   } else {
+    const TrafficScope queue_traffic(topology_.links(), TrafficKind::RolloutQueue);
     topology_.links().count_send(dest, bytes);
   }
   PendingSend pending{MPI_REQUEST_NULL, std::move(message)};

@@ -56,6 +56,7 @@ SampleExchangeResult exchange_samples(const std::vector<QueueSample>& samples,
   }
   for (int peer = 0; peer < size; ++peer) {
     if (send_bytes[size_t(peer)] == 0) continue;
+    const TrafficScope rollout_traffic(links, TrafficKind::RolloutQueue);
     links.count_send(links.world_rank_of(peer, comm), send_bytes[size_t(peer)]);
     result.bytes_sent += send_bytes[size_t(peer)];
     MPI_Request request;

@@ -105,6 +105,7 @@ uint64_t ExpertWeightSync::send_routed(const Plan& plan, const float* params,
   // Posted: every message from a buffer of its own that outlives the call, sent without waiting.
   auto send = [&](auto buffer, int actor, int tag) {
     const uint64_t n = buffer.size() * sizeof(buffer[0]);
+    const TrafficScope traffic(links, TrafficKind::WeightSync);
     if (!posted) {
       links.send(buffer.data(), n, actor, tag, comm_);
     } else {

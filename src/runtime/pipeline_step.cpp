@@ -124,7 +124,10 @@ class StepExchange {
     m.data = std::move(data);
     m.peer = rank_of_virtual_stage(shape_, to_stage);
     const uint64_t bytes = uint64_t(m.data.size() * sizeof(T));
-    links_.count_send(world_rank_of_[size_t(m.peer)], bytes);
+    {
+      const TrafficScope activation_traffic(links_, TrafficKind::PipelineActivations);
+      links_.count_send(world_rank_of_[size_t(m.peer)], bytes);
+    }
     bytes_sent_ += bytes;
     ++messages_sent_;
     MPI_Isend(m.data.data(), int(bytes), MPI_BYTE, m.peer, tag(kind, index, to_stage), comm_,

@@ -41,6 +41,7 @@ uint64_t PostedWeightSync::post(const float* params, int64_t count, const Wait& 
   MPI_Comm_size(comm_, &size);
   const uint64_t bytes = uint64_t(count) * sizeof(float);
   for (int actor = 1; actor < size; ++actor) {
+    const TrafficScope traffic(links_, TrafficKind::WeightSync);
     links_.count_send(links_.world_rank_of(actor, comm_), bytes);
     in_buckets(snapshot_.data(), count, actor, MPI_Isend, pending_);
   }
@@ -67,6 +68,7 @@ uint64_t PostedWeightSync::post_slices(const std::vector<std::vector<float>>& sl
   for (int actor = 1; actor < size; ++actor) {
     const size_t slice = size_t(actor - 1) % slices.size();
     const uint64_t bytes = uint64_t(counts[slice]) * sizeof(float);
+    const TrafficScope traffic(links_, TrafficKind::WeightSync);
     links_.count_send(links_.world_rank_of(actor, comm_), bytes);
     in_buckets(snapshot_.data() + offsets[slice], counts[slice], actor, MPI_Isend, pending_);
     posted += bytes;

@@ -326,6 +326,7 @@ OptimizerShard RoleExpertParallel::optimizer_shard(const ParameterLayout& layout
 
 uint64_t RoleExpertParallel::reduce_gradients(float* grads, const ParameterLayout& layout) {
   const uint64_t before = bytes_sent(links_.counters());
+  const TrafficScope gradient_traffic(links_, TrafficKind::GradientReduce);
   const int local = local_slots();
   allreduce_ranges(grads, replicated_ranges(layout), role_, links_);
   allreduce_ranges(grads, expert_slices(layout, ep_rank_ * local, local), expert_data_group_,

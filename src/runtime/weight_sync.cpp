@@ -57,6 +57,7 @@ uint64_t WeightSync::broadcast_slice(int slice, float* params, int64_t count) {
   HierarchicalComm& group = slice_groups_.at(size_t(slice));
   if (group.comm == MPI_COMM_NULL) return 0;
   const uint64_t bytes = uint64_t(count) * sizeof(float);
+  const TrafficScope traffic(topology_.links(), TrafficKind::WeightSync);
   rlf::broadcast(params, bytes, /*root=*/0, group, topology_.links());
   return bytes;
 }
@@ -64,6 +65,7 @@ uint64_t WeightSync::broadcast_slice(int slice, float* params, int64_t count) {
 uint64_t WeightSync::broadcast(float* params, int64_t count) {
   if (!member()) return 0;
   const uint64_t bytes = uint64_t(count) * sizeof(float);
+  const TrafficScope traffic(topology_.links(), TrafficKind::WeightSync);
   rlf::broadcast(params, bytes, /*root=*/0, group_, topology_.links());
   return bytes;
 }

@@ -1,12 +1,18 @@
-// The bytes a finished `rlfusion train` run's link counters hold (mpi_comm/links.h), predicted from
-// its layout and its token totals by the same rules the runtime follows: the bucketed hierarchical
-// weight broadcast, DistQueue's messages (hierarchical_collectives.h, queue_protocol.h,
-// sample_packing.h) and the hierarchical gradient all-reduce. Exact for the layouts
-// `exact` says; expert-parallel dispatch depends on the routing and is not counted here.
+// The bytes a finished `rlfusion train` run's link counters hold (mpi_comm/links.h), predicted
+// kind by kind (mpi_comm/traffic_kind.h) from its layout and its token totals by the same rules
+// the runtime follows: the bucketed hierarchical weight broadcast, DistQueue's messages
+// (hierarchical_collectives.h, queue_protocol.h, sample_packing.h), the hierarchical gradient
+// all-reduce, a pipeline's activations and borrowed layers, and the model gathered at the end.
+// A kind whose bytes depend on more than the totals (expert dispatch on the routing; a pipeline's
+// rollout hand-off on which samples land on which shard; generation inside a pipeline on its
+// decode steps) is marked not exact.
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <vector>
 
+#include "mpi_comm/traffic_kind.h"
 #include "src/sim/strategy.h"
 
 namespace rlf::sim {
@@ -17,19 +23,38 @@ struct RuntimeRun {
   int ranks_per_node = 1;
   int actors = 0;  // disaggregated: actors after the learners; learners = ranks - actors
   int queue_shards = 2;
-  int expert_parallel = 1;  // fused: the training EP degree
+  int expert_parallel = 1;          // the training EP degree
+  int actor_expert_parallel = 1;    // generation's
+  int redundant_experts = 0;        // EDPB's spare slots per EP rank
+  int pipeline_parallel = 1;        // fused: training's stages (consecutive ranks)
+  int actor_pipeline_parallel = 1;  // fused: 1 (generation from borrowed layers) or the same
   int staleness = 0;
   int64_t steps = 0;
   int64_t samples_per_step = 0;
   int64_t parameters = 0;         // the whole model's
   int64_t routed_parameters = 0;  // of which routed experts
-  int64_t trained_tokens = 0;     // prompt + response tokens over every RL step
-  int64_t response_tokens = 0;    // response tokens over every RL step
+  int experts = 0;                // routed experts per layer
+  int d_model = 0;
+  // Each pipeline stage's own parameters (pipeline_parallel entries; PP only).
+  std::vector<int64_t> stage_parameters;
+  int64_t trained_tokens = 0;   // prompt + response tokens over every RL step
+  int64_t response_tokens = 0;  // response tokens over every RL step
+};
+
+struct KindBytes {
+  uint64_t intra = 0, inter = 0;
+  bool exact = true;  // false: these rules do not fix this kind's bytes (see the .cpp)
+  uint64_t total() const { return intra + inter; }
 };
 
 struct CountedBytes {
-  uint64_t intra = 0, inter = 0;
-  bool exact = false;  // false: a layout these rules do not cover exactly (see the .cpp)
+  std::array<KindBytes, kTrafficKinds> kinds{};
+  KindBytes& operator[](TrafficKind kind) { return kinds[size_t(kind)]; }
+  const KindBytes& operator[](TrafficKind kind) const { return kinds[size_t(kind)]; }
+  // Over every kind.
+  uint64_t intra() const;
+  uint64_t inter() const;
+  bool exact() const;  // every kind exact
 };
 
 CountedBytes counted_bytes(const RuntimeRun& run);

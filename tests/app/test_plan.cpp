@@ -569,6 +569,60 @@ TEST(Plan, ValidationPredictsPipelineCases) {
       << bad.output;
 }
 
+// With the run's bytes by traffic kind (validate_planner.sh's bytes_<kind> columns, here those of
+// today's `rlfusion train` runs of the EP 2 and PP 2 cases), the rules are checked kind by kind:
+// the kinds they fix predicted to the byte, the ones that follow the routing or the sample ids
+// reported apart as not predicted; a kind one byte off is WRONG and named.
+TEST(Plan, ValidationChecksTheBytesKindByKind) {
+  const std::string dir = scratch("validate-kinds");
+  const std::string cluster = RLFUSION_SOURCE_DIR "/inputs/clusters/cloudmatrix-384.ini";
+  const std::string header =
+      std::string(kMeasuredColumns) +
+      ",redundant_experts,rebalance,expert_moves_per_step,pipeline_parallel,"
+      "actor_pipeline_parallel,bytes_other,bytes_weight_sync,bytes_gradient_reduce,"
+      "bytes_rollout_queue,bytes_expert_dispatch,bytes_expert_migration,"
+      "bytes_pipeline_activations,bytes_pipeline_generation,bytes_layout_switch,"
+      "bytes_tensor_parallel,bytes_final_gather\n";
+  const std::string measured = "0.009,0,1,2367616,2283712,0.003,0.005,1.165960,0,0,0,";
+  const auto row = [&](const std::string& name, const std::string& layout,
+                       const std::string& parallel, const std::string& kinds) {
+    return name + "," + cluster + ",sort,tiny,fused,2,1,0," + layout +
+           ",0,0,0,0,16,8,8,0,2,60,94739,49011," + measured + parallel + "," + kinds + "\n";
+  };
+  std::ofstream(dir + "/measured.csv")
+      << header << row("ep2", "2,2", "1,1", "0,0,6589440,0,127232184,0,0,0,0,0,49152")
+      << row("pp2", "1,1", "2,1", "0,0,0,1908416,0,0,22287104,0,9192960,0,76672")
+      << row("pp2-off-by-one", "1,1", "2,1", "0,0,0,1908416,0,0,22287104,0,9192961,0,76672");
+  const auto r = run_rlfusion("plan --validate " + dir + "/measured.csv --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto at = [&](const std::string& name) {
+    const size_t where = r.output.find("{\"case\":\"" + name + "\"");
+    EXPECT_NE(where, std::string::npos) << name << "\n" << r.output;
+    return where;
+  };
+  const auto text_field = [&](const std::string& name, const std::string& key) {
+    const size_t from = r.output.find("\"" + key + "\":\"", at(name)) + key.size() + 4;
+    return r.output.substr(from, r.output.find('"', from) - from);
+  };
+  EXPECT_EQ(text_field("ep2", "bytes"), "EXACT") << r.output;
+  EXPECT_EQ(test::json_number(r.output, "measured_bytes", at("ep2")), 6589440 + 49152);
+  EXPECT_EQ(test::json_number(r.output, "unpredicted_bytes", at("ep2")), 127232184);
+  EXPECT_EQ(text_field("ep2", "unpredicted_kinds"), "expert_dispatch 127232184");
+  EXPECT_EQ(text_field("pp2", "bytes"), "EXACT") << r.output;
+  EXPECT_EQ(test::json_number(r.output, "predicted_bytes", at("pp2")), 22287104 + 9192960 + 76672);
+  EXPECT_EQ(text_field("pp2", "unpredicted_kinds"), "rollout_queue 1908416");
+  EXPECT_EQ(text_field("pp2-off-by-one", "bytes"), "WRONG") << r.output;
+  const auto text = run_rlfusion("plan --validate " + dir + "/measured.csv");
+  ASSERT_EQ(text.exit_code, 0) << text.output;
+  EXPECT_NE(text.output.find("# pp2-off-by-one: WRONG: layout_switch 9192961 measured, 9192960 "
+                             "predicted B"),
+            std::string::npos)
+      << text.output;
+  EXPECT_NE(text.output.find("# bytes: 2 of 3 cases predicted exactly (NOT met)"),
+            std::string::npos)
+      << text.output;
+}
+
 // jobs/local/validation_rounds.py, validate_planner.sh's last step: each round's run is predicted
 // on its round's cluster file (the cluster column + ".r"), and the round whose error is the median
 // of the case's rounds stands for it. Case "same" has one cluster in every round, so the median

@@ -2,6 +2,7 @@
 // the time an emulated inter-node message takes.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <climits>
 #include <cmath>
@@ -91,6 +92,38 @@ TEST(Links, CountersAreExactAndPerSender) {
 
   links.reset_counters();
   EXPECT_EQ(links.counters().bytes, (std::array<uint64_t, 2>{}));
+}
+
+// Sends count under the innermost TrafficScope's kind (Other outside any); the kinds add up to
+// the link counters; a scope's end brings the kind before it back; reset clears the kinds too.
+TEST(Links, CountsEachSendUnderItsTrafficKind) {
+  Links links(test::virtual_node_list(world_size(), 1), {});
+  const int peer = world_size() > 1 ? 1 - std::min(world_rank(), 1) : 0;
+  links.count_send(peer, 5);
+  {
+    const TrafficScope gradients(links, TrafficKind::GradientReduce);
+    links.count_send(peer, 100);
+    {
+      const TrafficScope dispatch(links, TrafficKind::ExpertDispatch);
+      EXPECT_EQ(links.traffic_kind(), TrafficKind::ExpertDispatch);
+      links.count_send(peer, 20);
+    }
+    EXPECT_EQ(links.traffic_kind(), TrafficKind::GradientReduce);
+    links.count_send(peer, 3);
+  }
+  EXPECT_EQ(links.traffic_kind(), TrafficKind::Other);
+  const LinkClass link = links.classify(world_rank(), peer);
+  EXPECT_EQ(links.counters(TrafficKind::Other).bytes[size_t(link)], 5u);
+  EXPECT_EQ(links.counters(TrafficKind::GradientReduce).bytes[size_t(link)], 103u);
+  EXPECT_EQ(links.counters(TrafficKind::GradientReduce).messages[size_t(link)], 2u);
+  EXPECT_EQ(links.counters(TrafficKind::ExpertDispatch).bytes[size_t(link)], 20u);
+  LinkCounters sum;
+  for (const TrafficKind kind : all_traffic_kinds()) sum += links.counters(kind);
+  EXPECT_EQ(sum.bytes, links.counters().bytes);
+  EXPECT_EQ(sum.messages, links.counters().messages);
+  EXPECT_STREQ(traffic_kind_name(TrafficKind::PipelineActivations), "pipeline_activations");
+  links.reset_counters();
+  EXPECT_EQ(links.counters(TrafficKind::GradientReduce).bytes, (std::array<uint64_t, 2>{}));
 }
 
 TEST(Links, MessagesBeyondIntCountsAreRefused) {

@@ -1251,28 +1251,90 @@ TEST(CountedBytes, MatchesRealRuns) {
   r.samples_per_step = 128;
   r.parameters = 38304;
   r.routed_parameters = 24576;
+  r.experts = 4;
+  r.d_model = 32;
   r.trained_tokens = 2768827;
   r.response_tokens = 1234251;
   CountedBytes b = counted_bytes(r);
-  EXPECT_TRUE(b.exact);
-  EXPECT_EQ(b.inter, 335269560u);
-  EXPECT_EQ(b.intra, 0u);
+  EXPECT_TRUE(b.exact());
+  EXPECT_EQ(b.inter(), 335269560u);
+  EXPECT_EQ(b.intra(), 0u);
+  // Two kinds: the weights (2001 broadcasts of 153216 bytes) and the rollouts.
+  EXPECT_EQ(b[TrafficKind::WeightSync].inter, 2001u * 153216u);
+  EXPECT_EQ(b[TrafficKind::RolloutQueue].inter, 335269560u - 2001u * 153216u);
   r.ranks_per_node = 2;  // one node: the same bytes, intra-node
   b = counted_bytes(r);
-  EXPECT_EQ(b.intra, 335269560u);
-  EXPECT_EQ(b.inter, 0u);
+  EXPECT_EQ(b.intra(), 335269560u);
+  EXPECT_EQ(b.inter(), 0u);
   // StaleSync: actors a step ahead get the weights after steps 2 .. steps - 1 (and once before):
   // two broadcasts of the 153216 parameter bytes fewer.
   r.ranks_per_node = 1;
   r.staleness = 1;
-  EXPECT_EQ(counted_bytes(r).inter, 335269560u - 2 * 153216u);
+  EXPECT_EQ(counted_bytes(r).inter(), 335269560u - 2 * 153216u);
   r.staleness = 0;
   r.mode = Mode::Fused;
   b = counted_bytes(r);
-  EXPECT_TRUE(b.exact);
-  EXPECT_EQ(b.inter, 612864000u);
-  r.expert_parallel = 2;  // dispatch depends on the routing
-  EXPECT_FALSE(counted_bytes(r).exact);
+  EXPECT_TRUE(b.exact());
+  EXPECT_EQ(b.inter(), 612864000u);
+  EXPECT_EQ(b[TrafficKind::GradientReduce].inter, 612864000u);
+}
+
+// The kinds of the validation's fused EP and pipeline runs (tiny, sort, 60 steps x 128 samples, 2
+// ranks on 2 virtual nodes, 94739 tokens trained; `rlfusion train`'s "bytes by traffic kind",
+// 2026-12-06): what the rules fix, they predict to the byte.
+TEST(CountedBytes, MatchesTheKindsOfRealExpertAndPipelineRuns) {
+  RuntimeRun r;
+  r.mode = Mode::Fused;
+  r.ranks = 2;
+  r.ranks_per_node = 1;
+  r.steps = 60;
+  r.samples_per_step = 128;
+  r.parameters = 38304;
+  r.routed_parameters = 24576;
+  r.experts = 4;
+  r.d_model = 32;
+  r.trained_tokens = 94739;
+  r.response_tokens = 49011;
+  // EP 2: the replicated tensors' gradients (13728 floats), and at the end rank 1's two experts of
+  // each of the 2 layers (3072 floats each) to rank 0; dispatch follows the routing.
+  r.expert_parallel = r.actor_expert_parallel = 2;
+  CountedBytes b = counted_bytes(r);
+  EXPECT_FALSE(b.exact());
+  EXPECT_FALSE(b[TrafficKind::ExpertDispatch].exact);
+  EXPECT_EQ(b[TrafficKind::GradientReduce].inter, 6589440u);
+  EXPECT_EQ(b[TrafficKind::FinalGather].inter, 49152u);
+  r.redundant_experts = 1;  // a spare slot a layer, gathered too
+  EXPECT_EQ(counted_bytes(r)[TrafficKind::FinalGather].inter, 73728u);
+  EXPECT_TRUE(counted_bytes(r)[TrafficKind::FinalGather].exact);
+  // PP 2 generating from borrowed layers: each step every stage receives the other's (19168 and
+  // 19136 floats); 87059 rows (a sample's last token trains nothing) of 32 floats cross forward
+  // and back; the second stage's layers go to rank 0 at the end; no gradient crosses (one
+  // pipeline).
+  r.expert_parallel = r.actor_expert_parallel = 1;
+  r.redundant_experts = 0;
+  r.pipeline_parallel = 2;
+  r.stage_parameters = {19136, 19168};
+  b = counted_bytes(r);
+  EXPECT_EQ(b[TrafficKind::PipelineActivations].inter, 22287104u);
+  EXPECT_EQ(b[TrafficKind::LayoutSwitch].inter, 9192960u);
+  EXPECT_EQ(b[TrafficKind::FinalGather].inter, 76672u);
+  EXPECT_EQ(b[TrafficKind::GradientReduce].total(), 0u);
+  EXPECT_TRUE(b[TrafficKind::GradientReduce].exact);
+  EXPECT_FALSE(b[TrafficKind::RolloutQueue].exact) << "the samples' shards follow their ids";
+  EXPECT_TRUE(b[TrafficKind::PipelineGeneration].exact);
+  // Generation inside the pipeline: nothing borrowed; its own messages follow its decode steps.
+  r.actor_pipeline_parallel = 2;
+  b = counted_bytes(r);
+  EXPECT_EQ(b[TrafficKind::LayoutSwitch].total(), 0u);
+  EXPECT_TRUE(b[TrafficKind::LayoutSwitch].exact);
+  EXPECT_FALSE(b[TrafficKind::PipelineGeneration].exact);
+  EXPECT_EQ(b[TrafficKind::PipelineActivations].inter, 22287104u);
+  // One node: the same bytes inside it.
+  r.ranks_per_node = 2;
+  b = counted_bytes(r);
+  EXPECT_EQ(b[TrafficKind::PipelineActivations].intra, 22287104u);
+  EXPECT_EQ(b[TrafficKind::FinalGather].intra, 76672u);
+  EXPECT_EQ(b.inter(), 0u);
 }
 
 }  // namespace

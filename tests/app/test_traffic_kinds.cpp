@@ -1,0 +1,132 @@
+// Every multi-rank `train` run counts its link bytes by traffic kind (mpi_comm/traffic_kind.h,
+// summary.json's "traffic_bytes"): the kinds add up to the link counters, each algorithm's bytes
+// land in its own kind, and `plan --validate` (src/sim/counted_bytes.cpp) predicts every kind its
+// rules fix to the byte on fresh runs, as jobs/local/validate_planner.sh checks them.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+
+#include "tests/app/fused_train_runs.h"
+#include "tests/app/json_output.h"
+#include "tests/app/run_rlfusion.h"
+
+namespace rlf {
+namespace {
+
+const char* const kKinds[] = {
+    "other",           "weight_sync",      "gradient_reduce",      "rollout_queue",
+    "expert_dispatch", "expert_migration", "pipeline_activations", "pipeline_generation",
+    "layout_switch",   "tensor_parallel",  "final_gather"};
+
+struct RunBytes {
+  std::map<std::string, long long> by_kind;  // intra + inter
+  long long intra = 0, inter = 0;            // the link counters (all ranks)
+  long long tokens = 0;                      // trained (the report's total)
+};
+
+long long log_counter(const std::string& log, const std::string& label) {
+  const size_t at = log.find(label);
+  EXPECT_NE(at, std::string::npos) << label << "\n" << log;
+  return at == std::string::npos ? -1 : std::stoll(log.substr(at + label.size()));
+}
+
+RunBytes run_and_count(const std::string& name, const std::string& options) {
+  const std::string dir = test::fresh_temp_dir(name);
+  const auto run = test::run_rlfusion(
+      "train --model tiny --task sort --sft-steps 0 --steps 3 --prompts 8 --group-size 4 "
+      "--micro-batch 4 --eval-prompts 4 --eval-every 0 --log-every 3 --ranks-per-node 1 --json " +
+          options + " --run-dir " + dir,
+      2);
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  RunBytes out;
+  const size_t traffic = run.output.find("\"traffic_bytes\":{");
+  EXPECT_NE(traffic, std::string::npos) << run.output;
+  if (traffic == std::string::npos) return out;
+  const std::string object = run.output.substr(traffic, run.output.find('}', traffic) - traffic);
+  for (const char* kind : kKinds) {
+    const size_t at = object.find(std::string("\"") + kind + "\":[");
+    if (at == std::string::npos) continue;
+    std::istringstream pair(object.substr(object.find('[', at) + 1));
+    long long intra = 0, inter = 0;
+    char comma = 0;
+    pair >> intra >> comma >> inter;
+    out.by_kind[kind] = intra + inter;
+  }
+  std::ifstream file(dir + "/log.txt");
+  const std::string log((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  out.intra = log_counter(log, "intra-node bytes (all ranks)");
+  out.inter = log_counter(log, "inter-node bytes (all ranks)");
+  const auto report = test::run_rlfusion("report " + dir + " --json");
+  EXPECT_EQ(report.exit_code, 0) << report.output;
+  out.tokens =
+      (long long)test::json_number(report.output, "tokens", report.output.find("\"total\":"));
+  return out;
+}
+
+long long kind_sum(const RunBytes& r) {
+  long long sum = 0;
+  for (const auto& [kind, bytes] : r.by_kind) sum += bytes;
+  return sum;
+}
+
+// A validate_planner.sh row for a fused tiny run of the options above (times made up: only the
+// bytes are checked here).
+std::string measured_row(const std::string& name, const std::string& layout, int pipeline,
+                         int generation_pipeline, const RunBytes& r) {
+  std::ostringstream row;
+  row << name
+      << "," RLFUSION_SOURCE_DIR "/inputs/clusters/cloudmatrix-384.ini,sort,tiny,fused,2,1,0,"
+      << layout << ",0,0,0,0,8,4,4,0,2,3," << r.tokens << ",0,0.01," << r.intra << "," << r.inter
+      << ",0,0,0.004,0.006,1,0,0,0," << pipeline << "," << generation_pipeline;
+  for (const char* kind : kKinds) row << "," << (r.by_kind.count(kind) ? r.by_kind.at(kind) : 0);
+  return row.str() + "\n";
+}
+
+TEST(TrafficKinds, AddUpToTheCountersAndArePredictedWhereARuleFixesThem) {
+  const RunBytes ep =
+      run_and_count("ep", "--mode fused --expert-parallel 2 --actor-expert-parallel 2");
+  const RunBytes pp =
+      run_and_count("pp", "--mode fused --pipeline-parallel 2 --actor-pipeline-parallel 1");
+  const RunBytes disaggregated = run_and_count("disaggregated", "--mode disaggregated");
+  for (const RunBytes* r : {&ep, &pp, &disaggregated}) {
+    EXPECT_EQ(kind_sum(*r), r->intra + r->inter);
+    EXPECT_GT(r->inter, 0);
+    EXPECT_EQ(r->by_kind.count("other"), 0u) << "every message has its kind";
+  }
+  EXPECT_GT(ep.by_kind.at("expert_dispatch"), 0);
+  EXPECT_GT(ep.by_kind.at("gradient_reduce"), 0);
+  EXPECT_GT(pp.by_kind.at("pipeline_activations"), 0);
+  EXPECT_GT(pp.by_kind.at("layout_switch"), 0);
+  EXPECT_EQ(pp.by_kind.count("gradient_reduce"), 0u) << "one pipeline: no data-parallel peer";
+  EXPECT_GT(disaggregated.by_kind.at("weight_sync"), 0);
+  EXPECT_GT(disaggregated.by_kind.at("rollout_queue"), 0);
+
+  const std::string dir = test::fresh_temp_dir("validate");
+  std::filesystem::create_directories(dir);
+  std::ofstream csv(dir + "/measured.csv");
+  csv << "case,cluster,task,model,mode,ranks,ranks_per_node,actors,expert_parallel,"
+         "actor_expert_parallel,staleness,offload,inter_bandwidth,inter_latency,prompts,"
+         "group_size,micro_batch,reference,queue_shards,steps,trained_tokens,response_tokens,"
+         "step_s,intra_bytes,inter_bytes,generation_peak,training_peak,generate_s,train_s,"
+         "router_max_over_mean,redundant_experts,rebalance,expert_moves_per_step,"
+         "pipeline_parallel,actor_pipeline_parallel";
+  for (const char* kind : kKinds) csv << ",bytes_" << kind;
+  csv << "\n" << measured_row("ep", "2,2", 1, 1, ep) << measured_row("pp", "1,1", 2, 1, pp);
+  csv.close();
+  const auto validated = test::run_rlfusion("plan --validate " + dir + "/measured.csv");
+  ASSERT_EQ(validated.exit_code, 0) << validated.output;
+  EXPECT_NE(validated.output.find("# bytes: 2 of 2 cases predicted exactly (met)"),
+            std::string::npos)
+      << validated.output;
+  EXPECT_NE(validated.output.find("# ep: not predicted: expert_dispatch " +
+                                  std::to_string(ep.by_kind.at("expert_dispatch"))),
+            std::string::npos)
+      << validated.output;
+}
+
+}  // namespace
+}  // namespace rlf
