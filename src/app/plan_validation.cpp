@@ -287,6 +287,9 @@ Outcome validate_row(const Row& row) {
   run.expert_parallel = s.train.ep;
   run.actor_expert_parallel = s.generate.ep;
   run.redundant_experts = s.redundant_experts;
+  // (summary.json's migrations; a CSV without the column: any run that rebalanced may have.)
+  const double migrations = row.number_or("migrations", -1);
+  run.migrated = migrations > 0 || (migrations < 0 && s.rebalance);
   run.pipeline_parallel = pipeline;
   run.actor_pipeline_parallel = generation_pipeline;
   run.staleness = s.staleness;

@@ -173,7 +173,9 @@ int finish_multi_rank_train(const MultiRankTrainEnd& end, const RunOptions& run,
     dir.log("  %-40s %14llu\n", "EP dispatch payload, inter-node bytes",
             (unsigned long long)dispatched.payload.bytes[size_t(LinkClass::InterNode)]);
   }
-  std::string traffic_json = "\"traffic_bytes\":{";
+  // (Last in summary.json: its keys, such as "tensor_parallel", must not come before the run's
+  // own fields of the same name for readers that take a key's first match.)
+  std::string traffic_json = ",\"traffic_bytes\":{";
   bool any_kind = false;
   for (const TrafficKind kind : all_traffic_kinds()) {
     const uint64_t intra = by_kind[2 * size_t(kind)], inter = by_kind[2 * size_t(kind) + 1];
@@ -187,27 +189,27 @@ int finish_multi_rank_train(const MultiRankTrainEnd& end, const RunOptions& run,
                     std::to_string(intra) + "," + std::to_string(inter) + "]";
     any_kind = true;
   }
-  traffic_json += "},";
+  traffic_json += "}";
   dir.log("# parameters in %s; trace in %s (rlfusion report %s)\n", dir.file("model.h5").c_str(),
           dir.file("trace.h5").c_str(), dir.path().c_str());
   char json[4096];
   std::snprintf(json, sizeof json,
                 "{\"command\":\"train\",\"mode\":\"%s\",\"task\":\"%s\",\"model\":\"%s\","
-                "\"seed\":%llu,%s%s%s%s%s\"migrations\":%d,\"replicated_experts\":%d,\"ranks\":%d,"
+                "\"seed\":%llu,%s%s%s%s\"migrations\":%d,\"replicated_experts\":%d,\"ranks\":%d,"
                 "\"expert_parallel\":%d,\"actor_"
                 "expert_parallel\":%d,\"tensor_parallel\":%d,"
                 "\"staleness\":%d,\"sft_steps\":%d,\"rl_steps\":%d,"
                 "\"heldout_accuracy_before_rl\":%.4f,\"heldout_accuracy_after_rl\":%.4f,"
                 "\"rl_tokens_per_s\":%.1f,\"rl_seconds\":%.3f,\"weight_sync_seconds\":%.6f,"
-                "\"total_seconds\":%.3f}",
+                "\"total_seconds\":%.3f%s}",
                 end.mode, policy.task->name().c_str(), policy.config.name.c_str(),
                 (unsigned long long)run.seed, reward_json(rl).c_str(), end.memory_json.c_str(),
                 router_skew_json(options.rebalance).c_str(), touched_experts_json(touched).c_str(),
-                traffic_json.c_str(), end.migrations,
-                end.ep && end.learner ? end.ep->replicated_experts() : 0, topology.world_size(),
-                options.expert_parallel, options.actor_expert_parallel, options.tensor_parallel,
-                rl.staleness, sft.steps, rl.steps, end.before_rl.accuracy(), after.accuracy(),
-                tokens_per_s, end.rl_seconds, figures[2], total_seconds);
+                end.migrations, end.ep && end.learner ? end.ep->replicated_experts() : 0,
+                topology.world_size(), options.expert_parallel, options.actor_expert_parallel,
+                options.tensor_parallel, rl.staleness, sft.steps, rl.steps,
+                end.before_rl.accuracy(), after.accuracy(), tokens_per_s, end.rl_seconds,
+                figures[2], total_seconds, traffic_json.c_str());
   if (run.json) dir.log("%s\n", json);
   dir.finish(json);
   return 0;

@@ -212,6 +212,11 @@ uint64_t assemble_tensor_slices(const float* slice, const ParameterLayout& slice
   std::vector<float> all(assembles ? mine.size() * size_t(tp.degree()) : 0);
   if (to_all) {
     MPI_Allgather(mine.data(), count, MPI_FLOAT, all.data(), count, MPI_FLOAT, tp.group().comm);
+    // (Counted as a flat allgather sends it: this rank's slices to each other rank.)
+    for (int r = 0; r < tp.degree(); ++r) {
+      if (r != tp.rank())
+        tp.links().count_send(tp.group().world_ranks[size_t(r)], uint64_t(count) * sizeof(float));
+    }
   } else {
     MPI_Gather(mine.data(), count, MPI_FLOAT, all.data(), count, MPI_FLOAT, 0, tp.group().comm);
     if (tp.rank() != 0)

@@ -15,7 +15,8 @@ uint64_t copy_experts_into_slots(const std::vector<std::vector<int>>& old_slot_e
                                  const std::vector<std::vector<int>>& new_slot_expert, int experts,
                                  int local_slots,
                                  const std::vector<std::vector<ParameterRange>>& slot_ranges,
-                                 const std::vector<float*>& buffers, MPI_Comm ep_comm) {
+                                 const std::vector<float*>& buffers, MPI_Comm ep_comm,
+                                 Links* links) {
   if (old_slot_expert.size() != new_slot_expert.size() ||
       slot_ranges.size() != old_slot_expert.size() * size_t(local_slots)) {
     throw std::invalid_argument("copy_experts_into_slots: tables or ranges of different layers");
@@ -104,6 +105,10 @@ uint64_t copy_experts_into_slots(const std::vector<std::vector<int>>& old_slot_e
     MPI_Isend(staging.data() + out.offset, int(count), MPI_FLOAT, out.target / local_slots, kTag,
               ep_comm, &requests.back());
     sent += uint64_t(count) * sizeof(float);
+    if (links) {
+      links->count_send(links->world_rank_of(out.target / local_slots, ep_comm),
+                        uint64_t(count) * sizeof(float));
+    }
   }
   MPI_Waitall(int(requests.size()), requests.data(), MPI_STATUSES_IGNORE);
   for (MPI_Datatype& type : types) MPI_Type_free(&type);
@@ -112,7 +117,8 @@ uint64_t copy_experts_into_slots(const std::vector<std::vector<int>>& old_slot_e
 
 uint64_t move_expert_slots(const std::vector<int>& old_slot_of, const std::vector<int>& new_slot_of,
                            const ParameterLayout& layout, int local_experts,
-                           const std::vector<float*>& buffers, MPI_Comm ep_comm, int layer) {
+                           const std::vector<float*>& buffers, MPI_Comm ep_comm, int layer,
+                           Links* links) {
   const int experts = int(old_slot_of.size());
   for (const std::vector<int>* table : {&old_slot_of, &new_slot_of}) {
     std::vector<int> sorted = *table;
@@ -143,7 +149,7 @@ uint64_t move_expert_slots(const std::vector<int>& old_slot_of, const std::vecto
   return copy_experts_into_slots(
       std::vector<std::vector<int>>(layers.size(), slot_expert(old_slot_of)),
       std::vector<std::vector<int>>(layers.size(), slot_expert(new_slot_of)), experts,
-      local_experts, slot_ranges, buffers, ep_comm);
+      local_experts, slot_ranges, buffers, ep_comm, links);
 }
 
 }  // namespace rlf

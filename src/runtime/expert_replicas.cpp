@@ -49,7 +49,7 @@ std::vector<std::vector<std::vector<int>>> replica_slots(
 uint64_t sum_replica_gradients(const std::vector<std::vector<int>>& slot_expert, int experts,
                                int local_slots,
                                const std::vector<std::vector<ParameterRange>>& slot_ranges,
-                               float* grads, MPI_Comm ep_comm) {
+                               float* grads, MPI_Comm ep_comm, Links* links) {
   int rank = 0;
   MPI_Comm_rank(ep_comm, &rank);
   if (slot_ranges.size() != slot_expert.size() * size_t(local_slots)) {
@@ -97,6 +97,7 @@ uint64_t sum_replica_gradients(const std::vector<std::vector<int>>& slot_expert,
       MPI_Isend(own.data(), int(own.size()), MPI_FLOAT, peer, kReplicaGradientTag, ep_comm,
                 &requests.back());
       sent += own.size() * sizeof(float);
+      if (links) links->count_send(links->world_rank_of(peer, ep_comm), own.size() * sizeof(float));
     }
   }
   MPI_Waitall(int(requests.size()), requests.data(), MPI_STATUSES_IGNORE);

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "mpi_comm/links.h"
 #include "src/model/parameter_layout.h"
 
 namespace rlf {
@@ -27,11 +28,12 @@ std::vector<std::vector<std::vector<int>>> replica_slots(
 // slot_ranges[l * L + i]: where local slot i of layer l lies in `grads` (the routed-expert
 // tensors' slices). Every replicated expert's gradient becomes the sum of its replicas'
 // gradients, added in ascending slot order on every holder (so the holders get equal bits);
-// unreplicated experts are untouched. Returns the bytes this rank sent.
+// unreplicated experts are untouched. Returns the bytes this rank sent (counted on `links` too,
+// per link class, when given).
 uint64_t sum_replica_gradients(const std::vector<std::vector<int>>& slot_expert, int experts,
                                int local_slots,
                                const std::vector<std::vector<ParameterRange>>& slot_ranges,
-                               float* grads, MPI_Comm ep_comm);
+                               float* grads, MPI_Comm ep_comm, Links* links = nullptr);
 
 // For the global gradient norm: true for the local slots ([l * L + i]) whose expert is counted
 // here, the first replica (lowest slot) of each expert, so every expert counts once.

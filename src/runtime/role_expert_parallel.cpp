@@ -185,8 +185,9 @@ uint64_t RoleExpertParallel::fill_redundant_slots(float* params, const Parameter
   for (std::vector<int>& table : empty_spares)
     for (size_t s = 0; s < table.size(); ++s)
       if (int(s) % local >= own) table[s] = kEmptySlot;
+  const TrafficScope traffic(links_, TrafficKind::ExpertMigration);
   return copy_experts_into_slots(empty_spares, slot_expert_, experts_, local, slot_ranges(layout),
-                                 {params}, ep_group_.comm);
+                                 {params}, ep_group_.comm, &links_);
 }
 
 uint64_t RoleExpertParallel::migrate_slots(const std::vector<std::vector<int>>& slot_expert,
@@ -202,8 +203,9 @@ uint64_t RoleExpertParallel::migrate_slots(const std::vector<std::vector<int>>& 
   for (const std::vector<int>& table : slot_expert) check_slot_table(table);
   uint64_t sent = 0;
   if (slot_expert != slot_expert_) {
+    const TrafficScope traffic(links_, TrafficKind::ExpertMigration);
     sent = copy_experts_into_slots(slot_expert_, slot_expert, experts_, local_slots(),
-                                   slot_ranges(layout), buffers, ep_group_.comm);
+                                   slot_ranges(layout), buffers, ep_group_.comm, &links_);
   }
   route_by(slot_expert);
   return sent;
@@ -331,13 +333,12 @@ uint64_t RoleExpertParallel::reduce_gradients(float* grads, const ParameterLayou
   allreduce_ranges(grads, replicated_ranges(layout), role_, links_);
   allreduce_ranges(grads, expert_slices(layout, ep_rank_ * local, local), expert_data_group_,
                    links_);
-  uint64_t replica_bytes = 0;
-  if (redundant_ > 0) {
+  if (redundant_ > 0) {  // (counted on the links like the all-reduces)
     ensure_tables(expert_layers(layout));
-    replica_bytes = sum_replica_gradients(slot_expert_, experts_, local, slot_ranges(layout), grads,
-                                          ep_group_.comm);
+    sum_replica_gradients(slot_expert_, experts_, local, slot_ranges(layout), grads, ep_group_.comm,
+                          &links_);
   }
-  return bytes_sent(links_.counters()) - before + replica_bytes;
+  return bytes_sent(links_.counters()) - before;
 }
 
 uint64_t RoleExpertParallel::gather_full_model(const float* params, const ParameterLayout& layout,

@@ -82,10 +82,38 @@ void fused(const RuntimeRun& r, const Nodes& nodes, CountedBytes& out) {
     gradients.intra = uint64_t(r.steps) * 2 * (uint64_t(r.ranks) - spanned) * b;
     gradients.inter = uint64_t(r.steps) * 2 * (spanned - 1) * b;
     gradients.exact = ep == 1 || ep == r.ranks;
+    if (ep > 1 && r.redundant_experts > 0) {
+      // Replicated experts: their holders send each other their gradients (every holder to every
+      // other, expert_replicas.h). On 2 EP ranks an expert has at most one copy a rank, so the
+      // 2 R spare slots make exactly 2 R experts of 2 holders each, 4 R messages a layer and step
+      // (with more ranks the copies per expert follow the placement: not derived).
+      gradients.exact = gradients.exact && ep == 2 && r.experts > 0;
+      if (gradients.exact) {
+        const uint64_t expert_bytes = uint64_t(r.routed_parameters / r.experts) * 4;
+        const uint64_t sent = uint64_t(r.steps) * 2 * uint64_t(r.redundant_experts) * expert_bytes;
+        nodes.add(gradients, 0, 1, sent);
+        nodes.add(gradients, 1, 0, sent);
+      }
+    }
   } else {
     gradients.exact = dp == 1;  // (one pipeline: nothing to sum)
   }
   if (ep > 1 || r.actor_expert_parallel > 1) out[TrafficKind::ExpertDispatch] = not_exact();
+  // EDPB: at the start every spare slot receives its first replica's weights (default_slot_experts:
+  // rank e's R spare slots the experts after its own, all on EP rank e + 1 while R <= E / P);
+  // later migrations move the experts the routing makes hot (not derived).
+  KindBytes& migration = out[TrafficKind::ExpertMigration];
+  if (ep > 1 && r.redundant_experts > 0) {
+    migration.exact =
+        !r.migrated && r.experts > 0 && r.redundant_experts <= r.experts / ep && r.ranks == ep;
+    if (migration.exact) {
+      const uint64_t slots_bytes =
+          uint64_t(r.redundant_experts) * uint64_t(r.routed_parameters / r.experts) * 4;
+      for (int e = 0; e < ep; ++e) nodes.add(migration, (e + 1) % ep, e, slots_bytes);
+    }
+  } else if (r.migrated) {
+    migration.exact = false;
+  }
 
   // The end: learner 0 gathers the whole model for model.h5. With EP the other EP ranks of the
   // first group send their slots, spare ones included (role_expert_parallel.cpp's

@@ -23,10 +23,11 @@ struct RuntimeRun {
   int ranks_per_node = 1;
   int actors = 0;  // disaggregated: actors after the learners; learners = ranks - actors
   int queue_shards = 2;
-  int expert_parallel = 1;          // the training EP degree
-  int actor_expert_parallel = 1;    // generation's
-  int redundant_experts = 0;        // EDPB's spare slots per EP rank
-  int pipeline_parallel = 1;        // fused: training's stages (consecutive ranks)
+  int expert_parallel = 1;        // the training EP degree
+  int actor_expert_parallel = 1;  // generation's
+  int redundant_experts = 0;      // EDPB's spare slots per EP rank
+  bool migrated = false;      // EDPB moved experts during the run (its moves follow the routing)
+  int pipeline_parallel = 1;  // fused: training's stages (consecutive ranks)
   int actor_pipeline_parallel = 1;  // fused: 1 (generation from borrowed layers) or the same
   int staleness = 0;
   int64_t steps = 0;

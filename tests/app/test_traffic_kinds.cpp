@@ -26,6 +26,7 @@ struct RunBytes {
   std::map<std::string, long long> by_kind;  // intra + inter
   long long intra = 0, inter = 0;            // the link counters (all ranks)
   long long tokens = 0;                      // trained (the report's total)
+  long long migrations = 0;                  // EDPB's (summary.json)
 };
 
 long long log_counter(const std::string& log, const std::string& label) {
@@ -56,6 +57,7 @@ RunBytes run_and_count(const std::string& name, const std::string& options) {
     pair >> intra >> comma >> inter;
     out.by_kind[kind] = intra + inter;
   }
+  out.migrations = (long long)test::json_number(run.output, "migrations");
   std::ifstream file(dir + "/log.txt");
   const std::string log((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
   out.intra = log_counter(log, "intra-node bytes (all ranks)");
@@ -75,13 +77,14 @@ long long kind_sum(const RunBytes& r) {
 
 // A validate_planner.sh row for a fused tiny run of the options above (times made up: only the
 // bytes are checked here).
-std::string measured_row(const std::string& name, const std::string& layout, int pipeline,
-                         int generation_pipeline, const RunBytes& r) {
+std::string measured_row(const std::string& name, const std::string& layout, int redundant,
+                         int pipeline, int generation_pipeline, const RunBytes& r) {
   std::ostringstream row;
   row << name
       << "," RLFUSION_SOURCE_DIR "/inputs/clusters/cloudmatrix-384.ini,sort,tiny,fused,2,1,0,"
       << layout << ",0,0,0,0,8,4,4,0,2,3," << r.tokens << ",0,0.01," << r.intra << "," << r.inter
-      << ",0,0,0.004,0.006,1,0,0,0," << pipeline << "," << generation_pipeline;
+      << ",0,0,0.004,0.006,1," << redundant << "," << (redundant > 0 ? 1 : 0) << ",0," << pipeline
+      << "," << generation_pipeline << "," << r.migrations;
   for (const char* kind : kKinds) row << "," << (r.by_kind.count(kind) ? r.by_kind.at(kind) : 0);
   return row.str() + "\n";
 }
@@ -92,7 +95,11 @@ TEST(TrafficKinds, AddUpToTheCountersAndArePredictedWhereARuleFixesThem) {
   const RunBytes pp =
       run_and_count("pp", "--mode fused --pipeline-parallel 2 --actor-pipeline-parallel 1");
   const RunBytes disaggregated = run_and_count("disaggregated", "--mode disaggregated");
-  for (const RunBytes* r : {&ep, &pp, &disaggregated}) {
+  // EDPB's spare slot on each rank: its replica copied in at the start, replicas' gradients
+  // summed every step (no migration in 3 steps: the first decision comes later).
+  const RunBytes spare = run_and_count(
+      "spare", "--mode fused --expert-parallel 2 --actor-expert-parallel 2 --redundant-experts 1");
+  for (const RunBytes* r : {&ep, &pp, &disaggregated, &spare}) {
     EXPECT_EQ(kind_sum(*r), r->intra + r->inter);
     EXPECT_GT(r->inter, 0);
     EXPECT_EQ(r->by_kind.count("other"), 0u) << "every message has its kind";
@@ -104,6 +111,9 @@ TEST(TrafficKinds, AddUpToTheCountersAndArePredictedWhereARuleFixesThem) {
   EXPECT_EQ(pp.by_kind.count("gradient_reduce"), 0u) << "one pipeline: no data-parallel peer";
   EXPECT_GT(disaggregated.by_kind.at("weight_sync"), 0);
   EXPECT_GT(disaggregated.by_kind.at("rollout_queue"), 0);
+  EXPECT_EQ(spare.migrations, 0);
+  EXPECT_GT(spare.by_kind.at("expert_migration"), 0);
+  EXPECT_GT(spare.by_kind.at("gradient_reduce"), ep.by_kind.at("gradient_reduce"));
 
   const std::string dir = test::fresh_temp_dir("validate");
   std::filesystem::create_directories(dir);
@@ -113,13 +123,15 @@ TEST(TrafficKinds, AddUpToTheCountersAndArePredictedWhereARuleFixesThem) {
          "group_size,micro_batch,reference,queue_shards,steps,trained_tokens,response_tokens,"
          "step_s,intra_bytes,inter_bytes,generation_peak,training_peak,generate_s,train_s,"
          "router_max_over_mean,redundant_experts,rebalance,expert_moves_per_step,"
-         "pipeline_parallel,actor_pipeline_parallel";
+         "pipeline_parallel,actor_pipeline_parallel,migrations";
   for (const char* kind : kKinds) csv << ",bytes_" << kind;
-  csv << "\n" << measured_row("ep", "2,2", 1, 1, ep) << measured_row("pp", "1,1", 2, 1, pp);
+  csv << "\n"
+      << measured_row("ep", "2,2", 0, 1, 1, ep) << measured_row("pp", "1,1", 0, 2, 1, pp)
+      << measured_row("spare", "2,2", 1, 1, 1, spare);
   csv.close();
   const auto validated = test::run_rlfusion("plan --validate " + dir + "/measured.csv");
   ASSERT_EQ(validated.exit_code, 0) << validated.output;
-  EXPECT_NE(validated.output.find("# bytes: 2 of 2 cases predicted exactly (met)"),
+  EXPECT_NE(validated.output.find("# bytes: 3 of 3 cases predicted exactly (met)"),
             std::string::npos)
       << validated.output;
   EXPECT_NE(validated.output.find("# ep: not predicted: expert_dispatch " +

@@ -1303,9 +1303,19 @@ TEST(CountedBytes, MatchesTheKindsOfRealExpertAndPipelineRuns) {
   EXPECT_FALSE(b[TrafficKind::ExpertDispatch].exact);
   EXPECT_EQ(b[TrafficKind::GradientReduce].inter, 6589440u);
   EXPECT_EQ(b[TrafficKind::FinalGather].inter, 49152u);
-  r.redundant_experts = 1;  // a spare slot a layer, gathered too
-  EXPECT_EQ(counted_bytes(r)[TrafficKind::FinalGather].inter, 73728u);
-  EXPECT_TRUE(counted_bytes(r)[TrafficKind::FinalGather].exact);
+  // A spare slot a rank (fused-ep2-r1-tiny): gathered too; filled at the start with the next
+  // rank's first expert (6144 floats over the 2 layers); each step the 2 replicated experts'
+  // holders send each other their gradients (4 x 6144 floats).
+  r.redundant_experts = 1;
+  b = counted_bytes(r);
+  EXPECT_EQ(b[TrafficKind::FinalGather].inter, 73728u);
+  EXPECT_TRUE(b[TrafficKind::FinalGather].exact);
+  EXPECT_EQ(b[TrafficKind::ExpertMigration].inter, 49152u);
+  EXPECT_EQ(b[TrafficKind::GradientReduce].inter, 12487680u);
+  EXPECT_TRUE(b[TrafficKind::ExpertMigration].exact && b[TrafficKind::GradientReduce].exact);
+  r.migrated = true;  // EDPB's moves follow the routing
+  EXPECT_FALSE(counted_bytes(r)[TrafficKind::ExpertMigration].exact);
+  r.migrated = false;
   // PP 2 generating from borrowed layers: each step every stage receives the other's (19168 and
   // 19136 floats); 87059 rows (a sample's last token trains nothing) of 32 floats cross forward
   // and back; the second stage's layers go to rank 0 at the end; no gradient crosses (one
