@@ -43,7 +43,9 @@ void disaggregated(const RuntimeRun& r, const Nodes& nodes, CountedBytes& out) {
   const uint64_t syncs =
       r.staleness > 0 ? uint64_t(std::max<int64_t>(1, r.steps - 1)) : uint64_t(r.steps + 1);
   const KindBytes sync = tree_bytes(spanned, r.actors + 1, uint64_t(r.parameters) * 4);
-  out[TrafficKind::WeightSync] = {sync.intra * syncs, sync.inter * syncs, learners == 1};
+  // (EP actors get each routed expert from its owner instead: not derived.)
+  out[TrafficKind::WeightSync] = {sync.intra * syncs, sync.inter * syncs,
+                                  learners == 1 && r.actor_expert_parallel == 1};
   // Puts: per actor and shard, a header and one packed buffer; an ack back; a Close at the end.
   const uint64_t shards = uint64_t(r.queue_shards);
   const uint64_t framing_per_actor_step =
@@ -99,6 +101,9 @@ void fused(const RuntimeRun& r, const Nodes& nodes, CountedBytes& out) {
     gradients.exact = dp == 1;  // (one pipeline: nothing to sum)
   }
   if (ep > 1 || r.actor_expert_parallel > 1) out[TrafficKind::ExpertDispatch] = not_exact();
+  // Generation at an EP degree of its own receives the experts its layout lacks (the switch's
+  // buckets: not derived here).
+  if (ep != r.actor_expert_parallel) out[TrafficKind::LayoutSwitch] = not_exact();
   // EDPB: at the start every spare slot receives its first replica's weights (default_slot_experts:
   // rank e's R spare slots the experts after its own, all on EP rank e + 1 while R <= E / P);
   // later migrations move the experts the routing makes hot (not derived).
@@ -160,8 +165,7 @@ void fused(const RuntimeRun& r, const Nodes& nodes, CountedBytes& out) {
     // Generation from a stitched view: before each step's generation every stage receives the
     // other stages' layers.
     KindBytes& borrowed = out[TrafficKind::LayoutSwitch];
-    borrowed.exact =
-        ep == 1 && r.actor_expert_parallel == 1 && int(r.stage_parameters.size()) == pp;
+    borrowed.exact = borrowed.exact && ep == 1 && int(r.stage_parameters.size()) == pp;
     if (borrowed.exact) {
       for (int d = 0; d < dp; ++d)
         for (int to = 0; to < pp; ++to)

@@ -1277,6 +1277,10 @@ TEST(CountedBytes, MatchesRealRuns) {
   EXPECT_TRUE(b.exact());
   EXPECT_EQ(b.inter(), 612864000u);
   EXPECT_EQ(b[TrafficKind::GradientReduce].inter, 612864000u);
+  // Disaggregated with EP actors: the weights go to each expert's owner, not broadcast whole.
+  r.mode = Mode::Disaggregated;
+  r.actor_expert_parallel = 2;
+  EXPECT_FALSE(counted_bytes(r)[TrafficKind::WeightSync].exact);
 }
 
 // The kinds of the validation's fused EP and pipeline runs (tiny, sort, 60 steps x 128 samples, 2
@@ -1316,6 +1320,11 @@ TEST(CountedBytes, MatchesTheKindsOfRealExpertAndPipelineRuns) {
   r.migrated = true;  // EDPB's moves follow the routing
   EXPECT_FALSE(counted_bytes(r)[TrafficKind::ExpertMigration].exact);
   r.migrated = false;
+  // Generation at an EP degree of its own switches layouts: its buckets are not derived here.
+  r.actor_expert_parallel = 1;
+  EXPECT_FALSE(counted_bytes(r)[TrafficKind::LayoutSwitch].exact);
+  r.actor_expert_parallel = 2;
+  EXPECT_TRUE(counted_bytes(r)[TrafficKind::LayoutSwitch].exact);
   // PP 2 generating from borrowed layers: each step every stage receives the other's (19168 and
   // 19136 floats); 87059 rows (a sample's last token trains nothing) of 32 floats cross forward
   // and back; the second stage's layers go to rank 0 at the end; no gradient crosses (one
