@@ -9,7 +9,9 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <vector>
 
+#include "mpi_comm/traffic_kind.h"
 #include "tests/app/fused_train_runs.h"
 #include "tests/app/json_output.h"
 #include "tests/app/run_rlfusion.h"
@@ -17,10 +19,12 @@
 namespace rlf {
 namespace {
 
-const char* const kKinds[] = {
-    "other",           "weight_sync",      "gradient_reduce",      "rollout_queue",
-    "expert_dispatch", "expert_migration", "pipeline_activations", "pipeline_generation",
-    "layout_switch",   "tensor_parallel",  "final_gather"};
+// The kinds' names, as summary.json and the CSV columns spell them.
+std::vector<std::string> kind_names() {
+  std::vector<std::string> names;
+  for (const TrafficKind kind : all_traffic_kinds()) names.push_back(traffic_kind_name(kind));
+  return names;
+}
 
 struct RunBytes {
   std::map<std::string, long long> by_kind;  // intra + inter
@@ -48,8 +52,8 @@ RunBytes run_and_count(const std::string& name, const std::string& options) {
   EXPECT_NE(traffic, std::string::npos) << run.output;
   if (traffic == std::string::npos) return out;
   const std::string object = run.output.substr(traffic, run.output.find('}', traffic) - traffic);
-  for (const char* kind : kKinds) {
-    const size_t at = object.find(std::string("\"") + kind + "\":[");
+  for (const std::string& kind : kind_names()) {
+    const size_t at = object.find("\"" + kind + "\":[");
     if (at == std::string::npos) continue;
     std::istringstream pair(object.substr(object.find('[', at) + 1));
     long long intra = 0, inter = 0;
@@ -85,7 +89,8 @@ std::string measured_row(const std::string& name, const std::string& layout, int
       << layout << ",0,0,0,0,8,4,4,0,2,3," << r.tokens << ",0,0.01," << r.intra << "," << r.inter
       << ",0,0,0.004,0.006,1," << redundant << "," << (redundant > 0 ? 1 : 0) << ",0," << pipeline
       << "," << generation_pipeline << "," << r.migrations;
-  for (const char* kind : kKinds) row << "," << (r.by_kind.count(kind) ? r.by_kind.at(kind) : 0);
+  for (const std::string& kind : kind_names())
+    row << "," << (r.by_kind.count(kind) ? r.by_kind.at(kind) : 0);
   return row.str() + "\n";
 }
 
@@ -124,7 +129,7 @@ TEST(TrafficKinds, AddUpToTheCountersAndArePredictedWhereARuleFixesThem) {
          "step_s,intra_bytes,inter_bytes,generation_peak,training_peak,generate_s,train_s,"
          "router_max_over_mean,redundant_experts,rebalance,expert_moves_per_step,"
          "pipeline_parallel,actor_pipeline_parallel,migrations";
-  for (const char* kind : kKinds) csv << ",bytes_" << kind;
+  for (const std::string& kind : kind_names()) csv << ",bytes_" << kind;
   csv << "\n"
       << measured_row("ep", "2,2", 0, 1, 1, ep) << measured_row("pp", "1,1", 0, 2, 1, pp)
       << measured_row("spare", "2,2", 1, 1, 1, spare);
