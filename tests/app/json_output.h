@@ -21,6 +21,14 @@ inline double json_number(const std::string& json, const std::string& key, size_
   return std::stod(json.substr(at + key.size() + 3));
 }
 
+// The string after "key": at or after `from` (empty when absent).
+inline std::string json_text(const std::string& json, const std::string& key, size_t from = 0) {
+  const auto at = json.find("\"" + key + "\":\"", from);
+  if (at == std::string::npos) return "";
+  const size_t begin = at + key.size() + 4;
+  return json.substr(begin, json.find('"', begin) - begin);
+}
+
 // The numbers of the array after "key": (empty when absent).
 inline std::vector<double> json_numbers(const std::string& json, const std::string& key) {
   std::vector<double> values;

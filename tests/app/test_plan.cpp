@@ -241,8 +241,7 @@ TEST(Plan, ValidationPredictsRecordedRunsBytesAndMemory) {
     return where;
   };
   const auto bytes_verdict = [&](const std::string& name) {
-    const size_t from = r.output.find("\"bytes\":\"", at(name)) + 9;
-    return r.output.substr(from, r.output.find('"', from) - from);
+    return test::json_text(r.output, "bytes", at(name));
   };
   for (const char* name :
        {"disagg-sync-tiny", "fused-sync-tiny", "fused-stale-tiny", "fused-offload-small"})
@@ -601,8 +600,7 @@ TEST(Plan, ValidationChecksTheBytesKindByKind) {
     return where;
   };
   const auto text_field = [&](const std::string& name, const std::string& key) {
-    const size_t from = r.output.find("\"" + key + "\":\"", at(name)) + key.size() + 4;
-    return r.output.substr(from, r.output.find('"', from) - from);
+    return test::json_text(r.output, key, at(name));
   };
   EXPECT_EQ(text_field("ep2", "bytes"), "EXACT") << r.output;
   EXPECT_EQ(test::json_number(r.output, "measured_bytes", at("ep2")), 6589440 + 49152);

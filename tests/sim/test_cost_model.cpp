@@ -1238,23 +1238,31 @@ TEST(Search, BestMatchesADirectLoopAndNoFitIsEmpty) {
   EXPECT_EQ(none.feasible, r.feasible);
 }
 
-// The counters of two real `make run` jobs (tiny, sort, 2000 steps x 16 prompts x 8 samples, 2
-// ranks on 2 virtual nodes): synchronous disaggregated inter-node bytes 335269560 with 2768827
-// tokens trained of which 1234251 response tokens; fused 612864000 (gradients only).
-TEST(CountedBytes, MatchesRealRuns) {
+// A `tiny` run (38304 parameters, 24576 of them in 4 routed experts, d_model 32) on 2 ranks on 2
+// virtual nodes, 16 prompts x 8 samples a step.
+RuntimeRun tiny_on_two_nodes(Mode mode, int64_t steps, int64_t trained_tokens,
+                             int64_t response_tokens) {
   RuntimeRun r;
-  r.mode = Mode::Disaggregated;
+  r.mode = mode;
   r.ranks = 2;
   r.ranks_per_node = 1;
-  r.actors = 1;
-  r.steps = 2000;
+  r.actors = mode == Mode::Disaggregated ? 1 : 0;
+  r.steps = steps;
   r.samples_per_step = 128;
   r.parameters = 38304;
   r.routed_parameters = 24576;
   r.experts = 4;
   r.d_model = 32;
-  r.trained_tokens = 2768827;
-  r.response_tokens = 1234251;
+  r.trained_tokens = trained_tokens;
+  r.response_tokens = response_tokens;
+  return r;
+}
+
+// The counters of two real `make run` jobs (tiny, sort, 2000 steps x 16 prompts x 8 samples, 2
+// ranks on 2 virtual nodes): synchronous disaggregated inter-node bytes 335269560 with 2768827
+// tokens trained of which 1234251 response tokens; fused 612864000 (gradients only).
+TEST(CountedBytes, MatchesRealRuns) {
+  RuntimeRun r = tiny_on_two_nodes(Mode::Disaggregated, 2000, 2768827, 1234251);
   CountedBytes b = counted_bytes(r);
   EXPECT_TRUE(b.exact());
   EXPECT_EQ(b.inter(), 335269560u);
@@ -1287,18 +1295,7 @@ TEST(CountedBytes, MatchesRealRuns) {
 // ranks on 2 virtual nodes, 94739 tokens trained; `rlfusion train`'s "bytes by traffic kind",
 // 2026-12-06): what the rules fix, they predict to the byte.
 TEST(CountedBytes, MatchesTheKindsOfRealExpertAndPipelineRuns) {
-  RuntimeRun r;
-  r.mode = Mode::Fused;
-  r.ranks = 2;
-  r.ranks_per_node = 1;
-  r.steps = 60;
-  r.samples_per_step = 128;
-  r.parameters = 38304;
-  r.routed_parameters = 24576;
-  r.experts = 4;
-  r.d_model = 32;
-  r.trained_tokens = 94739;
-  r.response_tokens = 49011;
+  RuntimeRun r = tiny_on_two_nodes(Mode::Fused, 60, 94739, 49011);
   // EP 2: the replicated tensors' gradients (13728 floats), and at the end rank 1's two experts of
   // each of the 2 layers (3072 floats each) to rank 0; dispatch follows the routing.
   r.expert_parallel = r.actor_expert_parallel = 2;
