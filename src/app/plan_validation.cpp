@@ -105,12 +105,12 @@ struct Outcome {
 };
 
 // The expected peak of a fused pipeline run's rank 0 (stage 0 of the first pipeline), by the
-// runtime's own plan (src/app/fused_train.cpp's for a pipeline rank; PP without TP or EP, one
-// virtual stage, the uniform cut: the validation's pipeline cases) at the task's longest lengths
-// where the runtime allocates so (the KV cache, training's micro-batches), and at the expected
-// lengths where the peak follows the run's samples: a prefill piece's prompts, at the worst of the
-// run's pieces, and with StaleSync a resumed partial's prefix. `batch` is the rank's as the
-// data-parallel case gets it (prefill and resumed prefix expected).
+// runtime's own plan (src/app/fused_train.cpp's for a pipeline rank; PP without TP, with or without
+// EP, one virtual stage, the uniform cut: the validation's pipeline cases) at the task's longest
+// lengths where the runtime allocates so (the KV cache, training's micro-batches), and at the
+// expected lengths where the peak follows the run's samples: a prefill piece's prompts, at the
+// worst of the run's pieces, and with StaleSync a resumed partial's prefix. `batch` is the rank's
+// as the data-parallel case gets it (prefill and resumed prefix expected).
 size_t pipeline_rank_expected_peak(const ModelConfig& config, const RlJob& job, const Strategy& s,
                                    int ranks, int steps, const FusedBatch& batch) {
   const int p = s.train.pp;
@@ -119,18 +119,30 @@ size_t pipeline_rank_expected_peak(const ModelConfig& config, const RlJob& job, 
   const PipelineShape shape{p, pipeline_micro_batches(p, rank_samples, job.micro_batch), 1};
   const std::vector<LayerRange> chunks =
       pipeline_rank_chunks(shape, 0, uniform_boundaries(config.n_layers, p));
-  const ParameterLayout stage(config, ExpertShard{}, stage_layer_shard(chunks, config.n_layers));
+  // With EP inside the stages rank 0 holds the first EP rank's experts (PipelineGroups::
+  // expert_shard), spare slots included; generation at an EP degree of its own switches to the
+  // whole model with that degree's first shard.
+  const int experts = config.n_experts;
+  ExpertShard own = s.train.ep > 1 ? expert_shard_of(0, s.train.ep, experts) : ExpertShard{};
+  own.redundant = s.redundant_experts;
+  const ParameterLayout stage(config, own, stage_layer_shard(chunks, config.n_layers));
   const bool pipeline_generates = s.generate.pp > 1;
-  FusedMemoryPlan plan =
-      plan_fused_memory(config, stage, pipeline_generates ? stage : ParameterLayout(config),
-                        /*layout_switch=*/false, job.reference, nullptr, s.offload, batch);
+  const bool layout_switch = s.generate.ep != s.train.ep;
+  const ParameterLayout generation =
+      layout_switch
+          ? ParameterLayout(config, s.generate.ep > 1 ? expert_shard_of(0, s.generate.ep, experts)
+                                                      : ExpertShard{})
+      : pipeline_generates ? stage
+                           : ParameterLayout(config, own);
+  FusedMemoryPlan plan = plan_fused_memory(config, stage, generation, layout_switch, job.reference,
+                                           nullptr, s.offload, batch);
   if (pipeline_generates) {
     // Each stage caches its layers' KV for the pipeline's samples and runs one group (a rank's
     // samples) at a time, its prompts in pieces: the worst piece of the run's steps x pieces,
     // each piece / group_size distinct prompts (a group's samples share its prompt).
     const int pipeline_samples = p * batch.samples;
     int group = batch.samples;
-    const int pieces = pipeline_prefill_pieces(group, /*expert_parallel=*/false);
+    const int pieces = pipeline_prefill_pieces(group, /*expert_parallel=*/s.train.ep > 1);
     int piece = (group + pieces - 1) / pieces;
     int piece_length = int(std::lround(
         expected_worst_phase_mean(job.prompt, steps * pieces, double(piece) / job.group_size)));
@@ -142,16 +154,25 @@ size_t pipeline_rank_expected_peak(const ModelConfig& config, const RlJob& job, 
         pipeline_generation_peak_bytes(config, stage, uniform_batch(piece, piece_length), group,
                                        pipeline_samples, batch.max_sequence, batch.sampled);
   } else {
-    // Generation data-parallel from a stitched view: the other stages' layers borrowed.
+    // Generation data-parallel from a stitched view: the other stages' layers borrowed (with EP
+    // those of the pipeline's experts).
     add_pipeline_generation_model(
-        plan, ParameterLayout(config, ExpertShard{},
-                              other_stages_layer_shard(stage.layer_shard(), config.n_layers))
-                  .total());
+        plan,
+        ParameterLayout(config, own, other_stages_layer_shard(stage.layer_shard(), config.n_layers))
+            .total());
   }
   const int sequences = std::min(job.micro_batch, rank_samples);
   add_pipeline_activations(plan, pipeline_activation_bytes(config, shape, 0, chunks, stage,
                                                            sequences, batch.max_sequence));
   return std::max(plan.training_peak(), plan.generation_peak());
+}
+
+// The routed experts' parameters a layout stores.
+int64_t routed_parameters(const ParameterLayout& layout) {
+  int64_t routed = 0;
+  for (const ParameterTensor& tensor : layout.tensors())
+    if (tensor.routed_expert) routed += tensor.numel;
+  return routed;
 }
 
 // The run's link bytes against the rules' (Outcome's bytes fields).
@@ -305,19 +326,17 @@ Outcome validate_row(const Row& row) {
     for (int stage = 0; stage < pipeline; ++stage) {
       const std::vector<LayerRange> chunks =
           pipeline_rank_chunks(PipelineShape{pipeline, 1, 1}, stage, cut);
-      run.stage_parameters.push_back(
-          ParameterLayout(config, ExpertShard{}, stage_layer_shard(chunks, config.n_layers))
-              .total());
+      const ParameterLayout layout(config, ExpertShard{},
+                                   stage_layer_shard(chunks, config.n_layers));
+      run.stage_parameters.push_back(layout.total());
+      run.stage_routed_parameters.push_back(routed_parameters(layout));
     }
   }
   run.trained_tokens = int64_t(row.number("trained_tokens"));
   run.response_tokens = int64_t(row.number("response_tokens"));
   compare_bytes(row, counted_bytes(run), out);
 
-  // (A pipeline case with EP: its expert layouts are not replayed here, so memory is not
-  // predicted.)
-  if (s.mode != Mode::Disaggregated && ranks > 1 &&
-      (pipeline == 1 || (s.train.ep == 1 && s.generate.ep == 1))) {
+  if (s.mode != Mode::Disaggregated && ranks > 1) {
     // The fused runtime's own plan (src/app/fused_memory.h) at the task's longest lengths, for
     // rank 0, whose peaks the run reports.
     // The expected peak, where the runtime's own check takes the bound: the KV cache at the

@@ -67,54 +67,117 @@ void disaggregated(const RuntimeRun& r, const Nodes& nodes, CountedBytes& out) {
   }
 }
 
-void fused(const RuntimeRun& r, const Nodes& nodes, CountedBytes& out) {
-  const int pp = std::max(1, r.pipeline_parallel), dp = r.ranks / pp;
-  const int ep = r.expert_parallel;
-  // Gradients: each step's summed over the data-parallel ranks (hierarchical all-reduce: a
-  // reduce-scatter inside each node, a ring per share among the nodes, an allgather back; or
-  // through the node leaders when nodes differ in size: either way intra 2 (P - N) b, inter
-  // 2 (N - 1) b, hierarchical_collectives.h). With expert parallelism only the replicated
-  // tensors go over all ranks (and the experts over their expert-data group: none when the EP
-  // group is the world); inside a pipeline each stage's over its replicas.
-  KindBytes& gradients = out[TrafficKind::GradientReduce];
-  if (pp == 1) {
-    const int64_t reduced = ep > 1 ? r.parameters - r.routed_parameters : r.parameters;
-    const uint64_t b = uint64_t(reduced) * 4;
-    const uint64_t spanned = uint64_t((r.ranks + nodes.per_node - 1) / nodes.per_node);
-    gradients.intra = uint64_t(r.steps) * 2 * (uint64_t(r.ranks) - spanned) * b;
-    gradients.inter = uint64_t(r.steps) * 2 * (spanned - 1) * b;
-    gradients.exact = ep == 1 || ep == r.ranks;
-    if (ep > 1 && r.redundant_experts > 0) {
-      // Replicated experts: their holders send each other their gradients (every holder to every
-      // other, expert_replicas.h). On 2 EP ranks an expert has at most one copy a rank, so the
-      // 2 R spare slots make exactly 2 R experts of 2 holders each, 4 R messages a layer and step
-      // (with more ranks the copies per expert follow the placement: not derived).
-      gradients.exact = gradients.exact && ep == 2 && r.experts > 0;
-      if (gradients.exact) {
-        const uint64_t expert_bytes = uint64_t(r.routed_parameters / r.experts) * 4;
-        const uint64_t sent = uint64_t(r.steps) * 2 * uint64_t(r.redundant_experts) * expert_bytes;
-        nodes.add(gradients, 0, 1, sent);
-        nodes.add(gradients, 1, 0, sent);
-      }
-    }
-  } else {
-    gradients.exact = dp == 1;  // (one pipeline: nothing to sum)
+// A hierarchical all-reduce of `bytes` over the given world ranks (hierarchical_collectives.h: a
+// reduce-scatter inside each node, a ring per share among the nodes, an allgather back; or through
+// the node leaders when nodes differ in size): either way intra 2 (P - N) b, inter 2 (N - 1) b for
+// P ranks on N nodes, added `times` times.
+void add_allreduce(KindBytes& k, const Nodes& nodes, const std::vector<int>& members,
+                   uint64_t bytes, uint64_t times) {
+  std::set<int> spanned;
+  for (int m : members) spanned.insert(nodes.of(m));
+  k.intra += times * 2 * (members.size() - spanned.size()) * bytes;
+  k.inter += times * 2 * (spanned.size() - 1) * bytes;
+}
+
+// The layout the rules walk: `count` stages (1 without a pipeline: the whole model), each held by
+// the `replicas` data-parallel ranks of the stage, pipeline d's stage s on world rank d count + s.
+// With EP the EP groups are `ep` consecutive of those ranks (role_expert_parallel.h: EP rank
+// d % EP, group d / EP), each rank holding E / EP experts and R spare slots of every layer it has.
+struct Stages {
+  int count = 1, replicas = 1, ep = 1, experts = 0, redundant = 0;
+  std::vector<int64_t> parameters, routed;  // per stage: all (every expert's), routed experts'
+  bool known = false;  // the stages' sizes given, their experts split evenly over the EP ranks
+
+  int rank(int d, int s) const { return d * count + s; }
+  // The stage's ranks with the given EP rank (every rank of the stage at EP 1).
+  std::vector<int> holders(int s, int ep_rank, int step) const {
+    std::vector<int> out;
+    for (int d = ep_rank; d < replicas; d += step) out.push_back(rank(d, s));
+    return out;
   }
+  uint64_t expert_bytes(int s) const { return uint64_t(routed[size_t(s)] / experts) * 4; }
+  uint64_t slots() const { return uint64_t(experts / ep + redundant); }
+  // Stage s as one of its ranks holds it: its dense tensors and its slots (every expert at EP 1).
+  uint64_t held_bytes(int s) const {
+    if (ep == 1) return uint64_t(parameters[size_t(s)]) * 4;
+    return uint64_t(parameters[size_t(s)] - routed[size_t(s)]) * 4 + slots() * expert_bytes(s);
+  }
+};
+
+Stages stages_of(const RuntimeRun& r) {
+  Stages st;
+  st.count = std::max(1, r.pipeline_parallel);
+  st.replicas = r.ranks / st.count;
+  st.ep = r.expert_parallel;
+  st.experts = r.experts;
+  st.redundant = r.redundant_experts;
+  if (st.count == 1) {
+    st.parameters = {r.parameters};
+    st.routed = {r.routed_parameters};
+  } else {
+    st.parameters = r.stage_parameters;
+    st.routed = r.stage_routed_parameters;
+    if (st.ep == 1 && st.routed.empty()) st.routed.assign(st.parameters.size(), 0);
+  }
+  st.known = int(st.parameters.size()) == st.count && st.routed.size() == st.parameters.size() &&
+             (st.ep == 1 || (st.experts > 0 && st.experts % st.ep == 0 &&
+                             std::all_of(st.routed.begin(), st.routed.end(), [&](int64_t routed) {
+                               return routed % st.experts == 0;
+                             })));
+  return st;
+}
+
+// Gradients: each step every stage's are summed over its data-parallel ranks (add_allreduce),
+// with EP its dense tensors over all of them and each rank's slots over the ranks of the same EP
+// rank (none when one EP group holds the stage). Replicated experts (EDPB's spare slots): their
+// holders also send each other their gradients (every holder to every other, expert_replicas.h);
+// on 2 EP ranks an expert has at most one copy a rank, so the 2 R spare slots make exactly 2 R
+// experts of 2 holders each, 4 R messages a layer and step (with more ranks the copies per expert
+// follow the placement: not derived).
+void gradient_bytes(const RuntimeRun& r, const Stages& st, const Nodes& nodes, KindBytes& out) {
+  out.exact = st.known && (st.redundant == 0 || st.ep == 2);
+  if (!out.exact) return;
+  const uint64_t steps = uint64_t(r.steps);
+  for (int s = 0; s < st.count; ++s) {
+    const std::vector<int> stage = st.holders(s, 0, 1);
+    if (st.ep == 1) {
+      add_allreduce(out, nodes, stage, uint64_t(st.parameters[size_t(s)]) * 4, steps);
+      continue;
+    }
+    add_allreduce(out, nodes, stage, uint64_t(st.parameters[size_t(s)] - st.routed[size_t(s)]) * 4,
+                  steps);
+    for (int e = 0; e < st.ep; ++e)
+      add_allreduce(out, nodes, st.holders(s, e, st.ep), st.slots() * st.expert_bytes(s), steps);
+    if (st.redundant == 0) continue;
+    const uint64_t sent = steps * 2 * uint64_t(st.redundant) * st.expert_bytes(s);
+    for (int g = 0; g < st.replicas / 2; ++g) {
+      nodes.add(out, st.rank(2 * g, s), st.rank(2 * g + 1, s), sent);
+      nodes.add(out, st.rank(2 * g + 1, s), st.rank(2 * g, s), sent);
+    }
+  }
+}
+
+void fused(const RuntimeRun& r, const Nodes& nodes, CountedBytes& out) {
+  const Stages st = stages_of(r);
+  const int pp = st.count, dp = st.replicas, ep = st.ep;
+  gradient_bytes(r, st, nodes, out[TrafficKind::GradientReduce]);
   if (ep > 1 || r.actor_expert_parallel > 1) out[TrafficKind::ExpertDispatch] = not_exact();
   // Generation at an EP degree of its own receives the experts its layout lacks (the switch's
   // buckets: not derived here).
   if (ep != r.actor_expert_parallel) out[TrafficKind::LayoutSwitch] = not_exact();
   // EDPB: at the start every spare slot receives its first replica's weights (default_slot_experts:
-  // rank e's R spare slots the experts after its own, all on EP rank e + 1 while R <= E / P);
+  // EP rank e's R spare slots the experts after its own, all on EP rank e + 1 while R <= E / P);
   // later migrations move the experts the routing makes hot (not derived).
   KindBytes& migration = out[TrafficKind::ExpertMigration];
-  if (ep > 1 && r.redundant_experts > 0) {
-    migration.exact =
-        !r.migrated && r.experts > 0 && r.redundant_experts <= r.experts / ep && r.ranks == ep;
+  if (ep > 1 && st.redundant > 0) {
+    migration.exact = !r.migrated && st.known && st.redundant <= st.experts / ep;
     if (migration.exact) {
-      const uint64_t slots_bytes =
-          uint64_t(r.redundant_experts) * uint64_t(r.routed_parameters / r.experts) * 4;
-      for (int e = 0; e < ep; ++e) nodes.add(migration, (e + 1) % ep, e, slots_bytes);
+      for (int s = 0; s < pp; ++s)
+        for (int g = 0; g < dp / ep; ++g)
+          for (int e = 0; e < ep; ++e) {
+            nodes.add(migration, st.rank(g * ep + (e + 1) % ep, s), st.rank(g * ep + e, s),
+                      uint64_t(st.redundant) * st.expert_bytes(s));
+          }
     }
   } else if (r.migrated) {
     migration.exact = false;
@@ -122,26 +185,20 @@ void fused(const RuntimeRun& r, const Nodes& nodes, CountedBytes& out) {
 
   // The end: learner 0 gathers the whole model for model.h5. With EP the other EP ranks of the
   // first group send their slots, spare ones included (role_expert_parallel.cpp's
-  // gather_full_model); a pipeline's later stages send their stage (gather_pipeline_model).
+  // gather_full_model); a pipeline's later stages send their stage (gather_pipeline_model), with
+  // EP each stage whole once its first EP group (pipelines 0 .. EP - 1) gathered its experts.
   KindBytes& gather = out[TrafficKind::FinalGather];
-  if (pp > 1) {
-    gather.exact = ep == 1 && int(r.stage_parameters.size()) == pp;
-    if (gather.exact) {
-      for (int s = 1; s < pp; ++s)
-        nodes.add(gather, s, 0, uint64_t(r.stage_parameters[size_t(s)]) * 4);
-    }
-  } else if (ep > 1) {
-    gather.exact = r.experts > 0 && r.routed_parameters % r.experts == 0;
-    if (gather.exact) {
-      const uint64_t slot_bytes = uint64_t(r.routed_parameters / r.experts) * 4;
-      const uint64_t slots = uint64_t(r.experts / ep + r.redundant_experts);
-      for (int e = 1; e < ep; ++e) nodes.add(gather, e, 0, slots * slot_bytes);
+  gather.exact = st.known;
+  if (gather.exact) {
+    for (int s = 0; s < pp; ++s) {
+      for (int e = 1; e < ep; ++e)
+        nodes.add(gather, st.rank(e, s), st.rank(0, s), st.slots() * st.expert_bytes(s));
+      if (s > 0) nodes.add(gather, st.rank(0, s), 0, uint64_t(st.parameters[size_t(s)]) * 4);
     }
   }
   if (pp == 1) return;
 
-  // Pipeline d's stage s is world rank d PP + s.
-  auto world = [pp](int d, int s) { return d * pp + s; };
+  auto world = [&st](int d, int s) { return st.rank(d, s); };
   // Training: every micro-batch's rows (a sample's tokens but its last, which predicts nothing)
   // go forward across each stage boundary as d_model floats, their gradients back.
   KindBytes& activations = out[TrafficKind::PipelineActivations];
@@ -163,16 +220,16 @@ void fused(const RuntimeRun& r, const Nodes& nodes, CountedBytes& out) {
     out[TrafficKind::PipelineGeneration] = not_exact();
   } else {
     // Generation from a stitched view: before each step's generation every stage receives the
-    // other stages' layers.
+    // other stages' layers, with EP those of its pipeline's experts and spare slots.
     KindBytes& borrowed = out[TrafficKind::LayoutSwitch];
-    borrowed.exact = borrowed.exact && ep == 1 && int(r.stage_parameters.size()) == pp;
+    borrowed.exact = borrowed.exact && st.known;
     if (borrowed.exact) {
       for (int d = 0; d < dp; ++d)
         for (int to = 0; to < pp; ++to)
           for (int from = 0; from < pp; ++from)
             if (from != to) {
               nodes.add(borrowed, world(d, from), world(d, to),
-                        uint64_t(r.steps) * uint64_t(r.stage_parameters[size_t(from)]) * 4);
+                        uint64_t(r.steps) * st.held_bytes(from));
             }
     }
   }

@@ -36,8 +36,10 @@ struct RuntimeRun {
   int64_t routed_parameters = 0;  // of which routed experts
   int experts = 0;                // routed experts per layer
   int d_model = 0;
-  // Each pipeline stage's own parameters (pipeline_parallel entries; PP only).
+  // Each pipeline stage's own parameters, every expert's (pipeline_parallel entries; PP only),
+  // and of them its routed experts' (empty: not known, so no rule with EP takes the stages).
   std::vector<int64_t> stage_parameters;
+  std::vector<int64_t> stage_routed_parameters;
   int64_t trained_tokens = 0;   // prompt + response tokens over every RL step
   int64_t response_tokens = 0;  // response tokens over every RL step
 };

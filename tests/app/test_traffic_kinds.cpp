@@ -27,10 +27,12 @@ std::vector<std::string> kind_names() {
 }
 
 struct RunBytes {
-  std::map<std::string, long long> by_kind;  // intra + inter
-  long long intra = 0, inter = 0;            // the link counters (all ranks)
-  long long tokens = 0;                      // trained (the report's total)
-  long long migrations = 0;                  // EDPB's (summary.json)
+  std::map<std::string, long long> by_kind;          // intra + inter
+  long long intra = 0, inter = 0;                    // the link counters (all ranks)
+  long long tokens = 0;                              // trained (the report's total)
+  long long response_tokens = 0;                     // generated (the report's generate phases)
+  long long migrations = 0;                          // EDPB's (summary.json)
+  long long generation_peak = 0, training_peak = 0;  // rank 0's device arena (summary.json)
 };
 
 long long log_counter(const std::string& log, const std::string& label) {
@@ -39,13 +41,13 @@ long long log_counter(const std::string& log, const std::string& label) {
   return at == std::string::npos ? -1 : std::stoll(log.substr(at + label.size()));
 }
 
-RunBytes run_and_count(const std::string& name, const std::string& options) {
+RunBytes run_and_count(const std::string& name, const std::string& options, int ranks = 2) {
   const std::string dir = test::fresh_temp_dir(name);
   const auto run = test::run_rlfusion(
       "train --model tiny --task sort --sft-steps 0 --steps 3 --prompts 8 --group-size 4 "
       "--micro-batch 4 --eval-prompts 4 --eval-every 0 --log-every 3 --ranks-per-node 1 --json " +
           options + " --run-dir " + dir,
-      2);
+      ranks);
   EXPECT_EQ(run.exit_code, 0) << run.output;
   RunBytes out;
   const size_t traffic = run.output.find("\"traffic_bytes\":{");
@@ -62,6 +64,9 @@ RunBytes run_and_count(const std::string& name, const std::string& options) {
     out.by_kind[kind] = intra + inter;
   }
   out.migrations = (long long)test::json_number(run.output, "migrations");
+  const size_t peaks = run.output.find("\"device_memory_peaks\":");
+  out.generation_peak = (long long)test::json_number(run.output, "generation", peaks);
+  out.training_peak = (long long)test::json_number(run.output, "training", peaks);
   std::ifstream file(dir + "/log.txt");
   const std::string log((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
   out.intra = log_counter(log, "intra-node bytes (all ranks)");
@@ -70,6 +75,8 @@ RunBytes run_and_count(const std::string& name, const std::string& options) {
   EXPECT_EQ(report.exit_code, 0) << report.output;
   out.tokens =
       (long long)test::json_number(report.output, "tokens", report.output.find("\"total\":"));
+  out.response_tokens = (long long)test::json_number(report.output, "tokens",
+                                                     report.output.find("\"phase\":\"generate\""));
   return out;
 }
 
@@ -79,16 +86,16 @@ long long kind_sum(const RunBytes& r) {
   return sum;
 }
 
-// A validate_planner.sh row for a fused tiny run of the options above (times made up: only the
-// bytes are checked here).
-std::string measured_row(const std::string& name, const std::string& layout, int redundant,
-                         int pipeline, int generation_pipeline, const RunBytes& r) {
+// A validate_planner.sh row for a fused tiny run of the options above on `ranks` ranks (times made
+// up: the bytes and rank 0's memory peaks are checked here).
+std::string measured_row(const std::string& name, int ranks, const std::string& layout,
+                         int redundant, int pipeline, int generation_pipeline, const RunBytes& r) {
   std::ostringstream row;
-  row << name
-      << "," RLFUSION_SOURCE_DIR "/inputs/clusters/cloudmatrix-384.ini,sort,tiny,fused,2,1,0,"
-      << layout << ",0,0,0,0,8,4,4,0,2,3," << r.tokens << ",0,0.01," << r.intra << "," << r.inter
-      << ",0,0,0.004,0.006,1," << redundant << "," << (redundant > 0 ? 1 : 0) << ",0," << pipeline
-      << "," << generation_pipeline << "," << r.migrations;
+  row << name << "," RLFUSION_SOURCE_DIR "/inputs/clusters/cloudmatrix-384.ini,sort,tiny,fused,"
+      << ranks << ",1,0," << layout << ",0,0,0,0,8,4,4,0,2,3," << r.tokens << ","
+      << r.response_tokens << ",0.01," << r.intra << "," << r.inter << "," << r.generation_peak
+      << "," << r.training_peak << ",0.004,0.006,1," << redundant << "," << (redundant > 0 ? 1 : 0)
+      << ",0," << pipeline << "," << generation_pipeline << "," << r.migrations;
   for (const std::string& kind : kind_names())
     row << "," << (r.by_kind.count(kind) ? r.by_kind.at(kind) : 0);
   return row.str() + "\n";
@@ -104,7 +111,14 @@ TEST(TrafficKinds, AddUpToTheCountersAndArePredictedWhereARuleFixesThem) {
   // summed every step (no migration in 3 steps: the first decision comes later).
   const RunBytes spare = run_and_count(
       "spare", "--mode fused --expert-parallel 2 --actor-expert-parallel 2 --redundant-experts 1");
-  for (const RunBytes* r : {&ep, &pp, &disaggregated, &spare}) {
+  // PP 2 x 2 pipelines with EP 2 over the pipelines and a spare slot per EP rank: the stages'
+  // gradient sums, borrowed layers, spare slots and final gather all with their experts.
+  const RunBytes pipeline_experts = run_and_count(
+      "pipeline_experts",
+      "--mode fused --pipeline-parallel 2 --actor-pipeline-parallel 1 --expert-parallel 2 "
+      "--actor-expert-parallel 2 --redundant-experts 1",
+      4);
+  for (const RunBytes* r : {&ep, &pp, &disaggregated, &spare, &pipeline_experts}) {
     EXPECT_EQ(kind_sum(*r), r->intra + r->inter);
     EXPECT_GT(r->inter, 0);
     EXPECT_EQ(r->by_kind.count("other"), 0u) << "every message has its kind";
@@ -119,6 +133,10 @@ TEST(TrafficKinds, AddUpToTheCountersAndArePredictedWhereARuleFixesThem) {
   EXPECT_EQ(spare.migrations, 0);
   EXPECT_GT(spare.by_kind.at("expert_migration"), 0);
   EXPECT_GT(spare.by_kind.at("gradient_reduce"), ep.by_kind.at("gradient_reduce"));
+  for (const char* kind : {"gradient_reduce", "expert_migration", "expert_dispatch",
+                           "pipeline_activations", "layout_switch", "final_gather"})
+    EXPECT_GT(pipeline_experts.by_kind.count(kind) ? pipeline_experts.by_kind.at(kind) : 0, 0)
+        << kind;
 
   const std::string dir = test::fresh_temp_dir("validate");
   std::filesystem::create_directories(dir);
@@ -131,13 +149,25 @@ TEST(TrafficKinds, AddUpToTheCountersAndArePredictedWhereARuleFixesThem) {
          "pipeline_parallel,actor_pipeline_parallel,migrations";
   for (const std::string& kind : kind_names()) csv << ",bytes_" << kind;
   csv << "\n"
-      << measured_row("ep", "2,2", 0, 1, 1, ep) << measured_row("pp", "1,1", 0, 2, 1, pp)
-      << measured_row("spare", "2,2", 1, 1, 1, spare);
+      << measured_row("ep", 2, "2,2", 0, 1, 1, ep) << measured_row("pp", 2, "1,1", 0, 2, 1, pp)
+      << measured_row("spare", 2, "2,2", 1, 1, 1, spare)
+      << measured_row("pipeline_experts", 4, "2,2", 1, 2, 1, pipeline_experts);
   csv.close();
   const auto validated = test::run_rlfusion("plan --validate " + dir + "/measured.csv");
   ASSERT_EQ(validated.exit_code, 0) << validated.output;
-  EXPECT_NE(validated.output.find("# bytes: 3 of 3 cases predicted exactly (met)"),
+  EXPECT_NE(validated.output.find("# bytes: 4 of 4 cases predicted exactly (met)"),
             std::string::npos)
+      << validated.output;
+  // Rank 0's memory peaks, predicted by the runtime's own plan (PP x EP's too) within 5%.
+  EXPECT_NE(validated.output.find("over 4 fused cases (target <= 5%: met)"), std::string::npos)
+      << validated.output;
+  // What the PP x EP run's rules leave apart: the routing's and the sample ids' bytes only.
+  EXPECT_NE(
+      validated.output.find("# pipeline_experts: not predicted: rollout_queue " +
+                            std::to_string(pipeline_experts.by_kind.at("rollout_queue")) +
+                            ", expert_dispatch " +
+                            std::to_string(pipeline_experts.by_kind.at("expert_dispatch")) + " B"),
+      std::string::npos)
       << validated.output;
   EXPECT_NE(validated.output.find("# ep: not predicted: expert_dispatch " +
                                   std::to_string(ep.by_kind.at("expert_dispatch"))),

@@ -1353,5 +1353,88 @@ TEST(CountedBytes, MatchesTheKindsOfRealExpertAndPipelineRuns) {
   EXPECT_EQ(b.inter(), 0u);
 }
 
+// PP x EP and data-parallel pipelines (real `rlfusion train` runs, tiny, sort, 128 samples a step,
+// 2026-12-07; "bytes by traffic kind"): the stages' sums, their borrowed layers with the
+// pipeline's experts, EDPB's spare slots inside the stages and the gather at the end, to the byte.
+// Stage 0 holds 19136 floats (6848 dense, 12288 of 4 routed experts), stage 1 19168 (6880 dense).
+TEST(CountedBytes, MatchesPipelinesWithExpertParallelStages) {
+  RuntimeRun r = tiny_on_two_nodes(Mode::Fused, 20, 31544, 0);
+  r.ranks = 4;  // PP 2 x 2 pipelines, EP 2 over the pipelines, a virtual node each
+  r.pipeline_parallel = 2;
+  r.expert_parallel = r.actor_expert_parallel = 2;
+  r.stage_parameters = {19136, 19168};
+  r.stage_routed_parameters = {12288, 12288};
+  CountedBytes b = counted_bytes(r);
+  // Each stage's dense tensors summed over its 2 ranks (one EP group: no expert sum).
+  EXPECT_EQ(b[TrafficKind::GradientReduce].inter, 2196480u);
+  // Every step each stage gets the other's layers with its pipeline's 2 experts (13024 and 12992
+  // floats), in both pipelines.
+  EXPECT_EQ(b[TrafficKind::LayoutSwitch].inter, 4162560u);
+  // EP rank 1 of each stage sends its experts to EP rank 0 (6144 floats), then stage 1 goes
+  // whole (19168 floats) to rank 0.
+  EXPECT_EQ(b[TrafficKind::FinalGather].inter, 125824u);
+  EXPECT_EQ(b[TrafficKind::PipelineActivations].inter, 7419904u);
+  EXPECT_TRUE(b[TrafficKind::GradientReduce].exact && b[TrafficKind::LayoutSwitch].exact &&
+              b[TrafficKind::FinalGather].exact && b[TrafficKind::PipelineActivations].exact);
+  EXPECT_FALSE(b[TrafficKind::ExpertDispatch].exact);
+  // Without the stages' expert counts no rule sends a stage's experts.
+  r.stage_routed_parameters.clear();
+  b = counted_bytes(r);
+  EXPECT_FALSE(b[TrafficKind::GradientReduce].exact || b[TrafficKind::LayoutSwitch].exact ||
+               b[TrafficKind::FinalGather].exact);
+  r.stage_routed_parameters = {12288, 12288};
+
+  // A spare slot per EP rank (10 steps): filled at the start from the other rank, its 2 replicated
+  // experts' gradients sent both ways every step, in the borrowed layers and the gather too.
+  r.steps = 10;
+  r.trained_tokens = 15703;
+  r.redundant_experts = 1;
+  b = counted_bytes(r);
+  EXPECT_EQ(b[TrafficKind::GradientReduce].inter, 2081280u);
+  EXPECT_EQ(b[TrafficKind::ExpertMigration].inter, 49152u);
+  EXPECT_EQ(b[TrafficKind::LayoutSwitch].inter, 2572800u);
+  EXPECT_EQ(b[TrafficKind::FinalGather].inter, 150400u);
+
+  // 4 pipelines, each on a 2-rank node of its own, EP 2:
+  // each stage's dense tensors over 4 ranks on 4 nodes, its experts over the 2 ranks of each EP
+  // rank; one node's stages swap layers inside it.
+  r.ranks = 8;
+  r.ranks_per_node = 2;
+  r.redundant_experts = 0;
+  b = counted_bytes(r);
+  EXPECT_EQ(b[TrafficKind::GradientReduce].total(), 5260800u);
+  EXPECT_EQ(b[TrafficKind::GradientReduce].intra, 0u);
+  EXPECT_EQ(b[TrafficKind::LayoutSwitch].intra, 4162560u);
+  EXPECT_EQ(b[TrafficKind::FinalGather].total(), 125824u);
+  // Two spare slots on each of 8 ranks (4-rank nodes): the measured 11159040, 196608, 6128640 and
+  // 174976 bytes.
+  r.ranks_per_node = 4;
+  r.redundant_experts = 2;
+  b = counted_bytes(r);
+  EXPECT_EQ(b[TrafficKind::GradientReduce].total(), 11159040u);
+  EXPECT_EQ(b[TrafficKind::ExpertMigration].total(), 196608u);
+  EXPECT_EQ(b[TrafficKind::LayoutSwitch].total(), 6128640u);
+  EXPECT_EQ(b[TrafficKind::FinalGather].total(), 174976u);
+  // More EP ranks than 2 with replicas: the copies per expert follow the placement.
+  r.expert_parallel = r.actor_expert_parallel = 4;
+  r.redundant_experts = 1;
+  EXPECT_FALSE(counted_bytes(r)[TrafficKind::GradientReduce].exact);
+
+  // Without a pipeline, EP 2 on 4 ranks (2-rank nodes): the experts summed over the 2 ranks of
+  // each EP rank, one on each node (5260800 measured); with a spare slot (8209920, 98304, 73728).
+  RuntimeRun flat = tiny_on_two_nodes(Mode::Fused, 10, 15703, 0);
+  flat.ranks = 4;
+  flat.ranks_per_node = 2;
+  flat.expert_parallel = flat.actor_expert_parallel = 2;
+  b = counted_bytes(flat);
+  EXPECT_EQ(b[TrafficKind::GradientReduce].total(), 5260800u);
+  EXPECT_TRUE(b[TrafficKind::GradientReduce].exact);
+  flat.redundant_experts = 1;
+  b = counted_bytes(flat);
+  EXPECT_EQ(b[TrafficKind::GradientReduce].total(), 8209920u);
+  EXPECT_EQ(b[TrafficKind::ExpertMigration].total(), 98304u);
+  EXPECT_EQ(b[TrafficKind::FinalGather].total(), 73728u);
+}
+
 }  // namespace
 }  // namespace rlf::sim
