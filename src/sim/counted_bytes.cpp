@@ -157,14 +157,43 @@ void gradient_bytes(const RuntimeRun& r, const Stages& st, const Nodes& nodes, K
   }
 }
 
+// Generation at an EP degree G of its own (layout_switch.h): before each step's generation every
+// rank receives each expert of its generation shard that its training shard lacks, every layer of
+// it, from the expert's holder in its training EP group. The ranks in the switch's order: the
+// world's, or with PP (generating from borrowed layers, every layer with the pipeline's experts)
+// the stage-major order, in which the training EP groups are consecutive. Spare slots (which copy
+// a rank takes) and EDPB's moves (where an expert lives) follow the placement: not derived.
+void expert_switch_bytes(const RuntimeRun& r, const Stages& st, const Nodes& nodes,
+                         KindBytes& out) {
+  const int trained = st.ep, generated = r.actor_expert_parallel, experts = st.experts;
+  out.exact = st.known && st.redundant == 0 && !r.migrated &&
+              (st.count == 1 || r.actor_pipeline_parallel == 1) && experts % generated == 0;
+  if (!out.exact) return;
+  std::vector<int> order;  // switch position -> world rank
+  for (int s = 0; s < st.count; ++s)
+    for (int d = 0; d < st.replicas; ++d) order.push_back(st.rank(d, s));
+  if (st.count == 1) std::sort(order.begin(), order.end());
+  int64_t routed = 0;  // every layer's
+  for (int64_t stage_routed : st.routed) routed += stage_routed;
+  const uint64_t expert_bytes = uint64_t(routed / experts) * 4 * uint64_t(r.steps);
+  const int per_trained = experts / trained, per_generated = experts / generated;
+  for (int i = 0; i < int(order.size()); ++i) {
+    const int own_first = (i % trained) * per_trained;
+    for (int e = (i % generated) * per_generated; e < (i % generated + 1) * per_generated; ++e) {
+      if (e >= own_first && e < own_first + per_trained) continue;
+      const int holder = i / trained * trained + e / per_trained;
+      nodes.add(out, order[size_t(holder)], order[size_t(i)], expert_bytes);
+    }
+  }
+}
+
 void fused(const RuntimeRun& r, const Nodes& nodes, CountedBytes& out) {
   const Stages st = stages_of(r);
   const int pp = st.count, dp = st.replicas, ep = st.ep;
   gradient_bytes(r, st, nodes, out[TrafficKind::GradientReduce]);
   if (ep > 1 || r.actor_expert_parallel > 1) out[TrafficKind::ExpertDispatch] = not_exact();
-  // Generation at an EP degree of its own receives the experts its layout lacks (the switch's
-  // buckets: not derived here).
-  if (ep != r.actor_expert_parallel) out[TrafficKind::LayoutSwitch] = not_exact();
+  if (ep != r.actor_expert_parallel)
+    expert_switch_bytes(r, st, nodes, out[TrafficKind::LayoutSwitch]);
   // EDPB: at the start every spare slot receives its first replica's weights (default_slot_experts:
   // EP rank e's R spare slots the experts after its own, all on EP rank e + 1 while R <= E / P);
   // later migrations move the experts the routing makes hot (not derived).

@@ -118,7 +118,10 @@ TEST(TrafficKinds, AddUpToTheCountersAndArePredictedWhereARuleFixesThem) {
       "--mode fused --pipeline-parallel 2 --actor-pipeline-parallel 1 --expert-parallel 2 "
       "--actor-expert-parallel 2 --redundant-experts 1",
       4);
-  for (const RunBytes* r : {&ep, &pp, &disaggregated, &spare, &pipeline_experts}) {
+  // Generation at EP 1 after training at EP 2: each rank switches in the experts it lacks.
+  const RunBytes switched =
+      run_and_count("switched", "--mode fused --expert-parallel 2 --actor-expert-parallel 1");
+  for (const RunBytes* r : {&ep, &pp, &disaggregated, &spare, &pipeline_experts, &switched}) {
     EXPECT_EQ(kind_sum(*r), r->intra + r->inter);
     EXPECT_GT(r->inter, 0);
     EXPECT_EQ(r->by_kind.count("other"), 0u) << "every message has its kind";
@@ -137,6 +140,7 @@ TEST(TrafficKinds, AddUpToTheCountersAndArePredictedWhereARuleFixesThem) {
                            "pipeline_activations", "layout_switch", "final_gather"})
     EXPECT_GT(pipeline_experts.by_kind.count(kind) ? pipeline_experts.by_kind.at(kind) : 0, 0)
         << kind;
+  EXPECT_GT(switched.by_kind.at("layout_switch"), 0);
 
   const std::string dir = test::fresh_temp_dir("validate");
   std::filesystem::create_directories(dir);
@@ -151,15 +155,16 @@ TEST(TrafficKinds, AddUpToTheCountersAndArePredictedWhereARuleFixesThem) {
   csv << "\n"
       << measured_row("ep", 2, "2,2", 0, 1, 1, ep) << measured_row("pp", 2, "1,1", 0, 2, 1, pp)
       << measured_row("spare", 2, "2,2", 1, 1, 1, spare)
-      << measured_row("pipeline_experts", 4, "2,2", 1, 2, 1, pipeline_experts);
+      << measured_row("pipeline_experts", 4, "2,2", 1, 2, 1, pipeline_experts)
+      << measured_row("switched", 2, "2,1", 0, 1, 1, switched);
   csv.close();
   const auto validated = test::run_rlfusion("plan --validate " + dir + "/measured.csv");
   ASSERT_EQ(validated.exit_code, 0) << validated.output;
-  EXPECT_NE(validated.output.find("# bytes: 4 of 4 cases predicted exactly (met)"),
+  EXPECT_NE(validated.output.find("# bytes: 5 of 5 cases predicted exactly (met)"),
             std::string::npos)
       << validated.output;
   // Rank 0's memory peaks, predicted by the runtime's own plan (PP x EP's too) within 5%.
-  EXPECT_NE(validated.output.find("over 4 fused cases (target <= 5%: met)"), std::string::npos)
+  EXPECT_NE(validated.output.find("over 5 fused cases (target <= 5%: met)"), std::string::npos)
       << validated.output;
   // What the PP x EP run's rules leave apart: the routing's and the sample ids' bytes only.
   EXPECT_NE(

@@ -1317,9 +1317,14 @@ TEST(CountedBytes, MatchesTheKindsOfRealExpertAndPipelineRuns) {
   r.migrated = true;  // EDPB's moves follow the routing
   EXPECT_FALSE(counted_bytes(r)[TrafficKind::ExpertMigration].exact);
   r.migrated = false;
-  // Generation at an EP degree of its own switches layouts: its buckets are not derived here.
+  // Generation at an EP degree of its own switches layouts: with spare slots which copy a rank
+  // takes follows the placement; without, each rank receives the 2 experts it lacks, every
+  // layer's (12288 floats), from the other rank every step (a 5-step run: 491520 bytes).
   r.actor_expert_parallel = 1;
   EXPECT_FALSE(counted_bytes(r)[TrafficKind::LayoutSwitch].exact);
+  r.redundant_experts = 0;
+  EXPECT_EQ(counted_bytes(r)[TrafficKind::LayoutSwitch].inter, 2u * 60 * 12288 * 4);
+  r.redundant_experts = 1;
   r.actor_expert_parallel = 2;
   EXPECT_TRUE(counted_bytes(r)[TrafficKind::LayoutSwitch].exact);
   // PP 2 generating from borrowed layers: each step every stage receives the other's (19168 and
@@ -1353,11 +1358,18 @@ TEST(CountedBytes, MatchesTheKindsOfRealExpertAndPipelineRuns) {
   EXPECT_EQ(b.inter(), 0u);
 }
 
-// PP x EP and data-parallel pipelines (real `rlfusion train` runs, tiny, sort, 128 samples a step,
-// 2026-12-07; "bytes by traffic kind"): the stages' sums, their borrowed layers with the
-// pipeline's experts, EDPB's spare slots inside the stages and the gather at the end, to the byte.
-// Stage 0 holds 19136 floats (6848 dense, 12288 of 4 routed experts), stage 1 19168 (6880 dense).
+// PP x EP, data-parallel pipelines, EP on more ranks than its group, and generation at an EP
+// degree of its own (real `rlfusion train` runs, tiny, sort, 128 samples a step, 2026-12-07;
+// summary.json's "traffic_bytes", intra- and inter-node): the stages' sums, their borrowed layers
+// with the pipeline's experts, EDPB's spare slots inside the stages, the experts a generation
+// layout switches in and the gather at the end, to the byte and the link class. Stage 0 holds
+// 19136 floats (6848 dense, 12288 of 4 routed experts), stage 1 19168 (6880 dense).
 TEST(CountedBytes, MatchesPipelinesWithExpertParallelStages) {
+  auto expect = [](const CountedBytes& b, TrafficKind kind, uint64_t intra, uint64_t inter) {
+    EXPECT_EQ(b[kind].intra, intra) << traffic_kind_name(kind);
+    EXPECT_EQ(b[kind].inter, inter) << traffic_kind_name(kind);
+    EXPECT_TRUE(b[kind].exact) << traffic_kind_name(kind);
+  };
   RuntimeRun r = tiny_on_two_nodes(Mode::Fused, 20, 31544, 0);
   r.ranks = 4;  // PP 2 x 2 pipelines, EP 2 over the pipelines, a virtual node each
   r.pipeline_parallel = 2;
@@ -1365,17 +1377,14 @@ TEST(CountedBytes, MatchesPipelinesWithExpertParallelStages) {
   r.stage_parameters = {19136, 19168};
   r.stage_routed_parameters = {12288, 12288};
   CountedBytes b = counted_bytes(r);
-  // Each stage's dense tensors summed over its 2 ranks (one EP group: no expert sum).
-  EXPECT_EQ(b[TrafficKind::GradientReduce].inter, 2196480u);
-  // Every step each stage gets the other's layers with its pipeline's 2 experts (13024 and 12992
-  // floats), in both pipelines.
-  EXPECT_EQ(b[TrafficKind::LayoutSwitch].inter, 4162560u);
-  // EP rank 1 of each stage sends its experts to EP rank 0 (6144 floats), then stage 1 goes
-  // whole (19168 floats) to rank 0.
-  EXPECT_EQ(b[TrafficKind::FinalGather].inter, 125824u);
-  EXPECT_EQ(b[TrafficKind::PipelineActivations].inter, 7419904u);
-  EXPECT_TRUE(b[TrafficKind::GradientReduce].exact && b[TrafficKind::LayoutSwitch].exact &&
-              b[TrafficKind::FinalGather].exact && b[TrafficKind::PipelineActivations].exact);
+  // Each stage's dense tensors summed over its 2 ranks (one EP group: no expert sum). Every step
+  // each stage gets the other's layers with its pipeline's 2 experts (13024 and 12992 floats), in
+  // both pipelines. At the end EP rank 1 of each stage sends its experts to EP rank 0 (6144
+  // floats), then stage 1 goes whole (19168 floats) to rank 0.
+  expect(b, TrafficKind::GradientReduce, 0, 2196480);
+  expect(b, TrafficKind::LayoutSwitch, 0, 4162560);
+  expect(b, TrafficKind::FinalGather, 0, 125824);
+  expect(b, TrafficKind::PipelineActivations, 0, 7419904);
   EXPECT_FALSE(b[TrafficKind::ExpertDispatch].exact);
   // Without the stages' expert counts no rule sends a stage's experts.
   r.stage_routed_parameters.clear();
@@ -1384,56 +1393,79 @@ TEST(CountedBytes, MatchesPipelinesWithExpertParallelStages) {
                b[TrafficKind::FinalGather].exact);
   r.stage_routed_parameters = {12288, 12288};
 
-  // A spare slot per EP rank (10 steps): filled at the start from the other rank, its 2 replicated
-  // experts' gradients sent both ways every step, in the borrowed layers and the gather too.
+  // 10 steps from here on (15703 tokens trained).
   r.steps = 10;
   r.trained_tokens = 15703;
+  // Pipelines on 2-rank nodes: the stages swap layers inside a node, the stages' sums cross.
+  r.ranks_per_node = 2;
+  b = counted_bytes(r);
+  expect(b, TrafficKind::GradientReduce, 0, 1098240);
+  expect(b, TrafficKind::LayoutSwitch, 2081280, 0);
+  expect(b, TrafficKind::FinalGather, 76672, 49152);
+  // Generation at EP 1: each rank also receives the 2 experts of every layer its pipeline lacks
+  // (12288 floats) from the other pipeline of its stage-major EP group, every step.
+  r.ranks_per_node = 1;
+  r.actor_expert_parallel = 1;
+  expect(counted_bytes(r), TrafficKind::LayoutSwitch, 0, 4047360);
+  r.actor_expert_parallel = 2;
+  // A spare slot per EP rank: filled at the start from the other rank, its 2 replicated experts'
+  // gradients sent both ways every step, in the borrowed layers and the gather too.
   r.redundant_experts = 1;
   b = counted_bytes(r);
-  EXPECT_EQ(b[TrafficKind::GradientReduce].inter, 2081280u);
-  EXPECT_EQ(b[TrafficKind::ExpertMigration].inter, 49152u);
-  EXPECT_EQ(b[TrafficKind::LayoutSwitch].inter, 2572800u);
-  EXPECT_EQ(b[TrafficKind::FinalGather].inter, 150400u);
+  expect(b, TrafficKind::GradientReduce, 0, 2081280);
+  expect(b, TrafficKind::ExpertMigration, 0, 49152);
+  expect(b, TrafficKind::LayoutSwitch, 0, 2572800);
+  expect(b, TrafficKind::FinalGather, 0, 150400);
 
-  // 4 pipelines, each on a 2-rank node of its own, EP 2:
-  // each stage's dense tensors over 4 ranks on 4 nodes, its experts over the 2 ranks of each EP
-  // rank; one node's stages swap layers inside it.
+  // 4 pipelines, each on a 2-rank node of its own, EP 2: each stage's dense tensors over 4 ranks
+  // on 4 nodes, its experts over the 2 ranks of each EP rank.
   r.ranks = 8;
   r.ranks_per_node = 2;
   r.redundant_experts = 0;
   b = counted_bytes(r);
-  EXPECT_EQ(b[TrafficKind::GradientReduce].total(), 5260800u);
-  EXPECT_EQ(b[TrafficKind::GradientReduce].intra, 0u);
-  EXPECT_EQ(b[TrafficKind::LayoutSwitch].intra, 4162560u);
-  EXPECT_EQ(b[TrafficKind::FinalGather].total(), 125824u);
-  // Two spare slots on each of 8 ranks (4-rank nodes): the measured 11159040, 196608, 6128640 and
-  // 174976 bytes.
+  expect(b, TrafficKind::GradientReduce, 0, 5260800);
+  expect(b, TrafficKind::LayoutSwitch, 4162560, 0);
+  expect(b, TrafficKind::FinalGather, 76672, 49152);
+  // Two spare slots each, on 4-rank nodes.
   r.ranks_per_node = 4;
   r.redundant_experts = 2;
   b = counted_bytes(r);
-  EXPECT_EQ(b[TrafficKind::GradientReduce].total(), 11159040u);
-  EXPECT_EQ(b[TrafficKind::ExpertMigration].total(), 196608u);
-  EXPECT_EQ(b[TrafficKind::LayoutSwitch].total(), 6128640u);
-  EXPECT_EQ(b[TrafficKind::FinalGather].total(), 174976u);
-  // More EP ranks than 2 with replicas: the copies per expert follow the placement.
+  expect(b, TrafficKind::GradientReduce, 6128640, 5030400);
+  expect(b, TrafficKind::ExpertMigration, 196608, 0);
+  expect(b, TrafficKind::LayoutSwitch, 6128640, 0);
+  expect(b, TrafficKind::FinalGather, 174976, 0);
+  // EP 4 generating inside the pipelines: the stages' experts not summed (one EP group).
+  r.redundant_experts = 0;
   r.expert_parallel = r.actor_expert_parallel = 4;
+  r.actor_pipeline_parallel = 2;
+  b = counted_bytes(r);
+  expect(b, TrafficKind::GradientReduce, 2196480, 1098240);
+  expect(b, TrafficKind::FinalGather, 101248, 49152);
+  // More EP ranks than 2 with replicas: the copies per expert follow the placement.
   r.redundant_experts = 1;
   EXPECT_FALSE(counted_bytes(r)[TrafficKind::GradientReduce].exact);
 
   // Without a pipeline, EP 2 on 4 ranks (2-rank nodes): the experts summed over the 2 ranks of
-  // each EP rank, one on each node (5260800 measured); with a spare slot (8209920, 98304, 73728).
+  // each EP rank, one on each node; generating at EP 4, ranks 1 and 2 receive an expert (6144
+  // floats) from their node's other rank every step; with a spare slot each instead.
   RuntimeRun flat = tiny_on_two_nodes(Mode::Fused, 10, 15703, 0);
   flat.ranks = 4;
   flat.ranks_per_node = 2;
-  flat.expert_parallel = flat.actor_expert_parallel = 2;
+  flat.expert_parallel = 2;
+  flat.actor_expert_parallel = 4;
   b = counted_bytes(flat);
-  EXPECT_EQ(b[TrafficKind::GradientReduce].total(), 5260800u);
-  EXPECT_TRUE(b[TrafficKind::GradientReduce].exact);
+  expect(b, TrafficKind::GradientReduce, 2196480, 3064320);
+  expect(b, TrafficKind::LayoutSwitch, 491520, 0);
+  expect(b, TrafficKind::FinalGather, 49152, 0);
+  flat.actor_expert_parallel = 2;
   flat.redundant_experts = 1;
   b = counted_bytes(flat);
-  EXPECT_EQ(b[TrafficKind::GradientReduce].total(), 8209920u);
-  EXPECT_EQ(b[TrafficKind::ExpertMigration].total(), 98304u);
-  EXPECT_EQ(b[TrafficKind::FinalGather].total(), 73728u);
+  expect(b, TrafficKind::GradientReduce, 4162560, 4047360);
+  expect(b, TrafficKind::ExpertMigration, 98304, 0);
+  expect(b, TrafficKind::FinalGather, 73728, 0);
+  // A switch with spare slots or after EDPB's moves follows the placement.
+  flat.actor_expert_parallel = 4;
+  EXPECT_FALSE(counted_bytes(flat)[TrafficKind::LayoutSwitch].exact);
 }
 
 }  // namespace
