@@ -66,8 +66,10 @@ Message unpack(const std::vector<char>& buffer, size_t bytes) {
   return m;
 }
 
-// Every sample's tokens, log-probs and end flag, from `root` to every rank of `comm`.
-void broadcast_samples(std::vector<GeneratedSample>& samples, int root, MPI_Comm comm) {
+// Every sample's tokens, log-probs and end flag, from `root` to every rank of `comm`, counted on
+// `links` as the root's sends of the count and the packed samples to each other rank.
+void broadcast_samples(std::vector<GeneratedSample>& samples, int root, MPI_Comm comm,
+                       Links& links) {
   int rank = 0;
   MPI_Comm_rank(comm, &rank);
   std::vector<int32_t> packed;
@@ -85,7 +87,17 @@ void broadcast_samples(std::vector<GeneratedSample>& samples, int root, MPI_Comm
   MPI_Bcast(&count, 1, MPI_INT64_T, root, comm);
   packed.resize(size_t(count));
   MPI_Bcast(packed.data(), int(count), MPI_INT32_T, root, comm);
-  if (rank == root) return;
+  if (rank == root) {
+    int size = 0;
+    MPI_Comm_size(comm, &size);
+    for (int r = 0; r < size; ++r) {
+      if (r != root) {
+        links.count_send(links.world_rank_of(r, comm),
+                         sizeof(count) + uint64_t(count) * sizeof(int32_t));
+      }
+    }
+    return;
+  }
   size_t at = 0;
   for (GeneratedSample& s : samples) {
     const size_t n = size_t(packed[at]);
@@ -203,7 +215,7 @@ std::vector<GeneratedSample> generate_pipelined(Transformer<float>& stage,
     if (s + 1 < stages) {
       const int hidden_rows = kind == Kind::Prefill ? offsets.back() : rows;
       sends.post(next, pack({kind, group, s + 1, rows}, slots.data(), positions.data(), result,
-                      size_t(hidden_rows) * size_t(C) * sizeof(float)));
+                            size_t(hidden_rows) * size_t(C) * sizeof(float)));
     } else {
       // The head's logits: the next token of every row.
       std::vector<int> next_tokens(static_cast<size_t>(rows)), at(static_cast<size_t>(rows));
@@ -254,10 +266,10 @@ std::vector<GeneratedSample> generate_pipelined(Transformer<float>& stage,
         // pipeline of the EP group: the mates' passes stay paired (the last stages agree after
         // each of the group's steps, in the same order on every mate).
         const bool runs_on = expert_parallel ? stage.on_any_expert_parallel_rank(n > 0) : n > 0;
-        sends.post(next, runs_on
-                       ? pack({Kind::Tokens, group, 0, n}, running.data(), running_positions.data(),
-                              running_tokens.data(), size_t(n) * sizeof(int))
-                       : pack({Kind::Done, group, 0, 0}, nullptr, nullptr, nullptr, 0));
+        sends.post(next, runs_on ? pack({Kind::Tokens, group, 0, n}, running.data(),
+                                        running_positions.data(), running_tokens.data(),
+                                        size_t(n) * sizeof(int))
+                                 : pack({Kind::Done, group, 0, 0}, nullptr, nullptr, nullptr, 0));
       }
     }
     device.release(after_cache);
@@ -312,7 +324,7 @@ std::vector<GeneratedSample> generate_pipelined(Transformer<float>& stage,
     }
   }
   sends.finish();
-  broadcast_samples(out, P - 1, pipeline);
+  broadcast_samples(out, P - 1, pipeline, links);
   return out;
 }
 
@@ -354,6 +366,11 @@ std::vector<GeneratedSample> generate_own_prompts_pipelined(
   std::vector<int> tokens(size_t(token_displacements.back() + token_counts.back()));
   MPI_Allgatherv(my_tokens.data(), int(my_tokens.size()), MPI_INT, tokens.data(),
                  token_counts.data(), token_displacements.data(), MPI_INT, pipeline);
+  // Counted on the links: this rank's count, lengths, ids and tokens to each other rank.
+  const uint64_t contributed = sizeof(int) + uint64_t(mine) * (sizeof(int) + sizeof(int64_t)) +
+                               uint64_t(my_tokens.size()) * sizeof(int);
+  for (int r = 0; r < P; ++r)
+    if (r != rank) links.count_send(links.world_rank_of(r, pipeline), contributed);
   std::vector<std::vector<int>> all(static_cast<size_t>(total));
   for (int b = 0, at = 0; b < total; at += lengths[size_t(b)], ++b)
     all[size_t(b)].assign(tokens.begin() + at, tokens.begin() + at + lengths[size_t(b)]);

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -118,6 +119,52 @@ void expect_pipelined_like_whole(Transformer<float>& stage, const std::vector<La
   }
 }
 
+// The bytes generate_own_prompts_pipelined moves over a pipeline of P ranks, one virtual stage each
+// and no EP, worked out from its sequences (`prompts` in rank order, `counts` per rank) and the
+// samples they gave (each sample's length L: it runs on after each of its first L - 1 tokens):
+// - every rank's count, prompt lengths, sample ids and prompt tokens to each other rank;
+// - per group (a P-th of the sequences), its prefill pieces' hidden rows across each of the P - 1
+//   boundaries (a 16-byte header, slot and position per row, d_model floats per prompt token);
+// - per step of a group with n sequences running: the last stage's n next tokens to the first
+//   (header, slot, position and token per row), then their hidden rows across each boundary; once
+//   none runs, a header-only Done around the ring (P messages);
+// - the last stage's broadcast of every sample (a count, then length, end flag, tokens and
+//   log-probs per sample) to the P - 1 others.
+uint64_t pipeline_generation_bytes(const std::vector<std::vector<int>>& prompts,
+                                   const std::vector<int>& counts,
+                                   const std::vector<GeneratedSample>& samples, int P, int C) {
+  const uint64_t header = 16, row_ints = 8, width = uint64_t(C) * 4;
+  uint64_t bytes = 0;
+  for (size_t r = 0, at = 0; r < counts.size(); at += size_t(counts[r]), ++r) {
+    uint64_t tokens = 0;
+    for (int i = 0; i < counts[r]; ++i) tokens += prompts[at + size_t(i)].size();
+    bytes += uint64_t(P - 1) * (4 + 12 * uint64_t(counts[r]) + 4 * tokens);
+  }
+  const int B = int(prompts.size()), M = std::min(P, B);
+  for (int g = 0; g < M; ++g) {
+    const int first = g * B / M, size = (g + 1) * B / M - first;
+    const int pieces = pipeline_prefill_pieces(size, /*expert_parallel=*/false);
+    for (int piece = 0; piece < pieces; ++piece) {
+      uint64_t tokens = 0;
+      const int begin = first + size * piece / pieces, end = first + size * (piece + 1) / pieces;
+      for (int b = begin; b < end; ++b) tokens += prompts[size_t(b)].size();
+      bytes += uint64_t(P - 1) * (header + row_ints * uint64_t(end - begin) + width * tokens);
+    }
+    for (size_t k = 1;; ++k) {
+      uint64_t running = 0;
+      for (int b = first; b < first + size; ++b) running += samples[size_t(b)].tokens.size() > k;
+      if (running == 0) {
+        bytes += uint64_t(P) * header;
+        break;
+      }
+      bytes += header + 12 * running + uint64_t(P - 1) * (header + (row_ints + width) * running);
+    }
+  }
+  uint64_t packed = 0;
+  for (const GeneratedSample& sample : samples) packed += 2 + 2 * sample.tokens.size();
+  return bytes + uint64_t(P - 1) * (8 + 4 * packed);
+}
+
 class PipelineGeneration : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -199,6 +246,7 @@ TEST_F(PipelineGeneration, EachRankGetsTheSamplesOfItsOwnPrompts) {
   const Stage stage = stage_of(whole, 1, device);
   GenerationSettings settings;
   settings.max_new_tokens = 9;
+  settings.eos_token = Tokenizer::kEos;
   settings.seed = 8;
   const std::vector<GeneratedSample> want = generate(whole, mine, my_ids, settings);
   const std::vector<GeneratedSample> got = generate_own_prompts_pipelined(
@@ -208,6 +256,22 @@ TEST_F(PipelineGeneration, EachRankGetsTheSamplesOfItsOwnPrompts) {
     EXPECT_EQ(got[b].tokens, want[b].tokens) << "sequence " << b;
     test::expect_close(got[b].logprobs, want[b].logprobs, "log-probs", 1e-5, 1e-5);
   }
+  // Every byte it moved is counted on the links: the messages, the prompts' allgathers and the
+  // samples' broadcast (the pipeline's sequences and samples, as the single-rank model gives them).
+  std::vector<std::vector<int>> sequences;
+  std::vector<int64_t> sequence_ids;
+  std::vector<int> counts;
+  for (int r = 0; r < P; ++r) {
+    counts.push_back(1 + r % 3);
+    for (int i = 0; i <= r % 3; ++i) {
+      sequences.push_back(all[size_t(3 * r + i)]);
+      sequence_ids.push_back(all_ids[size_t(3 * r + i)]);
+    }
+  }
+  const std::vector<GeneratedSample> samples = generate(whole, sequences, sequence_ids, settings);
+  unsigned long long counted = links.counters().bytes[0] + links.counters().bytes[1];
+  MPI_Allreduce(MPI_IN_PLACE, &counted, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
+  EXPECT_EQ(counted, pipeline_generation_bytes(sequences, counts, samples, P, config.d_model));
 }
 
 // TP x PP (each stage's TP group generating from its slices, each TP rank over its own pipeline):
