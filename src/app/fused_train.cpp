@@ -381,6 +381,9 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   size_t generation_peak = 0, training_peak = 0;
   // Bytes this rank received in the model-parallel layout switches of the run (PP or TP).
   uint64_t generation_switch_bytes = 0;
+  // Generation inside the pipelines without StaleSync's pools: the decode steps of the groups
+  // whose last stage this rank is (their messages follow them; summary.json's sum).
+  int64_t group_decode_steps = 0;
   // With tensor parallelism the replicas' data-parallel groups sum the gradients and the step's
   // statistics (the ranks of a TP group hold the same samples).
   // With pipeline parallelism, the ranks holding the same stage (one per pipeline).
@@ -659,6 +662,7 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         generated = tensor_parallel_row_share(int(generated), slice.size, slice.rank).count;
       }
       traced.add_tokens(generated);
+      group_decode_steps += occupancy.group_decode_steps;
       // The long-tail bubble (the unused share of the decode steps' time, generation.h) as an
       // Idle event nested at the end of the phase, where the tail is.
       const double end = trace.now();
@@ -943,6 +947,13 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
                   formula, totals[0], totals[1], pp->model_parallel().size(), activations[0],
                   activations[1]);
     parallel_json += fields;
+    if (pipeline_generates && !pool) {
+      long long steps = group_decode_steps;
+      MPI_Allreduce(MPI_IN_PLACE, &steps, 1, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
+      dir.log("# generation inside the pipelines: %lld decode steps of their groups in all\n",
+              steps);
+      parallel_json += "\"pipeline_decode_steps\":" + std::to_string(steps) + ",";
+    }
     if (ep && rl.staleness > 0) {
       // StaleSync with EP: the empty micro-batches that kept the pipelines in step with their EP
       // mates, over all ranks.

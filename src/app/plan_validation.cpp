@@ -334,6 +334,7 @@ Outcome validate_row(const Row& row) {
   }
   run.trained_tokens = int64_t(row.number("trained_tokens"));
   run.response_tokens = int64_t(row.number("response_tokens"));
+  run.pipeline_decode_steps = int64_t(row.number_or("pipeline_decode_steps", -1));
   compare_bytes(row, counted_bytes(run), out);
 
   if (s.mode != Mode::Disaggregated && ranks > 1) {
@@ -503,7 +504,8 @@ int run_plan_validation(const std::string& csv_path, bool json) {
   std::printf(
       "# bytes: %d of %d cases predicted exactly (%s), over the traffic kinds a rule fixes; not "
       "pred.: the kinds that follow the routing (expert_dispatch), the sample ids "
-      "(rollout_queue in a pipeline) or the decode steps (pipeline_generation), measured\n",
+      "(rollout_queue in a pipeline) or a StaleSync or EP pool's steps inside a pipeline "
+      "(pipeline_generation), measured\n",
       exact, exact_rules, exact == exact_rules ? "met" : "NOT met");
   for (const Outcome& o : outcomes) {
     if (!o.unpredicted.empty())

@@ -37,6 +37,9 @@ struct BatchOccupancy {
   int64_t rows = 0;           // rows run, over all steps
   double seconds = 0;         // wall time of the steps
   double bubble_seconds = 0;  // sum over steps of wall time x unused share
+  // Generation inside a pipeline: the decode steps of its groups that this rank, the last stage,
+  // started (one next-token message each; a group's steps follow its longest sample).
+  int64_t group_decode_steps = 0;
 
   void add_step(int step_rows, double step_seconds) {
     steps += 1;
@@ -50,6 +53,7 @@ struct BatchOccupancy {
     rows += o.rows;
     seconds += o.seconds;
     bubble_seconds += o.bubble_seconds;
+    group_decode_steps += o.group_decode_steps;
   }
 };
 

@@ -266,6 +266,7 @@ std::vector<GeneratedSample> generate_pipelined(Transformer<float>& stage,
         // pipeline of the EP group: the mates' passes stay paired (the last stages agree after
         // each of the group's steps, in the same order on every mate).
         const bool runs_on = expert_parallel ? stage.on_any_expert_parallel_rank(n > 0) : n > 0;
+        if (runs_on && occupancy) occupancy->group_decode_steps += 1;
         sends.post(next, runs_on ? pack({Kind::Tokens, group, 0, n}, running.data(),
                                         running_positions.data(), running_tokens.data(),
                                         size_t(n) * sizeof(int))

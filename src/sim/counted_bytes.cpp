@@ -5,6 +5,7 @@
 
 #include "src/roles/queue_protocol.h"
 #include "src/roles/sample_packing.h"
+#include "src/sim/cost_model.h"
 
 namespace rlf::sim {
 
@@ -187,6 +188,54 @@ void expert_switch_bytes(const RuntimeRun& r, const Stages& st, const Nodes& nod
   }
 }
 
+// Generation inside the pipelines (pipeline_generation.cpp's generate_own_prompts_pipelined, one
+// virtual stage a rank, no EP, no StaleSync), per pipeline and step over its P ranks' B samples in
+// M = min(P, B) groups of consecutive samples, each prefilled in min(4, its size) pieces:
+// - every rank's sample count, prompt lengths, sample ids and prompt tokens to every other rank
+//   (4 + 12 n + 4 prompt tokens bytes from a rank of n samples);
+// - across each boundary s -> s + 1: each prefill piece's 16-byte header, 8 bytes per sample
+//   (slot, position) and every prompt token's hidden row; each decode step's header and 8 bytes
+//   plus a hidden row per running sample; each group's header-only Done once it has finished;
+// - from the last stage to the first: each decode step's header and 12 bytes per running sample
+//   (slot, position, token), each group's Done; then the samples' broadcast to every other rank
+//   (8 bytes, then 8 per sample and 8 per response token: its tokens and log-probs).
+// A sample of L tokens runs in L - 1 decode steps (its first token comes from the prefill), so the
+// running rows add up to the response tokens less the samples; the decode steps themselves follow
+// each group's longest sample (RuntimeRun::pipeline_decode_steps). Exact when every pair of ranks
+// of every pipeline is in one link class (the ranks' own shares are not known).
+void pipeline_generation_bytes(const RuntimeRun& r, const Stages& st, const Nodes& nodes,
+                               KindBytes& out) {
+  const int P = st.count;
+  std::set<bool> crossings;
+  for (int d = 0; d < st.replicas; ++d)
+    for (int s = 0; s < P; ++s)
+      for (int t = s + 1; t < P; ++t)
+        crossings.insert(nodes.of(st.rank(d, s)) != nodes.of(st.rank(d, t)));
+  out.exact = r.pipeline_decode_steps >= 0 && st.ep == 1 && r.actor_expert_parallel == 1 &&
+              r.staleness == 0 && crossings.size() == 1;
+  if (!out.exact) return;
+  const uint64_t header = 16, hidden = uint64_t(r.d_model) * 4, p = uint64_t(P);
+  const uint64_t calls = uint64_t(r.steps) * uint64_t(st.replicas);  // one a pipeline and step
+  const uint64_t samples = uint64_t(r.steps * r.samples_per_step);
+  const uint64_t prompt_tokens = uint64_t(r.trained_tokens - r.response_tokens);
+  const uint64_t running = uint64_t(r.response_tokens) - samples;
+  const uint64_t decode_steps = uint64_t(r.pipeline_decode_steps);
+  // A pipeline's groups and prefill pieces a step.
+  const int B = int(r.samples_per_step / st.replicas), M = std::min(P, B);
+  uint64_t pieces = 0;
+  for (int g = 0; g < M; ++g) {
+    const int size = (g + 1) * B / M - g * B / M;
+    pieces += uint64_t(std::max(1, std::min(kPrefillPieces, size)));
+  }
+  const uint64_t allgathers = (p - 1) * (4 * p * calls + 12 * samples + 4 * prompt_tokens);
+  const uint64_t boundaries =
+      (p - 1) * (header * pieces * calls + 8 * samples + hidden * prompt_tokens +
+                 header * decode_steps + (8 + hidden) * running + header * uint64_t(M) * calls);
+  const uint64_t back = header * decode_steps + 12 * running + header * uint64_t(M) * calls;
+  const uint64_t broadcast = (p - 1) * (8 * calls + 8 * samples + 8 * uint64_t(r.response_tokens));
+  (*crossings.begin() ? out.inter : out.intra) = allgathers + boundaries + back + broadcast;
+}
+
 void fused(const RuntimeRun& r, const Nodes& nodes, CountedBytes& out) {
   const Stages st = stages_of(r);
   const int pp = st.count, dp = st.replicas, ep = st.ep;
@@ -244,9 +293,7 @@ void fused(const RuntimeRun& r, const Nodes& nodes, CountedBytes& out) {
         2 * rows * row_bytes * uint64_t(pp - 1);
   }
   if (r.actor_pipeline_parallel > 1) {
-    // Generation inside the pipeline: its messages follow its decode steps, which follow the
-    // lengths of particular samples.
-    out[TrafficKind::PipelineGeneration] = not_exact();
+    pipeline_generation_bytes(r, st, nodes, out[TrafficKind::PipelineGeneration]);
   } else {
     // Generation from a stitched view: before each step's generation every stage receives the
     // other stages' layers, with EP those of its pipeline's experts and spare slots.

@@ -4,8 +4,8 @@
 // (hierarchical_collectives.h, queue_protocol.h, sample_packing.h), the hierarchical gradient
 // all-reduce, a pipeline's activations and borrowed layers, and the model gathered at the end.
 // A kind whose bytes depend on more than the totals (expert dispatch on the routing; a pipeline's
-// rollout hand-off on which samples land on which shard; generation inside a pipeline on its
-// decode steps) is marked not exact.
+// rollout hand-off on which samples land on which shard) is marked not exact; generation inside a
+// pipeline is exact given its groups' decode steps, which the run records.
 #pragma once
 
 #include <array>
@@ -42,6 +42,10 @@ struct RuntimeRun {
   std::vector<int64_t> stage_routed_parameters;
   int64_t trained_tokens = 0;   // prompt + response tokens over every RL step
   int64_t response_tokens = 0;  // response tokens over every RL step
+  // Generation inside the pipelines: its groups' decode steps over the run (summary.json's
+  // pipeline_decode_steps; -1: not known). Its messages follow them, as they follow the groups'
+  // longest samples.
+  int64_t pipeline_decode_steps = -1;
 };
 
 struct KindBytes {

@@ -4,6 +4,7 @@
 // rules fix to the byte on fresh runs, as jobs/local/validate_planner.sh checks them.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -27,11 +28,12 @@ std::vector<std::string> kind_names() {
 }
 
 struct RunBytes {
-  std::map<std::string, long long> by_kind;          // intra + inter
-  long long intra = 0, inter = 0;                    // the link counters (all ranks)
-  long long tokens = 0;                              // trained (the report's total)
-  long long response_tokens = 0;                     // generated (the report's generate phases)
-  long long migrations = 0;                          // EDPB's (summary.json)
+  std::map<std::string, long long> by_kind;  // intra + inter
+  long long intra = 0, inter = 0;            // the link counters (all ranks)
+  long long tokens = 0;                      // trained (the report's total)
+  long long response_tokens = 0;             // generated (the report's generate phases)
+  long long migrations = 0;                  // EDPB's (summary.json)
+  long long decode_steps = -1;  // generation inside the pipelines' (summary.json; -1: none)
   long long generation_peak = 0, training_peak = 0;  // rank 0's device arena (summary.json)
 };
 
@@ -64,6 +66,8 @@ RunBytes run_and_count(const std::string& name, const std::string& options, int 
     out.by_kind[kind] = intra + inter;
   }
   out.migrations = (long long)test::json_number(run.output, "migrations");
+  const double decode_steps = test::json_number(run.output, "pipeline_decode_steps");
+  if (!std::isnan(decode_steps)) out.decode_steps = (long long)decode_steps;
   const size_t peaks = run.output.find("\"device_memory_peaks\":");
   out.generation_peak = (long long)test::json_number(run.output, "generation", peaks);
   out.training_peak = (long long)test::json_number(run.output, "training", peaks);
@@ -95,7 +99,8 @@ std::string measured_row(const std::string& name, int ranks, const std::string& 
       << ranks << ",1,0," << layout << ",0,0,0,0,8,4,4,0,2,3," << r.tokens << ","
       << r.response_tokens << ",0.01," << r.intra << "," << r.inter << "," << r.generation_peak
       << "," << r.training_peak << ",0.004,0.006,1," << redundant << "," << (redundant > 0 ? 1 : 0)
-      << ",0," << pipeline << "," << generation_pipeline << "," << r.migrations;
+      << ",0," << pipeline << "," << generation_pipeline << "," << r.migrations << ","
+      << r.decode_steps;
   for (const std::string& kind : kind_names())
     row << "," << (r.by_kind.count(kind) ? r.by_kind.at(kind) : 0);
   return row.str() + "\n";
@@ -118,10 +123,14 @@ TEST(TrafficKinds, AddUpToTheCountersAndArePredictedWhereARuleFixesThem) {
       "--mode fused --pipeline-parallel 2 --actor-pipeline-parallel 1 --expert-parallel 2 "
       "--actor-expert-parallel 2 --redundant-experts 1",
       4);
+  // Generation inside the pipeline: its groups' decode steps recorded, its bytes predicted.
+  const RunBytes pipeline_generates = run_and_count(
+      "pipeline_generates", "--mode fused --pipeline-parallel 2 --actor-pipeline-parallel 2");
   // Generation at EP 1 after training at EP 2: each rank switches in the experts it lacks.
   const RunBytes switched =
       run_and_count("switched", "--mode fused --expert-parallel 2 --actor-expert-parallel 1");
-  for (const RunBytes* r : {&ep, &pp, &disaggregated, &spare, &pipeline_experts, &switched}) {
+  for (const RunBytes* r :
+       {&ep, &pp, &disaggregated, &spare, &pipeline_experts, &switched, &pipeline_generates}) {
     EXPECT_EQ(kind_sum(*r), r->intra + r->inter);
     EXPECT_GT(r->inter, 0);
     EXPECT_EQ(r->by_kind.count("other"), 0u) << "every message has its kind";
@@ -141,6 +150,9 @@ TEST(TrafficKinds, AddUpToTheCountersAndArePredictedWhereARuleFixesThem) {
     EXPECT_GT(pipeline_experts.by_kind.count(kind) ? pipeline_experts.by_kind.at(kind) : 0, 0)
         << kind;
   EXPECT_GT(switched.by_kind.at("layout_switch"), 0);
+  EXPECT_GT(pipeline_generates.by_kind.at("pipeline_generation"), 0);
+  EXPECT_GT(pipeline_generates.decode_steps, 0);
+  EXPECT_EQ(pp.decode_steps, -1) << "generation from borrowed layers";
 
   const std::string dir = test::fresh_temp_dir("validate");
   std::filesystem::create_directories(dir);
@@ -150,21 +162,27 @@ TEST(TrafficKinds, AddUpToTheCountersAndArePredictedWhereARuleFixesThem) {
          "group_size,micro_batch,reference,queue_shards,steps,trained_tokens,response_tokens,"
          "step_s,intra_bytes,inter_bytes,generation_peak,training_peak,generate_s,train_s,"
          "router_max_over_mean,redundant_experts,rebalance,expert_moves_per_step,"
-         "pipeline_parallel,actor_pipeline_parallel,migrations";
+         "pipeline_parallel,actor_pipeline_parallel,migrations,pipeline_decode_steps";
   for (const std::string& kind : kind_names()) csv << ",bytes_" << kind;
   csv << "\n"
       << measured_row("ep", 2, "2,2", 0, 1, 1, ep) << measured_row("pp", 2, "1,1", 0, 2, 1, pp)
       << measured_row("spare", 2, "2,2", 1, 1, 1, spare)
       << measured_row("pipeline_experts", 4, "2,2", 1, 2, 1, pipeline_experts)
-      << measured_row("switched", 2, "2,1", 0, 1, 1, switched);
+      << measured_row("switched", 2, "2,1", 0, 1, 1, switched)
+      << measured_row("pipeline_generates", 2, "1,1", 0, 2, 2, pipeline_generates);
   csv.close();
   const auto validated = test::run_rlfusion("plan --validate " + dir + "/measured.csv");
   ASSERT_EQ(validated.exit_code, 0) << validated.output;
-  EXPECT_NE(validated.output.find("# bytes: 5 of 5 cases predicted exactly (met)"),
+  EXPECT_NE(validated.output.find("# bytes: 6 of 6 cases predicted exactly (met)"),
             std::string::npos)
       << validated.output;
   // Rank 0's memory peaks, predicted by the runtime's own plan (PP x EP's too) within 5%.
-  EXPECT_NE(validated.output.find("over 5 fused cases (target <= 5%: met)"), std::string::npos)
+  EXPECT_NE(validated.output.find("over 6 fused cases (target <= 5%: met)"), std::string::npos)
+      << validated.output;
+  EXPECT_NE(
+      validated.output.find("# pipeline_generates: not predicted: rollout_queue " +
+                            std::to_string(pipeline_generates.by_kind.at("rollout_queue")) + " B"),
+      std::string::npos)
       << validated.output;
   // What the PP x EP run's rules leave apart: the routing's and the sample ids' bytes only.
   EXPECT_NE(

@@ -1343,13 +1343,21 @@ TEST(CountedBytes, MatchesTheKindsOfRealExpertAndPipelineRuns) {
   EXPECT_TRUE(b[TrafficKind::GradientReduce].exact);
   EXPECT_FALSE(b[TrafficKind::RolloutQueue].exact) << "the samples' shards follow their ids";
   EXPECT_TRUE(b[TrafficKind::PipelineGeneration].exact);
-  // Generation inside the pipeline: nothing borrowed; its own messages follow its decode steps.
+  // Generation inside the pipeline: nothing borrowed; its own messages follow its groups' decode
+  // steps (fused-pp2-gen-pp2-tiny: 720 over the run, 12 a step), unknown until the run gives them.
   r.actor_pipeline_parallel = 2;
   b = counted_bytes(r);
   EXPECT_EQ(b[TrafficKind::LayoutSwitch].total(), 0u);
   EXPECT_TRUE(b[TrafficKind::LayoutSwitch].exact);
   EXPECT_FALSE(b[TrafficKind::PipelineGeneration].exact);
   EXPECT_EQ(b[TrafficKind::PipelineActivations].inter, 22287104u);
+  r.pipeline_decode_steps = 720;
+  b = counted_bytes(r);
+  EXPECT_EQ(b[TrafficKind::PipelineGeneration].inter, 12795732u);
+  EXPECT_TRUE(b[TrafficKind::PipelineGeneration].exact);
+  r.staleness = 1;  // StaleSync's pools run lanes of their own (pipeline_rollout.cpp)
+  EXPECT_FALSE(counted_bytes(r)[TrafficKind::PipelineGeneration].exact);
+  r.staleness = 0;
   // One node: the same bytes inside it.
   r.ranks_per_node = 2;
   b = counted_bytes(r);
@@ -1444,6 +1452,16 @@ TEST(CountedBytes, MatchesPipelinesWithExpertParallelStages) {
   // More EP ranks than 2 with replicas: the copies per expert follow the placement.
   r.redundant_experts = 1;
   EXPECT_FALSE(counted_bytes(r)[TrafficKind::GradientReduce].exact);
+
+  // Generation inside a pipeline of 4 (small, d_model 256, 3 steps of 32 samples, 1226 tokens
+  // trained, 646 generated in 72 decode steps of its 4 groups): its measured 3529584 bytes.
+  RuntimeRun deep = tiny_on_two_nodes(Mode::Fused, 3, 1226, 646);
+  deep.ranks = 4;
+  deep.samples_per_step = 32;
+  deep.d_model = 256;
+  deep.pipeline_parallel = deep.actor_pipeline_parallel = 4;
+  deep.pipeline_decode_steps = 72;
+  expect(counted_bytes(deep), TrafficKind::PipelineGeneration, 0, 3529584);
 
   // Without a pipeline, EP 2 on 4 ranks (2-rank nodes): the experts summed over the 2 ranks of
   // each EP rank, one on each node; generating at EP 4, ranks 1 and 2 receive an expert (6144
