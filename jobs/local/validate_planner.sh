@@ -24,6 +24,11 @@
 # minutes after its calibration. About 25 minutes with 5 repeats. CALIBRATE=round: one
 # calibration a round, as before (about 10 minutes).
 #   RLFUSION=build/src/rlfusion  CASES=jobs/local/planner_validation_cases.csv  OUT=runs/validate_planner  REPEATS=5  CALIBRATE=each
+# OVERSUBSCRIBE=1 runs cases with more ranks than cores (`mpiexec --oversubscribe` instead of
+# `--bind-to core`): their step times are then not predictions to compare, but their bytes and
+# memory are, which do not depend on the cores. jobs/local/planner_layout_cases.csv holds such
+# layouts (PP x EP, several pipelines, EP over more ranks than its group; 4 and 8 ranks):
+#   OVERSUBSCRIBE=1 REPEATS=1 CALIBRATE=round CASES=jobs/local/planner_layout_cases.csv OUT=runs/validate_layouts
 set -euo pipefail
 RLFUSION=${RLFUSION:-build/src/rlfusion}
 CASES=${CASES:-jobs/local/planner_validation_cases.csv}
@@ -35,6 +40,12 @@ PYTHON=${PYTHON:-python3}
 REPEATS=${REPEATS:-5}
 CALIBRATE=${CALIBRATE:-each}
 case "$CALIBRATE" in each|round) ;; *) echo "CALIBRATE must be each or round, got '$CALIBRATE'" >&2; exit 2 ;; esac
+OVERSUBSCRIBE=${OVERSUBSCRIBE:-0}
+case "$OVERSUBSCRIBE" in
+  0) BIND=(--bind-to core) ;;
+  1) BIND=(--oversubscribe) ;;
+  *) echo "OVERSUBSCRIBE must be 0 or 1, got '$OVERSUBSCRIBE'" >&2; exit 2 ;;
+esac
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 mkdir -p "$OUT"
 [ "$REPEATS" -ge 1 ] 2>/dev/null || { echo "REPEATS must be an integer >= 1, got '$REPEATS'" >&2; exit 2; }
@@ -42,7 +53,7 @@ mkdir -p "$OUT"
 # calibrate_once RANKS FILE R: round R's calibration on RANKS ranks into FILE.R.
 calibrate_once() {
   local ranks=$1 file=$2 r=$3
-  mpiexec -n "$ranks" --bind-to core "$RLFUSION" bench calibrate --output "$file.$r" \
+  mpiexec -n "$ranks" "${BIND[@]}" "$RLFUSION" bench calibrate --output "$file.$r" \
     < /dev/null > "$file.$r.calibrate" 2>&1 || { cat "$file.$r.calibrate"; exit 1; }
 }
 
@@ -112,7 +123,7 @@ run_case() {
         --log-every "$steps" --overwrite)
   if [ "$r" = 1 ] && { [ "$bw" != 0 ] || [ "$lat" != 0 ]; }; then
     # The case's emulated link, measured by the calibration's ping-pong through the emulation.
-    mpiexec -n 2 --bind-to core "$RLFUSION" bench calibrate --output "$OUT/links-$name.ini" \
+    mpiexec -n 2 "${BIND[@]}" "$RLFUSION" bench calibrate --output "$OUT/links-$name.ini" \
       --inter-node-bandwidth "$bw" --inter-node-latency "$lat" < /dev/null > "$dir.calibrate" 2>&1
   fi
   if [ "$ranks" -gt 1 ]; then
@@ -133,7 +144,7 @@ run_case() {
   fi
   echo "# round $r, case $name: mpiexec -n $ranks rlfusion ${args[*]} --run-dir $dir-run$r"
   local run="$dir-run$r"
-  mpiexec -n "$ranks" --bind-to core "$RLFUSION" "${args[@]}" --run-dir "$run" < /dev/null \
+  mpiexec -n "$ranks" "${BIND[@]}" "$RLFUSION" "${args[@]}" --run-dir "$run" < /dev/null \
     > "$run.stdout" 2>&1 || { echo "case $name failed:"; tail -5 "$run.stdout"; exit 1; }
   "$RLFUSION" report "$run" --json < /dev/null > "$run.report.json"
   "$PYTHON" - "$run" "$name,$cluster,$task,$model,$mode,$ranks,$rpn,$actors,$ep,$aep,$stale,$offload,$bw,$lat,$prompts,$group,$micro,0,2,$steps" "$redundant" "$every" "$pp" "$app" "${KINDS[@]}" >> "$dir.rows" <<'PY'
@@ -225,4 +236,7 @@ done
   "$OUT/measured-paired.csv" "${CASE_NAMES[@]}"
 mv "$OUT/measured-paired.csv" "$MEASURED"
 echo "# measured: $MEASURED (each case's chosen round, on that round's cluster file)"
+if [ "$OVERSUBSCRIBE" = 1 ]; then
+  echo "# OVERSUBSCRIBE=1: the ranks shared cores, so the step times below are not predictions to compare; the bytes and memory columns are"
+fi
 "$RLFUSION" plan --validate "$MEASURED"
