@@ -662,7 +662,8 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         generated = tensor_parallel_row_share(int(generated), slice.size, slice.rank).count;
       }
       traced.add_tokens(generated);
-      group_decode_steps += occupancy.group_decode_steps;
+      // (With TP inside the stages every TP rank of the last stage takes the steps: one counts.)
+      if (!tp || tp->rank() == 0) group_decode_steps += occupancy.group_decode_steps;
       // The long-tail bubble (the unused share of the decode steps' time, generation.h) as an
       // Idle event nested at the end of the phase, where the tail is.
       const double end = trace.now();

@@ -250,6 +250,7 @@ TEST(PipelineParallelTrain, GeneratesInsideThePipelinesLikeTheDataParallelRun) {
     std::string run, options;
     size_t steps;
   };
+  double two_stage_decode_steps = -1;  // the first layout's: one pipeline of 2 ranks
   for (const Layout& layout :
        {Layout{2, kFusedRun, "--pipeline-parallel 2 ", 6},
         Layout{4, kFusedRun, "--pipeline-parallel 2 ", 6},
@@ -261,6 +262,7 @@ TEST(PipelineParallelTrain, GeneratesInsideThePipelinesLikeTheDataParallelRun) {
         Layout{8, kFusedRun, "--tensor-parallel 2 --pipeline-parallel 2 --expert-parallel 2 ",
                6}}) {
     SCOPED_TRACE(std::to_string(layout.ranks) + " ranks " + layout.options);
+    const bool tp_pp = layout.options == "--tensor-parallel 2 --pipeline-parallel 2 ";
     const std::string dp_dir = temp_dir("pg-dp"), borrowing_dir = temp_dir("pg-borrowing"),
                       dir = temp_dir("pg");
     const std::string pipeline_run = layout.run + layout.options;
@@ -289,6 +291,16 @@ TEST(PipelineParallelTrain, GeneratesInsideThePipelinesLikeTheDataParallelRun) {
     EXPECT_LT(generation_peak(pp.output, "generation"),
               generation_peak(borrowing.output, "generation"))
         << pp.output << borrowing.output;
+    // The groups' decode steps (summary.json), which the pipelines' messages follow: the same
+    // samples in the same groups take the same steps, counted once per TP group.
+    const double decode_steps = test::json_number(pp.output, "pipeline_decode_steps");
+    EXPECT_GT(decode_steps, 0) << pp.output;
+    if (layout.ranks == 2 && layout.steps == 6 && layout.options == "--pipeline-parallel 2 " &&
+        layout.run == kFusedRun)
+      two_stage_decode_steps = decode_steps;
+    if (tp_pp) {
+      EXPECT_EQ(decode_steps, two_stage_decode_steps) << pp.output;
+    }
   }
   // PP 2 x EP 2 rebalancing every step under a skewed router, with a spare slot per rank: the
   // generation dispatchers follow every migration, so the samples and the model are the same run's
