@@ -26,8 +26,10 @@
 #   RLFUSION=build/src/rlfusion  CASES=jobs/local/planner_validation_cases.csv  OUT=runs/validate_planner  REPEATS=5  CALIBRATE=each
 # OVERSUBSCRIBE=1 runs cases with more ranks than cores (`mpiexec --oversubscribe` instead of
 # `--bind-to core`): their step times are then not predictions to compare, but their bytes and
-# memory are, which do not depend on the cores. jobs/local/planner_layout_cases.csv holds such
-# layouts (PP x EP, several pipelines, EP over more ranks than its group; 4 and 8 ranks):
+# memory are, which do not depend on the cores. Nothing is calibrated then (rates timed on shared
+# cores mean nothing): every case is predicted on CLUSTER (default
+# inputs/clusters/cloudmatrix-384.ini). jobs/local/planner_layout_cases.csv holds such layouts
+# (PP x EP, several pipelines, EP over more ranks than its group; 4 and 8 ranks):
 #   OVERSUBSCRIBE=1 REPEATS=1 CALIBRATE=round CASES=jobs/local/planner_layout_cases.csv OUT=runs/validate_layouts
 set -euo pipefail
 RLFUSION=${RLFUSION:-build/src/rlfusion}
@@ -41,6 +43,7 @@ REPEATS=${REPEATS:-5}
 CALIBRATE=${CALIBRATE:-each}
 case "$CALIBRATE" in each|round) ;; *) echo "CALIBRATE must be each or round, got '$CALIBRATE'" >&2; exit 2 ;; esac
 OVERSUBSCRIBE=${OVERSUBSCRIBE:-0}
+CLUSTER=${CLUSTER:-inputs/clusters/cloudmatrix-384.ini}
 case "$OVERSUBSCRIBE" in
   0) BIND=(--bind-to core) ;;
   1) BIND=(--oversubscribe) ;;
@@ -50,9 +53,14 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 mkdir -p "$OUT"
 [ "$REPEATS" -ge 1 ] 2>/dev/null || { echo "REPEATS must be an integer >= 1, got '$REPEATS'" >&2; exit 2; }
 
-# calibrate_once RANKS FILE R: round R's calibration on RANKS ranks into FILE.R.
+# calibrate_once RANKS FILE R: round R's calibration on RANKS ranks into FILE.R (with
+# OVERSUBSCRIBE=1 a copy of CLUSTER).
 calibrate_once() {
   local ranks=$1 file=$2 r=$3
+  if [ "$OVERSUBSCRIBE" = 1 ]; then
+    cp "$CLUSTER" "$file.$r"
+    return
+  fi
   mpiexec -n "$ranks" "${BIND[@]}" "$RLFUSION" bench calibrate --output "$file.$r" \
     < /dev/null > "$file.$r.calibrate" 2>&1 || { cat "$file.$r.calibrate"; exit 1; }
 }
@@ -87,7 +95,7 @@ MEASURED="$OUT/measured.csv"
 KINDS=(other weight_sync gradient_reduce rollout_queue expert_dispatch expert_migration
        pipeline_activations pipeline_generation layout_switch tensor_parallel final_gather)
 KIND_COLUMNS=$(printf 'bytes_%s,' "${KINDS[@]}"); KIND_COLUMNS=${KIND_COLUMNS%,}
-echo "case,cluster,task,model,mode,ranks,ranks_per_node,actors,expert_parallel,actor_expert_parallel,staleness,offload,inter_bandwidth,inter_latency,prompts,group_size,micro_batch,reference,queue_shards,steps,trained_tokens,response_tokens,step_s,intra_bytes,inter_bytes,generation_peak,training_peak,generate_s,train_s,router_max_over_mean,redundant_experts,rebalance,expert_moves_per_step,pipeline_parallel,actor_pipeline_parallel,active_experts,migrations,pipeline_decode_steps,$KIND_COLUMNS" > "$MEASURED"
+echo "case,cluster,task,model,mode,ranks,ranks_per_node,actors,expert_parallel,actor_expert_parallel,staleness,offload,inter_bandwidth,inter_latency,prompts,group_size,micro_batch,reference,queue_shards,steps,trained_tokens,response_tokens,step_s,intra_bytes,inter_bytes,generation_peak,training_peak,generate_s,train_s,router_max_over_mean,redundant_experts,rebalance,expert_moves_per_step,pipeline_parallel,actor_pipeline_parallel,active_experts,migrations,pipeline_decode_steps,tensor_parallel,$KIND_COLUMNS" > "$MEASURED"
 mapfile -t CASE_LINES < <(grep -v '^#' "$CASES" | tail -n +2)
 
 # cluster_of NAME RANKS BW LAT: the cluster file a case is predicted with. One-rank cases run
@@ -111,11 +119,11 @@ rates_of() {
 
 # run_case LINE R: round R's run of one case, its row appended to $OUT/NAME.rows.
 run_case() {
-  local name ranks rpn mode stale ep aep offload bw lat model task prompts group micro steps redundant every pp app
-  IFS=, read -r name ranks rpn mode stale ep aep offload bw lat model task prompts group micro steps redundant every pp app <<< "$1"
+  local name ranks rpn mode stale ep aep offload bw lat model task prompts group micro steps redundant every pp app tp
+  IFS=, read -r name ranks rpn mode stale ep aep offload bw lat model task prompts group micro steps redundant every pp app tp <<< "$1"
   # The optional last columns: EDPB's spare expert slots per EP rank, its decision interval; the
-  # pipeline stages and generation's pipeline degree.
-  redundant=${redundant:-0} every=${every:-0} pp=${pp:-1} app=${app:-1}
+  # pipeline stages and generation's pipeline degree; the tensor-parallel degree.
+  redundant=${redundant:-0} every=${every:-0} pp=${pp:-1} app=${app:-1} tp=${tp:-1}
   local r=$2 dir="$OUT/$name" actors=0 cluster
   cluster=$(cluster_of "$name" "$ranks" "$bw" "$lat")
   local args=(train --model "$model" --task "$task" --sft-steps 0 --steps "$steps" --prompts "$prompts"
@@ -133,6 +141,7 @@ run_case() {
     [ "$redundant" != 0 ] && args+=(--redundant-experts "$redundant")
     [ "$every" != 0 ] && args+=(--rebalance-every "$every")
     [ "$pp" != 1 ] && args+=(--pipeline-parallel "$pp" --actor-pipeline-parallel "$app")
+    [ "$tp" != 1 ] && args+=(--tensor-parallel "$tp")
     [ "$bw" != 0 ] && args+=(--inter-node-bandwidth "$bw")
     [ "$lat" != 0 ] && args+=(--inter-node-latency "$lat")
     [ "$mode" = disaggregated ] && actors=1
@@ -147,10 +156,10 @@ run_case() {
   mpiexec -n "$ranks" "${BIND[@]}" "$RLFUSION" "${args[@]}" --run-dir "$run" < /dev/null \
     > "$run.stdout" 2>&1 || { echo "case $name failed:"; tail -5 "$run.stdout"; exit 1; }
   "$RLFUSION" report "$run" --json < /dev/null > "$run.report.json"
-  "$PYTHON" - "$run" "$name,$cluster,$task,$model,$mode,$ranks,$rpn,$actors,$ep,$aep,$stale,$offload,$bw,$lat,$prompts,$group,$micro,0,2,$steps" "$redundant" "$every" "$pp" "$app" "${KINDS[@]}" >> "$dir.rows" <<'PY'
+  "$PYTHON" - "$run" "$name,$cluster,$task,$model,$mode,$ranks,$rpn,$actors,$ep,$aep,$stale,$offload,$bw,$lat,$prompts,$group,$micro,0,2,$steps" "$redundant" "$every" "$pp" "$app" "$tp" "${KINDS[@]}" >> "$dir.rows" <<'PY'
 import json, re, sys
-run, prefix, redundant, every, pp, app = sys.argv[1:7]
-kinds = sys.argv[7:]
+run, prefix, redundant, every, pp, app, tp = sys.argv[1:8]
+kinds = sys.argv[8:]
 summary = json.load(open(run + "/summary.json"))
 report = json.load(open(run + ".report.json"))
 log = open(run + "/log.txt").read()
@@ -190,7 +199,7 @@ by_kind = ",".join(str(sum(traffic.get(kind, [0, 0]))) for kind in kinds)
 print(f'{prefix},{report["total"]["tokens"]},{generated},{step_s:.6f},{counter("intra")},'
       f'{counter("inter")},{peaks.get("generation", 0)},{peaks.get("training", 0)},'
       f'{generate_s:.6f},{train_s:.6f},{router:.6f},{redundant},{rebalance},{moves:.6g},{pp},{app},'
-      f'{touched:.4f},{summary.get("migrations", 0)},{decode_steps},{by_kind}')
+      f'{touched:.4f},{summary.get("migrations", 0)},{decode_steps},{tp},{by_kind}')
 PY
 }
 

@@ -14,6 +14,7 @@
 #include "src/balance/stage_balance.h"
 #include "src/model/activation_memory.h"
 #include "src/model/expert_parallel.h"
+#include "src/model/tensor_parallel.h"
 #include "src/rl/task.h"
 #include "src/runtime/pipeline_generation.h"
 #include "src/sim/cost_model.h"
@@ -284,6 +285,19 @@ Outcome validate_row(const Row& row) {
       s.generate.dp = ranks / pipeline;
     }
   }
+  // Tensor parallelism (column absent: none): one TP group of every rank, fused, generating at
+  // the training TP degree, the routed experts on each rank's share of the rows (the runtime's
+  // defaults); other TP layouts are not in the validation.
+  const int tensor = int(row.number_or("tensor_parallel", 1));
+  if (tensor > 1) {
+    if (s.mode == Mode::Disaggregated || ranks != tensor || pipeline > 1 || s.train.ep > 1 ||
+        s.generate.ep > 1) {
+      throw ConfigError("case " + out.name + ": tensor_parallel " + std::to_string(tensor) +
+                        " needs a fused run on that many ranks, without PP or EP");
+    }
+    s.train.tp = s.generate.tp = tensor;
+    s.train.dp = s.generate.dp = 1;
+  }
   // EDPB's spare expert slots per EP rank (column absent in older CSVs: none), and its rebalancing
   // (column absent: on with spare slots, as the validation's replica case runs it).
   s.redundant_experts = int(row.number_or("redundant_experts", 0));
@@ -320,6 +334,18 @@ Outcome validate_row(const Row& row) {
   run.routed_parameters = int64_t(model.routed);
   run.experts = config.n_experts;
   run.d_model = config.d_model;
+  run.layers = config.n_layers;
+  run.top_k = config.top_k;
+  if (tensor > 1) {
+    // The cut tensors' elements: what a rank stores less than the whole model is (T - 1) / T of
+    // them.
+    const ParameterLayout whole(config);
+    const int64_t rank_stores =
+        with_tensor_slice(config, whole, TensorSlice{0, tensor, false}).total();
+    run.tensor_parallel = tensor;
+    run.shared_expert_cut = config.shared_expert_d_ff > 0;
+    run.tensor_cut_parameters = (whole.total() - rank_stores) * tensor / (tensor - 1);
+  }
   if (pipeline > 1) {
     // The uniform cut's stages, as make_train_pipeline builds them without --pipeline-balance.
     const std::vector<int> cut = uniform_boundaries(config.n_layers, pipeline);
@@ -348,13 +374,15 @@ Outcome validate_row(const Row& row) {
     // the pool re-prefills the partials it resumes, and at the cut every slot is in flight
     // (continuous batching keeps them full), each an expected half of the mean response past its
     // prompt.
-    const int prefill =
-        int(std::lround(expected_worst_phase_mean(job.prompt, steps, double(job.prompts) / ranks)));
+    // (A TP group generates and trains its replica's prompts together: ranks / TP blocks.)
+    const int blocks = ranks / tensor;
+    const int prefill = int(
+        std::lround(expected_worst_phase_mean(job.prompt, steps, double(job.prompts) / blocks)));
     const int resumed_prefix = int(std::ceil(prompt + 0.5 * response));
     // The longest sequence as the runtime bounds it (fused_train.cpp's `longest`: <bos>, the
     // longest prompt and response, <eos>; one token more until the twenty-second session put the
     // fused cases' predictions 0.1-2.5% over).
-    const FusedBatch batch{job.prompts / ranks * job.group_size,
+    const FusedBatch batch{job.prompts / blocks * job.group_size,
                            prefill,
                            longest_prompt + longest_response,
                            job.micro_batch,
@@ -369,9 +397,16 @@ Outcome validate_row(const Row& row) {
       own.redundant = s.redundant_experts;  // the training slots (generation's too at its layout)
       const ExpertShard gen =
           gen_ep > 1 ? expert_shard_of(0, gen_ep, config.n_experts) : ExpertShard{};
-      const FusedMemoryPlan plan =
-          plan_fused_memory(config, ParameterLayout(config, own), ParameterLayout(config, gen),
-                            ep != gen_ep, job.reference, nullptr, s.offload, batch);
+      // With TP rank 0 holds its slice of the cut tensors, trains and generates on it, its routed
+      // experts on its share of the rows (the token split).
+      const TensorSlice slice{0, tensor, false};
+      const ParameterLayout training =
+          with_tensor_slice(config, ParameterLayout(config, own), slice);
+      const ParameterLayout generation =
+          with_tensor_slice(config, ParameterLayout(config, gen), slice);
+      const FusedMemoryPlan plan = plan_fused_memory(
+          config, training, generation, ep != gen_ep, job.reference, nullptr, s.offload, batch,
+          /*experts_migrate=*/false, ExpertTokenSplit{tensor > 1, tensor > 1});
       out.predicted_memory = double(std::max(plan.training_peak(), plan.generation_peak()));
     }
     out.measured_memory = std::max(row.number("generation_peak"), row.number("training_peak"));

@@ -236,7 +236,54 @@ void pipeline_generation_bytes(const RuntimeRun& r, const Stages& st, const Node
   (*crossings.begin() ? out.inter : out.intra) = allgathers + boundaries + back + broadcast;
 }
 
+// Tensor parallelism over one TP group of every rank (Megatron's cuts, src/model/tensor_parallel.h;
+// the token split: each rank computes the routed experts of its share of the rows). Every layer's
+// forward over N rows all-reduces the attention's output (row-parallel wo) and the shared
+// expert's, and allgathers the routed experts' rows; its backward all-reduces the attention's and
+// the shared expert's input gradients and allgathers each row's input and top-k weight gradients
+// (C + K floats). A ring all-reduce of n floats over T ranks sends 2 (T - 1) n floats in all, an
+// allgather of n floats (T - 1) n. The forward rows: training's (a sample's tokens but its last,
+// trained_tokens - samples) and generation's (every prompt token prefilled, then each sample's
+// tokens but its first decoded: prompt + response tokens - samples); the backward's training's.
+// The gradients: each rank's expert copies saw its rows only, so they are summed over the TP
+// group every step (the cut tensors' slices have no other replica). At the end the TP group
+// allgathers its slices of the cut tensors into the whole model.
+void tensor_parallel_bytes(const RuntimeRun& r, const Nodes& nodes, CountedBytes& out) {
+  const int T = r.tensor_parallel;
+  const bool known = r.ranks == T && r.expert_parallel == 1 && r.actor_expert_parallel == 1 &&
+                     std::max(1, r.pipeline_parallel) == 1 && r.layers > 0;
+  KindBytes &layers = out[TrafficKind::TensorParallel],
+            &gradients = out[TrafficKind::GradientReduce], &gather = out[TrafficKind::FinalGather];
+  layers.exact = gradients.exact = gather.exact = known;
+  if (!known) return;
+  std::set<int> spanned;
+  for (int t = 0; t < T; ++t) spanned.insert(nodes.of(t));
+  // (A ring over ranks on both sides of a node boundary: which of its sends cross is its order's.)
+  if (spanned.size() != 1 && int(spanned.size()) != T) {
+    layers.exact = gradients.exact = gather.exact = false;
+    return;
+  }
+  auto add = [&](KindBytes& k, uint64_t bytes) {
+    (spanned.size() == 1 ? k.intra : k.inter) += bytes;
+  };
+  const uint64_t t1 = uint64_t(T - 1), C = uint64_t(r.d_model), K = uint64_t(r.top_k);
+  // (prompt + response - samples = trained - samples: generation runs as many rows as training.)
+  const uint64_t rows = uint64_t(r.trained_tokens - r.steps * r.samples_per_step);
+  const uint64_t forward = 2 * rows, backward = rows;
+  const uint64_t allreduces = r.shared_expert_cut ? 2 : 1;  // a layer's, each way
+  const uint64_t floats =
+      uint64_t(r.layers) * t1 *
+      (2 * allreduces * C * (forward + backward) + C * forward + (C + K) * backward);
+  add(layers, 4 * floats);
+  add(gradients, uint64_t(r.steps) * 2 * t1 * uint64_t(r.routed_parameters) * 4);
+  add(gather, t1 * uint64_t(r.tensor_cut_parameters) * 4);
+}
+
 void fused(const RuntimeRun& r, const Nodes& nodes, CountedBytes& out) {
+  if (r.tensor_parallel > 1) {
+    tensor_parallel_bytes(r, nodes, out);
+    return;
+  }
   const Stages st = stages_of(r);
   const int pp = st.count, dp = st.replicas, ep = st.ep;
   gradient_bytes(r, st, nodes, out[TrafficKind::GradientReduce]);

@@ -36,6 +36,14 @@ struct RuntimeRun {
   int64_t routed_parameters = 0;  // of which routed experts
   int experts = 0;                // routed experts per layer
   int d_model = 0;
+  int layers = 0;
+  int top_k = 0;
+  // Tensor parallelism (fused, the validation's layout: one TP group of every rank, generation at
+  // the training TP degree, the routed experts on each rank's share of the tokens): its degree,
+  // whether it cuts a shared expert, and the elements of the tensors it cuts (whole-model count).
+  int tensor_parallel = 1;
+  bool shared_expert_cut = false;
+  int64_t tensor_cut_parameters = 0;
   // Each pipeline stage's own parameters, every expert's (pipeline_parallel entries; PP only),
   // and of them its routed experts' (empty: not known, so no rule with EP takes the stages).
   std::vector<int64_t> stage_parameters;

@@ -93,14 +93,15 @@ long long kind_sum(const RunBytes& r) {
 // A validate_planner.sh row for a fused tiny run of the options above on `ranks` ranks (times made
 // up: the bytes and rank 0's memory peaks are checked here).
 std::string measured_row(const std::string& name, int ranks, const std::string& layout,
-                         int redundant, int pipeline, int generation_pipeline, const RunBytes& r) {
+                         int redundant, int pipeline, int generation_pipeline, const RunBytes& r,
+                         int tensor = 1) {
   std::ostringstream row;
   row << name << "," RLFUSION_SOURCE_DIR "/inputs/clusters/cloudmatrix-384.ini,sort,tiny,fused,"
       << ranks << ",1,0," << layout << ",0,0,0,0,8,4,4,0,2,3," << r.tokens << ","
       << r.response_tokens << ",0.01," << r.intra << "," << r.inter << "," << r.generation_peak
       << "," << r.training_peak << ",0.004,0.006,1," << redundant << "," << (redundant > 0 ? 1 : 0)
       << ",0," << pipeline << "," << generation_pipeline << "," << r.migrations << ","
-      << r.decode_steps;
+      << r.decode_steps << "," << tensor;
   for (const std::string& kind : kind_names())
     row << "," << (r.by_kind.count(kind) ? r.by_kind.at(kind) : 0);
   return row.str() + "\n";
@@ -126,11 +127,15 @@ TEST(TrafficKinds, AddUpToTheCountersAndArePredictedWhereARuleFixesThem) {
   // Generation inside the pipeline: its groups' decode steps recorded, its bytes predicted.
   const RunBytes pipeline_generates = run_and_count(
       "pipeline_generates", "--mode fused --pipeline-parallel 2 --actor-pipeline-parallel 2");
+  // TP 2: every layer's all-reduces and the token split's allgathers, the experts' gradients over
+  // the TP group, the slices gathered at the end.
+  const RunBytes tensor_parallel =
+      run_and_count("tensor_parallel", "--mode fused --tensor-parallel 2");
   // Generation at EP 1 after training at EP 2: each rank switches in the experts it lacks.
   const RunBytes switched =
       run_and_count("switched", "--mode fused --expert-parallel 2 --actor-expert-parallel 1");
-  for (const RunBytes* r :
-       {&ep, &pp, &disaggregated, &spare, &pipeline_experts, &switched, &pipeline_generates}) {
+  for (const RunBytes* r : {&ep, &pp, &disaggregated, &spare, &pipeline_experts, &switched,
+                            &pipeline_generates, &tensor_parallel}) {
     EXPECT_EQ(kind_sum(*r), r->intra + r->inter);
     EXPECT_GT(r->inter, 0);
     EXPECT_EQ(r->by_kind.count("other"), 0u) << "every message has its kind";
@@ -152,6 +157,7 @@ TEST(TrafficKinds, AddUpToTheCountersAndArePredictedWhereARuleFixesThem) {
   EXPECT_GT(switched.by_kind.at("layout_switch"), 0);
   EXPECT_GT(pipeline_generates.by_kind.at("pipeline_generation"), 0);
   EXPECT_GT(pipeline_generates.decode_steps, 0);
+  EXPECT_GT(tensor_parallel.by_kind.at("tensor_parallel"), 0);
   EXPECT_EQ(pp.decode_steps, -1) << "generation from borrowed layers";
 
   const std::string dir = test::fresh_temp_dir("validate");
@@ -162,22 +168,24 @@ TEST(TrafficKinds, AddUpToTheCountersAndArePredictedWhereARuleFixesThem) {
          "group_size,micro_batch,reference,queue_shards,steps,trained_tokens,response_tokens,"
          "step_s,intra_bytes,inter_bytes,generation_peak,training_peak,generate_s,train_s,"
          "router_max_over_mean,redundant_experts,rebalance,expert_moves_per_step,"
-         "pipeline_parallel,actor_pipeline_parallel,migrations,pipeline_decode_steps";
+         "pipeline_parallel,actor_pipeline_parallel,migrations,pipeline_decode_steps,"
+         "tensor_parallel";
   for (const std::string& kind : kind_names()) csv << ",bytes_" << kind;
   csv << "\n"
       << measured_row("ep", 2, "2,2", 0, 1, 1, ep) << measured_row("pp", 2, "1,1", 0, 2, 1, pp)
       << measured_row("spare", 2, "2,2", 1, 1, 1, spare)
       << measured_row("pipeline_experts", 4, "2,2", 1, 2, 1, pipeline_experts)
       << measured_row("switched", 2, "2,1", 0, 1, 1, switched)
-      << measured_row("pipeline_generates", 2, "1,1", 0, 2, 2, pipeline_generates);
+      << measured_row("pipeline_generates", 2, "1,1", 0, 2, 2, pipeline_generates)
+      << measured_row("tensor_parallel", 2, "1,1", 0, 1, 1, tensor_parallel, 2);
   csv.close();
   const auto validated = test::run_rlfusion("plan --validate " + dir + "/measured.csv");
   ASSERT_EQ(validated.exit_code, 0) << validated.output;
-  EXPECT_NE(validated.output.find("# bytes: 6 of 6 cases predicted exactly (met)"),
+  EXPECT_NE(validated.output.find("# bytes: 7 of 7 cases predicted exactly (met)"),
             std::string::npos)
       << validated.output;
   // Rank 0's memory peaks, predicted by the runtime's own plan (PP x EP's too) within 5%.
-  EXPECT_NE(validated.output.find("over 6 fused cases (target <= 5%: met)"), std::string::npos)
+  EXPECT_NE(validated.output.find("over 7 fused cases (target <= 5%: met)"), std::string::npos)
       << validated.output;
   EXPECT_NE(
       validated.output.find("# pipeline_generates: not predicted: rollout_queue " +

@@ -1486,5 +1486,30 @@ TEST(CountedBytes, MatchesPipelinesWithExpertParallelStages) {
   EXPECT_FALSE(counted_bytes(flat)[TrafficKind::LayoutSwitch].exact);
 }
 
+// Fused TP 2 on 2 ranks (a real `rlfusion train --tensor-parallel 2` run: tiny, sort, 10 steps of
+// 128 samples, 15703 tokens trained, ranks on 2 virtual nodes, 2026-12-07): every layer's
+// all-reduces (attention, shared expert) and the token split's allgathers forward over training's
+// and generation's rows, backward over training's; the expert gradients summed over the TP group;
+// the cut tensors' slices (11264 floats in all) allgathered at the end.
+TEST(CountedBytes, MatchesATensorParallelRun) {
+  RuntimeRun r = tiny_on_two_nodes(Mode::Fused, 10, 15703, 8231);
+  r.layers = 2;
+  r.top_k = 2;
+  r.tensor_parallel = 2;
+  r.shared_expert_cut = true;
+  r.tensor_cut_parameters = 11264;
+  CountedBytes b = counted_bytes(r);
+  EXPECT_EQ(b[TrafficKind::TensorParallel].inter, 55615088u);
+  EXPECT_EQ(b[TrafficKind::GradientReduce].inter, 1966080u);
+  EXPECT_EQ(b[TrafficKind::FinalGather].inter, 45056u);
+  EXPECT_TRUE(b.exact());
+  EXPECT_EQ(b.intra(), 0u);
+  // One node: the same bytes inside it. More ranks than the TP group: not derived.
+  r.ranks_per_node = 2;
+  EXPECT_EQ(counted_bytes(r)[TrafficKind::TensorParallel].intra, 55615088u);
+  r.ranks = 4;
+  EXPECT_FALSE(counted_bytes(r).exact());
+}
+
 }  // namespace
 }  // namespace rlf::sim
