@@ -170,10 +170,9 @@ void expert_switch_bytes(const RuntimeRun& r, const Stages& st, const Nodes& nod
   out.exact = st.known && st.redundant == 0 && !r.migrated &&
               (st.count == 1 || r.actor_pipeline_parallel == 1) && experts % generated == 0;
   if (!out.exact) return;
-  std::vector<int> order;  // switch position -> world rank
+  std::vector<int> order;  // switch position -> world rank (stage-major; the world's at PP 1)
   for (int s = 0; s < st.count; ++s)
     for (int d = 0; d < st.replicas; ++d) order.push_back(st.rank(d, s));
-  if (st.count == 1) std::sort(order.begin(), order.end());
   int64_t routed = 0;  // every layer's
   for (int64_t stage_routed : st.routed) routed += stage_routed;
   const uint64_t expert_bytes = uint64_t(routed / experts) * 4 * uint64_t(r.steps);
