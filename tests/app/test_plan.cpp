@@ -332,8 +332,14 @@ TEST(BenchCalibrate, WritesAClusterFileThePlannerReads) {
   }
   EXPECT_NEAR(c.sampler_seconds(64), c.sampler_row_seconds[2], 1e-5 * c.sampler_row_seconds[2]);
   // A row's work beyond its FLOPs: most of the light width-32 model's time, so measurably above 0
-  // (about 1.5 us a row a layer on this machine), and below a millisecond.
-  EXPECT_GT(c.row_seconds, 0);
+  // on an idle machine (about 1.5 us a row a layer here), and below a millisecond. It is a
+  // difference of two timings: with other work on the cores (ctest's parallel jobs) it can come out
+  // at 0, which the command then says in a warning.
+  if (c.row_seconds == 0) {
+    EXPECT_NE(r.output.find("# warning: the row work came out at 0"), std::string::npos)
+        << r.output;
+  }
+  EXPECT_GE(c.row_seconds, 0);
   EXPECT_LT(c.row_seconds, 1e-3);
   // Its forward's share, written, within [0, the forward + backward's] (6 significant digits).
   ASSERT_TRUE(c.forward_row_seconds.has_value());
