@@ -289,6 +289,10 @@ Outcome validate_row(const Row& row) {
   // the training TP degree, the routed experts on each rank's share of the rows (the runtime's
   // defaults); other TP layouts are not in the validation.
   const int tensor = int(row.number_or("tensor_parallel", 1));
+  if (tensor < 1) {
+    throw ConfigError("case " + out.name + ": tensor_parallel must be 1 or more, got " +
+                      std::to_string(tensor));
+  }
   if (tensor > 1) {
     if (s.mode == Mode::Disaggregated || ranks != tensor || pipeline > 1 || s.train.ep > 1 ||
         s.generate.ep > 1) {

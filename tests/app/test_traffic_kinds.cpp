@@ -179,6 +179,21 @@ TEST(TrafficKinds, AddUpToTheCountersAndArePredictedWhereARuleFixesThem) {
       << measured_row("pipeline_generates", 2, "1,1", 0, 2, 2, pipeline_generates)
       << measured_row("tensor_parallel", 2, "1,1", 0, 1, 1, tensor_parallel, 2);
   csv.close();
+  // A TP degree below 1, or one that the validation does not lay out, is refused naming the case.
+  for (const auto& [tensor, message] :
+       {std::pair<int, std::string>{0, "case tensor_parallel: tensor_parallel must be 1 or more"},
+        {4, "case tensor_parallel: tensor_parallel 4 needs a fused run on that many ranks"}}) {
+    std::ofstream bad(dir + "/bad.csv");
+    std::ifstream good(dir + "/measured.csv");
+    std::string header;
+    std::getline(good, header);
+    bad << header << "\n"
+        << measured_row("tensor_parallel", 2, "1,1", 0, 1, 1, tensor_parallel, tensor);
+    bad.close();
+    const auto refused = test::run_rlfusion("plan --validate " + dir + "/bad.csv");
+    EXPECT_EQ(refused.exit_code, 2) << refused.output;
+    EXPECT_NE(refused.output.find(message), std::string::npos) << refused.output;
+  }
   const auto validated = test::run_rlfusion("plan --validate " + dir + "/measured.csv");
   ASSERT_EQ(validated.exit_code, 0) << validated.output;
   EXPECT_NE(validated.output.find("# bytes: 7 of 7 cases predicted exactly (met)"),
