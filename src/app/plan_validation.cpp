@@ -285,22 +285,22 @@ Outcome validate_row(const Row& row) {
       s.generate.dp = ranks / pipeline;
     }
   }
-  // Tensor parallelism (column absent: none): one TP group of every rank, fused, generating at
-  // the training TP degree, the routed experts on each rank's share of the rows (the runtime's
-  // defaults); other TP layouts are not in the validation.
+  // Tensor parallelism (column absent: none): TP groups of consecutive ranks, fused, data-parallel
+  // (with EP, expert-parallel) over the groups, generating at the training TP degree, the routed
+  // experts on each rank's share of the rows (the runtime's defaults); TP with PP is not in the
+  // validation.
   const int tensor = int(row.number_or("tensor_parallel", 1));
   if (tensor < 1) {
     throw ConfigError("case " + out.name + ": tensor_parallel must be 1 or more, got " +
                       std::to_string(tensor));
   }
   if (tensor > 1) {
-    if (s.mode == Mode::Disaggregated || ranks != tensor || pipeline > 1 || s.train.ep > 1 ||
-        s.generate.ep > 1) {
+    if (s.mode == Mode::Disaggregated || ranks % tensor != 0 || pipeline > 1) {
       throw ConfigError("case " + out.name + ": tensor_parallel " + std::to_string(tensor) +
-                        " needs a fused run on that many ranks, without PP or EP");
+                        " needs a fused run on a multiple of that many ranks, without PP");
     }
     s.train.tp = s.generate.tp = tensor;
-    s.train.dp = s.generate.dp = 1;
+    s.train.dp = s.generate.dp = ranks / tensor;
   }
   // EDPB's spare expert slots per EP rank (column absent in older CSVs: none), and its rebalancing
   // (column absent: on with spare slots, as the validation's replica case runs it).

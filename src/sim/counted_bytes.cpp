@@ -84,12 +84,14 @@ void add_allreduce(KindBytes& k, const Nodes& nodes, const std::vector<int>& mem
 // the `replicas` data-parallel ranks of the stage, pipeline d's stage s on world rank d count + s.
 // With EP the EP groups are `ep` consecutive of those ranks (role_expert_parallel.h: EP rank
 // d % EP, group d / EP), each rank holding E / EP experts and R spare slots of every layer it has.
+// With TP (pipeline_groups.h) every such rank is a TP group of `tp` consecutive world ranks, TP
+// innermost: the walk takes one TP rank's ranks at a time (`tp_rank`), each holding its slice.
 struct Stages {
-  int count = 1, replicas = 1, ep = 1, experts = 0, redundant = 0;
+  int count = 1, replicas = 1, ep = 1, experts = 0, redundant = 0, tp = 1, tp_rank = 0;
   std::vector<int64_t> parameters, routed;  // per stage: all (every expert's), routed experts'
   bool known = false;  // the stages' sizes given, their experts split evenly over the EP ranks
 
-  int rank(int d, int s) const { return d * count + s; }
+  int rank(int d, int s) const { return (d * count + s) * tp + tp_rank; }
   // The stage's ranks with the given EP rank (every rank of the stage at EP 1).
   std::vector<int> holders(int s, int ep_rank, int step) const {
     std::vector<int> out;
@@ -108,19 +110,23 @@ struct Stages {
 Stages stages_of(const RuntimeRun& r) {
   Stages st;
   st.count = std::max(1, r.pipeline_parallel);
-  st.replicas = r.ranks / st.count;
+  st.tp = std::max(1, r.tensor_parallel);
+  st.replicas = r.ranks / (st.count * st.tp);
   st.ep = r.expert_parallel;
   st.experts = r.experts;
   st.redundant = r.redundant_experts;
   if (st.count == 1) {
-    st.parameters = {r.parameters};
+    // (A TP rank's slice: the cut tensors' T-th part, the rest whole.)
+    const int64_t cut = st.tp > 1 ? r.tensor_cut_parameters : 0;
+    st.parameters = {r.parameters - cut + cut / st.tp};
     st.routed = {r.routed_parameters};
   } else {
     st.parameters = r.stage_parameters;
     st.routed = r.stage_routed_parameters;
     if (st.ep == 1 && st.routed.empty()) st.routed.assign(st.parameters.size(), 0);
   }
-  st.known = int(st.parameters.size()) == st.count && st.routed.size() == st.parameters.size() &&
+  st.known = r.ranks % (st.count * st.tp) == 0 && int(st.parameters.size()) == st.count &&
+             st.routed.size() == st.parameters.size() &&
              (st.ep == 1 || (st.experts > 0 && st.experts % st.ep == 0 &&
                              std::all_of(st.routed.begin(), st.routed.end(), [&](int64_t routed) {
                                return routed % st.experts == 0;
@@ -235,36 +241,49 @@ void pipeline_generation_bytes(const RuntimeRun& r, const Stages& st, const Node
   (*crossings.begin() ? out.inter : out.intra) = allgathers + boundaries + back + broadcast;
 }
 
-// Tensor parallelism over one TP group of every rank (Megatron's cuts, src/model/tensor_parallel.h;
-// the token split: each rank computes the routed experts of its share of the rows). Every layer's
-// forward over N rows all-reduces the attention's output (row-parallel wo) and the shared
-// expert's, and allgathers the routed experts' rows; its backward all-reduces the attention's and
-// the shared expert's input gradients and allgathers each row's input and top-k weight gradients
-// (C + K floats). A ring all-reduce of n floats over T ranks sends 2 (T - 1) n floats in all, an
-// allgather of n floats (T - 1) n. The forward rows: training's (a sample's tokens but its last,
-// trained_tokens - samples) and generation's (every prompt token prefilled, then each sample's
-// tokens but its first decoded: prompt + response tokens - samples); the backward's training's.
-// The gradients: each rank's expert copies saw its rows only, so they are summed over the TP
-// group every step (the cut tensors' slices have no other replica). At the end the TP group
-// allgathers its slices of the cut tensors into the whole model.
+// Tensor parallelism without PP (Megatron's cuts, src/model/tensor_parallel.h; the token split:
+// each rank computes the routed experts of its share of the rows): TP groups of T consecutive
+// ranks, each a replica of the model (with EP, of its EP rank's part: tensor_expert_parallel.h)
+// training and generating its own samples. Every layer's forward over N rows all-reduces the
+// attention's output (row-parallel wo) and the shared expert's, and allgathers the routed experts'
+// rows; its backward all-reduces the attention's and the shared expert's input gradients and
+// allgathers each row's input and top-k weight gradients (C + K floats). A ring all-reduce of n
+// floats over T ranks sends 2 (T - 1) n floats in all, an allgather of n floats (T - 1) n. The
+// forward rows: training's (a sample's tokens but its last, trained_tokens - samples) and
+// generation's (every prompt token prefilled, then each sample's tokens but its first decoded:
+// prompt + response tokens - samples); the backward's training's. Which TP group runs which rows
+// follows the samples, so the rows' bytes are exact when every TP group is in one link class (all
+// inside a node or all across nodes).
+// The gradients (learner_hooks.cpp): each rank's expert copies saw its rows only, so they are
+// summed over its TP group every step (a ring), then every rank's slice over the ranks of its TP
+// rank (TensorParallel::data_parallel(): gradient_bytes' walk, with EP over its EP groups). At the
+// end (train_finish.cpp) every TP group allgathers its slices of the cut tensors into the whole
+// model; with EP the first EP group of each TP rank first gathers its experts (the first TP group
+// receives) and only the first TP group allgathers.
 void tensor_parallel_bytes(const RuntimeRun& r, const Nodes& nodes, CountedBytes& out) {
   const int T = r.tensor_parallel;
-  const bool known = r.ranks == T && r.expert_parallel == 1 && r.actor_expert_parallel == 1 &&
-                     std::max(1, r.pipeline_parallel) == 1 && r.layers > 0;
+  Stages st = stages_of(r);
   KindBytes &layers = out[TrafficKind::TensorParallel],
             &gradients = out[TrafficKind::GradientReduce], &gather = out[TrafficKind::FinalGather];
-  layers.exact = gradients.exact = gather.exact = known;
-  if (!known) return;
-  std::set<int> spanned;
-  for (int t = 0; t < T; ++t) spanned.insert(nodes.of(t));
-  // (A ring over ranks on both sides of a node boundary: which of its sends cross is its order's.)
-  if (spanned.size() != 1 && int(spanned.size()) != T) {
-    layers.exact = gradients.exact = gather.exact = false;
-    return;
+  layers.exact = gradients.exact = gather.exact =
+      st.known && st.count == 1 && r.expert_parallel == r.actor_expert_parallel &&
+      st.redundant == 0 && !r.migrated && r.layers > 0 && r.tensor_cut_parameters % T == 0;
+  if (st.ep > 1) out[TrafficKind::ExpertDispatch] = not_exact();
+  if (!layers.exact) return;
+  // Per TP group: inside one node (false) or one rank a node (true).
+  std::vector<bool> across;
+  for (int d = 0; d < st.replicas; ++d) {
+    std::set<int> spanned;
+    for (int t = 0; t < T; ++t) spanned.insert(nodes.of(d * T + t));
+    // (A ring over ranks on both sides of a node boundary: which of its sends cross is its
+    // order's.)
+    if (spanned.size() != 1 && int(spanned.size()) != T) {
+      layers.exact = gradients.exact = gather.exact = false;
+      return;
+    }
+    across.push_back(spanned.size() != 1);
   }
-  auto add = [&](KindBytes& k, uint64_t bytes) {
-    (spanned.size() == 1 ? k.intra : k.inter) += bytes;
-  };
+  auto add = [](KindBytes& k, bool inter, uint64_t bytes) { (inter ? k.inter : k.intra) += bytes; };
   const uint64_t t1 = uint64_t(T - 1), C = uint64_t(r.d_model), K = uint64_t(r.top_k);
   // (prompt + response - samples = trained - samples: generation runs as many rows as training.)
   const uint64_t rows = uint64_t(r.trained_tokens - r.steps * r.samples_per_step);
@@ -273,9 +292,21 @@ void tensor_parallel_bytes(const RuntimeRun& r, const Nodes& nodes, CountedBytes
   const uint64_t floats =
       uint64_t(r.layers) * t1 *
       (2 * allreduces * C * (forward + backward) + C * forward + (C + K) * backward);
-  add(layers, 4 * floats);
-  add(gradients, uint64_t(r.steps) * 2 * t1 * uint64_t(r.routed_parameters) * 4);
-  add(gather, t1 * uint64_t(r.tensor_cut_parameters) * 4);
+  layers.exact = std::all_of(across.begin(), across.end(), [&](bool a) { return a == across[0]; });
+  if (layers.exact) add(layers, across[0], 4 * floats);
+
+  // The experts a rank stores (every one at EP 1), summed over its TP group.
+  const uint64_t held_experts =
+      st.ep == 1 ? uint64_t(r.routed_parameters) * 4 : st.slots() * st.expert_bytes(0);
+  for (int d = 0; d < st.replicas; ++d)
+    add(gradients, across[size_t(d)], uint64_t(r.steps) * 2 * t1 * held_experts);
+  const uint64_t cut = uint64_t(r.tensor_cut_parameters) * 4;
+  for (int t = 0; t < T; ++t) {
+    st.tp_rank = t;
+    gradient_bytes(r, st, nodes, gradients);
+    for (int e = 1; e < st.ep; ++e) nodes.add(gather, st.rank(e, 0), st.rank(0, 0), held_experts);
+  }
+  for (int d = 0; d < (st.ep > 1 ? 1 : st.replicas); ++d) add(gather, across[size_t(d)], t1 * cut);
 }
 
 void fused(const RuntimeRun& r, const Nodes& nodes, CountedBytes& out) {

@@ -38,8 +38,8 @@ struct RuntimeRun {
   int d_model = 0;
   int layers = 0;
   int top_k = 0;
-  // Tensor parallelism (fused, the validation's layout: one TP group of every rank, generation at
-  // the training TP degree, the routed experts on each rank's share of the tokens): its degree,
+  // Tensor parallelism (fused, TP groups of consecutive ranks, TP innermost; generation at the
+  // training TP degree, the routed experts on each rank's share of the tokens): its degree,
   // whether it cuts a shared expert, and the elements of the tensors it cuts (whole-model count).
   int tensor_parallel = 1;
   bool shared_expert_cut = false;

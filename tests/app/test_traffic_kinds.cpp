@@ -182,7 +182,9 @@ TEST(TrafficKinds, AddUpToTheCountersAndArePredictedWhereARuleFixesThem) {
   // A TP degree below 1, or one that the validation does not lay out, is refused naming the case.
   for (const auto& [tensor, message] :
        {std::pair<int, std::string>{0, "case tensor_parallel: tensor_parallel must be 1 or more"},
-        {4, "case tensor_parallel: tensor_parallel 4 needs a fused run on that many ranks"}}) {
+        {4,
+         "case tensor_parallel: tensor_parallel 4 needs a fused run on a multiple of that many "
+         "ranks"}}) {
     std::ofstream bad(dir + "/bad.csv");
     std::ifstream good(dir + "/measured.csv");
     std::string header;

@@ -1504,11 +1504,51 @@ TEST(CountedBytes, MatchesATensorParallelRun) {
   EXPECT_EQ(b[TrafficKind::FinalGather].inter, 45056u);
   EXPECT_TRUE(b.exact());
   EXPECT_EQ(b.intra(), 0u);
-  // One node: the same bytes inside it. More ranks than the TP group: not derived.
+  // One node: the same bytes inside it.
   r.ranks_per_node = 2;
   EXPECT_EQ(counted_bytes(r)[TrafficKind::TensorParallel].intra, 55615088u);
+
+  // TP 2 x DP 2 on nodes of 2 (the same samples, `train -n 4 --tensor-parallel 2 --ranks-per-node
+  // 2`): each TP group inside a node runs its replica's rows, sums its experts and gathers its
+  // slices; each TP rank's slice (32,672 floats) is summed across the nodes.
   r.ranks = 4;
+  b = counted_bytes(r);
+  EXPECT_TRUE(b.exact());
+  EXPECT_EQ(b[TrafficKind::TensorParallel].intra, 55615088u);
+  EXPECT_EQ(b[TrafficKind::GradientReduce].intra, 2 * 1966080u);
+  EXPECT_EQ(b[TrafficKind::GradientReduce].inter, 5227520u);
+  EXPECT_EQ(b[TrafficKind::FinalGather].intra, 90112u);
+  EXPECT_EQ(b.intra(), 59637360u);
+  EXPECT_EQ(b.inter(), 5227520u);
+  // TP groups in different link classes (one inside a node, one across): which replica's rows
+  // cross follows the samples. A TP group on part of its ranks' nodes: its ring's order decides.
+  r.ranks_per_node = 3;
+  EXPECT_FALSE(counted_bytes(r)[TrafficKind::TensorParallel].exact);
+  r.ranks_per_node = 2;
+  r.tensor_parallel = 4;
+  r.tensor_cut_parameters = 11264;
   EXPECT_FALSE(counted_bytes(r).exact());
+
+  // TP 2 x EP 2 x DP 2 on 8 ranks in nodes of 2: each TP group (a node) sums its experts (half the
+  // model's) and runs its rows; each TP rank's EP groups (replicas 0-1 and 2-3) sum their dense
+  // slices over the 4 replicas and each expert over the 2 ranks holding it, across the nodes; at
+  // the end replica 1 of each TP rank sends replica 0 its experts, and the first TP group
+  // allgathers its slices. Only the dispatch follows the routing.
+  r.tensor_parallel = 2;
+  r.ranks = 8;
+  r.expert_parallel = r.actor_expert_parallel = 2;
+  b = counted_bytes(r);
+  EXPECT_FALSE(b[TrafficKind::ExpertDispatch].exact);
+  b[TrafficKind::ExpertDispatch] = KindBytes{};
+  EXPECT_TRUE(b.exact());
+  EXPECT_EQ(b[TrafficKind::TensorParallel].intra, 55615088u);
+  EXPECT_EQ(b[TrafficKind::GradientReduce].intra, 3932160u);
+  EXPECT_EQ(b[TrafficKind::GradientReduce].inter, 7818240u);
+  EXPECT_EQ(b[TrafficKind::FinalGather].intra, 45056u);
+  EXPECT_EQ(b[TrafficKind::FinalGather].inter, 98304u);
+  // EDPB's spare slots with TP: not derived.
+  r.redundant_experts = 1;
+  EXPECT_FALSE(counted_bytes(r)[TrafficKind::GradientReduce].exact);
 }
 
 }  // namespace
