@@ -106,8 +106,8 @@ struct Outcome {
 };
 
 // The expected peak of a fused pipeline run's rank 0 (stage 0 of the first pipeline), by the
-// runtime's own plan (src/app/fused_train.cpp's for a pipeline rank; PP without TP, with or without
-// EP, one virtual stage, the uniform cut: the validation's pipeline cases) at the task's longest
+// runtime's own plan (src/app/fused_train.cpp's for a pipeline rank; PP with or without EP or TP,
+// one virtual stage, the uniform cut: the validation's pipeline cases) at the task's longest
 // lengths where the runtime allocates so (the KV cache, training's micro-batches), and at the
 // expected lengths where the peak follows the run's samples: a prefill piece's prompts, at the
 // worst of the run's pieces, and with StaleSync a resumed partial's prefix. `batch` is the rank's
@@ -126,7 +126,13 @@ size_t pipeline_rank_expected_peak(const ModelConfig& config, const RlJob& job, 
   const int experts = config.n_experts;
   ExpertShard own = s.train.ep > 1 ? expert_shard_of(0, s.train.ep, experts) : ExpertShard{};
   own.redundant = s.redundant_experts;
-  const ParameterLayout stage(config, own, stage_layer_shard(chunks, config.n_layers));
+  // With TP inside the stages, rank 0 holds TP slice 0 of its stage, its routed experts on its
+  // share of the TP group's rows (the token split).
+  const int tensor = s.train.tp;
+  const bool split = tensor > 1;
+  const ParameterLayout stage = with_tensor_slice(
+      config, ParameterLayout(config, own, stage_layer_shard(chunks, config.n_layers)),
+      TensorSlice{0, tensor, false});
   const bool pipeline_generates = s.generate.pp > 1;
   const bool layout_switch = s.generate.ep != s.train.ep;
   const ParameterLayout generation =
@@ -153,7 +159,11 @@ size_t pipeline_rank_expected_peak(const ModelConfig& config, const RlJob& job, 
     }
     plan.generation_activations =
         pipeline_generation_peak_bytes(config, stage, uniform_batch(piece, piece_length), group,
-                                       pipeline_samples, batch.max_sequence, batch.sampled);
+                                       pipeline_samples, batch.max_sequence, batch.sampled, split);
+  } else if (split) {
+    // TP training generating at TP 1 from borrowed layers: a whole model of its own (every layer
+    // with the pipeline's experts), into which the stage's slices are assembled.
+    add_pipeline_generation_model(plan, ParameterLayout(config, own).total());
   } else {
     // Generation data-parallel from a stitched view: the other stages' layers borrowed (with EP
     // those of the pipeline's experts).
@@ -164,7 +174,7 @@ size_t pipeline_rank_expected_peak(const ModelConfig& config, const RlJob& job, 
   }
   const int sequences = std::min(job.micro_batch, rank_samples);
   add_pipeline_activations(plan, pipeline_activation_bytes(config, shape, 0, chunks, stage,
-                                                           sequences, batch.max_sequence));
+                                                           sequences, batch.max_sequence, split));
   return std::max(plan.training_peak(), plan.generation_peak());
 }
 
@@ -285,22 +295,27 @@ Outcome validate_row(const Row& row) {
       s.generate.dp = ranks / pipeline;
     }
   }
-  // Tensor parallelism (column absent: none): TP groups of consecutive ranks, fused, data-parallel
-  // (with EP, expert-parallel) over the groups, generating at the training TP degree, the routed
-  // experts on each rank's share of the rows (the runtime's defaults); TP with PP is not in the
-  // validation.
+  // Tensor parallelism (column absent: none): TP groups of consecutive ranks (TP innermost),
+  // fused, data-parallel (with EP, expert-parallel; with PP, pipelines of TP groups) over the
+  // groups, generating at the training TP degree (with PP generating from borrowed layers, at TP 1
+  // on every rank), the routed experts on each rank's share of the rows (the runtime's defaults).
   const int tensor = int(row.number_or("tensor_parallel", 1));
   if (tensor < 1) {
     throw ConfigError("case " + out.name + ": tensor_parallel must be 1 or more, got " +
                       std::to_string(tensor));
   }
   if (tensor > 1) {
-    if (s.mode == Mode::Disaggregated || ranks % tensor != 0 || pipeline > 1) {
+    if (s.mode == Mode::Disaggregated || ranks % (tensor * pipeline) != 0) {
       throw ConfigError("case " + out.name + ": tensor_parallel " + std::to_string(tensor) +
-                        " needs a fused run on a multiple of that many ranks, without PP");
+                        " needs a fused run on a multiple of tensor_parallel x pipeline_parallel "
+                        "ranks");
     }
-    s.train.tp = s.generate.tp = tensor;
-    s.train.dp = s.generate.dp = ranks / tensor;
+    s.train.tp = tensor;
+    s.train.dp = ranks / (tensor * pipeline);
+    if (pipeline == 1 || generation_pipeline > 1) {
+      s.generate.tp = tensor;
+      s.generate.dp = s.train.dp;
+    }
   }
   // EDPB's spare expert slots per EP rank (column absent in older CSVs: none), and its rebalancing
   // (column absent: on with spare slots, as the validation's replica case runs it).
@@ -360,6 +375,12 @@ Outcome validate_row(const Row& row) {
                                    stage_layer_shard(chunks, config.n_layers));
       run.stage_parameters.push_back(layout.total());
       run.stage_routed_parameters.push_back(routed_parameters(layout));
+      if (tensor > 1) {
+        const int64_t rank_stores =
+            with_tensor_slice(config, layout, TensorSlice{0, tensor, false}).total();
+        run.stage_tensor_cut_parameters.push_back((layout.total() - rank_stores) * tensor /
+                                                  (tensor - 1));
+      }
     }
   }
   run.trained_tokens = int64_t(row.number("trained_tokens"));
@@ -378,8 +399,9 @@ Outcome validate_row(const Row& row) {
     // the pool re-prefills the partials it resumes, and at the cut every slot is in flight
     // (continuous batching keeps them full), each an expected half of the mean response past its
     // prompt.
-    // (A TP group generates and trains its replica's prompts together: ranks / TP blocks.)
-    const int blocks = ranks / tensor;
+    // (A TP group generates its replica's prompts together: ranks / TP blocks; a TP x PP run
+    // generating from borrowed layers generates at TP 1 on every rank.)
+    const int blocks = s.generate.tp > 1 ? ranks / s.generate.tp : ranks;
     const int prefill = int(
         std::lround(expected_worst_phase_mean(job.prompt, steps, double(job.prompts) / blocks)));
     const int resumed_prefix = int(std::ceil(prompt + 0.5 * response));

@@ -88,7 +88,8 @@ void add_allreduce(KindBytes& k, const Nodes& nodes, const std::vector<int>& mem
 // innermost: the walk takes one TP rank's ranks at a time (`tp_rank`), each holding its slice.
 struct Stages {
   int count = 1, replicas = 1, ep = 1, experts = 0, redundant = 0, tp = 1, tp_rank = 0;
-  std::vector<int64_t> parameters, routed;  // per stage: all (every expert's), routed experts'
+  // Per stage: all (every expert's, unsliced), routed experts', and with TP the cut tensors'.
+  std::vector<int64_t> parameters, routed, cut;
   bool known = false;  // the stages' sizes given, their experts split evenly over the EP ranks
 
   int rank(int d, int s) const { return (d * count + s) * tp + tp_rank; }
@@ -99,6 +100,10 @@ struct Stages {
     return out;
   }
   uint64_t expert_bytes(int s) const { return uint64_t(routed[size_t(s)] / experts) * 4; }
+  // A TP rank's part of stage s, every expert's: the cut tensors' T-th slice, the rest whole.
+  int64_t sliced(int s) const { return parameters[size_t(s)] - cut[size_t(s)] * (tp - 1) / tp; }
+  // The bytes of the cut tensors' slices a TP rank's mates hold of stage s.
+  uint64_t mates_slices_bytes(int s) const { return uint64_t(cut[size_t(s)] * (tp - 1) / tp) * 4; }
   uint64_t slots() const { return uint64_t(experts / ep + redundant); }
   // Stage s as one of its ranks holds it: its dense tensors and its slots (every expert at EP 1).
   uint64_t held_bytes(int s) const {
@@ -116,16 +121,19 @@ Stages stages_of(const RuntimeRun& r) {
   st.experts = r.experts;
   st.redundant = r.redundant_experts;
   if (st.count == 1) {
-    // (A TP rank's slice: the cut tensors' T-th part, the rest whole.)
-    const int64_t cut = st.tp > 1 ? r.tensor_cut_parameters : 0;
-    st.parameters = {r.parameters - cut + cut / st.tp};
+    st.parameters = {r.parameters};
     st.routed = {r.routed_parameters};
+    st.cut = {st.tp > 1 ? r.tensor_cut_parameters : 0};
   } else {
     st.parameters = r.stage_parameters;
     st.routed = r.stage_routed_parameters;
+    st.cut =
+        st.tp > 1 ? r.stage_tensor_cut_parameters : std::vector<int64_t>(st.parameters.size(), 0);
     if (st.ep == 1 && st.routed.empty()) st.routed.assign(st.parameters.size(), 0);
   }
   st.known = r.ranks % (st.count * st.tp) == 0 && int(st.parameters.size()) == st.count &&
+             st.cut.size() == st.parameters.size() &&
+             std::all_of(st.cut.begin(), st.cut.end(), [&](int64_t c) { return c % st.tp == 0; }) &&
              st.routed.size() == st.parameters.size() &&
              (st.ep == 1 || (st.experts > 0 && st.experts % st.ep == 0 &&
                              std::all_of(st.routed.begin(), st.routed.end(), [&](int64_t routed) {
@@ -134,13 +142,13 @@ Stages stages_of(const RuntimeRun& r) {
   return st;
 }
 
-// Gradients: each step every stage's are summed over its data-parallel ranks (add_allreduce),
-// with EP its dense tensors over all of them and each rank's slots over the ranks of the same EP
-// rank (none when one EP group holds the stage). Replicated experts (EDPB's spare slots): their
-// holders also send each other their gradients (every holder to every other, expert_replicas.h);
-// on 2 EP ranks an expert has at most one copy a rank, so the 2 R spare slots make exactly 2 R
-// experts of 2 holders each, 4 R messages a layer and step (with more ranks the copies per expert
-// follow the placement: not derived).
+// Gradients: each step every stage's (with TP, the slice of st.tp_rank's ranks) are summed over its
+// data-parallel ranks (add_allreduce), with EP its dense tensors over all of them and each rank's
+// slots over the ranks of the same EP rank (none when one EP group holds the stage). Replicated
+// experts (EDPB's spare slots): their holders also send each other their gradients (every holder to
+// every other, expert_replicas.h); on 2 EP ranks an expert has at most one copy a rank, so the 2 R
+// spare slots make exactly 2 R experts of 2 holders each, 4 R messages a layer and step (with more
+// ranks the copies per expert follow the placement: not derived).
 void gradient_bytes(const RuntimeRun& r, const Stages& st, const Nodes& nodes, KindBytes& out) {
   out.exact = st.known && (st.redundant == 0 || st.ep == 2);
   if (!out.exact) return;
@@ -148,11 +156,10 @@ void gradient_bytes(const RuntimeRun& r, const Stages& st, const Nodes& nodes, K
   for (int s = 0; s < st.count; ++s) {
     const std::vector<int> stage = st.holders(s, 0, 1);
     if (st.ep == 1) {
-      add_allreduce(out, nodes, stage, uint64_t(st.parameters[size_t(s)]) * 4, steps);
+      add_allreduce(out, nodes, stage, uint64_t(st.sliced(s)) * 4, steps);
       continue;
     }
-    add_allreduce(out, nodes, stage, uint64_t(st.parameters[size_t(s)] - st.routed[size_t(s)]) * 4,
-                  steps);
+    add_allreduce(out, nodes, stage, uint64_t(st.sliced(s) - st.routed[size_t(s)]) * 4, steps);
     for (int e = 0; e < st.ep; ++e)
       add_allreduce(out, nodes, st.holders(s, e, st.ep), st.slots() * st.expert_bytes(s), steps);
     if (st.redundant == 0) continue;
@@ -206,16 +213,20 @@ void expert_switch_bytes(const RuntimeRun& r, const Stages& st, const Nodes& nod
 //   (8 bytes, then 8 per sample and 8 per response token: its tokens and log-probs).
 // A sample of L tokens runs in L - 1 decode steps (its first token comes from the prefill), so the
 // running rows add up to the response tokens less the samples; the decode steps themselves follow
-// each group's longest sample (RuntimeRun::pipeline_decode_steps). Exact when every pair of ranks
-// of every pipeline is in one link class (the ranks' own shares are not known).
-void pipeline_generation_bytes(const RuntimeRun& r, const Stages& st, const Nodes& nodes,
-                               KindBytes& out) {
+// each group's longest sample (RuntimeRun::pipeline_decode_steps). With TP every TP rank's pipeline
+// (the stages' ranks of that TP rank) sends the same messages, its TP group computing the layers
+// together: T times the bytes. Exact when every pair of ranks of every pipeline is in one link
+// class (the ranks' own shares are not known).
+void pipeline_generation_bytes(const RuntimeRun& r, Stages st, const Nodes& nodes, KindBytes& out) {
   const int P = st.count;
   std::set<bool> crossings;
-  for (int d = 0; d < st.replicas; ++d)
-    for (int s = 0; s < P; ++s)
-      for (int t = s + 1; t < P; ++t)
-        crossings.insert(nodes.of(st.rank(d, s)) != nodes.of(st.rank(d, t)));
+  for (int tp_rank = 0; tp_rank < st.tp; ++tp_rank) {
+    st.tp_rank = tp_rank;
+    for (int d = 0; d < st.replicas; ++d)
+      for (int s = 0; s < P; ++s)
+        for (int t = s + 1; t < P; ++t)
+          crossings.insert(nodes.of(st.rank(d, s)) != nodes.of(st.rank(d, t)));
+  }
   out.exact = r.pipeline_decode_steps >= 0 && st.ep == 1 && r.actor_expert_parallel == 1 &&
               r.staleness == 0 && crossings.size() == 1;
   if (!out.exact) return;
@@ -238,85 +249,123 @@ void pipeline_generation_bytes(const RuntimeRun& r, const Stages& st, const Node
                  header * decode_steps + (8 + hidden) * running + header * uint64_t(M) * calls);
   const uint64_t back = header * decode_steps + 12 * running + header * uint64_t(M) * calls;
   const uint64_t broadcast = (p - 1) * (8 * calls + 8 * samples + 8 * uint64_t(r.response_tokens));
-  (*crossings.begin() ? out.inter : out.intra) = allgathers + boundaries + back + broadcast;
+  (*crossings.begin() ? out.inter : out.intra) =
+      uint64_t(st.tp) * (allgathers + boundaries + back + broadcast);
 }
 
-// Tensor parallelism without PP (Megatron's cuts, src/model/tensor_parallel.h; the token split:
-// each rank computes the routed experts of its share of the rows): TP groups of T consecutive
-// ranks, each a replica of the model (with EP, of its EP rank's part: tensor_expert_parallel.h)
-// training and generating its own samples. Every layer's forward over N rows all-reduces the
+// Tensor parallelism (Megatron's cuts, src/model/tensor_parallel.h; the token split: each rank
+// computes the routed experts of its share of the rows): TP groups of T consecutive ranks, each
+// holding a replica of the model (with EP, of its EP rank's part: tensor_expert_parallel.h; with
+// PP, of a stage) and running its rows. Every layer's forward over N rows all-reduces the
 // attention's output (row-parallel wo) and the shared expert's, and allgathers the routed experts'
 // rows; its backward all-reduces the attention's and the shared expert's input gradients and
 // allgathers each row's input and top-k weight gradients (C + K floats). A ring all-reduce of n
 // floats over T ranks sends 2 (T - 1) n floats in all, an allgather of n floats (T - 1) n. The
-// forward rows: training's (a sample's tokens but its last, trained_tokens - samples) and
-// generation's (every prompt token prefilled, then each sample's tokens but its first decoded:
-// prompt + response tokens - samples); the backward's training's. Which TP group runs which rows
-// follows the samples, so the rows' bytes are exact when every TP group is in one link class (all
-// inside a node or all across nodes).
+// forward rows: training's (a sample's tokens but its last, trained_tokens - samples), through
+// every layer (with PP, each stage's layers), and where generation runs at the TP degree (without
+// PP, or inside the pipelines) generation's (every prompt token prefilled, then each sample's
+// tokens but its first decoded: prompt + response tokens - samples); the backward's training's.
+// Which TP group runs which rows follows the samples, so the rows' bytes are exact when every TP
+// group is in one link class (all inside a node or all across nodes).
 // The gradients (learner_hooks.cpp): each rank's expert copies saw its rows only, so they are
-// summed over its TP group every step (a ring), then every rank's slice over the ranks of its TP
-// rank (TensorParallel::data_parallel(): gradient_bytes' walk, with EP over its EP groups). At the
-// end (train_finish.cpp) every TP group allgathers its slices of the cut tensors into the whole
-// model; with EP the first EP group of each TP rank first gathers its experts (the first TP group
-// receives) and only the first TP group allgathers.
-void tensor_parallel_bytes(const RuntimeRun& r, const Nodes& nodes, CountedBytes& out) {
-  const int T = r.tensor_parallel;
-  Stages st = stages_of(r);
-  KindBytes &layers = out[TrafficKind::TensorParallel],
-            &gradients = out[TrafficKind::GradientReduce], &gather = out[TrafficKind::FinalGather];
-  layers.exact = gradients.exact = gather.exact =
-      st.known && st.count == 1 && r.expert_parallel == r.actor_expert_parallel &&
-      st.redundant == 0 && !r.migrated && r.layers > 0 && r.tensor_cut_parameters % T == 0;
-  if (st.ep > 1) out[TrafficKind::ExpertDispatch] = not_exact();
-  if (!layers.exact) return;
-  // Per TP group: inside one node (false) or one rank a node (true).
-  std::vector<bool> across;
-  for (int d = 0; d < st.replicas; ++d) {
-    std::set<int> spanned;
-    for (int t = 0; t < T; ++t) spanned.insert(nodes.of(d * T + t));
-    // (A ring over ranks on both sides of a node boundary: which of its sends cross is its
-    // order's.)
-    if (spanned.size() != 1 && int(spanned.size()) != T) {
-      layers.exact = gradients.exact = gather.exact = false;
-      return;
-    }
-    across.push_back(spanned.size() != 1);
-  }
+// summed over its TP group every step (a ring), then every TP rank's slices over its data-parallel
+// and EP groups (gradient_bytes' walk).
+void tensor_parallel_bytes(const RuntimeRun& r, Stages st, const Nodes& nodes,
+                           const std::vector<bool>& across, CountedBytes& out) {
+  const int T = st.tp;
   auto add = [](KindBytes& k, bool inter, uint64_t bytes) { (inter ? k.inter : k.intra) += bytes; };
+  KindBytes &layers = out[TrafficKind::TensorParallel],
+            &gradients = out[TrafficKind::GradientReduce];
   const uint64_t t1 = uint64_t(T - 1), C = uint64_t(r.d_model), K = uint64_t(r.top_k);
   // (prompt + response - samples = trained - samples: generation runs as many rows as training.)
   const uint64_t rows = uint64_t(r.trained_tokens - r.steps * r.samples_per_step);
-  const uint64_t forward = 2 * rows, backward = rows;
+  const bool generates = st.count == 1 || r.actor_pipeline_parallel > 1;
+  const uint64_t forward = (generates ? 2 : 1) * rows, backward = rows;
   const uint64_t allreduces = r.shared_expert_cut ? 2 : 1;  // a layer's, each way
   const uint64_t floats =
       uint64_t(r.layers) * t1 *
       (2 * allreduces * C * (forward + backward) + C * forward + (C + K) * backward);
-  layers.exact = std::all_of(across.begin(), across.end(), [&](bool a) { return a == across[0]; });
+  layers.exact = r.layers > 0 &&
+                 std::all_of(across.begin(), across.end(), [&](bool a) { return a == across[0]; });
   if (layers.exact) add(layers, across[0], 4 * floats);
 
-  // The experts a rank stores (every one at EP 1), summed over its TP group.
-  const uint64_t held_experts =
-      st.ep == 1 ? uint64_t(r.routed_parameters) * 4 : st.slots() * st.expert_bytes(0);
-  for (int d = 0; d < st.replicas; ++d)
-    add(gradients, across[size_t(d)], uint64_t(r.steps) * 2 * t1 * held_experts);
-  const uint64_t cut = uint64_t(r.tensor_cut_parameters) * 4;
-  for (int t = 0; t < T; ++t) {
+  gradient_bytes(r, st, nodes, gradients);
+  if (!gradients.exact) return;
+  for (int t = 1; t < T; ++t) {
     st.tp_rank = t;
     gradient_bytes(r, st, nodes, gradients);
-    for (int e = 1; e < st.ep; ++e) nodes.add(gather, st.rank(e, 0), st.rank(0, 0), held_experts);
   }
-  for (int d = 0; d < (st.ep > 1 ? 1 : st.replicas); ++d) add(gather, across[size_t(d)], t1 * cut);
+  // The experts a rank stores of its stage (every one at EP 1), summed over its TP group.
+  for (int d = 0; d < st.replicas; ++d)
+    for (int s = 0; s < st.count; ++s) {
+      const uint64_t held =
+          st.ep == 1 ? uint64_t(st.routed[size_t(s)]) * 4 : st.slots() * st.expert_bytes(s);
+      add(gradients, across[size_t(d * st.count + s)], uint64_t(r.steps) * 2 * t1 * held);
+    }
+}
+
+// Whether each TP group (replica d's stage s at d count + s) lies inside one node (false) or on
+// one node a rank (true); empty when one lies on part of its ranks' nodes (a ring over ranks on
+// both sides of a node boundary: which of its sends cross is its order's).
+std::vector<bool> tensor_groups_across(const Stages& st, const Nodes& nodes) {
+  std::vector<bool> across;
+  for (int g = 0; g < st.replicas * st.count; ++g) {
+    std::set<int> spanned;
+    for (int t = 0; t < st.tp; ++t) spanned.insert(nodes.of(g * st.tp + t));
+    if (spanned.size() != 1 && int(spanned.size()) != st.tp) return {};
+    across.push_back(spanned.size() != 1);
+  }
+  return across;
+}
+
+// The end (train_finish.cpp): learner 0 gathers the whole model for model.h5.
+// - With EP the other EP ranks of the first group send their slots, spare ones included
+//   (role_expert_parallel.cpp's gather_full_model; with PP per stage, with TP per TP rank).
+// - TP without PP: every TP group allgathers its slices of the cut tensors into the whole model;
+//   with EP only the first (the experts came to it).
+// - PP (gather_pipeline_model): the first pipeline's later stages send their stage whole to world
+//   rank 0, with TP once TP rank 0 of the stage has gathered its mates' slices.
+void final_gather_bytes(const Stages& stages, const Nodes& nodes,
+                        const std::vector<bool>& tp_across, KindBytes& gather) {
+  Stages st = stages;
+  gather.exact = st.known;
+  if (!gather.exact) return;
+  for (int t = 0; t < st.tp; ++t) {
+    st.tp_rank = t;
+    for (int s = 0; s < st.count; ++s)
+      for (int e = 1; e < st.ep; ++e)
+        nodes.add(gather, st.rank(e, s), st.rank(0, s), st.slots() * st.expert_bytes(s));
+  }
+  st.tp_rank = 0;
+  if (st.tp > 1 && st.count == 1) {
+    const uint64_t allgather = uint64_t(st.tp - 1) * uint64_t(st.cut[0]) * 4;
+    for (int d = 0; d < (st.ep > 1 ? 1 : st.replicas); ++d)
+      (tp_across[size_t(d)] ? gather.inter : gather.intra) += allgather;
+    return;
+  }
+  for (int s = 0; s < st.count; ++s) {
+    for (int t = 1; t < st.tp; ++t) {
+      nodes.add(gather, st.rank(0, s) + t, st.rank(0, s), uint64_t(st.cut[size_t(s)] / st.tp) * 4);
+    }
+    if (s > 0) nodes.add(gather, st.rank(0, s), 0, uint64_t(st.parameters[size_t(s)]) * 4);
+  }
 }
 
 void fused(const RuntimeRun& r, const Nodes& nodes, CountedBytes& out) {
-  if (r.tensor_parallel > 1) {
-    tensor_parallel_bytes(r, nodes, out);
+  Stages st = stages_of(r);
+  const int pp = st.count, dp = st.replicas, ep = st.ep, T = st.tp;
+  const std::vector<bool> tp_across = T > 1 ? tensor_groups_across(st, nodes) : std::vector<bool>{};
+  if (T > 1 &&
+      (tp_across.empty() || ep != r.actor_expert_parallel || st.redundant > 0 || r.migrated)) {
+    // (TP with EDPB's spare slots or moves: not derived; no validation layout has them.)
+    for (KindBytes& k : out.kinds) k.exact = false;
     return;
   }
-  const Stages st = stages_of(r);
-  const int pp = st.count, dp = st.replicas, ep = st.ep;
-  gradient_bytes(r, st, nodes, out[TrafficKind::GradientReduce]);
+  if (T > 1) {
+    tensor_parallel_bytes(r, st, nodes, tp_across, out);
+  } else {
+    gradient_bytes(r, st, nodes, out[TrafficKind::GradientReduce]);
+  }
   if (ep > 1 || r.actor_expert_parallel > 1) out[TrafficKind::ExpertDispatch] = not_exact();
   if (ep != r.actor_expert_parallel)
     expert_switch_bytes(r, st, nodes, out[TrafficKind::LayoutSwitch]);
@@ -337,53 +386,53 @@ void fused(const RuntimeRun& r, const Nodes& nodes, CountedBytes& out) {
   } else if (r.migrated) {
     migration.exact = false;
   }
-
-  // The end: learner 0 gathers the whole model for model.h5. With EP the other EP ranks of the
-  // first group send their slots, spare ones included (role_expert_parallel.cpp's
-  // gather_full_model); a pipeline's later stages send their stage (gather_pipeline_model), with
-  // EP each stage whole once its first EP group (pipelines 0 .. EP - 1) gathered its experts.
-  KindBytes& gather = out[TrafficKind::FinalGather];
-  gather.exact = st.known;
-  if (gather.exact) {
-    for (int s = 0; s < pp; ++s) {
-      for (int e = 1; e < ep; ++e)
-        nodes.add(gather, st.rank(e, s), st.rank(0, s), st.slots() * st.expert_bytes(s));
-      if (s > 0) nodes.add(gather, st.rank(0, s), 0, uint64_t(st.parameters[size_t(s)]) * 4);
-    }
-  }
+  final_gather_bytes(st, nodes, tp_across, out[TrafficKind::FinalGather]);
   if (pp == 1) return;
 
-  auto world = [&st](int d, int s) { return st.rank(d, s); };
   // Training: every micro-batch's rows (a sample's tokens but its last, which predicts nothing)
-  // go forward across each stage boundary as d_model floats, their gradients back.
+  // go forward across each stage boundary as d_model floats, their gradients back; with TP
+  // between the matching TP ranks of the two stages (each holds the whole rows).
   KindBytes& activations = out[TrafficKind::PipelineActivations];
   const uint64_t rows = uint64_t(r.trained_tokens - r.steps * r.samples_per_step);
   const uint64_t row_bytes = uint64_t(r.d_model) * 4;
   std::set<bool> crossings;
-  for (int d = 0; d < dp; ++d)
-    for (int s = 0; s + 1 < pp; ++s)
-      crossings.insert(nodes.of(world(d, s)) != nodes.of(world(d, s + 1)));
+  for (int t = 0; t < T; ++t) {
+    st.tp_rank = t;
+    for (int d = 0; d < dp; ++d)
+      for (int s = 0; s + 1 < pp; ++s)
+        crossings.insert(nodes.of(st.rank(d, s)) != nodes.of(st.rank(d, s + 1)));
+  }
   // (Replicas train different samples: with boundaries of both classes their split is unknown.)
   activations.exact = crossings.size() == 1;
   if (activations.exact) {
     (*crossings.begin() ? activations.inter : activations.intra) =
-        2 * rows * row_bytes * uint64_t(pp - 1);
+        2 * rows * row_bytes * uint64_t(pp - 1) * uint64_t(T);
   }
   if (r.actor_pipeline_parallel > 1) {
     pipeline_generation_bytes(r, st, nodes, out[TrafficKind::PipelineGeneration]);
   } else {
-    // Generation from a stitched view: before each step's generation every stage receives the
-    // other stages' layers, with EP those of its pipeline's experts and spare slots.
+    // Generation from a stitched view (pipeline_layout_switch.h): before each step's generation
+    // every stage receives the other stages' layers, with EP those of its pipeline's experts and
+    // spare slots; with TP each TP group first allgathers its stage's cut tensors, then each TP
+    // rank receives the other stages whole from its pipeline.
     KindBytes& borrowed = out[TrafficKind::LayoutSwitch];
     borrowed.exact = borrowed.exact && st.known;
     if (borrowed.exact) {
-      for (int d = 0; d < dp; ++d)
-        for (int to = 0; to < pp; ++to)
-          for (int from = 0; from < pp; ++from)
-            if (from != to) {
-              nodes.add(borrowed, world(d, from), world(d, to),
-                        uint64_t(r.steps) * st.held_bytes(from));
-            }
+      const uint64_t steps = uint64_t(r.steps);
+      for (int t = 0; t < T; ++t) {
+        st.tp_rank = t;
+        for (int d = 0; d < dp; ++d)
+          for (int to = 0; to < pp; ++to)
+            for (int from = 0; from < pp; ++from)
+              if (from != to)
+                nodes.add(borrowed, st.rank(d, from), st.rank(d, to), steps * st.held_bytes(from));
+      }
+      for (int d = 0; d < dp && T > 1; ++d)
+        for (int s = 0; s < pp; ++s) {
+          const bool inter = tp_across[size_t(d * pp + s)];
+          (inter ? borrowed.inter : borrowed.intra) +=
+              steps * uint64_t(T) * st.mates_slices_bytes(s);
+        }
     }
   }
   // The replica's rollouts reach the stages through DistQueue (puts to the shard of each sample

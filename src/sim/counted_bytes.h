@@ -48,6 +48,8 @@ struct RuntimeRun {
   // and of them its routed experts' (empty: not known, so no rule with EP takes the stages).
   std::vector<int64_t> stage_parameters;
   std::vector<int64_t> stage_routed_parameters;
+  // With TP too, the elements of each stage's tensors that TP cuts (whole-model counts).
+  std::vector<int64_t> stage_tensor_cut_parameters;
   int64_t trained_tokens = 0;   // prompt + response tokens over every RL step
   int64_t response_tokens = 0;  // response tokens over every RL step
   // Generation inside the pipelines: its groups' decode steps over the run (summary.json's

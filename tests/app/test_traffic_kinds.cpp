@@ -183,8 +183,8 @@ TEST(TrafficKinds, AddUpToTheCountersAndArePredictedWhereARuleFixesThem) {
   for (const auto& [tensor, message] :
        {std::pair<int, std::string>{0, "case tensor_parallel: tensor_parallel must be 1 or more"},
         {4,
-         "case tensor_parallel: tensor_parallel 4 needs a fused run on a multiple of that many "
-         "ranks"}}) {
+         "case tensor_parallel: tensor_parallel 4 needs a fused run on a multiple of "
+         "tensor_parallel x pipeline_parallel ranks"}}) {
     std::ofstream bad(dir + "/bad.csv");
     std::ifstream good(dir + "/measured.csv");
     std::string header;

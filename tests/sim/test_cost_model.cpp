@@ -1366,6 +1366,13 @@ TEST(CountedBytes, MatchesTheKindsOfRealExpertAndPipelineRuns) {
   EXPECT_EQ(b.inter(), 0u);
 }
 
+// One traffic kind's predicted bytes: exact, with these intra- and inter-node bytes.
+void expect(const CountedBytes& b, TrafficKind kind, uint64_t intra, uint64_t inter) {
+  EXPECT_EQ(b[kind].intra, intra) << traffic_kind_name(kind);
+  EXPECT_EQ(b[kind].inter, inter) << traffic_kind_name(kind);
+  EXPECT_TRUE(b[kind].exact) << traffic_kind_name(kind);
+}
+
 // PP x EP, data-parallel pipelines, EP on more ranks than its group, and generation at an EP
 // degree of its own (real `rlfusion train` runs, tiny, sort, 128 samples a step, 2026-12-07;
 // summary.json's "traffic_bytes", intra- and inter-node): the stages' sums, their borrowed layers
@@ -1373,11 +1380,6 @@ TEST(CountedBytes, MatchesTheKindsOfRealExpertAndPipelineRuns) {
 // layout switches in and the gather at the end, to the byte and the link class. Stage 0 holds
 // 19136 floats (6848 dense, 12288 of 4 routed experts), stage 1 19168 (6880 dense).
 TEST(CountedBytes, MatchesPipelinesWithExpertParallelStages) {
-  auto expect = [](const CountedBytes& b, TrafficKind kind, uint64_t intra, uint64_t inter) {
-    EXPECT_EQ(b[kind].intra, intra) << traffic_kind_name(kind);
-    EXPECT_EQ(b[kind].inter, inter) << traffic_kind_name(kind);
-    EXPECT_TRUE(b[kind].exact) << traffic_kind_name(kind);
-  };
   RuntimeRun r = tiny_on_two_nodes(Mode::Fused, 20, 31544, 0);
   r.ranks = 4;  // PP 2 x 2 pipelines, EP 2 over the pipelines, a virtual node each
   r.pipeline_parallel = 2;
@@ -1549,6 +1551,65 @@ TEST(CountedBytes, MatchesATensorParallelRun) {
   // EDPB's spare slots with TP: not derived.
   r.redundant_experts = 1;
   EXPECT_FALSE(counted_bytes(r)[TrafficKind::GradientReduce].exact);
+}
+
+// TP 2 inside the stages of PP 2 (`train -n 4|8 --tensor-parallel 2 --pipeline-parallel 2`, tiny,
+// 10 steps, the same samples as above): each stage's TP group (ranks 0-1 stage 0, 2-3 stage 1)
+// runs its layers' rows and sums its experts; the activations go between matching TP ranks.
+TEST(CountedBytes, MatchesTensorParallelPipelines) {
+  RuntimeRun r = tiny_on_two_nodes(Mode::Fused, 10, 15703, 8231);
+  r.ranks = 4;
+  r.ranks_per_node = 2;  // a stage's TP group a node
+  r.layers = 2;
+  r.top_k = 2;
+  r.tensor_parallel = r.pipeline_parallel = 2;
+  r.shared_expert_cut = true;
+  r.tensor_cut_parameters = 11264;
+  r.stage_parameters = {19136, 19168};
+  r.stage_routed_parameters = {12288, 12288};
+  r.stage_tensor_cut_parameters = {5632, 5632};
+  CountedBytes b = counted_bytes(r);
+  // Generation at TP 1 from borrowed layers: training's rows only through the TP collectives.
+  // Before each generation each TP group allgathers its stage's cut tensors (inside the node),
+  // then each rank gets the other stage whole from its TP rank's pipeline (across). At the end
+  // each stage's TP rank 1 sends its slices to TP rank 0, and stage 1 goes whole to rank 0.
+  expect(b, TrafficKind::TensorParallel, 37153648, 0);
+  expect(b, TrafficKind::GradientReduce, 1966080, 0);
+  expect(b, TrafficKind::PipelineActivations, 0, 7384576);
+  expect(b, TrafficKind::LayoutSwitch, 450560, 3064320);
+  expect(b, TrafficKind::FinalGather, 22528, 76672);
+  EXPECT_FALSE(b[TrafficKind::RolloutQueue].exact);
+
+  // Generating inside the pipelines (120 decode steps) on one node: generation's rows too, and
+  // every TP rank's pipeline sends the generation's messages.
+  r.ranks_per_node = 4;
+  r.actor_pipeline_parallel = 2;
+  r.pipeline_decode_steps = 120;
+  b = counted_bytes(r);
+  expect(b, TrafficKind::TensorParallel, 55615088, 0);
+  expect(b, TrafficKind::PipelineGeneration, 4245320, 0);
+  expect(b, TrafficKind::FinalGather, 99200, 0);
+  EXPECT_EQ(b[TrafficKind::LayoutSwitch].total(), 0u);
+
+  // TP 2 x PP 2 x EP 2 on 8 ranks, a model replica a node: each TP rank's stage sums its dense
+  // slice (8096 floats) and its 2 experts (6144) across the replicas; at the end replica 1 of each
+  // stage and TP rank sends its experts to replica 0.
+  r.ranks = 8;
+  r.actor_pipeline_parallel = 1;
+  r.pipeline_decode_steps = -1;
+  r.expert_parallel = r.actor_expert_parallel = 2;
+  b = counted_bytes(r);
+  expect(b, TrafficKind::GradientReduce, 1966080, 1295360);
+  expect(b, TrafficKind::LayoutSwitch, 5063680, 0);
+  expect(b, TrafficKind::FinalGather, 99200, 98304);
+  expect(b, TrafficKind::PipelineActivations, 7384576, 0);
+  expect(b, TrafficKind::TensorParallel, 37153648, 0);
+  EXPECT_FALSE(b[TrafficKind::ExpertDispatch].exact);
+  // Without the stages' cut tensors no rule takes a TP rank's slice of them.
+  r.stage_tensor_cut_parameters.clear();
+  b = counted_bytes(r);
+  EXPECT_FALSE(b[TrafficKind::GradientReduce].exact || b[TrafficKind::LayoutSwitch].exact ||
+               b[TrafficKind::FinalGather].exact);
 }
 
 }  // namespace
