@@ -224,6 +224,8 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
     // generation shard's experts, those the pipeline lacks received into slots.)
     const ParameterLayout switched_layout(
         policy.config, expert_shard_of(pp ? pp->replica() : 0, generation_degree, experts));
+    // (A TP group generating at its training degree generates on its ranks' slices: their KV
+    // cache and activations hold the rank's heads only.)
     const ParameterLayout generation_layout =
         pp && switch_layouts
             ? (generation_tp_groups ? with_tensor_slice(policy.config, switched_layout,
@@ -231,7 +233,10 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
                                     : switched_layout)
         : borrows_whole_model ? whole_generation_layout
         : pipeline_generates  ? policy.model->layout()
-                              : ParameterLayout(policy.config, generation_experts);
+        : tp_generates
+            ? with_tensor_slice(policy.config, ParameterLayout(policy.config, generation_experts),
+                                tp->slice())
+            : ParameterLayout(policy.config, generation_experts);
     // The token split (below) in training and, on the training slices, in generation (a
     // pipeline stage's generation model is counted unsplit, an upper bound; its chunks: below).
     const bool splits = tp && !pp && !options.tensor_parallel_duplicate_experts;
