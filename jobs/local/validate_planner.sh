@@ -95,7 +95,7 @@ MEASURED="$OUT/measured.csv"
 KINDS=(other weight_sync gradient_reduce rollout_queue expert_dispatch expert_migration
        pipeline_activations pipeline_generation layout_switch tensor_parallel final_gather)
 KIND_COLUMNS=$(printf 'bytes_%s,' "${KINDS[@]}"); KIND_COLUMNS=${KIND_COLUMNS%,}
-echo "case,cluster,task,model,mode,ranks,ranks_per_node,actors,expert_parallel,actor_expert_parallel,staleness,offload,inter_bandwidth,inter_latency,prompts,group_size,micro_batch,reference,queue_shards,steps,trained_tokens,response_tokens,step_s,intra_bytes,inter_bytes,generation_peak,training_peak,generate_s,train_s,router_max_over_mean,redundant_experts,rebalance,expert_moves_per_step,pipeline_parallel,actor_pipeline_parallel,active_experts,migrations,pipeline_decode_steps,tensor_parallel,$KIND_COLUMNS" > "$MEASURED"
+echo "case,cluster,task,model,mode,ranks,ranks_per_node,actors,expert_parallel,actor_expert_parallel,staleness,offload,inter_bandwidth,inter_latency,prompts,group_size,micro_batch,reference,queue_shards,steps,trained_tokens,response_tokens,step_s,intra_bytes,inter_bytes,generation_peak,training_peak,generate_s,train_s,router_max_over_mean,redundant_experts,rebalance,expert_moves_per_step,pipeline_parallel,actor_pipeline_parallel,active_experts,migrations,pipeline_decode_steps,tensor_parallel,actor_tensor_parallel,$KIND_COLUMNS" > "$MEASURED"
 mapfile -t CASE_LINES < <(grep -v '^#' "$CASES" | tail -n +2)
 
 # cluster_of NAME RANKS BW LAT: the cluster file a case is predicted with. One-rank cases run
@@ -119,12 +119,14 @@ rates_of() {
 
 # run_case LINE R: round R's run of one case, its row appended to $OUT/NAME.rows.
 run_case() {
-  local name ranks rpn mode stale ep aep offload bw lat model task prompts group micro steps redundant every pp app tp
-  IFS=, read -r name ranks rpn mode stale ep aep offload bw lat model task prompts group micro steps redundant every pp app tp <<< "$1"
+  local name ranks rpn mode stale ep aep offload bw lat model task prompts group micro steps redundant every pp app tp actors atp
+  IFS=, read -r name ranks rpn mode stale ep aep offload bw lat model task prompts group micro steps redundant every pp app tp actors atp <<< "$1"
   # The optional last columns: EDPB's spare expert slots per EP rank, its decision interval; the
-  # pipeline stages and generation's pipeline degree; the tensor-parallel degree.
+  # pipeline stages and generation's pipeline degree; the tensor-parallel degree (disaggregated:
+  # the learners'); disaggregated, the actor ranks (the others learn) and their TP degree.
   redundant=${redundant:-0} every=${every:-0} pp=${pp:-1} app=${app:-1} tp=${tp:-1}
-  local r=$2 dir="$OUT/$name" actors=0 cluster
+  actors=${actors:-1} atp=${atp:-1}
+  local r=$2 dir="$OUT/$name" cluster
   cluster=$(cluster_of "$name" "$ranks" "$bw" "$lat")
   local args=(train --model "$model" --task "$task" --sft-steps 0 --steps "$steps" --prompts "$prompts"
         --group-size "$group" --micro-batch "$micro" --eval-prompts 10 --eval-every 0
@@ -142,10 +144,12 @@ run_case() {
     [ "$every" != 0 ] && args+=(--rebalance-every "$every")
     [ "$pp" != 1 ] && args+=(--pipeline-parallel "$pp" --actor-pipeline-parallel "$app")
     [ "$tp" != 1 ] && args+=(--tensor-parallel "$tp")
+    [ "$atp" != 1 ] && args+=(--actor-tensor-parallel "$atp")
     [ "$bw" != 0 ] && args+=(--inter-node-bandwidth "$bw")
     [ "$lat" != 0 ] && args+=(--inter-node-latency "$lat")
-    [ "$mode" = disaggregated ] && actors=1
+    [ "$mode" = disaggregated ] && args+=(--actors "$actors")
   fi
+  [ "$mode" = disaggregated ] && [ "$ranks" -gt 1 ] || actors=0
   [ "$r" = 1 ] && : > "$dir.rows"
   if [ "$CALIBRATE" = each ]; then
     echo "# round $r, case $name: calibrating on $ranks rank(s) into $OUT/cluster-at-$name.ini.$r"
@@ -156,10 +160,10 @@ run_case() {
   mpiexec -n "$ranks" "${BIND[@]}" "$RLFUSION" "${args[@]}" --run-dir "$run" < /dev/null \
     > "$run.stdout" 2>&1 || { echo "case $name failed:"; tail -5 "$run.stdout"; exit 1; }
   "$RLFUSION" report "$run" --json < /dev/null > "$run.report.json"
-  "$PYTHON" - "$run" "$name,$cluster,$task,$model,$mode,$ranks,$rpn,$actors,$ep,$aep,$stale,$offload,$bw,$lat,$prompts,$group,$micro,0,2,$steps" "$redundant" "$every" "$pp" "$app" "$tp" "${KINDS[@]}" >> "$dir.rows" <<'PY'
+  "$PYTHON" - "$run" "$name,$cluster,$task,$model,$mode,$ranks,$rpn,$actors,$ep,$aep,$stale,$offload,$bw,$lat,$prompts,$group,$micro,0,2,$steps" "$redundant" "$every" "$pp" "$app" "$tp" "$atp" "${KINDS[@]}" >> "$dir.rows" <<'PY'
 import json, re, sys
-run, prefix, redundant, every, pp, app, tp = sys.argv[1:8]
-kinds = sys.argv[8:]
+run, prefix, redundant, every, pp, app, tp, atp = sys.argv[1:9]
+kinds = sys.argv[9:]
 summary = json.load(open(run + "/summary.json"))
 report = json.load(open(run + ".report.json"))
 log = open(run + "/log.txt").read()
@@ -199,7 +203,7 @@ by_kind = ",".join(str(sum(traffic.get(kind, [0, 0]))) for kind in kinds)
 print(f'{prefix},{report["total"]["tokens"]},{generated},{step_s:.6f},{counter("intra")},'
       f'{counter("inter")},{peaks.get("generation", 0)},{peaks.get("training", 0)},'
       f'{generate_s:.6f},{train_s:.6f},{router:.6f},{redundant},{rebalance},{moves:.6g},{pp},{app},'
-      f'{touched:.4f},{summary.get("migrations", 0)},{decode_steps},{tp},{by_kind}')
+      f'{touched:.4f},{summary.get("migrations", 0)},{decode_steps},{tp},{atp},{by_kind}')
 PY
 }
 

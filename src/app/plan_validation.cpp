@@ -295,17 +295,39 @@ Outcome validate_row(const Row& row) {
       s.generate.dp = ranks / pipeline;
     }
   }
-  // Tensor parallelism (column absent: none): TP groups of consecutive ranks (TP innermost),
-  // fused, data-parallel (with EP, expert-parallel; with PP, pipelines of TP groups) over the
+  // Tensor parallelism (columns absent: none): TP groups of consecutive ranks (TP innermost).
+  // Fused: data-parallel (with EP, expert-parallel; with PP, pipelines of TP groups) over the
   // groups, generating at the training TP degree (with PP generating from borrowed layers, at TP 1
   // on every rank), the routed experts on each rank's share of the rows (the runtime's defaults).
+  // Disaggregated: the learners' TP groups (tensor_parallel) and the actors'
+  // (actor_tensor_parallel).
   const int tensor = int(row.number_or("tensor_parallel", 1));
-  if (tensor < 1) {
-    throw ConfigError("case " + out.name + ": tensor_parallel must be 1 or more, got " +
-                      std::to_string(tensor));
+  const int actor_tensor = int(row.number_or("actor_tensor_parallel", 1));
+  for (const auto& [column, degree] : {std::pair<const char*, int>{"tensor_parallel", tensor},
+                                       {"actor_tensor_parallel", actor_tensor}}) {
+    if (degree < 1) {
+      throw ConfigError("case " + out.name + ": " + column + " must be 1 or more, got " +
+                        std::to_string(degree));
+    }
   }
-  if (tensor > 1) {
-    if (s.mode == Mode::Disaggregated || ranks % (tensor * pipeline) != 0) {
+  if (s.mode == Mode::Disaggregated) {
+    if ((ranks - actors) % tensor != 0 || actors % actor_tensor != 0) {
+      throw ConfigError("case " + out.name + ": tensor_parallel " + std::to_string(tensor) +
+                        " and actor_tensor_parallel " + std::to_string(actor_tensor) +
+                        " must divide the " + std::to_string(ranks - actors) + " learners and " +
+                        std::to_string(actors) + " actors");
+    }
+    s.train.tp = tensor;
+    s.train.dp = (ranks - actors) / tensor;
+    s.generate.tp = actor_tensor;
+    s.generate.dp = actors / actor_tensor;
+  } else if (actor_tensor > 1) {
+    throw ConfigError("case " + out.name + ": actor_tensor_parallel " +
+                      std::to_string(actor_tensor) +
+                      " is only in the validation's disaggregated cases (fused generation runs at "
+                      "tensor_parallel)");
+  } else if (tensor > 1) {
+    if (ranks % (tensor * pipeline) != 0) {
       throw ConfigError("case " + out.name + ": tensor_parallel " + std::to_string(tensor) +
                         " needs a fused run on a multiple of tensor_parallel x pipeline_parallel "
                         "ranks");
@@ -355,15 +377,16 @@ Outcome validate_row(const Row& row) {
   run.d_model = config.d_model;
   run.layers = config.n_layers;
   run.top_k = config.top_k;
-  if (tensor > 1) {
+  run.tensor_parallel = tensor;
+  run.actor_tensor_parallel = actor_tensor;
+  if (const int degree = std::max(tensor, actor_tensor); degree > 1) {
     // The cut tensors' elements: what a rank stores less than the whole model is (T - 1) / T of
     // them.
     const ParameterLayout whole(config);
     const int64_t rank_stores =
-        with_tensor_slice(config, whole, TensorSlice{0, tensor, false}).total();
-    run.tensor_parallel = tensor;
+        with_tensor_slice(config, whole, TensorSlice{0, degree, false}).total();
     run.shared_expert_cut = config.shared_expert_d_ff > 0;
-    run.tensor_cut_parameters = (whole.total() - rank_stores) * tensor / (tensor - 1);
+    run.tensor_cut_parameters = (whole.total() - rank_stores) * degree / (degree - 1);
   }
   if (pipeline > 1) {
     // The uniform cut's stages, as make_train_pipeline builds them without --pipeline-balance.

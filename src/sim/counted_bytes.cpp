@@ -33,41 +33,6 @@ struct Nodes {
   }
 };
 
-void disaggregated(const RuntimeRun& r, const Nodes& nodes, CountedBytes& out) {
-  // One learner (world rank 0) hosting every shard, actors 1..A: the learner's gets are local.
-  const int learners = r.ranks - r.actors;
-  std::set<int> spanned{nodes.of(0)};
-  for (int a = 1; a <= r.actors; ++a) spanned.insert(nodes.of(a));
-  // Weight sync: one broadcast before the first step, then one after each step; with StaleSync
-  // (actors one step ahead) one after each step from the second to the next-to-last
-  // (disaggregated_train.cpp's StaleSchedule).
-  const uint64_t syncs =
-      r.staleness > 0 ? uint64_t(std::max<int64_t>(1, r.steps - 1)) : uint64_t(r.steps + 1);
-  const KindBytes sync = tree_bytes(spanned, r.actors + 1, uint64_t(r.parameters) * 4);
-  // (EP actors get each routed expert from its owner instead: not derived.)
-  out[TrafficKind::WeightSync] = {sync.intra * syncs, sync.inter * syncs,
-                                  learners == 1 && r.actor_expert_parallel == 1};
-  // Puts: per actor and shard, a header and one packed buffer; an ack back; a Close at the end.
-  const uint64_t shards = uint64_t(r.queue_shards);
-  const uint64_t framing_per_actor_step =
-      shards * (queue_protocol::kHeaderBytes + kPackHeaderBytes + queue_protocol::kHeaderBytes);
-  const uint64_t payload = uint64_t(r.steps) * uint64_t(r.samples_per_step) * kPackMetadataBytes +
-                           4 * uint64_t(r.trained_tokens) + 4 * uint64_t(r.response_tokens);
-  bool any_intra = false, any_inter = false;
-  for (int a = 1; a <= r.actors; ++a) (nodes.of(a) == nodes.of(0) ? any_intra : any_inter) = true;
-  const uint64_t queue =
-      payload + uint64_t(r.actors) *
-                    (uint64_t(r.steps) * framing_per_actor_step + queue_protocol::kHeaderBytes);
-  KindBytes& q = out[TrafficKind::RolloutQueue];
-  (any_inter ? q.inter : q.intra) = queue;
-  // (Actors on both sides of a node boundary: the payload's split over them is unknown.)
-  q.exact = learners == 1 && !(any_intra && any_inter);
-  if (r.expert_parallel > 1 || r.actor_expert_parallel > 1) {
-    out[TrafficKind::ExpertDispatch] = not_exact();
-    out[TrafficKind::FinalGather] = not_exact();  // (not derived: no validation case has it)
-  }
-}
-
 // A hierarchical all-reduce of `bytes` over the given world ranks (hierarchical_collectives.h: a
 // reduce-scatter inside each node, a ring per share among the nodes, an allgather back; or through
 // the node leaders when nodes differ in size): either way intra 2 (P - N) b, inter 2 (N - 1) b for
@@ -261,37 +226,53 @@ void pipeline_generation_bytes(const RuntimeRun& r, Stages st, const Nodes& node
 // rows; its backward all-reduces the attention's and the shared expert's input gradients and
 // allgathers each row's input and top-k weight gradients (C + K floats). A ring all-reduce of n
 // floats over T ranks sends 2 (T - 1) n floats in all, an allgather of n floats (T - 1) n. The
-// forward rows: training's (a sample's tokens but its last, trained_tokens - samples), through
-// every layer (with PP, each stage's layers), and where generation runs at the TP degree (without
-// PP, or inside the pipelines) generation's (every prompt token prefilled, then each sample's
-// tokens but its first decoded: prompt + response tokens - samples); the backward's training's.
-// Which TP group runs which rows follows the samples, so the rows' bytes are exact when every TP
-// group is in one link class (all inside a node or all across nodes).
-// The gradients (learner_hooks.cpp): each rank's expert copies saw its rows only, so they are
-// summed over its TP group every step (a ring), then every TP rank's slices over its data-parallel
-// and EP groups (gradient_bytes' walk).
-void tensor_parallel_bytes(const RuntimeRun& r, Stages st, const Nodes& nodes,
-                           const std::vector<bool>& across, CountedBytes& out) {
-  const int T = st.tp;
-  auto add = [](KindBytes& k, bool inter, uint64_t bytes) { (inter ? k.inter : k.intra) += bytes; };
-  KindBytes &layers = out[TrafficKind::TensorParallel],
-            &gradients = out[TrafficKind::GradientReduce];
+// rows: training's (a sample's tokens but its last, trained_tokens - samples) forward and
+// backward through every layer (with PP, each stage's layers), and generation's forward (every
+// prompt token prefilled, then each sample's tokens but its first decoded: prompt + response
+// tokens - samples, as many) where it runs at the TP degree.
+uint64_t tensor_rows_bytes(const RuntimeRun& r, int T, uint64_t forward, uint64_t backward) {
   const uint64_t t1 = uint64_t(T - 1), C = uint64_t(r.d_model), K = uint64_t(r.top_k);
-  // (prompt + response - samples = trained - samples: generation runs as many rows as training.)
-  const uint64_t rows = uint64_t(r.trained_tokens - r.steps * r.samples_per_step);
-  const bool generates = st.count == 1 || r.actor_pipeline_parallel > 1;
-  const uint64_t forward = (generates ? 2 : 1) * rows, backward = rows;
   const uint64_t allreduces = r.shared_expert_cut ? 2 : 1;  // a layer's, each way
-  const uint64_t floats =
-      uint64_t(r.layers) * t1 *
-      (2 * allreduces * C * (forward + backward) + C * forward + (C + K) * backward);
-  layers.exact = r.layers > 0 &&
-                 std::all_of(across.begin(), across.end(), [&](bool a) { return a == across[0]; });
-  if (layers.exact) add(layers, across[0], 4 * floats);
+  return 4 * uint64_t(r.layers) * t1 *
+         (2 * allreduces * C * (forward + backward) + C * forward + (C + K) * backward);
+}
 
+// Adds the TP groups' row bytes to `k`: which TP group runs which rows follows the samples, so they
+// are known only when every group (`across`: each group's link class) is in one link class.
+void add_tensor_rows(KindBytes& k, const std::vector<bool>& across, uint64_t bytes) {
+  if (across.empty() ||
+      !std::all_of(across.begin(), across.end(), [&](bool a) { return a == across[0]; })) {
+    k.exact = false;
+    return;
+  }
+  (across[0] ? k.inter : k.intra) += bytes;
+}
+
+// Whether each of `groups` TP groups of `tp` consecutive world ranks from `first` lies inside one
+// node (false) or on one node a rank (true); empty when one lies on part of its ranks' nodes (a
+// ring over ranks on both sides of a node boundary: which of its sends cross is its order's).
+std::vector<bool> tensor_groups_across(int first, int groups, int tp, const Nodes& nodes) {
+  std::vector<bool> across;
+  for (int g = 0; g < groups; ++g) {
+    std::set<int> spanned;
+    for (int t = 0; t < tp; ++t) spanned.insert(nodes.of(first + g * tp + t));
+    if (spanned.size() != 1 && int(spanned.size()) != tp) return {};
+    across.push_back(spanned.size() != 1);
+  }
+  return across;
+}
+
+// The gradients with TP (learner_hooks.cpp): each rank's expert copies saw its rows only, so they
+// are summed over its TP group every step (a ring), then every TP rank's slices over its
+// data-parallel and EP groups (gradient_bytes' walk). `across`: each TP group's link class.
+void tensor_gradient_bytes(const RuntimeRun& r, Stages st, const Nodes& nodes,
+                           const std::vector<bool>& across, KindBytes& gradients) {
   gradient_bytes(r, st, nodes, gradients);
-  if (!gradients.exact) return;
-  for (int t = 1; t < T; ++t) {
+  if (!gradients.exact || across.empty()) {
+    gradients.exact = false;
+    return;
+  }
+  for (int t = 1; t < st.tp; ++t) {
     st.tp_rank = t;
     gradient_bytes(r, st, nodes, gradients);
   }
@@ -300,22 +281,9 @@ void tensor_parallel_bytes(const RuntimeRun& r, Stages st, const Nodes& nodes,
     for (int s = 0; s < st.count; ++s) {
       const uint64_t held =
           st.ep == 1 ? uint64_t(st.routed[size_t(s)]) * 4 : st.slots() * st.expert_bytes(s);
-      add(gradients, across[size_t(d * st.count + s)], uint64_t(r.steps) * 2 * t1 * held);
+      (across[size_t(d * st.count + s)] ? gradients.inter : gradients.intra) +=
+          uint64_t(r.steps) * 2 * uint64_t(st.tp - 1) * held;
     }
-}
-
-// Whether each TP group (replica d's stage s at d count + s) lies inside one node (false) or on
-// one node a rank (true); empty when one lies on part of its ranks' nodes (a ring over ranks on
-// both sides of a node boundary: which of its sends cross is its order's).
-std::vector<bool> tensor_groups_across(const Stages& st, const Nodes& nodes) {
-  std::vector<bool> across;
-  for (int g = 0; g < st.replicas * st.count; ++g) {
-    std::set<int> spanned;
-    for (int t = 0; t < st.tp; ++t) spanned.insert(nodes.of(g * st.tp + t));
-    if (spanned.size() != 1 && int(spanned.size()) != st.tp) return {};
-    across.push_back(spanned.size() != 1);
-  }
-  return across;
 }
 
 // The end (train_finish.cpp): learner 0 gathers the whole model for model.h5.
@@ -328,7 +296,7 @@ std::vector<bool> tensor_groups_across(const Stages& st, const Nodes& nodes) {
 void final_gather_bytes(const Stages& stages, const Nodes& nodes,
                         const std::vector<bool>& tp_across, KindBytes& gather) {
   Stages st = stages;
-  gather.exact = st.known;
+  gather.exact = st.known && (st.tp == 1 || int(tp_across.size()) == st.replicas * st.count);
   if (!gather.exact) return;
   for (int t = 0; t < st.tp; ++t) {
     st.tp_rank = t;
@@ -351,10 +319,95 @@ void final_gather_bytes(const Stages& stages, const Nodes& nodes,
   }
 }
 
+// Disaggregated (disaggregated_train.cpp): learners on world ranks 0 .. L - 1 (TP groups of
+// consecutive learners at --tensor-parallel, EP groups over them), actors on L .. L + A - 1 (TP
+// groups of their own at --actor-tensor-parallel), DistQueue's shards on the learners.
+void disaggregated(const RuntimeRun& r, const Nodes& nodes, CountedBytes& out) {
+  const int learners = r.ranks - r.actors, actors = r.actors;
+  const int learner_tp = std::max(1, r.tensor_parallel);
+  const int actor_tp = std::max(1, r.actor_tensor_parallel);
+  RuntimeRun learner_run = r;
+  learner_run.ranks = learners;
+  learner_run.pipeline_parallel = 1;
+  const Stages st = stages_of(learner_run);
+  const std::vector<bool> learner_across =
+      tensor_groups_across(0, learners / learner_tp, learner_tp, nodes);
+  const std::vector<bool> actor_across =
+      tensor_groups_across(learners, actors / actor_tp, actor_tp, nodes);
+  const bool experts = r.expert_parallel > 1 || r.actor_expert_parallel > 1;
+  const uint64_t cut = uint64_t(r.tensor_cut_parameters);
+
+  // Weight sync: one before the first step, then one after each step; with StaleSync (actors one
+  // step ahead) one after each step from the second to the next-to-last (StaleSchedule). Each is
+  // a hierarchical broadcast from learner 0 to the actors (every rank but the root receives it
+  // once; one message per node but the root's crosses nodes), with actor TP groups one per actor
+  // TP rank of its slice, to the actors of that TP rank; with learner TP groups, learner 0 first
+  // gathers its TP group's slices of the cut tensors. (EP learners or actors send each expert from
+  // its owner instead: not derived.)
+  KindBytes& sync = out[TrafficKind::WeightSync];
+  sync.exact = !experts && cut % uint64_t(actor_tp) == 0 && cut % uint64_t(learner_tp) == 0;
+  if (sync.exact) {
+    const uint64_t syncs =
+        r.staleness > 0 ? uint64_t(std::max<int64_t>(1, r.steps - 1)) : uint64_t(r.steps + 1);
+    KindBytes once;
+    for (int t = 1; t < learner_tp; ++t) nodes.add(once, t, 0, cut / uint64_t(learner_tp) * 4);
+    const uint64_t slice = (uint64_t(r.parameters) - cut + cut / uint64_t(actor_tp)) * 4;
+    for (int t = 0; t < actor_tp; ++t) {
+      std::set<int> spanned{nodes.of(0)};
+      int members = 1;
+      for (int a = t; a < actors; a += actor_tp, ++members) spanned.insert(nodes.of(learners + a));
+      const KindBytes tree = tree_bytes(spanned, members, slice);
+      once.intra += tree.intra;
+      once.inter += tree.inter;
+    }
+    sync.intra = once.intra * syncs;
+    sync.inter = once.inter * syncs;
+  }
+
+  // Puts: per putting actor (an actor TP group's first rank) and shard, a header and one packed
+  // buffer; an ack back; a Close from every actor at the end. With one learner (hosting every
+  // shard) its gets are
+  // local; with more, which samples a learner gets from another's shard follows the sample ids.
+  const uint64_t shards = uint64_t(r.queue_shards);
+  const uint64_t framing_per_actor_step =
+      shards * (queue_protocol::kHeaderBytes + kPackHeaderBytes + queue_protocol::kHeaderBytes);
+  const uint64_t payload = uint64_t(r.steps) * uint64_t(r.samples_per_step) * kPackMetadataBytes +
+                           4 * uint64_t(r.trained_tokens) + 4 * uint64_t(r.response_tokens);
+  bool any_intra = false, any_inter = false;
+  for (int a = 0; a < actors; ++a)
+    (nodes.of(learners + a) == nodes.of(0) ? any_intra : any_inter) = true;
+  const uint64_t putting = uint64_t(actors / actor_tp);
+  const uint64_t queue = payload + putting * uint64_t(r.steps) * framing_per_actor_step +
+                         uint64_t(actors) * queue_protocol::kHeaderBytes;
+  KindBytes& q = out[TrafficKind::RolloutQueue];
+  (any_inter ? q.inter : q.intra) = queue;
+  // (Actors on both sides of a node boundary: the payload's split over them is unknown.)
+  q.exact = learners == 1 && !(any_intra && any_inter);
+
+  // The learners train as the fused runtime's ranks do, without generating; the actor TP groups
+  // generate (forward only) the rows the learners train, unless StaleSync's actors generate ahead
+  // (batches trained later or never: not derived).
+  const uint64_t rows = uint64_t(r.trained_tokens - r.steps * r.samples_per_step);
+  KindBytes& layers = out[TrafficKind::TensorParallel];
+  if (learner_tp > 1) {
+    add_tensor_rows(layers, learner_across, tensor_rows_bytes(r, learner_tp, rows, rows));
+    tensor_gradient_bytes(learner_run, st, nodes, learner_across, out[TrafficKind::GradientReduce]);
+  } else {
+    gradient_bytes(learner_run, st, nodes, out[TrafficKind::GradientReduce]);
+  }
+  if (actor_tp > 1) {
+    if (r.staleness > 0) layers.exact = false;
+    add_tensor_rows(layers, actor_across, tensor_rows_bytes(r, actor_tp, rows, 0));
+  }
+  if (experts) out[TrafficKind::ExpertDispatch] = not_exact();
+  final_gather_bytes(st, nodes, learner_across, out[TrafficKind::FinalGather]);
+}
+
 void fused(const RuntimeRun& r, const Nodes& nodes, CountedBytes& out) {
   Stages st = stages_of(r);
   const int pp = st.count, dp = st.replicas, ep = st.ep, T = st.tp;
-  const std::vector<bool> tp_across = T > 1 ? tensor_groups_across(st, nodes) : std::vector<bool>{};
+  const std::vector<bool> tp_across =
+      T > 1 ? tensor_groups_across(0, dp * pp, T, nodes) : std::vector<bool>{};
   if (T > 1 &&
       (tp_across.empty() || ep != r.actor_expert_parallel || st.redundant > 0 || r.migrated)) {
     // (TP with EDPB's spare slots or moves: not derived; no validation layout has them.)
@@ -362,7 +415,13 @@ void fused(const RuntimeRun& r, const Nodes& nodes, CountedBytes& out) {
     return;
   }
   if (T > 1) {
-    tensor_parallel_bytes(r, st, nodes, tp_across, out);
+    // Generation runs at the TP degree without PP or inside the pipelines (from borrowed layers
+    // at TP 1).
+    const uint64_t rows = uint64_t(r.trained_tokens - r.steps * r.samples_per_step);
+    const bool generates = pp == 1 || r.actor_pipeline_parallel > 1;
+    add_tensor_rows(out[TrafficKind::TensorParallel], tp_across,
+                    tensor_rows_bytes(r, T, (generates ? 2 : 1) * rows, rows));
+    tensor_gradient_bytes(r, st, nodes, tp_across, out[TrafficKind::GradientReduce]);
   } else {
     gradient_bytes(r, st, nodes, out[TrafficKind::GradientReduce]);
   }

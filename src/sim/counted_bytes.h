@@ -38,10 +38,11 @@ struct RuntimeRun {
   int d_model = 0;
   int layers = 0;
   int top_k = 0;
-  // Tensor parallelism (fused, TP groups of consecutive ranks, TP innermost; generation at the
-  // training TP degree, the routed experts on each rank's share of the tokens): its degree,
+  // Tensor parallelism (TP groups of consecutive ranks, TP innermost; fused generation at the
+  // training TP degree, the routed experts on each rank's share of the tokens): its degrees,
   // whether it cuts a shared expert, and the elements of the tensors it cuts (whole-model count).
-  int tensor_parallel = 1;
+  int tensor_parallel = 1;        // fused: every rank's; disaggregated: the learners'
+  int actor_tensor_parallel = 1;  // disaggregated: the actors' TP groups
   bool shared_expert_cut = false;
   int64_t tensor_cut_parameters = 0;
   // Each pipeline stage's own parameters, every expert's (pipeline_parallel entries; PP only),

@@ -94,14 +94,14 @@ long long kind_sum(const RunBytes& r) {
 // up: the bytes and rank 0's memory peaks are checked here).
 std::string measured_row(const std::string& name, int ranks, const std::string& layout,
                          int redundant, int pipeline, int generation_pipeline, const RunBytes& r,
-                         int tensor = 1) {
+                         int tensor = 1, int actor_tensor = 1) {
   std::ostringstream row;
   row << name << "," RLFUSION_SOURCE_DIR "/inputs/clusters/cloudmatrix-384.ini,sort,tiny,fused,"
       << ranks << ",1,0," << layout << ",0,0,0,0,8,4,4,0,2,3," << r.tokens << ","
       << r.response_tokens << ",0.01," << r.intra << "," << r.inter << "," << r.generation_peak
       << "," << r.training_peak << ",0.004,0.006,1," << redundant << "," << (redundant > 0 ? 1 : 0)
       << ",0," << pipeline << "," << generation_pipeline << "," << r.migrations << ","
-      << r.decode_steps << "," << tensor;
+      << r.decode_steps << "," << tensor << "," << actor_tensor;
   for (const std::string& kind : kind_names())
     row << "," << (r.by_kind.count(kind) ? r.by_kind.at(kind) : 0);
   return row.str() + "\n";
@@ -169,7 +169,7 @@ TEST(TrafficKinds, AddUpToTheCountersAndArePredictedWhereARuleFixesThem) {
          "step_s,intra_bytes,inter_bytes,generation_peak,training_peak,generate_s,train_s,"
          "router_max_over_mean,redundant_experts,rebalance,expert_moves_per_step,"
          "pipeline_parallel,actor_pipeline_parallel,migrations,pipeline_decode_steps,"
-         "tensor_parallel";
+         "tensor_parallel,actor_tensor_parallel";
   for (const std::string& kind : kind_names()) csv << ",bytes_" << kind;
   csv << "\n"
       << measured_row("ep", 2, "2,2", 0, 1, 1, ep) << measured_row("pp", 2, "1,1", 0, 2, 1, pp)
@@ -180,17 +180,26 @@ TEST(TrafficKinds, AddUpToTheCountersAndArePredictedWhereARuleFixesThem) {
       << measured_row("tensor_parallel", 2, "1,1", 0, 1, 1, tensor_parallel, 2);
   csv.close();
   // A TP degree below 1, or one that the validation does not lay out, is refused naming the case.
-  for (const auto& [tensor, message] :
-       {std::pair<int, std::string>{0, "case tensor_parallel: tensor_parallel must be 1 or more"},
-        {4,
-         "case tensor_parallel: tensor_parallel 4 needs a fused run on a multiple of "
-         "tensor_parallel x pipeline_parallel ranks"}}) {
+  struct Refused {
+    int tensor, actor_tensor;
+    std::string message;
+  };
+  for (const auto& [tensor, actor_tensor, message] :
+       {Refused{0, 1, "case tensor_parallel: tensor_parallel must be 1 or more"},
+        Refused{1, 0, "case tensor_parallel: actor_tensor_parallel must be 1 or more"},
+        Refused{4, 1,
+                "case tensor_parallel: tensor_parallel 4 needs a fused run on a multiple of "
+                "tensor_parallel x pipeline_parallel ranks"},
+        Refused{2, 2,
+                "case tensor_parallel: actor_tensor_parallel 2 is only in the validation's "
+                "disaggregated cases"}}) {
     std::ofstream bad(dir + "/bad.csv");
     std::ifstream good(dir + "/measured.csv");
     std::string header;
     std::getline(good, header);
     bad << header << "\n"
-        << measured_row("tensor_parallel", 2, "1,1", 0, 1, 1, tensor_parallel, tensor);
+        << measured_row("tensor_parallel", 2, "1,1", 0, 1, 1, tensor_parallel, tensor,
+                        actor_tensor);
     bad.close();
     const auto refused = test::run_rlfusion("plan --validate " + dir + "/bad.csv");
     EXPECT_EQ(refused.exit_code, 2) << refused.output;

@@ -1612,5 +1612,87 @@ TEST(CountedBytes, MatchesTensorParallelPipelines) {
                b[TrafficKind::FinalGather].exact);
 }
 
+// Disaggregated layouts beyond one learner and one actor (`train --mode disaggregated --learners
+// L --actors A [--tensor-parallel T] [--actor-tensor-parallel G]`, tiny, 10 steps, the same
+// samples): learner 0 broadcasts the weights (with actor TP groups each actor TP rank its slice,
+// 32672 floats; with learner TP groups after gathering its group's slices of the cut tensors), the
+// learners train as fused ranks do, and the actors' TP groups run generation's rows.
+TEST(CountedBytes, MatchesDisaggregatedLayouts) {
+  RuntimeRun r = tiny_on_two_nodes(Mode::Disaggregated, 10, 15703, 8231);
+  r.layers = 2;
+  r.top_k = 2;
+  r.shared_expert_cut = true;
+  r.tensor_cut_parameters = 11264;
+  // 1 learner and 3 actors on nodes of 2: 11 broadcasts of the whole model, one across a node.
+  r.ranks = 4;
+  r.actors = 3;
+  r.ranks_per_node = 2;
+  CountedBytes b = counted_bytes(r);
+  expect(b, TrafficKind::WeightSync, 3370752, 1685376);
+  EXPECT_FALSE(b[TrafficKind::RolloutQueue].exact) << "actors on both sides of a node boundary";
+
+  // 1 learner and an actor TP group of 2 on one node: a slice to each actor; the group's first
+  // rank puts the samples, both close.
+  r.ranks = 3;
+  r.actors = 2;
+  r.ranks_per_node = 3;
+  r.actor_tensor_parallel = 2;
+  b = counted_bytes(r);
+  EXPECT_TRUE(b.exact());
+  expect(b, TrafficKind::WeightSync, 2875136, 0);
+  expect(b, TrafficKind::RolloutQueue, 159160, 0);
+  expect(b, TrafficKind::TensorParallel, 18461440, 0);
+  // With StaleSync the actors generate ahead: their rows are not the trained ones.
+  r.staleness = 1;
+  EXPECT_FALSE(counted_bytes(r)[TrafficKind::TensorParallel].exact);
+  r.staleness = 0;
+
+  // 2 learners (a TP group) and 2 actors (a TP group): the learners' rows forward and backward, the
+  // actors' forward; the learners' expert sums over their TP group; their slices allgathered at
+  // the end. The queue's shards are on both learners: which samples cross follows their ids.
+  r.ranks = 4;
+  r.ranks_per_node = 4;
+  r.tensor_parallel = 2;
+  b = counted_bytes(r);
+  expect(b, TrafficKind::WeightSync, 3122944, 0);
+  expect(b, TrafficKind::GradientReduce, 1966080, 0);
+  expect(b, TrafficKind::TensorParallel, 55615088, 0);
+  expect(b, TrafficKind::FinalGather, 45056, 0);
+  EXPECT_FALSE(b[TrafficKind::RolloutQueue].exact);
+
+  // 4 learners in 2 TP groups, 2 actors without TP: every TP group gathers at the end.
+  r.ranks = 6;
+  r.ranks_per_node = 6;
+  r.actor_tensor_parallel = 1;
+  b = counted_bytes(r);
+  expect(b, TrafficKind::WeightSync, 3618560, 0);
+  expect(b, TrafficKind::GradientReduce, 9159680, 0);
+  expect(b, TrafficKind::TensorParallel, 37153648, 0);
+  expect(b, TrafficKind::FinalGather, 90112, 0);
+
+  // 2 data-parallel learners and 2 actors on nodes of 2, StaleSync (9 broadcasts, its own samples).
+  r = tiny_on_two_nodes(Mode::Disaggregated, 10, 15626, 8154);
+  r.ranks = 4;
+  r.actors = 2;
+  r.ranks_per_node = 2;
+  r.staleness = 1;
+  b = counted_bytes(r);
+  expect(b, TrafficKind::WeightSync, 1378944, 1378944);
+  expect(b, TrafficKind::GradientReduce, 3064320, 0);
+
+  // 2 learners at EP 2: the dense tensors summed (13728 floats), learner 1's experts gathered at
+  // the end; the weights go from each expert's owner (not derived).
+  r = tiny_on_two_nodes(Mode::Disaggregated, 10, 15703, 8231);
+  r.ranks = 4;
+  r.actors = 2;
+  r.ranks_per_node = 4;
+  r.expert_parallel = 2;
+  b = counted_bytes(r);
+  expect(b, TrafficKind::GradientReduce, 1098240, 0);
+  expect(b, TrafficKind::FinalGather, 49152, 0);
+  EXPECT_FALSE(b[TrafficKind::WeightSync].exact);
+  EXPECT_FALSE(b[TrafficKind::ExpertDispatch].exact);
+}
+
 }  // namespace
 }  // namespace rlf::sim
