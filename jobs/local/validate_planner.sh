@@ -29,7 +29,8 @@
 # memory are, which do not depend on the cores. Nothing is calibrated then (rates timed on shared
 # cores mean nothing): every case is predicted on CLUSTER (default
 # inputs/clusters/cloudmatrix-384.ini). jobs/local/planner_layout_cases.csv holds such layouts
-# (PP x EP, several pipelines, EP over more ranks than its group; 4 and 8 ranks):
+# (PP x EP, several pipelines, EP over more ranks than its group, TP groups with DP, EP and PP,
+# disaggregated with several learners, actors and TP groups; 3 to 8 ranks):
 #   OVERSUBSCRIBE=1 REPEATS=1 CALIBRATE=round CASES=jobs/local/planner_layout_cases.csv OUT=runs/validate_layouts
 set -euo pipefail
 RLFUSION=${RLFUSION:-build/src/rlfusion}
