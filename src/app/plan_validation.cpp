@@ -587,9 +587,10 @@ int run_plan_validation(const std::string& csv_path, bool json) {
       outcomes.size());
   std::printf(
       "# bytes: %d of %d cases predicted exactly (%s), over the traffic kinds a rule fixes; not "
-      "pred.: the kinds that follow the routing (expert_dispatch), the sample ids "
-      "(rollout_queue in a pipeline) or a StaleSync or EP pool's steps inside a pipeline "
-      "(pipeline_generation), measured\n",
+      "pred.: the kinds that follow the routing (expert_dispatch; the weights' sync from EP "
+      "owners, replicas after EDPB's moves), the sample ids (rollout_queue in a pipeline or "
+      "with several learners) or StaleSync's pools inside a pipeline (pipeline_generation), "
+      "measured\n",
       exact, exact_rules, exact == exact_rules ? "met" : "NOT met");
   for (const Outcome& o : outcomes) {
     if (!o.unpredicted.empty())

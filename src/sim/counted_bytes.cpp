@@ -111,11 +111,15 @@ Stages stages_of(const RuntimeRun& r) {
 // data-parallel ranks (add_allreduce), with EP its dense tensors over all of them and each rank's
 // slots over the ranks of the same EP rank (none when one EP group holds the stage). Replicated
 // experts (EDPB's spare slots): their holders also send each other their gradients (every holder to
-// every other, expert_replicas.h); on 2 EP ranks an expert has at most one copy a rank, so the 2 R
-// spare slots make exactly 2 R experts of 2 holders each, 4 R messages a layer and step (with more
-// ranks the copies per expert follow the placement: not derived).
+// every other, expert_replicas.h). On 2 EP ranks an expert has at most one copy a rank, so the 2 R
+// spare slots make exactly 2 R experts of 2 holders each, wherever EDPB placed them. On more, the
+// starting placement (default_slot_experts: EP rank e's R spare slots the first R experts of EP
+// rank e + 1, while R <= E / P) makes P R experts of 2 holders each, EP ranks e and e + 1; after
+// EDPB's moves the copies per expert follow the routing (not derived). Either way 2 messages of
+// each replicated expert's every layer a step: R of them each way between neighbouring EP ranks.
 void gradient_bytes(const RuntimeRun& r, const Stages& st, const Nodes& nodes, KindBytes& out) {
-  out.exact = st.known && (st.redundant == 0 || st.ep == 2);
+  out.exact = st.known && (st.redundant == 0 || st.ep == 2 ||
+                           (!r.migrated && st.redundant <= st.experts / st.ep));
   if (!out.exact) return;
   const uint64_t steps = uint64_t(r.steps);
   for (int s = 0; s < st.count; ++s) {
@@ -127,12 +131,14 @@ void gradient_bytes(const RuntimeRun& r, const Stages& st, const Nodes& nodes, K
     add_allreduce(out, nodes, stage, uint64_t(st.sliced(s) - st.routed[size_t(s)]) * 4, steps);
     for (int e = 0; e < st.ep; ++e)
       add_allreduce(out, nodes, st.holders(s, e, st.ep), st.slots() * st.expert_bytes(s), steps);
-    if (st.redundant == 0) continue;
-    const uint64_t sent = steps * 2 * uint64_t(st.redundant) * st.expert_bytes(s);
-    for (int g = 0; g < st.replicas / 2; ++g) {
-      nodes.add(out, st.rank(2 * g, s), st.rank(2 * g + 1, s), sent);
-      nodes.add(out, st.rank(2 * g + 1, s), st.rank(2 * g, s), sent);
-    }
+    const uint64_t sent = steps * uint64_t(st.redundant) * st.expert_bytes(s);
+    for (int g = 0; g < st.replicas / st.ep && sent > 0; ++g)
+      for (int e = 0; e < st.ep; ++e) {
+        const int spare = st.rank(g * st.ep + e, s),
+                  owner = st.rank(g * st.ep + (e + 1) % st.ep, s);
+        nodes.add(out, spare, owner, sent);
+        nodes.add(out, owner, spare, sent);
+      }
   }
 }
 
@@ -180,8 +186,11 @@ void expert_switch_bytes(const RuntimeRun& r, const Stages& st, const Nodes& nod
 // running rows add up to the response tokens less the samples; the decode steps themselves follow
 // each group's longest sample (RuntimeRun::pipeline_decode_steps). With TP every TP rank's pipeline
 // (the stages' ranks of that TP rank) sends the same messages, its TP group computing the layers
-// together: T times the bytes. Exact when every pair of ranks of every pipeline is in one link
-// class (the ranks' own shares are not known).
+// together: T times the bytes. With EP inside the stages (generation at the training EP degree)
+// every pipeline runs P groups of 4 prefill pieces each, empty ones too, and a group runs on,
+// rows or none, until it has finished in every pipeline of the EP group: those steps are among the
+// run's decode steps, and their agreements are not on the links. Exact when every pair of ranks of
+// every pipeline is in one link class (the ranks' own shares are not known).
 void pipeline_generation_bytes(const RuntimeRun& r, Stages st, const Nodes& nodes, KindBytes& out) {
   const int P = st.count;
   std::set<bool> crossings;
@@ -192,7 +201,7 @@ void pipeline_generation_bytes(const RuntimeRun& r, Stages st, const Nodes& node
         for (int t = s + 1; t < P; ++t)
           crossings.insert(nodes.of(st.rank(d, s)) != nodes.of(st.rank(d, t)));
   }
-  out.exact = r.pipeline_decode_steps >= 0 && st.ep == 1 && r.actor_expert_parallel == 1 &&
+  out.exact = r.pipeline_decode_steps >= 0 && st.ep == r.actor_expert_parallel &&
               r.staleness == 0 && crossings.size() == 1;
   if (!out.exact) return;
   const uint64_t header = 16, hidden = uint64_t(r.d_model) * 4, p = uint64_t(P);
@@ -202,11 +211,12 @@ void pipeline_generation_bytes(const RuntimeRun& r, Stages st, const Nodes& node
   const uint64_t running = uint64_t(r.response_tokens) - samples;
   const uint64_t decode_steps = uint64_t(r.pipeline_decode_steps);
   // A pipeline's groups and prefill pieces a step.
-  const int B = int(r.samples_per_step / st.replicas), M = std::min(P, B);
+  const bool experts = st.ep > 1;
+  const int B = int(r.samples_per_step / st.replicas), M = experts ? P : std::min(P, B);
   uint64_t pieces = 0;
   for (int g = 0; g < M; ++g) {
     const int size = (g + 1) * B / M - g * B / M;
-    pieces += uint64_t(std::max(1, std::min(kPrefillPieces, size)));
+    pieces += uint64_t(experts ? kPrefillPieces : std::max(1, std::min(kPrefillPieces, size)));
   }
   const uint64_t allgathers = (p - 1) * (4 * p * calls + 12 * samples + 4 * prompt_tokens);
   const uint64_t boundaries =
@@ -408,9 +418,9 @@ void fused(const RuntimeRun& r, const Nodes& nodes, CountedBytes& out) {
   const int pp = st.count, dp = st.replicas, ep = st.ep, T = st.tp;
   const std::vector<bool> tp_across =
       T > 1 ? tensor_groups_across(0, dp * pp, T, nodes) : std::vector<bool>{};
-  if (T > 1 &&
-      (tp_across.empty() || ep != r.actor_expert_parallel || st.redundant > 0 || r.migrated)) {
-    // (TP with EDPB's spare slots or moves: not derived; no validation layout has them.)
+  if (T > 1 && (tp_across.empty() || ep != r.actor_expert_parallel)) {
+    // (A TP group on part of its ranks' nodes, or TP with a generation EP degree of its own: not
+    // derived.)
     for (KindBytes& k : out.kinds) k.exact = false;
     return;
   }
@@ -431,15 +441,18 @@ void fused(const RuntimeRun& r, const Nodes& nodes, CountedBytes& out) {
   // EDPB: at the start every spare slot receives its first replica's weights (default_slot_experts:
   // EP rank e's R spare slots the experts after its own, all on EP rank e + 1 while R <= E / P);
   // later migrations move the experts the routing makes hot (not derived).
+  // (With TP every TP rank's EP groups alike: the TP group's ranks hold the same slots.)
   KindBytes& migration = out[TrafficKind::ExpertMigration];
   if (ep > 1 && st.redundant > 0) {
     migration.exact = !r.migrated && st.known && st.redundant <= st.experts / ep;
-    if (migration.exact) {
+    Stages tp_rank = st;
+    for (int t = 0; t < T && migration.exact; ++t) {
+      tp_rank.tp_rank = t;
       for (int s = 0; s < pp; ++s)
         for (int g = 0; g < dp / ep; ++g)
           for (int e = 0; e < ep; ++e) {
-            nodes.add(migration, st.rank(g * ep + (e + 1) % ep, s), st.rank(g * ep + e, s),
-                      uint64_t(st.redundant) * st.expert_bytes(s));
+            nodes.add(migration, tp_rank.rank(g * ep + (e + 1) % ep, s),
+                      tp_rank.rank(g * ep + e, s), uint64_t(st.redundant) * st.expert_bytes(s));
           }
     }
   } else if (r.migrated) {

@@ -1451,9 +1451,28 @@ TEST(CountedBytes, MatchesPipelinesWithExpertParallelStages) {
   b = counted_bytes(r);
   expect(b, TrafficKind::GradientReduce, 2196480, 1098240);
   expect(b, TrafficKind::FinalGather, 101248, 49152);
-  // More EP ranks than 2 with replicas: the copies per expert follow the placement.
-  r.redundant_experts = 1;
-  EXPECT_FALSE(counted_bytes(r)[TrafficKind::GradientReduce].exact);
+  EXPECT_FALSE(b[TrafficKind::PipelineGeneration].exact) << "without the run's decode steps";
+  // Given them (480, its 8231 response tokens): each pipeline runs 2 groups of 4 prefill pieces,
+  // and a group runs on while an EP mate's runs, those steps among the 480.
+  r.response_tokens = 8231;
+  r.pipeline_decode_steps = 480;
+  expect(counted_bytes(r), TrafficKind::PipelineGeneration, 2140420, 0);
+
+  // EP 4 with a spare slot each on 2-rank nodes, no pipeline (`train -n 4 --expert-parallel 4
+  // --redundant-experts 1 --ranks-per-node 2`): EP rank e's spare slot holds EP rank e + 1's first
+  // expert, so 4 experts have 2 holders, neighbours, which send each other its gradient (6144
+  // floats) every step: 0-1 and 2-3 inside a node, 1-2 and 3-0 across.
+  RuntimeRun spare = tiny_on_two_nodes(Mode::Fused, 10, 15703, 8231);
+  spare.ranks = 4;
+  spare.ranks_per_node = 2;
+  spare.expert_parallel = spare.actor_expert_parallel = 4;
+  spare.redundant_experts = 1;
+  b = counted_bytes(spare);
+  expect(b, TrafficKind::GradientReduce, 3179520, 2081280);
+  expect(b, TrafficKind::ExpertMigration, 49152, 49152);
+  // After EDPB's moves the copies per expert follow the routing.
+  spare.migrated = true;
+  EXPECT_FALSE(counted_bytes(spare)[TrafficKind::GradientReduce].exact);
 
   // Generation inside a pipeline of 4 (small, d_model 256, 3 steps of 32 samples, 1226 tokens
   // trained, 646 generated in 72 decode steps of its 4 groups): its measured 3529584 bytes.
@@ -1548,9 +1567,19 @@ TEST(CountedBytes, MatchesATensorParallelRun) {
   EXPECT_EQ(b[TrafficKind::GradientReduce].inter, 7818240u);
   EXPECT_EQ(b[TrafficKind::FinalGather].intra, 45056u);
   EXPECT_EQ(b[TrafficKind::FinalGather].inter, 98304u);
-  // EDPB's spare slots with TP: not derived.
+  // A spare slot per EP rank too: every TP rank's EP groups fill theirs at the start from the
+  // other replica (across the nodes), sum their 2 replicated experts both ways every step, and
+  // gather them at the end; the TP groups sum 3 experts' gradients instead of 2.
   r.redundant_experts = 1;
-  EXPECT_FALSE(counted_bytes(r)[TrafficKind::GradientReduce].exact);
+  b = counted_bytes(r);
+  expect(b, TrafficKind::GradientReduce, 5898240, 13716480);
+  expect(b, TrafficKind::ExpertMigration, 0, 196608);
+  expect(b, TrafficKind::FinalGather, 45056, 147456);
+  // After EDPB's moves the copies follow the routing; on 2 EP ranks the replicas' sums do not.
+  r.migrated = true;
+  b = counted_bytes(r);
+  EXPECT_FALSE(b[TrafficKind::ExpertMigration].exact);
+  expect(b, TrafficKind::GradientReduce, 5898240, 13716480);
 }
 
 // TP 2 inside the stages of PP 2 (`train -n 4|8 --tensor-parallel 2 --pipeline-parallel 2`, tiny,
