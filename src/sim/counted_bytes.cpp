@@ -329,6 +329,29 @@ void final_gather_bytes(const Stages& stages, const Nodes& nodes,
   }
 }
 
+// EDPB: at the start every spare slot receives its first replica's weights (default_slot_experts:
+// EP rank e's R spare slots the experts after its own, all on EP rank e + 1 while R <= E / P);
+// later migrations move the experts the routing makes hot (not derived). With TP every TP rank's
+// EP groups alike (the TP group's ranks hold the same slots); disaggregated, the learners'.
+void expert_migration_bytes(const RuntimeRun& r, Stages st, const Nodes& nodes,
+                            KindBytes& migration) {
+  const int ep = st.ep;
+  if (ep > 1 && st.redundant > 0) {
+    migration.exact = !r.migrated && st.known && st.redundant <= st.experts / ep;
+    for (int t = 0; t < st.tp && migration.exact; ++t) {
+      st.tp_rank = t;
+      for (int s = 0; s < st.count; ++s)
+        for (int g = 0; g < st.replicas / ep; ++g)
+          for (int e = 0; e < ep; ++e) {
+            nodes.add(migration, st.rank(g * ep + (e + 1) % ep, s), st.rank(g * ep + e, s),
+                      uint64_t(st.redundant) * st.expert_bytes(s));
+          }
+    }
+  } else if (r.migrated) {
+    migration.exact = false;
+  }
+}
+
 // Disaggregated (disaggregated_train.cpp): learners on world ranks 0 .. L - 1 (TP groups of
 // consecutive learners at --tensor-parallel, EP groups over them), actors on L .. L + A - 1 (TP
 // groups of their own at --actor-tensor-parallel), DistQueue's shards on the learners.
@@ -352,16 +375,24 @@ void disaggregated(const RuntimeRun& r, const Nodes& nodes, CountedBytes& out) {
   // a hierarchical broadcast from learner 0 to the actors (every rank but the root receives it
   // once; one message per node but the root's crosses nodes), with actor TP groups one per actor
   // TP rank of its slice, to the actors of that TP rank; with learner TP groups, learner 0 first
-  // gathers its TP group's slices of the cut tensors. (EP learners or actors send each expert from
-  // its owner instead: not derived.)
+  // gathers its TP group's slices of the cut tensors. With EP learners or actors
+  // (expert_weight_sync.h) that broadcast carries the dense tensors only; learner 0 then sends
+  // every actor its expert -> slot tables (an int per layer and expert), and each learner of the
+  // first EP group (with TP its TP rank 0) every actor the experts both store, one message a pair
+  // (after EDPB's moves which learner sends an expert follows the routing: not derived).
   KindBytes& sync = out[TrafficKind::WeightSync];
-  sync.exact = !experts && cut % uint64_t(actor_tp) == 0 && cut % uint64_t(learner_tp) == 0;
+  const int learner_ep = std::max(1, r.expert_parallel);
+  const int actor_ep = std::max(1, r.actor_expert_parallel);
+  sync.exact = cut % uint64_t(actor_tp) == 0 && cut % uint64_t(learner_tp) == 0 &&
+               (!experts || (!r.migrated && r.experts % learner_ep == 0 &&
+                             r.experts % actor_ep == 0 && r.layers > 0));
   if (sync.exact) {
     const uint64_t syncs =
         r.staleness > 0 ? uint64_t(std::max<int64_t>(1, r.steps - 1)) : uint64_t(r.steps + 1);
     KindBytes once;
     for (int t = 1; t < learner_tp; ++t) nodes.add(once, t, 0, cut / uint64_t(learner_tp) * 4);
-    const uint64_t slice = (uint64_t(r.parameters) - cut + cut / uint64_t(actor_tp)) * 4;
+    const uint64_t broadcast = uint64_t(r.parameters - (experts ? r.routed_parameters : 0));
+    const uint64_t slice = (broadcast - cut + cut / uint64_t(actor_tp)) * 4;
     for (int t = 0; t < actor_tp; ++t) {
       std::set<int> spanned{nodes.of(0)};
       int members = 1;
@@ -369,6 +400,20 @@ void disaggregated(const RuntimeRun& r, const Nodes& nodes, CountedBytes& out) {
       const KindBytes tree = tree_bytes(spanned, members, slice);
       once.intra += tree.intra;
       once.inter += tree.inter;
+    }
+    if (experts) {
+      const uint64_t expert_bytes = uint64_t(r.routed_parameters / r.experts) * 4;
+      const int per_learner = r.experts / learner_ep, per_actor = r.experts / actor_ep;
+      for (int a = 0; a < actors; ++a) {
+        nodes.add(once, 0, learners + a, uint64_t(r.layers) * uint64_t(r.experts) * 4);
+        const int first = (a / actor_tp) % actor_ep * per_actor;
+        for (int l = 0; l < learner_ep; ++l) {
+          const int shared =
+              std::min(first + per_actor, (l + 1) * per_learner) - std::max(first, l * per_learner);
+          if (shared > 0)
+            nodes.add(once, l * learner_tp, learners + a, uint64_t(shared) * expert_bytes);
+        }
+      }
     }
     sync.intra = once.intra * syncs;
     sync.inter = once.inter * syncs;
@@ -410,6 +455,7 @@ void disaggregated(const RuntimeRun& r, const Nodes& nodes, CountedBytes& out) {
     add_tensor_rows(layers, actor_across, tensor_rows_bytes(r, actor_tp, rows, 0));
   }
   if (experts) out[TrafficKind::ExpertDispatch] = not_exact();
+  expert_migration_bytes(learner_run, st, nodes, out[TrafficKind::ExpertMigration]);
   final_gather_bytes(st, nodes, learner_across, out[TrafficKind::FinalGather]);
 }
 
@@ -438,26 +484,7 @@ void fused(const RuntimeRun& r, const Nodes& nodes, CountedBytes& out) {
   if (ep > 1 || r.actor_expert_parallel > 1) out[TrafficKind::ExpertDispatch] = not_exact();
   if (ep != r.actor_expert_parallel)
     expert_switch_bytes(r, st, nodes, out[TrafficKind::LayoutSwitch]);
-  // EDPB: at the start every spare slot receives its first replica's weights (default_slot_experts:
-  // EP rank e's R spare slots the experts after its own, all on EP rank e + 1 while R <= E / P);
-  // later migrations move the experts the routing makes hot (not derived).
-  // (With TP every TP rank's EP groups alike: the TP group's ranks hold the same slots.)
-  KindBytes& migration = out[TrafficKind::ExpertMigration];
-  if (ep > 1 && st.redundant > 0) {
-    migration.exact = !r.migrated && st.known && st.redundant <= st.experts / ep;
-    Stages tp_rank = st;
-    for (int t = 0; t < T && migration.exact; ++t) {
-      tp_rank.tp_rank = t;
-      for (int s = 0; s < pp; ++s)
-        for (int g = 0; g < dp / ep; ++g)
-          for (int e = 0; e < ep; ++e) {
-            nodes.add(migration, tp_rank.rank(g * ep + (e + 1) % ep, s),
-                      tp_rank.rank(g * ep + e, s), uint64_t(st.redundant) * st.expert_bytes(s));
-          }
-    }
-  } else if (r.migrated) {
-    migration.exact = false;
-  }
+  expert_migration_bytes(r, st, nodes, out[TrafficKind::ExpertMigration]);
   final_gather_bytes(st, nodes, tp_across, out[TrafficKind::FinalGather]);
   if (pp == 1) return;
 

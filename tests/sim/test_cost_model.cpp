@@ -1710,8 +1710,10 @@ TEST(CountedBytes, MatchesDisaggregatedLayouts) {
   expect(b, TrafficKind::GradientReduce, 3064320, 0);
 
   // 2 learners at EP 2: the dense tensors summed (13728 floats), learner 1's experts gathered at
-  // the end; the weights go from each expert's owner (not derived).
+  // the end. The weights: learner 0 broadcasts the dense tensors, sends every actor its expert ->
+  // slot tables (8 ints), and each learner every actor its 2 experts (12288 floats).
   r = tiny_on_two_nodes(Mode::Disaggregated, 10, 15703, 8231);
+  r.layers = 2;
   r.ranks = 4;
   r.actors = 2;
   r.ranks_per_node = 4;
@@ -1719,8 +1721,25 @@ TEST(CountedBytes, MatchesDisaggregatedLayouts) {
   b = counted_bytes(r);
   expect(b, TrafficKind::GradientReduce, 1098240, 0);
   expect(b, TrafficKind::FinalGather, 49152, 0);
-  EXPECT_FALSE(b[TrafficKind::WeightSync].exact);
+  expect(b, TrafficKind::WeightSync, 3371456, 0);
   EXPECT_FALSE(b[TrafficKind::ExpertDispatch].exact);
+  // Actors at EP 2 too, on nodes of 2 (the learners one, the actors the other): each actor gets
+  // its 2 experts from the learner holding them.
+  r.ranks_per_node = 2;
+  r.actor_expert_parallel = 2;
+  expect(counted_bytes(r), TrafficKind::WeightSync, 604032, 1686080);
+  // A spare slot per learner: filled at the start from the other learner; the weights go from
+  // each expert's first replica, its owner. After EDPB's moves which learner sends follows the
+  // routing.
+  r.ranks_per_node = 4;
+  r.actor_expert_parallel = 1;
+  r.redundant_experts = 1;
+  b = counted_bytes(r);
+  expect(b, TrafficKind::ExpertMigration, 49152, 0);
+  expect(b, TrafficKind::WeightSync, 3371456, 0);
+  expect(b, TrafficKind::GradientReduce, 2081280, 0);
+  r.migrated = true;
+  EXPECT_FALSE(counted_bytes(r)[TrafficKind::WeightSync].exact);
 }
 
 }  // namespace
