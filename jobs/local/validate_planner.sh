@@ -124,9 +124,10 @@ run_case() {
   IFS=, read -r name ranks rpn mode stale ep aep offload bw lat model task prompts group micro steps redundant every pp app tp actors atp <<< "$1"
   # The optional last columns: EDPB's spare expert slots per EP rank, its decision interval; the
   # pipeline stages and generation's pipeline degree; the tensor-parallel degree (disaggregated:
-  # the learners'); disaggregated, the actor ranks (the others learn) and their TP degree.
+  # the learners'); disaggregated, the actor ranks (the others learn); generation's TP degree (the
+  # actors', or fused generation's; 0: the runtime's default).
   redundant=${redundant:-0} every=${every:-0} pp=${pp:-1} app=${app:-1} tp=${tp:-1}
-  actors=${actors:-1} atp=${atp:-1}
+  actors=${actors:-1} atp=${atp:-0}
   local r=$2 dir="$OUT/$name" cluster
   cluster=$(cluster_of "$name" "$ranks" "$bw" "$lat")
   local args=(train --model "$model" --task "$task" --sft-steps 0 --steps "$steps" --prompts "$prompts"
@@ -145,7 +146,7 @@ run_case() {
     [ "$every" != 0 ] && args+=(--rebalance-every "$every")
     [ "$pp" != 1 ] && args+=(--pipeline-parallel "$pp" --actor-pipeline-parallel "$app")
     [ "$tp" != 1 ] && args+=(--tensor-parallel "$tp")
-    [ "$atp" != 1 ] && args+=(--actor-tensor-parallel "$atp")
+    [ "$atp" != 0 ] && args+=(--actor-tensor-parallel "$atp")
     [ "$bw" != 0 ] && args+=(--inter-node-bandwidth "$bw")
     [ "$lat" != 0 ] && args+=(--inter-node-latency "$lat")
     [ "$mode" = disaggregated ] && args+=(--actors "$actors")

@@ -297,46 +297,56 @@ Outcome validate_row(const Row& row) {
   }
   // Tensor parallelism (columns absent: none): TP groups of consecutive ranks (TP innermost).
   // Fused: data-parallel (with EP, expert-parallel; with PP, pipelines of TP groups) over the
-  // groups, generating at the training TP degree (with PP generating from borrowed layers, at TP 1
-  // on every rank), the routed experts on each rank's share of the rows (the runtime's defaults).
-  // Disaggregated: the learners' TP groups (tensor_parallel) and the actors'
-  // (actor_tensor_parallel).
+  // groups, the routed experts on each rank's share of the rows (the runtime's defaults),
+  // generating at actor_tensor_parallel (`train --actor-tensor-parallel`; 0 or absent: the
+  // training TP degree, or TP 1 in a pipeline generating from borrowed layers). Disaggregated: the
+  // learners' TP groups (tensor_parallel) and the actors' (actor_tensor_parallel; 0: none).
   const int tensor = int(row.number_or("tensor_parallel", 1));
-  const int actor_tensor = int(row.number_or("actor_tensor_parallel", 1));
-  for (const auto& [column, degree] : {std::pair<const char*, int>{"tensor_parallel", tensor},
-                                       {"actor_tensor_parallel", actor_tensor}}) {
-    if (degree < 1) {
-      throw ConfigError("case " + out.name + ": " + column + " must be 1 or more, got " +
-                        std::to_string(degree));
-    }
+  const int actor_tensor = int(row.number_or("actor_tensor_parallel", 0));
+  if (tensor < 1) {
+    throw ConfigError("case " + out.name + ": tensor_parallel must be 1 or more, got " +
+                      std::to_string(tensor));
   }
+  if (actor_tensor < 0) {
+    throw ConfigError("case " + out.name +
+                      ": actor_tensor_parallel must be 0 (the default) or more, got " +
+                      std::to_string(actor_tensor));
+  }
+  // The generation TP degree: the actors' (disaggregated) or the fused generation's.
+  const int generation_tensor = actor_tensor > 0                           ? actor_tensor
+                                : s.mode == Mode::Disaggregated            ? 1
+                                : pipeline == 1 || generation_pipeline > 1 ? tensor
+                                                                           : 1;
   if (s.mode == Mode::Disaggregated) {
-    if ((ranks - actors) % tensor != 0 || actors % actor_tensor != 0) {
+    if ((ranks - actors) % tensor != 0 || actors % generation_tensor != 0) {
       throw ConfigError("case " + out.name + ": tensor_parallel " + std::to_string(tensor) +
-                        " and actor_tensor_parallel " + std::to_string(actor_tensor) +
+                        " and actor_tensor_parallel " + std::to_string(generation_tensor) +
                         " must divide the " + std::to_string(ranks - actors) + " learners and " +
                         std::to_string(actors) + " actors");
     }
     s.train.tp = tensor;
     s.train.dp = (ranks - actors) / tensor;
-    s.generate.tp = actor_tensor;
-    s.generate.dp = actors / actor_tensor;
-  } else if (actor_tensor > 1) {
-    throw ConfigError("case " + out.name + ": actor_tensor_parallel " +
-                      std::to_string(actor_tensor) +
-                      " is only in the validation's disaggregated cases (fused generation runs at "
-                      "tensor_parallel)");
-  } else if (tensor > 1) {
+    s.generate.tp = generation_tensor;
+    s.generate.dp = actors / generation_tensor;
+  } else {
     if (ranks % (tensor * pipeline) != 0) {
       throw ConfigError("case " + out.name + ": tensor_parallel " + std::to_string(tensor) +
                         " needs a fused run on a multiple of tensor_parallel x pipeline_parallel "
                         "ranks");
     }
+    if (actor_tensor > 0 &&
+        (pipeline > 1 || ranks % actor_tensor != 0 || (tensor > 1 && tensor % actor_tensor != 0))) {
+      throw ConfigError("case " + out.name + ": actor_tensor_parallel " +
+                        std::to_string(actor_tensor) +
+                        " needs a fused run without PP on a multiple of that many ranks, dividing "
+                        "tensor_parallel " +
+                        std::to_string(tensor));
+    }
     s.train.tp = tensor;
     s.train.dp = ranks / (tensor * pipeline);
     if (pipeline == 1 || generation_pipeline > 1) {
-      s.generate.tp = tensor;
-      s.generate.dp = s.train.dp;
+      s.generate.tp = generation_tensor;
+      s.generate.dp = ranks / (generation_tensor * (generation_pipeline > 1 ? pipeline : 1));
     }
   }
   // EDPB's spare expert slots per EP rank (column absent in older CSVs: none), and its rebalancing
@@ -378,8 +388,12 @@ Outcome validate_row(const Row& row) {
   run.layers = config.n_layers;
   run.top_k = config.top_k;
   run.tensor_parallel = tensor;
-  run.actor_tensor_parallel = actor_tensor;
-  if (const int degree = std::max(tensor, actor_tensor); degree > 1) {
+  if (s.mode == Mode::Disaggregated) {
+    run.actor_tensor_parallel = generation_tensor;
+  } else {
+    run.generation_tensor_parallel = actor_tensor;
+  }
+  if (const int degree = std::max(tensor, generation_tensor); degree > 1) {
     // The cut tensors' elements: what a rank stores less than the whole model is (T - 1) / T of
     // them.
     const ParameterLayout whole(config);
@@ -451,11 +465,18 @@ Outcome validate_row(const Row& row) {
       const TensorSlice slice{0, tensor, false};
       const ParameterLayout training =
           with_tensor_slice(config, ParameterLayout(config, own), slice);
-      const ParameterLayout generation =
-          with_tensor_slice(config, ParameterLayout(config, gen), slice);
-      const FusedMemoryPlan plan = plan_fused_memory(
+      // Generation at a TP degree of its own: a model of its own for the phase (fused_train.cpp:
+      // regrouped slices, or cut from the whole model at TP 1), its generation slice with the
+      // training experts; its generation TP group splits the tokens (the runtime's fit check
+      // counts them unsplit, an upper bound: 11-15% over the runs' peaks at generation TP 2).
+      const bool own_generation_model = generation_tensor != tensor;
+      const ParameterLayout generation = with_tensor_slice(
+          config, ParameterLayout(config, own_generation_model ? own : gen),
+          own_generation_model ? TensorSlice{0, generation_tensor, false} : slice);
+      FusedMemoryPlan plan = plan_fused_memory(
           config, training, generation, ep != gen_ep, job.reference, nullptr, s.offload, batch,
-          /*experts_migrate=*/false, ExpertTokenSplit{tensor > 1, tensor > 1});
+          /*experts_migrate=*/false, ExpertTokenSplit{tensor > 1, generation_tensor > 1});
+      if (own_generation_model) add_pipeline_generation_model(plan, generation.total());
       out.predicted_memory = double(std::max(plan.training_peak(), plan.generation_peak()));
     }
     out.measured_memory = std::max(row.number("generation_peak"), row.number("training_peak"));

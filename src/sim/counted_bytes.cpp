@@ -329,6 +329,35 @@ void final_gather_bytes(const Stages& stages, const Nodes& nodes,
   }
 }
 
+// Generation at a TP degree G of its own without PP (fused_train.cpp): generation TP groups of G
+// consecutive ranks run generation's rows (forward, the token split). Training at TP T > G first
+// regroups its slices inside each training TP group (regroup_tensor_slices: rank t needs the T / G
+// training slices of generation slice t mod G, cut / T floats each, from their holders), every
+// step, and after generation each training TP group allgathers its ranks' samples (packed as
+// DistQueue's, allgather_rollouts: each rank's pack, a header and its samples, to the T - 1
+// others). Training at TP 1 cuts each rank's generation slice from its own model: nothing moves.
+void generation_tensor_parallel_bytes(const RuntimeRun& r, int T, int G, const Nodes& nodes,
+                                      const std::vector<bool>& tp_across, CountedBytes& out) {
+  const uint64_t rows = uint64_t(r.trained_tokens - r.steps * r.samples_per_step);
+  if (G > 1) {
+    add_tensor_rows(out[TrafficKind::TensorParallel],
+                    tensor_groups_across(0, r.ranks / G, G, nodes),
+                    tensor_rows_bytes(r, G, rows, 0));
+  }
+  if (T == 1) return;
+  KindBytes& regroup = out[TrafficKind::LayoutSwitch];
+  const uint64_t slice = uint64_t(r.tensor_cut_parameters / T) * 4 * uint64_t(r.steps);
+  const int per = T / G;
+  for (int group = 0; group < r.ranks / T; ++group)
+    for (int t = 0; t < T; ++t)
+      for (int giver = t % G * per; giver < (t % G + 1) * per; ++giver)
+        if (giver != t) nodes.add(regroup, group * T + giver, group * T + t, slice);
+  const uint64_t packs = uint64_t(r.steps) * uint64_t(r.ranks) * kPackHeaderBytes +
+                         uint64_t(r.steps) * uint64_t(r.samples_per_step) * kPackMetadataBytes +
+                         4 * uint64_t(r.trained_tokens) + 4 * uint64_t(r.response_tokens);
+  add_tensor_rows(out[TrafficKind::RolloutQueue], tp_across, uint64_t(T - 1) * packs);
+}
+
 // EDPB: at the start every spare slot receives its first replica's weights (default_slot_experts:
 // EP rank e's R spare slots the experts after its own, all on EP rank e + 1 while R <= E / P);
 // later migrations move the experts the routing makes hot (not derived). With TP every TP rank's
@@ -470,17 +499,24 @@ void fused(const RuntimeRun& r, const Nodes& nodes, CountedBytes& out) {
     for (KindBytes& k : out.kinds) k.exact = false;
     return;
   }
+  // Generation's TP degree: the training one without PP or inside the pipelines, 1 from borrowed
+  // layers, unless the run set one of its own (--actor-tensor-parallel).
+  const int default_G = pp == 1 || r.actor_pipeline_parallel > 1 ? T : 1;
+  const int G = r.generation_tensor_parallel > 0 ? r.generation_tensor_parallel : default_G;
+  const uint64_t rows = uint64_t(r.trained_tokens - r.steps * r.samples_per_step);
+  if (G != default_G && (pp > 1 || (T > 1 && T % G != 0))) {
+    // (A pipeline generating at a TP degree of its own: not derived.)
+    for (KindBytes& k : out.kinds) k.exact = false;
+    return;
+  }
   if (T > 1) {
-    // Generation runs at the TP degree without PP or inside the pipelines (from borrowed layers
-    // at TP 1).
-    const uint64_t rows = uint64_t(r.trained_tokens - r.steps * r.samples_per_step);
-    const bool generates = pp == 1 || r.actor_pipeline_parallel > 1;
     add_tensor_rows(out[TrafficKind::TensorParallel], tp_across,
-                    tensor_rows_bytes(r, T, (generates ? 2 : 1) * rows, rows));
+                    tensor_rows_bytes(r, T, (G == T ? 2 : 1) * rows, rows));
     tensor_gradient_bytes(r, st, nodes, tp_across, out[TrafficKind::GradientReduce]);
   } else {
     gradient_bytes(r, st, nodes, out[TrafficKind::GradientReduce]);
   }
+  if (pp == 1 && G != T) generation_tensor_parallel_bytes(r, T, G, nodes, tp_across, out);
   if (ep > 1 || r.actor_expert_parallel > 1) out[TrafficKind::ExpertDispatch] = not_exact();
   if (ep != r.actor_expert_parallel)
     expert_switch_bytes(r, st, nodes, out[TrafficKind::LayoutSwitch]);
@@ -492,7 +528,6 @@ void fused(const RuntimeRun& r, const Nodes& nodes, CountedBytes& out) {
   // go forward across each stage boundary as d_model floats, their gradients back; with TP
   // between the matching TP ranks of the two stages (each holds the whole rows).
   KindBytes& activations = out[TrafficKind::PipelineActivations];
-  const uint64_t rows = uint64_t(r.trained_tokens - r.steps * r.samples_per_step);
   const uint64_t row_bytes = uint64_t(r.d_model) * 4;
   std::set<bool> crossings;
   for (int t = 0; t < T; ++t) {

@@ -43,6 +43,9 @@ struct RuntimeRun {
   // whether it cuts a shared expert, and the elements of the tensors it cuts (whole-model count).
   int tensor_parallel = 1;        // fused: every rank's; disaggregated: the learners'
   int actor_tensor_parallel = 1;  // disaggregated: the actors' TP groups
+  // Fused: generation's TP degree when the run set one of its own (--actor-tensor-parallel; 0:
+  // the training degree, or 1 in a pipeline generating from borrowed layers).
+  int generation_tensor_parallel = 0;
   bool shared_expert_cut = false;
   int64_t tensor_cut_parameters = 0;
   // Each pipeline stage's own parameters, every expert's (pipeline_parallel entries; PP only),

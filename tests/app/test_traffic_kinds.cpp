@@ -94,7 +94,7 @@ long long kind_sum(const RunBytes& r) {
 // up: the bytes and rank 0's memory peaks are checked here).
 std::string measured_row(const std::string& name, int ranks, const std::string& layout,
                          int redundant, int pipeline, int generation_pipeline, const RunBytes& r,
-                         int tensor = 1, int actor_tensor = 1) {
+                         int tensor = 1, int actor_tensor = 0) {
   std::ostringstream row;
   row << name << "," RLFUSION_SOURCE_DIR "/inputs/clusters/cloudmatrix-384.ini,sort,tiny,fused,"
       << ranks << ",1,0," << layout << ",0,0,0,0,8,4,4,0,2,3," << r.tokens << ","
@@ -185,14 +185,15 @@ TEST(TrafficKinds, AddUpToTheCountersAndArePredictedWhereARuleFixesThem) {
     std::string message;
   };
   for (const auto& [tensor, actor_tensor, message] :
-       {Refused{0, 1, "case tensor_parallel: tensor_parallel must be 1 or more"},
-        Refused{1, 0, "case tensor_parallel: actor_tensor_parallel must be 1 or more"},
-        Refused{4, 1,
+       {Refused{0, 0, "case tensor_parallel: tensor_parallel must be 1 or more"},
+        Refused{2, -1,
+                "case tensor_parallel: actor_tensor_parallel must be 0 (the default) or more"},
+        Refused{4, 0,
                 "case tensor_parallel: tensor_parallel 4 needs a fused run on a multiple of "
                 "tensor_parallel x pipeline_parallel ranks"},
-        Refused{2, 2,
-                "case tensor_parallel: actor_tensor_parallel 2 is only in the validation's "
-                "disaggregated cases"}}) {
+        Refused{2, 3,
+                "case tensor_parallel: actor_tensor_parallel 3 needs a fused run without PP on a "
+                "multiple of that many ranks, dividing tensor_parallel 2"}}) {
     std::ofstream bad(dir + "/bad.csv");
     std::ifstream good(dir + "/measured.csv");
     std::string header;

@@ -1258,6 +1258,18 @@ RuntimeRun tiny_on_two_nodes(Mode mode, int64_t steps, int64_t trained_tokens,
   return r;
 }
 
+// tiny_on_two_nodes with what the TP rules take: tiny's 2 layers, top-2 routing, and the tensors
+// TP cuts (attention and the shared expert: 11264 floats in all).
+RuntimeRun tiny_with_tensor_cuts(Mode mode, int64_t steps, int64_t trained_tokens,
+                                 int64_t response_tokens) {
+  RuntimeRun r = tiny_on_two_nodes(mode, steps, trained_tokens, response_tokens);
+  r.layers = 2;
+  r.top_k = 2;
+  r.shared_expert_cut = true;
+  r.tensor_cut_parameters = 11264;
+  return r;
+}
+
 // The counters of two real `make run` jobs (tiny, sort, 2000 steps x 16 prompts x 8 samples, 2
 // ranks on 2 virtual nodes): synchronous disaggregated inter-node bytes 335269560 with 2768827
 // tokens trained of which 1234251 response tokens; fused 612864000 (gradients only).
@@ -1513,12 +1525,8 @@ TEST(CountedBytes, MatchesPipelinesWithExpertParallelStages) {
 // and generation's rows, backward over training's; the expert gradients summed over the TP group;
 // the cut tensors' slices (11264 floats in all) allgathered at the end.
 TEST(CountedBytes, MatchesATensorParallelRun) {
-  RuntimeRun r = tiny_on_two_nodes(Mode::Fused, 10, 15703, 8231);
-  r.layers = 2;
-  r.top_k = 2;
+  RuntimeRun r = tiny_with_tensor_cuts(Mode::Fused, 10, 15703, 8231);
   r.tensor_parallel = 2;
-  r.shared_expert_cut = true;
-  r.tensor_cut_parameters = 11264;
   CountedBytes b = counted_bytes(r);
   EXPECT_EQ(b[TrafficKind::TensorParallel].inter, 55615088u);
   EXPECT_EQ(b[TrafficKind::GradientReduce].inter, 1966080u);
@@ -1582,18 +1590,51 @@ TEST(CountedBytes, MatchesATensorParallelRun) {
   expect(b, TrafficKind::GradientReduce, 5898240, 13716480);
 }
 
+// Generation at a TP degree of its own (`train --tensor-parallel T --actor-tensor-parallel G`,
+// tiny, 10 steps, the same samples): TP 4 generating at TP 2 on one node regroups each rank's
+// generation slice from its training TP mates (cut / 4 floats a slice), runs training's rows
+// through TP 4 and generation's through TP 2, and allgathers the TP group's samples; TP 1
+// generating at TP 2 cuts its slice from its own model (nothing moves).
+TEST(CountedBytes, MatchesGenerationAtATensorParallelDegreeOfItsOwn) {
+  RuntimeRun r = tiny_with_tensor_cuts(Mode::Fused, 10, 15703, 8231);
+  r.ranks = 4;
+  r.ranks_per_node = 4;
+  r.tensor_parallel = 4;
+  r.generation_tensor_parallel = 2;
+  CountedBytes b = counted_bytes(r);
+  EXPECT_TRUE(b.exact());
+  expect(b, TrafficKind::LayoutSwitch, 675840, 0);
+  expect(b, TrafficKind::TensorParallel, 129922384, 0);
+  expect(b, TrafficKind::RolloutQueue, 475368, 0);
+  expect(b, TrafficKind::GradientReduce, 5898240, 0);
+  expect(b, TrafficKind::FinalGather, 135168, 0);
+  // A generation degree that does not divide the training one: not derived.
+  r.generation_tensor_parallel = 3;
+  EXPECT_FALSE(counted_bytes(r).exact());
+
+  // Data-parallel training on nodes of 2 generating at TP 2 (a TP group a node).
+  r.tensor_parallel = 1;
+  r.ranks_per_node = 2;
+  r.generation_tensor_parallel = 2;
+  b = counted_bytes(r);
+  EXPECT_TRUE(b.exact());
+  expect(b, TrafficKind::TensorParallel, 18461440, 0);
+  expect(b, TrafficKind::GradientReduce, 6128640, 3064320);
+  EXPECT_EQ(b[TrafficKind::LayoutSwitch].total() + b[TrafficKind::RolloutQueue].total(), 0u);
+  // A pipeline generating at a TP degree of its own: not derived.
+  r.pipeline_parallel = 2;
+  r.stage_parameters = {19136, 19168};
+  EXPECT_FALSE(counted_bytes(r).exact());
+}
+
 // TP 2 inside the stages of PP 2 (`train -n 4|8 --tensor-parallel 2 --pipeline-parallel 2`, tiny,
 // 10 steps, the same samples as above): each stage's TP group (ranks 0-1 stage 0, 2-3 stage 1)
 // runs its layers' rows and sums its experts; the activations go between matching TP ranks.
 TEST(CountedBytes, MatchesTensorParallelPipelines) {
-  RuntimeRun r = tiny_on_two_nodes(Mode::Fused, 10, 15703, 8231);
+  RuntimeRun r = tiny_with_tensor_cuts(Mode::Fused, 10, 15703, 8231);
   r.ranks = 4;
   r.ranks_per_node = 2;  // a stage's TP group a node
-  r.layers = 2;
-  r.top_k = 2;
   r.tensor_parallel = r.pipeline_parallel = 2;
-  r.shared_expert_cut = true;
-  r.tensor_cut_parameters = 11264;
   r.stage_parameters = {19136, 19168};
   r.stage_routed_parameters = {12288, 12288};
   r.stage_tensor_cut_parameters = {5632, 5632};
@@ -1647,11 +1688,7 @@ TEST(CountedBytes, MatchesTensorParallelPipelines) {
 // 32672 floats; with learner TP groups after gathering its group's slices of the cut tensors), the
 // learners train as fused ranks do, and the actors' TP groups run generation's rows.
 TEST(CountedBytes, MatchesDisaggregatedLayouts) {
-  RuntimeRun r = tiny_on_two_nodes(Mode::Disaggregated, 10, 15703, 8231);
-  r.layers = 2;
-  r.top_k = 2;
-  r.shared_expert_cut = true;
-  r.tensor_cut_parameters = 11264;
+  RuntimeRun r = tiny_with_tensor_cuts(Mode::Disaggregated, 10, 15703, 8231);
   // 1 learner and 3 actors on nodes of 2: 11 broadcasts of the whole model, one across a node.
   r.ranks = 4;
   r.actors = 3;
