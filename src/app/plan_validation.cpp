@@ -140,9 +140,12 @@ size_t pipeline_rank_expected_peak(const ModelConfig& config, const RlJob& job, 
           ? ParameterLayout(config, s.generate.ep > 1 ? expert_shard_of(0, s.generate.ep, experts)
                                                       : ExpertShard{})
       : pipeline_generates ? stage
-                           : ParameterLayout(config, own);
-  FusedMemoryPlan plan = plan_fused_memory(config, stage, generation, layout_switch, job.reference,
-                                           nullptr, s.offload, batch);
+                           : with_tensor_slice(config, ParameterLayout(config, own),
+                                               TensorSlice{0, s.generate.tp, false});
+  // (Its generation TP group splits the tokens: the runtime's fit check counts them unsplit.)
+  FusedMemoryPlan plan = plan_fused_memory(
+      config, stage, generation, layout_switch, job.reference, nullptr, s.offload, batch,
+      /*experts_migrate=*/false, ExpertTokenSplit{false, !pipeline_generates && s.generate.tp > 1});
   if (pipeline_generates) {
     // Each stage caches its layers' KV for the pipeline's samples and runs one group (a rank's
     // samples) at a time, its prompts in pieces: the worst piece of the run's steps x pieces,
@@ -160,10 +163,11 @@ size_t pipeline_rank_expected_peak(const ModelConfig& config, const RlJob& job, 
     plan.generation_activations =
         pipeline_generation_peak_bytes(config, stage, uniform_batch(piece, piece_length), group,
                                        pipeline_samples, batch.max_sequence, batch.sampled, split);
-  } else if (split) {
-    // TP training generating at TP 1 from borrowed layers: a whole model of its own (every layer
-    // with the pipeline's experts), into which the stage's slices are assembled.
-    add_pipeline_generation_model(plan, ParameterLayout(config, own).total());
+  } else if (split || s.generate.tp > 1) {
+    // TP training generating from borrowed layers, or generation at a TP degree of its own: a
+    // whole model of its own (every layer with the pipeline's experts, at its generation slice),
+    // into which the stages' slices are assembled.
+    add_pipeline_generation_model(plan, generation.total());
   } else {
     // Generation data-parallel from a stitched view: the other stages' layers borrowed (with EP
     // those of the pipeline's experts).
@@ -334,20 +338,18 @@ Outcome validate_row(const Row& row) {
                         " needs a fused run on a multiple of tensor_parallel x pipeline_parallel "
                         "ranks");
     }
-    if (actor_tensor > 0 &&
-        (pipeline > 1 || ranks % actor_tensor != 0 || (tensor > 1 && tensor % actor_tensor != 0))) {
+    if (actor_tensor > 0 && (generation_pipeline > 1 || ranks % actor_tensor != 0 ||
+                             (tensor > 1 && tensor % actor_tensor != 0))) {
       throw ConfigError("case " + out.name + ": actor_tensor_parallel " +
                         std::to_string(actor_tensor) +
-                        " needs a fused run without PP on a multiple of that many ranks, dividing "
+                        " needs a fused run on a multiple of that many ranks, dividing "
                         "tensor_parallel " +
-                        std::to_string(tensor));
+                        std::to_string(tensor) + ", not generating inside the pipelines");
     }
     s.train.tp = tensor;
     s.train.dp = ranks / (tensor * pipeline);
-    if (pipeline == 1 || generation_pipeline > 1) {
-      s.generate.tp = generation_tensor;
-      s.generate.dp = ranks / (generation_tensor * (generation_pipeline > 1 ? pipeline : 1));
-    }
+    s.generate.tp = generation_tensor;
+    s.generate.dp = ranks / (generation_tensor * (generation_pipeline > 1 ? pipeline : 1));
   }
   // EDPB's spare expert slots per EP rank (column absent in older CSVs: none), and its rebalancing
   // (column absent: on with spare slots, as the validation's replica case runs it).
@@ -412,11 +414,11 @@ Outcome validate_row(const Row& row) {
                                    stage_layer_shard(chunks, config.n_layers));
       run.stage_parameters.push_back(layout.total());
       run.stage_routed_parameters.push_back(routed_parameters(layout));
-      if (tensor > 1) {
+      if (const int degree = std::max(tensor, generation_tensor); degree > 1) {
         const int64_t rank_stores =
-            with_tensor_slice(config, layout, TensorSlice{0, tensor, false}).total();
-        run.stage_tensor_cut_parameters.push_back((layout.total() - rank_stores) * tensor /
-                                                  (tensor - 1));
+            with_tensor_slice(config, layout, TensorSlice{0, degree, false}).total();
+        run.stage_tensor_cut_parameters.push_back((layout.total() - rank_stores) * degree /
+                                                  (degree - 1));
       }
     }
   }

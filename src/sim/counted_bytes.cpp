@@ -92,8 +92,10 @@ Stages stages_of(const RuntimeRun& r) {
   } else {
     st.parameters = r.stage_parameters;
     st.routed = r.stage_routed_parameters;
-    st.cut =
-        st.tp > 1 ? r.stage_tensor_cut_parameters : std::vector<int64_t>(st.parameters.size(), 0);
+    // (Also without training TP: a pipeline generating at a TP degree of its own sends slices.)
+    st.cut = st.tp > 1 || r.generation_tensor_parallel > 1
+                 ? r.stage_tensor_cut_parameters
+                 : std::vector<int64_t>(st.parameters.size(), 0);
     if (st.ep == 1 && st.routed.empty()) st.routed.assign(st.parameters.size(), 0);
   }
   st.known = r.ranks % (st.count * st.tp) == 0 && int(st.parameters.size()) == st.count &&
@@ -258,18 +260,26 @@ void add_tensor_rows(KindBytes& k, const std::vector<bool>& across, uint64_t byt
   (across[0] ? k.inter : k.intra) += bytes;
 }
 
-// Whether each of `groups` TP groups of `tp` consecutive world ranks from `first` lies inside one
-// node (false) or on one node a rank (true); empty when one lies on part of its ranks' nodes (a
-// ring over ranks on both sides of a node boundary: which of its sends cross is its order's).
-std::vector<bool> tensor_groups_across(int first, int groups, int tp, const Nodes& nodes) {
+// Whether each TP group (its world ranks) lies inside one node (false) or on one node a rank
+// (true); empty when one lies on part of its ranks' nodes (a ring over ranks on both sides of a
+// node boundary: which of its sends cross is its order's).
+std::vector<bool> groups_across(const std::vector<std::vector<int>>& groups, const Nodes& nodes) {
   std::vector<bool> across;
-  for (int g = 0; g < groups; ++g) {
+  for (const std::vector<int>& group : groups) {
     std::set<int> spanned;
-    for (int t = 0; t < tp; ++t) spanned.insert(nodes.of(first + g * tp + t));
-    if (spanned.size() != 1 && int(spanned.size()) != tp) return {};
+    for (int rank : group) spanned.insert(nodes.of(rank));
+    if (spanned.size() != 1 && spanned.size() != group.size()) return {};
     across.push_back(spanned.size() != 1);
   }
   return across;
+}
+
+// The same for `groups` TP groups of `tp` consecutive world ranks from `first`.
+std::vector<bool> tensor_groups_across(int first, int groups, int tp, const Nodes& nodes) {
+  std::vector<std::vector<int>> members(static_cast<size_t>(groups));
+  for (int g = 0; g < groups; ++g)
+    for (int t = 0; t < tp; ++t) members[size_t(g)].push_back(first + g * tp + t);
+  return groups_across(members, nodes);
 }
 
 // The gradients with TP (learner_hooks.cpp): each rank's expert copies saw its rows only, so they
@@ -330,7 +340,8 @@ void final_gather_bytes(const Stages& stages, const Nodes& nodes,
 }
 
 // Generation at a TP degree G of its own without PP (fused_train.cpp): generation TP groups of G
-// consecutive ranks run generation's rows (forward, the token split). Training at TP T > G first
+// consecutive ranks (after EP training at TP 1, expert-aligned ones) run generation's rows
+// (forward, the token split). Training at TP T > G first
 // regroups its slices inside each training TP group (regroup_tensor_slices: rank t needs the T / G
 // training slices of generation slice t mod G, cut / T floats each, from their holders), every
 // step, and after generation each training TP group allgathers its ranks' samples (packed as
@@ -339,7 +350,19 @@ void final_gather_bytes(const Stages& stages, const Nodes& nodes,
 void generation_tensor_parallel_bytes(const RuntimeRun& r, int T, int G, const Nodes& nodes,
                                       const std::vector<bool>& tp_across, CountedBytes& out) {
   const uint64_t rows = uint64_t(r.trained_tokens - r.steps * r.samples_per_step);
-  if (G > 1) {
+  if (G > 1 && T == 1 && r.expert_parallel > 1) {
+    // After EP training the generation groups are the G ranks holding one expert block in G x EP
+    // consecutive ranks (expert_aligned_tensor_groups.h), so no expert moves.
+    const int E = r.expert_parallel;
+    std::vector<std::vector<int>> groups;
+    for (int block = 0; block < r.ranks / (G * E); ++block)
+      for (int e = 0; e < E; ++e) {
+        groups.emplace_back();
+        for (int j = 0; j < G; ++j) groups.back().push_back(block * G * E + j * E + e);
+      }
+    add_tensor_rows(out[TrafficKind::TensorParallel], groups_across(groups, nodes),
+                    tensor_rows_bytes(r, G, rows, 0));
+  } else if (G > 1) {
     add_tensor_rows(out[TrafficKind::TensorParallel],
                     tensor_groups_across(0, r.ranks / G, G, nodes),
                     tensor_rows_bytes(r, G, rows, 0));
@@ -356,6 +379,35 @@ void generation_tensor_parallel_bytes(const RuntimeRun& r, int T, int G, const N
                          uint64_t(r.steps) * uint64_t(r.samples_per_step) * kPackMetadataBytes +
                          4 * uint64_t(r.trained_tokens) + 4 * uint64_t(r.response_tokens);
   add_tensor_rows(out[TrafficKind::RolloutQueue], tp_across, uint64_t(T - 1) * packs);
+}
+
+// A pipeline generating at a TP degree G of its own from a whole model (pipeline_layout_switch.h's
+// gather_pipeline_model with a sliced whole layout): before each step's generation every rank
+// (TP rank t, generation slice t mod G) receives from its TP rank's pipeline every other stage's
+// generation slice (the cut tensors' G-th part, the rest whole); training at TP T > G first
+// regroups its own stage's slice inside its stage's TP group (T / G training slices, cut_s / T
+// floats each, from their holders; training at TP 1 cuts it from its own stage).
+void pipeline_generation_slices_bytes(const RuntimeRun& r, Stages st, int G, const Nodes& nodes,
+                                      KindBytes& out) {
+  const uint64_t steps = uint64_t(r.steps);
+  const int T = st.tp, per = T / G;
+  for (int t = 0; t < T; ++t) {
+    st.tp_rank = t;
+    for (int d = 0; d < st.replicas; ++d)
+      for (int to = 0; to < st.count; ++to) {
+        for (int from = 0; from < st.count; ++from) {
+          if (from == to) continue;
+          const int64_t cut = st.cut[size_t(from)];
+          nodes.add(out, st.rank(d, from), st.rank(d, to),
+                    steps * uint64_t(st.parameters[size_t(from)] - cut + cut / G) * 4);
+        }
+        for (int giver = t % G * per; giver < (t % G + 1) * per && T > 1; ++giver)
+          if (giver != t) {
+            nodes.add(out, st.rank(d, to) - t + giver, st.rank(d, to),
+                      steps * uint64_t(st.cut[size_t(to)] / T) * 4);
+          }
+      }
+  }
 }
 
 // EDPB: at the start every spare slot receives its first replica's weights (default_slot_experts:
@@ -504,8 +556,10 @@ void fused(const RuntimeRun& r, const Nodes& nodes, CountedBytes& out) {
   const int default_G = pp == 1 || r.actor_pipeline_parallel > 1 ? T : 1;
   const int G = r.generation_tensor_parallel > 0 ? r.generation_tensor_parallel : default_G;
   const uint64_t rows = uint64_t(r.trained_tokens - r.steps * r.samples_per_step);
-  if (G != default_G && (pp > 1 || (T > 1 && T % G != 0))) {
-    // (A pipeline generating at a TP degree of its own: not derived.)
+  if (G != default_G &&
+      ((T > 1 && T % G != 0) || (pp > 1 && (ep > 1 || r.actor_pipeline_parallel > 1)))) {
+    // (A degree not dividing the training one; a pipeline with EP or generating inside the
+    // pipelines at a TP degree of its own: not derived.)
     for (KindBytes& k : out.kinds) k.exact = false;
     return;
   }
@@ -517,6 +571,12 @@ void fused(const RuntimeRun& r, const Nodes& nodes, CountedBytes& out) {
     gradient_bytes(r, st, nodes, out[TrafficKind::GradientReduce]);
   }
   if (pp == 1 && G != T) generation_tensor_parallel_bytes(r, T, G, nodes, tp_across, out);
+  if (pp > 1 && G != default_G) {
+    // Generation TP groups of G consecutive ranks run generation's rows.
+    add_tensor_rows(out[TrafficKind::TensorParallel],
+                    tensor_groups_across(0, r.ranks / G, G, nodes),
+                    tensor_rows_bytes(r, G, rows, 0));
+  }
   if (ep > 1 || r.actor_expert_parallel > 1) out[TrafficKind::ExpertDispatch] = not_exact();
   if (ep != r.actor_expert_parallel)
     expert_switch_bytes(r, st, nodes, out[TrafficKind::LayoutSwitch]);
@@ -551,7 +611,9 @@ void fused(const RuntimeRun& r, const Nodes& nodes, CountedBytes& out) {
     // rank receives the other stages whole from its pipeline.
     KindBytes& borrowed = out[TrafficKind::LayoutSwitch];
     borrowed.exact = borrowed.exact && st.known;
-    if (borrowed.exact) {
+    if (borrowed.exact && G != default_G) {
+      pipeline_generation_slices_bytes(r, st, G, nodes, borrowed);
+    } else if (borrowed.exact) {
       const uint64_t steps = uint64_t(r.steps);
       for (int t = 0; t < T; ++t) {
         st.tp_rank = t;

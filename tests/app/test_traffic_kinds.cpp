@@ -192,8 +192,9 @@ TEST(TrafficKinds, AddUpToTheCountersAndArePredictedWhereARuleFixesThem) {
                 "case tensor_parallel: tensor_parallel 4 needs a fused run on a multiple of "
                 "tensor_parallel x pipeline_parallel ranks"},
         Refused{2, 3,
-                "case tensor_parallel: actor_tensor_parallel 3 needs a fused run without PP on a "
-                "multiple of that many ranks, dividing tensor_parallel 2"}}) {
+                "case tensor_parallel: actor_tensor_parallel 3 needs a fused run on a multiple "
+                "of that many ranks, dividing tensor_parallel 2, not generating inside the "
+                "pipelines"}}) {
     std::ofstream bad(dir + "/bad.csv");
     std::ifstream good(dir + "/measured.csv");
     std::string header;

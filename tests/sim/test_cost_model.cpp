@@ -1621,9 +1621,29 @@ TEST(CountedBytes, MatchesGenerationAtATensorParallelDegreeOfItsOwn) {
   expect(b, TrafficKind::TensorParallel, 18461440, 0);
   expect(b, TrafficKind::GradientReduce, 6128640, 3064320);
   EXPECT_EQ(b[TrafficKind::LayoutSwitch].total() + b[TrafficKind::RolloutQueue].total(), 0u);
-  // A pipeline generating at a TP degree of its own: not derived.
+  // EP 2 training: the generation groups are the ranks holding one expert block (0 and 2, 1 and
+  // 3), so their rows cross the nodes.
+  r.expert_parallel = r.actor_expert_parallel = 2;
+  b = counted_bytes(r);
+  expect(b, TrafficKind::TensorParallel, 0, 18461440);
+  expect(b, TrafficKind::GradientReduce, 2196480, 3064320);
+  r.expert_parallel = r.actor_expert_parallel = 1;
+
+  // PP 2 x 2 pipelines on nodes of 2 (a pipeline a node) generating at TP 2: every step each rank
+  // receives its generation slice of the other stage from its pipeline (cut / 2 of the stage's
+  // 5632 cut floats less), the generation groups (a pipeline's 2 ranks) run generation's rows.
   r.pipeline_parallel = 2;
   r.stage_parameters = {19136, 19168};
+  r.stage_routed_parameters = {12288, 12288};
+  r.stage_tensor_cut_parameters = {5632, 5632};
+  b = counted_bytes(r);
+  expect(b, TrafficKind::LayoutSwitch, 2613760, 0);
+  expect(b, TrafficKind::TensorParallel, 18461440, 0);
+  expect(b, TrafficKind::GradientReduce, 0, 3064320);
+  expect(b, TrafficKind::PipelineActivations, 3692288, 0);
+  EXPECT_FALSE(b[TrafficKind::RolloutQueue].exact);
+  // Generating inside the pipelines at a TP degree of its own: not derived.
+  r.actor_pipeline_parallel = 2;
   EXPECT_FALSE(counted_bytes(r).exact());
 }
 
