@@ -249,9 +249,10 @@ uint64_t tensor_rows_bytes(const RuntimeRun& r, int T, uint64_t forward, uint64_
          (2 * allreduces * C * (forward + backward) + C * forward + (C + K) * backward);
 }
 
-// Adds the TP groups' row bytes to `k`: which TP group runs which rows follows the samples, so they
-// are known only when every group (`across`: each group's link class) is in one link class.
-void add_tensor_rows(KindBytes& k, const std::vector<bool>& across, uint64_t bytes) {
+// Adds bytes that the TP groups move in proportion to their samples (their rows, their packed
+// samples) to `k`: which group has which samples follows the sample ids, so they are known only
+// when every group (`across`: each group's link class) is in one link class.
+void add_over_tp_groups(KindBytes& k, const std::vector<bool>& across, uint64_t bytes) {
   if (across.empty() ||
       !std::all_of(across.begin(), across.end(), [&](bool a) { return a == across[0]; })) {
     k.exact = false;
@@ -341,12 +342,12 @@ void final_gather_bytes(const Stages& stages, const Nodes& nodes,
 
 // Generation at a TP degree G of its own without PP (fused_train.cpp): generation TP groups of G
 // consecutive ranks (after EP training at TP 1, expert-aligned ones) run generation's rows
-// (forward, the token split). Training at TP T > G first
-// regroups its slices inside each training TP group (regroup_tensor_slices: rank t needs the T / G
-// training slices of generation slice t mod G, cut / T floats each, from their holders), every
-// step, and after generation each training TP group allgathers its ranks' samples (packed as
-// DistQueue's, allgather_rollouts: each rank's pack, a header and its samples, to the T - 1
-// others). Training at TP 1 cuts each rank's generation slice from its own model: nothing moves.
+// (forward, the token split). Training at TP T > G first regroups its slices inside each training
+// TP group (regroup_tensor_slices: rank t needs the T / G training slices of generation slice
+// t mod G, cut / T floats each, from their holders), every step, and after generation each
+// training TP group allgathers its ranks' samples (packed as DistQueue's, allgather_rollouts: each
+// rank's pack, a header and its samples, to the T - 1 others). Training at TP 1 cuts each rank's
+// generation slice from its own model: nothing moves.
 void generation_tensor_parallel_bytes(const RuntimeRun& r, int T, int G, const Nodes& nodes,
                                       const std::vector<bool>& tp_across, CountedBytes& out) {
   const uint64_t rows = uint64_t(r.trained_tokens - r.steps * r.samples_per_step);
@@ -360,12 +361,12 @@ void generation_tensor_parallel_bytes(const RuntimeRun& r, int T, int G, const N
         groups.emplace_back();
         for (int j = 0; j < G; ++j) groups.back().push_back(block * G * E + j * E + e);
       }
-    add_tensor_rows(out[TrafficKind::TensorParallel], groups_across(groups, nodes),
-                    tensor_rows_bytes(r, G, rows, 0));
+    add_over_tp_groups(out[TrafficKind::TensorParallel], groups_across(groups, nodes),
+                       tensor_rows_bytes(r, G, rows, 0));
   } else if (G > 1) {
-    add_tensor_rows(out[TrafficKind::TensorParallel],
-                    tensor_groups_across(0, r.ranks / G, G, nodes),
-                    tensor_rows_bytes(r, G, rows, 0));
+    add_over_tp_groups(out[TrafficKind::TensorParallel],
+                       tensor_groups_across(0, r.ranks / G, G, nodes),
+                       tensor_rows_bytes(r, G, rows, 0));
   }
   if (T == 1) return;
   KindBytes& regroup = out[TrafficKind::LayoutSwitch];
@@ -378,7 +379,7 @@ void generation_tensor_parallel_bytes(const RuntimeRun& r, int T, int G, const N
   const uint64_t packs = uint64_t(r.steps) * uint64_t(r.ranks) * kPackHeaderBytes +
                          uint64_t(r.steps) * uint64_t(r.samples_per_step) * kPackMetadataBytes +
                          4 * uint64_t(r.trained_tokens) + 4 * uint64_t(r.response_tokens);
-  add_tensor_rows(out[TrafficKind::RolloutQueue], tp_across, uint64_t(T - 1) * packs);
+  add_over_tp_groups(out[TrafficKind::RolloutQueue], tp_across, uint64_t(T - 1) * packs);
 }
 
 // A pipeline generating at a TP degree G of its own from a whole model (pipeline_layout_switch.h's
@@ -401,9 +402,11 @@ void pipeline_generation_slices_bytes(const RuntimeRun& r, Stages st, int G, con
           nodes.add(out, st.rank(d, from), st.rank(d, to),
                     steps * uint64_t(st.parameters[size_t(from)] - cut + cut / G) * 4);
         }
+        // (TP rank `giver` of the same stage: the TP group's ranks are consecutive.)
+        const int group_first = st.rank(d, to) - t;
         for (int giver = t % G * per; giver < (t % G + 1) * per && T > 1; ++giver)
           if (giver != t) {
-            nodes.add(out, st.rank(d, to) - t + giver, st.rank(d, to),
+            nodes.add(out, group_first + giver, st.rank(d, to),
                       steps * uint64_t(st.cut[size_t(to)] / T) * 4);
           }
       }
@@ -526,14 +529,14 @@ void disaggregated(const RuntimeRun& r, const Nodes& nodes, CountedBytes& out) {
   const uint64_t rows = uint64_t(r.trained_tokens - r.steps * r.samples_per_step);
   KindBytes& layers = out[TrafficKind::TensorParallel];
   if (learner_tp > 1) {
-    add_tensor_rows(layers, learner_across, tensor_rows_bytes(r, learner_tp, rows, rows));
+    add_over_tp_groups(layers, learner_across, tensor_rows_bytes(r, learner_tp, rows, rows));
     tensor_gradient_bytes(learner_run, st, nodes, learner_across, out[TrafficKind::GradientReduce]);
   } else {
     gradient_bytes(learner_run, st, nodes, out[TrafficKind::GradientReduce]);
   }
   if (actor_tp > 1) {
     if (r.staleness > 0) layers.exact = false;
-    add_tensor_rows(layers, actor_across, tensor_rows_bytes(r, actor_tp, rows, 0));
+    add_over_tp_groups(layers, actor_across, tensor_rows_bytes(r, actor_tp, rows, 0));
   }
   if (experts) out[TrafficKind::ExpertDispatch] = not_exact();
   expert_migration_bytes(learner_run, st, nodes, out[TrafficKind::ExpertMigration]);
@@ -564,8 +567,8 @@ void fused(const RuntimeRun& r, const Nodes& nodes, CountedBytes& out) {
     return;
   }
   if (T > 1) {
-    add_tensor_rows(out[TrafficKind::TensorParallel], tp_across,
-                    tensor_rows_bytes(r, T, (G == T ? 2 : 1) * rows, rows));
+    add_over_tp_groups(out[TrafficKind::TensorParallel], tp_across,
+                       tensor_rows_bytes(r, T, (G == T ? 2 : 1) * rows, rows));
     tensor_gradient_bytes(r, st, nodes, tp_across, out[TrafficKind::GradientReduce]);
   } else {
     gradient_bytes(r, st, nodes, out[TrafficKind::GradientReduce]);
@@ -573,9 +576,9 @@ void fused(const RuntimeRun& r, const Nodes& nodes, CountedBytes& out) {
   if (pp == 1 && G != T) generation_tensor_parallel_bytes(r, T, G, nodes, tp_across, out);
   if (pp > 1 && G != default_G) {
     // Generation TP groups of G consecutive ranks run generation's rows.
-    add_tensor_rows(out[TrafficKind::TensorParallel],
-                    tensor_groups_across(0, r.ranks / G, G, nodes),
-                    tensor_rows_bytes(r, G, rows, 0));
+    add_over_tp_groups(out[TrafficKind::TensorParallel],
+                       tensor_groups_across(0, r.ranks / G, G, nodes),
+                       tensor_rows_bytes(r, G, rows, 0));
   }
   if (ep > 1 || r.actor_expert_parallel > 1) out[TrafficKind::ExpertDispatch] = not_exact();
   if (ep != r.actor_expert_parallel)
