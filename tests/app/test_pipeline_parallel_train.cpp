@@ -18,6 +18,7 @@
 
 #include "tests/app/fused_train_runs.h"
 #include "tests/app/json_output.h"
+#include "tests/app/memory_peaks.h"
 #include "tests/app/progress_rows.h"
 #include "tests/app/read_parameters.h"
 #include "tests/app/run_rlfusion.h"
@@ -199,12 +200,7 @@ TEST(PipelineParallelTrain, GeneratesAtAnExpertParallelDegreeOfItsOwn) {
     // The stage switches from a stitched view of its own and the borrowed layers: the measured
     // generation peak is what the fit check counts for that (the stage, the other stages' layers
     // and the received buckets, no copy of the stage), within the activations' rounding.
-    const size_t peaks = pp.output.find("\"device_memory_peaks\"");
-    ASSERT_NE(peaks, std::string::npos) << pp.output;
-    const double generation = test::json_number(pp.output, "generation", peaks);
-    const double generation_counted = test::json_number(pp.output, "generation_analytic", peaks);
-    EXPECT_LE(generation, generation_counted) << pp.output;
-    EXPECT_GE(generation, 0.9 * generation_counted) << pp.output;
+    test::expect_generation_peak_counted(pp.output, 0.9);
     EXPECT_EQ(test::step_rewards(pp.output), test::step_rewards(compared.output)) << pp.output;
     const std::vector<float> compared_model =
         test::read_tiny_parameters(compared_dir + "/model.h5");
@@ -279,17 +275,9 @@ TEST(PipelineParallelTrain, GeneratesInsideThePipelinesLikeTheDataParallelRun) {
     test::expect_trains_like(dp, dp_dir, pp, dir, layout.steps);
     test::expect_trace_counts_tokens_like(dp_dir, borrowing_dir);
     test::expect_trace_counts_tokens_like(dp_dir, dir);
-    const auto generation_peak = [](const std::string& output, const char* key) {
-      return test::json_number(output, key, output.find("\"device_memory_peaks\""));
-    };
-    EXPECT_LE(generation_peak(pp.output, "generation"),
-              generation_peak(pp.output, "generation_analytic"))
-        << pp.output;
-    EXPECT_GE(generation_peak(pp.output, "generation"),
-              0.85 * generation_peak(pp.output, "generation_analytic"))
-        << pp.output;
-    EXPECT_LT(generation_peak(pp.output, "generation"),
-              generation_peak(borrowing.output, "generation"))
+    test::expect_generation_peak_counted(pp.output, 0.85);
+    EXPECT_LT(test::generation_peaks(pp.output).measured,
+              test::generation_peaks(borrowing.output).measured)
         << pp.output << borrowing.output;
     // The groups' decode steps (summary.json), which the pipelines' messages follow: the same
     // samples in the same groups take the same steps, counted once per TP group.
