@@ -128,6 +128,21 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   const TensorParallel* generation_tp_groups = tp_generates ? tp.get() : generation_groups.get();
   const int replica =
       generation_tp_groups ? generation_tp_groups->replica() : topology.world_rank();
+  // The block of prompts each rank of this rank's pipeline generates and keeps (for
+  // pipeline_rollouts): its world rank's, but over expert-aligned generation TP groups its place
+  // in their order (of the stage-major ranks), where TP rank t of group g keeps block g G + t.
+  std::vector<int> pipeline_member_blocks;
+  if (pp) {
+    const bool aligned = generation_groups && !tp && options.expert_parallel > 1;
+    const std::vector<int>& stage_major = pp->stage_major().world_ranks;
+    for (const int member : pp->model_parallel().world_ranks) {
+      const auto at = std::find(stage_major.begin(), stage_major.end(), member);
+      pipeline_member_blocks.push_back(
+          aligned ? expert_aligned_tensor_position(int(at - stage_major.begin()), generation_tp,
+                                                   options.expert_parallel)
+                  : member);
+    }
+  }
   // The model a pipeline rank, a TP rank generating at a lower TP degree, or a data-parallel rank
   // generating at TP G generates from: every layer (with TP generation, its TP slice).
   // --actor-pipeline-parallel P: the training pipelines generate their ranks' prompts together,
@@ -864,8 +879,8 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
           settings.block_sizes = blocks;
           pipeline_trainer->set_blocks(std::move(blocks));
         } else {
-          rollouts =
-              pipeline_rollouts(*pipeline_queue, pp->model_parallel(), rollouts, rl.group_size);
+          rollouts = pipeline_rollouts(*pipeline_queue, pp->model_parallel(), rollouts,
+                                       rl.group_size, pipeline_member_blocks);
         }
       }
       // Under PP the log-probs that anchor the loss come from forward-only passes over the

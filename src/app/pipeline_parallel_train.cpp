@@ -1,6 +1,7 @@
 #include "src/app/pipeline_parallel_train.h"
 
 #include <algorithm>
+#include <numeric>
 #include <string>
 #include <utility>
 
@@ -171,17 +172,37 @@ int pipeline_micro_batches(int model_ranks, int rank_share, int micro_batch) {
 }
 
 std::vector<Rollout> pipeline_rollouts(DistQueue& queue, const HierarchicalComm& replica,
-                                       const std::vector<Rollout>& own, int group_size) {
+                                       const std::vector<Rollout>& own, int group_size,
+                                       const std::vector<int>& member_blocks) {
   queue.put(to_queue_samples(own, group_size));
-  // Every sample stored before any leader asks: one request per shard and pipeline, whatever the
-  // timing.
+  // Every sample stored before any leader asks: one request per shard, pipeline and range,
+  // whatever the timing.
   queue.barrier();
-  // The replica's ranks (consecutive: a pipeline, or T x P with TP) generated consecutive blocks
-  // of equal size, its rank 0's first.
+  // The replica's ranks (consecutive: a pipeline, or T x P with TP) generated blocks of equal
+  // size: by default consecutive ones, its rank 0's first; after EP training's expert-aligned
+  // generation TP groups (expert_aligned_tensor_groups.h) those their places in that order give.
+  const int members = replica.size();
+  std::vector<int> blocks = member_blocks;
+  if (blocks.empty()) {
+    blocks.resize(size_t(members));
+    std::iota(blocks.begin(), blocks.end(), 0);
+  }
+  if (int(blocks.size()) != members) {
+    throw std::logic_error("pipeline_rollouts: " + std::to_string(blocks.size()) +
+                           " blocks for a replica of " + std::to_string(members) + " ranks");
+  }
   const int64_t block = int64_t(own.size());
-  const int64_t first = own.front().sample_id - int64_t(replica.rank()) * block;
-  std::vector<QueueSample> samples =
-      queue.get_range_replicated(first, block * replica.size(), replica);
+  const int64_t world_first =
+      own.front().sample_id - int64_t(blocks[size_t(replica.rank())]) * block;
+  std::vector<QueueSample> samples;
+  for (int begin = 0, end = 0; begin < members; begin = end) {
+    end = begin + 1;
+    while (end < members && blocks[size_t(end)] == blocks[size_t(end - 1)] + 1) ++end;
+    std::vector<QueueSample> run = queue.get_range_replicated(
+        world_first + int64_t(blocks[size_t(begin)]) * block, block * (end - begin), replica);
+    samples.insert(samples.end(), std::make_move_iterator(run.begin()),
+                   std::make_move_iterator(run.end()));
+  }
   // The shards live on ranks that train next: none leaves (and stops serving) before every
   // pipeline has its samples.
   queue.barrier();

@@ -105,12 +105,16 @@ size_t pipeline_activation_bytes(const ModelConfig& config, const PipelineShape&
 // The samples a pipeline trains: every rank puts the rollouts it generated (sample ids
 // [first_sample, first_sample + rollouts.size()) of its own block) into `queue`, then one leader
 // per model replica (`replica`: the pipeline, or its T x P ranks with TP,
-// PipelineGroups::model_parallel; per node of it) fetches the replica's consecutive blocks with
-// get_range_replicated and hands every rank of it the same samples, in canonical order. Collective
-// over the world. (The queue carries no reference or proximal log-probs: under PP they come from
-// passes over the stages, src/app/pipeline_reference.h.)
+// PipelineGroups::model_parallel; per node of it) fetches the replica's blocks with
+// get_range_replicated (one range per run of consecutive blocks) and hands every rank of it the
+// same samples, in the replica's rank order. `member_blocks`: the block (in the world's blocks of
+// equal size) each rank of the replica generated, in replica-rank order; empty: consecutive ones,
+// the replica's rank 0's first. Collective over the world. (The queue carries no reference or
+// proximal log-probs: under PP they come from passes over the stages,
+// src/app/pipeline_reference.h.)
 std::vector<Rollout> pipeline_rollouts(DistQueue& queue, const HierarchicalComm& replica,
-                                       const std::vector<Rollout>& own, int group_size);
+                                       const std::vector<Rollout>& own, int group_size,
+                                       const std::vector<int>& member_blocks = {});
 
 // StaleSync: the samples a model replica (the pipeline, or its T x P ranks with TP) trains, when
 // every rank finished its own varying count of groups: an allgather of the ranks' rollouts

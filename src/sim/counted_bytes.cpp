@@ -1,6 +1,7 @@
 #include "src/sim/counted_bytes.h"
 
 #include <algorithm>
+#include <numeric>
 #include <set>
 
 #include "src/roles/queue_protocol.h"
@@ -283,6 +284,20 @@ std::vector<bool> tensor_groups_across(int first, int groups, int tp, const Node
   return groups_across(members, nodes);
 }
 
+// The generation TP groups of G ranks after EP training at TP 1 (expert_aligned_tensor_groups.h):
+// in `order` (world ranks, training's EP groups of E consecutive ones: the world's, or with
+// pipelines the stage-major order) the G ranks holding one expert block in each run of G x E, so
+// that no expert moves.
+std::vector<std::vector<int>> expert_aligned_groups(const std::vector<int>& order, int G, int E) {
+  std::vector<std::vector<int>> groups;
+  for (int run = 0; run < int(order.size()) / (G * E); ++run)
+    for (int e = 0; e < E; ++e) {
+      groups.emplace_back();
+      for (int j = 0; j < G; ++j) groups.back().push_back(order[size_t(run * G * E + j * E + e)]);
+    }
+  return groups;
+}
+
 // The gradients with TP (learner_hooks.cpp): each rank's expert copies saw its rows only, so they
 // are summed over its TP group every step (a ring), then every TP rank's slices over its
 // data-parallel and EP groups (gradient_bytes' walk). `across`: each TP group's link class.
@@ -352,16 +367,10 @@ void generation_tensor_parallel_bytes(const RuntimeRun& r, int T, int G, const N
                                       const std::vector<bool>& tp_across, CountedBytes& out) {
   const uint64_t rows = uint64_t(r.trained_tokens - r.steps * r.samples_per_step);
   if (G > 1 && T == 1 && r.expert_parallel > 1) {
-    // After EP training the generation groups are the G ranks holding one expert block in G x EP
-    // consecutive ranks (expert_aligned_tensor_groups.h), so no expert moves.
-    const int E = r.expert_parallel;
-    std::vector<std::vector<int>> groups;
-    for (int block = 0; block < r.ranks / (G * E); ++block)
-      for (int e = 0; e < E; ++e) {
-        groups.emplace_back();
-        for (int j = 0; j < G; ++j) groups.back().push_back(block * G * E + j * E + e);
-      }
-    add_over_tp_groups(out[TrafficKind::TensorParallel], groups_across(groups, nodes),
+    std::vector<int> world(static_cast<size_t>(r.ranks));
+    std::iota(world.begin(), world.end(), 0);
+    add_over_tp_groups(out[TrafficKind::TensorParallel],
+                       groups_across(expert_aligned_groups(world, G, r.expert_parallel), nodes),
                        tensor_rows_bytes(r, G, rows, 0));
   } else if (G > 1) {
     add_over_tp_groups(out[TrafficKind::TensorParallel],
@@ -385,7 +394,8 @@ void generation_tensor_parallel_bytes(const RuntimeRun& r, int T, int G, const N
 // A pipeline generating at a TP degree G of its own from a whole model (pipeline_layout_switch.h's
 // gather_pipeline_model with a sliced whole layout): before each step's generation every rank
 // (TP rank t, generation slice t mod G) receives from its TP rank's pipeline every other stage's
-// generation slice (the cut tensors' G-th part, the rest whole); training at TP T > G first
+// generation slice (the cut tensors' G-th part, the rest as the stage holds it: with EP its
+// pipeline's experts and spare slots, held_bytes); training at TP T > G first
 // regroups its own stage's slice inside its stage's TP group (T / G training slices, cut_s / T
 // floats each, from their holders; training at TP 1 cuts it from its own stage).
 void pipeline_generation_slices_bytes(const RuntimeRun& r, Stages st, int G, const Nodes& nodes,
@@ -400,7 +410,7 @@ void pipeline_generation_slices_bytes(const RuntimeRun& r, Stages st, int G, con
           if (from == to) continue;
           const int64_t cut = st.cut[size_t(from)];
           nodes.add(out, st.rank(d, from), st.rank(d, to),
-                    steps * uint64_t(st.parameters[size_t(from)] - cut + cut / G) * 4);
+                    steps * (st.held_bytes(from) - uint64_t(cut - cut / G) * 4));
         }
         // (TP rank `giver` of the same stage: the TP group's ranks are consecutive.)
         const int group_first = st.rank(d, to) - t;
@@ -559,10 +569,9 @@ void fused(const RuntimeRun& r, const Nodes& nodes, CountedBytes& out) {
   const int default_G = pp == 1 || r.actor_pipeline_parallel > 1 ? T : 1;
   const int G = r.generation_tensor_parallel > 0 ? r.generation_tensor_parallel : default_G;
   const uint64_t rows = uint64_t(r.trained_tokens - r.steps * r.samples_per_step);
-  if (G != default_G &&
-      ((T > 1 && T % G != 0) || (pp > 1 && (ep > 1 || r.actor_pipeline_parallel > 1)))) {
-    // (A degree not dividing the training one; a pipeline with EP or generating inside the
-    // pipelines at a TP degree of its own: not derived.)
+  if (G != default_G && ((T > 1 && T % G != 0) || (pp > 1 && r.actor_pipeline_parallel > 1))) {
+    // (A degree not dividing the training one: not derived. Generation inside the pipelines runs
+    // at the training TP degree: the runtime refuses a degree of its own.)
     for (KindBytes& k : out.kinds) k.exact = false;
     return;
   }
@@ -575,9 +584,15 @@ void fused(const RuntimeRun& r, const Nodes& nodes, CountedBytes& out) {
   }
   if (pp == 1 && G != T) generation_tensor_parallel_bytes(r, T, G, nodes, tp_across, out);
   if (pp > 1 && G != default_G) {
-    // Generation TP groups of G consecutive ranks run generation's rows.
+    // Generation TP groups of G consecutive ranks, or after EP training at TP 1 the expert-aligned
+    // ones in the stage-major order, run generation's rows.
+    std::vector<int> stage_major;
+    for (int s = 0; s < pp; ++s)
+      for (int d = 0; d < dp; ++d) stage_major.push_back(st.rank(d, s));
     add_over_tp_groups(out[TrafficKind::TensorParallel],
-                       tensor_groups_across(0, r.ranks / G, G, nodes),
+                       T == 1 && ep > 1
+                           ? groups_across(expert_aligned_groups(stage_major, G, ep), nodes)
+                           : tensor_groups_across(0, r.ranks / G, G, nodes),
                        tensor_rows_bytes(r, G, rows, 0));
   }
   if (ep > 1 || r.actor_expert_parallel > 1) out[TrafficKind::ExpertDispatch] = not_exact();

@@ -162,7 +162,11 @@ TEST(TensorParallelTrain, DataParallelAndPipelineTrainingGenerateAtATensorParall
                2, false},
         // PP 2 x EP 2: the generation TP groups are the two pipelines (the ranks holding one
         // expert block in the stage-major order), each stage receiving its slice of the other.
-        Layout{4, "--pipeline-parallel 2 --expert-parallel 2 --actor-tensor-parallel 2", 2,
+        Layout{4, "--pipeline-parallel 2 --expert-parallel 2 --actor-tensor-parallel 2", 2, true},
+        // 4 pipelines: the groups ({0, 4}, {2, 6}, {1, 5}, {3, 7}) span pipelines, so a
+        // pipeline's ranks keep blocks that are not consecutive (0 and 4 for ranks 0 and 1),
+        // which its rollout hand-off fetches range by range.
+        Layout{8, "--pipeline-parallel 2 --expert-parallel 2 --actor-tensor-parallel 2", 2,
                true}}) {
     SCOPED_TRACE(std::to_string(layout.ranks) + " ranks " + layout.options);
     const std::string dir = temp_dir("generation-tp");

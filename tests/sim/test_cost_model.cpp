@@ -1642,7 +1642,54 @@ TEST(CountedBytes, MatchesGenerationAtATensorParallelDegreeOfItsOwn) {
   expect(b, TrafficKind::GradientReduce, 0, 3064320);
   expect(b, TrafficKind::PipelineActivations, 3692288, 0);
   EXPECT_FALSE(b[TrafficKind::RolloutQueue].exact);
-  // Generating inside the pipelines at a TP degree of its own: not derived.
+
+  // PP 2 x EP 2 (the stages' EP groups across the pipelines, a pipeline a node) generating at
+  // TP 2: the generation groups are the pipelines (the ranks holding one expert block in the
+  // stage-major order 0, 2, 1, 3); each rank receives the other stage's dense slice and its
+  // pipeline's experts (held_bytes less the cut's other half).
+  r.expert_parallel = r.actor_expert_parallel = 2;
+  b = counted_bytes(r);
+  expect(b, TrafficKind::LayoutSwitch, 1630720, 0);
+  expect(b, TrafficKind::TensorParallel, 18461440, 0);
+  expect(b, TrafficKind::GradientReduce, 0, 1098240);
+  expect(b, TrafficKind::PipelineActivations, 3692288, 0);
+  expect(b, TrafficKind::FinalGather, 76672, 49152);
+  EXPECT_FALSE(b[TrafficKind::RolloutQueue].exact);
+  EXPECT_FALSE(b[TrafficKind::ExpertDispatch].exact);
+  // One node, a spare slot per EP rank: its replica travels too, and fills at the start.
+  r.ranks_per_node = 4;
+  r.redundant_experts = 1;
+  b = counted_bytes(r);
+  expect(b, TrafficKind::LayoutSwitch, 2122240, 0);
+  expect(b, TrafficKind::GradientReduce, 2081280, 0);
+  expect(b, TrafficKind::ExpertMigration, 49152, 0);
+  expect(b, TrafficKind::FinalGather, 150400, 0);
+  r.redundant_experts = 0;
+  // 4 pipelines on nodes of 4: the generation groups (0 and 4, 2 and 6, 1 and 5, 3 and 7) span
+  // the nodes, so generation's rows cross them.
+  r.ranks = 8;
+  b = counted_bytes(r);
+  expect(b, TrafficKind::LayoutSwitch, 3261440, 0);
+  expect(b, TrafficKind::TensorParallel, 0, 18461440);
+  expect(b, TrafficKind::GradientReduce, 2196480, 3064320);
+  expect(b, TrafficKind::PipelineActivations, 3692288, 0);
+  expect(b, TrafficKind::FinalGather, 125824, 0);
+  // TP 2 x PP 2 x EP 2 generating at TP 1: each rank regroups its stage's slices with its TP mate
+  // and receives the other stage whole (its pipeline's experts).
+  r.tensor_parallel = 2;
+  r.generation_tensor_parallel = 1;
+  b = counted_bytes(r);
+  expect(b, TrafficKind::LayoutSwitch, 5063680, 0);
+  expect(b, TrafficKind::TensorParallel, 37153648, 0);
+  expect(b, TrafficKind::GradientReduce, 1966080, 1295360);
+  expect(b, TrafficKind::PipelineActivations, 7384576, 0);
+  expect(b, TrafficKind::FinalGather, 99200, 98304);
+  r.tensor_parallel = 1;
+  r.generation_tensor_parallel = 2;
+  r.ranks = 4;
+  r.expert_parallel = r.actor_expert_parallel = 1;
+
+  // Generating inside the pipelines at a TP degree of its own: the runtime refuses it.
   r.actor_pipeline_parallel = 2;
   EXPECT_FALSE(counted_bytes(r).exact());
 }
