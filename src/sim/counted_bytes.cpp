@@ -595,6 +595,9 @@ void fused(const RuntimeRun& r, const Nodes& nodes, CountedBytes& out) {
                            : tensor_groups_across(0, r.ranks / G, G, nodes),
                        tensor_rows_bytes(r, G, rows, 0));
   }
+  // StaleSync's pools generate ahead (partials carried into the next phase, the last phase's
+  // lookahead never trained): generation's rows are not the trained ones (not derived).
+  if (r.staleness > 0 && G > 1) out[TrafficKind::TensorParallel].exact = false;
   if (ep > 1 || r.actor_expert_parallel > 1) out[TrafficKind::ExpertDispatch] = not_exact();
   if (ep != r.actor_expert_parallel)
     expert_switch_bytes(r, st, nodes, out[TrafficKind::LayoutSwitch]);
