@@ -96,7 +96,7 @@ MEASURED="$OUT/measured.csv"
 KINDS=(other weight_sync gradient_reduce rollout_queue expert_dispatch expert_migration
        pipeline_activations pipeline_generation layout_switch tensor_parallel final_gather)
 KIND_COLUMNS=$(printf 'bytes_%s,' "${KINDS[@]}"); KIND_COLUMNS=${KIND_COLUMNS%,}
-echo "case,cluster,task,model,mode,ranks,ranks_per_node,actors,expert_parallel,actor_expert_parallel,staleness,offload,inter_bandwidth,inter_latency,prompts,group_size,micro_batch,reference,queue_shards,steps,trained_tokens,response_tokens,step_s,intra_bytes,inter_bytes,generation_peak,training_peak,generate_s,train_s,router_max_over_mean,redundant_experts,rebalance,expert_moves_per_step,pipeline_parallel,actor_pipeline_parallel,active_experts,migrations,pipeline_decode_steps,tensor_parallel,actor_tensor_parallel,$KIND_COLUMNS" > "$MEASURED"
+echo "case,cluster,task,model,mode,ranks,ranks_per_node,actors,expert_parallel,actor_expert_parallel,staleness,offload,inter_bandwidth,inter_latency,prompts,group_size,micro_batch,reference,queue_shards,steps,trained_tokens,response_tokens,step_s,intra_bytes,inter_bytes,generation_peak,training_peak,generate_s,train_s,router_max_over_mean,redundant_experts,rebalance,expert_moves_per_step,pipeline_parallel,actor_pipeline_parallel,active_experts,migrations,pipeline_decode_steps,tensor_parallel,actor_tensor_parallel,trace,$KIND_COLUMNS" > "$MEASURED"
 mapfile -t CASE_LINES < <(grep -v '^#' "$CASES" | tail -n +2)
 
 # cluster_of NAME RANKS BW LAT: the cluster file a case is predicted with. One-rank cases run
@@ -163,7 +163,7 @@ run_case() {
     > "$run.stdout" 2>&1 || { echo "case $name failed:"; tail -5 "$run.stdout"; exit 1; }
   "$RLFUSION" report "$run" --json < /dev/null > "$run.report.json"
   "$PYTHON" - "$run" "$name,$cluster,$task,$model,$mode,$ranks,$rpn,$actors,$ep,$aep,$stale,$offload,$bw,$lat,$prompts,$group,$micro,0,2,$steps" "$redundant" "$every" "$pp" "$app" "$tp" "$atp" "${KINDS[@]}" >> "$dir.rows" <<'PY'
-import json, re, sys
+import json, os, re, sys
 run, prefix, redundant, every, pp, app, tp, atp = sys.argv[1:9]
 kinds = sys.argv[9:]
 summary = json.load(open(run + "/summary.json"))
@@ -200,12 +200,14 @@ touched = summary.get("active_experts_per_call", 0)
 # Generation inside the pipelines: its groups' decode steps, which its messages follow (-1: not
 # recorded, no such generation).
 decode_steps = summary.get("pipeline_decode_steps", -1)
+# The run's trace, whose trained samples' ids and lengths fix the packed hand-offs' bytes.
+trace = os.path.abspath(run + "/trace.h5")
 traffic = summary.get("traffic_bytes", {})
 by_kind = ",".join(str(sum(traffic.get(kind, [0, 0]))) for kind in kinds)
 print(f'{prefix},{report["total"]["tokens"]},{generated},{step_s:.6f},{counter("intra")},'
       f'{counter("inter")},{peaks.get("generation", 0)},{peaks.get("training", 0)},'
       f'{generate_s:.6f},{train_s:.6f},{router:.6f},{redundant},{rebalance},{moves:.6g},{pp},{app},'
-      f'{touched:.4f},{summary.get("migrations", 0)},{decode_steps},{tp},{atp},{by_kind}')
+      f'{touched:.4f},{summary.get("migrations", 0)},{decode_steps},{tp},{atp},{trace},{by_kind}')
 PY
 }
 

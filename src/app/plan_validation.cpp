@@ -12,6 +12,7 @@
 #include "src/app/fused_memory.h"
 #include "src/app/pipeline_parallel_train.h"
 #include "src/balance/stage_balance.h"
+#include "src/io/trace_reader.h"
 #include "src/model/activation_memory.h"
 #include "src/model/expert_parallel.h"
 #include "src/model/tensor_parallel.h"
@@ -55,11 +56,32 @@ class Row {
   double number_or(const std::string& key, double fallback) const {
     return fields_.count(key) ? number(key) : fallback;
   }
+  std::string text_or(const std::string& key) const {
+    return fields_.count(key) ? fields_.at(key) : std::string();
+  }
 
  private:
   std::map<std::string, std::string> fields_;
   std::string where_;
 };
+
+// The samples the run trained, once each, from the trace the row names (its `trace` column; none:
+// empty). An older trace without their lengths gives none either. A trace that cannot be read is
+// bad input (ConfigError, naming it).
+std::vector<sim::SampleTokens> trained_samples(const Row& row) {
+  const std::string path = row.text_or("trace");
+  if (path.empty()) return {};
+  std::map<int64_t, sim::SampleTokens> by_id;
+  for (const std::vector<TrainedSample>& rank : read_trace(path).samples)
+    for (const TrainedSample& s : rank) {
+      if (s.prompt_tokens < 0 || s.response_tokens < 0) return {};
+      by_id.emplace(s.sample_id, sim::SampleTokens{s.sample_id, s.prompt_tokens, s.response_tokens,
+                                                   s.trained_version});
+    }
+  std::vector<sim::SampleTokens> samples;
+  for (const auto& [id, sample] : by_id) samples.push_back(sample);
+  return samples;
+}
 
 std::vector<std::string> split(const std::string& line) {
   std::vector<std::string> out;
@@ -383,6 +405,7 @@ Outcome validate_row(const Row& row) {
   run.staleness = s.staleness;
   run.steps = steps;
   run.samples_per_step = job.samples();
+  run.group_size = job.group_size;
   run.parameters = config.parameter_count();
   run.routed_parameters = int64_t(model.routed);
   run.experts = config.n_experts;
@@ -425,6 +448,7 @@ Outcome validate_row(const Row& row) {
   run.trained_tokens = int64_t(row.number("trained_tokens"));
   run.response_tokens = int64_t(row.number("response_tokens"));
   run.pipeline_decode_steps = int64_t(row.number_or("pipeline_decode_steps", -1));
+  run.samples = trained_samples(row);
   compare_bytes(row, counted_bytes(run), out);
 
   if (s.mode != Mode::Disaggregated && ranks > 1) {
@@ -611,9 +635,10 @@ int run_plan_validation(const std::string& csv_path, bool json) {
   std::printf(
       "# bytes: %d of %d cases predicted exactly (%s), over the traffic kinds a rule fixes; not "
       "pred.: the kinds that follow the routing (expert_dispatch; the weights' sync from EP "
-      "owners, replicas after EDPB's moves), the sample ids (rollout_queue in a pipeline or "
-      "with several learners) or StaleSync's pools inside a pipeline (pipeline_generation), "
-      "measured\n",
+      "owners, replicas after EDPB's moves), the timing (rollout_queue with several learners "
+      "outside TP groups: they ask again until the puts arrive), StaleSync's pools inside a "
+      "pipeline (pipeline_generation) or a run without its trace's sample lengths "
+      "(rollout_queue in a pipeline or with several learners), measured\n",
       exact, exact_rules, exact == exact_rules ? "met" : "NOT met");
   for (const Outcome& o : outcomes) {
     if (!o.unpredicted.empty())

@@ -27,7 +27,8 @@ StepStats train_on_rollouts_traced(Transformer<float>& model, AdamW<float>& opti
     attach_proximal_logprobs(model, rollouts, settings, parallel);
   }
   for (const Rollout& r : rollouts)
-    trace.record_trained(r.sample_id, r.version_min, r.version_max, version);
+    trace.record_trained(r.sample_id, r.version_min, r.version_max, version,
+                         int32_t(r.prompt.size()), int32_t(r.response.size()));
   TraceScope traced(trace, Phase::Train);
   traced.set_version(version);
   const StepStats stats =

@@ -60,12 +60,16 @@ struct TraceEvent {
 
 // One sample a learner trained, with the policy versions that drew its tokens and the version
 // that trained it: StaleSync's bound (trained_version - version_min <= s) and "every sample
-// trained exactly once" are checked on these. trace.h5: /rank_NNNNN/samples.
+// trained exactly once" are checked on these. Its prompt and response lengths (tokens; -1: a
+// trace written before they were recorded) fix the bytes it takes in a packed hand-off, which
+// `plan --validate` derives from them. trace.h5: /rank_NNNNN/samples.
 struct TrainedSample {
   int64_t sample_id = 0;
   int32_t version_min = 0;
   int32_t version_max = 0;
   int32_t trained_version = 0;
+  int32_t prompt_tokens = -1;
+  int32_t response_tokens = -1;
   int32_t staleness() const { return trained_version - version_min; }
 };
 
@@ -132,8 +136,12 @@ class TraceRecorder {
   }
 
   void record_trained(int64_t sample_id, int32_t version_min, int32_t version_max,
-                      int32_t trained_version) {
-    if (enabled_) samples_.push_back({sample_id, version_min, version_max, trained_version});
+                      int32_t trained_version, int32_t prompt_tokens = -1,
+                      int32_t response_tokens = -1) {
+    if (enabled_) {
+      samples_.push_back(
+          {sample_id, version_min, version_max, trained_version, prompt_tokens, response_tokens});
+    }
   }
 
   // The rank's traffic totals per link class (replaces earlier ones); recorded once, at the end.

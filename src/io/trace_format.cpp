@@ -95,7 +95,9 @@ hid_t create_sample_type(bool file) {
   return create_compound({{"sample_id", i64, offsetof(TrainedSample, sample_id)},
                           {"version_min", i32, offsetof(TrainedSample, version_min)},
                           {"version_max", i32, offsetof(TrainedSample, version_max)},
-                          {"trained_version", i32, offsetof(TrainedSample, trained_version)}},
+                          {"trained_version", i32, offsetof(TrainedSample, trained_version)},
+                          {"prompt_tokens", i32, offsetof(TrainedSample, prompt_tokens)},
+                          {"response_tokens", i32, offsetof(TrainedSample, response_tokens)}},
                          file, sizeof(TrainedSample));
 }
 

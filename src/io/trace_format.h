@@ -6,8 +6,10 @@
 //                          (float64 seconds since the shared epoch), tokens, bytes (int64),
 //                          version (int32, -1: none), memory_bytes (int64)
 //   /rank_NNNNN/samples    1-D compound dataset, one element per TrainedSample of rank NNNNN:
-//                          sample_id (int64), version_min, version_max, trained_version (int32).
-//                          Absent in traces written before StaleSync (read as none).
+//                          sample_id (int64), version_min, version_max, trained_version,
+//                          prompt_tokens, response_tokens (int32; the last two absent in older
+//                          traces, read as -1). Absent in traces written before StaleSync (read
+//                          as none).
 //   /rank_NNNNN/links      1-D compound dataset, one element per link class the rank counted:
 //                          link_class (int32: 0 intra-node, 1 inter-node), bytes, messages
 //                          (int64, sent by the rank over the run). Absent in older traces and in

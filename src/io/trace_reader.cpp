@@ -197,6 +197,9 @@ std::string trace_value_error(const TraceData& trace) {
       if (s.version_min < 0 || s.version_max < s.version_min || s.trained_version < s.version_max) {
         return at("sample", r, i) + "versions out of order";
       }
+      if (s.prompt_tokens < -1 || s.response_tokens < -1) {
+        return at("sample", r, i) + "negative length";
+      }
     }
   }
   for (size_t r = 0; r < trace.links.size(); ++r) {

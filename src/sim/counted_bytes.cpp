@@ -1,6 +1,7 @@
 #include "src/sim/counted_bytes.h"
 
 #include <algorithm>
+#include <map>
 #include <numeric>
 #include <set>
 
@@ -229,6 +230,214 @@ void pipeline_generation_bytes(const RuntimeRun& r, Stages st, const Nodes& node
   const uint64_t broadcast = (p - 1) * (8 * calls + 8 * samples + 8 * uint64_t(r.response_tokens));
   (*crossings.begin() ? out.inter : out.intra) =
       uint64_t(st.tp) * (allgathers + boundaries + back + broadcast);
+}
+
+// A sample's part of a packed buffer (sample_packing.h): its metadata, its prompt and response
+// tokens, and its response's log-probs.
+uint64_t packed_sample_bytes(const SampleTokens& s) {
+  return kPackMetadataBytes + 4 * uint64_t(s.prompt + s.response) + 4 * uint64_t(s.response);
+}
+
+// The run's samples by id (the trace's; every rank of a replica records the ones it trained).
+using SamplesById = std::map<int64_t, const SampleTokens*>;
+SamplesById samples_by_id(const RuntimeRun& r) {
+  SamplesById by_id;
+  for (const SampleTokens& s : r.samples) by_id.emplace(s.id, &s);
+  return by_id;
+}
+
+// The packed bytes of the samples of ids [first, first + count), by shard (id mod shards), in id
+// order; `known` turns false when the trace lacks one of them.
+std::vector<std::vector<uint64_t>> packed_by_shard(const SamplesById& by_id, int shards,
+                                                   int64_t first, int64_t count, bool& known) {
+  std::vector<std::vector<uint64_t>> sizes(static_cast<size_t>(shards));
+  for (int64_t id = first; id < first + count && known; ++id) {
+    const auto found = by_id.find(id);
+    known = found != by_id.end();
+    if (known) sizes[size_t(id % shards)].push_back(packed_sample_bytes(*found->second));
+  }
+  return sizes;
+}
+
+// A put of samples already split by shard (DistQueue::put) from world rank `from`: per shard a
+// message of at most `capacity` samples, a header and their pack, each answered by a header-only
+// ack. `server`: the world rank hosting shard s.
+template <typename Add, typename Server>
+void add_put(const std::vector<std::vector<uint64_t>>& sizes, int from, int64_t capacity,
+             const Server& server, const Add& add) {
+  const uint64_t header = queue_protocol::kHeaderBytes;
+  for (int s = 0; s < int(sizes.size()); ++s)
+    for (size_t first = 0; first < sizes[size_t(s)].size(); first += size_t(capacity)) {
+      const size_t end = std::min(sizes[size_t(s)].size(), first + size_t(capacity));
+      add(from, server(s),
+          std::accumulate(sizes[size_t(s)].begin() + ptrdiff_t(first),
+                          sizes[size_t(s)].begin() + ptrdiff_t(end), header + kPackHeaderBytes));
+      add(server(s), from, header);
+    }
+}
+
+// A range get by world rank `asker` over samples split by shard (DistQueue::get_range): to every
+// shard holding some, a header and the 16-byte range, and back a header and their pack. Returns
+// the samples' packed bytes (without a pack header).
+template <typename Add, typename Server>
+uint64_t add_range_get(const std::vector<std::vector<uint64_t>>& sizes, int asker,
+                       const Server& server, const Add& add) {
+  const uint64_t header = queue_protocol::kHeaderBytes;
+  uint64_t all = 0;
+  for (int s = 0; s < int(sizes.size()); ++s) {
+    if (sizes[size_t(s)].empty()) continue;
+    const uint64_t samples =
+        std::accumulate(sizes[size_t(s)].begin(), sizes[size_t(s)].end(), uint64_t(0));
+    add(asker, server(s), header + queue_protocol::kRangeBytes);
+    add(server(s), asker, header + kPackHeaderBytes + samples);
+    all += samples;
+  }
+  return all;
+}
+
+// The fused pipelines' rollout hand-off (pipeline_parallel_train.cpp's pipeline_rollouts through
+// DistQueue, dist_queue.cpp), per step over the step's N samples, each rank's block of B = N /
+// ranks consecutive ids (`block_of`: the block world rank w generated; a model replica is M
+// consecutive world ranks, its rank 0 the leader; DistQueue's shard s lives on world rank s mod
+// ranks):
+// - every rank puts its block, per shard a message of at most shard_capacity samples (a 32-byte
+//   header and the pack: its 32-byte header and the samples), each answered by a header-only ack;
+// - each leader, per run of consecutive blocks of its replica, asks every shard holding ids of the
+//   run for them (a header and the 16-byte range), the shard replies with a header and their
+//   pack, and the leader sends every other member the run's samples (a header and their pack);
+// - at the end every rank tells each shard server a Close (a header).
+// Messages a rank sends itself cross no link. With StaleSync (gather_replica_rollouts) each rank
+// instead sends the samples it finished for a step, its pack, to every other rank of its replica,
+// in every step that trained (the queue, unused, still closes). Exact when the trace gave every
+// sample's lengths.
+void pipeline_rollout_bytes(const RuntimeRun& r, const Nodes& nodes, int replica_ranks,
+                            const std::vector<int>& block_of, KindBytes& out) {
+  const int64_t ranks = r.ranks, N = r.samples_per_step, B = N / ranks;
+  const SamplesById by_id = samples_by_id(r);
+  out.exact = !r.samples.empty() && N % ranks == 0 && r.queue_shards > 0 && r.shard_capacity > 0 &&
+              int64_t(by_id.size()) == int64_t(r.samples.size());
+  if (!out.exact) return;
+  const uint64_t header = queue_protocol::kHeaderBytes, pack = kPackHeaderBytes;
+  const auto add = [&](int from, int to, uint64_t bytes) {
+    if (from != to) nodes.add(out, from, to, bytes);
+  };
+  const int shards = r.queue_shards;
+  const auto server = [&](int shard) { return int(shard % ranks); };
+  // The queue's Close from every rank to each shard server (with StaleSync too: the queue exists).
+  std::set<int> servers;
+  for (int s = 0; s < shards; ++s) servers.insert(server(s));
+  for (int w = 0; w < ranks; ++w)
+    for (const int to : servers) add(w, to, header);
+  if (r.staleness > 0) {
+    // Each rank's pack a trained step: the samples of its block trained then.
+    std::map<std::pair<int32_t, int64_t>, uint64_t> packs;  // (version, block) -> sample bytes
+    std::set<int32_t> trained;
+    for (const SampleTokens& s : r.samples) {
+      trained.insert(s.trained_version);
+      packs[{s.trained_version, (s.id % N) / B}] += packed_sample_bytes(s);
+    }
+    for (const int32_t v : trained)
+      for (int w = 0; w < ranks; ++w) {
+        const auto found = packs.find({v, block_of[size_t(w)]});
+        const uint64_t bytes = pack + (found == packs.end() ? 0 : found->second);
+        const int first = w / replica_ranks * replica_ranks;
+        for (int m = first; m < first + replica_ranks; ++m) add(w, m, bytes);
+      }
+    return;
+  }
+  bool known = true;
+  for (int64_t v = 0; v < r.steps && known; ++v) {
+    for (int w = 0; w < ranks; ++w) {
+      add_put(packed_by_shard(by_id, shards, v * N + block_of[size_t(w)] * B, B, known), w,
+              r.shard_capacity, server, add);
+    }
+    for (int leader = 0; leader < ranks; leader += replica_ranks) {
+      for (int begin = 0, end = 0; begin < replica_ranks; begin = end) {
+        end = begin + 1;
+        while (end < replica_ranks &&
+               block_of[size_t(leader + end)] == block_of[size_t(leader + end - 1)] + 1)
+          ++end;
+        const uint64_t all = add_range_get(
+            packed_by_shard(by_id, shards, v * N + block_of[size_t(leader + begin)] * B,
+                            (end - begin) * B, known),
+            leader, server, add);
+        for (int m = leader + 1; m < leader + replica_ranks; ++m)
+          add(leader, m, header + pack + all);
+      }
+    }
+  }
+  out.exact = known;
+}
+
+// Disaggregated rollouts through DistQueue (disaggregated_train.cpp), its shards on the learners
+// (world ranks 0 .. L - 1; shard s on learner s mod L), per step over the step's N samples of P
+// prompts:
+// - each actor replica a of A (an actor, or an actor TP group's first rank) puts the samples of
+//   its prompts [P a / A, P (a + 1) / A) (actor_prompts; add_put);
+// - learner replica i of R (a learner, or a learner TP group) trains ids [i N / R, (i + 1) N / R):
+//   a TP group's rank 0 gets them and sends its TP mates the samples (get_range_replicated);
+//   otherwise the first learner on each node gets its node's learners' ranges together and sends
+//   each other one its own (get_range_hierarchical, the default --queue-transfer); each a header
+//   and the pack;
+// - at the end every rank tells each shard server a Close.
+// Exact when the trace gave every put sample's lengths (with StaleSync none was discarded as too
+// old), and a learner asks only once the step's puts are stored: with one learner (its shards are
+// its own: its asks cross no link) or learner TP groups (a barrier after the puts). Learners
+// without TP may ask before an actor's put arrives and ask again: those rounds follow the timing
+// (not derived).
+void disaggregated_queue_bytes(const RuntimeRun& r, const Nodes& nodes, int learners,
+                               int learner_tp, int actor_tp, KindBytes& out) {
+  const int64_t N = r.samples_per_step, P = N / std::max(1, r.group_size);
+  const int actor_replicas = r.actors / actor_tp, learner_replicas = learners / learner_tp;
+  const SamplesById by_id = samples_by_id(r);
+  out = KindBytes{};
+  out.exact = int64_t(by_id.size()) == r.steps * N && P * r.group_size == N &&
+              N % learner_replicas == 0 && r.queue_shards > 0 && r.shard_capacity > 0 &&
+              (learners == 1 || learner_tp > 1);
+  if (!out.exact) return;
+  const uint64_t header = queue_protocol::kHeaderBytes, pack = kPackHeaderBytes;
+  const int shards = r.queue_shards;
+  const auto server = [&](int shard) { return shard % learners; };
+  const auto add = [&](int from, int to, uint64_t bytes) {
+    if (from != to) nodes.add(out, from, to, bytes);
+  };
+  std::set<int> servers;
+  for (int s = 0; s < shards; ++s) servers.insert(server(s));
+  for (int w = 0; w < r.ranks; ++w)
+    for (const int to : servers) add(w, to, header);
+  bool known = true;
+  const int64_t share = N / learner_replicas;
+  for (int64_t v = 0; v < r.steps && known; ++v) {
+    for (int a = 0; a < actor_replicas; ++a) {
+      const int64_t begin = P * a / actor_replicas, end = P * (a + 1) / actor_replicas;
+      add_put(packed_by_shard(by_id, shards, (v * P + begin) * r.group_size,
+                              (end - begin) * r.group_size, known),
+              learners + a * actor_tp, r.shard_capacity, server, add);
+    }
+    if (learner_tp > 1) {
+      for (int i = 0; i < learner_replicas; ++i) {
+        const uint64_t all =
+            add_range_get(packed_by_shard(by_id, shards, v * N + i * share, share, known),
+                          i * learner_tp, server, add);
+        for (int t = 1; t < learner_tp; ++t)
+          add(i * learner_tp, i * learner_tp + t, header + pack + all);
+      }
+      continue;
+    }
+    for (int leader = 0; leader < learners;) {
+      int members = 1;
+      while (leader + members < learners && nodes.of(leader + members) == nodes.of(leader))
+        ++members;
+      add_range_get(packed_by_shard(by_id, shards, v * N + leader * share, members * share, known),
+                    leader, server, add);
+      for (int m = 1; m < members; ++m) {
+        const auto own = packed_by_shard(by_id, 1, v * N + (leader + m) * share, share, known);
+        add(leader, leader + m, std::accumulate(own[0].begin(), own[0].end(), header + pack));
+      }
+      leader += members;
+    }
+  }
+  out.exact = known;
 }
 
 // Tensor parallelism (Megatron's cuts, src/model/tensor_parallel.h; the token split: each rank
@@ -532,6 +741,9 @@ void disaggregated(const RuntimeRun& r, const Nodes& nodes, CountedBytes& out) {
   (any_inter ? q.inter : q.intra) = queue;
   // (Actors on both sides of a node boundary: the payload's split over them is unknown.)
   q.exact = learners == 1 && !(any_intra && any_inter);
+  // With the run's samples known, message by message (which samples cross which link follows
+  // their ids).
+  if (!r.samples.empty()) disaggregated_queue_bytes(r, nodes, learners, learner_tp, actor_tp, q);
 
   // The learners train as the fused runtime's ranks do, without generating; the actor TP groups
   // generate (forward only) the rows the learners train, unless StaleSync's actors generate ahead
@@ -654,8 +866,19 @@ void fused(const RuntimeRun& r, const Nodes& nodes, CountedBytes& out) {
   }
   // The replica's rollouts reach the stages through DistQueue (puts to the shard of each sample
   // id, a leader's get, its fan-out), or with StaleSync an allgather of each pool's finished
-  // groups: which samples cross which link follows the sample ids and the pools.
-  out[TrafficKind::RolloutQueue] = not_exact();
+  // groups. Each rank generated the block of its world rank, or over expert-aligned generation
+  // TP groups (after EP training at TP 1) TP rank t of group g block g G + t.
+  std::vector<int> block_of(static_cast<size_t>(r.ranks));
+  std::iota(block_of.begin(), block_of.end(), 0);
+  if (T == 1 && G > 1 && ep > 1) {
+    std::vector<int> stage_major;
+    for (int s = 0; s < pp; ++s)
+      for (int d = 0; d < dp; ++d) stage_major.push_back(st.rank(d, s));
+    const std::vector<std::vector<int>> groups = expert_aligned_groups(stage_major, G, ep);
+    for (size_t g = 0; g < groups.size(); ++g)
+      for (int t = 0; t < G; ++t) block_of[size_t(groups[g][size_t(t)])] = int(g) * G + t;
+  }
+  pipeline_rollout_bytes(r, nodes, pp * T, block_of, out[TrafficKind::RolloutQueue]);
 }
 
 }  // namespace

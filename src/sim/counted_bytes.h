@@ -17,6 +17,13 @@
 
 namespace rlf::sim {
 
+// A trained sample as the run's trace records it (TrainedSample): its id, prompt and response
+// tokens, and the policy version that trained it.
+struct SampleTokens {
+  int64_t id = 0;
+  int32_t prompt = 0, response = 0, trained_version = 0;
+};
+
 struct RuntimeRun {
   Mode mode = Mode::Fused;
   int ranks = 1;
@@ -32,7 +39,8 @@ struct RuntimeRun {
   int staleness = 0;
   int64_t steps = 0;
   int64_t samples_per_step = 0;
-  int64_t parameters = 0;         // the whole model's
+  int group_size = 1;      // samples per prompt (disaggregated actors generate whole prompts)
+  int64_t parameters = 0;  // the whole model's
   int64_t routed_parameters = 0;  // of which routed experts
   int experts = 0;                // routed experts per layer
   int d_model = 0;
@@ -60,6 +68,10 @@ struct RuntimeRun {
   // pipeline_decode_steps; -1: not known). Its messages follow them, as they follow the groups'
   // longest samples.
   int64_t pipeline_decode_steps = -1;
+  // Every trained sample, once (the run's trace; empty: not known). Which samples a packed
+  // hand-off carries over which link follows their ids; its bytes follow their lengths.
+  std::vector<SampleTokens> samples;
+  int64_t shard_capacity = 4096;  // samples per DistQueue message (train --shard-capacity)
 };
 
 struct KindBytes {

@@ -731,7 +731,8 @@ TEST(Plan, LayoutCasesRunOversubscribedForTheirBytesAndMemory) {
   for (std::string line; std::getline(source, line);) {
     if (line.rfind("case,", 0) == 0) cases << line << "\n";
     if (line.rfind("pp2-ep2-r1,", 0) == 0 || line.rfind("pp2-dp2-gen-pp2,", 0) == 0 ||
-        line.rfind("tp2-pp2-gen-pp2,", 0) == 0 || line.rfind("disagg-l1-a2-tp2,", 0) == 0) {
+        line.rfind("tp2-pp2-gen-pp2,", 0) == 0 || line.rfind("disagg-l1-a2-tp2,", 0) == 0 ||
+        line.rfind("disagg-tp2-dp2-a2,", 0) == 0) {
       cases << line.substr(0, line.find(",10,")) << ",2," << line.substr(line.find(",10,") + 4)
             << "\n";  // 2 steps instead of 10
     }
@@ -747,18 +748,19 @@ TEST(Plan, LayoutCasesRunOversubscribedForTheirBytesAndMemory) {
   ASSERT_EQ(run.exit_code, 0) << run.output;
   EXPECT_NE(run.output.find("# OVERSUBSCRIBE=1: the ranks shared cores"), std::string::npos)
       << run.output;
-  EXPECT_NE(run.output.find("# bytes: 4 of 4 cases predicted exactly (met)"), std::string::npos)
+  EXPECT_NE(run.output.find("# bytes: 5 of 5 cases predicted exactly (met)"), std::string::npos)
       << run.output;
   EXPECT_NE(run.output.find("over 3 fused cases (target <= 5%: met)"), std::string::npos)
       << run.output;
-  // The pipelines' generation is predicted from the runs' decode steps: only the rollout
-  // hand-off (and the PP x EP run's dispatch) left apart.
-  for (const std::string name : {"pp2-dp2-gen-pp2", "tp2-pp2-gen-pp2"}) {
-    const size_t apart = run.output.find("# " + name + ": not predicted: rollout_queue ");
-    ASSERT_NE(apart, std::string::npos) << run.output;
-    const std::string line = run.output.substr(apart, run.output.find('\n', apart) - apart);
-    EXPECT_EQ(line.find("pipeline_generation"), std::string::npos) << line;
-  }
+  // The pipelines' generation is predicted from the runs' decode steps, their rollout hand-off
+  // (and the learner TP groups') from the samples in their traces: only the PP x EP run's
+  // dispatch is left apart.
+  for (const std::string name : {"pp2-dp2-gen-pp2", "tp2-pp2-gen-pp2", "disagg-tp2-dp2-a2"})
+    EXPECT_EQ(run.output.find("# " + name + ": not predicted"), std::string::npos) << run.output;
+  const size_t apart = run.output.find("# pp2-ep2-r1: not predicted: expert_dispatch ");
+  ASSERT_NE(apart, std::string::npos) << run.output;
+  const std::string line = run.output.substr(apart, run.output.find('\n', apart) - apart);
+  EXPECT_EQ(line.find("rollout_queue"), std::string::npos) << line;
 }
 
 }  // namespace

@@ -52,7 +52,8 @@ std::vector<TraceEvent> events_of(int rank) {
 std::vector<TrainedSample> samples_of(int rank) {
   std::vector<TrainedSample> samples;
   for (int i = 0; i < 3 * rank + 1; ++i) {
-    samples.push_back({(int64_t(1) << 35) + 100 * rank + i, rank + i, rank + 2 * i, 7 * rank + i});
+    samples.push_back({(int64_t(1) << 35) + 100 * rank + i, rank + i, rank + 2 * i, 7 * rank + i,
+                       11 + i, 3 * rank + i});
   }
   return samples;
 }
@@ -98,6 +99,8 @@ void check_trace(const std::string& path) {
       EXPECT_EQ(got_samples[i].version_min, want_samples[i].version_min) << "rank " << r;
       EXPECT_EQ(got_samples[i].version_max, want_samples[i].version_max) << "rank " << r;
       EXPECT_EQ(got_samples[i].trained_version, want_samples[i].trained_version) << "rank " << r;
+      EXPECT_EQ(got_samples[i].prompt_tokens, want_samples[i].prompt_tokens) << "rank " << r;
+      EXPECT_EQ(got_samples[i].response_tokens, want_samples[i].response_tokens) << "rank " << r;
     }
   }
   // Every rank's breakdown covers the same wall time exactly.
@@ -117,7 +120,8 @@ TEST(MpiTrace, EveryRanksEventsAndTrainedSamplesLandInTraceH5Exactly) {
   EXPECT_GE(recorder.now(), 0.0);
   for (const TraceEvent& e : events_of(world_rank())) recorder.record(e);
   for (const TrainedSample& s : samples_of(world_rank())) {
-    recorder.record_trained(s.sample_id, s.version_min, s.version_max, s.trained_version);
+    recorder.record_trained(s.sample_id, s.version_min, s.version_max, s.trained_version,
+                            s.prompt_tokens, s.response_tokens);
   }
   const std::map<std::string, std::string> metadata = {{"command", "mpi-test"},
                                                        {"from_rank", std::to_string(world_rank())}};

@@ -1385,6 +1385,54 @@ void expect(const CountedBytes& b, TrafficKind kind, uint64_t intra, uint64_t in
   EXPECT_TRUE(b[kind].exact) << traffic_kind_name(kind);
 }
 
+// The rollout hand-offs through DistQueue, message by message from the trace's samples (ids 0-3 of
+// 4 samples a step, 2 a prompt; packed 48 + 4 P + 8 R bytes each: 92, 84, 104, 80), 2 shards.
+TEST(CountedBytes, RolloutHandOffsFollowTheTracesSamplesByHand) {
+  RuntimeRun r = tiny_on_two_nodes(Mode::Fused, 1, 0, 0);
+  r.ranks_per_node = 2;
+  r.pipeline_parallel = 2;
+  r.stage_parameters = {19136, 19168};
+  r.stage_routed_parameters = {12288, 12288};
+  r.samples_per_step = 4;
+  r.group_size = 2;
+  EXPECT_FALSE(counted_bytes(r)[TrafficKind::RolloutQueue].exact) << "no samples: not derived";
+  r.samples = {{0, 5, 3, 0}, {1, 5, 2, 0}, {2, 6, 4, 0}, {3, 6, 1, 0}};
+  // One pipeline of 2 stages, shard 0 on rank 0 and shard 1 on rank 1. Puts (a 32-byte header
+  // and the pack, 32 + its samples; a 32-byte ack back): rank 0's id 1 to rank 1 (148), rank 1's
+  // id 2 to rank 0 (168). The leader (rank 0) asks shard 1 for the range (48) and gets ids 1 and
+  // 3 (64 + 164), then sends rank 1 all four (64 + 360); each rank closes the other's shard (32).
+  CountedBytes b = counted_bytes(r);
+  expect(b, TrafficKind::RolloutQueue, 148 + 32 + 168 + 32 + 48 + 228 + 424 + 2 * 32, 0);
+  r.ranks_per_node = 1;
+  expect(counted_bytes(r), TrafficKind::RolloutQueue, 0, 1144);
+  // A step whose samples the trace lacks: not derived.
+  r.steps = 2;
+  EXPECT_FALSE(counted_bytes(r)[TrafficKind::RolloutQueue].exact);
+  // StaleSync: in each step that trained, each rank sends its pack of that step's samples of its
+  // block (ids 0-1 rank 0's, 2-3 rank 1's) to the other: step 0 rank 0 ids 0 and 1 (32 + 176),
+  // rank 1 id 3 (32 + 80); step 1 rank 0 none (32), rank 1 id 2 (32 + 104); the closes (64).
+  r.staleness = 1;
+  r.samples = {{0, 5, 3, 0}, {1, 5, 2, 0}, {2, 6, 4, 1}, {3, 6, 1, 0}};
+  expect(counted_bytes(r), TrafficKind::RolloutQueue, 0, 208 + 112 + 32 + 136 + 64);
+
+  // Disaggregated: learners 0 and 1 (one TP group), actor 2, one node. The actor puts ids 0 and 2
+  // to shard 0 on rank 0 (64 + 196) and ids 1 and 3 to shard 1 on rank 1 (64 + 164), each acked;
+  // the TP group's rank 0 asks shard 1 (48), gets 64 + 164 and sends its TP mate all four
+  // (64 + 360); the closes: 32 from rank 0, 32 from rank 1, 64 from the actor.
+  RuntimeRun d = tiny_on_two_nodes(Mode::Disaggregated, 1, 0, 0);
+  d.ranks = 3;
+  d.ranks_per_node = 3;
+  d.tensor_parallel = 2;
+  d.samples_per_step = 4;
+  d.group_size = 2;
+  d.samples = {{0, 5, 3, 0}, {1, 5, 2, 0}, {2, 6, 4, 0}, {3, 6, 1, 0}};
+  expect(counted_bytes(d), TrafficKind::RolloutQueue, 260 + 32 + 228 + 32 + 48 + 228 + 424 + 128,
+         0);
+  // Two learners without TP may ask before the puts arrive, and ask again: not derived.
+  d.tensor_parallel = 1;
+  EXPECT_FALSE(counted_bytes(d)[TrafficKind::RolloutQueue].exact);
+}
+
 // PP x EP, data-parallel pipelines, EP on more ranks than its group, and generation at an EP
 // degree of its own (real `rlfusion train` runs, tiny, sort, 128 samples a step, 2026-12-07;
 // summary.json's "traffic_bytes", intra- and inter-node): the stages' sums, their borrowed layers
