@@ -96,7 +96,7 @@ MEASURED="$OUT/measured.csv"
 KINDS=(other weight_sync gradient_reduce rollout_queue expert_dispatch expert_migration
        pipeline_activations pipeline_generation layout_switch tensor_parallel final_gather)
 KIND_COLUMNS=$(printf 'bytes_%s,' "${KINDS[@]}"); KIND_COLUMNS=${KIND_COLUMNS%,}
-echo "case,cluster,task,model,mode,ranks,ranks_per_node,actors,expert_parallel,actor_expert_parallel,staleness,offload,inter_bandwidth,inter_latency,prompts,group_size,micro_batch,reference,queue_shards,steps,trained_tokens,response_tokens,step_s,intra_bytes,inter_bytes,generation_peak,training_peak,generate_s,train_s,router_max_over_mean,redundant_experts,rebalance,expert_moves_per_step,pipeline_parallel,actor_pipeline_parallel,active_experts,migrations,pipeline_decode_steps,tensor_parallel,actor_tensor_parallel,trace,$KIND_COLUMNS" > "$MEASURED"
+echo "case,cluster,task,model,mode,ranks,ranks_per_node,actors,expert_parallel,actor_expert_parallel,staleness,offload,inter_bandwidth,inter_latency,prompts,group_size,micro_batch,reference,queue_shards,steps,trained_tokens,response_tokens,step_s,intra_bytes,inter_bytes,generation_peak,training_peak,generate_s,train_s,router_max_over_mean,redundant_experts,rebalance,expert_moves_per_step,pipeline_parallel,actor_pipeline_parallel,active_experts,migrations,pipeline_decode_steps,tensor_parallel,actor_tensor_parallel,trace,pipeline_lanes,$KIND_COLUMNS" > "$MEASURED"
 mapfile -t CASE_LINES < <(grep -v '^#' "$CASES" | tail -n +2)
 
 # cluster_of NAME RANKS BW LAT: the cluster file a case is predicted with. One-rank cases run
@@ -200,6 +200,9 @@ touched = summary.get("active_experts_per_call", 0)
 # Generation inside the pipelines: its groups' decode steps, which its messages follow (-1: not
 # recorded, no such generation).
 decode_steps = summary.get("pipeline_decode_steps", -1)
+# StaleSync's lanes inside the pipelines: per stage their steps, decode rows, prefill sequences and
+# prefill tokens, which their messages follow (empty: no such generation).
+lanes = " ".join(str(n) for n in summary.get("pipeline_lanes", []))
 # The run's trace, whose trained samples' ids and lengths fix the packed hand-offs' bytes.
 trace = os.path.abspath(run + "/trace.h5")
 traffic = summary.get("traffic_bytes", {})
@@ -207,7 +210,8 @@ by_kind = ",".join(str(sum(traffic.get(kind, [0, 0]))) for kind in kinds)
 print(f'{prefix},{report["total"]["tokens"]},{generated},{step_s:.6f},{counter("intra")},'
       f'{counter("inter")},{peaks.get("generation", 0)},{peaks.get("training", 0)},'
       f'{generate_s:.6f},{train_s:.6f},{router:.6f},{redundant},{rebalance},{moves:.6g},{pp},{app},'
-      f'{touched:.4f},{summary.get("migrations", 0)},{decode_steps},{tp},{atp},{trace},{by_kind}')
+      f'{touched:.4f},{summary.get("migrations", 0)},{decode_steps},{tp},{atp},{trace},{lanes},'
+      f'{by_kind}')
 PY
 }
 

@@ -404,6 +404,10 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   // Generation inside the pipelines without StaleSync's pools: the decode steps of the groups
   // whose last stage this rank is (their messages follow them; summary.json's sum).
   int64_t group_decode_steps = 0;
+  // With StaleSync's pools inside the pipelines: this rank's lane's steps begun and their decode
+  // rows, prefill sequences and prefill tokens (its messages follow them; summary.json's sums by
+  // the lane owner's stage).
+  long long lane_counts[4] = {0, 0, 0, 0};
   // With tensor parallelism the replicas' data-parallel groups sum the gradients and the step's
   // statistics (the ranks of a TP group hold the same samples).
   // With pipeline parallelism, the ranks holding the same stage (one per pipeline).
@@ -656,6 +660,10 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         rollouts = pool->take_complete_groups();
         generated = phase.generated_tokens;
         occupancy = phase.occupancy;
+        lane_counts[0] += phase.lane_steps;
+        lane_counts[1] += phase.lane_decode_rows;
+        lane_counts[2] += phase.lane_prefill_rows;
+        lane_counts[3] += phase.lane_prefill_tokens;
       } else if (pipeline_generates) {
         // The pipeline's ranks draw their samples together, each stage running its own layers.
         const SampleGenerator in_pipeline = [&](const std::vector<std::vector<int>>& prompts,
@@ -974,6 +982,25 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
       dir.log("# generation inside the pipelines: %lld decode steps of their groups in all\n",
               steps);
       parallel_json += "\"pipeline_decode_steps\":" + std::to_string(steps) + ",";
+    }
+    if (pipeline_generates && pool) {
+      // Every rank's lane, summed over the pipelines (and TP ranks) by its stage: steps, decode
+      // rows, prefill sequences, prefill tokens.
+      const int stages = pp->shape().stages;
+      std::vector<long long> lanes(size_t(4 * stages), 0);
+      std::copy(lane_counts, lane_counts + 4, lanes.begin() + 4 * pp->stage());
+      MPI_Allreduce(MPI_IN_PLACE, lanes.data(), int(lanes.size()), MPI_LONG_LONG, MPI_SUM,
+                    MPI_COMM_WORLD);
+      std::string list;
+      for (const long long count : lanes) {
+        if (!list.empty()) list += ',';
+        list += std::to_string(count);
+      }
+      dir.log(
+          "# StaleSync's lanes inside the pipelines, by stage (steps, decode rows, prefill "
+          "sequences, prefill tokens): %s\n",
+          list.c_str());
+      parallel_json += "\"pipeline_lanes\":[" + list + "],";
     }
     if (ep && rl.staleness > 0) {
       // StaleSync with EP: the empty micro-batches that kept the pipelines in step with their EP

@@ -59,6 +59,7 @@ class Row {
   std::string text_or(const std::string& key) const {
     return fields_.count(key) ? fields_.at(key) : std::string();
   }
+  const std::string& where() const { return where_; }
 
  private:
   std::map<std::string, std::string> fields_;
@@ -81,6 +82,30 @@ std::vector<sim::SampleTokens> trained_samples(const Row& row) {
   std::vector<sim::SampleTokens> samples;
   for (const auto& [id, sample] : by_id) samples.push_back(sample);
   return samples;
+}
+
+// StaleSync's lanes inside the pipelines (the `pipeline_lanes` column, summary.json's list
+// space-separated: per stage steps, decode rows, prefill sequences, prefill tokens; absent or
+// empty: not known).
+std::vector<int64_t> pipeline_lanes(const Row& row) {
+  std::istringstream in(row.text_or("pipeline_lanes"));
+  std::vector<int64_t> lanes;
+  for (std::string word; in >> word;) {
+    size_t used = 0;
+    long long value = -1;
+    try {
+      value = std::stoll(word, &used);
+    } catch (const std::exception&) {
+    }
+    if (used != word.size() || value < 0)
+      throw ConfigError(row.where() + ": column 'pipeline_lanes' must hold counts, got '" + word +
+                        "'");
+    lanes.push_back(value);
+  }
+  if (lanes.size() % 4 != 0)
+    throw ConfigError(row.where() + ": column 'pipeline_lanes' must hold 4 counts a stage, got " +
+                      std::to_string(lanes.size()));
+  return lanes;
 }
 
 std::vector<std::string> split(const std::string& line) {
@@ -448,6 +473,8 @@ Outcome validate_row(const Row& row) {
   run.trained_tokens = int64_t(row.number("trained_tokens"));
   run.response_tokens = int64_t(row.number("response_tokens"));
   run.pipeline_decode_steps = int64_t(row.number_or("pipeline_decode_steps", -1));
+  run.pipeline_lanes = pipeline_lanes(row);
+  run.vocab = config.vocab_size;
   run.samples = trained_samples(row);
   compare_bytes(row, counted_bytes(run), out);
 

@@ -175,6 +175,33 @@ void expert_switch_bytes(const RuntimeRun& r, const Stages& st, const Nodes& nod
   }
 }
 
+// StaleSync's pools generating inside the pipelines (pipeline_rollout.cpp, one virtual stage a
+// rank): every step a lane (a rank's pool) begins, d decode rows and p prefill sequences of t
+// tokens, goes
+// - from its owner to the first stage (unless it is the first): a 36-byte header and 3 d + 2 p +
+//   1 + t ints (decode slots, positions and tokens, prefill slots, offsets and tokens);
+// - across each stage boundary: the header, 2 d + 2 p + 1 ints and the d + t hidden rows;
+// - from the last stage back to its owner (unless it is the last): the header and the d + p rows
+//   of logits.
+// From the lanes' sums by their owner's stage (RuntimeRun::pipeline_lanes), all in the link class
+// `inter` (every pair of a pipeline's ranks in one).
+void pool_lane_bytes(const RuntimeRun& r, int P, bool inter, KindBytes& out) {
+  out.exact = int(r.pipeline_lanes.size()) == 4 * P && r.vocab > 0;
+  if (!out.exact) return;
+  const uint64_t header = 36, C = uint64_t(r.d_model), V = uint64_t(r.vocab);
+  uint64_t bytes = 0;
+  for (int q = 0; q < P; ++q) {
+    const uint64_t steps = uint64_t(r.pipeline_lanes[size_t(4 * q)]);
+    const uint64_t d = uint64_t(r.pipeline_lanes[size_t(4 * q + 1)]);
+    const uint64_t p = uint64_t(r.pipeline_lanes[size_t(4 * q + 2)]);
+    const uint64_t t = uint64_t(r.pipeline_lanes[size_t(4 * q + 3)]);
+    if (q != 0) bytes += steps * (header + 4) + 4 * (3 * d + 2 * p + t);
+    bytes += uint64_t(P - 1) * (steps * (header + 4) + 4 * (2 * d + 2 * p) + 4 * C * (d + t));
+    if (q != P - 1) bytes += steps * header + 4 * V * (d + p);
+  }
+  (inter ? out.inter : out.intra) += bytes;
+}
+
 // Generation inside the pipelines (pipeline_generation.cpp's generate_own_prompts_pipelined, one
 // virtual stage a rank, no EP, no StaleSync), per pipeline and step over its P ranks' B samples in
 // M = min(P, B) groups of consecutive samples, each prefilled in min(4, its size) pieces:
@@ -205,8 +232,13 @@ void pipeline_generation_bytes(const RuntimeRun& r, Stages st, const Nodes& node
         for (int t = s + 1; t < P; ++t)
           crossings.insert(nodes.of(st.rank(d, s)) != nodes.of(st.rank(d, t)));
   }
-  out.exact = r.pipeline_decode_steps >= 0 && st.ep == r.actor_expert_parallel &&
-              r.staleness == 0 && crossings.size() == 1;
+  if (r.staleness > 0) {
+    out.exact = st.ep == r.actor_expert_parallel && crossings.size() == 1;
+    if (out.exact) pool_lane_bytes(r, P, *crossings.begin(), out);
+    return;
+  }
+  out.exact =
+      r.pipeline_decode_steps >= 0 && st.ep == r.actor_expert_parallel && crossings.size() == 1;
   if (!out.exact) return;
   const uint64_t header = 16, hidden = uint64_t(r.d_model) * 4, p = uint64_t(P);
   const uint64_t calls = uint64_t(r.steps) * uint64_t(st.replicas);  // one a pipeline and step
@@ -746,8 +778,7 @@ void disaggregated(const RuntimeRun& r, const Nodes& nodes, CountedBytes& out) {
   if (!r.samples.empty()) disaggregated_queue_bytes(r, nodes, learners, learner_tp, actor_tp, q);
 
   // The learners train as the fused runtime's ranks do, without generating; the actor TP groups
-  // generate (forward only) the rows the learners train, unless StaleSync's actors generate ahead
-  // (batches trained later or never: not derived).
+  // generate (forward only) the rows the learners train.
   const uint64_t rows = uint64_t(r.trained_tokens - r.steps * r.samples_per_step);
   KindBytes& layers = out[TrafficKind::TensorParallel];
   if (learner_tp > 1) {
@@ -757,7 +788,10 @@ void disaggregated(const RuntimeRun& r, const Nodes& nodes, CountedBytes& out) {
     gradient_bytes(learner_run, st, nodes, out[TrafficKind::GradientReduce]);
   }
   if (actor_tp > 1) {
-    if (r.staleness > 0) layers.exact = false;
+    // (With StaleSync the actors generate the batches the learners train, each once, unless the
+    // queue discards a sample as too old: known from the trace, which then lacks it.)
+    if (r.staleness > 0 && int64_t(r.samples.size()) != r.steps * r.samples_per_step)
+      layers.exact = false;
     add_over_tp_groups(layers, actor_across, tensor_rows_bytes(r, actor_tp, rows, 0));
   }
   if (experts) out[TrafficKind::ExpertDispatch] = not_exact();
@@ -787,9 +821,24 @@ void fused(const RuntimeRun& r, const Nodes& nodes, CountedBytes& out) {
     for (KindBytes& k : out.kinds) k.exact = false;
     return;
   }
+  // Generation's forward rows: the trained ones; with StaleSync's pools (which generate ahead:
+  // partials carried into the next phase, the last phase's lookahead never trained) known only
+  // inside the pipelines, from their lanes' decode rows and prefill tokens (every TP rank's lane
+  // counted: T times the TP group's).
+  uint64_t generation_rows = rows;
+  bool generation_rows_known = r.staleness == 0;
+  if (r.staleness > 0 && pp > 1 && r.actor_pipeline_parallel > 1 &&
+      int(r.pipeline_lanes.size()) == 4 * pp) {
+    generation_rows = 0;
+    for (int q = 0; q < pp; ++q)
+      generation_rows +=
+          uint64_t(r.pipeline_lanes[size_t(4 * q + 1)] + r.pipeline_lanes[size_t(4 * q + 3)]);
+    generation_rows /= uint64_t(T);
+    generation_rows_known = true;
+  }
   if (T > 1) {
     add_over_tp_groups(out[TrafficKind::TensorParallel], tp_across,
-                       tensor_rows_bytes(r, T, (G == T ? 2 : 1) * rows, rows));
+                       tensor_rows_bytes(r, T, rows + (G == T ? generation_rows : 0), rows));
     tensor_gradient_bytes(r, st, nodes, tp_across, out[TrafficKind::GradientReduce]);
   } else {
     gradient_bytes(r, st, nodes, out[TrafficKind::GradientReduce]);
@@ -807,9 +856,7 @@ void fused(const RuntimeRun& r, const Nodes& nodes, CountedBytes& out) {
                            : tensor_groups_across(0, r.ranks / G, G, nodes),
                        tensor_rows_bytes(r, G, rows, 0));
   }
-  // StaleSync's pools generate ahead (partials carried into the next phase, the last phase's
-  // lookahead never trained): generation's rows are not the trained ones (not derived).
-  if (r.staleness > 0 && G > 1) out[TrafficKind::TensorParallel].exact = false;
+  if (!generation_rows_known && G > 1) out[TrafficKind::TensorParallel].exact = false;
   if (ep > 1 || r.actor_expert_parallel > 1) out[TrafficKind::ExpertDispatch] = not_exact();
   if (ep != r.actor_expert_parallel)
     expert_switch_bytes(r, st, nodes, out[TrafficKind::LayoutSwitch]);

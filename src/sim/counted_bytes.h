@@ -68,6 +68,12 @@ struct RuntimeRun {
   // pipeline_decode_steps; -1: not known). Its messages follow them, as they follow the groups'
   // longest samples.
   int64_t pipeline_decode_steps = -1;
+  // With StaleSync's pools generating inside the pipelines: per stage, the lanes its ranks own,
+  // summed over the pipelines (and TP ranks): their steps begun, decode rows, prefill sequences
+  // and prefill tokens (summary.json's pipeline_lanes; empty: not known). Their messages follow
+  // them.
+  std::vector<int64_t> pipeline_lanes;
+  int vocab = 0;  // the logits' width (a lane's logits come back to it)
   // Every trained sample, once (the run's trace; empty: not known). Which samples a packed
   // hand-off carries over which link follows their ids; its bytes follow their lengths.
   std::vector<SampleTokens> samples;

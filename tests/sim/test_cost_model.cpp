@@ -1433,6 +1433,44 @@ TEST(CountedBytes, RolloutHandOffsFollowTheTracesSamplesByHand) {
   EXPECT_FALSE(counted_bytes(d)[TrafficKind::RolloutQueue].exact);
 }
 
+// StaleSync's pools inside the pipelines: each lane's steps, from its sums (steps, decode rows d,
+// prefill sequences p, prefill tokens t) by its owner's stage. By hand, PP 2 on one node, d_model
+// 32, vocab 16: lane 0 (3 steps, d 10, p 2, t 20) crosses the boundary (3 x 40 + 4 (20 + 4) +
+// 128 x 30 = 4056) and gets its logits back (3 x 36 + 64 x 12 = 876); lane 1 (3, 8, 3, 30) goes
+// to the first stage (3 x 40 + 4 x 60 = 360) and across (120 + 4 x 22 + 128 x 38 = 5072), its
+// logits already home.
+TEST(CountedBytes, StaleSyncLanesInsidePipelinesByHand) {
+  RuntimeRun r = tiny_with_tensor_cuts(Mode::Fused, 10, 15676, 8204);
+  r.ranks_per_node = 2;
+  r.staleness = 1;
+  r.pipeline_parallel = r.actor_pipeline_parallel = 2;
+  r.stage_parameters = {19136, 19168};
+  r.stage_routed_parameters = {12288, 12288};
+  r.stage_tensor_cut_parameters = {5632, 5632};
+  EXPECT_FALSE(counted_bytes(r)[TrafficKind::PipelineGeneration].exact) << "no lanes: not derived";
+  r.vocab = 16;
+  r.pipeline_lanes = {3, 10, 2, 20, 3, 8, 3, 30};
+  expect(counted_bytes(r), TrafficKind::PipelineGeneration, 4056 + 876 + 360 + 5072, 0);
+  // A real run (`train -n 2 --staleness 1 --pipeline-parallel 2 --actor-pipeline-parallel 2`,
+  // tiny, 10 steps; summary.json's pipeline_lanes and traffic_bytes).
+  r.vocab = 32;
+  r.pipeline_lanes = {78, 3476, 1115, 7521, 78, 3448, 1108, 7549};
+  expect(counted_bytes(r), TrafficKind::PipelineGeneration, 3568660, 0);
+  // With TP 2 inside the stages (4 ranks): every TP rank's pipeline sends its lanes' messages,
+  // and the TP rows count generation's rows from the lanes (their sum over the TP ranks halved)
+  // beside training's.
+  r.ranks = 4;
+  r.ranks_per_node = 4;
+  r.tensor_parallel = 2;
+  r.pipeline_lanes = {156, 6952, 2230, 15042, 156, 6896, 2216, 15098};
+  const CountedBytes b = counted_bytes(r);
+  expect(b, TrafficKind::PipelineGeneration, 7137320, 0);
+  expect(b, TrafficKind::TensorParallel, 65236416, 0);
+  // Without the lanes, generation's rows are not the trained ones: not derived.
+  r.pipeline_lanes.clear();
+  EXPECT_FALSE(counted_bytes(r)[TrafficKind::TensorParallel].exact);
+}
+
 // PP x EP, data-parallel pipelines, EP on more ranks than its group, and generation at an EP
 // degree of its own (real `rlfusion train` runs, tiny, sort, 128 samples a step, 2026-12-07;
 // summary.json's "traffic_bytes", intra- and inter-node): the stages' sums, their borrowed layers
@@ -1832,9 +1870,18 @@ TEST(CountedBytes, MatchesDisaggregatedLayouts) {
   expect(b, TrafficKind::WeightSync, 2875136, 0);
   expect(b, TrafficKind::RolloutQueue, 159160, 0);
   expect(b, TrafficKind::TensorParallel, 18461440, 0);
-  // With StaleSync the actors generate ahead: their rows are not the trained ones.
+  // With StaleSync the actors generate the batches the learners train, each once, unless the queue
+  // discards a sample as too old: without the trace's samples not known; with all of them the rows
+  // are the trained ones (a real run at StaleSync 1, 15626 tokens trained: 18362880 B).
   r.staleness = 1;
   EXPECT_FALSE(counted_bytes(r)[TrafficKind::TensorParallel].exact);
+  RuntimeRun stale = r;
+  stale.trained_tokens = 15626;
+  for (int64_t id = 0; id < stale.steps * stale.samples_per_step; ++id)
+    stale.samples.push_back({id, 8, 7, int32_t(id / stale.samples_per_step)});
+  expect(counted_bytes(stale), TrafficKind::TensorParallel, 18362880, 0);
+  stale.samples.pop_back();  // one discarded
+  EXPECT_FALSE(counted_bytes(stale)[TrafficKind::TensorParallel].exact);
   r.staleness = 0;
 
   // 2 learners (a TP group) and 2 actors (a TP group): the learners' rows forward and backward, the
