@@ -96,7 +96,7 @@ MEASURED="$OUT/measured.csv"
 KINDS=(other weight_sync gradient_reduce rollout_queue expert_dispatch expert_migration
        pipeline_activations pipeline_generation layout_switch tensor_parallel final_gather)
 KIND_COLUMNS=$(printf 'bytes_%s,' "${KINDS[@]}"); KIND_COLUMNS=${KIND_COLUMNS%,}
-echo "case,cluster,task,model,mode,ranks,ranks_per_node,actors,expert_parallel,actor_expert_parallel,staleness,offload,inter_bandwidth,inter_latency,prompts,group_size,micro_batch,reference,queue_shards,steps,trained_tokens,response_tokens,step_s,intra_bytes,inter_bytes,generation_peak,training_peak,generate_s,train_s,router_max_over_mean,redundant_experts,rebalance,expert_moves_per_step,pipeline_parallel,actor_pipeline_parallel,active_experts,migrations,pipeline_decode_steps,tensor_parallel,actor_tensor_parallel,trace,pipeline_lanes,$KIND_COLUMNS" > "$MEASURED"
+echo "case,cluster,task,model,mode,ranks,ranks_per_node,actors,expert_parallel,actor_expert_parallel,staleness,offload,inter_bandwidth,inter_latency,prompts,group_size,micro_batch,reference,queue_shards,steps,trained_tokens,response_tokens,step_s,intra_bytes,inter_bytes,generation_peak,training_peak,generate_s,train_s,router_max_over_mean,redundant_experts,rebalance,expert_moves_per_step,pipeline_parallel,actor_pipeline_parallel,active_experts,migrations,pipeline_decode_steps,tensor_parallel,actor_tensor_parallel,trace,pipeline_lanes,pool_generation_rows,$KIND_COLUMNS" > "$MEASURED"
 mapfile -t CASE_LINES < <(grep -v '^#' "$CASES" | tail -n +2)
 
 # cluster_of NAME RANKS BW LAT: the cluster file a case is predicted with. One-rank cases run
@@ -211,7 +211,7 @@ print(f'{prefix},{report["total"]["tokens"]},{generated},{step_s:.6f},{counter("
       f'{counter("inter")},{peaks.get("generation", 0)},{peaks.get("training", 0)},'
       f'{generate_s:.6f},{train_s:.6f},{router:.6f},{redundant},{rebalance},{moves:.6g},{pp},{app},'
       f'{touched:.4f},{summary.get("migrations", 0)},{decode_steps},{tp},{atp},{trace},{lanes},'
-      f'{by_kind}')
+      f'{summary.get("pool_generation_rows", -1)},{by_kind}')
 PY
 }
 

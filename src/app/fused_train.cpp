@@ -404,9 +404,9 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
   // Generation inside the pipelines without StaleSync's pools: the decode steps of the groups
   // whose last stage this rank is (their messages follow them; summary.json's sum).
   int64_t group_decode_steps = 0;
-  // With StaleSync's pools inside the pipelines: this rank's lane's steps begun and their decode
-  // rows, prefill sequences and prefill tokens (its messages follow them; summary.json's sums by
-  // the lane owner's stage).
+  // With StaleSync's pools: this rank's pool's steps begun and their decode rows, prefill sequences
+  // and prefill tokens (inside the pipelines its lane's messages follow them; summary.json's sums
+  // by the lane owner's stage).
   long long lane_counts[4] = {0, 0, 0, 0};
   // With tensor parallelism the replicas' data-parallel groups sum the gradients and the step's
   // statistics (the ranks of a TP group hold the same samples).
@@ -660,10 +660,10 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         rollouts = pool->take_complete_groups();
         generated = phase.generated_tokens;
         occupancy = phase.occupancy;
-        lane_counts[0] += phase.lane_steps;
-        lane_counts[1] += phase.lane_decode_rows;
-        lane_counts[2] += phase.lane_prefill_rows;
-        lane_counts[3] += phase.lane_prefill_tokens;
+        lane_counts[0] += phase.steps_begun;
+        lane_counts[1] += phase.decode_rows;
+        lane_counts[2] += phase.prefill_sequences;
+        lane_counts[3] += phase.prefill_tokens;
       } else if (pipeline_generates) {
         // The pipeline's ranks draw their samples together, each stage running its own layers.
         const SampleGenerator in_pipeline = [&](const std::vector<std::vector<int>>& prompts,
@@ -1031,6 +1031,12 @@ int run_fused_train(const RunOptions& run, const PolicyOptions& policy_options,
         "end (not trained)\n",
         (long long)c.cut_samples, (long long)c.recomputed_prefix_tokens,
         (long long)c.regenerated_samples, (long long)c.dropped_groups, pool->in_flight_samples());
+    // The rows the pools' steps ran (decode rows and prefill tokens), over every rank: the pools
+    // generate ahead, so generation's TP collectives follow these rather than the trained rows
+    // (a generation TP group's ranks run alike pools: G times the group's).
+    long long rows = lane_counts[1] + lane_counts[3];
+    MPI_Allreduce(MPI_IN_PLACE, &rows, 1, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
+    parallel_json += "\"pool_generation_rows\":" + std::to_string(rows) + ",";
   }
   if (ep) {
     parallel_json +=

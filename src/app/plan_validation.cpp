@@ -474,6 +474,7 @@ Outcome validate_row(const Row& row) {
   run.response_tokens = int64_t(row.number("response_tokens"));
   run.pipeline_decode_steps = int64_t(row.number_or("pipeline_decode_steps", -1));
   run.pipeline_lanes = pipeline_lanes(row);
+  run.pool_generation_rows = int64_t(row.number_or("pool_generation_rows", -1));
   run.vocab = config.vocab_size;
   run.samples = trained_samples(row);
   compare_bytes(row, counted_bytes(run), out);
@@ -663,9 +664,9 @@ int run_plan_validation(const std::string& csv_path, bool json) {
       "# bytes: %d of %d cases predicted exactly (%s), over the traffic kinds a rule fixes; not "
       "pred.: the kinds that follow the routing (expert_dispatch; the weights' sync from EP "
       "owners, replicas after EDPB's moves), the timing (rollout_queue with several learners "
-      "outside TP groups: they ask again until the puts arrive), StaleSync's pools inside a "
-      "pipeline (pipeline_generation) or a run without its trace's sample lengths "
-      "(rollout_queue in a pipeline or with several learners), measured\n",
+      "outside TP groups: they ask again until the puts arrive), or a row without the records "
+      "a rule takes (the trace's sample lengths; pipeline_decode_steps, pipeline_lanes, "
+      "pool_generation_rows), measured\n",
       exact, exact_rules, exact == exact_rules ? "met" : "NOT met");
   for (const Outcome& o : outcomes) {
     if (!o.unpredicted.empty())

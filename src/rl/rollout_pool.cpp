@@ -230,6 +230,11 @@ RolloutPool::Phase::Step RolloutPool::Phase::begin_step() {
       pool_.counters_.recomputed_prefix_tokens += int64_t(r.prompt.size() + r.response.size());
     }
   }
+  // (Not undone by undo_begin_step: a pipeline still runs the undone step through its stages.)
+  stats_.steps_begun += 1;
+  stats_.decode_rows += step.decode_rows();
+  stats_.prefill_sequences += step.prefill_rows();
+  stats_.prefill_tokens += int64_t(step.prefill_tokens.size());
   return step;
 }
 

@@ -66,10 +66,11 @@ struct PhaseStats {
   int finished = 0;
   int cut = 0;               // still decoding when the phase stopped: now partial
   BatchOccupancy occupancy;  // capacity: the phase's slots
-  // Inside a pipeline (generate_phase_pipelined): the steps this rank's lane began (the one begun
-  // after the agreed last step too, whose passes still run) and their decode rows, prefill
-  // sequences and prefill tokens, which the lane's messages carry.
-  int64_t lane_steps = 0, lane_decode_rows = 0, lane_prefill_rows = 0, lane_prefill_tokens = 0;
+  // The steps begun (inside a pipeline the one begun after the agreed last step too, undone but
+  // run through the stages) and their decode rows, prefill sequences and prefill tokens: what
+  // the steps' forwards run (a TP group's collectives carry them), and inside a pipeline what a
+  // lane's messages carry.
+  int64_t steps_begun = 0, decode_rows = 0, prefill_sequences = 0, prefill_tokens = 0;
 };
 
 class RolloutPool {

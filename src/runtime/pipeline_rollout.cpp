@@ -132,12 +132,7 @@ class PipelinedPhase {
       backoff.wait();
     }
     sends_.finish();
-    PhaseStats stats = phase_.stats();
-    stats.lane_steps = lane_.lane_steps;
-    stats.lane_decode_rows = lane_.lane_decode_rows;
-    stats.lane_prefill_rows = lane_.lane_prefill_rows;
-    stats.lane_prefill_tokens = lane_.lane_prefill_tokens;
-    return stats;
+    return phase_.stats();
   }
 
  private:
@@ -182,10 +177,6 @@ class PipelinedPhase {
     const RolloutPool::Phase::Step step = phase_.begin_step();
     decode_rows_ = step.decode_rows();
     prefill_rows_ = step.prefill_rows();
-    lane_.lane_steps += 1;
-    lane_.lane_decode_rows += decode_rows_;
-    lane_.lane_prefill_rows += prefill_rows_;
-    lane_.lane_prefill_tokens += int64_t(step.prefill_tokens.size());
     Message first;
     first.header = {Kind::Pass,
                     int32_t(rank_),
@@ -330,7 +321,6 @@ class PipelinedPhase {
   Arena::Mark after_caches_{};
   std::map<PassKey, Message> passes_;  // received, waiting for their turn
   PassKey expected_{0, 0, 0};
-  PhaseStats lane_;                         // this lane's steps and rows (its lane_* counts)
   int round_ = 0;                           // this lane's next step
   int decode_rows_ = 0, prefill_rows_ = 0;  // this lane's step in flight
   int all_ready_ = 0;

@@ -603,10 +603,10 @@ void final_gather_bytes(const Stages& stages, const Nodes& nodes,
 // t mod G, cut / T floats each, from their holders), every step, and after generation each
 // training TP group allgathers its ranks' samples (packed as DistQueue's, allgather_rollouts: each
 // rank's pack, a header and its samples, to the T - 1 others). Training at TP 1 cuts each rank's
-// generation slice from its own model: nothing moves.
-void generation_tensor_parallel_bytes(const RuntimeRun& r, int T, int G, const Nodes& nodes,
-                                      const std::vector<bool>& tp_across, CountedBytes& out) {
-  const uint64_t rows = uint64_t(r.trained_tokens - r.steps * r.samples_per_step);
+// generation slice from its own model: nothing moves. `rows`: generation's forward rows.
+void generation_tensor_parallel_bytes(const RuntimeRun& r, int T, int G, uint64_t rows,
+                                      const Nodes& nodes, const std::vector<bool>& tp_across,
+                                      CountedBytes& out) {
   if (G > 1 && T == 1 && r.expert_parallel > 1) {
     std::vector<int> world(static_cast<size_t>(r.ranks));
     std::iota(world.begin(), world.end(), 0);
@@ -822,13 +822,17 @@ void fused(const RuntimeRun& r, const Nodes& nodes, CountedBytes& out) {
     return;
   }
   // Generation's forward rows: the trained ones; with StaleSync's pools (which generate ahead:
-  // partials carried into the next phase, the last phase's lookahead never trained) known only
-  // inside the pipelines, from their lanes' decode rows and prefill tokens (every TP rank's lane
-  // counted: T times the TP group's).
+  // partials carried into the next phase, the last phase's lookahead never trained) the rows
+  // their steps ran, over every rank (RuntimeRun::pool_generation_rows: a generation TP group's
+  // ranks run alike pools, G times the group's), or inside the pipelines their lanes' decode rows
+  // and prefill tokens (likewise T times).
   uint64_t generation_rows = rows;
   bool generation_rows_known = r.staleness == 0;
-  if (r.staleness > 0 && pp > 1 && r.actor_pipeline_parallel > 1 &&
-      int(r.pipeline_lanes.size()) == 4 * pp) {
+  if (r.staleness > 0 && r.pool_generation_rows >= 0) {
+    generation_rows = uint64_t(r.pool_generation_rows) / uint64_t(G);
+    generation_rows_known = true;
+  } else if (r.staleness > 0 && pp > 1 && r.actor_pipeline_parallel > 1 &&
+             int(r.pipeline_lanes.size()) == 4 * pp) {
     generation_rows = 0;
     for (int q = 0; q < pp; ++q)
       generation_rows +=
@@ -843,7 +847,8 @@ void fused(const RuntimeRun& r, const Nodes& nodes, CountedBytes& out) {
   } else {
     gradient_bytes(r, st, nodes, out[TrafficKind::GradientReduce]);
   }
-  if (pp == 1 && G != T) generation_tensor_parallel_bytes(r, T, G, nodes, tp_across, out);
+  if (pp == 1 && G != T)
+    generation_tensor_parallel_bytes(r, T, G, generation_rows, nodes, tp_across, out);
   if (pp > 1 && G != default_G) {
     // Generation TP groups of G consecutive ranks, or after EP training at TP 1 the expert-aligned
     // ones in the stage-major order, run generation's rows.
@@ -854,7 +859,7 @@ void fused(const RuntimeRun& r, const Nodes& nodes, CountedBytes& out) {
                        T == 1 && ep > 1
                            ? groups_across(expert_aligned_groups(stage_major, G, ep), nodes)
                            : tensor_groups_across(0, r.ranks / G, G, nodes),
-                       tensor_rows_bytes(r, G, rows, 0));
+                       tensor_rows_bytes(r, G, generation_rows, 0));
   }
   if (!generation_rows_known && G > 1) out[TrafficKind::TensorParallel].exact = false;
   if (ep > 1 || r.actor_expert_parallel > 1) out[TrafficKind::ExpertDispatch] = not_exact();

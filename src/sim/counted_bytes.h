@@ -73,6 +73,9 @@ struct RuntimeRun {
   // and prefill tokens (summary.json's pipeline_lanes; empty: not known). Their messages follow
   // them.
   std::vector<int64_t> pipeline_lanes;
+  // With StaleSync: the rows (decode rows, prefill tokens) the pools' steps ran over every rank
+  // (summary.json's pool_generation_rows; -1: not known).
+  int64_t pool_generation_rows = -1;
   int vocab = 0;  // the logits' width (a lane's logits come back to it)
   // Every trained sample, once (the run's trace; empty: not known). Which samples a packed
   // hand-off carries over which link follows their ids; its bytes follow their lengths.

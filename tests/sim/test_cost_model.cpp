@@ -1694,15 +1694,28 @@ TEST(CountedBytes, MatchesGenerationAtATensorParallelDegreeOfItsOwn) {
   expect(b, TrafficKind::RolloutQueue, 475368, 0);
   expect(b, TrafficKind::GradientReduce, 5898240, 0);
   expect(b, TrafficKind::FinalGather, 135168, 0);
-  // With StaleSync the pools generate ahead: generation's rows are not the trained ones (a real
-  // run of 4 pipelines of 2 stages with EP 2, at StaleSync 1, generating at TP 2: 25050880 B of
-  // rows against 18461440 for its trained rows), so the TP rows are not derived; the rest stays.
+  // With StaleSync the pools generate ahead: generation's rows are not the trained ones, so
+  // without the rows the pools' steps ran the TP rows are not derived (the rest stays).
   r.staleness = 1;
   b = counted_bytes(r);
   EXPECT_FALSE(b[TrafficKind::TensorParallel].exact);
   EXPECT_TRUE(b[TrafficKind::RolloutQueue].exact);
   EXPECT_TRUE(b[TrafficKind::LayoutSwitch].exact);
   r.staleness = 0;
+  // With them (summary.json's pool_generation_rows, over every rank: a generation TP group's ranks
+  // run alike pools), real runs on 2 ranks at StaleSync 1: data-parallel training generating at
+  // TP 2 (39164 rows over both ranks, 19582 the group's: 25064960 B, where the trained rows would
+  // give 18343040), and TP 2 (training's 14330 rows forward and backward beside them).
+  RuntimeRun stale = tiny_with_tensor_cuts(Mode::Fused, 10, 15610, 8138);
+  stale.ranks_per_node = 2;
+  stale.staleness = 1;
+  stale.generation_tensor_parallel = 2;
+  EXPECT_FALSE(counted_bytes(stale)[TrafficKind::TensorParallel].exact);
+  stale.pool_generation_rows = 39164;
+  expect(counted_bytes(stale), TrafficKind::TensorParallel, 25064960, 0);
+  stale.tensor_parallel = 2;
+  stale.generation_tensor_parallel = 0;
+  expect(counted_bytes(stale), TrafficKind::TensorParallel, 61979040, 0);
   // A generation degree that does not divide the training one: not derived.
   r.generation_tensor_parallel = 3;
   EXPECT_FALSE(counted_bytes(r).exact());
