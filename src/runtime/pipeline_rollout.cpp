@@ -26,6 +26,8 @@ struct Header {
   int32_t decode_rows, prefill_rows, prefill_tokens;
   int32_t ints, floats;  // the counts that follow the header, ints first
 };
+// (src/sim/counted_bytes.cpp's pool_lane_bytes prices a message by this header's size.)
+static_assert(sizeof(Header) == 36, "a lane message's header is 9 int32 fields");
 
 // A Pass's ints: decode slots and positions, prefill slots and offsets, and on the first stage the
 // decode tokens and prefill tokens. Its floats (later stages): the decode rows' hidden rows, then

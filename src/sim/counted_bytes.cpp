@@ -188,6 +188,7 @@ void expert_switch_bytes(const RuntimeRun& r, const Stages& st, const Nodes& nod
 void pool_lane_bytes(const RuntimeRun& r, int P, bool inter, KindBytes& out) {
   out.exact = int(r.pipeline_lanes.size()) == 4 * P && r.vocab > 0;
   if (!out.exact) return;
+  // (The header: pipeline_rollout.cpp's, 9 int32 fields, static_assert'ed there.)
   const uint64_t header = 36, C = uint64_t(r.d_model), V = uint64_t(r.vocab);
   uint64_t bytes = 0;
   for (int q = 0; q < P; ++q) {
@@ -291,6 +292,22 @@ std::vector<std::vector<uint64_t>> packed_by_shard(const SamplesById& by_id, int
   return sizes;
 }
 
+// The packed bytes of the samples of ids [first, first + count) (without a pack header).
+uint64_t packed_samples_bytes(const SamplesById& by_id, int64_t first, int64_t count, bool& known) {
+  const std::vector<std::vector<uint64_t>> sizes = packed_by_shard(by_id, 1, first, count, known);
+  return std::accumulate(sizes[0].begin(), sizes[0].end(), uint64_t(0));
+}
+
+// The queue's end (DistQueue::close): every one of `ranks` world ranks tells each shard server
+// (`server`: the world rank hosting shard s) a Close, a header.
+template <typename Add, typename Server>
+void add_closes(int ranks, int shards, const Server& server, const Add& add) {
+  std::set<int> servers;
+  for (int s = 0; s < shards; ++s) servers.insert(server(s));
+  for (int w = 0; w < ranks; ++w)
+    for (const int to : servers) add(w, to, queue_protocol::kHeaderBytes);
+}
+
 // A put of samples already split by shard (DistQueue::put) from world rank `from`: per shard a
 // message of at most `capacity` samples, a header and their pack, each answered by a header-only
 // ack. `server`: the world rank hosting shard s.
@@ -355,11 +372,8 @@ void pipeline_rollout_bytes(const RuntimeRun& r, const Nodes& nodes, int replica
   };
   const int shards = r.queue_shards;
   const auto server = [&](int shard) { return int(shard % ranks); };
-  // The queue's Close from every rank to each shard server (with StaleSync too: the queue exists).
-  std::set<int> servers;
-  for (int s = 0; s < shards; ++s) servers.insert(server(s));
-  for (int w = 0; w < ranks; ++w)
-    for (const int to : servers) add(w, to, header);
+  // (With StaleSync too: the queue exists, unused.)
+  add_closes(int(ranks), shards, server, add);
   if (r.staleness > 0) {
     // Each rank's pack a trained step: the samples of its block trained then.
     std::map<std::pair<int32_t, int64_t>, uint64_t> packs;  // (version, block) -> sample bytes
@@ -433,10 +447,7 @@ void disaggregated_queue_bytes(const RuntimeRun& r, const Nodes& nodes, int lear
   const auto add = [&](int from, int to, uint64_t bytes) {
     if (from != to) nodes.add(out, from, to, bytes);
   };
-  std::set<int> servers;
-  for (int s = 0; s < shards; ++s) servers.insert(server(s));
-  for (int w = 0; w < r.ranks; ++w)
-    for (const int to : servers) add(w, to, header);
+  add_closes(r.ranks, shards, server, add);
   bool known = true;
   const int64_t share = N / learner_replicas;
   for (int64_t v = 0; v < r.steps && known; ++v) {
@@ -463,8 +474,9 @@ void disaggregated_queue_bytes(const RuntimeRun& r, const Nodes& nodes, int lear
       add_range_get(packed_by_shard(by_id, shards, v * N + leader * share, members * share, known),
                     leader, server, add);
       for (int m = 1; m < members; ++m) {
-        const auto own = packed_by_shard(by_id, 1, v * N + (leader + m) * share, share, known);
-        add(leader, leader + m, std::accumulate(own[0].begin(), own[0].end(), header + pack));
+        add(leader, leader + m,
+            header + pack +
+                packed_samples_bytes(by_id, v * N + (leader + m) * share, share, known));
       }
       leader += members;
     }

@@ -230,20 +230,26 @@ TEST(TrafficKinds, AddUpToTheCountersAndArePredictedWhereARuleFixesThem) {
     EXPECT_EQ(refused.exit_code, 2) << refused.output;
     EXPECT_NE(refused.output.find(message), std::string::npos) << refused.output;
   }
-  {
-    // A trace that is not there is refused, naming it.
-    RunBytes lost = pp;
-    lost.trace = dir + "/no-such-run/trace.h5";
+  // A trace that is not there, or lanes that are not 4 counts a stage, are refused, naming them.
+  RunBytes lost = pp;
+  lost.trace = dir + "/no-such-run/trace.h5";
+  RunBytes words = pool_lanes, three = pool_lanes;
+  words.lanes = "1 2 x 4";
+  three.lanes = "1 2 3";
+  for (const auto& [bad_run, message] :
+       {std::pair{lost, "trace '" + lost.trace + "' does not exist"},
+        std::pair{words, std::string("column 'pipeline_lanes' must hold counts, got 'x'")},
+        std::pair{three,
+                  std::string("column 'pipeline_lanes' must hold 4 counts a stage, got 3")}}) {
     std::ofstream bad(dir + "/bad.csv");
     std::ifstream good(dir + "/measured.csv");
     std::string header;
     std::getline(good, header);
-    bad << header << "\n" << measured_row("pp", 2, "1,1", 0, 2, 1, lost);
+    bad << header << "\n" << measured_row("bad", 2, "1,1", 0, 2, 1, bad_run);
     bad.close();
     const auto refused = test::run_rlfusion("plan --validate " + dir + "/bad.csv");
     EXPECT_EQ(refused.exit_code, 2) << refused.output;
-    EXPECT_NE(refused.output.find("trace '" + lost.trace + "' does not exist"), std::string::npos)
-        << refused.output;
+    EXPECT_NE(refused.output.find(message), std::string::npos) << refused.output;
   }
   const auto validated = test::run_rlfusion("plan --validate " + dir + "/measured.csv");
   ASSERT_EQ(validated.exit_code, 0) << validated.output;
