@@ -126,6 +126,12 @@ ExpertDispatcher::ExpertDispatcher(const HierarchicalComm& ep, Links& links, int
   }
   MPI_Comm_dup(ep.comm, &comm_);
   MPI_Comm_rank(comm_, &rank_);
+  if (RoutingLog* log = links_.routing_log()) {
+    std::vector<int> links_node;
+    for (int world : world_ranks_) links_node.push_back(links_.node_of(world));
+    routing_id_ = log->add_dispatcher(int32_t(mode_), rank_, experts_, slots_per_rank_, links_node,
+                                      node_of_, local_of_);
+  }
   set_slot_experts(default_slot_experts(experts, ep.size(), redundant_slots));
 }
 
@@ -199,6 +205,10 @@ void ExpertDispatcher::post_bytes(const Stage& stage, int tag, bool payload) {
     t.recv_bytes[q] = f_.recv[q].size();
   }
   post(stage, t, tag, payload ? traffic_.payload : traffic_.metadata);
+}
+
+void ExpertDispatcher::log_operation(RoutingRecord kind) {
+  if (routing_id_ >= 0) links_.routing_log()->operation(routing_id_, kind);
 }
 
 void ExpertDispatcher::check_idle() const {
@@ -563,6 +573,7 @@ void ExpertDispatcher::set_slot_experts(std::vector<int> slot_expert) {
   }
   slot_expert_ = std::move(slot_expert);
   replicas_ = std::move(replicas);
+  if (routing_id_ >= 0) links_.routing_log()->slots(routing_id_, slot_expert_);
 }
 
 std::vector<int64_t> ExpertDispatcher::take_expert_tokens() {
@@ -581,6 +592,7 @@ void ExpertDispatcher::begin_dispatch(const float* x, const int* expert_idx, int
                               std::to_string(experts_) + ")");
     }
   }
+  if (routing_id_ >= 0) links_.routing_log()->dispatch(routing_id_, N, K, C, expert_idx);
   expert_tokens_.resize(size_t(experts_), 0);
   for (int64_t i = 0; i < int64_t(N) * K; ++i) ++expert_tokens_[size_t(expert_idx[i])];
   N_ = N;
@@ -630,6 +642,7 @@ std::vector<float> ExpertDispatcher::finish_dispatch() {
 
 void ExpertDispatcher::begin_combine(const float* y_local, const float* expert_weight) {
   check_idle();
+  log_operation(RoutingRecord::Combine);
   f_.weights.assign(expert_weight, expert_weight + int64_t(N_) * K_);
   Steps steps;
   add_gather_back(
@@ -659,6 +672,7 @@ std::vector<float> ExpertDispatcher::finish_combine() {
 
 void ExpertDispatcher::begin_dispatch_backward(const float* dxg_local) {
   check_idle();
+  log_operation(RoutingRecord::DispatchBackward);
   Steps steps;
   add_gather_back(
       steps, [dxg_local] { return dxg_local; }, C_, true,
@@ -687,6 +701,7 @@ std::vector<float> ExpertDispatcher::finish_dispatch_backward() {
 void ExpertDispatcher::begin_combine_backward(const float* dout, const float* y_local,
                                               const float* expert_weight) {
   check_idle();
+  log_operation(RoutingRecord::CombineBackward);
   // dout rows travel the dispatch route (de-duplicated), each assignment's weight with them.
   f_.rows.assign(dout, dout + int64_t(N_) * C_);
   f_.weights.assign(expert_weight, expert_weight + int64_t(N_) * K_);

@@ -35,6 +35,9 @@
 // an 8-byte count message to every peer; a meta message of 4 (3 + 2 a) bytes per packet with
 // a assignments; dexpert_weight and expert_weight scalars (4 bytes per assignment).
 // Messages: per stage, one count, one meta and one row message per peer (empty ones skipped).
+// When the Links record routing (Links::record_routing), every dispatcher logs its group, its slot
+// tables, each dispatch's expert ids and each operation (routing_log.h), from which
+// src/sim/dispatch_replay.h derives every one of these bytes.
 #pragma once
 
 #include <mpi.h>
@@ -181,6 +184,8 @@ class ExpertDispatcher {
   using Steps = std::vector<SplitPhaseChain::Step>;
 
   void check_idle() const;
+  // Into the links' routing log, when it records (routing_log.h).
+  void log_operation(RoutingRecord kind);
   void begin(Operation operation, Steps steps);
   void finish(Operation operation);
   // Posts one exchange of the stage: receives (with their emulation deadlines), then sends.
@@ -215,6 +220,7 @@ class ExpertDispatcher {
   std::vector<int> node_of_, local_of_;    // per EP rank
   std::vector<std::vector<int>> rank_at_;  // [node][local index] -> EP rank
   DispatchTraffic traffic_;
+  int32_t routing_id_ = -1;  // this dispatcher's number in the links' routing log (-1: none)
 
   // Plan of the last dispatch.
   int N_ = 0, K_ = 0, C_ = 0;

@@ -11,9 +11,11 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "mpi_comm/routing_log.h"
 #include "mpi_comm/traffic_kind.h"
 
 namespace rlf {
@@ -88,6 +90,13 @@ class Links {
   // The rank of the Links' world that is `rank` of `comm` (for counting nonblocking transfers).
   int world_rank_of(int rank, MPI_Comm comm) const;
 
+  // From now on, the expert dispatchers on these links log their inputs (routing_log.h), so the
+  // expert_dispatch bytes these counters hold can be derived from the run's routing.
+  void record_routing() {
+    if (!routing_log_) routing_log_ = std::make_unique<RoutingLog>();
+  }
+  RoutingLog* routing_log() { return routing_log_.get(); }  // null unless record_routing()
+
  private:
   std::vector<int> node_of_;
   MPI_Comm world_;
@@ -97,6 +106,7 @@ class Links {
   TrafficKind kind_ = TrafficKind::Other;
   int my_world_rank_ = 0;
   double port_free_at_ = 0;  // steady_seconds() when the emulated incoming port is idle again
+  std::unique_ptr<RoutingLog> routing_log_;
 
   friend class TrafficScope;
 };

@@ -174,6 +174,7 @@ Topology::Topology(MPI_Comm world, const LayoutConfig& config) : config_(config)
   std::vector<int> node_of = node_list(world, std::max(0, config_.ranks_per_node));
   node_count_ = *std::max_element(node_of.begin(), node_of.end()) + 1;
   links_ = std::make_unique<Links>(std::move(node_of), config_.links, world);
+  if (config_.trace_routing) links_->record_routing();
 
   MPI_Comm role_split;
   MPI_Comm_split(world, int(role()), world_rank_, &role_split);

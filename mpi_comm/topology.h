@@ -47,6 +47,8 @@ struct LayoutConfig {
   // arithmetic (no actor or dedicated queue rank; learners, actors and queue_ranks must be 0).
   bool fused = false;
   LinkEmulation links;
+  // The expert dispatchers on this topology's links log their inputs (Links::record_routing).
+  bool trace_routing = false;
 };
 
 // Communicator with its node structure: the ranks of `comm` on this rank's node (`intra`, in

@@ -150,6 +150,9 @@ run_case() {
     [ "$bw" != 0 ] && args+=(--inter-node-bandwidth "$bw")
     [ "$lat" != 0 ] && args+=(--inter-node-latency "$lat")
     [ "$mode" = disaggregated ] && args+=(--actors "$actors")
+    # With EP, the dispatchers' inputs (each dispatch's top-k expert ids, copied into the trace),
+    # from which plan --validate derives the expert_dispatch bytes.
+    if [ "$ep" != 1 ] || [ "$aep" != 1 ]; then args+=(--trace-routing); fi
   fi
   [ "$mode" = disaggregated ] && [ "$ranks" -gt 1 ] || actors=0
   [ "$r" = 1 ] && : > "$dir.rows"

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <vector>
 
@@ -20,6 +21,7 @@
 #include "src/runtime/pipeline_generation.h"
 #include "src/sim/cost_model.h"
 #include "src/sim/counted_bytes.h"
+#include "src/sim/dispatch_replay.h"
 
 namespace rlf {
 
@@ -66,14 +68,20 @@ class Row {
   std::string where_;
 };
 
-// The samples the run trained, once each, from the trace the row names (its `trace` column; none:
-// empty). An older trace without their lengths gives none either. A trace that cannot be read is
+// The trace the row names (its `trace` column; none without one). A trace that cannot be read is
 // bad input (ConfigError, naming it).
-std::vector<sim::SampleTokens> trained_samples(const Row& row) {
+std::optional<TraceData> row_trace(const Row& row) {
   const std::string path = row.text_or("trace");
-  if (path.empty()) return {};
+  if (path.empty()) return std::nullopt;
+  return read_trace(path);
+}
+
+// The samples the run trained, once each, from its trace (none: empty). An older trace without
+// their lengths gives none either.
+std::vector<sim::SampleTokens> trained_samples(const std::optional<TraceData>& trace) {
+  if (!trace) return {};
   std::map<int64_t, sim::SampleTokens> by_id;
-  for (const std::vector<TrainedSample>& rank : read_trace(path).samples)
+  for (const std::vector<TrainedSample>& rank : trace->samples)
     for (const TrainedSample& s : rank) {
       if (s.prompt_tokens < 0 || s.response_tokens < 0) return {};
       by_id.emplace(s.sample_id, sim::SampleTokens{s.sample_id, s.prompt_tokens, s.response_tokens,
@@ -150,6 +158,9 @@ struct Outcome {
   std::string unpredicted, wrong_kinds;
   double measured_memory = 0, predicted_memory = 0;  // the larger phase peak; 0: not measured
   double router_max_over_mean = 1;  // the run's router concentration (1: none recorded)
+  // Rows a token sends to other EP ranks per dispatch: by the run's routing log (-1: none) and
+  // by the cost model (a uniform router).
+  double routed_remote_rows = -1, model_remote_rows = -1;
 };
 
 // The expected peak of a fused pipeline run's rank 0 (stage 0 of the first pipeline), by the
@@ -316,6 +327,9 @@ Outcome validate_row(const Row& row) {
 
   Strategy s;
   s.mode = ranks == 1 ? Mode::Fused : mode;
+  // The runs dispatch hierarchically (train's default --ep-dispatch): a token's row leaves its
+  // rank once per other owner (once per node across nodes), the planner's de-duplicated dispatch.
+  s.dispatch = Dispatch::Dedup;
   s.staleness = row.integer("staleness");
   s.offload = row.integer("offload") != 0;
   if (s.mode == Mode::Disaggregated) {
@@ -476,8 +490,30 @@ Outcome validate_row(const Row& row) {
   run.pipeline_lanes = pipeline_lanes(row);
   run.pool_generation_rows = int64_t(row.number_or("pool_generation_rows", -1));
   run.vocab = config.vocab_size;
-  run.samples = trained_samples(row);
-  compare_bytes(row, counted_bytes(run), out);
+  const std::optional<TraceData> trace = row_trace(row);
+  run.samples = trained_samples(trace);
+  // Every rank's routing log, when the run recorded one (train --trace-routing): a rank without
+  // an EP group has an empty log.
+  if (trace && std::any_of(trace->routing.begin(), trace->routing.end(),
+                           [](const std::vector<int32_t>& log) { return !log.empty(); })) {
+    run.routing = trace->routing;
+  }
+  sim::CountedBytes predicted_bytes;
+  try {
+    predicted_bytes = counted_bytes(run);
+  } catch (const std::runtime_error& e) {  // a malformed routing log
+    throw ConfigError("case " + out.name + ": trace '" + row.text_or("trace") + "': " + e.what());
+  }
+  compare_bytes(row, predicted_bytes, out);
+  // The dispatch volume the time model takes against the routing's, where one EP degree does
+  // both phases.
+  if (!run.routing.empty() && s.train.ep == s.generate.ep) {
+    const sim::ReplayedDispatch routed = sim::replay_dispatch_bytes(run.routing);
+    if (routed.tokens > 0) {
+      out.routed_remote_rows = double(routed.remote_rows) / double(routed.tokens);
+      out.model_remote_rows = remote_owners(s.train.ep, config.top_k, config.n_experts);
+    }
+  }
 
   if (s.mode != Mode::Disaggregated && ranks > 1) {
     // The fused runtime's own plan (src/app/fused_memory.h) at the task's longest lengths, for
@@ -662,10 +698,10 @@ int run_plan_validation(const std::string& csv_path, bool json) {
       outcomes.size());
   std::printf(
       "# bytes: %d of %d cases predicted exactly (%s), over the traffic kinds a rule fixes; not "
-      "pred.: the kinds that follow the routing (expert_dispatch; the weights' sync from EP "
-      "owners, replicas after EDPB's moves), the timing (rollout_queue with several learners "
-      "outside TP groups: they ask again until the puts arrive), or a row without the records "
-      "a rule takes (the trace's sample lengths; pipeline_decode_steps, pipeline_lanes, "
+      "pred.: the kinds that follow the placement (the weights' sync from EP owners, replicas "
+      "after EDPB's moves), the timing (rollout_queue with several learners outside TP groups: "
+      "they ask again until the puts arrive), or a row without the records a rule takes (the "
+      "trace's sample lengths and routing log; pipeline_decode_steps, pipeline_lanes, "
       "pool_generation_rows), measured\n",
       exact, exact_rules, exact == exact_rules ? "met" : "NOT met");
   for (const Outcome& o : outcomes) {
@@ -680,6 +716,15 @@ int run_plan_validation(const std::string& csv_path, bool json) {
     if (o.router_max_over_mean != 1)
       std::printf("# %s: router concentration %.3f (the busiest expert over the mean, its trace)\n",
                   o.name.c_str(), o.router_max_over_mean);
+  }
+  for (const Outcome& o : outcomes) {
+    if (o.routed_remote_rows >= 0 && o.model_remote_rows > 0) {
+      std::printf(
+          "# %s: rows a token sends to other EP ranks per dispatch: %.4f by its routing log, %.4f "
+          "by the model (a uniform router; %+.1f%%)\n",
+          o.name.c_str(), o.routed_remote_rows, o.model_remote_rows,
+          100 * (o.model_remote_rows / o.routed_remote_rows - 1));
+    }
   }
   print_parts(outcomes);
   return 0;

@@ -105,6 +105,10 @@ int run_train_command(const std::vector<std::string>& args) {
         "E (fused) the routed experts are sharded over the ranks of one TP rank in E TP groups; "
         "--mode disaggregated: the learners form the TP groups, the actors generate "
         "data-parallel");
+    add("trace-routing", po::bool_switch(&layout.trace_routing),
+        "record every expert dispatch's router choices in trace.h5 (/rank_NNNNN/routing: 4 bytes "
+        "per token and top-k slot, per dispatch), from which `rlfusion plan --validate` derives "
+        "the expert_dispatch bytes exactly");
     add("tensor-parallel-attention-only",
         po::bool_switch(&multi_rank.tensor_parallel_attention_only),
         "with --tensor-parallel: cut only attention; the shared expert stays whole on every rank");

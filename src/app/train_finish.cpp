@@ -116,6 +116,9 @@ int finish_multi_rank_train(const MultiRankTrainEnd& end, const RunOptions& run,
         {int32_t(link), int64_t(own.bytes[size_t(link)]), int64_t(own.messages[size_t(link)])});
   }
   trace.set_link_traffic(std::move(own_traffic));
+  // With --trace-routing, what the expert dispatchers were given (plan --validate derives their
+  // bytes from it).
+  if (RoutingLog* routing = topology.links().routing_log()) trace.set_routing(routing->take());
   // Traffic of the whole run, summed over ranks.
   LinkCounters total = own;
   MPI_Allreduce(MPI_IN_PLACE, total.bytes.data(), 2, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);

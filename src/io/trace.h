@@ -157,16 +157,23 @@ class TraceRecorder {
   void record_migration(const ExpertMigration& migration) {
     if (enabled_) migrations_.push_back(migration);
   }
+  // The rank's routing log (mpi_comm/routing_log.h; `train --trace-routing`); set once, at the
+  // end. trace.h5: /rank_NNNNN/routing.
+  void set_routing(std::vector<int32_t> routing) {
+    if (enabled_) routing_ = std::move(routing);
+  }
 
   const std::vector<LinkTraffic>& link_traffic() const { return links_; }
   const std::vector<RouterLoad>& router_loads() const { return router_loads_; }
   const std::vector<ExpertMigration>& migrations() const { return migrations_; }
+  const std::vector<int32_t>& routing() const { return routing_; }
   void clear() {
     events_.clear();
     samples_.clear();
     links_.clear();
     router_loads_.clear();
     migrations_.clear();
+    routing_.clear();
   }
 
  private:
@@ -178,6 +185,7 @@ class TraceRecorder {
   std::vector<LinkTraffic> links_;
   std::vector<RouterLoad> router_loads_;
   std::vector<ExpertMigration> migrations_;
+  std::vector<int32_t> routing_;
 };
 
 // Times one phase: begins at construction, records at destruction. Instrumenting a phase is one

@@ -35,6 +35,10 @@ std::string rank_migrations(int rank) {
   return rank_group(rank) + "/migrations";
 }
 
+std::string rank_routing(int rank) {
+  return rank_group(rank) + "/routing";
+}
+
 namespace {
 
 void check(herr_t status, const char* what) {
@@ -166,6 +170,13 @@ hid_t create_migration_memory_type() {
 }
 hid_t create_migration_file_type() {
   return create_migration_type(/*file=*/true);
+}
+
+hid_t create_routing_memory_type() {
+  return H5Tcopy(H5T_NATIVE_INT32);
+}
+hid_t create_routing_file_type() {
+  return H5Tcopy(H5T_STD_I32LE);
 }
 
 }  // namespace rlf::trace_format

@@ -21,6 +21,9 @@
 //                          experts_moved: int32; bytes: int64; predicted_gain_seconds,
 //                          cost_seconds, max_mean_before, max_mean_after: float64). Absent in
 //                          older traces and runs without `--rebalance-every`.
+//   /rank_NNNNN/routing    1-D int32 dataset: the rank's routing log (mpi_comm/routing_log.h),
+//                          the expert dispatchers' inputs in order. Only `train --trace-routing`
+//                          records it; absent otherwise (read as none).
 // Internal to src/io.
 #pragma once
 
@@ -41,6 +44,7 @@ std::string rank_samples(int rank);
 std::string rank_links(int rank);
 std::string rank_router_loads(int rank);
 std::string rank_migrations(int rank);
+std::string rank_routing(int rank);
 
 // Closes an HDF5 handle on scope exit.
 struct Handle {
@@ -70,5 +74,8 @@ hid_t create_router_load_memory_type();
 hid_t create_router_load_file_type();
 hid_t create_migration_memory_type();
 hid_t create_migration_file_type();
+// The routing log's values: int32, native in memory, little-endian in the file.
+hid_t create_routing_memory_type();
+hid_t create_routing_file_type();
 
 }  // namespace rlf::trace_format

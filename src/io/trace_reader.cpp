@@ -107,6 +107,12 @@ class Reader {
       data.migrations[size_t(r)] = read_optional<ExpertMigration>(
           file.id, trace_format::rank_migrations(r), migration_type.id);
     }
+    Handle routing_type{trace_format::create_routing_memory_type(), H5Tclose};
+    data.routing.resize(size_t(data.world_size));
+    for (int r = 0; r < data.world_size; ++r) {
+      data.routing[size_t(r)] =
+          read_optional<int32_t>(file.id, trace_format::rank_routing(r), routing_type.id);
+    }
     const std::string impossible = trace_value_error(data);
     if (!impossible.empty()) fail("is damaged: " + impossible);
     return data;

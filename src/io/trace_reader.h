@@ -21,6 +21,8 @@ struct TraceData {
   // router_loads[r], migrations[r]: rank r's (empty for older traces and runs without them).
   std::vector<std::vector<RouterLoad>> router_loads;
   std::vector<std::vector<ExpertMigration>> migrations;
+  // routing[r]: rank r's routing log (mpi_comm/routing_log.h; empty without --trace-routing).
+  std::vector<std::vector<int32_t>> routing;
 
   size_t event_count() const;
 };

@@ -68,7 +68,7 @@ void write_root_attributes(hid_t file, int world_size, const Metadata& metadata)
 
 // One per-rank dataset kind (/rank_NNNNN/<name>): its element types and this rank's elements.
 struct Table {
-  const char* name;  // "events" | "samples" | "links" | "router_loads" | "migrations"
+  const char* name;  // "events" | "samples" | "links" | "router_loads" | "migrations" | "routing"
   hid_t (*memory_type)();
   hid_t (*file_type)();
   size_t element_size;
@@ -239,12 +239,19 @@ void write_trace(const std::string& path, const TraceRecorder& recorder, MPI_Com
                                 trace_format::create_migration_file_type,
                                 sizeof(ExpertMigration),
                                 recorder.migrations().data(),
+                                {}},
+                               {"routing",
+                                trace_format::create_routing_memory_type,
+                                trace_format::create_routing_file_type,
+                                sizeof(int32_t),
+                                recorder.routing().data(),
                                 {}}};
-  const long long own_counts[5] = {static_cast<long long>(recorder.events().size()),
+  const long long own_counts[6] = {static_cast<long long>(recorder.events().size()),
                                    static_cast<long long>(recorder.trained_samples().size()),
                                    static_cast<long long>(recorder.link_traffic().size()),
                                    static_cast<long long>(recorder.router_loads().size()),
-                                   static_cast<long long>(recorder.migrations().size())};
+                                   static_cast<long long>(recorder.migrations().size()),
+                                   static_cast<long long>(recorder.routing().size())};
   for (size_t t = 0; t < tables.size(); ++t) {
     tables[t].counts.assign(size_t(size), 0);
     MPI_Allgather(&own_counts[t], 1, MPI_LONG_LONG, tables[t].counts.data(), 1, MPI_LONG_LONG,

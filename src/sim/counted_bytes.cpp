@@ -8,6 +8,7 @@
 #include "src/roles/queue_protocol.h"
 #include "src/roles/sample_packing.h"
 #include "src/sim/cost_model.h"
+#include "src/sim/dispatch_replay.h"
 
 namespace rlf::sim {
 
@@ -971,6 +972,11 @@ CountedBytes counted_bytes(const RuntimeRun& r) {
     disaggregated(r, nodes, out);
   } else {
     fused(r, nodes, out);
+  }
+  // The expert dispatchers' bytes, whatever the layout, from the run's routing when it has one.
+  if (!r.routing.empty()) {
+    const ReplayedDispatch replayed = replay_dispatch_bytes(r.routing);
+    out[TrafficKind::ExpertDispatch] = {replayed.intra, replayed.inter, true};
   }
   return out;
 }

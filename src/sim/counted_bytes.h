@@ -3,9 +3,10 @@
 // the runtime follows: the bucketed hierarchical weight broadcast, DistQueue's messages
 // (hierarchical_collectives.h, queue_protocol.h, sample_packing.h), the hierarchical gradient
 // all-reduce, a pipeline's activations and borrowed layers, and the model gathered at the end.
-// A kind whose bytes depend on more than the totals (expert dispatch on the routing; a pipeline's
-// rollout hand-off on which samples land on which shard) is marked not exact; generation inside a
-// pipeline is exact given its groups' decode steps, which the run records.
+// A kind whose bytes depend on more than the totals is exact given the run's records of it: expert
+// dispatch given its routing (RuntimeRun::routing), a pipeline's rollout hand-off given which
+// samples it trained, generation inside a pipeline given its groups' decode steps; without them
+// it is marked not exact.
 #pragma once
 
 #include <array>
@@ -81,6 +82,9 @@ struct RuntimeRun {
   // hand-off carries over which link follows their ids; its bytes follow their lengths.
   std::vector<SampleTokens> samples;
   int64_t shard_capacity = 4096;  // samples per DistQueue message (train --shard-capacity)
+  // Every rank's routing log (the trace's /rank_NNNNN/routing, `train --trace-routing`; empty:
+  // not recorded). The expert dispatchers' bytes follow from it (src/sim/dispatch_replay.h).
+  std::vector<std::vector<int32_t>> routing;
 };
 
 struct KindBytes {

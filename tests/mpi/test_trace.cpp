@@ -72,6 +72,13 @@ std::string shared_temp_dir() {
   return path;
 }
 
+// Rank r's routing log: r values (none on rank 0), so ranks differ in length.
+std::vector<int32_t> routing_of(int rank) {
+  std::vector<int32_t> routing;
+  for (int i = 0; i < rank; ++i) routing.push_back(int32_t(1000 * rank - 7 * i));
+  return routing;
+}
+
 void check_trace(const std::string& path) {
   const TraceData trace = read_trace(path);
   EXPECT_EQ(trace.world_size, world_size());
@@ -102,6 +109,7 @@ void check_trace(const std::string& path) {
       EXPECT_EQ(got_samples[i].prompt_tokens, want_samples[i].prompt_tokens) << "rank " << r;
       EXPECT_EQ(got_samples[i].response_tokens, want_samples[i].response_tokens) << "rank " << r;
     }
+    EXPECT_EQ(trace.routing[size_t(r)], routing_of(r)) << "rank " << r;
   }
   // Every rank's breakdown covers the same wall time exactly.
   const TraceSummary summary = summarize(trace);
@@ -113,7 +121,7 @@ void check_trace(const std::string& path) {
   }
 }
 
-TEST(MpiTrace, EveryRanksEventsAndTrainedSamplesLandInTraceH5Exactly) {
+TEST(MpiTrace, EveryRanksEventsTrainedSamplesAndRoutingLandInTraceH5Exactly) {
   const std::string dir = shared_temp_dir();
   ASSERT_FALSE(dir.empty());
   TraceRecorder recorder(MPI_COMM_WORLD);
@@ -123,6 +131,7 @@ TEST(MpiTrace, EveryRanksEventsAndTrainedSamplesLandInTraceH5Exactly) {
     recorder.record_trained(s.sample_id, s.version_min, s.version_max, s.trained_version,
                             s.prompt_tokens, s.response_tokens);
   }
+  recorder.set_routing(routing_of(world_rank()));
   const std::map<std::string, std::string> metadata = {{"command", "mpi-test"},
                                                        {"from_rank", std::to_string(world_rank())}};
 
