@@ -39,6 +39,7 @@ class Reader {
  public:
   Reader(const std::vector<int32_t>& log, int rank) : log_(log), rank_(rank) {}
   bool done() const { return at_ >= log_.size(); }
+  size_t remaining() const { return log_.size() - at_; }
   int32_t next() {
     if (done()) fail("the log ends inside a record");
     return log_[at_++];
@@ -65,13 +66,17 @@ class Reader {
 
 constexpr int32_t kLargest = 1 << 30;
 
-Group read_dispatcher(Reader& in) {
+// An EP group holds at most the world's ranks, and its slot table (every expert in a slot) follows
+// in the log: the bounds keep a damaged log from sizing the tables beyond what it could describe.
+Group read_dispatcher(Reader& in, int world_size) {
   Group g;
   g.mode = DispatchMode(in.next_in(0, 2, "dispatch mode"));
-  g.P = in.next_in(1, 1 << 16, "EP size");
+  g.P = in.next_in(1, world_size, "EP size");
   g.me = in.next_in(0, g.P - 1, "EP rank");
-  g.experts = in.next_in(1, kLargest, "experts");
-  g.slots_per_rank = in.next_in(1, kLargest, "slots per rank");
+  const int32_t values_left = int32_t(std::min<size_t>(in.remaining(), kLargest));
+  g.experts = in.next_in(1, values_left, "experts");
+  g.slots_per_rank = in.next_in(1, values_left / g.P, "slots per rank");
+  if (g.experts > g.P * g.slots_per_rank) in.fail("more experts than slots");
   for (int r = 0; r < g.P; ++r) g.links_node.push_back(in.next_in(0, kLargest, "links node"));
   for (std::vector<int>* list : {&g.node, &g.local}) {
     for (int r = 0; r < g.P; ++r) list->push_back(in.next_in(0, g.P - 1, "node or local index"));
@@ -216,7 +221,7 @@ ReplayedDispatch replay_dispatch_bytes(const std::vector<std::vector<int32_t>>& 
       const int32_t id = in.next();
       if (kind == int32_t(RoutingRecord::Dispatcher)) {
         if (id != int32_t(groups.size())) in.fail("dispatchers out of order");
-        groups.push_back(read_dispatcher(in));
+        groups.push_back(read_dispatcher(in, int(logs.size())));
         continue;
       }
       if (id < 0 || id >= int32_t(groups.size())) in.fail("an unknown dispatcher");

@@ -118,6 +118,10 @@ TEST(DispatchReplay, AMalformedLogIsRefusedNamingItsRank) {
   wrong_expert.back() = 7;  // the dispatch's expert id, of 2 experts
   EXPECT_NE(refusal(wrong_expert).find("expert 7 outside [0, 1]"), std::string::npos)
       << refusal(wrong_expert);
+  std::vector<int32_t> too_large = good;
+  too_large[3] = 5;  // an EP group of 5 in a run of 2 ranks
+  EXPECT_NE(refusal(too_large).find("EP size 5 outside [1, 2]"), std::string::npos)
+      << refusal(too_large);
   std::vector<int32_t> early = good;
   early.resize(early.size() - 6);  // without the dispatch (5 values and 1 id) ...
   early.insert(early.end(), {int32_t(RoutingRecord::Combine), 0});
