@@ -698,11 +698,10 @@ int run_plan_validation(const std::string& csv_path, bool json) {
       outcomes.size());
   std::printf(
       "# bytes: %d of %d cases predicted exactly (%s), over the traffic kinds a rule fixes; not "
-      "pred.: the kinds that follow the placement (the weights' sync from EP owners, replicas "
-      "after EDPB's moves), the timing (rollout_queue with several learners outside TP groups: "
-      "they ask again until the puts arrive), or a row without the records a rule takes (the "
-      "trace's sample lengths and routing log; pipeline_decode_steps, pipeline_lanes, "
-      "pool_generation_rows), measured\n",
+      "pred.: the timing (rollout_queue with several learners outside TP groups: they ask "
+      "again until the puts arrive), or a row without the records a rule takes (the trace's "
+      "sample lengths; its routing log, for expert dispatch and what follows EDPB's placement; "
+      "pipeline_decode_steps, pipeline_lanes, pool_generation_rows), measured\n",
       exact, exact_rules, exact == exact_rules ? "met" : "NOT met");
   for (const Outcome& o : outcomes) {
     if (!o.unpredicted.empty())

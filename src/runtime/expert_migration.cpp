@@ -27,6 +27,12 @@ uint64_t copy_experts_into_slots(const std::vector<std::vector<int>>& old_slot_e
   auto local = [&](size_t l, int slot) -> const std::vector<ParameterRange>& {
     return slot_ranges[l * size_t(local_slots) + size_t(slot % local_slots)];
   };
+  if (RoutingLog* log = links ? links->routing_log() : nullptr) {
+    // The copies' inputs, for plan --validate (mpi_comm/routing_log.h): tables and slot sizes.
+    const LoggedSlots logged = logged_slots(*links, ep_comm, local_slots, slot_ranges);
+    log->slot_copies(rank, local_slots, experts, int32_t(buffers.size()), logged.links_node,
+                     old_slot_expert, new_slot_expert, logged.slot_floats);
+  }
   // One expert's slices of every buffer, buffer after buffer: `offset` into the staging buffer
   // for a copy this rank sends.
   struct Copy {

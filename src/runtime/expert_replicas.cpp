@@ -4,6 +4,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "src/model/expert_parallel.h"
+
 namespace rlf {
 
 namespace {
@@ -56,6 +58,12 @@ uint64_t sum_replica_gradients(const std::vector<std::vector<int>>& slot_expert,
     throw std::invalid_argument("sum_replica_gradients: " + std::to_string(slot_ranges.size()) +
                                 " slot ranges for " + std::to_string(slot_expert.size()) +
                                 " layers of " + std::to_string(local_slots) + " local slots");
+  }
+  if (RoutingLog* log = links ? links->routing_log() : nullptr) {
+    // The sums' inputs, for plan --validate: the tables and the slots' sizes.
+    const LoggedSlots logged = logged_slots(*links, ep_comm, local_slots, slot_ranges);
+    log->replica_sums(rank, local_slots, experts, logged.links_node, slot_expert,
+                      logged.slot_floats);
   }
   const auto holders = replica_slots(slot_expert, experts);
   // One entry per (layer, replicated expert) this rank holds: its slice and, per holder in
@@ -121,6 +129,20 @@ std::vector<bool> counts_in_norm(const std::vector<std::vector<int>>& slot_exper
     }
   }
   return counted;
+}
+
+LoggedSlots logged_slots(Links& links, MPI_Comm ep_comm, int local_slots,
+                         const std::vector<std::vector<ParameterRange>>& slot_ranges) {
+  LoggedSlots logged;
+  int size = 1;
+  MPI_Comm_size(ep_comm, &size);
+  for (int r = 0; r < size; ++r)
+    logged.links_node.push_back(links.node_of(links.world_rank_of(r, ep_comm)));
+  for (size_t at = 0; at < slot_ranges.size(); ++at) {
+    if (at % size_t(local_slots) == 0) logged.slot_floats.emplace_back();
+    logged.slot_floats.back().push_back(ranges_size(slot_ranges[at]));
+  }
+  return logged;
 }
 
 }  // namespace rlf

@@ -40,4 +40,13 @@ uint64_t sum_replica_gradients(const std::vector<std::vector<int>>& slot_expert,
 std::vector<bool> counts_in_norm(const std::vector<std::vector<int>>& slot_expert, int experts,
                                  int local_slots, int ep_rank);
 
+// What the links' routing log records of an EP group's slots (mpi_comm/routing_log.h): each EP
+// rank's Links node, and the floats each local slot of each layer holds (slot_ranges[l L + i]).
+struct LoggedSlots {
+  std::vector<int> links_node;
+  std::vector<std::vector<int64_t>> slot_floats;
+};
+LoggedSlots logged_slots(Links& links, MPI_Comm ep_comm, int local_slots,
+                         const std::vector<std::vector<ParameterRange>>& slot_ranges);
+
 }  // namespace rlf

@@ -118,6 +118,16 @@ uint64_t ExpertWeightSync::send_routed(const Plan& plan, const float* params,
     }
     bytes += n;
   };
+  if (RoutingLog* log = links.routing_log()) {
+    // The sync's inputs, for plan --validate: the learners' placement.
+    std::vector<int> actor_nodes;
+    for (int actor : actors) actor_nodes.push_back(links.node_of(actor));
+    const int local = experts_ / learner_ep_ + learner_redundant_slots_;
+    log->expert_sync(plan.ep_rank, local, experts_, actor_ep_, actor_tp_, plan.layers,
+                     ranges_size(expert_slices(layout, plan.ep_rank * local, 1, 0)),
+                     plan.learner_index == 0, links.node_of(topology_.world_rank()), actor_nodes,
+                     plan.slot_of);
+  }
   if (plan.learner_index == 0) {
     for (int actor : actors) send(plan.slot_of, actor, kTableTag);
   }

@@ -62,12 +62,14 @@ int ExpertLayoutSwitch::generation_expert(int layer, int slot) const {
   return (*generation_slot_expert_)[size_t(layer)][size_t(slot)];
 }
 
+std::vector<std::vector<int>> ExpertLayoutSwitch::training_tables() const {
+  if (slot_expert_ && !slot_expert_->empty()) return *slot_expert_;
+  return std::vector<std::vector<int>>(size_t(layers_),
+                                       default_slot_experts(experts_, train_degree_, redundant_));
+}
+
 ExpertLayoutSwitch::Replicas ExpertLayoutSwitch::replicas() const {
-  if (slot_expert_ && !slot_expert_->empty()) return replica_slots(*slot_expert_, experts_);
-  return replica_slots(
-      std::vector<std::vector<int>>(size_t(layers_),
-                                    default_slot_experts(experts_, train_degree_, redundant_)),
-      experts_);
+  return replica_slots(training_tables(), experts_);
 }
 
 ExpertLayoutSwitch::Holder ExpertLayoutSwitch::holder(const Replicas& replicas, int layer,
@@ -121,6 +123,19 @@ GenerationExperts ExpertLayoutSwitch::to_generation(const ExpertTable<float>& he
   // placement's.
   const int64_t FC = int64_t(d_ff_) * d_model_;
   const Replicas placed = replicas();
+  const int replica_first = rank_ - ep_rank;
+  if (RoutingLog* log = links_.routing_log()) {
+    // The switch's inputs, for plan --validate: the placements on both sides.
+    std::vector<int> links_node;
+    for (int peer = replica_first; peer < replica_first + train_degree_; ++peer)
+      links_node.push_back(links_.node_of(world_ranks_[size_t(peer)]));
+    std::vector<std::vector<int>> generation(static_cast<size_t>(layers_));
+    for (int l = 0; l < layers_; ++l)
+      for (int s = wanted.first; s < wanted.first + wanted.count; ++s)
+        generation[size_t(l)].push_back(generation_expert(l, s));
+    log->expert_switch(ep_rank, local_slots_, experts_, 3 * FC, links_node, training_tables(),
+                       generation);
+  }
   GenerationExperts out{ExpertTable<float>(layers_, wanted), {}, 0};
   // What this rank already holds, in place (the table's entry s: the expert of generation slot s).
   for (int l = 0; l < layers_; ++l) {
@@ -134,7 +149,6 @@ GenerationExperts ExpertLayoutSwitch::to_generation(const ExpertTable<float>& he
   // Peers of the switch: the other ranks of this rank's training replica (every replica holds
   // the same weights in the same placement, so nothing crosses replicas). Each pair exchanges one
   // message each way, its buckets in (layer, generation slot) order on both sides.
-  const int replica_first = rank_ - ep_rank;
   struct Transfer {
     int peer;
     MemoryBlocks blocks;

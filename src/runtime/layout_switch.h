@@ -99,6 +99,8 @@ class ExpertLayoutSwitch {
   };
   using Replicas = std::vector<std::vector<std::vector<int>>>;
   Replicas replicas() const;
+  // The training placement: every layer's slot table (the followed one, or the default fill).
+  std::vector<std::vector<int>> training_tables() const;
   Holder holder(const Replicas& replicas, int layer, int expert, int receiver) const;
   // The expert in generation slot `slot` of `layer` under the generation placement in force.
   int generation_expert(int layer, int slot) const;

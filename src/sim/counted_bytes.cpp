@@ -122,8 +122,10 @@ Stages stages_of(const RuntimeRun& r) {
 // rank e + 1, while R <= E / P) makes P R experts of 2 holders each, EP ranks e and e + 1; after
 // EDPB's moves the copies per expert follow the routing (not derived). Either way 2 messages of
 // each replicated expert's every layer a step: R of them each way between neighbouring EP ranks.
+// With the run's routing log the replicas' sums are the log's (RuntimeRun::placement_logged),
+// wherever EDPB placed the copies.
 void gradient_bytes(const RuntimeRun& r, const Stages& st, const Nodes& nodes, KindBytes& out) {
-  out.exact = st.known && (st.redundant == 0 || st.ep == 2 ||
+  out.exact = st.known && (st.redundant == 0 || st.ep == 2 || r.placement_logged ||
                            (!r.migrated && st.redundant <= st.experts / st.ep));
   if (!out.exact) return;
   const uint64_t steps = uint64_t(r.steps);
@@ -136,7 +138,8 @@ void gradient_bytes(const RuntimeRun& r, const Stages& st, const Nodes& nodes, K
     add_allreduce(out, nodes, stage, uint64_t(st.sliced(s) - st.routed[size_t(s)]) * 4, steps);
     for (int e = 0; e < st.ep; ++e)
       add_allreduce(out, nodes, st.holders(s, e, st.ep), st.slots() * st.expert_bytes(s), steps);
-    const uint64_t sent = steps * uint64_t(st.redundant) * st.expert_bytes(s);
+    const uint64_t sent =
+        r.placement_logged ? 0 : steps * uint64_t(st.redundant) * st.expert_bytes(s);
     for (int g = 0; g < st.replicas / st.ep && sent > 0; ++g)
       for (int e = 0; e < st.ep; ++e) {
         const int spare = st.rank(g * st.ep + e, s),
@@ -152,10 +155,12 @@ void gradient_bytes(const RuntimeRun& r, const Stages& st, const Nodes& nodes, K
 // it, from the expert's holder in its training EP group. The ranks in the switch's order: the
 // world's, or with PP (generating from borrowed layers, every layer with the pipeline's experts)
 // the stage-major order, in which the training EP groups are consecutive. Spare slots (which copy
-// a rank takes) and EDPB's moves (where an expert lives) follow the placement: not derived.
+// a rank takes) and EDPB's moves (where an expert lives) follow the placement: not derived
+// without the run's routing log, which holds every switch's tables (counted_bytes).
 void expert_switch_bytes(const RuntimeRun& r, const Stages& st, const Nodes& nodes,
                          KindBytes& out) {
   const int trained = st.ep, generated = r.actor_expert_parallel, experts = st.experts;
+  if (r.placement_logged) return;  // the routing log's (counted_bytes)
   out.exact = st.known && st.redundant == 0 && !r.migrated &&
               (st.count == 1 || r.actor_pipeline_parallel == 1) && experts % generated == 0;
   if (!out.exact) return;
@@ -727,13 +732,15 @@ void disaggregated(const RuntimeRun& r, const Nodes& nodes, CountedBytes& out) {
   // (expert_weight_sync.h) that broadcast carries the dense tensors only; learner 0 then sends
   // every actor its expert -> slot tables (an int per layer and expert), and each learner of the
   // first EP group (with TP its TP rank 0) every actor the experts both store, one message a pair
-  // (after EDPB's moves which learner sends an expert follows the routing: not derived).
+  // (after EDPB's moves which learner sends an expert follows the placement: derived from the
+  // run's routing log when it has one, counted_bytes, and left out here).
   KindBytes& sync = out[TrafficKind::WeightSync];
   const int learner_ep = std::max(1, r.expert_parallel);
   const int actor_ep = std::max(1, r.actor_expert_parallel);
-  sync.exact = cut % uint64_t(actor_tp) == 0 && cut % uint64_t(learner_tp) == 0 &&
-               (!experts || (!r.migrated && r.experts % learner_ep == 0 &&
-                             r.experts % actor_ep == 0 && r.layers > 0));
+  sync.exact =
+      cut % uint64_t(actor_tp) == 0 && cut % uint64_t(learner_tp) == 0 &&
+      (!experts || r.placement_logged ||
+       (!r.migrated && r.experts % learner_ep == 0 && r.experts % actor_ep == 0 && r.layers > 0));
   if (sync.exact) {
     const uint64_t syncs =
         r.staleness > 0 ? uint64_t(std::max<int64_t>(1, r.steps - 1)) : uint64_t(r.steps + 1);
@@ -749,7 +756,7 @@ void disaggregated(const RuntimeRun& r, const Nodes& nodes, CountedBytes& out) {
       once.intra += tree.intra;
       once.inter += tree.inter;
     }
-    if (experts) {
+    if (experts && !r.placement_logged) {
       const uint64_t expert_bytes = uint64_t(r.routed_parameters / r.experts) * 4;
       const int per_learner = r.experts / learner_ep, per_actor = r.experts / actor_ep;
       for (int a = 0; a < actors; ++a) {
@@ -964,19 +971,39 @@ bool CountedBytes::exact() const {
   return std::all_of(kinds.begin(), kinds.end(), [](const KindBytes& k) { return k.exact; });
 }
 
-CountedBytes counted_bytes(const RuntimeRun& r) {
+CountedBytes counted_bytes(const RuntimeRun& run) {
   CountedBytes out;
-  if (r.ranks <= 1) return out;
-  const Nodes nodes{r.ranks_per_node > 0 ? r.ranks_per_node : r.ranks};
+  if (run.ranks <= 1) return out;
+  const Nodes nodes{run.ranks_per_node > 0 ? run.ranks_per_node : run.ranks};
+  // The run's routing log, when it has one: the expert dispatchers' bytes whatever the layout,
+  // and (since its second format) every copy into a slot (the spare slots' first fill, EDPB's
+  // moves) and every replicated expert's gradient sum, wherever the placement put the copies.
+  RuntimeRun r = run;
+  ReplayedDispatch replayed;
+  if (!r.routing.empty()) {
+    replayed = replay_dispatch_bytes(r.routing);
+    r.placement_logged = replayed.placement_logged;
+  }
   if (r.mode == Mode::Disaggregated) {
     disaggregated(r, nodes, out);
   } else {
     fused(r, nodes, out);
   }
-  // The expert dispatchers' bytes, whatever the layout, from the run's routing when it has one.
   if (!r.routing.empty()) {
-    const ReplayedDispatch replayed = replay_dispatch_bytes(r.routing);
     out[TrafficKind::ExpertDispatch] = {replayed.intra, replayed.inter, true};
+    if (replayed.placement_logged) {
+      out[TrafficKind::ExpertMigration] = {replayed.migration_intra, replayed.migration_inter,
+                                           true};
+      KindBytes& gradients = out[TrafficKind::GradientReduce];
+      gradients.intra += replayed.replica_sums_intra;
+      gradients.inter += replayed.replica_sums_inter;
+      KindBytes& layouts = out[TrafficKind::LayoutSwitch];
+      layouts.intra += replayed.switch_intra;
+      layouts.inter += replayed.switch_inter;
+      KindBytes& sync = out[TrafficKind::WeightSync];
+      sync.intra += replayed.sync_intra;
+      sync.inter += replayed.sync_inter;
+    }
   }
   return out;
 }

@@ -85,6 +85,9 @@ struct RuntimeRun {
   // Every rank's routing log (the trace's /rank_NNNNN/routing, `train --trace-routing`; empty:
   // not recorded). The expert dispatchers' bytes follow from it (src/sim/dispatch_replay.h).
   std::vector<std::vector<int32_t>> routing;
+  // Set by counted_bytes when the routing log holds what follows the placement (the replicated
+  // experts' gradient sums, the switch to a generation EP layout): the rules leave it to the log.
+  bool placement_logged = false;
 };
 
 struct KindBytes {

@@ -208,6 +208,151 @@ void read_dispatch(Reader& in, Group& g, ReplayedDispatch& out) {
   add_flows(out, g, kPacketMetaBytes + g.row_bytes, kAssignmentMetaBytes);
 }
 
+// One copy_experts_into_slots as this rank logged it: the bytes it received (every rank logs its
+// own call, so each copy is counted once, by its target).
+void read_slot_copies(Reader& in, int world_size, ReplayedDispatch& out) {
+  const int P = in.next_in(1, world_size, "EP size"), me = in.next_in(0, P - 1, "EP rank");
+  const int32_t values_left = int32_t(std::min<size_t>(in.remaining(), kLargest));
+  const int L = in.next_in(1, values_left / P, "local slots");
+  const int experts = in.next_in(1, P * L, "experts");
+  const int buffers = in.next_in(1, 64, "buffers");
+  const int layers = in.next_in(0, values_left, "layers");
+  std::vector<int> links_node;
+  for (int r = 0; r < P; ++r) links_node.push_back(in.next_in(0, kLargest, "links node"));
+  const size_t S = size_t(P) * size_t(L);
+  std::vector<int> old_table(S), new_table(S);
+  std::vector<int64_t> floats(static_cast<size_t>(L));
+  for (int l = 0; l < layers; ++l) {
+    for (int& e : old_table) e = in.next_in(-1, experts - 1, "expert");
+    for (int& e : new_table) e = in.next_in(0, experts - 1, "expert");
+    for (int64_t& f : floats) f = in.next_in(0, kLargest, "slot floats");
+    if (floats[0] == 0) continue;  // a layer this rank does not store (another stage's)
+    std::vector<std::vector<int>> holders(static_cast<size_t>(experts));
+    for (size_t s = 0; s < S; ++s)
+      if (old_table[s] >= 0) holders[size_t(old_table[s])].push_back(int(s));
+    for (int s = me * L; s < (me + 1) * L; ++s) {
+      const int expert = new_table[size_t(s)];
+      if (expert == old_table[size_t(s)]) continue;
+      const std::vector<int>& from = holders[size_t(expert)];
+      if (from.empty()) in.fail("expert " + std::to_string(expert) + " had no slot to copy from");
+      int source = from[size_t(s) % from.size()];
+      for (int h : from)
+        if (h / L == me) source = h;  // a copy on this rank: no message
+      if (source / L == me) continue;
+      const uint64_t bytes = uint64_t(floats[size_t(s % L)]) * uint64_t(buffers) * sizeof(float);
+      (links_node[size_t(source / L)] == links_node[size_t(me)] ? out.migration_intra
+                                                                : out.migration_inter) += bytes;
+    }
+  }
+}
+
+// One sum_replica_gradients as this rank logged it: what it sent, its slice of every replicated
+// expert it holds to each other holder.
+void read_replica_sums(Reader& in, int world_size, ReplayedDispatch& out) {
+  const int P = in.next_in(1, world_size, "EP size"), me = in.next_in(0, P - 1, "EP rank");
+  const int32_t values_left = int32_t(std::min<size_t>(in.remaining(), kLargest));
+  const int L = in.next_in(1, values_left / P, "local slots");
+  const int experts = in.next_in(1, P * L, "experts");
+  const int layers = in.next_in(0, values_left, "layers");
+  std::vector<int> links_node;
+  for (int r = 0; r < P; ++r) links_node.push_back(in.next_in(0, kLargest, "links node"));
+  std::vector<int> table(size_t(P) * size_t(L));
+  std::vector<int64_t> floats(static_cast<size_t>(L));
+  for (int l = 0; l < layers; ++l) {
+    for (int& e : table) e = in.next_in(0, experts - 1, "expert");
+    for (int64_t& f : floats) f = in.next_in(0, kLargest, "slot floats");
+    std::vector<std::vector<int>> holders(static_cast<size_t>(experts));
+    for (size_t s = 0; s < table.size(); ++s) holders[size_t(table[s])].push_back(int(s));
+    for (const std::vector<int>& slots : holders) {
+      if (slots.size() < 2) continue;
+      for (int mine : slots) {
+        if (mine / L != me) continue;
+        const uint64_t bytes = uint64_t(floats[size_t(mine % L)]) * sizeof(float);
+        for (int other : slots) {
+          if (other == mine || bytes == 0) continue;
+          (links_node[size_t(other / L)] == links_node[size_t(me)] ? out.replica_sums_intra
+                                                                   : out.replica_sums_inter) +=
+              bytes;
+        }
+      }
+    }
+  }
+}
+
+// One switch to the generation EP layout as this rank logged it: what it received.
+void read_expert_switch(Reader& in, int world_size, ReplayedDispatch& out) {
+  const int T = in.next_in(1, world_size, "training EP degree"),
+            me = in.next_in(0, T - 1, "EP rank");
+  const int32_t values_left = int32_t(std::min<size_t>(in.remaining(), kLargest));
+  const int L = in.next_in(1, values_left / T, "local slots");
+  const int experts = in.next_in(1, T * L, "experts");
+  const int layers = in.next_in(0, values_left, "layers");
+  const uint64_t expert_bytes = uint64_t(in.next_in(0, kLargest, "expert floats")) * sizeof(float);
+  const int wanted = in.next_in(0, experts, "generation slots");
+  std::vector<int> links_node;
+  for (int r = 0; r < T; ++r) links_node.push_back(in.next_in(0, kLargest, "links node"));
+  std::vector<int> table(size_t(T) * size_t(L));
+  for (int l = 0; l < layers; ++l) {
+    for (int& e : table) e = in.next_in(0, experts - 1, "expert");
+    std::vector<std::vector<int>> holders(static_cast<size_t>(experts));
+    for (size_t s = 0; s < table.size(); ++s) holders[size_t(table[s])].push_back(int(s));
+    for (int w = 0; w < wanted; ++w) {
+      const std::vector<int>& slots = holders[size_t(in.next_in(0, experts - 1, "expert"))];
+      if (slots.empty()) in.fail("a generation expert without a training slot");
+      int source = slots.front();
+      for (int slot : slots)
+        if (slot / L == me) source = slot;
+      if (source / L == me) continue;  // its own copy: no message
+      (links_node[size_t(source / L)] == links_node[size_t(me)] ? out.switch_intra
+                                                                : out.switch_inter) += expert_bytes;
+    }
+  }
+}
+
+// One EP learner's weight sync as it logged it: what it sent.
+void read_expert_sync(Reader& in, ReplayedDispatch& out) {
+  const int32_t values_left = int32_t(std::min<size_t>(in.remaining(), kLargest));
+  const int ep_rank = in.next_in(0, values_left, "EP rank");
+  const int local = in.next_in(1, values_left, "slots per learner");
+  const int experts = in.next_in(1, values_left, "experts");
+  const int actor_ep = in.next_in(1, experts, "actor EP degree");
+  const int actor_tp = in.next_in(1, values_left, "actor TP degree");
+  const int layers = in.next_in(0, values_left / experts, "layers");
+  const uint64_t expert_bytes = uint64_t(in.next_in(0, kLargest, "expert floats")) * sizeof(float);
+  const bool sends_tables = in.next_in(0, 1, "tables flag") == 1;
+  const int actors = in.next_in(0, values_left, "actors");
+  const int node = in.next_in(0, kLargest, "links node");
+  std::vector<int> actor_node;
+  for (int a = 0; a < actors; ++a) actor_node.push_back(in.next_in(0, kLargest, "links node"));
+  std::vector<int> slot_of(size_t(layers) * size_t(experts));
+  for (int& slot : slot_of) slot = in.next_in(0, kLargest, "slot");
+  const int per_actor = experts / actor_ep;
+  for (int a = 0; a < actors; ++a) {
+    uint64_t bytes = sends_tables ? slot_of.size() * sizeof(int32_t) : 0;
+    const int first = (a / actor_tp) % actor_ep * per_actor;  // expert_shard_of
+    for (int l = 0; l < layers; ++l)
+      for (int e = first; e < first + per_actor; ++e)
+        if (slot_of[size_t(l) * size_t(experts) + size_t(e)] / local == ep_rank)
+          bytes += expert_bytes;
+    (actor_node[size_t(a)] == node ? out.sync_intra : out.sync_inter) += bytes;
+  }
+}
+
+void read_placement(RoutingRecord kind, Reader& in, int world_size, ReplayedDispatch& out) {
+  switch (kind) {
+    case RoutingRecord::SlotCopies:
+      return read_slot_copies(in, world_size, out);
+    case RoutingRecord::ReplicaSums:
+      return read_replica_sums(in, world_size, out);
+    case RoutingRecord::ExpertSwitch:
+      return read_expert_switch(in, world_size, out);
+    case RoutingRecord::ExpertSync:
+      return read_expert_sync(in, out);
+    default:
+      in.fail("record kind " + std::to_string(int(kind)) + " is not a placement's");
+  }
+}
+
 }  // namespace
 
 ReplayedDispatch replay_dispatch_bytes(const std::vector<std::vector<int32_t>>& logs) {
@@ -215,10 +360,23 @@ ReplayedDispatch replay_dispatch_bytes(const std::vector<std::vector<int32_t>>& 
   for (size_t rank = 0; rank < logs.size(); ++rank) {
     Reader in(logs[rank], int(rank));
     std::vector<Group> groups;
+    // A log of the first format (no Format record) did not log the slot copies.
+    if (!logs[rank].empty() && logs[rank][0] != int32_t(RoutingRecord::Format))
+      out.placement_logged = false;
     while (!in.done()) {
       const int32_t kind = in.next_in(int32_t(RoutingRecord::Dispatcher),
-                                      int32_t(RoutingRecord::DispatchBackward), "record kind");
+                                      int32_t(RoutingRecord::ExpertSync), "record kind");
       const int32_t id = in.next();
+      if (kind == int32_t(RoutingRecord::Format)) {
+        if (id != RoutingLog::kFormat) in.fail("format " + std::to_string(id) + " unknown");
+        continue;
+      }
+      if (kind >= int32_t(RoutingRecord::SlotCopies) && kind != int32_t(RoutingRecord::Format)) {
+        // What follows the placement: no dispatcher of its own.
+        if (id != -1) in.fail("a placement record names dispatcher " + std::to_string(id));
+        read_placement(RoutingRecord(kind), in, int(logs.size()), out);
+        continue;
+      }
       if (kind == int32_t(RoutingRecord::Dispatcher)) {
         if (id != int32_t(groups.size())) in.fail("dispatchers out of order");
         groups.push_back(read_dispatcher(in, int(logs.size())));

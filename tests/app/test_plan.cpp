@@ -11,6 +11,7 @@
 #include <iterator>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "kernels/error.h"
 #include "src/sim/cluster.h"
@@ -718,10 +719,11 @@ TEST(Plan, ValidationRoundsPairEachRunWithItsRoundsCalibration) {
 // jobs/local/validate_planner.sh with OVERSUBSCRIBE=1 on four of planner_layout_cases.csv's
 // layouts of 3 and 4 ranks (PP 2 x EP 2 with a spare slot; PP 2 x 2 pipelines generating inside
 // them; TP 2 x PP 2 generating inside the pipeline; disaggregated, one learner and an actor TP
-// group of 2, and 2 learner TP groups), 2 steps each: fresh runs on more ranks than cores, whose
-// bytes `plan --validate` finds exact in every kind and rank 0's memory within 5% (the fused runs),
-// the table saying the step times are not to be compared. A value other than 0 or 1 stops the
-// script with exit code 2. Skipped without /usr/bin/python3.
+// group of 2, and 2 learner TP groups; EDPB moving experts every step, EP 4 with spare slots on
+// nodes of 2 and EP 2 with a spare slot switching to EP 1 for generation), 2 steps each: fresh
+// runs on more ranks than cores, whose bytes `plan --validate` finds exact in every kind and rank
+// 0's memory within 5% (the fused runs), the table saying the step times are not to be compared. A
+// value other than 0 or 1 stops the script with exit code 2. Skipped without /usr/bin/python3.
 TEST(Plan, LayoutCasesRunOversubscribedForTheirBytesAndMemory) {
   if (std::system("/usr/bin/python3 -c 'import json' >/dev/null 2>&1") != 0)
     GTEST_SKIP() << "no /usr/bin/python3";
@@ -732,7 +734,9 @@ TEST(Plan, LayoutCasesRunOversubscribedForTheirBytesAndMemory) {
     if (line.rfind("case,", 0) == 0) cases << line << "\n";
     if (line.rfind("pp2-ep2-r1,", 0) == 0 || line.rfind("pp2-dp2-gen-pp2,", 0) == 0 ||
         line.rfind("tp2-pp2-gen-pp2,", 0) == 0 || line.rfind("disagg-l1-a2-tp2,", 0) == 0 ||
-        line.rfind("disagg-tp2-dp2-a2,", 0) == 0) {
+        line.rfind("disagg-tp2-dp2-a2,", 0) == 0 ||
+        line.rfind("ep4-r1-rebalance-nodes-of-2,", 0) == 0 ||
+        line.rfind("ep2-r1-rebalance-gen-ep1,", 0) == 0) {
       cases << line.substr(0, line.find(",10,")) << ",2," << line.substr(line.find(",10,") + 4)
             << "\n";  // 2 steps instead of 10
     }
@@ -748,17 +752,39 @@ TEST(Plan, LayoutCasesRunOversubscribedForTheirBytesAndMemory) {
   ASSERT_EQ(run.exit_code, 0) << run.output;
   EXPECT_NE(run.output.find("# OVERSUBSCRIBE=1: the ranks shared cores"), std::string::npos)
       << run.output;
-  EXPECT_NE(run.output.find("# bytes: 5 of 5 cases predicted exactly (met)"), std::string::npos)
+  EXPECT_NE(run.output.find("# bytes: 7 of 7 cases predicted exactly (met)"), std::string::npos)
       << run.output;
-  EXPECT_NE(run.output.find("over 3 fused cases (target <= 5%: met)"), std::string::npos)
+  EXPECT_NE(run.output.find("over 5 fused cases (target <= 5%: met)"), std::string::npos)
       << run.output;
   // The pipelines' generation is predicted from the runs' decode steps, their rollout hand-off
   // (and the learner TP groups') from the samples in their traces, and the PP x EP run's expert
   // dispatch (with its spare slot) from its routing (the script passes --trace-routing with EP):
   // nothing is left apart.
+  // The two EDPB layouts move experts after their first step (migrations > 0 in their rows), and
+  // what the moves send comes from the routing log too: the copies into slots, the replicas'
+  // gradient sums over 4 EP ranks, the switch to generation EP 1.
   for (const std::string name :
-       {"pp2-ep2-r1", "pp2-dp2-gen-pp2", "tp2-pp2-gen-pp2", "disagg-tp2-dp2-a2"})
+       {"pp2-ep2-r1", "pp2-dp2-gen-pp2", "tp2-pp2-gen-pp2", "disagg-tp2-dp2-a2",
+        "ep4-r1-rebalance-nodes-of-2", "ep2-r1-rebalance-gen-ep1"})
     EXPECT_EQ(run.output.find("# " + name + ": not predicted"), std::string::npos) << run.output;
+  std::ifstream measured(dir + "/out/measured.csv");
+  std::string header, csv_line;
+  ASSERT_TRUE(std::getline(measured, header));
+  std::vector<std::string> columns;
+  for (std::istringstream in(header); std::getline(in, csv_line, ',');) columns.push_back(csv_line);
+  const size_t migrations =
+      size_t(std::find(columns.begin(), columns.end(), "migrations") - columns.begin());
+  ASSERT_LT(migrations, columns.size()) << header;
+  int rebalanced = 0;
+  while (std::getline(measured, csv_line)) {
+    if (csv_line.find("rebalance") == std::string::npos) continue;
+    std::vector<std::string> fields;
+    for (std::istringstream in(csv_line); std::getline(in, header, ',');) fields.push_back(header);
+    ASSERT_LT(migrations, fields.size()) << csv_line;
+    EXPECT_GT(std::stod(fields[migrations]), 0) << csv_line;
+    ++rebalanced;
+  }
+  EXPECT_EQ(rebalanced, 2);
   EXPECT_NE(run.output.find("--trace-routing --run-dir " + dir + "/out/pp2-ep2-r1-run1"),
             std::string::npos)
       << run.output;

@@ -1,10 +1,11 @@
-// The expert_dispatch bytes derived from the dispatchers' routing logs (src/sim/dispatch_replay.h)
-// against the Links counters of the dispatchers that moved them: fresh random routing every run
-// (its seed printed on failure), every mode, one and two ranks per virtual node, spare slots,
-// a slot table changed between dispatches, a rank without tokens, and two dispatchers in flight
-// at once.
+// The bytes derived from the routing logs (src/sim/dispatch_replay.h) against the Links counters
+// of what moved them, on fresh random inputs every run (the seed printed on failure): the
+// dispatchers' (every mode, one and two ranks per virtual node, spare slots, a slot table changed
+// between dispatches, a rank without tokens, two dispatchers in flight at once), and the copies
+// into slots and the replicated experts' gradient sums on random placements.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 #include <set>
 #include <string>
@@ -12,6 +13,8 @@
 
 #include "mpi_comm/expert_dispatch.h"
 #include "mpi_comm/topology.h"
+#include "src/runtime/expert_migration.h"
+#include "src/runtime/expert_replicas.h"
 #include "src/sim/dispatch_replay.h"
 #include "tests/mpi/mpi_test_util.h"
 
@@ -133,6 +136,66 @@ TEST(RoutingReplay, MatchesTheDispatchersCountersOnFreshRandomRouting) {
     EXPECT_EQ(test::world_total(links.counters()).bytes, counted.bytes);
     free_hierarchical(h);
   }
+}
+
+// A random placement of E = 2 P experts over P ranks of L = 3 slots: the experts shuffled over
+// the first two slots of every rank, each rank's spare slot a random other expert.
+std::vector<int> random_placement(std::mt19937_64& rng, int P) {
+  const int E = 2 * P;
+  std::vector<int> experts(static_cast<size_t>(E));
+  for (int e = 0; e < E; ++e) experts[size_t(e)] = e;
+  std::shuffle(experts.begin(), experts.end(), rng);
+  std::vector<int> table;
+  for (int r = 0; r < P; ++r) {
+    const int a = experts[size_t(2 * r)], b = experts[size_t(2 * r + 1)];
+    int spare = a;
+    while (spare == a || spare == b) spare = int(rng() % uint64_t(E));
+    table.insert(table.end(), {a, b, spare});
+  }
+  return table;
+}
+
+TEST(RoutingReplay, SlotCopiesAndReplicaSumsMatchTheCountersOnRandomPlacements) {
+  const int P = world_size();
+  if (P < 2) GTEST_SKIP() << "a spare slot needs another rank's experts";
+  uint64_t seed = std::random_device{}();
+  MPI_Bcast(&seed, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);  // the same placements on every rank
+  constexpr int kSlots = 3, kLayers = 2, kFloats = 5;
+  Links links(test::virtual_node_list(P, P % 2 == 0 ? 2 : 1), {});
+  links.record_routing();
+  // Every rank stores both layers' 3 slots, 5 floats each, in 3 buffers (weights, 2 moments).
+  std::vector<std::vector<ParameterRange>> ranges;
+  for (int l = 0; l < kLayers; ++l)
+    for (int i = 0; i < kSlots; ++i)
+      ranges.push_back({{int64_t(l * kSlots + i) * kFloats, kFloats}});
+  std::vector<std::vector<float>> buffers(3, std::vector<float>(kLayers * kSlots * kFloats, 1.0f));
+  std::vector<float*> pointers;
+  for (std::vector<float>& b : buffers) pointers.push_back(b.data());
+  std::vector<std::vector<int>> table(kLayers, default_slot_experts(2 * P, P, 1));
+  for (int move = 0; move < 3; ++move) {
+    std::vector<std::vector<int>> next;
+    for (int l = 0; l < kLayers; ++l) next.push_back(random_placement(rng, P));
+    {
+      const TrafficScope scope(links, TrafficKind::ExpertMigration);
+      copy_experts_into_slots(table, next, 2 * P, kSlots, ranges, pointers, MPI_COMM_WORLD, &links);
+    }
+    table = next;
+    const TrafficScope scope(links, TrafficKind::GradientReduce);
+    sum_replica_gradients(table, 2 * P, kSlots, ranges, buffers[0].data(), MPI_COMM_WORLD, &links);
+  }
+  const sim::ReplayedDispatch replayed =
+      sim::replay_dispatch_bytes(every_log(links.routing_log()->records()));
+  ASSERT_TRUE(replayed.placement_logged);
+  const LinkCounters moved = test::world_total(links.counters(TrafficKind::ExpertMigration));
+  const LinkCounters summed = test::world_total(links.counters(TrafficKind::GradientReduce));
+  EXPECT_EQ(replayed.migration_intra, moved.bytes[0]);
+  EXPECT_EQ(replayed.migration_inter, moved.bytes[1]);
+  EXPECT_EQ(replayed.replica_sums_intra, summed.bytes[0]);
+  EXPECT_EQ(replayed.replica_sums_inter, summed.bytes[1]);
+  EXPECT_GT(moved.bytes[0] + moved.bytes[1], 0u);
+  EXPECT_GT(summed.bytes[0] + summed.bytes[1], 0u);
 }
 
 }  // namespace

@@ -97,6 +97,47 @@ TEST(DispatchReplay, AReplicatedExpertsAssignmentsTakeTurnsFromTheRanksOwnReplic
   EXPECT_EQ(got.remote_rows, 2);
 }
 
+TEST(DispatchReplay, WhatFollowsThePlacementByHand) {
+  // 2 EP ranks on 2 nodes, 4 experts (2 a rank). Slot copies (EDPB swapping experts 1 and 3, 3
+  // buffers of 10 floats a slot; a second layer another stage stores): each rank receives one.
+  std::vector<RoutingLog> logs(2);
+  for (int rank = 0; rank < 2; ++rank) {
+    logs[size_t(rank)].slot_copies(rank, 2, 4, 3, {0, 1}, {{0, 1, 2, 3}, {0, 1, 2, 3}},
+                                   {{0, 3, 2, 1}, {0, 3, 2, 1}}, {{10, 10}, {0, 0}});
+  }
+  // Replica sums: 3 slots a rank, experts 0 and 2 on both ranks (5 floats a slot): each rank
+  // sends its 2 replicated slices to the other.
+  for (int rank = 0; rank < 2; ++rank)
+    logs[size_t(rank)].replica_sums(rank, 3, 4, {0, 0}, {{0, 1, 2, 2, 3, 0}}, {{5, 5, 5}});
+  // A switch to generation EP 1 (30 floats an expert) from training slots {0, 1, 3 | 2, 3, 0}:
+  // rank 0 takes expert 2 from rank 1 and holds the others (3 in its spare slot); rank 1 takes
+  // expert 1 from rank 0 (its spare slot holds a replica of 0).
+  logs[0].expert_switch(0, 3, 4, 30, {0, 1}, {{0, 1, 3, 2, 3, 0}}, {{0, 1, 2, 3}});
+  logs[1].expert_switch(1, 3, 4, 30, {0, 1}, {{0, 1, 3, 2, 3, 0}}, {{0, 1, 2, 3}});
+  // The weight sync of 2 EP learners (2 slots each, identity tables, 2 layers, 7 floats an
+  // expert) to 2 actors at EP 1, one on learner 0's node: learner 0 sends the tables (32 B) and
+  // experts 0 and 1 of both layers (4 x 28 B), learner 1 experts 2 and 3.
+  logs[0].expert_sync(0, 2, 4, 1, 1, 2, 7, true, 0, {1, 0}, {0, 1, 2, 3, 0, 1, 2, 3});
+  logs[1].expert_sync(1, 2, 4, 1, 1, 2, 7, false, 1, {1, 0}, {0, 1, 2, 3, 0, 1, 2, 3});
+  const ReplayedDispatch got = replay_dispatch_bytes({logs[0].take(), logs[1].take()});
+  EXPECT_TRUE(got.placement_logged);
+  EXPECT_EQ(got.migration_inter, 2u * 10 * 3 * 4);
+  EXPECT_EQ(got.migration_intra, 0u);
+  EXPECT_EQ(got.replica_sums_intra, 2u * 2 * 5 * 4);
+  EXPECT_EQ(got.switch_inter, 2u * 30 * 4);
+  EXPECT_EQ(got.switch_intra, 0u);
+  // Learner 0 (node 0): actor 0 across, actor 1 inside; learner 1 (node 1) the other way round.
+  EXPECT_EQ(got.sync_inter, (32u + 4 * 28) + 4 * 28);
+  EXPECT_EQ(got.sync_intra, (32u + 4 * 28) + 4 * 28);
+  EXPECT_EQ(got.dispatches, 0);
+  // A log of the first format (no format record) did not hold these.
+  std::vector<int32_t> first_format =
+      one_dispatch(DispatchMode::Flat, 0, 2, 1, {0, 0}, {0, 0}, {0, 1}, {0, 1}, 1, {1}, {});
+  ASSERT_EQ(first_format[0], int32_t(RoutingRecord::Format));
+  first_format.erase(first_format.begin(), first_format.begin() + 2);
+  EXPECT_FALSE(replay_dispatch_bytes({first_format, {}}).placement_logged);
+}
+
 TEST(DispatchReplay, AMalformedLogIsRefusedNamingItsRank) {
   std::vector<int32_t> good =
       one_dispatch(DispatchMode::Flat, 0, 2, 1, {0, 0}, {0, 0}, {0, 1}, {0, 1}, 1, {1}, {});
@@ -119,7 +160,7 @@ TEST(DispatchReplay, AMalformedLogIsRefusedNamingItsRank) {
   EXPECT_NE(refusal(wrong_expert).find("expert 7 outside [0, 1]"), std::string::npos)
       << refusal(wrong_expert);
   std::vector<int32_t> too_large = good;
-  too_large[3] = 5;  // an EP group of 5 in a run of 2 ranks
+  too_large[5] = 5;  // (after the format record) an EP group of 5 in a run of 2 ranks
   EXPECT_NE(refusal(too_large).find("EP size 5 outside [1, 2]"), std::string::npos)
       << refusal(too_large);
   std::vector<int32_t> early = good;
