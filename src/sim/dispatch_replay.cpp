@@ -138,7 +138,7 @@ void read_dispatch(Reader& in, Group& g, ReplayedDispatch& out) {
   std::fill(g.assignments.begin(), g.assignments.end(), 0);
   g.row_bytes = uint64_t(C) * sizeof(float);
   g.planned = true;
-  std::vector<int> turn(size_t(g.experts), 0), slots(static_cast<size_t>(K));
+  std::vector<int> turn(size_t(g.experts), 0), slots(static_cast<size_t>(K)), carried;
   const int my_node = g.node[size_t(g.me)], my_local = g.local[size_t(g.me)];
   for (int n = 0; n < N; ++n) {
     // The token's slots: a replicated expert's assignments in turn over its replicas, from a
@@ -169,7 +169,7 @@ void read_dispatch(Reader& in, Group& g, ReplayedDispatch& out) {
       bool sent_before = false;
       for (int j = 0; j < k; ++j) sent_before |= first_hop(j) == d;
       if (sent_before) continue;
-      std::vector<int> carried;  // the packet's slots, in top-k order
+      carried.clear();  // the packet's slots, in top-k order
       for (int j = k; j < K; ++j) {
         if (first_hop(j) == d) carried.push_back(slots[size_t(j)]);
       }
