@@ -492,23 +492,21 @@ Outcome validate_row(const Row& row) {
   run.vocab = config.vocab_size;
   const std::optional<TraceData> trace = row_trace(row);
   run.samples = trained_samples(trace);
-  // Every rank's routing log, when the run recorded one (train --trace-routing): a rank without
-  // an EP group has an empty log.
+  // Every rank's routing log, when the run recorded one (train --trace-routing: a rank without
+  // an EP group has an empty log), replayed once.
   if (trace && std::any_of(trace->routing.begin(), trace->routing.end(),
                            [](const std::vector<int32_t>& log) { return !log.empty(); })) {
-    run.routing = trace->routing;
+    try {
+      run.routing = sim::replay_dispatch_bytes(trace->routing);
+    } catch (const std::runtime_error& e) {  // a malformed routing log
+      throw ConfigError("case " + out.name + ": trace '" + row.text_or("trace") + "': " + e.what());
+    }
   }
-  sim::CountedBytes predicted_bytes;
-  try {
-    predicted_bytes = counted_bytes(run);
-  } catch (const std::runtime_error& e) {  // a malformed routing log
-    throw ConfigError("case " + out.name + ": trace '" + row.text_or("trace") + "': " + e.what());
-  }
-  compare_bytes(row, predicted_bytes, out);
+  compare_bytes(row, counted_bytes(run), out);
   // The dispatch volume the time model takes against the routing's, where one EP degree does
   // both phases.
-  if (!run.routing.empty() && s.train.ep == s.generate.ep) {
-    const sim::ReplayedDispatch routed = sim::replay_dispatch_bytes(run.routing);
+  if (run.routing && s.train.ep == s.generate.ep) {
+    const sim::ReplayedDispatch& routed = *run.routing;
     if (routed.tokens > 0) {
       out.routed_remote_rows = double(routed.remote_rows) / double(routed.tokens);
       out.model_remote_rows = remote_owners(s.train.ep, config.top_k, config.n_experts);

@@ -69,7 +69,8 @@ std::vector<std::vector<int>> ExpertLayoutSwitch::training_tables() const {
 }
 
 ExpertLayoutSwitch::Replicas ExpertLayoutSwitch::replicas() const {
-  return replica_slots(training_tables(), experts_);
+  if (slot_expert_ && !slot_expert_->empty()) return replica_slots(*slot_expert_, experts_);
+  return replica_slots(training_tables(), experts_);  // the default fill
 }
 
 ExpertLayoutSwitch::Holder ExpertLayoutSwitch::holder(const Replicas& replicas, int layer,

@@ -8,7 +8,6 @@
 #include "src/roles/queue_protocol.h"
 #include "src/roles/sample_packing.h"
 #include "src/sim/cost_model.h"
-#include "src/sim/dispatch_replay.h"
 
 namespace rlf::sim {
 
@@ -125,7 +124,7 @@ Stages stages_of(const RuntimeRun& r) {
 // With the run's routing log the replicas' sums are the log's (RuntimeRun::placement_logged),
 // wherever EDPB placed the copies.
 void gradient_bytes(const RuntimeRun& r, const Stages& st, const Nodes& nodes, KindBytes& out) {
-  out.exact = st.known && (st.redundant == 0 || st.ep == 2 || r.placement_logged ||
+  out.exact = st.known && (st.redundant == 0 || st.ep == 2 || r.placement_logged() ||
                            (!r.migrated && st.redundant <= st.experts / st.ep));
   if (!out.exact) return;
   const uint64_t steps = uint64_t(r.steps);
@@ -139,7 +138,7 @@ void gradient_bytes(const RuntimeRun& r, const Stages& st, const Nodes& nodes, K
     for (int e = 0; e < st.ep; ++e)
       add_allreduce(out, nodes, st.holders(s, e, st.ep), st.slots() * st.expert_bytes(s), steps);
     const uint64_t sent =
-        r.placement_logged ? 0 : steps * uint64_t(st.redundant) * st.expert_bytes(s);
+        r.placement_logged() ? 0 : steps * uint64_t(st.redundant) * st.expert_bytes(s);
     for (int g = 0; g < st.replicas / st.ep && sent > 0; ++g)
       for (int e = 0; e < st.ep; ++e) {
         const int spare = st.rank(g * st.ep + e, s),
@@ -160,7 +159,7 @@ void gradient_bytes(const RuntimeRun& r, const Stages& st, const Nodes& nodes, K
 void expert_switch_bytes(const RuntimeRun& r, const Stages& st, const Nodes& nodes,
                          KindBytes& out) {
   const int trained = st.ep, generated = r.actor_expert_parallel, experts = st.experts;
-  if (r.placement_logged) return;  // the routing log's (counted_bytes)
+  if (r.placement_logged()) return;  // the routing log's (counted_bytes)
   out.exact = st.known && st.redundant == 0 && !r.migrated &&
               (st.count == 1 || r.actor_pipeline_parallel == 1) && experts % generated == 0;
   if (!out.exact) return;
@@ -739,7 +738,7 @@ void disaggregated(const RuntimeRun& r, const Nodes& nodes, CountedBytes& out) {
   const int actor_ep = std::max(1, r.actor_expert_parallel);
   sync.exact =
       cut % uint64_t(actor_tp) == 0 && cut % uint64_t(learner_tp) == 0 &&
-      (!experts || r.placement_logged ||
+      (!experts || r.placement_logged() ||
        (!r.migrated && r.experts % learner_ep == 0 && r.experts % actor_ep == 0 && r.layers > 0));
   if (sync.exact) {
     const uint64_t syncs =
@@ -756,7 +755,7 @@ void disaggregated(const RuntimeRun& r, const Nodes& nodes, CountedBytes& out) {
       once.intra += tree.intra;
       once.inter += tree.inter;
     }
-    if (experts && !r.placement_logged) {
+    if (experts && !r.placement_logged()) {
       const uint64_t expert_bytes = uint64_t(r.routed_parameters / r.experts) * 4;
       const int per_learner = r.experts / learner_ep, per_actor = r.experts / actor_ep;
       for (int a = 0; a < actors; ++a) {
@@ -971,25 +970,21 @@ bool CountedBytes::exact() const {
   return std::all_of(kinds.begin(), kinds.end(), [](const KindBytes& k) { return k.exact; });
 }
 
-CountedBytes counted_bytes(const RuntimeRun& run) {
+CountedBytes counted_bytes(const RuntimeRun& r) {
   CountedBytes out;
-  if (run.ranks <= 1) return out;
-  const Nodes nodes{run.ranks_per_node > 0 ? run.ranks_per_node : run.ranks};
-  // The run's routing log, when it has one: the expert dispatchers' bytes whatever the layout,
-  // and (since its second format) every copy into a slot (the spare slots' first fill, EDPB's
-  // moves) and every replicated expert's gradient sum, wherever the placement put the copies.
-  RuntimeRun r = run;
-  ReplayedDispatch replayed;
-  if (!r.routing.empty()) {
-    replayed = replay_dispatch_bytes(r.routing);
-    r.placement_logged = replayed.placement_logged;
-  }
+  if (r.ranks <= 1) return out;
+  const Nodes nodes{r.ranks_per_node > 0 ? r.ranks_per_node : r.ranks};
   if (r.mode == Mode::Disaggregated) {
     disaggregated(r, nodes, out);
   } else {
     fused(r, nodes, out);
   }
-  if (!r.routing.empty()) {
+  // The run's routing log, when it has one: the expert dispatchers' bytes whatever the layout,
+  // and (since its second format) every copy into a slot (the spare slots' first fill, EDPB's
+  // moves), every replicated expert's gradient sum, every switch to a generation EP layout and
+  // every EP weight sync, wherever the placement put the copies.
+  if (r.routing) {
+    const ReplayedDispatch& replayed = *r.routing;
     out[TrafficKind::ExpertDispatch] = {replayed.intra, replayed.inter, true};
     if (replayed.placement_logged) {
       out[TrafficKind::ExpertMigration] = {replayed.migration_intra, replayed.migration_inter,

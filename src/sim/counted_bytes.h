@@ -11,9 +11,11 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "mpi_comm/traffic_kind.h"
+#include "src/sim/dispatch_replay.h"
 #include "src/sim/strategy.h"
 
 namespace rlf::sim {
@@ -82,12 +84,13 @@ struct RuntimeRun {
   // hand-off carries over which link follows their ids; its bytes follow their lengths.
   std::vector<SampleTokens> samples;
   int64_t shard_capacity = 4096;  // samples per DistQueue message (train --shard-capacity)
-  // Every rank's routing log (the trace's /rank_NNNNN/routing, `train --trace-routing`; empty:
-  // not recorded). The expert dispatchers' bytes follow from it (src/sim/dispatch_replay.h).
-  std::vector<std::vector<int32_t>> routing;
-  // Set by counted_bytes when the routing log holds what follows the placement (the replicated
-  // experts' gradient sums, the switch to a generation EP layout): the rules leave it to the log.
-  bool placement_logged = false;
+  // The run's routing log replayed (every rank's /rank_NNNNN/routing, `train --trace-routing`,
+  // through replay_dispatch_bytes; empty: not recorded). The expert dispatchers' bytes follow from
+  // it, and what follows the placement when the log holds that too.
+  std::optional<ReplayedDispatch> routing;
+  // The log holds what follows the placement (copies into slots, the replicated experts' gradient
+  // sums, the switch to a generation EP layout, the EP weight sync): the rules leave it to the log.
+  bool placement_logged() const { return routing && routing->placement_logged; }
 };
 
 struct KindBytes {
